@@ -1,0 +1,133 @@
+//! `EvaluationDedupPolicy`: how long and how many evaluation results a key
+//! keeps so a retried evaluation replays instead of charging twice.
+
+use std::time::Duration;
+
+use crate::error::{PolicyField, PolicyViolation};
+use crate::policy::{MAX_GRACE, whole_millis_problem};
+
+/// Payload bytes one dedupe record counts against `max_stored_bytes`, the
+/// same for every provider so the byte bound evicts alike everywhere:
+/// a 16-byte evaluation id plus three 8-byte numbers (remaining, reset-after,
+/// and the time the record was written).
+pub const DEDUP_RECORD_BYTES: u32 = 40;
+
+/// Whether and how a key remembers the evaluations that charged it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EvaluationDedupPolicy {
+    /// Every evaluation is counted, repeats included.
+    Disabled,
+    /// A repeat of a charged evaluation's id within `ttl` replays its result.
+    Enabled {
+        /// How long a record answers repeats.
+        ttl: Duration,
+        /// Records kept per key; the oldest go first.
+        max_entries: u32,
+        /// Record payload bytes kept per key (see [`DEDUP_RECORD_BYTES`]).
+        max_stored_bytes: u32,
+    },
+}
+
+impl EvaluationDedupPolicy {
+    /// Dedupe on with 5 s, 256 entries and 65,536 bytes.
+    pub const fn enabled_defaults() -> Self {
+        Self::Enabled { ttl: Duration::from_secs(5), max_entries: 256, max_stored_bytes: 65_536 }
+    }
+
+    /// The number of records a key may hold: the smaller of the entry bound
+    /// and the byte bound; 0 when disabled.
+    pub const fn record_capacity(&self) -> u32 {
+        match *self {
+            Self::Disabled => 0,
+            Self::Enabled { max_entries, max_stored_bytes, .. } => {
+                let by_bytes = max_stored_bytes / DEDUP_RECORD_BYTES;
+                if by_bytes < max_entries { by_bytes } else { max_entries }
+            }
+        }
+    }
+
+    /// The record lifetime in milliseconds; 0 when disabled.
+    pub fn ttl_millis(&self) -> u64 {
+        match *self {
+            Self::Disabled => 0,
+            Self::Enabled { ttl, .. } => crate::policy::millis(ttl),
+        }
+    }
+
+    pub(crate) fn violations(&self) -> Vec<PolicyViolation> {
+        let Self::Enabled { ttl, max_entries, max_stored_bytes } = *self else {
+            return Vec::new();
+        };
+        let mut violations = Vec::new();
+        let mut reject =
+            |field, problem: String| violations.push(PolicyViolation { field, problem });
+        if ttl < Duration::from_millis(1) || ttl > MAX_GRACE {
+            reject(
+                PolicyField::DedupTtl,
+                format!("must be between 1ms and {MAX_GRACE:?}, got {ttl:?}"),
+            );
+        } else if let Some(problem) = whole_millis_problem(ttl) {
+            reject(PolicyField::DedupTtl, problem);
+        }
+        if !(1..=65_536).contains(&max_entries) {
+            reject(
+                PolicyField::DedupMaxEntries,
+                format!("must be in 1..=65536, got {max_entries}"),
+            );
+        }
+        if !(DEDUP_RECORD_BYTES..=16 << 20).contains(&max_stored_bytes) {
+            reject(
+                PolicyField::DedupMaxStoredBytes,
+                format!(
+                    "must be in {DEDUP_RECORD_BYTES}..={} (one record is {DEDUP_RECORD_BYTES} bytes), got {max_stored_bytes}",
+                    16 << 20
+                ),
+            );
+        }
+        violations
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enabled_defaults_are_five_seconds_256_entries_64_kib() {
+        let EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } =
+            EvaluationDedupPolicy::enabled_defaults()
+        else {
+            panic!("defaults must be enabled");
+        };
+        assert_eq!(ttl, Duration::from_secs(5));
+        assert_eq!(max_entries, 256);
+        assert_eq!(max_stored_bytes, 65_536);
+    }
+
+    #[test]
+    fn capacity_is_the_tighter_of_both_bounds() {
+        assert_eq!(EvaluationDedupPolicy::enabled_defaults().record_capacity(), 256);
+        let by_bytes = EvaluationDedupPolicy::Enabled {
+            ttl: Duration::from_secs(1),
+            max_entries: 10,
+            max_stored_bytes: 3 * DEDUP_RECORD_BYTES + 39,
+        };
+        assert_eq!(by_bytes.record_capacity(), 3);
+        assert_eq!(EvaluationDedupPolicy::Disabled.record_capacity(), 0);
+    }
+
+    #[test]
+    fn each_bound_names_its_field() {
+        let bad = EvaluationDedupPolicy::Enabled {
+            ttl: Duration::ZERO,
+            max_entries: 0,
+            max_stored_bytes: DEDUP_RECORD_BYTES - 1,
+        };
+        let fields: Vec<_> = bad.violations().iter().map(|v| v.field).collect();
+        assert_eq!(
+            fields,
+            [PolicyField::DedupTtl, PolicyField::DedupMaxEntries, PolicyField::DedupMaxStoredBytes]
+        );
+        assert!(EvaluationDedupPolicy::Disabled.violations().is_empty());
+    }
+}

@@ -1,0 +1,99 @@
+//! The one error type of this crate: a value that breaks a contract rule.
+
+use std::fmt;
+
+/// A value that breaks a rule of the contract.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContractError {
+    /// A policy failed validation; every broken rule is listed.
+    #[error("invalid rate-limit policy: {}", join(.0))]
+    InvalidPolicy(Vec<PolicyViolation>),
+    /// A policy id outside `[a-z0-9._-]{1,64}`.
+    #[error("invalid policy id: {0}")]
+    InvalidPolicyId(String),
+    /// A subject digest that is not `v<version>:<hex>` of at least 128 bits.
+    #[error("invalid subject digest: {0}")]
+    InvalidSubjectDigest(String),
+}
+
+impl ContractError {
+    /// The policy violations, empty for other errors.
+    pub fn violations(&self) -> &[PolicyViolation] {
+        match self {
+            Self::InvalidPolicy(violations) => violations,
+            Self::InvalidPolicyId(_) | Self::InvalidSubjectDigest(_) => &[],
+        }
+    }
+}
+
+fn join(violations: &[PolicyViolation]) -> String {
+    violations.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+/// One broken policy rule, naming the field it concerns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyViolation {
+    /// The field that holds the bad value.
+    pub field: PolicyField,
+    /// What is wrong with it, for a human.
+    pub problem: String,
+}
+
+impl fmt::Display for PolicyViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.field.key(), self.problem)
+    }
+}
+
+/// The policy fields that validation can reject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PolicyField {
+    /// The policy id.
+    Id,
+    /// The policy revision.
+    Revision,
+    /// The limit of a fixed window or sliding counter.
+    Limit,
+    /// The window of a fixed window or sliding counter.
+    Window,
+    /// The capacity of a token bucket.
+    Capacity,
+    /// Tokens added each refill period.
+    RefillTokens,
+    /// The refill period of a token bucket.
+    RefillPeriod,
+    /// The largest cost one request may carry.
+    MaximumCost,
+    /// Extra key lifetime after state stops mattering.
+    CleanupGrace,
+    /// How far a caller clock may run backwards before `ClockUnsafe`.
+    MaximumClockRegression,
+    /// Dedupe record lifetime.
+    DedupTtl,
+    /// Dedupe records kept per key.
+    DedupMaxEntries,
+    /// Dedupe record payload bytes kept per key.
+    DedupMaxStoredBytes,
+}
+
+impl PolicyField {
+    /// The kebab-case key of this field inside a policy's configuration
+    /// table, so configuration errors can name the full key path.
+    pub const fn key(self) -> &'static str {
+        match self {
+            Self::Id => "id",
+            Self::Revision => "revision",
+            Self::Limit => "limit",
+            Self::Window => "window",
+            Self::Capacity => "capacity",
+            Self::RefillTokens => "refill-tokens",
+            Self::RefillPeriod => "refill-period",
+            Self::MaximumCost => "maximum-cost",
+            Self::CleanupGrace => "cleanup-grace",
+            Self::MaximumClockRegression => "maximum-clock-regression",
+            Self::DedupTtl => "evaluation-dedup.ttl",
+            Self::DedupMaxEntries => "evaluation-dedup.max-entries",
+            Self::DedupMaxStoredBytes => "evaluation-dedup.max-stored-bytes",
+        }
+    }
+}

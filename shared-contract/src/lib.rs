@@ -1,0 +1,33 @@
+//! The provider-neutral rate-limit contract: what a policy is, what a caller
+//! asks, what every provider answers, and the port they all implement.
+//!
+//! This crate is the API boundary of the workspace. It knows nothing about
+//! I/O, tokio, redis or axum: it holds plain types, the validation rules that
+//! make an invalid policy unrepresentable, and the async
+//! [`EdgeRateLimitPort`] trait. Adapters depend on it; it depends on none of
+//! them.
+
+#![forbid(unsafe_code)]
+
+mod clock;
+mod dedup;
+mod error;
+mod outcome;
+mod policy;
+mod port;
+mod request;
+mod subject;
+
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
+pub use error::{ContractError, PolicyField, PolicyViolation};
+pub use outcome::{
+    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, UnavailableCategory,
+};
+pub use policy::{
+    Algorithm, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_PERIOD, PolicyId,
+    RateLimitPolicy, RateLimitPolicyBuilder,
+};
+pub use port::EdgeRateLimitPort;
+pub use request::{EvaluationId, RateLimitRequest};
+pub use subject::SubjectDigest;

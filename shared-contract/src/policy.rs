@@ -1,0 +1,462 @@
+//! `RateLimitPolicy`: what a subject may do, validated once at construction.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::dedup::EvaluationDedupPolicy;
+use crate::error::{ContractError, PolicyField, PolicyViolation};
+
+/// Largest limit, capacity, refill amount or cost a policy accepts.
+pub const MAX_COUNT: u64 = 1_000_000_000;
+/// Largest window or refill period: ten years.
+pub const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+/// Largest cleanup grace or clock-regression bound: one hour.
+pub const MAX_GRACE: Duration = Duration::from_secs(3600);
+/// `limit x window` (sliding counter) and `capacity x refill period` (token
+/// bucket) must stay below 2^53 so every provider, Lua's doubles included,
+/// does the algorithm's arithmetic exactly.
+pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
+
+/// A policy id: 1 to 64 characters of `[a-z0-9._-]`, safe inside a Redis key
+/// and a metric label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyId(String);
+
+impl PolicyId {
+    /// Validates `id`.
+    pub fn new(id: impl Into<String>) -> Result<Self, ContractError> {
+        let id = id.into();
+        match policy_id_problem(&id) {
+            None => Ok(Self(id)),
+            Some(problem) => Err(ContractError::InvalidPolicyId(problem)),
+        }
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for PolicyId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+fn policy_id_problem(id: &str) -> Option<String> {
+    if id.is_empty() || id.len() > 64 {
+        return Some(format!("must be 1 to 64 characters, got {}", id.len()));
+    }
+    let allowed = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-".contains(&b);
+    if !id.bytes().all(allowed) {
+        return Some(format!("{id:?} may only hold a-z, 0-9, '.', '_' and '-'"));
+    }
+    None
+}
+
+/// The counting algorithm of a policy and its parameters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Algorithm {
+    /// At most `limit` units per aligned window of length `window`.
+    FixedWindow {
+        /// Units per window.
+        limit: u64,
+        /// Window length, whole milliseconds.
+        window: Duration,
+    },
+    /// A weighted estimate over the current and previous window.
+    SlidingCounter {
+        /// Units per window.
+        limit: u64,
+        /// Window length, whole milliseconds.
+        window: Duration,
+    },
+    /// A bucket of `capacity` tokens refilled by `refill_tokens` every
+    /// `refill_period`.
+    TokenBucket {
+        /// Tokens a full bucket holds.
+        capacity: u64,
+        /// Tokens added per whole period.
+        refill_tokens: u64,
+        /// Refill period, whole milliseconds.
+        refill_period: Duration,
+    },
+}
+
+impl Algorithm {
+    /// The configuration name: `fixed-window`, `sliding-counter` or
+    /// `token-bucket`.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Self::FixedWindow { .. } => "fixed-window",
+            Self::SlidingCounter { .. } => "sliding-counter",
+            Self::TokenBucket { .. } => "token-bucket",
+        }
+    }
+
+    /// The limit or capacity: most units a subject can spend at once.
+    pub const fn limit(&self) -> u64 {
+        match *self {
+            Self::FixedWindow { limit, .. } | Self::SlidingCounter { limit, .. } => limit,
+            Self::TokenBucket { capacity, .. } => capacity,
+        }
+    }
+
+    /// The window or refill period, the time unit of the algorithm.
+    pub const fn period(&self) -> Duration {
+        match *self {
+            Self::FixedWindow { window, .. } | Self::SlidingCounter { window, .. } => window,
+            Self::TokenBucket { refill_period, .. } => refill_period,
+        }
+    }
+}
+
+/// What a provider does when it cannot decide. Only fail-closed exists: an
+/// edge limiter that admits traffic it could not count is no limiter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FailurePolicy {
+    /// Deny (answer 503) when no decision could be made.
+    #[default]
+    FailClosed,
+}
+
+/// A validated rate-limit policy. Build one with [`RateLimitPolicy::builder`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitPolicy {
+    id: PolicyId,
+    revision: u32,
+    algorithm: Algorithm,
+    maximum_cost: u64,
+    failure_policy: FailurePolicy,
+    cleanup_grace: Duration,
+    maximum_clock_regression: Duration,
+    evaluation_dedup: EvaluationDedupPolicy,
+}
+
+impl RateLimitPolicy {
+    /// Starts a policy with the defaults: revision 1, maximum cost 1,
+    /// fail-closed, cleanup grace and clock-regression bound of one second,
+    /// and [`EvaluationDedupPolicy::enabled_defaults`].
+    pub fn builder(id: impl Into<String>, algorithm: Algorithm) -> RateLimitPolicyBuilder {
+        RateLimitPolicyBuilder {
+            id: id.into(),
+            revision: 1,
+            algorithm,
+            maximum_cost: 1,
+            failure_policy: FailurePolicy::FailClosed,
+            cleanup_grace: Duration::from_secs(1),
+            maximum_clock_regression: Duration::from_secs(1),
+            evaluation_dedup: EvaluationDedupPolicy::enabled_defaults(),
+        }
+    }
+
+    /// The policy id.
+    pub fn id(&self) -> &PolicyId {
+        &self.id
+    }
+    /// The revision; a new revision never reads an older one's counters.
+    pub fn revision(&self) -> u32 {
+        self.revision
+    }
+    /// The algorithm and its parameters.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+    /// The limit or capacity.
+    pub fn limit(&self) -> u64 {
+        self.algorithm.limit()
+    }
+    /// The largest cost one request may carry.
+    pub fn maximum_cost(&self) -> u64 {
+        self.maximum_cost
+    }
+    /// What happens when no decision can be made.
+    pub fn failure_policy(&self) -> FailurePolicy {
+        self.failure_policy
+    }
+    /// Extra key lifetime after the state stops mattering.
+    pub fn cleanup_grace(&self) -> Duration {
+        self.cleanup_grace
+    }
+    /// How far a caller clock may lag a key's newest write.
+    pub fn maximum_clock_regression(&self) -> Duration {
+        self.maximum_clock_regression
+    }
+    /// The evaluation dedupe settings.
+    pub fn evaluation_dedup(&self) -> &EvaluationDedupPolicy {
+        &self.evaluation_dedup
+    }
+    /// `max(cleanup_grace, maximum_clock_regression)` in milliseconds: what
+    /// every key lives past the moment its absence would mean the same as
+    /// its state.
+    pub fn ttl_slack_millis(&self) -> u64 {
+        millis(self.cleanup_grace.max(self.maximum_clock_regression))
+    }
+}
+
+/// Builds a [`RateLimitPolicy`]; `build` checks every rule at once.
+#[derive(Debug, Clone)]
+pub struct RateLimitPolicyBuilder {
+    id: String,
+    revision: u32,
+    algorithm: Algorithm,
+    maximum_cost: u64,
+    failure_policy: FailurePolicy,
+    cleanup_grace: Duration,
+    maximum_clock_regression: Duration,
+    evaluation_dedup: EvaluationDedupPolicy,
+}
+
+impl RateLimitPolicyBuilder {
+    /// Sets the revision (at least 1).
+    pub fn revision(mut self, revision: u32) -> Self {
+        self.revision = revision;
+        self
+    }
+    /// Sets the largest cost one request may carry (1 ..= limit).
+    pub fn maximum_cost(mut self, maximum_cost: u64) -> Self {
+        self.maximum_cost = maximum_cost;
+        self
+    }
+    /// Sets the failure policy.
+    pub fn failure_policy(mut self, failure_policy: FailurePolicy) -> Self {
+        self.failure_policy = failure_policy;
+        self
+    }
+    /// Sets the cleanup grace (whole milliseconds, at most [`MAX_GRACE`]).
+    pub fn cleanup_grace(mut self, grace: Duration) -> Self {
+        self.cleanup_grace = grace;
+        self
+    }
+    /// Sets the clock-regression bound (whole milliseconds, at most
+    /// [`MAX_GRACE`]).
+    pub fn maximum_clock_regression(mut self, bound: Duration) -> Self {
+        self.maximum_clock_regression = bound;
+        self
+    }
+    /// Sets the evaluation dedupe policy.
+    pub fn evaluation_dedup(mut self, dedup: EvaluationDedupPolicy) -> Self {
+        self.evaluation_dedup = dedup;
+        self
+    }
+
+    /// Checks every rule and returns the policy, or every violation found.
+    pub fn build(self) -> Result<RateLimitPolicy, ContractError> {
+        let mut violations = Vec::new();
+        let mut reject =
+            |field, problem: String| violations.push(PolicyViolation { field, problem });
+
+        if let Some(problem) = policy_id_problem(&self.id) {
+            reject(PolicyField::Id, problem);
+        }
+        if self.revision == 0 {
+            reject(PolicyField::Revision, "must be at least 1".into());
+        }
+        let (count_field, period_field) = match self.algorithm {
+            Algorithm::FixedWindow { .. } | Algorithm::SlidingCounter { .. } => {
+                (PolicyField::Limit, PolicyField::Window)
+            }
+            Algorithm::TokenBucket { .. } => (PolicyField::Capacity, PolicyField::RefillPeriod),
+        };
+        let limit = self.algorithm.limit();
+        let limit_ok = check_count(limit).map(|p| reject(count_field, p)).is_none();
+        let period = self.algorithm.period();
+        let period_ok = check_period(period).map(|p| reject(period_field, p)).is_none();
+        if let Algorithm::TokenBucket { refill_tokens, .. } = self.algorithm {
+            if let Some(problem) = check_count(refill_tokens) {
+                reject(PolicyField::RefillTokens, problem);
+            }
+        }
+        let exact = matches!(
+            self.algorithm,
+            Algorithm::SlidingCounter { .. } | Algorithm::TokenBucket { .. }
+        );
+        if exact && limit_ok && period_ok {
+            // Both factors are bounded above, so the product cannot overflow u64.
+            let product = limit * millis(period);
+            if product >= MAX_EXACT_PRODUCT {
+                reject(
+                    count_field,
+                    format!(
+                        "{} x {} must stay below 2^53 for exact arithmetic, got {product}",
+                        count_field.key(),
+                        period_field.key()
+                    ),
+                );
+            }
+        }
+        if self.maximum_cost == 0 || (limit_ok && self.maximum_cost > limit) {
+            reject(
+                PolicyField::MaximumCost,
+                format!("must be in 1..={limit}, got {}", self.maximum_cost),
+            );
+        }
+        if let Some(problem) = check_grace(self.cleanup_grace) {
+            reject(PolicyField::CleanupGrace, problem);
+        }
+        if let Some(problem) = check_grace(self.maximum_clock_regression) {
+            reject(PolicyField::MaximumClockRegression, problem);
+        }
+        violations.extend(self.evaluation_dedup.violations());
+
+        if !violations.is_empty() {
+            return Err(ContractError::InvalidPolicy(violations));
+        }
+        Ok(RateLimitPolicy {
+            id: PolicyId(self.id),
+            revision: self.revision,
+            algorithm: self.algorithm,
+            maximum_cost: self.maximum_cost,
+            failure_policy: self.failure_policy,
+            cleanup_grace: self.cleanup_grace,
+            maximum_clock_regression: self.maximum_clock_regression,
+            evaluation_dedup: self.evaluation_dedup,
+        })
+    }
+}
+
+/// Whole milliseconds of a duration, saturating (validated durations fit).
+pub(crate) fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn check_count(value: u64) -> Option<String> {
+    (!(1..=MAX_COUNT).contains(&value)).then(|| format!("must be in 1..={MAX_COUNT}, got {value}"))
+}
+
+pub(crate) fn whole_millis_problem(duration: Duration) -> Option<String> {
+    (duration.subsec_nanos() % 1_000_000 != 0)
+        .then(|| format!("must be whole milliseconds, got {duration:?}"))
+}
+
+fn check_period(period: Duration) -> Option<String> {
+    if period < Duration::from_millis(1) || period > MAX_PERIOD {
+        return Some(format!("must be between 1ms and {MAX_PERIOD:?}, got {period:?}"));
+    }
+    whole_millis_problem(period)
+}
+
+fn check_grace(grace: Duration) -> Option<String> {
+    if grace > MAX_GRACE {
+        return Some(format!("must be at most {MAX_GRACE:?}, got {grace:?}"));
+    }
+    whole_millis_problem(grace)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fixed(limit: u64, window_ms: u64) -> Algorithm {
+        Algorithm::FixedWindow { limit, window: Duration::from_millis(window_ms) }
+    }
+
+    fn fields(result: Result<RateLimitPolicy, ContractError>) -> Vec<PolicyField> {
+        let error = result.expect_err("policy should be rejected");
+        error.violations().iter().map(|v| v.field).collect()
+    }
+
+    #[test]
+    fn defaults_build_and_match_the_documented_values() {
+        let policy = RateLimitPolicy::builder("api.default_1-x", fixed(10, 1000)).build().unwrap();
+        assert_eq!(policy.revision(), 1);
+        assert_eq!(policy.maximum_cost(), 1);
+        assert_eq!(policy.cleanup_grace(), Duration::from_secs(1));
+        assert_eq!(policy.maximum_clock_regression(), Duration::from_secs(1));
+        assert_eq!(policy.evaluation_dedup(), &EvaluationDedupPolicy::enabled_defaults());
+        assert_eq!(policy.failure_policy(), FailurePolicy::FailClosed);
+    }
+
+    #[test]
+    fn id_charset_and_length_are_enforced() {
+        for bad in ["", "Upper", "has space", "a/b", "ключ", &"a".repeat(65)] {
+            assert_eq!(
+                fields(RateLimitPolicy::builder(bad, fixed(1, 1)).build()),
+                [PolicyField::Id]
+            );
+            assert!(PolicyId::new(bad).is_err());
+        }
+        assert!(RateLimitPolicy::builder("a".repeat(64), fixed(1, 1)).build().is_ok());
+    }
+
+    #[test]
+    fn revision_zero_is_rejected() {
+        let result = RateLimitPolicy::builder("p", fixed(1, 1)).revision(0).build();
+        assert_eq!(fields(result), [PolicyField::Revision]);
+    }
+
+    #[test]
+    fn limit_and_window_bounds_name_their_field() {
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", fixed(0, 10)).build()),
+            [PolicyField::Limit]
+        );
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", fixed(5, 0)).build()),
+            [PolicyField::Window]
+        );
+        let sub_ms = Algorithm::SlidingCounter { limit: 5, window: Duration::from_micros(1500) };
+        assert_eq!(fields(RateLimitPolicy::builder("p", sub_ms).build()), [PolicyField::Window]);
+        let bucket =
+            Algorithm::TokenBucket { capacity: 0, refill_tokens: 0, refill_period: Duration::ZERO };
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", bucket).build()),
+            [PolicyField::Capacity, PolicyField::RefillPeriod, PolicyField::RefillTokens]
+        );
+    }
+
+    #[test]
+    fn inexact_products_are_rejected_for_sliding_and_bucket() {
+        let day = Duration::from_secs(86_400);
+        let sliding = Algorithm::SlidingCounter { limit: MAX_COUNT, window: day };
+        assert_eq!(fields(RateLimitPolicy::builder("p", sliding).build()), [PolicyField::Limit]);
+        // The fixed window never multiplies, so the same numbers are fine there.
+        let fixed = Algorithm::FixedWindow { limit: MAX_COUNT, window: day };
+        assert!(RateLimitPolicy::builder("p", fixed).maximum_cost(1).build().is_ok());
+    }
+
+    #[test]
+    fn maximum_cost_must_lie_within_the_limit() {
+        let over = RateLimitPolicy::builder("p", fixed(3, 10)).maximum_cost(4).build();
+        assert_eq!(fields(over), [PolicyField::MaximumCost]);
+        let zero = RateLimitPolicy::builder("p", fixed(3, 10)).maximum_cost(0).build();
+        assert_eq!(fields(zero), [PolicyField::MaximumCost]);
+        assert!(RateLimitPolicy::builder("p", fixed(3, 10)).maximum_cost(3).build().is_ok());
+    }
+
+    #[test]
+    fn grace_and_regression_are_bounded() {
+        let result = RateLimitPolicy::builder("p", fixed(3, 10))
+            .cleanup_grace(MAX_GRACE + Duration::from_millis(1))
+            .maximum_clock_regression(Duration::from_nanos(10))
+            .build();
+        assert_eq!(
+            fields(result),
+            [PolicyField::CleanupGrace, PolicyField::MaximumClockRegression]
+        );
+    }
+
+    #[test]
+    fn every_violation_is_reported_with_its_key() {
+        let error = RateLimitPolicy::builder("BAD", fixed(0, 0))
+            .revision(0)
+            .maximum_cost(0)
+            .build()
+            .unwrap_err();
+        let text = error.to_string();
+        for key in ["id:", "revision:", "limit:", "window:", "maximum-cost:"] {
+            assert!(text.contains(key), "{key} missing from {text}");
+        }
+    }
+
+    #[test]
+    fn ttl_slack_is_the_larger_of_grace_and_regression() {
+        let policy = RateLimitPolicy::builder("p", fixed(3, 10))
+            .cleanup_grace(Duration::from_millis(250))
+            .maximum_clock_regression(Duration::from_millis(900))
+            .build()
+            .unwrap();
+        assert_eq!(policy.ttl_slack_millis(), 900);
+    }
+}

@@ -1,0 +1,84 @@
+//! `SubjectDigest`: the only form in which a subject crosses the port.
+
+use std::fmt;
+
+use crate::error::ContractError;
+
+/// An opaque pseudonym `v<version>:<hex>` of at least 128 bits. The raw
+/// identity (IP, API key, principal) never enters this crate's types, so it
+/// cannot reach a provider, a key or a log line through the port.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct SubjectDigest(String);
+
+impl SubjectDigest {
+    /// Validates the `v<version>:<hex>` form: a decimal version of 1 to 10
+    /// digits and 32 to 128 lowercase hex digits.
+    pub fn parse(digest: impl Into<String>) -> Result<Self, ContractError> {
+        let digest = digest.into();
+        let invalid = |why: &str| Err(ContractError::InvalidSubjectDigest(why.to_owned()));
+        let Some(rest) = digest.strip_prefix('v') else {
+            return invalid("must start with 'v'");
+        };
+        let Some((version, hex)) = rest.split_once(':') else {
+            return invalid("must be v<version>:<hex>");
+        };
+        if version.is_empty() || version.len() > 10 || !version.bytes().all(|b| b.is_ascii_digit())
+        {
+            return invalid("version must be 1 to 10 decimal digits");
+        }
+        if !(32..=128).contains(&hex.len()) {
+            return invalid("digest must be 32 to 128 hex digits (128 to 512 bits)");
+        }
+        if !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return invalid("digest must be lowercase hex");
+        }
+        Ok(Self(digest))
+    }
+
+    /// The pseudonym as text, as it may appear in a storage key.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+// A pseudonym is not secret, but keeping it short in debug output keeps logs
+// readable; Display gives the whole value for keys.
+impl fmt::Debug for SubjectDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "SubjectDigest({})", self.0)
+    }
+}
+
+impl fmt::Display for SubjectDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_versioned_hex_of_at_least_128_bits() {
+        let digest = SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap();
+        assert_eq!(digest.as_str(), format!("v1:{}", "ab".repeat(16)));
+        assert!(SubjectDigest::parse(format!("v42:{}", "0".repeat(64))).is_ok());
+    }
+
+    #[test]
+    fn rejects_anything_that_could_be_a_raw_identity() {
+        for bad in [
+            "203.0.113.7",
+            "v1:short",
+            &format!("1:{}", "a".repeat(32)),
+            &format!("v:{}", "a".repeat(32)),
+            &format!("v1:{}", "A".repeat(32)),
+            &format!("v1:{}", "g".repeat(32)),
+            &format!("v1:{}", "a".repeat(129)),
+            &format!("v1:{}}}", "a".repeat(32)),
+        ] {
+            assert!(SubjectDigest::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+}
