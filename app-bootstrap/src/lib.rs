@@ -1,0 +1,1 @@
+//! Placeholder: being built (see the open issue).
