@@ -1,1 +1,24 @@
-//! placeholder
+//! The embedded in-process rate-limit provider: fixed window, sliding
+//! counter and token bucket over a sharded, bounded in-memory store, with
+//! the same clock-regression and evaluation-dedupe semantics as every other
+//! provider (`docs/algorithms.md`). It is the default for a single instance.
+//!
+//! This crate imports `shared-contract` only: never redis, axum, tokio (a
+//! dev-dependency for tests alone) or another adapter. Expired keys are
+//! reclaimed by amortized sweeps during evaluation and by
+//! [`MemoryStore::purge_expired`], so a flood of distinct subjects cannot
+//! grow memory without bound.
+
+#![forbid(unsafe_code)]
+
+mod adapter;
+mod algorithm;
+mod entry;
+mod error;
+mod key;
+mod records;
+mod store;
+
+pub use adapter::MemoryEdgeRateLimitAdapter;
+pub use error::MemoryAdapterError;
+pub use store::{MAX_SHARDS, MemoryStore};

@@ -1,0 +1,225 @@
+//! `MemoryStore`: the sharded in-process map of keys, with amortized
+//! reclamation of expired entries.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use shared_contract::PolicyId;
+
+use crate::entry::Entry;
+use crate::key::{BuildPrehashed, KeyView, LookupKey, StoredKey};
+
+/// Most shards a store uses; `with_shards` caps there. The shard index comes
+/// from hash bits 32..48, which the shard's own map does not rely on.
+pub const MAX_SHARDS: usize = 1 << 16;
+/// A shard sweeps at most once per this many operations, or per a quarter of
+/// its size after the last sweep, whichever is larger; growth to twice that
+/// size (and at least this many keys) also makes a sweep due. Both keep
+/// sweeping O(1) amortized per decision.
+const SWEEP_MIN_OPS: usize = 1024;
+/// A swept map whose capacity exceeds four times its length (and this many
+/// slots) is shrunk, so memory really falls after a flood.
+const SHRINK_MIN_CAPACITY: usize = 64;
+
+/// Shared in-process state of the memory provider. Cloning gives a handle to
+/// the same store: adapters built over one store see the same counters, so a
+/// policy reload keeps them. Keys include the policy id and revision, so two
+/// revisions never share a counter.
+#[derive(Clone)]
+pub struct MemoryStore {
+    inner: Arc<StoreInner>,
+}
+
+struct StoreInner {
+    shards: Box<[CachePadded<Mutex<Shard>>]>,
+    /// Random-keyed SipHash: subjects are chosen by clients, so shard and
+    /// bucket placement must not be predictable.
+    hasher: RandomState,
+    /// (policy id, revision) -> namespace number used in keys.
+    namespaces: Mutex<HashMap<(PolicyId, u32), u32>>,
+}
+
+/// Keeps each shard's lock on its own cache lines, so two cores working on
+/// neighbouring shards do not contend on one line.
+#[repr(align(128))]
+struct CachePadded<T>(T);
+
+struct Shard {
+    map: HashMap<StoredKey, Entry, BuildPrehashed>,
+    ops_since_sweep: usize,
+    len_after_sweep: usize,
+    /// A lower bound of every entry's expiry; no sweep before it.
+    earliest_expiry: u64,
+}
+
+impl MemoryStore {
+    /// A store with the default shard count: a power of two near four times
+    /// the available parallelism, at least 16.
+    pub fn new() -> Self {
+        let cores = std::thread::available_parallelism().map_or(4, std::num::NonZero::get);
+        Self::with_shards(cores.saturating_mul(4).max(16))
+    }
+
+    /// A store with `shards` shards, rounded up to a power of two, at least
+    /// 1 and at most [`MAX_SHARDS`].
+    pub fn with_shards(shards: usize) -> Self {
+        let count = shards.max(1).checked_next_power_of_two().unwrap_or(MAX_SHARDS).min(MAX_SHARDS);
+        let shards = (0..count).map(|_| CachePadded(Mutex::new(Shard::new()))).collect();
+        Self {
+            inner: Arc::new(StoreInner {
+                shards,
+                hasher: RandomState::new(),
+                namespaces: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The number of shards.
+    pub fn shard_count(&self) -> usize {
+        self.inner.shards.len()
+    }
+
+    /// Keys currently held, including expired ones not swept yet.
+    pub fn live_entries(&self) -> usize {
+        self.inner.shards.iter().map(|shard| shard.0.lock().map.len()).sum()
+    }
+
+    /// Sweeps every shard at `now_epoch_millis`, removing each key whose
+    /// expiry has passed, and shrinks maps left mostly empty. Returns the
+    /// number of keys removed.
+    pub fn purge_expired(&self, now_epoch_millis: u64) -> usize {
+        self.inner.shards.iter().map(|shard| shard.0.lock().sweep(now_epoch_millis)).sum()
+    }
+
+    /// The namespace number of a policy revision in this store; the same
+    /// (id, revision) always gets the same number.
+    pub(crate) fn namespace(&self, id: &PolicyId, revision: u32) -> u32 {
+        let mut names = self.inner.namespaces.lock();
+        let next = u32::try_from(names.len()).unwrap_or(u32::MAX);
+        *names.entry((id.clone(), revision)).or_insert(next)
+    }
+
+    /// Runs `apply` on the entry of (namespace, subject) under its shard's
+    /// lock. An entry past its expiry at `now` is reset first, so it reads as
+    /// absent; a new entry is inserted only if `apply` wrote state into it.
+    pub(crate) fn with_entry<R>(
+        &self,
+        namespace: u32,
+        subject: &str,
+        now: u64,
+        apply: impl FnOnce(&mut Entry) -> R,
+    ) -> R {
+        let hash = self.inner.hasher.hash_one((namespace, subject));
+        let key = LookupKey { hash, namespace, subject };
+        let mut guard = self.shard(hash).lock();
+        let shard = &mut *guard;
+        let (result, expiry) = match shard.map.get_mut(&key as &dyn KeyView) {
+            Some(entry) => {
+                if entry.expires_at <= now {
+                    entry.reset();
+                }
+                let result = apply(entry);
+                (result, Some(entry.expires_at))
+            }
+            None => {
+                let mut entry = Entry::blank();
+                let result = apply(&mut entry);
+                if entry.is_written() {
+                    let expiry = entry.expires_at;
+                    shard.map.insert(key.to_stored(), entry);
+                    (result, Some(expiry))
+                } else {
+                    (result, None)
+                }
+            }
+        };
+        shard.after_op(now, expiry);
+        result
+    }
+
+    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+        // The mask keeps the index below the (power of two) shard count.
+        let index = usize::try_from(hash >> 32).unwrap_or(0) & (self.inner.shards.len() - 1);
+        &self.inner.shards[index].0
+    }
+
+    /// Slots allocated over all shards, to show that memory falls.
+    #[cfg(test)]
+    pub(crate) fn allocated_slots(&self) -> usize {
+        self.inner.shards.iter().map(|shard| shard.0.lock().map.capacity()).sum()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn inspect<R>(
+        &self,
+        namespace: u32,
+        subject: &str,
+        look: impl FnOnce(Option<&Entry>) -> R,
+    ) -> R {
+        let hash = self.inner.hasher.hash_one((namespace, subject));
+        let key = LookupKey { hash, namespace, subject };
+        look(self.shard(hash).lock().map.get(&key as &dyn KeyView))
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore").field("shards", &self.shard_count()).finish_non_exhaustive()
+    }
+}
+
+impl Shard {
+    fn new() -> Self {
+        Self {
+            map: HashMap::default(),
+            ops_since_sweep: 0,
+            len_after_sweep: 0,
+            earliest_expiry: u64::MAX,
+        }
+    }
+
+    /// Counts an operation and sweeps when one is due and something can
+    /// have expired, using the caller time the operation already has.
+    fn after_op(&mut self, now: u64, written_expiry: Option<u64>) {
+        if let Some(expiry) = written_expiry {
+            self.earliest_expiry = self.earliest_expiry.min(expiry);
+        }
+        self.ops_since_sweep += 1;
+        let due = self.ops_since_sweep >= SWEEP_MIN_OPS.max(self.len_after_sweep / 4)
+            || self.map.len() >= SWEEP_MIN_OPS.max(self.len_after_sweep.saturating_mul(2));
+        if due && now >= self.earliest_expiry {
+            self.sweep(now);
+        }
+    }
+
+    /// Removes entries expired at `now`, recomputes the earliest expiry and
+    /// shrinks a map left far below its capacity. Returns the removed count.
+    fn sweep(&mut self, now: u64) -> usize {
+        let before = self.map.len();
+        let mut earliest = u64::MAX;
+        self.map.retain(|_, entry| {
+            let keep = entry.expires_at > now;
+            if keep {
+                earliest = earliest.min(entry.expires_at);
+            }
+            keep
+        });
+        let len = self.map.len();
+        self.earliest_expiry = earliest;
+        self.ops_since_sweep = 0;
+        self.len_after_sweep = len;
+        if self.map.capacity() > SHRINK_MIN_CAPACITY.max(len.saturating_mul(4)) {
+            self.map.shrink_to(len.saturating_mul(2));
+        }
+        before - len
+    }
+}
