@@ -1,0 +1,37 @@
+//! `WebError`: the one error type of this crate, for configuration that
+//! cannot work. Bad client input is not an error here; it is an
+//! [`crate::EdgeRejection`] answered with a `400`.
+
+/// Edge configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebError {
+    /// A pseudonymizer key shorter than the HMAC-SHA-256 output size.
+    #[error(
+        "pseudonymizer key version {version} has {length} bytes; at least {minimum} are required"
+    )]
+    KeyTooShort {
+        /// The key version.
+        version: u32,
+        /// Bytes the key has.
+        length: usize,
+        /// Bytes a key needs.
+        minimum: usize,
+    },
+    /// The same key version configured twice.
+    #[error("pseudonymizer key version {0} is configured more than once")]
+    DuplicateKeyVersion(u32),
+    /// A version asked for (the active one, or an explicit one) has no key.
+    #[error("pseudonymizer key version {0} is not configured")]
+    UnknownKeyVersion(u32),
+    /// `problem_type_base` plus a category name does not form a URI.
+    #[error("problem type base {base:?} does not form a valid URI with {category:?}")]
+    InvalidProblemTypeBase {
+        /// The configured base.
+        base: String,
+        /// The category that was appended.
+        category: &'static str,
+    },
+    /// The evaluation budget is zero, so every request would miss its deadline.
+    #[error("the evaluation budget must be greater than zero")]
+    ZeroEvaluationBudget,
+}

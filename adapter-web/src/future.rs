@@ -1,0 +1,146 @@
+//! `ResponseFuture`: evaluate first, then run the inner service or answer
+//! in its place.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use axum::BoxError;
+use axum::body::{Body, Bytes, HttpBody};
+use http::request::Parts;
+use http::{HeaderMap, Request, Response};
+use pin_project_lite::pin_project;
+use tower::Service;
+
+use crate::bridge::{BridgeEvaluation, TransportBridge};
+use crate::mapping::{decision_headers, refusal, rejection_response};
+use crate::rejection::EdgeRejection;
+
+type Evaluation =
+    Pin<Box<dyn Future<Output = (Parts, Result<BridgeEvaluation, EdgeRejection>)> + Send>>;
+
+pin_project! {
+    /// The response future of [`crate::RateLimitService`].
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // The bridge is asking the port; the inner service waits, unused.
+        Evaluating {
+            evaluation: Evaluation,
+            bridge: Arc<TransportBridge>,
+            inner: Option<S>,
+            body: Option<ReqBody>,
+        },
+        // Allowed (or limiting disabled): the inner service runs, and its
+        // response gets these headers.
+        Running {
+            #[pin]
+            future: S::Future,
+            headers: HeaderMap,
+        },
+        // Refused: this response replaces the inner service's.
+        Refused {
+            response: Option<Response<Body>>,
+        },
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    pub(crate) fn evaluating(
+        bridge: Arc<TransportBridge>,
+        inner: S,
+        request: Request<ReqBody>,
+    ) -> Self {
+        let (parts, body) = request.into_parts();
+        let asking = Arc::clone(&bridge);
+        let evaluation: Evaluation = Box::pin(async move {
+            let result = asking.evaluate(&parts).await;
+            (parts, result)
+        });
+        let state = State::Evaluating { evaluation, bridge, inner: Some(inner), body: Some(body) };
+        Self { state }
+    }
+
+    pub(crate) fn pass_through(future: S::Future) -> Self {
+        Self { state: State::Running { future, headers: HeaderMap::new() } }
+    }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response<Body>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Evaluating { evaluation, bridge, inner, body } => {
+                    let (parts, result) = ready!(evaluation.as_mut().poll(cx));
+                    let settings = bridge.settings();
+                    match result {
+                        Err(rejection) => State::Refused {
+                            response: Some(rejection_response(&rejection, settings)),
+                        },
+                        Ok(evaluation) => match refusal(&evaluation, settings) {
+                            Some(response) => State::Refused { response: Some(response) },
+                            None => {
+                                let (mut inner, body) = inner.take().zip(body.take()).expect(
+                                    "the inner service and body are taken only when leaving this state",
+                                );
+                                let future = inner.call(Request::from_parts(parts, body));
+                                State::Running { future, headers: decision_headers(&evaluation) }
+                            }
+                        },
+                    }
+                }
+                StateProj::Running { future, headers } => {
+                    let mut response = ready!(future.poll(cx))?.map(Body::new);
+                    // Ours replace any the handler set: the limiter is the
+                    // authority on its own headers.
+                    response.headers_mut().extend(std::mem::take(headers));
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Refused { response } => {
+                    let response = response.take().expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Evaluating { .. } => "evaluating",
+            State::Running { .. } => "running",
+            State::Refused { .. } => "refused",
+        };
+        f.debug_struct("ResponseFuture").field("state", &state).finish()
+    }
+}

@@ -1,0 +1,100 @@
+//! `RateLimit-Policy` and `RateLimit` response headers (IETF httpapi
+//! ratelimit-headers draft): structured-field lists built with `sfv`, so the
+//! policy id is always a correctly quoted string.
+
+use std::time::Duration;
+
+use http::HeaderValue;
+use sfv::{Integer, KeyRef, ListSerializer, StringRef};
+use shared_contract::{Algorithm, PolicyId, RateLimitDecision, RateLimitPolicy};
+
+/// `"<policy id>";q=<limit>;w=<window seconds>`.
+pub(crate) fn policy_header(policy: &RateLimitPolicy) -> Option<HeaderValue> {
+    let window = quota_window(policy.algorithm());
+    item(policy.id(), [("q", policy.limit()), ("w", whole_seconds_up(window))])
+}
+
+/// `"<policy id>";r=<remaining>;t=<seconds until the budget is whole>`.
+pub(crate) fn limit_header(
+    policy_id: &PolicyId,
+    decision: &RateLimitDecision,
+) -> Option<HeaderValue> {
+    let reset = whole_seconds_up(decision.reset_after);
+    item(policy_id, [("r", decision.remaining), ("t", reset)])
+}
+
+/// The time over which a policy grants its limit: the window, or for a
+/// token bucket the time an empty bucket takes to fill
+/// (`ceil(capacity / refill_tokens) * refill_period`).
+fn quota_window(algorithm: &Algorithm) -> Duration {
+    match *algorithm {
+        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingCounter { window, .. } => window,
+        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
+            let periods = capacity.div_ceil(refill_tokens.max(1));
+            refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+        }
+    }
+}
+
+/// Whole seconds, rounded up: a client told to wait less than the real
+/// time would only be refused again.
+pub(crate) fn whole_seconds_up(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+fn item<const N: usize>(policy_id: &PolicyId, parameters: [(&str, u64); N]) -> Option<HeaderValue> {
+    let mut list = ListSerializer::new();
+    let mut entry = list.bare_item(StringRef::from_str(policy_id.as_str()).ok()?);
+    for (key, value) in parameters {
+        // Values past the structured-field integer range cannot occur with
+        // validated policies; clamping keeps the header well-formed anyway.
+        let value = Integer::try_from(value).unwrap_or(Integer::MAX);
+        entry = entry.parameter(KeyRef::from_str(key).ok()?, value);
+    }
+    HeaderValue::try_from(list.finish()?).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use shared_contract::Certainty;
+
+    use super::*;
+
+    fn policy(algorithm: Algorithm) -> RateLimitPolicy {
+        RateLimitPolicy::builder("orders.read", algorithm).build().unwrap()
+    }
+
+    #[test]
+    fn policy_header_names_limit_and_window_in_seconds() {
+        let fixed = policy(Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(60) });
+        assert_eq!(policy_header(&fixed).unwrap(), r#""orders.read";q=100;w=60"#);
+        // A 1.5 s window is announced as 2 s: never promise more than holds.
+        let sliding =
+            policy(Algorithm::SlidingCounter { limit: 10, window: Duration::from_millis(1500) });
+        assert_eq!(policy_header(&sliding).unwrap(), r#""orders.read";q=10;w=2"#);
+        // Five tokens, two per 100 ms: three periods fill it, 300 ms -> 1 s.
+        let bucket = policy(Algorithm::TokenBucket {
+            capacity: 5,
+            refill_tokens: 2,
+            refill_period: Duration::from_millis(100),
+        });
+        assert_eq!(policy_header(&bucket).unwrap(), r#""orders.read";q=5;w=1"#);
+    }
+
+    #[test]
+    fn limit_header_rounds_the_reset_up() {
+        let decision = RateLimitDecision {
+            allowed: true,
+            limit: 10,
+            remaining: 7,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::from_millis(1001),
+            certainty: Certainty::Certain,
+            replayed: false,
+        };
+        let id = PolicyId::new("orders.read").unwrap();
+        assert_eq!(limit_header(&id, &decision).unwrap(), r#""orders.read";r=7;t=2"#);
+        let full = RateLimitDecision { reset_after: Duration::ZERO, ..decision };
+        assert_eq!(limit_header(&id, &full).unwrap(), r#""orders.read";r=7;t=0"#);
+    }
+}

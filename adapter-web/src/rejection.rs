@@ -1,0 +1,67 @@
+//! `EdgeRejection`: a request the edge refuses before any evaluation.
+
+use http::StatusCode;
+
+/// Why a request was refused before evaluation. Nothing was charged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EdgeRejection {
+    /// The API key header is unusable: `400`.
+    InvalidApiKey(ApiKeyProblem),
+    /// No socket peer address reached the edge (`ConnectInfo` missing): the
+    /// server is wired wrong, not the client, so `500`.
+    MissingPeerAddress,
+}
+
+/// What is wrong with an API key. The key itself is never kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ApiKeyProblem {
+    /// The header is present but empty.
+    Empty,
+    /// Longer than [`crate::MAX_API_KEY_BYTES`].
+    TooLong,
+    /// A byte outside visible ASCII (`0x21..=0x7E`).
+    NotVisibleAscii,
+    /// The header appears more than once.
+    Repeated,
+}
+
+impl EdgeRejection {
+    /// The HTTP status of the refusal.
+    pub const fn status(&self) -> StatusCode {
+        match self {
+            Self::InvalidApiKey(_) => StatusCode::BAD_REQUEST,
+            Self::MissingPeerAddress => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// Kebab-case name: the problem `type` suffix.
+    pub const fn category_name(&self) -> &'static str {
+        match self {
+            Self::InvalidApiKey(_) => "invalid-api-key",
+            Self::MissingPeerAddress => "client-address-unavailable",
+        }
+    }
+
+    /// A sentence for the client, free of the rejected value.
+    pub const fn detail(&self) -> &'static str {
+        match self {
+            Self::InvalidApiKey(ApiKeyProblem::Empty) => "The API key header is empty.",
+            Self::InvalidApiKey(ApiKeyProblem::TooLong) => "The API key is longer than 256 bytes.",
+            Self::InvalidApiKey(ApiKeyProblem::NotVisibleAscii) => {
+                "The API key may only contain visible ASCII characters."
+            }
+            Self::InvalidApiKey(ApiKeyProblem::Repeated) => {
+                "The API key header must appear only once."
+            }
+            Self::MissingPeerAddress => "The server could not determine the client address.",
+        }
+    }
+
+    /// The metrics `outcome` label: `bad-request` for client errors.
+    pub const fn outcome_label(&self) -> &'static str {
+        match self {
+            Self::InvalidApiKey(_) => "bad-request",
+            Self::MissingPeerAddress => "client-address-unavailable",
+        }
+    }
+}

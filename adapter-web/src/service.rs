@@ -1,0 +1,53 @@
+//! `RateLimitService`: the tower service the layer wraps around a handler.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::BoxError;
+use axum::body::{Body, Bytes, HttpBody};
+use http::{Request, Response};
+use tower::Service;
+
+use crate::bridge::TransportBridge;
+use crate::future::ResponseFuture;
+
+/// Asks the bridge before every request; runs `inner` only when allowed.
+/// Built by [`crate::RateLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct RateLimitService<S> {
+    inner: S,
+    bridge: Option<Arc<TransportBridge>>,
+}
+
+impl<S> RateLimitService<S> {
+    pub(crate) fn new(inner: S, bridge: Option<Arc<TransportBridge>>) -> Self {
+        Self { inner, bridge }
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let Some(bridge) = &self.bridge else {
+            return ResponseFuture::pass_through(self.inner.call(request));
+        };
+        // The instance `poll_ready` readied is the one that must be called,
+        // later, once the evaluation allows it; a clone stays behind.
+        let clone = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, clone);
+        ResponseFuture::evaluating(Arc::clone(bridge), ready, request)
+    }
+}

@@ -1,0 +1,215 @@
+//! Who a request counts against: an authenticated principal, else an API
+//! key, else the client IP, in that order.
+
+use std::fmt;
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+use http::request::Parts;
+
+use crate::client_ip::client_ip;
+use crate::rejection::{ApiKeyProblem, EdgeRejection};
+use crate::settings::EdgeSettings;
+
+/// Longest API key accepted, in bytes.
+pub const MAX_API_KEY_BYTES: usize = 256;
+
+/// The identity an upstream authentication layer established, inserted as a
+/// request extension. It takes precedence over API key and client IP.
+#[derive(Clone, PartialEq, Eq)]
+pub struct AuthenticatedPrincipal(pub String);
+
+// The principal is a raw subject: it must not reach a log line by way of
+// a `{:?}` somewhere up the stack.
+impl fmt::Debug for AuthenticatedPrincipal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("AuthenticatedPrincipal([REDACTED])")
+    }
+}
+
+/// The kind of a subject; its name is the first frame of the pseudonym, so
+/// the same string as principal and as API key never share a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SubjectKind {
+    /// An authenticated principal, framed as `principal`.
+    Principal,
+    /// An API key, framed as `api-key`.
+    ApiKey,
+    /// The client IP address, framed as `ip`.
+    ClientIp,
+}
+
+impl SubjectKind {
+    /// The name framed into the pseudonym: `principal`, `api-key` or `ip`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Principal => "principal",
+            Self::ApiKey => "api-key",
+            Self::ClientIp => "ip",
+        }
+    }
+}
+
+/// A resolved raw subject: what the pseudonymizer turns into a digest. It
+/// lives only for the duration of one evaluation and never prints.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct RawSubject {
+    pub(crate) kind: SubjectKind,
+    /// The canonical identity: the principal and API key as sent, the IP in
+    /// its canonical text form (IPv4-mapped IPv6 as plain IPv4).
+    pub(crate) identity: String,
+}
+
+impl fmt::Debug for RawSubject {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RawSubject").field("kind", &self.kind).finish_non_exhaustive()
+    }
+}
+
+/// Resolves the subject of a request by precedence: principal extension,
+/// then the API key header, then the client IP (see [`client_ip`]).
+pub(crate) fn resolve_subject(
+    parts: &Parts,
+    settings: &EdgeSettings,
+) -> Result<RawSubject, EdgeRejection> {
+    if let Some(AuthenticatedPrincipal(principal)) = parts.extensions.get() {
+        return Ok(RawSubject { kind: SubjectKind::Principal, identity: principal.clone() });
+    }
+    let mut keys = parts.headers.get_all(&settings.api_key_header).iter();
+    if let Some(key) = keys.next() {
+        if keys.next().is_some() {
+            return Err(EdgeRejection::InvalidApiKey(ApiKeyProblem::Repeated));
+        }
+        let key = validate_api_key(key.as_bytes())?;
+        return Ok(RawSubject { kind: SubjectKind::ApiKey, identity: key.to_owned() });
+    }
+    let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() else {
+        return Err(EdgeRejection::MissingPeerAddress);
+    };
+    let ip = client_ip(peer.ip(), &parts.headers, &settings.trusted_proxies);
+    Ok(RawSubject { kind: SubjectKind::ClientIp, identity: ip.to_canonical().to_string() })
+}
+
+fn validate_api_key(key: &[u8]) -> Result<&str, EdgeRejection> {
+    let problem = if key.is_empty() {
+        ApiKeyProblem::Empty
+    } else if key.len() > MAX_API_KEY_BYTES {
+        ApiKeyProblem::TooLong
+    } else if !key.iter().all(|byte| (0x21..=0x7e).contains(byte)) {
+        ApiKeyProblem::NotVisibleAscii
+    } else {
+        // Visible ASCII is valid UTF-8.
+        return std::str::from_utf8(key)
+            .map_err(|_| EdgeRejection::InvalidApiKey(ApiKeyProblem::NotVisibleAscii));
+    };
+    Err(EdgeRejection::InvalidApiKey(problem))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::{IpAddr, Ipv4Addr};
+
+    use http::{HeaderValue, Request};
+
+    use super::*;
+
+    fn parts(build: impl FnOnce(&mut Request<()>)) -> Parts {
+        let mut request = Request::new(());
+        request
+            .extensions_mut()
+            .insert(ConnectInfo(SocketAddr::new(IpAddr::V4(Ipv4Addr::new(198, 51, 100, 7)), 4711)));
+        build(&mut request);
+        request.into_parts().0
+    }
+
+    fn resolve(build: impl FnOnce(&mut Request<()>)) -> Result<RawSubject, EdgeRejection> {
+        resolve_subject(&parts(build), &EdgeSettings::default())
+    }
+
+    fn subject(kind: SubjectKind, identity: &str) -> RawSubject {
+        RawSubject { kind, identity: identity.to_owned() }
+    }
+
+    #[test]
+    fn principal_wins_over_api_key_and_ip() {
+        let resolved = resolve(|r| {
+            r.extensions_mut().insert(AuthenticatedPrincipal("alice".into()));
+            r.headers_mut().insert("x-api-key", HeaderValue::from_static("key-1"));
+        });
+        assert_eq!(resolved.unwrap(), subject(SubjectKind::Principal, "alice"));
+    }
+
+    #[test]
+    fn api_key_wins_over_ip_and_the_header_name_is_configurable() {
+        let resolved = resolve(|r| {
+            r.headers_mut().insert("x-api-key", HeaderValue::from_static("key-1"));
+        });
+        assert_eq!(resolved.unwrap(), subject(SubjectKind::ApiKey, "key-1"));
+
+        let settings = EdgeSettings {
+            api_key_header: http::HeaderName::from_static("x-client-token"),
+            ..EdgeSettings::default()
+        };
+        let request = parts(|r| {
+            r.headers_mut().insert("x-api-key", HeaderValue::from_static("ignored"));
+            r.headers_mut().insert("x-client-token", HeaderValue::from_static("token-9"));
+        });
+        let resolved = resolve_subject(&request, &settings).unwrap();
+        assert_eq!(resolved, subject(SubjectKind::ApiKey, "token-9"));
+    }
+
+    #[test]
+    fn without_principal_or_key_the_peer_ip_counts() {
+        assert_eq!(resolve(|_| {}).unwrap(), subject(SubjectKind::ClientIp, "198.51.100.7"));
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_peers_share_the_ipv4_bucket() {
+        let resolved = resolve(|r| {
+            let mapped: IpAddr = "::ffff:198.51.100.7".parse().unwrap();
+            r.extensions_mut().insert(ConnectInfo(SocketAddr::new(mapped, 1)));
+        });
+        assert_eq!(resolved.unwrap(), subject(SubjectKind::ClientIp, "198.51.100.7"));
+    }
+
+    #[test]
+    fn bad_api_keys_are_rejected_with_their_reason() {
+        let with_key = |value: &[u8]| {
+            let value = HeaderValue::from_bytes(value).unwrap();
+            resolve(move |r| {
+                r.headers_mut().insert("x-api-key", value);
+            })
+        };
+        let rejected = |problem| Err(EdgeRejection::InvalidApiKey(problem));
+        assert_eq!(with_key(&[b'k'; 257]), rejected(ApiKeyProblem::TooLong));
+        assert_eq!(with_key(b"has space"), rejected(ApiKeyProblem::NotVisibleAscii));
+        assert_eq!(with_key(b"tab\there"), rejected(ApiKeyProblem::NotVisibleAscii));
+        assert_eq!(with_key(&[b'k', 0xe9]), rejected(ApiKeyProblem::NotVisibleAscii));
+        assert_eq!(with_key(b""), rejected(ApiKeyProblem::Empty));
+        let exactly_256 = with_key(&[b'k'; 256]).unwrap();
+        assert_eq!(exactly_256.identity.len(), 256);
+        let twice = resolve(|r| {
+            r.headers_mut().append("x-api-key", HeaderValue::from_static("a"));
+            r.headers_mut().append("x-api-key", HeaderValue::from_static("b"));
+        });
+        assert_eq!(twice, rejected(ApiKeyProblem::Repeated));
+    }
+
+    #[test]
+    fn a_request_without_connect_info_is_refused_not_guessed() {
+        let mut request = Request::new(()).into_parts().0;
+        request.extensions.clear();
+        assert_eq!(
+            resolve_subject(&request, &EdgeSettings::default()),
+            Err(EdgeRejection::MissingPeerAddress)
+        );
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_identity() {
+        let principal = AuthenticatedPrincipal("alice@example.com".into());
+        assert!(!format!("{principal:?}").contains("alice"));
+        let raw = subject(SubjectKind::ApiKey, "secret-key");
+        assert!(!format!("{raw:?}").contains("secret-key"));
+    }
+}
