@@ -91,7 +91,9 @@ impl MemoryEdgeRateLimitAdapter {
     /// The whole evaluation; synchronous because nothing in it waits.
     fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
         let Some(slot) = self.policies.get(&request.policy_id) else {
-            return RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy };
+            return RateLimitOutcome::Incompatible {
+                category: IncompatibleCategory::UnknownPolicy,
+            };
         };
         if request.cost == 0 || request.cost > slot.policy.maximum_cost() {
             return RateLimitOutcome::Incompatible {

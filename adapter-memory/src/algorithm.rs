@@ -40,11 +40,13 @@ impl Params {
             Algorithm::SlidingCounter { limit, window } => {
                 Self::SlidingCounter { limit, window: ms(window) }
             }
-            Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => Self::TokenBucket {
-                capacity,
-                refill_tokens: refill_tokens.max(1),
-                period: ms(refill_period),
-            },
+            Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
+                Self::TokenBucket {
+                    capacity,
+                    refill_tokens: refill_tokens.max(1),
+                    period: ms(refill_period),
+                }
+            }
         }
     }
 
@@ -249,7 +251,10 @@ fn token_bucket(
         remaining: tokens,
         retry_after,
         reset_after,
-        write: Some((AlgorithmState::TokenBucket { tokens, updated_at }, t.saturating_add(reset_after))),
+        write: Some((
+            AlgorithmState::TokenBucket { tokens, updated_at },
+            t.saturating_add(reset_after),
+        )),
     })
 }
 
@@ -336,7 +341,11 @@ mod tests {
         assert_eq!((later.allowed, later.remaining), (true, 0));
         assert_eq!(
             state,
-            Some(AlgorithmState::SlidingCounter { window_start: T0 + 2000, current: 2, previous: 0 })
+            Some(AlgorithmState::SlidingCounter {
+                window_start: T0 + 2000,
+                current: 2,
+                previous: 0
+            })
         );
     }
 

@@ -198,7 +198,9 @@ mod tests {
             RateLimitOutcome::Evaluated(decision) => decision,
             other @ (RateLimitOutcome::Unavailable { .. }
             | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. }) => panic!("expected a decision, got {other:?}"),
+            | RateLimitOutcome::Indeterminate { .. }) => {
+                panic!("expected a decision, got {other:?}")
+            }
         }
     }
 

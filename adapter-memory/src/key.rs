@@ -94,7 +94,9 @@ impl Hash for StoredKey {
 
 impl PartialEq for StoredKey {
     fn eq(&self, other: &Self) -> bool {
-        self.hash == other.hash && self.namespace == other.namespace && self.subject == other.subject
+        self.hash == other.hash
+            && self.namespace == other.namespace
+            && self.subject == other.subject
     }
 }
 

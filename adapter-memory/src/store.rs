@@ -223,3 +223,164 @@ impl Shard {
         before - len
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
+
+    use super::*;
+    use crate::algorithm::AlgorithmState;
+    use crate::entry::Rules;
+
+    const T0: u64 = 1_800_000_000_000;
+
+    /// Fixed window 10 per second, grace and regression 1 s, no dedupe: a
+    /// key written at `t` expires at `ws + 1000 + 1000`.
+    fn rules() -> Rules {
+        let policy = RateLimitPolicy::builder(
+            "p",
+            Algorithm::FixedWindow { limit: 10, window: Duration::from_millis(1000) },
+        )
+        .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+        .build()
+        .unwrap();
+        Rules::of(&policy)
+    }
+
+    fn subject(n: u64) -> String {
+        format!("v1:{n:032x}")
+    }
+
+    fn touch(store: &MemoryStore, rules: &Rules, n: u64, now: u64) {
+        let outcome =
+            store.with_entry(0, &subject(n), now, |entry| entry.evaluate(rules, now, 1, 0));
+        assert!(outcome.is_allowed(), "{outcome:?}");
+    }
+
+    #[test]
+    fn shard_counts_round_up_to_a_power_of_two_within_bounds() {
+        for (asked, got) in [(0, 1), (1, 1), (3, 4), (16, 16), (17, 32), (usize::MAX, MAX_SHARDS)] {
+            assert_eq!(MemoryStore::with_shards(asked).shard_count(), got, "asked {asked}");
+        }
+        let default = MemoryStore::new().shard_count();
+        assert!(default.is_power_of_two() && default >= 16, "{default}");
+    }
+
+    #[test]
+    fn namespaces_are_per_policy_revision_and_stable() {
+        let store = MemoryStore::with_shards(1);
+        let a = PolicyId::new("a").unwrap();
+        let b = PolicyId::new("b").unwrap();
+        let a1 = store.namespace(&a, 1);
+        assert_eq!(store.clone().namespace(&a, 1), a1);
+        assert_ne!(store.namespace(&a, 2), a1);
+        assert_ne!(store.namespace(&b, 1), a1);
+    }
+
+    #[test]
+    fn purge_removes_exactly_the_expired_keys_and_shrinks() {
+        let store = MemoryStore::with_shards(4);
+        let rules = rules();
+        for n in 0..5_000 {
+            touch(&store, &rules, n, T0);
+        }
+        for n in 5_000..5_010 {
+            touch(&store, &rules, n, T0 + 1_000);
+        }
+        let slots_full = store.allocated_slots();
+        assert_eq!(store.live_entries(), 5_010);
+        // Keys of window T0 expire at T0 + 2000, those of T0 + 1000 at T0 + 3000.
+        assert_eq!(store.purge_expired(T0 + 1_999), 0);
+        assert_eq!(store.purge_expired(T0 + 2_000), 5_000);
+        assert_eq!(store.live_entries(), 10);
+        assert!(
+            store.allocated_slots() * 20 < slots_full,
+            "{} of {slots_full}",
+            store.allocated_slots()
+        );
+        assert_eq!(store.purge_expired(T0 + 3_000), 10);
+        assert_eq!(store.live_entries(), 0);
+    }
+
+    #[test]
+    fn ordinary_operations_sweep_a_shard_once_its_keys_expired() {
+        let store = MemoryStore::with_shards(1);
+        let rules = rules();
+        for n in 0..3 * SWEEP_MIN_OPS as u64 {
+            touch(&store, &rules, n, T0);
+        }
+        assert_eq!(store.live_entries(), 3 * SWEEP_MIN_OPS);
+        // The shard grew past its sweep threshold while nothing could expire;
+        // the first operation after the expiry sweeps it.
+        touch(&store, &rules, u64::MAX, T0 + 2_000);
+        assert_eq!(store.live_entries(), 1);
+    }
+
+    #[test]
+    fn a_sweep_is_amortized_over_operations_of_a_stable_shard() {
+        let store = MemoryStore::with_shards(1);
+        let rules = rules();
+        // Sweeps happen at len >= 1024 (nothing expired yet): none removed.
+        for n in 0..100 {
+            touch(&store, &rules, n, T0);
+        }
+        // Past their expiry, one hot key keeps the shard busy: the expired
+        // 100 go within SWEEP_MIN_OPS operations, not on every one.
+        touch(&store, &rules, 1_000_000, T0 + 2_000);
+        assert_eq!(store.live_entries(), 101);
+        for _ in 0..SWEEP_MIN_OPS {
+            let now = T0 + 2_000;
+            store
+                .with_entry(0, &subject(1_000_000), now, |entry| entry.evaluate(&rules, now, 1, 0));
+        }
+        assert_eq!(store.live_entries(), 1);
+    }
+
+    #[test]
+    fn an_expired_key_reads_as_absent_and_reuses_its_slot() {
+        let store = MemoryStore::with_shards(1);
+        let rules = rules();
+        touch(&store, &rules, 1, T0);
+        // Still held at T0 + 2500 (no sweep yet), but expired: it starts afresh.
+        let now = T0 + 2_500;
+        let outcome =
+            store.with_entry(0, &subject(1), now, |entry| entry.evaluate(&rules, now, 1, 0));
+        let shared_contract::RateLimitOutcome::Evaluated(decision) = outcome else {
+            panic!("{outcome:?}");
+        };
+        assert_eq!(decision.remaining, 9);
+        assert_eq!(store.live_entries(), 1);
+    }
+
+    #[test]
+    fn state_stays_constant_size_over_many_windows() {
+        let store = MemoryStore::with_shards(1);
+        let policy = RateLimitPolicy::builder(
+            "p",
+            Algorithm::SlidingCounter { limit: 1_000, window: Duration::from_millis(10) },
+        )
+        .evaluation_dedup(EvaluationDedupPolicy::Enabled {
+            ttl: Duration::from_millis(100),
+            max_entries: 8,
+            max_stored_bytes: 65_536,
+        })
+        .build()
+        .unwrap();
+        let rules = Rules::of(&policy);
+        let mut max_allocated = 0;
+        for step in 0..20_000u64 {
+            let now = T0 + step;
+            let id = u128::from(step);
+            store.with_entry(0, &subject(7), now, |entry| entry.evaluate(&rules, now, 1, id));
+            let (state, _, records, allocated) =
+                store.inspect(0, &subject(7), |entry| entry.unwrap().snapshot());
+            assert!(matches!(state, Some(AlgorithmState::SlidingCounter { .. })));
+            assert!(records <= 8, "{records} records");
+            max_allocated = max_allocated.max(allocated);
+        }
+        assert!(max_allocated <= 16, "record buffer grew to {max_allocated}");
+        assert_eq!(store.live_entries(), 1);
+    }
+}
