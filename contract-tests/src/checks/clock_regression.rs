@@ -1,0 +1,102 @@
+//! The clock-regression bound `R` (docs/algorithms.md, step 3): a key keeps
+//! the highest time `M` it was written at; `M - t > R` is
+//! `Unavailable(ClockUnsafe, retry_after = M - t - R)` with nothing changed,
+//! otherwise the evaluation runs at `t := max(t, M)`.
+
+use std::time::Duration;
+
+use shared_contract::{EvaluationId, RateLimitOutcome, UnavailableCategory};
+
+use crate::factory::ProviderFactory;
+use crate::rig::{CheckPolicy, Rig, fixed_window, ms, sliding_counter, token_bucket};
+
+const BOUND: Duration = Duration::from_millis(500);
+
+fn clock_unsafe(retry_ms: u64) -> RateLimitOutcome {
+    RateLimitOutcome::Unavailable {
+        category: UnavailableCategory::ClockUnsafe,
+        retry_after: ms(retry_ms),
+    }
+}
+
+/// A wall clock that steps back within the bound is treated as the key's
+/// mark: the charge lands in the window of the mark, not of the lagging
+/// clock.
+pub async fn clock_regression_within_the_bound_uses_the_mark(factory: &dyn ProviderFactory) {
+    let fw = CheckPolicy::new(fixed_window("fw", 3, 1000).maximum_clock_regression(BOUND));
+    let rig = Rig::start(factory, &[&fw]).await;
+    rig.at(1100);
+    // ws = T0 + 1000, reset = 2000 - 1100 = 900. Mark M = T0 + 1100.
+    rig.expect("charge at 1100", &fw, "alice", 1, fw.allowed(2, 900)).await;
+    rig.at(900);
+    // M - t = 200 <= 500: t := T0 + 1100, the same window, reset 900 (at
+    // face value it would be window T0 with n = 0 and reset 100).
+    rig.expect("clock 200 ms behind", &fw, "alice", 1, fw.allowed(1, 900)).await;
+    rig.at(600);
+    // M - t = 500 is not > 500: still inside the bound.
+    rig.expect("clock exactly at the bound", &fw, "alice", 1, fw.allowed(0, 900)).await;
+    rig.expect("denied at the mark", &fw, "alice", 1, fw.denied(0, 900, 900)).await;
+    rig.at(1999);
+    rig.expect("forward again", &fw, "alice", 1, fw.denied(0, 1, 1)).await;
+    rig.at(2000);
+    rig.expect("next window", &fw, "alice", 1, fw.allowed(2, 1000)).await;
+}
+
+/// The mark applies to the sliding counter and the token bucket too.
+pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
+    factory: &dyn ProviderFactory,
+) {
+    let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000).maximum_clock_regression(BOUND));
+    let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100).maximum_clock_regression(BOUND));
+    let rig = Rig::start(factory, &[&sc, &tb]).await;
+    rig.at(1100);
+    // sc: p = 0, est 0 -> 1: remaining 9, reset 2000 - 1100 = 900.
+    rig.expect("sc at 1100", &sc, "alice", 1, sc.allowed(9, 900)).await;
+    // tb: a new bucket with updated_at = T0 + 1100: remaining 4, reset 100.
+    rig.expect("tb at 1100", &tb, "alice", 1, tb.allowed(4, 100)).await;
+    rig.at(900);
+    // t := T0 + 1100. sc: same window, est 1 -> 2: remaining 8, reset 900.
+    rig.expect("sc 200 ms behind", &sc, "alice", 1, sc.allowed(8, 900)).await;
+    // tb: k = 0, tokens 4 -> 3: reset = T0 + 1100 + 2 * 100 - (T0 + 1100) = 200.
+    rig.expect("tb 200 ms behind", &tb, "alice", 1, tb.allowed(3, 200)).await;
+    rig.at(1150);
+    // sc: est = 0 + 2 -> 3: remaining 7, reset 850.
+    rig.expect("sc ahead again", &sc, "alice", 1, sc.allowed(7, 850)).await;
+    // tb: k = floor(50 / 100) = 0, tokens 3 -> 2: reset = T0 + 1100 + 300 - (T0 + 1150) = 250.
+    rig.expect("tb ahead again", &tb, "alice", 1, tb.allowed(2, 250)).await;
+}
+
+/// Beyond the bound every algorithm answers `ClockUnsafe` with the wait
+/// until the clock is back within it, and changes nothing: back at the
+/// right time the counts are as before, and the evaluation id is unused.
+pub async fn clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothing(
+    factory: &dyn ProviderFactory,
+) {
+    let fw = CheckPolicy::new(fixed_window("fw", 3, 1000).maximum_clock_regression(BOUND));
+    let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000).maximum_clock_regression(BOUND));
+    let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100).maximum_clock_regression(BOUND));
+    let policies = [&fw, &sc, &tb];
+    let rig = Rig::start(factory, &policies).await;
+    rig.at(1100);
+    rig.expect("fw at 1100", &fw, "alice", 1, fw.allowed(2, 900)).await;
+    rig.expect("sc at 1100", &sc, "alice", 1, sc.allowed(9, 900)).await;
+    rig.expect("tb at 1100", &tb, "alice", 1, tb.allowed(4, 100)).await;
+    let ids = [EvaluationId::random(), EvaluationId::random(), EvaluationId::random()];
+    rig.at(599);
+    // M - t = 1100 - 599 = 501 > 500: retry = 501 - 500 = 1.
+    for (policy, id) in policies.iter().zip(ids) {
+        rig.expect_id("1 ms beyond the bound", policy, "alice", 1, id, clock_unsafe(1)).await;
+    }
+    rig.at(100);
+    // M - t = 1000: retry = 1000 - 500 = 500.
+    for (policy, id) in policies.iter().zip(ids) {
+        rig.expect_id("far behind", policy, "alice", 1, id, clock_unsafe(500)).await;
+    }
+    rig.at(1100);
+    // Unchanged state, and the ids were never recorded, so they charge:
+    // fw n = 2; sc est 1 -> 2; tb k = 0, tokens 4 -> 3, reset 200.
+    let [fw_id, sc_id, tb_id] = ids;
+    rig.expect_id("fw back", &fw, "alice", 1, fw_id, fw.allowed(1, 900)).await;
+    rig.expect_id("sc back", &sc, "alice", 1, sc_id, sc.allowed(8, 900)).await;
+    rig.expect_id("tb back", &tb, "alice", 1, tb_id, tb.allowed(3, 200)).await;
+}

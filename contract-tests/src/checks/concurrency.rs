@@ -1,0 +1,25 @@
+//! Evaluations that arrive together on one key are applied one at a time:
+//! no lost update admits more than the limit.
+
+use futures::future::join_all;
+
+use crate::factory::ProviderFactory;
+use crate::rig::{CheckPolicy, Rig, fixed_window, sliding_counter, tally, token_bucket};
+
+/// Thirty concurrent requests against a budget of twenty, for every
+/// algorithm: exactly twenty pass, with remaining 19, 18, ..., 0 each once.
+pub async fn concurrent_evaluations_admit_exactly_the_limit(factory: &dyn ProviderFactory) {
+    let fw = CheckPolicy::new(fixed_window("fw", 20, 1000));
+    let sc = CheckPolicy::new(sliding_counter("sc", 20, 1000));
+    let tb = CheckPolicy::new(token_bucket("tb", 20, 1, 1000));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb]).await;
+    rig.at(0);
+    let everyone: Vec<u64> = (0..20).collect();
+    for policy in [&fw, &sc, &tb] {
+        let outcomes = join_all((0..30).map(|_| {
+            rig.ask(rig.request(policy.id(), "alice", 1, shared_contract::EvaluationId::random()))
+        }))
+        .await;
+        assert_eq!(tally(&outcomes), (everyone.clone(), 10), "{}: {outcomes:?}", policy.id());
+    }
+}

@@ -1,0 +1,387 @@
+//! The check rig: a fresh store scope, a manual clock at `T0` and a provider
+//! built over both, plus the helpers every check uses to ask a question and
+//! to state the answer the spec expects.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use shared_contract::{
+    Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationId, ManualClock, PolicyId,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitPolicyBuilder, RateLimitRequest,
+    SubjectDigest,
+};
+
+use crate::factory::ProviderFactory;
+use crate::scope::StoreScope;
+
+/// Where every check's clock starts: a multiple of 3_600_000 ms (one hour),
+/// so every window the checks use (1 ms up to one hour, dividing it) starts
+/// exactly at `T0`. 1_800_000_000_000 / 3_600_000 = 500_000.
+pub(crate) const T0: u64 = 1_800_000_000_000;
+
+/// How far in the future every request's deadline lies.
+const DEADLINE_BUDGET: Duration = Duration::from_secs(5);
+
+/// Cleanup grace of every check policy. A real store expires keys in real
+/// time, not on the manual clock, so the grace keeps each key alive for the
+/// whole (real) duration of a check. The grace changes no answer: it only
+/// lengthens how long a key outlives the moment its absence would mean the
+/// same as its state.
+const CHECK_GRACE: Duration = Duration::from_secs(60);
+
+/// A subject digest `v1:<32 hex>` derived from a readable name (FNV-1a,
+/// 128 bit), so checks talk about "alice" and providers see a pseudonym.
+pub(crate) fn subject(name: &str) -> SubjectDigest {
+    const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
+    const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
+    let hash =
+        name.bytes().fold(OFFSET, |hash, byte| (hash ^ u128::from(byte)).wrapping_mul(PRIME));
+    match SubjectDigest::parse(format!("v1:{hash:032x}")) {
+        Ok(digest) => digest,
+        Err(error) => panic!("a 32-hex-digit digest is valid by construction: {error}"),
+    }
+}
+
+/// A policy id the checks know is valid.
+pub(crate) fn policy_id(id: &str) -> PolicyId {
+    match PolicyId::new(id) {
+        Ok(id) => id,
+        Err(error) => panic!("check policy id {id:?}: {error}"),
+    }
+}
+
+/// Whole milliseconds.
+pub(crate) const fn ms(millis: u64) -> Duration {
+    Duration::from_millis(millis)
+}
+
+/// A fixed-window policy with the check defaults.
+pub(crate) fn fixed_window(id: &str, limit: u64, window_ms: u64) -> RateLimitPolicyBuilder {
+    with_check_defaults(id, Algorithm::FixedWindow { limit, window: ms(window_ms) })
+}
+
+/// A sliding-counter policy with the check defaults.
+pub(crate) fn sliding_counter(id: &str, limit: u64, window_ms: u64) -> RateLimitPolicyBuilder {
+    with_check_defaults(id, Algorithm::SlidingCounter { limit, window: ms(window_ms) })
+}
+
+/// A token-bucket policy with the check defaults.
+pub(crate) fn token_bucket(
+    id: &str,
+    capacity: u64,
+    refill_tokens: u64,
+    refill_period_ms: u64,
+) -> RateLimitPolicyBuilder {
+    with_check_defaults(
+        id,
+        Algorithm::TokenBucket { capacity, refill_tokens, refill_period: ms(refill_period_ms) },
+    )
+}
+
+fn with_check_defaults(id: &str, algorithm: Algorithm) -> RateLimitPolicyBuilder {
+    RateLimitPolicy::builder(id, algorithm).cleanup_grace(CHECK_GRACE)
+}
+
+/// A validated policy plus the expected-answer builders for it.
+#[derive(Debug, Clone)]
+pub(crate) struct CheckPolicy(RateLimitPolicy);
+
+impl CheckPolicy {
+    /// Validates a check's policy; a check with an invalid policy is a bug
+    /// in the suite, so it panics.
+    pub(crate) fn new(builder: RateLimitPolicyBuilder) -> Self {
+        match builder.build() {
+            Ok(policy) => Self(policy),
+            Err(error) => panic!("check policy must be valid: {error}"),
+        }
+    }
+
+    pub(crate) fn id(&self) -> &PolicyId {
+        self.0.id()
+    }
+
+    pub(crate) fn policy(&self) -> &RateLimitPolicy {
+        &self.0
+    }
+
+    /// Only the sliding counter is approximate (DESIGN section 3).
+    pub(crate) fn certainty(&self) -> Certainty {
+        match self.0.algorithm() {
+            Algorithm::SlidingCounter { .. } => Certainty::ApproximateAlgorithm,
+            Algorithm::FixedWindow { .. } | Algorithm::TokenBucket { .. } => Certainty::Certain,
+        }
+    }
+
+    fn decision(
+        &self,
+        allowed: bool,
+        remaining: u64,
+        retry_ms: u64,
+        reset_ms: u64,
+    ) -> RateLimitDecision {
+        RateLimitDecision {
+            allowed,
+            limit: self.0.limit(),
+            remaining,
+            retry_after: ms(retry_ms),
+            reset_after: ms(reset_ms),
+            certainty: self.certainty(),
+            replayed: false,
+        }
+    }
+
+    /// A charged evaluation.
+    pub(crate) fn allowed(&self, remaining: u64, reset_ms: u64) -> RateLimitOutcome {
+        RateLimitOutcome::Evaluated(self.decision(true, remaining, 0, reset_ms))
+    }
+
+    /// A denial.
+    pub(crate) fn denied(&self, remaining: u64, retry_ms: u64, reset_ms: u64) -> RateLimitOutcome {
+        RateLimitOutcome::Evaluated(self.decision(false, remaining, retry_ms, reset_ms))
+    }
+
+    /// A replay of a recorded charge: the recorded remaining and reset-after.
+    pub(crate) fn replayed(&self, remaining: u64, reset_ms: u64) -> RateLimitOutcome {
+        let mut decision = self.decision(true, remaining, 0, reset_ms);
+        decision.replayed = true;
+        RateLimitOutcome::Evaluated(decision)
+    }
+}
+
+/// One check's world: its scope, its clock and the provider under test.
+pub(crate) struct Rig<'f> {
+    factory: &'f dyn ProviderFactory,
+    scope: StoreScope,
+    clock: ManualClock,
+    port: Arc<dyn EdgeRateLimitPort>,
+}
+
+impl<'f> Rig<'f> {
+    /// A provider holding `policies` over a fresh scope, clock at `T0`.
+    pub(crate) async fn start(factory: &'f dyn ProviderFactory, policies: &[&CheckPolicy]) -> Self {
+        let scope = StoreScope::fresh();
+        let clock = ManualClock::new(T0);
+        let port = factory.build(&scope, clock.clone(), owned(policies)).await;
+        Self { factory, scope, clock, port }
+    }
+
+    /// Replaces the provider with one holding `policies` over the same scope
+    /// and clock, as a redeploy with a new configuration would.
+    pub(crate) async fn rebuild(&mut self, policies: &[&CheckPolicy]) {
+        self.port = self.factory.build(&self.scope, self.clock.clone(), owned(policies)).await;
+    }
+
+    /// Sets the wall clock to `T0 + offset_ms` (the monotonic clock, which
+    /// deadlines use, stays where it is).
+    pub(crate) fn at(&self, offset_ms: u64) {
+        self.clock.set_epoch_millis(T0 + offset_ms);
+    }
+
+    pub(crate) fn clock(&self) -> &ManualClock {
+        &self.clock
+    }
+
+    pub(crate) fn port(&self) -> &dyn EdgeRateLimitPort {
+        &*self.port
+    }
+
+    /// A request with the deadline 5 s ahead of the monotonic clock.
+    pub(crate) fn request(
+        &self,
+        policy: &PolicyId,
+        who: &str,
+        cost: u64,
+        id: EvaluationId,
+    ) -> RateLimitRequest {
+        RateLimitRequest {
+            policy_id: policy.clone(),
+            subject: subject(who),
+            cost,
+            evaluation_id: id,
+            deadline: self.clock.monotonic() + DEADLINE_BUDGET,
+        }
+    }
+
+    pub(crate) async fn ask(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        self.port.evaluate(request).await
+    }
+
+    /// Asks with a fresh evaluation id and asserts the whole outcome.
+    pub(crate) async fn expect(
+        &self,
+        what: &str,
+        policy: &CheckPolicy,
+        who: &str,
+        cost: u64,
+        expected: RateLimitOutcome,
+    ) {
+        self.expect_id(what, policy, who, cost, EvaluationId::random(), expected).await;
+    }
+
+    /// Asks with the given evaluation id and asserts the whole outcome.
+    pub(crate) async fn expect_id(
+        &self,
+        what: &str,
+        policy: &CheckPolicy,
+        who: &str,
+        cost: u64,
+        id: EvaluationId,
+        expected: RateLimitOutcome,
+    ) {
+        let actual = self.ask(self.request(policy.id(), who, cost, id)).await;
+        assert_eq!(
+            actual,
+            expected,
+            "{what}: {who} cost {cost} under {} at {}",
+            policy.id(),
+            self.now()
+        );
+    }
+
+    /// Asks with a fresh id and returns the decision, whatever it is.
+    pub(crate) async fn decide(
+        &self,
+        policy: &CheckPolicy,
+        who: &str,
+        cost: u64,
+    ) -> RateLimitDecision {
+        let outcome = self.ask(self.request(policy.id(), who, cost, EvaluationId::random())).await;
+        match outcome {
+            RateLimitOutcome::Evaluated(decision) => decision,
+            RateLimitOutcome::Unavailable { .. }
+            | RateLimitOutcome::Incompatible { .. }
+            | RateLimitOutcome::Indeterminate { .. } => panic!(
+                "{who} cost {cost} under {} at {}: expected a decision, got {outcome:?}",
+                policy.id(),
+                self.now()
+            ),
+        }
+    }
+
+    /// Charges `count` requests of cost 1, each of which must be allowed.
+    pub(crate) async fn drain(&self, policy: &CheckPolicy, who: &str, count: u64) {
+        for n in 1..=count {
+            let decision = self.decide(policy, who, 1).await;
+            assert!(
+                decision.allowed,
+                "request {n} of {count} for {who} at {}: {decision:?}",
+                self.now()
+            );
+        }
+    }
+
+    /// The wall clock as `T0+<ms>` for failure messages.
+    pub(crate) fn now(&self) -> String {
+        let offset = i128::from(self.clock.epoch_millis()) - i128::from(T0);
+        format!("T0{offset:+}ms")
+    }
+}
+
+fn owned(policies: &[&CheckPolicy]) -> Vec<RateLimitPolicy> {
+    policies.iter().map(|policy| policy.policy().clone()).collect()
+}
+
+/// The winners' `remaining` values of a batch, sorted, and how many were
+/// denied, for the concurrency checks.
+pub(crate) fn tally(outcomes: &[RateLimitOutcome]) -> (Vec<u64>, usize) {
+    let mut remaining = Vec::new();
+    let mut denied = 0;
+    for outcome in outcomes {
+        match outcome {
+            RateLimitOutcome::Evaluated(decision) if decision.allowed => {
+                remaining.push(decision.remaining);
+            }
+            RateLimitOutcome::Evaluated(_) => denied += 1,
+            RateLimitOutcome::Unavailable { .. }
+            | RateLimitOutcome::Incompatible { .. }
+            | RateLimitOutcome::Indeterminate { .. } => {
+                panic!("a concurrent evaluation got no decision: {outcome:?}")
+            }
+        }
+    }
+    remaining.sort_unstable();
+    (remaining, denied)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn t0_is_a_multiple_of_every_window_the_checks_use() {
+        for window in [1, 10, 30, 100, 1_000, 10_000, 60_000, 3_600_000] {
+            assert_eq!(T0 % window, 0, "window {window}");
+        }
+    }
+
+    #[test]
+    fn subjects_are_valid_distinct_and_stable() {
+        let names = ["alice", "bob", "carol", "p7-e0", "p7-e250", "a", "b", ""];
+        let digests: HashSet<String> = names.iter().map(|n| subject(n).to_string()).collect();
+        assert_eq!(digests.len(), names.len());
+        assert_eq!(subject("alice"), subject("alice"));
+        let text = subject("alice").to_string();
+        assert!(text.starts_with("v1:"));
+        assert_eq!(text.len(), 3 + 32);
+    }
+
+    #[test]
+    fn subject_of_the_empty_name_is_the_fnv_offset_basis() {
+        // FNV-1a of no bytes is the offset basis itself.
+        assert_eq!(subject("").as_str(), "v1:6c62272e07bb014262b821756295c58d");
+    }
+
+    #[test]
+    fn check_policies_carry_the_check_grace() {
+        let policy = CheckPolicy::new(fixed_window("fw", 3, 1000));
+        assert_eq!(policy.policy().cleanup_grace(), CHECK_GRACE);
+        assert_eq!(policy.policy().maximum_clock_regression(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn expected_answers_name_limit_and_certainty_of_their_algorithm() {
+        let fixed = CheckPolicy::new(fixed_window("fw", 3, 1000));
+        let sliding = CheckPolicy::new(sliding_counter("sc", 10, 1000));
+        let bucket = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
+        let RateLimitOutcome::Evaluated(allowed) = fixed.allowed(2, 750) else {
+            panic!("allowed() must build a decision");
+        };
+        assert_eq!(
+            allowed,
+            RateLimitDecision {
+                allowed: true,
+                limit: 3,
+                remaining: 2,
+                retry_after: Duration::ZERO,
+                reset_after: ms(750),
+                certainty: Certainty::Certain,
+                replayed: false,
+            }
+        );
+        let RateLimitOutcome::Evaluated(denied) = sliding.denied(0, 1, 750) else {
+            panic!("denied() must build a decision");
+        };
+        assert!(!denied.allowed);
+        assert_eq!((denied.limit, denied.retry_after), (10, ms(1)));
+        assert_eq!(denied.certainty, Certainty::ApproximateAlgorithm);
+        let RateLimitOutcome::Evaluated(replayed) = bucket.replayed(4, 100) else {
+            panic!("replayed() must build a decision");
+        };
+        assert!(replayed.allowed && replayed.replayed);
+        assert_eq!((replayed.limit, replayed.certainty), (5, Certainty::Certain));
+    }
+
+    #[test]
+    fn tally_counts_winners_and_losers() {
+        let policy = CheckPolicy::new(fixed_window("fw", 3, 1000));
+        let outcomes = [
+            policy.allowed(1, 10),
+            policy.denied(0, 5, 5),
+            policy.allowed(0, 10),
+            policy.allowed(2, 10),
+        ];
+        assert_eq!(tally(&outcomes), (vec![0, 1, 2], 1));
+    }
+}
