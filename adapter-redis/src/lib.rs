@@ -1,1 +1,33 @@
-//! Placeholder: being built (see the open issue).
+//! The Redis rate-limit provider: an [`EdgeRateLimitPort`] that runs the three
+//! algorithms of `docs/algorithms.md` as Lua scripts on a Redis server.
+//!
+//! One string key per (policy, revision, subject pseudonym) holds the state,
+//! the clock-regression mark and the dedupe records; scripts are registered
+//! with `SCRIPT LOAD` and run with `EVALSHA` only (never `EVAL`). Every
+//! failure becomes a typed [`shared_contract::RateLimitOutcome`].
+//!
+//! This crate must never import `adapter-web`, `adapter-memory` or
+//! `app-bootstrap`, and no raw subject (IP, API key, principal) ever reaches
+//! it: keys are built from [`shared_contract::SubjectDigest`] only.
+//!
+//! [`EdgeRateLimitPort`]: shared_contract::EdgeRateLimitPort
+
+#![forbid(unsafe_code)]
+
+mod adapter;
+mod error;
+#[cfg(feature = "test-fixture")]
+pub mod fixture;
+mod gateway;
+mod keys;
+mod reply;
+mod scripts;
+mod settings;
+
+pub use adapter::RedisEdgeRateLimitAdapter;
+pub use error::RedisAdapterError;
+pub use gateway::{GatewayFailure, RedisGateway, StandaloneGateway};
+pub use keys::RateLimitKeys;
+pub use reply::{ReplyError, ReplyStatus, ScriptReply};
+pub use scripts::{RateLimitScripts, ScriptKind};
+pub use settings::{RedisSettings, Topology};

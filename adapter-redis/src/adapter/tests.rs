@@ -1,0 +1,413 @@
+//! Failure mapping against a mock gateway: every row of DESIGN section 3.
+
+use std::sync::Mutex;
+
+use mockall::Sequence;
+use redis::Value;
+use shared_contract::{ManualClock, SubjectDigest};
+
+use super::*;
+use crate::gateway::MockRedisGateway;
+
+const T0: u64 = 1_700_000_000_000;
+
+fn fixed_policy(dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
+    RateLimitPolicy::builder(
+        "api.test",
+        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+    )
+    .maximum_cost(2)
+    .evaluation_dedup(dedup)
+    .build()
+    .unwrap()
+}
+
+fn adapter_with(
+    gateway: MockRedisGateway,
+    dedup: EvaluationDedupPolicy,
+    settings: RedisSettings,
+) -> (RedisEdgeRateLimitAdapter, ManualClock) {
+    let clock = ManualClock::new(T0 + 250);
+    let adapter = RedisEdgeRateLimitAdapter::with_gateway(
+        settings,
+        [fixed_policy(dedup)],
+        Arc::new(clock.clone()),
+        Arc::new(gateway),
+    )
+    .unwrap();
+    (adapter, clock)
+}
+
+fn adapter(gateway: MockRedisGateway, dedup: EvaluationDedupPolicy) -> RedisEdgeRateLimitAdapter {
+    adapter_with(gateway, dedup, RedisSettings::default()).0
+}
+
+fn request(clock_now: std::time::Instant, cost: u64, budget: Duration) -> RateLimitRequest {
+    RateLimitRequest {
+        policy_id: PolicyId::new("api.test").unwrap(),
+        subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+        cost,
+        evaluation_id: EvaluationId::random(),
+        deadline: clock_now + budget,
+    }
+}
+
+fn reply(status: &str, remaining: i64, reset: i64, retry: i64, replayed: i64) -> Value {
+    Value::Array(vec![
+        Value::BulkString(status.as_bytes().to_vec()),
+        Value::Int(remaining),
+        Value::Int(reset),
+        Value::Int(retry),
+        Value::Int(replayed),
+    ])
+}
+
+/// A gateway whose script is loaded once and whose EVALSHA answers `result`.
+fn gateway_answering(
+    result: impl Fn() -> Result<Value, GatewayFailure> + Send + 'static,
+    times: usize,
+) -> MockRedisGateway {
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|_, _| Ok("digest-1".to_owned()));
+    gateway.expect_evalsha().times(times).returning(move |_, _, _, _| result());
+    gateway
+}
+
+async fn evaluate_once(adapter: &RedisEdgeRateLimitAdapter, cost: u64) -> RateLimitOutcome {
+    adapter.evaluate(request(adapter.clock.monotonic(), cost, Duration::from_millis(750))).await
+}
+
+const OFF: EvaluationDedupPolicy = EvaluationDedupPolicy::Disabled;
+const ON: EvaluationDedupPolicy = EvaluationDedupPolicy::enabled_defaults();
+
+fn before_send() -> RateLimitOutcome {
+    RateLimitOutcome::Unavailable {
+        category: UnavailableCategory::UnavailableBeforeSend,
+        retry_after: Duration::from_secs(1),
+    }
+}
+
+fn state_incompatible() -> RateLimitOutcome {
+    RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+}
+
+fn indeterminate() -> RateLimitOutcome {
+    RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) }
+}
+
+#[tokio::test]
+async fn unknown_policy_oversized_cost_and_expired_deadline_never_reach_the_gateway() {
+    // No expectations: any gateway call fails the test.
+    let adapter = adapter(MockRedisGateway::new(), ON);
+    let now = adapter.clock.monotonic();
+    let mut unknown = request(now, 1, Duration::from_millis(750));
+    unknown.policy_id = PolicyId::new("api.other").unwrap();
+    assert_eq!(
+        adapter.evaluate(unknown).await,
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy }
+    );
+    for cost in [0, 3] {
+        assert_eq!(
+            adapter.evaluate(request(now, cost, Duration::from_millis(750))).await,
+            RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum }
+        );
+    }
+    let mut expired = request(now, 1, Duration::ZERO);
+    expired.deadline = now;
+    assert_eq!(
+        adapter.evaluate(expired).await,
+        RateLimitOutcome::Unavailable {
+            category: UnavailableCategory::AdmissionRejected,
+            retry_after: Duration::from_secs(1),
+        }
+    );
+}
+
+#[tokio::test]
+async fn an_allowed_reply_becomes_a_certain_decision_and_the_digest_is_cached() {
+    let adapter = adapter(gateway_answering(|| Ok(reply("allowed", 2, 750, 0, 0)), 2), OFF);
+    let expected = RateLimitOutcome::Evaluated(RateLimitDecision {
+        allowed: true,
+        limit: 3,
+        remaining: 2,
+        retry_after: Duration::ZERO,
+        reset_after: Duration::from_millis(750),
+        certainty: Certainty::Certain,
+        replayed: false,
+    });
+    // Two evaluations, one SCRIPT LOAD (the mock allows exactly one).
+    assert_eq!(evaluate_once(&adapter, 1).await, expected);
+    assert_eq!(evaluate_once(&adapter, 1).await, expected);
+}
+
+#[tokio::test]
+async fn a_denial_carries_at_least_one_millisecond_of_retry_after() {
+    let adapter = adapter(gateway_answering(|| Ok(reply("denied", 0, 750, 0, 0)), 1), OFF);
+    let RateLimitOutcome::Evaluated(decision) = evaluate_once(&adapter, 1).await else {
+        panic!("expected a decision");
+    };
+    assert!(!decision.allowed);
+    assert_eq!(decision.retry_after, Duration::from_millis(1));
+}
+
+#[tokio::test]
+async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() {
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|source, _| {
+        assert_eq!(source, ScriptKind::FixedWindow.source());
+        Ok("digest-1".to_owned())
+    });
+    let sink = seen.clone();
+    gateway.expect_evalsha().times(1).returning(move |digest, key, args, _| {
+        assert_eq!(digest, "digest-1");
+        assert_eq!(key, format!("ca:rl:{{api.test:1:v1:{}}}", "ab".repeat(16)));
+        *sink.lock().unwrap() = args.to_vec();
+        Ok(reply("allowed", 1, 750, 0, 0))
+    });
+    let adapter = adapter(gateway, ON);
+    let request = request(adapter.clock.monotonic(), 2, Duration::from_millis(750));
+    let id = request.evaluation_id;
+    adapter.evaluate(request).await;
+    let args = seen.lock().unwrap().clone();
+    let text = |i: usize| String::from_utf8(args[i].clone()).unwrap();
+    // now, cost, regression, slack, dedupe ttl, capacity, id, limit, window
+    assert_eq!(args.len(), 9);
+    assert_eq!(text(0), (T0 + 250).to_string());
+    assert_eq!(text(1), "2");
+    assert_eq!((text(2), text(3), text(4), text(5)), ("1000".into(), "1000".into(), "5000".into(), "256".into()));
+    assert_eq!(args[6], id.as_bytes().to_vec());
+    assert_eq!((text(7), text(8)), ("3".into(), "1000".into()));
+}
+
+#[tokio::test]
+async fn noscript_once_reloads_and_retries_once_then_succeeds() {
+    let mut gateway = MockRedisGateway::new();
+    let mut order = Sequence::new();
+    gateway
+        .expect_script_load()
+        .times(1)
+        .in_sequence(&mut order)
+        .returning(|_, _| Ok("old".to_owned()));
+    gateway
+        .expect_evalsha()
+        .withf(|digest, _, _, _| digest == "old")
+        .times(1)
+        .in_sequence(&mut order)
+        .returning(|_, _, _, _| Err(GatewayFailure::NoScript));
+    gateway
+        .expect_script_load()
+        .times(1)
+        .in_sequence(&mut order)
+        .returning(|_, _| Ok("new".to_owned()));
+    gateway
+        .expect_evalsha()
+        .withf(|digest, _, _, _| digest == "new")
+        .times(1)
+        .in_sequence(&mut order)
+        .returning(|_, _, _, _| Ok(reply("allowed", 2, 750, 0, 0)));
+    let adapter = adapter(gateway, ON);
+    assert!(evaluate_once(&adapter, 1).await.is_allowed());
+    assert_eq!(adapter.scripts.cached_digest(ScriptKind::FixedWindow).as_deref(), Some("new"));
+}
+
+#[tokio::test]
+async fn noscript_twice_is_unavailable_before_send() {
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(2).returning(|_, _| Ok("digest".to_owned()));
+    gateway.expect_evalsha().times(2).returning(|_, _, _, _| Err(GatewayFailure::NoScript));
+    let adapter = adapter(gateway, ON);
+    assert_eq!(evaluate_once(&adapter, 1).await, before_send());
+}
+
+#[tokio::test]
+async fn connect_failure_and_noperm_are_unavailable_before_send() {
+    for failure in [GatewayFailure::NotSent, GatewayFailure::Refused] {
+        // Dedupe on: these are definite, so no retry may happen (times 1).
+        let adapter = adapter(gateway_answering(move || Err(failure), 1), ON);
+        assert_eq!(evaluate_once(&adapter, 1).await, before_send(), "{failure:?}");
+    }
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|_, _| Err(GatewayFailure::Refused));
+    assert_eq!(evaluate_once(&adapter(gateway, ON), 1).await, before_send());
+}
+
+#[tokio::test]
+async fn a_script_load_that_times_out_sent_no_evaluation() {
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|_, _| Err(GatewayFailure::TimedOut));
+    assert_eq!(evaluate_once(&adapter(gateway, OFF), 1).await, before_send());
+}
+
+#[tokio::test]
+async fn wrongtype_script_errors_and_corrupt_state_are_state_incompatible() {
+    for failure in [GatewayFailure::WrongType, GatewayFailure::ScriptError] {
+        let adapter = adapter(gateway_answering(move || Err(failure), 1), ON);
+        assert_eq!(evaluate_once(&adapter, 1).await, state_incompatible(), "{failure:?}");
+    }
+    let adapter = adapter(gateway_answering(|| Ok(reply("corrupt", 0, 0, 0, 0)), 1), ON);
+    assert_eq!(evaluate_once(&adapter, 1).await, state_incompatible());
+}
+
+#[tokio::test]
+async fn timeout_connection_loss_and_undecodable_replies_are_indeterminate() {
+    let cases: [fn() -> Result<Value, GatewayFailure>; 4] = [
+        || Err(GatewayFailure::TimedOut),
+        || Err(GatewayFailure::ConnectionLost),
+        || Ok(Value::Array(vec![Value::BulkString(b"allowed".to_vec())])),
+        || Ok(reply("granted", 1, 1, 0, 0)),
+    ];
+    for case in cases {
+        // Dedupe off: no retry, exactly one EVALSHA.
+        let adapter = adapter(gateway_answering(case, 1), OFF);
+        assert_eq!(evaluate_once(&adapter, 1).await, indeterminate());
+    }
+}
+
+#[tokio::test]
+async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_id() {
+    let seen: Arc<Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|_, _| Ok("digest".to_owned()));
+    let sink = seen.clone();
+    gateway.expect_evalsha().times(2).returning(move |_, _, args, _| {
+        let mut calls = sink.lock().unwrap();
+        calls.push(args.to_vec());
+        if calls.len() == 1 {
+            Err(GatewayFailure::ConnectionLost)
+        } else {
+            Ok(reply("allowed", 2, 750, 0, 1))
+        }
+    });
+    let adapter = adapter(gateway, ON);
+    let RateLimitOutcome::Evaluated(decision) = evaluate_once(&adapter, 1).await else {
+        panic!("expected the replayed decision");
+    };
+    assert!(decision.allowed && decision.replayed);
+    let calls = seen.lock().unwrap();
+    assert_eq!(calls[0], calls[1], "the retry must resend the same evaluation");
+}
+
+#[tokio::test]
+async fn with_dedupe_a_second_indeterminate_is_returned_as_is() {
+    let adapter = adapter(gateway_answering(|| Err(GatewayFailure::TimedOut), 2), ON);
+    assert_eq!(evaluate_once(&adapter, 1).await, indeterminate());
+}
+
+#[tokio::test]
+async fn clock_unsafe_reply_is_unavailable_with_its_wait() {
+    let adapter = adapter(gateway_answering(|| Ok(reply("clock_unsafe", 0, 0, 40, 0)), 1), ON);
+    assert_eq!(
+        evaluate_once(&adapter, 1).await,
+        RateLimitOutcome::Unavailable {
+            category: UnavailableCategory::ClockUnsafe,
+            retry_after: Duration::from_millis(40),
+        }
+    );
+}
+
+#[tokio::test]
+async fn the_command_timeout_is_capped_by_the_deadline() {
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|_, timeout| {
+        assert!(timeout <= Duration::from_millis(40), "{timeout:?}");
+        Ok("digest".to_owned())
+    });
+    gateway.expect_evalsha().times(1).returning(|_, _, _, timeout| {
+        assert!(timeout <= Duration::from_millis(40), "{timeout:?}");
+        Ok(reply("allowed", 2, 750, 0, 0))
+    });
+    let adapter = adapter(gateway, OFF);
+    let outcome =
+        adapter.evaluate(request(adapter.clock.monotonic(), 1, Duration::from_millis(40))).await;
+    assert!(outcome.is_allowed());
+}
+
+/// A gateway whose EVALSHA never answers, to hold a lane permit.
+#[derive(Debug)]
+struct StuckGateway;
+
+#[async_trait]
+impl RedisGateway for StuckGateway {
+    async fn script_load(&self, _: &'static str, _: Duration) -> Result<String, GatewayFailure> {
+        Ok("digest".to_owned())
+    }
+    async fn evalsha(
+        &self,
+        _: &str,
+        _: &str,
+        _: &[Vec<u8>],
+        timeout: Duration,
+    ) -> Result<Value, GatewayFailure> {
+        tokio::time::sleep(timeout).await;
+        Err(GatewayFailure::TimedOut)
+    }
+    async fn ping(&self, _: Duration) -> Result<(), GatewayFailure> {
+        Ok(())
+    }
+}
+
+#[tokio::test]
+async fn no_lane_permit_before_the_deadline_is_admission_rejected() {
+    let clock = ManualClock::new(T0);
+    let settings = RedisSettings {
+        script_lane_max_in_flight: 1,
+        command_timeout: Duration::from_secs(5),
+        ..RedisSettings::default()
+    };
+    let adapter = Arc::new(
+        RedisEdgeRateLimitAdapter::with_gateway(
+            settings,
+            [fixed_policy(OFF)],
+            Arc::new(clock.clone()),
+            Arc::new(StuckGateway),
+        )
+        .unwrap(),
+    );
+    let holder = {
+        let adapter = adapter.clone();
+        let request = request(clock.monotonic(), 1, Duration::from_secs(5));
+        tokio::spawn(async move { adapter.evaluate(request).await })
+    };
+    // Let the holder take the only permit.
+    while adapter.lane.available_permits() > 0 {
+        tokio::task::yield_now().await;
+    }
+    let outcome = adapter.evaluate(request(clock.monotonic(), 1, Duration::from_millis(30))).await;
+    assert_eq!(
+        outcome,
+        RateLimitOutcome::Unavailable {
+            category: UnavailableCategory::AdmissionRejected,
+            retry_after: Duration::from_secs(1),
+        }
+    );
+    holder.abort();
+}
+
+#[tokio::test]
+async fn readiness_is_a_ping() {
+    let mut up = MockRedisGateway::new();
+    up.expect_ping().times(1).returning(|_| Ok(()));
+    assert!(adapter(up, OFF).is_ready().await);
+    let mut down = MockRedisGateway::new();
+    down.expect_ping().times(1).returning(|_| Err(GatewayFailure::NotSent));
+    assert!(!adapter(down, OFF).is_ready().await);
+}
+
+#[test]
+fn duplicate_policies_and_cluster_are_refused_at_construction() {
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0));
+    let duplicate = RedisEdgeRateLimitAdapter::with_gateway(
+        RedisSettings::default(),
+        [fixed_policy(ON), fixed_policy(OFF)],
+        clock.clone(),
+        Arc::new(MockRedisGateway::new()),
+    );
+    assert!(matches!(duplicate, Err(RedisAdapterError::DuplicatePolicy(_))));
+    let cluster = RedisEdgeRateLimitAdapter::new(
+        RedisSettings { topology: crate::Topology::Cluster, ..RedisSettings::default() },
+        [fixed_policy(ON)],
+        clock,
+    );
+    assert!(matches!(cluster, Err(RedisAdapterError::ClusterNotSupported)));
+}

@@ -1,0 +1,156 @@
+//! A private `redis-server` for tests (feature `test-fixture`): a free
+//! loopback port, no persistence, killed on drop. Never port 6379.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a starting server may take to answer `PING`.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A `redis-server` process owned by a test.
+#[derive(Debug)]
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl RedisServer {
+    /// Spawns `redis-server` on a free loopback port with `--save ""` and
+    /// `--appendonly no`, and waits until it answers `PING`.
+    ///
+    /// # Panics
+    /// When `redis-server` is not on PATH or does not come up; the message
+    /// says which, with the server log.
+    pub fn start() -> Self {
+        let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
+        let mut server = Self { child: None, port: 0, dir };
+        for _ in 0..5 {
+            server.port = free_port();
+            if server.spawn() {
+                return server;
+            }
+            // Most likely another process took the port between probe and bind.
+            server.stop();
+        }
+        panic!("redis-server did not start after 5 attempts:\n{}", server.log());
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The server's port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Kills the server and waits for it to exit. Idempotent.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Stops and starts the server again on the same port (empty data).
+    ///
+    /// # Panics
+    /// When it does not come back.
+    pub fn restart(&mut self) {
+        self.stop();
+        let deadline = Instant::now() + START_TIMEOUT;
+        // The old socket may linger for a moment; retry until the port binds.
+        while !self.spawn() {
+            self.stop();
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not restart on port {}:\n{}",
+                self.port,
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The server log so far (for failure messages).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> PathBuf {
+        self.dir.path().join("redis.log")
+    }
+
+    /// Spawns and waits for `PING`; false when the process exited early.
+    fn spawn(&mut self) -> bool {
+        assert_ne!(self.port, 6379, "tests never use the default Redis port");
+        let spawned = Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--save", "", "--appendonly", "no"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .arg("--logfile")
+            .arg(self.log_path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn();
+        let child = match spawned {
+            Ok(child) => child,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not on PATH: install Redis (e.g. `apt-get install redis-server`) \
+                 to run the Redis provider's tests"
+            ),
+            Err(error) => panic!("could not spawn redis-server: {error}"),
+        };
+        self.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while Instant::now() < deadline {
+            if ping(self.port) {
+                return true;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    return false;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("redis-server on port {} did not answer PING:\n{}", self.port, self.log());
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    loop {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe socket");
+        let port = listener.local_addr().expect("probe address").port();
+        if port != 6379 {
+            return port;
+        }
+    }
+}
+
+fn ping(port: u16) -> bool {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut answer = [0_u8; 7];
+    let ok = stream.read_exact(&mut answer).is_ok() && &answer == b"+PONG\r\n";
+    let _ = stream.shutdown(Shutdown::Both);
+    ok
+}

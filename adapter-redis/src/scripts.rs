@@ -1,0 +1,188 @@
+//! `RateLimitScripts`: the three Lua scripts and their digest registry.
+//!
+//! Scripts run with `EVALSHA` only. Plain `EVAL` is never sent: the
+//! least-privilege ACL user may not run it, and it would ship the whole
+//! script on every call.
+
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::Value;
+use shared_contract::Algorithm;
+use tokio::time::Instant;
+
+use crate::gateway::{GatewayFailure, RedisGateway};
+
+/// Which of the three scripts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ScriptKind {
+    /// `lua/fixed-window.lua`.
+    FixedWindow,
+    /// `lua/sliding-counter.lua`.
+    SlidingCounter,
+    /// `lua/token-bucket.lua`.
+    TokenBucket,
+}
+
+impl ScriptKind {
+    /// Every script, in registry order.
+    pub const ALL: [Self; 3] = [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket];
+
+    /// The script that runs `algorithm`.
+    pub const fn of(algorithm: &Algorithm) -> Self {
+        match algorithm {
+            Algorithm::FixedWindow { .. } => Self::FixedWindow,
+            Algorithm::SlidingCounter { .. } => Self::SlidingCounter,
+            Algorithm::TokenBucket { .. } => Self::TokenBucket,
+        }
+    }
+
+    /// The Lua source, embedded from `lua/`.
+    pub const fn source(self) -> &'static str {
+        match self {
+            Self::FixedWindow => include_str!("../lua/fixed-window.lua"),
+            Self::SlidingCounter => include_str!("../lua/sliding-counter.lua"),
+            Self::TokenBucket => include_str!("../lua/token-bucket.lua"),
+        }
+    }
+
+    const fn index(self) -> usize {
+        match self {
+            Self::FixedWindow => 0,
+            Self::SlidingCounter => 1,
+            Self::TokenBucket => 2,
+        }
+    }
+}
+
+/// A process-local digest cache per script: a miss sends `SCRIPT LOAD`, a
+/// `NOSCRIPT` reply (the script did not run) clears the cache, reloads and
+/// retries `EVALSHA` once; a second `NOSCRIPT` is [`GatewayFailure::NotSent`].
+#[derive(Debug, Default)]
+pub struct RateLimitScripts {
+    digests: [RwLock<Option<Arc<str>>>; 3],
+}
+
+impl RateLimitScripts {
+    /// An empty registry: every script loads on first use.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The cached digest of a script, if loaded.
+    pub fn cached_digest(&self, kind: ScriptKind) -> Option<Arc<str>> {
+        self.digests[kind.index()].read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    fn store(&self, kind: ScriptKind, digest: Option<Arc<str>>) {
+        *self.digests[kind.index()].write().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            digest;
+    }
+
+    /// Runs a script on `key` with `args`. Each gateway call waits at most
+    /// `command_timeout`, and never past `deadline`.
+    pub async fn evaluate(
+        &self,
+        gateway: &dyn RedisGateway,
+        kind: ScriptKind,
+        key: &str,
+        args: &[Vec<u8>],
+        command_timeout: Duration,
+        deadline: Instant,
+    ) -> Result<Value, GatewayFailure> {
+        let budget = || {
+            let left = deadline.saturating_duration_since(Instant::now());
+            (!left.is_zero()).then(|| left.min(command_timeout)).ok_or(GatewayFailure::NotSent)
+        };
+        let digest = match self.cached_digest(kind) {
+            Some(digest) => digest,
+            None => self.load(gateway, kind, budget()?).await?,
+        };
+        match gateway.evalsha(&digest, key, args, budget()?).await {
+            Err(GatewayFailure::NoScript) => {
+                // The server lost its script cache (restart, SCRIPT FLUSH,
+                // failover): NOSCRIPT proves nothing ran, so one retry is safe.
+                self.store(kind, None);
+                let digest = self.load(gateway, kind, budget()?).await?;
+                match gateway.evalsha(&digest, key, args, budget()?).await {
+                    Err(GatewayFailure::NoScript) => Err(GatewayFailure::NotSent),
+                    other => other,
+                }
+            }
+            other => other,
+        }
+    }
+
+    async fn load(
+        &self,
+        gateway: &dyn RedisGateway,
+        kind: ScriptKind,
+        timeout: Duration,
+    ) -> Result<Arc<str>, GatewayFailure> {
+        match gateway.script_load(kind.source(), timeout).await {
+            Ok(digest) => {
+                let digest: Arc<str> = digest.into();
+                self.store(kind, Some(digest.clone()));
+                Ok(digest)
+            }
+            // SCRIPT LOAD charges nothing, so however it failed, the
+            // evaluation itself was never sent.
+            Err(
+                GatewayFailure::TimedOut
+                | GatewayFailure::ConnectionLost
+                | GatewayFailure::NoScript
+                | GatewayFailure::WrongType
+                | GatewayFailure::ScriptError
+                | GatewayFailure::NotSent,
+            ) => Err(GatewayFailure::NotSent),
+            Err(GatewayFailure::Refused) => Err(GatewayFailure::Refused),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prelude(source: &str) -> &str {
+        let start = source.find("-- BEGIN shared prelude").expect("prelude start");
+        let end = source.find("-- END shared prelude").expect("prelude end");
+        &source[start..end]
+    }
+
+    #[test]
+    fn the_shared_prelude_is_identical_in_every_script() {
+        let first = prelude(ScriptKind::FixedWindow.source());
+        for kind in ScriptKind::ALL {
+            assert_eq!(prelude(kind.source()), first, "{kind:?} drifted");
+        }
+    }
+
+    #[test]
+    fn scripts_take_caller_time_and_never_call_time() {
+        for kind in ScriptKind::ALL {
+            let source = kind.source();
+            assert!(!source.contains("'TIME'") && !source.contains("\"TIME\""), "{kind:?}");
+            assert!(!source.contains("tostring"), "{kind:?} formats a number");
+            assert!(source.contains("local now = tonumber(ARGV[1])"), "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn each_algorithm_has_its_script() {
+        let window = Duration::from_secs(1);
+        assert_eq!(
+            ScriptKind::of(&Algorithm::SlidingCounter { limit: 1, window }),
+            ScriptKind::SlidingCounter
+        );
+        assert_eq!(
+            ScriptKind::of(&Algorithm::TokenBucket {
+                capacity: 1,
+                refill_tokens: 1,
+                refill_period: window
+            }),
+            ScriptKind::TokenBucket
+        );
+        assert!(ScriptKind::TokenBucket.source().starts_with("-- Token bucket"));
+    }
+}
