@@ -26,6 +26,11 @@ impl RedisServer {
     /// When `redis-server` is not on PATH or does not come up; the message
     /// says which, with the server log.
     pub fn start() -> Self {
+        assert!(
+            on_path("redis-server"),
+            "redis-server is not on PATH: install Redis (e.g. `apt-get install redis-server`) \
+             to run the Redis provider's tests"
+        );
         let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
         let mut server = Self { child: None, port: 0, dir };
         for _ in 0..5 {
@@ -52,7 +57,9 @@ impl RedisServer {
     /// Kills the server and waits for it to exit. Idempotent.
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
+            // Closing stdin makes the shell parent kill redis-server; then the
+            // shell exits and is reaped here.
+            drop(child.stdin.take());
             let _ = child.wait();
         }
     }
@@ -89,24 +96,31 @@ impl RedisServer {
     /// Spawns and waits for `PING`; false when the process exited early.
     fn spawn(&mut self) -> bool {
         assert_ne!(self.port, 6379, "tests never use the default Redis port");
-        let spawned = Command::new("redis-server")
+        // A small shell parent kills redis-server as soon as our end of its
+        // stdin closes, so a server held in a `static` (whose Drop never
+        // runs) still dies with the test process. The shell exits when
+        // redis-server does, so an early exit shows in `try_wait`.
+        let spawned = Command::new("sh")
+            .arg("-c")
+            .arg(
+                "exec 3<&0; redis-server \"$@\" </dev/null & pid=$!; \
+                 (read -r _ <&3; kill $pid 2>/dev/null) & watcher=$!; \
+                 wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status",
+            )
+            .arg("redis-fixture")
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.log_path())
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn();
         let child = match spawned {
             Ok(child) => child,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => panic!(
-                "redis-server is not on PATH: install Redis (e.g. `apt-get install redis-server`) \
-                 to run the Redis provider's tests"
-            ),
-            Err(error) => panic!("could not spawn redis-server: {error}"),
+            Err(error) => panic!("could not spawn sh for redis-server: {error}"),
         };
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
@@ -129,6 +143,12 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| dir.join(program).is_file())
+    })
 }
 
 fn free_port() -> u16 {
