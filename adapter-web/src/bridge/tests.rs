@@ -186,3 +186,118 @@ async fn a_rejected_request_never_reaches_the_port() {
     assert!(result.is_err());
     assert!(fixture.requests().is_empty());
 }
+
+type Labels = Vec<(String, String)>;
+/// One counter increment: metric name, labels, amount.
+type Increment = (String, Labels, u64);
+
+/// Collects counter increments and histogram registrations by key.
+#[derive(Debug, Default)]
+struct CollectingRecorder {
+    counters: Arc<Mutex<Vec<Increment>>>,
+    histograms: Mutex<Vec<(String, Labels)>>,
+}
+
+#[derive(Debug)]
+struct CollectingCounter {
+    name: String,
+    labels: Labels,
+    counters: Arc<Mutex<Vec<Increment>>>,
+}
+
+impl metrics::CounterFn for CollectingCounter {
+    fn increment(&self, value: u64) {
+        self.counters.lock().unwrap().push((self.name.clone(), self.labels.clone(), value));
+    }
+
+    fn absolute(&self, _value: u64) {}
+}
+
+fn labels(key: &metrics::Key) -> Labels {
+    key.labels().map(|label| (label.key().to_owned(), label.value().to_owned())).collect()
+}
+
+impl metrics::Recorder for CollectingRecorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(Arc::new(CollectingCounter {
+            name: key.name().to_owned(),
+            labels: labels(key),
+            counters: Arc::clone(&self.counters),
+        }))
+    }
+
+    fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::noop()
+    }
+
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        self.histograms.lock().unwrap().push((key.name().to_owned(), labels(key)));
+        metrics::Histogram::noop()
+    }
+}
+
+fn pairs(items: &[(&str, &str)]) -> Labels {
+    items.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
+}
+
+#[test]
+fn metrics_carry_policy_algorithm_and_outcome_but_no_subject() {
+    let recorder = CollectingRecorder::default();
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        runtime.block_on(async {
+            let fixture = fixture(EdgeSettings::default());
+            fixture
+                .bridge
+                .evaluate(&parts(request().header("x-api-key", "live-key")))
+                .await
+                .unwrap();
+            let oversized = "k".repeat(300);
+            let rejected = parts(request().header("x-api-key", oversized));
+            assert!(fixture.bridge.evaluate(&rejected).await.is_err());
+        });
+    });
+    let counters = recorder.counters.lock().unwrap().clone();
+    let decision = |outcome| {
+        (
+            crate::DECISIONS_TOTAL.to_owned(),
+            pairs(&[("policy", "default"), ("algorithm", "fixed-window"), ("outcome", outcome)]),
+            1,
+        )
+    };
+    assert_eq!(counters, [decision("allowed"), decision("bad-request")]);
+    let histograms = recorder.histograms.lock().unwrap().clone();
+    assert_eq!(
+        histograms,
+        [(
+            crate::EVALUATION_SECONDS.to_owned(),
+            pairs(&[("policy", "default"), ("algorithm", "fixed-window")])
+        )]
+    );
+}
