@@ -1,1 +1,16 @@
-//! Placeholder: being built (see the open issue).
+//! `app-bootstrap`: the composition root of the workspace. It reads the
+//! configuration (figment: defaults, TOML file, `CA_SKELETON_*` variables),
+//! switches the rate-limit capability between the providers, wires the HTTP
+//! edge, and holds the `ca-skeleton` binary (`serve`, `check-config`,
+//! `redis-acl`, `bench`).
+//!
+//! It is the only crate that knows every provider; nothing imports it.
+//! Library code here returns [`BootstrapError`]; `anyhow` stays in `main`.
+
+#![forbid(unsafe_code)]
+
+pub mod config;
+mod error;
+
+pub use config::{AppConfig, ConfigSources};
+pub use error::BootstrapError;

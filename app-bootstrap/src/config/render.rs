@@ -1,0 +1,161 @@
+//! The resolved configuration as TOML for `check-config`, in the same keys
+//! a file uses, with every secret replaced by `[REDACTED]`.
+
+use std::time::Duration;
+
+use humantime_serde::re::humantime;
+use shared_contract::{Algorithm, EvaluationDedupPolicy};
+use toml::{Table, Value};
+
+use super::secret::{SecretSource, SecretValue};
+use super::{AppConfig, PolicyConfig};
+use crate::error::BootstrapError;
+
+/// What a redacted secret reads as.
+pub(crate) const REDACTED: &str = "[REDACTED]";
+
+pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapError> {
+    let mut root = Table::new();
+
+    let mut server = Table::new();
+    server.insert("listen".into(), config.server.listen.to_string().into());
+    root.insert("server".into(), server.into());
+
+    let rate_limit = &config.capabilities.rate_limit;
+    let mut limits = Table::new();
+    limits.insert("provider".into(), rate_limit.provider.name().into());
+    limits.insert("default-policy".into(), rate_limit.default_policy.clone().into());
+    limits.insert("evaluation-budget".into(), duration(rate_limit.evaluation_budget));
+    limits.insert("failure-retry-after".into(), duration(rate_limit.failure_retry_after));
+    limits.insert("api-key-header".into(), rate_limit.api_key_header.clone().into());
+    let proxies = rate_limit.trusted_proxies.iter().map(|net| Value::from(net.to_string()));
+    limits.insert("trusted-proxies".into(), Value::Array(proxies.collect()));
+    limits.insert("problem-type-base".into(), rate_limit.problem_type_base.clone().into());
+    let operations: Table =
+        rate_limit.operations.iter().map(|(op, id)| (op.clone(), id.clone().into())).collect();
+    limits.insert("operations".into(), operations.into());
+    let policies: Table =
+        rate_limit.policies.iter().map(|(id, policy)| (id.clone(), policy_table(policy))).collect();
+    limits.insert("policies".into(), policies.into());
+    let mut capabilities = Table::new();
+    capabilities.insert("rate-limit".into(), limits.into());
+    root.insert("capabilities".into(), capabilities.into());
+
+    let mut pseudonymizer = Table::new();
+    pseudonymizer
+        .insert("active-version".into(), i64::from(config.pseudonymizer.active_version).into());
+    let keys: Table = config
+        .pseudonymizer
+        .keys
+        .iter()
+        .map(|(version, key)| (version.to_string(), secret(key)))
+        .collect();
+    pseudonymizer.insert("keys".into(), keys.into());
+    root.insert("pseudonymizer".into(), pseudonymizer.into());
+
+    let redis = &config.redis;
+    let mut table = Table::new();
+    table.insert("enabled".into(), redis.enabled.into());
+    table.insert("topology".into(), redis.topology.name().into());
+    let urls = redis.urls.iter().map(|url| Value::from(redact_url(url)));
+    table.insert("urls".into(), Value::Array(urls.collect()));
+    if let Some(username) = &redis.username {
+        table.insert("username".into(), username.clone().into());
+    }
+    if let Some(password) = &redis.password {
+        table.insert("password".into(), secret(password));
+    }
+    table.insert("key-prefix".into(), redis.key_prefix.clone().into());
+    table.insert("connect-timeout".into(), duration(redis.connect_timeout));
+    table.insert("command-timeout".into(), duration(redis.command_timeout));
+    let mut lane = Table::new();
+    let in_flight = i64::try_from(redis.script_lane_max_in_flight).unwrap_or(i64::MAX);
+    lane.insert("max-in-flight".into(), in_flight.into());
+    table.insert("script-lane".into(), lane.into());
+    root.insert("redis".into(), table.into());
+
+    toml::to_string(&root).map_err(|error| BootstrapError::ConfigSource(error.to_string()))
+}
+
+fn policy_table(policy: &PolicyConfig) -> Value {
+    let mut table = Table::new();
+    table.insert("algorithm".into(), policy.algorithm.name().into());
+    match policy.algorithm {
+        Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
+            table.insert("limit".into(), count(limit));
+            table.insert("window".into(), duration(window));
+        }
+        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
+            table.insert("capacity".into(), count(capacity));
+            table.insert("refill-tokens".into(), count(refill_tokens));
+            table.insert("refill-period".into(), duration(refill_period));
+        }
+    }
+    table.insert("revision".into(), i64::from(policy.revision).into());
+    table.insert("maximum-cost".into(), count(policy.maximum_cost));
+    table.insert("failure-policy".into(), "fail-closed".into());
+    table.insert("cleanup-grace".into(), duration(policy.cleanup_grace));
+    table.insert("maximum-clock-regression".into(), duration(policy.maximum_clock_regression));
+    let mut dedup = Table::new();
+    match policy.evaluation_dedup {
+        EvaluationDedupPolicy::Disabled => {
+            dedup.insert("enabled".into(), false.into());
+        }
+        EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } => {
+            dedup.insert("enabled".into(), true.into());
+            dedup.insert("ttl".into(), duration(ttl));
+            dedup.insert("max-entries".into(), i64::from(max_entries).into());
+            dedup.insert("max-stored-bytes".into(), i64::from(max_stored_bytes).into());
+        }
+    }
+    table.insert("evaluation-dedup".into(), dedup.into());
+    table.into()
+}
+
+fn duration(value: Duration) -> Value {
+    humantime::format_duration(value).to_string().into()
+}
+
+// Validated counts are at most 10^9, far inside i64.
+fn count(value: u64) -> Value {
+    i64::try_from(value).unwrap_or(i64::MAX).into()
+}
+
+/// An inline secret prints as `[REDACTED]`; one read from a variable prints
+/// as the same `{ env = "VAR" }` the file holds.
+fn secret(value: &SecretValue) -> Value {
+    match value.source() {
+        SecretSource::Inline | SecretSource::Generated => REDACTED.into(),
+        SecretSource::Env(name) => {
+            let mut table = Table::new();
+            table.insert("env".into(), name.clone().into());
+            table.into()
+        }
+    }
+}
+
+/// `redis://user:password@host` -> `redis://user:[REDACTED]@host`.
+pub(crate) fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_owned() };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:{REDACTED}@{host}"),
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_passwords_are_redacted_and_the_rest_kept() {
+        assert_eq!(
+            redact_url("redis://app:s3cret@10.0.0.1:6379/0"),
+            "redis://app:[REDACTED]@10.0.0.1:6379/0"
+        );
+        assert_eq!(redact_url("redis://:s3cret@host"), "redis://:[REDACTED]@host");
+        assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
+        assert_eq!(redact_url("redis://user@host"), "redis://user@host");
+    }
+}

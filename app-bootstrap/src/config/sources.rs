@@ -1,0 +1,70 @@
+//! Where configuration comes from: the TOML file, then the environment,
+//! layered with figment. Built-in defaults fill whatever neither sets; they
+//! are applied while reading (see `read`), not as a figment layer, because
+//! figment merges tables key by key and would keep the demo policy next to
+//! a user's own policies.
+
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Toml};
+use figment::value::Dict;
+
+use crate::error::BootstrapError;
+
+/// Prefix of every configuration variable.
+pub const ENV_PREFIX: &str = "CA_SKELETON_";
+/// The variable that names the configuration file (`--config` wins). It is
+/// not a configuration key, so the environment layer skips it.
+pub const CONFIG_FILE_ENV: &str = "CA_SKELETON_CONFIG";
+
+/// The sources to layer: an optional TOML file, then `CA_SKELETON_*`
+/// variables.
+#[derive(Debug, Clone, Default)]
+pub struct ConfigSources {
+    file: Option<PathBuf>,
+}
+
+impl ConfigSources {
+    /// Defaults, then `file` (if any), then the environment.
+    pub fn new(file: Option<PathBuf>) -> Self {
+        Self { file }
+    }
+
+    /// The configuration file, if any.
+    pub fn file(&self) -> Option<&Path> {
+        self.file.as_deref()
+    }
+
+    /// The layered figment: file, then environment (later wins).
+    pub fn figment(&self) -> Figment {
+        let mut figment = Figment::new();
+        if let Some(file) = &self.file {
+            figment = figment.merge(Toml::file_exact(file));
+        }
+        figment.merge(environment())
+    }
+
+    /// The merged tree, before typing and validation.
+    pub(crate) fn merged_tree(&self) -> Result<Dict, BootstrapError> {
+        if let Some(file) = &self.file {
+            if !file.is_file() {
+                return Err(BootstrapError::ConfigSource(format!(
+                    "configuration file {} does not exist or is not a file",
+                    file.display()
+                )));
+            }
+        }
+        self.figment()
+            .extract::<Dict>()
+            .map_err(|error| BootstrapError::ConfigSource(error.to_string()))
+    }
+}
+
+/// `CA_SKELETON_A__B_C=v` -> `a.b-c = v`: `__` separates levels and `_`
+/// inside a level stands for `-`, because variable names cannot hold `-`.
+fn environment() -> Env {
+    Env::prefixed(ENV_PREFIX)
+        .ignore(&["config"])
+        .map(|key| key.as_str().replace("__", ".").replace('_', "-").into())
+}

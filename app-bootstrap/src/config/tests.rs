@@ -1,0 +1,462 @@
+//! Loading and validation, each inside a `figment::Jail` so files and
+//! variables stay inside the test.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use figment::Jail;
+use shared_contract::{Algorithm, EvaluationDedupPolicy};
+
+use super::*;
+
+const KEY: &str = "0123456789abcdef0123456789abcdef-test-key";
+
+/// A valid memory setup with one policy named `api`.
+const BASE: &str = r#"
+[capabilities.rate-limit]
+default-policy = "api"
+
+[capabilities.rate-limit.policies.api]
+algorithm = "fixed-window"
+limit = 10
+window = "60s"
+"#;
+
+fn load_file(jail: &mut Jail, contents: &str) -> Result<AppConfig, BootstrapError> {
+    jail.create_file("app.toml", contents).expect("write config");
+    AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
+}
+
+/// The problems as `(path, message)` pairs, failing when loading succeeds.
+fn problems(result: Result<AppConfig, BootstrapError>) -> Vec<(String, String)> {
+    match result {
+        Ok(config) => panic!("expected problems, loaded {config:?}"),
+        Err(BootstrapError::InvalidConfig(problems)) => {
+            problems.iter().map(|p| (p.path.to_string(), p.message.clone())).collect()
+        }
+        Err(other) => panic!("expected InvalidConfig, got {other}"),
+    }
+}
+
+fn paths(result: Result<AppConfig, BootstrapError>) -> Vec<String> {
+    problems(result).into_iter().map(|(path, _)| path).collect()
+}
+
+fn jail(test: impl FnOnce(&mut Jail)) {
+    Jail::expect_with(|jail| {
+        // Variables of the machine running the tests must not leak in.
+        jail.clear_env();
+        test(jail);
+        Ok(())
+    });
+}
+
+#[test]
+fn no_file_and_no_environment_give_the_memory_demo() {
+    jail(|_| {
+        let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        assert_eq!(config.server.listen, "127.0.0.1:8080".parse().unwrap());
+        let rate_limit = &config.capabilities.rate_limit;
+        assert_eq!(rate_limit.provider, ProviderKind::Memory);
+        assert_eq!(rate_limit.default_policy, "demo");
+        assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(750));
+        assert_eq!(rate_limit.api_key_header, "x-api-key");
+        let demo = &rate_limit.policies["demo"];
+        assert_eq!(
+            demo.algorithm,
+            Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) }
+        );
+        assert!(config.pseudonymizer.keys.is_empty());
+        assert!(!config.redis.enabled);
+        assert_eq!(config.redis.key_prefix, "ca:rl:");
+        assert_eq!(config.rate_limit_policies().unwrap().len(), 1);
+    });
+}
+
+#[test]
+fn a_file_sets_every_policy_field() {
+    jail(|jail| {
+        let config = load_file(
+            jail,
+            r#"
+            [server]
+            listen = "0.0.0.0:9000"
+
+            [capabilities.rate-limit]
+            default-policy = "bucket"
+            evaluation-budget = "500ms"
+            trusted-proxies = ["10.0.0.0/8", "192.168.1.1"]
+            operations = { "POST /api/orders" = "bucket" }
+
+            [capabilities.rate-limit.policies.bucket]
+            algorithm = "token-bucket"
+            capacity = 20
+            refill-tokens = 2
+            refill-period = "1s"
+            revision = 3
+            maximum-cost = 5
+            failure-policy = "fail-closed"
+            cleanup-grace = "2s"
+            maximum-clock-regression = "3s"
+            evaluation-dedup = { enabled = true, ttl = "10s", max-entries = 8, max-stored-bytes = 4096 }
+
+            [capabilities.rate-limit.policies.sliding]
+            algorithm = "sliding-counter"
+            limit = 100
+            window = "1m"
+            evaluation-dedup.enabled = false
+            "#,
+        )
+        .unwrap();
+        assert_eq!(config.server.listen.port(), 9000);
+        let rate_limit = &config.capabilities.rate_limit;
+        assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(500));
+        assert_eq!(rate_limit.trusted_proxies.len(), 2);
+        assert_eq!(rate_limit.operations["POST /api/orders"], "bucket");
+        assert_eq!(
+            rate_limit.policies["bucket"],
+            PolicyConfig {
+                algorithm: Algorithm::TokenBucket {
+                    capacity: 20,
+                    refill_tokens: 2,
+                    refill_period: Duration::from_secs(1),
+                },
+                revision: 3,
+                maximum_cost: 5,
+                cleanup_grace: Duration::from_secs(2),
+                maximum_clock_regression: Duration::from_secs(3),
+                evaluation_dedup: EvaluationDedupPolicy::Enabled {
+                    ttl: Duration::from_secs(10),
+                    max_entries: 8,
+                    max_stored_bytes: 4096,
+                },
+            }
+        );
+        assert_eq!(
+            rate_limit.policies["sliding"].evaluation_dedup,
+            EvaluationDedupPolicy::Disabled
+        );
+        // A policies table of the user's replaces the demo policy entirely.
+        assert!(!rate_limit.policies.contains_key("demo"));
+    });
+}
+
+#[test]
+fn the_environment_overrides_the_file() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDER", "redis");
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__POLICIES__API__LIMIT", "42");
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__EVALUATION_BUDGET", "250ms");
+        jail.set_env("CA_SKELETON_REDIS__ENABLED", "true");
+        jail.set_env("CA_SKELETON_REDIS__URLS", "redis://10.0.0.1:7000,redis://10.0.0.2:7000");
+        jail.set_env("CA_SKELETON_REDIS__SCRIPT_LANE__MAX_IN_FLIGHT", "8");
+        jail.set_env("CA_SKELETON_PSEUDONYMIZER__KEYS__1", KEY);
+        // The file's own name is not a configuration key.
+        jail.set_env("CA_SKELETON_CONFIG", "ignored.toml");
+        let config = load_file(jail, &format!("{BASE}\n[redis]\nenabled = false\n")).unwrap();
+        let rate_limit = &config.capabilities.rate_limit;
+        assert_eq!(rate_limit.provider, ProviderKind::Redis);
+        assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(250));
+        assert_eq!(
+            rate_limit.policies["api"].algorithm,
+            Algorithm::FixedWindow { limit: 42, window: Duration::from_secs(60) }
+        );
+        assert!(config.redis.enabled);
+        assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(config.redis.script_lane_max_in_flight, 8);
+        assert_eq!(config.pseudonymizer.keys[&1].expose(), KEY);
+    });
+}
+
+#[test]
+fn an_empty_policy_map_is_rejected() {
+    jail(|jail| {
+        let result = load_file(jail, "[capabilities.rate-limit.policies]\n");
+        assert_eq!(paths(result), ["capabilities.rate-limit.policies"]);
+    });
+}
+
+#[test]
+fn a_default_policy_outside_the_map_is_rejected() {
+    jail(|jail| {
+        let file = BASE.replace(r#"default-policy = "api""#, r#"default-policy = "missing""#);
+        let problems = problems(load_file(jail, &file));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "capabilities.rate-limit.default-policy");
+        assert!(problems[0].1.contains("\"missing\"") && problems[0].1.contains("api"));
+    });
+}
+
+#[test]
+fn an_unknown_algorithm_is_rejected() {
+    jail(|jail| {
+        let problems = problems(load_file(jail, &BASE.replace("fixed-window", "leaky-bucket")));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "capabilities.rate-limit.policies.api.algorithm");
+        assert!(problems[0].1.contains("\"leaky-bucket\""), "{problems:?}");
+    });
+}
+
+#[test]
+fn a_failure_policy_other_than_fail_closed_is_rejected() {
+    jail(|jail| {
+        let file = format!("{BASE}failure-policy = \"fail-open\"\n");
+        assert_eq!(
+            paths(load_file(jail, &file)),
+            ["capabilities.rate-limit.policies.api.failure-policy"]
+        );
+    });
+}
+
+#[test]
+fn unknown_keys_are_each_reported_with_a_suggestion() {
+    jail(|jail| {
+        let file = format!("{BASE}windw = \"30s\"\n[servr]\nlisten = \"127.0.0.1:1\"\n");
+        let problems = problems(load_file(jail, &file));
+        let paths: Vec<_> = problems.iter().map(|(path, _)| path.as_str()).collect();
+        assert_eq!(paths, ["servr", "capabilities.rate-limit.policies.api.windw"]);
+        assert!(problems[0].1.contains("did you mean `server`"), "{problems:?}");
+        assert!(problems[1].1.contains("did you mean `window`"), "{problems:?}");
+    });
+}
+
+#[test]
+fn an_unknown_environment_key_is_reported_too() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDR", "redis");
+        assert_eq!(
+            paths(AppConfig::load(&ConfigSources::new(None))),
+            ["capabilities.rate-limit.providr"]
+        );
+    });
+}
+
+#[test]
+fn bad_durations_are_rejected_with_their_path() {
+    jail(|jail| {
+        let file =
+            BASE.replace(r#"window = "60s""#, r#"window = "60 parsecs""#) + "cleanup-grace = 5\n";
+        let problems = problems(load_file(jail, &file));
+        let paths: Vec<_> = problems.iter().map(|(path, _)| path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "capabilities.rate-limit.policies.api.window",
+                "capabilities.rate-limit.policies.api.cleanup-grace",
+            ]
+        );
+        assert!(problems[1].1.contains("no unit"), "{problems:?}");
+    });
+}
+
+#[test]
+fn contract_rules_name_the_policy_field() {
+    jail(|jail| {
+        let file = r#"
+            [capabilities.rate-limit]
+            default-policy = "api"
+            [capabilities.rate-limit.policies.api]
+            algorithm = "fixed-window"
+            limit = 0
+            window = "1500us"
+            revision = 0
+            evaluation-dedup = { ttl = "0s" }
+            [capabilities.rate-limit.policies.cost]
+            algorithm = "token-bucket"
+            capacity = 3
+            refill-tokens = 1
+            refill-period = "1s"
+            maximum-cost = 4
+            [capabilities.rate-limit.policies.Bad]
+            algorithm = "fixed-window"
+            limit = 1
+            window = "1s"
+        "#;
+        let mut found = paths(load_file(jail, file));
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "capabilities.rate-limit.policies.Bad",
+                "capabilities.rate-limit.policies.api.evaluation-dedup.ttl",
+                "capabilities.rate-limit.policies.api.limit",
+                "capabilities.rate-limit.policies.api.revision",
+                "capabilities.rate-limit.policies.api.window",
+                "capabilities.rate-limit.policies.cost.maximum-cost",
+            ]
+        );
+    });
+}
+
+#[test]
+fn algorithm_parameters_must_match_the_algorithm() {
+    jail(|jail| {
+        let file = r#"
+            [capabilities.rate-limit]
+            default-policy = "api"
+            [capabilities.rate-limit.policies.api]
+            algorithm = "token-bucket"
+            capacity = 3
+            refill-period = "1s"
+            window = "1s"
+        "#;
+        assert_eq!(
+            paths(load_file(jail, file)),
+            [
+                "capabilities.rate-limit.policies.api.window",
+                "capabilities.rate-limit.policies.api.refill-tokens",
+            ]
+        );
+    });
+}
+
+#[test]
+fn the_redis_provider_needs_the_redis_switch() {
+    jail(|jail| {
+        let file =
+            format!("{BASE}\n[pseudonymizer.keys]\n1 = \"{KEY}\"\n[redis]\nenabled = false\n")
+                .replace("default-policy", "provider = \"redis\"\ndefault-policy");
+        assert_eq!(paths(load_file(jail, &file)), ["redis.enabled"]);
+    });
+}
+
+#[test]
+fn the_redis_provider_needs_a_configured_pseudonymizer_key() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDER", "redis");
+        jail.set_env("CA_SKELETON_REDIS__ENABLED", "true");
+        let problems = problems(load_file(jail, BASE));
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, "pseudonymizer.keys");
+        assert!(problems[0].1.contains("every instance"), "{problems:?}");
+    });
+}
+
+#[test]
+fn every_problem_is_listed_at_once() {
+    jail(|jail| {
+        let file = r#"
+            [capabilities.rate-limit]
+            provider = "redis"
+            default-policy = "nope"
+            evaluation-budget = "soon"
+            [capabilities.rate-limit.policies.api]
+            algorithm = "fixed-windw"
+            limit = 5
+            window = "1s"
+            [redis]
+            key-prefx = "x"
+        "#;
+        let error = load_file(jail, file).unwrap_err();
+        let text = error.to_string();
+        for path in [
+            "capabilities.rate-limit.evaluation-budget:",
+            "capabilities.rate-limit.policies.api.algorithm:",
+            "capabilities.rate-limit.default-policy:",
+            "redis.key-prefx:",
+            "redis.enabled:",
+            "pseudonymizer.keys:",
+        ] {
+            assert!(text.contains(path), "{path} missing from:\n{text}");
+        }
+        assert!(text.starts_with("invalid configuration (6 problems):"), "{text}");
+    });
+}
+
+#[test]
+fn keys_can_come_from_a_named_variable() {
+    jail(|jail| {
+        jail.set_env("PSEUDO_KEY_2", KEY);
+        let file = format!(
+            "{BASE}\n[pseudonymizer]\nactive-version = 2\nkeys = {{ 2 = {{ env = \"PSEUDO_KEY_2\" }} }}\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let key = &config.pseudonymizer.keys[&2];
+        assert_eq!(key.source(), &SecretSource::Env("PSEUDO_KEY_2".into()));
+        assert_eq!(key.expose(), KEY);
+    });
+}
+
+#[test]
+fn key_problems_name_the_key_and_never_echo_it() {
+    jail(|jail| {
+        let file = format!(
+            "{BASE}\n[pseudonymizer]\nactive-version = 3\n[pseudonymizer.keys]\n1 = \"short-secret\"\n2 = {{ env = \"UNSET_VAR\" }}\n"
+        );
+        let error = load_file(jail, &file).unwrap_err();
+        let text = error.to_string();
+        assert!(
+            text.contains("pseudonymizer.keys.2.env: environment variable UNSET_VAR is not set"),
+            "{text}"
+        );
+        assert!(text.contains("pseudonymizer.keys.1: must be at least 32 bytes, got 12"), "{text}");
+        assert!(text.contains("pseudonymizer.active-version:"), "{text}");
+        assert!(!text.contains("short-secret"), "{text}");
+    });
+}
+
+#[test]
+fn a_digits_only_secret_from_the_environment_must_be_quoted() {
+    jail(|jail| {
+        // Short enough to read as an integer; the message must not echo it.
+        jail.set_env("CA_SKELETON_PSEUDONYMIZER__KEYS__1", "1234567890");
+        let problems = problems(load_file(jail, BASE));
+        assert_eq!(problems[0].0, "pseudonymizer.keys.1");
+        assert!(problems[0].1.contains("quote it"), "{problems:?}");
+        assert!(!problems[0].1.contains("1234567890"), "{problems:?}");
+        jail.set_env("CA_SKELETON_PSEUDONYMIZER__KEYS__1", "\"123456789012345678901234567890123\"");
+        let config = load_file(jail, BASE).unwrap();
+        assert_eq!(config.pseudonymizer.keys[&1].expose(), "123456789012345678901234567890123");
+    });
+}
+
+#[test]
+fn secrets_are_redacted_in_check_config_output_and_in_debug() {
+    jail(|jail| {
+        jail.set_env("REDIS_PASSWORD_VAR", "pw-from-env-var");
+        let file = format!(
+            r#"{BASE}
+            [pseudonymizer.keys]
+            1 = "{KEY}"
+            [redis]
+            enabled = true
+            urls = ["redis://app:url-password@127.0.0.1:7001"]
+            username = "app"
+            password = {{ env = "REDIS_PASSWORD_VAR" }}
+            "#
+        );
+        let config = load_file(jail, &file).unwrap();
+        let rendered = config.to_redacted_toml().unwrap();
+        let debug = format!("{config:?}");
+        for output in [&rendered, &debug] {
+            for secret in [KEY, "pw-from-env-var", "url-password"] {
+                assert!(!output.contains(secret), "{secret} leaked into:\n{output}");
+            }
+            assert!(output.contains("[REDACTED]"), "{output}");
+            assert!(output.contains("REDIS_PASSWORD_VAR"), "{output}");
+        }
+        assert!(rendered.contains("redis://app:[REDACTED]@127.0.0.1:7001"), "{rendered}");
+    });
+}
+
+#[test]
+fn the_rendered_configuration_loads_back_to_the_same_values() {
+    jail(|jail| {
+        let file = format!(
+            "{BASE}\n[capabilities.rate-limit.policies.slow]\nalgorithm = \"sliding-counter\"\nlimit = 7\nwindow = \"90s\"\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let rendered = config.to_redacted_toml().unwrap();
+        let again = load_file(jail, &rendered).unwrap();
+        assert_eq!(again.capabilities.rate_limit.policies, config.capabilities.rate_limit.policies);
+        assert_eq!(again.server, config.server);
+    });
+}
+
+#[test]
+fn a_missing_file_is_an_error_naming_it() {
+    jail(|_| {
+        let error = AppConfig::load(&ConfigSources::new(Some("nowhere.toml".into()))).unwrap_err();
+        assert!(error.to_string().contains("nowhere.toml"), "{error}");
+    });
+}
