@@ -68,7 +68,8 @@ pub(crate) fn refusal(
     settings: &EdgeSettings,
 ) -> Option<Response<Body>> {
     let outcome = &evaluation.outcome;
-    let (status, retry_after, detail) = match outcome {
+    let unavailable = "Rate Limit Unavailable";
+    let (status, title, retry_after, detail) = match outcome {
         RateLimitOutcome::Evaluated(decision) if decision.allowed => return None,
         RateLimitOutcome::Evaluated(decision) => {
             let seconds = whole_seconds_up(decision.retry_after);
@@ -76,28 +77,27 @@ pub(crate) fn refusal(
                 "Too many requests under rate limit policy \"{}\"; retry after {seconds} s.",
                 evaluation.policy_id
             );
-            (StatusCode::TOO_MANY_REQUESTS, seconds, detail)
+            (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests", seconds, detail)
         }
         RateLimitOutcome::Unavailable { category, .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
+            unavailable,
             failure_seconds(settings),
             unavailable_detail(*category).to_owned(),
         ),
         RateLimitOutcome::Incompatible { category } => (
             StatusCode::SERVICE_UNAVAILABLE,
+            unavailable,
             failure_seconds(settings),
             incompatible_detail(*category).to_owned(),
         ),
         RateLimitOutcome::Indeterminate { .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
+            unavailable,
             failure_seconds(settings),
             "The rate limit decision could not be confirmed; the request was not served."
                 .to_owned(),
         ),
-    };
-    let title = match status {
-        StatusCode::TOO_MANY_REQUESTS => "Too Many Requests",
-        _ => "Rate Limit Unavailable",
     };
     let mut response = problem(settings, status, outcome.category_name(), title, detail);
     let headers = response.headers_mut();
