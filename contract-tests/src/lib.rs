@@ -21,6 +21,7 @@ mod suite;
 
 pub use checks::clock_regression::{
     clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothing,
+    clock_regression_is_checked_before_replay,
     clock_regression_within_the_bound_applies_to_every_algorithm,
     clock_regression_within_the_bound_uses_the_mark,
 };
@@ -30,7 +31,7 @@ pub use checks::evaluation_dedup::{
     dedupe_does_not_record_a_denial, dedupe_evicts_the_oldest_beyond_max_entries,
     dedupe_evicts_the_oldest_beyond_max_stored_bytes, dedupe_record_expires_after_its_ttl,
     dedupe_records_are_per_subject_and_policy, dedupe_replay_works_for_every_algorithm,
-    dedupe_replays_a_repeat_without_charging,
+    dedupe_replay_writes_nothing, dedupe_replays_a_repeat_without_charging,
 };
 pub use checks::fixed_window::{
     fixed_window_allows_exactly_the_limit, fixed_window_cost_above_one_charges_its_cost,
@@ -49,7 +50,7 @@ pub use checks::rejection::{
     cost_zero_is_incompatible_and_touches_nothing,
     expired_deadline_is_admission_rejected_and_touches_nothing,
     policy_lookup_returns_the_held_policies, readiness_probe_consumes_nothing,
-    unknown_policy_is_incompatible,
+    rejections_follow_the_evaluation_order, unknown_policy_is_incompatible,
 };
 pub use checks::sliding_counter::{
     sliding_counter_allows_exactly_the_limit_in_one_window,
@@ -61,7 +62,8 @@ pub use checks::sliding_counter::{
 };
 pub use checks::token_bucket::{
     token_bucket_allows_capacity_then_denies, token_bucket_cost_above_one,
-    token_bucket_full_bucket_restarts_its_refill_clock, token_bucket_refill_keeps_partial_periods,
+    token_bucket_denial_still_moves_the_mark, token_bucket_full_bucket_restarts_its_refill_clock,
+    token_bucket_refill_keeps_partial_periods,
 };
 pub use factory::ProviderFactory;
 pub use scope::{MAX_SCOPE_LEN, StoreScope};

@@ -100,3 +100,19 @@ pub async fn clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothi
     rig.expect_id("sc back", &sc, "alice", 1, sc_id, sc.allowed(8, 900)).await;
     rig.expect_id("tb back", &tb, "alice", 1, tb_id, tb.allowed(3, 200)).await;
 }
+
+/// The clock bound is checked before the dedupe records are read: a repeat
+/// from a clock beyond the bound is `ClockUnsafe`, not a replay.
+pub async fn clock_regression_is_checked_before_replay(factory: &dyn ProviderFactory) {
+    let fw = CheckPolicy::new(fixed_window("fw", 3, 1000).maximum_clock_regression(BOUND));
+    let rig = Rig::start(factory, &[&fw]).await;
+    let x = EvaluationId::random();
+    rig.at(1100);
+    rig.expect_id("charge", &fw, "alice", 1, x, fw.allowed(2, 900)).await;
+    rig.at(100);
+    // M - t = 1000 > 500: retry = 500.
+    rig.expect_id("repeat from far behind", &fw, "alice", 1, x, clock_unsafe(500)).await;
+    rig.at(600);
+    // M - t = 500: within the bound, t := T0 + 1100, and the record replays.
+    rig.expect_id("repeat within the bound", &fw, "alice", 1, x, fw.replayed(2, 900)).await;
+}

@@ -193,6 +193,28 @@ pub async fn dedupe_records_are_per_subject_and_policy(factory: &dyn ProviderFac
     rig.expect("alice new id", &first, "alice", 1, first.allowed(1, 990)).await;
 }
 
+/// A replay writes nothing: not the state, not the key's mark. After a
+/// replay late in the record's life, a clock back near the original charge
+/// is still within the bound.
+pub async fn dedupe_replay_writes_nothing(factory: &dyn ProviderFactory) {
+    let fw = CheckPolicy::new(
+        fixed_window("fw", 3, 10_000).maximum_clock_regression(Duration::from_millis(500)),
+    );
+    let rig = Rig::start(factory, &[&fw]).await;
+    let x = EvaluationId::random();
+    rig.at(100);
+    // Mark T0 + 100; reset = 10_000 - 100 = 9900.
+    rig.expect_id("charge", &fw, "alice", 1, x, fw.allowed(2, 9900)).await;
+    rig.at(1000);
+    // T0 + 100 + 5000 > T0 + 1000: the record is alive.
+    rig.expect_id("replay 900 ms later", &fw, "alice", 1, x, fw.replayed(2, 9900)).await;
+    rig.at(400);
+    // The mark is still T0 + 100, so t = T0 + 400 stands: n 1 -> 2, reset
+    // 9600. (Had the replay moved the mark to T0 + 1000, this would be
+    // ClockUnsafe: 600 > 500.)
+    rig.expect("back near the charge", &fw, "alice", 1, fw.allowed(1, 9600)).await;
+}
+
 /// Repeats of one evaluation that arrive together charge it exactly once:
 /// one answer is the charge, the rest replay it.
 pub async fn dedupe_concurrent_repeats_charge_once(factory: &dyn ProviderFactory) {

@@ -164,3 +164,30 @@ pub async fn readiness_probe_consumes_nothing(factory: &dyn ProviderFactory) {
     rig.expect("after probes", sc, "alice", 1, sc.allowed(9, 1000)).await;
     rig.expect("after probes", tb, "alice", 1, tb.allowed(4, 100)).await;
 }
+
+/// The order of the early answers: policy and cost before the deadline,
+/// the deadline before the clock bound (docs/algorithms.md, steps 1 to 3).
+pub async fn rejections_follow_the_evaluation_order(factory: &dyn ProviderFactory) {
+    let fw = CheckPolicy::new(
+        fixed_window("fw", 3, 1000).maximum_clock_regression(Duration::from_millis(500)),
+    );
+    let rig = Rig::start(factory, &[&fw]).await;
+    rig.at(1100);
+    rig.expect("charge", &fw, "alice", 1, fw.allowed(2, 900)).await;
+    let late = |policy: &shared_contract::PolicyId, cost: u64| {
+        let mut request = rig.request(policy, "alice", cost, EvaluationId::random());
+        request.deadline = rig.clock().monotonic();
+        request
+    };
+    let outcome = rig.ask(late(&policy_id("missing"), 1)).await;
+    assert_eq!(outcome, UNKNOWN_POLICY, "unknown policy with an expired deadline");
+    let outcome = rig.ask(late(fw.id(), 0)).await;
+    assert_eq!(outcome, COST_EXCEEDS_MAXIMUM, "cost 0 with an expired deadline");
+    let outcome = rig.ask(late(fw.id(), 4)).await;
+    assert_eq!(outcome, COST_EXCEEDS_MAXIMUM, "cost 4 with an expired deadline");
+    rig.at(100);
+    // 1000 ms behind the mark is beyond the bound, but the deadline comes first.
+    assert_admission_rejected(rig.ask(late(fw.id(), 1)).await, &fw, "expired and behind");
+    rig.at(1100);
+    rig.expect("nothing charged", &fw, "alice", 1, fw.allowed(1, 900)).await;
+}

@@ -4,6 +4,10 @@
 //! restarts its clock at `t`; `retry_after = updated_at + ceil((c - tokens) / r) * P - t`;
 //! `reset_after = updated_at + ceil((C - tokens) / r) * P - t`, 0 when full.
 
+use std::time::Duration;
+
+use shared_contract::{RateLimitOutcome, UnavailableCategory};
+
 use crate::factory::ProviderFactory;
 use crate::rig::{CheckPolicy, Rig, token_bucket};
 
@@ -97,4 +101,34 @@ pub async fn token_bucket_cost_above_one(factory: &dyn ProviderFactory) {
     // k = 1: tokens 6, updated_at = T0 + 400; after cost 5: 1 token,
     // reset = ceil(9 / 2) * 100 = 500.
     rig.expect("cost 5 at the retry", &tb, "alice", 5, tb.allowed(1, 500)).await;
+}
+
+/// A bucket denial still writes its state, so it moves the key's mark:
+/// a clock that then steps back beyond the bound is `ClockUnsafe`.
+pub async fn token_bucket_denial_still_moves_the_mark(factory: &dyn ProviderFactory) {
+    let tb = CheckPolicy::new(
+        token_bucket("tb", 1, 1, 10_000).maximum_clock_regression(Duration::from_millis(500)),
+    );
+    let rig = Rig::start(factory, &[&tb]).await;
+    rig.at(0);
+    // The one token taken; reset = ceil(1 / 1) * 10_000 = 10_000. Mark T0.
+    rig.expect("take the token", &tb, "alice", 1, tb.allowed(0, 10_000)).await;
+    rig.at(2000);
+    // k = 0: retry = reset = T0 + 10_000 - (T0 + 2000) = 8000; the state is
+    // written, so the mark becomes T0 + 2000.
+    rig.expect("denied, state written", &tb, "alice", 1, tb.denied(0, 8000, 8000)).await;
+    rig.at(1400);
+    // M - t = 2000 - 1400 = 600 > 500: retry = 600 - 500 = 100. (Had the
+    // denial left the mark at T0, this would be a denial with retry 8600.)
+    rig.expect(
+        "clock 600 ms behind the denial",
+        &tb,
+        "alice",
+        1,
+        RateLimitOutcome::Unavailable {
+            category: UnavailableCategory::ClockUnsafe,
+            retry_after: Duration::from_millis(100),
+        },
+    )
+    .await;
 }
