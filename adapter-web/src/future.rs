@@ -14,8 +14,10 @@ use http::{HeaderMap, Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::bridge::{BridgeEvaluation, TransportBridge};
+use crate::bridge::BridgeEvaluation;
+use crate::layer::Limiter;
 use crate::mapping::{decision_headers, refusal, rejection_response};
+use crate::refusal::Refusal;
 use crate::rejection::EdgeRejection;
 
 type Evaluation =
@@ -41,7 +43,7 @@ pin_project! {
         // The bridge is asking the port; the inner service waits, unused.
         Evaluating {
             evaluation: Evaluation,
-            bridge: Arc<TransportBridge>,
+            limiter: Limiter,
             inner: Option<S>,
             body: Option<ReqBody>,
         },
@@ -63,18 +65,14 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>>,
 {
-    pub(crate) fn evaluating(
-        bridge: Arc<TransportBridge>,
-        inner: S,
-        request: Request<ReqBody>,
-    ) -> Self {
+    pub(crate) fn evaluating(limiter: Limiter, inner: S, request: Request<ReqBody>) -> Self {
         let (parts, body) = request.into_parts();
-        let asking = Arc::clone(&bridge);
+        let asking = Arc::clone(&limiter.bridge);
         let evaluation: Evaluation = Box::pin(async move {
             let result = asking.evaluate(&parts).await;
             (parts, result)
         });
-        let state = State::Evaluating { evaluation, bridge, inner: Some(inner), body: Some(body) };
+        let state = State::Evaluating { evaluation, limiter, inner: Some(inner), body: Some(body) };
         Self { state }
     }
 
@@ -95,24 +93,31 @@ where
         let mut this = self.project();
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Evaluating { evaluation, bridge, inner, body } => {
+                StateProj::Evaluating { evaluation, limiter, inner, body } => {
                     let (parts, result) = ready!(evaluation.as_mut().poll(cx));
-                    let settings = bridge.settings();
-                    match result {
-                        Err(rejection) => State::Refused {
-                            response: Some(rejection_response(&rejection, settings)),
-                        },
-                        Ok(evaluation) => match refusal(&evaluation, settings) {
-                            Some(response) => State::Refused { response: Some(response) },
+                    let settings = limiter.bridge.settings();
+                    let (reason, response) = match &result {
+                        Err(rejection) => {
+                            (Refusal::Rejected(rejection), rejection_response(rejection, settings))
+                        }
+                        Ok(evaluation) => match refusal(evaluation, settings) {
+                            Some(response) => (Refusal::Outcome(evaluation), response),
                             None => {
                                 let (mut inner, body) = inner.take().zip(body.take()).expect(
                                     "the inner service and body are taken only when leaving this state",
                                 );
                                 let future = inner.call(Request::from_parts(parts, body));
-                                State::Running { future, headers: decision_headers(&evaluation) }
+                                let headers = decision_headers(evaluation);
+                                this.state.set(State::Running { future, headers });
+                                continue;
                             }
                         },
-                    }
+                    };
+                    let response = match &limiter.shaper {
+                        Some(shaper) => shaper.shape(reason, response),
+                        None => response,
+                    };
+                    State::Refused { response: Some(response) }
                 }
                 StateProj::Running { future, headers } => {
                     let mut response = ready!(future.poll(cx))?.map(Body::new);

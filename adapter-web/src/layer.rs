@@ -3,9 +3,12 @@
 
 use std::sync::Arc;
 
+use axum::body::Body;
+use http::Response;
 use tower::Layer;
 
 use crate::bridge::TransportBridge;
+use crate::refusal::{Refusal, RefusalShaper};
 use crate::service::RateLimitService;
 
 /// Rate-limits every request through a [`TransportBridge`], or passes
@@ -13,27 +16,51 @@ use crate::service::RateLimitService;
 ///
 /// On an axum `Router`, add it with `Router::layer` (not as an outer
 /// service around the router): route layers run after routing, so axum's
-/// `MatchedPath` is there and the operation is the route template.
+/// `MatchedPath` is there and the operation is the route template. To
+/// count requests by something else (a tenant, an account), insert an
+/// [`crate::AuthenticatedPrincipal`] in a layer that runs before this one.
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
-    bridge: Option<Arc<TransportBridge>>,
+    limiter: Option<Limiter>,
+}
+
+/// What an enabled layer, its services and their futures share.
+#[derive(Debug, Clone)]
+pub(crate) struct Limiter {
+    pub(crate) bridge: Arc<TransportBridge>,
+    pub(crate) shaper: Option<RefusalShaper>,
 }
 
 impl RateLimitLayer {
     /// A layer that evaluates every request through `bridge`.
     pub fn new(bridge: Arc<TransportBridge>) -> Self {
-        Self { bridge: Some(bridge) }
+        Self { limiter: Some(Limiter { bridge, shaper: None }) }
     }
 
     /// A layer that passes every request straight through: the
     /// `disabled` provider switch.
     pub fn disabled() -> Self {
-        Self { bridge: None }
+        Self { limiter: None }
+    }
+
+    /// Replaces the default problem+json refusals (`429`, `503`, `400`,
+    /// `500`) with what `shaper` makes of them; it receives the reason and
+    /// the default response, headers included. The handler never runs for
+    /// a refused request, whatever the shaper returns. No effect on a
+    /// disabled layer.
+    pub fn with_refusal_shaper(
+        mut self,
+        shaper: impl Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync + 'static,
+    ) -> Self {
+        if let Some(limiter) = &mut self.limiter {
+            limiter.shaper = Some(RefusalShaper(Arc::new(shaper)));
+        }
+        self
     }
 
     /// Whether this layer limits at all.
     pub fn is_enabled(&self) -> bool {
-        self.bridge.is_some()
+        self.limiter.is_some()
     }
 }
 
@@ -41,6 +68,6 @@ impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService::new(inner, self.bridge.clone())
+        RateLimitService::new(inner, self.limiter.clone())
     }
 }

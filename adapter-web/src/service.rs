@@ -1,6 +1,5 @@
 //! `RateLimitService`: the tower service the layer wraps around a handler.
 
-use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use axum::BoxError;
@@ -8,20 +7,20 @@ use axum::body::{Body, Bytes, HttpBody};
 use http::{Request, Response};
 use tower::Service;
 
-use crate::bridge::TransportBridge;
 use crate::future::ResponseFuture;
+use crate::layer::Limiter;
 
 /// Asks the bridge before every request; runs `inner` only when allowed.
 /// Built by [`crate::RateLimitLayer`].
 #[derive(Debug, Clone)]
 pub struct RateLimitService<S> {
     inner: S,
-    bridge: Option<Arc<TransportBridge>>,
+    limiter: Option<Limiter>,
 }
 
 impl<S> RateLimitService<S> {
-    pub(crate) fn new(inner: S, bridge: Option<Arc<TransportBridge>>) -> Self {
-        Self { inner, bridge }
+    pub(crate) fn new(inner: S, limiter: Option<Limiter>) -> Self {
+        Self { inner, limiter }
     }
 }
 
@@ -41,13 +40,13 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let Some(bridge) = &self.bridge else {
+        let Some(limiter) = &self.limiter else {
             return ResponseFuture::pass_through(self.inner.call(request));
         };
         // The instance `poll_ready` readied is the one that must be called,
         // later, once the evaluation allows it; a clone stays behind.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::evaluating(Arc::clone(bridge), ready, request)
+        ResponseFuture::evaluating(limiter.clone(), ready, request)
     }
 }

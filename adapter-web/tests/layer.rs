@@ -9,12 +9,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_web::{EdgeSettings, SubjectKind};
-use http::StatusCode;
+use adapter_web::{EdgeSettings, Refusal, SubjectKind};
+use axum::body::Body;
+use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
 use shared_contract::{
-    Algorithm, Certainty, IncompatibleCategory, PolicyId, RateLimitDecision, RateLimitOutcome,
-    RateLimitPolicy, UnavailableCategory,
+    Algorithm, Certainty, IncompatibleCategory, ManualClock, PolicyId, RateLimitDecision,
+    RateLimitOutcome, RateLimitPolicy, UnavailableCategory,
 };
 use support::{Harness, ORDER_OPERATION, ScriptedPort, Via};
 
@@ -233,6 +234,38 @@ async fn a_disabled_layer_passes_requests_straight_through(via: Via) {
     assert!(port.requests().is_empty());
 }
 
+async fn a_refusal_shaper_reshapes_but_never_admits(via: Via) {
+    let port = Arc::new(ScriptedPort::new(decision(false, 0, 2300, 59_100), policies()));
+    let shaped = |bridge| {
+        support::enabled(bridge).with_refusal_shaper(|refusal, mut response| {
+            let reason = match refusal {
+                Refusal::Outcome(evaluation) => evaluation.outcome.category_name(),
+                Refusal::Rejected(rejection) => rejection.category_name(),
+            };
+            let status = response.status();
+            *response.body_mut() = Body::from(format!("{} {reason}", status.as_u16()));
+            response.headers_mut().insert("content-type", HeaderValue::from_static("text/plain"));
+            response
+        })
+    };
+    let clock = ManualClock::new(1_700_000_000_000);
+    let harness = Harness::build(port.clone(), clock, settings(), via, shaped).await;
+    let denied = harness.get("/api/orders/1", &[]).await;
+    assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.text(), "429 denied");
+    assert_eq!(denied.header("retry-after"), Some("3"));
+    assert_eq!(denied.header("ratelimit"), Some(r#""orders";r=0;t=60"#));
+    port.answer(RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO });
+    assert_eq!(harness.get("/api/orders/1", &[]).await.text(), "503 indeterminate");
+    let oversized = "k".repeat(257);
+    let reply = harness.get("/api/orders/1", &[("x-api-key", &oversized)]).await;
+    assert_eq!(reply.text(), "400 invalid-api-key");
+    assert_eq!(harness.calls(), 0);
+    // Allowed requests never meet the shaper.
+    port.answer(allowed());
+    assert_eq!(harness.get("/api/orders/1", &[]).await.text(), "order 1");
+}
+
 macro_rules! over_both_transports {
     ($($scenario:ident),* $(,)?) => {
         mod oneshot {
@@ -263,4 +296,5 @@ over_both_transports!(
     forwarding_from_a_trusted_proxy_is_honoured,
     an_oversized_api_key_is_refused_with_400,
     a_disabled_layer_passes_requests_straight_through,
+    a_refusal_shaper_reshapes_but_never_admits,
 );

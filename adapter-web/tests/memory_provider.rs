@@ -11,7 +11,7 @@ use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_web::EdgeSettings;
 use http::StatusCode;
 use shared_contract::{Algorithm, Clock, ManualClock, RateLimitPolicy};
-use support::{Harness, Via};
+use support::{Harness, Via, enabled};
 
 /// A multiple of the 60 s window.
 const T0: u64 = 1_700_000_040_000;
@@ -22,7 +22,7 @@ async fn a_fixed_window_allows_two_then_denies(via: Via) {
     let policy = RateLimitPolicy::builder("default", algorithm).build().unwrap();
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let provider = Arc::new(MemoryEdgeRateLimitAdapter::new([policy], shared).unwrap());
-    let harness = Harness::build(provider, clock, EdgeSettings::default(), via, true).await;
+    let harness = Harness::build(provider, clock, EdgeSettings::default(), via, enabled).await;
 
     // ws = T0, reset_after = T0 + 60000 - (T0 + 250) = 59750 ms -> t=60.
     for remaining in [1, 0] {

@@ -151,14 +151,19 @@ async fn fallback(State(calls): State<Arc<AtomicUsize>>) -> (StatusCode, &'stati
     (StatusCode::NOT_FOUND, "no such route")
 }
 
+/// The plain enabled layer.
+pub fn enabled(bridge: Arc<TransportBridge>) -> RateLimitLayer {
+    RateLimitLayer::new(bridge)
+}
+
 impl Harness {
     pub async fn start(port: Arc<dyn EdgeRateLimitPort>, settings: EdgeSettings, via: Via) -> Self {
-        Self::build(port, ManualClock::new(1_700_000_000_000), settings, via, true).await
+        Self::build(port, ManualClock::new(1_700_000_000_000), settings, via, enabled).await
     }
 
     pub async fn start_disabled(port: Arc<dyn EdgeRateLimitPort>, via: Via) -> Self {
         let clock = ManualClock::new(1_700_000_000_000);
-        Self::build(port, clock, EdgeSettings::default(), via, false).await
+        Self::build(port, clock, EdgeSettings::default(), via, |_| RateLimitLayer::disabled()).await
     }
 
     pub async fn build(
@@ -166,7 +171,7 @@ impl Harness {
         clock: ManualClock,
         settings: EdgeSettings,
         via: Via,
-        enabled: bool,
+        make_layer: impl FnOnce(Arc<TransportBridge>) -> RateLimitLayer,
     ) -> Self {
         settings.validate().unwrap();
         let pseudonymizer = pseudonymizer();
@@ -177,11 +182,7 @@ impl Harness {
             clock_handle,
             settings,
         );
-        let layer = if enabled {
-            RateLimitLayer::new(Arc::new(bridge))
-        } else {
-            RateLimitLayer::disabled()
-        };
+        let layer = make_layer(Arc::new(bridge));
         let calls = Arc::new(AtomicUsize::new(0));
         let router = Router::new()
             .route(ORDER_ROUTE, get(order))
