@@ -19,13 +19,15 @@ pub enum Refusal<'a> {
     Rejected(&'a EdgeRejection),
 }
 
+/// The shaper's signature: the reason and the default response in, the
+/// response to send out.
+type ShapeFn = dyn Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync;
+
 /// Rewrites the default problem+json refusal. The handler has not run and
 /// will not run whatever the shaper returns: it shapes the answer, it
 /// cannot admit the request.
 #[derive(Clone)]
-pub(crate) struct RefusalShaper(
-    pub(crate) Arc<dyn Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync>,
-);
+pub(crate) struct RefusalShaper(pub(crate) Arc<ShapeFn>);
 
 impl RefusalShaper {
     pub(crate) fn shape(&self, refusal: Refusal<'_>, response: Response<Body>) -> Response<Body> {
