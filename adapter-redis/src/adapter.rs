@@ -244,7 +244,9 @@ impl RedisEdgeRateLimitAdapter {
 impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
         let Some(entry) = self.policies.get(&request.policy_id) else {
-            return RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy };
+            return RateLimitOutcome::Incompatible {
+                category: IncompatibleCategory::UnknownPolicy,
+            };
         };
         if request.cost == 0 || request.cost > entry.policy.maximum_cost() {
             return RateLimitOutcome::Incompatible {

@@ -216,9 +216,9 @@ pub(crate) fn classify(error: &RedisError) -> GatewayFailure {
         ErrorKind::Server(_) => GatewayFailure::Refused,
         ErrorKind::Extension => match error.code() {
             Some("WRONGTYPE") => GatewayFailure::WrongType,
-            Some(
-                "BUSY" | "OOM" | "NOAUTH" | "WRONGPASS" | "NOREPLICAS" | "MISCONF" | "NOPERM",
-            ) => GatewayFailure::Refused,
+            Some("BUSY" | "OOM" | "NOAUTH" | "WRONGPASS" | "NOREPLICAS" | "MISCONF" | "NOPERM") => {
+                GatewayFailure::Refused
+            }
             _ => GatewayFailure::ScriptError,
         },
         ErrorKind::Io if error.is_timeout() => GatewayFailure::TimedOut,
@@ -235,7 +235,9 @@ impl RedisGateway for StandaloneGateway {
         timeout: Duration,
     ) -> Result<String, GatewayFailure> {
         match self.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await? {
-            Value::BulkString(bytes) => String::from_utf8(bytes).map_err(|_| GatewayFailure::NotSent),
+            Value::BulkString(bytes) => {
+                String::from_utf8(bytes).map_err(|_| GatewayFailure::NotSent)
+            }
             Value::SimpleString(text) => Ok(text),
             _ => Err(GatewayFailure::NotSent),
         }

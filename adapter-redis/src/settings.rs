@@ -67,7 +67,8 @@ impl Default for RedisSettings {
 impl RedisSettings {
     /// Checks every field; the first problem found is returned with its key.
     pub(crate) fn validate(&self) -> Result<(), RedisAdapterError> {
-        let invalid = |field, problem: String| Err(RedisAdapterError::InvalidSettings { field, problem });
+        let invalid =
+            |field, problem: String| Err(RedisAdapterError::InvalidSettings { field, problem });
         match self.topology {
             Topology::Standalone => {}
             Topology::Cluster => return Err(RedisAdapterError::ClusterNotSupported),

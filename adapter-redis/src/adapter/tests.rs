@@ -175,7 +175,10 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
     assert_eq!(args.len(), 9);
     assert_eq!(text(0), (T0 + 250).to_string());
     assert_eq!(text(1), "2");
-    assert_eq!((text(2), text(3), text(4), text(5)), ("1000".into(), "1000".into(), "5000".into(), "256".into()));
+    assert_eq!(
+        (text(2), text(3), text(4), text(5)),
+        ("1000".into(), "1000".into(), "5000".into(), "256".into())
+    );
     assert_eq!(args[6], id.as_bytes().to_vec());
     assert_eq!((text(7), text(8)), ("3".into(), "1000".into()));
 }

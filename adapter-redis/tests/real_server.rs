@@ -1,0 +1,287 @@
+//! The Redis provider against a real redis-server: script-cache loss, keys of
+//! the wrong type, a server that stops and comes back, constant-size state,
+//! what a key holds, and its lifetime.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use adapter_redis::fixture::RedisServer;
+use adapter_redis::{RateLimitKeys, ScriptKind};
+use common::{T0, adapter, inspector, request, request_with, subject};
+use redis::AsyncCommands;
+use shared_contract::{
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, IncompatibleCategory,
+    ManualClock, RateLimitOutcome, RateLimitPolicy,
+};
+
+fn fixed(id: &str, limit: u64, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
+    RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit, window: Duration::from_secs(1) })
+        .evaluation_dedup(dedup)
+        .build()
+        .unwrap()
+}
+
+fn remaining(outcome: &RateLimitOutcome) -> u64 {
+    match outcome {
+        RateLimitOutcome::Evaluated(decision) => decision.remaining,
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn script_flush_between_two_evaluations_recovers_transparently() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let adapter =
+        adapter(&server, &clock, vec![fixed("p", 3, EvaluationDedupPolicy::Disabled)], |_| {});
+    let who = subject(1);
+    assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 2);
+    let mut redis = inspector(&server).await;
+    let flushed: String = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut redis).await.unwrap();
+    assert_eq!(flushed, "OK");
+    // NOSCRIPT -> reload -> one retry: the caller sees only the next count.
+    assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 1);
+    // The retry loaded the script again: its SHA-1 is known to the server.
+    let digest = redis::Script::new(ScriptKind::FixedWindow.source()).get_hash().to_owned();
+    let loaded: Vec<bool> =
+        redis::cmd("SCRIPT").arg("EXISTS").arg(digest).query_async(&mut redis).await.unwrap();
+    assert_eq!(loaded, [true]);
+}
+
+#[tokio::test]
+async fn a_key_of_the_wrong_type_is_state_incompatible() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = fixed("p", 3, EvaluationDedupPolicy::enabled_defaults());
+    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let who = subject(2);
+    let key = adapter.keys().counter_key(&policy, &who);
+    let mut redis = inspector(&server).await;
+    let _: () = redis.hset(&key, "field", "value").await.unwrap();
+    assert_eq!(
+        adapter.evaluate(request(&clock, "p", &who)).await,
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+    );
+    // A string of a length no script writes is corrupt state: same answer.
+    let _: () = redis.del(&key).await.unwrap();
+    let _: () = redis.set(&key, "garbage").await.unwrap();
+    assert_eq!(
+        adapter.evaluate(request(&clock, "p", &who)).await,
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+    );
+    // Neither was touched.
+    let kept: String = redis.get(&key).await.unwrap();
+    assert_eq!(kept, "garbage");
+}
+
+#[tokio::test]
+async fn a_stopped_server_gives_a_typed_outcome_in_time_and_a_restart_heals_without_rebuilding() {
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let adapter = adapter(
+        &server,
+        &clock,
+        vec![fixed("p", 100, EvaluationDedupPolicy::enabled_defaults())],
+        |settings| settings.command_timeout = Duration::from_millis(250),
+    );
+    let who = subject(3);
+    assert!(adapter.evaluate(request(&clock, "p", &who)).await.is_allowed());
+    assert!(adapter.is_ready().await);
+
+    server.stop();
+    let budget = Duration::from_millis(500);
+    for _ in 0..3 {
+        let started = Instant::now();
+        let outcome =
+            adapter.evaluate(request_with(&clock, "p", &who, EvaluationId::random(), budget)).await;
+        let took = started.elapsed();
+        assert!(
+            matches!(
+                outcome,
+                RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. }
+            ),
+            "{outcome:?}"
+        );
+        // The deadline bounds the wait; the slack covers a busy machine.
+        assert!(took < budget + Duration::from_millis(500), "took {took:?}");
+    }
+    assert!(!adapter.is_ready().await);
+
+    server.restart();
+    // Same adapter: it reconnects and reloads its scripts by itself. The
+    // restarted server is empty, so the count starts again.
+    let outcome = adapter.evaluate(request(&clock, "p", &who)).await;
+    assert_eq!(remaining(&outcome), 99, "{outcome:?}");
+    assert!(adapter.is_ready().await);
+}
+
+/// Runs one subject through `windows` windows, evaluating `per_window` times
+/// in each window that `active` picks, and returns the key's length after
+/// window 10 and at the end.
+async fn key_length_over_windows(
+    policy: RateLimitPolicy,
+    windows: u64,
+    active: impl Fn(u64) -> bool,
+) -> (usize, usize) {
+    let server = RedisServer::start();
+    let period = u64::try_from(policy.algorithm().period().as_millis()).unwrap();
+    let clock = ManualClock::new(T0);
+    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let who = subject(4);
+    let key = adapter.keys().counter_key(&policy, &who);
+    let mut redis = inspector(&server).await;
+    let mut at_ten = 0;
+    for window in 0..windows {
+        if active(window) {
+            for offset in [100, 400] {
+                clock.set_epoch_millis(T0 + window * period + offset);
+                let outcome = adapter.evaluate(request(&clock, policy.id().as_str(), &who)).await;
+                assert!(outcome.is_allowed(), "window {window}: {outcome:?}");
+            }
+        }
+        if window == 10 {
+            at_ten = redis.strlen(&key).await.unwrap();
+        }
+    }
+    (at_ten, redis.strlen(&key).await.unwrap())
+}
+
+fn all_algorithms(dedup: EvaluationDedupPolicy) -> Vec<(RateLimitPolicy, usize)> {
+    let window = Duration::from_secs(1);
+    [
+        (Algorithm::FixedWindow { limit: 10, window }, 24),
+        (Algorithm::SlidingCounter { limit: 10, window }, 32),
+        (
+            Algorithm::TokenBucket {
+                capacity: 10,
+                refill_tokens: 5,
+                refill_period: Duration::from_millis(500),
+            },
+            24,
+        ),
+    ]
+    .into_iter()
+    .map(|(algorithm, header)| {
+        let policy = RateLimitPolicy::builder(algorithm.name(), algorithm)
+            .evaluation_dedup(dedup)
+            .build()
+            .unwrap();
+        (policy, header)
+    })
+    .collect()
+}
+
+#[tokio::test]
+async fn state_stays_constant_size_after_1000_windows_of_steady_traffic() {
+    for (policy, header) in all_algorithms(EvaluationDedupPolicy::Disabled) {
+        let (at_ten, at_end) = key_length_over_windows(policy.clone(), 1000, |_| true).await;
+        // The state is the header alone: mark plus the algorithm's numbers.
+        assert_eq!((at_ten, at_end), (header, header), "{}", policy.id());
+    }
+    // With dedupe the live records come and go with traffic, but the same
+    // traffic leaves the same size, window 10 or window 1000.
+    let dedup = EvaluationDedupPolicy::Enabled {
+        ttl: Duration::from_millis(500),
+        max_entries: 4,
+        max_stored_bytes: 4096,
+    };
+    for (policy, header) in all_algorithms(dedup) {
+        let (at_ten, at_end) = key_length_over_windows(policy.clone(), 1000, |_| true).await;
+        assert_eq!(at_ten, at_end, "{}", policy.id());
+        // This window's two records (written 300 ms apart, TTL 500 ms) are
+        // live; the previous window's expired 100 ms after it ended.
+        assert_eq!(at_end, header + 2 * 40, "{}", policy.id());
+    }
+}
+
+#[tokio::test]
+async fn state_stays_constant_size_with_traffic_every_third_window() {
+    for (policy, header) in all_algorithms(EvaluationDedupPolicy::Disabled) {
+        let (at_ten, at_end) =
+            key_length_over_windows(policy.clone(), 1000, |window| window % 3 == 0).await;
+        // Window 10 is idle; the key still holds window 9's state.
+        assert_eq!((at_ten, at_end), (header, header), "{}", policy.id());
+    }
+}
+
+#[tokio::test]
+async fn keys_hold_policy_revision_and_pseudonym_and_nothing_else_of_the_subject() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = RateLimitPolicy::builder(
+        "api.orders",
+        Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    )
+    .revision(3)
+    .build()
+    .unwrap();
+    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let who = subject(0xab);
+    assert!(adapter.evaluate(request(&clock, "api.orders", &who)).await.is_allowed());
+    let mut redis = inspector(&server).await;
+    let keys: Vec<String> = redis.keys("*").await.unwrap();
+    let expected = format!("ca:rl:{{api.orders:3:{}}}", who.as_str());
+    assert_eq!(keys, std::slice::from_ref(&expected));
+    assert_eq!(adapter.keys().counter_key(&policy, &who), expected);
+    assert_eq!(
+        RateLimitKeys::hash_tag(&policy, &who),
+        format!("{{api.orders:3:{}}}", who.as_str())
+    );
+    // The value holds numbers and evaluation ids only, not the pseudonym.
+    let value: Vec<u8> = redis.get(&expected).await.unwrap();
+    assert!(!value.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
+}
+
+#[tokio::test]
+async fn key_lifetime_is_state_end_or_last_record_plus_the_larger_of_grace_and_regression() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let window = Duration::from_secs(1);
+    let slack = |algorithm: Algorithm, id: &str, dedup| {
+        RateLimitPolicy::builder(id, algorithm)
+            .cleanup_grace(Duration::from_millis(250))
+            .maximum_clock_regression(Duration::from_millis(900))
+            .evaluation_dedup(dedup)
+            .build()
+            .unwrap()
+    };
+    let bucket = Algorithm::TokenBucket {
+        capacity: 5,
+        refill_tokens: 1,
+        refill_period: Duration::from_millis(100),
+    };
+    let off = EvaluationDedupPolicy::Disabled;
+    // (policy, expected lifetime in ms) from docs/algorithms.md step 7, G = 900:
+    let cases = [
+        // fixed: state_end T0+1000 -> 750 + 900
+        (slack(Algorithm::FixedWindow { limit: 3, window }, "fw", off), 1650),
+        // sliding: state_end T0+2000 -> 1750 + 900
+        (slack(Algorithm::SlidingCounter { limit: 3, window }, "sc", off), 2650),
+        // bucket: 4 tokens left, full after one period from T0+250 -> 100 + 900
+        (slack(bucket, "tb", off), 1000),
+        // dedupe 5 s: the record outlives the window -> 5000 + 900
+        (
+            slack(
+                Algorithm::FixedWindow { limit: 3, window },
+                "fwd",
+                EvaluationDedupPolicy::enabled_defaults(),
+            ),
+            5900,
+        ),
+    ];
+    let policies: Vec<_> = cases.iter().map(|(policy, _)| policy.clone()).collect();
+    let adapter = adapter(&server, &clock, policies, |_| {});
+    let mut redis = inspector(&server).await;
+    let who = subject(5);
+    for (policy, lifetime) in cases {
+        assert!(adapter.evaluate(request(&clock, policy.id().as_str(), &who)).await.is_allowed());
+        let pttl: i64 = redis.pttl(adapter.keys().counter_key(&policy, &who)).await.unwrap();
+        // PTTL counts down in real time from the lifetime the script set.
+        assert!(
+            (lifetime - 200..=lifetime).contains(&pttl),
+            "{}: pttl {pttl}, want {lifetime}",
+            policy.id()
+        );
+    }
+}
