@@ -1,1 +1,222 @@
-fn main() {}
+//! One keyed decision per iteration over 10,000 subjects, for each algorithm
+//! of the memory provider and for `governor`'s keyed limiter (the in-process
+//! anchor), on one thread and on two.
+//!
+//! Ours goes through the public port (`EdgeRateLimitPort::evaluate`), so a
+//! decision includes what a caller pays: building the request (two string
+//! clones), the boxed async-trait future and two clock reads. The future
+//! never waits, so it is polled once with a no-op waker instead of a runtime.
+//! Policies allow 100 units per subject per second (limits, not latency, set
+//! the allowed fraction); the run prints the fraction it saw.
+//!
+//! Two threads: `iter_custom` splits the iterations over two std threads and
+//! reports the wall time, so the figure is nanoseconds per decision of the
+//! pair (the inverse of aggregate throughput).
+
+use std::future::Future;
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use adapter_memory::MemoryEdgeRateLimitAdapter;
+use criterion::{Criterion, criterion_group, criterion_main};
+use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
+use shared_contract::{
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, PolicyId, RateLimitOutcome,
+    RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
+};
+use uuid::Uuid;
+
+const SUBJECTS: usize = 10_000;
+/// Units per subject per second in every policy, ours and governor's.
+const PER_SECOND: u64 = 100;
+
+/// Allowed and total decisions seen by one benchmark, for the printed mix.
+#[derive(Default)]
+struct Mix {
+    allowed: AtomicU64,
+    total: AtomicU64,
+}
+
+impl Mix {
+    fn add(&self, allowed: u64, total: u64) {
+        self.allowed.fetch_add(allowed, Ordering::Relaxed);
+        self.total.fetch_add(total, Ordering::Relaxed);
+    }
+
+    fn report(&self, name: &str) {
+        let (allowed, total) =
+            (self.allowed.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed));
+        let percent = if total == 0 { 0.0 } else { 100.0 * allowed as f64 / total as f64 };
+        eprintln!("mix {name}: {percent:.1}% allowed of {total} decisions");
+    }
+}
+
+/// xorshift64: a cheap, fixed pseudo-random subject order, the same for
+/// every contender.
+fn next_index(state: &mut u64) -> usize {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    (*state % SUBJECTS as u64) as usize
+}
+
+fn subjects() -> Vec<SubjectDigest> {
+    (0..SUBJECTS as u64)
+        .map(|n| SubjectDigest::parse(format!("v1:{:032x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15))))
+        .collect::<Result<_, _>>()
+        .expect("valid digests")
+}
+
+fn policy(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
+    RateLimitPolicy::builder("bench", algorithm)
+        .evaluation_dedup(dedup)
+        .build()
+        .expect("valid policy")
+}
+
+/// The provider's future never waits: one poll with a no-op waker answers.
+fn evaluate_now(
+    adapter: &MemoryEdgeRateLimitAdapter,
+    request: RateLimitRequest,
+) -> RateLimitOutcome {
+    let mut future = pin!(adapter.evaluate(request));
+    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(outcome) => outcome,
+        Poll::Pending => panic!("the memory provider never waits"),
+    }
+}
+
+/// One contender: decides for subject `index` and says whether it allowed.
+trait Contender: Sync {
+    fn decide(&self, index: usize, evaluation: u128) -> bool;
+}
+
+struct Ours {
+    adapter: MemoryEdgeRateLimitAdapter,
+    policy: PolicyId,
+    subjects: Vec<SubjectDigest>,
+    deadline: Instant,
+}
+
+impl Contender for Ours {
+    fn decide(&self, index: usize, evaluation: u128) -> bool {
+        let request = RateLimitRequest {
+            policy_id: self.policy.clone(),
+            subject: self.subjects[index].clone(),
+            cost: 1,
+            evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(evaluation)),
+            deadline: self.deadline,
+        };
+        evaluate_now(&self.adapter, request).is_allowed()
+    }
+}
+
+struct Governor {
+    limiter: DefaultKeyedRateLimiter<String>,
+    keys: Vec<String>,
+}
+
+impl Contender for Governor {
+    fn decide(&self, index: usize, _evaluation: u128) -> bool {
+        self.limiter.check_key(&self.keys[index]).is_ok()
+    }
+}
+
+fn ours(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> Ours {
+    let adapter =
+        MemoryEdgeRateLimitAdapter::new([policy(algorithm, dedup)], Arc::new(SystemClock))
+            .expect("adapter builds");
+    Ours {
+        adapter,
+        policy: PolicyId::new("bench").expect("valid id"),
+        subjects: subjects(),
+        deadline: Instant::now() + Duration::from_secs(24 * 3600),
+    }
+}
+
+fn governor() -> Governor {
+    let burst = NonZeroU32::new(u32::try_from(PER_SECOND).expect("fits")).expect("non-zero");
+    Governor {
+        limiter: RateLimiter::keyed(Quota::per_second(burst)),
+        keys: subjects().iter().map(|s| s.as_str().to_owned()).collect(),
+    }
+}
+
+/// Runs `iters` decisions on `threads` threads and returns the wall time.
+fn run(contender: &dyn Contender, mix: &Mix, iters: u64, threads: u64) -> Duration {
+    let start = Instant::now();
+    std::thread::scope(|scope| {
+        for thread in 0..threads {
+            let share = iters / threads + u64::from(thread < iters % threads);
+            scope.spawn(move || {
+                let mut state = 0x2545_f491_4f6c_dd1d ^ (thread + 1);
+                let mut allowed = 0;
+                for n in 0..share {
+                    let index = next_index(&mut state);
+                    let evaluation = (u128::from(thread) << 64) | u128::from(n);
+                    allowed += u64::from(black_box(contender.decide(index, evaluation)));
+                }
+                mix.add(allowed, share);
+            });
+        }
+    });
+    start.elapsed()
+}
+
+fn decisions(c: &mut Criterion) {
+    let window = Duration::from_secs(1);
+    let contenders: Vec<(&str, Box<dyn Contender>)> = vec![
+        (
+            "fixed-window",
+            Box::new(ours(
+                Algorithm::FixedWindow { limit: PER_SECOND, window },
+                EvaluationDedupPolicy::Disabled,
+            )),
+        ),
+        (
+            "sliding-counter",
+            Box::new(ours(
+                Algorithm::SlidingCounter { limit: PER_SECOND, window },
+                EvaluationDedupPolicy::Disabled,
+            )),
+        ),
+        (
+            "token-bucket",
+            Box::new(ours(
+                Algorithm::TokenBucket {
+                    capacity: PER_SECOND,
+                    refill_tokens: 1,
+                    refill_period: window / u32::try_from(PER_SECOND).expect("fits"),
+                },
+                EvaluationDedupPolicy::Disabled,
+            )),
+        ),
+        (
+            "fixed-window+dedupe",
+            Box::new(ours(
+                Algorithm::FixedWindow { limit: PER_SECOND, window },
+                EvaluationDedupPolicy::enabled_defaults(),
+            )),
+        ),
+        ("governor-keyed", Box::new(governor())),
+    ];
+    for threads in [1, 2] {
+        let mut group = c.benchmark_group(format!("decision/{threads}-thread"));
+        for (name, contender) in &contenders {
+            let mix = Mix::default();
+            group.bench_function(*name, |b| {
+                b.iter_custom(|iters| run(contender.as_ref(), &mix, iters, threads));
+            });
+            mix.report(&format!("{name} {threads}-thread"));
+        }
+        group.finish();
+    }
+}
+
+criterion_group!(benches, decisions);
+criterion_main!(benches);

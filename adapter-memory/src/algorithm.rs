@@ -101,14 +101,8 @@ fn fixed_window(
 ) -> Result<Step, StateMismatch> {
     let ws = t - t % window;
     let n = match state {
-        None => 0,
-        Some(&AlgorithmState::FixedWindow { window_start, count }) => {
-            if window_start == ws {
-                count
-            } else {
-                0
-            }
-        }
+        Some(&AlgorithmState::FixedWindow { window_start, count }) if window_start == ws => count,
+        None | Some(AlgorithmState::FixedWindow { .. }) => 0,
         Some(AlgorithmState::SlidingCounter { .. } | AlgorithmState::TokenBucket { .. }) => {
             return Err(StateMismatch);
         }
