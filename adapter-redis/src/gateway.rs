@@ -212,6 +212,15 @@ impl StandaloneGateway {
 pub(crate) fn classify(error: &RedisError) -> GatewayFailure {
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => GatewayFailure::NoScript,
+        // Redis 7 checks the commands a script calls against the caller's
+        // ACL and answers a plain ERR; the script stopped before its write.
+        ErrorKind::Server(ServerErrorKind::ResponseError)
+            if error.detail().is_some_and(|detail| {
+                detail.starts_with("The user executing the script can't")
+            }) =>
+        {
+            GatewayFailure::Refused
+        }
         ErrorKind::Server(ServerErrorKind::ResponseError) => GatewayFailure::ScriptError,
         ErrorKind::Server(_) => GatewayFailure::Refused,
         ErrorKind::Extension => match error.code() {
