@@ -44,7 +44,9 @@ pub use checks::invariants::{
 pub use checks::isolation::{
     policies_are_isolated, policy_revisions_are_isolated, subjects_are_isolated,
 };
-pub use checks::lifetime::long_idle_state_acts_fresh;
+pub use checks::lifetime::{
+    key_lifetime_covers_the_state_and_live_records, long_idle_state_acts_fresh,
+};
 pub use checks::rejection::{
     cost_above_maximum_is_incompatible_and_touches_nothing,
     cost_zero_is_incompatible_and_touches_nothing,

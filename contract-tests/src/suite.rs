@@ -54,6 +54,7 @@ macro_rules! __contract_checks {
             decisions_report_limit_and_certainty,
             retry_after_is_zero_when_allowed_and_minimal_when_denied,
             long_idle_state_acts_fresh,
+            key_lifetime_covers_the_state_and_live_records,
             concurrent_evaluations_admit_exactly_the_limit,
         }
     };

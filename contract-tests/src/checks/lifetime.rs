@@ -1,7 +1,9 @@
-//! State after long idleness: hours later every key answers as if new, and
-//! old dedupe records are gone.
+//! How long a key's state and records live: long enough for everything that
+//! still matters (with no grace at all), and hours later everything is gone.
 
-use shared_contract::EvaluationId;
+use std::time::Duration;
+
+use shared_contract::{EvaluationDedupPolicy, EvaluationId, RateLimitPolicyBuilder};
 
 use crate::factory::ProviderFactory;
 use crate::rig::{CheckPolicy, Rig, fixed_window, sliding_counter, token_bucket};
@@ -36,4 +38,43 @@ pub async fn long_idle_state_acts_fresh(factory: &dyn ProviderFactory) {
     rig.expect_id("fw a month later", &fw, "alice", 1, fw_id, fw.allowed(2, 1000)).await;
     rig.expect_id("sc a month later", &sc, "alice", 1, sc_id, sc.allowed(9, 1000)).await;
     rig.expect_id("tb a month later", &tb, "alice", 1, tb_id, tb.allowed(4, 100)).await;
+}
+
+/// A key lives until both its state and its newest live record stop
+/// mattering, plus `G = max(cleanup_grace, R)` (docs/algorithms.md, step 7).
+/// With `G = 0`: a record outlives a fixed window's and a bucket's state
+/// and still replays, and a sliding counter's state lives two windows.
+pub async fn key_lifetime_covers_the_state_and_live_records(factory: &dyn ProviderFactory) {
+    let dedup = EvaluationDedupPolicy::Enabled {
+        ttl: Duration::from_secs(60),
+        max_entries: 256,
+        max_stored_bytes: 65_536,
+    };
+    let no_grace = |builder: RateLimitPolicyBuilder| {
+        CheckPolicy::new(
+            builder.cleanup_grace(Duration::ZERO).maximum_clock_regression(Duration::ZERO),
+        )
+    };
+    let fw = no_grace(fixed_window("fw", 3, 1000).evaluation_dedup(dedup));
+    let tb = no_grace(token_bucket("tb", 5, 1, 100).evaluation_dedup(dedup));
+    let sc = no_grace(
+        sliding_counter("sc", 10, 10_000).evaluation_dedup(EvaluationDedupPolicy::Disabled),
+    );
+    let rig = Rig::start(factory, &[&fw, &tb, &sc]).await;
+    let (fw_id, tb_id) = (EvaluationId::random(), EvaluationId::random());
+    rig.at(0);
+    // sc: ten charged in [T0, T0 + 10_000); state_end = T0 + 2 * 10_000.
+    rig.drain(&sc, "alice", 10).await;
+    // tb: state_end = T0 + reset 100; the record lives to T0 + 60_000.
+    rig.expect_id("tb charge", &tb, "alice", 1, tb_id, tb.allowed(4, 100)).await;
+    rig.at(900);
+    // fw: state_end = T0 + 1000; the record lives to T0 + 900 + 60_000.
+    rig.expect_id("fw charge", &fw, "alice", 1, fw_id, fw.allowed(2, 100)).await;
+    rig.at(15_000);
+    // sc: e = 5000, p = 10: est = floor(10 * 5000 / 10_000) = 5 -> 6, remaining 4,
+    // reset 20_000 - 15_000 = 5000. A key gone at the window end would give 9.
+    rig.expect("sc one and a half windows on", &sc, "alice", 1, sc.allowed(4, 5000)).await;
+    rig.at(30_000);
+    rig.expect_id("fw record after the state", &fw, "alice", 1, fw_id, fw.replayed(2, 100)).await;
+    rig.expect_id("tb record after the state", &tb, "alice", 1, tb_id, tb.replayed(4, 100)).await;
 }
