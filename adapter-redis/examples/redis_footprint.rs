@@ -1,0 +1,147 @@
+//! Measures, on a private redis-server, the `MEMORY USAGE` of one subject's
+//! key and the server CPU per decision (`INFO commandstats`, evalsha
+//! `usec_per_call`) for each algorithm with dedupe on and off.
+//!
+//! `cargo run -p adapter-redis --example redis_footprint`
+//! prints one markdown table.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapter_redis::fixture::RedisServer;
+use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
+use shared_contract::{
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, PolicyId, RateLimitPolicy,
+    RateLimitRequest, SubjectDigest, SystemClock,
+};
+
+const CHARGED: usize = 10;
+/// Enough charges within the dedupe TTL to fill the default record capacity.
+const FULL: usize = 256;
+const DECISIONS: usize = 20_000;
+const TASKS: usize = 32;
+const SUBJECTS: usize = 1_000;
+
+fn subject(n: usize) -> SubjectDigest {
+    SubjectDigest::parse(format!("v1:{n:064x}")).expect("valid digest")
+}
+
+fn request(policy: &str, subject: SubjectDigest) -> RateLimitRequest {
+    RateLimitRequest {
+        policy_id: PolicyId::new(policy).expect("valid id"),
+        subject,
+        cost: 1,
+        evaluation_id: EvaluationId::random(),
+        deadline: std::time::Instant::now() + Duration::from_secs(5),
+    }
+}
+
+async fn info_usec_per_call(redis: &mut redis::aio::MultiplexedConnection) -> (u64, f64) {
+    let info: String = redis::cmd("INFO").arg("commandstats").query_async(redis).await.unwrap();
+    let line = info.lines().find(|line| line.starts_with("cmdstat_evalsha:")).unwrap_or_default();
+    let field = |name: &str| {
+        line.split([':', ','])
+            .find_map(|part| part.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .unwrap_or("0")
+            .to_owned()
+    };
+    (field("calls").parse().unwrap_or(0), field("usec_per_call").parse().unwrap_or(0.0))
+}
+
+/// The value length and `MEMORY USAGE` (all of it: `SAMPLES 0`) of a key.
+async fn footprint(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> (usize, usize) {
+    let strlen: usize = redis::cmd("STRLEN").arg(key).query_async(redis).await.unwrap();
+    let usage: usize = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(key)
+        .arg("SAMPLES")
+        .arg(0)
+        .query_async(redis)
+        .await
+        .unwrap();
+    (strlen, usage)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let server = RedisServer::start();
+    let mut redis = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let version: String = redis::cmd("INFO").arg("server").query_async(&mut redis).await.unwrap();
+    let version = version.lines().find(|l| l.starts_with("redis_version:")).unwrap_or_default();
+    println!(
+        "<!-- {version}, {CHARGED} charged evaluations per key; CPU over {DECISIONS} decisions, {TASKS} tasks, {SUBJECTS} subjects -->"
+    );
+    println!(
+        "| algorithm | dedupe | STRLEN after {CHARGED} | MEMORY USAGE after {CHARGED} | \
+         STRLEN after {FULL} | MEMORY USAGE after {FULL} | evalsha usec/call |"
+    );
+    println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
+    let window = Duration::from_secs(60);
+    let algorithms = [
+        Algorithm::FixedWindow { limit: 1_000_000, window },
+        Algorithm::SlidingCounter { limit: 1_000_000, window },
+        Algorithm::TokenBucket {
+            capacity: 1_000_000,
+            refill_tokens: 1_000,
+            refill_period: Duration::from_secs(1),
+        },
+    ];
+    for algorithm in algorithms {
+        for (label, dedup) in [
+            ("off", EvaluationDedupPolicy::Disabled),
+            ("on (defaults)", EvaluationDedupPolicy::enabled_defaults()),
+        ] {
+            let id = format!("{}-{}", algorithm.name(), if label == "off" { "off" } else { "on" });
+            let policy =
+                RateLimitPolicy::builder(&id, algorithm).evaluation_dedup(dedup).build().unwrap();
+            let settings = RedisSettings {
+                urls: vec![server.url()],
+                command_timeout: Duration::from_secs(2),
+                ..RedisSettings::default()
+            };
+            let adapter = Arc::new(
+                RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(SystemClock))
+                    .unwrap(),
+            );
+            let who = subject(0);
+            for _ in 0..CHARGED {
+                assert!(adapter.evaluate(request(&id, who.clone())).await.is_allowed());
+            }
+            let key = adapter.keys().counter_key(&policy, &who);
+            let (strlen, usage) = footprint(&mut redis, &key).await;
+            for _ in CHARGED..FULL {
+                assert!(adapter.evaluate(request(&id, who.clone())).await.is_allowed());
+            }
+            let (full_strlen, full_usage) = footprint(&mut redis, &key).await;
+
+            let _: () =
+                redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut redis).await.unwrap();
+            let tasks: Vec<_> = (0..TASKS)
+                .map(|task| {
+                    let adapter = adapter.clone();
+                    let id = id.clone();
+                    tokio::spawn(async move {
+                        for n in 0..DECISIONS / TASKS {
+                            let who = subject(1 + (task * 7919 + n) % SUBJECTS);
+                            let outcome = adapter.evaluate(request(&id, who)).await;
+                            assert!(outcome.is_allowed(), "{outcome:?}");
+                        }
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.unwrap();
+            }
+            let (calls, usec) = info_usec_per_call(&mut redis).await;
+            assert_eq!(calls, (DECISIONS / TASKS * TASKS) as u64);
+            println!(
+                "| {} | {label} | {strlen} | {usage} | {full_strlen} | {full_usage} | {usec:.2} |",
+                algorithm.name()
+            );
+        }
+    }
+}
