@@ -1,16 +1,23 @@
 //! `app-bootstrap`: the composition root of the workspace. It reads the
-//! configuration (figment: defaults, TOML file, `CA_SKELETON_*` variables),
-//! switches the rate-limit capability between the providers, wires the HTTP
-//! edge, and holds the `ca-skeleton` binary (`serve`, `check-config`,
-//! `redis-acl`, `bench`).
+//! configuration (figment: built-in defaults, a TOML file, `CA_SKELETON_*`
+//! variables), switches the rate-limit capability between the providers,
+//! wires the HTTP edge, and holds the `ca-skeleton` binary (`serve`,
+//! `check-config`, `redis-acl`, `bench`).
 //!
 //! It is the only crate that knows every provider; nothing imports it.
-//! Library code here returns [`BootstrapError`]; `anyhow` stays in `main`.
+//! Library code returns [`BootstrapError`]; `anyhow` stays in `main`.
 
 #![forbid(unsafe_code)]
 
+pub mod acl;
+pub mod bench;
+pub mod capability;
+pub mod cli;
 pub mod config;
 mod error;
+pub mod server;
 
+pub use capability::RateLimitCapability;
 pub use config::{AppConfig, ConfigSources};
 pub use error::BootstrapError;
+pub use server::Application;

@@ -1,1 +1,32 @@
-fn main() {}
+//! `ca-skeleton`: the binary. It only parses the command line, installs
+//! logging and hands over to the library; any error is printed (with every
+//! configuration problem) and the exit code is non-zero.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+
+use app_bootstrap::cli::{Cli, init_logging, run};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.log_format);
+    match start(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            // `{:#}` keeps the chain on one report without a backtrace.
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn start(cli: Cli) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(run(cli))?;
+    Ok(())
+}

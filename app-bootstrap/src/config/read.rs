@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use adapter_web::DEFAULT_PROBLEM_TYPE_BASE;
 use figment::value::{Dict, Value};
 use humantime_serde::re::humantime;
 use ipnet::IpNet;
@@ -22,7 +23,6 @@ use super::{
 /// The policy a fresh checkout serves with when no policy is configured.
 pub(crate) const DEMO_POLICY: &str = "demo";
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
-const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.invalid/problems/rate-limit/";
 
 const ROOT_KEYS: &[&str] = &["server", "capabilities", "pseudonymizer", "redis"];
 const SERVER_KEYS: &[&str] = &["listen"];

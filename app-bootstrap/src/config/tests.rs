@@ -42,6 +42,7 @@ fn paths(result: Result<AppConfig, BootstrapError>) -> Vec<String> {
     problems(result).into_iter().map(|(path, _)| path).collect()
 }
 
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
 fn jail(test: impl FnOnce(&mut Jail)) {
     Jail::expect_with(|jail| {
         // Variables of the machine running the tests must not leak in.
@@ -148,6 +149,7 @@ fn the_environment_overrides_the_file() {
         jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__POLICIES__API__LIMIT", "42");
         jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__EVALUATION_BUDGET", "250ms");
         jail.set_env("CA_SKELETON_REDIS__ENABLED", "true");
+        jail.set_env("CA_SKELETON_REDIS__TOPOLOGY", "cluster");
         jail.set_env("CA_SKELETON_REDIS__URLS", "redis://10.0.0.1:7000,redis://10.0.0.2:7000");
         jail.set_env("CA_SKELETON_REDIS__SCRIPT_LANE__MAX_IN_FLIGHT", "8");
         jail.set_env("CA_SKELETON_PSEUDONYMIZER__KEYS__1", KEY);
@@ -162,6 +164,7 @@ fn the_environment_overrides_the_file() {
             Algorithm::FixedWindow { limit: 42, window: Duration::from_secs(60) }
         );
         assert!(config.redis.enabled);
+        assert_eq!(config.redis.topology, RedisTopology::Cluster);
         assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
         assert_eq!(config.redis.script_lane_max_in_flight, 8);
         assert_eq!(config.pseudonymizer.keys[&1].expose(), KEY);

@@ -4,14 +4,15 @@
 
 use std::time::Duration;
 
+use adapter_web::MIN_KEY_BYTES;
 use axum::http::HeaderName;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, ProviderKind};
+use super::{AppConfig, ProviderKind, RedisTopology};
 
-/// Smallest pseudonymizer key: 256 bits, the HMAC-SHA-256 block output.
-pub(crate) const MIN_KEY_BYTES: usize = 32;
+/// Longest key prefix the Redis provider accepts.
+const MAX_KEY_PREFIX: usize = 64;
 
 pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut ConfigProblems) {
     policy_references(config, declared, problems);
@@ -133,8 +134,15 @@ fn pseudonymizer(config: &AppConfig, problems: &mut ConfigProblems) {
 fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
     let redis = &config.redis;
     let path = KeyPath::root().child("redis");
-    if redis.urls.is_empty() {
-        problems.push(path.child("urls"), "must list at least one redis:// URL");
+    match redis.topology {
+        RedisTopology::Standalone if redis.urls.len() != 1 => problems.push(
+            path.child("urls"),
+            format!("standalone takes exactly one redis:// URL, got {}", redis.urls.len()),
+        ),
+        RedisTopology::Cluster if redis.urls.is_empty() => {
+            problems.push(path.child("urls"), "a cluster needs at least one seed node URL");
+        }
+        RedisTopology::Standalone | RedisTopology::Cluster => {}
     }
     for (index, url) in redis.urls.iter().enumerate() {
         let known = ["redis://", "rediss://", "unix://", "redis+unix://"];
@@ -147,16 +155,18 @@ fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
             );
         }
     }
-    if redis.key_prefix.is_empty() {
+    let prefix = &redis.key_prefix;
+    let prefix_path = path.child("key-prefix");
+    if prefix.is_empty() || prefix.len() > MAX_KEY_PREFIX {
         problems.push(
-            path.child("key-prefix"),
-            "must not be empty (the ACL key pattern is <key-prefix>*)",
+            prefix_path.clone(),
+            format!("must be 1 to {MAX_KEY_PREFIX} bytes (the ACL key pattern is <key-prefix>*), got {}", prefix.len()),
         );
     }
-    if redis.key_prefix.contains(['{', '}']) {
+    if prefix.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control()) {
         problems.push(
-            path.child("key-prefix"),
-            "must not contain '{' or '}': the subject's hash tag must be the only one in a key",
+            prefix_path,
+            "must not contain '{', '}', spaces or control characters: the subject's hash tag must be the only one in a key",
         );
     }
     positive(redis.connect_timeout, path.child("connect-timeout"), problems);

@@ -1,0 +1,131 @@
+//! `ca-skeleton redis-acl`: the `ACL SETUSER` rule for a least-privilege
+//! Redis user that may run the rate-limit scripts on the rate-limit keys and
+//! nothing else.
+
+use sha2::{Digest, Sha256};
+
+use crate::config::{AppConfig, RedisTopology};
+
+/// User name when `redis.username` is not set.
+pub const DEFAULT_ACL_USER: &str = "ca-rate-limit";
+
+/// What `redis-acl` prints.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AclRules {
+    /// Commands to send to every Redis node (stdout).
+    pub commands: Vec<String>,
+    /// Notes for the operator (stderr); never holds a secret.
+    pub notes: Vec<String>,
+}
+
+/// The commands the provider sends: the scripts (`EVALSHA`, `SCRIPT LOAD`),
+/// the readiness probe (`PING`), and what the client sends while it
+/// connects (`HELLO`, `CLIENT SETINFO`; `AUTH` is open to every user).
+const STANDALONE_COMMANDS: &[&str] =
+    &["+evalsha", "+script|load", "+ping", "+hello", "+client|setinfo"];
+/// What a cluster client also needs to learn the slot map and to read
+/// from replicas.
+const CLUSTER_COMMANDS: &[&str] = &["+cluster|slots", "+cluster|shards", "+readonly"];
+
+/// The rule for `redis.username` (or [`DEFAULT_ACL_USER`]) on the key
+/// pattern `<key-prefix>*`. A configured password is given as its SHA-256
+/// (`#<hex>`), so the output never holds the password itself.
+pub fn acl_rules(config: &AppConfig) -> AclRules {
+    let redis = &config.redis;
+    let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
+    let mut notes = vec![format!(
+        "# user {user:?}: EVALSHA, SCRIPT LOAD and PING on keys {}*; no EVAL, no data commands",
+        redis.key_prefix
+    )];
+    let password = match &redis.password {
+        Some(password) => format!("#{}", hex::encode(Sha256::digest(password.expose().as_bytes()))),
+        None => {
+            notes.push(
+                "# redis.password is not set: replace <password> before running this".to_owned(),
+            );
+            "><password>".to_owned()
+        }
+    };
+    let mut rule = vec![
+        "ACL SETUSER".to_owned(),
+        user.to_owned(),
+        "reset".to_owned(),
+        "on".to_owned(),
+        password,
+        format!("~{}*", glob_escape(&redis.key_prefix)),
+        "resetchannels".to_owned(),
+        "-@all".to_owned(),
+    ];
+    rule.extend(STANDALONE_COMMANDS.iter().map(|command| (*command).to_owned()));
+    match redis.topology {
+        RedisTopology::Standalone => {}
+        RedisTopology::Cluster => {
+            rule.extend(CLUSTER_COMMANDS.iter().map(|command| (*command).to_owned()));
+            notes.push("# cluster: run it on every node (ACLs are per node)".to_owned());
+        }
+    }
+    AclRules { commands: vec![rule.join(" ")], notes }
+}
+
+/// Escapes the glob characters of an ACL key pattern.
+fn glob_escape(prefix: &str) -> String {
+    let mut escaped = String::with_capacity(prefix.len());
+    for c in prefix.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
+#[cfg(test)]
+mod tests {
+    use secrecy::SecretString;
+
+    use super::*;
+    use crate::config::{ConfigSources, SecretSource, SecretValue};
+
+    #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+    fn config() -> AppConfig {
+        // Defaults only: no file, and no variable of the test machine.
+        let mut config = None;
+        figment::Jail::expect_with(|jail| {
+            jail.clear_env();
+            config = Some(AppConfig::load(&ConfigSources::new(None)).expect("defaults load"));
+            Ok(())
+        });
+        config.expect("loaded")
+    }
+
+    #[test]
+    fn the_rule_allows_only_the_script_commands_on_the_prefix() {
+        let rules = acl_rules(&config());
+        assert_eq!(
+            rules.commands,
+            ["ACL SETUSER ca-rate-limit reset on ><password> ~ca:rl:* resetchannels -@all \
+              +evalsha +script|load +ping +hello +client|setinfo"]
+        );
+        assert!(rules.notes.iter().any(|note| note.contains("<password>")));
+    }
+
+    #[test]
+    fn a_configured_password_appears_only_as_its_sha256() {
+        let mut config = config();
+        config.redis.username = Some("edge".into());
+        config.redis.password =
+            Some(SecretValue::new(SecretSource::Inline, SecretString::from("hunter2")));
+        config.redis.key_prefix = "app*[x]:".into();
+        config.redis.topology = RedisTopology::Cluster;
+        let rules = acl_rules(&config);
+        let rule = &rules.commands[0];
+        // sha256("hunter2")
+        let hash = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
+        assert!(
+            rule.starts_with(&format!("ACL SETUSER edge reset on #{hash} ~app\\*\\[x\\]:* ")),
+            "{rule}"
+        );
+        assert!(rule.ends_with("+cluster|slots +cluster|shards +readonly"), "{rule}");
+        assert!(!rule.contains("hunter2") && !rules.notes.concat().contains("hunter2"));
+    }
+}

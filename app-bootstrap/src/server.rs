@@ -1,0 +1,200 @@
+//! The HTTP server: demo routes behind the rate-limit layer, probes and
+//! metrics. Built in two steps (build, then run) so tests bind port 0 and
+//! learn the real port before serving.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use adapter_web::{EVALUATION_SECONDS, RateLimitLayer};
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use shared_contract::{Clock, SystemClock};
+use tokio::net::TcpListener;
+
+use crate::capability::RateLimitCapability;
+use crate::config::AppConfig;
+use crate::error::BootstrapError;
+
+/// Longest wait for the provider's readiness answer before `/readyz` says no.
+const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
+/// How often the Prometheus recorder is tidied (histogram buffers drained).
+const METRICS_UPKEEP: Duration = Duration::from_secs(5);
+/// Evaluation latency buckets in seconds: 100 µs to 1 s.
+const LATENCY_BUCKETS: &[f64] =
+    &[0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
+/// A bound server, ready to run.
+#[derive(Debug)]
+pub struct Application {
+    listener: TcpListener,
+    router: Router,
+    address: SocketAddr,
+    metrics: PrometheusHandle,
+}
+
+impl Application {
+    /// Builds the provider, the edge and the router, and binds
+    /// `server.listen` (port 0 picks a free port).
+    pub async fn build(config: &AppConfig) -> Result<Self, BootstrapError> {
+        Self::build_with_clock(config, Arc::new(SystemClock)).await
+    }
+
+    /// [`Self::build`] with a clock of the caller's choosing.
+    pub async fn build_with_clock(
+        config: &AppConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, BootstrapError> {
+        let metrics = metrics_handle()?;
+        let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
+        let layer = capability.layer(config, clock)?;
+        let router = router(capability, layer, metrics.clone());
+        let address = config.server.listen;
+        let listener = TcpListener::bind(address)
+            .await
+            .map_err(|source| BootstrapError::Bind { address, source })?;
+        let address = listener.local_addr().map_err(BootstrapError::Serve)?;
+        Ok(Self { listener, router, address, metrics })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// The bound port.
+    pub fn port(&self) -> u16 {
+        self.address.port()
+    }
+
+    /// Serves until SIGTERM or ctrl-c, then drains in-flight requests.
+    pub async fn run_until_stopped(self) -> Result<(), BootstrapError> {
+        self.run_until(shutdown_signal()).await
+    }
+
+    /// Serves until `shutdown` completes, then drains in-flight requests.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), BootstrapError> {
+        let metrics = self.metrics.clone();
+        let upkeep = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(METRICS_UPKEEP);
+            loop {
+                tick.tick().await;
+                metrics.run_upkeep();
+            }
+        });
+        let service = self.router.into_make_service_with_connect_info::<SocketAddr>();
+        let served = axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await;
+        upkeep.abort();
+        served.map_err(BootstrapError::Serve)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Probes {
+    capability: RateLimitCapability,
+    metrics: PrometheusHandle,
+}
+
+/// The whole router: `/api/*` behind `layer`; `/healthz`, `/readyz` and
+/// `/metrics` outside it, so probes are never rate limited.
+pub fn router(
+    capability: RateLimitCapability,
+    layer: RateLimitLayer,
+    metrics: PrometheusHandle,
+) -> Router {
+    let api = Router::new()
+        .route("/api/hello", get(hello))
+        .route("/api/orders/{id}", get(order))
+        .route("/api/orders", post(create_order))
+        .layer(layer);
+    let probes = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(render_metrics))
+        .with_state(Probes { capability, metrics });
+    api.merge(probes)
+}
+
+async fn hello() -> Json<serde_json::Value> {
+    Json(json!({ "message": "hello" }))
+}
+
+async fn order(Path(id): Path<String>) -> Json<serde_json::Value> {
+    Json(json!({ "id": id, "status": "open" }))
+}
+
+async fn create_order() -> (StatusCode, Json<serde_json::Value>) {
+    let id = uuid::Uuid::new_v4().to_string();
+    (StatusCode::CREATED, Json(json!({ "id": id, "status": "created" })))
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(probes): State<Probes>) -> (StatusCode, &'static str) {
+    let ready = tokio::time::timeout(READINESS_TIMEOUT, probes.capability.is_ready()).await;
+    match ready {
+        Ok(true) => (StatusCode::OK, "ready"),
+        Ok(false) | Err(_) => (StatusCode::SERVICE_UNAVAILABLE, "rate-limit provider unavailable"),
+    }
+}
+
+async fn render_metrics(State(probes): State<Probes>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], probes.metrics.render())
+}
+
+/// The process-wide Prometheus recorder, installed on first use. The
+/// `metrics` facade has one global recorder, so every server in a process
+/// shares it.
+pub fn metrics_handle() -> Result<PrometheusHandle, BootstrapError> {
+    static HANDLE: Mutex<Option<PrometheusHandle>> = Mutex::new(None);
+    let mut installed = HANDLE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(handle) = installed.as_ref() {
+        return Ok(handle.clone());
+    }
+    let handle = PrometheusBuilder::new()
+        .set_buckets_for_metric(Matcher::Full(EVALUATION_SECONDS.to_owned()), LATENCY_BUCKETS)
+        .and_then(PrometheusBuilder::install_recorder)
+        .map_err(|error| BootstrapError::Wiring {
+            component: "the Prometheus recorder",
+            reason: error.to_string(),
+        })?;
+    *installed = Some(handle.clone());
+    Ok(handle)
+}
+
+/// Completes on ctrl-c or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut stream) => {
+                stream.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutdown signal received; draining in-flight requests");
+}
