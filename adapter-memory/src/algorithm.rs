@@ -152,10 +152,16 @@ fn sliding_counter(
             return Err(StateMismatch);
         }
     };
-    // p <= limit and window < 2^53 / limit, but widen anyway: a stored count
-    // above a lowered limit must not overflow.
-    let weighted = u128::from(p) * u128::from(window - elapsed) / u128::from(window);
-    let estimate = u64::try_from(weighted).unwrap_or(u64::MAX).saturating_add(n);
+    // p <= limit and limit * window < 2^53, so u64 suffices; a stored count
+    // above a lowered limit could overflow, and only then takes u128.
+    let weighted = match p.checked_mul(window - elapsed) {
+        Some(product) => product / window,
+        None => {
+            let wide = u128::from(p) * u128::from(window - elapsed) / u128::from(window);
+            u64::try_from(wide).unwrap_or(u64::MAX)
+        }
+    };
+    let estimate = weighted.saturating_add(n);
     let to_end = window - elapsed;
     if estimate.saturating_add(cost) > limit {
         return Ok(Step {

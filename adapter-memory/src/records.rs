@@ -1,6 +1,14 @@
-//! Evaluation dedupe records of one key: a bounded queue, oldest first.
+//! Evaluation dedupe records of one key: a bounded queue, oldest first,
+//! with an id index once the queue is long enough that scanning it on every
+//! decision would cost more than the index.
 
-use std::collections::VecDeque;
+use std::collections::{HashSet, VecDeque};
+
+use crate::key::BuildPrehashed;
+
+/// Below this many records a lookup scans the queue; from here on an index
+/// of ids answers the common case (no such id) without a scan.
+const INDEX_FROM: usize = 16;
 
 /// What a charged evaluation left behind so a repeat of its id can replay
 /// the answer instead of charging again.
@@ -14,59 +22,100 @@ pub(crate) struct Record {
 
 /// The records of one key. `written_at` never decreases from front to back
 /// (records are appended at the key's effective time, which never runs
-/// backwards), so expiry and eviction both pop from the front.
+/// backwards), so expiry and eviction both pop from the front. An id is
+/// never held twice: a record is appended only after a lookup of its id
+/// found nothing, which is what lets the index be a plain set.
 #[derive(Debug, Default)]
-pub(crate) struct Records(VecDeque<Record>);
+pub(crate) struct Records {
+    queue: VecDeque<Record>,
+    /// Folded ids of every queued record, kept while the queue is long.
+    index: Option<HashSet<u64, BuildPrehashed>>,
+}
+
+/// Folds an id to 64 well-mixed bits for the index (ids are server-made
+/// UUIDs, not attacker-chosen; a collision only costs a scan).
+fn fold(evaluation_id: u128) -> u64 {
+    let folded = (evaluation_id as u64) ^ ((evaluation_id >> 64) as u64);
+    folded.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
 
 impl Records {
     /// Drops records with `written_at + ttl <= t`.
     pub(crate) fn drop_expired(&mut self, t: u64, ttl: u64) {
-        while self.0.front().is_some_and(|r| r.written_at.saturating_add(ttl) <= t) {
-            self.0.pop_front();
+        while self.queue.front().is_some_and(|r| r.written_at.saturating_add(ttl) <= t) {
+            self.pop_oldest();
         }
     }
 
     /// The record of `evaluation_id`, searching the newest first because
     /// retries follow their original closely.
     pub(crate) fn find(&self, evaluation_id: u128) -> Option<&Record> {
-        self.0.iter().rev().find(|r| r.evaluation_id == evaluation_id)
+        if let Some(index) = &self.index {
+            if !index.contains(&fold(evaluation_id)) {
+                return None;
+            }
+        }
+        self.queue.iter().rev().find(|r| r.evaluation_id == evaluation_id)
     }
 
-    /// Appends `record`, then evicts the oldest beyond `capacity`.
+    /// Appends `record` (whose id [`Records::find`] did not find), then
+    /// evicts the oldest beyond `capacity`.
     pub(crate) fn push(&mut self, record: Record, capacity: usize) {
         if capacity == 0 {
-            self.0.clear();
+            self.clear();
             return;
         }
-        if self.0.capacity() == 0 {
+        if self.queue.capacity() == 0 {
             // Most keys are one-shot: one record, not the default four.
-            self.0.reserve_exact(1);
+            self.queue.reserve_exact(1);
         }
-        self.0.push_back(record);
-        while self.0.len() > capacity {
-            self.0.pop_front();
+        self.queue.push_back(record);
+        match &mut self.index {
+            Some(index) => {
+                index.insert(fold(record.evaluation_id));
+            }
+            None if self.queue.len() >= INDEX_FROM => {
+                let mut index =
+                    HashSet::with_capacity_and_hasher(capacity, BuildPrehashed::default());
+                index.extend(self.queue.iter().map(|r| fold(r.evaluation_id)));
+                self.index = Some(index);
+            }
+            None => {}
+        }
+        while self.queue.len() > capacity {
+            self.pop_oldest();
+        }
+    }
+
+    fn pop_oldest(&mut self) {
+        if let Some(oldest) = self.queue.pop_front() {
+            if let Some(index) = &mut self.index {
+                index.remove(&fold(oldest.evaluation_id));
+            }
         }
     }
 
     /// When the newest record was written.
     pub(crate) fn newest_written_at(&self) -> Option<u64> {
-        self.0.back().map(|r| r.written_at)
+        self.queue.back().map(|r| r.written_at)
     }
 
-    /// Forgets every record (the key expired or dedupe is off).
+    /// Forgets every record (the key expired or dedupe is off) and the
+    /// index with its memory.
     pub(crate) fn clear(&mut self) {
-        self.0.clear();
+        self.queue.clear();
+        self.index = None;
     }
 
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
-        self.0.len()
+        self.queue.len()
     }
 
     /// Records the buffer has room for, to show it stays bounded.
     #[cfg(test)]
     pub(crate) fn allocated(&self) -> usize {
-        self.0.capacity()
+        self.queue.capacity()
     }
 }
 
@@ -100,6 +149,23 @@ mod tests {
         records.drop_expired(1100, 1000);
         assert!(records.find(1).is_none());
         assert_eq!(records.newest_written_at(), Some(200));
+    }
+
+    #[test]
+    fn the_index_agrees_with_a_scan_through_growth_expiry_and_eviction() {
+        let mut records = Records::default();
+        for id in 0..200u128 {
+            assert!(records.find(id).is_none());
+            records.push(record(id, u64::try_from(id).unwrap()), 40);
+            records.drop_expired(u64::try_from(id).unwrap(), 50);
+        }
+        assert!(records.index.is_some());
+        // At t = 199 the ttl keeps ids 150..200 and the capacity the last 40.
+        for id in 0..200u128 {
+            assert_eq!(records.find(id).is_some(), id >= 160, "id {id}");
+        }
+        records.clear();
+        assert!(records.index.is_none() && records.find(199).is_none());
     }
 
     #[test]
