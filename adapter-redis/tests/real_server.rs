@@ -285,3 +285,56 @@ async fn key_lifetime_is_state_end_or_last_record_plus_the_larger_of_grace_and_r
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_after_send_is_indeterminate_and_a_repeat_replays_the_charge_it_made() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let adapter = adapter(
+        &server,
+        &clock,
+        vec![fixed("p", 3, EvaluationDedupPolicy::enabled_defaults())],
+        |settings| settings.command_timeout = Duration::from_millis(100),
+    );
+    let who = subject(6);
+    // Connect and load the script first, so only the EVALSHA meets the stall.
+    assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 2);
+
+    // Another client keeps the single-threaded server busy for 1.5 s.
+    let patient = redis::AsyncConnectionConfig::new().set_response_timeout(None);
+    let mut busy = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection_with_config(&patient)
+        .await
+        .unwrap();
+    let stall = tokio::spawn(async move {
+        let script = "local s = redis.call('TIME') \
+                      local start = s[1] * 1000000 + s[2] \
+                      while true do \
+                        local t = redis.call('TIME') \
+                        if t[1] * 1000000 + t[2] - start > 1500000 then return 1 end \
+                      end";
+        let _: i64 = redis::cmd("EVAL").arg(script).arg(0).query_async(&mut busy).await.unwrap();
+    });
+    // Give the stall a head start: its EVAL must reach the server first.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let id = EvaluationId::random();
+    let outcome =
+        adapter.evaluate(request_with(&clock, "p", &who, id, Duration::from_millis(400))).await;
+    assert!(matches!(outcome, RateLimitOutcome::Indeterminate { .. }), "{outcome:?}");
+    stall.await.unwrap();
+
+    // The stalled EVALSHA ran once the server was free and charged once; its
+    // retry (same id) replayed. A repeat now replays too, charging nothing.
+    let repeat =
+        adapter.evaluate(request_with(&clock, "p", &who, id, Duration::from_secs(2))).await;
+    match repeat {
+        RateLimitOutcome::Evaluated(decision) => {
+            assert!(decision.allowed && decision.replayed, "{decision:?}");
+            assert_eq!(decision.remaining, 1);
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 0);
+}
