@@ -1,0 +1,182 @@
+//! Shared helpers of the end-to-end tests: load a configuration from TOML
+//! text without the test machine's variables, run the real server on an
+//! ephemeral port, and talk to it over TCP.
+
+#![allow(dead_code, reason = "each test binary uses a different subset")]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use app_bootstrap::{AppConfig, Application, ConfigSources};
+use reqwest::StatusCode;
+use shared_contract::{Clock, ManualClock};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+/// A multiple of every window used in the tests (60 s), so expected
+/// numbers follow docs/algorithms.md from a known window start.
+pub(crate) const T0: u64 = 1_700_000_040_000;
+
+/// A key long enough for the pseudonymizer (32 bytes or more).
+pub(crate) const TEST_KEY: &str = "e2e-pseudonymizer-key-0123456789abcdef";
+
+/// Loads `toml` as the configuration file, with the environment cleared so
+/// nothing of the machine running the tests leaks in.
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+pub(crate) fn load(toml: &str) -> AppConfig {
+    let mut loaded = None;
+    figment::Jail::expect_with(|jail| {
+        jail.clear_env();
+        jail.create_file("e2e.toml", toml)?;
+        let sources = ConfigSources::new(Some("e2e.toml".into()));
+        loaded = Some(AppConfig::load(&sources).map_err(|error| error.to_string())?);
+        Ok(())
+    });
+    loaded.expect("the configuration loads")
+}
+
+/// A fixed window of 3 per 60 s named `id`, the default policy, served on
+/// an ephemeral port. `extra` adds or overrides sections.
+pub(crate) fn fixed_window_config(id: &str, provider: &str, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[capabilities.rate-limit]
+provider = "{provider}"
+default-policy = "{id}"
+
+[capabilities.rate-limit.policies.{id}]
+algorithm = "fixed-window"
+limit = 3
+window = "60s"
+
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+{extra}
+"#
+    )
+}
+
+/// A server running in the background.
+#[derive(Debug)]
+pub(crate) struct Running {
+    pub(crate) address: SocketAddr,
+    pub(crate) clock: ManualClock,
+    client: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// One response, read whole.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: reqwest::header::HeaderMap,
+    pub(crate) body: String,
+}
+
+impl Reply {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|value| value.to_str().ok())
+    }
+}
+
+impl Running {
+    /// Builds the application over a manual clock at `T0 + 250 ms` and
+    /// serves it until [`Running::stop`] or drop.
+    pub(crate) async fn start(config: &AppConfig) -> Self {
+        let clock = ManualClock::new(T0 + 250);
+        let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+        let application =
+            Application::build_with_clock(config, shared).await.expect("the application builds");
+        let address = application.local_addr();
+        assert_ne!(address.port(), 0, "the listener reports its real port");
+        let (stop, stopped) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            application
+                .run_until(async {
+                    let _ = stopped.await;
+                })
+                .await
+                .expect("the server runs until stopped");
+        });
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .expect("an HTTP client");
+        Self { address, clock, client, stop: Some(stop), task: Some(task) }
+    }
+
+    pub(crate) fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.address)
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> Reply {
+        self.send(self.client.get(self.url(path))).await
+    }
+
+    pub(crate) async fn post(&self, path: &str) -> Reply {
+        self.send(self.client.post(self.url(path))).await
+    }
+
+    async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
+        let response = request.send().await.expect("the server answers");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let body = response.text().await.expect("a readable body");
+        Reply { status, headers, body }
+    }
+
+    /// The `/metrics` text.
+    pub(crate) async fn metrics(&self) -> String {
+        let reply = self.get("/metrics").await;
+        assert_eq!(reply.status, StatusCode::OK);
+        reply.body
+    }
+
+    /// Triggers graceful shutdown and waits for the server to finish.
+    pub(crate) async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(10), task)
+                .await
+                .expect("graceful shutdown finishes")
+                .expect("the server task ends cleanly");
+        }
+    }
+}
+
+/// The value of the counter line `name{labels}` in a Prometheus text, 0
+/// when absent.
+pub(crate) fn counter(metrics: &str, name_and_labels: &str) -> u64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(name_and_labels)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Three allowed with RateLimit headers (remaining 2, 1, 0), then a 429
+/// with `Retry-After`, for the fixed window of 3 per 60 s at `T0 + 250`:
+/// reset_after = T0 + 60000 - (T0 + 250) = 59750 ms, shown as 60 s.
+pub(crate) async fn three_allowed_then_429(server: &Running, id: &str, path: &str) {
+    for remaining in [2, 1, 0] {
+        let reply = server.get(path).await;
+        assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+        assert_eq!(reply.header("ratelimit-policy"), Some(format!(r#""{id}";q=3;w=60"#).as_str()));
+        assert_eq!(
+            reply.header("ratelimit"),
+            Some(format!(r#""{id}";r={remaining};t=60"#).as_str())
+        );
+    }
+    let reply = server.get(path).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
+    assert_eq!(reply.header("retry-after"), Some("60"));
+    assert_eq!(reply.header("ratelimit"), Some(format!(r#""{id}";r=0;t=60"#).as_str()));
+    assert_eq!(reply.header("content-type"), Some("application/problem+json"));
+}
