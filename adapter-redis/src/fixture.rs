@@ -173,3 +173,30 @@ fn ping(port: u16) -> bool {
     let _ = stream.shutdown(Shutdown::Both);
     ok
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_programs_on_path_only() {
+        assert!(on_path("sh"));
+        assert!(!on_path("no-such-program-ca-skeleton"));
+    }
+
+    #[test]
+    fn a_server_answers_stops_and_comes_back_on_the_same_port() {
+        let mut server = RedisServer::start();
+        let port = server.port();
+        assert_ne!(port, 6379);
+        assert_eq!(server.url(), format!("redis://127.0.0.1:{port}"));
+        assert!(ping(port));
+        server.stop();
+        assert!(!ping(port));
+        server.restart();
+        assert_eq!(server.port(), port);
+        assert!(ping(port));
+        drop(server);
+        assert!(!ping(port));
+    }
+}

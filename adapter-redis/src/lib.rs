@@ -6,6 +6,9 @@
 //! with `SCRIPT LOAD` and run with `EVALSHA` only (never `EVAL`). Every
 //! failure becomes a typed [`shared_contract::RateLimitOutcome`].
 //!
+//! Feature `test-fixture` adds [`fixture::RedisServer`] (when enabled), a
+//! private `redis-server` for other crates' tests.
+//!
 //! This crate must never import `adapter-web`, `adapter-memory` or
 //! `app-bootstrap`, and no raw subject (IP, API key, principal) ever reaches
 //! it: keys are built from [`shared_contract::SubjectDigest`] only.
