@@ -6,7 +6,7 @@
 //! with `SCRIPT LOAD` and run with `EVALSHA` only (never `EVAL`). Every
 //! failure becomes a typed [`shared_contract::RateLimitOutcome`].
 //!
-//! Feature `test-fixture` adds [`fixture::RedisServer`] (when enabled), a
+//! Feature `test-fixture` adds `fixture::RedisServer`, a
 //! private `redis-server` for other crates' tests.
 //!
 //! This crate must never import `adapter-web`, `adapter-memory` or
