@@ -25,7 +25,7 @@ impl ProviderFactory for MemoryFactory {
     ) -> Arc<dyn EdgeRateLimitPort> {
         let store = {
             let mut stores = self.stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            stores.entry(scope.as_str().to_owned()).or_insert_with(MemoryStore::new).clone()
+            stores.entry(scope.as_str().to_owned()).or_default().clone()
         };
         match MemoryEdgeRateLimitAdapter::with_store(store, policies, Arc::new(clock)) {
             Ok(adapter) => Arc::new(adapter),
