@@ -18,13 +18,15 @@ pub struct AclRules {
     pub notes: Vec<String>,
 }
 
-/// The commands the provider sends: the scripts (`EVALSHA`, `SCRIPT LOAD`),
-/// the readiness probe (`PING`), and what the client sends while it
-/// connects (`HELLO`, `CLIENT SETINFO`; `AUTH` is open to every user).
-const STANDALONE_COMMANDS: &[&str] =
-    &["+evalsha", "+script|load", "+ping", "+hello", "+client|setinfo"];
+/// The commands the provider needs, found against a real `redis-server`
+/// with everything else denied: the scripts (`EVALSHA`, `SCRIPT LOAD`), the
+/// readiness probe (`PING`), and `GET` and `SET`, because Redis checks the
+/// commands a script calls against the caller's ACL too (so both stay
+/// limited to the key pattern). `AUTH` is open to every user; the client
+/// sends no `HELLO` or `CLIENT SETINFO` (RESP2).
+const STANDALONE_COMMANDS: &[&str] = &["+evalsha", "+script|load", "+ping", "+get", "+set"];
 /// What a cluster client also needs to learn the slot map and to read
-/// from replicas.
+/// from replicas (not yet proven against a cluster: issue 6).
 const CLUSTER_COMMANDS: &[&str] = &["+cluster|slots", "+cluster|shards", "+readonly"];
 
 /// The rule for `redis.username` (or [`DEFAULT_ACL_USER`]) on the key
@@ -34,7 +36,7 @@ pub fn acl_rules(config: &AppConfig) -> AclRules {
     let redis = &config.redis;
     let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
     let mut notes = vec![format!(
-        "# user {user:?}: EVALSHA, SCRIPT LOAD and PING on keys {}*; no EVAL, no data commands",
+        "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET on keys {}* only; no EVAL",
         redis.key_prefix
     )];
     let password = match &redis.password {
@@ -104,7 +106,7 @@ mod tests {
         assert_eq!(
             rules.commands,
             ["ACL SETUSER ca-rate-limit reset on ><password> ~ca:rl:* resetchannels -@all \
-              +evalsha +script|load +ping +hello +client|setinfo"]
+              +evalsha +script|load +ping +get +set"]
         );
         assert!(rules.notes.iter().any(|note| note.contains("<password>")));
     }

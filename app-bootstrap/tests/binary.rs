@@ -1,0 +1,203 @@
+//! The `ca-skeleton` binary itself: exit codes, the global `--config`
+//! option, `check-config`, `bench`'s JSON line, and `serve` with no
+//! configuration at all, stopped by SIGTERM.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ca-skeleton");
+const KEY: &str = "binary-test-pseudonymizer-key-0123456789";
+
+/// The binary with no variable of the test machine (no stray
+/// `CA_SKELETON_*`), logs quiet unless asked.
+fn ca_skeleton() -> Command {
+    let mut command = Command::new(BIN);
+    command.env_clear().env("RUST_LOG", "warn");
+    command
+}
+
+fn run(command: &mut Command) -> (Output, String, String) {
+    let output = command.output().expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stdout, stderr)
+}
+
+fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write the file");
+    path
+}
+
+const BAD: &str = r#"
+[capabilities.rate-limit]
+default-policy = "api"
+[capabilities.rate-limit.policies.api]
+algorithm = "leaky-bucket"
+limit = 5
+window = "1s"
+"#;
+
+#[test]
+fn check_config_with_a_bad_file_exits_non_zero_and_names_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = write(dir.path(), "bad.toml", BAD);
+    // `--config` is global: before or after the subcommand, or the variable.
+    let mut before = ca_skeleton();
+    before.arg("--config").arg(&bad).arg("check-config");
+    let mut after = ca_skeleton();
+    after.arg("check-config").arg("--config").arg(&bad);
+    let mut variable = ca_skeleton();
+    variable.env("CA_SKELETON_CONFIG", &bad).arg("check-config");
+    for mut command in [before, after, variable] {
+        let (output, stdout, stderr) = run(&mut command);
+        assert!(!output.status.success(), "{stdout}{stderr}");
+        assert!(
+            stderr.contains("capabilities.rate-limit.policies.api.algorithm"),
+            "the key is not named:\n{stderr}"
+        );
+        assert!(stdout.is_empty(), "nothing is printed as valid: {stdout}");
+    }
+}
+
+#[test]
+fn check_config_prints_the_resolved_configuration_without_secrets() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = write(
+        dir.path(),
+        "good.toml",
+        &format!(
+            "[pseudonymizer.keys]\n1 = \"{KEY}\"\n[redis]\npassword = {{ env = \"BINARY_TEST_PASSWORD\" }}\n"
+        ),
+    );
+    let (output, stdout, stderr) = run(ca_skeleton()
+        .env("BINARY_TEST_PASSWORD", "password-from-the-environment")
+        .env("CA_SKELETON_SERVER__LISTEN", "127.0.0.1:9999")
+        .args(["check-config", "--config"])
+        .arg(&good));
+    assert!(output.status.success(), "{stderr}");
+    assert!(stdout.contains(r#"listen = "127.0.0.1:9999""#), "{stdout}");
+    assert!(stdout.contains(r#"1 = "[REDACTED]""#), "{stdout}");
+    assert!(stdout.contains("BINARY_TEST_PASSWORD"), "{stdout}");
+    for secret in [KEY, "password-from-the-environment"] {
+        assert!(!stdout.contains(secret) && !stderr.contains(secret), "{secret} leaked");
+    }
+}
+
+#[test]
+fn the_example_files_pass_check_config() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+    for name in ["memory.toml", "redis.toml", "redis-cluster.toml"] {
+        let (output, stdout, stderr) = run(ca_skeleton()
+            .env("RATE_LIMIT_PSEUDONYMIZER_KEY", KEY)
+            .env("REDIS_PASSWORD", "example-password")
+            .arg("check-config")
+            .arg("--config")
+            .arg(examples.join(name)));
+        assert!(output.status.success(), "{name}:\n{stderr}");
+        assert!(!stdout.contains(KEY) && !stdout.contains("example-password"), "{name}:\n{stdout}");
+    }
+}
+
+#[test]
+fn bench_prints_exactly_one_parseable_json_line() {
+    let (output, stdout, stderr) = run(ca_skeleton().args([
+        "bench",
+        "--duration",
+        "2s",
+        "--concurrency",
+        "4",
+        "--subjects",
+        "50",
+    ]));
+    assert!(output.status.success(), "{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let report: serde_json::Value = serde_json::from_str(lines[0]).expect("one JSON object");
+    assert_eq!(report["provider"], "memory");
+    assert_eq!(report["algorithm"], "fixed-window");
+    assert_eq!(report["concurrency"], 4);
+    assert_eq!(report["subjects"], 50);
+    let decisions = report["decisions"].as_u64().unwrap();
+    let allowed = report["allowed"].as_u64().unwrap();
+    let denied = report["denied"].as_u64().unwrap();
+    assert!(decisions > 0);
+    // The demo policy allows 5 per subject per minute; 50 subjects: at most
+    // 500 over two minute windows, and a 2 s run sees one or two windows.
+    assert!((250..=500).contains(&allowed), "{report}");
+    assert_eq!(allowed + denied, decisions, "{report}");
+    assert_eq!(report["outcomes"]["allowed"].as_u64(), Some(allowed));
+    for field in ["decisions_per_sec", "p50_us", "p99_us"] {
+        assert!(report[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {report}");
+    }
+}
+
+#[test]
+fn bench_refuses_an_unknown_policy() {
+    let (output, _, stderr) =
+        run(ca_skeleton().args(["bench", "--duration", "1s", "--policy", "nope"]));
+    assert!(!output.status.success());
+    assert!(stderr.contains("\"nope\" is not configured"), "{stderr}");
+}
+
+#[test]
+fn redis_acl_prints_the_rule() {
+    let (output, stdout, _) = run(ca_skeleton().arg("redis-acl"));
+    assert!(output.status.success());
+    assert!(stdout.starts_with("ACL SETUSER ca-rate-limit reset on "), "{stdout}");
+    assert!(stdout.contains("~ca:rl:*"), "{stdout}");
+}
+
+/// With no file and no variables, `ca-skeleton` (no subcommand) serves the
+/// memory demo with a generated key (and says so), and SIGTERM stops it
+/// cleanly.
+#[test]
+fn serve_is_the_default_and_stops_on_sigterm() {
+    let mut child = ca_skeleton()
+        .env("RUST_LOG", "info")
+        .env("CA_SKELETON_SERVER__LISTEN", "127.0.0.1:0")
+        .args(["--log-format", "json"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("serve starts");
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut warned = false;
+    let address = loop {
+        let line = lines.next().expect("a log line before listening").unwrap();
+        let event: serde_json::Value = serde_json::from_str(&line).expect("JSON logs");
+        let message = event["fields"]["message"].as_str().unwrap_or_default();
+        warned |= event["level"] == "WARN" && message.contains("generated a random one");
+        if message == "ca-skeleton listening" {
+            assert_eq!(event["fields"]["provider"], "memory");
+            break event["fields"]["address"].as_str().unwrap().to_owned();
+        }
+    };
+    assert!(warned, "the generated key is announced");
+
+    let healthz = format!("http://{address}/healthz");
+    let status = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            client.get(healthz).send().await.map(|response| response.status().as_u16())
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(status.ok(), Some(200));
+
+    let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(killed.success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "serve did not stop after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
+}
