@@ -7,6 +7,21 @@
 //! line in its own `tests/`: `contract_tests::contract_suite!(factory)`.
 //! Expected numbers are worked out by hand from the spec, next to each check.
 //!
+//! ```text
+//! // tests/contract.rs of a provider crate
+//! struct MyFactory { /* e.g. one store per StoreScope */ }
+//!
+//! #[async_trait::async_trait]
+//! impl contract_tests::ProviderFactory for MyFactory {
+//!     async fn build(&self, scope: &StoreScope, clock: ManualClock,
+//!                    policies: Vec<RateLimitPolicy>) -> Arc<dyn EdgeRateLimitPort> {
+//!         // same scope -> same store; a new scope -> an empty one
+//!     }
+//! }
+//!
+//! contract_tests::contract_suite!(MyFactory::new());
+//! ```
+//!
 //! This crate depends on `shared-contract` only: it must never import a
 //! provider (adapter-memory, adapter-redis), adapter-web, app-bootstrap, or
 //! an async runtime (tokio comes from the caller's dev-dependencies).
