@@ -9,6 +9,9 @@
 //! Policies allow 100 units per subject per second (limits, not latency, set
 //! the allowed fraction); the run prints the fraction it saw.
 //!
+//! `port-floor` asks for a policy the adapter does not hold: the cost of the
+//! request, the boxed future and the policy lookup without the store.
+//!
 //! Two threads: `iter_custom` splits the iterations over two std threads and
 //! reports the wall time, so the figure is nanoseconds per decision of the
 //! pair (the inverse of aggregate throughput).
@@ -139,6 +142,17 @@ fn ours(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> Ours {
     }
 }
 
+/// Requests for a policy the adapter does not hold: what a decision costs
+/// before the store (request, boxed future, policy lookup), all denied.
+fn port_floor() -> Ours {
+    let mut floor = ours(
+        Algorithm::FixedWindow { limit: PER_SECOND, window: Duration::from_secs(1) },
+        EvaluationDedupPolicy::Disabled,
+    );
+    floor.policy = PolicyId::new("not-held").expect("valid id");
+    floor
+}
+
 fn governor() -> Governor {
     let burst = NonZeroU32::new(u32::try_from(PER_SECOND).expect("fits")).expect("non-zero");
     Governor {
@@ -204,6 +218,7 @@ fn decisions(c: &mut Criterion) {
             )),
         ),
         ("governor-keyed", Box::new(governor())),
+        ("port-floor", Box::new(port_floor())),
     ];
     for threads in [1, 2] {
         let mut group = c.benchmark_group(format!("decision/{threads}-thread"));

@@ -25,8 +25,15 @@ pub(crate) struct Record {
 /// backwards), so expiry and eviction both pop from the front. An id is
 /// never held twice: a record is appended only after a lookup of its id
 /// found nothing, which is what lets the index be a plain set.
+///
+/// Boxed and allocated on the first record, so a key without records (dedupe
+/// off, or only denials) carries one pointer: a small map slot keeps more
+/// keys in cache.
 #[derive(Debug, Default)]
-pub(crate) struct Records {
+pub(crate) struct Records(Option<Box<Queue>>);
+
+#[derive(Debug, Default)]
+struct Queue {
     queue: VecDeque<Record>,
     /// Folded ids of every queued record, kept while the queue is long.
     index: Option<HashSet<u64, BuildPrehashed>>,
@@ -42,6 +49,57 @@ fn fold(evaluation_id: u128) -> u64 {
 impl Records {
     /// Drops records with `written_at + ttl <= t`.
     pub(crate) fn drop_expired(&mut self, t: u64, ttl: u64) {
+        if let Some(queue) = &mut self.0 {
+            queue.drop_expired(t, ttl);
+        }
+    }
+
+    /// The record of `evaluation_id`, if held.
+    pub(crate) fn find(&self, evaluation_id: u128) -> Option<&Record> {
+        self.0.as_ref().and_then(|queue| queue.find(evaluation_id))
+    }
+
+    /// Appends `record` (whose id [`Records::find`] did not find), then
+    /// evicts the oldest beyond `capacity`.
+    pub(crate) fn push(&mut self, record: Record, capacity: usize) {
+        if capacity == 0 {
+            self.clear();
+            return;
+        }
+        self.0.get_or_insert_with(Box::default).push(record, capacity);
+    }
+
+    /// When the newest record was written.
+    pub(crate) fn newest_written_at(&self) -> Option<u64> {
+        self.0.as_ref().and_then(|queue| queue.newest_written_at())
+    }
+
+    /// Forgets every record (the key expired or dedupe is off) and frees
+    /// their memory.
+    pub(crate) fn clear(&mut self) {
+        self.0 = None;
+    }
+
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |queue| queue.queue.len())
+    }
+
+    /// Records the buffer has room for, to show it stays bounded.
+    #[cfg(test)]
+    pub(crate) fn allocated(&self) -> usize {
+        self.0.as_ref().map_or(0, |queue| queue.queue.capacity())
+    }
+
+    #[cfg(test)]
+    fn indexed(&self) -> bool {
+        self.0.as_ref().is_some_and(|queue| queue.index.is_some())
+    }
+}
+
+impl Queue {
+    /// Drops records with `written_at + ttl <= t`.
+    fn drop_expired(&mut self, t: u64, ttl: u64) {
         while self.queue.front().is_some_and(|r| r.written_at.saturating_add(ttl) <= t) {
             self.pop_oldest();
         }
@@ -49,7 +107,7 @@ impl Records {
 
     /// The record of `evaluation_id`, searching the newest first because
     /// retries follow their original closely.
-    pub(crate) fn find(&self, evaluation_id: u128) -> Option<&Record> {
+    fn find(&self, evaluation_id: u128) -> Option<&Record> {
         if let Some(index) = &self.index {
             if !index.contains(&fold(evaluation_id)) {
                 return None;
@@ -60,11 +118,7 @@ impl Records {
 
     /// Appends `record` (whose id [`Records::find`] did not find), then
     /// evicts the oldest beyond `capacity`.
-    pub(crate) fn push(&mut self, record: Record, capacity: usize) {
-        if capacity == 0 {
-            self.clear();
-            return;
-        }
+    fn push(&mut self, record: Record, capacity: usize) {
         if self.queue.capacity() == 0 {
             // Most keys are one-shot: one record, not the default four.
             self.queue.reserve_exact(1);
@@ -96,26 +150,8 @@ impl Records {
     }
 
     /// When the newest record was written.
-    pub(crate) fn newest_written_at(&self) -> Option<u64> {
+    fn newest_written_at(&self) -> Option<u64> {
         self.queue.back().map(|r| r.written_at)
-    }
-
-    /// Forgets every record (the key expired or dedupe is off) and the
-    /// index with its memory.
-    pub(crate) fn clear(&mut self) {
-        self.queue.clear();
-        self.index = None;
-    }
-
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> usize {
-        self.queue.len()
-    }
-
-    /// Records the buffer has room for, to show it stays bounded.
-    #[cfg(test)]
-    pub(crate) fn allocated(&self) -> usize {
-        self.queue.capacity()
     }
 }
 
@@ -159,13 +195,13 @@ mod tests {
             records.push(record(id, u64::try_from(id).unwrap()), 40);
             records.drop_expired(u64::try_from(id).unwrap(), 50);
         }
-        assert!(records.index.is_some());
+        assert!(records.indexed());
         // At t = 199 the ttl keeps ids 150..200 and the capacity the last 40.
         for id in 0..200u128 {
             assert_eq!(records.find(id).is_some(), id >= 160, "id {id}");
         }
         records.clear();
-        assert!(records.index.is_none() && records.find(199).is_none());
+        assert!(!records.indexed() && records.find(199).is_none());
     }
 
     #[test]
