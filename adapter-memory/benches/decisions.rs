@@ -54,7 +54,10 @@ impl Mix {
     fn report(&self, name: &str) {
         let (allowed, total) =
             (self.allowed.load(Ordering::Relaxed), self.total.load(Ordering::Relaxed));
-        let percent = if total == 0 { 0.0 } else { 100.0 * allowed as f64 / total as f64 };
+        if total == 0 {
+            return; // filtered out of this run
+        }
+        let percent = 100.0 * allowed as f64 / total as f64;
         eprintln!("mix {name}: {percent:.1}% allowed of {total} decisions");
     }
 }
