@@ -17,11 +17,11 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::error::RedisAdapterError;
-use crate::gateway::{GatewayFailure, RedisGateway, StandaloneGateway};
+use crate::gateway::{ClusterGateway, GatewayFailure, RedisGateway, StandaloneGateway};
 use crate::keys::RateLimitKeys;
 use crate::reply::{ReplyStatus, ScriptReply};
 use crate::scripts::{RateLimitScripts, ScriptKind};
-use crate::settings::RedisSettings;
+use crate::settings::{RedisSettings, Topology};
 
 /// The Redis provider of [`EdgeRateLimitPort`].
 pub struct RedisEdgeRateLimitAdapter {
@@ -125,17 +125,31 @@ impl RedisEdgeRateLimitAdapter {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, RedisAdapterError> {
         settings.validate()?;
-        let gateway = StandaloneGateway::new(
-            &settings.urls[0],
-            settings.username.as_deref(),
-            settings.password.as_ref().map(|password| password.expose_secret()),
-            settings.connect_timeout,
-        )
-        .map_err(|error| RedisAdapterError::InvalidSettings {
+        let username = settings.username.as_deref();
+        let password = settings.password.as_ref().map(|password| password.expose_secret());
+        let gateway: Result<Arc<dyn RedisGateway>, _> = match settings.topology {
+            Topology::Standalone => StandaloneGateway::new(
+                &settings.urls[0],
+                username,
+                password,
+                settings.connect_timeout,
+            )
+            .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
+            Topology::Cluster => ClusterGateway::new(
+                &settings.urls,
+                username,
+                password,
+                settings.connect_timeout,
+                settings.command_timeout,
+            )
+            .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
+        };
+        let gateway = gateway.map_err(|error| RedisAdapterError::InvalidSettings {
             field: "urls",
+            // The URL may hold a password: name the problem, not the URL.
             problem: format!("not a valid redis URL ({})", error.category()),
         })?;
-        Self::with_gateway(settings, policies, clock, Arc::new(gateway))
+        Self::with_gateway(settings, policies, clock, gateway)
     }
 
     /// Like [`Self::new`] over a gateway of the caller's choosing (tests,

@@ -16,9 +16,6 @@ pub enum RedisAdapterError {
         /// What is wrong, for a human.
         problem: String,
     },
-    /// The cluster topology is not built yet (issue 6).
-    #[error("topology: cluster is not supported yet; use standalone")]
-    ClusterNotSupported,
     /// Two policies share one id.
     #[error("policies: duplicate policy id {0}")]
     DuplicatePolicy(PolicyId),

@@ -1,5 +1,11 @@
-//! A private `redis-server` for tests (feature `test-fixture`): a free
-//! loopback port, no persistence, killed on drop. Never port 6379.
+//! Private Redis servers for tests (feature `test-fixture`): a standalone
+//! [`RedisServer`] and a six-node [`RedisCluster`], on free loopback ports,
+//! without persistence, killed on drop and when the test process dies.
+//! Never port 6379.
+
+mod cluster;
+
+pub use cluster::{ClusterNode, NODE_TIMEOUT, RedisCluster};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -15,6 +21,8 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// Arguments beyond the standalone defaults (a cluster node's options).
+    extra_args: Vec<String>,
     dir: tempfile::TempDir,
 }
 
@@ -26,15 +34,22 @@ impl RedisServer {
     /// When `redis-server` is not on PATH or does not come up; the message
     /// says which, with the server log.
     pub fn start() -> Self {
+        Self::start_with(|_| Vec::new())
+    }
+
+    /// Like [`Self::start`], with `extra_args(port)` appended to the command
+    /// line (asked again for every port tried).
+    pub(crate) fn start_with(extra_args: impl Fn(u16) -> Vec<String>) -> Self {
         assert!(
             on_path("redis-server"),
             "redis-server is not on PATH: install Redis (e.g. `apt-get install redis-server`) \
              to run the Redis provider's tests"
         );
         let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
-        let mut server = Self { child: None, port: 0, dir };
+        let mut server = Self { child: None, port: 0, extra_args: Vec::new(), dir };
         for _ in 0..5 {
             server.port = free_port();
+            server.extra_args = extra_args(server.port);
             if server.spawn() {
                 return server;
             }
@@ -52,6 +67,11 @@ impl RedisServer {
     /// The server's port.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Whether the server was started and not stopped since.
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Kills the server and waits for it to exit. Idempotent.
@@ -114,6 +134,7 @@ impl RedisServer {
             .arg(self.dir.path())
             .arg("--logfile")
             .arg(self.log_path())
+            .args(&self.extra_args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -145,12 +166,12 @@ impl Drop for RedisServer {
     }
 }
 
-fn on_path(program: &str) -> bool {
+pub(crate) fn on_path(program: &str) -> bool {
     std::env::var_os("PATH")
         .is_some_and(|path| std::env::split_paths(&path).any(|dir| dir.join(program).is_file()))
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     loop {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind a probe socket");
         let port = listener.local_addr().expect("probe address").port();
@@ -160,7 +181,7 @@ fn free_port() -> u16 {
     }
 }
 
-fn ping(port: u16) -> bool {
+pub(crate) fn ping(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };

@@ -1,6 +1,11 @@
 //! `RedisGateway`: the seam between the adapter and the `redis` crate. The
-//! real gateway classifies every `redis` error by whether the command may
-//! have run, so the adapter's failure mapping can be tested with a mock.
+//! real gateways (standalone here, Cluster in `cluster`) classify every
+//! `redis` error by whether the command may have run, so the adapter's
+//! failure mapping can be tested with a mock.
+
+mod cluster;
+
+pub use cluster::ClusterGateway;
 
 use std::fmt::{self, Debug};
 use std::sync::Mutex;
@@ -39,10 +44,12 @@ pub enum GatewayFailure {
 #[cfg_attr(test, mockall::automock)]
 #[async_trait]
 pub trait RedisGateway: Send + Sync + Debug {
-    /// `SCRIPT LOAD source`, returning the digest.
+    /// `SCRIPT LOAD source` on the server that runs `key`'s scripts (in a
+    /// cluster, the master of the key's slot), returning the digest.
     async fn script_load(
         &self,
         source: &'static str,
+        key: &str,
         timeout: Duration,
     ) -> Result<String, GatewayFailure>;
 
@@ -61,7 +68,7 @@ pub trait RedisGateway: Send + Sync + Debug {
 
 /// Consecutive timeouts after which the gateway drops its connection: a
 /// blackholed server never closes the socket, so nothing else would.
-const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
+pub(crate) const TIMEOUTS_BEFORE_RECONNECT: u32 = 3;
 
 /// The gateway of a standalone server: one multiplexed connection, opened
 /// lazily, replaced when it breaks or keeps timing out.
@@ -241,6 +248,7 @@ impl RedisGateway for StandaloneGateway {
     async fn script_load(
         &self,
         source: &'static str,
+        _key: &str,
         timeout: Duration,
     ) -> Result<String, GatewayFailure> {
         match self.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await? {

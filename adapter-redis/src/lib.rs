@@ -6,8 +6,12 @@
 //! with `SCRIPT LOAD` and run with `EVALSHA` only (never `EVAL`). Every
 //! failure becomes a typed [`shared_contract::RateLimitOutcome`].
 //!
-//! Feature `test-fixture` adds `fixture::RedisServer`, a
-//! private `redis-server` for other crates' tests.
+//! Topologies: a standalone server, or Redis Cluster through the `redis`
+//! crate's async cluster client ([`ClusterGateway`]); the key's `{...}` hash
+//! tag keeps every key of one subject in one slot.
+//!
+//! Feature `test-fixture` adds `fixture::RedisServer` and
+//! `fixture::RedisCluster`, private servers for tests.
 //!
 //! This crate must never import `adapter-web`, `adapter-memory` or
 //! `app-bootstrap`, and no raw subject (IP, API key, principal) ever reaches
@@ -29,7 +33,7 @@ mod settings;
 
 pub use adapter::RedisEdgeRateLimitAdapter;
 pub use error::RedisAdapterError;
-pub use gateway::{GatewayFailure, RedisGateway, StandaloneGateway};
+pub use gateway::{ClusterGateway, GatewayFailure, RedisGateway, StandaloneGateway};
 pub use keys::RateLimitKeys;
 pub use reply::{ReplyError, ReplyStatus, ScriptReply};
 pub use scripts::{RateLimitScripts, ScriptKind};

@@ -96,14 +96,15 @@ impl RateLimitScripts {
         };
         let digest = match self.cached_digest(kind) {
             Some(digest) => digest,
-            None => self.load(gateway, kind, budget()?).await?,
+            None => self.load(gateway, kind, key, budget()?).await?,
         };
         match gateway.evalsha(&digest, key, args, budget()?).await {
             Err(GatewayFailure::NoScript) => {
                 // The server lost its script cache (restart, SCRIPT FLUSH,
-                // failover): NOSCRIPT proves nothing ran, so one retry is safe.
+                // failover), or in a cluster this key's node never saw the
+                // script: NOSCRIPT proves nothing ran, so one retry is safe.
                 self.store(kind, None);
-                let digest = self.load(gateway, kind, budget()?).await?;
+                let digest = self.load(gateway, kind, key, budget()?).await?;
                 match gateway.evalsha(&digest, key, args, budget()?).await {
                     Err(GatewayFailure::NoScript) => Err(GatewayFailure::NotSent),
                     other => other,
@@ -117,9 +118,11 @@ impl RateLimitScripts {
         &self,
         gateway: &dyn RedisGateway,
         kind: ScriptKind,
+        key: &str,
         timeout: Duration,
     ) -> Result<Arc<str>, GatewayFailure> {
-        match gateway.script_load(kind.source(), timeout).await {
+        // In a cluster the script must reach the node that will run it.
+        match gateway.script_load(kind.source(), key, timeout).await {
             Ok(digest) => {
                 let digest: Arc<str> = digest.into();
                 self.store(kind, Some(digest.clone()));

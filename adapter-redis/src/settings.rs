@@ -16,8 +16,9 @@ pub enum Topology {
     /// One server (or a primary behind a stable address).
     #[default]
     Standalone,
-    /// Redis Cluster. Not built yet: `new` answers
-    /// [`RedisAdapterError::ClusterNotSupported`].
+    /// Redis Cluster, through the `redis` crate's async cluster client:
+    /// `urls` are seed nodes, scripts load on the master of each key's slot,
+    /// `MOVED`/`ASK` are followed.
     Cluster,
 }
 
@@ -26,7 +27,8 @@ pub enum Topology {
 pub struct RedisSettings {
     /// Standalone or Cluster.
     pub topology: Topology,
-    /// `redis://host:port[/db]` URLs; exactly one for standalone.
+    /// `redis://host:port[/db]` URLs: exactly one for standalone; one or
+    /// more seed nodes for a cluster.
     pub urls: Vec<String>,
     /// ACL user name, if any (overrides one in the URL).
     pub username: Option<String>,
@@ -70,14 +72,16 @@ impl RedisSettings {
         let invalid =
             |field, problem: String| Err(RedisAdapterError::InvalidSettings { field, problem });
         match self.topology {
-            Topology::Standalone => {}
-            Topology::Cluster => return Err(RedisAdapterError::ClusterNotSupported),
-        }
-        if self.urls.len() != 1 {
-            return invalid(
-                "urls",
-                format!("standalone takes exactly one URL, got {}", self.urls.len()),
-            );
+            Topology::Standalone if self.urls.len() != 1 => {
+                return invalid(
+                    "urls",
+                    format!("standalone takes exactly one URL, got {}", self.urls.len()),
+                );
+            }
+            Topology::Cluster if self.urls.is_empty() => {
+                return invalid("urls", "cluster takes at least one seed URL, got none".to_owned());
+            }
+            Topology::Standalone | Topology::Cluster => {}
         }
         for url in &self.urls {
             if let Err(error) = url.as_str().into_connection_info() {
@@ -157,9 +161,18 @@ mod tests {
     }
 
     #[test]
-    fn cluster_is_a_typed_not_yet() {
-        let settings = RedisSettings { topology: Topology::Cluster, ..RedisSettings::default() };
-        assert_eq!(settings.validate(), Err(RedisAdapterError::ClusterNotSupported));
+    fn cluster_takes_one_or_more_seed_urls() {
+        let one = RedisSettings { topology: Topology::Cluster, ..RedisSettings::default() };
+        assert_eq!(one.validate(), Ok(()));
+        let seeds = RedisSettings {
+            urls: vec!["redis://127.0.0.1:7000".into(), "redis://127.0.0.1:7001".into()],
+            ..one.clone()
+        };
+        assert_eq!(seeds.validate(), Ok(()));
+        assert_eq!(field_of(&RedisSettings { urls: vec![], ..one.clone() }), "urls");
+        assert_eq!(field_of(&RedisSettings { urls: vec!["http://x".into()], ..one }), "urls");
+        let standalone_with_two = RedisSettings { topology: Topology::Standalone, ..seeds };
+        assert_eq!(field_of(&standalone_with_two), "urls");
     }
 
     #[test]

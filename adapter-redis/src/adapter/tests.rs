@@ -68,7 +68,7 @@ fn gateway_answering(
     times: usize,
 ) -> MockRedisGateway {
     let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(1).returning(|_, _| Ok("digest-1".to_owned()));
+    gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest-1".to_owned()));
     gateway.expect_evalsha().times(times).returning(move |_, _, _, _| result());
     gateway
 }
@@ -154,8 +154,10 @@ async fn a_denial_carries_at_least_one_millisecond_of_retry_after() {
 async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() {
     let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(1).returning(|source, _| {
+    gateway.expect_script_load().times(1).returning(|source, key, _| {
         assert_eq!(source, ScriptKind::FixedWindow.source());
+        // Loaded where the key lives (in a cluster, the key's slot owner).
+        assert_eq!(key, format!("ca:rl:{{api.test:1:v1:{}}}", "ab".repeat(16)));
         Ok("digest-1".to_owned())
     });
     let sink = seen.clone();
@@ -191,7 +193,7 @@ async fn noscript_once_reloads_and_retries_once_then_succeeds() {
         .expect_script_load()
         .times(1)
         .in_sequence(&mut order)
-        .returning(|_, _| Ok("old".to_owned()));
+        .returning(|_, _, _| Ok("old".to_owned()));
     gateway
         .expect_evalsha()
         .withf(|digest, _, _, _| digest == "old")
@@ -202,7 +204,7 @@ async fn noscript_once_reloads_and_retries_once_then_succeeds() {
         .expect_script_load()
         .times(1)
         .in_sequence(&mut order)
-        .returning(|_, _| Ok("new".to_owned()));
+        .returning(|_, _, _| Ok("new".to_owned()));
     gateway
         .expect_evalsha()
         .withf(|digest, _, _, _| digest == "new")
@@ -217,7 +219,7 @@ async fn noscript_once_reloads_and_retries_once_then_succeeds() {
 #[tokio::test]
 async fn noscript_twice_is_unavailable_before_send() {
     let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(2).returning(|_, _| Ok("digest".to_owned()));
+    gateway.expect_script_load().times(2).returning(|_, _, _| Ok("digest".to_owned()));
     gateway.expect_evalsha().times(2).returning(|_, _, _, _| Err(GatewayFailure::NoScript));
     let adapter = adapter(gateway, ON);
     assert_eq!(evaluate_once(&adapter, 1).await, before_send());
@@ -231,14 +233,14 @@ async fn connect_failure_and_noperm_are_unavailable_before_send() {
         assert_eq!(evaluate_once(&adapter, 1).await, before_send(), "{failure:?}");
     }
     let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(1).returning(|_, _| Err(GatewayFailure::Refused));
+    gateway.expect_script_load().times(1).returning(|_, _, _| Err(GatewayFailure::Refused));
     assert_eq!(evaluate_once(&adapter(gateway, ON), 1).await, before_send());
 }
 
 #[tokio::test]
 async fn a_script_load_that_times_out_sent_no_evaluation() {
     let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(1).returning(|_, _| Err(GatewayFailure::TimedOut));
+    gateway.expect_script_load().times(1).returning(|_, _, _| Err(GatewayFailure::TimedOut));
     assert_eq!(evaluate_once(&adapter(gateway, OFF), 1).await, before_send());
 }
 
@@ -271,7 +273,7 @@ async fn timeout_connection_loss_and_undecodable_replies_are_indeterminate() {
 async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_id() {
     let seen: Arc<Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
     let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(1).returning(|_, _| Ok("digest".to_owned()));
+    gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
     let sink = seen.clone();
     gateway.expect_evalsha().times(2).returning(move |_, _, args, _| {
         let mut calls = sink.lock().unwrap();
@@ -312,7 +314,7 @@ async fn clock_unsafe_reply_is_unavailable_with_its_wait() {
 #[tokio::test]
 async fn the_command_timeout_is_capped_by_the_deadline() {
     let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(1).returning(|_, timeout| {
+    gateway.expect_script_load().times(1).returning(|_, _, timeout| {
         assert!(timeout <= Duration::from_millis(40), "{timeout:?}");
         Ok("digest".to_owned())
     });
@@ -332,7 +334,12 @@ struct StuckGateway;
 
 #[async_trait]
 impl RedisGateway for StuckGateway {
-    async fn script_load(&self, _: &'static str, _: Duration) -> Result<String, GatewayFailure> {
+    async fn script_load(
+        &self,
+        _: &'static str,
+        _: &str,
+        _: Duration,
+    ) -> Result<String, GatewayFailure> {
         Ok("digest".to_owned())
     }
     async fn evalsha(
@@ -398,7 +405,7 @@ async fn readiness_is_a_ping() {
 }
 
 #[test]
-fn duplicate_policies_and_cluster_are_refused_at_construction() {
+fn duplicate_policies_are_refused_and_a_cluster_builds_without_connecting() {
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0));
     let duplicate = RedisEdgeRateLimitAdapter::with_gateway(
         RedisSettings::default(),
@@ -407,10 +414,15 @@ fn duplicate_policies_and_cluster_are_refused_at_construction() {
         Arc::new(MockRedisGateway::new()),
     );
     assert!(matches!(duplicate, Err(RedisAdapterError::DuplicatePolicy(_))));
+    // Port 1: nothing listens there; construction must not try to connect.
     let cluster = RedisEdgeRateLimitAdapter::new(
-        RedisSettings { topology: crate::Topology::Cluster, ..RedisSettings::default() },
+        RedisSettings {
+            topology: crate::Topology::Cluster,
+            urls: vec!["redis://127.0.0.1:1".into(), "redis://127.0.0.1:2".into()],
+            ..RedisSettings::default()
+        },
         [fixed_policy(ON)],
         clock,
     );
-    assert!(matches!(cluster, Err(RedisAdapterError::ClusterNotSupported)));
+    assert!(cluster.is_ok());
 }

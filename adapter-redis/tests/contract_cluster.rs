@@ -1,0 +1,226 @@
+//! The provider-neutral contract suite against a real Redis Cluster (three
+//! masters, one replica each; one cluster for this test binary, one key
+//! prefix per scope), plus the cluster's own promises: the suite's keys are
+//! spread over every master, every key a script touches for one subject
+//! hashes to one slot, and no script raises `CROSSSLOT`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use adapter_redis::fixture::RedisCluster;
+use adapter_redis::{RateLimitKeys, RedisEdgeRateLimitAdapter, RedisSettings, Topology};
+use async_trait::async_trait;
+use contract_tests::{ProviderFactory, StoreScope};
+use shared_contract::{
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, PolicyId, RateLimitOutcome,
+    RateLimitPolicy, RateLimitRequest, SubjectDigest,
+};
+
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+fn settings(scope: &str) -> RedisSettings {
+    RedisSettings {
+        topology: Topology::Cluster,
+        urls: cluster().urls(),
+        key_prefix: format!("ca:rl:t:{scope}:"),
+        // Generous: the suite checks semantics, and CI machines are busy.
+        command_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        ..RedisSettings::default()
+    }
+}
+
+/// Builds a fresh cluster adapter (its own cluster connection, on the
+/// calling test's runtime) whose keys live under `ca:rl:t:<scope>:`. With
+/// `seen`, the provider also records the key of every request it evaluates.
+#[derive(Default)]
+struct ClusterFactory {
+    seen: Option<Arc<Mutex<BTreeSet<String>>>>,
+}
+
+#[async_trait]
+impl ProviderFactory for ClusterFactory {
+    async fn build(
+        &self,
+        scope: &StoreScope,
+        clock: ManualClock,
+        policies: Vec<RateLimitPolicy>,
+    ) -> Arc<dyn EdgeRateLimitPort> {
+        let adapter =
+            match RedisEdgeRateLimitAdapter::new(settings(scope.as_str()), policies, Arc::new(clock))
+            {
+                Ok(adapter) => adapter,
+                Err(error) => panic!("the redis adapter rejected the check's settings: {error}"),
+            };
+        match &self.seen {
+            None => Arc::new(adapter),
+            Some(seen) => Arc::new(KeyRecorder { adapter, seen: seen.clone() }),
+        }
+    }
+}
+
+/// Passes every call through and notes the key each evaluation touches.
+#[derive(Debug)]
+struct KeyRecorder {
+    adapter: RedisEdgeRateLimitAdapter,
+    seen: Arc<Mutex<BTreeSet<String>>>,
+}
+
+#[async_trait]
+impl EdgeRateLimitPort for KeyRecorder {
+    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        if let Some(policy) = self.adapter.policy(&request.policy_id) {
+            let key = self.adapter.keys().counter_key(policy, &request.subject);
+            self.seen.lock().unwrap().insert(key);
+        }
+        self.adapter.evaluate(request).await
+    }
+
+    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
+        self.adapter.policy(id)
+    }
+
+    async fn is_ready(&self) -> bool {
+        self.adapter.is_ready().await
+    }
+}
+
+mod suite {
+    use super::ClusterFactory;
+
+    contract_tests::contract_suite!(ClusterFactory::default());
+}
+
+/// The suite's keys land on every master, so the suite proves the provider
+/// on all three shards, not on one by luck: a sample of its checks runs with
+/// a recording factory, each key's slot is asked of the cluster
+/// (`CLUSTER KEYSLOT`), and every master must own some of them and hold
+/// data.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_suite_s_keys_are_spread_over_every_master() {
+    let seen = Arc::new(Mutex::new(BTreeSet::new()));
+    let factory = ClusterFactory { seen: Some(seen.clone()) };
+    contract_tests::subjects_are_isolated(&factory).await;
+    contract_tests::policies_are_isolated(&factory).await;
+    contract_tests::policy_revisions_are_isolated(&factory).await;
+    contract_tests::dedupe_records_are_per_subject_and_policy(&factory).await;
+    contract_tests::dedupe_replay_works_for_every_algorithm(&factory).await;
+    contract_tests::clock_regression_within_the_bound_applies_to_every_algorithm(&factory).await;
+    let cluster = cluster();
+    let keys = seen.lock().unwrap().clone();
+    let mut per_master: BTreeMap<u16, usize> = BTreeMap::new();
+    for key in &keys {
+        let slot = cluster.keyslot(key);
+        *per_master.entry(cluster.owner_of_slot(slot)).or_default() += 1;
+    }
+    let masters: BTreeSet<u16> = cluster.masters().iter().map(|master| master.port).collect();
+    assert_eq!(masters.len(), 3);
+    assert_eq!(
+        per_master.keys().copied().collect::<BTreeSet<_>>(),
+        masters,
+        "{} keys by master: {per_master:?}",
+        keys.len()
+    );
+    for master in masters {
+        assert!(cluster.dbsize(master) > 0, "master {master} holds no key");
+    }
+}
+
+fn subject(n: u8) -> SubjectDigest {
+    SubjectDigest::parse(format!("v1:{}", format!("{n:02x}").repeat(16))).unwrap()
+}
+
+/// Every key a script touches for one subject is `KEYS[1]`, the counter key
+/// (the scripts call `GET`/`SET` on `KEYS[1]` only); any other key of the
+/// subject must share its `{...}` hash tag, so they all hash to one slot.
+/// The cluster itself computes the slots.
+#[test]
+fn every_key_of_one_subject_hashes_to_one_slot() {
+    let cluster = cluster();
+    let keys = RateLimitKeys::new("ca:rl:");
+    for (n, algorithm) in [
+        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+        Algorithm::SlidingCounter { limit: 3, window: Duration::from_secs(1) },
+        Algorithm::TokenBucket {
+            capacity: 3,
+            refill_tokens: 1,
+            refill_period: Duration::from_secs(1),
+        },
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let policy = RateLimitPolicy::builder(format!("p{n}"), algorithm).build().unwrap();
+        let who = subject(u8::try_from(n).unwrap());
+        let tag = RateLimitKeys::hash_tag(&policy, &who);
+        let counter = keys.counter_key(&policy, &who);
+        let slot = cluster.keyslot(&counter);
+        // The tag alone, another prefix, and a would-be auxiliary key.
+        for related in [tag.clone(), format!("other:{tag}"), format!("{counter}:dedupe")] {
+            assert_eq!(cluster.keyslot(&related), slot, "{related}");
+        }
+    }
+    for kind in adapter_redis::ScriptKind::ALL {
+        let source = kind.source();
+        let calls = source.matches("redis.call(").count();
+        let on_key = source.matches("redis.call('GET', key)").count()
+            + source.matches("redis.call('SET', key,").count();
+        assert_eq!(calls, on_key, "{kind:?} calls redis on something other than KEYS[1]");
+        assert!(source.contains("local key = KEYS[1]"), "{kind:?}");
+    }
+}
+
+/// All three scripts run on every master, with dedupe on and off, and
+/// none answers `CROSSSLOT` (or any error): each evaluation is a decision.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_script_raises_crossslot_on_any_master() {
+    let cluster = cluster();
+    let window = Duration::from_secs(1);
+    let mut policies = Vec::new();
+    for (suffix, dedup) in [
+        ("off", EvaluationDedupPolicy::Disabled),
+        ("on", EvaluationDedupPolicy::enabled_defaults()),
+    ] {
+        for (name, algorithm) in [
+            ("fw", Algorithm::FixedWindow { limit: 100, window }),
+            ("sc", Algorithm::SlidingCounter { limit: 100, window }),
+            ("tb", Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period: window }),
+        ] {
+            policies.push(
+                RateLimitPolicy::builder(format!("{name}-{suffix}"), algorithm)
+                    .evaluation_dedup(dedup)
+                    .build()
+                    .unwrap(),
+            );
+        }
+    }
+    let clock = ManualClock::new(1_800_000_000_000);
+    let adapter = RedisEdgeRateLimitAdapter::new(
+        settings("crossslot"),
+        policies.clone(),
+        Arc::new(clock.clone()),
+    )
+    .unwrap();
+    let mut masters_hit = BTreeSet::new();
+    for policy in &policies {
+        for n in 0..24 {
+            let who = subject(n);
+            let key = adapter.keys().counter_key(policy, &who);
+            masters_hit.insert(cluster.owner_of_slot(cluster.keyslot(&key)));
+            let request = RateLimitRequest {
+                policy_id: policy.id().clone(),
+                subject: who,
+                cost: 1,
+                evaluation_id: shared_contract::EvaluationId::random(),
+                deadline: shared_contract::Clock::monotonic(&clock) + Duration::from_secs(5),
+            };
+            let outcome = adapter.evaluate(request).await;
+            assert!(outcome.is_allowed(), "{} subject {n}: {outcome:?}", policy.id());
+        }
+    }
+    assert_eq!(masters_hit.len(), 3, "the subjects did not reach every master");
+}
