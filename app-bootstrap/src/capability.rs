@@ -165,3 +165,98 @@ pub fn edge_settings(config: &AppConfig) -> Result<EdgeSettings, BootstrapError>
 fn wiring(component: &'static str, error: impl std::fmt::Display) -> BootstrapError {
     BootstrapError::Wiring { component, reason: error.to_string() }
 }
+
+#[cfg(test)]
+mod tests {
+    use shared_contract::{Algorithm, ManualClock, PolicyId};
+
+    use super::*;
+    use crate::config::ConfigSources;
+
+    const KEY: &str = "capability-test-key-0123456789abcdef";
+
+    #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+    fn config(toml: &str) -> AppConfig {
+        let mut loaded = None;
+        figment::Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("c.toml", toml)?;
+            loaded = Some(
+                AppConfig::load(&ConfigSources::new(Some("c.toml".into())))
+                    .map_err(|e| e.to_string())?,
+            );
+            Ok(())
+        });
+        loaded.expect("loaded")
+    }
+
+    fn clock() -> Arc<dyn Clock> {
+        Arc::new(ManualClock::new(1_700_000_000_000))
+    }
+
+    #[tokio::test]
+    async fn memory_is_the_default_and_holds_the_configured_policies() {
+        let config = config("");
+        let capability = RateLimitCapability::build(&config, clock()).unwrap();
+        let RateLimitCapability::Enabled { provider, port } = &capability else {
+            panic!("memory must be enabled");
+        };
+        assert_eq!(*provider, ProviderKind::Memory);
+        let demo = port.policy(&PolicyId::new("demo").unwrap()).expect("the demo policy");
+        assert_eq!(
+            *demo.algorithm(),
+            Algorithm::FixedWindow { limit: 5, window: std::time::Duration::from_secs(60) }
+        );
+        assert!(capability.is_ready().await);
+        assert!(capability.layer(&config, clock()).unwrap().is_enabled());
+    }
+
+    #[tokio::test]
+    async fn disabled_has_no_port_and_a_pass_through_layer() {
+        let config = config("[capabilities.rate-limit]\nprovider = \"disabled\"\n");
+        let capability = RateLimitCapability::build(&config, clock()).unwrap();
+        assert!(capability.port().is_none());
+        assert!(capability.is_ready().await);
+        assert!(!capability.layer(&config, clock()).unwrap().is_enabled());
+    }
+
+    #[tokio::test]
+    async fn redis_builds_without_a_server_and_is_not_ready() {
+        // A port nobody listens on: bind, note it, close it.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let config = config(&format!(
+            "[capabilities.rate-limit]\nprovider = \"redis\"\n[pseudonymizer.keys]\n1 = \"{KEY}\"\n\
+             [redis]\nenabled = true\nurls = [\"redis://{closed}\"]\n"
+        ));
+        let capability = RateLimitCapability::build(&config, clock()).unwrap();
+        let RateLimitCapability::Enabled { provider, .. } = &capability else {
+            panic!("redis must be enabled");
+        };
+        assert_eq!(*provider, ProviderKind::Redis);
+        assert!(!capability.is_ready().await);
+    }
+
+    #[test]
+    fn a_configured_key_is_used_and_none_generates_one() {
+        let configured =
+            config(&format!("[pseudonymizer]\nactive-version = 7\nkeys = {{ 7 = \"{KEY}\" }}\n"));
+        assert_eq!(pseudonymizer(&configured).unwrap().active_version(), 7);
+        let generated = pseudonymizer(&config("")).unwrap();
+        assert_eq!(generated.active_version(), GENERATED_KEY_VERSION);
+    }
+
+    #[test]
+    fn edge_settings_follow_the_configuration() {
+        let config = config(
+            "[capabilities.rate-limit]\ndefault-policy = \"demo\"\napi-key-header = \"X-Client-Key\"\n\
+             evaluation-budget = \"300ms\"\ntrusted-proxies = \"10.0.0.0/8\"\n\
+             operations = { \"GET /api/hello\" = \"demo\" }\n",
+        );
+        let settings = edge_settings(&config).unwrap();
+        assert_eq!(settings.api_key_header, "x-client-key");
+        assert_eq!(settings.evaluation_budget, std::time::Duration::from_millis(300));
+        assert_eq!(settings.trusted_proxies, ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]);
+        assert_eq!(settings.operations["GET /api/hello"].as_str(), "demo");
+        assert_eq!(settings.default_policy.as_str(), "demo");
+    }
+}
