@@ -1,7 +1,7 @@
 //! The configuration model: what `ca-skeleton` reads, after defaults, the
 //! TOML file and the environment have been layered and every rule checked.
 //!
-//! Loading lives in [`sources`], the typed reading of the merged tree in
+//! Loading lives in `sources`, the typed reading of the merged tree in
 //! `read`, the cross-field rules in `validate`, and the redacted rendering
 //! for `check-config` in `render`.
 
