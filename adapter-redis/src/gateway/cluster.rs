@@ -381,3 +381,102 @@ impl RedisGateway for ClusterGateway {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn reply_error(wire: &str) -> RedisError {
+        let value = redis::parse_redis_value(wire.as_bytes()).expect("a RESP error");
+        value.extract_error().expect_err("an error reply")
+    }
+
+    fn retried(failure: GatewayFailure) -> Next {
+        Next::Retry { failure, ask: None }
+    }
+
+    #[test]
+    fn redirects_and_cluster_transitions_are_retried_as_unrun() {
+        for wire in [
+            "-MOVED 3999 127.0.0.1:7002\r\n",
+            "-TRYAGAIN Multiple keys request during rehashing of slot\r\n",
+            "-CLUSTERDOWN Hash slot not served\r\n",
+            "-MASTERDOWN Link with MASTER is down\r\n",
+            "-LOADING Redis is loading the dataset in memory\r\n",
+            "-READONLY You can't write against a read only replica.\r\n",
+        ] {
+            assert_eq!(next_step(&reply_error(wire)), retried(GatewayFailure::Refused), "{wire}");
+        }
+    }
+
+    #[test]
+    fn ask_is_retried_at_the_named_node() {
+        assert_eq!(
+            next_step(&reply_error("-ASK 3999 127.0.0.1:7002\r\n")),
+            Next::Retry {
+                failure: GatewayFailure::Refused,
+                ask: Some(("127.0.0.1".to_owned(), 7002)),
+            }
+        );
+    }
+
+    #[test]
+    fn no_connection_and_a_refused_connect_were_never_sent() {
+        let missing = RedisError::from((ErrorKind::ClusterConnectionNotFound, "no connection"));
+        assert_eq!(next_step(&missing), retried(GatewayFailure::NotSent));
+        let refused =
+            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        assert_eq!(next_step(&refused), retried(GatewayFailure::NotSent));
+    }
+
+    #[test]
+    fn everything_else_is_classified_as_on_a_standalone_server() {
+        let reset = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(next_step(&reset), Next::Stop(GatewayFailure::ConnectionLost));
+        let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert_eq!(next_step(&timed_out), Next::Stop(GatewayFailure::TimedOut));
+        assert_eq!(
+            next_step(&reply_error("-NOSCRIPT No matching script.\r\n")),
+            Next::Stop(GatewayFailure::NoScript)
+        );
+        assert_eq!(
+            next_step(&reply_error("-NOPERM this user has no permissions\r\n")),
+            Next::Stop(GatewayFailure::Refused)
+        );
+        assert_eq!(
+            next_step(&reply_error("-WRONGTYPE Operation against a key\r\n")),
+            Next::Stop(GatewayFailure::WrongType)
+        );
+        // A script never touches two slots; if it did, nothing ran.
+        assert_eq!(
+            next_step(&reply_error("-CROSSSLOT Keys in request don't hash to the same slot\r\n")),
+            Next::Stop(GatewayFailure::Refused)
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_cluster_is_not_sent_within_the_timeout() {
+        // Ports 1 and 2 on loopback: nothing listens, every connect is refused.
+        let urls = ["redis://127.0.0.1:1".to_owned(), "redis://127.0.0.1:2".to_owned()];
+        let gateway = ClusterGateway::new(
+            &urls,
+            None,
+            None,
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+        let started = std::time::Instant::now();
+        let key = "ca:rl:{p:1:v1:00}";
+        assert_eq!(
+            gateway.evalsha("digest", key, &[], Duration::from_millis(300)).await,
+            Err(GatewayFailure::NotSent)
+        );
+        assert_eq!(
+            gateway.script_load("return 1", key, Duration::from_millis(300)).await,
+            Err(GatewayFailure::NotSent)
+        );
+        assert_eq!(gateway.ping(Duration::from_millis(300)).await, Err(GatewayFailure::NotSent));
+        assert!(started.elapsed() < Duration::from_secs(3));
+    }
+}
