@@ -2,7 +2,7 @@
 //! with an id index once the queue is long enough that scanning it on every
 //! decision would cost more than the index.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 
 use crate::key::BuildPrehashed;
 
@@ -22,9 +22,7 @@ pub(crate) struct Record {
 
 /// The records of one key. `written_at` never decreases from front to back
 /// (records are appended at the key's effective time, which never runs
-/// backwards), so expiry and eviction both pop from the front. An id is
-/// never held twice: a record is appended only after a lookup of its id
-/// found nothing, which is what lets the index be a plain set.
+/// backwards), so expiry and eviction both pop from the front.
 ///
 /// Boxed and allocated on the first record, so a key without records (dedupe
 /// off, or only denials) carries one pointer: a small map slot keeps more
@@ -35,8 +33,9 @@ pub(crate) struct Records(Option<Box<Queue>>);
 #[derive(Debug, Default)]
 struct Queue {
     queue: VecDeque<Record>,
-    /// Folded ids of every queued record, kept while the queue is long.
-    index: Option<HashSet<u64, BuildPrehashed>>,
+    /// Folded id -> how many queued records fold to it, kept while the
+    /// queue is long. Counting keeps two ids that fold alike both findable.
+    index: Option<HashMap<u64, u32, BuildPrehashed>>,
 }
 
 /// Folds an id to 64 well-mixed bits for the index (ids are server-made
@@ -44,6 +43,10 @@ struct Queue {
 fn fold(evaluation_id: u128) -> u64 {
     let folded = (evaluation_id as u64) ^ ((evaluation_id >> 64) as u64);
     folded.wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+fn count_in(index: &mut HashMap<u64, u32, BuildPrehashed>, evaluation_id: u128) {
+    *index.entry(fold(evaluation_id)).or_insert(0) += 1;
 }
 
 impl Records {
@@ -109,15 +112,14 @@ impl Queue {
     /// retries follow their original closely.
     fn find(&self, evaluation_id: u128) -> Option<&Record> {
         if let Some(index) = &self.index {
-            if !index.contains(&fold(evaluation_id)) {
+            if !index.contains_key(&fold(evaluation_id)) {
                 return None;
             }
         }
         self.queue.iter().rev().find(|r| r.evaluation_id == evaluation_id)
     }
 
-    /// Appends `record` (whose id [`Records::find`] did not find), then
-    /// evicts the oldest beyond `capacity`.
+    /// Appends `record`, then evicts the oldest beyond `capacity`.
     fn push(&mut self, record: Record, capacity: usize) {
         if self.queue.capacity() == 0 {
             // Most keys are one-shot: one record, not the default four.
@@ -125,13 +127,13 @@ impl Queue {
         }
         self.queue.push_back(record);
         match &mut self.index {
-            Some(index) => {
-                index.insert(fold(record.evaluation_id));
-            }
+            Some(index) => count_in(index, record.evaluation_id),
             None if self.queue.len() >= INDEX_FROM => {
                 let mut index =
-                    HashSet::with_capacity_and_hasher(capacity, BuildPrehashed::default());
-                index.extend(self.queue.iter().map(|r| fold(r.evaluation_id)));
+                    HashMap::with_capacity_and_hasher(capacity, BuildPrehashed::default());
+                for queued in &self.queue {
+                    count_in(&mut index, queued.evaluation_id);
+                }
                 self.index = Some(index);
             }
             None => {}
@@ -144,7 +146,13 @@ impl Queue {
     fn pop_oldest(&mut self) {
         if let Some(oldest) = self.queue.pop_front() {
             if let Some(index) = &mut self.index {
-                index.remove(&fold(oldest.evaluation_id));
+                let folded = fold(oldest.evaluation_id);
+                if let Some(count) = index.get_mut(&folded) {
+                    *count -= 1;
+                    if *count == 0 {
+                        index.remove(&folded);
+                    }
+                }
             }
         }
     }
@@ -202,6 +210,23 @@ mod tests {
         }
         records.clear();
         assert!(!records.indexed() && records.find(199).is_none());
+    }
+
+    #[test]
+    fn ids_that_fold_alike_stay_findable_until_each_leaves() {
+        // fold(a) == fold(b): the two halves are swapped.
+        let (a, b) = ((1u128 << 64) | 2, (2u128 << 64) | 1);
+        assert_eq!(fold(a), fold(b));
+        let mut records = Records::default();
+        records.push(record(a, 0), 64);
+        records.push(record(b, 0), 64);
+        for id in 100..120 {
+            records.push(record(id, 1), 64);
+        }
+        assert!(records.indexed());
+        records.0.as_mut().unwrap().pop_oldest();
+        assert!(records.find(a).is_none());
+        assert!(records.find(b).is_some());
     }
 
     #[test]
