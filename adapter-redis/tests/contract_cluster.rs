@@ -50,12 +50,14 @@ impl ProviderFactory for ClusterFactory {
         clock: ManualClock,
         policies: Vec<RateLimitPolicy>,
     ) -> Arc<dyn EdgeRateLimitPort> {
-        let adapter =
-            match RedisEdgeRateLimitAdapter::new(settings(scope.as_str()), policies, Arc::new(clock))
-            {
-                Ok(adapter) => adapter,
-                Err(error) => panic!("the redis adapter rejected the check's settings: {error}"),
-            };
+        let adapter = match RedisEdgeRateLimitAdapter::new(
+            settings(scope.as_str()),
+            policies,
+            Arc::new(clock),
+        ) {
+            Ok(adapter) => adapter,
+            Err(error) => panic!("the redis adapter rejected the check's settings: {error}"),
+        };
         match &self.seen {
             None => Arc::new(adapter),
             Some(seen) => Arc::new(KeyRecorder { adapter, seen: seen.clone() }),
@@ -188,7 +190,10 @@ async fn no_script_raises_crossslot_on_any_master() {
         for (name, algorithm) in [
             ("fw", Algorithm::FixedWindow { limit: 100, window }),
             ("sc", Algorithm::SlidingCounter { limit: 100, window }),
-            ("tb", Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period: window }),
+            (
+                "tb",
+                Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period: window },
+            ),
         ] {
             policies.push(
                 RateLimitPolicy::builder(format!("{name}-{suffix}"), algorithm)

@@ -12,6 +12,7 @@
 //! replaces the whole client connection periodically, so the slot map is
 //! refreshed even when no error says it changed.
 
+use std::collections::HashMap;
 use std::fmt::{self, Debug};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -41,6 +42,8 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 /// every [`SLOT_MAP_REFRESH`].
 pub struct ClusterGateway {
     shared: Arc<Shared>,
+    /// The source behind each digest `script_load` returned, for `ASK`.
+    sources: Mutex<HashMap<String, &'static str>>,
     connect_timeout: Duration,
     // Serializes connection attempts so a burst makes one, not hundreds.
     connecting: tokio::sync::Mutex<()>,
@@ -112,6 +115,7 @@ impl ClusterGateway {
                 generation: AtomicU64::new(0),
                 refreshing: AtomicBool::new(false),
             }),
+            sources: Mutex::new(HashMap::new()),
             connect_timeout,
             connecting: tokio::sync::Mutex::new(()),
             consecutive_timeouts: AtomicU32::new(0),
@@ -149,12 +153,16 @@ impl ClusterGateway {
         }
     }
 
-    /// Sends `cmd` along `routing` (the master of a key's slot), following `MOVED`/`ASK` and
-    /// waiting out unrun refusals until `timeout` is spent.
+    /// Sends `cmd` along `routing` (the master of a key's slot), following
+    /// `MOVED`/`ASK` and waiting out unrun refusals until `timeout` is spent.
+    /// `script` is the source behind an `EVALSHA`: an `ASK` target (a node
+    /// importing the slot) may never have seen it, so it is loaded there in
+    /// the same pipeline.
     async fn query(
         &self,
         cmd: &redis::Cmd,
         routing: RoutingInfo,
+        script: Option<&'static str>,
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
         let until = Instant::now() + timeout;
@@ -175,9 +183,14 @@ impl ClusterGateway {
                         // ASKING holds for the next command on the same
                         // connection only, so both go as one pipeline.
                         let mut pipeline = redis::pipe();
+                        if let Some(source) = script {
+                            pipeline.cmd("SCRIPT").arg("LOAD").arg(source);
+                        }
                         pipeline.add_command(redis::cmd("ASKING")).add_command(cmd.clone());
+                        let skip = pipeline.len() - 1;
                         let route = SingleNodeRoutingInfo::ByAddress { host, port };
-                        let mut replies = connection.route_pipeline(pipeline, 1, 1, route).await?;
+                        let mut replies =
+                            connection.route_pipeline(pipeline, skip, 1, route).await?;
                         Ok(replies.pop().unwrap_or(Value::Nil))
                     }
                 }
@@ -209,7 +222,10 @@ impl ClusterGateway {
                     return Err(failure);
                 }
                 Next::Retry { failure, ask: redirect } => {
-                    tracing::debug!(kind = error.category(), "redis cluster: retrying an unrun command");
+                    tracing::debug!(
+                        kind = error.category(),
+                        "redis cluster: retrying an unrun command"
+                    );
                     last = failure;
                     ask = redirect;
                     let wake = (Instant::now() + pause).min(until);
@@ -271,7 +287,10 @@ impl Shared {
                 }
                 // Keep the old connection; the next call past the interval tries again.
                 Ok(Err(error)) => {
-                    tracing::warn!(kind = error.category(), "redis cluster slot-map refresh failed");
+                    tracing::warn!(
+                        kind = error.category(),
+                        "redis cluster slot-map refresh failed"
+                    );
                 }
                 Err(_) => tracing::warn!("redis cluster slot-map refresh timed out"),
             }
@@ -335,13 +354,18 @@ impl RedisGateway for ClusterGateway {
     ) -> Result<String, GatewayFailure> {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(source);
-        match self.query(&cmd, route_of(key), timeout).await? {
+        let digest = match self.query(&cmd, route_of(key), None, timeout).await? {
             Value::BulkString(bytes) => {
-                String::from_utf8(bytes).map_err(|_| GatewayFailure::NotSent)
+                String::from_utf8(bytes).map_err(|_| GatewayFailure::NotSent)?
             }
-            Value::SimpleString(text) => Ok(text),
-            _ => Err(GatewayFailure::NotSent),
-        }
+            Value::SimpleString(text) => text,
+            _ => return Err(GatewayFailure::NotSent),
+        };
+        self.sources
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(digest.clone(), source);
+        Ok(digest)
     }
 
     async fn evalsha(
@@ -356,7 +380,13 @@ impl RedisGateway for ClusterGateway {
         for arg in args {
             cmd.arg(arg.as_slice());
         }
-        self.query(&cmd, route_of(key), timeout).await
+        let script = self
+            .sources
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(digest)
+            .copied();
+        self.query(&cmd, route_of(key), script, timeout).await
     }
 
     /// Ready when at least one master answers `PING`: with
@@ -424,8 +454,7 @@ mod tests {
     fn no_connection_and_a_refused_connect_were_never_sent() {
         let missing = RedisError::from((ErrorKind::ClusterConnectionNotFound, "no connection"));
         assert_eq!(next_step(&missing), retried(GatewayFailure::NotSent));
-        let refused =
-            RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+        let refused = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
         assert_eq!(next_step(&refused), retried(GatewayFailure::NotSent));
     }
 

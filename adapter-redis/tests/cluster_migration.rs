@@ -1,0 +1,176 @@
+//! Slot migration and script loading on a real Redis Cluster (one cluster
+//! for this binary; the tests use different masters and subjects): a slot
+//! holding a subject moves to another master between evaluations
+//! (`CLUSTER SETSLOT ... MIGRATING/IMPORTING`, `MIGRATE`, `SETSLOT NODE`)
+//! and its count carries over, with `ASK` followed in the middle and `MOVED`
+//! after; a master that never saw the scripts answers `NOSCRIPT` once and
+//! the evaluation still succeeds.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use adapter_redis::fixture::RedisCluster;
+use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, ScriptKind, Topology};
+use shared_contract::{
+    Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+};
+
+const LIMIT: u64 = 10;
+
+fn cluster() -> &'static RedisCluster {
+    static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
+    CLUSTER.get_or_init(RedisCluster::start)
+}
+
+fn subject(n: u8) -> SubjectDigest {
+    SubjectDigest::parse(format!("v1:{}", format!("{n:02x}").repeat(16))).unwrap()
+}
+
+fn policy(id: &str) -> RateLimitPolicy {
+    RateLimitPolicy::builder(
+        id,
+        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
+    )
+    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+    .build()
+    .unwrap()
+}
+
+fn adapter(policy: &RateLimitPolicy, clock: &ManualClock) -> RedisEdgeRateLimitAdapter {
+    let settings = RedisSettings {
+        topology: Topology::Cluster,
+        urls: cluster().urls(),
+        command_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        ..RedisSettings::default()
+    };
+    RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone())).unwrap()
+}
+
+async fn remaining(
+    adapter: &RedisEdgeRateLimitAdapter,
+    clock: &ManualClock,
+    policy: &RateLimitPolicy,
+    who: &SubjectDigest,
+) -> u64 {
+    let request = RateLimitRequest {
+        policy_id: policy.id().clone(),
+        subject: who.clone(),
+        cost: 1,
+        evaluation_id: EvaluationId::random(),
+        deadline: clock.monotonic() + Duration::from_secs(5),
+    };
+    match adapter.evaluate(request).await {
+        RateLimitOutcome::Evaluated(decision) if decision.allowed => decision.remaining,
+        other => panic!("expected an allowed decision, got {other:?}"),
+    }
+}
+
+/// The first subject whose key under `policy` hashes to a slot `master`
+/// serves, with its key and slot.
+fn subject_on(
+    adapter: &RedisEdgeRateLimitAdapter,
+    policy: &RateLimitPolicy,
+    master: u16,
+) -> (SubjectDigest, String, u16) {
+    let cluster = cluster();
+    (0..=u8::MAX)
+        .map(subject)
+        .find_map(|who| {
+            let key = adapter.keys().counter_key(policy, &who);
+            let slot = cluster.keyslot(&key);
+            (cluster.owner_of_slot(slot) == master).then_some((who, key, slot))
+        })
+        .expect("some subject on every master")
+}
+
+fn script_loaded(port: u16, kind: ScriptKind) -> bool {
+    let digest = redis::Script::new(kind.source()).get_hash().to_owned();
+    cluster().cli(port, &["SCRIPT", "EXISTS", &digest]) == "1"
+}
+
+fn node_id(port: u16) -> String {
+    let nodes = cluster().nodes();
+    nodes.into_iter().find(|node| node.port == port).expect("a known node").id
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_migrated_slot_keeps_its_count_and_evaluations_follow_ask_then_moved() {
+    let cluster = cluster();
+    let masters: Vec<u16> = cluster.masters().iter().map(|master| master.port).collect();
+    let (source, target) = (masters[0], masters[2]);
+    let clock = ManualClock::new(1_800_000_000_000);
+    let policy = policy("migrating");
+    let adapter = adapter(&policy, &clock);
+    let (who, key, slot) = subject_on(&adapter, &policy, source);
+
+    for expected in [9, 8, 7] {
+        assert_eq!(remaining(&adapter, &clock, &policy, &who).await, expected);
+    }
+
+    let (source_id, target_id) = (node_id(source), node_id(target));
+    let slot_text = slot.to_string();
+    let setslot = |port: u16, args: &[&str]| {
+        let mut command = vec!["CLUSTER", "SETSLOT", slot_text.as_str()];
+        command.extend_from_slice(args);
+        assert_eq!(cluster.cli(port, &command), "OK", "SETSLOT {args:?} on {port}");
+    };
+    setslot(target, &["IMPORTING", &source_id]);
+    setslot(source, &["MIGRATING", &target_id]);
+    // The key is still on the source: it runs there.
+    assert_eq!(remaining(&adapter, &clock, &policy, &who).await, 6);
+
+    let migrated = cluster
+        .cli(source, &["MIGRATE", "127.0.0.1", &target.to_string(), "", "0", "5000", "KEYS", &key]);
+    assert_eq!(migrated, "OK");
+    // The source no longer has the key and answers ASK; the target (which
+    // never ran a script before) takes it after ASKING.
+    assert!(!script_loaded(target, ScriptKind::FixedWindow));
+    assert_eq!(remaining(&adapter, &clock, &policy, &who).await, 5);
+    assert_eq!(cluster.cli(target, &["CLUSTER", "COUNTKEYSINSLOT", &slot_text]), "1");
+
+    // Hand the slot over on every master; the source now answers MOVED.
+    setslot(target, &["NODE", &target_id]);
+    setslot(source, &["NODE", &target_id]);
+    for &other in &masters[1..2] {
+        setslot(other, &["NODE", &target_id]);
+    }
+    cluster.wait_until_settled(3);
+    assert_eq!(cluster.owner_of_slot(slot), target);
+    for expected in [4, 3] {
+        assert_eq!(remaining(&adapter, &clock, &policy, &who).await, expected);
+    }
+    // Seven charges on one key, on two masters: the count carried over, and
+    // the slot's only key lives on the target.
+    let count_in_slot = |port| cluster.cli(port, &["CLUSTER", "COUNTKEYSINSLOT", &slot_text]);
+    assert_eq!((count_in_slot(source), count_in_slot(target)), ("0".into(), "1".into()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_never_saw_the_script_answers_noscript_once_and_the_evaluation_succeeds() {
+    let cluster = cluster();
+    let masters: Vec<u16> = cluster.masters().iter().map(|master| master.port).collect();
+    let clock = ManualClock::new(1_800_000_000_000);
+    // A sliding counter: nothing else in this binary runs its script.
+    let sliding = RateLimitPolicy::builder(
+        "noscript",
+        Algorithm::SlidingCounter { limit: LIMIT, window: Duration::from_secs(3_600) },
+    )
+    .build()
+    .unwrap();
+    let adapter = adapter(&sliding, &clock);
+    let (on_first, _, _) = subject_on(&adapter, &sliding, masters[0]);
+    let (on_second, _, _) = subject_on(&adapter, &sliding, masters[1]);
+    assert!(!script_loaded(masters[0], ScriptKind::SlidingCounter));
+    assert!(!script_loaded(masters[1], ScriptKind::SlidingCounter));
+    // A cache miss loads the script on the first subject's master only.
+    assert_eq!(remaining(&adapter, &clock, &sliding, &on_first).await, 9);
+    assert!(script_loaded(masters[0], ScriptKind::SlidingCounter));
+    assert!(!script_loaded(masters[1], ScriptKind::SlidingCounter));
+    // The cached digest meets a master without the script: NOSCRIPT, load
+    // there, one retry; the caller sees only the decision.
+    assert_eq!(remaining(&adapter, &clock, &sliding, &on_second).await, 9);
+    assert!(script_loaded(masters[1], ScriptKind::SlidingCounter));
+    assert_eq!(remaining(&adapter, &clock, &sliding, &on_second).await, 8);
+}
