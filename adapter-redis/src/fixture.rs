@@ -9,7 +9,7 @@ pub use cluster::{ClusterNode, NODE_TIMEOUT, RedisCluster};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -34,12 +34,30 @@ impl RedisServer {
     /// When `redis-server` is not on PATH or does not come up; the message
     /// says which, with the server log.
     pub fn start() -> Self {
-        Self::start_with(|_| Vec::new())
+        Self::start_with(|_, _| Vec::new())
     }
 
-    /// Like [`Self::start`], with `extra_args(port)` appended to the command
-    /// line (asked again for every port tried).
-    pub(crate) fn start_with(extra_args: impl Fn(u16) -> Vec<String>) -> Self {
+    /// Like [`Self::start`], with its users read from an ACL file holding
+    /// `users`, one `user <name> <rules>...` line each (e.g.
+    /// `user default off` to disable the default user). The server counts
+    /// as up when it answers `PING` or refuses it with `NOAUTH`.
+    ///
+    /// # Panics
+    /// As [`Self::start`]; also when Redis rejects the ACL file (see the log).
+    pub fn start_with_acl(users: &[String]) -> Self {
+        let mut file = users.join("\n");
+        file.push('\n');
+        Self::start_with(move |_, dir| {
+            let path = dir.join("users.acl");
+            std::fs::write(&path, &file).expect("write the ACL file");
+            vec!["--aclfile".to_owned(), path.display().to_string()]
+        })
+    }
+
+    /// Like [`Self::start`], with `extra_args(port, dir)` appended to the
+    /// command line (asked again for every port tried; `dir` is the server's
+    /// own temp dir, for files the arguments name).
+    pub(crate) fn start_with(extra_args: impl Fn(u16, &Path) -> Vec<String>) -> Self {
         assert!(
             on_path("redis-server"),
             "redis-server is not on PATH: install Redis (e.g. `apt-get install redis-server`) \
@@ -49,7 +67,7 @@ impl RedisServer {
         let mut server = Self { child: None, port: 0, extra_args: Vec::new(), dir };
         for _ in 0..5 {
             server.port = free_port();
-            server.extra_args = extra_args(server.port);
+            server.extra_args = extra_args(server.port, server.dir.path());
             if server.spawn() {
                 return server;
             }
@@ -146,7 +164,7 @@ impl RedisServer {
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         while Instant::now() < deadline {
-            if ping(self.port) {
+            if answers(self.port) {
                 return true;
             }
             if let Some(child) = self.child.as_mut() {
@@ -181,7 +199,9 @@ pub(crate) fn free_port() -> u16 {
     }
 }
 
-pub(crate) fn ping(port: u16) -> bool {
+/// Whether the server on `port` is up: it answers `PING` with `PONG`, or
+/// refuses it with `NOAUTH` (the default user needs a password or is off).
+fn answers(port: u16) -> bool {
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
         return false;
     };
@@ -190,9 +210,10 @@ pub(crate) fn ping(port: u16) -> bool {
         return false;
     }
     let mut answer = [0_u8; 7];
-    let ok = stream.read_exact(&mut answer).is_ok() && &answer == b"+PONG\r\n";
+    let up = stream.read_exact(&mut answer).is_ok()
+        && (&answer == b"+PONG\r\n" || answer.starts_with(b"-NOAUTH"));
     let _ = stream.shutdown(Shutdown::Both);
-    ok
+    up
 }
 
 #[cfg(test)]
@@ -211,13 +232,13 @@ mod tests {
         let port = server.port();
         assert_ne!(port, 6379);
         assert_eq!(server.url(), format!("redis://127.0.0.1:{port}"));
-        assert!(ping(port));
+        assert!(answers(port));
         server.stop();
-        assert!(!ping(port));
+        assert!(!answers(port));
         server.restart();
         assert_eq!(server.port(), port);
-        assert!(ping(port));
+        assert!(answers(port));
         drop(server);
-        assert!(!ping(port));
+        assert!(!answers(port));
     }
 }

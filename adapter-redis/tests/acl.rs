@@ -1,46 +1,23 @@
-//! The least-privilege ACL user: EVALSHA, SCRIPT LOAD and PING, plus GET and
-//! SET because Redis checks the commands a script calls against the calling
-//! user's ACL, all on the rate-limit key pattern only; and a refused command
-//! is a typed `UnavailableBeforeSend`.
+//! The least-privilege ACL lane on a real redis-server started from an ACL
+//! file: the default user is off, and the rate-limit user has exactly the
+//! rule `ca-skeleton redis-acl` prints (EVALSHA, SCRIPT LOAD, PING, and the
+//! scripts' own GET and SET, because Redis checks the commands a script
+//! calls against the caller's ACL; all on `ca:rl:*` only). A refused
+//! command is a typed `UnavailableBeforeSend`.
 
 mod common;
 
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisServer;
-use common::{T0, adapter, inspector, request, subject};
-use secrecy::SecretString;
+use common::{
+    ADMIN_PASSWORD, ADMIN_USER, RATE_LIMIT_PASSWORD, RATE_LIMIT_RULES, RATE_LIMIT_USER, T0,
+    acl_server, adapter, connect_as, login, request, subject,
+};
+use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, ManualClock, RateLimitOutcome, RateLimitPolicy,
     UnavailableCategory,
 };
-
-/// The rules of the rate-limit user: the scripts, the two commands they
-/// call, and PING, on the rate-limit key pattern only. No EVAL.
-const LIMITER_RULES: &[&str] = &[
-    "on",
-    ">limiter-pw",
-    "resetkeys",
-    "~ca:rl:*",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+get",
-    "+set",
-    "+ping",
-];
-
-async fn set_user(server: &RedisServer, name: &str, rules: &[&str]) {
-    let mut redis = inspector(server).await;
-    let _: () = redis::cmd("ACL")
-        .arg("SETUSER")
-        .arg(name)
-        .arg(rules)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-}
 
 fn policy() -> RateLimitPolicy {
     RateLimitPolicy::builder(
@@ -51,20 +28,16 @@ fn policy() -> RateLimitPolicy {
     .unwrap()
 }
 
-fn login(name: &str, password: &str) -> impl FnOnce(&mut adapter_redis::RedisSettings) {
-    let (name, password) = (name.to_owned(), password.to_owned());
-    move |settings| {
-        settings.username = Some(name);
-        settings.password = Some(SecretString::from(password));
-    }
+fn noperm<T: std::fmt::Debug>(result: RedisResult<T>) -> bool {
+    matches!(&result, Err(error) if error.kind() == ErrorKind::Server(ServerErrorKind::NoPerm))
 }
 
 #[tokio::test]
-async fn the_least_privilege_user_evaluates_and_may_not_eval() {
-    let server = RedisServer::start();
-    set_user(&server, "limiter", LIMITER_RULES).await;
+async fn the_rate_limit_user_evaluates_runs_evalsha_and_nothing_else() {
+    let server = acl_server(&[]);
     let clock = ManualClock::new(T0);
-    let adapter = adapter(&server, &clock, vec![policy()], login("limiter", "limiter-pw"));
+    let adapter =
+        adapter(&server, &clock, vec![policy()], login(RATE_LIMIT_USER, RATE_LIMIT_PASSWORD));
     assert!(adapter.is_ready().await);
     for _ in 0..3 {
         let outcome = adapter.evaluate(request(&clock, "p", &subject(1))).await;
@@ -72,39 +45,78 @@ async fn the_least_privilege_user_evaluates_and_may_not_eval() {
     }
     assert!(!adapter.evaluate(request(&clock, "p", &subject(1))).await.is_allowed());
 
-    // The same user cannot run plain EVAL, nor touch a key outside the pattern.
-    let url = format!("redis://limiter:limiter-pw@127.0.0.1:{}", server.port());
-    let mut as_limiter =
-        redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
-    let eval: redis::RedisResult<i64> =
-        redis::cmd("EVAL").arg("return 1").arg(0).query_async(&mut as_limiter).await;
-    assert_eq!(eval.unwrap_err().kind(), redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm));
-    let get: redis::RedisResult<Option<Vec<u8>>> =
-        redis::cmd("GET").arg("app:session:1").query_async(&mut as_limiter).await;
-    assert!(get.is_err());
+    // Asked of the real server, as the same user.
+    let mut limiter = connect_as(&server, RATE_LIMIT_USER, RATE_LIMIT_PASSWORD).await.unwrap();
+    let eval: RedisResult<i64> =
+        redis::cmd("EVAL").arg("return 1").arg(0).query_async(&mut limiter).await;
+    assert!(noperm(eval), "EVAL must be refused with NOPERM");
+    // EVALSHA of a loaded script works, on a key inside the pattern.
+    let digest: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg("return redis.call('GET', KEYS[1])")
+        .query_async(&mut limiter)
+        .await
+        .unwrap();
+    let inside: Option<Vec<u8>> = redis::cmd("EVALSHA")
+        .arg(&digest)
+        .arg(1)
+        .arg("ca:rl:{probe}")
+        .query_async(&mut limiter)
+        .await
+        .unwrap();
+    assert_eq!(inside, None);
+    // The same script on a key outside the pattern, and plain commands on
+    // it, are refused.
+    let outside: RedisResult<Option<Vec<u8>>> = redis::cmd("EVALSHA")
+        .arg(&digest)
+        .arg(1)
+        .arg("app:session:1")
+        .query_async(&mut limiter)
+        .await;
+    assert!(noperm(outside), "EVALSHA on a key outside ca:rl:* must be refused");
+    let get: RedisResult<Option<Vec<u8>>> =
+        redis::cmd("GET").arg("app:session:1").query_async(&mut limiter).await;
+    assert!(noperm(get), "GET outside the pattern must be refused");
+    for command in [&["FLUSHALL"][..], &["CONFIG", "GET", "maxmemory"], &["KEYS", "*"]] {
+        let refused: RedisResult<redis::Value> =
+            redis::cmd(command[0]).arg(&command[1..]).query_async(&mut limiter).await;
+        assert!(noperm(refused), "{command:?} must be refused");
+    }
 }
 
 #[tokio::test]
-async fn noperm_is_unavailable_before_send() {
-    let server = RedisServer::start();
+async fn the_default_user_is_off() {
+    let server = acl_server(&[]);
+    let url = format!("redis://127.0.0.1:{}", server.port());
+    let mut anonymous =
+        redis::Client::open(url).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let ping: RedisResult<String> = redis::cmd("PING").query_async(&mut anonymous).await;
+    assert_eq!(ping.unwrap_err().code(), Some("NOAUTH"));
+    assert!(connect_as(&server, ADMIN_USER, ADMIN_PASSWORD).await.is_ok());
+    // An off user cannot authenticate, whatever the password.
+    assert!(connect_as(&server, "default", "any-password").await.is_err());
+}
+
+#[tokio::test]
+async fn users_without_a_needed_permission_get_unavailable_before_send() {
+    // The printed rule with one permission taken out at a time.
+    let without = |dropped: &str| -> Vec<&str> {
+        RATE_LIMIT_RULES.iter().copied().filter(|rule| *rule != dropped).collect()
+    };
+    let no_script_load = without("+script|load");
+    let no_evalsha = without("+evalsha");
+    let no_get = without("+get");
+    let mut other_keys = without("~ca:rl:*");
+    other_keys.push("~other:*");
+    let server = acl_server(&[
+        ("no-script-load", &no_script_load),
+        ("no-evalsha", &no_evalsha),
+        ("no-get", &no_get),
+        ("other-keys", &other_keys),
+    ]);
     let clock = ManualClock::new(T0);
-    // May load scripts but not run them.
-    set_user(&server, "no-evalsha", &["on", ">pw", "~ca:rl:*", "-@all", "+script|load", "+ping"])
-        .await;
-    // May run scripts, but on other keys only.
-    set_user(
-        &server,
-        "other-keys",
-        &["on", ">pw", "~other:*", "-@all", "+evalsha", "+script|load"],
-    )
-    .await;
-    // May run scripts, but not the commands inside them.
-    set_user(&server, "no-get", &["on", ">pw", "~ca:rl:*", "-@all", "+evalsha", "+script|load"])
-        .await;
-    // May not even load them.
-    set_user(&server, "ping-only", &["on", ">pw", "-@all", "+ping"]).await;
-    for user in ["no-evalsha", "other-keys", "no-get", "ping-only"] {
-        let adapter = adapter(&server, &clock, vec![policy()], login(user, "pw"));
+    for user in ["no-script-load", "no-evalsha", "no-get", "other-keys"] {
+        let adapter = adapter(&server, &clock, vec![policy()], login(user, RATE_LIMIT_PASSWORD));
         assert_eq!(
             adapter.evaluate(request(&clock, "p", &subject(2))).await,
             RateLimitOutcome::Unavailable {
@@ -115,10 +127,19 @@ async fn noperm_is_unavailable_before_send() {
         );
     }
     // A wrong password never gets a connection: the same outcome.
-    let adapter = adapter(&server, &clock, vec![policy()], login("limiter", "wrong"));
+    let wrong = adapter(&server, &clock, vec![policy()], login(RATE_LIMIT_USER, "wrong"));
     assert!(matches!(
-        adapter.evaluate(request(&clock, "p", &subject(2))).await,
+        wrong.evaluate(request(&clock, "p", &subject(2))).await,
         RateLimitOutcome::Unavailable { category: UnavailableCategory::UnavailableBeforeSend, .. }
     ));
-    assert!(!adapter.is_ready().await);
+    assert!(!wrong.is_ready().await);
+    // Nothing was charged by any of them: the real user still has the whole budget.
+    let adapter =
+        adapter(&server, &clock, vec![policy()], login(RATE_LIMIT_USER, RATE_LIMIT_PASSWORD));
+    let RateLimitOutcome::Evaluated(decision) =
+        adapter.evaluate(request(&clock, "p", &subject(2))).await
+    else {
+        panic!("the rate-limit user must get a decision");
+    };
+    assert_eq!(decision.remaining, 2);
 }

@@ -58,3 +58,60 @@ pub fn request_with(
 pub async fn inspector(server: &RedisServer) -> redis::aio::MultiplexedConnection {
     redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
 }
+
+/// The least-privilege user, exactly as `ca-skeleton redis-acl` prints it for
+/// `redis.username = "ca-rate-limit"` and the default key prefix
+/// (`app-bootstrap/src/acl.rs`: `ACL SETUSER ca-rate-limit reset on
+/// >PASSWORD ~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get
+/// +set`). Keep this list identical to that output: the ACL lane proves the
+/// printed rule, not a look-alike.
+pub const RATE_LIMIT_USER: &str = "ca-rate-limit";
+pub const RATE_LIMIT_PASSWORD: &str = "rate-limit-pw";
+pub const RATE_LIMIT_RULES: &[&str] = &[
+    "reset",
+    "on",
+    ">rate-limit-pw",
+    "~ca:rl:*",
+    "resetchannels",
+    "-@all",
+    "+evalsha",
+    "+script|load",
+    "+ping",
+    "+get",
+    "+set",
+];
+
+/// An operator account for the tests' own inspection.
+pub const ADMIN_USER: &str = "admin";
+pub const ADMIN_PASSWORD: &str = "admin-pw";
+
+/// A redis-server whose default user is off, with the rate-limit user, an
+/// admin, and `extra` users (`(name, rules)`), all from its ACL file.
+pub fn acl_server(extra: &[(&str, &[&str])]) -> RedisServer {
+    let mut users = vec![
+        "user default off".to_owned(),
+        format!("user {ADMIN_USER} on >{ADMIN_PASSWORD} ~* &* +@all"),
+        format!("user {RATE_LIMIT_USER} {}", RATE_LIMIT_RULES.join(" ")),
+    ];
+    users.extend(extra.iter().map(|(name, rules)| format!("user {name} {}", rules.join(" "))));
+    RedisServer::start_with_acl(&users)
+}
+
+/// A connection to `server` as `user`.
+pub async fn connect_as(
+    server: &RedisServer,
+    user: &str,
+    password: &str,
+) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+    let url = format!("redis://{user}:{password}@127.0.0.1:{}", server.port());
+    redis::Client::open(url)?.get_multiplexed_async_connection().await
+}
+
+/// Settings that log in as `user`.
+pub fn login(user: &str, password: &str) -> impl FnOnce(&mut RedisSettings) {
+    let (user, password) = (user.to_owned(), password.to_owned());
+    move |settings| {
+        settings.username = Some(user);
+        settings.password = Some(secrecy::SecretString::from(password));
+    }
+}
