@@ -71,9 +71,13 @@ fn next_index(state: &mut u64) -> usize {
     (*state % SUBJECTS as u64) as usize
 }
 
+/// Digests shaped like the edge's pseudonyms: `v1:` and 64 hex digits.
 fn subjects() -> Vec<SubjectDigest> {
     (0..SUBJECTS as u64)
-        .map(|n| SubjectDigest::parse(format!("v1:{:032x}", n.wrapping_mul(0x9e37_79b9_7f4a_7c15))))
+        .map(|n| {
+            let mixed = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            SubjectDigest::parse(format!("v1:{mixed:032x}{n:032x}"))
+        })
         .collect::<Result<_, _>>()
         .expect("valid digests")
 }

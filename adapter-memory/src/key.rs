@@ -3,8 +3,9 @@
 //! The hash is computed once per decision with the store's random-keyed
 //! SipHash; it picks the shard and is then reused as-is by the shard's map
 //! (a pass-through hasher), so a decision hashes the subject only once. A
-//! lookup borrows the caller's `&str` through [`KeyView`], so only inserting
-//! a new key allocates.
+//! lookup borrows the caller's `&str` through [`KeyView`]. Digests of the
+//! usual length (`v<version>:` plus 64 hex digits) are stored inline in the
+//! map slot: no allocation per key, and no second cache miss to compare it.
 
 use std::borrow::Borrow;
 use std::hash::{BuildHasherDefault, Hash, Hasher};
@@ -13,15 +14,46 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 pub(crate) trait KeyView {
     fn prehash(&self) -> u64;
     fn namespace(&self) -> u32;
-    fn subject(&self) -> &str;
+    fn subject(&self) -> &[u8];
 }
 
-/// A key as the map owns it; allocated once, when its entry is inserted.
+/// Longest subject stored inline: `v` + 4 version digits + `:` + 64 hex.
+const INLINE: usize = 70;
+
+/// A subject's bytes, inline when short enough.
+#[derive(Debug)]
+enum Subject {
+    Inline { len: u8, bytes: [u8; INLINE] },
+    Heap(Box<[u8]>),
+}
+
+impl Subject {
+    fn new(subject: &str) -> Self {
+        let source = subject.as_bytes();
+        match u8::try_from(source.len()) {
+            Ok(len) if source.len() <= INLINE => {
+                let mut bytes = [0; INLINE];
+                bytes[..source.len()].copy_from_slice(source);
+                Self::Inline { len, bytes }
+            }
+            Ok(_) | Err(_) => Self::Heap(source.into()),
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            Self::Heap(bytes) => bytes,
+        }
+    }
+}
+
+/// A key as the map owns it, built when its entry is inserted.
 #[derive(Debug)]
 pub(crate) struct StoredKey {
     hash: u64,
     namespace: u32,
-    subject: Box<str>,
+    subject: Subject,
 }
 
 /// A key borrowed from a request, for lookups.
@@ -34,7 +66,11 @@ pub(crate) struct LookupKey<'a> {
 
 impl LookupKey<'_> {
     pub(crate) fn to_stored(self) -> StoredKey {
-        StoredKey { hash: self.hash, namespace: self.namespace, subject: self.subject.into() }
+        StoredKey {
+            hash: self.hash,
+            namespace: self.namespace,
+            subject: Subject::new(self.subject),
+        }
     }
 }
 
@@ -45,8 +81,8 @@ impl KeyView for StoredKey {
     fn namespace(&self) -> u32 {
         self.namespace
     }
-    fn subject(&self) -> &str {
-        &self.subject
+    fn subject(&self) -> &[u8] {
+        self.subject.as_bytes()
     }
 }
 
@@ -57,8 +93,8 @@ impl KeyView for LookupKey<'_> {
     fn namespace(&self) -> u32 {
         self.namespace
     }
-    fn subject(&self) -> &str {
-        self.subject
+    fn subject(&self) -> &[u8] {
+        self.subject.as_bytes()
     }
 }
 
@@ -96,7 +132,7 @@ impl PartialEq for StoredKey {
     fn eq(&self, other: &Self) -> bool {
         self.hash == other.hash
             && self.namespace == other.namespace
-            && self.subject == other.subject
+            && self.subject.as_bytes() == other.subject.as_bytes()
     }
 }
 
@@ -144,5 +180,22 @@ mod tests {
         assert_eq!(map.get(&other_ns as &dyn KeyView), None);
         let other_subject = LookupKey { subject: "v1:ffffffffffffffffffffffffffffffff", ..lookup };
         assert_eq!(map.get(&other_subject as &dyn KeyView), None);
+    }
+
+    #[test]
+    fn short_and_long_subjects_both_round_trip() {
+        let mut map: HashMap<StoredKey, u8, BuildPrehashed> = HashMap::default();
+        let usual = format!("v1:{}", "ab".repeat(32));
+        let long = format!("v1234567890:{}", "cd".repeat(64));
+        for (n, subject) in [usual.as_str(), long.as_str()].into_iter().enumerate() {
+            let lookup = LookupKey { hash: 9, namespace: 0, subject };
+            map.insert(lookup.to_stored(), u8::try_from(n).unwrap());
+        }
+        assert!(matches!(Subject::new(&usual), Subject::Inline { .. }));
+        assert!(matches!(Subject::new(&long), Subject::Heap(_)));
+        let find = |subject| map.get(&LookupKey { hash: 9, namespace: 0, subject } as &dyn KeyView);
+        assert_eq!((find(&usual), find(&long)), (Some(&0), Some(&1)));
+        // A prefix of an inline subject is another key.
+        assert_eq!(find(&usual[..66]), None);
     }
 }
