@@ -151,12 +151,14 @@ fn redis_acl_prints_the_rule() {
 }
 
 /// With no file and no variables, `ca-skeleton` (no subcommand) serves the
-/// memory demo with a generated key (and says so), and SIGTERM stops it
-/// cleanly.
+/// memory demo with a generated key (and says so), never logs a subject,
+/// and SIGTERM stops it cleanly.
 #[test]
 fn serve_is_the_default_and_stops_on_sigterm() {
+    const API_KEY: &str = "binary-test-api-key-value";
     let mut child = ca_skeleton()
-        .env("RUST_LOG", "info")
+        // Our crates at their most verbose: still no subject in any line.
+        .env("RUST_LOG", "info,app_bootstrap=trace,adapter_web=trace,adapter_memory=trace")
         .env("CA_SKELETON_SERVER__LISTEN", "127.0.0.1:0")
         .args(["--log-format", "json"])
         .stdout(Stdio::null())
@@ -177,17 +179,29 @@ fn serve_is_the_default_and_stops_on_sigterm() {
     };
     assert!(warned, "the generated key is announced");
 
-    let healthz = format!("http://{address}/healthz");
-    let status = std::thread::spawn(move || {
+    let base = format!("http://{address}");
+    let statuses = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
             let client = reqwest::Client::builder().no_proxy().build().unwrap();
-            client.get(healthz).send().await.map(|response| response.status().as_u16())
+            let healthz = client.get(format!("{base}/healthz")).send().await.unwrap();
+            let mut statuses = vec![healthz.status().as_u16()];
+            // Six calls with an API key: the demo policy allows five.
+            for _ in 0..6 {
+                let reply = client
+                    .get(format!("{base}/api/hello"))
+                    .header("x-api-key", API_KEY)
+                    .send()
+                    .await
+                    .unwrap();
+                statuses.push(reply.status().as_u16());
+            }
+            statuses
         })
     })
     .join()
     .unwrap();
-    assert_eq!(status.ok(), Some(200));
+    assert_eq!(statuses, [200, 200, 200, 200, 200, 200, 429]);
 
     let killed = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(killed.success());
@@ -200,4 +214,12 @@ fn serve_is_the_default_and_stops_on_sigterm() {
         std::thread::sleep(Duration::from_millis(50));
     };
     assert!(exit.success(), "graceful shutdown exits 0, got {exit}");
+
+    // The rest of the log, up to the shutdown: no API key, no client address.
+    let rest: Vec<String> = lines.map_while(Result::ok).collect();
+    assert!(rest.iter().any(|line| line.contains("shutdown signal received")), "{rest:#?}");
+    for line in &rest {
+        assert!(!line.contains(API_KEY), "a log line holds the API key: {line}");
+        assert!(!line.contains("127.0.0.1"), "a log line holds an address: {line}");
+    }
 }
