@@ -1,0 +1,306 @@
+//! The typed leaves of the configuration tree: strings, numbers,
+//! durations, addresses, lists and secrets, each read with its problem
+//! recorded under its key path; and unknown-key detection with a
+//! "did you mean" hint.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use figment::value::{Dict, Value};
+use humantime_serde::re::humantime;
+use ipnet::IpNet;
+
+use super::Reader;
+use crate::config::problems::KeyPath;
+use crate::config::secret::{SecretSource, SecretValue};
+
+impl Reader<'_> {
+    pub(super) fn problem(&mut self, path: &KeyPath, message: impl Into<String>) {
+        self.problems.push(path.clone(), message);
+    }
+
+    /// A table at `path` (absent is fine); every key outside `known` is a
+    /// problem of its own, so a typo never passes silently.
+    pub(super) fn table<'v>(
+        &mut self,
+        value: Option<&'v Value>,
+        path: &KeyPath,
+        known: &[&str],
+    ) -> Option<&'v Dict> {
+        match value? {
+            Value::Dict(_, dict) => {
+                self.unknown_keys(dict, path, known);
+                Some(dict)
+            }
+            Value::Empty(..) => None,
+            other => {
+                self.problem(path, format!("expected a table, found {}", kind(other)));
+                None
+            }
+        }
+    }
+
+    pub(super) fn unknown_keys(&mut self, dict: &Dict, path: &KeyPath, known: &[&str]) {
+        for key in dict.keys().filter(|key| !known.contains(&key.as_str())) {
+            let hint = match closest(key, known) {
+                Some(near) => format!("did you mean `{near}`? "),
+                None => String::new(),
+            };
+            let expected = known.join(", ");
+            self.problem(
+                &path.child(key),
+                format!("unknown key ({hint}expected one of: {expected})"),
+            );
+        }
+    }
+
+    /// Reads `key` of `table` with `parse`; `None` when absent or bad.
+    pub(super) fn field<T>(
+        &mut self,
+        table: Option<&Dict>,
+        path: &KeyPath,
+        key: &str,
+        parse: fn(&mut Self, &Value, &KeyPath) -> Option<T>,
+    ) -> Option<T> {
+        match table?.get(key)? {
+            Value::Empty(..) => None,
+            value => parse(self, value, &path.child(key)),
+        }
+    }
+
+    pub(super) fn string(&mut self, value: &Value, path: &KeyPath) -> Option<String> {
+        match value {
+            Value::String(_, text) => Some(text.clone()),
+            Value::Char(_, c) => Some(c.to_string()),
+            other => {
+                self.problem(path, format!("expected a string, found {}", kind(other)));
+                None
+            }
+        }
+    }
+
+    pub(super) fn u64(&mut self, value: &Value, path: &KeyPath) -> Option<u64> {
+        match value {
+            Value::Num(_, number) => {
+                let whole = number.to_u128_lossy().and_then(|n| u64::try_from(n).ok());
+                if whole.is_none() {
+                    self.problem(path, format!("must be a whole number from 0 to {}", u64::MAX));
+                }
+                whole
+            }
+            other => {
+                self.problem(path, format!("expected a whole number, found {}", kind(other)));
+                None
+            }
+        }
+    }
+
+    pub(super) fn u32(&mut self, value: &Value, path: &KeyPath) -> Option<u32> {
+        let number = self.u64(value, path)?;
+        let narrowed = u32::try_from(number).ok();
+        if narrowed.is_none() {
+            self.problem(path, format!("must be at most {}, got {number}", u32::MAX));
+        }
+        narrowed
+    }
+
+    pub(super) fn bool(&mut self, value: &Value, path: &KeyPath) -> Option<bool> {
+        match value {
+            Value::Bool(_, flag) => Some(*flag),
+            other => {
+                self.problem(path, format!("expected true or false, found {}", kind(other)));
+                None
+            }
+        }
+    }
+
+    pub(super) fn duration(&mut self, value: &Value, path: &KeyPath) -> Option<Duration> {
+        match value {
+            Value::String(_, text) => match humantime::parse_duration(text.trim()) {
+                Ok(duration) => Some(duration),
+                Err(error) => {
+                    self.problem(
+                        path,
+                        format!(
+                            "{text:?} is not a duration ({error}); write a number with a unit, like \"750ms\" or \"60s\""
+                        ),
+                    );
+                    None
+                }
+            },
+            Value::Num(..) => {
+                self.problem(
+                    path,
+                    "a bare number has no unit; write a duration string like \"750ms\" or \"60s\"",
+                );
+                None
+            }
+            other => {
+                self.problem(
+                    path,
+                    format!("expected a duration string like \"60s\", found {}", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
+    pub(super) fn socket_addr(&mut self, value: &Value, path: &KeyPath) -> Option<SocketAddr> {
+        let text = self.string(value, path)?;
+        let parsed = text.parse().ok();
+        if parsed.is_none() {
+            self.problem(
+                path,
+                format!("{text:?} is not an IP address and port like \"127.0.0.1:8080\""),
+            );
+        }
+        parsed
+    }
+
+    /// A list given as an array of strings or as one comma-separated string
+    /// (the form an environment variable can carry).
+    pub(super) fn string_list(&mut self, value: &Value, path: &KeyPath) -> Option<Vec<String>> {
+        match value {
+            Value::Array(_, items) => {
+                let mut strings = Vec::with_capacity(items.len());
+                for (index, item) in items.iter().enumerate() {
+                    strings.push(self.string(item, &path.child(&index.to_string()))?);
+                }
+                Some(strings)
+            }
+            Value::String(_, text) => Some(
+                text.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(String::from)
+                    .collect(),
+            ),
+            other => {
+                self.problem(path, format!("expected an array of strings, found {}", kind(other)));
+                None
+            }
+        }
+    }
+
+    pub(super) fn networks(&mut self, value: &Value, path: &KeyPath) -> Option<Vec<IpNet>> {
+        let entries = self.string_list(value, path)?;
+        let mut networks = Vec::with_capacity(entries.len());
+        for (index, entry) in entries.iter().enumerate() {
+            match entry.parse::<IpNet>().or_else(|_| entry.parse::<IpAddr>().map(IpNet::from)) {
+                Ok(network) => networks.push(network),
+                Err(_) => self.problem(
+                    &path.child(&index.to_string()),
+                    format!("{entry:?} is not a CIDR like \"10.0.0.0/8\" or an IP address"),
+                ),
+            }
+        }
+        Some(networks)
+    }
+
+    /// `"..."` or `{ env = "VAR" }`. The value is never echoed in a problem.
+    pub(super) fn secret(&mut self, value: &Value, path: &KeyPath) -> Option<SecretValue> {
+        match value {
+            Value::String(_, text) => {
+                Some(SecretValue::new(SecretSource::Inline, text.clone().into()))
+            }
+            Value::Dict(_, dict) => {
+                self.unknown_keys(dict, path, &["env"]);
+                let Some(name) = self.field(Some(dict), path, "env", Self::string) else {
+                    if !dict.contains_key("env") {
+                        self.problem(
+                            &path.child("env"),
+                            "missing: name the variable that holds the secret",
+                        );
+                    }
+                    return None;
+                };
+                match std::env::var(&name) {
+                    Ok(secret) => Some(SecretValue::new(SecretSource::Env(name), secret.into())),
+                    Err(std::env::VarError::NotPresent) => {
+                        self.problem(
+                            &path.child("env"),
+                            format!("environment variable {name} is not set"),
+                        );
+                        None
+                    }
+                    Err(std::env::VarError::NotUnicode(_)) => {
+                        self.problem(
+                            &path.child("env"),
+                            format!("environment variable {name} is not UTF-8"),
+                        );
+                        None
+                    }
+                }
+            }
+            Value::Num(..) => {
+                self.problem(
+                    path,
+                    "expected a string; a secret made only of digits reads as a number, so quote it (in an environment variable: '\"...\"')",
+                );
+                None
+            }
+            other => {
+                self.problem(
+                    path,
+                    format!("expected a string or {{ env = \"VAR\" }}, found {}", kind(other)),
+                );
+                None
+            }
+        }
+    }
+}
+
+/// What kind of value this is, without its content (it may be a secret).
+pub(super) fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::String(..) | Value::Char(..) => "a string",
+        Value::Bool(..) => "a boolean",
+        Value::Num(..) => "a number",
+        Value::Empty(..) => "an empty value",
+        Value::Dict(..) => "a table",
+        Value::Array(..) => "an array",
+    }
+}
+
+pub(super) fn quoted(names: &[&str]) -> String {
+    names.iter().map(|name| format!("{name:?}")).collect::<Vec<_>>().join(", ")
+}
+
+/// The known key within edit distance 2 of `key`, for "did you mean".
+fn closest<'k>(key: &str, known: &[&'k str]) -> Option<&'k str> {
+    known
+        .iter()
+        .map(|candidate| (edit_distance(key, candidate), *candidate))
+        .filter(|(distance, _)| *distance <= 2)
+        .min_by_key(|(distance, _)| *distance)
+        .map(|(_, candidate)| candidate)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut previous: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut current = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let substitute = previous[j] + usize::from(ca != *cb);
+            current.push(substitute.min(previous[j + 1] + 1).min(current[j] + 1));
+        }
+        previous = current;
+    }
+    previous[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::read::POLICY_KEYS;
+
+    #[test]
+    fn edit_distance_counts_single_edits() {
+        assert_eq!(edit_distance("window", "window"), 0);
+        assert_eq!(edit_distance("windw", "window"), 1);
+        assert_eq!(edit_distance("limt", "limit"), 1);
+        assert_eq!(closest("windwo", POLICY_KEYS), Some("window"));
+        assert_eq!(closest("zzzzzzzz", POLICY_KEYS), None);
+    }
+}
