@@ -5,12 +5,22 @@
 //! and its count carries over, with `ASK` followed in the middle and `MOVED`
 //! after; a master that never saw the scripts answers `NOSCRIPT` once and
 //! the evaluation still succeeds.
+//!
+//! Every node has the least-privilege user of the ACL lane plus what the
+//! cluster client needs (`CLUSTER SLOTS` for the slot map, `ASKING` for an
+//! `ASK` redirect), and the adapters here log in as that user, so this lane
+//! also proves the cluster's ACL rule, found by testing against these
+//! servers with everything else denied.
+
+mod common;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use adapter_redis::fixture::RedisCluster;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, ScriptKind, Topology};
+use common::{RATE_LIMIT_PASSWORD, RATE_LIMIT_RULES, RATE_LIMIT_USER};
+use secrecy::SecretString;
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
     RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
@@ -18,9 +28,29 @@ use shared_contract::{
 
 const LIMIT: u64 = 10;
 
+/// What the cluster client needs beyond the standalone rule.
+// Without `+asking` the ASK step of the migration test is refused (checked by
+// removing it); `CLUSTER SHARDS` and `READONLY` are not needed (no reads from
+// replicas).
+const CLUSTER_RULES: &[&str] = &["+cluster|slots", "+asking"];
+
 fn cluster() -> &'static RedisCluster {
     static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
-    CLUSTER.get_or_init(RedisCluster::start)
+    CLUSTER.get_or_init(|| {
+        let cluster = RedisCluster::start();
+        for port in cluster.ports() {
+            // ACLs are per node: replicas too, for after a failover.
+            set_user(&cluster, port, RATE_LIMIT_USER, &[RATE_LIMIT_RULES, CLUSTER_RULES].concat());
+            set_user(&cluster, port, "standalone-rule-only", RATE_LIMIT_RULES);
+        }
+        cluster
+    })
+}
+
+fn set_user(cluster: &RedisCluster, port: u16, name: &str, rules: &[&str]) {
+    let mut command = vec!["ACL", "SETUSER", name];
+    command.extend_from_slice(rules);
+    assert_eq!(cluster.cli(port, &command), "OK", "ACL SETUSER {name} on {port}");
 }
 
 fn subject(n: u8) -> SubjectDigest {
@@ -38,9 +68,19 @@ fn policy(id: &str) -> RateLimitPolicy {
 }
 
 fn adapter(policy: &RateLimitPolicy, clock: &ManualClock) -> RedisEdgeRateLimitAdapter {
+    adapter_as(RATE_LIMIT_USER, policy, clock)
+}
+
+fn adapter_as(
+    user: &str,
+    policy: &RateLimitPolicy,
+    clock: &ManualClock,
+) -> RedisEdgeRateLimitAdapter {
     let settings = RedisSettings {
         topology: Topology::Cluster,
         urls: cluster().urls(),
+        username: Some(user.to_owned()),
+        password: Some(SecretString::from(RATE_LIMIT_PASSWORD)),
         command_timeout: Duration::from_secs(2),
         connect_timeout: Duration::from_secs(2),
         ..RedisSettings::default()
@@ -173,4 +213,29 @@ async fn a_master_that_never_saw_the_script_answers_noscript_once_and_the_evalua
     assert_eq!(remaining(&adapter, &clock, &sliding, &on_second).await, 9);
     assert!(script_loaded(masters[1], ScriptKind::SlidingCounter));
     assert_eq!(remaining(&adapter, &clock, &sliding, &on_second).await, 8);
+}
+
+/// The standalone rule alone cannot learn the slot map (`CLUSTER SLOTS` is
+/// refused): the adapter answers `UnavailableBeforeSend` and charges nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let policy = policy("standalone-rule");
+    let adapter = adapter_as("standalone-rule-only", &policy, &clock);
+    let request = RateLimitRequest {
+        policy_id: policy.id().clone(),
+        subject: subject(7),
+        cost: 1,
+        evaluation_id: EvaluationId::random(),
+        deadline: clock.monotonic() + Duration::from_secs(5),
+    };
+    assert!(matches!(
+        adapter.evaluate(request).await,
+        RateLimitOutcome::Unavailable {
+            category: shared_contract::UnavailableCategory::UnavailableBeforeSend,
+            ..
+        }
+    ));
+    let full = adapter_as(RATE_LIMIT_USER, &policy, &clock);
+    assert_eq!(remaining(&full, &clock, &policy, &subject(7)).await, LIMIT - 1);
 }

@@ -61,10 +61,14 @@ pub async fn inspector(server: &RedisServer) -> redis::aio::MultiplexedConnectio
 
 /// The least-privilege user, exactly as `ca-skeleton redis-acl` prints it for
 /// `redis.username = "ca-rate-limit"` and the default key prefix
-/// (`app-bootstrap/src/acl.rs`: `ACL SETUSER ca-rate-limit reset on
-/// >PASSWORD ~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get
-/// +set`). Keep this list identical to that output: the ACL lane proves the
-/// printed rule, not a look-alike.
+/// (`app-bootstrap/src/acl.rs`), a standalone server:
+///
+/// ```text
+/// ACL SETUSER ca-rate-limit reset on >PASSWORD ~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set
+/// ```
+///
+/// Keep this list identical to that output: the ACL lane proves the printed
+/// rule, not a look-alike.
 pub const RATE_LIMIT_USER: &str = "ca-rate-limit";
 pub const RATE_LIMIT_PASSWORD: &str = "rate-limit-pw";
 pub const RATE_LIMIT_RULES: &[&str] = &[
