@@ -25,10 +25,12 @@ pub struct AclRules {
 /// limited to the key pattern). `AUTH` is open to every user; the client
 /// sends no `HELLO` or `CLIENT SETINFO` (RESP2).
 const STANDALONE_COMMANDS: &[&str] = &["+evalsha", "+script|load", "+ping", "+get", "+set"];
-/// What the cluster client also needs: its slot map (`CLUSTER SLOTS`).
-/// Found the same way against a three-master cluster: `CLUSTER SHARDS` and
+/// What the cluster client also needs: its slot map (`CLUSTER SLOTS`) and
+/// `ASKING`, which it sends to follow an `ASK` redirect while a slot
+/// migrates. Found against real clusters (here on a settled one, and by
+/// adapter-redis's migration test for `ASKING`); `CLUSTER SHARDS` and
 /// `READONLY` are never sent (no reads from replicas).
-const CLUSTER_COMMANDS: &[&str] = &["+cluster|slots"];
+const CLUSTER_COMMANDS: &[&str] = &["+cluster|slots", "+asking"];
 
 /// The rule for `redis.username` (or [`DEFAULT_ACL_USER`]) on the key
 /// pattern `<key-prefix>*`. A configured password is given as its SHA-256
@@ -128,7 +130,7 @@ mod tests {
             rule.starts_with(&format!("ACL SETUSER edge reset on #{hash} ~app\\*\\[x\\]:* ")),
             "{rule}"
         );
-        assert!(rule.ends_with("+ping +get +set +cluster|slots"), "{rule}");
+        assert!(rule.ends_with("+ping +get +set +cluster|slots +asking"), "{rule}");
         assert!(!rule.contains("hunter2") && !rules.notes.concat().contains("hunter2"));
     }
 }
