@@ -37,6 +37,7 @@ use uuid::Uuid;
 const SUBJECTS: usize = 10_000;
 /// Units per subject per second in every policy, ours and governor's.
 const PER_SECOND: u64 = 100;
+const WINDOW: Duration = Duration::from_secs(1);
 
 /// Allowed and total decisions seen by one benchmark, for the printed mix.
 #[derive(Default)]
@@ -153,7 +154,7 @@ fn ours(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> Ours {
 /// before the store (request, boxed future, policy lookup), all denied.
 fn port_floor() -> Ours {
     let mut floor = ours(
-        Algorithm::FixedWindow { limit: PER_SECOND, window: Duration::from_secs(1) },
+        Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
         EvaluationDedupPolicy::Disabled,
     );
     floor.policy = PolicyId::new("not-held").expect("valid id");
@@ -189,49 +190,50 @@ fn run(contender: &dyn Contender, mix: &Mix, iters: u64, threads: u64) -> Durati
     start.elapsed()
 }
 
+/// Builds one contender; each is built just before its benchmarks and
+/// dropped after them, so one contender's memory (the dedupe records above
+/// all) never weighs on another's figures.
+type Build = fn() -> Box<dyn Contender>;
+
 fn decisions(c: &mut Criterion) {
-    let window = Duration::from_secs(1);
-    let contenders: Vec<(&str, Box<dyn Contender>)> = vec![
-        (
-            "fixed-window",
+    let contenders: [(&str, Build); 6] = [
+        ("governor-keyed", || Box::new(governor())),
+        ("port-floor", || Box::new(port_floor())),
+        ("fixed-window", || {
             Box::new(ours(
-                Algorithm::FixedWindow { limit: PER_SECOND, window },
+                Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
                 EvaluationDedupPolicy::Disabled,
-            )),
-        ),
-        (
-            "sliding-counter",
+            ))
+        }),
+        ("sliding-counter", || {
             Box::new(ours(
-                Algorithm::SlidingCounter { limit: PER_SECOND, window },
+                Algorithm::SlidingCounter { limit: PER_SECOND, window: WINDOW },
                 EvaluationDedupPolicy::Disabled,
-            )),
-        ),
-        (
-            "token-bucket",
+            ))
+        }),
+        ("token-bucket", || {
             Box::new(ours(
                 Algorithm::TokenBucket {
                     capacity: PER_SECOND,
                     refill_tokens: 1,
-                    refill_period: window / u32::try_from(PER_SECOND).expect("fits"),
+                    refill_period: WINDOW / u32::try_from(PER_SECOND).expect("fits"),
                 },
                 EvaluationDedupPolicy::Disabled,
-            )),
-        ),
-        (
-            "fixed-window+dedupe",
+            ))
+        }),
+        ("fixed-window+dedupe", || {
             Box::new(ours(
-                Algorithm::FixedWindow { limit: PER_SECOND, window },
+                Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
                 EvaluationDedupPolicy::enabled_defaults(),
-            )),
-        ),
-        ("governor-keyed", Box::new(governor())),
-        ("port-floor", Box::new(port_floor())),
+            ))
+        }),
     ];
-    for threads in [1, 2] {
-        let mut group = c.benchmark_group(format!("decision/{threads}-thread"));
-        for (name, contender) in &contenders {
+    for (name, build) in contenders {
+        let contender = build();
+        let mut group = c.benchmark_group(name);
+        for threads in [1, 2] {
             let mix = Mix::default();
-            group.bench_function(*name, |b| {
+            group.bench_function(format!("{threads}-thread"), |b| {
                 b.iter_custom(|iters| run(contender.as_ref(), &mix, iters, threads));
             });
             mix.report(&format!("{name} {threads}-thread"));
