@@ -286,7 +286,16 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             RateLimitOutcome::Indeterminate { .. }
                 if entry.dedup_enabled && Instant::now() < deadline =>
             {
-                self.run_script(entry, &key, &args, deadline).await
+                match self.run_script(entry, &key, &args, deadline).await {
+                    decided @ RateLimitOutcome::Evaluated(_) => decided,
+                    // Only a decision settles it: a retry that never ran (say,
+                    // the master died and its replica is not promoted yet)
+                    // proves nothing about the first attempt, which may have
+                    // charged.
+                    RateLimitOutcome::Unavailable { .. }
+                    | RateLimitOutcome::Incompatible { .. }
+                    | RateLimitOutcome::Indeterminate { .. } => outcome,
+                }
             }
             RateLimitOutcome::Evaluated(_)
             | RateLimitOutcome::Unavailable { .. }

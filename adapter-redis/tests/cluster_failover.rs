@@ -1,11 +1,14 @@
-//! Failover on a real Redis Cluster: under steady evaluations one master
-//! process is killed; while its replica takes over, every evaluation returns
-//! a typed outcome within its deadline; after the promotion, evaluations for
-//! that slot succeed again on the same adapter. Prints the recovery time and
-//! how many acknowledged increments the asynchronous replication lost
-//! (docs/operations.md quotes them).
+//! Failover on a real Redis Cluster: under steady evaluations (plus four
+//! tasks hammering the same subject) one master process is killed with
+//! `SIGKILL`, as in a crash; while its
+//! replica takes over, every evaluation returns a typed outcome within its
+//! deadline; after the promotion, evaluations for that slot succeed again on
+//! the same adapter. Prints the recovery time and how many acknowledged
+//! increments the asynchronous replication lost (docs/operations.md quotes
+//! them).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use adapter_redis::fixture::{NODE_TIMEOUT, RedisCluster};
@@ -22,6 +25,8 @@ const BUDGET: Duration = Duration::from_millis(500);
 const SLACK: Duration = Duration::from_millis(250);
 /// Pause between two rounds of steady traffic.
 const TICK: Duration = Duration::from_millis(20);
+/// Tasks evaluating the victim back to back across the failover.
+const HAMMERS: usize = 4;
 /// The longest a failover may take before the test gives up.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
 
@@ -30,23 +35,33 @@ fn subject(n: u8) -> SubjectDigest {
 }
 
 /// Tallies of the outcomes seen, by kind.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, Copy)]
 struct Tally {
     allowed: u64,
     before_send: u64,
     indeterminate: u64,
 }
 
-struct Traffic<'a> {
-    adapter: &'a RedisEdgeRateLimitAdapter,
-    clock: &'a ManualClock,
-    policy: &'a RateLimitPolicy,
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.allowed += other.allowed;
+        self.before_send += other.before_send;
+        self.indeterminate += other.indeterminate;
+    }
 }
 
-impl Traffic<'_> {
+#[derive(Clone)]
+struct Traffic {
+    adapter: Arc<RedisEdgeRateLimitAdapter>,
+    clock: ManualClock,
+    policy: RateLimitPolicy,
+}
+
+impl Traffic {
     /// One evaluation: it must come back within its deadline (plus slack)
     /// as a decision, `UnavailableBeforeSend` or `Indeterminate`: never a
-    /// hang, a panic, or another category.
+    /// hang, a panic, or another category. Returns the count after an
+    /// allowed decision.
     async fn evaluate(&self, who: &SubjectDigest, tally: &mut Tally) -> Option<u64> {
         let request = RateLimitRequest {
             policy_id: self.policy.id().clone(),
@@ -103,57 +118,77 @@ async fn a_killed_master_fails_over_and_its_slots_serve_again_without_rebuilding
     let adapter =
         RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone()))
             .unwrap();
-    let traffic = Traffic { adapter: &adapter, clock: &clock, policy: &policy };
+    let traffic = Traffic { adapter: Arc::new(adapter), clock, policy };
+    let key_of = |who: &SubjectDigest| traffic.adapter.keys().counter_key(&traffic.policy, who);
 
     // A victim subject on the first master, a bystander on another one.
     let masters: Vec<u16> = cluster.masters().iter().map(|master| master.port).collect();
-    let owner = |n: u8| {
-        cluster.owner_of_slot(cluster.keyslot(&adapter.keys().counter_key(&policy, &subject(n))))
-    };
+    let owner = |n: u8| cluster.owner_of_slot(cluster.keyslot(&key_of(&subject(n))));
     let victim = (0..=u8::MAX).find(|&n| owner(n) == masters[0]).map(subject).unwrap();
     let bystander = (0..=u8::MAX).find(|&n| owner(n) == masters[1]).map(subject).unwrap();
     let replica = cluster.replica_of(masters[0]);
+    let slot = cluster.keyslot(&key_of(&victim));
 
     // Steady traffic before the failure: everything is a decision.
-    let mut before = Tally::default();
-    let mut acknowledged = 0;
-    for _ in 0..50 {
-        acknowledged = traffic.evaluate(&victim, &mut before).await.expect("healthy cluster");
-        traffic.evaluate(&bystander, &mut before).await.expect("healthy cluster");
+    let mut steady = Tally::default();
+    for round in 1..=50 {
+        assert_eq!(traffic.evaluate(&victim, &mut steady).await, Some(round));
+        traffic.evaluate(&bystander, &mut Tally::default()).await.expect("healthy cluster");
         tokio::time::sleep(TICK).await;
     }
-    assert_eq!(before.allowed, 100);
-    assert_eq!(acknowledged, 50);
 
-    cluster.stop_node(masters[0]);
+    // Hammer the victim back to back, and kill its master under the load.
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammers: Vec<_> = (0..HAMMERS)
+        .map(|_| {
+            let (traffic, stop, victim) = (traffic.clone(), stop.clone(), victim.clone());
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                while !stop.load(Ordering::Relaxed) {
+                    traffic.evaluate(&victim, &mut tally).await;
+                }
+                tally
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The fixture blocks; let the runtime move the other tasks off this worker.
+    tokio::task::block_in_place(|| cluster.kill_node(masters[0]));
     let killed = Instant::now();
     let mut during = Tally::default();
     let mut bystander_tally = Tally::default();
-    let (recovery, count_after) = loop {
+    let recovery = loop {
         assert!(
             killed.elapsed() < RECOVERY_LIMIT,
             "no recovery within {RECOVERY_LIMIT:?}: {during:?}\n{}",
             cluster.logs()
         );
         traffic.evaluate(&bystander, &mut bystander_tally).await;
-        if let Some(count) = traffic.evaluate(&victim, &mut during).await {
-            break (killed.elapsed(), count);
+        if traffic.evaluate(&victim, &mut during).await.is_some() {
+            break killed.elapsed();
         }
         tokio::time::sleep(TICK).await;
     };
+    stop.store(true, Ordering::Relaxed);
+    let mut hammered = Tally::default();
+    for hammer in hammers {
+        hammered.add(hammer.await.expect("a hammer task panicked"));
+    }
     // The promoted replica now owns the slot, and the same adapter reached it.
-    let slot = cluster.keyslot(&adapter.keys().counter_key(&policy, &victim));
-    cluster.wait_until_settled(3);
+    tokio::task::block_in_place(|| cluster.wait_until_settled(3));
     assert_eq!(cluster.owner_of_slot(slot), replica);
 
-    // The count carried over, less what asynchronous replication lost;
-    // increments that ran but answered Indeterminate may add to it.
-    let charged_before_kill = acknowledged;
-    let lost = (charged_before_kill + 1).saturating_sub(count_after);
+    // The count carried over, less what asynchronous replication lost; an
+    // increment that ran but answered Indeterminate may add to it.
+    let acknowledged = steady.allowed + hammered.allowed + during.allowed;
+    let count = traffic.evaluate(&victim, &mut Tally::default()).await.expect("promoted") - 1;
+    let maybe_ran = hammered.indeterminate + during.indeterminate;
     assert!(
-        count_after <= charged_before_kill + during.indeterminate + 1,
-        "count {count_after} exceeds every charge that may have run"
+        count <= acknowledged + maybe_ran,
+        "count {count} exceeds every charge that may have run"
     );
+    let lost = acknowledged.saturating_sub(count);
+
     // Afterwards every evaluation on that slot is a decision again.
     let mut after = Tally::default();
     for _ in 0..20 {
@@ -162,16 +197,18 @@ async fn a_killed_master_fails_over_and_its_slots_serve_again_without_rebuilding
     assert_eq!(after.allowed, 20);
 
     // The old master comes back as a replica of its successor.
-    cluster.start_node(masters[0]);
-    cluster.wait_until_settled(3);
+    tokio::task::block_in_place(|| {
+        cluster.start_node(masters[0]);
+        cluster.wait_until_settled(3);
+    });
     assert_eq!(cluster.owner_of_slot(slot), replica);
     traffic.evaluate(&victim, &mut after).await.expect("still served after the rejoin");
 
     println!(
-        "failover: recovery {recovery:?} after the master was killed (cluster-node-timeout \
-         {NODE_TIMEOUT:?}); victim outcomes while failing over {during:?}; bystander on another \
-         master {bystander_tally:?}; increments acknowledged before the kill \
-         {charged_before_kill}, count after promotion {} (lost {lost})",
-        count_after - 1
+        "failover: recovery {recovery:?} after the master was killed with SIGKILL (cluster-node-timeout \
+         {NODE_TIMEOUT:?}); victim, steady caller while failing over: {during:?}; victim, \
+         {HAMMERS} back-to-back callers over the whole run: {hammered:?}; bystander on another \
+         master while failing over: {bystander_tally:?}; increments acknowledged \
+         {acknowledged}, count after promotion {count}, lost at least {lost}"
     );
 }

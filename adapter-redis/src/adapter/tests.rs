@@ -300,6 +300,27 @@ async fn with_dedupe_a_second_indeterminate_is_returned_as_is() {
 }
 
 #[tokio::test]
+async fn with_dedupe_a_retry_that_never_ran_keeps_the_first_indeterminate() {
+    for second in [GatewayFailure::NotSent, GatewayFailure::Refused, GatewayFailure::WrongType] {
+        let mut gateway = MockRedisGateway::new();
+        let mut order = Sequence::new();
+        gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
+        gateway
+            .expect_evalsha()
+            .times(1)
+            .in_sequence(&mut order)
+            .returning(|_, _, _, _| Err(GatewayFailure::ConnectionLost));
+        gateway
+            .expect_evalsha()
+            .times(1)
+            .in_sequence(&mut order)
+            .returning(move |_, _, _, _| Err(second));
+        // The first attempt may have charged: "nothing consumed" would be a lie.
+        assert_eq!(evaluate_once(&adapter(gateway, ON), 1).await, indeterminate(), "{second:?}");
+    }
+}
+
+#[tokio::test]
 async fn clock_unsafe_reply_is_unavailable_with_its_wait() {
     let adapter = adapter(gateway_answering(|| Ok(reply("clock_unsafe", 0, 0, 40, 0)), 1), ON);
     assert_eq!(
