@@ -5,7 +5,7 @@
 
 mod cluster;
 
-pub use cluster::ClusterGateway;
+pub use cluster::{ClusterGateway, SLOT_MAP_REFRESH};
 
 use std::fmt::{self, Debug};
 use std::sync::Mutex;

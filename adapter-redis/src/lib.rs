@@ -33,7 +33,9 @@ mod settings;
 
 pub use adapter::RedisEdgeRateLimitAdapter;
 pub use error::RedisAdapterError;
-pub use gateway::{ClusterGateway, GatewayFailure, RedisGateway, StandaloneGateway};
+pub use gateway::{
+    ClusterGateway, GatewayFailure, RedisGateway, SLOT_MAP_REFRESH, StandaloneGateway,
+};
 pub use keys::RateLimitKeys;
 pub use reply::{ReplyError, ReplyStatus, ScriptReply};
 pub use scripts::{RateLimitScripts, ScriptKind};

@@ -31,7 +31,7 @@ use super::{GatewayFailure, RedisGateway, TIMEOUTS_BEFORE_RECONNECT, classify};
 
 /// How old a cluster connection (and its slot map) may get before the
 /// gateway builds a new one in the background.
-pub(crate) const SLOT_MAP_REFRESH: Duration = Duration::from_secs(30);
+pub const SLOT_MAP_REFRESH: Duration = Duration::from_secs(30);
 
 /// First and longest pause between two attempts that were refused unrun.
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
@@ -45,6 +45,7 @@ pub struct ClusterGateway {
     /// The source behind each digest `script_load` returned, for `ASK`.
     sources: Mutex<HashMap<String, &'static str>>,
     connect_timeout: Duration,
+    slot_map_refresh: Duration,
     // Serializes connection attempts so a burst makes one, not hundreds.
     connecting: tokio::sync::Mutex<()>,
     consecutive_timeouts: AtomicU32,
@@ -117,14 +118,23 @@ impl ClusterGateway {
             }),
             sources: Mutex::new(HashMap::new()),
             connect_timeout,
+            slot_map_refresh: SLOT_MAP_REFRESH,
             connecting: tokio::sync::Mutex::new(()),
             consecutive_timeouts: AtomicU32::new(0),
         })
     }
 
+    /// Replaces the default [`SLOT_MAP_REFRESH`] interval (30 s) after which
+    /// a new cluster connection, with a freshly read slot map, is built in
+    /// the background.
+    pub fn with_slot_map_refresh(mut self, every: Duration) -> Self {
+        self.slot_map_refresh = every;
+        self
+    }
+
     async fn connection(&self, until: Instant) -> Result<Current, GatewayFailure> {
         if let Some(current) = self.shared.cached() {
-            if current.opened.elapsed() >= SLOT_MAP_REFRESH {
+            if current.opened.elapsed() >= self.slot_map_refresh {
                 self.shared.refresh_in_background(self.connect_timeout);
             }
             return Ok(current);
@@ -480,6 +490,39 @@ mod tests {
         assert_eq!(
             next_step(&reply_error("-CROSSSLOT Keys in request don't hash to the same slot\r\n")),
             Next::Stop(GatewayFailure::Refused)
+        );
+    }
+
+    #[cfg(feature = "test-fixture")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_slot_map_is_refreshed_periodically_in_the_background() {
+        let cluster = tokio::task::block_in_place(crate::fixture::RedisCluster::start);
+        let every = Duration::from_millis(200);
+        let gateway = ClusterGateway::new(
+            &cluster.urls(),
+            None,
+            None,
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+        )
+        .unwrap()
+        .with_slot_map_refresh(every);
+        let opened = || gateway.shared.generation.load(Ordering::Relaxed);
+        gateway.ping(Duration::from_secs(2)).await.unwrap();
+        assert_eq!(opened(), 1);
+        tokio::time::sleep(every + Duration::from_millis(50)).await;
+        // Served by the old connection, which starts the refresh.
+        gateway.ping(Duration::from_secs(2)).await.unwrap();
+        let waited = std::time::Instant::now();
+        while opened() < 2 {
+            assert!(waited.elapsed() < Duration::from_secs(5), "no refresh happened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let key = "ca:rl:{refresh}";
+        let digest = gateway.script_load("return 7", key, Duration::from_secs(2)).await.unwrap();
+        assert_eq!(
+            gateway.evalsha(&digest, key, &[], Duration::from_secs(2)).await,
+            Ok(Value::Int(7))
         );
     }
 
