@@ -18,7 +18,7 @@ use crate::store::MemoryStore;
 /// The embedded rate-limit provider: the three algorithms over a sharded
 /// in-process [`MemoryStore`], with the same clock-regression and dedupe
 /// semantics as every other provider. Never blocks on I/O; a decision holds
-/// one shard lock for a few hundred nanoseconds.
+/// one shard lock, only while it reads, decides and writes its key.
 #[derive(Debug)]
 pub struct MemoryEdgeRateLimitAdapter {
     store: MemoryStore,
