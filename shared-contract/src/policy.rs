@@ -1,6 +1,7 @@
 //! `RateLimitPolicy`: what a subject may do, validated once at construction.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dedup::EvaluationDedupPolicy;
@@ -18,16 +19,17 @@ pub const MAX_GRACE: Duration = Duration::from_secs(3600);
 pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
 
 /// A policy id: 1 to 64 characters of `[a-z0-9._-]`, safe inside a Redis key
-/// and a metric label.
+/// and a metric label. Shared, not copied: every request carries one, so a
+/// clone must not allocate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct PolicyId(String);
+pub struct PolicyId(Arc<str>);
 
 impl PolicyId {
     /// Validates `id`.
     pub fn new(id: impl Into<String>) -> Result<Self, ContractError> {
         let id = id.into();
         match policy_id_problem(&id) {
-            None => Ok(Self(id)),
+            None => Ok(Self(id.into())),
             Some(problem) => Err(ContractError::InvalidPolicyId(problem)),
         }
     }
@@ -304,7 +306,7 @@ impl RateLimitPolicyBuilder {
             return Err(ContractError::InvalidPolicy(violations));
         }
         Ok(RateLimitPolicy {
-            id: PolicyId(self.id),
+            id: PolicyId(self.id.into()),
             revision: self.revision,
             algorithm: self.algorithm,
             maximum_cost: self.maximum_cost,
