@@ -48,7 +48,8 @@ pub struct ClusterGateway {
     slot_map_refresh: Duration,
     // Serializes connection attempts so a burst makes one, not hundreds.
     connecting: tokio::sync::Mutex<()>,
-    consecutive_timeouts: AtomicU32,
+    /// Timeouts and lost connections in a row (a success resets it).
+    ambiguous_in_a_row: AtomicU32,
 }
 
 /// What the background refresh needs too.
@@ -120,7 +121,7 @@ impl ClusterGateway {
             connect_timeout,
             slot_map_refresh: SLOT_MAP_REFRESH,
             connecting: tokio::sync::Mutex::new(()),
-            consecutive_timeouts: AtomicU32::new(0),
+            ambiguous_in_a_row: AtomicU32::new(0),
         })
     }
 
@@ -149,7 +150,7 @@ impl ClusterGateway {
         let until = until.min(Instant::now() + self.connect_timeout);
         match tokio::time::timeout_at(until, self.shared.client.get_async_connection()).await {
             Ok(Ok(connection)) => {
-                self.consecutive_timeouts.store(0, Ordering::Relaxed);
+                self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                 Ok(self.shared.install(connection))
             }
             Ok(Err(error)) => {
@@ -211,7 +212,7 @@ impl ClusterGateway {
             };
             let error = match result {
                 Ok(value) => {
-                    self.consecutive_timeouts.store(0, Ordering::Relaxed);
+                    self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                     return Ok(value);
                 }
                 Err(error) => error,
@@ -219,6 +220,10 @@ impl ClusterGateway {
             match next_step(&error) {
                 Next::Stop(GatewayFailure::TimedOut) => {
                     return Err(self.timed_out(current.generation));
+                }
+                Next::Stop(GatewayFailure::ConnectionLost) => {
+                    tracing::warn!(kind = error.category(), "redis cluster connection lost");
+                    return Err(self.connection_lost(current.generation));
                 }
                 Next::Stop(failure) => {
                     if failure != GatewayFailure::NoScript {
@@ -247,13 +252,26 @@ impl ClusterGateway {
     }
 
     fn timed_out(&self, generation: u64) -> GatewayFailure {
-        let timeouts = self.consecutive_timeouts.fetch_add(1, Ordering::Relaxed) + 1;
-        if timeouts >= TIMEOUTS_BEFORE_RECONNECT {
-            tracing::warn!(timeouts, "redis cluster keeps timing out; replacing the connection");
-            self.consecutive_timeouts.store(0, Ordering::Relaxed);
+        self.count_ambiguous_failure(generation);
+        GatewayFailure::TimedOut
+    }
+
+    fn connection_lost(&self, generation: u64) -> GatewayFailure {
+        self.count_ambiguous_failure(generation);
+        GatewayFailure::ConnectionLost
+    }
+
+    /// The client repairs a dropped node connection by itself, so one lost
+    /// connection keeps the cluster connection; but a run of timeouts (a
+    /// blackholed node) or of lost connections (say, the client's driver
+    /// task is gone) replaces it.
+    fn count_ambiguous_failure(&self, generation: u64) {
+        let failures = self.ambiguous_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if failures >= TIMEOUTS_BEFORE_RECONNECT {
+            tracing::warn!(failures, "redis cluster keeps failing; replacing the connection");
+            self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
             self.shared.discard(generation);
         }
-        GatewayFailure::TimedOut
     }
 }
 
