@@ -116,9 +116,11 @@ impl PolicyEntry {
 }
 
 impl RedisEdgeRateLimitAdapter {
-    /// Validates settings; connects lazily (first evaluate / is_ready), so a
-    /// service can start while Redis is down and /readyz reports it;
-    /// reconnects by itself after Redis restarts.
+    /// Validates settings and picks the gateway of `settings.topology`
+    /// (standalone, or Redis Cluster over the seed `urls`); connects lazily
+    /// (first evaluate / is_ready), so a service can start while Redis is
+    /// down and /readyz reports it; reconnects by itself after Redis
+    /// restarts or a cluster fails over.
     pub fn new(
         settings: RedisSettings,
         policies: impl IntoIterator<Item = RateLimitPolicy>,
