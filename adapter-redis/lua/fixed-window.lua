@@ -1,9 +1,13 @@
 -- Fixed window (docs/algorithms.md): state = mark, window start, count.
-local HEADER = 24
+-- The first byte tags the algorithm, so state written under another
+-- algorithm (a policy changed it without a new revision) is refused, not misread.
+local TAG = 'F'
+local HEADER = 25
 -- BEGIN shared prelude (byte-identical in all three scripts; a unit test checks it)
 -- KEYS[1] is the subject's counter key. Its value is one string: the state
--- header (doubles packed with struct.pack, the first one being the mark, the
--- highest caller time at which the state was written), then the dedupe
+-- header (the algorithm's tag byte, then doubles packed with struct.pack,
+-- the first one being the mark, the highest caller time at which the state
+-- was written), then the dedupe
 -- records, 40 bytes each, oldest first: evaluation id (16 bytes), remaining,
 -- reset_after, written_at (doubles). Doubles hold every integer below 2^53
 -- exactly, and nothing here is ever formatted as text.
@@ -25,10 +29,10 @@ local raw = redis.call('GET', key)
 local header = nil
 local records = ''
 if raw then
-  if #raw < HEADER or (#raw - HEADER) % RECORD ~= 0 then
+  if #raw < HEADER or (#raw - HEADER) % RECORD ~= 0 or string.sub(raw, 1, 1) ~= TAG then
     return {'corrupt', 0, 0, 0, 0}
   end
-  local mark = struct.unpack('d', raw)
+  local mark = struct.unpack('d', raw, 2)
   if mark - now > regression then
     return {'clock_unsafe', 0, 0, mark - now - regression, 0}
   end
@@ -78,7 +82,7 @@ local function store(state, state_end)
   end
   local lifetime = last - now + slack
   if lifetime < 1 then lifetime = 1 end
-  redis.call('SET', key, state .. records, 'PX', lifetime)
+  redis.call('SET', key, TAG .. state .. records, 'PX', lifetime)
 end
 -- END shared prelude
 
@@ -87,7 +91,7 @@ local window = tonumber(ARGV[9])
 local window_start = now - now % window
 local count = 0
 if header then
-  local stored_start, stored_count = struct.unpack('dd', header, 9)
+  local stored_start, stored_count = struct.unpack('dd', header, 10)
   if stored_start == window_start then count = stored_count end
 end
 local reset_after = window_start + window - now

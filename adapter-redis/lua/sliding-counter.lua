@@ -1,10 +1,14 @@
 -- Sliding counter (docs/algorithms.md): state = mark, window start, current
 -- count, previous count.
-local HEADER = 32
+-- The first byte tags the algorithm, so state written under another
+-- algorithm (a policy changed it without a new revision) is refused, not misread.
+local TAG = 'S'
+local HEADER = 33
 -- BEGIN shared prelude (byte-identical in all three scripts; a unit test checks it)
 -- KEYS[1] is the subject's counter key. Its value is one string: the state
--- header (doubles packed with struct.pack, the first one being the mark, the
--- highest caller time at which the state was written), then the dedupe
+-- header (the algorithm's tag byte, then doubles packed with struct.pack,
+-- the first one being the mark, the highest caller time at which the state
+-- was written), then the dedupe
 -- records, 40 bytes each, oldest first: evaluation id (16 bytes), remaining,
 -- reset_after, written_at (doubles). Doubles hold every integer below 2^53
 -- exactly, and nothing here is ever formatted as text.
@@ -26,10 +30,10 @@ local raw = redis.call('GET', key)
 local header = nil
 local records = ''
 if raw then
-  if #raw < HEADER or (#raw - HEADER) % RECORD ~= 0 then
+  if #raw < HEADER or (#raw - HEADER) % RECORD ~= 0 or string.sub(raw, 1, 1) ~= TAG then
     return {'corrupt', 0, 0, 0, 0}
   end
-  local mark = struct.unpack('d', raw)
+  local mark = struct.unpack('d', raw, 2)
   if mark - now > regression then
     return {'clock_unsafe', 0, 0, mark - now - regression, 0}
   end
@@ -79,7 +83,7 @@ local function store(state, state_end)
   end
   local lifetime = last - now + slack
   if lifetime < 1 then lifetime = 1 end
-  redis.call('SET', key, state .. records, 'PX', lifetime)
+  redis.call('SET', key, TAG .. state .. records, 'PX', lifetime)
 end
 -- END shared prelude
 
@@ -89,7 +93,7 @@ local window_start = now - now % window
 local elapsed = now - window_start
 local current, previous = 0, 0
 if header then
-  local stored_start, stored_current, stored_previous = struct.unpack('ddd', header, 9)
+  local stored_start, stored_current, stored_previous = struct.unpack('ddd', header, 10)
   if stored_start == window_start then
     current, previous = stored_current, stored_previous
   elseif stored_start == window_start - window then

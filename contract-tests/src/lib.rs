@@ -57,7 +57,8 @@ pub use checks::invariants::{
     decisions_report_limit_and_certainty, retry_after_is_zero_when_allowed_and_minimal_when_denied,
 };
 pub use checks::isolation::{
-    policies_are_isolated, policy_revisions_are_isolated, subjects_are_isolated,
+    algorithm_change_without_a_new_revision_is_state_incompatible, policies_are_isolated,
+    policy_revisions_are_isolated, subjects_are_isolated,
 };
 pub use checks::lifetime::{
     key_lifetime_covers_the_state_and_live_records, long_idle_state_acts_fresh,

@@ -37,6 +37,7 @@ macro_rules! __contract_checks {
             subjects_are_isolated,
             policies_are_isolated,
             policy_revisions_are_isolated,
+            algorithm_change_without_a_new_revision_is_state_incompatible,
             clock_regression_within_the_bound_uses_the_mark,
             clock_regression_within_the_bound_applies_to_every_algorithm,
             clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothing,

@@ -1,6 +1,8 @@
 //! A key is one (policy id, policy revision, subject digest): budgets of
 //! different keys never touch each other.
 
+use shared_contract::{IncompatibleCategory, RateLimitOutcome};
+
 use crate::factory::ProviderFactory;
 use crate::rig::{CheckPolicy, Rig, fixed_window, sliding_counter, token_bucket};
 
@@ -55,4 +57,32 @@ pub async fn policy_revisions_are_isolated(factory: &dyn ProviderFactory) {
     rig.rebuild(&[&revision_2]).await;
     // Revision 2 kept its one charge: n = 2, remaining 1.
     rig.expect("revision 2 again", &revision_2, "alice", 1, revision_2.allowed(1, 1000)).await;
+}
+
+/// A policy that changes its algorithm but keeps its id and revision meets
+/// state it cannot read (docs/algorithms.md, "Order of an evaluation", step
+/// 3): `Incompatible(StateIncompatible)` for a subject with state, and that
+/// state is left as it was; a subject without state is evaluated normally.
+/// Changing the algorithm takes a new revision.
+pub async fn algorithm_change_without_a_new_revision_is_state_incompatible(
+    factory: &dyn ProviderFactory,
+) {
+    const STATE_INCOMPATIBLE: RateLimitOutcome =
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible };
+    let fixed = CheckPolicy::new(fixed_window("p", 3, 1000));
+    let bucket = CheckPolicy::new(token_bucket("p", 5, 1, 100));
+    let sliding = CheckPolicy::new(sliding_counter("p", 10, 1000));
+    let mut rig = Rig::start(factory, &[&fixed]).await;
+    rig.at(0);
+    rig.expect("fixed window charges", &fixed, "alice", 1, fixed.allowed(2, 1000)).await;
+    rig.rebuild(&[&bucket]).await;
+    rig.expect("bucket meets fixed-window state", &bucket, "alice", 1, STATE_INCOMPATIBLE).await;
+    // No state: a full bucket of 5 gives one token, refilled after one period.
+    rig.expect("bucket for a new subject", &bucket, "bob", 1, bucket.allowed(4, 100)).await;
+    rig.rebuild(&[&sliding]).await;
+    rig.expect("sliding meets fixed-window state", &sliding, "alice", 1, STATE_INCOMPATIBLE).await;
+    rig.expect("sliding meets bucket state", &sliding, "bob", 1, STATE_INCOMPATIBLE).await;
+    rig.rebuild(&[&fixed]).await;
+    // The fixed window kept its one charge: n = 2, remaining 1.
+    rig.expect("fixed window untouched", &fixed, "alice", 1, fixed.allowed(1, 1000)).await;
 }
