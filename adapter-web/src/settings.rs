@@ -26,7 +26,8 @@ pub struct EdgeSettings {
     /// Policy by operation id (`"GET /api/orders/{id}"`).
     pub operations: HashMap<String, PolicyId>,
     /// Problem `type` URIs are this plus the category name. Default
-    /// `https://ca-skeleton.dev/problems/`.
+    /// `https://ca-skeleton.invalid/problems/`: `.invalid` can never belong
+    /// to someone else; a service sets its own documentation URL.
     pub problem_type_base: String,
 }
 
@@ -45,7 +46,7 @@ impl Default for EdgeSettings {
 }
 
 /// The default [`EdgeSettings::problem_type_base`].
-pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.dev/problems/";
+pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.invalid/problems/";
 
 impl EdgeSettings {
     /// Checks what the types cannot: a non-zero budget, and a problem type

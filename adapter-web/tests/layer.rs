@@ -19,7 +19,7 @@ use shared_contract::{
 };
 use support::{Harness, ORDER_OPERATION, ScriptedPort, Via};
 
-const PROBLEMS: &str = "https://ca-skeleton.dev/problems/";
+const PROBLEMS: &str = "https://ca-skeleton.invalid/problems/";
 
 fn policies() -> Vec<RateLimitPolicy> {
     let orders = Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(60) };
