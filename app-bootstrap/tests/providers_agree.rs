@@ -1,0 +1,511 @@
+//! Differential property test: the memory and Redis providers answer every
+//! request with the same `RateLimitOutcome`, bit for bit, for random policies
+//! and random request sequences (DESIGN section 4: "all providers return the
+//! same tuple for the same inputs"). The contract suite pins fixed scenarios;
+//! this explores random ones, clock regressions and dedupe replays included.
+//!
+//! Both providers live here because app-bootstrap is the one crate allowed to
+//! know both. Redis is a private `redis-server` on a free loopback port
+//! (never 6379), started once for this test binary.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use adapter_memory::MemoryEdgeRateLimitAdapter;
+use adapter_redis::fixture::RedisServer;
+use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
+use proptest::collection::vec;
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use shared_contract::{
+    Algorithm, Certainty, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, EvaluationDedupPolicy,
+    EvaluationId, IncompatibleCategory, ManualClock, RateLimitDecision, RateLimitOutcome,
+    RateLimitPolicy, RateLimitRequest, SubjectDigest, UnavailableCategory,
+};
+use uuid::Uuid;
+
+/// Start of every case's caller clock (epoch ms), as the brief fixes it.
+const T0: u64 = 1_800_000_000_000;
+/// Subjects a case spreads its requests over.
+const SUBJECTS: usize = 3;
+/// How far back a repeated evaluation id may reach among the ids issued.
+const RECENT_IDS: usize = 4;
+/// Cases per algorithm: enough to find a disagreement, few enough for a
+/// debug build to stay quick.
+const CASES: u32 = 64;
+/// Far enough that no request ever meets its deadline.
+const DEADLINE: Duration = Duration::from_secs(10);
+/// Key lifetimes carry this grace, far beyond a case's real duration, so
+/// Redis's real-time expiry never removes a key the memory provider keeps.
+const CLEANUP_GRACE: Duration = Duration::from_secs(600);
+
+/// Counts every case so each one gets its own Redis key prefix.
+static CASE_COUNTER: AtomicU64 = AtomicU64::new(0);
+
+#[derive(Debug, Clone, Copy)]
+enum Shape {
+    FixedWindow,
+    SlidingCounter,
+    TokenBucket,
+}
+
+/// One random case: a policy and the requests made under it.
+#[derive(Debug, Clone)]
+struct Scenario {
+    policy: RateLimitPolicy,
+    steps: Vec<Step>,
+}
+
+impl Scenario {
+    /// The policy, then one line per step: readable where `{:#?}` is not.
+    fn describe(&self) -> String {
+        let mut text = format!("policy: {:?}\n", self.policy);
+        for (index, step) in self.steps.iter().enumerate() {
+            text.push_str(&format!("  step {index}: {step:?}\n"));
+        }
+        text
+    }
+}
+
+/// One request, preceded by a move of both caller clocks.
+#[derive(Debug, Clone, Copy)]
+struct Step {
+    clock: ClockMove,
+    subject: usize,
+    cost: u64,
+    id: IdChoice,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum ClockMove {
+    /// Both readings forward by this many ms.
+    Forward(u64),
+    /// The wall clock back by this many ms, as an NTP step would.
+    Back(u64),
+}
+
+#[derive(Debug, Clone, Copy)]
+enum IdChoice {
+    /// A new evaluation id.
+    Fresh,
+    /// The k-th most recent fresh id (0 = the last), to provoke replays.
+    Repeat(usize),
+}
+
+fn millis(ms: u64) -> Duration {
+    Duration::from_millis(ms)
+}
+
+/// Windows and periods: mostly short, so cases cross many of them, and
+/// sometimes a few hundred ms, so requests pile up inside one.
+fn period_ms() -> impl Strategy<Value = u64> {
+    prop_oneof![3 => 1..=50_u64, 1 => 100..=400_u64]
+}
+
+fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
+    match shape {
+        Shape::FixedWindow => (1..=8_u64, period_ms())
+            .prop_map(|(limit, window)| Algorithm::FixedWindow { limit, window: millis(window) })
+            .boxed(),
+        Shape::SlidingCounter => (1..=8_u64, period_ms())
+            .prop_map(|(limit, window)| Algorithm::SlidingCounter { limit, window: millis(window) })
+            .boxed(),
+        Shape::TokenBucket => (1..=8_u64, 1..=3_u64, period_ms())
+            .prop_map(|(capacity, refill_tokens, period)| Algorithm::TokenBucket {
+                capacity,
+                refill_tokens,
+                refill_period: millis(period),
+            })
+            .boxed(),
+    }
+}
+
+/// Dedupe off, or on with a small ttl and a capacity of 1 to 4 records set
+/// by either bound (entries, or stored bytes that are not a whole number of
+/// records), so eviction and expiry both happen within a case.
+fn dedup() -> impl Strategy<Value = EvaluationDedupPolicy> {
+    let enabled = (1..=100_u64, 1..=4_u32, 1..=5_u32, 0..DEDUP_RECORD_BYTES).prop_map(
+        |(ttl, max_entries, records, spare_bytes)| EvaluationDedupPolicy::Enabled {
+            ttl: millis(ttl),
+            max_entries,
+            max_stored_bytes: records * DEDUP_RECORD_BYTES + spare_bytes,
+        },
+    );
+    prop_oneof![1 => Just(EvaluationDedupPolicy::Disabled), 3 => enabled]
+}
+
+fn policy(shape: Shape) -> impl Strategy<Value = RateLimitPolicy> {
+    algorithm(shape)
+        .prop_flat_map(|algorithm| (Just(algorithm), 1..=algorithm.limit(), 0..=30_u64, dedup()))
+        .prop_map(|(algorithm, maximum_cost, regression, dedup)| {
+            RateLimitPolicy::builder("diff.random", algorithm)
+                .maximum_cost(maximum_cost)
+                .maximum_clock_regression(millis(regression))
+                .cleanup_grace(CLEANUP_GRACE)
+                .evaluation_dedup(dedup)
+                .build()
+                .expect("the strategy only builds valid policies")
+        })
+}
+
+/// A step; costs run from 0 to one above the maximum so both ends of
+/// `CostExceedsMaximum` come up.
+fn step(maximum_cost: u64) -> impl Strategy<Value = Step> {
+    let clock = prop_oneof![
+        5 => (0..=40_u64).prop_map(ClockMove::Forward),
+        1 => (0..=50_u64).prop_map(ClockMove::Back),
+    ];
+    let id =
+        prop_oneof![3 => Just(IdChoice::Fresh), 1 => (0..RECENT_IDS).prop_map(IdChoice::Repeat)];
+    (clock, 0..SUBJECTS, 0..=maximum_cost + 1, id).prop_map(|(clock, subject, cost, id)| Step {
+        clock,
+        subject,
+        cost,
+        id,
+    })
+}
+
+fn scenario(shape: Shape) -> impl Strategy<Value = Scenario> {
+    policy(shape).prop_flat_map(|policy| {
+        let steps = vec(step(policy.maximum_cost()), 1..=60);
+        (Just(policy), steps).prop_map(|(policy, steps)| Scenario { policy, steps })
+    })
+}
+
+fn redis() -> &'static RedisServer {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start)
+}
+
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RUNTIME.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("build the tokio runtime")
+    })
+}
+
+fn subject(index: usize) -> SubjectDigest {
+    SubjectDigest::parse(format!("v1:{:032x}", index + 1)).expect("a valid digest")
+}
+
+/// What the random cases reached, so a strategy that stops exercising a
+/// branch (say, replays) fails loudly instead of passing vacuously.
+#[derive(Debug, Default)]
+struct Tally {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    replayed: AtomicU64,
+    clock_unsafe: AtomicU64,
+    cost_rejected: AtomicU64,
+}
+
+impl Tally {
+    fn count(&self, outcome: &RateLimitOutcome) {
+        let counter = match outcome {
+            RateLimitOutcome::Evaluated(decision) if decision.replayed => &self.replayed,
+            RateLimitOutcome::Evaluated(decision) if decision.allowed => &self.allowed,
+            RateLimitOutcome::Evaluated(_) => &self.denied,
+            RateLimitOutcome::Unavailable { .. } => &self.clock_unsafe,
+            RateLimitOutcome::Incompatible { .. } => &self.cost_rejected,
+            // `expected_kind` rejects it before it is counted.
+            RateLimitOutcome::Indeterminate { .. } => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn assert_covered(&self, shape: Shape) {
+        for (name, counter) in [
+            ("allowed", &self.allowed),
+            ("denied", &self.denied),
+            ("replayed", &self.replayed),
+            ("clock-unsafe", &self.clock_unsafe),
+            ("cost-exceeds-maximum", &self.cost_rejected),
+        ] {
+            assert!(
+                counter.load(Ordering::Relaxed) > 0,
+                "{shape:?}: no random case produced a {name} outcome; the strategy lost coverage \
+                 ({self:?})"
+            );
+        }
+    }
+}
+
+/// The only outcomes a healthy provider gives these requests: a decision,
+/// a clock regression beyond the bound, or a cost outside 1..=maximum.
+fn expected_kind(outcome: &RateLimitOutcome) -> bool {
+    match outcome {
+        RateLimitOutcome::Evaluated(_) => true,
+        RateLimitOutcome::Unavailable { category, .. } => match category {
+            UnavailableCategory::ClockUnsafe => true,
+            UnavailableCategory::AdmissionRejected | UnavailableCategory::UnavailableBeforeSend => {
+                false
+            }
+        },
+        RateLimitOutcome::Incompatible { category } => match category {
+            IncompatibleCategory::CostExceedsMaximum => true,
+            IncompatibleCategory::UnknownPolicy | IncompatibleCategory::StateIncompatible => false,
+        },
+        RateLimitOutcome::Indeterminate { .. } => false,
+    }
+}
+
+/// Both providers under one policy, each with its own manual clock, the
+/// two clocks always moved alike.
+#[derive(Debug)]
+struct Pair {
+    policy: RateLimitPolicy,
+    memory: MemoryEdgeRateLimitAdapter,
+    memory_clock: ManualClock,
+    redis: RedisEdgeRateLimitAdapter,
+    redis_clock: ManualClock,
+}
+
+impl Pair {
+    fn new(policy: &RateLimitPolicy) -> Self {
+        let case = CASE_COUNTER.fetch_add(1, Ordering::Relaxed);
+        let memory_clock = ManualClock::new(T0);
+        let redis_clock = ManualClock::new(T0);
+        let memory =
+            MemoryEdgeRateLimitAdapter::new([policy.clone()], Arc::new(memory_clock.clone()))
+                .expect("a valid memory adapter");
+        let settings = RedisSettings {
+            urls: vec![redis().url()],
+            // A fresh prefix per case: no case ever reads another's keys.
+            key_prefix: format!("ca:rl:pa{case}:"),
+            // Generous, so a loaded machine never turns a reply into a timeout.
+            connect_timeout: Duration::from_secs(5),
+            command_timeout: Duration::from_secs(5),
+            ..RedisSettings::default()
+        };
+        let redis = RedisEdgeRateLimitAdapter::new(
+            settings,
+            [policy.clone()],
+            Arc::new(redis_clock.clone()),
+        )
+        .expect("a valid redis adapter");
+        Self { policy: policy.clone(), memory, memory_clock, redis, redis_clock }
+    }
+
+    fn move_clocks(&self, step: ClockMove) {
+        for clock in [&self.memory_clock, &self.redis_clock] {
+            match step {
+                ClockMove::Forward(ms) => clock.advance(millis(ms)),
+                ClockMove::Back(ms) => clock.set_epoch_millis(clock.epoch_millis() - ms),
+            }
+        }
+    }
+
+    /// Milliseconds since `T0` on both clocks (negative after a step back).
+    fn elapsed(&self) -> i128 {
+        i128::from(self.memory_clock.epoch_millis()) - i128::from(T0)
+    }
+
+    /// The same request to both providers: (memory, redis).
+    async fn evaluate(
+        &self,
+        subject: &SubjectDigest,
+        cost: u64,
+        evaluation_id: EvaluationId,
+    ) -> (RateLimitOutcome, RateLimitOutcome) {
+        let request = |clock: &ManualClock| RateLimitRequest {
+            policy_id: self.policy.id().clone(),
+            subject: subject.clone(),
+            cost,
+            evaluation_id,
+            deadline: clock.monotonic() + DEADLINE,
+        };
+        let from_memory = self.memory.evaluate(request(&self.memory_clock)).await;
+        let from_redis = self.redis.evaluate(request(&self.redis_clock)).await;
+        (from_memory, from_redis)
+    }
+}
+
+/// Ids numbered within a case, so a shrunk case replays the same way.
+fn numbered_id(number: usize) -> EvaluationId {
+    EvaluationId::from_uuid(Uuid::from_u128(number as u128))
+}
+
+async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseError> {
+    let policy = &scenario.policy;
+    let pair = Pair::new(policy);
+    let subjects: Vec<SubjectDigest> = (0..SUBJECTS).map(subject).collect();
+    let mut issued: Vec<EvaluationId> = Vec::new();
+    for (index, step) in scenario.steps.iter().enumerate() {
+        pair.move_clocks(step.clock);
+        let repeated = match step.id {
+            IdChoice::Fresh => None,
+            IdChoice::Repeat(back) => issued.iter().rev().nth(back).copied(),
+        };
+        let evaluation_id = repeated.unwrap_or_else(|| {
+            let fresh = numbered_id(issued.len() + 1);
+            issued.push(fresh);
+            fresh
+        });
+        let (from_memory, from_redis) =
+            pair.evaluate(&subjects[step.subject], step.cost, evaluation_id).await;
+        prop_assert_eq!(
+            from_memory,
+            from_redis,
+            "step {} ({:?}) at t = T0 + {} ms: memory (left) and redis (right) disagree",
+            index,
+            step,
+            pair.elapsed()
+        );
+        prop_assert!(expected_kind(&from_memory), "step {index}: unexpected {from_memory:?}");
+        let cost_out_of_range = step.cost == 0 || step.cost > policy.maximum_cost();
+        prop_assert_eq!(
+            matches!(
+                from_memory,
+                RateLimitOutcome::Incompatible {
+                    category: IncompatibleCategory::CostExceedsMaximum
+                }
+            ),
+            cost_out_of_range,
+            "step {}: cost {} against maximum {} gave {:?}",
+            index,
+            step.cost,
+            policy.maximum_cost(),
+            from_memory
+        );
+        tally.count(&from_memory);
+    }
+    Ok(())
+}
+
+/// Runs `CASES` random scenarios of one algorithm; on a disagreement,
+/// proptest shrinks it and the panic shows the minimal scenario.
+fn providers_agree(shape: Shape) {
+    let tally = Tally::default();
+    // No persistence: a failing seed must not land in the repository unasked.
+    // A generous shrink budget: a case runs in milliseconds, and only a
+    // failing run spends it.
+    let config = Config {
+        cases: CASES,
+        max_shrink_iters: 8192,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new(config);
+    let result =
+        runner.run(&scenario(shape), |scenario| runtime().block_on(run_case(&scenario, &tally)));
+    match result {
+        Ok(()) => {}
+        Err(TestError::Fail(reason, minimal)) => {
+            panic!("{shape:?}: {reason}\nminimal scenario:\n{}", minimal.describe())
+        }
+        Err(TestError::Abort(reason)) => panic!("{shape:?}: proptest aborted: {reason}"),
+    }
+    tally.assert_covered(shape);
+}
+
+#[test]
+fn fixed_window_providers_agree_on_random_sequences() {
+    providers_agree(Shape::FixedWindow);
+}
+
+#[test]
+fn sliding_counter_providers_agree_on_random_sequences() {
+    providers_agree(Shape::SlidingCounter);
+}
+
+#[test]
+fn token_bucket_providers_agree_on_random_sequences() {
+    providers_agree(Shape::TokenBucket);
+}
+
+fn fixed_decision(
+    allowed: bool,
+    remaining: u64,
+    retry: u64,
+    reset: u64,
+    replayed: bool,
+) -> RateLimitOutcome {
+    RateLimitOutcome::Evaluated(RateLimitDecision {
+        allowed,
+        limit: 2,
+        remaining,
+        retry_after: millis(retry),
+        reset_after: millis(reset),
+        certainty: Certainty::Certain,
+        replayed,
+    })
+}
+
+/// Fixed window of 2 per 1000 ms (T0 is a multiple of it), dedupe records
+/// live 50 ms, clock may lag 10 ms.
+fn pinned_policy() -> RateLimitPolicy {
+    RateLimitPolicy::builder(
+        "diff.pinned",
+        Algorithm::FixedWindow { limit: 2, window: millis(1000) },
+    )
+    .maximum_cost(2)
+    .maximum_clock_regression(millis(10))
+    .cleanup_grace(CLEANUP_GRACE)
+    .evaluation_dedup(EvaluationDedupPolicy::Enabled {
+        ttl: millis(50),
+        max_entries: 4,
+        max_stored_bytes: 4 * DEDUP_RECORD_BYTES,
+    })
+    .build()
+    .expect("a valid policy")
+}
+
+/// Runs `steps` (clock move, cost, evaluation id number, expected outcome)
+/// for one subject on both providers; each must give what the spec says.
+fn check_pinned(steps: &[(ClockMove, u64, usize, RateLimitOutcome)]) {
+    let subject = subject(0);
+    runtime().block_on(async {
+        let pair = Pair::new(&pinned_policy());
+        for (index, &(clock, cost, id, want)) in steps.iter().enumerate() {
+            pair.move_clocks(clock);
+            let (from_memory, from_redis) = pair.evaluate(&subject, cost, numbered_id(id)).await;
+            assert!(
+                from_memory == want && from_redis == want,
+                "step {index}: docs/algorithms.md wants {want:?}\n  memory gave {from_memory:?}\n  \
+                 redis gave {from_redis:?}"
+            );
+        }
+    });
+}
+
+/// The smallest disagreement the random cases found, pinned with the
+/// numbers of docs/algorithms.md. A denial writes nothing, so the record it
+/// saw expire is still stored; after a clock step back inside the bound the
+/// record is live again (`written_at + ttl > t`) and its id must replay,
+/// not charge a second time.
+#[test]
+fn a_denial_leaves_an_expired_record_for_a_lagging_clock_to_replay() {
+    check_pinned(&[
+        // t = T0: n = 1, remaining 1, reset 1000; record {1, written_at T0}.
+        (ClockMove::Forward(0), 1, 1, fixed_decision(true, 1, 0, 1000, false)),
+        // t = T0 + 50: record 1 is expired for this evaluation
+        // (T0 + 50 <= t); 1 + 2 > 2 is denied and nothing is written.
+        (ClockMove::Forward(50), 2, 2, fixed_decision(false, 1, 950, 950, false)),
+        // t = T0 + 49, 1 ms behind but the mark is still T0: record 1 is
+        // live (T0 + 50 > t) and replays as recorded.
+        (ClockMove::Back(1), 1, 1, fixed_decision(true, 1, 0, 1000, true)),
+    ]);
+}
+
+/// The same through a replay, which writes nothing either (step 4 of
+/// docs/algorithms.md: "records stay as they were").
+#[test]
+fn a_replay_leaves_an_expired_record_for_a_lagging_clock_to_replay() {
+    check_pinned(&[
+        // t = T0: n = 1; record {1, written_at T0}.
+        (ClockMove::Forward(0), 1, 1, fixed_decision(true, 1, 0, 1000, false)),
+        // t = T0 + 30: n = 2; record {2, written_at T0 + 30}; mark T0 + 30.
+        (ClockMove::Forward(30), 1, 2, fixed_decision(true, 0, 0, 970, false)),
+        // t = T0 + 50: record 1 is expired for this evaluation; record 2
+        // replays and nothing is written.
+        (ClockMove::Forward(20), 1, 2, fixed_decision(true, 0, 0, 970, true)),
+        // t = T0 + 49, behind T0 + 50 but not behind the mark: record 1 is
+        // live again and replays.
+        (ClockMove::Back(1), 1, 1, fixed_decision(true, 1, 0, 1000, true)),
+    ]);
+}
