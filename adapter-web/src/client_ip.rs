@@ -136,26 +136,28 @@ fn forwarded_hops(text: &str) -> Option<Vec<Option<IpAddr>>> {
 /// A `node` (RFC 7239 section 6): `Some(Some(ip))`, `Some(None)` for
 /// `unknown` or an obfuscated `_name`, `None` when malformed.
 fn parse_node(node: &str) -> Option<Option<IpAddr>> {
-    if node.eq_ignore_ascii_case("unknown") {
-        return Some(None);
-    }
-    if let Some(name) = node.strip_prefix('_') {
-        return is_obfuscated(name).then_some(None);
-    }
     if let Some(rest) = node.strip_prefix('[') {
         let (address, after) = rest.split_once(']')?;
         let ip: Ipv6Addr = address.parse().ok()?;
         return (after.is_empty() || after.strip_prefix(':').is_some_and(is_node_port))
             .then_some(Some(IpAddr::V6(ip)));
     }
-    let (address, port) = match node.split_once(':') {
-        Some((address, port)) => (address, Some(port)),
+    // `nodename [ ":" node-port ]`: `unknown` and obfuscated names may carry a
+    // port too (RFC 7239 section 6), and none of the unbracketed names holds a ':'.
+    let (name, port) = match node.split_once(':') {
+        Some((name, port)) => (name, Some(port)),
         None => (node, None),
     };
     if port.is_some_and(|port| !is_node_port(port)) {
         return None;
     }
-    Some(Some(IpAddr::V4(address.parse().ok()?)))
+    if name.eq_ignore_ascii_case("unknown") {
+        return Some(None);
+    }
+    if let Some(obfuscated) = name.strip_prefix('_') {
+        return is_obfuscated(obfuscated).then_some(None);
+    }
+    Some(Some(IpAddr::V4(name.parse().ok()?)))
 }
 
 fn is_node_port(port: &str) -> bool {
