@@ -123,8 +123,11 @@ impl Entry {
         }
 
         if rules.record_capacity > 0 {
-            self.records.drop_expired(t, rules.dedup_ttl);
-            if let Some(record) = self.records.find(evaluation_id) {
+            // Expired records are only ignored here: a replay or a denial
+            // writes nothing, so a clock that steps back inside the bound
+            // must still find a record that is live at its time.
+            let live = |record: &&Record| record.written_at.saturating_add(rules.dedup_ttl) > t;
+            if let Some(record) = self.records.find(evaluation_id).filter(live) {
                 return rules.decision(true, record.remaining, 0, record.reset_after, true);
             }
         }
@@ -143,6 +146,7 @@ impl Entry {
             self.mark = t;
             let mut end = state_end;
             if rules.record_capacity > 0 {
+                self.records.drop_expired(t, rules.dedup_ttl);
                 if step.allowed {
                     let record = Record {
                         evaluation_id,

@@ -45,8 +45,9 @@ pub use checks::evaluation_dedup::{
     dedupe_concurrent_repeats_charge_once, dedupe_disabled_charges_every_repeat,
     dedupe_does_not_record_a_denial, dedupe_evicts_the_oldest_beyond_max_entries,
     dedupe_evicts_the_oldest_beyond_max_stored_bytes, dedupe_record_expires_after_its_ttl,
-    dedupe_records_are_per_subject_and_policy, dedupe_replay_works_for_every_algorithm,
-    dedupe_replay_writes_nothing, dedupe_replays_a_repeat_without_charging,
+    dedupe_record_survives_a_denial_and_a_step_back, dedupe_records_are_per_subject_and_policy,
+    dedupe_replay_works_for_every_algorithm, dedupe_replay_writes_nothing,
+    dedupe_replays_a_repeat_without_charging,
 };
 pub use checks::fixed_window::{
     fixed_window_allows_exactly_the_limit, fixed_window_cost_above_one_charges_its_cost,

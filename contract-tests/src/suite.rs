@@ -49,6 +49,7 @@ macro_rules! __contract_checks {
             dedupe_evicts_the_oldest_beyond_max_entries,
             dedupe_evicts_the_oldest_beyond_max_stored_bytes,
             dedupe_does_not_record_a_denial,
+            dedupe_record_survives_a_denial_and_a_step_back,
             dedupe_records_are_per_subject_and_policy,
             dedupe_replay_writes_nothing,
             dedupe_concurrent_repeats_charge_once,

@@ -215,6 +215,43 @@ pub async fn dedupe_replay_writes_nothing(factory: &dyn ProviderFactory) {
     rig.expect("back near the charge", &fw, "alice", 1, fw.allowed(1, 9600)).await;
 }
 
+/// Neither a denial nor a replay removes a record that expired at its time:
+/// when the clock then steps back inside the bound, the record is live again
+/// and replays (step 4: expired records are ignored, and dropped only when
+/// the key is written). Found by the memory-vs-Redis property test.
+pub async fn dedupe_record_survives_a_denial_and_a_step_back(factory: &dyn ProviderFactory) {
+    let dedup = EvaluationDedupPolicy::Enabled {
+        ttl: Duration::from_millis(50),
+        max_entries: 4,
+        max_stored_bytes: 65_536,
+    };
+    let fw = CheckPolicy::new(
+        fixed_window("fw", 2, 1000)
+            .maximum_cost(2)
+            .maximum_clock_regression(Duration::from_millis(10))
+            .evaluation_dedup(dedup),
+    );
+    let rig = Rig::start(factory, &[&fw]).await;
+    let (x, y, z) = (EvaluationId::random(), EvaluationId::random(), EvaluationId::random());
+    rig.at(0);
+    // n = 1, remaining 1, reset 1000; record x written at T0, live until T0 + 50.
+    rig.expect_id("charge x", &fw, "alice", 1, x, fw.allowed(1, 1000)).await;
+    rig.at(50);
+    // n + c = 1 + 2 > 2: denied, nothing written; x has expired at T0 + 50.
+    rig.expect_id("denied y", &fw, "alice", 2, y, fw.denied(1, 950, 950)).await;
+    rig.at(49);
+    // Mark T0, lag none: t = T0 + 49 < T0 + 50, so x is live and replays.
+    rig.expect_id("x after the denial", &fw, "alice", 1, x, fw.replayed(1, 1000)).await;
+    rig.at(50);
+    // A write at T0 + 50 moves the mark, after which a step back no longer
+    // revives x.
+    rig.expect_id("charge z", &fw, "alice", 1, z, fw.allowed(0, 950)).await;
+    rig.at(49);
+    // Mark T0 + 50, t = T0 + 49 within the bound -> t = T0 + 50: x expired and
+    // the budget is spent, so the repeat is evaluated afresh and denied.
+    rig.expect_id("x after a write", &fw, "alice", 1, x, fw.denied(0, 950, 950)).await;
+}
+
 /// Repeats of one evaluation that arrive together charge it exactly once:
 /// one answer is the charge, the rest replay it.
 pub async fn dedupe_concurrent_repeats_charge_once(factory: &dyn ProviderFactory) {
