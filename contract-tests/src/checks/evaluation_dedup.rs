@@ -1,8 +1,8 @@
 //! Evaluation dedupe (docs/algorithms.md, steps 4 and 6): a charged
 //! evaluation leaves a record `{id, remaining, reset_after, written_at}`; a
-//! repeat of its id within `ttl` replays it and charges nothing; records are
-//! dropped when `written_at + ttl <= t` and evicted oldest first beyond
-//! `record_capacity()`.
+//! repeat of its id within `ttl` replays it and charges nothing; records
+//! expire when `written_at + ttl <= t` (and are dropped at the next write),
+//! and are evicted oldest first beyond `record_capacity()`.
 
 use std::time::Duration;
 
