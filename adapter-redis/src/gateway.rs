@@ -216,6 +216,27 @@ impl StandaloneGateway {
 
 /// Classifies a `redis` error returned after the command was handed to the
 /// connection.
+/// `EVALSHA <digest> 1 <key> <args...>`, the one script command either
+/// topology sends.
+pub(crate) fn evalsha_command(digest: &str, key: &str, args: &[Vec<u8>]) -> redis::Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(digest).arg(1).arg(key);
+    for arg in args {
+        cmd.arg(arg.as_slice());
+    }
+    cmd
+}
+
+/// The digest in a `SCRIPT LOAD` reply; any other reply means the script
+/// is not registered, so nothing was run.
+pub(crate) fn digest_of(reply: Value) -> Result<String, GatewayFailure> {
+    match reply {
+        Value::BulkString(bytes) => String::from_utf8(bytes).map_err(|_| GatewayFailure::NotSent),
+        Value::SimpleString(text) => Ok(text),
+        _ => Err(GatewayFailure::NotSent),
+    }
+}
+
 pub(crate) fn classify(error: &RedisError) -> GatewayFailure {
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => GatewayFailure::NoScript,
@@ -251,13 +272,7 @@ impl RedisGateway for StandaloneGateway {
         _key: &str,
         timeout: Duration,
     ) -> Result<String, GatewayFailure> {
-        match self.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await? {
-            Value::BulkString(bytes) => {
-                String::from_utf8(bytes).map_err(|_| GatewayFailure::NotSent)
-            }
-            Value::SimpleString(text) => Ok(text),
-            _ => Err(GatewayFailure::NotSent),
-        }
+        digest_of(self.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await?)
     }
 
     async fn evalsha(
@@ -267,12 +282,7 @@ impl RedisGateway for StandaloneGateway {
         args: &[Vec<u8>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(digest).arg(1).arg(key);
-        for arg in args {
-            cmd.arg(arg.as_slice());
-        }
-        self.query(&cmd, timeout).await
+        self.query(&evalsha_command(digest, key, args), timeout).await
     }
 
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {

@@ -27,7 +27,9 @@ use redis::cluster_routing::{
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::time::Instant;
 
-use super::{GatewayFailure, RedisGateway, TIMEOUTS_BEFORE_RECONNECT, classify};
+use super::{
+    GatewayFailure, RedisGateway, TIMEOUTS_BEFORE_RECONNECT, classify, digest_of, evalsha_command,
+};
 
 /// How old a cluster connection (and its slot map) may get before the
 /// gateway builds a new one in the background.
@@ -382,13 +384,7 @@ impl RedisGateway for ClusterGateway {
     ) -> Result<String, GatewayFailure> {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(source);
-        let digest = match self.query(&cmd, route_of(key), None, timeout).await? {
-            Value::BulkString(bytes) => {
-                String::from_utf8(bytes).map_err(|_| GatewayFailure::NotSent)?
-            }
-            Value::SimpleString(text) => text,
-            _ => return Err(GatewayFailure::NotSent),
-        };
+        let digest = digest_of(self.query(&cmd, route_of(key), None, timeout).await?)?;
         self.sources
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -403,11 +399,7 @@ impl RedisGateway for ClusterGateway {
         args: &[Vec<u8>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(digest).arg(1).arg(key);
-        for arg in args {
-            cmd.arg(arg.as_slice());
-        }
+        let cmd = evalsha_command(digest, key, args);
         let script = self
             .sources
             .lock()
