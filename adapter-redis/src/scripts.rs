@@ -4,7 +4,7 @@
 //! least-privilege ACL user may not run it, and it would ship the whole
 //! script on every call.
 
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
 use redis::Value;
@@ -37,8 +37,14 @@ impl ScriptKind {
         }
     }
 
-    /// The Lua source, embedded from `lua/`.
-    pub const fn source(self) -> &'static str {
+    /// The whole Lua source sent with `SCRIPT LOAD`: the algorithm's file
+    /// with `lua/prelude.lua` put in at its include line.
+    pub fn source(self) -> &'static str {
+        &SOURCES[self.index()]
+    }
+
+    /// The algorithm's own file, embedded from `lua/`.
+    const fn algorithm_file(self) -> &'static str {
         match self {
             Self::FixedWindow => include_str!("../lua/fixed-window.lua"),
             Self::SlidingCounter => include_str!("../lua/sliding-counter.lua"),
@@ -54,6 +60,16 @@ impl ScriptKind {
         }
     }
 }
+
+/// What the three scripts share: arguments, the clock bound, dedupe replay,
+/// record keeping and the store. Written once, put into each script.
+const PRELUDE: &str = include_str!("../lua/prelude.lua");
+/// The line of an algorithm file that the prelude replaces.
+const PRELUDE_INCLUDE: &str = "-- #include prelude.lua\n";
+
+static SOURCES: LazyLock<[String; 3]> = LazyLock::new(|| {
+    ScriptKind::ALL.map(|kind| kind.algorithm_file().replacen(PRELUDE_INCLUDE, PRELUDE, 1))
+});
 
 /// A process-local digest cache per script: a miss sends `SCRIPT LOAD`, a
 /// `NOSCRIPT` reply (the script did not run) clears the cache, reloads and
@@ -147,17 +163,19 @@ impl RateLimitScripts {
 mod tests {
     use super::*;
 
-    fn prelude(source: &str) -> &str {
-        let start = source.find("-- BEGIN shared prelude").expect("prelude start");
-        let end = source.find("-- END shared prelude").expect("prelude end");
-        &source[start..end]
-    }
-
     #[test]
-    fn the_shared_prelude_is_identical_in_every_script() {
-        let first = prelude(ScriptKind::FixedWindow.source());
+    fn every_script_holds_the_prelude_once_after_its_tag_and_header() {
         for kind in ScriptKind::ALL {
-            assert_eq!(prelude(kind.source()), first, "{kind:?} drifted");
+            let file = kind.algorithm_file();
+            assert_eq!(file.matches(PRELUDE_INCLUDE).count(), 1, "{kind:?} include line");
+            let source = kind.source();
+            assert!(!source.contains(PRELUDE_INCLUDE), "{kind:?} include left in");
+            assert_eq!(source.matches(PRELUDE).count(), 1, "{kind:?} prelude");
+            let prelude_at = source.find(PRELUDE).unwrap_or(usize::MAX);
+            for definition in ["local TAG = ", "local HEADER = "] {
+                let at = source.find(definition).unwrap_or(usize::MAX);
+                assert!(at < prelude_at, "{kind:?}: {definition} must come before the prelude");
+            }
         }
     }
 
