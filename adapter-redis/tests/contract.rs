@@ -1,11 +1,11 @@
 //! Runs the provider-neutral contract suite against a real redis-server:
 //! one private server for this test binary, one key prefix per scope.
 
+mod common;
+
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use adapter_redis::fixture::RedisServer;
-use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use shared_contract::{EdgeRateLimitPort, ManualClock, RateLimitPolicy};
@@ -28,17 +28,11 @@ impl ProviderFactory for RedisFactory {
         clock: ManualClock,
         policies: Vec<RateLimitPolicy>,
     ) -> Arc<dyn EdgeRateLimitPort> {
-        let settings = RedisSettings {
-            urls: vec![server().url()],
-            key_prefix: format!("ca:rl:t:{}:", scope.as_str()),
-            // Generous: the suite checks semantics, and CI machines are busy.
-            command_timeout: Duration::from_secs(2),
-            ..RedisSettings::default()
-        };
-        match RedisEdgeRateLimitAdapter::new(settings, policies, Arc::new(clock)) {
-            Ok(adapter) => Arc::new(adapter),
-            Err(error) => panic!("the redis adapter rejected the check's settings: {error}"),
-        }
+        let prefix = common::scope_prefix(scope.as_str());
+        let adapter = common::adapter(server(), &clock, policies, |settings| {
+            settings.key_prefix = prefix;
+        });
+        Arc::new(adapter)
     }
 }
 

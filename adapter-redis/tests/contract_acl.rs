@@ -7,14 +7,11 @@
 mod common;
 
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
 
 use adapter_redis::fixture::RedisServer;
-use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use async_trait::async_trait;
-use common::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, acl_server};
+use common::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, acl_server, login};
 use contract_tests::{ProviderFactory, StoreScope};
-use secrecy::SecretString;
 use shared_contract::{EdgeRateLimitPort, ManualClock, RateLimitPolicy};
 
 fn server() -> &'static RedisServer {
@@ -32,19 +29,12 @@ impl ProviderFactory for AclFactory {
         clock: ManualClock,
         policies: Vec<RateLimitPolicy>,
     ) -> Arc<dyn EdgeRateLimitPort> {
-        let settings = RedisSettings {
-            urls: vec![server().url()],
-            username: Some(RATE_LIMIT_USER.to_owned()),
-            password: Some(SecretString::from(RATE_LIMIT_PASSWORD)),
-            key_prefix: format!("ca:rl:t:{}:", scope.as_str()),
-            // Generous: the suite checks semantics, and CI machines are busy.
-            command_timeout: Duration::from_secs(2),
-            ..RedisSettings::default()
-        };
-        match RedisEdgeRateLimitAdapter::new(settings, policies, Arc::new(clock)) {
-            Ok(adapter) => Arc::new(adapter),
-            Err(error) => panic!("the redis adapter rejected the check's settings: {error}"),
-        }
+        let prefix = common::scope_prefix(scope.as_str());
+        let adapter = common::adapter(server(), &clock, policies, |settings| {
+            login(RATE_LIMIT_USER, RATE_LIMIT_PASSWORD)(settings);
+            settings.key_prefix = prefix;
+        });
+        Arc::new(adapter)
     }
 }
 

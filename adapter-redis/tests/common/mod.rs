@@ -111,6 +111,12 @@ pub async fn connect_as(
     redis::Client::open(url)?.get_multiplexed_async_connection().await
 }
 
+/// The key prefix of a contract-suite scope: checks never share state, and
+/// two builds over one scope do. It stays inside the ACL user's `~ca:rl:*`.
+pub fn scope_prefix(scope: &str) -> String {
+    format!("ca:rl:t:{scope}:")
+}
+
 /// Settings that log in as `user`.
 pub fn login(user: &str, password: &str) -> impl FnOnce(&mut RedisSettings) {
     let (user, password) = (user.to_owned(), password.to_owned());
