@@ -12,6 +12,7 @@
 mod clock;
 mod dedup;
 mod error;
+mod name;
 mod outcome;
 mod policy;
 mod port;
@@ -21,12 +22,13 @@ mod subject;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
+pub use name::{UnknownName, parse_name};
 pub use outcome::{
     Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, UnavailableCategory,
 };
 pub use policy::{
-    Algorithm, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_PERIOD, PolicyId,
-    RateLimitPolicy, RateLimitPolicyBuilder,
+    Algorithm, AlgorithmKind, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_PERIOD,
+    PolicyId, RateLimitPolicy, RateLimitPolicyBuilder,
 };
 pub use port::EdgeRateLimitPort;
 pub use request::{EvaluationId, RateLimitRequest};

@@ -1,6 +1,9 @@
 //! `RateLimitOutcome`: the typed, fail-closed answer of every provider.
 
+use std::str::FromStr;
 use std::time::Duration;
+
+use crate::name::{UnknownName, parse_name};
 
 /// Whether a decision is exact or an algorithm's estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,9 +103,24 @@ impl RateLimitOutcome {
             Self::Indeterminate { .. } => "indeterminate",
         }
     }
+
+    /// Every name [`Self::category_name`] can return, each once.
+    pub fn category_names() -> impl Iterator<Item = &'static str> {
+        let unavailable = UnavailableCategory::ALL.into_iter().map(UnavailableCategory::name);
+        let incompatible = IncompatibleCategory::ALL.into_iter().map(IncompatibleCategory::name);
+        ["allowed", "denied"]
+            .into_iter()
+            .chain(unavailable)
+            .chain(["indeterminate"])
+            .chain(incompatible)
+    }
 }
 
 impl UnavailableCategory {
+    /// Every category, in declaration order.
+    pub const ALL: [Self; 3] =
+        [Self::AdmissionRejected, Self::UnavailableBeforeSend, Self::ClockUnsafe];
+
     /// Kebab-case name: `admission-rejected`, `unavailable-before-send`,
     /// `clock-unsafe`.
     pub const fn name(self) -> &'static str {
@@ -114,7 +132,19 @@ impl UnavailableCategory {
     }
 }
 
+impl FromStr for UnavailableCategory {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_name(&Self::ALL, Self::name, text)
+    }
+}
+
 impl IncompatibleCategory {
+    /// Every category, in declaration order.
+    pub const ALL: [Self; 3] =
+        [Self::UnknownPolicy, Self::CostExceedsMaximum, Self::StateIncompatible];
+
     /// Kebab-case name: `unknown-policy`, `cost-exceeds-maximum`,
     /// `state-incompatible`.
     pub const fn name(self) -> &'static str {
@@ -123,6 +153,14 @@ impl IncompatibleCategory {
             Self::CostExceedsMaximum => "cost-exceeds-maximum",
             Self::StateIncompatible => "state-incompatible",
         }
+    }
+}
+
+impl FromStr for IncompatibleCategory {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_name(&Self::ALL, Self::name, text)
     }
 }
 
@@ -168,5 +206,79 @@ mod tests {
         );
         assert_eq!(UnavailableCategory::UnavailableBeforeSend.name(), "unavailable-before-send");
         assert_eq!(IncompatibleCategory::StateIncompatible.name(), "state-incompatible");
+    }
+
+    /// Every category of each enum, found through an exhaustive successor
+    /// match: a new category fails to compile here until it is chained in,
+    /// and then fails the tests below unless `ALL` lists it.
+    fn chain<T: Copy>(after: fn(Option<T>) -> Option<T>) -> Vec<T> {
+        std::iter::successors(after(None), |item| after(Some(*item))).collect()
+    }
+
+    fn after_unavailable(category: Option<UnavailableCategory>) -> Option<UnavailableCategory> {
+        use UnavailableCategory::{AdmissionRejected, ClockUnsafe, UnavailableBeforeSend};
+        match category {
+            None => Some(AdmissionRejected),
+            Some(AdmissionRejected) => Some(UnavailableBeforeSend),
+            Some(UnavailableBeforeSend) => Some(ClockUnsafe),
+            Some(ClockUnsafe) => None,
+        }
+    }
+
+    fn after_incompatible(category: Option<IncompatibleCategory>) -> Option<IncompatibleCategory> {
+        use IncompatibleCategory::{CostExceedsMaximum, StateIncompatible, UnknownPolicy};
+        match category {
+            None => Some(UnknownPolicy),
+            Some(UnknownPolicy) => Some(CostExceedsMaximum),
+            Some(CostExceedsMaximum) => Some(StateIncompatible),
+            Some(StateIncompatible) => None,
+        }
+    }
+
+    #[test]
+    fn every_category_is_listed_and_its_name_parses_back() {
+        assert_eq!(chain(after_unavailable), UnavailableCategory::ALL);
+        assert_eq!(chain(after_incompatible), IncompatibleCategory::ALL);
+        for category in UnavailableCategory::ALL {
+            assert_eq!(category.name().parse(), Ok(category));
+        }
+        for category in IncompatibleCategory::ALL {
+            assert_eq!(category.name().parse(), Ok(category));
+        }
+        assert!("denied".parse::<UnavailableCategory>().is_err());
+    }
+
+    #[test]
+    fn category_names_hold_every_outcome_once() {
+        let mut outcomes = vec![
+            RateLimitOutcome::Evaluated(decision(true)),
+            RateLimitOutcome::Evaluated(decision(false)),
+            RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO },
+        ];
+        outcomes.extend(chain(after_unavailable).into_iter().map(|category| {
+            RateLimitOutcome::Unavailable { category, retry_after: Duration::ZERO }
+        }));
+        outcomes.extend(
+            chain(after_incompatible)
+                .into_iter()
+                .map(|category| RateLimitOutcome::Incompatible { category }),
+        );
+        // Exhaustive over the outcome variants: a new one must be added above.
+        for outcome in &outcomes {
+            match outcome {
+                RateLimitOutcome::Evaluated(_)
+                | RateLimitOutcome::Unavailable { .. }
+                | RateLimitOutcome::Incompatible { .. }
+                | RateLimitOutcome::Indeterminate { .. } => {}
+            }
+        }
+        let mut from_outcomes: Vec<_> =
+            outcomes.iter().map(RateLimitOutcome::category_name).collect();
+        let mut listed: Vec<_> = RateLimitOutcome::category_names().collect();
+        from_outcomes.sort_unstable();
+        listed.sort_unstable();
+        assert_eq!(from_outcomes, listed);
+        listed.dedup();
+        assert_eq!(listed.len(), outcomes.len(), "a name is used twice");
     }
 }

@@ -1,11 +1,13 @@
 //! `RateLimitPolicy`: what a subject may do, validated once at construction.
 
 use std::fmt;
+use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dedup::EvaluationDedupPolicy;
 use crate::error::{ContractError, PolicyField, PolicyViolation};
+use crate::name::{UnknownName, parse_name};
 
 /// Largest limit, capacity, refill amount or cost a policy accepts.
 pub const MAX_COUNT: u64 = 1_000_000_000;
@@ -86,15 +88,60 @@ pub enum Algorithm {
     },
 }
 
-impl Algorithm {
+/// Which algorithm, without its parameters: what a configuration's
+/// `algorithm` key names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AlgorithmKind {
+    /// [`Algorithm::FixedWindow`].
+    FixedWindow,
+    /// [`Algorithm::SlidingCounter`].
+    SlidingCounter,
+    /// [`Algorithm::TokenBucket`].
+    TokenBucket,
+}
+
+impl AlgorithmKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [Self; 3] = [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket];
+
     /// The configuration name: `fixed-window`, `sliding-counter` or
     /// `token-bucket`.
-    pub const fn name(&self) -> &'static str {
+    pub const fn name(self) -> &'static str {
         match self {
-            Self::FixedWindow { .. } => "fixed-window",
-            Self::SlidingCounter { .. } => "sliding-counter",
-            Self::TokenBucket { .. } => "token-bucket",
+            Self::FixedWindow => "fixed-window",
+            Self::SlidingCounter => "sliding-counter",
+            Self::TokenBucket => "token-bucket",
         }
+    }
+}
+
+impl FromStr for AlgorithmKind {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_name(&Self::ALL, Self::name, text)
+    }
+}
+
+impl fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Algorithm {
+    /// Which algorithm this is.
+    pub const fn kind(&self) -> AlgorithmKind {
+        match self {
+            Self::FixedWindow { .. } => AlgorithmKind::FixedWindow,
+            Self::SlidingCounter { .. } => AlgorithmKind::SlidingCounter,
+            Self::TokenBucket { .. } => AlgorithmKind::TokenBucket,
+        }
+    }
+
+    /// The configuration name of [`Self::kind`].
+    pub const fn name(&self) -> &'static str {
+        self.kind().name()
     }
 
     /// The limit or capacity: most units a subject can spend at once.
@@ -121,6 +168,26 @@ pub enum FailurePolicy {
     /// Deny (answer 503) when no decision could be made.
     #[default]
     FailClosed,
+}
+
+impl FailurePolicy {
+    /// Every failure policy, in declaration order.
+    pub const ALL: [Self; 1] = [Self::FailClosed];
+
+    /// The configuration name: `fail-closed`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::FailClosed => "fail-closed",
+        }
+    }
+}
+
+impl FromStr for FailurePolicy {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_name(&Self::ALL, Self::name, text)
+    }
 }
 
 /// A validated rate-limit policy. Build one with [`RateLimitPolicy::builder`].
@@ -357,6 +424,43 @@ mod tests {
     fn fields(result: Result<RateLimitPolicy, ContractError>) -> Vec<PolicyField> {
         let error = result.expect_err("policy should be rejected");
         error.violations().iter().map(|v| v.field).collect()
+    }
+
+    #[test]
+    fn every_algorithm_kind_is_listed_and_named_once() {
+        // The successor match is exhaustive: a new kind fails to compile here
+        // until it is chained in, and then fails the assertion unless ALL
+        // lists it too.
+        fn after(kind: Option<AlgorithmKind>) -> Option<AlgorithmKind> {
+            match kind {
+                None => Some(AlgorithmKind::FixedWindow),
+                Some(AlgorithmKind::FixedWindow) => Some(AlgorithmKind::SlidingCounter),
+                Some(AlgorithmKind::SlidingCounter) => Some(AlgorithmKind::TokenBucket),
+                Some(AlgorithmKind::TokenBucket) => None,
+            }
+        }
+        let chained: Vec<_> =
+            std::iter::successors(after(None), |kind| after(Some(*kind))).collect();
+        assert_eq!(chained, AlgorithmKind::ALL);
+        for kind in AlgorithmKind::ALL {
+            assert_eq!(kind.name().parse::<AlgorithmKind>(), Ok(kind));
+        }
+        assert_eq!(fixed(1, 1).name(), "fixed-window");
+        let names: Vec<_> = AlgorithmKind::ALL.iter().map(|kind| kind.name()).collect();
+        assert_eq!(names, ["fixed-window", "sliding-counter", "token-bucket"]);
+        assert!("leaky-bucket".parse::<AlgorithmKind>().is_err());
+    }
+
+    #[test]
+    fn fail_closed_is_the_only_failure_policy() {
+        // Exhaustive: a new failure policy fails to compile here until ALL
+        // and this test learn it.
+        match FailurePolicy::default() {
+            FailurePolicy::FailClosed => {}
+        }
+        assert_eq!(FailurePolicy::ALL, [FailurePolicy::FailClosed]);
+        assert_eq!("fail-closed".parse::<FailurePolicy>(), Ok(FailurePolicy::FailClosed));
+        assert!("fail-open".parse::<FailurePolicy>().is_err());
     }
 
     #[test]

@@ -1,0 +1,73 @@
+//! Names of the enums that configuration, metrics and problem types spell
+//! out. Each such enum keeps, beside its variants, an `ALL` list, a
+//! `name()` and a `FromStr` built on [`parse_name`], so a name is written
+//! once and every list of names is derived from the enum.
+
+use std::fmt;
+
+/// A name that is not one of an enum's names: the `FromStr` error of every
+/// named enum in the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("must be one of {}, got {got:?}", Quoted(.expected))]
+pub struct UnknownName {
+    /// The names that would have been accepted, in declaration order.
+    pub expected: Vec<&'static str>,
+    /// What was given.
+    pub got: String,
+}
+
+/// Finds the member of `all` whose `name` is `text`.
+pub fn parse_name<T: Copy>(
+    all: &[T],
+    name: impl Fn(T) -> &'static str,
+    text: &str,
+) -> Result<T, UnknownName> {
+    all.iter().copied().find(|candidate| name(*candidate) == text).ok_or_else(|| UnknownName {
+        expected: all.iter().map(|candidate| name(*candidate)).collect(),
+        got: text.to_owned(),
+    })
+}
+
+/// `"a", "b", "c"`: how a list of names reads in a message.
+struct Quoted<'a>(&'a [&'static str]);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, name) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "{name:?}")?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    enum Colour {
+        Red,
+        Blue,
+    }
+
+    fn name(colour: Colour) -> &'static str {
+        match colour {
+            Colour::Red => "red",
+            Colour::Blue => "blue",
+        }
+    }
+
+    #[test]
+    fn a_known_name_parses_and_an_unknown_one_lists_the_choices() {
+        let all = [Colour::Red, Colour::Blue];
+        assert_eq!(parse_name(&all, name, "blue"), Ok(Colour::Blue));
+        let error = parse_name(&all, name, "green").unwrap_err();
+        assert_eq!(error.to_string(), r#"must be one of "red", "blue", got "green""#);
+        // Names are exact: no case folding, no trimming.
+        assert!(parse_name(&all, name, "Red").is_err());
+        assert!(parse_name(&all, name, " red").is_err());
+    }
+}
