@@ -39,4 +39,6 @@ pub use gateway::{
 pub use keys::RateLimitKeys;
 pub use reply::{ReplyError, ReplyStatus, ScriptReply};
 pub use scripts::{RateLimitScripts, ScriptKind};
-pub use settings::{RedisSettings, Topology};
+pub use settings::{
+    MAX_KEY_PREFIX_BYTES, MAX_SCRIPT_LANE, RedisField, RedisSettings, SettingsProblem, Topology,
+};

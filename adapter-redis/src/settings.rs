@@ -2,13 +2,21 @@
 
 use std::time::Duration;
 
+use std::str::FromStr;
+
 use redis::IntoConnectionInfo;
 use secrecy::SecretString;
+use shared_contract::{UnknownName, parse_name};
 
 use crate::error::RedisAdapterError;
 
 /// The key prefix used when none is configured.
 pub(crate) const DEFAULT_KEY_PREFIX: &str = "ca:rl:";
+/// Longest key prefix accepted: keys stay short, and the ACL key pattern is
+/// `<key-prefix>*`.
+pub const MAX_KEY_PREFIX_BYTES: usize = 64;
+/// Most script calls in flight at once that the lane accepts.
+pub const MAX_SCRIPT_LANE: usize = 65_536;
 
 /// How the Redis deployment is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -20,6 +28,70 @@ pub enum Topology {
     /// `urls` are seed nodes, scripts load on the master of each key's slot,
     /// `MOVED`/`ASK` are followed.
     Cluster,
+}
+
+impl Topology {
+    /// Every topology, in declaration order.
+    pub const ALL: [Self; 2] = [Self::Standalone, Self::Cluster];
+
+    /// The configuration name: `standalone` or `cluster`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Standalone => "standalone",
+            Self::Cluster => "cluster",
+        }
+    }
+}
+
+impl FromStr for Topology {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_name(&Self::ALL, Self::name, text)
+    }
+}
+
+/// A field of [`RedisSettings`] that validation can reject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RedisField {
+    /// The URL list as a whole (how many there are).
+    Urls,
+    /// One URL, by its index in the list.
+    Url(usize),
+    /// [`RedisSettings::key_prefix`].
+    KeyPrefix,
+    /// [`RedisSettings::connect_timeout`].
+    ConnectTimeout,
+    /// [`RedisSettings::command_timeout`].
+    CommandTimeout,
+    /// [`RedisSettings::script_lane_max_in_flight`].
+    ScriptLaneMaxInFlight,
+    /// [`RedisSettings::failure_retry_after`].
+    FailureRetryAfter,
+}
+
+impl RedisField {
+    /// The kebab-case name of the field.
+    pub const fn key(self) -> &'static str {
+        match self {
+            Self::Urls | Self::Url(_) => "urls",
+            Self::KeyPrefix => "key-prefix",
+            Self::ConnectTimeout => "connect-timeout",
+            Self::CommandTimeout => "command-timeout",
+            Self::ScriptLaneMaxInFlight => "script-lane-max-in-flight",
+            Self::FailureRetryAfter => "failure-retry-after",
+        }
+    }
+}
+
+/// One broken settings rule.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SettingsProblem {
+    /// The field that holds the bad value.
+    pub field: RedisField,
+    /// What is wrong, for a human; never echoes a URL (it may hold a
+    /// password).
+    pub problem: String,
 }
 
 /// Connection and behaviour settings of the Redis provider.
@@ -49,8 +121,14 @@ pub struct RedisSettings {
 
 impl Default for RedisSettings {
     /// Standalone on `redis://127.0.0.1:6379` (a default value only; tests
-    /// never use that server), prefix `ca:rl:`, 250 ms commands, 256 lane
-    /// permits, 1 s failure retry-after.
+    /// never use that server), prefix `ca:rl:`, 1 s connects, 250 ms
+    /// commands, 256 lane permits, 1 s failure retry-after.
+    ///
+    /// The connect timeout is 1 s rather than something inside the 750 ms
+    /// evaluation budget because a connect on a request's path is already
+    /// cut at that request's deadline; the timeout only bounds connects no
+    /// request waits for (a cluster's slot-map refresh), where a TLS or
+    /// cross-zone handshake should not be cut short.
     fn default() -> Self {
         Self {
             topology: Topology::Standalone,
@@ -58,7 +136,7 @@ impl Default for RedisSettings {
             username: None,
             password: None,
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
-            connect_timeout: Duration::from_millis(500),
+            connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_millis(250),
             script_lane_max_in_flight: 256,
             failure_retry_after: Duration::from_secs(1),
@@ -67,53 +145,83 @@ impl Default for RedisSettings {
 }
 
 impl RedisSettings {
-    /// Checks every field; the first problem found is returned with its key.
-    pub(crate) fn validate(&self) -> Result<(), RedisAdapterError> {
-        let invalid =
-            |field, problem: String| Err(RedisAdapterError::InvalidSettings { field, problem });
+    /// Every broken rule, in field order; empty when the settings can work.
+    /// The configuration layer reports each under its own key path.
+    pub fn problems(&self) -> Vec<SettingsProblem> {
+        let mut problems = Vec::new();
+        let mut reject = |field, problem: String| problems.push(SettingsProblem { field, problem });
         match self.topology {
-            Topology::Standalone if self.urls.len() != 1 => {
-                return invalid(
-                    "urls",
-                    format!("standalone takes exactly one URL, got {}", self.urls.len()),
-                );
-            }
+            Topology::Standalone if self.urls.len() != 1 => reject(
+                RedisField::Urls,
+                format!("standalone takes exactly one URL, got {}", self.urls.len()),
+            ),
             Topology::Cluster if self.urls.is_empty() => {
-                return invalid("urls", "cluster takes at least one seed URL, got none".to_owned());
+                reject(
+                    RedisField::Urls,
+                    "cluster takes at least one seed URL, got none".to_owned(),
+                );
             }
             Topology::Standalone | Topology::Cluster => {}
         }
-        for url in &self.urls {
+        for (index, url) in self.urls.iter().enumerate() {
+            // The client that will connect judges the URL, so a scheme it
+            // cannot serve (rediss:// without TLS support) stops start-up.
             if let Err(error) = url.as_str().into_connection_info() {
-                // The URL may hold a password: name the problem, not the URL.
-                return invalid("urls", format!("not a valid redis URL ({})", error.category()));
+                // The URL may hold a password: name the scheme, not the URL.
+                let scheme = url.split_once("://").map_or("none", |(scheme, _)| scheme);
+                reject(
+                    RedisField::Url(index),
+                    format!(
+                        "not a usable redis URL (scheme {scheme:?}; redis:// or unix:// expected): {}",
+                        error.category()
+                    ),
+                );
             }
         }
         let prefix = &self.key_prefix;
-        if prefix.len() > 64
-            || prefix.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control())
-        {
-            return invalid(
-                "key-prefix",
-                format!("must be at most 64 characters without braces or spaces, got {prefix:?}"),
+        if prefix.is_empty() || prefix.len() > MAX_KEY_PREFIX_BYTES {
+            reject(
+                RedisField::KeyPrefix,
+                format!(
+                    "must be 1 to {MAX_KEY_PREFIX_BYTES} bytes (the ACL key pattern is <key-prefix>*), got {}",
+                    prefix.len()
+                ),
+            );
+        }
+        if prefix.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control()) {
+            reject(
+                RedisField::KeyPrefix,
+                "must not contain '{', '}', spaces or control characters: the subject's hash tag \
+                 must be the only one in a key"
+                    .to_owned(),
             );
         }
         for (field, value) in [
-            ("connect-timeout", self.connect_timeout),
-            ("command-timeout", self.command_timeout),
-            ("failure-retry-after", self.failure_retry_after),
+            (RedisField::ConnectTimeout, self.connect_timeout),
+            (RedisField::CommandTimeout, self.command_timeout),
+            (RedisField::FailureRetryAfter, self.failure_retry_after),
         ] {
             if value < Duration::from_millis(1) {
-                return invalid(field, format!("must be at least 1ms, got {value:?}"));
+                reject(field, format!("must be at least 1ms, got {value:?}"));
             }
         }
-        if !(1..=65_536).contains(&self.script_lane_max_in_flight) {
-            return invalid(
-                "script-lane-max-in-flight",
-                format!("must be in 1..=65536, got {}", self.script_lane_max_in_flight),
+        if !(1..=MAX_SCRIPT_LANE).contains(&self.script_lane_max_in_flight) {
+            reject(
+                RedisField::ScriptLaneMaxInFlight,
+                format!("must be in 1..={MAX_SCRIPT_LANE}, got {}", self.script_lane_max_in_flight),
             );
         }
-        Ok(())
+        problems
+    }
+
+    /// The first of [`Self::problems`], as the adapter's error.
+    pub(crate) fn validate(&self) -> Result<(), RedisAdapterError> {
+        match self.problems().into_iter().next() {
+            None => Ok(()),
+            Some(SettingsProblem { field, problem }) => {
+                Err(RedisAdapterError::InvalidSettings { field: field.key(), problem })
+            }
+        }
     }
 }
 
@@ -133,6 +241,7 @@ mod tests {
         let settings = RedisSettings::default();
         assert!(settings.validate().is_ok());
         assert_eq!(settings.key_prefix, "ca:rl:");
+        assert_eq!(settings.connect_timeout, Duration::from_secs(1));
         assert_eq!(settings.command_timeout, Duration::from_millis(250));
         assert_eq!(settings.script_lane_max_in_flight, 256);
         assert_eq!(settings.failure_retry_after, Duration::from_secs(1));
@@ -173,6 +282,52 @@ mod tests {
         assert_eq!(field_of(&RedisSettings { urls: vec!["http://x".into()], ..one }), "urls");
         let standalone_with_two = RedisSettings { topology: Topology::Standalone, ..seeds };
         assert_eq!(field_of(&standalone_with_two), "urls");
+    }
+
+    #[test]
+    fn the_prefix_is_never_empty_and_every_problem_is_listed() {
+        let settings = RedisSettings {
+            key_prefix: String::new(),
+            urls: vec!["http://x".into()],
+            command_timeout: Duration::ZERO,
+            ..RedisSettings::default()
+        };
+        let fields: Vec<_> = settings.problems().into_iter().map(|p| p.field).collect();
+        assert_eq!(fields, [RedisField::Url(0), RedisField::KeyPrefix, RedisField::CommandTimeout]);
+    }
+
+    #[test]
+    fn unix_sockets_are_accepted_and_a_url_password_is_never_echoed() {
+        let unix = RedisSettings {
+            urls: vec!["unix:///tmp/redis.sock".into()],
+            ..RedisSettings::default()
+        };
+        assert_eq!(unix.problems(), []);
+        // This build has no TLS: saying so at start-up beats failing at connect.
+        let tls =
+            RedisSettings { urls: vec!["rediss://host:6380".into()], ..RedisSettings::default() };
+        assert_eq!(tls.problems().len(), 1);
+        let bad = RedisSettings {
+            urls: vec!["http://user:hunter2@host".into()],
+            ..RedisSettings::default()
+        };
+        let problems = bad.problems();
+        assert_eq!(problems.len(), 1);
+        assert!(!problems[0].problem.contains("hunter2"), "{problems:?}");
+        assert!(problems[0].problem.contains("\"http\""), "{problems:?}");
+    }
+
+    #[test]
+    fn every_topology_is_listed_and_named() {
+        // Exhaustive: a new topology fails to compile here until ALL lists it.
+        for topology in Topology::ALL {
+            match topology {
+                Topology::Standalone | Topology::Cluster => {}
+            }
+            assert_eq!(topology.name().parse(), Ok(topology));
+        }
+        assert_eq!(Topology::ALL.len(), 2);
+        assert!("sentinel".parse::<Topology>().is_err());
     }
 
     #[test]
