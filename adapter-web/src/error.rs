@@ -23,15 +23,21 @@ pub enum WebError {
     /// A version asked for (the active one, or an explicit one) has no key.
     #[error("pseudonymizer key version {0} is not configured")]
     UnknownKeyVersion(u32),
-    /// `problem_type_base` plus a category name does not form a URI.
+    /// `problem_type_base` is empty, or plus a category name does not form
+    /// a URI.
     #[error("problem type base {base:?} does not form a valid URI with {category:?}")]
     InvalidProblemTypeBase {
         /// The configured base.
         base: String,
-        /// The category that was appended.
+        /// The category that was appended (empty for an empty base).
         category: &'static str,
     },
-    /// The evaluation budget is zero, so every request would miss its deadline.
-    #[error("the evaluation budget must be greater than zero")]
-    ZeroEvaluationBudget,
+    /// The evaluation budget is under a millisecond, so every request would
+    /// miss its deadline.
+    #[error("the evaluation budget must be at least 1ms, got {0:?}")]
+    EvaluationBudgetTooShort(std::time::Duration),
+    /// The failure retry-after is under a millisecond: clients would be told
+    /// to retry at once.
+    #[error("the failure retry-after must be at least 1ms, got {0:?}")]
+    FailureRetryAfterTooShort(std::time::Duration),
 }

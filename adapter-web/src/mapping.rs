@@ -26,19 +26,11 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// `RateLimit` header name.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// Every problem type suffix the edge can produce, for validation.
-pub(crate) const ALL_CATEGORIES: [&str; 10] = [
-    "denied",
-    "admission-rejected",
-    "unavailable-before-send",
-    "clock-unsafe",
-    "indeterminate",
-    "unknown-policy",
-    "cost-exceeds-maximum",
-    "state-incompatible",
-    "invalid-api-key",
-    "client-address-unavailable",
-];
+/// Every problem type suffix the edge can produce: the outcome categories
+/// and the edge's own rejections, from their enums.
+pub(crate) fn problem_type_names() -> impl Iterator<Item = &'static str> {
+    RateLimitOutcome::category_names().chain(EdgeRejection::CATEGORY_NAMES)
+}
 
 /// `base + category` as a problem type, if it is a URI.
 pub(crate) fn problem_type(base: &str, category: &str) -> Option<ProblemType> {
@@ -120,7 +112,7 @@ pub(crate) fn rejection_response(
         rejection.status(),
         rejection.category_name(),
         title,
-        rejection.detail().to_owned(),
+        rejection.detail().into_owned(),
     )
 }
 

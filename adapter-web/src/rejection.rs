@@ -1,6 +1,10 @@
 //! `EdgeRejection`: a request the edge refuses before any evaluation.
 
+use std::borrow::Cow;
+
 use http::StatusCode;
+
+use crate::subject::MAX_API_KEY_BYTES;
 
 /// Why a request was refused before evaluation. Nothing was charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +38,12 @@ impl EdgeRejection {
         }
     }
 
+    /// Every [`Self::category_name`], each once.
+    pub const CATEGORY_NAMES: [&'static str; 2] = [
+        Self::InvalidApiKey(ApiKeyProblem::Empty).category_name(),
+        Self::MissingPeerAddress.category_name(),
+    ];
+
     /// Kebab-case name: the problem `type` suffix.
     pub const fn category_name(&self) -> &'static str {
         match self {
@@ -43,10 +53,14 @@ impl EdgeRejection {
     }
 
     /// A sentence for the client, free of the rejected value.
-    pub const fn detail(&self) -> &'static str {
-        match self {
+    pub fn detail(&self) -> Cow<'static, str> {
+        Cow::Borrowed(match self {
             Self::InvalidApiKey(ApiKeyProblem::Empty) => "The API key header is empty.",
-            Self::InvalidApiKey(ApiKeyProblem::TooLong) => "The API key is longer than 256 bytes.",
+            Self::InvalidApiKey(ApiKeyProblem::TooLong) => {
+                return Cow::Owned(format!(
+                    "The API key is longer than {MAX_API_KEY_BYTES} bytes."
+                ));
+            }
             Self::InvalidApiKey(ApiKeyProblem::NotVisibleAscii) => {
                 "The API key may only contain visible ASCII characters."
             }
@@ -54,7 +68,7 @@ impl EdgeRejection {
                 "The API key header must appear only once."
             }
             Self::MissingPeerAddress => "The server could not determine the client address.",
-        }
+        })
     }
 
     /// The metrics `outcome` label: `bad-request` for client errors.
@@ -63,5 +77,32 @@ impl EdgeRejection {
             Self::InvalidApiKey(_) => "bad-request",
             Self::MissingPeerAddress => "client-address-unavailable",
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn category_names_cover_every_rejection() {
+        let all = [
+            EdgeRejection::InvalidApiKey(ApiKeyProblem::Repeated),
+            EdgeRejection::MissingPeerAddress,
+        ];
+        for rejection in all {
+            // Exhaustive: a new rejection fails to compile until it is listed above.
+            match rejection {
+                EdgeRejection::InvalidApiKey(_) | EdgeRejection::MissingPeerAddress => {}
+            }
+            assert!(EdgeRejection::CATEGORY_NAMES.contains(&rejection.category_name()));
+        }
+        assert_eq!(EdgeRejection::CATEGORY_NAMES.len(), all.len());
+    }
+
+    #[test]
+    fn the_too_long_detail_states_the_limit_in_force() {
+        let detail = EdgeRejection::InvalidApiKey(ApiKeyProblem::TooLong).detail();
+        assert!(detail.contains(&format!("{MAX_API_KEY_BYTES} bytes")), "{detail}");
     }
 }

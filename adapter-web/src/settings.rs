@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use shared_contract::PolicyId;
 
 use crate::error::WebError;
-use crate::mapping::problem_type;
+use crate::mapping::{problem_type, problem_type_names};
 
 /// How the edge resolves subjects, picks policies and answers failures.
 #[derive(Debug, Clone)]
@@ -49,19 +49,34 @@ impl Default for EdgeSettings {
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.invalid/problems/";
 
 impl EdgeSettings {
-    /// Checks what the types cannot: a non-zero budget, and a problem type
-    /// base that forms a URI with every category name. Call it at start-up;
-    /// [`crate::TransportBridge::new`] falls back to the default base when
-    /// the configured one is unusable.
-    pub fn validate(&self) -> Result<(), WebError> {
-        if self.evaluation_budget.is_zero() {
-            return Err(WebError::ZeroEvaluationBudget);
+    /// Every rule the types cannot hold, broken: a budget and a failure
+    /// retry-after of at least 1 ms, and a non-empty problem type base that
+    /// forms a URI with every category name. Empty when the settings can
+    /// work. Problem responses fall back to the default base per response
+    /// when an unvalidated base does not form a URI.
+    pub fn problems(&self) -> Vec<WebError> {
+        let mut problems = Vec::new();
+        if self.evaluation_budget < Duration::from_millis(1) {
+            problems.push(WebError::EvaluationBudgetTooShort(self.evaluation_budget));
         }
-        crate::mapping::ALL_CATEGORIES.iter().try_for_each(|category| {
-            problem_type(&self.problem_type_base, category).map(drop).ok_or_else(|| {
-                WebError::InvalidProblemTypeBase { base: self.problem_type_base.clone(), category }
-            })
-        })
+        if self.failure_retry_after < Duration::from_millis(1) {
+            problems.push(WebError::FailureRetryAfterTooShort(self.failure_retry_after));
+        }
+        let base = &self.problem_type_base;
+        let unusable = if base.is_empty() {
+            Some("")
+        } else {
+            problem_type_names().find(|category| problem_type(base, category).is_none())
+        };
+        if let Some(category) = unusable {
+            problems.push(WebError::InvalidProblemTypeBase { base: base.clone(), category });
+        }
+        problems
+    }
+
+    /// The first of [`Self::problems`]. Call it at start-up.
+    pub fn validate(&self) -> Result<(), WebError> {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
     }
 }
 
@@ -82,9 +97,30 @@ mod tests {
     #[test]
     fn validation_names_the_bad_setting() {
         let zero = EdgeSettings { evaluation_budget: Duration::ZERO, ..EdgeSettings::default() };
-        assert_eq!(zero.validate(), Err(WebError::ZeroEvaluationBudget));
+        assert_eq!(zero.validate(), Err(WebError::EvaluationBudgetTooShort(Duration::ZERO)));
         let bad_base =
             EdgeSettings { problem_type_base: "not a uri ".into(), ..EdgeSettings::default() };
         assert!(matches!(bad_base.validate(), Err(WebError::InvalidProblemTypeBase { .. })));
+        let empty = EdgeSettings { problem_type_base: String::new(), ..EdgeSettings::default() };
+        assert!(matches!(empty.validate(), Err(WebError::InvalidProblemTypeBase { .. })));
+    }
+
+    #[test]
+    fn every_problem_is_listed_at_once() {
+        let sub_millisecond = Duration::from_micros(500);
+        let settings = EdgeSettings {
+            evaluation_budget: sub_millisecond,
+            failure_retry_after: Duration::ZERO,
+            problem_type_base: String::new(),
+            ..EdgeSettings::default()
+        };
+        assert_eq!(
+            settings.problems(),
+            [
+                WebError::EvaluationBudgetTooShort(sub_millisecond),
+                WebError::FailureRetryAfterTooShort(Duration::ZERO),
+                WebError::InvalidProblemTypeBase { base: String::new(), category: "" },
+            ]
+        );
     }
 }
