@@ -4,7 +4,9 @@
 
 use sha2::{Digest, Sha256};
 
-use crate::config::{AppConfig, RedisTopology};
+use adapter_redis::Topology;
+
+use crate::config::AppConfig;
 
 /// User name when `redis.username` is not set.
 pub const DEFAULT_ACL_USER: &str = "ca-rate-limit";
@@ -63,8 +65,8 @@ pub fn acl_rules(config: &AppConfig) -> AclRules {
     ];
     rule.extend(STANDALONE_COMMANDS.iter().map(|command| (*command).to_owned()));
     match redis.topology {
-        RedisTopology::Standalone => {}
-        RedisTopology::Cluster => {
+        Topology::Standalone => {}
+        Topology::Cluster => {
             rule.extend(CLUSTER_COMMANDS.iter().map(|command| (*command).to_owned()));
             notes.push("# cluster: run it on every node (ACLs are per node)".to_owned());
         }
@@ -121,7 +123,7 @@ mod tests {
         config.redis.password =
             Some(SecretValue::new(SecretSource::Inline, SecretString::from("hunter2")));
         config.redis.key_prefix = "app*[x]:".into();
-        config.redis.topology = RedisTopology::Cluster;
+        config.redis.topology = Topology::Cluster;
         let rules = acl_rules(&config);
         let rule = &rules.commands[0];
         // sha256("hunter2")

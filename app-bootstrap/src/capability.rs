@@ -6,14 +6,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
-use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
+use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
-use axum::http::HeaderName;
 use rand::RngCore;
 use secrecy::SecretSlice;
 use shared_contract::{Clock, EdgeRateLimitPort, PolicyId};
 
-use crate::config::{AppConfig, ProviderKind, RedisTopology};
+use crate::config::{AppConfig, ProviderKind};
 use crate::error::BootstrapError;
 
 /// Key version of a key made up at start.
@@ -85,8 +84,7 @@ fn memory_provider(
     config: &AppConfig,
     clock: Arc<dyn Clock>,
 ) -> Result<MemoryEdgeRateLimitAdapter, BootstrapError> {
-    let policies = config.rate_limit_policies()?;
-    let adapter = MemoryEdgeRateLimitAdapter::new(policies, clock)
+    let adapter = MemoryEdgeRateLimitAdapter::new(config.rate_limit_policies(), clock)
         .map_err(|error| wiring("the memory provider", error))?;
     Ok(adapter.with_failure_retry_after(config.capabilities.rate_limit.failure_retry_after))
 }
@@ -95,22 +93,8 @@ fn redis_provider(
     config: &AppConfig,
     clock: Arc<dyn Clock>,
 ) -> Result<RedisEdgeRateLimitAdapter, BootstrapError> {
-    let redis = &config.redis;
-    let settings = RedisSettings {
-        topology: match redis.topology {
-            RedisTopology::Standalone => Topology::Standalone,
-            RedisTopology::Cluster => Topology::Cluster,
-        },
-        urls: redis.urls.clone(),
-        username: redis.username.clone(),
-        password: redis.password.as_ref().map(|password| password.expose().into()),
-        key_prefix: redis.key_prefix.clone(),
-        connect_timeout: redis.connect_timeout,
-        command_timeout: redis.command_timeout,
-        script_lane_max_in_flight: redis.script_lane_max_in_flight,
-        failure_retry_after: config.capabilities.rate_limit.failure_retry_after,
-    };
-    RedisEdgeRateLimitAdapter::new(settings, config.rate_limit_policies()?, clock)
+    let settings = config.redis.settings(config.capabilities.rate_limit.failure_retry_after);
+    RedisEdgeRateLimitAdapter::new(settings, config.rate_limit_policies(), clock)
         .map_err(|error| wiring("the redis provider", error))
 }
 
@@ -151,8 +135,7 @@ pub fn edge_settings(config: &AppConfig) -> Result<EdgeSettings, BootstrapError>
     let settings = EdgeSettings {
         evaluation_budget: rate_limit.evaluation_budget,
         failure_retry_after: rate_limit.failure_retry_after,
-        api_key_header: HeaderName::from_bytes(rate_limit.api_key_header.as_bytes())
-            .map_err(|error| wiring("the edge settings", error))?,
+        api_key_header: rate_limit.api_key_header.clone(),
         trusted_proxies: rate_limit.trusted_proxies.clone(),
         default_policy: policy_id(&rate_limit.default_policy)?,
         operations,

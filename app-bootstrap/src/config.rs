@@ -17,10 +17,13 @@ mod validate;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::str::FromStr;
 use std::time::Duration;
 
+use adapter_redis::{RedisSettings, Topology};
+use axum::http::HeaderName;
 use ipnet::IpNet;
-use shared_contract::{Algorithm, EvaluationDedupPolicy, PolicyField, RateLimitPolicy};
+use shared_contract::{RateLimitPolicy, UnknownName, parse_name};
 
 pub use problems::{ConfigProblem, ConfigProblems, KeyPath};
 pub use secret::{SecretSource, SecretValue};
@@ -67,6 +70,9 @@ pub enum ProviderKind {
 }
 
 impl ProviderKind {
+    /// Every provider, in declaration order.
+    pub const ALL: [Self; 3] = [Self::Memory, Self::Redis, Self::Disabled];
+
     /// The configuration name.
     pub const fn name(self) -> &'static str {
         match self {
@@ -74,6 +80,14 @@ impl ProviderKind {
             Self::Redis => "redis",
             Self::Disabled => "disabled",
         }
+    }
+}
+
+impl FromStr for ProviderKind {
+    type Err = UnknownName;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        parse_name(&Self::ALL, Self::name, text)
     }
 }
 
@@ -91,34 +105,16 @@ pub struct RateLimitConfig {
     pub failure_retry_after: Duration,
     /// `api-key-header`: the header whose value identifies an API client
     /// (default `x-api-key`).
-    pub api_key_header: String,
+    pub api_key_header: HeaderName,
     /// `trusted-proxies`: peers whose `Forwarded`/`X-Forwarded-For` count.
     pub trusted_proxies: Vec<IpNet>,
     /// `operations`: `"METHOD /route/{template}"` -> policy id.
     pub operations: BTreeMap<String, String>,
-    /// `policies.<id>`: every policy the provider holds.
-    pub policies: BTreeMap<String, PolicyConfig>,
+    /// `policies.<id>`: every policy the provider holds, built and checked
+    /// by the contract's policy builder.
+    pub policies: BTreeMap<String, RateLimitPolicy>,
     /// `problem-type-base`: the URI prefix of problem+json `type` values.
     pub problem_type_base: String,
-}
-
-/// `capabilities.rate-limit.policies.<id>.*`, already checked against the
-/// contract rules.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PolicyConfig {
-    /// `algorithm` with its parameters (`limit`, `window`, `capacity`,
-    /// `refill-tokens`, `refill-period`).
-    pub algorithm: Algorithm,
-    /// `revision` (default 1).
-    pub revision: u32,
-    /// `maximum-cost` (default 1).
-    pub maximum_cost: u64,
-    /// `cleanup-grace` (default 1 s).
-    pub cleanup_grace: Duration,
-    /// `maximum-clock-regression` (default 1 s).
-    pub maximum_clock_regression: Duration,
-    /// `evaluation-dedup.*` (default enabled, 5 s, 256 entries, 65,536 bytes).
-    pub evaluation_dedup: EvaluationDedupPolicy,
 }
 
 /// `pseudonymizer.*`.
@@ -132,32 +128,13 @@ pub struct PseudonymizerConfig {
     pub keys: BTreeMap<u32, SecretValue>,
 }
 
-/// Redis deployment shape.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RedisTopology {
-    /// One server (or a primary with replicas behind one address).
-    Standalone,
-    /// Redis Cluster.
-    Cluster,
-}
-
-impl RedisTopology {
-    /// The configuration name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Standalone => "standalone",
-            Self::Cluster => "cluster",
-        }
-    }
-}
-
 /// `redis.*`. `Debug` hides passwords, including one inside a URL.
 #[derive(Clone)]
 pub struct RedisConfig {
     /// `enabled`: the global Redis switch (default false).
     pub enabled: bool,
     /// `topology`: `standalone` (default) or `cluster`.
-    pub topology: RedisTopology,
+    pub topology: Topology,
     /// `urls`: `redis://host:port` addresses (cluster: seed nodes).
     pub urls: Vec<String>,
     /// `username`: the ACL user, if any.
@@ -166,7 +143,7 @@ pub struct RedisConfig {
     pub password: Option<SecretValue>,
     /// `key-prefix`: prepended to every key (default `ca:rl:`).
     pub key_prefix: String,
-    /// `connect-timeout` (default 1 s).
+    /// `connect-timeout` (default: [`RedisSettings`]'s, 1 s).
     pub connect_timeout: Duration,
     /// `command-timeout` (default 250 ms).
     pub command_timeout: Duration,
@@ -204,21 +181,9 @@ impl AppConfig {
         if problems.is_empty() { Ok(config) } else { Err(BootstrapError::InvalidConfig(problems)) }
     }
 
-    /// The configured policies as contract values.
-    pub fn rate_limit_policies(&self) -> Result<Vec<RateLimitPolicy>, BootstrapError> {
-        let mut problems = ConfigProblems::default();
-        let policies = self
-            .capabilities
-            .rate_limit
-            .policies
-            .iter()
-            .filter_map(|(id, policy)| policy.build(id, &mut problems))
-            .collect();
-        if problems.is_empty() {
-            Ok(policies)
-        } else {
-            Err(BootstrapError::InvalidConfig(problems))
-        }
+    /// The configured policies.
+    pub fn rate_limit_policies(&self) -> Vec<RateLimitPolicy> {
+        self.capabilities.rate_limit.policies.values().cloned().collect()
     }
 
     /// The configuration as TOML with every secret replaced by
@@ -228,35 +193,57 @@ impl AppConfig {
     }
 }
 
-impl PolicyConfig {
-    /// Builds the contract policy, recording each violated rule under its
-    /// full key path.
-    pub(crate) fn build(&self, id: &str, problems: &mut ConfigProblems) -> Option<RateLimitPolicy> {
-        let path = KeyPath::policy(id);
-        let built = RateLimitPolicy::builder(id, self.algorithm)
-            .revision(self.revision)
-            .maximum_cost(self.maximum_cost)
-            .cleanup_grace(self.cleanup_grace)
-            .maximum_clock_regression(self.maximum_clock_regression)
-            .evaluation_dedup(self.evaluation_dedup)
-            .build();
-        match built {
-            Ok(policy) => Some(policy),
-            Err(error) => {
-                for violation in error.violations() {
-                    // A bad id is the policy table's own key.
-                    let at = if violation.field == PolicyField::Id {
-                        path.clone()
-                    } else {
-                        path.dotted(violation.field.key())
-                    };
-                    problems.push(at, violation.problem.clone());
-                }
-                if error.violations().is_empty() {
-                    problems.push(path, error.to_string());
-                }
-                None
-            }
+impl RedisConfig {
+    /// The Redis provider's settings: what it connects to and how patient
+    /// it is. The provider's settings type owns every rule; validation
+    /// reports its problems under these keys.
+    pub fn settings(&self, failure_retry_after: Duration) -> RedisSettings {
+        RedisSettings {
+            topology: self.topology,
+            urls: self.urls.clone(),
+            username: self.username.clone(),
+            password: self.password.as_ref().map(|password| password.expose().into()),
+            key_prefix: self.key_prefix.clone(),
+            connect_timeout: self.connect_timeout,
+            command_timeout: self.command_timeout,
+            script_lane_max_in_flight: self.script_lane_max_in_flight,
+            failure_retry_after,
         }
+    }
+}
+
+impl Default for RedisConfig {
+    /// Off, with the Redis provider's own defaults.
+    fn default() -> Self {
+        let defaults = RedisSettings::default();
+        Self {
+            enabled: false,
+            topology: defaults.topology,
+            urls: defaults.urls,
+            username: None,
+            password: None,
+            key_prefix: defaults.key_prefix,
+            connect_timeout: defaults.connect_timeout,
+            command_timeout: defaults.command_timeout,
+            script_lane_max_in_flight: defaults.script_lane_max_in_flight,
+        }
+    }
+}
+
+#[cfg(test)]
+mod names {
+    use super::*;
+
+    #[test]
+    fn every_provider_is_listed_and_its_name_parses_back() {
+        for provider in ProviderKind::ALL {
+            // Exhaustive: a new provider fails to compile until ALL lists it.
+            match provider {
+                ProviderKind::Memory | ProviderKind::Redis | ProviderKind::Disabled => {}
+            }
+            assert_eq!(provider.name().parse(), Ok(provider));
+        }
+        assert_eq!(ProviderKind::ALL.len(), 3);
+        assert!("postgres".parse::<ProviderKind>().is_err());
     }
 }

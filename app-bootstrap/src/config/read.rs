@@ -2,70 +2,33 @@
 //! defaults and recording every problem (unknown keys, wrong types, bad
 //! durations, bad names) under its full key path instead of stopping at the
 //! first, as a derived `Deserialize` would.
+//!
+//! Each key is named once, at the reader call that reads it: a table knows
+//! the keys asked of it, and everything else in it is reported as unknown.
+//! Defaults come from the owners (the policy builder, `EdgeSettings`,
+//! `RedisSettings`), never from copies here.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use adapter_web::DEFAULT_PROBLEM_TYPE_BASE;
+use adapter_web::EdgeSettings;
 use figment::value::{Dict, Value};
-use shared_contract::{Algorithm, EvaluationDedupPolicy};
+use shared_contract::{
+    Algorithm, AlgorithmKind, EvaluationDedupPolicy, FailurePolicy, PolicyField, RateLimitPolicy,
+};
 
 mod values;
 
-use self::values::{kind, quoted};
+use self::values::{Table, kind, quoted};
 use super::problems::{ConfigProblems, KeyPath};
 use super::{
-    AppConfig, CapabilitiesConfig, PolicyConfig, ProviderKind, PseudonymizerConfig,
-    RateLimitConfig, RedisConfig, RedisTopology, ServerConfig,
+    AppConfig, CapabilitiesConfig, ProviderKind, PseudonymizerConfig, RateLimitConfig, RedisConfig,
+    ServerConfig,
 };
 
 /// The policy a fresh checkout serves with when no policy is configured.
 pub(crate) const DEMO_POLICY: &str = "demo";
 const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
-
-const ROOT_KEYS: &[&str] = &["server", "capabilities", "pseudonymizer", "redis"];
-const SERVER_KEYS: &[&str] = &["listen"];
-const CAPABILITIES_KEYS: &[&str] = &["rate-limit"];
-const RATE_LIMIT_KEYS: &[&str] = &[
-    "provider",
-    "default-policy",
-    "evaluation-budget",
-    "failure-retry-after",
-    "api-key-header",
-    "trusted-proxies",
-    "operations",
-    "policies",
-    "problem-type-base",
-];
-const POLICY_KEYS: &[&str] = &[
-    "algorithm",
-    "limit",
-    "window",
-    "capacity",
-    "refill-tokens",
-    "refill-period",
-    "revision",
-    "maximum-cost",
-    "failure-policy",
-    "cleanup-grace",
-    "maximum-clock-regression",
-    "evaluation-dedup",
-];
-const DEDUP_KEYS: &[&str] = &["enabled", "ttl", "max-entries", "max-stored-bytes"];
-const PSEUDONYMIZER_KEYS: &[&str] = &["active-version", "keys"];
-const REDIS_KEYS: &[&str] = &[
-    "enabled",
-    "topology",
-    "urls",
-    "username",
-    "password",
-    "key-prefix",
-    "connect-timeout",
-    "command-timeout",
-    "script-lane",
-];
-const SCRIPT_LANE_KEYS: &[&str] = &["max-in-flight"];
-const ALGORITHMS: &[&str] = &["fixed-window", "sliding-counter", "token-bucket"];
 
 /// What the reader saw that validation needs beyond the typed model.
 #[derive(Debug, Default)]
@@ -79,21 +42,26 @@ pub(crate) struct Declared {
 /// default so reading continues and every problem is found.
 pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppConfig, Declared) {
     let mut reader = Reader { problems };
-    let root = KeyPath::root();
-    reader.unknown_keys(tree, &root, ROOT_KEYS);
+    let root_value = Value::from(tree.clone());
+    let mut root = reader.table(Some(&root_value), KeyPath::root());
+    let server = root.get("server");
+    let capabilities = root.get("capabilities");
+    let pseudonymizer = root.get("pseudonymizer");
+    let redis = root.get("redis");
+    reader.close(root);
 
-    let server_path = root.child("server");
-    let server = reader.table(tree.get("server"), &server_path, SERVER_KEYS);
-    let listen = reader.field(server, &server_path, "listen", Reader::socket_addr);
+    let mut server = reader.table(server, KeyPath::root().child("server"));
+    let listen = reader.field(&mut server, "listen", Reader::socket_addr);
+    reader.close(server);
     let listen = listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default"));
 
-    let capabilities_path = root.child("capabilities");
-    let capabilities =
-        reader.table(tree.get("capabilities"), &capabilities_path, CAPABILITIES_KEYS);
-    let (rate_limit, declared) = reader.rate_limit(capabilities.and_then(|c| c.get("rate-limit")));
+    let mut capabilities = reader.table(capabilities, KeyPath::root().child("capabilities"));
+    let rate_limit = capabilities.get("rate-limit");
+    reader.close(capabilities);
+    let (rate_limit, declared) = reader.rate_limit(rate_limit);
 
-    let pseudonymizer = reader.pseudonymizer(tree.get("pseudonymizer"));
-    let redis = reader.redis(tree.get("redis"));
+    let pseudonymizer = reader.pseudonymizer(pseudonymizer);
+    let redis = reader.redis(redis);
 
     let config = AppConfig {
         server: ServerConfig { listen },
@@ -110,46 +78,32 @@ struct Reader<'p> {
 
 impl Reader<'_> {
     fn rate_limit(&mut self, value: Option<&Value>) -> (RateLimitConfig, Declared) {
-        let path = KeyPath::root().dotted("capabilities.rate-limit");
-        let table = self.table(value, &path, RATE_LIMIT_KEYS);
+        let mut table = self.table(value, KeyPath::root().dotted("capabilities.rate-limit"));
+        let provider = self.field(&mut table, "provider", Self::name::<ProviderKind>);
+        let default_policy = self.field(&mut table, "default-policy", Self::string);
+        let evaluation_budget = self.field(&mut table, "evaluation-budget", Self::duration);
+        let failure_retry_after = self.field(&mut table, "failure-retry-after", Self::duration);
+        let api_key_header = self.field(&mut table, "api-key-header", Self::header_name);
+        let trusted_proxies = self.field(&mut table, "trusted-proxies", Self::networks);
+        let problem_type_base = self.field(&mut table, "problem-type-base", Self::string);
+        let operations = table.get("operations");
+        let policies = table.get("policies");
+        let path = table.path().clone();
+        self.close(table);
+        let operations = self.operations(operations, &path.child("operations"));
+        let (policies, declared) = self.policies(policies, &path.child("policies"));
 
-        let provider = self.field(table, &path, "provider", |reader, value, path| {
-            let name = reader.string(value, path)?;
-            match name.as_str() {
-                "memory" => Some(ProviderKind::Memory),
-                "redis" => Some(ProviderKind::Redis),
-                "disabled" => Some(ProviderKind::Disabled),
-                _ => {
-                    reader.problem(
-                        path,
-                        format!("must be \"memory\", \"redis\" or \"disabled\", got {name:?}"),
-                    );
-                    None
-                }
-            }
-        });
-        let default_policy = self.field(table, &path, "default-policy", Self::string);
-        let evaluation_budget = self.field(table, &path, "evaluation-budget", Self::duration);
-        let failure_retry_after = self.field(table, &path, "failure-retry-after", Self::duration);
-        let api_key_header = self.field(table, &path, "api-key-header", Self::string);
-        let trusted_proxies = self.field(table, &path, "trusted-proxies", Self::networks);
-        let problem_type_base = self.field(table, &path, "problem-type-base", Self::string);
-        let operations =
-            self.operations(table.and_then(|t| t.get("operations")), &path.child("operations"));
-        let (policies, declared) =
-            self.policies(table.and_then(|t| t.get("policies")), &path.child("policies"));
-
+        let edge = EdgeSettings::default();
         let config = RateLimitConfig {
             provider: provider.unwrap_or(ProviderKind::Memory),
             default_policy: default_policy.unwrap_or_else(|| DEMO_POLICY.to_owned()),
-            evaluation_budget: evaluation_budget.unwrap_or(Duration::from_millis(750)),
-            failure_retry_after: failure_retry_after.unwrap_or(Duration::from_secs(1)),
-            api_key_header: api_key_header.unwrap_or_else(|| "x-api-key".to_owned()),
-            trusted_proxies: trusted_proxies.unwrap_or_default(),
+            evaluation_budget: evaluation_budget.unwrap_or(edge.evaluation_budget),
+            failure_retry_after: failure_retry_after.unwrap_or(edge.failure_retry_after),
+            api_key_header: api_key_header.unwrap_or(edge.api_key_header),
+            trusted_proxies: trusted_proxies.unwrap_or(edge.trusted_proxies),
             operations,
             policies,
-            problem_type_base: problem_type_base
-                .unwrap_or_else(|| DEFAULT_PROBLEM_TYPE_BASE.to_owned()),
+            problem_type_base: problem_type_base.unwrap_or(edge.problem_type_base),
         };
         (config, declared)
     }
@@ -181,7 +135,7 @@ impl Reader<'_> {
         &mut self,
         value: Option<&Value>,
         path: &KeyPath,
-    ) -> (BTreeMap<String, PolicyConfig>, Declared) {
+    ) -> (BTreeMap<String, RateLimitPolicy>, Declared) {
         let Some(value) = value else {
             let ids = BTreeSet::from([DEMO_POLICY.to_owned()]);
             return (
@@ -195,64 +149,65 @@ impl Reader<'_> {
         };
         let mut policies = BTreeMap::new();
         for (id, policy) in dict {
-            let policy_path = path.child(id);
-            let Some(table) = self.table(Some(policy), &policy_path, POLICY_KEYS) else {
+            let table = self.table(Some(policy), path.child(id));
+            if !table.is_present() {
+                self.close(table);
                 continue;
-            };
-            if let Some(policy) = self.policy(table, &policy_path) {
-                // Contract rules (bounds, id charset, cost <= limit, ...).
-                if policy.build(id, self.problems).is_some() {
-                    policies.insert(id.clone(), policy);
-                }
+            }
+            if let Some(policy) = self.policy(id, table) {
+                policies.insert(id.clone(), policy);
             }
         }
         (policies, Declared { policy_ids: Some(dict.keys().cloned().collect()) })
     }
 
-    fn policy(&mut self, table: &Dict, path: &KeyPath) -> Option<PolicyConfig> {
-        let has = |key: &str| table.contains_key(key);
-        let table = Some(table);
-        let algorithm_name = self.field(table, path, "algorithm", Self::string);
-        let limit = self.field(table, path, "limit", Self::u64);
-        let window = self.field(table, path, "window", Self::duration);
-        let capacity = self.field(table, path, "capacity", Self::u64);
-        let refill_tokens = self.field(table, path, "refill-tokens", Self::u64);
-        let refill_period = self.field(table, path, "refill-period", Self::duration);
-        let revision = self.field(table, path, "revision", Self::u32);
-        let maximum_cost = self.field(table, path, "maximum-cost", Self::u64);
-        let cleanup_grace = self.field(table, path, "cleanup-grace", Self::duration);
-        let regression = self.field(table, path, "maximum-clock-regression", Self::duration);
-        let failure_ok = match self.field(table, path, "failure-policy", Self::string) {
-            Some(name) if name == "fail-closed" => true,
-            Some(name) => {
-                self.problem(
-                    &path.child("failure-policy"),
-                    format!("must be \"fail-closed\" (the only failure policy), got {name:?}"),
-                );
-                false
-            }
-            // Absent is the default; present but not a string is recorded.
-            None => !has("failure-policy"),
-        };
-        let dedup = self
-            .dedup(table.and_then(|t| t.get("evaluation-dedup")), &path.child("evaluation-dedup"));
+    /// One policy, built by the contract's builder: its defaults fill what
+    /// the table leaves out, and each rule it finds broken is recorded under
+    /// the field's key.
+    fn policy(&mut self, id: &str, mut table: Table<'_>) -> Option<RateLimitPolicy> {
+        let kind = self.field(&mut table, "algorithm", Self::name::<AlgorithmKind>);
+        let limit = self.field(&mut table, "limit", Self::u64);
+        let window = self.field(&mut table, "window", Self::duration);
+        let capacity = self.field(&mut table, "capacity", Self::u64);
+        let refill_tokens = self.field(&mut table, "refill-tokens", Self::u64);
+        let refill_period = self.field(&mut table, "refill-period", Self::duration);
+        let revision = self.field(&mut table, "revision", Self::u32);
+        let maximum_cost = self.field(&mut table, "maximum-cost", Self::u64);
+        let failure_policy = self.field(&mut table, "failure-policy", Self::name::<FailurePolicy>);
+        let cleanup_grace = self.field(&mut table, "cleanup-grace", Self::duration);
+        let regression = self.field(&mut table, "maximum-clock-regression", Self::duration);
+        let dedup_value = table.get("evaluation-dedup");
+        let path = table.path().clone();
+        // A present key that did not read has its own problem already.
+        let all_read = [
+            ("algorithm", kind.is_some()),
+            ("revision", revision.is_some()),
+            ("maximum-cost", maximum_cost.is_some()),
+            ("failure-policy", failure_policy.is_some()),
+            ("cleanup-grace", cleanup_grace.is_some()),
+            ("maximum-clock-regression", regression.is_some()),
+        ]
+        .iter()
+        .all(|(key, read)| *read || !table.has(key));
+        let dedup = self.dedup(dedup_value, path.child("evaluation-dedup"));
 
-        let algorithm = match algorithm_name.as_deref() {
+        let algorithm = match kind {
             None => {
-                if !has("algorithm") {
+                if !table.has("algorithm") {
+                    let names: Vec<_> = AlgorithmKind::ALL.iter().map(|kind| kind.name()).collect();
                     self.problem(
                         &path.child("algorithm"),
-                        format!("missing: choose one of {}", quoted(ALGORITHMS)),
+                        format!("missing: choose one of {}", quoted(&names)),
                     );
                 }
                 None
             }
-            Some(name @ ("fixed-window" | "sliding-counter")) => {
-                self.not_for(table, path, name, &["capacity", "refill-tokens", "refill-period"]);
-                let limit = self.required(limit, table, path, "limit", name);
-                let window = self.required(window, table, path, "window", name);
-                match (name, limit, window) {
-                    ("fixed-window", Some(limit), Some(window)) => {
+            Some(kind @ (AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter)) => {
+                self.not_for(&table, kind, &["capacity", "refill-tokens", "refill-period"]);
+                let limit = self.required(limit, &table, "limit", kind);
+                let window = self.required(window, &table, "window", kind);
+                match (kind, limit, window) {
+                    (AlgorithmKind::FixedWindow, Some(limit), Some(window)) => {
                         Some(Algorithm::FixedWindow { limit, window })
                     }
                     (_, Some(limit), Some(window)) => {
@@ -261,13 +216,11 @@ impl Reader<'_> {
                     _ => None,
                 }
             }
-            Some(name @ "token-bucket") => {
-                self.not_for(table, path, name, &["limit", "window"]);
-                let capacity = self.required(capacity, table, path, "capacity", name);
-                let refill_tokens =
-                    self.required(refill_tokens, table, path, "refill-tokens", name);
-                let refill_period =
-                    self.required(refill_period, table, path, "refill-period", name);
+            Some(kind @ AlgorithmKind::TokenBucket) => {
+                self.not_for(&table, kind, &["limit", "window"]);
+                let capacity = self.required(capacity, &table, "capacity", kind);
+                let refill_tokens = self.required(refill_tokens, &table, "refill-tokens", kind);
+                let refill_period = self.required(refill_period, &table, "refill-period", kind);
                 match (capacity, refill_tokens, refill_period) {
                     (Some(capacity), Some(refill_tokens), Some(refill_period)) => {
                         Some(Algorithm::TokenBucket { capacity, refill_tokens, refill_period })
@@ -275,24 +228,46 @@ impl Reader<'_> {
                     _ => None,
                 }
             }
-            Some(other) => {
-                self.problem(
-                    &path.child("algorithm"),
-                    format!("must be one of {}, got {other:?}", quoted(ALGORITHMS)),
-                );
+        };
+        self.close(table);
+        let (algorithm, dedup) = (algorithm?, dedup?);
+
+        let mut builder = RateLimitPolicy::builder(id, algorithm).evaluation_dedup(dedup);
+        if let Some(revision) = revision {
+            builder = builder.revision(revision);
+        }
+        if let Some(maximum_cost) = maximum_cost {
+            builder = builder.maximum_cost(maximum_cost);
+        }
+        if let Some(failure_policy) = failure_policy {
+            builder = builder.failure_policy(failure_policy);
+        }
+        if let Some(grace) = cleanup_grace {
+            builder = builder.cleanup_grace(grace);
+        }
+        if let Some(bound) = regression {
+            builder = builder.maximum_clock_regression(bound);
+        }
+        // Built even when a field did not read, so its contract problems
+        // are listed too; such a policy is not kept.
+        match builder.build() {
+            Ok(policy) => Some(policy).filter(|_| all_read),
+            Err(error) => {
+                for violation in error.violations() {
+                    // A bad id is the policy table's own key.
+                    let at = if violation.field == PolicyField::Id {
+                        path.clone()
+                    } else {
+                        path.dotted(violation.field.key())
+                    };
+                    self.problem(&at, violation.problem.clone());
+                }
+                if error.violations().is_empty() {
+                    self.problem(&path, error.to_string());
+                }
                 None
             }
-        };
-        let defaults = PolicyDefaults::new();
-        Some(PolicyConfig {
-            algorithm: algorithm?,
-            revision: revision.unwrap_or(defaults.revision),
-            maximum_cost: maximum_cost.unwrap_or(defaults.maximum_cost),
-            cleanup_grace: cleanup_grace.unwrap_or(defaults.grace),
-            maximum_clock_regression: regression.unwrap_or(defaults.grace),
-            evaluation_dedup: dedup?,
-        })
-        .filter(|_| failure_ok)
+        }
     }
 
     /// A parameter the algorithm needs; records "missing" only when the key
@@ -300,40 +275,32 @@ impl Reader<'_> {
     fn required<T>(
         &mut self,
         value: Option<T>,
-        table: Option<&Dict>,
-        path: &KeyPath,
+        table: &Table<'_>,
         key: &str,
-        algorithm: &str,
+        algorithm: AlgorithmKind,
     ) -> Option<T> {
-        if value.is_none() && !table.is_some_and(|t| t.contains_key(key)) {
-            self.problem(&path.child(key), format!("missing: {algorithm} needs it"));
+        if value.is_none() && !table.has(key) {
+            self.problem(&table.path().child(key), format!("missing: {algorithm} needs it"));
         }
         value
     }
 
-    fn not_for(&mut self, table: Option<&Dict>, path: &KeyPath, algorithm: &str, keys: &[&str]) {
-        for key in keys.iter().filter(|key| table.is_some_and(|t| t.contains_key(**key))) {
-            self.problem(&path.child(key), format!("does not apply to {algorithm}; remove it"));
+    fn not_for(&mut self, table: &Table<'_>, algorithm: AlgorithmKind, keys: &[&str]) {
+        for key in keys.iter().filter(|key| table.has(key)) {
+            self.problem(
+                &table.path().child(key),
+                format!("does not apply to {algorithm}; remove it"),
+            );
         }
     }
 
-    fn dedup(&mut self, value: Option<&Value>, path: &KeyPath) -> Option<EvaluationDedupPolicy> {
-        let table = self.table(value, path, DEDUP_KEYS);
-        if value.is_some() && table.is_none() {
-            return None;
-        }
-        let enabled = self.field(table, path, "enabled", Self::bool);
-        let ttl = self.field(table, path, "ttl", Self::duration);
-        let max_entries = self.field(table, path, "max-entries", Self::u32);
-        let max_stored_bytes = self.field(table, path, "max-stored-bytes", Self::u32);
-        let EvaluationDedupPolicy::Enabled {
-            ttl: default_ttl,
-            max_entries: default_entries,
-            max_stored_bytes: default_bytes,
-        } = EvaluationDedupPolicy::enabled_defaults()
-        else {
-            unreachable!("enabled_defaults is Enabled");
-        };
+    fn dedup(&mut self, value: Option<&Value>, path: KeyPath) -> Option<EvaluationDedupPolicy> {
+        let mut table = self.table(value, path);
+        let unreadable = value.is_some() && !table.is_present();
+        let enabled = self.field(&mut table, "enabled", Self::bool);
+        let ttl = self.field(&mut table, "ttl", Self::duration);
+        let max_entries = self.field(&mut table, "max-entries", Self::u32);
+        let max_stored_bytes = self.field(&mut table, "max-stored-bytes", Self::u32);
         // A bad value inside the table must not turn into a silent default.
         let all_read = [
             ("enabled", enabled.is_some()),
@@ -342,10 +309,19 @@ impl Reader<'_> {
             ("max-stored-bytes", max_stored_bytes.is_some()),
         ]
         .iter()
-        .all(|(key, read)| *read || !table.is_some_and(|t| t.contains_key(*key)));
-        if !all_read {
+        .all(|(key, read)| *read || !table.has(key));
+        self.close(table);
+        if unreadable || !all_read {
             return None;
         }
+        let EvaluationDedupPolicy::Enabled {
+            ttl: default_ttl,
+            max_entries: default_entries,
+            max_stored_bytes: default_bytes,
+        } = EvaluationDedupPolicy::enabled_defaults()
+        else {
+            unreachable!("enabled_defaults is Enabled");
+        };
         Some(if enabled.unwrap_or(true) {
             EvaluationDedupPolicy::Enabled {
                 ttl: ttl.unwrap_or(default_ttl),
@@ -358,12 +334,13 @@ impl Reader<'_> {
     }
 
     fn pseudonymizer(&mut self, value: Option<&Value>) -> PseudonymizerConfig {
-        let path = KeyPath::root().child("pseudonymizer");
-        let table = self.table(value, &path, PSEUDONYMIZER_KEYS);
-        let active_version = self.field(table, &path, "active-version", Self::u32).unwrap_or(1);
+        let mut table = self.table(value, KeyPath::root().child("pseudonymizer"));
+        let active_version = self.field(&mut table, "active-version", Self::u32).unwrap_or(1);
+        let keys_value = table.get("keys");
+        let keys_path = table.path().child("keys");
+        self.close(table);
         let mut keys = BTreeMap::new();
-        let keys_path = path.child("keys");
-        match table.and_then(|t| t.get("keys")) {
+        match keys_value {
             None | Some(Value::Empty(..)) => {}
             Some(Value::Dict(_, dict)) => {
                 for (version, key) in dict {
@@ -386,87 +363,40 @@ impl Reader<'_> {
     }
 
     fn redis(&mut self, value: Option<&Value>) -> RedisConfig {
-        let path = KeyPath::root().child("redis");
-        let table = self.table(value, &path, REDIS_KEYS);
+        let mut table = self.table(value, KeyPath::root().child("redis"));
         let defaults = RedisConfig::default();
-        let topology = self.field(table, &path, "topology", |reader, value, path| {
-            let name = reader.string(value, path)?;
-            match name.as_str() {
-                "standalone" => Some(RedisTopology::Standalone),
-                "cluster" => Some(RedisTopology::Cluster),
-                _ => {
-                    reader.problem(
-                        path,
-                        format!("must be \"standalone\" or \"cluster\", got {name:?}"),
-                    );
-                    None
-                }
-            }
-        });
-        let lane_path = path.child("script-lane");
-        let lane =
-            self.table(table.and_then(|t| t.get("script-lane")), &lane_path, SCRIPT_LANE_KEYS);
-        let max_in_flight = self.field(lane, &lane_path, "max-in-flight", Self::u32);
+        let enabled = self.field(&mut table, "enabled", Self::bool);
+        let topology = self.field(&mut table, "topology", Self::name);
+        let urls = self.field(&mut table, "urls", Self::string_list);
+        let username = self.field(&mut table, "username", Self::string);
+        let password = self.field(&mut table, "password", Self::secret);
+        let key_prefix = self.field(&mut table, "key-prefix", Self::string);
+        let connect_timeout = self.field(&mut table, "connect-timeout", Self::duration);
+        let command_timeout = self.field(&mut table, "command-timeout", Self::duration);
+        let lane = table.get("script-lane");
+        let mut lane = self.table(lane, table.path().child("script-lane"));
+        let max_in_flight = self.field(&mut lane, "max-in-flight", Self::u32);
+        self.close(lane);
+        self.close(table);
         RedisConfig {
-            enabled: self.field(table, &path, "enabled", Self::bool).unwrap_or(defaults.enabled),
+            enabled: enabled.unwrap_or(defaults.enabled),
             topology: topology.unwrap_or(defaults.topology),
-            urls: self.field(table, &path, "urls", Self::string_list).unwrap_or(defaults.urls),
-            username: self.field(table, &path, "username", Self::string),
-            password: self.field(table, &path, "password", Self::secret),
-            key_prefix: self
-                .field(table, &path, "key-prefix", Self::string)
-                .unwrap_or(defaults.key_prefix),
-            connect_timeout: self
-                .field(table, &path, "connect-timeout", Self::duration)
-                .unwrap_or(defaults.connect_timeout),
-            command_timeout: self
-                .field(table, &path, "command-timeout", Self::duration)
-                .unwrap_or(defaults.command_timeout),
+            urls: urls.unwrap_or(defaults.urls),
+            username,
+            password,
+            key_prefix: key_prefix.unwrap_or(defaults.key_prefix),
+            connect_timeout: connect_timeout.unwrap_or(defaults.connect_timeout),
+            command_timeout: command_timeout.unwrap_or(defaults.command_timeout),
             script_lane_max_in_flight: max_in_flight
                 .map_or(defaults.script_lane_max_in_flight, |n| n as usize),
         }
     }
 }
 
-struct PolicyDefaults {
-    revision: u32,
-    maximum_cost: u64,
-    grace: Duration,
-}
-
-impl PolicyDefaults {
-    // The contract builder's own defaults, so the file and the builder agree.
-    fn new() -> Self {
-        Self { revision: 1, maximum_cost: 1, grace: Duration::from_secs(1) }
-    }
-}
-
-impl Default for RedisConfig {
-    fn default() -> Self {
-        Self {
-            enabled: false,
-            topology: RedisTopology::Standalone,
-            urls: vec!["redis://127.0.0.1:6379".to_owned()],
-            username: None,
-            password: None,
-            key_prefix: "ca:rl:".to_owned(),
-            connect_timeout: Duration::from_secs(1),
-            command_timeout: Duration::from_millis(250),
-            script_lane_max_in_flight: 256,
-        }
-    }
-}
-
 /// Five requests per minute per subject and operation: small enough that a
-/// newcomer's `curl` loop sees a 429 on the sixth call.
-fn demo_policy() -> PolicyConfig {
-    let defaults = PolicyDefaults::new();
-    PolicyConfig {
-        algorithm: Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) },
-        revision: defaults.revision,
-        maximum_cost: defaults.maximum_cost,
-        cleanup_grace: defaults.grace,
-        maximum_clock_regression: defaults.grace,
-        evaluation_dedup: EvaluationDedupPolicy::enabled_defaults(),
-    }
+/// newcomer's `curl` loop sees a 429 on the sixth call. Every other field
+/// is the policy builder's default.
+fn demo_policy() -> RateLimitPolicy {
+    let five_a_minute = Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) };
+    RateLimitPolicy::builder(DEMO_POLICY, five_a_minute).build().expect("the demo policy is valid")
 }

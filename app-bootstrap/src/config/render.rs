@@ -4,11 +4,11 @@
 use std::time::Duration;
 
 use humantime_serde::re::humantime;
-use shared_contract::{Algorithm, EvaluationDedupPolicy};
+use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
 use toml::{Table, Value};
 
+use super::AppConfig;
 use super::secret::{SecretSource, SecretValue};
-use super::{AppConfig, PolicyConfig};
 use crate::error::BootstrapError;
 
 /// What a redacted secret reads as.
@@ -27,7 +27,7 @@ pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapEr
     limits.insert("default-policy".into(), rate_limit.default_policy.clone().into());
     limits.insert("evaluation-budget".into(), duration(rate_limit.evaluation_budget));
     limits.insert("failure-retry-after".into(), duration(rate_limit.failure_retry_after));
-    limits.insert("api-key-header".into(), rate_limit.api_key_header.clone().into());
+    limits.insert("api-key-header".into(), rate_limit.api_key_header.as_str().into());
     let proxies = rate_limit.trusted_proxies.iter().map(|net| Value::from(net.to_string()));
     limits.insert("trusted-proxies".into(), Value::Array(proxies.collect()));
     limits.insert("problem-type-base".into(), rate_limit.problem_type_base.clone().into());
@@ -77,10 +77,10 @@ pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapEr
     toml::to_string(&root).map_err(|error| BootstrapError::ConfigSource(error.to_string()))
 }
 
-fn policy_table(policy: &PolicyConfig) -> Value {
+fn policy_table(policy: &RateLimitPolicy) -> Value {
     let mut table = Table::new();
-    table.insert("algorithm".into(), policy.algorithm.name().into());
-    match policy.algorithm {
+    table.insert("algorithm".into(), policy.algorithm().name().into());
+    match *policy.algorithm() {
         Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
             table.insert("limit".into(), count(limit));
             table.insert("window".into(), duration(window));
@@ -91,13 +91,13 @@ fn policy_table(policy: &PolicyConfig) -> Value {
             table.insert("refill-period".into(), duration(refill_period));
         }
     }
-    table.insert("revision".into(), i64::from(policy.revision).into());
-    table.insert("maximum-cost".into(), count(policy.maximum_cost));
-    table.insert("failure-policy".into(), "fail-closed".into());
-    table.insert("cleanup-grace".into(), duration(policy.cleanup_grace));
-    table.insert("maximum-clock-regression".into(), duration(policy.maximum_clock_regression));
+    table.insert("revision".into(), i64::from(policy.revision()).into());
+    table.insert("maximum-cost".into(), count(policy.maximum_cost()));
+    table.insert("failure-policy".into(), policy.failure_policy().name().into());
+    table.insert("cleanup-grace".into(), duration(policy.cleanup_grace()));
+    table.insert("maximum-clock-regression".into(), duration(policy.maximum_clock_regression()));
     let mut dedup = Table::new();
-    match policy.evaluation_dedup {
+    match *policy.evaluation_dedup() {
         EvaluationDedupPolicy::Disabled => {
             dedup.insert("enabled".into(), false.into());
         }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use figment::Jail;
-use shared_contract::{Algorithm, EvaluationDedupPolicy};
+use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
 
 use super::*;
 
@@ -64,13 +64,13 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         assert_eq!(rate_limit.api_key_header, "x-api-key");
         let demo = &rate_limit.policies["demo"];
         assert_eq!(
-            demo.algorithm,
+            *demo.algorithm(),
             Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) }
         );
         assert!(config.pseudonymizer.keys.is_empty());
         assert!(!config.redis.enabled);
         assert_eq!(config.redis.key_prefix, "ca:rl:");
-        assert_eq!(config.rate_limit_policies().unwrap().len(), 1);
+        assert_eq!(config.rate_limit_policies().len(), 1);
     });
 }
 
@@ -116,25 +116,28 @@ fn a_file_sets_every_policy_field() {
         assert_eq!(rate_limit.operations["POST /api/orders"], "bucket");
         assert_eq!(
             rate_limit.policies["bucket"],
-            PolicyConfig {
-                algorithm: Algorithm::TokenBucket {
+            RateLimitPolicy::builder(
+                "bucket",
+                Algorithm::TokenBucket {
                     capacity: 20,
                     refill_tokens: 2,
                     refill_period: Duration::from_secs(1),
                 },
-                revision: 3,
-                maximum_cost: 5,
-                cleanup_grace: Duration::from_secs(2),
-                maximum_clock_regression: Duration::from_secs(3),
-                evaluation_dedup: EvaluationDedupPolicy::Enabled {
-                    ttl: Duration::from_secs(10),
-                    max_entries: 8,
-                    max_stored_bytes: 4096,
-                },
-            }
+            )
+            .revision(3)
+            .maximum_cost(5)
+            .cleanup_grace(Duration::from_secs(2))
+            .maximum_clock_regression(Duration::from_secs(3))
+            .evaluation_dedup(EvaluationDedupPolicy::Enabled {
+                ttl: Duration::from_secs(10),
+                max_entries: 8,
+                max_stored_bytes: 4096,
+            })
+            .build()
+            .unwrap()
         );
         assert_eq!(
-            rate_limit.policies["sliding"].evaluation_dedup,
+            *rate_limit.policies["sliding"].evaluation_dedup(),
             EvaluationDedupPolicy::Disabled
         );
         // A policies table of the user's replaces the demo policy entirely.
@@ -160,11 +163,11 @@ fn the_environment_overrides_the_file() {
         assert_eq!(rate_limit.provider, ProviderKind::Redis);
         assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(250));
         assert_eq!(
-            rate_limit.policies["api"].algorithm,
+            *rate_limit.policies["api"].algorithm(),
             Algorithm::FixedWindow { limit: 42, window: Duration::from_secs(60) }
         );
         assert!(config.redis.enabled);
-        assert_eq!(config.redis.topology, RedisTopology::Cluster);
+        assert_eq!(config.redis.topology, adapter_redis::Topology::Cluster);
         assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
         assert_eq!(config.redis.script_lane_max_in_flight, 8);
         assert_eq!(config.pseudonymizer.keys[&1].expose(), KEY);
@@ -461,5 +464,131 @@ fn a_missing_file_is_an_error_naming_it() {
     jail(|_| {
         let error = AppConfig::load(&ConfigSources::new(Some("nowhere.toml".into()))).unwrap_err();
         assert!(error.to_string().contains("nowhere.toml"), "{error}");
+    });
+}
+
+/// Every key a file can hold, each away from its default: what
+/// `check-config` renders must load back to the same configuration, so a
+/// key the reader knows but the renderer forgets (or the reverse) fails.
+const EVERY_KEY: &str = r#"
+[server]
+listen = "0.0.0.0:9001"
+
+[capabilities.rate-limit]
+provider = "redis"
+default-policy = "sliding"
+evaluation-budget = "400ms"
+failure-retry-after = "3s"
+api-key-header = "x-client-key"
+trusted-proxies = ["10.0.0.0/8"]
+problem-type-base = "https://errors.example.com/rate-limit/"
+operations = { "GET /api/hello" = "bucket" }
+
+[capabilities.rate-limit.policies.sliding]
+algorithm = "sliding-counter"
+limit = 40
+window = "90s"
+revision = 2
+maximum-cost = 4
+failure-policy = "fail-closed"
+cleanup-grace = "2s"
+maximum-clock-regression = "4s"
+evaluation-dedup = { enabled = true, ttl = "9s", max-entries = 16, max-stored-bytes = 2048 }
+
+[capabilities.rate-limit.policies.bucket]
+algorithm = "token-bucket"
+capacity = 30
+refill-tokens = 3
+refill-period = "2s"
+evaluation-dedup = { enabled = false }
+
+[pseudonymizer]
+active-version = 4
+keys = { 4 = { env = "EVERY_KEY_PSEUDONYM" } }
+
+[redis]
+enabled = true
+topology = "cluster"
+urls = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
+username = "limiter"
+password = { env = "EVERY_KEY_PASSWORD" }
+key-prefix = "svc:rl:"
+connect-timeout = "2s"
+command-timeout = "120ms"
+script-lane = { max-in-flight = 32 }
+"#;
+
+#[test]
+fn what_check_config_renders_loads_back_to_the_same_configuration() {
+    jail(|jail| {
+        jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
+        jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
+        let config = load_file(jail, EVERY_KEY).unwrap();
+        let rendered = config.to_redacted_toml().unwrap();
+        let again = load_file(jail, &rendered).unwrap();
+        // Debug prints every field (secrets by their source only).
+        assert_eq!(format!("{again:?}"), format!("{config:?}"), "rendered:\n{rendered}");
+        // And none of them is at its default, so a dropped key would show.
+        let defaults = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        for (field, loaded, default) in [
+            ("server", format!("{:?}", config.server), format!("{:?}", defaults.server)),
+            ("redis", format!("{:?}", config.redis), format!("{:?}", defaults.redis)),
+        ] {
+            assert_ne!(loaded, default, "{field} is at its default");
+        }
+    });
+}
+
+#[test]
+fn unset_keys_take_the_owners_defaults() {
+    jail(|_| {
+        let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        let rate_limit = &config.capabilities.rate_limit;
+        let edge = adapter_web::EdgeSettings::default();
+        assert_eq!(rate_limit.evaluation_budget, edge.evaluation_budget);
+        assert_eq!(rate_limit.failure_retry_after, edge.failure_retry_after);
+        assert_eq!(rate_limit.api_key_header, edge.api_key_header);
+        assert_eq!(rate_limit.problem_type_base, edge.problem_type_base);
+        let settings = config.redis.settings(edge.failure_retry_after);
+        let owner = adapter_redis::RedisSettings::default();
+        assert_eq!(format!("{settings:?}"), format!("{owner:?}"));
+        let demo = &rate_limit.policies["demo"];
+        let builder_default = RateLimitPolicy::builder("demo", *demo.algorithm()).build().unwrap();
+        assert_eq!(*demo, builder_default);
+    });
+}
+
+#[test]
+fn redis_rules_come_from_the_provider_with_their_key_paths() {
+    jail(|jail| {
+        let file = format!(
+            "{BASE}\n[pseudonymizer.keys]\n1 = \"{KEY}\"\n[redis]\nenabled = true\ntopology = \"cluster\"\n\
+             urls = [\"redis://127.0.0.1:7000\", \"http://127.0.0.1:7001\"]\nkey-prefix = \"\"\n\
+             command-timeout = \"0ms\"\nscript-lane = {{ max-in-flight = 0 }}\n"
+        )
+        .replace("default-policy", "provider = \"redis\"\ndefault-policy");
+        assert_eq!(
+            paths(load_file(jail, &file)),
+            [
+                "redis.urls.1",
+                "redis.key-prefix",
+                "redis.command-timeout",
+                "redis.script-lane.max-in-flight",
+            ]
+        );
+    });
+}
+
+#[test]
+fn unknown_names_list_the_names_from_their_enums() {
+    jail(|jail| {
+        let file = BASE.replace("default-policy", "provider = \"postgres\"\ndefault-policy")
+            + "\n[redis]\ntopology = \"sentinel\"\n";
+        let problems = problems(load_file(jail, &file));
+        assert_eq!(problems.len(), 2, "{problems:?}");
+        assert_eq!(problems[0].0, "capabilities.rate-limit.provider");
+        assert!(problems[0].1.contains(r#""memory", "redis", "disabled""#), "{problems:?}");
+        assert_eq!(problems[1].0, "redis.topology");
+        assert!(problems[1].1.contains(r#""standalone", "cluster""#), "{problems:?}");
     });
 }

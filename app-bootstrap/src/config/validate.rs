@@ -1,18 +1,14 @@
 //! Rules that span keys: the policy map and its references, the provider
-//! switch against the Redis switch and the pseudonymizer keys, and the
-//! bounds of the edge and Redis settings.
+//! switch against the Redis switch and the pseudonymizer keys. The rules of
+//! the edge and Redis settings belong to their owners (`EdgeSettings`,
+//! `RedisSettings`); here their problems get their full key paths.
 
-use std::time::Duration;
-
-use adapter_web::MIN_KEY_BYTES;
-use axum::http::HeaderName;
+use adapter_redis::{RedisField, SettingsProblem};
+use adapter_web::{EdgeSettings, MIN_KEY_BYTES, WebError};
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, ProviderKind, RedisTopology};
-
-/// Longest key prefix the Redis provider accepts.
-const MAX_KEY_PREFIX: usize = 64;
+use super::{AppConfig, ProviderKind};
 
 pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut ConfigProblems) {
     policy_references(config, declared, problems);
@@ -74,16 +70,26 @@ fn is_operation(operation: &str) -> bool {
 
 fn edge_settings(config: &AppConfig, problems: &mut ConfigProblems) {
     let rate_limit = &config.capabilities.rate_limit;
-    positive(rate_limit.evaluation_budget, KeyPath::rate_limit("evaluation-budget"), problems);
-    positive(rate_limit.failure_retry_after, KeyPath::rate_limit("failure-retry-after"), problems);
-    if HeaderName::from_bytes(rate_limit.api_key_header.as_bytes()).is_err() {
-        problems.push(
-            KeyPath::rate_limit("api-key-header"),
-            format!("{:?} is not a valid HTTP header name", rate_limit.api_key_header),
-        );
-    }
-    if rate_limit.problem_type_base.is_empty() {
-        problems.push(KeyPath::rate_limit("problem-type-base"), "must not be empty");
+    // The rules of the fields the edge owns; policy ids are checked above.
+    let settings = EdgeSettings {
+        evaluation_budget: rate_limit.evaluation_budget,
+        failure_retry_after: rate_limit.failure_retry_after,
+        problem_type_base: rate_limit.problem_type_base.clone(),
+        ..EdgeSettings::default()
+    };
+    for problem in settings.problems() {
+        let path = match &problem {
+            WebError::EvaluationBudgetTooShort(_) => KeyPath::rate_limit("evaluation-budget"),
+            WebError::FailureRetryAfterTooShort(_) => KeyPath::rate_limit("failure-retry-after"),
+            WebError::InvalidProblemTypeBase { .. } => KeyPath::rate_limit("problem-type-base"),
+            WebError::KeyTooShort { version, .. } | WebError::DuplicateKeyVersion(version) => {
+                KeyPath::root().dotted("pseudonymizer.keys").child(&version.to_string())
+            }
+            WebError::UnknownKeyVersion(_) => {
+                KeyPath::root().dotted("pseudonymizer.active-version")
+            }
+        };
+        problems.push(path, problem.to_string());
     }
 }
 
@@ -132,53 +138,21 @@ fn pseudonymizer(config: &AppConfig, problems: &mut ConfigProblems) {
 }
 
 fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
-    let redis = &config.redis;
     let path = KeyPath::root().child("redis");
-    match redis.topology {
-        RedisTopology::Standalone if redis.urls.len() != 1 => problems.push(
-            path.child("urls"),
-            format!("standalone takes exactly one redis:// URL, got {}", redis.urls.len()),
-        ),
-        RedisTopology::Cluster if redis.urls.is_empty() => {
-            problems.push(path.child("urls"), "a cluster needs at least one seed node URL");
-        }
-        RedisTopology::Standalone | RedisTopology::Cluster => {}
-    }
-    for (index, url) in redis.urls.iter().enumerate() {
-        let known = ["redis://", "rediss://", "unix://", "redis+unix://"];
-        if !known.iter().any(|scheme| url.starts_with(scheme)) {
-            // The URL may carry a password, so only its scheme is echoed.
-            let scheme = url.split_once("://").map_or("none", |(scheme, _)| scheme);
-            problems.push(
-                path.child("urls").child(&index.to_string()),
-                format!("must start with redis://, rediss:// or unix:// (scheme: {scheme})"),
-            );
-        }
-    }
-    let prefix = &redis.key_prefix;
-    let prefix_path = path.child("key-prefix");
-    if prefix.is_empty() || prefix.len() > MAX_KEY_PREFIX {
-        problems.push(
-            prefix_path.clone(),
-            format!("must be 1 to {MAX_KEY_PREFIX} bytes (the ACL key pattern is <key-prefix>*), got {}", prefix.len()),
-        );
-    }
-    if prefix.chars().any(|c| c == '{' || c == '}' || c.is_whitespace() || c.is_control()) {
-        problems.push(
-            prefix_path,
-            "must not contain '{', '}', spaces or control characters: the subject's hash tag must be the only one in a key",
-        );
-    }
-    positive(redis.connect_timeout, path.child("connect-timeout"), problems);
-    positive(redis.command_timeout, path.child("command-timeout"), problems);
-    if redis.script_lane_max_in_flight == 0 {
-        problems.push(path.dotted("script-lane.max-in-flight"), "must be at least 1");
-    }
-}
-
-fn positive(duration: Duration, path: KeyPath, problems: &mut ConfigProblems) {
-    if duration < Duration::from_millis(1) {
-        problems.push(path, format!("must be at least 1ms, got {duration:?}"));
+    let failure_retry_after = config.capabilities.rate_limit.failure_retry_after;
+    for SettingsProblem { field, problem } in config.redis.settings(failure_retry_after).problems()
+    {
+        let at = match field {
+            RedisField::Urls => path.child("urls"),
+            RedisField::Url(index) => path.child("urls").child(&index.to_string()),
+            RedisField::KeyPrefix => path.child("key-prefix"),
+            RedisField::ConnectTimeout => path.child("connect-timeout"),
+            RedisField::CommandTimeout => path.child("command-timeout"),
+            RedisField::ScriptLaneMaxInFlight => path.dotted("script-lane.max-in-flight"),
+            // The edge's own rule reports this key; once is enough.
+            RedisField::FailureRetryAfter => continue,
+        };
+        problems.push(at, problem);
     }
 }
 

@@ -4,11 +4,14 @@
 //! "did you mean" hint.
 
 use std::net::{IpAddr, SocketAddr};
+use std::str::FromStr;
 use std::time::Duration;
 
+use axum::http::HeaderName;
 use figment::value::{Dict, Value};
 use humantime_serde::re::humantime;
 use ipnet::IpNet;
+use shared_contract::UnknownName;
 
 use super::Reader;
 use crate::config::problems::KeyPath;
@@ -19,28 +22,30 @@ impl Reader<'_> {
         self.problems.push(path.clone(), message);
     }
 
-    /// A table at `path` (absent is fine); every key outside `known` is a
-    /// problem of its own, so a typo never passes silently.
-    pub(super) fn table<'v>(
-        &mut self,
-        value: Option<&'v Value>,
-        path: &KeyPath,
-        known: &[&str],
-    ) -> Option<&'v Dict> {
-        match value? {
-            Value::Dict(_, dict) => {
-                self.unknown_keys(dict, path, known);
-                Some(dict)
-            }
-            Value::Empty(..) => None,
-            other => {
-                self.problem(path, format!("expected a table, found {}", kind(other)));
+    /// The table at `path` (absent is fine), to read with [`Self::field`]
+    /// and hand to [`Self::close`].
+    pub(super) fn table<'v>(&mut self, value: Option<&'v Value>, path: KeyPath) -> Table<'v> {
+        let dict = match value {
+            None | Some(Value::Empty(..)) => None,
+            Some(Value::Dict(_, dict)) => Some(dict),
+            Some(other) => {
+                self.problem(&path, format!("expected a table, found {}", kind(other)));
                 None
             }
+        };
+        Table { dict, path, known: Vec::new(), closed: false }
+    }
+
+    /// Ends reading `table`: every key no reader call asked for is a
+    /// problem of its own, so a typo never passes silently.
+    pub(super) fn close(&mut self, mut table: Table<'_>) {
+        table.closed = true;
+        if let Some(dict) = table.dict {
+            self.unknown_keys(dict, &table.path, &table.known);
         }
     }
 
-    pub(super) fn unknown_keys(&mut self, dict: &Dict, path: &KeyPath, known: &[&str]) {
+    fn unknown_keys(&mut self, dict: &Dict, path: &KeyPath, known: &[&str]) {
         for key in dict.keys().filter(|key| !known.contains(&key.as_str())) {
             let hint = match closest(key, known) {
                 Some(near) => format!("did you mean `{near}`? "),
@@ -57,15 +62,33 @@ impl Reader<'_> {
     /// Reads `key` of `table` with `parse`; `None` when absent or bad.
     pub(super) fn field<T>(
         &mut self,
-        table: Option<&Dict>,
-        path: &KeyPath,
-        key: &str,
+        table: &mut Table<'_>,
+        key: &'static str,
         parse: fn(&mut Self, &Value, &KeyPath) -> Option<T>,
     ) -> Option<T> {
-        match table?.get(key)? {
+        match table.get(key)? {
             Value::Empty(..) => None,
-            value => parse(self, value, &path.child(key)),
+            value => parse(self, value, &table.path.child(key)),
         }
+    }
+
+    /// A name of a named enum (`T::from_str` with [`UnknownName`]).
+    pub(super) fn name<T: FromStr<Err = UnknownName>>(
+        &mut self,
+        value: &Value,
+        path: &KeyPath,
+    ) -> Option<T> {
+        let text = self.string(value, path)?;
+        text.parse().map_err(|error: UnknownName| self.problem(path, error.to_string())).ok()
+    }
+
+    pub(super) fn header_name(&mut self, value: &Value, path: &KeyPath) -> Option<HeaderName> {
+        let text = self.string(value, path)?;
+        let parsed = HeaderName::from_bytes(text.as_bytes()).ok();
+        if parsed.is_none() {
+            self.problem(path, format!("{text:?} is not a valid HTTP header name"));
+        }
+        parsed
     }
 
     pub(super) fn string(&mut self, value: &Value, path: &KeyPath) -> Option<String> {
@@ -203,10 +226,13 @@ impl Reader<'_> {
             Value::String(_, text) => {
                 Some(SecretValue::new(SecretSource::Inline, text.clone().into()))
             }
-            Value::Dict(_, dict) => {
-                self.unknown_keys(dict, path, &["env"]);
-                let Some(name) = self.field(Some(dict), path, "env", Self::string) else {
-                    if !dict.contains_key("env") {
+            Value::Dict(..) => {
+                let mut table = self.table(Some(value), path.clone());
+                let name = self.field(&mut table, "env", Self::string);
+                let has_env = table.has("env");
+                self.close(table);
+                let Some(name) = name else {
+                    if !has_env {
                         self.problem(
                             &path.child("env"),
                             "missing: name the variable that holds the secret",
@@ -247,6 +273,51 @@ impl Reader<'_> {
                 None
             }
         }
+    }
+}
+
+/// A table being read. The keys asked of it are the keys it knows: what
+/// [`Reader::close`] reports as unknown is whatever no reader call asked
+/// for, so each key is named once, at the call that reads it.
+#[must_use = "close the table so its unknown keys are reported"]
+pub(super) struct Table<'v> {
+    dict: Option<&'v Dict>,
+    path: KeyPath,
+    known: Vec<&'static str>,
+    closed: bool,
+}
+
+impl<'v> Table<'v> {
+    /// The value of `key`, which becomes a known key of this table.
+    pub(super) fn get(&mut self, key: &'static str) -> Option<&'v Value> {
+        self.known.push(key);
+        self.dict?.get(key)
+    }
+
+    /// Whether the table holds `key` (known or not).
+    pub(super) fn has(&self, key: &str) -> bool {
+        self.dict.is_some_and(|dict| dict.contains_key(key))
+    }
+
+    /// Whether the table is there at all.
+    pub(super) fn is_present(&self) -> bool {
+        self.dict.is_some()
+    }
+
+    /// The table's key path.
+    pub(super) fn path(&self) -> &KeyPath {
+        &self.path
+    }
+}
+
+impl Drop for Table<'_> {
+    fn drop(&mut self) {
+        // A table dropped unclosed would let its typos pass unreported.
+        debug_assert!(
+            self.closed || std::thread::panicking(),
+            "table {} was read but never closed",
+            self.path
+        );
     }
 }
 
@@ -293,7 +364,8 @@ fn edit_distance(a: &str, b: &str) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::read::POLICY_KEYS;
+
+    const POLICY_KEYS: &[&str] = &["algorithm", "limit", "window", "capacity", "refill-period"];
 
     #[test]
     fn edit_distance_counts_single_edits() {
