@@ -154,9 +154,9 @@ impl RedisEdgeRateLimitAdapter {
         Self::with_gateway(settings, policies, clock, gateway)
     }
 
-    /// Like [`Self::new`] over a gateway of the caller's choosing (tests,
-    /// other topologies).
-    pub fn with_gateway(
+    /// Like [`Self::new`] over a gateway of the crate's choosing (the mock
+    /// of the failure-mapping tests).
+    pub(crate) fn with_gateway(
         settings: RedisSettings,
         policies: impl IntoIterator<Item = RateLimitPolicy>,
         clock: Arc<dyn Clock>,
@@ -222,7 +222,10 @@ impl RedisEdgeRateLimitAdapter {
             GatewayFailure::WrongType | GatewayFailure::ScriptError => {
                 RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
             }
-            GatewayFailure::TimedOut | GatewayFailure::ConnectionLost => {
+            // Like an undecodable script reply: the script may have run.
+            GatewayFailure::TimedOut
+            | GatewayFailure::ConnectionLost
+            | GatewayFailure::UnexpectedReply => {
                 RateLimitOutcome::Indeterminate { retry_after: self.failure_retry_after }
             }
         }

@@ -24,6 +24,8 @@ pub struct RedisServer {
     /// Arguments beyond the standalone defaults (a cluster node's options).
     extra_args: Vec<String>,
     dir: tempfile::TempDir,
+    /// The process id while [`Self::pause`] has it frozen.
+    paused: Option<String>,
 }
 
 impl RedisServer {
@@ -64,7 +66,7 @@ impl RedisServer {
              to run the Redis provider's tests"
         );
         let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
-        let mut server = Self { child: None, port: 0, extra_args: Vec::new(), dir };
+        let mut server = Self { child: None, port: 0, extra_args: Vec::new(), dir, paused: None };
         for _ in 0..5 {
             server.port = free_port();
             server.extra_args = extra_args(server.port, server.dir.path());
@@ -92,8 +94,41 @@ impl RedisServer {
         self.child.is_some()
     }
 
+    /// Freezes the server with `SIGSTOP`: its connections stay open and
+    /// nothing answers, as with a blackholed server. Undone by
+    /// [`Self::resume`] (and by stopping or dropping the server).
+    ///
+    /// # Panics
+    /// When the server does not tell its process id (its default user must
+    /// be on) or cannot be signalled.
+    pub fn pause(&mut self) {
+        if self.paused.is_some() {
+            return;
+        }
+        let info = cluster::cli(self.port, &["INFO", "server"]);
+        let pid = info
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("process_id:"))
+            .unwrap_or_else(|| panic!("server {} did not tell its process id: {info}", self.port))
+            .to_owned();
+        signal("-STOP", &pid);
+        self.paused = Some(pid);
+    }
+
+    /// Lets a [`Self::pause`]d server run again. Idempotent.
+    ///
+    /// # Panics
+    /// When the server cannot be signalled.
+    pub fn resume(&mut self) {
+        if let Some(pid) = self.paused.take() {
+            signal("-CONT", &pid);
+        }
+    }
+
     /// Kills the server and waits for it to exit. Idempotent.
     pub fn stop(&mut self) {
+        // A frozen process would never act on the kill.
+        self.resume();
         if let Some(mut child) = self.child.take() {
             // Closing stdin makes the shell parent kill redis-server; then the
             // shell exits and is reaped here.
@@ -182,6 +217,11 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.stop();
     }
+}
+
+fn signal(signal: &str, pid: &str) {
+    let sent = Command::new("kill").args([signal, pid]).status().expect("run kill");
+    assert!(sent.success(), "kill {signal} {pid} failed");
 }
 
 pub(crate) fn on_path(program: &str) -> bool {

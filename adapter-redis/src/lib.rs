@@ -7,8 +7,9 @@
 //! failure becomes a typed [`shared_contract::RateLimitOutcome`].
 //!
 //! Topologies: a standalone server, or Redis Cluster through the `redis`
-//! crate's async cluster client ([`ClusterGateway`]); the key's `{...}` hash
-//! tag keeps every key of one subject in one slot.
+//! crate's async cluster client; the key's `{...}` hash tag keeps every key
+//! of one subject in one slot. [`acl::required_commands`] names the Redis
+//! commands the provider needs of each, for a least-privilege ACL user.
 //!
 //! Feature `test-fixture` adds `fixture::RedisServer` and
 //! `fixture::RedisCluster`, private servers for tests.
@@ -21,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod acl;
 mod adapter;
 mod error;
 #[cfg(feature = "test-fixture")]
@@ -33,12 +35,8 @@ mod settings;
 
 pub use adapter::RedisEdgeRateLimitAdapter;
 pub use error::RedisAdapterError;
-pub use gateway::{
-    ClusterGateway, GatewayFailure, RedisGateway, SLOT_MAP_REFRESH, StandaloneGateway,
-};
 pub use keys::RateLimitKeys;
-pub use reply::{ReplyError, ReplyStatus, ScriptReply};
-pub use scripts::{RateLimitScripts, ScriptKind};
+pub use scripts::ScriptKind;
 pub use settings::{
     MAX_KEY_PREFIX_BYTES, MAX_SCRIPT_LANE, RedisField, RedisSettings, SettingsProblem, Topology,
 };

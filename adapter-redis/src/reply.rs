@@ -4,7 +4,7 @@ use redis::Value;
 
 /// The status a script puts first in its reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReplyStatus {
+pub(crate) enum ReplyStatus {
     /// Charged (or replayed from a dedupe record).
     Allowed,
     /// Not admitted; nothing charged.
@@ -15,27 +15,48 @@ pub enum ReplyStatus {
     Corrupt,
 }
 
+impl ReplyStatus {
+    /// Every status, in declaration order.
+    pub(crate) const ALL: [Self; 4] =
+        [Self::Allowed, Self::Denied, Self::ClockUnsafe, Self::Corrupt];
+
+    /// The string a script sends for this status.
+    pub(crate) const fn wire_name(self) -> &'static str {
+        match self {
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::ClockUnsafe => "clock_unsafe",
+            Self::Corrupt => "corrupt",
+        }
+    }
+
+    /// The status a script's status string names.
+    pub(crate) fn from_wire(name: &[u8]) -> Option<Self> {
+        Self::ALL.into_iter().find(|status| status.wire_name().as_bytes() == name)
+    }
+}
+
 /// A decoded script reply:
 /// `{status, remaining, reset_after_ms, retry_after_ms, replayed}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ScriptReply {
+pub(crate) struct ScriptReply {
     /// What the script decided.
-    pub status: ReplyStatus,
+    pub(crate) status: ReplyStatus,
     /// Units left.
-    pub remaining: u64,
+    pub(crate) remaining: u64,
     /// Milliseconds until the budget is whole again.
-    pub reset_after_ms: u64,
+    pub(crate) reset_after_ms: u64,
     /// Milliseconds to wait (denial) or the clock lag beyond the bound
     /// (`clock_unsafe`); 0 otherwise.
-    pub retry_after_ms: u64,
+    pub(crate) retry_after_ms: u64,
     /// True when answered from a dedupe record.
-    pub replayed: bool,
+    pub(crate) replayed: bool,
 }
 
 /// Why a reply could not be decoded. The script may have run, so the
 /// adapter treats every one of these as `Indeterminate`.
 #[derive(Debug, Clone, PartialEq, Eq, Copy)]
-pub enum ReplyError {
+pub(crate) enum ReplyError {
     /// Not an array of exactly [`ScriptReply::LEN`] elements.
     WrongShape,
     /// The first element is not a known status string.
@@ -47,28 +68,21 @@ pub enum ReplyError {
 
 impl ScriptReply {
     /// Elements in every reply.
-    pub const LEN: usize = 5;
+    pub(crate) const LEN: usize = 5;
 
     /// Decodes a raw reply, rejecting anything short or mistyped.
-    pub fn decode(value: &Value) -> Result<Self, ReplyError> {
+    pub(crate) fn decode(value: &Value) -> Result<Self, ReplyError> {
         let Value::Array(items) = value else {
             return Err(ReplyError::WrongShape);
         };
-        let [status, remaining, reset_after, retry_after, replayed] = items.as_slice() else {
-            return Err(ReplyError::WrongShape);
-        };
+        let [status, remaining, reset_after, retry_after, replayed]: &[Value; Self::LEN] =
+            items.as_slice().try_into().map_err(|_| ReplyError::WrongShape)?;
         let status = match status {
             Value::BulkString(bytes) => bytes.as_slice(),
             Value::SimpleString(text) => text.as_bytes(),
             _ => return Err(ReplyError::UnknownStatus),
         };
-        let status = match status {
-            b"allowed" => ReplyStatus::Allowed,
-            b"denied" => ReplyStatus::Denied,
-            b"clock_unsafe" => ReplyStatus::ClockUnsafe,
-            b"corrupt" => ReplyStatus::Corrupt,
-            _ => return Err(ReplyError::UnknownStatus),
-        };
+        let status = ReplyStatus::from_wire(status).ok_or(ReplyError::UnknownStatus)?;
         let replayed = match number(replayed)? {
             0 => false,
             1 => true,

@@ -9,9 +9,10 @@ mod common;
 
 use std::time::Duration;
 
+use adapter_redis::Topology;
 use common::{
-    ADMIN_PASSWORD, ADMIN_USER, RATE_LIMIT_PASSWORD, RATE_LIMIT_RULES, RATE_LIMIT_USER, T0,
-    acl_server, adapter, connect_as, login, request, subject,
+    ADMIN_PASSWORD, ADMIN_USER, RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, T0, acl_server, adapter,
+    connect_as, login, rate_limit_rules, request, subject,
 };
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use shared_contract::{
@@ -100,8 +101,9 @@ async fn the_default_user_is_off() {
 #[tokio::test]
 async fn users_without_a_needed_permission_get_unavailable_before_send() {
     // The printed rule with one permission taken out at a time.
+    let rules = rate_limit_rules(Topology::Standalone);
     let without = |dropped: &str| -> Vec<&str> {
-        RATE_LIMIT_RULES.iter().copied().filter(|rule| *rule != dropped).collect()
+        rules.iter().map(String::as_str).filter(|rule| *rule != dropped).collect()
     };
     let no_script_load = without("+script|load");
     let no_evalsha = without("+evalsha");

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use adapter_redis::fixture::RedisCluster;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, ScriptKind, Topology};
-use common::{RATE_LIMIT_PASSWORD, RATE_LIMIT_RULES, RATE_LIMIT_USER};
+use common::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, rate_limit_rules};
 use secrecy::SecretString;
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
@@ -28,28 +28,29 @@ use shared_contract::{
 
 const LIMIT: u64 = 10;
 
-/// What the cluster client needs beyond the standalone rule.
-// Without `+asking` the ASK step of the migration test is refused (checked by
-// removing it); `CLUSTER SHARDS` and `READONLY` are not needed (no reads from
-// replicas).
-const CLUSTER_RULES: &[&str] = &["+cluster|slots", "+asking"];
-
 fn cluster() -> &'static RedisCluster {
     static CLUSTER: OnceLock<RedisCluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         let cluster = RedisCluster::start();
         for port in cluster.ports() {
             // ACLs are per node: replicas too, for after a failover.
-            set_user(&cluster, port, RATE_LIMIT_USER, &[RATE_LIMIT_RULES, CLUSTER_RULES].concat());
-            set_user(&cluster, port, "standalone-rule-only", RATE_LIMIT_RULES);
+            // Without `+asking` in the cluster rule the ASK step below is
+            // refused (checked by removing it).
+            set_user(&cluster, port, RATE_LIMIT_USER, &rate_limit_rules(Topology::Cluster));
+            set_user(
+                &cluster,
+                port,
+                "standalone-rule-only",
+                &rate_limit_rules(Topology::Standalone),
+            );
         }
         cluster
     })
 }
 
-fn set_user(cluster: &RedisCluster, port: u16, name: &str, rules: &[&str]) {
+fn set_user(cluster: &RedisCluster, port: u16, name: &str, rules: &[String]) {
     let mut command = vec!["ACL", "SETUSER", name];
-    command.extend_from_slice(rules);
+    command.extend(rules.iter().map(String::as_str));
     assert_eq!(cluster.cli(port, &command), "OK", "ACL SETUSER {name} on {port}");
 }
 

@@ -2,9 +2,9 @@
 //! Redis user that may run the rate-limit scripts on the rate-limit keys and
 //! nothing else.
 
-use sha2::{Digest, Sha256};
-
 use adapter_redis::Topology;
+use adapter_redis::acl::user_rules;
+use sha2::{Digest, Sha256};
 
 use crate::config::AppConfig;
 
@@ -20,23 +20,11 @@ pub struct AclRules {
     pub notes: Vec<String>,
 }
 
-/// The commands the provider needs, found against a real `redis-server`
-/// with everything else denied: the scripts (`EVALSHA`, `SCRIPT LOAD`), the
-/// readiness probe (`PING`), and `GET` and `SET`, because Redis checks the
-/// commands a script calls against the caller's ACL too (so both stay
-/// limited to the key pattern). `AUTH` is open to every user; the client
-/// sends no `HELLO` or `CLIENT SETINFO` (RESP2).
-const STANDALONE_COMMANDS: &[&str] = &["+evalsha", "+script|load", "+ping", "+get", "+set"];
-/// What the cluster client also needs: its slot map (`CLUSTER SLOTS`) and
-/// `ASKING`, which it sends to follow an `ASK` redirect while a slot
-/// migrates. Found against real clusters (here on a settled one, and by
-/// adapter-redis's migration test for `ASKING`); `CLUSTER SHARDS` and
-/// `READONLY` are never sent (no reads from replicas).
-const CLUSTER_COMMANDS: &[&str] = &["+cluster|slots", "+asking"];
-
 /// The rule for `redis.username` (or [`DEFAULT_ACL_USER`]) on the key
-/// pattern `<key-prefix>*`. A configured password is given as its SHA-256
-/// (`#<hex>`), so the output never holds the password itself.
+/// pattern `<key-prefix>*`, with the commands the provider needs on the
+/// configured topology ([`adapter_redis::acl::user_rules`]). A configured
+/// password is given as its SHA-256 (`#<hex>`), so the output never holds
+/// the password itself.
 pub fn acl_rules(config: &AppConfig) -> AclRules {
     let redis = &config.redis;
     let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
@@ -53,37 +41,22 @@ pub fn acl_rules(config: &AppConfig) -> AclRules {
             "><password>".to_owned()
         }
     };
+    let topology = redis.topology;
+    match topology {
+        Topology::Standalone => {}
+        Topology::Cluster => {
+            notes.push("# cluster: run it on every node (ACLs are per node)".to_owned());
+        }
+    }
     let mut rule = vec![
         "ACL SETUSER".to_owned(),
         user.to_owned(),
         "reset".to_owned(),
         "on".to_owned(),
         password,
-        format!("~{}*", glob_escape(&redis.key_prefix)),
-        "resetchannels".to_owned(),
-        "-@all".to_owned(),
     ];
-    rule.extend(STANDALONE_COMMANDS.iter().map(|command| (*command).to_owned()));
-    match redis.topology {
-        Topology::Standalone => {}
-        Topology::Cluster => {
-            rule.extend(CLUSTER_COMMANDS.iter().map(|command| (*command).to_owned()));
-            notes.push("# cluster: run it on every node (ACLs are per node)".to_owned());
-        }
-    }
+    rule.extend(user_rules(&redis.key_prefix, topology));
     AclRules { commands: vec![rule.join(" ")], notes }
-}
-
-/// Escapes the glob characters of an ACL key pattern.
-fn glob_escape(prefix: &str) -> String {
-    let mut escaped = String::with_capacity(prefix.len());
-    for c in prefix.chars() {
-        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
-            escaped.push('\\');
-        }
-        escaped.push(c);
-    }
-    escaped
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use redis::Value;
 use shared_contract::{ManualClock, SubjectDigest};
 
 use super::*;
-use crate::gateway::MockRedisGateway;
+use crate::gateway::{LoadedScript, MockRedisGateway};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -161,8 +161,12 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
         Ok("digest-1".to_owned())
     });
     let sink = seen.clone();
-    gateway.expect_evalsha().times(1).returning(move |digest, key, args, _| {
-        assert_eq!(digest, "digest-1");
+    gateway.expect_evalsha().times(1).returning(move |script, key, args, _| {
+        // The digest travels with its source (a cluster's ASK target loads it).
+        assert_eq!(
+            *script,
+            LoadedScript { digest: "digest-1".into(), source: ScriptKind::FixedWindow.source() }
+        );
         assert_eq!(key, format!("ca:rl:{{api.test:1:v1:{}}}", "ab".repeat(16)));
         *sink.lock().unwrap() = args.to_vec();
         Ok(reply("allowed", 1, 750, 0, 0))
@@ -196,7 +200,7 @@ async fn noscript_once_reloads_and_retries_once_then_succeeds() {
         .returning(|_, _, _| Ok("old".to_owned()));
     gateway
         .expect_evalsha()
-        .withf(|digest, _, _, _| digest == "old")
+        .withf(|script, _, _, _| &*script.digest == "old")
         .times(1)
         .in_sequence(&mut order)
         .returning(|_, _, _, _| Err(GatewayFailure::NoScript));
@@ -207,7 +211,7 @@ async fn noscript_once_reloads_and_retries_once_then_succeeds() {
         .returning(|_, _, _| Ok("new".to_owned()));
     gateway
         .expect_evalsha()
-        .withf(|digest, _, _, _| digest == "new")
+        .withf(|script, _, _, _| &*script.digest == "new")
         .times(1)
         .in_sequence(&mut order)
         .returning(|_, _, _, _| Ok(reply("allowed", 2, 750, 0, 0)));
@@ -365,7 +369,7 @@ impl RedisGateway for StuckGateway {
     }
     async fn evalsha(
         &self,
-        _: &str,
+        _: &LoadedScript,
         _: &str,
         _: &[Vec<u8>],
         timeout: Duration,

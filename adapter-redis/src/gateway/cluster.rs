@@ -8,14 +8,15 @@
 //! not run (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, ..., no connection,
 //! connection refused), so every failure it returns is classified exactly
 //! like the standalone gateway's. The client still refreshes its slot map
-//! after every `MOVED` and reconnects dropped nodes; the gateway also
-//! replaces the whole client connection periodically, so the slot map is
-//! refreshed even when no error says it changed.
+//! after every `MOVED` and reconnects dropped nodes. Because nothing tells
+//! it that slots moved when no command hits a `MOVED`, the gateway also
+//! builds a new cluster connection (and so reads the slot map afresh) in
+//! the background on the first call after the current one has been open
+//! [`SLOT_MAP_REFRESH`]; an idle gateway refreshes nothing.
 
-use std::collections::HashMap;
 use std::fmt::{self, Debug};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -24,57 +25,56 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, ResponsePolicy, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::time::Instant;
 
+use super::connection::{Connect, LazyConnection, Opened};
 use super::{
-    GatewayFailure, RedisGateway, TIMEOUTS_BEFORE_RECONNECT, classify, digest_of, evalsha_command,
+    GatewayFailure, LoadedScript, RedisGateway, classify, digest_of, evalsha_command, pong,
 };
 
-/// How old a cluster connection (and its slot map) may get before the
-/// gateway builds a new one in the background.
-pub const SLOT_MAP_REFRESH: Duration = Duration::from_secs(30);
+/// How long a cluster connection (and its slot map) may serve before the
+/// first call after that builds a new one in the background.
+pub(crate) const SLOT_MAP_REFRESH: Duration = Duration::from_secs(30);
 
 /// First and longest pause between two attempts that were refused unrun.
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const LONGEST_PAUSE: Duration = Duration::from_millis(100);
 
 /// The gateway of a Redis Cluster: one cluster connection (a multiplexed
-/// connection per node), opened lazily, replaced after repeated timeouts and
-/// every [`SLOT_MAP_REFRESH`].
-pub struct ClusterGateway {
+/// connection per node), opened lazily, replaced by the rule of the
+/// `connection` module and, in the background, on the first call after it
+/// is [`SLOT_MAP_REFRESH`] old.
+pub(crate) struct ClusterGateway {
     shared: Arc<Shared>,
-    /// The source behind each digest `script_load` returned, for `ASK`.
-    sources: Mutex<HashMap<String, &'static str>>,
-    connect_timeout: Duration,
     slot_map_refresh: Duration,
-    // Serializes connection attempts so a burst makes one, not hundreds.
-    connecting: tokio::sync::Mutex<()>,
-    /// Timeouts and lost connections in a row (a success resets it).
-    ambiguous_in_a_row: AtomicU32,
 }
 
 /// What the background refresh needs too.
 struct Shared {
-    client: ClusterClient,
-    current: Mutex<Option<Current>>,
-    generation: AtomicU64,
+    connection: LazyConnection<Cluster>,
+    /// One background refresh at a time.
     refreshing: AtomicBool,
 }
 
-#[derive(Clone)]
-struct Current {
-    generation: u64,
-    connection: ClusterConnection,
-    opened: Instant,
+/// Opens cluster connections from the seed nodes.
+struct Cluster(ClusterClient);
+
+impl Connect for Cluster {
+    type Connection = ClusterConnection;
+
+    fn connect(&self) -> impl Future<Output = RedisResult<ClusterConnection>> + Send {
+        self.0.get_async_connection()
+    }
 }
 
 impl Debug for ClusterGateway {
     // The client holds the password: print none of it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClusterGateway")
-            .field("connect_timeout", &self.connect_timeout)
-            .field("generation", &self.shared.generation.load(Ordering::Relaxed))
+            .field("connect_timeout", &self.shared.connection.connect_timeout())
+            .field("generation", &self.shared.connection.generation())
+            .field("slot_map_refresh", &self.slot_map_refresh)
             .finish_non_exhaustive()
     }
 }
@@ -94,7 +94,7 @@ impl ClusterGateway {
     /// Every client timeout is set explicitly: connect, per-node response
     /// and overall response (the cluster client has none by default). Fails
     /// only on bad URLs.
-    pub fn new(
+    pub(crate) fn new(
         urls: &[String],
         username: Option<&str>,
         password: Option<&str>,
@@ -112,58 +112,31 @@ impl ClusterGateway {
         if let Some(password) = password {
             builder = builder.password(password);
         }
+        let connection = LazyConnection::new(Cluster(builder.build()?), connect_timeout, "cluster");
         Ok(Self {
-            shared: Arc::new(Shared {
-                client: builder.build()?,
-                current: Mutex::new(None),
-                generation: AtomicU64::new(0),
-                refreshing: AtomicBool::new(false),
-            }),
-            sources: Mutex::new(HashMap::new()),
-            connect_timeout,
+            shared: Arc::new(Shared { connection, refreshing: AtomicBool::new(false) }),
             slot_map_refresh: SLOT_MAP_REFRESH,
-            connecting: tokio::sync::Mutex::new(()),
-            ambiguous_in_a_row: AtomicU32::new(0),
         })
     }
 
-    /// Replaces the default [`SLOT_MAP_REFRESH`] interval (30 s) after which
-    /// a new cluster connection, with a freshly read slot map, is built in
-    /// the background.
-    pub fn with_slot_map_refresh(mut self, every: Duration) -> Self {
+    /// Replaces the default [`SLOT_MAP_REFRESH`] age (30 s) after which the
+    /// next call starts building a new cluster connection, with a freshly
+    /// read slot map, in the background.
+    #[cfg(test)]
+    fn with_slot_map_refresh(mut self, every: Duration) -> Self {
         self.slot_map_refresh = every;
         self
     }
 
-    async fn connection(&self, until: Instant) -> Result<Current, GatewayFailure> {
-        if let Some(current) = self.shared.cached() {
-            if current.opened.elapsed() >= self.slot_map_refresh {
-                self.shared.refresh_in_background(self.connect_timeout);
-            }
-            return Ok(current);
+    async fn connection(
+        &self,
+        until: Instant,
+    ) -> Result<Opened<ClusterConnection>, GatewayFailure> {
+        let opened = self.shared.connection.get(until).await?;
+        if opened.opened_at.elapsed() >= self.slot_map_refresh {
+            self.shared.refresh_in_background();
         }
-        let Ok(_turn) = tokio::time::timeout_at(until, self.connecting.lock()).await else {
-            return Err(GatewayFailure::NotSent);
-        };
-        // Someone else may have connected while this task waited its turn.
-        if let Some(current) = self.shared.cached() {
-            return Ok(current);
-        }
-        let until = until.min(Instant::now() + self.connect_timeout);
-        match tokio::time::timeout_at(until, self.shared.client.get_async_connection()).await {
-            Ok(Ok(connection)) => {
-                self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
-                Ok(self.shared.install(connection))
-            }
-            Ok(Err(error)) => {
-                tracing::warn!(kind = error.category(), "redis cluster connect failed");
-                Err(GatewayFailure::NotSent)
-            }
-            Err(_) => {
-                tracing::warn!("redis cluster connect timed out");
-                Err(GatewayFailure::NotSent)
-            }
-        }
+        Ok(opened)
     }
 
     /// Sends `cmd` along `routing` (the master of a key's slot), following
@@ -187,8 +160,8 @@ impl ClusterGateway {
                 // Every attempt so far was refused unrun (or never sent).
                 return Err(last);
             }
-            let current = self.connection(until).await?;
-            let mut connection = current.connection.clone();
+            let opened = self.connection(until).await?;
+            let mut connection = opened.connection.clone();
             let attempt = async {
                 match ask.take() {
                     None => connection.route_command(cmd.clone(), routing.clone()).await,
@@ -208,25 +181,21 @@ impl ClusterGateway {
                     }
                 }
             };
+            let lazy = &self.shared.connection;
             let result = match tokio::time::timeout_at(until, attempt).await {
                 Ok(result) => result.and_then(server_error_as_err),
-                Err(_) => return Err(self.timed_out(current.generation)),
+                Err(_) => {
+                    return Err(lazy.failed(opened.generation, GatewayFailure::TimedOut, None));
+                }
             };
             let error = match result {
                 Ok(value) => {
-                    self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
+                    lazy.answered();
                     return Ok(value);
                 }
                 Err(error) => error,
             };
             match next_step(&error) {
-                Next::Stop(GatewayFailure::TimedOut) => {
-                    return Err(self.timed_out(current.generation));
-                }
-                Next::Stop(GatewayFailure::ConnectionLost) => {
-                    tracing::warn!(kind = error.category(), "redis cluster connection lost");
-                    return Err(self.connection_lost(current.generation));
-                }
                 Next::Stop(failure) => {
                     if failure != GatewayFailure::NoScript {
                         tracing::warn!(
@@ -236,7 +205,7 @@ impl ClusterGateway {
                             "redis cluster error"
                         );
                     }
-                    return Err(failure);
+                    return Err(lazy.failed(opened.generation, failure, Some(&error)));
                 }
                 Next::Retry { failure, ask: redirect } => {
                     tracing::debug!(
@@ -252,78 +221,21 @@ impl ClusterGateway {
             }
         }
     }
-
-    fn timed_out(&self, generation: u64) -> GatewayFailure {
-        self.count_ambiguous_failure(generation);
-        GatewayFailure::TimedOut
-    }
-
-    fn connection_lost(&self, generation: u64) -> GatewayFailure {
-        self.count_ambiguous_failure(generation);
-        GatewayFailure::ConnectionLost
-    }
-
-    /// The client repairs a dropped node connection by itself, so one lost
-    /// connection keeps the cluster connection; but a run of timeouts (a
-    /// blackholed node) or of lost connections (say, the client's driver
-    /// task is gone) replaces it.
-    fn count_ambiguous_failure(&self, generation: u64) {
-        let failures = self.ambiguous_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
-        if failures >= TIMEOUTS_BEFORE_RECONNECT {
-            tracing::warn!(failures, "redis cluster keeps failing; replacing the connection");
-            self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
-            self.shared.discard(generation);
-        }
-    }
 }
 
 impl Shared {
-    fn cached(&self) -> Option<Current> {
-        self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
-    }
-
-    fn install(&self, connection: ClusterConnection) -> Current {
-        let current = Current {
-            generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
-            connection,
-            opened: Instant::now(),
-        };
-        *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-            Some(current.clone());
-        current
-    }
-
-    /// Drops the connection of `generation` (not a newer one) so the next
-    /// call reconnects.
-    fn discard(&self, generation: u64) {
-        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if current.as_ref().is_some_and(|held| held.generation == generation) {
-            *current = None;
-        }
-    }
-
     /// Builds a new cluster connection (a fresh slot map) in a background
     /// task and swaps it in; the old one serves until then. One at a time.
-    fn refresh_in_background(self: &Arc<Self>, connect_timeout: Duration) {
+    fn refresh_in_background(self: &Arc<Self>) {
         if self.refreshing.swap(true, Ordering::AcqRel) {
             return;
         }
         let shared = Arc::clone(self);
         tokio::spawn(async move {
-            let connect = shared.client.get_async_connection();
-            match tokio::time::timeout(connect_timeout, connect).await {
-                Ok(Ok(connection)) => {
-                    shared.install(connection);
-                }
-                // Keep the old connection; the next call past the interval tries again.
-                Ok(Err(error)) => {
-                    tracing::warn!(
-                        kind = error.category(),
-                        "redis cluster slot-map refresh failed"
-                    );
-                }
-                Err(_) => tracing::warn!("redis cluster slot-map refresh timed out"),
-            }
+            let until = Instant::now() + shared.connection.connect_timeout();
+            // On failure the old connection stays (the failure is logged);
+            // the next call past the age tries again.
+            let _kept_old = shared.connection.open(until).await;
             shared.refreshing.store(false, Ordering::Release);
         });
     }
@@ -384,29 +296,18 @@ impl RedisGateway for ClusterGateway {
     ) -> Result<String, GatewayFailure> {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(source);
-        let digest = digest_of(self.query(&cmd, route_of(key), None, timeout).await?)?;
-        self.sources
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .insert(digest.clone(), source);
-        Ok(digest)
+        digest_of(self.query(&cmd, route_of(key), None, timeout).await?)
     }
 
     async fn evalsha(
         &self,
-        digest: &str,
+        script: &LoadedScript,
         key: &str,
         args: &[Vec<u8>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
-        let cmd = evalsha_command(digest, key, args);
-        let script = self
-            .sources
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(digest)
-            .copied();
-        self.query(&cmd, route_of(key), script, timeout).await
+        let cmd = evalsha_command(&script.digest, key, args);
+        self.query(&cmd, route_of(key), Some(script.source), timeout).await
     }
 
     /// Ready when at least one master answers `PING`: with
@@ -414,20 +315,31 @@ impl RedisGateway for ClusterGateway {
     /// every instance out of rotation.
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {
         let until = Instant::now() + timeout;
-        let current = self.connection(until).await?;
-        let mut connection = current.connection.clone();
+        let opened = self.connection(until).await?;
+        let mut connection = opened.connection.clone();
         let routing = RoutingInfo::MultiNode((
             MultipleNodeRoutingInfo::AllMasters,
             Some(ResponsePolicy::OneSucceeded),
         ));
-        match tokio::time::timeout_at(until, connection.route_command(redis::cmd("PING"), routing))
-            .await
+        let lazy = &self.shared.connection;
+        let failure = match tokio::time::timeout_at(
+            until,
+            connection.route_command(redis::cmd("PING"), routing),
+        )
+        .await
         {
-            Ok(Ok(Value::SimpleString(text))) if text == "PONG" => Ok(()),
+            // The aggregated answer of several masters may come back as OK.
             Ok(Ok(Value::Okay)) => Ok(()),
-            Ok(Ok(_)) => Err(GatewayFailure::ScriptError),
-            Ok(Err(error)) => Err(classify(&error)),
-            Err(_) => Err(self.timed_out(current.generation)),
+            Ok(Ok(reply)) => pong(&reply).map_err(|failure| (failure, None)),
+            Ok(Err(error)) => Err((classify(&error), Some(error))),
+            Err(_) => Err((GatewayFailure::TimedOut, None)),
+        };
+        match failure {
+            Ok(()) => {
+                lazy.answered();
+                Ok(())
+            }
+            Err((failure, error)) => Err(lazy.failed(opened.generation, failure, error.as_ref())),
         }
     }
 }
@@ -505,7 +417,7 @@ mod tests {
 
     #[cfg(feature = "test-fixture")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn the_slot_map_is_refreshed_periodically_in_the_background() {
+    async fn the_first_call_past_the_age_refreshes_the_slot_map_in_the_background() {
         let cluster = tokio::task::block_in_place(crate::fixture::RedisCluster::start);
         let every = Duration::from_millis(200);
         let gateway = ClusterGateway::new(
@@ -517,10 +429,11 @@ mod tests {
         )
         .unwrap()
         .with_slot_map_refresh(every);
-        let opened = || gateway.shared.generation.load(Ordering::Relaxed);
+        let opened = || gateway.shared.connection.generation();
         gateway.ping(Duration::from_secs(2)).await.unwrap();
         assert_eq!(opened(), 1);
         tokio::time::sleep(every + Duration::from_millis(50)).await;
+        assert_eq!(opened(), 1, "an idle gateway refreshes nothing");
         // Served by the old connection, which starts the refresh.
         gateway.ping(Duration::from_secs(2)).await.unwrap();
         let waited = std::time::Instant::now();
@@ -529,9 +442,11 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let key = "ca:rl:{refresh}";
-        let digest = gateway.script_load("return 7", key, Duration::from_secs(2)).await.unwrap();
+        let source = "return 7";
+        let digest = gateway.script_load(source, key, Duration::from_secs(2)).await.unwrap();
+        let script = LoadedScript { digest: digest.into(), source };
         assert_eq!(
-            gateway.evalsha(&digest, key, &[], Duration::from_secs(2)).await,
+            gateway.evalsha(&script, key, &[], Duration::from_secs(2)).await,
             Ok(Value::Int(7))
         );
     }
@@ -550,8 +465,9 @@ mod tests {
         .unwrap();
         let started = std::time::Instant::now();
         let key = "ca:rl:{p:1:v1:00}";
+        let script = LoadedScript { digest: "digest".into(), source: "return 1" };
         assert_eq!(
-            gateway.evalsha("digest", key, &[], Duration::from_millis(300)).await,
+            gateway.evalsha(&script, key, &[], Duration::from_millis(300)).await,
             Err(GatewayFailure::NotSent)
         );
         assert_eq!(

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adapter_redis::fixture::RedisServer;
-use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
+use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use shared_contract::{
     EvaluationId, ManualClock, PolicyId, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
@@ -59,31 +59,25 @@ pub async fn inspector(server: &RedisServer) -> redis::aio::MultiplexedConnectio
     redis::Client::open(server.url()).unwrap().get_multiplexed_async_connection().await.unwrap()
 }
 
-/// The least-privilege user, exactly as `ca-skeleton redis-acl` prints it for
-/// `redis.username = "ca-rate-limit"` and the default key prefix
-/// (`app-bootstrap/src/acl.rs`), a standalone server:
+/// The least-privilege user, with exactly the rules `ca-skeleton redis-acl`
+/// prints (`app-bootstrap/src/acl.rs` builds them with the same
+/// [`adapter_redis::acl::user_rules`]) for the default key prefix:
 ///
 /// ```text
 /// ACL SETUSER ca-rate-limit reset on >PASSWORD ~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set
 /// ```
 ///
-/// Keep this list identical to that output: the ACL lane proves the printed
-/// rule, not a look-alike.
+/// The ACL lane proves the printed rule, not a look-alike.
 pub const RATE_LIMIT_USER: &str = "ca-rate-limit";
 pub const RATE_LIMIT_PASSWORD: &str = "rate-limit-pw";
-pub const RATE_LIMIT_RULES: &[&str] = &[
-    "reset",
-    "on",
-    ">rate-limit-pw",
-    "~ca:rl:*",
-    "resetchannels",
-    "-@all",
-    "+evalsha",
-    "+script|load",
-    "+ping",
-    "+get",
-    "+set",
-];
+
+/// The rate-limit user's rules on `topology`: its login, then the rules
+/// `redis-acl` prints after the password.
+pub fn rate_limit_rules(topology: Topology) -> Vec<String> {
+    let mut rules = vec!["reset".to_owned(), "on".to_owned(), format!(">{RATE_LIMIT_PASSWORD}")];
+    rules.extend(adapter_redis::acl::user_rules("ca:rl:", topology));
+    rules
+}
 
 /// An operator account for the tests' own inspection.
 pub const ADMIN_USER: &str = "admin";
@@ -95,7 +89,7 @@ pub fn acl_server(extra: &[(&str, &[&str])]) -> RedisServer {
     let mut users = vec![
         "user default off".to_owned(),
         format!("user {ADMIN_USER} on >{ADMIN_PASSWORD} ~* &* +@all"),
-        format!("user {RATE_LIMIT_USER} {}", RATE_LIMIT_RULES.join(" ")),
+        format!("user {RATE_LIMIT_USER} {}", rate_limit_rules(Topology::Standalone).join(" ")),
     ];
     users.extend(extra.iter().map(|(name, rules)| format!("user {name} {}", rules.join(" "))));
     RedisServer::start_with_acl(&users)
