@@ -22,6 +22,11 @@
 //! contract_tests::contract_suite!(MyFactory::new());
 //! ```
 //!
+//! `tests/example_provider.rs` is a whole provider over a compare-and-set
+//! store that passes the suite this way (docs/adding-a-provider.md).
+//! A new check is a `pub async fn` in a module of `src/checks/` plus one line
+//! on the list in `src/suite.rs`; a test fails for a check left off it.
+//!
 //! This crate depends on `shared-contract` only: it must never import a
 //! provider (adapter-memory, adapter-redis), adapter-web, app-bootstrap, or
 //! an async runtime (tokio comes from the caller's dev-dependencies).
