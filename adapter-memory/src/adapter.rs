@@ -7,11 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, IncompatibleCategory, PolicyId, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, UnavailableCategory,
+    Clock, EdgeRateLimitPort, IncompatibleCategory, KeyRules, PolicyId, RateLimitOutcome,
+    RateLimitPolicy, RateLimitRequest, UnavailableCategory,
 };
 
-use crate::entry::Rules;
 use crate::error::MemoryAdapterError;
 use crate::store::MemoryStore;
 
@@ -31,7 +30,7 @@ pub struct MemoryEdgeRateLimitAdapter {
 struct PolicySlot {
     policy: RateLimitPolicy,
     namespace: u32,
-    rules: Rules,
+    rules: KeyRules,
 }
 
 impl MemoryEdgeRateLimitAdapter {
@@ -65,7 +64,7 @@ impl MemoryEdgeRateLimitAdapter {
                 }
                 MapEntry::Vacant(free) => {
                     let namespace = store.namespace(policy.id(), policy.revision());
-                    let rules = Rules::of(&policy);
+                    let rules = KeyRules::of(&policy);
                     free.insert(PolicySlot { policy, namespace, rules });
                 }
             }
@@ -107,9 +106,8 @@ impl MemoryEdgeRateLimitAdapter {
             };
         }
         let now = self.clock.epoch_millis();
-        let evaluation_id = u128::from_be_bytes(*request.evaluation_id.as_bytes());
         self.store.with_entry(slot.namespace, request.subject.as_str(), now, |entry| {
-            entry.evaluate(&slot.rules, now, request.cost, evaluation_id)
+            entry.evaluate(&slot.rules, now, request.cost, request.evaluation_id)
         })
     }
 }

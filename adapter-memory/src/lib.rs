@@ -2,6 +2,8 @@
 //! counter and token bucket over a sharded, bounded in-memory store, with
 //! the same clock-regression and evaluation-dedupe semantics as every other
 //! provider (`docs/algorithms.md`). It is the default for a single instance.
+//! The decisions themselves are `shared_contract::evaluate_key`; this crate
+//! adds the store: sharding, expiry sweeps and memory bounds.
 //!
 //! This crate imports `shared-contract` only: never redis, axum, tokio (a
 //! dev-dependency for tests alone) or another adapter. Expired keys are
@@ -12,11 +14,9 @@
 #![forbid(unsafe_code)]
 
 mod adapter;
-mod algorithm;
 mod entry;
 mod error;
 mod key;
-mod records;
 mod store;
 
 pub use adapter::MemoryEdgeRateLimitAdapter;

@@ -228,17 +228,17 @@ impl Shard {
 mod tests {
     use std::time::Duration;
 
-    use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
+    use shared_contract::{
+        Algorithm, AlgorithmState, EvaluationDedupPolicy, EvaluationId, KeyRules, RateLimitPolicy,
+    };
 
     use super::*;
-    use crate::algorithm::AlgorithmState;
-    use crate::entry::Rules;
 
     const T0: u64 = 1_800_000_000_000;
 
     /// Fixed window 10 per second, grace and regression 1 s, no dedupe: a
     /// key written at `t` expires at `ws + 1000 + 1000`.
-    fn rules() -> Rules {
+    fn rules() -> KeyRules {
         let policy = RateLimitPolicy::builder(
             "p",
             Algorithm::FixedWindow { limit: 10, window: Duration::from_millis(1000) },
@@ -246,16 +246,20 @@ mod tests {
         .evaluation_dedup(EvaluationDedupPolicy::Disabled)
         .build()
         .unwrap();
-        Rules::of(&policy)
+        KeyRules::of(&policy)
+    }
+
+    fn id(n: u128) -> EvaluationId {
+        EvaluationId::from_uuid(uuid::Uuid::from_u128(n))
     }
 
     fn subject(n: u64) -> String {
         format!("v1:{n:032x}")
     }
 
-    fn touch(store: &MemoryStore, rules: &Rules, n: u64, now: u64) {
+    fn touch(store: &MemoryStore, rules: &KeyRules, n: u64, now: u64) {
         let outcome =
-            store.with_entry(0, &subject(n), now, |entry| entry.evaluate(rules, now, 1, 0));
+            store.with_entry(0, &subject(n), now, |entry| entry.evaluate(rules, now, 1, id(0)));
         assert!(outcome.is_allowed(), "{outcome:?}");
     }
 
@@ -332,8 +336,9 @@ mod tests {
         assert_eq!(store.live_entries(), 101);
         for _ in 0..SWEEP_MIN_OPS {
             let now = T0 + 2_000;
-            store
-                .with_entry(0, &subject(1_000_000), now, |entry| entry.evaluate(&rules, now, 1, 0));
+            store.with_entry(0, &subject(1_000_000), now, |entry| {
+                entry.evaluate(&rules, now, 1, id(0))
+            });
         }
         assert_eq!(store.live_entries(), 1);
     }
@@ -346,7 +351,7 @@ mod tests {
         // Still held at T0 + 2500 (no sweep yet), but expired: it starts afresh.
         let now = T0 + 2_500;
         let outcome =
-            store.with_entry(0, &subject(1), now, |entry| entry.evaluate(&rules, now, 1, 0));
+            store.with_entry(0, &subject(1), now, |entry| entry.evaluate(&rules, now, 1, id(0)));
         let shared_contract::RateLimitOutcome::Evaluated(decision) = outcome else {
             panic!("{outcome:?}");
         };
@@ -368,15 +373,17 @@ mod tests {
         })
         .build()
         .unwrap();
-        let rules = Rules::of(&policy);
+        let rules = KeyRules::of(&policy);
         let mut max_allocated = 0;
         for step in 0..20_000u64 {
             let now = T0 + step;
-            let id = u128::from(step);
+            let id = id(u128::from(step));
             store.with_entry(0, &subject(7), now, |entry| entry.evaluate(&rules, now, 1, id));
-            let (state, _, records, allocated) =
-                store.inspect(0, &subject(7), |entry| entry.unwrap().snapshot());
-            assert!(matches!(state, Some(AlgorithmState::SlidingCounter { .. })));
+            let (algorithm, records, allocated) = store.inspect(0, &subject(7), |entry| {
+                let state = entry.and_then(Entry::state).expect("written");
+                (state.algorithm, state.records.len(), state.records.allocated())
+            });
+            assert!(matches!(algorithm, AlgorithmState::SlidingCounter { .. }));
             assert!(records <= 8, "{records} records");
             max_allocated = max_allocated.max(allocated);
         }

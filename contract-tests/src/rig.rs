@@ -106,10 +106,7 @@ impl CheckPolicy {
 
     /// Only the sliding counter is approximate (DESIGN section 3).
     pub(crate) fn certainty(&self) -> Certainty {
-        match self.0.algorithm() {
-            Algorithm::SlidingCounter { .. } => Certainty::ApproximateAlgorithm,
-            Algorithm::FixedWindow { .. } | Algorithm::TokenBucket { .. } => Certainty::Certain,
-        }
+        self.0.algorithm().certainty()
     }
 
     fn decision(

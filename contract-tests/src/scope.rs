@@ -25,9 +25,7 @@ impl StoreScope {
         static COUNTER: AtomicU64 = AtomicU64::new(0);
         static STARTED: OnceLock<u64> = OnceLock::new();
         let started = *STARTED.get_or_init(|| {
-            SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+            SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, shared_contract::millis)
         });
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         // 1 + 7 (u32 pid) + 1 + 9 (ms until year 5000) + 1 + 13 (u64) = 32 at most.

@@ -1,7 +1,10 @@
 //! The one list of checks, and what is generated from it: [`CHECK_NAMES`]
 //! and the tests [`crate::contract_suite!`] writes into a provider's crate.
-//! A check added to the list appears in both; a name in the list that is
-//! not a check fails to compile (the names expansion refers to each fn).
+//!
+//! Adding a check: write its `pub async fn` in a module of `src/checks/`,
+//! then add `<module>::<fn>,` to the list below. A name in the list that is
+//! not a check fails to compile (both expansions refer to the fn by path);
+//! a check left off the list fails `every_check_in_the_sources_is_listed`.
 
 /// Holds the list of every check and hands it, with a mode, to
 /// `__contract_expand!`. Not public API.
@@ -11,53 +14,53 @@ macro_rules! __contract_checks {
     ($($mode:tt)*) => {
         $crate::__contract_expand! {
             [$($mode)*]
-            fixed_window_allows_exactly_the_limit,
-            fixed_window_new_window_restores_the_budget,
-            fixed_window_retry_after_counts_down_to_the_window_end,
-            fixed_window_cost_above_one_charges_its_cost,
-            sliding_counter_allows_exactly_the_limit_in_one_window,
-            sliding_counter_worked_example,
-            sliding_counter_estimate_floors_at_elapsed_fractions,
-            sliding_counter_cost_above_one_retries_inside_the_window,
-            sliding_counter_retry_after_falls_in_the_next_window,
-            sliding_counter_retry_after_two_windows_later,
-            sliding_counter_forgets_both_counts_two_windows_later,
-            token_bucket_allows_capacity_then_denies,
-            token_bucket_refill_keeps_partial_periods,
-            token_bucket_full_bucket_restarts_its_refill_clock,
-            token_bucket_cost_above_one,
-            token_bucket_denial_still_moves_the_mark,
-            unknown_policy_is_incompatible,
-            cost_zero_is_incompatible_and_touches_nothing,
-            cost_above_maximum_is_incompatible_and_touches_nothing,
-            expired_deadline_is_admission_rejected_and_touches_nothing,
-            policy_lookup_returns_the_held_policies,
-            readiness_probe_consumes_nothing,
-            rejections_follow_the_evaluation_order,
-            subjects_are_isolated,
-            policies_are_isolated,
-            policy_revisions_are_isolated,
-            algorithm_change_without_a_new_revision_is_state_incompatible,
-            clock_regression_within_the_bound_uses_the_mark,
-            clock_regression_within_the_bound_applies_to_every_algorithm,
-            clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothing,
-            clock_regression_is_checked_before_replay,
-            dedupe_replays_a_repeat_without_charging,
-            dedupe_replay_works_for_every_algorithm,
-            dedupe_disabled_charges_every_repeat,
-            dedupe_record_expires_after_its_ttl,
-            dedupe_evicts_the_oldest_beyond_max_entries,
-            dedupe_evicts_the_oldest_beyond_max_stored_bytes,
-            dedupe_does_not_record_a_denial,
-            dedupe_record_survives_a_denial_and_a_step_back,
-            dedupe_records_are_per_subject_and_policy,
-            dedupe_replay_writes_nothing,
-            dedupe_concurrent_repeats_charge_once,
-            decisions_report_limit_and_certainty,
-            retry_after_is_zero_when_allowed_and_minimal_when_denied,
-            long_idle_state_acts_fresh,
-            key_lifetime_covers_the_state_and_live_records,
-            concurrent_evaluations_admit_exactly_the_limit,
+            fixed_window::fixed_window_allows_exactly_the_limit,
+            fixed_window::fixed_window_new_window_restores_the_budget,
+            fixed_window::fixed_window_retry_after_counts_down_to_the_window_end,
+            fixed_window::fixed_window_cost_above_one_charges_its_cost,
+            sliding_counter::sliding_counter_allows_exactly_the_limit_in_one_window,
+            sliding_counter::sliding_counter_worked_example,
+            sliding_counter::sliding_counter_estimate_floors_at_elapsed_fractions,
+            sliding_counter::sliding_counter_cost_above_one_retries_inside_the_window,
+            sliding_counter::sliding_counter_retry_after_falls_in_the_next_window,
+            sliding_counter::sliding_counter_retry_after_two_windows_later,
+            sliding_counter::sliding_counter_forgets_both_counts_two_windows_later,
+            token_bucket::token_bucket_allows_capacity_then_denies,
+            token_bucket::token_bucket_refill_keeps_partial_periods,
+            token_bucket::token_bucket_full_bucket_restarts_its_refill_clock,
+            token_bucket::token_bucket_cost_above_one,
+            token_bucket::token_bucket_denial_still_moves_the_mark,
+            rejection::unknown_policy_is_incompatible,
+            rejection::cost_zero_is_incompatible_and_touches_nothing,
+            rejection::cost_above_maximum_is_incompatible_and_touches_nothing,
+            rejection::expired_deadline_is_admission_rejected_and_touches_nothing,
+            rejection::policy_lookup_returns_the_held_policies,
+            rejection::readiness_probe_consumes_nothing,
+            rejection::rejections_follow_the_evaluation_order,
+            isolation::subjects_are_isolated,
+            isolation::policies_are_isolated,
+            isolation::policy_revisions_are_isolated,
+            isolation::algorithm_change_without_a_new_revision_is_state_incompatible,
+            clock_regression::clock_regression_within_the_bound_uses_the_mark,
+            clock_regression::clock_regression_within_the_bound_applies_to_every_algorithm,
+            clock_regression::clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothing,
+            clock_regression::clock_regression_is_checked_before_replay,
+            evaluation_dedup::dedupe_replays_a_repeat_without_charging,
+            evaluation_dedup::dedupe_replay_works_for_every_algorithm,
+            evaluation_dedup::dedupe_disabled_charges_every_repeat,
+            evaluation_dedup::dedupe_record_expires_after_its_ttl,
+            evaluation_dedup::dedupe_evicts_the_oldest_beyond_max_entries,
+            evaluation_dedup::dedupe_evicts_the_oldest_beyond_max_stored_bytes,
+            evaluation_dedup::dedupe_does_not_record_a_denial,
+            evaluation_dedup::dedupe_record_survives_a_denial_and_a_step_back,
+            evaluation_dedup::dedupe_records_are_per_subject_and_policy,
+            evaluation_dedup::dedupe_replay_writes_nothing,
+            evaluation_dedup::dedupe_concurrent_repeats_charge_once,
+            invariants::decisions_report_limit_and_certainty,
+            invariants::retry_after_is_zero_when_allowed_and_minimal_when_denied,
+            lifetime::long_idle_state_acts_fresh,
+            lifetime::key_lifetime_covers_the_state_and_live_records,
+            concurrency::concurrent_evaluations_admit_exactly_the_limit,
         }
     };
 }
@@ -68,18 +71,18 @@ macro_rules! __contract_checks {
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __contract_expand {
-    ([names] $($check:ident,)*) => {
+    ([names] $($module:ident::$check:ident,)*) => {
         &[$({
-            let _ = $crate::$check;
+            let _ = $crate::checks::$module::$check;
             ::core::stringify!($check)
         }),*]
     };
-    ([tests $factory:expr] $($check:ident,)*) => {
+    ([tests $factory:expr] $($module:ident::$check:ident,)*) => {
         $(
             #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $check() {
                 let factory = $factory;
-                $crate::$check(&factory).await;
+                $crate::checks::$module::$check(&factory).await;
             }
         )*
     };
@@ -119,5 +122,40 @@ mod tests {
         let distinct: HashSet<&str> = CHECK_NAMES.iter().copied().collect();
         assert_eq!(distinct.len(), CHECK_NAMES.len(), "a check is listed twice");
         assert!(CHECK_NAMES.len() >= 30, "only {} checks", CHECK_NAMES.len());
+    }
+
+    /// Every `pub async fn` in `src/checks/*.rs`, read from the sources at
+    /// test time, so a new module file is scanned too.
+    fn checks_in_the_sources() -> Vec<String> {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/src/checks");
+        let mut found = Vec::new();
+        for file in std::fs::read_dir(dir).expect("src/checks is readable") {
+            let path = file.expect("a directory entry").path();
+            if path.extension().is_none_or(|ext| ext != "rs") {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).expect("a check module is readable");
+            for line in source.lines() {
+                if let Some(rest) = line.trim_start().strip_prefix("pub async fn ") {
+                    let name = rest.split(['(', '<']).next().unwrap_or(rest).trim();
+                    found.push(name.to_owned());
+                }
+            }
+        }
+        found
+    }
+
+    #[test]
+    fn every_check_in_the_sources_is_listed() {
+        let listed: HashSet<&str> = CHECK_NAMES.iter().copied().collect();
+        let found = checks_in_the_sources();
+        let missing: Vec<&String> =
+            found.iter().filter(|name| !listed.contains(name.as_str())).collect();
+        assert!(
+            missing.is_empty(),
+            "add these checks to the list in contract-tests/src/suite.rs, or they never run: {missing:?}"
+        );
+        // The scan itself works: it finds every listed check, and only once.
+        assert_eq!(found.len(), CHECK_NAMES.len(), "found {found:?}");
     }
 }

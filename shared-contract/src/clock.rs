@@ -21,9 +21,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn epoch_millis(&self) -> u64 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| u64::try_from(since.as_millis()).unwrap_or(u64::MAX))
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, crate::policy::millis)
     }
 
     fn monotonic(&self) -> Instant {
@@ -60,7 +58,7 @@ impl ManualClock {
 
     /// Moves both readings forward by `by` (whole milliseconds count).
     pub fn advance(&self, by: Duration) {
-        let millis = u64::try_from(by.as_millis()).unwrap_or(u64::MAX);
+        let millis = crate::policy::millis(by);
         self.inner.epoch_millis.fetch_add(millis, Ordering::SeqCst);
         self.inner.monotonic_offset_millis.fetch_add(millis, Ordering::SeqCst);
     }

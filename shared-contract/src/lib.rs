@@ -6,6 +6,11 @@
 //! make an invalid policy unrepresentable, and the async
 //! [`EdgeRateLimitPort`] trait. Adapters depend on it; it depends on none of
 //! them.
+//!
+//! It also holds the decision step every provider shares ([`evaluate_key`]
+//! over a [`KeyState`]): pure functions over these types, so a provider over
+//! any compare-and-set store gives the same numbers without copying the
+//! algorithms.
 
 #![forbid(unsafe_code)]
 
@@ -17,6 +22,7 @@ mod outcome;
 mod policy;
 mod port;
 mod request;
+mod step;
 mod subject;
 
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -28,8 +34,12 @@ pub use outcome::{
 };
 pub use policy::{
     Algorithm, AlgorithmKind, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_PERIOD,
-    PolicyId, RateLimitPolicy, RateLimitPolicyBuilder,
+    PolicyId, RateLimitPolicy, RateLimitPolicyBuilder, millis,
 };
 pub use port::EdgeRateLimitPort;
 pub use request::{EvaluationId, RateLimitRequest};
+pub use step::{
+    AlgorithmState, DedupRecord, DedupRecords, KeyRules, KeyState, KeyStep, StepVerdict,
+    Transition, evaluate_key,
+};
 pub use subject::SubjectDigest;

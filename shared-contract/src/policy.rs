@@ -159,6 +159,15 @@ impl Algorithm {
             Self::TokenBucket { refill_period, .. } => refill_period,
         }
     }
+
+    /// The certainty of every decision under this algorithm: only the
+    /// sliding counter's weighted window is an estimate (DESIGN section 3).
+    pub const fn certainty(&self) -> crate::Certainty {
+        match self {
+            Self::SlidingCounter { .. } => crate::Certainty::ApproximateAlgorithm,
+            Self::FixedWindow { .. } | Self::TokenBucket { .. } => crate::Certainty::Certain,
+        }
+    }
 }
 
 /// What a provider does when it cannot decide. Only fail-closed exists: an
@@ -385,8 +394,9 @@ impl RateLimitPolicyBuilder {
     }
 }
 
-/// Whole milliseconds of a duration, saturating (validated durations fit).
-pub(crate) fn millis(duration: Duration) -> u64 {
+/// Whole milliseconds of a duration, saturating at `u64::MAX`: the one
+/// millisecond view every provider counts in (validated durations fit).
+pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 

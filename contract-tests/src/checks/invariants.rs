@@ -5,7 +5,7 @@
 //! denial's `retry_after` is the smallest wait after which the same request
 //! passes with no other traffic.
 
-use shared_contract::{Certainty, EvaluationId, RateLimitDecision, RateLimitOutcome};
+use shared_contract::{Certainty, EvaluationId, RateLimitDecision, RateLimitOutcome, millis};
 
 use crate::factory::ProviderFactory;
 use crate::rig::{CheckPolicy, Rig, fixed_window, ms, sliding_counter, token_bucket};
@@ -78,7 +78,7 @@ pub async fn retry_after_is_zero_when_allowed_and_minimal_when_denied(
                 continue;
             }
             denials += 1;
-            let wait = u64::try_from(decision.retry_after.as_millis()).unwrap_or(u64::MAX);
+            let wait = millis(decision.retry_after);
             assert!(wait >= 1, "denied at {} with retry_after {wait} ms", rig.now());
             if wait > 1 {
                 rig.at(t + wait - 1);

@@ -1,14 +1,16 @@
 //! The checks, one module per rule family. Each check is a `pub async fn`
 //! taking a [`crate::ProviderFactory`] and panicking on the first answer
-//! that differs from docs/algorithms.md.
+//! that differs from docs/algorithms.md. A check runs in every provider's
+//! suite once it is on the list in `suite.rs`; a test there fails for a
+//! check left off it.
 
-pub(crate) mod clock_regression;
-pub(crate) mod concurrency;
-pub(crate) mod evaluation_dedup;
-pub(crate) mod fixed_window;
-pub(crate) mod invariants;
-pub(crate) mod isolation;
-pub(crate) mod lifetime;
-pub(crate) mod rejection;
-pub(crate) mod sliding_counter;
-pub(crate) mod token_bucket;
+pub mod clock_regression;
+pub mod concurrency;
+pub mod evaluation_dedup;
+pub mod fixed_window;
+pub mod invariants;
+pub mod isolation;
+pub mod lifetime;
+pub mod rejection;
+pub mod sliding_counter;
+pub mod token_bucket;

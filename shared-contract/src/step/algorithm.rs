@@ -2,20 +2,38 @@
 //! exactly as `docs/algorithms.md` defines them.
 //!
 //! All arithmetic saturates or widens: caller times come from an injected
-//! clock and may be anything, and `evaluate` must never panic.
+//! clock and may be anything, and a provider's `evaluate` must never panic.
 
-use shared_contract::Algorithm;
+use crate::policy::{Algorithm, millis};
 
-/// The stored state of one key: a constant number of fields whatever the
-/// number of windows or refills a subject has lived through.
+/// The stored counting state of one key: a constant number of fields
+/// whatever the number of windows or refills a subject has lived through.
+/// Times are epoch milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum AlgorithmState {
+pub enum AlgorithmState {
     /// The current window's start and its count.
-    FixedWindow { window_start: u64, count: u64 },
+    FixedWindow {
+        /// Start of the window the count belongs to.
+        window_start: u64,
+        /// Units charged in that window.
+        count: u64,
+    },
     /// The current window's start, its count and the previous window's count.
-    SlidingCounter { window_start: u64, current: u64, previous: u64 },
+    SlidingCounter {
+        /// Start of the window `current` belongs to.
+        window_start: u64,
+        /// Units charged in that window.
+        current: u64,
+        /// Units charged in the window before it.
+        previous: u64,
+    },
     /// Tokens left and the start of the current refill period.
-    TokenBucket { tokens: u64, updated_at: u64 },
+    TokenBucket {
+        /// Tokens in the bucket.
+        tokens: u64,
+        /// Start of the refill period not yet credited.
+        updated_at: u64,
+    },
 }
 
 /// A policy's algorithm with every duration in whole milliseconds, so the
@@ -32,7 +50,7 @@ impl Params {
     pub(crate) fn of(algorithm: &Algorithm) -> Self {
         // Validation keeps periods between 1 ms and ten years; max(1) only
         // guards the division should that ever change.
-        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1);
+        let ms = |d| millis(d).max(1);
         match *algorithm {
             Algorithm::FixedWindow { limit, window } => {
                 Self::FixedWindow { limit, window: ms(window) }

@@ -1,0 +1,204 @@
+//! A whole provider in one file, built only on public items of
+//! `shared-contract`, passing the whole contract suite. It is the example
+//! docs/adding-a-provider.md walks through: copy it into a new crate and
+//! replace `CasStore` with a real compare-and-set store (a PostgreSQL row
+//! with a version column, a DynamoDB item with a condition expression).
+//!
+//! The provider does what the port asks in the order of docs/algorithms.md:
+//! policy and cost, deadline, then a compare-and-set loop around the shared
+//! decision step `evaluate_key`: load -> step -> compare-and-set the new
+//! state with the version it was loaded at -> on a conflict, load again.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use contract_tests::{ProviderFactory, StoreScope};
+use shared_contract::{
+    Clock, EdgeRateLimitPort, IncompatibleCategory, KeyRules, KeyState, ManualClock, PolicyId,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, Transition, UnavailableCategory,
+    evaluate_key,
+};
+
+// ---- The store: what a real backend gives you --------------------------
+
+/// One stored key: its state, the version it was written at and its
+/// absolute expiry (epoch ms). A real store would serialize `KeyState`
+/// field by field (see `KeyState`, `AlgorithmState`, `DedupRecords::iter`).
+#[derive(Debug)]
+struct Stored {
+    version: u64,
+    state: KeyState,
+    expires_at: u64,
+}
+
+/// A compare-and-set key-value store: one mutex around a map, standing in
+/// for a database. Versions start at 1; 0 means "absent".
+#[derive(Debug, Default)]
+struct CasStore {
+    keys: Mutex<HashMap<String, Stored>>,
+}
+
+impl CasStore {
+    fn keys(&self) -> MutexGuard<'_, HashMap<String, Stored>> {
+        // A panicking test thread must not take the other checks with it.
+        self.keys.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The key's version and state. A key past its expiry at `now` reads as
+    /// absent but keeps its version, so a write over it is still checked.
+    fn get(&self, key: &str, now: u64) -> (u64, Option<KeyState>) {
+        match self.keys().get(key) {
+            Some(stored) if stored.expires_at > now => (stored.version, Some(stored.state.clone())),
+            Some(stored) => (stored.version, None),
+            None => (0, None),
+        }
+    }
+
+    /// Writes `state` only if the key is still at `expected`; false when
+    /// another writer came first.
+    fn compare_and_set(&self, key: &str, expected: u64, state: KeyState, expires_at: u64) -> bool {
+        let mut keys = self.keys();
+        let current = keys.get(key).map_or(0, |stored| stored.version);
+        if current != expected {
+            return false;
+        }
+        keys.insert(key.to_owned(), Stored { version: expected + 1, state, expires_at });
+        true
+    }
+}
+
+// ---- The provider: EdgeRateLimitPort over the store ---------------------
+
+/// A policy and its rules compiled once for the step.
+#[derive(Debug)]
+struct Slot {
+    policy: RateLimitPolicy,
+    rules: KeyRules,
+}
+
+#[derive(Debug)]
+struct CasProvider {
+    store: Arc<CasStore>,
+    policies: HashMap<PolicyId, Slot>,
+    clock: Arc<dyn Clock>,
+}
+
+/// What `Unavailable(AdmissionRejected)` tells the caller to wait.
+const FAILURE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
+impl CasProvider {
+    fn new(store: Arc<CasStore>, policies: Vec<RateLimitPolicy>, clock: Arc<dyn Clock>) -> Self {
+        let policies = policies
+            .into_iter()
+            .map(|policy| {
+                let rules = KeyRules::of(&policy);
+                (policy.id().clone(), Slot { policy, rules })
+            })
+            .collect();
+        Self { store, policies, clock }
+    }
+}
+
+#[async_trait]
+impl EdgeRateLimitPort for CasProvider {
+    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        // Steps 1 and 2 of docs/algorithms.md read no state.
+        let Some(slot) = self.policies.get(&request.policy_id) else {
+            return RateLimitOutcome::Incompatible {
+                category: IncompatibleCategory::UnknownPolicy,
+            };
+        };
+        if request.cost == 0 || request.cost > slot.policy.maximum_cost() {
+            return RateLimitOutcome::Incompatible {
+                category: IncompatibleCategory::CostExceedsMaximum,
+            };
+        }
+        if self.clock.monotonic() >= request.deadline {
+            return RateLimitOutcome::Unavailable {
+                category: UnavailableCategory::AdmissionRejected,
+                retry_after: FAILURE_RETRY_AFTER,
+            };
+        }
+        // One key per (policy id, revision, subject): a new revision starts afresh.
+        let key = format!("{}:{}:{}", slot.policy.id(), slot.policy.revision(), request.subject);
+        let now = self.clock.epoch_millis();
+        loop {
+            let (version, state) = self.store.get(&key, now);
+            let step = evaluate_key(&slot.rules, state, now, request.cost, request.evaluation_id);
+            match step.transition {
+                // A denial without a write, a replay or a refusal: the answer
+                // rests on what was read, nothing to commit.
+                Transition::Keep(_) => return step.verdict.into(),
+                Transition::Write { state, expires_at, .. } => {
+                    if self.store.compare_and_set(&key, version, state, expires_at) {
+                        return step.verdict.into();
+                    }
+                    // Another evaluation wrote first: decide again on its state.
+                    // A real backend would also give up (Indeterminate or
+                    // Unavailable) once the request's deadline has passed.
+                }
+            }
+        }
+    }
+
+    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
+        self.policies.get(id).map(|slot| &slot.policy)
+    }
+
+    /// Always ready: the store is in this process. A real backend pings it.
+    async fn is_ready(&self) -> bool {
+        true
+    }
+}
+
+// ---- The contract suite -------------------------------------------------
+
+/// One store per scope: providers built over the same scope share state, a
+/// new scope starts empty (the `ProviderFactory` contract).
+#[derive(Default)]
+struct CasFactory {
+    stores: Mutex<HashMap<StoreScope, Arc<CasStore>>>,
+}
+
+#[async_trait]
+impl ProviderFactory for CasFactory {
+    async fn build(
+        &self,
+        scope: &StoreScope,
+        clock: ManualClock,
+        policies: Vec<RateLimitPolicy>,
+    ) -> Arc<dyn EdgeRateLimitPort> {
+        let store = {
+            let mut stores = self.stores.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            Arc::clone(stores.entry(scope.clone()).or_default())
+        };
+        Arc::new(CasProvider::new(store, policies, Arc::new(clock)))
+    }
+}
+
+contract_tests::contract_suite!(CasFactory::default());
+
+/// The loop above is only as safe as the store's compare-and-set: a write
+/// at a stale version must be refused, and an expired key keeps its version.
+#[test]
+fn the_store_refuses_a_write_at_a_stale_version() {
+    use shared_contract::{AlgorithmState, DedupRecords};
+
+    let store = CasStore::default();
+    let state = |count| KeyState {
+        mark: 10,
+        algorithm: AlgorithmState::FixedWindow { window_start: 0, count },
+        records: DedupRecords::default(),
+    };
+    assert_eq!(store.get("k", 10), (0, None));
+    assert!(store.compare_and_set("k", 0, state(1), 100));
+    // A second writer that loaded the absent key loses.
+    assert!(!store.compare_and_set("k", 0, state(9), 100));
+    assert_eq!(store.get("k", 10), (1, Some(state(1))));
+    // Past its expiry the key reads as absent, still at version 1.
+    assert_eq!(store.get("k", 100), (1, None));
+    assert!(!store.compare_and_set("k", 0, state(1), 200));
+    assert!(store.compare_and_set("k", 1, state(1), 200));
+}
