@@ -11,7 +11,7 @@ use secrecy::ExposeSecret;
 use shared_contract::{
     Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId,
     IncompatibleCategory, PolicyId, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, UnavailableCategory,
+    RateLimitRequest, UnavailableCategory, millis,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -64,10 +64,6 @@ fn number(n: u64) -> Vec<u8> {
     n.to_string().into_bytes()
 }
 
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
 impl PolicyEntry {
     fn new(policy: RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
@@ -80,10 +76,7 @@ impl PolicyEntry {
                 vec![number(capacity), number(refill_tokens), number(millis(refill_period))]
             }
         };
-        let certainty = match policy.algorithm() {
-            Algorithm::SlidingCounter { .. } => Certainty::ApproximateAlgorithm,
-            Algorithm::FixedWindow { .. } | Algorithm::TokenBucket { .. } => Certainty::Certain,
-        };
+        let certainty = policy.algorithm().certainty();
         let dedup_enabled = match dedup {
             EvaluationDedupPolicy::Disabled => false,
             EvaluationDedupPolicy::Enabled { .. } => true,

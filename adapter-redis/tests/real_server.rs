@@ -125,7 +125,7 @@ async fn key_length_over_windows(
     active: impl Fn(u64) -> bool,
 ) -> (usize, usize) {
     let server = RedisServer::start();
-    let period = u64::try_from(policy.algorithm().period().as_millis()).unwrap();
+    let period = shared_contract::millis(policy.algorithm().period());
     let clock = ManualClock::new(T0);
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(4);
