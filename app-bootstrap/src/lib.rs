@@ -15,6 +15,7 @@ pub mod capability;
 pub mod cli;
 pub mod config;
 mod error;
+pub mod routes;
 pub mod server;
 
 pub use capability::RateLimitCapability;

@@ -1,6 +1,6 @@
-//! The HTTP server: demo routes behind the rate-limit layer, probes and
-//! metrics. Built in two steps (build, then run) so tests bind port 0 and
-//! learn the real port before serving.
+//! The HTTP server: the API routes (`routes`) behind the rate-limit layer,
+//! probes and metrics beside them. Built in two steps (build, then run) so
+//! tests bind port 0 and learn the real port before serving.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -8,19 +8,19 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use adapter_web::{EVALUATION_SECONDS, RateLimitLayer};
-use axum::extract::{Path, State};
+use axum::Router;
+use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use serde_json::json;
 use shared_contract::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
 use crate::capability::RateLimitCapability;
 use crate::config::AppConfig;
 use crate::error::BootstrapError;
+use crate::routes;
 
 /// Longest wait for the provider's readiness answer before `/readyz` says no.
 const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -40,10 +40,10 @@ pub struct Application {
 }
 
 impl Application {
-    /// Builds the provider, the edge and the router, and binds
-    /// `server.listen` (port 0 picks a free port).
+    /// Builds the provider, the edge and the router over [`routes::api`],
+    /// and binds `server.listen` (port 0 picks a free port).
     pub async fn build(config: &AppConfig) -> Result<Self, BootstrapError> {
-        Self::build_with_clock(config, Arc::new(SystemClock)).await
+        Self::build_with(config, routes::api(), Arc::new(SystemClock)).await
     }
 
     /// [`Self::build`] with a clock of the caller's choosing.
@@ -51,10 +51,20 @@ impl Application {
         config: &AppConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BootstrapError> {
+        Self::build_with(config, routes::api(), clock).await
+    }
+
+    /// [`Self::build`] over the API routes `api`, all of which are served
+    /// behind the rate-limit layer.
+    pub async fn build_with(
+        config: &AppConfig,
+        api: Router,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, BootstrapError> {
         let metrics = metrics_handle()?;
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let layer = capability.layer(config, clock)?;
-        let router = router(capability, layer, metrics.clone());
+        let router = router(api, capability, layer, metrics.clone());
         let address = config.server.listen;
         let listener = TcpListener::bind(address)
             .await
@@ -104,37 +114,21 @@ struct Probes {
     metrics: PrometheusHandle,
 }
 
-/// The whole router: `/api/*` behind `layer`; `/healthz`, `/readyz` and
-/// `/metrics` outside it, so probes are never rate limited.
+/// The whole router: every route of `api` behind `layer`; `/healthz`,
+/// `/readyz` and `/metrics` beside it, so probes are never rate limited.
+/// The layer wraps `api` as a whole, so no API route can end up outside it.
 pub fn router(
+    api: Router,
     capability: RateLimitCapability,
     layer: RateLimitLayer,
     metrics: PrometheusHandle,
 ) -> Router {
-    let api = Router::new()
-        .route("/api/hello", get(hello))
-        .route("/api/orders/{id}", get(order))
-        .route("/api/orders", post(create_order))
-        .layer(layer);
     let probes = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
         .with_state(Probes { capability, metrics });
-    api.merge(probes)
-}
-
-async fn hello() -> Json<serde_json::Value> {
-    Json(json!({ "message": "hello" }))
-}
-
-async fn order(Path(id): Path<String>) -> Json<serde_json::Value> {
-    Json(json!({ "id": id, "status": "open" }))
-}
-
-async fn create_order() -> (StatusCode, Json<serde_json::Value>) {
-    let id = uuid::Uuid::new_v4().to_string();
-    (StatusCode::CREATED, Json(json!({ "id": id, "status": "created" })))
+    api.layer(layer).merge(probes)
 }
 
 async fn healthz() -> &'static str {

@@ -33,6 +33,25 @@ async fn memory_limits_each_route_until_429_and_metrics_count_the_429s() {
     server.stop().await;
 }
 
+#[tokio::test]
+async fn a_service_s_own_routes_are_served_behind_the_layer() {
+    // What a fork does: hand its own routes to the server, nothing else.
+    let api = axum::Router::new()
+        .route("/v1/widgets", axum::routing::get(|| async { "widgets" }))
+        .route("/v1/widgets/{id}", axum::routing::delete(|| async { "gone" }));
+    let config = load(&fixed_window_config("e2e-own-routes", "memory", ""));
+    let server = Running::start_with(&config, api).await;
+
+    three_allowed_then_429(&server, "e2e-own-routes", "/v1/widgets").await;
+    // The demo routes are not served once a service brings its own.
+    assert_eq!(server.get("/api/hello").await.status, StatusCode::NOT_FOUND);
+    // Probes stay outside the layer however often they are called.
+    for _ in 0..5 {
+        assert_eq!(server.get("/healthz").await.status, StatusCode::OK);
+    }
+    server.stop().await;
+}
+
 /// `GET /api/orders/{id}` had one call; two more pass and the fourth is
 /// denied, whatever the id.
 async fn three_allowed_after_one(server: &Running) {

@@ -41,8 +41,8 @@ impl SubjectDigest {
     }
 }
 
-// A pseudonym is not secret, but keeping it short in debug output keeps logs
-// readable; Display gives the whole value for keys.
+// Debug and Display both print the whole pseudonym: it is not secret, and an
+// operator matches it against keys and log lines, which carry it whole.
 impl fmt::Debug for SubjectDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SubjectDigest({})", self.0)

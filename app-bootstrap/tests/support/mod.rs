@@ -88,10 +88,15 @@ impl Running {
     /// Builds the application over a manual clock at `T0 + 250 ms` and
     /// serves it until [`Running::stop`] or drop.
     pub(crate) async fn start(config: &AppConfig) -> Self {
+        Self::start_with(config, app_bootstrap::routes::api()).await
+    }
+
+    /// [`Running::start`] over the API routes `api` instead of the demo's.
+    pub(crate) async fn start_with(config: &AppConfig, api: axum::Router) -> Self {
         let clock = ManualClock::new(T0 + 250);
         let shared: Arc<dyn Clock> = Arc::new(clock.clone());
         let application =
-            Application::build_with_clock(config, shared).await.expect("the application builds");
+            Application::build_with(config, api, shared).await.expect("the application builds");
         let address = application.local_addr();
         assert_ne!(address.port(), 0, "the listener reports its real port");
         let (stop, stopped) = oneshot::channel::<()>();
