@@ -2,11 +2,8 @@
 
 use std::time::Duration;
 
-use std::str::FromStr;
-
 use redis::IntoConnectionInfo;
 use secrecy::SecretString;
-use shared_contract::{UnknownName, parse_name};
 
 use crate::error::RedisAdapterError;
 
@@ -43,13 +40,7 @@ impl Topology {
     }
 }
 
-impl FromStr for Topology {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_name(&Self::ALL, Self::name, text)
-    }
-}
+shared_contract::impl_from_str_by_name!(Topology);
 
 /// A field of [`RedisSettings`] that validation can reject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

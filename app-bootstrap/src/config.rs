@@ -17,13 +17,12 @@ mod validate;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
-use std::str::FromStr;
 use std::time::Duration;
 
 use adapter_redis::{RedisSettings, Topology};
 use axum::http::HeaderName;
 use ipnet::IpNet;
-use shared_contract::{RateLimitPolicy, UnknownName, parse_name};
+use shared_contract::RateLimitPolicy;
 
 pub use problems::{ConfigProblem, ConfigProblems, KeyPath};
 pub use secret::{SecretSource, SecretValue};
@@ -83,13 +82,7 @@ impl ProviderKind {
     }
 }
 
-impl FromStr for ProviderKind {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_name(&Self::ALL, Self::name, text)
-    }
-}
+shared_contract::impl_from_str_by_name!(ProviderKind);
 
 /// `capabilities.rate-limit.*`.
 #[derive(Debug, Clone)]

@@ -28,6 +28,22 @@ pub fn parse_name<T: Copy>(
     })
 }
 
+/// Implements `FromStr` through [`parse_name`] for an enum that has
+/// `const ALL` and `const fn name(self)`, so parsing never lists the names
+/// again.
+#[macro_export]
+macro_rules! impl_from_str_by_name {
+    ($named:ty) => {
+        impl ::std::str::FromStr for $named {
+            type Err = $crate::UnknownName;
+
+            fn from_str(text: &str) -> ::std::result::Result<Self, Self::Err> {
+                $crate::parse_name(&<$named>::ALL, <$named>::name, text)
+            }
+        }
+    };
+}
+
 /// `"a", "b", "c"`: how a list of names reads in a message.
 struct Quoted<'a>(&'a [&'static str]);
 

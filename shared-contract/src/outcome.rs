@@ -1,9 +1,6 @@
 //! `RateLimitOutcome`: the typed, fail-closed answer of every provider.
 
-use std::str::FromStr;
 use std::time::Duration;
-
-use crate::name::{UnknownName, parse_name};
 
 /// Whether a decision is exact or an algorithm's estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,13 +129,7 @@ impl UnavailableCategory {
     }
 }
 
-impl FromStr for UnavailableCategory {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_name(&Self::ALL, Self::name, text)
-    }
-}
+crate::impl_from_str_by_name!(UnavailableCategory);
 
 impl IncompatibleCategory {
     /// Every category, in declaration order.
@@ -156,13 +147,7 @@ impl IncompatibleCategory {
     }
 }
 
-impl FromStr for IncompatibleCategory {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_name(&Self::ALL, Self::name, text)
-    }
-}
+crate::impl_from_str_by_name!(IncompatibleCategory);
 
 #[cfg(test)]
 mod tests {

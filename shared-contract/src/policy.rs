@@ -1,13 +1,11 @@
 //! `RateLimitPolicy`: what a subject may do, validated once at construction.
 
 use std::fmt;
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::dedup::EvaluationDedupPolicy;
 use crate::error::{ContractError, PolicyField, PolicyViolation};
-use crate::name::{UnknownName, parse_name};
 
 /// Largest limit, capacity, refill amount or cost a policy accepts.
 pub const MAX_COUNT: u64 = 1_000_000_000;
@@ -115,13 +113,7 @@ impl AlgorithmKind {
     }
 }
 
-impl FromStr for AlgorithmKind {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_name(&Self::ALL, Self::name, text)
-    }
-}
+crate::impl_from_str_by_name!(AlgorithmKind);
 
 impl fmt::Display for AlgorithmKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -191,13 +183,7 @@ impl FailurePolicy {
     }
 }
 
-impl FromStr for FailurePolicy {
-    type Err = UnknownName;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        parse_name(&Self::ALL, Self::name, text)
-    }
-}
+crate::impl_from_str_by_name!(FailurePolicy);
 
 /// A validated rate-limit policy. Build one with [`RateLimitPolicy::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
