@@ -14,6 +14,12 @@ pub enum ContractError {
     /// A subject digest that is not `v<version>:<hex>` of at least 128 bits.
     #[error("invalid subject digest: {0}")]
     InvalidSubjectDigest(String),
+    /// An operation digest that is not 16 to 64 lowercase hex digits.
+    #[error("invalid operation digest: {0}")]
+    InvalidOperationDigest(String),
+    /// A policy set that is empty, too long or names a policy twice.
+    #[error("invalid policy set: {0}")]
+    InvalidPolicySet(String),
 }
 
 impl ContractError {
@@ -21,7 +27,10 @@ impl ContractError {
     pub fn violations(&self) -> &[PolicyViolation] {
         match self {
             Self::InvalidPolicy(violations) => violations,
-            Self::InvalidPolicyId(_) | Self::InvalidSubjectDigest(_) => &[],
+            Self::InvalidPolicyId(_)
+            | Self::InvalidSubjectDigest(_)
+            | Self::InvalidOperationDigest(_)
+            | Self::InvalidPolicySet(_) => &[],
         }
     }
 }

@@ -7,8 +7,8 @@
 //! [`EdgeRateLimitPort`] trait. Adapters depend on it; it depends on none of
 //! them.
 //!
-//! It also holds the decision step every provider shares ([`evaluate_key`]
-//! over a [`KeyState`]): pure functions over these types, so a provider over
+//! It also holds the decision step every provider shares ([`evaluate_set`]
+//! over the [`KeyState`]s of a policy set): pure functions over these types, so a provider over
 //! any compare-and-set store gives the same numbers without copying the
 //! algorithms.
 
@@ -30,16 +30,17 @@ pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
 pub use name::{UnknownName, parse_name};
 pub use outcome::{
-    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, UnavailableCategory,
+    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, SetDecision,
+    UnavailableCategory,
 };
 pub use policy::{
     Algorithm, AlgorithmKind, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_PERIOD,
-    PolicyId, RateLimitPolicy, RateLimitPolicyBuilder, millis,
+    PolicyId, PolicyMode, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder, millis,
 };
 pub use port::EdgeRateLimitPort;
-pub use request::{EvaluationId, RateLimitRequest};
+pub use request::{EvaluationId, MAX_POLICY_SET, OperationDigest, PolicySet, RateLimitRequest};
 pub use step::{
-    AlgorithmState, DedupRecord, DedupRecords, KeyRules, KeyState, KeyStep, StepVerdict,
-    Transition, evaluate_key,
+    AlgorithmState, DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict,
+    evaluate_set,
 };
 pub use subject::SubjectDigest;

@@ -1,6 +1,9 @@
 //! `RateLimitOutcome`: the typed, fail-closed answer of every provider.
 
+use std::fmt;
 use std::time::Duration;
+
+use crate::request::MAX_POLICY_SET;
 
 /// Whether a decision is exact or an algorithm's estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -11,14 +14,15 @@ pub enum Certainty {
     ApproximateAlgorithm,
 }
 
-/// A decision the provider made.
+/// What one policy of a set decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitDecision {
-    /// Whether the request is admitted (and its cost charged).
+    /// Whether this policy allows the request. It was charged only when the
+    /// set admitted the request too ([`SetDecision::allowed`]).
     pub allowed: bool,
     /// The policy's limit or capacity.
     pub limit: u64,
-    /// Units left after this decision.
+    /// Units left after this decision (after the charge when charged).
     pub remaining: u64,
     /// Zero when allowed; at least 1 ms when denied: the wait after which
     /// the same request would pass if no other traffic came.
@@ -30,6 +34,70 @@ pub struct RateLimitDecision {
     /// True when this answer was replayed from a dedupe record and nothing
     /// was charged.
     pub replayed: bool,
+}
+
+/// The decisions of a policy set: one per policy, in the set's order, and
+/// whether the request is admitted (every enforced policy allows it). A
+/// fixed inline array, so an outcome is `Copy` and never allocates.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SetDecision {
+    allowed: bool,
+    len: u8,
+    decisions: [RateLimitDecision; MAX_POLICY_SET],
+}
+
+/// Fills the unused slots of a [`SetDecision`]; never read.
+pub(crate) const UNUSED_DECISION: RateLimitDecision = RateLimitDecision {
+    allowed: false,
+    limit: 0,
+    remaining: 0,
+    retry_after: Duration::ZERO,
+    reset_after: Duration::ZERO,
+    certainty: Certainty::Certain,
+    replayed: false,
+};
+
+impl SetDecision {
+    /// The set's answer: `allowed` when every enforced policy allows, and
+    /// one decision per policy in the set's order. At most
+    /// [`MAX_POLICY_SET`] decisions are kept (a `PolicySet` holds no more).
+    pub fn new(allowed: bool, decisions: &[RateLimitDecision]) -> Self {
+        debug_assert!(decisions.len() <= MAX_POLICY_SET, "a policy set holds at most 8");
+        let mut held = [UNUSED_DECISION; MAX_POLICY_SET];
+        let len = decisions.len().min(MAX_POLICY_SET);
+        held[..len].copy_from_slice(&decisions[..len]);
+        Self { allowed, len: len as u8, decisions: held }
+    }
+
+    /// The answer of a set of one policy (its decision decides).
+    pub fn single(decision: RateLimitDecision) -> Self {
+        Self::new(decision.allowed, &[decision])
+    }
+
+    /// Whether the request is admitted and every allowing policy charged.
+    pub fn allowed(&self) -> bool {
+        self.allowed
+    }
+
+    /// One decision per policy, in the set's order.
+    pub fn decisions(&self) -> &[RateLimitDecision] {
+        &self.decisions[..usize::from(self.len)]
+    }
+
+    /// True when the answer came from dedupe records and nothing was
+    /// charged anywhere.
+    pub fn replayed(&self) -> bool {
+        self.decisions().iter().any(|decision| decision.replayed)
+    }
+}
+
+impl fmt::Debug for SetDecision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SetDecision")
+            .field("allowed", &self.allowed)
+            .field("decisions", &self.decisions())
+            .finish()
+    }
 }
 
 /// Why no decision was made, with nothing consumed.
@@ -48,9 +116,9 @@ pub enum UnavailableCategory {
 /// Why the request and the provider do not fit together.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IncompatibleCategory {
-    /// The provider has no policy of that id.
+    /// The provider lacks a policy of the set.
     UnknownPolicy,
-    /// Cost 0 or above the policy's maximum cost.
+    /// Cost 0 or above the maximum cost of a policy of the set.
     CostExceedsMaximum,
     /// Stored state of the wrong type or shape, or a reply of an unknown
     /// shape.
@@ -61,8 +129,8 @@ pub enum IncompatibleCategory {
 /// allowed `Evaluated` means the request must not pass (fail-closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateLimitOutcome {
-    /// A decision, allowed or denied.
-    Evaluated(RateLimitDecision),
+    /// The set's decisions, admitted or refused.
+    Evaluated(SetDecision),
     /// No decision, and provably nothing consumed.
     Unavailable {
         /// Why.
@@ -86,14 +154,14 @@ pub enum RateLimitOutcome {
 impl RateLimitOutcome {
     /// True only for an allowed decision.
     pub fn is_allowed(&self) -> bool {
-        matches!(self, Self::Evaluated(decision) if decision.allowed)
+        matches!(self, Self::Evaluated(decision) if decision.allowed())
     }
 
     /// A kebab-case name of the outcome for metrics labels and problem
     /// types: `allowed`, `denied`, or the failure category.
     pub fn category_name(&self) -> &'static str {
         match self {
-            Self::Evaluated(decision) if decision.allowed => "allowed",
+            Self::Evaluated(decision) if decision.allowed() => "allowed",
             Self::Evaluated(_) => "denied",
             Self::Unavailable { category, .. } => category.name(),
             Self::Incompatible { category } => category.name(),
@@ -167,8 +235,8 @@ mod tests {
 
     #[test]
     fn only_an_allowed_decision_admits() {
-        assert!(RateLimitOutcome::Evaluated(decision(true)).is_allowed());
-        assert!(!RateLimitOutcome::Evaluated(decision(false)).is_allowed());
+        assert!(RateLimitOutcome::Evaluated(SetDecision::single(decision(true))).is_allowed());
+        assert!(!RateLimitOutcome::Evaluated(SetDecision::single(decision(false))).is_allowed());
         let failures = [
             RateLimitOutcome::Unavailable {
                 category: UnavailableCategory::ClockUnsafe,
@@ -184,7 +252,10 @@ mod tests {
 
     #[test]
     fn category_names_are_kebab_case() {
-        assert_eq!(RateLimitOutcome::Evaluated(decision(false)).category_name(), "denied");
+        assert_eq!(
+            RateLimitOutcome::Evaluated(SetDecision::single(decision(false))).category_name(),
+            "denied"
+        );
         assert_eq!(
             RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO }.category_name(),
             "indeterminate"
@@ -236,8 +307,8 @@ mod tests {
     #[test]
     fn category_names_hold_every_outcome_once() {
         let mut outcomes = vec![
-            RateLimitOutcome::Evaluated(decision(true)),
-            RateLimitOutcome::Evaluated(decision(false)),
+            RateLimitOutcome::Evaluated(SetDecision::single(decision(true))),
+            RateLimitOutcome::Evaluated(SetDecision::single(decision(false))),
             RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO },
         ];
         outcomes.extend(chain(after_unavailable).into_iter().map(|category| {
@@ -265,5 +336,21 @@ mod tests {
         assert_eq!(from_outcomes, listed);
         listed.dedup();
         assert_eq!(listed.len(), outcomes.len(), "a name is used twice");
+    }
+
+    #[test]
+    fn a_set_is_admitted_as_its_provider_says_and_keeps_every_decision_in_order() {
+        let allow = decision(true);
+        let deny = RateLimitDecision { retry_after: Duration::from_millis(5), ..decision(false) };
+        let set = SetDecision::new(false, &[allow, deny]);
+        assert!(!set.allowed());
+        assert_eq!(set.decisions(), [allow, deny]);
+        assert!(!set.replayed());
+        let replayed = SetDecision::new(true, &[RateLimitDecision { replayed: true, ..allow }]);
+        assert!(replayed.replayed() && replayed.allowed());
+        assert!(
+            SetDecision::single(deny).decisions()[0] == deny
+                && !SetDecision::single(deny).allowed()
+        );
     }
 }

@@ -185,6 +185,59 @@ impl FailurePolicy {
 
 crate::impl_from_str_by_name!(FailurePolicy);
 
+/// Whose budget a policy counts: each operation's own, or one shared by
+/// every operation that lists the policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PolicyScope {
+    /// A budget per subject and operation (the key holds the operation's
+    /// digest).
+    #[default]
+    Operation,
+    /// One budget per subject across every operation that lists the policy.
+    Subject,
+}
+
+impl PolicyScope {
+    /// Every scope, in declaration order.
+    pub const ALL: [Self; 2] = [Self::Operation, Self::Subject];
+
+    /// The configuration name: `operation` or `subject`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Operation => "operation",
+            Self::Subject => "subject",
+        }
+    }
+}
+
+crate::impl_from_str_by_name!(PolicyScope);
+
+/// Whether a policy can block: enforced, or evaluated and counted only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum PolicyMode {
+    /// A denial refuses the request.
+    #[default]
+    Enforce,
+    /// Evaluated and charged on its own allow, never blocks, never shown to
+    /// clients: a new limit rolled out by watching what it would deny.
+    Shadow,
+}
+
+impl PolicyMode {
+    /// Every mode, in declaration order.
+    pub const ALL: [Self; 2] = [Self::Enforce, Self::Shadow];
+
+    /// The configuration name: `enforce` or `shadow`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Enforce => "enforce",
+            Self::Shadow => "shadow",
+        }
+    }
+}
+
+crate::impl_from_str_by_name!(PolicyMode);
+
 /// A validated rate-limit policy. Build one with [`RateLimitPolicy::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitPolicy {
@@ -196,12 +249,15 @@ pub struct RateLimitPolicy {
     cleanup_grace: Duration,
     maximum_clock_regression: Duration,
     evaluation_dedup: EvaluationDedupPolicy,
+    scope: PolicyScope,
+    mode: PolicyMode,
 }
 
 impl RateLimitPolicy {
     /// Starts a policy with the defaults: revision 1, maximum cost 1,
     /// fail-closed, cleanup grace and clock-regression bound of one second,
-    /// and [`EvaluationDedupPolicy::enabled_defaults`].
+    /// [`EvaluationDedupPolicy::enabled_defaults`], operation scope and
+    /// enforce mode.
     pub fn builder(id: impl Into<String>, algorithm: Algorithm) -> RateLimitPolicyBuilder {
         RateLimitPolicyBuilder {
             id: id.into(),
@@ -212,6 +268,8 @@ impl RateLimitPolicy {
             cleanup_grace: Duration::from_secs(1),
             maximum_clock_regression: Duration::from_secs(1),
             evaluation_dedup: EvaluationDedupPolicy::enabled_defaults(),
+            scope: PolicyScope::Operation,
+            mode: PolicyMode::Enforce,
         }
     }
 
@@ -251,6 +309,14 @@ impl RateLimitPolicy {
     pub fn evaluation_dedup(&self) -> &EvaluationDedupPolicy {
         &self.evaluation_dedup
     }
+    /// Whose budget it counts.
+    pub fn scope(&self) -> PolicyScope {
+        self.scope
+    }
+    /// Whether it can block.
+    pub fn mode(&self) -> PolicyMode {
+        self.mode
+    }
     /// `max(cleanup_grace, maximum_clock_regression)` in milliseconds: what
     /// every key lives past the moment its absence would mean the same as
     /// its state.
@@ -270,6 +336,8 @@ pub struct RateLimitPolicyBuilder {
     cleanup_grace: Duration,
     maximum_clock_regression: Duration,
     evaluation_dedup: EvaluationDedupPolicy,
+    scope: PolicyScope,
+    mode: PolicyMode,
 }
 
 impl RateLimitPolicyBuilder {
@@ -302,6 +370,16 @@ impl RateLimitPolicyBuilder {
     /// Sets the evaluation dedupe policy.
     pub fn evaluation_dedup(mut self, dedup: EvaluationDedupPolicy) -> Self {
         self.evaluation_dedup = dedup;
+        self
+    }
+    /// Sets whose budget the policy counts.
+    pub fn scope(mut self, scope: PolicyScope) -> Self {
+        self.scope = scope;
+        self
+    }
+    /// Sets whether the policy can block.
+    pub fn mode(mut self, mode: PolicyMode) -> Self {
+        self.mode = mode;
         self
     }
 
@@ -376,6 +454,8 @@ impl RateLimitPolicyBuilder {
             cleanup_grace: self.cleanup_grace,
             maximum_clock_regression: self.maximum_clock_regression,
             evaluation_dedup: self.evaluation_dedup,
+            scope: self.scope,
+            mode: self.mode,
         })
     }
 }
@@ -468,6 +548,28 @@ mod tests {
         assert_eq!(policy.maximum_clock_regression(), Duration::from_secs(1));
         assert_eq!(policy.evaluation_dedup(), &EvaluationDedupPolicy::enabled_defaults());
         assert_eq!(policy.failure_policy(), FailurePolicy::FailClosed);
+        assert_eq!(policy.scope(), PolicyScope::Operation);
+        assert_eq!(policy.mode(), PolicyMode::Enforce);
+    }
+
+    #[test]
+    fn scopes_and_modes_are_listed_and_named() {
+        for scope in PolicyScope::ALL {
+            // Exhaustive: a new scope fails to compile until ALL lists it.
+            match scope {
+                PolicyScope::Operation | PolicyScope::Subject => {}
+            }
+            assert_eq!(scope.name().parse(), Ok(scope));
+        }
+        for mode in PolicyMode::ALL {
+            match mode {
+                PolicyMode::Enforce | PolicyMode::Shadow => {}
+            }
+            assert_eq!(mode.name().parse(), Ok(mode));
+        }
+        assert_eq!((PolicyScope::ALL.len(), PolicyMode::ALL.len()), (2, 2));
+        assert!("global".parse::<PolicyScope>().is_err());
+        assert!("dry-run".parse::<PolicyMode>().is_err());
     }
 
     #[test]

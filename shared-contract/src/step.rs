@@ -1,12 +1,14 @@
-//! The pure decision step of one key (steps 3 to 7 of docs/algorithms.md):
-//! clock-regression check, dedupe replay, the algorithm, the dedupe record
-//! and the key's new lifetime. No I/O and no clock: the caller loads the
-//! state, passes its caller time and stores what comes back.
+//! The pure decision step of a policy set (steps 3 to 8 of
+//! docs/algorithms.md): the clock-regression bound on every key, the set's
+//! dedupe replay, each policy's algorithm, the set's verdict, the dedupe
+//! records and each key's new lifetime. No I/O and no clock: the caller
+//! loads every key of the set, passes its caller time and stores what comes
+//! back, all at once.
 //!
 //! It lives in the contract, not in a provider, so every provider over a
-//! compare-and-set store gets the same numbers by calling it: load the key,
-//! call [`evaluate_key`], compare-and-set the [`Transition::Write`] (if any),
-//! and on a conflict start again from the load.
+//! compare-and-set store gets the same numbers by calling it: load the
+//! keys, call [`evaluate_set`], compare-and-set every member that has a
+//! [`KeyWrite`], and on a conflict start again from the load.
 
 mod algorithm;
 mod records;
@@ -17,11 +19,12 @@ pub use algorithm::AlgorithmState;
 pub use records::{DedupRecord, DedupRecords};
 
 use crate::outcome::{
-    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, UnavailableCategory,
+    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, SetDecision,
+    UNUSED_DECISION, UnavailableCategory,
 };
-use crate::policy::{RateLimitPolicy, millis};
-use crate::request::EvaluationId;
-use algorithm::{Params, StateMismatch};
+use crate::policy::{PolicyMode, RateLimitPolicy, millis};
+use crate::request::{EvaluationId, MAX_POLICY_SET};
+use algorithm::{Charge, Params, StateMismatch, Step};
 
 /// Everything a provider stores for one key. Absent keys are `None`, never a
 /// zeroed value. Plain data: a provider may serialize it field by field.
@@ -41,6 +44,7 @@ pub struct KeyState {
 pub struct KeyRules {
     params: Params,
     certainty: Certainty,
+    mode: PolicyMode,
     /// `maximum_clock_regression`, the `R` of the spec.
     regression: u64,
     /// `max(cleanup_grace, maximum_clock_regression)`, the `G` of the spec.
@@ -58,6 +62,7 @@ impl KeyRules {
         Self {
             params: Params::of(policy.algorithm()),
             certainty: policy.algorithm().certainty(),
+            mode: policy.mode(),
             regression: millis(policy.maximum_clock_regression()),
             slack: policy.ttl_slack_millis(),
             dedup_ttl: dedup.ttl_millis(),
@@ -65,139 +70,226 @@ impl KeyRules {
         }
     }
 
-    fn decided(
-        &self,
-        allowed: bool,
-        remaining: u64,
-        retry_after: u64,
-        reset_after: u64,
-        replayed: bool,
-    ) -> StepVerdict {
-        StepVerdict::Decided(RateLimitDecision {
-            allowed,
+    fn decided(&self, step: &Step, replayed: bool) -> RateLimitDecision {
+        RateLimitDecision {
+            allowed: step.allowed,
             limit: self.params.limit(),
-            remaining,
-            retry_after: Duration::from_millis(retry_after),
-            reset_after: Duration::from_millis(reset_after),
+            remaining: step.remaining,
+            retry_after: Duration::from_millis(step.retry_after),
+            reset_after: Duration::from_millis(step.reset_after),
             certainty: self.certainty,
             replayed,
-        })
+        }
+    }
+
+    fn replayed(&self, record: &DedupRecord) -> RateLimitDecision {
+        RateLimitDecision {
+            allowed: true,
+            limit: self.params.limit(),
+            remaining: record.remaining,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::from_millis(record.reset_after),
+            certainty: self.certainty,
+            replayed: true,
+        }
+    }
+
+    /// The live record of `evaluation_id` in `state` at effective time `t`.
+    fn live_record<'s>(
+        &self,
+        state: Option<&'s KeyState>,
+        evaluation_id: EvaluationId,
+        t: u64,
+    ) -> Option<&'s DedupRecord> {
+        if self.record_capacity == 0 {
+            return None;
+        }
+        // Expired records are only ignored here: a replay or a denial
+        // writes nothing, so a clock that steps back inside the bound must
+        // still find a record that is live at its time.
+        state?
+            .records
+            .find(evaluation_id)
+            .filter(|record| record.written_at.saturating_add(self.dedup_ttl) > t)
     }
 }
 
-/// What the step answers: the part of a [`RateLimitOutcome`] that depends on
-/// the key's state.
+/// One policy of a set as the step sees it. Before the step: its rules and
+/// its key's state as loaded (`None` when absent or past its expiry). After
+/// it: `state` is what the key must hold, and `write` says whether to store
+/// it and until when.
+#[derive(Debug)]
+pub struct SetMember<'r> {
+    /// The policy's rules.
+    pub rules: &'r KeyRules,
+    /// The key's state: moved in before the step, the new state after.
+    pub state: Option<KeyState>,
+    /// After the step: `Some` when `state` must be written.
+    pub write: Option<KeyWrite>,
+}
+
+impl<'r> SetMember<'r> {
+    /// A member with its loaded state.
+    pub fn new(rules: &'r KeyRules, state: Option<KeyState>) -> Self {
+        Self { rules, state, write: None }
+    }
+}
+
+/// How long a written key lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StepVerdict {
-    /// Allowed or denied (possibly replayed from a dedupe record).
-    Decided(RateLimitDecision),
-    /// The caller's time lags the key's mark by more than the bound;
-    /// nothing changes.
+pub struct KeyWrite {
+    /// Absolute expiry, epoch ms; after it, absence means the same as the
+    /// state.
+    pub expires_at: u64,
+    /// `expires_at` minus the key's effective time: the TTL for a store
+    /// that takes a relative one.
+    pub lifetime: u64,
+}
+
+/// What the step answers: the part of a [`RateLimitOutcome`] that depends on
+/// the keys' state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetVerdict {
+    /// The set's decisions, admitted or refused (possibly replayed).
+    Decided(SetDecision),
+    /// The caller's time lags a key's mark by more than its bound; nothing
+    /// changes anywhere.
     ClockUnsafe {
-        /// How far beyond the bound the caller's time lags.
+        /// How far beyond the bound the caller's time lags (the largest over
+        /// the set's keys).
         retry_after: Duration,
     },
-    /// The key holds another algorithm's state (the policy changed its
-    /// algorithm without a new revision); nothing changes.
+    /// A key holds another algorithm's state (its policy changed algorithm
+    /// without a new revision); nothing changes anywhere.
     StateMismatch,
 }
 
-impl From<StepVerdict> for RateLimitOutcome {
-    fn from(verdict: StepVerdict) -> Self {
+impl From<SetVerdict> for RateLimitOutcome {
+    fn from(verdict: SetVerdict) -> Self {
         match verdict {
-            StepVerdict::Decided(decision) => Self::Evaluated(decision),
-            StepVerdict::ClockUnsafe { retry_after } => {
+            SetVerdict::Decided(decision) => Self::Evaluated(decision),
+            SetVerdict::ClockUnsafe { retry_after } => {
                 Self::Unavailable { category: UnavailableCategory::ClockUnsafe, retry_after }
             }
-            StepVerdict::StateMismatch => {
+            SetVerdict::StateMismatch => {
                 Self::Incompatible { category: IncompatibleCategory::StateIncompatible }
             }
         }
     }
 }
 
-/// What the provider must store after the step.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transition {
-    /// Nothing to write (a denial that charged nothing, a replay, a refusal):
-    /// the state that came in, handed back unchanged.
-    Keep(Option<KeyState>),
-    /// Write `state` in place of what was loaded; the key lives until
-    /// `expires_at`, after which its absence means the same as its state.
-    Write {
-        /// The new state, mark and records included.
-        state: KeyState,
-        /// Absolute expiry, epoch ms.
-        expires_at: u64,
-        /// `expires_at` minus the effective time: the TTL for a store that
-        /// takes a relative one.
-        lifetime: u64,
-    },
-}
-
-/// One step's result: the answer and what to store.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeyStep {
-    /// The answer for the caller.
-    pub verdict: StepVerdict,
-    /// What to store; a compare-and-set provider writes only a `Write`.
-    pub transition: Transition,
-}
-
-/// Evaluates one request against one key: `state` as loaded (`None` when
-/// absent or past its expiry), caller time `now` (epoch ms), a `cost` the
-/// caller has already checked against the policy (1 ..= maximum cost), and
-/// the request's evaluation id. The caller has also handled unknown
-/// policies and expired deadlines, which never read state.
+/// Evaluates one request against every key of its policy set, atomically
+/// as far as the caller stores the result atomically: `members` in the
+/// set's order with their loaded state, caller time `now` (epoch ms), a
+/// `cost` the caller has already checked against every policy (1 ..= each
+/// maximum cost), and the request's evaluation id. The caller has also
+/// handled unknown policies and expired deadlines, which never read state.
 ///
-/// The state moves in and out, so a store that keeps it in memory writes it
-/// back without copying or allocating.
-pub fn evaluate_key(
-    rules: &KeyRules,
-    state: Option<KeyState>,
+/// The request is admitted iff every enforced member allows it; then every
+/// allowing member is charged (shadow ones too). When an enforced member
+/// denies, nothing is charged anywhere: each member writes only what its
+/// own denial would. States move in and out, so a store that keeps them in
+/// memory writes them back without copying or allocating. At most
+/// [`MAX_POLICY_SET`] members are evaluated.
+pub fn evaluate_set(
+    members: &mut [SetMember<'_>],
     now: u64,
     cost: u64,
     evaluation_id: EvaluationId,
-) -> KeyStep {
-    let keep = |verdict, state| KeyStep { verdict, transition: Transition::Keep(state) };
-    let mut t = now;
-    if let Some(held) = &state {
-        let lag = held.mark.saturating_sub(t);
-        if lag > rules.regression {
-            let retry_after = Duration::from_millis(lag - rules.regression);
-            return keep(StepVerdict::ClockUnsafe { retry_after }, state);
-        }
-        t = t.max(held.mark);
-    }
-
-    if rules.record_capacity > 0 {
-        // Expired records are only ignored here: a replay or a denial
-        // writes nothing, so a clock that steps back inside the bound
-        // must still find a record that is live at its time.
-        let live = |record: &&DedupRecord| record.written_at.saturating_add(rules.dedup_ttl) > t;
-        let replay = state.as_ref().and_then(|held| held.records.find(evaluation_id)).filter(live);
-        if let Some(record) = replay {
-            let verdict = rules.decided(true, record.remaining, 0, record.reset_after, true);
-            return keep(verdict, state);
+) -> SetVerdict {
+    let len = members.len().min(MAX_POLICY_SET);
+    let members = &mut members[..len];
+    // Step 3: the bound on every key; inside it, a key's time never runs
+    // backwards.
+    let mut times = [now; MAX_POLICY_SET];
+    let mut unsafe_by = None;
+    for (member, t) in members.iter_mut().zip(&mut times) {
+        member.write = None;
+        if let Some(held) = &member.state {
+            let lag = held.mark.saturating_sub(now);
+            if lag > member.rules.regression {
+                unsafe_by = unsafe_by.max(Some(lag - member.rules.regression));
+            }
+            *t = now.max(held.mark);
         }
     }
+    if let Some(by) = unsafe_by {
+        return SetVerdict::ClockUnsafe { retry_after: Duration::from_millis(by) };
+    }
 
-    let counters = state.as_ref().map(|held| &held.algorithm);
-    let step = match algorithm::run(&rules.params, counters, t, cost) {
-        Ok(step) => step,
-        Err(StateMismatch) => return keep(StepVerdict::StateMismatch, state),
-    };
-    let verdict =
-        rules.decided(step.allowed, step.remaining, step.retry_after, step.reset_after, false);
-    let Some((counters, state_end)) = step.write else {
-        return keep(verdict, state);
-    };
+    // Step 4: a live record of this evaluation in any key replays the whole
+    // set, and nothing is written anywhere.
+    let replay = members.iter().zip(&times).any(|(member, &t)| {
+        member.rules.live_record(member.state.as_ref(), evaluation_id, t).is_some()
+    });
+    let mut decisions = [UNUSED_DECISION; MAX_POLICY_SET];
+    if replay {
+        for ((member, &t), decision) in members.iter().zip(&times).zip(&mut decisions) {
+            let rules = member.rules;
+            *decision = match rules.live_record(member.state.as_ref(), evaluation_id, t) {
+                Some(record) => rules.replayed(record),
+                None => {
+                    let counters = member.state.as_ref().map(|held| &held.algorithm);
+                    match algorithm::run(&rules.params, counters, t, cost, Charge::Spare) {
+                        Ok(step) => rules.decided(&step, false),
+                        Err(StateMismatch) => return SetVerdict::StateMismatch,
+                    }
+                }
+            };
+        }
+        return SetVerdict::Decided(SetDecision::new(true, &decisions[..members.len()]));
+    }
 
-    let mut records = state.map(|held| held.records).unwrap_or_default();
+    // Step 5: every algorithm, charging; step 6: the set's verdict.
+    let mut steps = [None; MAX_POLICY_SET];
+    for ((member, &t), step) in members.iter().zip(&times).zip(&mut steps) {
+        let counters = member.state.as_ref().map(|held| &held.algorithm);
+        match algorithm::run(&member.rules.params, counters, t, cost, Charge::Take) {
+            Ok(run) => *step = Some(run),
+            Err(StateMismatch) => return SetVerdict::StateMismatch,
+        }
+    }
+    let admitted = members.iter().zip(&steps).all(|(member, step)| {
+        member.rules.mode == PolicyMode::Shadow || step.is_some_and(|s| s.allowed)
+    });
+    if !admitted {
+        // Nothing is charged anywhere: an allowing member runs spared.
+        for ((member, &t), step) in members.iter().zip(&times).zip(&mut steps) {
+            if step.is_some_and(|s| s.allowed) {
+                let counters = member.state.as_ref().map(|held| &held.algorithm);
+                *step = algorithm::run(&member.rules.params, counters, t, cost, Charge::Spare).ok();
+            }
+        }
+    }
+
+    // Steps 7 and 8: records and lifetimes of the keys that are written.
+    for (((member, &t), step), decision) in
+        members.iter_mut().zip(&times).zip(&steps).zip(&mut decisions)
+    {
+        let Some(step) = step else { continue };
+        *decision = member.rules.decided(step, false);
+        let charged = admitted && step.allowed;
+        commit(member, t, step, charged, evaluation_id);
+    }
+    SetVerdict::Decided(SetDecision::new(admitted, &decisions[..members.len()]))
+}
+
+/// Writes one member's new state, its dedupe record when it was charged,
+/// and its lifetime (docs/algorithms.md steps 7 and 8).
+fn commit(
+    member: &mut SetMember<'_>,
+    t: u64,
+    step: &Step,
+    charged: bool,
+    evaluation_id: EvaluationId,
+) {
+    let Some((counters, state_end)) = step.write else { return };
+    let rules = member.rules;
+    let mut records = member.state.take().map(|held| held.records).unwrap_or_default();
     let mut end = state_end;
     if rules.record_capacity > 0 {
         records.drop_expired(t, rules.dedup_ttl);
-        if step.allowed {
+        if charged {
             let record = DedupRecord {
                 evaluation_id,
                 remaining: step.remaining,
@@ -215,14 +307,8 @@ pub fn evaluate_key(
         records.clear();
     }
     let expires_at = end.saturating_add(rules.slack);
-    KeyStep {
-        verdict,
-        transition: Transition::Write {
-            state: KeyState { mark: t, algorithm: counters, records },
-            expires_at,
-            lifetime: expires_at.saturating_sub(t),
-        },
-    }
+    member.state = Some(KeyState { mark: t, algorithm: counters, records });
+    member.write = Some(KeyWrite { expires_at, lifetime: expires_at.saturating_sub(t) });
 }
 
 #[cfg(test)]
@@ -249,16 +335,20 @@ mod tests {
             id: u128,
         ) -> RateLimitOutcome {
             let id = EvaluationId::from_uuid(uuid::Uuid::from_u128(id));
-            let step = evaluate_key(rules, self.state.take(), now, cost, id);
-            match step.transition {
-                Transition::Keep(state) => self.state = state,
-                Transition::Write { state, expires_at, lifetime } => {
-                    assert_eq!(expires_at - lifetime, state.mark, "lifetime counts from the mark");
-                    self.state = Some(state);
-                    self.expires_at = expires_at;
-                }
+            let mut members = [SetMember::new(rules, self.state.take())];
+            let verdict = evaluate_set(&mut members, now, cost, id);
+            let [member] = members;
+            if let Some(write) = member.write {
+                let mark = member.state.as_ref().map(|state| state.mark);
+                assert_eq!(
+                    Some(write.expires_at - write.lifetime),
+                    mark,
+                    "lifetime counts from the mark"
+                );
+                self.expires_at = write.expires_at;
             }
-            step.verdict.into()
+            self.state = member.state;
+            verdict.into()
         }
 
         fn records(&self) -> usize {
@@ -282,7 +372,15 @@ mod tests {
 
     fn decision(outcome: RateLimitOutcome) -> RateLimitDecision {
         match outcome {
-            RateLimitOutcome::Evaluated(decision) => decision,
+            RateLimitOutcome::Evaluated(set) => {
+                assert_eq!(set.decisions().len(), 1, "one policy, one decision");
+                assert_eq!(
+                    set.allowed(),
+                    set.decisions()[0].allowed,
+                    "one enforced policy decides"
+                );
+                set.decisions()[0]
+            }
             other @ (RateLimitOutcome::Unavailable { .. }
             | RateLimitOutcome::Incompatible { .. }
             | RateLimitOutcome::Indeterminate { .. }) => {
@@ -348,9 +446,11 @@ mod tests {
         let mut key = Key::default();
         key.evaluate(&rules, T0 + 250, 1, 1);
         let id = EvaluationId::from_uuid(uuid::Uuid::from_u128(2));
-        let step = evaluate_key(&rules, key.state.clone(), T0 + 600, 1, id);
-        assert!(!decision(step.verdict.into()).allowed);
-        assert_eq!(step.transition, Transition::Keep(key.state));
+        let mut members = [SetMember::new(&rules, key.state.clone())];
+        let verdict = evaluate_set(&mut members, T0 + 600, 1, id);
+        assert!(!decision(verdict.into()).allowed);
+        assert_eq!(members[0].write, None);
+        assert_eq!(members[0].state, key.state);
     }
 
     #[test]
@@ -428,5 +528,175 @@ mod tests {
         assert_eq!(millis(Duration::from_micros(1999)), 1);
         assert_eq!(millis(Duration::from_secs(3)), 3000);
         assert_eq!(millis(Duration::MAX), u64::MAX);
+    }
+
+    /// The keys of one subject's policy set, as a store would hold them.
+    struct Set {
+        rules: Vec<KeyRules>,
+        keys: Vec<Key>,
+    }
+
+    impl Set {
+        fn of(rules: Vec<KeyRules>) -> Self {
+            let keys = rules.iter().map(|_| Key::default()).collect();
+            Self { rules, keys }
+        }
+
+        fn evaluate(&mut self, now: u64, cost: u64, id: u128) -> (SetVerdict, Vec<bool>) {
+            let id = EvaluationId::from_uuid(uuid::Uuid::from_u128(id));
+            let mut members: Vec<_> = self
+                .rules
+                .iter()
+                .zip(&mut self.keys)
+                .map(|(rules, key)| SetMember::new(rules, key.state.take()))
+                .collect();
+            let verdict = evaluate_set(&mut members, now, cost, id);
+            let written = members.iter().map(|member| member.write.is_some()).collect();
+            for (member, key) in members.into_iter().zip(&mut self.keys) {
+                if let Some(write) = member.write {
+                    key.expires_at = write.expires_at;
+                }
+                key.state = member.state;
+            }
+            (verdict, written)
+        }
+    }
+
+    fn set_decision(verdict: SetVerdict) -> SetDecision {
+        match verdict {
+            SetVerdict::Decided(set) => set,
+            other @ (SetVerdict::ClockUnsafe { .. } | SetVerdict::StateMismatch) => {
+                panic!("expected decisions, got {other:?}")
+            }
+        }
+    }
+
+    fn with_mode(algorithm: Algorithm, mode: PolicyMode) -> KeyRules {
+        let policy = RateLimitPolicy::builder("p", algorithm)
+            .maximum_clock_regression(Duration::from_millis(500))
+            .mode(mode)
+            .build()
+            .unwrap();
+        KeyRules::of(&policy)
+    }
+
+    #[test]
+    fn a_denial_by_one_policy_charges_no_other() {
+        // Burst 2 per second beside 10 per second.
+        let mut set = Set::of(vec![
+            with_mode(fixed(2), PolicyMode::Enforce),
+            with_mode(fixed(10), PolicyMode::Enforce),
+        ]);
+        for id in 1..=2 {
+            assert!(set_decision(set.evaluate(T0, 1, id).0).allowed());
+        }
+        let (verdict, written) = set.evaluate(T0 + 100, 1, 3);
+        let denied = set_decision(verdict);
+        assert!(!denied.allowed());
+        let [burst, sustained] = denied.decisions() else { panic!("two decisions") };
+        assert!(!burst.allowed && sustained.allowed);
+        // The sustained budget stands at 8, uncharged, and nothing was written.
+        assert_eq!((burst.remaining, sustained.remaining), (0, 8));
+        assert_eq!(sustained.retry_after, Duration::ZERO);
+        assert_eq!(written, [false, false]);
+        // The next window of the burst policy admits again, charging both.
+        let next = set_decision(set.evaluate(T0 + 1000, 1, 4).0);
+        let remaining: Vec<_> = next.decisions().iter().map(|d| d.remaining).collect();
+        assert!(next.allowed());
+        assert_eq!(remaining, [1, 9]);
+    }
+
+    #[test]
+    fn a_shadow_policy_never_blocks_and_is_charged_only_on_its_own_allow() {
+        let mut set = Set::of(vec![
+            with_mode(fixed(10), PolicyMode::Enforce),
+            with_mode(fixed(1), PolicyMode::Shadow),
+        ]);
+        let first = set_decision(set.evaluate(T0, 1, 1).0);
+        assert!(first.allowed());
+        assert_eq!(first.decisions()[1].remaining, 0);
+        let (verdict, written) = set.evaluate(T0, 1, 2);
+        let second = set_decision(verdict);
+        assert!(second.allowed(), "shadow never blocks");
+        let [enforced, shadow] = second.decisions() else { panic!("two decisions") };
+        assert_eq!((enforced.allowed, enforced.remaining), (true, 8));
+        assert_eq!((shadow.allowed, shadow.remaining), (false, 0));
+        assert_eq!(written, [true, false], "the denying shadow writes nothing");
+    }
+
+    #[test]
+    fn a_set_of_shadow_policies_alone_is_always_admitted() {
+        let mut set = Set::of(vec![with_mode(fixed(1), PolicyMode::Shadow)]);
+        assert!(set_decision(set.evaluate(T0, 1, 1).0).allowed());
+        let second = set_decision(set.evaluate(T0, 1, 2).0);
+        assert!(second.allowed() && !second.decisions()[0].allowed);
+    }
+
+    #[test]
+    fn a_repeat_replays_the_whole_set_and_writes_nothing() {
+        let mut set = Set::of(vec![
+            with_mode(fixed(5), PolicyMode::Enforce),
+            with_mode(fixed(1), PolicyMode::Shadow),
+        ]);
+        set.evaluate(T0, 1, 1);
+        // Another evaluation drains the shadow policy: it has no record of 2.
+        let second = set_decision(set.evaluate(T0, 1, 2).0);
+        assert!(!second.decisions()[1].allowed);
+        let (verdict, written) = set.evaluate(T0 + 300, 1, 2);
+        let again = set_decision(verdict);
+        assert!(again.allowed() && again.replayed());
+        let [enforced, shadow] = again.decisions() else { panic!("two decisions") };
+        assert_eq!((enforced.replayed, enforced.remaining), (true, 3));
+        assert_eq!((shadow.replayed, shadow.allowed), (false, false));
+        assert_eq!(written, [false, false]);
+        // Still 3 left: the replay charged nothing.
+        let third = set_decision(set.evaluate(T0 + 300, 1, 3).0);
+        assert_eq!(third.decisions()[0].remaining, 2);
+    }
+
+    #[test]
+    fn clock_unsafe_on_one_key_changes_no_key() {
+        let mut set = Set::of(vec![
+            with_mode(fixed(5), PolicyMode::Enforce),
+            with_mode(fixed(5), PolicyMode::Enforce),
+        ]);
+        set.evaluate(T0 + 900, 1, 1);
+        // Only the first key moves ahead (a set of it alone, as another
+        // operation listing the same subject-scoped policy would).
+        let mut first =
+            Set { rules: vec![set.rules[0].clone()], keys: vec![std::mem::take(&mut set.keys[0])] };
+        first.evaluate(T0 + 1_800, 1, 2);
+        set.keys[0] = std::mem::take(&mut first.keys[0]);
+        let before: Vec<_> = set.keys.iter().map(|key| key.state.clone()).collect();
+        // 1 s behind the first key (bound 500 ms), 100 ms behind the second.
+        let (verdict, written) = set.evaluate(T0 + 800, 1, 3);
+        assert_eq!(verdict, SetVerdict::ClockUnsafe { retry_after: Duration::from_millis(500) });
+        assert_eq!(written, [false, false]);
+        let after: Vec<_> = set.keys.iter().map(|key| key.state.clone()).collect();
+        assert_eq!(after, before);
+    }
+
+    #[test]
+    fn a_spared_token_bucket_writes_its_refill_but_keeps_its_tokens() {
+        let bucket = Algorithm::TokenBucket {
+            capacity: 4,
+            refill_tokens: 1,
+            refill_period: Duration::from_millis(100),
+        };
+        let mut set = Set::of(vec![
+            with_mode(fixed(1), PolicyMode::Enforce),
+            with_mode(bucket, PolicyMode::Enforce),
+        ]);
+        set.evaluate(T0, 1, 1);
+        let (verdict, written) = set.evaluate(T0 + 250, 1, 2);
+        let denied = set_decision(verdict);
+        assert!(!denied.allowed());
+        // 3 tokens at T0, +2 refilled by T0 + 250 (capped at 4): 4, uncharged.
+        assert_eq!(denied.decisions()[1].remaining, 4);
+        assert_eq!(written, [false, true], "the bucket writes its refill as a denial does");
+        assert_eq!(
+            set.keys[1].state.as_ref().map(|state| state.algorithm),
+            Some(AlgorithmState::TokenBucket { tokens: 4, updated_at: T0 + 250 })
+        );
     }
 }

@@ -94,18 +94,34 @@ pub(crate) struct Step {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StateMismatch;
 
+/// Whether an allowing run charges its cost. A set that another policy
+/// denies charges nothing: each of its policies then runs `Spare`, which
+/// answers as the algorithm would but writes what a denial writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Charge {
+    /// Charge `cost` when the algorithm allows.
+    Take,
+    /// Charge nothing; report the budget as it stands.
+    Spare,
+}
+
 /// Runs the policy's algorithm at effective time `t` for `cost` units.
 pub(crate) fn run(
     params: &Params,
     state: Option<&AlgorithmState>,
     t: u64,
     cost: u64,
+    charge: Charge,
 ) -> Result<Step, StateMismatch> {
     match *params {
-        Params::FixedWindow { limit, window } => fixed_window(limit, window, state, t, cost),
-        Params::SlidingCounter { limit, window } => sliding_counter(limit, window, state, t, cost),
+        Params::FixedWindow { limit, window } => {
+            fixed_window(limit, window, state, t, cost, charge)
+        }
+        Params::SlidingCounter { limit, window } => {
+            sliding_counter(limit, window, state, t, cost, charge)
+        }
         Params::TokenBucket { capacity, refill_tokens, period } => {
-            token_bucket(capacity, refill_tokens, period, state, t, cost)
+            token_bucket(capacity, refill_tokens, period, state, t, cost, charge)
         }
     }
 }
@@ -116,6 +132,7 @@ fn fixed_window(
     state: Option<&AlgorithmState>,
     t: u64,
     cost: u64,
+    charge: Charge,
 ) -> Result<Step, StateMismatch> {
     let ws = t - t % window;
     let n = match state {
@@ -136,6 +153,15 @@ fn fixed_window(
             write: None,
         });
     }
+    if charge == Charge::Spare {
+        return Ok(Step {
+            allowed: true,
+            remaining: limit - n,
+            retry_after: 0,
+            reset_after: to_end,
+            write: None,
+        });
+    }
     let n = n + cost;
     Ok(Step {
         allowed: true,
@@ -152,6 +178,7 @@ fn sliding_counter(
     state: Option<&AlgorithmState>,
     t: u64,
     cost: u64,
+    charge: Charge,
 ) -> Result<Step, StateMismatch> {
     let ws = t - t % window;
     let elapsed = t - ws;
@@ -186,6 +213,15 @@ fn sliding_counter(
             allowed: false,
             remaining: limit.saturating_sub(estimate),
             retry_after: sliding_retry_after(limit, window, cost, n, p, elapsed),
+            reset_after: to_end,
+            write: None,
+        });
+    }
+    if charge == Charge::Spare {
+        return Ok(Step {
+            allowed: true,
+            remaining: limit - estimate,
+            retry_after: 0,
             reset_after: to_end,
             write: None,
         });
@@ -236,6 +272,7 @@ fn token_bucket(
     state: Option<&AlgorithmState>,
     t: u64,
     cost: u64,
+    charge: Charge,
 ) -> Result<Step, StateMismatch> {
     let (tokens, updated_at) = match state {
         None => (capacity, t),
@@ -260,7 +297,8 @@ fn token_bucket(
     };
     let allowed = tokens >= cost;
     let retry_after = if allowed { 0 } else { wait_for(cost - tokens).max(1) };
-    if allowed {
+    // A spared bucket writes the refill, as a denial does, and keeps its tokens.
+    if allowed && charge == Charge::Take {
         tokens -= cost;
     }
     let reset_after = if tokens >= capacity { 0 } else { wait_for(capacity - tokens) };
@@ -284,7 +322,7 @@ mod tests {
     const T0: u64 = 1_800_000_000_000;
 
     fn apply(params: &Params, state: &mut Option<AlgorithmState>, t: u64, cost: u64) -> Step {
-        let step = run(params, state.as_ref(), t, cost).unwrap();
+        let step = run(params, state.as_ref(), t, cost, Charge::Take).unwrap();
         if let Some((written, _)) = step.write {
             *state = Some(written);
         }
@@ -400,12 +438,12 @@ mod tests {
     fn state_of_another_algorithm_is_a_mismatch() {
         let bucket = AlgorithmState::TokenBucket { tokens: 1, updated_at: T0 };
         let fixed = Params::FixedWindow { limit: 3, window: 1000 };
-        assert_eq!(run(&fixed, Some(&bucket), T0, 1), Err(StateMismatch));
+        assert_eq!(run(&fixed, Some(&bucket), T0, 1, Charge::Take), Err(StateMismatch));
         let sliding = Params::SlidingCounter { limit: 3, window: 1000 };
-        assert_eq!(run(&sliding, Some(&bucket), T0, 1), Err(StateMismatch));
+        assert_eq!(run(&sliding, Some(&bucket), T0, 1, Charge::Take), Err(StateMismatch));
         let window = AlgorithmState::FixedWindow { window_start: T0, count: 1 };
         let tb = Params::TokenBucket { capacity: 1, refill_tokens: 1, period: 1 };
-        assert_eq!(run(&tb, Some(&window), T0, 1), Err(StateMismatch));
+        assert_eq!(run(&tb, Some(&window), T0, 1, Charge::Take), Err(StateMismatch));
     }
 
     #[test]
@@ -422,5 +460,30 @@ mod tests {
                 assert!(step.allowed || step.retry_after >= 1);
             }
         }
+    }
+
+    #[test]
+    fn a_spared_run_reports_the_budget_as_it_stands_and_writes_what_a_denial_writes() {
+        let fixed = Params::FixedWindow { limit: 3, window: 1000 };
+        let mut state = None;
+        apply(&fixed, &mut state, T0 + 250, 1);
+        let spared = run(&fixed, state.as_ref(), T0 + 300, 1, Charge::Spare).unwrap();
+        assert!(spared.allowed);
+        assert_eq!((spared.remaining, spared.reset_after, spared.write), (2, 700, None));
+
+        let sliding = Params::SlidingCounter { limit: 10, window: 1000 };
+        let mut state = None;
+        apply(&sliding, &mut state, T0, 4);
+        let spared = run(&sliding, state.as_ref(), T0 + 500, 1, Charge::Spare).unwrap();
+        assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 6, None));
+
+        // Capacity 5, 1 token per 100 ms: 2 left at T0, 3 at T0 + 100 (refilled).
+        let bucket = Params::TokenBucket { capacity: 5, refill_tokens: 1, period: 100 };
+        let mut state = None;
+        apply(&bucket, &mut state, T0, 3);
+        let spared = run(&bucket, state.as_ref(), T0 + 100, 1, Charge::Spare).unwrap();
+        assert_eq!((spared.allowed, spared.remaining), (true, 3));
+        let written = AlgorithmState::TokenBucket { tokens: 3, updated_at: T0 + 100 };
+        assert_eq!(spared.write, Some((written, T0 + 100 + 200)));
     }
 }
