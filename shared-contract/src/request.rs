@@ -151,6 +151,10 @@ impl RateLimitRequest {
     /// state: every policy must be known to `lookup`, and the cost must lie
     /// in 1 ..= each policy's maximum. The entries come back in the set's
     /// order; the refusal is the outcome to answer, unknown policies first.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the refusal is the outcome the provider returns as is"
+    )]
     pub fn resolve<'p, T>(
         &self,
         lookup: impl Fn(&PolicyId) -> Option<&'p T>,
@@ -253,21 +257,20 @@ mod tests {
             deadline: Instant::now(),
         };
         let resolve = |ids: &[&str], cost| {
-            request(ids, cost).resolve(|id| held.get(id), |policy| policy).map(|entries| {
-                entries.iter().map(|policy| policy.id().as_str().to_owned()).collect::<Vec<_>>()
-            })
+            let resolved = request(ids, cost).resolve(|id| held.get(id), |policy| policy);
+            resolved
+                .map(|entries| {
+                    entries.iter().map(|policy| policy.id().as_str().to_owned()).collect::<Vec<_>>()
+                })
+                .map_err(|refusal| refusal.category_name())
         };
         assert_eq!(
             resolve(&["narrow", "wide"], 2),
             Ok(vec!["narrow".to_owned(), "wide".to_owned()])
         );
-        let too_much =
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum };
-        assert_eq!(resolve(&["wide", "narrow"], 3), Err(too_much));
-        assert_eq!(resolve(&["wide"], 0), Err(too_much));
-        let unknown =
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy };
+        assert_eq!(resolve(&["wide", "narrow"], 3), Err("cost-exceeds-maximum"));
+        assert_eq!(resolve(&["wide"], 0), Err("cost-exceeds-maximum"));
         // Unknown wins over a cost that fits nothing.
-        assert_eq!(resolve(&["wide", "missing"], 9), Err(unknown));
+        assert_eq!(resolve(&["wide", "missing"], 9), Err("unknown-policy"));
     }
 }
