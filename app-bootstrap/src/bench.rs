@@ -9,9 +9,8 @@ use std::time::{Duration, Instant};
 use rand::RngCore;
 use serde::Serialize;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, OperationDigest, PolicyId, PolicySet,
-    RateLimitOutcome, RateLimitRequest,
-    SubjectDigest, SystemClock,
+    Clock, EdgeRateLimitPort, EvaluationId, OperationDigest, PolicyId, PolicySet, RateLimitOutcome,
+    RateLimitRequest, SubjectDigest, SystemClock,
 };
 
 use crate::capability::RateLimitCapability;

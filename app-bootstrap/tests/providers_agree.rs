@@ -20,8 +20,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use shared_contract::{
     Algorithm, Certainty, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, EvaluationDedupPolicy,
-    EvaluationId, IncompatibleCategory, ManualClock, RateLimitDecision, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, SubjectDigest, UnavailableCategory,
+    EvaluationId, IncompatibleCategory, ManualClock, OperationDigest, PolicyMode, PolicyScope,
+    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
+    SubjectDigest, UnavailableCategory,
 };
 use uuid::Uuid;
 
@@ -50,17 +51,21 @@ enum Shape {
     TokenBucket,
 }
 
-/// One random case: a policy and the requests made under it.
+/// One random case: a policy set (one policy for the per-algorithm cases)
+/// and the requests made under it.
 #[derive(Debug, Clone)]
 struct Scenario {
-    policy: RateLimitPolicy,
+    policies: Vec<RateLimitPolicy>,
     steps: Vec<Step>,
 }
 
 impl Scenario {
-    /// The policy, then one line per step: readable where `{:#?}` is not.
+    /// The policies, then one line per step: readable where `{:#?}` is not.
     fn describe(&self) -> String {
-        let mut text = format!("policy: {:?}\n", self.policy);
+        let mut text = String::new();
+        for policy in &self.policies {
+            text.push_str(&format!("policy: {policy:?}\n"));
+        }
         for (index, step) in self.steps.iter().enumerate() {
             text.push_str(&format!("  step {index}: {step:?}\n"));
         }
@@ -73,9 +78,15 @@ impl Scenario {
 struct Step {
     clock: ClockMove,
     subject: usize,
+    /// Which of [`OPERATIONS`] the request is for.
+    operation: usize,
     cost: u64,
     id: IdChoice,
 }
+
+/// Two operations, so subject-scoped keys are shared and operation-scoped
+/// ones are not.
+const OPERATIONS: [&str; 2] = ["00000000000000a1", "00000000000000b2"];
 
 #[derive(Debug, Clone, Copy)]
 enum ClockMove {
@@ -136,17 +147,66 @@ fn dedup() -> impl Strategy<Value = EvaluationDedupPolicy> {
 }
 
 fn policy(shape: Shape) -> impl Strategy<Value = RateLimitPolicy> {
-    algorithm(shape)
-        .prop_flat_map(|algorithm| (Just(algorithm), 1..=algorithm.limit(), 0..=30_u64, dedup()))
-        .prop_map(|(algorithm, maximum_cost, regression, dedup)| {
-            RateLimitPolicy::builder("diff.random", algorithm)
+    policy_as(
+        "diff.random",
+        algorithm(shape),
+        Just(PolicyScope::Operation),
+        Just(PolicyMode::Enforce),
+    )
+}
+
+fn policy_as(
+    id: &'static str,
+    algorithm: impl Strategy<Value = Algorithm>,
+    scope: impl Strategy<Value = PolicyScope> + Clone + 'static,
+    mode: impl Strategy<Value = PolicyMode> + Clone + 'static,
+) -> impl Strategy<Value = RateLimitPolicy> {
+    algorithm
+        .prop_flat_map(move |algorithm| {
+            (
+                Just(algorithm),
+                1..=algorithm.limit(),
+                0..=30_u64,
+                dedup(),
+                scope.clone(),
+                mode.clone(),
+            )
+        })
+        .prop_map(move |(algorithm, maximum_cost, regression, dedup, scope, mode)| {
+            RateLimitPolicy::builder(id, algorithm)
                 .maximum_cost(maximum_cost)
                 .maximum_clock_regression(millis(regression))
                 .cleanup_grace(CLEANUP_GRACE)
                 .evaluation_dedup(dedup)
+                .scope(scope)
+                .mode(mode)
                 .build()
                 .expect("the strategy only builds valid policies")
         })
+}
+
+/// Any algorithm, for the mixed sets.
+fn any_algorithm() -> BoxedStrategy<Algorithm> {
+    prop_oneof![
+        algorithm(Shape::FixedWindow),
+        algorithm(Shape::SlidingCounter),
+        algorithm(Shape::TokenBucket),
+    ]
+    .boxed()
+}
+
+/// A set of one to three policies of any algorithm, scope and mode (shadow
+/// one time in four), with distinct ids.
+fn policy_set() -> impl Strategy<Value = Vec<RateLimitPolicy>> {
+    const IDS: [&str; 3] = ["diff.a", "diff.b", "diff.c"];
+    let scope = prop_oneof![Just(PolicyScope::Operation), Just(PolicyScope::Subject)];
+    let mode = prop_oneof![3 => Just(PolicyMode::Enforce), 1 => Just(PolicyMode::Shadow)];
+    (1..=IDS.len()).prop_flat_map(move |len| {
+        IDS[..len]
+            .iter()
+            .map(|id| policy_as(id, any_algorithm(), scope.clone(), mode.clone()).boxed())
+            .collect::<Vec<_>>()
+    })
 }
 
 /// A step; costs run from 0 to one above the maximum so both ends of
@@ -158,19 +218,24 @@ fn step(maximum_cost: u64) -> impl Strategy<Value = Step> {
     ];
     let id =
         prop_oneof![3 => Just(IdChoice::Fresh), 1 => (0..RECENT_IDS).prop_map(IdChoice::Repeat)];
-    (clock, 0..SUBJECTS, 0..=maximum_cost + 1, id).prop_map(|(clock, subject, cost, id)| Step {
-        clock,
-        subject,
-        cost,
-        id,
-    })
+    (clock, 0..SUBJECTS, 0..OPERATIONS.len(), 0..=maximum_cost + 1, id).prop_map(
+        |(clock, subject, operation, cost, id)| Step { clock, subject, operation, cost, id },
+    )
 }
 
 fn scenario(shape: Shape) -> impl Strategy<Value = Scenario> {
-    policy(shape).prop_flat_map(|policy| {
-        let steps = vec(step(policy.maximum_cost()), 1..=60);
-        (Just(policy), steps).prop_map(|(policy, steps)| Scenario { policy, steps })
-    })
+    policy(shape).prop_map(|policy| vec![policy]).prop_flat_map(steps_for)
+}
+
+fn set_scenario() -> impl Strategy<Value = Scenario> {
+    policy_set().prop_flat_map(steps_for)
+}
+
+/// Steps whose costs reach one above the smallest maximum of the set.
+fn steps_for(policies: Vec<RateLimitPolicy>) -> impl Strategy<Value = Scenario> {
+    let maximum = policies.iter().map(RateLimitPolicy::maximum_cost).min().unwrap_or(1);
+    let steps = vec(step(maximum), 1..=60);
+    (Just(policies), steps).prop_map(|(policies, steps)| Scenario { policies, steps })
 }
 
 fn redis() -> &'static RedisServer {
@@ -202,13 +267,27 @@ struct Tally {
     replayed: AtomicU64,
     clock_unsafe: AtomicU64,
     cost_rejected: AtomicU64,
+    /// Refused sets in which some policy allowed (and was spared).
+    spared: AtomicU64,
+    /// Admitted sets in which some (shadow) policy denied.
+    shadow_denied: AtomicU64,
 }
 
 impl Tally {
     fn count(&self, outcome: &RateLimitOutcome) {
+        if let RateLimitOutcome::Evaluated(set) = outcome {
+            let some_allowed = set.decisions().iter().any(|decision| decision.allowed);
+            let some_denied = set.decisions().iter().any(|decision| !decision.allowed);
+            if !set.allowed() && some_allowed {
+                self.spared.fetch_add(1, Ordering::Relaxed);
+            }
+            if set.allowed() && some_denied && !set.replayed() {
+                self.shadow_denied.fetch_add(1, Ordering::Relaxed);
+            }
+        }
         let counter = match outcome {
-            RateLimitOutcome::Evaluated(decision) if decision.replayed => &self.replayed,
-            RateLimitOutcome::Evaluated(decision) if decision.allowed => &self.allowed,
+            RateLimitOutcome::Evaluated(set) if set.replayed() => &self.replayed,
+            RateLimitOutcome::Evaluated(set) if set.allowed() => &self.allowed,
             RateLimitOutcome::Evaluated(_) => &self.denied,
             RateLimitOutcome::Unavailable { .. } => &self.clock_unsafe,
             RateLimitOutcome::Incompatible { .. } => &self.cost_rejected,
@@ -218,17 +297,22 @@ impl Tally {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn assert_covered(&self, shape: Shape) {
-        for (name, counter) in [
+    fn assert_covered(&self, what: &str, sets: bool) {
+        let mut reached = vec![
             ("allowed", &self.allowed),
             ("denied", &self.denied),
             ("replayed", &self.replayed),
             ("clock-unsafe", &self.clock_unsafe),
             ("cost-exceeds-maximum", &self.cost_rejected),
-        ] {
+        ];
+        if sets {
+            reached.push(("refused set with a spared policy", &self.spared));
+            reached.push(("admitted set with a denying shadow", &self.shadow_denied));
+        }
+        for (name, counter) in reached {
             assert!(
                 counter.load(Ordering::Relaxed) > 0,
-                "{shape:?}: no random case produced a {name} outcome; the strategy lost coverage \
+                "{what}: no random case produced a {name} outcome; the strategy lost coverage \
                  ({self:?})"
             );
         }
@@ -258,7 +342,7 @@ fn expected_kind(outcome: &RateLimitOutcome) -> bool {
 /// two clocks always moved alike.
 #[derive(Debug)]
 struct Pair {
-    policy: RateLimitPolicy,
+    policies: PolicySet,
     memory: MemoryEdgeRateLimitAdapter,
     memory_clock: ManualClock,
     redis: RedisEdgeRateLimitAdapter,
@@ -266,12 +350,12 @@ struct Pair {
 }
 
 impl Pair {
-    fn new(policy: &RateLimitPolicy) -> Self {
+    fn new(policies: &[RateLimitPolicy]) -> Self {
         let case = CASE_COUNTER.fetch_add(1, Ordering::Relaxed);
         let memory_clock = ManualClock::new(T0);
         let redis_clock = ManualClock::new(T0);
         let memory =
-            MemoryEdgeRateLimitAdapter::new([policy.clone()], Arc::new(memory_clock.clone()))
+            MemoryEdgeRateLimitAdapter::new(policies.to_vec(), Arc::new(memory_clock.clone()))
                 .expect("a valid memory adapter");
         let settings = RedisSettings {
             urls: vec![redis().url()],
@@ -284,11 +368,13 @@ impl Pair {
         };
         let redis = RedisEdgeRateLimitAdapter::new(
             settings,
-            [policy.clone()],
+            policies.to_vec(),
             Arc::new(redis_clock.clone()),
         )
         .expect("a valid redis adapter");
-        Self { policy: policy.clone(), memory, memory_clock, redis, redis_clock }
+        let ids = policies.iter().map(|policy| policy.id().clone());
+        let policies = PolicySet::new(ids).expect("distinct ids");
+        Self { policies, memory, memory_clock, redis, redis_clock }
     }
 
     fn move_clocks(&self, step: ClockMove) {
@@ -309,12 +395,15 @@ impl Pair {
     async fn evaluate(
         &self,
         subject: &SubjectDigest,
+        operation: usize,
         cost: u64,
         evaluation_id: EvaluationId,
     ) -> (RateLimitOutcome, RateLimitOutcome) {
+        let operation = OperationDigest::new(OPERATIONS[operation]).expect("a valid digest");
         let request = |clock: &ManualClock| RateLimitRequest {
-            policy_id: self.policy.id().clone(),
+            policies: self.policies.clone(),
             subject: subject.clone(),
+            operation: operation.clone(),
             cost,
             evaluation_id,
             deadline: clock.monotonic() + DEADLINE,
@@ -331,8 +420,9 @@ fn numbered_id(number: usize) -> EvaluationId {
 }
 
 async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseError> {
-    let policy = &scenario.policy;
-    let pair = Pair::new(policy);
+    let pair = Pair::new(&scenario.policies);
+    let maximum_cost =
+        scenario.policies.iter().map(RateLimitPolicy::maximum_cost).min().unwrap_or(1);
     let subjects: Vec<SubjectDigest> = (0..SUBJECTS).map(subject).collect();
     let mut issued: Vec<EvaluationId> = Vec::new();
     for (index, step) in scenario.steps.iter().enumerate() {
@@ -347,7 +437,7 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
             fresh
         });
         let (from_memory, from_redis) =
-            pair.evaluate(&subjects[step.subject], step.cost, evaluation_id).await;
+            pair.evaluate(&subjects[step.subject], step.operation, step.cost, evaluation_id).await;
         prop_assert_eq!(
             from_memory,
             from_redis,
@@ -357,7 +447,7 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
             pair.elapsed()
         );
         prop_assert!(expected_kind(&from_memory), "step {index}: unexpected {from_memory:?}");
-        let cost_out_of_range = step.cost == 0 || step.cost > policy.maximum_cost();
+        let cost_out_of_range = step.cost == 0 || step.cost > maximum_cost;
         prop_assert_eq!(
             matches!(
                 from_memory,
@@ -369,7 +459,7 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
             "step {}: cost {} against maximum {} gave {:?}",
             index,
             step.cost,
-            policy.maximum_cost(),
+            maximum_cost,
             from_memory
         );
         tally.count(&from_memory);
@@ -380,6 +470,10 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
 /// Runs `CASES` random scenarios of one algorithm; on a disagreement,
 /// proptest shrinks it and the panic shows the minimal scenario.
 fn providers_agree(shape: Shape) {
+    agree_on(&format!("{shape:?}"), scenario(shape), false);
+}
+
+fn agree_on(what: &str, scenarios: impl Strategy<Value = Scenario>, sets: bool) {
     let tally = Tally::default();
     // No persistence: a failing seed must not land in the repository unasked.
     // A generous shrink budget: a case runs in milliseconds, and only a
@@ -391,16 +485,15 @@ fn providers_agree(shape: Shape) {
         ..Config::default()
     };
     let mut runner = TestRunner::new(config);
-    let result =
-        runner.run(&scenario(shape), |scenario| runtime().block_on(run_case(&scenario, &tally)));
+    let result = runner.run(&scenarios, |scenario| runtime().block_on(run_case(&scenario, &tally)));
     match result {
         Ok(()) => {}
         Err(TestError::Fail(reason, minimal)) => {
-            panic!("{shape:?}: {reason}\nminimal scenario:\n{}", minimal.describe())
+            panic!("{what}: {reason}\nminimal scenario:\n{}", minimal.describe())
         }
-        Err(TestError::Abort(reason)) => panic!("{shape:?}: proptest aborted: {reason}"),
+        Err(TestError::Abort(reason)) => panic!("{what}: proptest aborted: {reason}"),
     }
-    tally.assert_covered(shape);
+    tally.assert_covered(what, sets);
 }
 
 #[test]
@@ -418,6 +511,13 @@ fn token_bucket_providers_agree_on_random_sequences() {
     providers_agree(Shape::TokenBucket);
 }
 
+/// Random sets of one to three policies of mixed algorithms, scopes and
+/// modes, over two operations: both providers give the same set answer.
+#[test]
+fn policy_sets_providers_agree_on_random_sequences() {
+    agree_on("policy sets", set_scenario(), true);
+}
+
 fn fixed_decision(
     allowed: bool,
     remaining: u64,
@@ -425,7 +525,7 @@ fn fixed_decision(
     reset: u64,
     replayed: bool,
 ) -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(RateLimitDecision {
+    RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
         allowed,
         limit: 2,
         remaining,
@@ -433,7 +533,7 @@ fn fixed_decision(
         reset_after: millis(reset),
         certainty: Certainty::Certain,
         replayed,
-    })
+    }))
 }
 
 /// Fixed window of 2 per 1000 ms (T0 is a multiple of it), dedupe records
@@ -460,10 +560,10 @@ fn pinned_policy() -> RateLimitPolicy {
 fn check_pinned(steps: &[(ClockMove, u64, usize, RateLimitOutcome)]) {
     let subject = subject(0);
     runtime().block_on(async {
-        let pair = Pair::new(&pinned_policy());
+        let pair = Pair::new(&[pinned_policy()]);
         for (index, &(clock, cost, id, want)) in steps.iter().enumerate() {
             pair.move_clocks(clock);
-            let (from_memory, from_redis) = pair.evaluate(&subject, cost, numbered_id(id)).await;
+            let (from_memory, from_redis) = pair.evaluate(&subject, 0, cost, numbered_id(id)).await;
             assert!(
                 from_memory == want && from_redis == want,
                 "step {index}: docs/algorithms.md wants {want:?}\n  memory gave {from_memory:?}\n  \

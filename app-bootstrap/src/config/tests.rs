@@ -658,7 +658,12 @@ fn every_policy_set_problem_is_named_at_once() {
             assert!(paths.contains(&expected), "{expected} missing from {problems:#?}");
         }
         let message = |path: &str| {
-            problems.iter().filter(|(at, _)| at.contains(path)).map(|(_, m)| m.as_str()).collect::<Vec<_>>().join(" | ")
+            problems
+                .iter()
+                .filter(|(at, _)| at.contains(path))
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join(" | ")
         };
         assert!(message("/empty").contains("at least one"), "{problems:#?}");
         assert!(message("/twice").contains("listed twice"), "{problems:#?}");
@@ -679,7 +684,8 @@ fn an_operation_that_names_no_served_route_is_refused() {
         let served = crate::routes::api().operations().clone();
         let error = config.check_operations(&served).unwrap_err();
         let BootstrapError::InvalidConfig(problems) = error else { panic!("{error}") };
-        let found: Vec<_> = problems.iter().map(|p| (p.path.to_string(), p.message.clone())).collect();
+        let found: Vec<_> =
+            problems.iter().map(|p| (p.path.to_string(), p.message.clone())).collect();
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].0, "capabilities.rate-limit.operations.\"GET /api/helo\"");
         assert!(found[0].1.contains("GET /api/hello"), "the served routes are listed: {found:?}");

@@ -49,7 +49,12 @@ fn policy_references(config: &AppConfig, declared: &Declared, problems: &mut Con
 
 /// One operation's policy set: 1 to [`MAX_POLICY_SET`] declared ids, none
 /// twice. Each problem names the set's key path.
-fn policy_set(policies: &[String], ids: &BTreeSet<String>, path: KeyPath, problems: &mut ConfigProblems) {
+fn policy_set(
+    policies: &[String],
+    ids: &BTreeSet<String>,
+    path: KeyPath,
+    problems: &mut ConfigProblems,
+) {
     if policies.is_empty() {
         problems.push(path, "must name at least one policy");
         return;
@@ -57,7 +62,10 @@ fn policy_set(policies: &[String], ids: &BTreeSet<String>, path: KeyPath, proble
     if policies.len() > MAX_POLICY_SET {
         problems.push(
             path.clone(),
-            format!("at most {MAX_POLICY_SET} policies are checked together, got {}", policies.len()),
+            format!(
+                "at most {MAX_POLICY_SET} policies are checked together, got {}",
+                policies.len()
+            ),
         );
     }
     let defined = ids.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
