@@ -62,6 +62,27 @@ fn check_config_with_a_bad_file_exits_non_zero_and_names_the_key() {
     }
 }
 
+/// A misspelled operation would silently fall back to the default set, so
+/// both `serve` and `check-config` refuse it, naming the key.
+#[test]
+fn an_operation_that_names_no_served_route_stops_start_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let typo = write(
+        dir.path(),
+        "typo.toml",
+        "[server]\nlisten = \"127.0.0.1:0\"\n[capabilities.rate-limit.operations]\n\"GET /api/helo\" = \"demo\"\n",
+    );
+    for subcommand in ["serve", "check-config"] {
+        let (output, stdout, stderr) = run(ca_skeleton().arg("--config").arg(&typo).arg(subcommand));
+        assert!(!output.status.success(), "{subcommand}: {stdout}{stderr}");
+        assert!(
+            stderr.contains(r#"capabilities.rate-limit.operations."GET /api/helo""#),
+            "{subcommand}: the key is not named:\n{stderr}"
+        );
+        assert!(stderr.contains("GET /api/hello"), "{subcommand}: the served routes are listed:\n{stderr}");
+    }
+}
+
 #[test]
 fn check_config_prints_the_resolved_configuration_without_secrets() {
     let dir = tempfile::tempdir().unwrap();
