@@ -473,3 +473,75 @@ fn every_policy_of_a_set_is_counted_with_its_own_answer_and_mode() {
         ]
     );
 }
+
+/// Collects every event as one `LEVEL field=value ...` line.
+#[derive(Debug, Default)]
+struct CollectingSubscriber {
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+struct LineVisitor<'a>(&'a mut String);
+
+impl tracing::field::Visit for LineVisitor<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        use std::fmt::Write;
+        write!(self.0, " {}={value:?}", field.name()).expect("writing to a String cannot fail");
+    }
+}
+
+impl tracing::Subscriber for CollectingSubscriber {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = event.metadata().level().to_string();
+        event.record(&mut LineVisitor(&mut line));
+        self.lines.lock().unwrap().push(line);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn a_shadow_policy_that_would_deny_logs_one_line_with_the_pseudonym_only() {
+    let subscriber = CollectingSubscriber::default();
+    let lines = Arc::clone(&subscriber.lines);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let pseudonym = tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let fixture = fixture(mapped(&["burst", "trial"]));
+            let decisions = [allow(5, 4), deny(5, 9000)];
+            fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+            let request = request().header("x-api-key", "raw-key-never-logged");
+            assert!(fixture.bridge.evaluate(&parts(request)).await.unwrap().admits());
+            fixture.pseudonymizer.pseudonymize(SubjectKind::ApiKey, "raw-key-never-logged")
+        })
+    });
+    let lines = lines.lock().unwrap().clone();
+    let shadow: Vec<_> =
+        lines.iter().filter(|line| line.contains("shadow policy would deny")).collect();
+    assert_eq!(shadow.len(), 1, "{lines:?}");
+    let line = shadow[0];
+    assert!(line.starts_with("INFO"), "{line}");
+    for expected in [
+        format!("subject={:?}", pseudonym.as_str()),
+        "policy=trial".to_owned(),
+        r#"operation="GET <unmatched>""#.to_owned(),
+    ] {
+        assert!(line.contains(&expected), "{expected} missing in {line}");
+    }
+    for line in &lines {
+        assert!(!line.contains("raw-key-never-logged") && !line.contains("203.0.113.77"), "{line}");
+    }
+}
