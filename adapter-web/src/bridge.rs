@@ -1,34 +1,111 @@
 //! `TransportBridge`: from an HTTP request to a pseudonymous
-//! `RateLimitRequest` and the port's answer.
+//! `RateLimitRequest` over the operation's policy set, and the port's
+//! answer.
 
+use std::collections::HashMap;
+use std::fmt;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::request::Parts;
+use metrics::SharedString;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, PolicyId, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest,
+    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, OperationDigest, PolicyId,
+    PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest,
 };
 
-use crate::operation::operation_id;
+use crate::cost::RateLimitCost;
+use crate::operation::{operation_digest, operation_id};
 use crate::pseudonymizer::VersionedPseudonymizer;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::subject::resolve_subject;
 use crate::telemetry;
 
-/// What the bridge learned about one request: the policy it ran under and
-/// the port's answer.
+/// What the bridge learned about one request: the policy set it ran under,
+/// each policy as the port holds it, and the port's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeEvaluation {
-    /// The policy the operation maps to.
-    pub policy_id: PolicyId,
-    /// That policy as the port holds it (for the `RateLimit-Policy` header);
-    /// `None` when the port does not know it (the outcome then says
-    /// `UnknownPolicy`).
-    pub policy: Option<RateLimitPolicy>,
-    /// The port's answer.
+    /// The operation's policy set (or the default set), in configured order.
+    pub policies: PolicySet,
+    /// Each policy of the set as the port holds it, in the set's order (for
+    /// the `RateLimit-Policy` header and the mode); `None` for one the port
+    /// does not know (the outcome then says `UnknownPolicy`).
+    pub described: Vec<Option<RateLimitPolicy>>,
+    /// The port's answer. An `Evaluated` one holds exactly one decision per
+    /// policy of the set: the bridge turns any other reply into
+    /// `Incompatible(StateIncompatible)`.
     pub outcome: RateLimitOutcome,
+}
+
+impl BridgeEvaluation {
+    /// The mode of the policy at `index` of the set. A policy the port does
+    /// not know counts as enforced, so the unknown fails closed.
+    pub fn mode(&self, index: usize) -> PolicyMode {
+        mode_of(self.described.get(index).and_then(Option::as_ref))
+    }
+
+    /// Whether any policy of the set can block. A set made only of shadow
+    /// policies never does, not even when the provider fails.
+    pub fn enforces(&self) -> bool {
+        (0..self.policies.len()).any(|index| self.mode(index) == PolicyMode::Enforce)
+    }
+
+    /// Whether the handler runs: the set was admitted, or nothing in it is
+    /// enforced.
+    pub fn admits(&self) -> bool {
+        self.outcome.is_allowed() || !self.enforces()
+    }
+
+    /// The enforced policies of the set with their decisions, in the set's
+    /// order; empty unless the outcome is `Evaluated`. These are the
+    /// policies a client sees in the `RateLimit` headers.
+    pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
+        let RateLimitOutcome::Evaluated(set) = &self.outcome else {
+            return Vec::new();
+        };
+        self.policies
+            .ids()
+            .iter()
+            .zip(set.decisions())
+            .enumerate()
+            .filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce)
+            .map(|(_, member)| member)
+            .collect()
+    }
+
+    /// The enforced policies that denied the request, in the set's order:
+    /// the `violated-policies` of a `429`.
+    pub fn violated_policies(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
+        let mut enforced = self.enforced_decisions();
+        enforced.retain(|(_, decision)| !decision.allowed);
+        enforced
+    }
+}
+
+fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
+    policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode)
+}
+
+/// A policy set prepared once, when the bridge is built: the `policy`
+/// metric label of each member, and the operation's digest when the set
+/// belongs to one configured operation.
+#[derive(Debug)]
+struct PreparedSet {
+    policies: PolicySet,
+    labels: Box<[SharedString]>,
+    digest: Option<OperationDigest>,
+}
+
+impl PreparedSet {
+    fn new(policies: &PolicySet, digest: Option<OperationDigest>) -> Self {
+        // Shared strings: cloning a label per request bumps a count, never
+        // allocates.
+        let labels =
+            policies.ids().iter().map(|id| SharedString::from(Arc::<str>::from(id.as_str())));
+        Self { policies: policies.clone(), labels: labels.collect(), digest }
+    }
 }
 
 /// Resolves, pseudonymizes and asks the port, one request at a time.
@@ -38,18 +115,29 @@ pub struct TransportBridge {
     pseudonymizer: Arc<VersionedPseudonymizer>,
     clock: Arc<dyn Clock>,
     settings: EdgeSettings,
+    operations: HashMap<String, PreparedSet>,
+    default_set: PreparedSet,
 }
 
 impl TransportBridge {
     /// A bridge over `port`. Check `settings` with
-    /// [`EdgeSettings::validate`] first.
+    /// [`EdgeSettings::validate`] first. The digest of every configured
+    /// operation is computed here, once.
     pub fn new(
         port: Arc<dyn EdgeRateLimitPort>,
         pseudonymizer: Arc<VersionedPseudonymizer>,
         clock: Arc<dyn Clock>,
         settings: EdgeSettings,
     ) -> Self {
-        Self { port, pseudonymizer, clock, settings }
+        let operations = settings
+            .operations
+            .iter()
+            .map(|(operation, set)| {
+                (operation.clone(), PreparedSet::new(set, Some(operation_digest(operation))))
+            })
+            .collect();
+        let default_set = PreparedSet::new(&settings.default_policies, None);
+        Self { port, pseudonymizer, clock, settings, operations, default_set }
     }
 
     /// The settings the bridge runs with.
@@ -57,44 +145,55 @@ impl TransportBridge {
         &self.settings
     }
 
-    /// Evaluates one request with cost 1.
+    /// Evaluates one request against its operation's policy set.
     ///
     /// The subject comes from the request parts ([`crate::AuthenticatedPrincipal`]
     /// extension, then the API key header, then `ConnectInfo<SocketAddr>`
-    /// and trusted forwarding headers); the operation is the method plus
-    /// axum's `MatchedPath`. Only the HMAC pseudonym crosses the port. The
+    /// and trusted forwarding headers, counted per network at the
+    /// configured prefix); the operation is the method plus axum's
+    /// `MatchedPath`, and it crosses the port only as its
+    /// [`OperationDigest`]. Only the HMAC pseudonym of the subject crosses
+    /// the port. The cost is the [`RateLimitCost`] extension, else 1. The
     /// evaluation id is fresh and server-made: no client header, not even
     /// `Idempotency-Key`, reaches it. `deadline = clock.monotonic() +
     /// evaluation_budget`.
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
         let operation = operation_id(parts);
-        let policy_id = self
-            .settings
-            .operations
-            .get(&operation)
-            .unwrap_or(&self.settings.default_policy)
-            .clone();
+        let prepared = self.operations.get(&operation).unwrap_or(&self.default_set);
+        let policies = prepared.policies.clone();
+        let described: Vec<_> =
+            policies.ids().iter().map(|id| self.port.policy(id).cloned()).collect();
         let subject = match resolve_subject(parts, &self.settings) {
             Ok(subject) => subject,
             Err(rejection) => {
-                let policy = self.port.policy(&policy_id);
-                telemetry::record_rejection(&policy_id, policy, rejection.outcome_label());
+                telemetry::record_rejection(
+                    &prepared.labels,
+                    &described,
+                    rejection.outcome_label(),
+                );
                 tracing::debug!(
-                    operation, policy = %policy_id, reason = rejection.category_name(),
+                    operation, policies = %Ids(policies.ids()), reason = rejection.category_name(),
                     "request refused before rate-limit evaluation"
                 );
                 return Err(rejection);
             }
         };
-        let digest = self.pseudonymizer.pseudonymize(subject.kind, &subject.identity, &operation);
+        let digest = self.pseudonymizer.pseudonymize(subject.kind, &subject.identity);
+        // Kept only when a shadow policy may need to log whose request it
+        // would have denied; the pseudonym, never the raw subject.
+        let has_shadow =
+            described.iter().any(|policy| mode_of(policy.as_ref()) == PolicyMode::Shadow);
+        let shadow_subject = has_shadow.then(|| digest.clone());
         let now = self.clock.monotonic();
         // A budget too large for `Instant` can only be a configuration slip;
         // the present as deadline fails closed (AdmissionRejected).
         let deadline = now.checked_add(self.settings.evaluation_budget).unwrap_or(now);
+        let cost = parts.extensions.get::<RateLimitCost>().copied().unwrap_or_default().0;
         let request = RateLimitRequest {
-            policy_id: policy_id.clone(),
+            policies: policies.clone(),
             subject: digest,
-            cost: 1,
+            operation: prepared.digest.clone().unwrap_or_else(|| operation_digest(&operation)),
+            cost,
             evaluation_id: EvaluationId::random(),
             deadline,
         };
@@ -102,24 +201,98 @@ impl TransportBridge {
         let started = Instant::now();
         let outcome = self.port.evaluate(request).await;
         let elapsed = started.elapsed();
-        let policy = self.port.policy(&policy_id).cloned();
-        telemetry::record_evaluation(&policy_id, policy.as_ref(), &outcome, elapsed);
-        log_outcome(&operation, &policy_id, &outcome);
-        Ok(BridgeEvaluation { policy_id, policy, outcome })
+        let outcome = checked(outcome, &described, &operation);
+        telemetry::record_evaluation(&prepared.labels, &described, &outcome, elapsed);
+        let evaluation = BridgeEvaluation { policies, described, outcome };
+        log_outcome(&operation, &evaluation, shadow_subject.as_ref(), elapsed);
+        Ok(evaluation)
     }
 }
 
-fn log_outcome(operation: &str, policy_id: &PolicyId, outcome: &RateLimitOutcome) {
+/// The port's answer, unless an `Evaluated` one contradicts the set: a
+/// decision count other than the set's, or an admission that is not "every
+/// enforced policy allows". Such a reply is of an unknown shape, so it is
+/// `Incompatible(StateIncompatible)` and fails closed, rather than headers
+/// and a `429` built from a guess.
+fn checked(
+    outcome: RateLimitOutcome,
+    described: &[Option<RateLimitPolicy>],
+    operation: &str,
+) -> RateLimitOutcome {
+    let RateLimitOutcome::Evaluated(set) = &outcome else {
+        return outcome;
+    };
+    let decisions = set.decisions();
+    let enforced_allow = described.iter().zip(decisions).all(|(policy, decision)| {
+        decision.allowed || mode_of(policy.as_ref()) == PolicyMode::Shadow
+    });
+    if decisions.len() == described.len() && set.allowed() == enforced_allow {
+        return outcome;
+    }
+    tracing::error!(
+        operation,
+        decisions = decisions.len(),
+        policies = described.len(),
+        admitted = set.allowed(),
+        "the provider's decisions do not fit the policy set; failing closed"
+    );
+    RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+}
+
+fn log_outcome(
+    operation: &str,
+    evaluation: &BridgeEvaluation,
+    shadow_subject: Option<&SubjectDigest>,
+    elapsed: Duration,
+) {
+    let policies = Ids(evaluation.policies.ids());
+    let outcome = &evaluation.outcome;
     let category = outcome.category_name();
     match outcome {
-        RateLimitOutcome::Evaluated(_) => {
-            tracing::trace!(operation, policy = %policy_id, outcome = category, "rate-limit decision");
+        RateLimitOutcome::Evaluated(set) => {
+            tracing::trace!(operation, %policies, outcome = category, ?elapsed, "rate-limit decision");
+            let members = evaluation.policies.ids().iter().zip(set.decisions()).enumerate();
+            for (index, (policy, decision)) in members {
+                if evaluation.mode(index) == PolicyMode::Shadow && !decision.allowed {
+                    // The one line a shadow rollout is watched by: who (as
+                    // a pseudonym an operator can look up) would have been
+                    // refused, where and by which policy.
+                    tracing::info!(
+                        subject = shadow_subject.map(SubjectDigest::as_str),
+                        policy = %policy,
+                        operation,
+                        "shadow policy would deny"
+                    );
+                }
+            }
         }
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
         | RateLimitOutcome::Indeterminate { .. } => {
-            tracing::warn!(operation, policy = %policy_id, outcome = category, "rate limit failed closed");
+            if evaluation.enforces() {
+                tracing::warn!(operation, %policies, outcome = category, "rate limit failed closed");
+            } else {
+                tracing::warn!(
+                    operation, %policies, outcome = category,
+                    "rate limit failed; the set is shadow only, so the request passes"
+                );
+            }
         }
+    }
+}
+
+/// Policy ids joined with commas, formatted only when a log line is kept.
+struct Ids<'a>(&'a [PolicyId]);
+
+impl fmt::Display for Ids<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, id) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(id.as_str())?;
+        }
+        Ok(())
     }
 }
 

@@ -40,4 +40,10 @@ pub enum WebError {
     /// to retry at once.
     #[error("the failure retry-after must be at least 1ms, got {0:?}")]
     FailureRetryAfterTooShort(std::time::Duration),
+    /// `client_ipv4_prefix` is outside `1..=32`.
+    #[error("the client IPv4 prefix must be 1 to 32 bits, got {0}")]
+    ClientIpv4PrefixOutOfRange(u8),
+    /// `client_ipv6_prefix` is outside `1..=128`.
+    #[error("the client IPv6 prefix must be 1 to 128 bits, got {0}")]
+    ClientIpv6PrefixOutOfRange(u8),
 }

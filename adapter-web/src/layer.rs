@@ -18,7 +18,9 @@ use crate::service::RateLimitService;
 /// service around the router): route layers run after routing, so axum's
 /// `MatchedPath` is there and the operation is the route template. To
 /// count requests by something else (a tenant, an account), insert an
-/// [`crate::AuthenticatedPrincipal`] in a layer that runs before this one.
+/// [`crate::AuthenticatedPrincipal`] in a layer that runs before this one;
+/// to charge a request more than 1, insert a [`crate::RateLimitCost`] the
+/// same way.
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
     limiter: Option<Limiter>,

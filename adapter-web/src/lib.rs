@@ -13,6 +13,7 @@
 
 mod bridge;
 mod client_ip;
+mod cost;
 mod error;
 mod future;
 mod layer;
@@ -28,11 +29,12 @@ mod subject;
 mod telemetry;
 
 pub use bridge::{BridgeEvaluation, TransportBridge};
+pub use cost::RateLimitCost;
 pub use error::WebError;
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use mapping::{RATELIMIT, RATELIMIT_POLICY};
-pub use operation::UNMATCHED_ROUTE;
+pub use operation::{UNMATCHED_ROUTE, operation_digest};
 pub use pseudonymizer::{MIN_KEY_BYTES, VersionedPseudonymizer};
 pub use refusal::Refusal;
 pub use rejection::{ApiKeyProblem, EdgeRejection};

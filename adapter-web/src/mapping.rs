@@ -3,18 +3,25 @@
 //!
 //! | outcome | status | headers |
 //! | --- | --- | --- |
-//! | allowed | handler's | `RateLimit-Policy`, `RateLimit` |
-//! | denied | 429 | `Retry-After` (decision, whole s up), `RateLimit-Policy`, `RateLimit` |
+//! | allowed | handler's | `RateLimit-Policy`, `RateLimit` (enforced policies) |
+//! | denied | 429 | `Retry-After` (largest of the denying enforced, whole s up), `RateLimit-Policy`, `RateLimit`; body names `violated-policies` |
 //! | `Unavailable`, `Indeterminate`, `Incompatible` | 503 | `Retry-After` (configured) |
+//! | any failure, set of shadow policies only | handler's | none |
 //! | invalid API key | 400 | none |
 //! | no peer address | 500 | none |
+//!
+//! Shadow policies never show: not in headers, not in a body, and they
+//! never turn an answer into a refusal.
+
+use std::collections::BTreeMap;
+use std::fmt;
 
 use axum::body::Body;
 use axum::response::IntoResponse;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Uri};
 use problem_details::{ProblemDetails, ProblemType};
-use shared_contract::{IncompatibleCategory, RateLimitOutcome, UnavailableCategory};
+use shared_contract::{IncompatibleCategory, PolicyMode, RateLimitOutcome, UnavailableCategory};
 
 use crate::bridge::BridgeEvaluation;
 use crate::ratelimit_headers::{limit_header, policy_header, whole_seconds_up};
@@ -37,65 +44,113 @@ pub(crate) fn problem_type(base: &str, category: &str) -> Option<ProblemType> {
     format!("{base}{category}").parse::<Uri>().ok().map(ProblemType::from)
 }
 
-/// The `RateLimit-Policy` and `RateLimit` headers of an evaluated outcome;
-/// empty for failures, which carry no decision.
+/// The `RateLimit-Policy` and `RateLimit` headers of an evaluated outcome,
+/// listing the set's enforced policies in configured order; empty for
+/// failures, which carry no decision, and for a set without an enforced
+/// policy.
 pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> HeaderMap {
     let mut headers = HeaderMap::new();
-    let RateLimitOutcome::Evaluated(decision) = &evaluation.outcome else {
+    let enforced = evaluation.enforced_decisions();
+    if enforced.is_empty() {
         return headers;
-    };
-    if let Some(value) = evaluation.policy.as_ref().and_then(policy_header) {
+    }
+    // The port described every policy it evaluated; the header lists those.
+    let described = evaluation.described.iter().enumerate().filter_map(|(index, policy)| {
+        (evaluation.mode(index) == PolicyMode::Enforce).then_some(policy.as_ref()).flatten()
+    });
+    if let Some(value) = policy_header(described) {
         headers.insert(RATELIMIT_POLICY, value);
     }
-    if let Some(value) = limit_header(&evaluation.policy_id, decision) {
+    if let Some(value) = limit_header(enforced) {
         headers.insert(RATELIMIT, value);
     }
     headers
 }
 
-/// The response that replaces the handler's, or `None` when the request is
-/// allowed and the handler should run.
+/// The problem+json extension member of a `429`: the ids of the enforced
+/// policies that denied, in configured order (draft-ietf-httpapi-ratelimit-headers
+/// `violated-policies`).
+const VIOLATED_POLICIES: &str = "violated-policies";
+
+/// The response that replaces the handler's, or `None` when the handler
+/// should run: the set was admitted, or it holds no enforced policy.
 pub(crate) fn refusal(
     evaluation: &BridgeEvaluation,
     settings: &EdgeSettings,
 ) -> Option<Response<Body>> {
+    if evaluation.admits() {
+        return None;
+    }
     let outcome = &evaluation.outcome;
+    let category = outcome.category_name();
     let unavailable = "Rate Limit Unavailable";
     let (status, title, retry_after, detail) = match outcome {
-        RateLimitOutcome::Evaluated(decision) if decision.allowed => return None,
-        RateLimitOutcome::Evaluated(decision) => {
-            let seconds = whole_seconds_up(decision.retry_after);
+        RateLimitOutcome::Evaluated(_) => {
+            let violated = evaluation.violated_policies();
+            // The request passes only once every denying policy allows it.
+            // A refused set always has a denying enforced policy (the
+            // bridge checks); the failure retry-after covers a hand-built one.
+            let wait = violated.iter().map(|(_, decision)| decision.retry_after).max();
+            let seconds = whole_seconds_up(wait.unwrap_or(settings.failure_retry_after));
+            let names: Vec<&str> = violated.iter().map(|(id, _)| id.as_str()).collect();
             let detail = format!(
-                "Too many requests under rate limit policy \"{}\"; retry after {seconds} s.",
-                evaluation.policy_id
+                "Too many requests under rate limit {} {}; retry after {seconds} s.",
+                if names.len() == 1 { "policy" } else { "policies" },
+                Quoted(&names),
             );
-            (StatusCode::TOO_MANY_REQUESTS, "Too Many Requests", seconds, detail)
+            let extension = BTreeMap::from([(VIOLATED_POLICIES, names)]);
+            let mut response = problem(settings, StatusCode::TOO_MANY_REQUESTS, category)
+                .with_title("Too Many Requests")
+                .with_detail(detail)
+                .with_extensions(extension)
+                .into_response();
+            finish(&mut response, seconds, evaluation);
+            return Some(response);
         }
         RateLimitOutcome::Unavailable { category, .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
             unavailable,
             failure_seconds(settings),
-            unavailable_detail(*category).to_owned(),
+            unavailable_detail(*category),
         ),
         RateLimitOutcome::Incompatible { category } => (
             StatusCode::SERVICE_UNAVAILABLE,
             unavailable,
             failure_seconds(settings),
-            incompatible_detail(*category).to_owned(),
+            incompatible_detail(*category),
         ),
         RateLimitOutcome::Indeterminate { .. } => (
             StatusCode::SERVICE_UNAVAILABLE,
             unavailable,
             failure_seconds(settings),
-            "The rate limit decision could not be confirmed; the request was not served."
-                .to_owned(),
+            "The rate limit decision could not be confirmed; the request was not served.",
         ),
     };
-    let mut response = problem(settings, status, outcome.category_name(), title, detail);
+    let mut response =
+        problem(settings, status, category).with_title(title).with_detail(detail).into_response();
+    finish(&mut response, retry_after, evaluation);
+    Some(response)
+}
+
+fn finish(response: &mut Response<Body>, retry_after: u64, evaluation: &BridgeEvaluation) {
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
     headers.extend(decision_headers(evaluation));
-    Some(response)
+}
+
+/// `"a", "b"` for a detail sentence.
+struct Quoted<'a>(&'a [&'a str]);
+
+impl fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, name) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str(", ")?;
+            }
+            write!(f, "\"{name}\"")?;
+        }
+        Ok(())
+    }
 }
 
 /// The response to a request refused before evaluation.
@@ -107,13 +162,10 @@ pub(crate) fn rejection_response(
         EdgeRejection::InvalidApiKey(_) => "Invalid API Key",
         EdgeRejection::MissingPeerAddress => "Client Address Unavailable",
     };
-    problem(
-        settings,
-        rejection.status(),
-        rejection.category_name(),
-        title,
-        rejection.detail().into_owned(),
-    )
+    problem(settings, rejection.status(), rejection.category_name())
+        .with_title(title)
+        .with_detail(rejection.detail().into_owned())
+        .into_response()
 }
 
 fn failure_seconds(settings: &EdgeSettings) -> u64 {
@@ -146,19 +198,14 @@ const fn incompatible_detail(category: IncompatibleCategory) -> &'static str {
     }
 }
 
-fn problem(
-    settings: &EdgeSettings,
-    status: StatusCode,
-    category: &str,
-    title: &str,
-    detail: String,
-) -> Response<Body> {
+/// A problem+json body with its status and `type`; the caller adds title,
+/// detail and any extension member.
+fn problem(settings: &EdgeSettings, status: StatusCode, category: &str) -> ProblemDetails {
     // `EdgeSettings::validate` rejects a base that does not form a URI; a
     // bridge built without validating still answers with a usable type.
     let r#type = problem_type(&settings.problem_type_base, category)
         .or_else(|| problem_type(DEFAULT_PROBLEM_TYPE_BASE, category));
-    let mut problem =
-        ProblemDetails::from_status_code(status).with_title(title).with_detail(detail);
+    let mut problem = ProblemDetails::from_status_code(status);
     problem.r#type = r#type;
-    problem.into_response()
+    problem
 }

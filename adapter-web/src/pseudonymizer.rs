@@ -18,11 +18,16 @@ pub const MIN_KEY_BYTES: usize = 32;
 
 /// HMAC-SHA-256 pseudonyms under several versioned keys, one of them active.
 ///
-/// The message is three frames, kind, canonical identity and operation id,
-/// each a 4-byte big-endian byte length followed by the UTF-8 bytes. The
-/// length prefix makes the framing unambiguous: `("ab", "c")` and
-/// `("a", "bc")` are different messages. The output is
-/// `v<version>:<64 lowercase hex digits>` (the full 256-bit tag).
+/// The message is two frames, kind and canonical identity, each a 4-byte
+/// big-endian byte length followed by the UTF-8 bytes. The length prefix
+/// makes the framing unambiguous: `("ab", "c")` and `("a", "bc")` are
+/// different messages. The output is `v<version>:<64 lowercase hex digits>`
+/// (the full 256-bit tag).
+///
+/// The pseudonym depends on the subject alone, not the operation: it is
+/// the Redis Cluster hash tag every key of the subject shares, so one
+/// policy set (whose keys may span operations) is one script on one slot.
+/// Operations enter keys separately, as an [`shared_contract::OperationDigest`].
 ///
 /// Rotation: configure the new key next to the old one and make it active;
 /// [`Self::pseudonymize_with`] still derives pseudonyms under an older
@@ -62,14 +67,9 @@ impl VersionedPseudonymizer {
     }
 
     /// The pseudonym under the active key.
-    pub fn pseudonymize(
-        &self,
-        kind: SubjectKind,
-        identity: &str,
-        operation_id: &str,
-    ) -> SubjectDigest {
+    pub fn pseudonymize(&self, kind: SubjectKind, identity: &str) -> SubjectDigest {
         let key = &self.keys[&self.active_version];
-        digest(self.active_version, key, kind, identity, operation_id)
+        digest(self.active_version, key, kind, identity)
     }
 
     /// The pseudonym under the key of `version`.
@@ -78,30 +78,28 @@ impl VersionedPseudonymizer {
         version: u32,
         kind: SubjectKind,
         identity: &str,
-        operation_id: &str,
     ) -> Result<SubjectDigest, WebError> {
         let key = self.keys.get(&version).ok_or(WebError::UnknownKeyVersion(version))?;
-        Ok(digest(version, key, kind, identity, operation_id))
+        Ok(digest(version, key, kind, identity))
     }
 }
 
-fn digest(
-    version: u32,
-    key: &SecretSlice<u8>,
-    kind: SubjectKind,
-    identity: &str,
-    operation_id: &str,
-) -> SubjectDigest {
+fn digest(version: u32, key: &SecretSlice<u8>, kind: SubjectKind, identity: &str) -> SubjectDigest {
+    let tag = tag(key, [kind.as_str(), identity]);
+    SubjectDigest::parse(format!("v{version}:{}", hex::encode(tag)))
+        .expect("a decimal version and 64 lowercase hex digits form a valid digest")
+}
+
+/// HMAC-SHA-256 over the framed parts.
+fn tag<const N: usize>(key: &SecretSlice<u8>, parts: [&str; N]) -> [u8; 32] {
     // HMAC accepts keys of any length; construction validated ours anyway.
     let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(key.expose_secret())
         .expect("HMAC-SHA-256 accepts a key of any length");
-    for part in [kind.as_str(), identity, operation_id] {
+    for part in parts {
         mac.update(&frame_length(part).to_be_bytes());
         mac.update(part.as_bytes());
     }
-    let tag = mac.finalize().into_bytes();
-    SubjectDigest::parse(format!("v{version}:{}", hex::encode(tag)))
-        .expect("a decimal version and 64 lowercase hex digits form a valid digest")
+    mac.finalize().into_bytes().into()
 }
 
 // Parts longer than 4 GiB cannot arrive: HTTP header and route limits cut
@@ -135,9 +133,10 @@ mod tests {
     #[test]
     fn matches_vectors_computed_with_python_hmac() {
         // Computed independently of this code with Python 3's standard library:
-        // python3 -c 'import hmac,hashlib,struct; f=lambda s: struct.pack(">I", len(s.encode())) + s.encode(); print(hmac.new(KEY, f(KIND) + f(IDENTITY) + f(OPERATION), hashlib.sha256).hexdigest())'
+        // python3 -c 'import hmac,hashlib,struct; f=lambda s: struct.pack(">I", len(s.encode())) + s.encode(); print(hmac.new(KEY, f(KIND) + f(IDENTITY), hashlib.sha256).hexdigest())'
         // with KEY = bytes(range(32)) for version 1 and
         // KEY = b"rotation-key-version-two-32bytes!" (33 bytes) for version 2.
+        // The first is the worked example of docs/ARCHITECTURE.md.
         let sequential: Vec<u8> = (0u8..32).collect();
         let rotation = b"rotation-key-version-two-32bytes!".to_vec();
         let pseudonymizer = VersionedPseudonymizer::new(
@@ -148,46 +147,51 @@ mod tests {
         let vectors = [
             (
                 SubjectKind::ClientIp,
-                "203.0.113.7",
-                "GET /api/orders/{id}",
-                "v1:57ed907c613884fce08cfabb3e835f98d4fa43ef8cc0480a2f6cefe06fa1fbcf",
+                "203.0.113.7/32",
+                "v1:ebb86875561615151dcde4e2faca5ef791264ae17d27b582a93d102bc7cfba67",
+            ),
+            (
+                SubjectKind::ClientIp,
+                "2001:db8:1:2::/64",
+                "v1:5ec82f5aded88df814168f90c5cfdfcbe780119a3c8126359e4edcdc106186b9",
             ),
             (
                 SubjectKind::ApiKey,
                 "k-123",
-                "POST /api/orders",
-                "v1:3353d76ab4bc01498f9593ef42258c66f08810602f12f12b0ea88d61e77d78e0",
+                "v1:d246ab7168f827743842f0d5e4031fbdc3ce365388a502b9943bdfadfcf5bd1a",
             ),
             (
                 SubjectKind::Principal,
                 "ユーザー",
-                "GET /api/orders/{id}",
-                "v1:d76fc58f0f9671b1bd196712bb3ef1a9eaad9c6b0a3744ac7d3092bb0336b2d2",
+                "v1:a561057b43584b70d5e456ba60e4e2f45bf50fc36186359a7d40636f1ab95f7b",
             ),
         ];
-        for (kind, identity, operation, expected) in vectors {
-            assert_eq!(pseudonymizer.pseudonymize(kind, identity, operation).as_str(), expected);
+        for (kind, identity, expected) in vectors {
+            assert_eq!(pseudonymizer.pseudonymize(kind, identity).as_str(), expected);
         }
-        let under_two = pseudonymizer
-            .pseudonymize_with(2, SubjectKind::ClientIp, "203.0.113.7", "GET /api/orders/{id}")
-            .unwrap();
+        let under_two =
+            pseudonymizer.pseudonymize_with(2, SubjectKind::ClientIp, "203.0.113.7/32").unwrap();
         assert_eq!(
             under_two.as_str(),
-            "v2:8ab764e89ee2d7553fb44029c48d3c9b48613c4331573ddea8af97c7cd1897f0"
+            "v2:76ce83273386b8b902fa0475cae0af0f91840fcbcfc63c5b9ecfeb563b380555"
         );
     }
 
     #[test]
     fn framing_keeps_part_boundaries_apart() {
+        assert_ne!(tag(&key(0x42), ["ab", "c"]), tag(&key(0x42), ["a", "bc"]));
         let pseudonymizer = single(1, 0x42);
-        let left = pseudonymizer.pseudonymize(SubjectKind::ApiKey, "ab", "c");
-        let right = pseudonymizer.pseudonymize(SubjectKind::ApiKey, "a", "bc");
-        assert_ne!(left, right);
+        // The kind is framed too: one string as principal and as API key
+        // are two subjects.
+        assert_ne!(
+            pseudonymizer.pseudonymize(SubjectKind::Principal, "alice"),
+            pseudonymizer.pseudonymize(SubjectKind::ApiKey, "alice")
+        );
     }
 
     #[test]
     fn output_carries_the_version_and_256_bits() {
-        let digest = single(7, 0x01).pseudonymize(SubjectKind::ClientIp, "192.0.2.1", "GET /");
+        let digest = single(7, 0x01).pseudonymize(SubjectKind::ClientIp, "192.0.2.1/32");
         let hex = digest.as_str().strip_prefix("v7:").expect("version prefix");
         assert_eq!(hex.len(), 64);
     }
@@ -195,15 +199,15 @@ mod tests {
     #[test]
     fn rotation_uses_the_active_key_and_versions_differ() {
         let both = VersionedPseudonymizer::new([(1, key(0x11)), (2, key(0x22))], 2).unwrap();
-        let old = both.pseudonymize_with(1, SubjectKind::Principal, "alice", "GET /").unwrap();
-        let new = both.pseudonymize_with(2, SubjectKind::Principal, "alice", "GET /").unwrap();
+        let old = both.pseudonymize_with(1, SubjectKind::Principal, "alice").unwrap();
+        let new = both.pseudonymize_with(2, SubjectKind::Principal, "alice").unwrap();
         assert_ne!(old, new);
         assert_eq!(both.active_version(), 2);
-        assert_eq!(both.pseudonymize(SubjectKind::Principal, "alice", "GET /"), new);
+        assert_eq!(both.pseudonymize(SubjectKind::Principal, "alice"), new);
         assert!(old.as_str().starts_with("v1:") && new.as_str().starts_with("v2:"));
         // The same key under the same version gives the same pseudonym in
         // another instance: versions, not instances, define buckets.
-        assert_eq!(single(1, 0x11).pseudonymize(SubjectKind::Principal, "alice", "GET /"), old);
+        assert_eq!(single(1, 0x11).pseudonymize(SubjectKind::Principal, "alice"), old);
     }
 
     #[test]
@@ -218,7 +222,7 @@ mod tests {
         let inactive = VersionedPseudonymizer::new([(1, key(1))], 2);
         assert_eq!(inactive.unwrap_err(), WebError::UnknownKeyVersion(2));
         assert_eq!(
-            single(1, 1).pseudonymize_with(3, SubjectKind::ApiKey, "k", "GET /").unwrap_err(),
+            single(1, 1).pseudonymize_with(3, SubjectKind::ApiKey, "k").unwrap_err(),
             WebError::UnknownKeyVersion(3)
         );
     }

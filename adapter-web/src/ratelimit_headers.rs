@@ -8,19 +8,25 @@ use http::HeaderValue;
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 use shared_contract::{Algorithm, PolicyId, RateLimitDecision, RateLimitPolicy};
 
-/// `"<policy id>";q=<limit>;w=<window seconds>`.
-pub(crate) fn policy_header(policy: &RateLimitPolicy) -> Option<HeaderValue> {
-    let window = quota_window(policy.algorithm());
-    item(policy.id(), [("q", policy.limit()), ("w", whole_seconds_up(window))])
+/// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in the
+/// order given; `None` for no policy (the header is then left out).
+pub(crate) fn policy_header<'a>(
+    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
+) -> Option<HeaderValue> {
+    list(policies.into_iter().map(|policy| {
+        let window = quota_window(policy.algorithm());
+        (policy.id(), [("q", policy.limit()), ("w", whole_seconds_up(window))])
+    }))
 }
 
-/// `"<policy id>";r=<remaining>;t=<seconds until the budget is whole>`.
-pub(crate) fn limit_header(
-    policy_id: &PolicyId,
-    decision: &RateLimitDecision,
+/// `"<policy id>";r=<remaining>;t=<seconds until the budget is whole>` for
+/// each policy, in the order given; `None` for no policy.
+pub(crate) fn limit_header<'a>(
+    decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
 ) -> Option<HeaderValue> {
-    let reset = whole_seconds_up(decision.reset_after);
-    item(policy_id, [("r", decision.remaining), ("t", reset)])
+    list(decisions.into_iter().map(|(policy_id, decision)| {
+        (policy_id, [("r", decision.remaining), ("t", whole_seconds_up(decision.reset_after))])
+    }))
 }
 
 /// The time over which a policy grants its limit: the window, or for a
@@ -42,14 +48,21 @@ pub(crate) fn whole_seconds_up(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
-fn item<const N: usize>(policy_id: &PolicyId, parameters: [(&str, u64); N]) -> Option<HeaderValue> {
+/// A structured-field List of string items with integer parameters
+/// (RFC 9651): `sfv` quotes and escapes each id, so no policy id can break
+/// the header. `None` for an empty list or an unserializable id.
+fn list<'a, const N: usize>(
+    entries: impl Iterator<Item = (&'a PolicyId, [(&'static str, u64); N])>,
+) -> Option<HeaderValue> {
     let mut list = ListSerializer::new();
-    let mut entry = list.bare_item(StringRef::from_str(policy_id.as_str()).ok()?);
-    for (key, value) in parameters {
-        // Values past the structured-field integer range cannot occur with
-        // validated policies; clamping keeps the header well-formed anyway.
-        let value = Integer::try_from(value).unwrap_or(Integer::MAX);
-        entry = entry.parameter(KeyRef::from_str(key).ok()?, value);
+    for (policy_id, parameters) in entries {
+        let mut entry = list.bare_item(StringRef::from_str(policy_id.as_str()).ok()?);
+        for (key, value) in parameters {
+            // Values past the structured-field integer range cannot occur with
+            // validated policies; clamping keeps the header well-formed anyway.
+            let value = Integer::try_from(value).unwrap_or(Integer::MAX);
+            entry = entry.parameter(KeyRef::from_str(key).ok()?, value);
+        }
     }
     HeaderValue::try_from(list.finish()?).ok()
 }
@@ -67,18 +80,18 @@ mod tests {
     #[test]
     fn policy_header_names_limit_and_window_in_seconds() {
         let fixed = policy(Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(60) });
-        assert_eq!(policy_header(&fixed).unwrap(), r#""orders.read";q=100;w=60"#);
+        assert_eq!(policy_header([&fixed]).unwrap(), r#""orders.read";q=100;w=60"#);
         // A 1.5 s window is announced as 2 s: never promise more than holds.
         let sliding =
             policy(Algorithm::SlidingCounter { limit: 10, window: Duration::from_millis(1500) });
-        assert_eq!(policy_header(&sliding).unwrap(), r#""orders.read";q=10;w=2"#);
+        assert_eq!(policy_header([&sliding]).unwrap(), r#""orders.read";q=10;w=2"#);
         // Five tokens, two per 100 ms: three periods fill it, 300 ms -> 1 s.
         let bucket = policy(Algorithm::TokenBucket {
             capacity: 5,
             refill_tokens: 2,
             refill_period: Duration::from_millis(100),
         });
-        assert_eq!(policy_header(&bucket).unwrap(), r#""orders.read";q=5;w=1"#);
+        assert_eq!(policy_header([&bucket]).unwrap(), r#""orders.read";q=5;w=1"#);
     }
 
     #[test]
@@ -93,8 +106,45 @@ mod tests {
             replayed: false,
         };
         let id = PolicyId::new("orders.read").unwrap();
-        assert_eq!(limit_header(&id, &decision).unwrap(), r#""orders.read";r=7;t=2"#);
+        assert_eq!(limit_header([(&id, &decision)]).unwrap(), r#""orders.read";r=7;t=2"#);
         let full = RateLimitDecision { reset_after: Duration::ZERO, ..decision };
-        assert_eq!(limit_header(&id, &full).unwrap(), r#""orders.read";r=7;t=0"#);
+        assert_eq!(limit_header([(&id, &full)]).unwrap(), r#""orders.read";r=7;t=0"#);
+    }
+
+    #[test]
+    fn a_set_is_one_list_in_the_order_given_and_no_policy_is_no_header() {
+        // The burst + sustained pair of issue 10, with its expected values.
+        let burst = RateLimitPolicy::builder(
+            "orders-burst",
+            Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) },
+        )
+        .build()
+        .unwrap();
+        let hourly = RateLimitPolicy::builder(
+            "orders-hourly",
+            Algorithm::FixedWindow { limit: 1000, window: Duration::from_secs(3600) },
+        )
+        .build()
+        .unwrap();
+        assert_eq!(
+            policy_header([&burst, &hourly]).unwrap(),
+            r#""orders-burst";q=10;w=1, "orders-hourly";q=1000;w=3600"#
+        );
+        let decision = |limit, remaining, reset_secs| RateLimitDecision {
+            allowed: true,
+            limit,
+            remaining,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::from_secs(reset_secs),
+            certainty: Certainty::Certain,
+            replayed: false,
+        };
+        let (first, second) = (decision(10, 9, 1), decision(1000, 999, 3540));
+        assert_eq!(
+            limit_header([(burst.id(), &first), (hourly.id(), &second)]).unwrap(),
+            r#""orders-burst";r=9;t=1, "orders-hourly";r=999;t=3540"#
+        );
+        assert_eq!(policy_header([]), None);
+        assert_eq!(limit_header([]), None);
     }
 }

@@ -1,11 +1,12 @@
 //! `EdgeSettings`: plain configuration of the edge.
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::time::Duration;
 
 use http::HeaderName;
 use ipnet::IpNet;
-use shared_contract::PolicyId;
+use shared_contract::{PolicyId, PolicySet};
 
 use crate::error::WebError;
 use crate::mapping::{problem_type, problem_type_names};
@@ -21,10 +22,20 @@ pub struct EdgeSettings {
     pub api_key_header: HeaderName,
     /// Socket peers whose forwarding headers are believed. Default: none.
     pub trusted_proxies: Vec<IpNet>,
-    /// Policy of every operation not in `operations`. Default `default`.
-    pub default_policy: PolicyId,
-    /// Policy by operation id (`"GET /api/orders/{id}"`).
-    pub operations: HashMap<String, PolicyId>,
+    /// Policy set of every operation not in `operations`. Default: the set
+    /// of the one policy `default`.
+    pub default_policies: PolicySet,
+    /// Policy set by operation id (`"GET /api/orders/{id}"`), each in
+    /// configured order.
+    pub operations: HashMap<String, PolicySet>,
+    /// IPv4 clients are counted per network of this many leading bits
+    /// (`1..=32`). Default 32: one address, one subject.
+    pub client_ipv4_prefix: u8,
+    /// IPv6 clients are counted per network of this many leading bits
+    /// (`1..=128`). Default 64: one host usually holds a whole /64 and can
+    /// rotate addresses inside it at will, so counting per address would
+    /// give it 2^64 budgets.
+    pub client_ipv6_prefix: u8,
     /// Problem `type` URIs are this plus the category name. Default
     /// `https://ca-skeleton.invalid/problems/`: `.invalid` can never belong
     /// to someone else; a service sets its own documentation URL.
@@ -38,8 +49,12 @@ impl Default for EdgeSettings {
             failure_retry_after: Duration::from_secs(1),
             api_key_header: HeaderName::from_static("x-api-key"),
             trusted_proxies: Vec::new(),
-            default_policy: PolicyId::new("default").expect("\"default\" is a valid policy id"),
+            default_policies: PolicySet::single(
+                PolicyId::new("default").expect("\"default\" is a valid policy id"),
+            ),
             operations: HashMap::new(),
+            client_ipv4_prefix: 32,
+            client_ipv6_prefix: 64,
             problem_type_base: DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
         }
     }
@@ -48,11 +63,16 @@ impl Default for EdgeSettings {
 /// The default [`EdgeSettings::problem_type_base`].
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.invalid/problems/";
 
+/// Valid [`EdgeSettings::client_ipv4_prefix`] values.
+const IPV4_PREFIXES: RangeInclusive<u8> = 1..=32;
+/// Valid [`EdgeSettings::client_ipv6_prefix`] values.
+const IPV6_PREFIXES: RangeInclusive<u8> = 1..=128;
+
 impl EdgeSettings {
     /// Every rule the types cannot hold, broken: a budget and a failure
-    /// retry-after of at least 1 ms, and a non-empty problem type base that
-    /// forms a URI with every category name. Empty when the settings can
-    /// work. Problem responses fall back to the default base per response
+    /// retry-after of at least 1 ms, client prefixes in range, and a
+    /// non-empty problem type base that forms a URI with every category
+    /// name. Empty when the settings can work. Problem responses fall back to the default base per response
     /// when an unvalidated base does not form a URI.
     pub fn problems(&self) -> Vec<WebError> {
         let mut problems = Vec::new();
@@ -61,6 +81,12 @@ impl EdgeSettings {
         }
         if self.failure_retry_after < Duration::from_millis(1) {
             problems.push(WebError::FailureRetryAfterTooShort(self.failure_retry_after));
+        }
+        if !IPV4_PREFIXES.contains(&self.client_ipv4_prefix) {
+            problems.push(WebError::ClientIpv4PrefixOutOfRange(self.client_ipv4_prefix));
+        }
+        if !IPV6_PREFIXES.contains(&self.client_ipv6_prefix) {
+            problems.push(WebError::ClientIpv6PrefixOutOfRange(self.client_ipv6_prefix));
         }
         let base = &self.problem_type_base;
         let unusable = if base.is_empty() {
@@ -78,6 +104,18 @@ impl EdgeSettings {
     pub fn validate(&self) -> Result<(), WebError> {
         self.problems().into_iter().next().map_or(Ok(()), Err)
     }
+
+    /// The IPv4 prefix in force. An unvalidated out-of-range value is
+    /// clamped into `1..=32`, so subject resolution never fails per request.
+    pub(crate) fn ipv4_prefix(&self) -> u8 {
+        self.client_ipv4_prefix.clamp(*IPV4_PREFIXES.start(), *IPV4_PREFIXES.end())
+    }
+
+    /// The IPv6 prefix in force, clamped into `1..=128` like
+    /// [`Self::ipv4_prefix`].
+    pub(crate) fn ipv6_prefix(&self) -> u8 {
+        self.client_ipv6_prefix.clamp(*IPV6_PREFIXES.start(), *IPV6_PREFIXES.end())
+    }
 }
 
 #[cfg(test)]
@@ -91,6 +129,9 @@ mod tests {
         assert_eq!(settings.failure_retry_after, Duration::from_secs(1));
         assert_eq!(settings.api_key_header, "x-api-key");
         assert!(settings.trusted_proxies.is_empty());
+        assert_eq!(settings.default_policies.ids(), [PolicyId::new("default").unwrap()]);
+        assert!(settings.operations.is_empty());
+        assert_eq!((settings.client_ipv4_prefix, settings.client_ipv6_prefix), (32, 64));
         assert!(settings.validate().is_ok());
     }
 
@@ -106,11 +147,32 @@ mod tests {
     }
 
     #[test]
+    fn client_prefixes_are_checked_against_their_family() {
+        let with = |v4, v6| EdgeSettings {
+            client_ipv4_prefix: v4,
+            client_ipv6_prefix: v6,
+            ..EdgeSettings::default()
+        };
+        for (v4, v6) in [(1, 1), (32, 128), (24, 48)] {
+            assert_eq!(with(v4, v6).problems(), [], "/{v4} and /{v6}");
+        }
+        assert_eq!(with(0, 64).problems(), [WebError::ClientIpv4PrefixOutOfRange(0)]);
+        assert_eq!(with(33, 64).problems(), [WebError::ClientIpv4PrefixOutOfRange(33)]);
+        assert_eq!(with(32, 0).problems(), [WebError::ClientIpv6PrefixOutOfRange(0)]);
+        assert_eq!(with(32, 129).problems(), [WebError::ClientIpv6PrefixOutOfRange(129)]);
+        // Unvalidated settings still resolve subjects, at the nearest valid prefix.
+        assert_eq!((with(0, 200).ipv4_prefix(), with(0, 200).ipv6_prefix()), (1, 128));
+        assert_eq!((with(40, 0).ipv4_prefix(), with(40, 0).ipv6_prefix()), (32, 1));
+    }
+
+    #[test]
     fn every_problem_is_listed_at_once() {
         let sub_millisecond = Duration::from_micros(500);
         let settings = EdgeSettings {
             evaluation_budget: sub_millisecond,
             failure_retry_after: Duration::ZERO,
+            client_ipv4_prefix: 33,
+            client_ipv6_prefix: 129,
             problem_type_base: String::new(),
             ..EdgeSettings::default()
         };
@@ -119,6 +181,8 @@ mod tests {
             [
                 WebError::EvaluationBudgetTooShort(sub_millisecond),
                 WebError::FailureRetryAfterTooShort(Duration::ZERO),
+                WebError::ClientIpv4PrefixOutOfRange(33),
+                WebError::ClientIpv6PrefixOutOfRange(129),
                 WebError::InvalidProblemTypeBase { base: String::new(), category: "" },
             ]
         );

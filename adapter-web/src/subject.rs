@@ -2,10 +2,11 @@
 //! key, else the client IP, in that order.
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::ConnectInfo;
 use http::request::Parts;
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::client_ip::client_ip;
 use crate::rejection::{ApiKeyProblem, EdgeRejection};
@@ -55,8 +56,8 @@ impl SubjectKind {
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct RawSubject {
     pub(crate) kind: SubjectKind,
-    /// The canonical identity: the principal and API key as sent, the IP in
-    /// its canonical text form (IPv4-mapped IPv6 as plain IPv4).
+    /// The canonical identity: the principal and API key as sent; for an
+    /// IP, its network at the configured prefix (see [`client_network`]).
     pub(crate) identity: String,
 }
 
@@ -87,7 +88,24 @@ pub(crate) fn resolve_subject(
         return Err(EdgeRejection::MissingPeerAddress);
     };
     let ip = client_ip(peer.ip(), &parts.headers, &settings.trusted_proxies);
-    Ok(RawSubject { kind: SubjectKind::ClientIp, identity: ip.to_canonical().to_string() })
+    Ok(RawSubject {
+        kind: SubjectKind::ClientIp,
+        identity: client_network(ip, settings).to_string(),
+    })
+}
+
+/// The network a client address counts as: IPv4 (IPv4-mapped IPv6
+/// included) at `client_ipv4_prefix`, IPv6 at `client_ipv6_prefix`, host
+/// bits cleared. Its text, `<network address>/<prefix>` with the address
+/// in RFC 5952 form (`203.0.113.7/32`, `2001:db8:1:2::/64`), is the
+/// identity that is pseudonymized: every address of one network is one
+/// subject, so rotating addresses inside a /64 gains nothing. Applied
+/// after the trusted-proxy walk, which works on whole addresses.
+fn client_network(ip: IpAddr, settings: &EdgeSettings) -> IpNet {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new_assert(v4, settings.ipv4_prefix()).trunc()),
+        IpAddr::V6(v6) => IpNet::V6(Ipv6Net::new_assert(v6, settings.ipv6_prefix()).trunc()),
+    }
 }
 
 fn validate_api_key(key: &[u8]) -> Result<&str, EdgeRejection> {
@@ -160,16 +178,41 @@ mod tests {
 
     #[test]
     fn without_principal_or_key_the_peer_ip_counts() {
-        assert_eq!(resolve(|_| {}).unwrap(), subject(SubjectKind::ClientIp, "198.51.100.7"));
+        assert_eq!(resolve(|_| {}).unwrap(), subject(SubjectKind::ClientIp, "198.51.100.7/32"));
+    }
+
+    fn resolve_peer(peer: &str, settings: &EdgeSettings) -> String {
+        let peer: IpAddr = peer.parse().unwrap();
+        let request = parts(|r| {
+            r.extensions_mut().insert(ConnectInfo(SocketAddr::new(peer, 1)));
+        });
+        let resolved = resolve_subject(&request, settings).unwrap();
+        assert_eq!(resolved.kind, SubjectKind::ClientIp);
+        resolved.identity
     }
 
     #[test]
     fn ipv4_mapped_ipv6_peers_share_the_ipv4_bucket() {
-        let resolved = resolve(|r| {
-            let mapped: IpAddr = "::ffff:198.51.100.7".parse().unwrap();
-            r.extensions_mut().insert(ConnectInfo(SocketAddr::new(mapped, 1)));
-        });
-        assert_eq!(resolved.unwrap(), subject(SubjectKind::ClientIp, "198.51.100.7"));
+        let defaults = EdgeSettings::default();
+        assert_eq!(resolve_peer("::ffff:198.51.100.7", &defaults), "198.51.100.7/32");
+        // The IPv4 prefix applies to a mapped address, not the IPv6 one.
+        let per_24 = EdgeSettings { client_ipv4_prefix: 24, ..EdgeSettings::default() };
+        assert_eq!(resolve_peer("::ffff:198.51.100.7", &per_24), "198.51.100.0/24");
+        assert_eq!(resolve_peer("198.51.100.200", &per_24), "198.51.100.0/24");
+    }
+
+    #[test]
+    fn ipv6_clients_count_per_network_at_the_configured_prefix() {
+        let defaults = EdgeSettings::default();
+        // Two addresses of one /64 are one subject; the next /64 is another.
+        let first = resolve_peer("2001:db8:1:2:aaaa:bbbb:cccc:dddd", &defaults);
+        assert_eq!(first, "2001:db8:1:2::/64");
+        assert_eq!(resolve_peer("2001:db8:1:2::1", &defaults), first);
+        assert_eq!(resolve_peer("2001:db8:1:3::1", &defaults), "2001:db8:1:3::/64");
+        let per_48 = EdgeSettings { client_ipv6_prefix: 48, ..EdgeSettings::default() };
+        assert_eq!(resolve_peer("2001:db8:1:3::1", &per_48), "2001:db8:1::/48");
+        let per_host = EdgeSettings { client_ipv6_prefix: 128, ..EdgeSettings::default() };
+        assert_eq!(resolve_peer("2001:db8:1:3::1", &per_host), "2001:db8:1:3::1/128");
     }
 
     #[test]

@@ -1,13 +1,17 @@
 //! Decision metrics through the `metrics` facade. Labels carry the policy,
-//! its algorithm and the outcome category, never a subject.
+//! its algorithm, the outcome and the policy's mode, never a subject.
 
 use std::time::Duration;
 
-use shared_contract::{PolicyId, RateLimitOutcome, RateLimitPolicy};
+use metrics::SharedString;
+use shared_contract::{PolicyMode, RateLimitOutcome, RateLimitPolicy};
 
-/// Counter of decisions: labels `policy`, `algorithm`, `outcome`.
+/// Counter of decisions, one per policy of each evaluated set: labels
+/// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`).
 pub const DECISIONS_TOTAL: &str = "ca_rate_limit_decisions_total";
-/// Histogram of port evaluation time in seconds: labels `policy`, `algorithm`.
+/// Histogram of port evaluation time in seconds, one observation per policy
+/// of the set (the set is one evaluation, so each sees the same time):
+/// labels `policy`, `algorithm`.
 pub const EVALUATION_SECONDS: &str = "ca_rate_limit_evaluation_seconds";
 
 /// The `algorithm` label when the port does not hold the policy.
@@ -17,34 +21,62 @@ fn algorithm(policy: Option<&RateLimitPolicy>) -> &'static str {
     policy.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name())
 }
 
+/// A policy the port does not hold counts as enforced (it fails closed).
+fn mode(policy: Option<&RateLimitPolicy>) -> &'static str {
+    policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name()
+}
+
+/// Counts an evaluated set: for each policy, `outcome` is its own decision
+/// (`allowed` or `denied`, so a shadow policy that would deny is counted
+/// `denied` with `mode="shadow"`), or the failure category when the set
+/// failed as a whole. `labels` and `described` follow the set's order.
 pub(crate) fn record_evaluation(
-    policy_id: &PolicyId,
-    policy: Option<&RateLimitPolicy>,
+    labels: &[SharedString],
+    described: &[Option<RateLimitPolicy>],
     outcome: &RateLimitOutcome,
     elapsed: Duration,
 ) {
-    let (policy_label, algorithm) = (policy_id.to_string(), algorithm(policy));
-    metrics::counter!(
-        DECISIONS_TOTAL,
-        "policy" => policy_label.clone(),
-        "algorithm" => algorithm,
-        "outcome" => outcome.category_name(),
-    )
-    .increment(1);
-    metrics::histogram!(EVALUATION_SECONDS, "policy" => policy_label, "algorithm" => algorithm)
-        .record(elapsed.as_secs_f64());
+    let decisions = match outcome {
+        RateLimitOutcome::Evaluated(set) => set.decisions(),
+        RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Incompatible { .. }
+        | RateLimitOutcome::Indeterminate { .. } => &[],
+    };
+    for (index, (label, policy)) in labels.iter().zip(described).enumerate() {
+        let policy = policy.as_ref();
+        let outcome = match decisions.get(index) {
+            Some(decision) if decision.allowed => "allowed",
+            Some(_) => "denied",
+            None => outcome.category_name(),
+        };
+        metrics::counter!(
+            DECISIONS_TOTAL,
+            "policy" => label.clone(),
+            "algorithm" => algorithm(policy),
+            "outcome" => outcome,
+            "mode" => mode(policy),
+        )
+        .increment(1);
+        metrics::histogram!(EVALUATION_SECONDS, "policy" => label.clone(), "algorithm" => algorithm(policy))
+            .record(elapsed.as_secs_f64());
+    }
 }
 
+/// Counts a request refused before evaluation once per policy of its set.
 pub(crate) fn record_rejection(
-    policy_id: &PolicyId,
-    policy: Option<&RateLimitPolicy>,
+    labels: &[SharedString],
+    described: &[Option<RateLimitPolicy>],
     outcome: &'static str,
 ) {
-    metrics::counter!(
-        DECISIONS_TOTAL,
-        "policy" => policy_id.to_string(),
-        "algorithm" => algorithm(policy),
-        "outcome" => outcome,
-    )
-    .increment(1);
+    for (label, policy) in labels.iter().zip(described) {
+        let policy = policy.as_ref();
+        metrics::counter!(
+            DECISIONS_TOTAL,
+            "policy" => label.clone(),
+            "algorithm" => algorithm(policy),
+            "outcome" => outcome,
+            "mode" => mode(policy),
+        )
+        .increment(1);
+    }
 }

@@ -28,11 +28,13 @@
 //!   problem+json that charges nothing and never runs the handler (DESIGN
 //!   section 7, `subject.rs`).
 //! - `any_id_segment_shares_the_bucket_of_orders_1`: the operation is the
-//!   route template, so `/api/orders/<anything>` has the policy and the
-//!   pseudonym of `/api/orders/1`, for every method.
+//!   route template, so `/api/orders/<anything>` has the policy set, the
+//!   pseudonym and the operation digest of `/api/orders/1`, for every
+//!   method.
 //! - `any_method_and_path_names_only_a_template_or_unmatched`: for any
-//!   method and path the pseudonym is that of the route template or of
-//!   `<unmatched>` (never of the raw path) and the status is never 500.
+//!   method and path the operation digest is that of the route template or
+//!   of `<unmatched>` (never of the raw path), the pseudonym is the peer's
+//!   whatever the path, and the status is never 500.
 
 mod support;
 
@@ -44,7 +46,7 @@ use std::time::Duration;
 
 use adapter_web::{
     DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings, RateLimitLayer, SubjectKind, TransportBridge,
-    UNMATCHED_ROUTE, VersionedPseudonymizer,
+    UNMATCHED_ROUTE, VersionedPseudonymizer, operation_digest,
 };
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -60,10 +62,10 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use proptest::test_runner::Config;
 use shared_contract::{
-    Algorithm, Certainty, ManualClock, PolicyId, RateLimitDecision, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    Algorithm, Certainty, ManualClock, OperationDigest, PolicyId, PolicySet, RateLimitDecision,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision, SubjectDigest,
 };
-use support::{ORDER_OPERATION, ORDER_ROUTE, ScriptedPort};
+use support::{ORDER_OPERATION, ORDER_ROUTE, ScriptedPort, network_at_defaults};
 use tower::ServiceExt;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -89,7 +91,7 @@ fn is_trusted(ip: IpAddr) -> bool {
 }
 
 fn allowed() -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(RateLimitDecision {
+    RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
         allowed: true,
         limit: 10,
         remaining: 7,
@@ -97,7 +99,11 @@ fn allowed() -> RateLimitOutcome {
         reset_after: Duration::from_millis(1500),
         certainty: Certainty::Certain,
         replayed: false,
-    })
+    }))
+}
+
+fn single(id: &str) -> PolicySet {
+    PolicySet::single(PolicyId::new(id).unwrap())
 }
 
 fn policies() -> Vec<RateLimitPolicy> {
@@ -144,7 +150,7 @@ impl Edge {
         let port = Arc::new(ScriptedPort::new(allowed(), policies()));
         let pseudonymizer = support::pseudonymizer();
         let mut operations = HashMap::new();
-        operations.insert(ORDER_OPERATION.to_owned(), PolicyId::new("orders").unwrap());
+        operations.insert(ORDER_OPERATION.to_owned(), single("orders"));
         let settings = EdgeSettings {
             trusted_proxies: trusted_proxies(),
             operations,
@@ -187,10 +193,10 @@ impl Edge {
         }
     }
 
-    fn ip_digest(&self, ip: IpAddr, operation: &str) -> SubjectDigest {
-        // The canonical form: IPv4-mapped IPv6 counts as the IPv4 address.
-        let identity = ip.to_canonical().to_string();
-        self.pseudonymizer.pseudonymize(SubjectKind::ClientIp, &identity, operation)
+    /// The pseudonym of a client address: its network at the default
+    /// prefixes (IPv4-mapped IPv6 counts as IPv4).
+    fn ip_digest(&self, ip: IpAddr) -> SubjectDigest {
+        self.pseudonymizer.pseudonymize(SubjectKind::ClientIp, &network_at_defaults(ip))
     }
 }
 
@@ -208,6 +214,12 @@ fn orders_request(headers: &[(HeaderName, Vec<u8>)]) -> Request<Body> {
 fn only_subject(seen: &Seen) -> Result<&SubjectDigest, TestCaseError> {
     prop_assert_eq!(seen.requests.len(), 1, "one evaluation per request");
     Ok(&seen.requests[0].subject)
+}
+
+/// The operation digest of the single evaluation a request made.
+fn only_operation(seen: &Seen) -> Result<&OperationDigest, TestCaseError> {
+    prop_assert_eq!(seen.requests.len(), 1, "one evaluation per request");
+    Ok(&seen.requests[0].operation)
 }
 
 // ---------------------------------------------------------------------------
@@ -678,7 +690,7 @@ fn a_port_on_an_unknown_or_obfuscated_node_keeps_the_chain_well_formed() {
     {
         let seen = edge.send(proxy, orders_request(&[(FORWARDED, value.as_bytes().to_vec())]));
         assert_eq!(seen.status, StatusCode::OK);
-        assert_eq!(seen.requests[0].subject, edge.ip_digest(client, ORDER_OPERATION), "{value}");
+        assert_eq!(seen.requests[0].subject, edge.ip_digest(client), "{value}");
     }
 }
 
@@ -696,7 +708,7 @@ proptest! {
         prop_assert_eq!(with.status, StatusCode::OK);
         prop_assert_eq!(with.handler_runs, 1);
         prop_assert_eq!(only_subject(&with)?, only_subject(&without)?);
-        prop_assert_eq!(only_subject(&with)?, &edge.ip_digest(peer.ip(), ORDER_OPERATION));
+        prop_assert_eq!(only_subject(&with)?, &edge.ip_digest(peer.ip()));
     }
 
     #[test]
@@ -712,7 +724,7 @@ proptest! {
         let mut candidates = addresses_written_in(&headers);
         candidates.push(peer.ip());
         prop_assert!(
-            candidates.iter().any(|ip| &edge.ip_digest(*ip, ORDER_OPERATION) == subject),
+            candidates.iter().any(|ip| &edge.ip_digest(*ip) == subject),
             "the subject is neither the peer nor an address in the headers"
         );
     }
@@ -729,7 +741,7 @@ proptest! {
         let seen = edge.send(peer, orders_request(&headers));
         prop_assert_eq!(seen.status, StatusCode::OK);
         let expected = expected_client(peer.ip(), &hops);
-        prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(expected, ORDER_OPERATION),
+        prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(expected),
             "expected client {}", expected);
     }
 
@@ -751,7 +763,7 @@ proptest! {
         let seen = edge.send(peer, orders_request(&headers));
         prop_assert_eq!(seen.status, StatusCode::OK);
         let expected = expected_client(peer.ip(), &hops);
-        prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(expected, ORDER_OPERATION),
+        prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(expected),
             "expected client {}", expected);
     }
 
@@ -768,9 +780,9 @@ proptest! {
             prop_assert_eq!(seen.status, StatusCode::OK);
             prop_assert_eq!(seen.handler_runs, 1);
             let key = std::str::from_utf8(&keys[0]).unwrap();
-            let expected = edge.pseudonymizer.pseudonymize(SubjectKind::ApiKey, key, ORDER_OPERATION);
+            let expected = edge.pseudonymizer.pseudonymize(SubjectKind::ApiKey, key);
             prop_assert_eq!(only_subject(&seen)?, &expected);
-            prop_assert_eq!(seen.requests[0].policy_id.as_str(), "orders");
+            prop_assert_eq!(&seen.requests[0].policies, &single("orders"));
         } else {
             prop_assert_eq!(seen.status, StatusCode::BAD_REQUEST);
             prop_assert_eq!(
@@ -809,10 +821,12 @@ proptest! {
         let seen = edge.send(peer, request_to(&method, &path));
         prop_assert_ne!(seen.status, StatusCode::INTERNAL_SERVER_ERROR);
         prop_assert_eq!(only_subject(&seen)?, only_subject(&reference)?);
-        prop_assert_eq!(&seen.requests[0].policy_id, &reference.requests[0].policy_id);
+        prop_assert_eq!(only_operation(&seen)?, only_operation(&reference)?);
+        prop_assert_eq!(&seen.requests[0].policies, &reference.requests[0].policies);
+        prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(peer.ip()));
         if method == Method::GET {
-            prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(peer.ip(), ORDER_OPERATION));
-            prop_assert_eq!(seen.requests[0].policy_id.as_str(), "orders");
+            prop_assert_eq!(only_operation(&seen)?, &operation_digest(ORDER_OPERATION));
+            prop_assert_eq!(&seen.requests[0].policies, &single("orders"));
         }
     }
 
@@ -825,17 +839,20 @@ proptest! {
         let edge = Edge::new();
         let seen = edge.send(peer, request_to(&method, &path));
         prop_assert_ne!(seen.status, StatusCode::INTERNAL_SERVER_ERROR);
-        let subject = only_subject(&seen)?;
+        // The subject is the peer's whatever the path: the pseudonym holds
+        // no operation.
+        prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(peer.ip()));
+        let operation = only_operation(&seen)?;
         let name = method_name(&method);
-        let template = edge.ip_digest(peer.ip(), &format!("{name} {ORDER_ROUTE}"));
-        let unmatched = edge.ip_digest(peer.ip(), &format!("{name} {UNMATCHED_ROUTE}"));
-        prop_assert!(subject == &template || subject == &unmatched, "neither template nor <unmatched>");
+        let template = operation_digest(&format!("{name} {ORDER_ROUTE}"));
+        let unmatched = operation_digest(&format!("{name} {UNMATCHED_ROUTE}"));
+        prop_assert!(operation == &template || operation == &unmatched, "neither template nor <unmatched>");
         let raw_path = path.parse::<Uri>().unwrap().path().to_owned();
         if !raw_path.starts_with("/api/orders/") {
-            prop_assert_eq!(subject, &unmatched);
+            prop_assert_eq!(operation, &unmatched);
         }
         let expected_policy =
-            if method == Method::GET && subject == &template { "orders" } else { "default" };
-        prop_assert_eq!(seen.requests[0].policy_id.as_str(), expected_policy);
+            if method == Method::GET && operation == &template { "orders" } else { "default" };
+        prop_assert_eq!(&seen.requests[0].policies, &single(expected_policy));
     }
 }

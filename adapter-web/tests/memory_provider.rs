@@ -1,17 +1,23 @@
 //! The layer in front of the real in-process provider (`adapter-memory`),
 //! so allowed and denied come from the algorithm, not a script. Expected
-//! numbers follow docs/algorithms.md (fixed window).
+//! numbers follow docs/algorithms.md (fixed window, and "Policy sets" for
+//! the spared runs of a refused set).
 
 mod support;
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_web::EdgeSettings;
 use http::StatusCode;
-use shared_contract::{Algorithm, Clock, ManualClock, RateLimitPolicy};
-use support::{Harness, Via, enabled};
+use ipnet::IpNet;
+use serde_json::json;
+use shared_contract::{
+    Algorithm, Clock, ManualClock, PolicyId, PolicyMode, PolicySet, RateLimitPolicy,
+};
+use support::{COST_HEADER, Harness, ORDER_OPERATION, Via, enabled};
 
 /// A multiple of the 60 s window.
 const T0: u64 = 1_700_000_040_000;
@@ -49,12 +55,181 @@ async fn a_fixed_window_allows_two_then_denies(via: Via) {
     assert_eq!(harness.calls(), 4);
 }
 
-#[tokio::test]
-async fn over_oneshot() {
-    a_fixed_window_allows_two_then_denies(support::oneshot()).await;
+/// A multiple of one hour, so every window of these tests starts at it.
+const HOUR_T0: u64 = 472_223 * 3_600_000;
+
+fn fixed(id: &str, limit: u64, window_secs: u64) -> shared_contract::RateLimitPolicyBuilder {
+    let algorithm = Algorithm::FixedWindow { limit, window: Duration::from_secs(window_secs) };
+    RateLimitPolicy::builder(id, algorithm)
 }
 
-#[tokio::test]
-async fn over_tcp() {
-    a_fixed_window_allows_two_then_denies(Via::Tcp).await;
+/// A harness over a memory provider holding `policies`, its clock at
+/// `now`, with `GET /api/orders/{id}` mapped to `set`.
+async fn memory_harness(
+    policies: Vec<RateLimitPolicy>,
+    set: &[&str],
+    now: u64,
+    settings: EdgeSettings,
+    via: Via,
+) -> Harness {
+    let clock = ManualClock::new(now);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let provider = Arc::new(MemoryEdgeRateLimitAdapter::new(policies, shared).unwrap());
+    let set = PolicySet::new(set.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
+    let settings =
+        EdgeSettings { operations: HashMap::from([(ORDER_OPERATION.to_owned(), set)]), ..settings };
+    Harness::build(provider, clock, settings, via, enabled).await
 }
+
+async fn a_burst_and_sustained_pair_is_checked_together(via: Via) {
+    let policies = vec![
+        fixed("orders-burst", 2, 1).build().unwrap(),
+        fixed("orders-hourly", 3, 3600).build().unwrap(),
+    ];
+    let set = ["orders-burst", "orders-hourly"];
+    let harness = memory_harness(policies, &set, HOUR_T0 + 250, EdgeSettings::default(), via).await;
+    let both_policies = r#""orders-burst";q=2;w=1, "orders-hourly";q=3;w=3600"#;
+
+    // t = T0 + 250: the burst window ends in 750 ms (t=1), the hour in
+    // 3_599_750 ms (t=3600).
+    for (burst, hourly) in [(1, 2), (0, 1)] {
+        let reply = harness.get("/api/orders/7", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("ratelimit-policy"), Some(both_policies));
+        let expected =
+            format!(r#""orders-burst";r={burst};t=1, "orders-hourly";r={hourly};t=3600"#);
+        assert_eq!(reply.header("ratelimit"), Some(expected.as_str()));
+    }
+    // The burst is spent: refused, and the hourly budget is spared (r=1).
+    let reply = harness.get("/api/orders/7", &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    assert_eq!(reply.json()["violated-policies"], json!(["orders-burst"]));
+    assert_eq!(reply.header("ratelimit-policy"), Some(both_policies));
+    assert_eq!(
+        reply.header("ratelimit"),
+        Some(r#""orders-burst";r=0;t=1, "orders-hourly";r=1;t=3600"#)
+    );
+    // Next burst window (t = T0 + 1250): the refusal charged nothing, so
+    // one unit of the hour is left, and this request takes it.
+    harness.clock.advance(Duration::from_secs(1));
+    let reply = harness.get("/api/orders/7", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(
+        reply.header("ratelimit"),
+        Some(r#""orders-burst";r=1;t=1, "orders-hourly";r=0;t=3599"#)
+    );
+    // t = T0 + 2250: now the hour refuses, for the rest of it
+    // (3_597_750 ms -> 3598 s), and the burst is spared whole.
+    harness.clock.advance(Duration::from_secs(1));
+    let reply = harness.get("/api/orders/7", &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.header("retry-after"), Some("3598"));
+    assert_eq!(reply.json()["violated-policies"], json!(["orders-hourly"]));
+    assert_eq!(
+        reply.header("ratelimit"),
+        Some(r#""orders-burst";r=2;t=1, "orders-hourly";r=0;t=3598"#)
+    );
+    assert_eq!(harness.calls(), 3);
+}
+
+async fn a_shadow_policy_that_would_deny_lets_the_request_through(via: Via) {
+    let policies = vec![
+        fixed("orders", 10, 60).build().unwrap(),
+        fixed("orders-trial", 1, 60).mode(PolicyMode::Shadow).build().unwrap(),
+    ];
+    let harness = memory_harness(
+        policies,
+        &["orders", "orders-trial"],
+        T0 + 250,
+        EdgeSettings::default(),
+        via,
+    )
+    .await;
+    // The trial allows once, then would deny; neither shows, neither blocks.
+    for remaining in [9, 8, 7] {
+        let reply = harness.get("/api/orders/7", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("ratelimit-policy"), Some(r#""orders";q=10;w=60"#));
+        let expected = format!(r#""orders";r={remaining};t=60"#);
+        assert_eq!(reply.header("ratelimit"), Some(expected.as_str()));
+    }
+    assert_eq!(harness.calls(), 3);
+}
+
+async fn the_cost_extension_charges_its_units(via: Via) {
+    let policies = vec![fixed("orders", 10, 60).maximum_cost(5).build().unwrap()];
+    let harness =
+        memory_harness(policies, &["orders"], T0 + 250, EdgeSettings::default(), via).await;
+    let reply = harness.get("/api/orders/7", &[(COST_HEADER, "4")]).await;
+    assert_eq!(reply.header("ratelimit"), Some(r#""orders";r=6;t=60"#));
+    let reply = harness.get("/api/orders/7", &[(COST_HEADER, "5")]).await;
+    assert_eq!(reply.header("ratelimit"), Some(r#""orders";r=1;t=60"#));
+    // 9 spent: 2 more do not fit, and the refusal keeps the one left.
+    let reply = harness.get("/api/orders/7", &[(COST_HEADER, "2")]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.header("ratelimit"), Some(r#""orders";r=1;t=60"#));
+    // Above the policy's maximum cost: nothing charged, fail-closed 503.
+    let reply = harness.get("/api/orders/7", &[(COST_HEADER, "6")]).await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(reply.json()["type"], "https://ca-skeleton.invalid/problems/cost-exceeds-maximum");
+    // No extension: cost 1 takes the last unit.
+    let reply = harness.get("/api/orders/7", &[]).await;
+    assert_eq!(reply.header("ratelimit"), Some(r#""orders";r=0;t=60"#));
+    assert_eq!(harness.calls(), 3);
+}
+
+async fn addresses_of_one_ipv6_64_share_a_budget(via: Via) {
+    // Behind a trusted proxy, so each request can come from another client.
+    let (via, trusted): (Via, IpNet) = match via {
+        Via::Oneshot(_) => {
+            (Via::Oneshot("10.0.0.2:443".parse().unwrap()), "10.0.0.0/8".parse().unwrap())
+        }
+        Via::Tcp => (Via::Tcp, "127.0.0.1/32".parse().unwrap()),
+    };
+    let settings = EdgeSettings { trusted_proxies: vec![trusted], ..EdgeSettings::default() };
+    let policies = vec![fixed("orders", 2, 60).build().unwrap()];
+    let harness = memory_harness(policies, &["orders"], T0 + 250, settings, via).await;
+    let from = |client: &'static str| [("x-forwarded-for", client)];
+    let status = async |client| harness.get("/api/orders/7", &from(client)).await.status;
+    // Three addresses of 2001:db8:1:2::/64 are one subject with two units.
+    assert_eq!(status("2001:db8:1:2::a").await, StatusCode::OK);
+    assert_eq!(status("2001:db8:1:2:ffff:eeee:dddd:b").await, StatusCode::OK);
+    assert_eq!(status("2001:db8:1:2::c").await, StatusCode::TOO_MANY_REQUESTS);
+    // The next /64 has its own budget.
+    assert_eq!(status("2001:db8:1:3::a").await, StatusCode::OK);
+    // An IPv4-mapped address and the plain IPv4 one are one subject.
+    assert_eq!(status("::ffff:203.0.113.9").await, StatusCode::OK);
+    assert_eq!(status("203.0.113.9").await, StatusCode::OK);
+    assert_eq!(status("::ffff:203.0.113.9").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(harness.calls(), 5);
+}
+
+macro_rules! over_both_transports {
+    ($($scenario:ident),* $(,)?) => {
+        mod oneshot {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::support::oneshot()).await;
+                }
+            )*
+        }
+        mod tcp {
+            $(
+                #[tokio::test]
+                async fn $scenario() {
+                    super::$scenario(super::Via::Tcp).await;
+                }
+            )*
+        }
+    };
+}
+
+over_both_transports!(
+    a_fixed_window_allows_two_then_denies,
+    a_burst_and_sustained_pair_is_checked_together,
+    a_shadow_policy_that_would_deny_lets_the_request_through,
+    the_cost_extension_charges_its_units,
+    addresses_of_one_ipv6_64_share_a_budget,
+);

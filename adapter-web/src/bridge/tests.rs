@@ -9,35 +9,57 @@ use async_trait::async_trait;
 use axum::extract::ConnectInfo;
 use http::{HeaderValue, Request};
 use secrecy::SecretSlice;
-use shared_contract::{Algorithm, Certainty, ManualClock, RateLimitDecision};
+use shared_contract::{
+    Algorithm, Certainty, ManualClock, RateLimitDecision, SetDecision, UnavailableCategory,
+};
 
 use super::*;
+use crate::cost::RateLimitCost;
 use crate::subject::{AuthenticatedPrincipal, SubjectKind};
 
-/// Records every request and answers each with the same allowed decision.
+/// Records every request and answers each with the outcome it is told to
+/// (by default, every policy of the set allows).
 #[derive(Debug)]
 struct RecordingPort {
-    policy: RateLimitPolicy,
+    policies: Vec<RateLimitPolicy>,
+    outcome: Mutex<Option<RateLimitOutcome>>,
     requests: Mutex<Vec<RateLimitRequest>>,
+}
+
+fn allow(limit: u64, remaining: u64) -> RateLimitDecision {
+    RateLimitDecision {
+        allowed: true,
+        limit,
+        remaining,
+        retry_after: Duration::ZERO,
+        reset_after: Duration::from_secs(1),
+        certainty: Certainty::Certain,
+        replayed: false,
+    }
+}
+
+fn deny(limit: u64, retry_after_ms: u64) -> RateLimitDecision {
+    RateLimitDecision {
+        allowed: false,
+        remaining: 0,
+        retry_after: Duration::from_millis(retry_after_ms),
+        ..allow(limit, 0)
+    }
 }
 
 #[async_trait]
 impl EdgeRateLimitPort for RecordingPort {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        let every_allows = vec![allow(5, 4); request.policies.len()];
         self.requests.lock().unwrap().push(request);
-        RateLimitOutcome::Evaluated(RateLimitDecision {
-            allowed: true,
-            limit: 5,
-            remaining: 4,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::from_secs(1),
-            certainty: Certainty::Certain,
-            replayed: false,
-        })
+        self.outcome
+            .lock()
+            .unwrap()
+            .unwrap_or_else(|| RateLimitOutcome::Evaluated(SetDecision::new(true, &every_allows)))
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
-        (self.policy.id() == id).then_some(&self.policy)
+        self.policies.iter().find(|policy| policy.id() == id)
     }
 
     async fn is_ready(&self) -> bool {
@@ -52,10 +74,24 @@ struct Fixture {
     pseudonymizer: Arc<VersionedPseudonymizer>,
 }
 
-fn fixture(settings: EdgeSettings) -> Fixture {
+fn fixed_window(id: &str, mode: PolicyMode) -> RateLimitPolicy {
     let algorithm = Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) };
-    let policy = RateLimitPolicy::builder("default", algorithm).build().unwrap();
-    let port = Arc::new(RecordingPort { policy, requests: Mutex::new(Vec::new()) });
+    RateLimitPolicy::builder(id, algorithm).maximum_cost(5).mode(mode).build().unwrap()
+}
+
+fn fixture(settings: EdgeSettings) -> Fixture {
+    let policies = vec![
+        fixed_window("default", PolicyMode::Enforce),
+        fixed_window("burst", PolicyMode::Enforce),
+        fixed_window("hourly", PolicyMode::Enforce),
+        fixed_window("trial", PolicyMode::Shadow),
+        fixed_window("trial-daily", PolicyMode::Shadow),
+    ];
+    let port = Arc::new(RecordingPort {
+        policies,
+        outcome: Mutex::new(None),
+        requests: Mutex::new(Vec::new()),
+    });
     let clock = ManualClock::new(1_700_000_000_000);
     let key = SecretSlice::from(vec![0x5a; 32]);
     let pseudonymizer = Arc::new(VersionedPseudonymizer::new([(1, key)], 1).unwrap());
@@ -66,6 +102,16 @@ fn fixture(settings: EdgeSettings) -> Fixture {
         settings,
     );
     Fixture { port, clock, bridge, pseudonymizer }
+}
+
+fn set(ids: &[&str]) -> PolicySet {
+    PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap()
+}
+
+/// Settings where the unmatched GET operation runs under `ids`.
+fn mapped(ids: &[&str]) -> EdgeSettings {
+    let operations = HashMap::from([("GET <unmatched>".to_owned(), set(ids))]);
+    EdgeSettings { operations, ..EdgeSettings::default() }
 }
 
 const PEER: &str = "203.0.113.77:5100";
@@ -81,6 +127,10 @@ fn parts(builder: http::request::Builder) -> Parts {
 impl Fixture {
     fn requests(&self) -> Vec<RateLimitRequest> {
         self.port.requests.lock().unwrap().clone()
+    }
+
+    fn answer(&self, outcome: RateLimitOutcome) {
+        *self.port.outcome.lock().unwrap() = Some(outcome);
     }
 }
 
@@ -98,19 +148,19 @@ async fn no_raw_subject_crosses_the_port() {
     let requests = fixture.requests();
     assert_eq!(requests.len(), 3);
     for request in &requests {
-        let crossed = format!("{request:?} {}", request.subject);
-        for raw in [raw_ip, raw_key, raw_principal, "alice"] {
+        let crossed = format!("{request:?} {} {}", request.subject, request.operation);
+        for raw in [raw_ip, raw_key, raw_principal, "alice", "GET", "unmatched"] {
             assert!(!crossed.contains(raw), "{raw} crossed the port in {crossed}");
         }
     }
-    // Each request carries exactly the pseudonym of its subject.
-    let operation = "GET <unmatched>";
+    // Each request carries exactly the pseudonym of its subject (the IP as
+    // its /32 network), whatever the operation.
     let expected = [
-        (SubjectKind::ClientIp, raw_ip),
+        (SubjectKind::ClientIp, "203.0.113.77/32"),
         (SubjectKind::ApiKey, raw_key),
         (SubjectKind::Principal, raw_principal),
     ]
-    .map(|(kind, identity)| fixture.pseudonymizer.pseudonymize(kind, identity, operation));
+    .map(|(kind, identity)| fixture.pseudonymizer.pseudonymize(kind, identity));
     let subjects: Vec<_> = requests.iter().map(|r| r.subject.clone()).collect();
     assert_eq!(subjects, expected);
 }
@@ -123,6 +173,15 @@ async fn every_request_gets_a_fresh_evaluation_id_and_cost_one() {
     let requests = fixture.requests();
     assert_ne!(requests[0].evaluation_id, requests[1].evaluation_id);
     assert!(requests.iter().all(|r| r.cost == 1));
+}
+
+#[tokio::test]
+async fn a_cost_extension_sets_the_cost() {
+    let fixture = fixture(EdgeSettings::default());
+    fixture.bridge.evaluate(&parts(request().extension(RateLimitCost(5)))).await.unwrap();
+    fixture.bridge.evaluate(&parts(request().extension(RateLimitCost::DEFAULT))).await.unwrap();
+    let costs: Vec<_> = fixture.requests().iter().map(|r| r.cost).collect();
+    assert_eq!(costs, [5, 1]);
 }
 
 #[tokio::test]
@@ -144,8 +203,9 @@ async fn an_idempotency_key_changes_nothing() {
         assert_eq!(request.evaluation_id.as_uuid().get_version_num(), 4);
     }
     // Everything else is what the request without the headers produced.
-    let without_id =
-        |r: &RateLimitRequest| (r.policy_id.clone(), r.subject.clone(), r.cost, r.deadline);
+    let without_id = |r: &RateLimitRequest| {
+        (r.policies.clone(), r.subject.clone(), r.operation.clone(), r.cost, r.deadline)
+    };
     assert_eq!(without_id(&requests[0]), without_id(&requests[2]));
     assert_eq!(without_id(&requests[1]), without_id(&requests[2]));
 }
@@ -162,17 +222,94 @@ async fn the_deadline_is_now_plus_the_budget() {
 }
 
 #[tokio::test]
-async fn operations_map_to_policies_and_the_default_covers_the_rest() {
-    let mut operations = HashMap::new();
-    operations.insert("GET <unmatched>".to_owned(), PolicyId::new("unmatched").unwrap());
-    let fixture = fixture(EdgeSettings { operations, ..EdgeSettings::default() });
+async fn operations_map_to_sets_and_the_default_set_covers_the_rest() {
+    let fixture = fixture(mapped(&["hourly", "burst", "unknown"]));
     let mapped = fixture.bridge.evaluate(&parts(request())).await.unwrap();
-    assert_eq!(mapped.policy_id.as_str(), "unmatched");
-    assert_eq!(mapped.policy, None);
+    assert_eq!(mapped.policies, set(&["hourly", "burst", "unknown"]));
+    // Described in the set's order; the port does not hold "unknown".
+    let described: Vec<_> =
+        mapped.described.iter().map(|p| p.as_ref().map(|p| p.id().as_str())).collect();
+    assert_eq!(described, [Some("hourly"), Some("burst"), None]);
     let post = parts(request().method("POST"));
     let default = fixture.bridge.evaluate(&post).await.unwrap();
-    assert_eq!(default.policy_id.as_str(), "default");
-    assert_eq!(default.policy.as_ref().map(|p| p.id().as_str()), Some("default"));
+    assert_eq!(default.policies, set(&["default"]));
+    let sent: Vec<_> = fixture.requests().into_iter().map(|r| r.policies).collect();
+    assert_eq!(sent, [set(&["hourly", "burst", "unknown"]), set(&["default"])]);
+}
+
+#[tokio::test]
+async fn the_operation_crosses_the_port_as_its_digest() {
+    let fixture = fixture(mapped(&["burst"]));
+    // A configured operation (digest made when the bridge was built) and
+    // an unmapped one (digest made per request) are digested alike.
+    fixture.bridge.evaluate(&parts(request())).await.unwrap();
+    fixture.bridge.evaluate(&parts(request().method("POST"))).await.unwrap();
+    let operations: Vec<_> =
+        fixture.requests().into_iter().map(|r| r.operation.to_string()).collect();
+    assert_eq!(
+        operations,
+        [
+            operation_digest("GET <unmatched>").to_string(),
+            operation_digest("POST <unmatched>").to_string()
+        ]
+    );
+    // Values from python3 hashlib (see operation.rs).
+    assert_eq!(operations[0], "8c13b2e43046bcc7");
+}
+
+#[tokio::test]
+async fn a_set_of_shadow_policies_admits_even_when_the_provider_fails() {
+    let fixture = fixture(mapped(&["trial", "trial-daily"]));
+    fixture.answer(RateLimitOutcome::Unavailable {
+        category: UnavailableCategory::UnavailableBeforeSend,
+        retry_after: Duration::from_secs(1),
+    });
+    let shadow_only = fixture.bridge.evaluate(&parts(request())).await.unwrap();
+    assert!(!shadow_only.outcome.is_allowed());
+    assert!(!shadow_only.enforces());
+    assert!(shadow_only.admits());
+    // One enforced policy beside them, and the same failure fails closed.
+    let mixed = fixture.bridge.evaluate(&parts(request().method("POST"))).await.unwrap();
+    assert!(mixed.enforces());
+    assert!(!mixed.admits());
+}
+
+#[tokio::test]
+async fn only_enforced_denials_are_violations() {
+    let fixture = fixture(mapped(&["burst", "trial", "hourly"]));
+    // burst denies, trial (shadow) would deny, hourly allows: refused.
+    let decisions = [deny(5, 300), deny(5, 9000), allow(5, 3)];
+    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(false, &decisions)));
+    let refused = fixture.bridge.evaluate(&parts(request())).await.unwrap();
+    assert!(!refused.admits());
+    let violated: Vec<_> = refused.violated_policies().iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(violated, ["burst"]);
+    let enforced: Vec<_> = refused.enforced_decisions().iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(enforced, ["burst", "hourly"]);
+    // Only the shadow policy would deny: admitted.
+    let decisions = [allow(5, 4), deny(5, 9000), allow(5, 3)];
+    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+    let admitted = fixture.bridge.evaluate(&parts(request())).await.unwrap();
+    assert!(admitted.admits());
+    assert!(admitted.violated_policies().is_empty());
+}
+
+#[tokio::test]
+async fn a_reply_that_does_not_fit_the_set_fails_closed() {
+    let fixture = fixture(mapped(&["burst", "hourly"]));
+    let incompatible =
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible };
+    // One decision for a set of two.
+    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &[allow(5, 4)])));
+    assert_eq!(fixture.bridge.evaluate(&parts(request())).await.unwrap().outcome, incompatible);
+    // Admitted although an enforced policy denies.
+    let decisions = [allow(5, 4), deny(5, 100)];
+    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+    assert_eq!(fixture.bridge.evaluate(&parts(request())).await.unwrap().outcome, incompatible);
+    // Refused although every enforced policy allows.
+    let decisions = [allow(5, 4), allow(5, 3)];
+    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(false, &decisions)));
+    assert_eq!(fixture.bridge.evaluate(&parts(request())).await.unwrap().outcome, incompatible);
 }
 
 #[tokio::test]
@@ -266,33 +403,41 @@ fn pairs(items: &[(&str, &str)]) -> Labels {
     items.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()
 }
 
-#[test]
-fn metrics_carry_policy_algorithm_and_outcome_but_no_subject() {
+type Recorded = (Vec<Increment>, Vec<(String, Labels)>);
+
+fn recorded(settings: EdgeSettings, drive: impl AsyncFnOnce(&Fixture)) -> Recorded {
     let recorder = CollectingRecorder::default();
     let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
     metrics::with_local_recorder(&recorder, || {
         runtime.block_on(async {
-            let fixture = fixture(EdgeSettings::default());
-            fixture
-                .bridge
-                .evaluate(&parts(request().header("x-api-key", "live-key")))
-                .await
-                .unwrap();
-            let oversized = "k".repeat(300);
-            let rejected = parts(request().header("x-api-key", oversized));
-            assert!(fixture.bridge.evaluate(&rejected).await.is_err());
+            let fixture = fixture(settings);
+            drive(&fixture).await;
         });
     });
     let counters = recorder.counters.lock().unwrap().clone();
-    let decision = |outcome| {
-        (
-            crate::DECISIONS_TOTAL.to_owned(),
-            pairs(&[("policy", "default"), ("algorithm", "fixed-window"), ("outcome", outcome)]),
-            1,
-        )
-    };
-    assert_eq!(counters, [decision("allowed"), decision("bad-request")]);
     let histograms = recorder.histograms.lock().unwrap().clone();
+    (counters, histograms)
+}
+
+fn decision(policy: &str, outcome: &str, mode: &str) -> Increment {
+    let labels = [("policy", policy), ("algorithm", "fixed-window"), ("outcome", outcome)];
+    let mut labels = pairs(&labels);
+    labels.push(("mode".to_owned(), mode.to_owned()));
+    (crate::DECISIONS_TOTAL.to_owned(), labels, 1)
+}
+
+#[test]
+fn metrics_carry_policy_algorithm_outcome_and_mode_but_no_subject() {
+    let (counters, histograms) = recorded(EdgeSettings::default(), async |fixture| {
+        fixture.bridge.evaluate(&parts(request().header("x-api-key", "live-key"))).await.unwrap();
+        let oversized = "k".repeat(300);
+        let rejected = parts(request().header("x-api-key", oversized));
+        assert!(fixture.bridge.evaluate(&rejected).await.is_err());
+    });
+    assert_eq!(
+        counters,
+        [decision("default", "allowed", "enforce"), decision("default", "bad-request", "enforce")]
+    );
     assert_eq!(
         histograms,
         [(
@@ -300,4 +445,103 @@ fn metrics_carry_policy_algorithm_and_outcome_but_no_subject() {
             pairs(&[("policy", "default"), ("algorithm", "fixed-window")])
         )]
     );
+    for (_, labels, _) in &counters {
+        assert!(labels.iter().all(|(_, value)| !value.contains("live-key")));
+    }
+}
+
+#[test]
+fn every_policy_of_a_set_is_counted_with_its_own_answer_and_mode() {
+    let settings = mapped(&["burst", "trial", "hourly"]);
+    let (counters, _) = recorded(settings, async |fixture| {
+        // The shadow policy would deny; the enforced ones allow.
+        let decisions = [allow(5, 4), deny(5, 9000), allow(5, 3)];
+        fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+        assert!(fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
+        fixture.answer(RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO });
+        fixture.bridge.evaluate(&parts(request())).await.unwrap();
+    });
+    assert_eq!(
+        counters,
+        [
+            decision("burst", "allowed", "enforce"),
+            decision("trial", "denied", "shadow"),
+            decision("hourly", "allowed", "enforce"),
+            decision("burst", "indeterminate", "enforce"),
+            decision("trial", "indeterminate", "shadow"),
+            decision("hourly", "indeterminate", "enforce"),
+        ]
+    );
+}
+
+/// Collects every event as one `LEVEL field=value ...` line.
+#[derive(Debug, Default)]
+struct CollectingSubscriber {
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+struct LineVisitor<'a>(&'a mut String);
+
+impl tracing::field::Visit for LineVisitor<'_> {
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn fmt::Debug) {
+        use std::fmt::Write;
+        write!(self.0, " {}={value:?}", field.name()).expect("writing to a String cannot fail");
+    }
+}
+
+impl tracing::Subscriber for CollectingSubscriber {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, event: &tracing::Event<'_>) {
+        let mut line = event.metadata().level().to_string();
+        event.record(&mut LineVisitor(&mut line));
+        self.lines.lock().unwrap().push(line);
+    }
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn a_shadow_policy_that_would_deny_logs_one_line_with_the_pseudonym_only() {
+    let subscriber = CollectingSubscriber::default();
+    let lines = Arc::clone(&subscriber.lines);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let pseudonym = tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let fixture = fixture(mapped(&["burst", "trial"]));
+            let decisions = [allow(5, 4), deny(5, 9000)];
+            fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+            let request = request().header("x-api-key", "raw-key-never-logged");
+            assert!(fixture.bridge.evaluate(&parts(request)).await.unwrap().admits());
+            fixture.pseudonymizer.pseudonymize(SubjectKind::ApiKey, "raw-key-never-logged")
+        })
+    });
+    let lines = lines.lock().unwrap().clone();
+    let shadow: Vec<_> =
+        lines.iter().filter(|line| line.contains("shadow policy would deny")).collect();
+    assert_eq!(shadow.len(), 1, "{lines:?}");
+    let line = shadow[0];
+    assert!(line.starts_with("INFO"), "{line}");
+    for expected in [
+        format!("subject={:?}", pseudonym.as_str()),
+        "policy=trial".to_owned(),
+        r#"operation="GET <unmatched>""#.to_owned(),
+    ] {
+        assert!(line.contains(&expected), "{expected} missing in {line}");
+    }
+    for line in &lines {
+        assert!(!line.contains("raw-key-never-logged") && !line.contains("203.0.113.77"), "{line}");
+    }
 }

@@ -4,21 +4,24 @@
 
 #![allow(dead_code, unreachable_pub, reason = "each test binary uses a different part")]
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use adapter_web::{
-    EdgeSettings, RateLimitLayer, SubjectKind, TransportBridge, VersionedPseudonymizer,
+    EdgeSettings, RateLimitCost, RateLimitLayer, SubjectKind, TransportBridge,
+    VersionedPseudonymizer,
 };
 use async_trait::async_trait;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Path, State};
+use axum::middleware::map_request;
 use axum::routing::get;
 use http::{HeaderMap, Request, StatusCode};
 use http_body_util::BodyExt;
+use ipnet::{Ipv4Net, Ipv6Net};
 use secrecy::SecretSlice;
 use shared_contract::{
     Clock, EdgeRateLimitPort, ManualClock, PolicyId, RateLimitOutcome, RateLimitPolicy,
@@ -151,6 +154,28 @@ async fn fallback(State(calls): State<Arc<AtomicUsize>>) -> (StatusCode, &'stati
     (StatusCode::NOT_FOUND, "no such route")
 }
 
+/// Test header whose number an upstream layer turns into a
+/// [`RateLimitCost`] extension, as a real cost-aware layer would.
+pub const COST_HEADER: &str = "x-test-cost";
+
+async fn cost_from_header(mut request: Request<Body>) -> Request<Body> {
+    let cost =
+        request.headers().get(COST_HEADER).and_then(|value| value.to_str().ok()?.parse().ok());
+    if let Some(cost) = cost {
+        request.extensions_mut().insert(RateLimitCost(cost));
+    }
+    request
+}
+
+/// The identity text of a client address at the default prefixes: its
+/// /32 (IPv4, IPv4-mapped IPv6 included) or /64 (IPv6) network.
+pub fn network_at_defaults(ip: IpAddr) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => Ipv4Net::new(v4, 32).unwrap().trunc().to_string(),
+        IpAddr::V6(v6) => Ipv6Net::new(v6, 64).unwrap().trunc().to_string(),
+    }
+}
+
 /// The plain enabled layer.
 pub fn enabled(bridge: Arc<TransportBridge>) -> RateLimitLayer {
     RateLimitLayer::new(bridge)
@@ -188,7 +213,9 @@ impl Harness {
             .route(ORDER_ROUTE, get(order))
             .fallback(fallback)
             .with_state(Arc::clone(&calls))
-            .layer(layer);
+            .layer(layer)
+            // Added last, so it runs first: the cost is set upstream.
+            .layer(map_request(cost_from_header));
         let (base_url, server) = match via {
             Via::Oneshot(_) => (None, None),
             Via::Tcp => {
@@ -218,9 +245,15 @@ impl Harness {
         }
     }
 
-    /// The pseudonym of a client IP for `operation`.
-    pub fn ip_digest(&self, ip: &str, operation: &str) -> SubjectDigest {
-        self.pseudonymizer.pseudonymize(SubjectKind::ClientIp, ip, operation)
+    /// The pseudonym of a client address, at the default prefixes.
+    pub fn ip_digest(&self, ip: &str) -> SubjectDigest {
+        let network = network_at_defaults(ip.parse().unwrap());
+        self.pseudonymizer.pseudonymize(SubjectKind::ClientIp, &network)
+    }
+
+    /// The pseudonym of a client network written out (`"2001:db8::/64"`).
+    pub fn network_digest(&self, network: &str) -> SubjectDigest {
+        self.pseudonymizer.pseudonymize(SubjectKind::ClientIp, network)
     }
 
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
