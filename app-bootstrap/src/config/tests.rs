@@ -700,3 +700,19 @@ fn prefixes_default_to_a_host_for_ipv4_and_a_64_for_ipv6() {
         assert_eq!((rate_limit.client_ipv4_prefix, rate_limit.client_ipv6_prefix), (32, 64));
     });
 }
+
+#[test]
+fn prefixes_out_of_range_are_named_by_their_keys() {
+    jail(|jail| {
+        let file = BASE.replace(
+            "default-policy",
+            "client-ipv4-prefix = 33\nclient-ipv6-prefix = 0\ndefault-policy",
+        );
+        let mut found = paths(load_file(jail, &file));
+        found.sort();
+        assert_eq!(
+            found,
+            ["capabilities.rate-limit.client-ipv4-prefix", "capabilities.rate-limit.client-ipv6-prefix"]
+        );
+    });
+}

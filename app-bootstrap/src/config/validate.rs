@@ -113,10 +113,14 @@ fn is_operation(operation: &str) -> bool {
 fn edge_settings(config: &AppConfig, problems: &mut ConfigProblems) {
     let rate_limit = &config.capabilities.rate_limit;
     // The rules of the fields the edge owns; policy ids are checked above.
+    // A prefix too large for a byte is out of range as 255 is.
+    let prefix = |bits: u32| u8::try_from(bits).unwrap_or(u8::MAX);
     let settings = EdgeSettings {
         evaluation_budget: rate_limit.evaluation_budget,
         failure_retry_after: rate_limit.failure_retry_after,
         problem_type_base: rate_limit.problem_type_base.clone(),
+        client_ipv4_prefix: prefix(rate_limit.client_ipv4_prefix),
+        client_ipv6_prefix: prefix(rate_limit.client_ipv6_prefix),
         ..EdgeSettings::default()
     };
     for problem in settings.problems() {
@@ -124,6 +128,8 @@ fn edge_settings(config: &AppConfig, problems: &mut ConfigProblems) {
             WebError::EvaluationBudgetTooShort(_) => KeyPath::rate_limit("evaluation-budget"),
             WebError::FailureRetryAfterTooShort(_) => KeyPath::rate_limit("failure-retry-after"),
             WebError::InvalidProblemTypeBase { .. } => KeyPath::rate_limit("problem-type-base"),
+            WebError::ClientIpv4PrefixOutOfRange(_) => KeyPath::rate_limit("client-ipv4-prefix"),
+            WebError::ClientIpv6PrefixOutOfRange(_) => KeyPath::rate_limit("client-ipv6-prefix"),
             WebError::KeyTooShort { version, .. } | WebError::DuplicateKeyVersion(version) => {
                 KeyPath::root().dotted("pseudonymizer.keys").child(&version.to_string())
             }
