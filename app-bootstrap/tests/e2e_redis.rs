@@ -27,7 +27,7 @@ async fn redis_limits_until_429_and_metrics_count_the_429s() {
     assert_eq!(again.status, StatusCode::TOO_MANY_REQUESTS);
 
     let metrics = server.metrics().await;
-    let denied = r#"ca_rate_limit_decisions_total{policy="e2e-redis",algorithm="fixed-window",outcome="denied"}"#;
+    let denied = r#"ca_rate_limit_decisions_total{policy="e2e-redis",algorithm="fixed-window",outcome="denied",mode="enforce"}"#;
     assert_eq!(counter(&metrics, denied), 2, "{metrics}");
     assert!(!metrics.contains("127.0.0.1"), "{metrics}");
     server.stop().await;
