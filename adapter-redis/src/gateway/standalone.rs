@@ -114,11 +114,11 @@ impl RedisGateway for StandaloneGateway {
     async fn evalsha(
         &self,
         script: &LoadedScript,
-        key: &str,
-        args: &[Vec<u8>],
+        keys: &[String],
+        args: &[&[u8]],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
-        self.query(&evalsha_command(&script.digest, key, args), timeout).await
+        self.query(&evalsha_command(&script.digest, keys, args), timeout).await
     }
 
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {
