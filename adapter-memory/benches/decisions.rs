@@ -29,8 +29,8 @@ use adapter_memory::MemoryEdgeRateLimitAdapter;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, PolicyId, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, OperationDigest, PolicyId,
+    PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
 };
 use uuid::Uuid;
 
@@ -109,7 +109,8 @@ trait Contender: Sync {
 
 struct Ours {
     adapter: MemoryEdgeRateLimitAdapter,
-    policy: PolicyId,
+    policy: PolicySet,
+    operation: OperationDigest,
     subjects: Vec<SubjectDigest>,
     deadline: Instant,
 }
@@ -117,8 +118,9 @@ struct Ours {
 impl Contender for Ours {
     fn decide(&self, index: usize, evaluation: u128) -> bool {
         let request = RateLimitRequest {
-            policy_id: self.policy.clone(),
+            policies: self.policy.clone(),
             subject: self.subjects[index].clone(),
+            operation: self.operation.clone(),
             cost: 1,
             evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(evaluation)),
             deadline: self.deadline,
@@ -144,7 +146,8 @@ fn ours(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> Ours {
             .expect("adapter builds");
     Ours {
         adapter,
-        policy: PolicyId::new("bench").expect("valid id"),
+        policy: PolicySet::single(PolicyId::new("bench").expect("valid id")),
+        operation: OperationDigest::new("00000000000000aa").expect("valid digest"),
         subjects: subjects(),
         deadline: Instant::now() + Duration::from_secs(24 * 3600),
     }
@@ -157,7 +160,7 @@ fn port_floor() -> Ours {
         Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
         EvaluationDedupPolicy::Disabled,
     );
-    floor.policy = PolicyId::new("not-held").expect("valid id");
+    floor.policy = PolicySet::single(PolicyId::new("not-held").expect("valid id"));
     floor
 }
 

@@ -7,17 +7,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, IncompatibleCategory, KeyRules, PolicyId, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, UnavailableCategory,
+    Clock, EdgeRateLimitPort, KeyRules, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyScope,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, UnavailableCategory, evaluate_set,
 };
 
 use crate::error::MemoryAdapterError;
-use crate::store::MemoryStore;
+use crate::store::{KeySlot, MemoryStore};
 
 /// The embedded rate-limit provider: the three algorithms over a sharded
 /// in-process [`MemoryStore`], with the same clock-regression and dedupe
 /// semantics as every other provider. Never blocks on I/O; a decision holds
-/// one shard lock, only while it reads, decides and writes its key.
+/// one shard lock (its subject's), only while it reads, decides and writes
+/// the keys of its policy set.
 #[derive(Debug)]
 pub struct MemoryEdgeRateLimitAdapter {
     store: MemoryStore,
@@ -89,26 +90,55 @@ impl MemoryEdgeRateLimitAdapter {
 
     /// The whole evaluation; synchronous because nothing in it waits.
     fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
-        let Some(slot) = self.policies.get(&request.policy_id) else {
-            return RateLimitOutcome::Incompatible {
-                category: IncompatibleCategory::UnknownPolicy,
-            };
+        let slots = match request.resolve(|id| self.policies.get(id), |slot| &slot.policy) {
+            Ok(slots) => slots,
+            Err(refusal) => return refusal,
         };
-        if request.cost == 0 || request.cost > slot.policy.maximum_cost() {
-            return RateLimitOutcome::Incompatible {
-                category: IncompatibleCategory::CostExceedsMaximum,
-            };
-        }
         if self.clock.monotonic() >= request.deadline {
             return RateLimitOutcome::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: self.failure_retry_after,
             };
         }
+        let operation = operation_number(&request.operation);
+        let key_of = |slot: &'_ PolicySlot| {
+            let operation = match slot.policy.scope() {
+                PolicyScope::Operation => operation,
+                PolicyScope::Subject => 0,
+            };
+            KeySlot { namespace: slot.namespace, operation }
+        };
+        // A fixed array, no allocation: slots past the set's length repeat
+        // its first policy and are never used.
+        let Some(first) = slots.iter().next() else { return refused_empty_set() };
+        let mut keys = [(key_of(first), &first.rules); MAX_POLICY_SET];
+        for (key, slot) in keys.iter_mut().zip(slots.iter()) {
+            *key = (key_of(slot), &slot.rules);
+        }
         let now = self.clock.epoch_millis();
-        self.store.with_entry(slot.namespace, request.subject.as_str(), now, |entry| {
-            entry.evaluate(&slot.rules, now, request.cost, request.evaluation_id)
-        })
+        self.store
+            .with_set(request.subject.as_str(), &keys[..slots.len()], now, |members| {
+                evaluate_set(members, now, request.cost, request.evaluation_id)
+            })
+            .into()
+    }
+}
+
+/// The operation as a key part: the digest's hex read as a number, 64
+/// bits at a time and folded (the edge's digests are exactly 64 bits, so
+/// this is exact for them). A subject-scoped key uses 0 in its own
+/// namespace, so the two never meet.
+fn operation_number(digest: &OperationDigest) -> u64 {
+    digest.as_str().as_bytes().chunks(16).fold(0, |folded, chunk| {
+        let chunk = std::str::from_utf8(chunk).unwrap_or_default();
+        folded.rotate_left(1) ^ u64::from_str_radix(chunk, 16).unwrap_or_default()
+    })
+}
+
+/// A `PolicySet` is never empty; should one ever be, nothing is evaluated.
+fn refused_empty_set() -> RateLimitOutcome {
+    RateLimitOutcome::Incompatible {
+        category: shared_contract::IncompatibleCategory::UnknownPolicy,
     }
 }
 

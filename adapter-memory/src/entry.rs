@@ -1,9 +1,7 @@
 //! One key's entry as the store holds it: the shared decision step's state
 //! plus the absolute expiry the store sweeps by.
 
-use shared_contract::{
-    EvaluationId, KeyRules, KeyState, RateLimitOutcome, Transition, evaluate_key,
-};
+use shared_contract::{KeyState, KeyWrite};
 
 /// Everything the store holds for one key. Its size is constant except for
 /// the dedupe records, which are bounded by the policy's record capacity.
@@ -11,7 +9,7 @@ use shared_contract::{
 pub(crate) struct Entry {
     /// Absolute expiry (epoch ms): from then on the key counts as absent.
     pub(crate) expires_at: u64,
-    /// `None` only for a fresh entry that has not been written yet.
+    /// `None` for a fresh entry not written yet, and while a step holds it.
     state: Option<KeyState>,
 }
 
@@ -21,36 +19,28 @@ impl Entry {
         Self { expires_at: 0, state: None }
     }
 
-    /// Forgets an expired entry in place, keeping its key.
-    pub(crate) fn reset(&mut self) {
-        self.state = None;
-    }
-
     /// Whether an evaluation has written state into this entry.
+    #[cfg(test)]
     pub(crate) fn is_written(&self) -> bool {
         self.state.is_some()
     }
 
-    /// Evaluates one request against this key at caller time `now`. The
-    /// caller has already checked the policy, the cost and the deadline, and
-    /// has reset the entry if it was past its expiry. The state moves
-    /// through the step and back, so nothing is copied or allocated here.
-    pub(crate) fn evaluate(
-        &mut self,
-        rules: &KeyRules,
-        now: u64,
-        cost: u64,
-        evaluation_id: EvaluationId,
-    ) -> RateLimitOutcome {
-        let step = evaluate_key(rules, self.state.take(), now, cost, evaluation_id);
-        match step.transition {
-            Transition::Keep(state) => self.state = state,
-            Transition::Write { state, expires_at, .. } => {
-                self.state = Some(state);
-                self.expires_at = expires_at;
-            }
+    /// Moves the state out for a step at caller time `now`; past its expiry
+    /// the key reads as absent. Nothing is copied or allocated.
+    pub(crate) fn take(&mut self, now: u64) -> Option<KeyState> {
+        if self.expires_at <= now {
+            self.state = None;
         }
-        step.verdict.into()
+        self.state.take()
+    }
+
+    /// Moves the step's state back in, with its new expiry when the step
+    /// wrote it.
+    pub(crate) fn put(&mut self, state: Option<KeyState>, write: Option<KeyWrite>) {
+        self.state = state;
+        if let Some(write) = write {
+            self.expires_at = write.expires_at;
+        }
     }
 
     #[cfg(test)]
@@ -63,7 +53,10 @@ impl Entry {
 mod tests {
     use std::time::Duration;
 
-    use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
+    use shared_contract::{
+        Algorithm, EvaluationDedupPolicy, EvaluationId, KeyRules, RateLimitOutcome,
+        RateLimitPolicy, SetMember, evaluate_set,
+    };
 
     use super::*;
 
@@ -91,12 +84,20 @@ mod tests {
         let rules = KeyRules::of(&policy);
         let id = EvaluationId::random();
         let mut entry = Entry::blank();
-        assert!(entry.evaluate(&rules, T0 + 250, 1, id).is_allowed());
+        let evaluate = |entry: &mut Entry, now| {
+            let mut members = [SetMember::new(&rules, entry.take(now))];
+            let verdict = evaluate_set(&mut members, now, 1, id);
+            let [member] = members;
+            entry.put(member.state, member.write);
+            RateLimitOutcome::from(verdict)
+        };
+        assert!(evaluate(&mut entry, T0 + 250).is_allowed());
         assert_eq!(entry.expires_at, T0 + 2000);
         let written = entry.state().cloned();
-        assert!(!entry.evaluate(&rules, T0 + 600, 1, id).is_allowed());
+        assert!(!evaluate(&mut entry, T0 + 600).is_allowed());
         assert_eq!((entry.expires_at, entry.state().cloned()), (T0 + 2000, written));
-        entry.reset();
+        // Past its expiry the entry reads as absent.
+        assert_eq!(entry.take(T0 + 2000), None);
         assert!(!entry.is_written());
     }
 }

@@ -1,8 +1,11 @@
-//! Store keys: a policy namespace plus a subject digest, hashed once.
+//! Store keys: a policy namespace, an operation (0 for a subject-scoped
+//! policy) and a subject digest.
 //!
-//! The hash is computed once per decision with the store's random-keyed
-//! SipHash; it picks the shard and is then reused as-is by the shard's map
-//! (a pass-through hasher), so a decision hashes the subject only once. A
+//! The subject is hashed once per decision with the store's random-keyed
+//! SipHash; that hash picks the shard, so every key of one subject (every
+//! policy of a set) lives under one lock, and each key's map hash is mixed
+//! from it cheaply and reused as-is by the shard's map (a pass-through
+//! hasher), so a decision hashes the subject only once. A
 //! lookup borrows the caller's `&str` through [`KeyView`]. Digests of the
 //! usual length (`v<version>:` plus 64 hex digits) are stored inline in the
 //! map slot: no allocation per key, and no second cache miss to compare it.
@@ -14,6 +17,7 @@ use std::hash::{BuildHasherDefault, Hash, Hasher};
 pub(crate) trait KeyView {
     fn prehash(&self) -> u64;
     fn namespace(&self) -> u32;
+    fn operation(&self) -> u64;
     fn subject(&self) -> &[u8];
 }
 
@@ -53,6 +57,7 @@ impl Subject {
 pub(crate) struct StoredKey {
     hash: u64,
     namespace: u32,
+    operation: u64,
     subject: Subject,
 }
 
@@ -61,14 +66,26 @@ pub(crate) struct StoredKey {
 pub(crate) struct LookupKey<'a> {
     pub(crate) hash: u64,
     pub(crate) namespace: u32,
+    pub(crate) operation: u64,
     pub(crate) subject: &'a str,
 }
 
-impl LookupKey<'_> {
+impl<'a> LookupKey<'a> {
+    /// The key of (namespace, operation) for a subject whose SipHash is
+    /// `subject_hash`. The mix is a bijection of the subject hash for fixed
+    /// namespace and operation, so distinct subjects keep distinct hashes.
+    pub(crate) fn new(subject_hash: u64, namespace: u32, operation: u64, subject: &'a str) -> Self {
+        let salt = u64::from(namespace).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ operation.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
+        let mixed = (subject_hash ^ salt).wrapping_mul(0xff51_afd7_ed55_8ccd);
+        Self { hash: mixed ^ (mixed >> 33), namespace, operation, subject }
+    }
+
     pub(crate) fn to_stored(self) -> StoredKey {
         StoredKey {
             hash: self.hash,
             namespace: self.namespace,
+            operation: self.operation,
             subject: Subject::new(self.subject),
         }
     }
@@ -81,6 +98,9 @@ impl KeyView for StoredKey {
     fn namespace(&self) -> u32 {
         self.namespace
     }
+    fn operation(&self) -> u64 {
+        self.operation
+    }
     fn subject(&self) -> &[u8] {
         self.subject.as_bytes()
     }
@@ -92,6 +112,9 @@ impl KeyView for LookupKey<'_> {
     }
     fn namespace(&self) -> u32 {
         self.namespace
+    }
+    fn operation(&self) -> u64 {
+        self.operation
     }
     fn subject(&self) -> &[u8] {
         self.subject.as_bytes()
@@ -116,6 +139,7 @@ impl PartialEq for dyn KeyView + '_ {
     fn eq(&self, other: &Self) -> bool {
         self.prehash() == other.prehash()
             && self.namespace() == other.namespace()
+            && self.operation() == other.operation()
             && self.subject() == other.subject()
     }
 }
@@ -132,6 +156,7 @@ impl PartialEq for StoredKey {
     fn eq(&self, other: &Self) -> bool {
         self.hash == other.hash
             && self.namespace == other.namespace
+            && self.operation == other.operation
             && self.subject.as_bytes() == other.subject.as_bytes()
     }
 }
@@ -172,12 +197,14 @@ mod tests {
     fn a_borrowed_key_finds_the_stored_one() {
         let mut map: HashMap<StoredKey, u8, BuildPrehashed> = HashMap::default();
         let subject = String::from("v1:00112233445566778899aabbccddeeff");
-        let lookup = LookupKey { hash: 42, namespace: 7, subject: &subject };
+        let lookup = LookupKey { hash: 42, namespace: 7, operation: 0, subject: &subject };
         map.insert(lookup.to_stored(), 1);
         assert_eq!(map.get(&lookup as &dyn KeyView), Some(&1));
         // Same hash, other namespace or subject: a different key.
         let other_ns = LookupKey { namespace: 8, ..lookup };
         assert_eq!(map.get(&other_ns as &dyn KeyView), None);
+        let other_operation = LookupKey { operation: 1, ..lookup };
+        assert_eq!(map.get(&other_operation as &dyn KeyView), None);
         let other_subject = LookupKey { subject: "v1:ffffffffffffffffffffffffffffffff", ..lookup };
         assert_eq!(map.get(&other_subject as &dyn KeyView), None);
     }
@@ -188,14 +215,31 @@ mod tests {
         let usual = format!("v1:{}", "ab".repeat(32));
         let long = format!("v1234567890:{}", "cd".repeat(64));
         for (n, subject) in [usual.as_str(), long.as_str()].into_iter().enumerate() {
-            let lookup = LookupKey { hash: 9, namespace: 0, subject };
+            let lookup = LookupKey { hash: 9, namespace: 0, operation: 0, subject };
             map.insert(lookup.to_stored(), u8::try_from(n).unwrap());
         }
         assert!(matches!(Subject::new(&usual), Subject::Inline { .. }));
         assert!(matches!(Subject::new(&long), Subject::Heap(_)));
-        let find = |subject| map.get(&LookupKey { hash: 9, namespace: 0, subject } as &dyn KeyView);
+        let find = |subject| {
+            map.get(&LookupKey { hash: 9, namespace: 0, operation: 0, subject } as &dyn KeyView)
+        };
         assert_eq!((find(&usual), find(&long)), (Some(&0), Some(&1)));
         // A prefix of an inline subject is another key.
         assert_eq!(find(&usual[..66]), None);
+    }
+
+    #[test]
+    fn keys_of_one_subject_get_distinct_hashes() {
+        let subject_hash = 0x0123_4567_89ab_cdef;
+        let hashes: Vec<u64> = [(0, 0), (1, 0), (0, 1), (1, 1)]
+            .iter()
+            .map(|&(namespace, operation)| {
+                LookupKey::new(subject_hash, namespace, operation, "s").hash
+            })
+            .collect();
+        let mut distinct = hashes.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert_eq!(distinct.len(), hashes.len(), "{hashes:x?}");
     }
 }

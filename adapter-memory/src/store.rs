@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use shared_contract::PolicyId;
+use shared_contract::{KeyRules, MAX_POLICY_SET, PolicyId, SetMember};
 
 use crate::entry::Entry;
 use crate::key::{BuildPrehashed, KeyView, LookupKey, StoredKey};
@@ -27,7 +27,8 @@ const SHRINK_MIN_CAPACITY: usize = 64;
 /// Shared in-process state of the memory provider. Cloning gives a handle to
 /// the same store: adapters built over one store see the same counters, so a
 /// policy reload keeps them. Keys include the policy id and revision, so two
-/// revisions never share a counter.
+/// revisions never share a counter, and the subject picks the shard, so
+/// every key of one subject's policy set is under one lock.
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<StoreInner>,
@@ -102,41 +103,59 @@ impl MemoryStore {
         *names.entry((id.clone(), revision)).or_insert(next)
     }
 
-    /// Runs `apply` on the entry of (namespace, subject) under its shard's
-    /// lock. An entry past its expiry at `now` is reset first, so it reads as
-    /// absent; a new entry is inserted only if `apply` wrote state into it.
-    pub(crate) fn with_entry<R>(
+    /// Runs `step` over the keys of one subject's policy set, atomically
+    /// under the subject's shard lock: each key's state moves out into its
+    /// member (past its expiry a key reads as absent), `step` evaluates the
+    /// members, and each state moves back with its new expiry. A key that
+    /// did not exist is inserted only if the step wrote it. At most
+    /// [`MAX_POLICY_SET`] keys.
+    pub(crate) fn with_set<R>(
         &self,
-        namespace: u32,
         subject: &str,
+        keys: &[(KeySlot, &KeyRules)],
         now: u64,
-        apply: impl FnOnce(&mut Entry) -> R,
+        step: impl FnOnce(&mut [SetMember<'_>]) -> R,
     ) -> R {
-        let hash = self.inner.hasher.hash_one((namespace, subject));
-        let key = LookupKey { hash, namespace, subject };
-        let mut guard = self.shard(hash).lock();
+        let n = keys.len().min(MAX_POLICY_SET);
+        let Some(last) = n.checked_sub(1) else { return step(&mut []) };
+        let subject_hash = self.inner.hasher.hash_one(subject);
+        // Fixed arrays: no allocation per decision. Slots past `n` repeat
+        // the last key and are never used.
+        let lookups: [LookupKey<'_>; MAX_POLICY_SET] = std::array::from_fn(|i| {
+            let (slot, _) = keys[i.min(last)];
+            LookupKey::new(subject_hash, slot.namespace, slot.operation, subject)
+        });
+        let mut members: [SetMember<'_>; MAX_POLICY_SET] =
+            std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
+        let mut guard = self.shard(subject_hash).lock();
         let shard = &mut *guard;
-        let (result, expiry) = match shard.map.get_mut(&key as &dyn KeyView) {
-            Some(entry) => {
-                if entry.expires_at <= now {
-                    entry.reset();
+        for (member, key) in members[..n].iter_mut().zip(&lookups) {
+            member.state = shard.map.get_mut(key as &dyn KeyView).and_then(|entry| entry.take(now));
+        }
+        let result = step(&mut members[..n]);
+        let mut earliest: Option<u64> = None;
+        for (member, key) in members[..n].iter_mut().zip(&lookups) {
+            let (state, write) = (member.state.take(), member.write);
+            let expiry = match shard.map.get_mut(key as &dyn KeyView) {
+                Some(entry) => {
+                    entry.put(state, write);
+                    Some(entry.expires_at)
                 }
-                let result = apply(entry);
-                (result, Some(entry.expires_at))
-            }
-            None => {
-                let mut entry = Entry::blank();
-                let result = apply(&mut entry);
-                if entry.is_written() {
+                None if state.is_some() => {
+                    let mut entry = Entry::blank();
+                    entry.put(state, write);
                     let expiry = entry.expires_at;
                     shard.map.insert(key.to_stored(), entry);
-                    (result, Some(expiry))
-                } else {
-                    (result, None)
+                    Some(expiry)
                 }
-            }
-        };
-        shard.after_op(now, expiry);
+                None => None,
+            };
+            earliest = match (earliest, expiry) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        shard.after_op(now, earliest);
         result
     }
 
@@ -155,14 +174,22 @@ impl MemoryStore {
     #[cfg(test)]
     pub(crate) fn inspect<R>(
         &self,
-        namespace: u32,
+        slot: KeySlot,
         subject: &str,
         look: impl FnOnce(Option<&Entry>) -> R,
     ) -> R {
-        let hash = self.inner.hasher.hash_one((namespace, subject));
-        let key = LookupKey { hash, namespace, subject };
-        look(self.shard(hash).lock().map.get(&key as &dyn KeyView))
+        let subject_hash = self.inner.hasher.hash_one(subject);
+        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
+        look(self.shard(subject_hash).lock().map.get(&key as &dyn KeyView))
     }
+}
+
+/// What a policy contributes to its keys: its revision's namespace number,
+/// and for an operation-scoped policy the operation (0 for subject scope).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct KeySlot {
+    pub(crate) namespace: u32,
+    pub(crate) operation: u64,
 }
 
 impl Default for MemoryStore {
@@ -229,7 +256,8 @@ mod tests {
     use std::time::Duration;
 
     use shared_contract::{
-        Algorithm, AlgorithmState, EvaluationDedupPolicy, EvaluationId, KeyRules, RateLimitPolicy,
+        Algorithm, AlgorithmState, EvaluationDedupPolicy, EvaluationId, KeyRules, RateLimitOutcome,
+        RateLimitPolicy, evaluate_set,
     };
 
     use super::*;
@@ -257,9 +285,25 @@ mod tests {
         format!("v1:{n:032x}")
     }
 
+    const SLOT: KeySlot = KeySlot { namespace: 0, operation: 0 };
+
+    /// One evaluation of one key, as the adapter makes it for a set of one.
+    fn evaluate(
+        store: &MemoryStore,
+        rules: &KeyRules,
+        n: u64,
+        now: u64,
+        id: EvaluationId,
+    ) -> RateLimitOutcome {
+        store
+            .with_set(&subject(n), &[(SLOT, rules)], now, |members| {
+                evaluate_set(members, now, 1, id)
+            })
+            .into()
+    }
+
     fn touch(store: &MemoryStore, rules: &KeyRules, n: u64, now: u64) {
-        let outcome =
-            store.with_entry(0, &subject(n), now, |entry| entry.evaluate(rules, now, 1, id(0)));
+        let outcome = evaluate(store, rules, n, now, id(0));
         assert!(outcome.is_allowed(), "{outcome:?}");
     }
 
@@ -336,9 +380,7 @@ mod tests {
         assert_eq!(store.live_entries(), 101);
         for _ in 0..SWEEP_MIN_OPS {
             let now = T0 + 2_000;
-            store.with_entry(0, &subject(1_000_000), now, |entry| {
-                entry.evaluate(&rules, now, 1, id(0))
-            });
+            evaluate(&store, &rules, 1_000_000, now, id(0));
         }
         assert_eq!(store.live_entries(), 1);
     }
@@ -350,12 +392,11 @@ mod tests {
         touch(&store, &rules, 1, T0);
         // Still held at T0 + 2500 (no sweep yet), but expired: it starts afresh.
         let now = T0 + 2_500;
-        let outcome =
-            store.with_entry(0, &subject(1), now, |entry| entry.evaluate(&rules, now, 1, id(0)));
-        let shared_contract::RateLimitOutcome::Evaluated(decision) = outcome else {
+        let outcome = evaluate(&store, &rules, 1, now, id(0));
+        let RateLimitOutcome::Evaluated(set) = outcome else {
             panic!("{outcome:?}");
         };
-        assert_eq!(decision.remaining, 9);
+        assert_eq!(set.decisions()[0].remaining, 9);
         assert_eq!(store.live_entries(), 1);
     }
 
@@ -378,8 +419,8 @@ mod tests {
         for step in 0..20_000u64 {
             let now = T0 + step;
             let id = id(u128::from(step));
-            store.with_entry(0, &subject(7), now, |entry| entry.evaluate(&rules, now, 1, id));
-            let (algorithm, records, allocated) = store.inspect(0, &subject(7), |entry| {
+            evaluate(&store, &rules, 7, now, id);
+            let (algorithm, records, allocated) = store.inspect(SLOT, &subject(7), |entry| {
                 let state = entry.and_then(Entry::state).expect("written");
                 (state.algorithm, state.records.len(), state.records.allocated())
             });
@@ -389,5 +430,36 @@ mod tests {
         }
         assert!(max_allocated <= 16, "record buffer grew to {max_allocated}");
         assert_eq!(store.live_entries(), 1);
+    }
+
+    #[test]
+    fn every_key_of_a_subject_is_in_one_shard_and_a_set_writes_only_what_it_decided() {
+        let store = MemoryStore::with_shards(64);
+        let rules = rules();
+        let slots = [
+            (KeySlot { namespace: 0, operation: 0 }, &rules),
+            (KeySlot { namespace: 1, operation: 0 }, &rules),
+            (KeySlot { namespace: 1, operation: 42 }, &rules),
+        ];
+        let now = T0;
+        let verdict = store
+            .with_set(&subject(3), &slots, now, |members| evaluate_set(members, now, 1, id(1)));
+        assert!(RateLimitOutcome::from(verdict).is_allowed());
+        // Three keys, all in the subject's shard.
+        let shard_of = |store: &MemoryStore| {
+            store.inner.shards.iter().position(|shard| !shard.0.lock().map.is_empty())
+        };
+        assert_eq!(store.live_entries(), 3);
+        let busy = store.inner.shards.iter().filter(|shard| !shard.0.lock().map.is_empty()).count();
+        assert_eq!((busy, shard_of(&store).is_some()), (1, true));
+        for (slot, _) in slots {
+            let remaining = store.inspect(slot, &subject(3), |entry| {
+                match entry.and_then(Entry::state).map(|state| state.algorithm) {
+                    Some(AlgorithmState::FixedWindow { count, .. }) => count,
+                    other => panic!("{other:?}"),
+                }
+            });
+            assert_eq!(remaining, 1);
+        }
     }
 }

@@ -43,7 +43,7 @@ async fn rejected_requests_create_no_state() {
     let (adapter, clock) = adapter(vec![revision("p", 1, 5)]);
     let adapter = adapter.with_failure_retry_after(Duration::from_millis(1_500));
     let mut unknown = request(&clock, &id("p"), subject(1), 1);
-    unknown.policy_id = id("other");
+    unknown.policies = shared_contract::PolicySet::single(id("other"));
     assert_eq!(
         adapter.evaluate(unknown).await,
         RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy }

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use rand::RngCore;
 use serde::Serialize;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, PolicyId, RateLimitOutcome, RateLimitRequest,
+    Clock, EdgeRateLimitPort, EvaluationId, OperationDigest, PolicyId, PolicySet,
+    RateLimitOutcome, RateLimitRequest,
     SubjectDigest, SystemClock,
 };
 
@@ -26,7 +27,7 @@ pub struct BenchOptions {
     pub subjects: usize,
     /// How long to run.
     pub duration: Duration,
-    /// The policy to evaluate; `None` means the default policy.
+    /// The policy to evaluate; `None` means the default policy set.
     pub policy: Option<String>,
 }
 
@@ -35,8 +36,8 @@ pub struct BenchOptions {
 pub struct BenchReport {
     /// `memory` or `redis`.
     pub provider: &'static str,
-    /// The policy's algorithm.
-    pub algorithm: &'static str,
+    /// The algorithms of the policies evaluated, joined by `+`.
+    pub algorithm: String,
     /// Concurrent callers.
     pub concurrency: usize,
     /// Distinct subjects.
@@ -78,16 +79,30 @@ pub async fn run(
         }
     };
     let rate_limit = &config.capabilities.rate_limit;
-    let policy_name = options.policy.as_deref().unwrap_or(&rate_limit.default_policy);
-    let policy_id = PolicyId::new(policy_name)
-        .map_err(|error| BootstrapError::Usage(format!("--policy {policy_name:?}: {error}")))?;
-    let Some(policy) = port.policy(&policy_id) else {
-        let defined = rate_limit.policies.keys().cloned().collect::<Vec<_>>().join(", ");
-        return Err(BootstrapError::Usage(format!(
-            "--policy {policy_name:?} is not configured (defined: {defined})"
-        )));
+    // One named policy, or the default policy set as configured.
+    let names = match &options.policy {
+        Some(name) => vec![name.clone()],
+        None => rate_limit.default_policy.clone(),
     };
-    let algorithm = policy.algorithm().name();
+    let mut ids = Vec::with_capacity(names.len());
+    let mut algorithms = Vec::with_capacity(names.len());
+    for name in &names {
+        let id = PolicyId::new(name.as_str())
+            .map_err(|error| BootstrapError::Usage(format!("--policy {name:?}: {error}")))?;
+        let Some(policy) = port.policy(&id) else {
+            let defined = rate_limit.policies.keys().cloned().collect::<Vec<_>>().join(", ");
+            return Err(BootstrapError::Usage(format!(
+                "--policy {name:?} is not configured (defined: {defined})"
+            )));
+        };
+        algorithms.push(policy.algorithm().name());
+        ids.push(id);
+    }
+    let policies = PolicySet::new(ids)
+        .map_err(|error| BootstrapError::Usage(format!("the policy set: {error}")))?;
+    let algorithm = algorithms.join("+");
+    // Every decision names one operation, as one route's traffic would.
+    let operation = OperationDigest::new(BENCH_OPERATION).expect("a valid digest");
     let subjects = Arc::new(subjects(options.subjects));
 
     let started = Instant::now();
@@ -97,7 +112,8 @@ pub async fn run(
         let job = Caller {
             port: Arc::clone(&port),
             clock: Arc::clone(&clock),
-            policy_id: policy_id.clone(),
+            policies: policies.clone(),
+            operation: operation.clone(),
             subjects: Arc::clone(&subjects),
             first_subject: caller,
             stride: options.concurrency,
@@ -131,6 +147,9 @@ pub async fn run(
     })
 }
 
+/// The operation digest every bench decision carries.
+const BENCH_OPERATION: &str = "0000000000000bec";
+
 /// Synthetic pseudonyms with a per-run salt, so a second run against the
 /// same Redis starts from fresh counters.
 fn subjects(count: usize) -> Vec<SubjectDigest> {
@@ -151,7 +170,8 @@ fn round(value: f64, decimals: i32) -> f64 {
 struct Caller {
     port: Arc<dyn EdgeRateLimitPort>,
     clock: Arc<dyn Clock>,
-    policy_id: PolicyId,
+    policies: PolicySet,
+    operation: OperationDigest,
     subjects: Arc<Vec<SubjectDigest>>,
     first_subject: usize,
     stride: usize,
@@ -167,8 +187,9 @@ impl Caller {
         let mut next = self.first_subject % self.subjects.len();
         while Instant::now() < self.end {
             let request = RateLimitRequest {
-                policy_id: self.policy_id.clone(),
+                policies: self.policies.clone(),
                 subject: self.subjects[next].clone(),
+                operation: self.operation.clone(),
                 cost: 1,
                 evaluation_id: EvaluationId::random(),
                 deadline: self.clock.monotonic() + self.budget,

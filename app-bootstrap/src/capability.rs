@@ -10,7 +10,7 @@ use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
 use rand::RngCore;
 use secrecy::SecretSlice;
-use shared_contract::{Clock, EdgeRateLimitPort, PolicyId};
+use shared_contract::{Clock, EdgeRateLimitPort, PolicyId, PolicySet};
 
 use crate::config::{AppConfig, ProviderKind};
 use crate::error::BootstrapError;
@@ -126,20 +126,26 @@ pub fn pseudonymizer(config: &AppConfig) -> Result<VersionedPseudonymizer, Boots
 /// The edge settings of `capabilities.rate-limit`.
 pub fn edge_settings(config: &AppConfig) -> Result<EdgeSettings, BootstrapError> {
     let rate_limit = &config.capabilities.rate_limit;
-    let policy_id =
-        |id: &str| PolicyId::new(id).map_err(|error| wiring("the edge settings", error));
+    let policy_set = |ids: &[String]| {
+        let ids = ids.iter().map(|id| PolicyId::new(id.as_str())).collect::<Result<Vec<_>, _>>();
+        ids.and_then(PolicySet::new).map_err(|error| wiring("the edge settings", error))
+    };
     let mut operations = HashMap::new();
-    for (operation, id) in &rate_limit.operations {
-        operations.insert(operation.clone(), policy_id(id)?);
+    for (operation, ids) in &rate_limit.operations {
+        operations.insert(operation.clone(), policy_set(ids)?);
     }
+    // Validation has checked the prefixes against their ranges already.
+    let prefix = |bits: u32| u8::try_from(bits).unwrap_or(u8::MAX);
     let settings = EdgeSettings {
         evaluation_budget: rate_limit.evaluation_budget,
         failure_retry_after: rate_limit.failure_retry_after,
         api_key_header: rate_limit.api_key_header.clone(),
         trusted_proxies: rate_limit.trusted_proxies.clone(),
-        default_policy: policy_id(&rate_limit.default_policy)?,
+        default_policies: policy_set(&rate_limit.default_policy)?,
         operations,
         problem_type_base: rate_limit.problem_type_base.clone(),
+        client_ipv4_prefix: prefix(rate_limit.client_ipv4_prefix),
+        client_ipv6_prefix: prefix(rate_limit.client_ipv6_prefix),
     };
     settings.validate().map_err(|error| wiring("the edge settings", error))?;
     Ok(settings)
@@ -239,7 +245,7 @@ mod tests {
         assert_eq!(settings.api_key_header, "x-client-key");
         assert_eq!(settings.evaluation_budget, std::time::Duration::from_millis(300));
         assert_eq!(settings.trusted_proxies, ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]);
-        assert_eq!(settings.operations["GET /api/hello"].as_str(), "demo");
-        assert_eq!(settings.default_policy.as_str(), "demo");
+        assert_eq!(settings.operations["GET /api/hello"].ids()[0].as_str(), "demo");
+        assert_eq!(settings.default_policies.ids()[0].as_str(), "demo");
     }
 }

@@ -125,7 +125,7 @@ async fn serve(sources: &ConfigSources) -> Result<(), BootstrapError> {
     tracing::info!(
         address = %application.local_addr(),
         provider = rate_limit.provider.name(),
-        default_policy = %rate_limit.default_policy,
+        default_policy = ?rate_limit.default_policy,
         policies = rate_limit.policies.len(),
         config_file = ?sources.file(),
         "ca-skeleton listening"
@@ -137,6 +137,8 @@ async fn serve(sources: &ConfigSources) -> Result<(), BootstrapError> {
 
 fn check_config(sources: &ConfigSources) -> Result<(), BootstrapError> {
     let config = AppConfig::load(sources)?;
+    // The same route check `serve` makes, against the routes it would serve.
+    config.check_operations(crate::routes::api().operations())?;
     print!("{}", config.to_redacted_toml()?);
     let memory_without_key = config.capabilities.rate_limit.provider == ProviderKind::Memory
         && config.pseudonymizer.keys.is_empty();

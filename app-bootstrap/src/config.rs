@@ -89,8 +89,9 @@ shared_contract::impl_from_str_by_name!(ProviderKind);
 pub struct RateLimitConfig {
     /// `provider`: `memory` (default), `redis` or `disabled`.
     pub provider: ProviderKind,
-    /// `default-policy`: the policy of operations not named in `operations`.
-    pub default_policy: String,
+    /// `default-policy`: the policy set of operations not named in
+    /// `operations`, in order (one id, or a list of up to 8).
+    pub default_policy: Vec<String>,
     /// `evaluation-budget`: the deadline of one evaluation (default 750 ms).
     pub evaluation_budget: Duration,
     /// `failure-retry-after`: `Retry-After` of a 503 when no decision could
@@ -101,8 +102,15 @@ pub struct RateLimitConfig {
     pub api_key_header: HeaderName,
     /// `trusted-proxies`: peers whose `Forwarded`/`X-Forwarded-For` count.
     pub trusted_proxies: Vec<IpNet>,
-    /// `operations`: `"METHOD /route/{template}"` -> policy id.
-    pub operations: BTreeMap<String, String>,
+    /// `operations`: `"METHOD /route/{template}"` -> its policy set, in
+    /// order (one id, or a list of up to 8).
+    pub operations: BTreeMap<String, Vec<String>>,
+    /// `client-ipv4-prefix`: IPv4 clients are counted per network of this
+    /// length (default 32).
+    pub client_ipv4_prefix: u32,
+    /// `client-ipv6-prefix`: IPv6 clients are counted per network of this
+    /// length (default 64).
+    pub client_ipv6_prefix: u32,
     /// `policies.<id>`: every policy the provider holds, built and checked
     /// by the contract's policy builder.
     pub policies: BTreeMap<String, RateLimitPolicy>,
@@ -172,6 +180,18 @@ impl AppConfig {
         let (config, declared) = read::read_config(&tree, &mut problems);
         validate::validate(&config, &declared, &mut problems);
         if problems.is_empty() { Ok(config) } else { Err(BootstrapError::InvalidConfig(problems)) }
+    }
+
+    /// Checks that every key of `capabilities.rate-limit.operations` names
+    /// an operation of `served` (as `"<METHOD> <route template>"`), listing
+    /// each one that does not.
+    pub fn check_operations(
+        &self,
+        served: &std::collections::BTreeSet<String>,
+    ) -> Result<(), BootstrapError> {
+        let mut problems = ConfigProblems::default();
+        validate::served_operations(self, served, &mut problems);
+        if problems.is_empty() { Ok(()) } else { Err(BootstrapError::InvalidConfig(problems)) }
     }
 
     /// The configured policies.

@@ -20,7 +20,7 @@ use tokio::net::TcpListener;
 use crate::capability::RateLimitCapability;
 use crate::config::AppConfig;
 use crate::error::BootstrapError;
-use crate::routes;
+use crate::routes::{self, ApiRoutes};
 
 /// Longest wait for the provider's readiness answer before `/readyz` says no.
 const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -55,12 +55,15 @@ impl Application {
     }
 
     /// [`Self::build`] over the API routes `api`, all of which are served
-    /// behind the rate-limit layer.
+    /// behind the rate-limit layer. Every configured operation must be one
+    /// `api` serves; otherwise start-up stops naming each key.
     pub async fn build_with(
         config: &AppConfig,
-        api: Router,
+        api: ApiRoutes,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BootstrapError> {
+        config.check_operations(api.operations())?;
+        let api = api.into_router();
         let metrics = metrics_handle()?;
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let layer = capability.layer(config, clock)?;

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use shared_contract::{
-    Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationId, ManualClock, PolicyId,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitPolicyBuilder, RateLimitRequest,
-    SubjectDigest,
+    Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationId, ManualClock, OperationDigest,
+    PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
+    RateLimitPolicyBuilder, RateLimitRequest, SetDecision, SubjectDigest,
 };
 
 use crate::factory::ProviderFactory;
@@ -41,6 +41,21 @@ pub(crate) fn subject(name: &str) -> SubjectDigest {
         Err(error) => panic!("a 32-hex-digit digest is valid by construction: {error}"),
     }
 }
+
+/// The operation of every request a check makes unless it names one: a
+/// digest as the edge would compute it (16 hex digits).
+pub(crate) fn operation(name: &str) -> OperationDigest {
+    let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    });
+    match OperationDigest::new(format!("{hash:016x}")) {
+        Ok(digest) => digest,
+        Err(error) => panic!("a 16-hex-digit digest is valid by construction: {error}"),
+    }
+}
+
+/// The operation single-policy checks run under.
+pub(crate) const DEFAULT_OPERATION: &str = "GET /contract";
 
 /// A policy id the checks know is valid.
 pub(crate) fn policy_id(id: &str) -> PolicyId {
@@ -129,19 +144,33 @@ impl CheckPolicy {
 
     /// A charged evaluation.
     pub(crate) fn allowed(&self, remaining: u64, reset_ms: u64) -> RateLimitOutcome {
-        RateLimitOutcome::Evaluated(self.decision(true, remaining, 0, reset_ms))
+        single(self.allows(remaining, reset_ms))
     }
 
     /// A denial.
     pub(crate) fn denied(&self, remaining: u64, retry_ms: u64, reset_ms: u64) -> RateLimitOutcome {
-        RateLimitOutcome::Evaluated(self.decision(false, remaining, retry_ms, reset_ms))
+        single(self.denies(remaining, retry_ms, reset_ms))
     }
 
     /// A replay of a recorded charge: the recorded remaining and reset-after.
     pub(crate) fn replayed(&self, remaining: u64, reset_ms: u64) -> RateLimitOutcome {
-        let mut decision = self.decision(true, remaining, 0, reset_ms);
-        decision.replayed = true;
-        RateLimitOutcome::Evaluated(decision)
+        single(self.replays(remaining, reset_ms))
+    }
+
+    /// This policy's decision inside a set: it allows (charged when the set
+    /// is admitted, its budget as it stands otherwise).
+    pub(crate) fn allows(&self, remaining: u64, reset_ms: u64) -> RateLimitDecision {
+        self.decision(true, remaining, 0, reset_ms)
+    }
+
+    /// This policy's decision inside a set: it denies.
+    pub(crate) fn denies(&self, remaining: u64, retry_ms: u64, reset_ms: u64) -> RateLimitDecision {
+        self.decision(false, remaining, retry_ms, reset_ms)
+    }
+
+    /// This policy's decision inside a set: replayed from its record.
+    pub(crate) fn replays(&self, remaining: u64, reset_ms: u64) -> RateLimitDecision {
+        RateLimitDecision { replayed: true, ..self.decision(true, remaining, 0, reset_ms) }
     }
 }
 
@@ -191,12 +220,50 @@ impl<'f> Rig<'f> {
         id: EvaluationId,
     ) -> RateLimitRequest {
         RateLimitRequest {
-            policy_id: policy.clone(),
+            policies: PolicySet::single(policy.clone()),
             subject: subject(who),
+            operation: operation(DEFAULT_OPERATION),
             cost,
             evaluation_id: id,
             deadline: self.clock.monotonic() + DEADLINE_BUDGET,
         }
+    }
+
+    /// A request under the set `policies` (in that order) for the operation
+    /// named `on`, with the deadline 5 s ahead.
+    pub(crate) fn set_request(
+        &self,
+        policies: &[&CheckPolicy],
+        on: &str,
+        who: &str,
+        cost: u64,
+        id: EvaluationId,
+    ) -> RateLimitRequest {
+        let ids = policies.iter().map(|policy| policy.id().clone());
+        let policies = match PolicySet::new(ids) {
+            Ok(set) => set,
+            Err(error) => panic!("a check's policy set must be valid: {error}"),
+        };
+        RateLimitRequest {
+            policies,
+            subject: subject(who),
+            operation: operation(on),
+            cost,
+            evaluation_id: id,
+            deadline: self.clock.monotonic() + DEADLINE_BUDGET,
+        }
+    }
+
+    /// Asks under a set with the given id and asserts the whole outcome.
+    pub(crate) async fn expect_set(
+        &self,
+        what: &str,
+        request: RateLimitRequest,
+        expected: RateLimitOutcome,
+    ) {
+        let ids: Vec<_> = request.policies.ids().iter().map(PolicyId::as_str).collect();
+        let actual = self.ask(request.clone()).await;
+        assert_eq!(actual, expected, "{what}: set {ids:?} cost {} at {}", request.cost, self.now());
     }
 
     pub(crate) async fn ask(&self, request: RateLimitRequest) -> RateLimitOutcome {
@@ -244,7 +311,7 @@ impl<'f> Rig<'f> {
     ) -> RateLimitDecision {
         let outcome = self.ask(self.request(policy.id(), who, cost, EvaluationId::random())).await;
         match outcome {
-            RateLimitOutcome::Evaluated(decision) => decision,
+            RateLimitOutcome::Evaluated(set) => one_decision(&set),
             RateLimitOutcome::Unavailable { .. }
             | RateLimitOutcome::Incompatible { .. }
             | RateLimitOutcome::Indeterminate { .. } => panic!(
@@ -274,8 +341,29 @@ impl<'f> Rig<'f> {
     }
 }
 
+/// The outcome of a set of one policy: its decision decides.
+fn single(decision: RateLimitDecision) -> RateLimitOutcome {
+    RateLimitOutcome::Evaluated(SetDecision::single(decision))
+}
+
+/// The outcome of a set: `admitted`, with one decision per policy in order.
+pub(crate) fn set_outcome(admitted: bool, decisions: &[RateLimitDecision]) -> RateLimitOutcome {
+    RateLimitOutcome::Evaluated(SetDecision::new(admitted, decisions))
+}
+
 fn owned(policies: &[&CheckPolicy]) -> Vec<RateLimitPolicy> {
     policies.iter().map(|policy| policy.policy().clone()).collect()
+}
+
+/// The decision of a set of one policy, which must agree with the set's
+/// verdict.
+pub(crate) fn one_decision(set: &SetDecision) -> RateLimitDecision {
+    match set.decisions() {
+        [decision] if decision.allowed == set.allowed() => *decision,
+        other => {
+            panic!("a set of one enforced policy answers with its one decision, got {other:?}")
+        }
+    }
 }
 
 /// The winners' `remaining` values of a batch, sorted, and how many were
@@ -285,8 +373,8 @@ pub(crate) fn tally(outcomes: &[RateLimitOutcome]) -> (Vec<u64>, usize) {
     let mut denied = 0;
     for outcome in outcomes {
         match outcome {
-            RateLimitOutcome::Evaluated(decision) if decision.allowed => {
-                remaining.push(decision.remaining);
+            RateLimitOutcome::Evaluated(set) if set.allowed() => {
+                remaining.push(one_decision(set).remaining);
             }
             RateLimitOutcome::Evaluated(_) => denied += 1,
             RateLimitOutcome::Unavailable { .. }
@@ -345,6 +433,7 @@ mod tests {
         let RateLimitOutcome::Evaluated(allowed) = fixed.allowed(2, 750) else {
             panic!("allowed() must build a decision");
         };
+        let allowed = one_decision(&allowed);
         assert_eq!(
             allowed,
             RateLimitDecision {
@@ -360,12 +449,14 @@ mod tests {
         let RateLimitOutcome::Evaluated(denied) = sliding.denied(0, 1, 750) else {
             panic!("denied() must build a decision");
         };
+        let denied = one_decision(&denied);
         assert!(!denied.allowed);
         assert_eq!((denied.limit, denied.retry_after), (10, ms(1)));
         assert_eq!(denied.certainty, Certainty::ApproximateAlgorithm);
         let RateLimitOutcome::Evaluated(replayed) = bucket.replayed(4, 100) else {
             panic!("replayed() must build a decision");
         };
+        let replayed = one_decision(&replayed);
         assert!(replayed.allowed && replayed.replayed);
         assert_eq!((replayed.limit, replayed.certainty), (5, Certainty::Certain));
     }

@@ -60,6 +60,14 @@ macro_rules! __contract_checks {
             invariants::retry_after_is_zero_when_allowed_and_minimal_when_denied,
             lifetime::long_idle_state_acts_fresh,
             lifetime::key_lifetime_covers_the_state_and_live_records,
+            policy_sets::policy_set_is_admitted_only_when_every_enforced_policy_allows,
+            policy_sets::policy_set_refusal_takes_no_token,
+            policy_sets::policy_set_subject_scope_is_shared_across_operations,
+            policy_sets::policy_set_shadow_never_blocks_and_is_charged_only_on_its_own_allow,
+            policy_sets::policy_set_repeat_replays_the_whole_set,
+            policy_sets::policy_set_cost_fits_every_policy,
+            policy_sets::policy_set_clock_unsafe_on_any_key_changes_no_key,
+            policy_sets::policy_set_with_an_unknown_policy_is_incompatible,
             concurrency::concurrent_evaluations_admit_exactly_the_limit,
         }
     };

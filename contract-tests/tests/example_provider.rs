@@ -5,9 +5,10 @@
 //! with a version column, a DynamoDB item with a condition expression).
 //!
 //! The provider does what the port asks in the order of docs/algorithms.md:
-//! policy and cost, deadline, then a compare-and-set loop around the shared
-//! decision step `evaluate_key`: load -> step -> compare-and-set the new
-//! state with the version it was loaded at -> on a conflict, load again.
+//! the set's policies and cost, deadline, then a compare-and-set loop around
+//! the shared decision step `evaluate_set`: load every key of the set ->
+//! step -> compare-and-set every new state with the version it was loaded
+//! at, all or nothing -> on a conflict, load again.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -16,9 +17,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use shared_contract::{
-    Clock, EdgeRateLimitPort, IncompatibleCategory, KeyRules, KeyState, ManualClock, PolicyId,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, Transition, UnavailableCategory,
-    evaluate_key,
+    Clock, EdgeRateLimitPort, KeyRules, KeyState, ManualClock, PolicyId, PolicyScope,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetMember, UnavailableCategory,
+    evaluate_set,
 };
 
 // ---- The store: what a real backend gives you --------------------------
@@ -59,14 +60,31 @@ impl CasStore {
     /// Writes `state` only if the key is still at `expected`; false when
     /// another writer came first.
     fn compare_and_set(&self, key: &str, expected: u64, state: KeyState, expires_at: u64) -> bool {
+        self.compare_and_set_all(vec![Write { key: key.to_owned(), expected, state, expires_at }])
+    }
+
+    /// Writes every one of `writes` only if each key is still at its
+    /// expected version: all or nothing, as a transaction would.
+    fn compare_and_set_all(&self, writes: Vec<Write>) -> bool {
         let mut keys = self.keys();
-        let current = keys.get(key).map_or(0, |stored| stored.version);
-        if current != expected {
+        let current = |key: &str| keys.get(key).map_or(0, |stored| stored.version);
+        if writes.iter().any(|write| current(&write.key) != write.expected) {
             return false;
         }
-        keys.insert(key.to_owned(), Stored { version: expected + 1, state, expires_at });
+        for Write { key, expected, state, expires_at } in writes {
+            keys.insert(key, Stored { version: expected + 1, state, expires_at });
+        }
         true
     }
+}
+
+/// One key's new state, conditional on the version it was loaded at.
+#[derive(Debug)]
+struct Write {
+    key: String,
+    expected: u64,
+    state: KeyState,
+    expires_at: u64,
 }
 
 // ---- The provider: EdgeRateLimitPort over the store ---------------------
@@ -101,45 +119,68 @@ impl CasProvider {
     }
 }
 
+impl CasProvider {
+    /// The key of one policy for this request: per subject, plus the
+    /// operation for an operation-scoped policy; a new revision starts
+    /// afresh.
+    fn key(policy: &RateLimitPolicy, request: &RateLimitRequest) -> String {
+        let (id, revision, subject) = (policy.id(), policy.revision(), &request.subject);
+        match policy.scope() {
+            PolicyScope::Subject => format!("{subject}:{id}:{revision}"),
+            PolicyScope::Operation => format!("{subject}:{id}:{revision}:{}", request.operation),
+        }
+    }
+}
+
 #[async_trait]
 impl EdgeRateLimitPort for CasProvider {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        // Steps 1 and 2 of docs/algorithms.md read no state.
-        let Some(slot) = self.policies.get(&request.policy_id) else {
-            return RateLimitOutcome::Incompatible {
-                category: IncompatibleCategory::UnknownPolicy,
-            };
+        // Step 1 of docs/algorithms.md for the whole set reads no state.
+        let slots = match request.resolve(|id| self.policies.get(id), |slot| &slot.policy) {
+            Ok(slots) => slots,
+            Err(refusal) => return refusal,
         };
-        if request.cost == 0 || request.cost > slot.policy.maximum_cost() {
-            return RateLimitOutcome::Incompatible {
-                category: IncompatibleCategory::CostExceedsMaximum,
-            };
-        }
+        // Step 2: a passed deadline reads no state either.
         if self.clock.monotonic() >= request.deadline {
             return RateLimitOutcome::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: FAILURE_RETRY_AFTER,
             };
         }
-        // One key per (policy id, revision, subject): a new revision starts afresh.
-        let key = format!("{}:{}:{}", slot.policy.id(), slot.policy.revision(), request.subject);
+        let keys: Vec<String> =
+            slots.iter().map(|slot| Self::key(&slot.policy, &request)).collect();
         let now = self.clock.epoch_millis();
         loop {
-            let (version, state) = self.store.get(&key, now);
-            let step = evaluate_key(&slot.rules, state, now, request.cost, request.evaluation_id);
-            match step.transition {
-                // A denial without a write, a replay or a refusal: the answer
-                // rests on what was read, nothing to commit.
-                Transition::Keep(_) => return step.verdict.into(),
-                Transition::Write { state, expires_at, .. } => {
-                    if self.store.compare_and_set(&key, version, state, expires_at) {
-                        return step.verdict.into();
-                    }
-                    // Another evaluation wrote first: decide again on its state.
-                    // A real backend would also give up (Indeterminate or
-                    // Unavailable) once the request's deadline has passed.
-                }
+            let loaded: Vec<_> = keys.iter().map(|key| self.store.get(key, now)).collect();
+            let mut members: Vec<_> = slots
+                .iter()
+                .zip(&loaded)
+                .map(|(slot, (_, state))| SetMember::new(&slot.rules, state.clone()))
+                .collect();
+            let verdict = evaluate_set(&mut members, now, request.cost, request.evaluation_id);
+            let writes: Vec<Write> = members
+                .into_iter()
+                .zip(&keys)
+                .zip(&loaded)
+                .filter_map(|((member, key), (version, _))| {
+                    let write = member.write?;
+                    let state = member.state?;
+                    Some(Write {
+                        key: key.clone(),
+                        expected: *version,
+                        state,
+                        expires_at: write.expires_at,
+                    })
+                })
+                .collect();
+            // A denial without a write, a replay or a refusal rests on what
+            // was read; otherwise every key commits together or none does.
+            if writes.is_empty() || self.store.compare_and_set_all(writes) {
+                return verdict.into();
             }
+            // Another evaluation wrote first: decide again on its state. A
+            // real backend would also give up (Indeterminate or Unavailable)
+            // once the request's deadline has passed.
         }
     }
 

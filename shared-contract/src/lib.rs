@@ -38,7 +38,9 @@ pub use policy::{
     PolicyId, PolicyMode, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder, millis,
 };
 pub use port::EdgeRateLimitPort;
-pub use request::{EvaluationId, MAX_POLICY_SET, OperationDigest, PolicySet, RateLimitRequest};
+pub use request::{
+    EvaluationId, MAX_POLICY_SET, OperationDigest, PolicySet, RateLimitRequest, SetEntries,
+};
 pub use step::{
     AlgorithmState, DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict,
     evaluate_set,

@@ -128,6 +128,10 @@ pub enum IncompatibleCategory {
 /// The answer of [`crate::EdgeRateLimitPort::evaluate`]. Every variant but an
 /// allowed `Evaluated` means the request must not pass (fail-closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "moved once per request; inline decisions keep it Copy and free of allocation"
+)]
 pub enum RateLimitOutcome {
     /// The set's decisions, admitted or refused.
     Evaluated(SetDecision),

@@ -8,7 +8,8 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use crate::error::ContractError;
-use crate::policy::PolicyId;
+use crate::outcome::{IncompatibleCategory, RateLimitOutcome};
+use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::subject::SubjectDigest;
 
 /// Most policies one request evaluates together.
@@ -145,6 +146,62 @@ pub struct RateLimitRequest {
     pub deadline: Instant,
 }
 
+impl RateLimitRequest {
+    /// Step 1 of docs/algorithms.md for the whole set, which reads no
+    /// state: every policy must be known to `lookup`, and the cost must lie
+    /// in 1 ..= each policy's maximum. The entries come back in the set's
+    /// order; the refusal is the outcome to answer, unknown policies first.
+    #[allow(
+        clippy::result_large_err,
+        reason = "the refusal is the outcome the provider returns as is"
+    )]
+    pub fn resolve<'p, T>(
+        &self,
+        lookup: impl Fn(&PolicyId) -> Option<&'p T>,
+        policy_of: impl Fn(&T) -> &RateLimitPolicy,
+    ) -> Result<SetEntries<'p, T>, RateLimitOutcome> {
+        let mut entries = [None; MAX_POLICY_SET];
+        for (slot, id) in entries.iter_mut().zip(self.policies.ids()) {
+            *slot = Some(lookup(id).ok_or(RateLimitOutcome::Incompatible {
+                category: IncompatibleCategory::UnknownPolicy,
+            })?);
+        }
+        let entries = SetEntries { entries, len: self.policies.len().min(MAX_POLICY_SET) };
+        let fits = |entry: &&T| (1..=policy_of(entry).maximum_cost()).contains(&self.cost);
+        if !entries.iter().all(|entry| fits(&entry)) {
+            return Err(RateLimitOutcome::Incompatible {
+                category: IncompatibleCategory::CostExceedsMaximum,
+            });
+        }
+        Ok(entries)
+    }
+}
+
+/// What [`RateLimitRequest::resolve`] found for each policy of the set, in
+/// order, without allocating.
+#[derive(Debug)]
+pub struct SetEntries<'p, T> {
+    entries: [Option<&'p T>; MAX_POLICY_SET],
+    len: usize,
+}
+
+impl<'p, T> SetEntries<'p, T> {
+    /// The entries in the set's order.
+    pub fn iter(&self) -> impl Iterator<Item = &'p T> + '_ {
+        self.entries[..self.len].iter().flatten().copied()
+    }
+
+    /// How many (the set's length).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Never true: a set holds at least one policy.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,5 +230,47 @@ mod tests {
             assert!(OperationDigest::new(bad).is_err(), "{bad}");
         }
         assert!(OperationDigest::new("a".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn resolving_a_set_refuses_unknown_policies_before_costs() {
+        use std::collections::HashMap;
+        use std::time::Duration;
+
+        let policy = |name: &str, maximum_cost| {
+            let window = Duration::from_secs(1);
+            RateLimitPolicy::builder(name, crate::Algorithm::FixedWindow { limit: 5, window })
+                .maximum_cost(maximum_cost)
+                .build()
+                .unwrap()
+        };
+        let held: HashMap<PolicyId, RateLimitPolicy> = [policy("wide", 5), policy("narrow", 2)]
+            .into_iter()
+            .map(|p| (p.id().clone(), p))
+            .collect();
+        let request = |ids: &[&str], cost| RateLimitRequest {
+            policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
+            subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+            operation: OperationDigest::new("0123456789abcdef").unwrap(),
+            cost,
+            evaluation_id: EvaluationId::random(),
+            deadline: Instant::now(),
+        };
+        let resolve = |ids: &[&str], cost| {
+            let resolved = request(ids, cost).resolve(|id| held.get(id), |policy| policy);
+            resolved
+                .map(|entries| {
+                    entries.iter().map(|policy| policy.id().as_str().to_owned()).collect::<Vec<_>>()
+                })
+                .map_err(|refusal| refusal.category_name())
+        };
+        assert_eq!(
+            resolve(&["narrow", "wide"], 2),
+            Ok(vec!["narrow".to_owned(), "wide".to_owned()])
+        );
+        assert_eq!(resolve(&["wide", "narrow"], 3), Err("cost-exceeds-maximum"));
+        assert_eq!(resolve(&["wide"], 0), Err("cost-exceeds-maximum"));
+        // Unknown wins over a cost that fits nothing.
+        assert_eq!(resolve(&["wide", "missing"], 9), Err("unknown-policy"));
     }
 }

@@ -149,6 +149,10 @@ pub struct KeyWrite {
 /// What the step answers: the part of a [`RateLimitOutcome`] that depends on
 /// the keys' state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "becomes the outcome at once; boxing would allocate per request"
+)]
 pub enum SetVerdict {
     /// The set's decisions, admitted or refused (possibly replayed).
     Decided(SetDecision),

@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use shared_contract::{
-    Algorithm, Clock, EvaluationDedupPolicy, EvaluationId, ManualClock, PolicyId,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    Algorithm, Clock, EvaluationDedupPolicy, EvaluationId, ManualClock, OperationDigest, PolicyId,
+    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest,
 };
 use uuid::Uuid;
 
@@ -50,8 +51,9 @@ pub(crate) fn request(
     id: u128,
 ) -> RateLimitRequest {
     RateLimitRequest {
-        policy_id: policy.clone(),
+        policies: PolicySet::single(policy.clone()),
         subject,
+        operation: OperationDigest::new("00000000000000aa").expect("valid digest"),
         cost: 1,
         evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(id)),
         deadline: clock.monotonic() + Duration::from_secs(1),
@@ -74,7 +76,10 @@ pub(crate) fn adapter(policies: Vec<RateLimitPolicy>) -> (MemoryEdgeRateLimitAda
 /// The decision of an `Evaluated` outcome; anything else fails the test.
 pub(crate) fn decision(outcome: RateLimitOutcome) -> RateLimitDecision {
     match outcome {
-        RateLimitOutcome::Evaluated(decision) => decision,
+        RateLimitOutcome::Evaluated(set) => match set.decisions() {
+            [decision] => *decision,
+            other => panic!("a set of one policy has one decision, got {other:?}"),
+        },
         other @ (RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
         | RateLimitOutcome::Indeterminate { .. }) => panic!("expected a decision, got {other:?}"),

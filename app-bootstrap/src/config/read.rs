@@ -14,7 +14,8 @@ use std::time::Duration;
 use adapter_web::EdgeSettings;
 use figment::value::{Dict, Value};
 use shared_contract::{
-    Algorithm, AlgorithmKind, EvaluationDedupPolicy, FailurePolicy, PolicyField, RateLimitPolicy,
+    Algorithm, AlgorithmKind, EvaluationDedupPolicy, FailurePolicy, PolicyField, PolicyMode,
+    PolicyScope, RateLimitPolicy,
 };
 
 mod values;
@@ -80,12 +81,14 @@ impl Reader<'_> {
     fn rate_limit(&mut self, value: Option<&Value>) -> (RateLimitConfig, Declared) {
         let mut table = self.table(value, KeyPath::root().dotted("capabilities.rate-limit"));
         let provider = self.field(&mut table, "provider", Self::name::<ProviderKind>);
-        let default_policy = self.field(&mut table, "default-policy", Self::string);
+        let default_policy = self.field(&mut table, "default-policy", Self::policy_list);
         let evaluation_budget = self.field(&mut table, "evaluation-budget", Self::duration);
         let failure_retry_after = self.field(&mut table, "failure-retry-after", Self::duration);
         let api_key_header = self.field(&mut table, "api-key-header", Self::header_name);
         let trusted_proxies = self.field(&mut table, "trusted-proxies", Self::networks);
         let problem_type_base = self.field(&mut table, "problem-type-base", Self::string);
+        let ipv4_prefix = self.field(&mut table, "client-ipv4-prefix", Self::u32);
+        let ipv6_prefix = self.field(&mut table, "client-ipv6-prefix", Self::u32);
         let operations = table.get("operations");
         let policies = table.get("policies");
         let path = table.path().clone();
@@ -96,7 +99,7 @@ impl Reader<'_> {
         let edge = EdgeSettings::default();
         let config = RateLimitConfig {
             provider: provider.unwrap_or(ProviderKind::Memory),
-            default_policy: default_policy.unwrap_or_else(|| DEMO_POLICY.to_owned()),
+            default_policy: default_policy.unwrap_or_else(|| vec![DEMO_POLICY.to_owned()]),
             evaluation_budget: evaluation_budget.unwrap_or(edge.evaluation_budget),
             failure_retry_after: failure_retry_after.unwrap_or(edge.failure_retry_after),
             api_key_header: api_key_header.unwrap_or(edge.api_key_header),
@@ -104,26 +107,32 @@ impl Reader<'_> {
             operations,
             policies,
             problem_type_base: problem_type_base.unwrap_or(edge.problem_type_base),
+            client_ipv4_prefix: ipv4_prefix.unwrap_or(u32::from(edge.client_ipv4_prefix)),
+            client_ipv6_prefix: ipv6_prefix.unwrap_or(u32::from(edge.client_ipv6_prefix)),
         };
         (config, declared)
     }
 
-    fn operations(&mut self, value: Option<&Value>, path: &KeyPath) -> BTreeMap<String, String> {
+    fn operations(
+        &mut self,
+        value: Option<&Value>,
+        path: &KeyPath,
+    ) -> BTreeMap<String, Vec<String>> {
         let mut operations = BTreeMap::new();
         let Some(value) = value else { return operations };
         let Value::Dict(_, dict) = value else {
             self.problem(
                 path,
                 format!(
-                    "expected a table of \"METHOD /route\" = \"policy-id\", found {}",
+                    "expected a table of \"METHOD /route\" = [\"policy-id\", ...], found {}",
                     kind(value)
                 ),
             );
             return operations;
         };
-        for (operation, policy) in dict {
-            if let Some(policy) = self.string(policy, &path.child(operation)) {
-                operations.insert(operation.clone(), policy);
+        for (operation, policies) in dict {
+            if let Some(policies) = self.policy_list(policies, &path.child(operation)) {
+                operations.insert(operation.clone(), policies);
             }
         }
         operations
@@ -176,6 +185,8 @@ impl Reader<'_> {
         let failure_policy = self.field(&mut table, "failure-policy", Self::name::<FailurePolicy>);
         let cleanup_grace = self.field(&mut table, "cleanup-grace", Self::duration);
         let regression = self.field(&mut table, "maximum-clock-regression", Self::duration);
+        let scope = self.field(&mut table, "scope", Self::name::<PolicyScope>);
+        let mode = self.field(&mut table, "mode", Self::name::<PolicyMode>);
         let dedup_value = table.get("evaluation-dedup");
         let path = table.path().clone();
         // A present key that did not read has its own problem already.
@@ -186,6 +197,8 @@ impl Reader<'_> {
             ("failure-policy", failure_policy.is_some()),
             ("cleanup-grace", cleanup_grace.is_some()),
             ("maximum-clock-regression", regression.is_some()),
+            ("scope", scope.is_some()),
+            ("mode", mode.is_some()),
         ]
         .iter()
         .all(|(key, read)| *read || !table.has(key));
@@ -247,6 +260,12 @@ impl Reader<'_> {
         }
         if let Some(bound) = regression {
             builder = builder.maximum_clock_regression(bound);
+        }
+        if let Some(scope) = scope {
+            builder = builder.scope(scope);
+        }
+        if let Some(mode) = mode {
+            builder = builder.mode(mode);
         }
         // Built even when a field did not read, so its contract problems
         // are listed too; such a policy is not kept.

@@ -24,15 +24,17 @@ pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapEr
     let rate_limit = &config.capabilities.rate_limit;
     let mut limits = Table::new();
     limits.insert("provider".into(), rate_limit.provider.name().into());
-    limits.insert("default-policy".into(), rate_limit.default_policy.clone().into());
+    limits.insert("default-policy".into(), policy_set(&rate_limit.default_policy));
     limits.insert("evaluation-budget".into(), duration(rate_limit.evaluation_budget));
     limits.insert("failure-retry-after".into(), duration(rate_limit.failure_retry_after));
     limits.insert("api-key-header".into(), rate_limit.api_key_header.as_str().into());
     let proxies = rate_limit.trusted_proxies.iter().map(|net| Value::from(net.to_string()));
     limits.insert("trusted-proxies".into(), Value::Array(proxies.collect()));
     limits.insert("problem-type-base".into(), rate_limit.problem_type_base.clone().into());
+    limits.insert("client-ipv4-prefix".into(), i64::from(rate_limit.client_ipv4_prefix).into());
+    limits.insert("client-ipv6-prefix".into(), i64::from(rate_limit.client_ipv6_prefix).into());
     let operations: Table =
-        rate_limit.operations.iter().map(|(op, id)| (op.clone(), id.clone().into())).collect();
+        rate_limit.operations.iter().map(|(op, ids)| (op.clone(), policy_set(ids))).collect();
     limits.insert("operations".into(), operations.into());
     let policies: Table =
         rate_limit.policies.iter().map(|(id, policy)| (id.clone(), policy_table(policy))).collect();
@@ -96,6 +98,8 @@ fn policy_table(policy: &RateLimitPolicy) -> Value {
     table.insert("failure-policy".into(), policy.failure_policy().name().into());
     table.insert("cleanup-grace".into(), duration(policy.cleanup_grace()));
     table.insert("maximum-clock-regression".into(), duration(policy.maximum_clock_regression()));
+    table.insert("scope".into(), policy.scope().name().into());
+    table.insert("mode".into(), policy.mode().name().into());
     let mut dedup = Table::new();
     match *policy.evaluation_dedup() {
         EvaluationDedupPolicy::Disabled => {
@@ -110,6 +114,14 @@ fn policy_table(policy: &RateLimitPolicy) -> Value {
     }
     table.insert("evaluation-dedup".into(), dedup.into());
     table.into()
+}
+
+/// One id as a string, as a file usually writes it; several as a list.
+fn policy_set(ids: &[String]) -> Value {
+    match ids {
+        [one] => one.clone().into(),
+        many => Value::Array(many.iter().map(|id| Value::from(id.clone())).collect()),
+    }
 }
 
 fn duration(value: Duration) -> Value {

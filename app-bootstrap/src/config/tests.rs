@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use figment::Jail;
-use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
+use shared_contract::{Algorithm, EvaluationDedupPolicy, PolicyMode, PolicyScope, RateLimitPolicy};
 
 use super::*;
 
@@ -59,7 +59,7 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         assert_eq!(config.server.listen, "127.0.0.1:8080".parse().unwrap());
         let rate_limit = &config.capabilities.rate_limit;
         assert_eq!(rate_limit.provider, ProviderKind::Memory);
-        assert_eq!(rate_limit.default_policy, "demo");
+        assert_eq!(rate_limit.default_policy, ["demo"]);
         assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(750));
         assert_eq!(rate_limit.api_key_header, "x-api-key");
         let demo = &rate_limit.policies["demo"];
@@ -113,7 +113,7 @@ fn a_file_sets_every_policy_field() {
         let rate_limit = &config.capabilities.rate_limit;
         assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(500));
         assert_eq!(rate_limit.trusted_proxies.len(), 2);
-        assert_eq!(rate_limit.operations["POST /api/orders"], "bucket");
+        assert_eq!(rate_limit.operations["POST /api/orders"], ["bucket"]);
         assert_eq!(
             rate_limit.policies["bucket"],
             RateLimitPolicy::builder(
@@ -482,7 +482,9 @@ failure-retry-after = "3s"
 api-key-header = "x-client-key"
 trusted-proxies = ["10.0.0.0/8"]
 problem-type-base = "https://errors.example.com/rate-limit/"
-operations = { "GET /api/hello" = "bucket" }
+client-ipv4-prefix = 24
+client-ipv6-prefix = 56
+operations = { "GET /api/hello" = "bucket", "POST /api/orders" = ["bucket", "sliding"] }
 
 [capabilities.rate-limit.policies.sliding]
 algorithm = "sliding-counter"
@@ -494,6 +496,8 @@ failure-policy = "fail-closed"
 cleanup-grace = "2s"
 maximum-clock-regression = "4s"
 evaluation-dedup = { enabled = true, ttl = "9s", max-entries = 16, max-stored-bytes = 2048 }
+scope = "subject"
+mode = "shadow"
 
 [capabilities.rate-limit.policies.bucket]
 algorithm = "token-bucket"
@@ -590,5 +594,103 @@ fn unknown_names_list_the_names_from_their_enums() {
         assert!(problems[0].1.contains(r#""memory", "redis", "disabled""#), "{problems:?}");
         assert_eq!(problems[1].0, "redis.topology");
         assert!(problems[1].1.contains(r#""standalone", "cluster""#), "{problems:?}");
+    });
+}
+
+/// Two policies for the set tests: a burst and an hourly budget.
+const SETS: &str = r#"
+[capabilities.rate-limit]
+default-policy = ["burst", "hourly"]
+
+[capabilities.rate-limit.policies.burst]
+algorithm = "token-bucket"
+capacity = 10
+refill-tokens = 10
+refill-period = "1s"
+
+[capabilities.rate-limit.policies.hourly]
+algorithm = "fixed-window"
+limit = 1000
+window = "1h"
+scope = "subject"
+mode = "shadow"
+"#;
+
+#[test]
+fn a_policy_set_is_a_list_or_one_id_and_policies_carry_scope_and_mode() {
+    jail(|jail| {
+        let file = format!(
+            "{SETS}\n[capabilities.rate-limit.operations]\n\"GET /api/hello\" = \"burst\"\n\
+             \"POST /api/orders\" = [\"hourly\", \"burst\"]\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let rate_limit = &config.capabilities.rate_limit;
+        assert_eq!(rate_limit.default_policy, ["burst", "hourly"]);
+        assert_eq!(rate_limit.operations["GET /api/hello"], ["burst"]);
+        assert_eq!(rate_limit.operations["POST /api/orders"], ["hourly", "burst"]);
+        let hourly = &rate_limit.policies["hourly"];
+        assert_eq!((hourly.scope(), hourly.mode()), (PolicyScope::Subject, PolicyMode::Shadow));
+        let burst = &rate_limit.policies["burst"];
+        assert_eq!((burst.scope(), burst.mode()), (PolicyScope::Operation, PolicyMode::Enforce));
+    });
+}
+
+#[test]
+fn every_policy_set_problem_is_named_at_once() {
+    jail(|jail| {
+        let nine: Vec<String> = (0..9).map(|n| format!("\"p{n}\"")).collect();
+        let file = format!(
+            "{SETS}\n[capabilities.rate-limit.operations]\n\"GET /empty\" = []\n\
+             \"GET /twice\" = [\"burst\", \"burst\"]\n\"GET /unknown\" = [\"burst\", \"nope\"]\n\
+             \"GET /many\" = [{}]\n[capabilities.rate-limit.policies.burst]\nscope = \"global\"\nmode = \"dry-run\"\n",
+            nine.join(", ")
+        );
+        let problems = problems(load_file(jail, &file));
+        let paths: Vec<_> = problems.iter().map(|(path, _)| path.as_str()).collect();
+        for expected in [
+            "capabilities.rate-limit.operations.\"GET /empty\"",
+            "capabilities.rate-limit.operations.\"GET /twice\"",
+            "capabilities.rate-limit.operations.\"GET /unknown\"",
+            "capabilities.rate-limit.operations.\"GET /many\"",
+            "capabilities.rate-limit.policies.burst.scope",
+            "capabilities.rate-limit.policies.burst.mode",
+        ] {
+            assert!(paths.contains(&expected), "{expected} missing from {problems:#?}");
+        }
+        let message = |path: &str| {
+            problems.iter().filter(|(at, _)| at.contains(path)).map(|(_, m)| m.as_str()).collect::<Vec<_>>().join(" | ")
+        };
+        assert!(message("/empty").contains("at least one"), "{problems:#?}");
+        assert!(message("/twice").contains("listed twice"), "{problems:#?}");
+        assert!(message("/unknown").contains("\"nope\""), "{problems:#?}");
+        assert!(message("/many").contains("at most 8"), "{problems:#?}");
+        assert!(message("burst.scope").contains("\"operation\", \"subject\""), "{problems:#?}");
+    });
+}
+
+#[test]
+fn an_operation_that_names_no_served_route_is_refused() {
+    jail(|jail| {
+        let file = format!(
+            "{SETS}\n[capabilities.rate-limit.operations]\n\"GET /api/hello\" = \"burst\"\n\
+             \"GET /api/helo\" = \"burst\"\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let served = crate::routes::api().operations().clone();
+        let error = config.check_operations(&served).unwrap_err();
+        let BootstrapError::InvalidConfig(problems) = error else { panic!("{error}") };
+        let found: Vec<_> = problems.iter().map(|p| (p.path.to_string(), p.message.clone())).collect();
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "capabilities.rate-limit.operations.\"GET /api/helo\"");
+        assert!(found[0].1.contains("GET /api/hello"), "the served routes are listed: {found:?}");
+    });
+}
+
+#[test]
+fn prefixes_default_to_a_host_for_ipv4_and_a_64_for_ipv6() {
+    jail(|_| {
+        let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        let rate_limit = &config.capabilities.rate_limit;
+        assert_eq!((rate_limit.client_ipv4_prefix, rate_limit.client_ipv6_prefix), (32, 64));
     });
 }

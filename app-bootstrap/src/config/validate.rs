@@ -3,8 +3,11 @@
 //! the edge and Redis settings belong to their owners (`EdgeSettings`,
 //! `RedisSettings`); here their problems get their full key paths.
 
+use std::collections::BTreeSet;
+
 use adapter_redis::{RedisField, SettingsProblem};
 use adapter_web::{EdgeSettings, MIN_KEY_BYTES, WebError};
+use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
@@ -31,17 +34,8 @@ fn policy_references(config: &AppConfig, declared: &Declared, problems: &mut Con
         );
         return;
     }
-    let defined = ids.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
-    if !ids.contains(&rate_limit.default_policy) {
-        problems.push(
-            KeyPath::rate_limit("default-policy"),
-            format!(
-                "{:?} is not a policy in capabilities.rate-limit.policies (defined: {defined})",
-                rate_limit.default_policy
-            ),
-        );
-    }
-    for (operation, policy) in &rate_limit.operations {
+    policy_set(&rate_limit.default_policy, ids, KeyPath::rate_limit("default-policy"), problems);
+    for (operation, policies) in &rate_limit.operations {
         let path = KeyPath::rate_limit("operations").child(operation);
         if !is_operation(operation) {
             problems.push(
@@ -49,10 +43,50 @@ fn policy_references(config: &AppConfig, declared: &Declared, problems: &mut Con
                 "an operation is a method and a route template, like \"GET /api/orders/{id}\"",
             );
         }
-        if !ids.contains(policy) {
+        policy_set(policies, ids, path, problems);
+    }
+}
+
+/// One operation's policy set: 1 to [`MAX_POLICY_SET`] declared ids, none
+/// twice. Each problem names the set's key path.
+fn policy_set(policies: &[String], ids: &BTreeSet<String>, path: KeyPath, problems: &mut ConfigProblems) {
+    if policies.is_empty() {
+        problems.push(path, "must name at least one policy");
+        return;
+    }
+    if policies.len() > MAX_POLICY_SET {
+        problems.push(
+            path.clone(),
+            format!("at most {MAX_POLICY_SET} policies are checked together, got {}", policies.len()),
+        );
+    }
+    let defined = ids.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
+    for (index, policy) in policies.iter().enumerate() {
+        if policies[..index].contains(policy) {
+            problems.push(path.clone(), format!("{policy:?} is listed twice"));
+        } else if !ids.contains(policy) {
             problems.push(
-                path,
+                path.clone(),
                 format!("{policy:?} is not a policy in capabilities.rate-limit.policies (defined: {defined})"),
+            );
+        }
+    }
+}
+
+/// Every key of `operations` must name a route the server serves (method
+/// and route template, as the router matches them): a typo would otherwise
+/// fall back to the default set without a word.
+pub(crate) fn served_operations(
+    config: &AppConfig,
+    served: &BTreeSet<String>,
+    problems: &mut ConfigProblems,
+) {
+    let listed = served.iter().map(String::as_str).collect::<Vec<_>>().join(", ");
+    for operation in config.capabilities.rate_limit.operations.keys() {
+        if !served.contains(operation) {
+            problems.push(
+                KeyPath::rate_limit("operations").child(operation),
+                format!("names no route this server serves (served: {listed})"),
             );
         }
     }

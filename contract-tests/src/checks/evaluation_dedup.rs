@@ -271,6 +271,7 @@ mod tests {
     use shared_contract::{RateLimitDecision, RateLimitOutcome};
 
     use super::*;
+    use crate::rig::one_decision;
 
     #[test]
     fn the_byte_bound_of_the_eviction_check_holds_two_records() {
@@ -290,6 +291,7 @@ mod tests {
         else {
             panic!("both are decisions");
         };
+        let (charge, replay) = (one_decision(&charge), one_decision(&replay));
         assert_eq!(charge, RateLimitDecision { replayed: false, ..replay });
         assert!(replay.replayed);
     }

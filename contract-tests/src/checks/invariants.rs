@@ -8,7 +8,7 @@
 use shared_contract::{Certainty, EvaluationId, RateLimitDecision, RateLimitOutcome, millis};
 
 use crate::factory::ProviderFactory;
-use crate::rig::{CheckPolicy, Rig, fixed_window, ms, sliding_counter, token_bucket};
+use crate::rig::{CheckPolicy, Rig, fixed_window, ms, one_decision, sliding_counter, token_bucket};
 
 /// Allowed, denied and replayed decisions all carry the policy's limit and
 /// the algorithm's certainty.
@@ -40,7 +40,7 @@ pub async fn decisions_report_limit_and_certainty(factory: &dyn ProviderFactory)
 
 fn decision_of(outcome: RateLimitOutcome) -> RateLimitDecision {
     match outcome {
-        RateLimitOutcome::Evaluated(decision) => decision,
+        RateLimitOutcome::Evaluated(set) => one_decision(&set),
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
         | RateLimitOutcome::Indeterminate { .. } => {

@@ -11,6 +11,7 @@ pub mod fixed_window;
 pub mod invariants;
 pub mod isolation;
 pub mod lifetime;
+pub mod policy_sets;
 pub mod rejection;
 pub mod sliding_counter;
 pub mod token_bucket;

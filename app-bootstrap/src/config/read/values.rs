@@ -82,6 +82,32 @@ impl Reader<'_> {
         text.parse().map_err(|error: UnknownName| self.problem(path, error.to_string())).ok()
     }
 
+    /// A policy set: one id as a string, or an array of ids. Emptiness,
+    /// length and repeats are validation's (every problem at once).
+    pub(super) fn policy_list(&mut self, value: &Value, path: &KeyPath) -> Option<Vec<String>> {
+        match value {
+            Value::String(..) | Value::Char(..) => self.string(value, path).map(|id| vec![id]),
+            Value::Array(_, items) => {
+                let mut ids = Vec::with_capacity(items.len());
+                let mut all_read = true;
+                for (index, item) in items.iter().enumerate() {
+                    match self.string(item, &path.child(&index.to_string())) {
+                        Some(id) => ids.push(id),
+                        None => all_read = false,
+                    }
+                }
+                all_read.then_some(ids)
+            }
+            other => {
+                self.problem(
+                    path,
+                    format!("expected a policy id or a list of them, found {}", kind(other)),
+                );
+                None
+            }
+        }
+    }
+
     pub(super) fn header_name(&mut self, value: &Value, path: &KeyPath) -> Option<HeaderName> {
         let text = self.string(value, path)?;
         let parsed = HeaderName::from_bytes(text.as_bytes()).ok();
