@@ -1,7 +1,7 @@
 -- The shared half of the policy-set script: arguments every key uses, the
 -- loading and checking of one key's value, dedupe records and the store.
 -- It is not a script on its own: `scripts.rs` puts it where
--- `policy-set.lua` says `-- #include prelude.lua`, before the algorithms.
+-- each driver names it in an include line, before the algorithms.
 --
 -- A key's value is one string: the state header (the algorithm's tag byte,
 -- then doubles packed with struct.pack, the first one being the mark, the

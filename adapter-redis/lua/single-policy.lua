@@ -1,7 +1,7 @@
 -- A set of one policy: the fast path of `policy-set.lua`, with the same
 -- ARGV and reply layout (see there) for exactly one key, and the same
 -- answers. `scripts.rs` builds one per algorithm: it puts the algorithm's
--- file at `-- #include algorithm.lua`, followed by a line binding
+-- file at its `algorithm.lua` include line, followed by a line binding
 -- `algorithm` to its function, so the script creates no closure, table or
 -- loop it does not use (measured: docs/benchmarks.md).
 -- #include prelude.lua

@@ -11,7 +11,7 @@ use secrecy::ExposeSecret;
 use shared_contract::{
     Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, IncompatibleCategory,
     MAX_POLICY_SET, PolicyId, PolicyMode, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, SetDecision, UnavailableCategory, millis,
+    RateLimitRequest, SetDecision, SetEntries, UnavailableCategory, millis,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -58,11 +58,11 @@ struct PolicyEntry {
     /// The policy's ARGV block, built once (layout at the top of
     /// `lua/policy-set.lua`): kind, regression bound, TTL slack, dedupe
     /// TTL, record capacity, then the algorithm's parameters.
-    block: Vec<Vec<u8>>,
+    block: Vec<Arc<[u8]>>,
 }
 
-fn number(n: u64) -> Vec<u8> {
-    n.to_string().into_bytes()
+fn number(n: u64) -> Arc<[u8]> {
+    n.to_string().into_bytes().into()
 }
 
 /// ARGV before the first policy block: caller time, cost, evaluation id.
@@ -82,7 +82,7 @@ impl PolicyEntry {
             PolicyMode::Shadow => tag.to_ascii_lowercase(),
         };
         let mut block = vec![
-            vec![kind],
+            Arc::from([kind]),
             number(millis(policy.maximum_clock_regression())),
             number(policy.ttl_slack_millis()),
             number(dedup.ttl_millis()),
@@ -115,17 +115,8 @@ impl PolicyEntry {
     }
 }
 
-/// The policies of one request, resolved, in the set's order.
-struct Resolved<'a> {
-    entries: [Option<&'a PolicyEntry>; MAX_POLICY_SET],
-    len: usize,
-}
-
-impl<'a> Resolved<'a> {
-    fn iter(&self) -> impl Iterator<Item = &'a PolicyEntry> + '_ {
-        self.entries[..self.len].iter().flatten().copied()
-    }
-}
+/// The policies of one request, in the set's order.
+type Resolved<'a> = SetEntries<'a, PolicyEntry>;
 
 impl RedisEdgeRateLimitAdapter {
     /// Validates settings and picks the gateway of `settings.topology`
@@ -203,34 +194,12 @@ impl RedisEdgeRateLimitAdapter {
         RateLimitOutcome::Unavailable { category, retry_after: self.failure_retry_after }
     }
 
-    /// Resolves the set's policies: `UnknownPolicy` when any is missing,
-    /// `CostExceedsMaximum` when the cost is 0 or above any maximum.
-    fn resolve(&self, request: &RateLimitRequest) -> Result<Resolved<'_>, RateLimitOutcome> {
-        let mut resolved = Resolved { entries: [None; MAX_POLICY_SET], len: 0 };
-        for (slot, id) in resolved.entries.iter_mut().zip(request.policies.ids()) {
-            let Some(entry) = self.policies.get(id) else {
-                return Err(RateLimitOutcome::Incompatible {
-                    category: IncompatibleCategory::UnknownPolicy,
-                });
-            };
-            *slot = Some(entry);
-            resolved.len += 1;
-        }
-        if request.cost == 0 || resolved.iter().any(|entry| request.cost > entry.policy.maximum_cost())
-        {
-            return Err(RateLimitOutcome::Incompatible {
-                category: IncompatibleCategory::CostExceedsMaximum,
-            });
-        }
-        Ok(resolved)
-    }
-
     async fn run_script(
         &self,
         set: &Resolved<'_>,
         kind: ScriptKind,
         keys: &[String],
-        args: &[&[u8]],
+        args: &[Arc<[u8]>],
         deadline: Instant,
     ) -> RateLimitOutcome {
         let result = self
@@ -239,7 +208,7 @@ impl RedisEdgeRateLimitAdapter {
             .await;
         let first = set.iter().next().map(|entry| entry.policy.id());
         let failure = match result {
-            Ok(value) => match SetReply::decode(&value, set.len) {
+            Ok(value) => match SetReply::decode(&value, set.len()) {
                 Ok(reply) => return self.outcome_of(set, reply),
                 Err(error) => {
                     tracing::warn!(policy = ?first, ?error, "undecodable script reply");
@@ -316,7 +285,7 @@ const EMPTY_DECISION: RateLimitDecision = RateLimitDecision {
 #[async_trait]
 impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        let set = match self.resolve(&request) {
+        let set = match request.resolve(|id| self.policies.get(id), |entry| &entry.policy) {
             Ok(set) => set,
             Err(refused) => return refused,
         };
@@ -336,14 +305,15 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             .collect();
         let now = number(self.clock.epoch_millis());
         let cost = number(request.cost);
-        let mut args: Vec<&[u8]> =
+        let id: Arc<[u8]> = Arc::from(&request.evaluation_id.as_bytes()[..]);
+        let mut args =
             Vec::with_capacity(SET_ARGS + set.iter().map(|entry| entry.block.len()).sum::<usize>());
-        args.extend([now.as_slice(), cost.as_slice(), request.evaluation_id.as_bytes()]);
+        args.extend([now, cost, id]);
         for entry in set.iter() {
-            args.extend(entry.block.iter().map(Vec::as_slice));
+            args.extend(entry.block.iter().cloned());
         }
         let kind = match set.iter().next() {
-            Some(only) if set.len == 1 => only.script,
+            Some(only) if set.len() == 1 => only.script,
             Some(_) | None => ScriptKind::PolicySet,
         };
         let outcome = self.run_script(&set, kind, &keys, &args, deadline).await;

@@ -72,12 +72,14 @@ pub(crate) trait RedisGateway: Send + Sync + Debug {
 
     /// `EVALSHA digest <keys.len()> keys... args...` of `script`, returning
     /// the raw reply. Every key of one call shares one hash tag (one
-    /// subject), so in a cluster the first key names the slot.
+    /// subject), so in a cluster the first key names the slot. Arguments
+    /// are shared buffers: a policy's fixed ones are built once and only
+    /// their reference counts move per call.
     async fn evalsha(
         &self,
         script: &LoadedScript,
         keys: &[String],
-        args: &[&[u8]],
+        args: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure>;
 
@@ -88,14 +90,14 @@ pub(crate) trait RedisGateway: Send + Sync + Debug {
 
 /// `EVALSHA <digest> <numkeys> <keys...> <args...>`, the one script
 /// command either topology sends.
-pub(crate) fn evalsha_command(digest: &str, keys: &[String], args: &[&[u8]]) -> redis::Cmd {
+pub(crate) fn evalsha_command(digest: &str, keys: &[String], args: &[Arc<[u8]>]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(digest).arg(keys.len());
     for key in keys {
         cmd.arg(key.as_str());
     }
     for arg in args {
-        cmd.arg(*arg);
+        cmd.arg(&**arg);
     }
     cmd
 }

@@ -146,7 +146,7 @@ impl RateLimitScripts {
         gateway: &dyn RedisGateway,
         kind: ScriptKind,
         keys: &[String],
-        args: &[&[u8]],
+        args: &[Arc<[u8]>],
         command_timeout: Duration,
         deadline: Instant,
     ) -> Result<Value, GatewayFailure> {

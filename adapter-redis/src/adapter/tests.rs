@@ -4,7 +4,7 @@ use std::sync::Mutex;
 
 use mockall::Sequence;
 use redis::Value;
-use shared_contract::{ManualClock, OperationDigest, PolicyScope, PolicySet, SubjectDigest};
+use shared_contract::{EvaluationId, ManualClock, OperationDigest, PolicyScope, PolicySet, SubjectDigest};
 
 use super::*;
 use crate::gateway::{LoadedScript, MockRedisGateway};
@@ -77,7 +77,7 @@ fn key_of(policy: &str, scope: PolicyScope) -> String {
     format!("ca:rl:{{v1:{}}}:{policy}:1{tail}", "ab".repeat(16))
 }
 
-fn owned(args: &[&[u8]]) -> Vec<Vec<u8>> {
+fn owned(args: &[Arc<[u8]>]) -> Vec<Vec<u8>> {
     args.iter().map(|arg| arg.to_vec()).collect()
 }
 
@@ -396,7 +396,7 @@ impl RedisGateway for StuckGateway {
         &self,
         _: &LoadedScript,
         _: &[String],
-        _: &[&[u8]],
+        _: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
         tokio::time::sleep(timeout).await;
@@ -475,4 +475,107 @@ fn duplicate_policies_are_refused_and_a_cluster_builds_without_connecting() {
         clock,
     );
     assert!(cluster.is_ok());
+}
+
+#[tokio::test]
+async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answers_in_order() {
+    let daily = RateLimitPolicy::builder(
+        "api.daily",
+        Algorithm::TokenBucket {
+            capacity: 100,
+            refill_tokens: 10,
+            refill_period: Duration::from_secs(60),
+        },
+    )
+    .scope(PolicyScope::Subject)
+    .mode(shared_contract::PolicyMode::Shadow)
+    .maximum_cost(5)
+    .build()
+    .unwrap();
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let sink = seen.clone();
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|source, key, _| {
+        assert_eq!(source, ScriptKind::PolicySet.source());
+        assert_eq!(key, key_of("api.test", PolicyScope::Operation));
+        Ok("set".to_owned())
+    });
+    gateway.expect_evalsha().times(1).returning(move |_, keys, args, _| {
+        // Both keys, in the set's order, under the subject's one hash tag.
+        assert_eq!(
+            keys,
+            [key_of("api.test", PolicyScope::Operation), key_of("api.daily", PolicyScope::Subject)]
+        );
+        *sink.lock().unwrap() = owned(args);
+        // The fixed window refuses; the bucket would allow, uncharged.
+        Ok(reply("denied", &[[0, 0, 750, 750], [1, 100, 0, 0]]))
+    });
+    let clock = ManualClock::new(T0 + 250);
+    let adapter = RedisEdgeRateLimitAdapter::with_gateway(
+        RedisSettings::default(),
+        [fixed_policy(OFF), daily],
+        Arc::new(clock.clone()),
+        Arc::new(gateway),
+    )
+    .unwrap();
+    let mut request = request(clock.monotonic(), 2, Duration::from_millis(750));
+    let id = request.evaluation_id;
+    request.policies = PolicySet::new(
+        ["api.test", "api.daily"].map(|policy| PolicyId::new(policy).unwrap()),
+    )
+    .unwrap();
+    let RateLimitOutcome::Evaluated(set) = adapter.evaluate(request).await else {
+        panic!("expected decisions");
+    };
+    assert!(!set.allowed());
+    let [window, bucket] = set.decisions() else { panic!("two decisions") };
+    assert_eq!((window.allowed, window.limit, window.retry_after), (false, 3, Duration::from_millis(750)));
+    assert_eq!((bucket.allowed, bucket.limit, bucket.remaining), (true, 100, 100));
+    assert_eq!(bucket.retry_after, Duration::ZERO);
+    // now, cost, id; the window's block; the shadow bucket's block ('b').
+    let (now, id) = ((T0 + 250).to_string(), id.as_bytes().to_vec());
+    let window_block = ["F", "1000", "1000", "0", "0", "3", "1000"];
+    // The bucket keeps the default dedupe (5 s, 256 records).
+    let bucket_block = ["b", "1000", "1000", "5000", "256", "100", "10", "60000"];
+    let expected: Vec<Vec<u8>> = [now.as_bytes(), b"2", &id]
+        .into_iter()
+        .chain(window_block.iter().chain(&bucket_block).map(|arg| arg.as_bytes()))
+        .map(<[u8]>::to_vec)
+        .collect();
+    assert_eq!(*seen.lock().unwrap(), expected);
+}
+
+#[tokio::test]
+async fn a_cost_above_any_maximum_of_the_set_never_reaches_the_gateway() {
+    let wide = RateLimitPolicy::builder(
+        "api.wide",
+        Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(1) },
+    )
+    .maximum_cost(50)
+    .build()
+    .unwrap();
+    let clock = ManualClock::new(T0);
+    let adapter = RedisEdgeRateLimitAdapter::with_gateway(
+        RedisSettings::default(),
+        [fixed_policy(OFF), wide],
+        Arc::new(clock.clone()),
+        Arc::new(MockRedisGateway::new()),
+    )
+    .unwrap();
+    // 3 fits api.wide (50) but not api.test (2).
+    let mut request = request(clock.monotonic(), 3, Duration::from_millis(750));
+    request.policies =
+        PolicySet::new(["api.wide", "api.test"].map(|policy| PolicyId::new(policy).unwrap()))
+            .unwrap();
+    assert_eq!(
+        adapter.evaluate(request).await,
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum }
+    );
+}
+
+#[tokio::test]
+async fn a_reply_for_another_number_of_keys_is_indeterminate() {
+    let two = || Ok(reply("allowed", &[[1, 2, 750, 0], [1, 2, 750, 0]]));
+    let adapter = adapter(gateway_answering(two, 1), OFF);
+    assert_eq!(evaluate_once(&adapter, 1).await, indeterminate());
 }

@@ -303,7 +303,7 @@ impl RedisGateway for ClusterGateway {
         &self,
         script: &LoadedScript,
         keys: &[String],
-        args: &[&[u8]],
+        args: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
         let cmd = evalsha_command(&script.digest, keys, args);

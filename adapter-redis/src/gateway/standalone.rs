@@ -1,6 +1,7 @@
 //! `StandaloneGateway`: the gateway of one server, over one multiplexed
 //! connection.
 
+use std::sync::Arc;
 use std::fmt::{self, Debug};
 use std::time::Duration;
 
@@ -115,7 +116,7 @@ impl RedisGateway for StandaloneGateway {
         &self,
         script: &LoadedScript,
         keys: &[String],
-        args: &[&[u8]],
+        args: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
         self.query(&evalsha_command(&script.digest, keys, args), timeout).await
