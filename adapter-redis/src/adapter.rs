@@ -321,7 +321,9 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         match outcome {
             // The same evaluation id replays a charge that did happen, so one
             // retry turns an ambiguous failure into a definite answer.
-            RateLimitOutcome::Indeterminate { .. } if dedup_enabled && Instant::now() < deadline => {
+            RateLimitOutcome::Indeterminate { .. }
+                if dedup_enabled && Instant::now() < deadline =>
+            {
                 match self.run_script(&set, kind, &keys, &args, deadline).await {
                     decided @ RateLimitOutcome::Evaluated(_) => decided,
                     // Only a decision settles it: a retry that never ran (say,

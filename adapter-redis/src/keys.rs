@@ -97,21 +97,36 @@ mod tests {
         let subject = SubjectDigest::parse(format!("v2:{}", "0f".repeat(16))).unwrap();
         let operation = OperationDigest::new("0123456789abcdef").unwrap();
         let keys = RateLimitKeys::default();
-        let scoped = keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &operation);
-        assert_eq!(scoped, format!("ca:rl:{{v2:{}}}:api.orders:7:0123456789abcdef", "0f".repeat(16)));
-        let shared = keys.counter_key(&policy("api.daily", PolicyScope::Subject), &subject, &operation);
+        let scoped =
+            keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &operation);
+        assert_eq!(
+            scoped,
+            format!("ca:rl:{{v2:{}}}:api.orders:7:0123456789abcdef", "0f".repeat(16))
+        );
+        let shared =
+            keys.counter_key(&policy("api.daily", PolicyScope::Subject), &subject, &operation);
         assert_eq!(shared, format!("ca:rl:{{v2:{}}}:api.daily:7", "0f".repeat(16)));
         // Another operation: its own operation-scoped key, the same subject-scoped one.
         let other = OperationDigest::new("fedcba9876543210").unwrap();
-        assert_ne!(keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &other), scoped);
-        assert_eq!(keys.counter_key(&policy("api.daily", PolicyScope::Subject), &subject, &other), shared);
+        assert_ne!(
+            keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &other),
+            scoped
+        );
+        assert_eq!(
+            keys.counter_key(&policy("api.daily", PolicyScope::Subject), &subject, &other),
+            shared
+        );
         // One hash tag for every key of the subject: one Cluster slot.
         let tag = RateLimitKeys::hash_tag(&subject);
         assert_eq!(tag, format!("{{v2:{}}}", "0f".repeat(16)));
         for key in [&scoped, &shared] {
             assert_eq!(key.find('{').map(|at| &key[at..at + tag.len()]), Some(tag.as_str()));
         }
-        let prefixed = RateLimitKeys::new("x:").counter_key(&policy("p", PolicyScope::Subject), &subject, &operation);
+        let prefixed = RateLimitKeys::new("x:").counter_key(
+            &policy("p", PolicyScope::Subject),
+            &subject,
+            &operation,
+        );
         assert_eq!(prefixed[..3], *"x:{");
     }
 }

@@ -224,9 +224,18 @@ mod tests {
             SetReply::decode(&reply("clock_unsafe", &[1, 2]), 1),
             Err(ReplyError::WrongShape)
         );
-        assert_eq!(SetReply::decode(&reply("maybe", &[0, 0, 0, 0]), 1), Err(ReplyError::UnknownStatus));
-        assert_eq!(SetReply::decode(&reply("denied", &[0, -1, 0, 0]), 1), Err(ReplyError::BadNumber));
-        assert_eq!(SetReply::decode(&reply("allowed", &[3, 0, 0, 0]), 1), Err(ReplyError::BadNumber));
+        assert_eq!(
+            SetReply::decode(&reply("maybe", &[0, 0, 0, 0]), 1),
+            Err(ReplyError::UnknownStatus)
+        );
+        assert_eq!(
+            SetReply::decode(&reply("denied", &[0, -1, 0, 0]), 1),
+            Err(ReplyError::BadNumber)
+        );
+        assert_eq!(
+            SetReply::decode(&reply("allowed", &[3, 0, 0, 0]), 1),
+            Err(ReplyError::BadNumber)
+        );
         assert_eq!(SetReply::decode(&reply("corrupt", &[2]), 1), Err(ReplyError::BadNumber));
         assert_eq!(SetReply::decode(&reply("corrupt", &[0]), 1), Err(ReplyError::BadNumber));
         let text_number = Value::Array(vec![

@@ -358,7 +358,8 @@ mod tests {
         assert!(set.contains("local block = 4\n"));
         assert!(set.contains("block = block + 8") && set.contains("block = block + 7"));
         let single = ScriptKind::FixedWindow.source();
-        for (index, what) in [(4, "kind"), (5, "regression"), (6, "slack"), (7, "ttl"), (8, "capacity")]
+        for (index, what) in
+            [(4, "kind"), (5, "regression"), (6, "slack"), (7, "ttl"), (8, "capacity")]
         {
             assert!(single.contains(&format!("ARGV[{index}]")), "single-key {what}");
         }

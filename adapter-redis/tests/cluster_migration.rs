@@ -96,14 +96,15 @@ async fn remaining(
     who: &SubjectDigest,
 ) -> u64 {
     let request = RateLimitRequest {
-        policy_id: policy.id().clone(),
+        policies: shared_contract::PolicySet::single(policy.id().clone()),
         subject: who.clone(),
+        operation: common::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
     };
     match adapter.evaluate(request).await {
-        RateLimitOutcome::Evaluated(decision) if decision.allowed => decision.remaining,
+        RateLimitOutcome::Evaluated(set) if set.allowed() => set.decisions()[0].remaining,
         other => panic!("expected an allowed decision, got {other:?}"),
     }
 }
@@ -119,7 +120,7 @@ fn subject_on(
     (0..=u8::MAX)
         .map(subject)
         .find_map(|who| {
-            let key = adapter.keys().counter_key(policy, &who);
+            let key = adapter.keys().counter_key(policy, &who, &common::operation());
             let slot = cluster.keyslot(&key);
             (cluster.owner_of_slot(slot) == master).then_some((who, key, slot))
         })
@@ -224,8 +225,9 @@ async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
     let policy = policy("standalone-rule");
     let adapter = adapter_as("standalone-rule-only", &policy, &clock);
     let request = RateLimitRequest {
-        policy_id: policy.id().clone(),
+        policies: shared_contract::PolicySet::single(policy.id().clone()),
         subject: subject(7),
+        operation: common::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),

@@ -4,7 +4,9 @@ use std::sync::Mutex;
 
 use mockall::Sequence;
 use redis::Value;
-use shared_contract::{EvaluationId, ManualClock, OperationDigest, PolicyScope, PolicySet, SubjectDigest};
+use shared_contract::{
+    EvaluationId, ManualClock, OperationDigest, PolicyScope, PolicySet, SubjectDigest,
+};
 
 use super::*;
 use crate::gateway::{LoadedScript, MockRedisGateway};
@@ -122,7 +124,8 @@ async fn unknown_policy_oversized_cost_and_expired_deadline_never_reach_the_gate
     // One unknown policy anywhere in the set, even after a known one.
     for ids in [&["api.other"][..], &["api.test", "api.other"]] {
         let mut unknown = request(now, 1, Duration::from_millis(750));
-        unknown.policies = PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
+        unknown.policies =
+            PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
         assert_eq!(
             adapter.evaluate(unknown).await,
             RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy }
@@ -520,16 +523,18 @@ async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answe
     .unwrap();
     let mut request = request(clock.monotonic(), 2, Duration::from_millis(750));
     let id = request.evaluation_id;
-    request.policies = PolicySet::new(
-        ["api.test", "api.daily"].map(|policy| PolicyId::new(policy).unwrap()),
-    )
-    .unwrap();
+    request.policies =
+        PolicySet::new(["api.test", "api.daily"].map(|policy| PolicyId::new(policy).unwrap()))
+            .unwrap();
     let RateLimitOutcome::Evaluated(set) = adapter.evaluate(request).await else {
         panic!("expected decisions");
     };
     assert!(!set.allowed());
     let [window, bucket] = set.decisions() else { panic!("two decisions") };
-    assert_eq!((window.allowed, window.limit, window.retry_after), (false, 3, Duration::from_millis(750)));
+    assert_eq!(
+        (window.allowed, window.limit, window.retry_after),
+        (false, 3, Duration::from_millis(750))
+    );
     assert_eq!((bucket.allowed, bucket.limit, bucket.remaining), (true, 100, 100));
     assert_eq!(bucket.retry_after, Duration::ZERO);
     // now, cost, id; the window's block; the shadow bucket's block ('b').

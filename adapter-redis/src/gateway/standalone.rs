@@ -1,8 +1,8 @@
 //! `StandaloneGateway`: the gateway of one server, over one multiplexed
 //! connection.
 
-use std::sync::Arc;
 use std::fmt::{self, Debug};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
