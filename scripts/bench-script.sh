@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Redis CPU per rate-limit script call: `usec_per_call` of cmdstat_evalsha
 # (INFO commandstats, after CONFIG RESETSTAT) for the script of branch
-# `main` (one fixed-window key, dedupe off: BEFORE) and for the policy-set
-# script of this tree (AFTER) with one and with two fixed-window keys,
+# `main` (one fixed-window key, dedupe off: BEFORE) and for this tree's
+# scripts (AFTER): the single-key fixed-window script a set of one runs, and
+# the policy-set script with one and with two fixed-window keys,
 # dedupe off, every call allowed and charged (GET + SET per key). Rounds
 # alternate the scripts so drift hits them alike.
 #
@@ -22,8 +23,14 @@ work=$(mktemp -d)
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
 # Puts each `-- #include <file>` line's file in, as scripts.rs does.
-compose() { # compose <dir> <file>
-    awk -v dir="$1" '/^-- #include /{f=dir"/"$3; while ((getline l < f) > 0) print l; close(f); next} {print}' "$1/$2"
+# The single-key driver takes its algorithm's file at `algorithm.lua`,
+# then a line binding `algorithm` to that file's function.
+compose() { # compose <dir> <file> [<algorithm file> <function>]
+    awk -v dir="$1" -v alg="${3:-}" -v fn="${4:-}" '
+        /^-- #include algorithm.lua/ {f=dir"/"alg; while ((getline l < f) > 0) print l; close(f)
+                                      print "local algorithm = " fn; next}
+        /^-- #include / {f=dir"/"$3; while ((getline l < f) > 0) print l; close(f); next}
+        {print}' "$1/$2"
 }
 mkdir -p "$work/before"
 for file in prelude.lua fixed-window.lua; do
@@ -31,12 +38,14 @@ for file in prelude.lua fixed-window.lua; do
 done
 compose "$work/before" fixed-window.lua >"$work/before.lua"
 compose adapter-redis/lua policy-set.lua >"$work/after.lua"
+compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
 
 taskset -c 0 redis-server --port "$port" --save "" --appendonly no --daemonize yes \
     --logfile "$work/redis.log" --dir "$work"
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 before=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/before.lua")")
 after=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/after.lua")")
+single=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/single.lua")")
 
 now=1800000000250
 id=0123456789abcdef
@@ -60,7 +69,9 @@ measure() { # measure <label> <EVALSHA arguments...>
 echo "round script usec_per_call"
 for round in $(seq "$rounds"); do
     echo "$round $(measure before-fixed-window "$before" 1 'ca:rl:{bench:1:v1:00}' $now 1 $fw_old)"
-    echo "$round $(measure after-set-of-1 "$after" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
+    # What the adapter sends for a set of one: the single-key script.
+    echo "$round $(measure after-single-key "$single" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
+    echo "$round $(measure after-set-script-of-1 "$after" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
     echo "$round $(measure after-set-of-2 "$after" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
         $now 1 $id $fw_new $fw_new)"
 done
