@@ -56,6 +56,10 @@ pub(crate) struct KeyAnswer {
 
 /// A decoded script reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "decoded on the stack once per call; boxing the answers would allocate per call"
+)]
 pub(crate) enum SetReply {
     /// `allowed` or `denied`, with one answer per key in the set's order.
     Decided {
