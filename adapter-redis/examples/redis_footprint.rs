@@ -11,8 +11,8 @@ use std::time::Duration;
 use adapter_redis::fixture::RedisServer;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, PolicyId, RateLimitPolicy,
-    RateLimitRequest, SubjectDigest, SystemClock,
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, OperationDigest, PolicyId,
+    PolicySet, RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
 };
 
 const CHARGED: usize = 10;
@@ -26,10 +26,16 @@ fn subject(n: usize) -> SubjectDigest {
     SubjectDigest::parse(format!("v1:{n:064x}")).expect("valid digest")
 }
 
+/// The operation of every request (a digest, never a route).
+fn operation() -> OperationDigest {
+    OperationDigest::new("0123456789abcdef0123456789abcdef").expect("valid digest")
+}
+
 fn request(policy: &str, subject: SubjectDigest) -> RateLimitRequest {
     RateLimitRequest {
-        policy_id: PolicyId::new(policy).expect("valid id"),
+        policies: PolicySet::single(PolicyId::new(policy).expect("valid id")),
         subject,
+        operation: operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: std::time::Instant::now() + Duration::from_secs(5),
@@ -111,7 +117,7 @@ async fn main() {
             for _ in 0..CHARGED {
                 assert!(adapter.evaluate(request(&id, who.clone())).await.is_allowed());
             }
-            let key = adapter.keys().counter_key(&policy, &who);
+            let key = adapter.keys().counter_key(&policy, &who, &operation());
             let (strlen, usage) = footprint(&mut redis, &key).await;
             for _ in CHARGED..FULL {
                 assert!(adapter.evaluate(request(&id, who.clone())).await.is_allowed());

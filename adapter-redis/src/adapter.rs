@@ -9,9 +9,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use shared_contract::{
-    Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId,
-    IncompatibleCategory, PolicyId, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, UnavailableCategory, millis,
+    Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, IncompatibleCategory,
+    MAX_POLICY_SET, PolicyId, PolicyMode, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
+    RateLimitRequest, SetDecision, SetEntries, UnavailableCategory, millis,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::error::RedisAdapterError;
 use crate::gateway::{ClusterGateway, GatewayFailure, RedisGateway, StandaloneGateway};
 use crate::keys::RateLimitKeys;
-use crate::reply::{ReplyStatus, ScriptReply};
+use crate::reply::SetReply;
 use crate::scripts::{RateLimitScripts, ScriptKind};
 use crate::settings::{RedisSettings, Topology};
 
@@ -47,66 +47,76 @@ impl fmt::Debug for RedisEdgeRateLimitAdapter {
     }
 }
 
-/// A policy with the script and the script arguments it always sends.
+/// A policy with the script arguments it always sends.
 #[derive(Debug)]
 struct PolicyEntry {
     policy: RateLimitPolicy,
+    /// The script of a set of this policy alone.
     script: ScriptKind,
     certainty: Certainty,
     dedup_enabled: bool,
-    /// ARGV 3 to 6: regression bound, TTL slack, dedupe TTL, record capacity.
-    bounds: [Vec<u8>; 4],
-    /// ARGV 8 onwards: the algorithm's parameters.
-    parameters: Vec<Vec<u8>>,
+    /// The policy's ARGV block, built once (layout at the top of
+    /// `lua/policy-set.lua`): kind, regression bound, TTL slack, dedupe
+    /// TTL, record capacity, then the algorithm's parameters.
+    block: Vec<Arc<[u8]>>,
 }
 
-fn number(n: u64) -> Vec<u8> {
-    n.to_string().into_bytes()
+fn number(n: u64) -> Arc<[u8]> {
+    n.to_string().into_bytes().into()
 }
+
+/// ARGV before the first policy block: caller time, cost, evaluation id.
+const SET_ARGS: usize = 3;
 
 impl PolicyEntry {
     fn new(policy: RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
-        let parameters = match *policy.algorithm() {
+        // The algorithm's tag byte; lower case marks a shadow policy.
+        let tag = match policy.algorithm() {
+            Algorithm::FixedWindow { .. } => b'F',
+            Algorithm::SlidingCounter { .. } => b'S',
+            Algorithm::TokenBucket { .. } => b'B',
+        };
+        let kind = match policy.mode() {
+            PolicyMode::Enforce => tag,
+            PolicyMode::Shadow => tag.to_ascii_lowercase(),
+        };
+        let mut block = vec![
+            Arc::from([kind]),
+            number(millis(policy.maximum_clock_regression())),
+            number(policy.ttl_slack_millis()),
+            number(dedup.ttl_millis()),
+            number(u64::from(dedup.record_capacity())),
+        ];
+        match *policy.algorithm() {
             Algorithm::FixedWindow { limit, window }
             | Algorithm::SlidingCounter { limit, window } => {
-                vec![number(limit), number(millis(window))]
+                block.extend([number(limit), number(millis(window))]);
             }
             Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-                vec![number(capacity), number(refill_tokens), number(millis(refill_period))]
+                block.extend([
+                    number(capacity),
+                    number(refill_tokens),
+                    number(millis(refill_period)),
+                ]);
             }
-        };
-        let certainty = policy.algorithm().certainty();
+        }
         let dedup_enabled = match dedup {
             EvaluationDedupPolicy::Disabled => false,
             EvaluationDedupPolicy::Enabled { .. } => true,
         };
         Self {
             script: ScriptKind::of(policy.algorithm()),
-            certainty,
+            certainty: policy.algorithm().certainty(),
             dedup_enabled,
-            bounds: [
-                number(millis(policy.maximum_clock_regression())),
-                number(policy.ttl_slack_millis()),
-                number(dedup.ttl_millis()),
-                number(u64::from(dedup.record_capacity())),
-            ],
-            parameters,
+            block,
             policy,
         }
     }
-
-    /// The full ARGV of one evaluation (layout in the scripts' prelude).
-    fn args(&self, now_millis: u64, cost: u64, evaluation_id: &EvaluationId) -> Vec<Vec<u8>> {
-        let mut args = Vec::with_capacity(7 + self.parameters.len());
-        args.push(number(now_millis));
-        args.push(number(cost));
-        args.extend(self.bounds.iter().cloned());
-        args.push(evaluation_id.as_bytes().to_vec());
-        args.extend(self.parameters.iter().cloned());
-        args
-    }
 }
+
+/// The policies of one request, in the set's order.
+type Resolved<'a> = SetEntries<'a, PolicyEntry>;
 
 impl RedisEdgeRateLimitAdapter {
     /// Validates settings and picks the gateway of `settings.topology`
@@ -186,20 +196,22 @@ impl RedisEdgeRateLimitAdapter {
 
     async fn run_script(
         &self,
-        entry: &PolicyEntry,
-        key: &str,
-        args: &[Vec<u8>],
+        set: &Resolved<'_>,
+        kind: ScriptKind,
+        keys: &[String],
+        args: &[Arc<[u8]>],
         deadline: Instant,
     ) -> RateLimitOutcome {
         let result = self
             .scripts
-            .evaluate(&*self.gateway, entry.script, key, args, self.command_timeout, deadline)
+            .evaluate(&*self.gateway, kind, keys, args, self.command_timeout, deadline)
             .await;
+        let first = set.iter().next().map(|entry| entry.policy.id());
         let failure = match result {
-            Ok(value) => match ScriptReply::decode(&value) {
-                Ok(reply) => return self.outcome_of(entry, reply),
+            Ok(value) => match SetReply::decode(&value, set.len()) {
+                Ok(reply) => return self.outcome_of(set, reply),
                 Err(error) => {
-                    tracing::warn!(policy = %entry.policy.id(), ?error, "undecodable script reply");
+                    tracing::warn!(policy = ?first, ?error, "undecodable script reply");
                     return RateLimitOutcome::Indeterminate {
                         retry_after: self.failure_retry_after,
                     };
@@ -207,7 +219,7 @@ impl RedisEdgeRateLimitAdapter {
             },
             Err(failure) => failure,
         };
-        tracing::debug!(policy = %entry.policy.id(), ?failure, "rate-limit script failed");
+        tracing::debug!(policy = ?first, ?failure, "rate-limit script failed");
         match failure {
             GatewayFailure::NotSent | GatewayFailure::Refused | GatewayFailure::NoScript => {
                 self.unavailable(UnavailableCategory::UnavailableBeforeSend)
@@ -224,47 +236,59 @@ impl RedisEdgeRateLimitAdapter {
         }
     }
 
-    fn outcome_of(&self, entry: &PolicyEntry, reply: ScriptReply) -> RateLimitOutcome {
-        let decision = |allowed: bool, retry_after: Duration| {
-            RateLimitOutcome::Evaluated(RateLimitDecision {
-                allowed,
-                limit: entry.policy.limit(),
-                remaining: reply.remaining,
-                retry_after,
-                reset_after: Duration::from_millis(reply.reset_after_ms),
-                certainty: entry.certainty,
-                replayed: reply.replayed,
-            })
-        };
-        match reply.status {
-            ReplyStatus::Allowed => decision(true, Duration::ZERO),
-            ReplyStatus::Denied => {
-                decision(false, Duration::from_millis(reply.retry_after_ms.max(1)))
+    fn outcome_of(&self, set: &Resolved<'_>, reply: SetReply) -> RateLimitOutcome {
+        match reply {
+            SetReply::Decided { admitted, answers, len } => {
+                let mut decisions = [EMPTY_DECISION; MAX_POLICY_SET];
+                for ((decision, entry), answer) in
+                    decisions.iter_mut().zip(set.iter()).zip(&answers[..len])
+                {
+                    let retry_after = if answer.allowed {
+                        Duration::ZERO
+                    } else {
+                        Duration::from_millis(answer.retry_after_ms.max(1))
+                    };
+                    *decision = RateLimitDecision {
+                        allowed: answer.allowed,
+                        limit: entry.policy.limit(),
+                        remaining: answer.remaining,
+                        retry_after,
+                        reset_after: Duration::from_millis(answer.reset_after_ms),
+                        certainty: entry.certainty,
+                        replayed: answer.replayed,
+                    };
+                }
+                RateLimitOutcome::Evaluated(SetDecision::new(admitted, &decisions[..len]))
             }
-            ReplyStatus::ClockUnsafe => RateLimitOutcome::Unavailable {
+            SetReply::ClockUnsafe { retry_after_ms } => RateLimitOutcome::Unavailable {
                 category: UnavailableCategory::ClockUnsafe,
-                retry_after: Duration::from_millis(reply.retry_after_ms.max(1)),
+                retry_after: Duration::from_millis(retry_after_ms.max(1)),
             },
-            ReplyStatus::Corrupt => {
+            SetReply::Corrupt => {
                 RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
             }
         }
     }
 }
 
+/// Fills the decision slots a set does not use; never reported.
+const EMPTY_DECISION: RateLimitDecision = RateLimitDecision {
+    allowed: false,
+    limit: 0,
+    remaining: 0,
+    retry_after: Duration::ZERO,
+    reset_after: Duration::ZERO,
+    certainty: Certainty::Certain,
+    replayed: false,
+};
+
 #[async_trait]
 impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        let Some(entry) = self.policies.get(&request.policy_id) else {
-            return RateLimitOutcome::Incompatible {
-                category: IncompatibleCategory::UnknownPolicy,
-            };
+        let set = match request.resolve(|id| self.policies.get(id), |entry| &entry.policy) {
+            Ok(set) => set,
+            Err(refused) => return refused,
         };
-        if request.cost == 0 || request.cost > entry.policy.maximum_cost() {
-            return RateLimitOutcome::Incompatible {
-                category: IncompatibleCategory::CostExceedsMaximum,
-            };
-        }
         // The deadline is on the injected clock; from here on count the time
         // left on tokio's clock, which timers understand.
         let left = request.deadline.saturating_duration_since(self.clock.monotonic());
@@ -275,16 +299,32 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.lane.acquire()).await else {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
         };
-        let key = self.keys.counter_key(&entry.policy, &request.subject);
-        let args = entry.args(self.clock.epoch_millis(), request.cost, &request.evaluation_id);
-        let outcome = self.run_script(entry, &key, &args, deadline).await;
+        let keys: Vec<String> = set
+            .iter()
+            .map(|entry| self.keys.counter_key(&entry.policy, &request.subject, &request.operation))
+            .collect();
+        let now = number(self.clock.epoch_millis());
+        let cost = number(request.cost);
+        let id: Arc<[u8]> = Arc::from(&request.evaluation_id.as_bytes()[..]);
+        let mut args =
+            Vec::with_capacity(SET_ARGS + set.iter().map(|entry| entry.block.len()).sum::<usize>());
+        args.extend([now, cost, id]);
+        for entry in set.iter() {
+            args.extend(entry.block.iter().cloned());
+        }
+        let kind = match set.iter().next() {
+            Some(only) if set.len() == 1 => only.script,
+            Some(_) | None => ScriptKind::PolicySet,
+        };
+        let outcome = self.run_script(&set, kind, &keys, &args, deadline).await;
+        let dedup_enabled = set.iter().any(|entry| entry.dedup_enabled);
         match outcome {
             // The same evaluation id replays a charge that did happen, so one
             // retry turns an ambiguous failure into a definite answer.
             RateLimitOutcome::Indeterminate { .. }
-                if entry.dedup_enabled && Instant::now() < deadline =>
+                if dedup_enabled && Instant::now() < deadline =>
             {
-                match self.run_script(entry, &key, &args, deadline).await {
+                match self.run_script(&set, kind, &keys, &args, deadline).await {
                     decided @ RateLimitOutcome::Evaluated(_) => decided,
                     // Only a decision settles it: a retry that never ran (say,
                     // the master died and its replica is not promoted yet)

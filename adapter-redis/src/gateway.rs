@@ -70,12 +70,16 @@ pub(crate) trait RedisGateway: Send + Sync + Debug {
         timeout: Duration,
     ) -> Result<String, GatewayFailure>;
 
-    /// `EVALSHA digest 1 key args...` of `script`, returning the raw reply.
+    /// `EVALSHA digest <keys.len()> keys... args...` of `script`, returning
+    /// the raw reply. Every key of one call shares one hash tag (one
+    /// subject), so in a cluster the first key names the slot. Arguments
+    /// are shared buffers: a policy's fixed ones are built once and only
+    /// their reference counts move per call.
     async fn evalsha(
         &self,
         script: &LoadedScript,
-        key: &str,
-        args: &[Vec<u8>],
+        keys: &[String],
+        args: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure>;
 
@@ -84,13 +88,16 @@ pub(crate) trait RedisGateway: Send + Sync + Debug {
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure>;
 }
 
-/// `EVALSHA <digest> 1 <key> <args...>`, the one script command either
-/// topology sends.
-pub(crate) fn evalsha_command(digest: &str, key: &str, args: &[Vec<u8>]) -> redis::Cmd {
+/// `EVALSHA <digest> <numkeys> <keys...> <args...>`, the one script
+/// command either topology sends.
+pub(crate) fn evalsha_command(digest: &str, keys: &[String], args: &[Arc<[u8]>]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(digest).arg(1).arg(key);
+    cmd.arg(digest).arg(keys.len());
+    for key in keys {
+        cmd.arg(key.as_str());
+    }
     for arg in args {
-        cmd.arg(arg.as_slice());
+        cmd.arg(&**arg);
     }
     cmd
 }

@@ -1,14 +1,19 @@
 //! `RateLimitKeys`: the physical Redis key of one subject under one policy.
 
-use shared_contract::{RateLimitPolicy, SubjectDigest};
+use std::fmt::Write as _;
 
-/// Builds `<prefix>{<policy_id>:<revision>:<subject digest>}`.
+use shared_contract::{OperationDigest, PolicyScope, RateLimitPolicy, SubjectDigest};
+
+/// Builds `<prefix>{<subject pseudonym>}:<policy_id>:<revision>` for a
+/// subject-scoped policy, with `:<operation digest>` appended for an
+/// operation-scoped one.
 ///
-/// The braces are a Redis Cluster hash tag: any auxiliary key of the same
-/// subject must reuse [`RateLimitKeys::hash_tag`] so it lands in the same
-/// slot. A new policy revision gives a new key, so it never reads an older
-/// revision's counters. Only the pseudonym enters the key, never a raw
-/// identity.
+/// The braces are a Redis Cluster hash tag holding the subject alone, so
+/// every key of one subject (every policy of a set, whatever its scope)
+/// lands in one slot and a policy set is one atomic script call. A new
+/// policy revision gives a new key, so it never reads an older revision's
+/// counters. Only the pseudonym and the operation digest enter the key,
+/// never a raw identity, route or path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimitKeys {
     prefix: String,
@@ -26,14 +31,39 @@ impl RateLimitKeys {
         &self.prefix
     }
 
-    /// The hash tag of a subject, braces included.
-    pub fn hash_tag(policy: &RateLimitPolicy, subject: &SubjectDigest) -> String {
-        format!("{{{}:{}:{}}}", policy.id(), policy.revision(), subject.as_str())
+    /// The hash tag of a subject, braces included: the same for every
+    /// policy and operation.
+    pub fn hash_tag(subject: &SubjectDigest) -> String {
+        format!("{{{}}}", subject.as_str())
     }
 
-    /// The counter key that holds state, mark and dedupe records.
-    pub fn counter_key(&self, policy: &RateLimitPolicy, subject: &SubjectDigest) -> String {
-        format!("{}{}", self.prefix, Self::hash_tag(policy, subject))
+    /// The counter key that holds state, mark and dedupe records of
+    /// `subject` under `policy`, for `operation` when the policy is
+    /// operation-scoped (a subject-scoped policy ignores it).
+    pub fn counter_key(
+        &self,
+        policy: &RateLimitPolicy,
+        subject: &SubjectDigest,
+        operation: &OperationDigest,
+    ) -> String {
+        let mut key = String::with_capacity(
+            self.prefix.len() + subject.as_str().len() + policy.id().as_str().len() + 80,
+        );
+        key.push_str(&self.prefix);
+        key.push('{');
+        key.push_str(subject.as_str());
+        key.push_str("}:");
+        key.push_str(policy.id().as_str());
+        // Writing into a String cannot fail.
+        let _ = write!(key, ":{}", policy.revision());
+        match policy.scope() {
+            PolicyScope::Operation => {
+                key.push(':');
+                key.push_str(operation.as_str());
+            }
+            PolicyScope::Subject => {}
+        }
+        key
     }
 }
 
@@ -51,19 +81,52 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn key_is_prefix_then_braced_policy_revision_and_pseudonym() {
-        let policy = RateLimitPolicy::builder(
-            "api.orders",
+    fn policy(id: &str, scope: PolicyScope) -> RateLimitPolicy {
+        RateLimitPolicy::builder(
+            id,
             Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
         )
         .revision(7)
+        .scope(scope)
         .build()
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn key_is_prefix_braced_pseudonym_policy_revision_and_the_operation_when_scoped_to_it() {
         let subject = SubjectDigest::parse(format!("v2:{}", "0f".repeat(16))).unwrap();
-        let key = RateLimitKeys::default().counter_key(&policy, &subject);
-        assert_eq!(key, format!("ca:rl:{{api.orders:7:v2:{}}}", "0f".repeat(16)));
-        assert!(key.ends_with(&RateLimitKeys::hash_tag(&policy, &subject)));
-        assert_eq!(RateLimitKeys::new("x:").counter_key(&policy, &subject)[..3], *"x:{");
+        let operation = OperationDigest::new("0123456789abcdef").unwrap();
+        let keys = RateLimitKeys::default();
+        let scoped =
+            keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &operation);
+        assert_eq!(
+            scoped,
+            format!("ca:rl:{{v2:{}}}:api.orders:7:0123456789abcdef", "0f".repeat(16))
+        );
+        let shared =
+            keys.counter_key(&policy("api.daily", PolicyScope::Subject), &subject, &operation);
+        assert_eq!(shared, format!("ca:rl:{{v2:{}}}:api.daily:7", "0f".repeat(16)));
+        // Another operation: its own operation-scoped key, the same subject-scoped one.
+        let other = OperationDigest::new("fedcba9876543210").unwrap();
+        assert_ne!(
+            keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &other),
+            scoped
+        );
+        assert_eq!(
+            keys.counter_key(&policy("api.daily", PolicyScope::Subject), &subject, &other),
+            shared
+        );
+        // One hash tag for every key of the subject: one Cluster slot.
+        let tag = RateLimitKeys::hash_tag(&subject);
+        assert_eq!(tag, format!("{{v2:{}}}", "0f".repeat(16)));
+        for key in [&scoped, &shared] {
+            assert_eq!(key.find('{').map(|at| &key[at..at + tag.len()]), Some(tag.as_str()));
+        }
+        let prefixed = RateLimitKeys::new("x:").counter_key(
+            &policy("p", PolicyScope::Subject),
+            &subject,
+            &operation,
+        );
+        assert_eq!(prefixed[..3], *"x:{");
     }
 }

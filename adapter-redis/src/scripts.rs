@@ -1,4 +1,12 @@
-//! `RateLimitScripts`: the three Lua scripts and their digest registry.
+//! `RateLimitScripts`: the rate-limit scripts and their digest registry.
+//!
+//! One script evaluates a whole policy set (`lua/policy-set.lua`); a set of
+//! one policy runs a script specialised to one key of its algorithm
+//! (`lua/single-policy.lua`), with the same arguments, reply and answers,
+//! because a set of one must stay as cheap as the single-policy scripts
+//! were (docs/benchmarks.md). All are composed from the same files: the
+//! algorithms in `lua/<algorithm>.lua`, the shared half in
+//! `lua/prelude.lua`.
 //!
 //! Scripts run with `EVALSHA` only. Plain `EVAL` is never sent: the
 //! least-privilege ACL user may not run it, and it would ship the whole
@@ -13,22 +21,25 @@ use tokio::time::Instant;
 
 use crate::gateway::{GatewayFailure, LoadedScript, RedisGateway};
 
-/// Which of the three scripts.
+/// Which script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScriptKind {
-    /// `lua/fixed-window.lua`.
+    /// A set of one fixed-window policy.
     FixedWindow,
-    /// `lua/sliding-counter.lua`.
+    /// A set of one sliding-counter policy.
     SlidingCounter,
-    /// `lua/token-bucket.lua`.
+    /// A set of one token-bucket policy.
     TokenBucket,
+    /// A set of two or more policies, any algorithms.
+    PolicySet,
 }
 
 impl ScriptKind {
     /// Every script, in registry order.
-    pub const ALL: [Self; 3] = [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket];
+    pub const ALL: [Self; 4] =
+        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::PolicySet];
 
-    /// The script that runs `algorithm`.
+    /// The script that runs a set of one policy of `algorithm`.
     pub const fn of(algorithm: &Algorithm) -> Self {
         match algorithm {
             Algorithm::FixedWindow { .. } => Self::FixedWindow,
@@ -37,19 +48,10 @@ impl ScriptKind {
         }
     }
 
-    /// The whole Lua source sent with `SCRIPT LOAD`: the algorithm's file
-    /// with `lua/prelude.lua` put in at its include line.
+    /// The whole Lua source sent with `SCRIPT LOAD`: the driver file with
+    /// every `-- #include <file>` line replaced by that file.
     pub fn source(self) -> &'static str {
         &SOURCES[self.index()]
-    }
-
-    /// The algorithm's own file, embedded from `lua/`.
-    const fn algorithm_file(self) -> &'static str {
-        match self {
-            Self::FixedWindow => include_str!("../lua/fixed-window.lua"),
-            Self::SlidingCounter => include_str!("../lua/sliding-counter.lua"),
-            Self::TokenBucket => include_str!("../lua/token-bucket.lua"),
-        }
     }
 
     const fn index(self) -> usize {
@@ -57,26 +59,67 @@ impl ScriptKind {
             Self::FixedWindow => 0,
             Self::SlidingCounter => 1,
             Self::TokenBucket => 2,
+            Self::PolicySet => 3,
         }
+    }
+
+    /// The algorithm file and the name of the function it defines, for the
+    /// single-key scripts.
+    const fn algorithm(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Self::FixedWindow => Some((FIXED_WINDOW, "fixed_window")),
+            Self::SlidingCounter => Some((SLIDING_COUNTER, "sliding_counter")),
+            Self::TokenBucket => Some((TOKEN_BUCKET, "token_bucket")),
+            Self::PolicySet => None,
+        }
+    }
+
+    /// Composes the source from the embedded files.
+    fn compose(self) -> String {
+        let (driver, algorithm) = match self.algorithm() {
+            Some((file, function)) => {
+                // The single-key driver calls `algorithm`: bind it to the
+                // one function its file defines.
+                (SINGLE_POLICY, format!("{file}local algorithm = {function}\n"))
+            }
+            None => (POLICY_SET, String::new()),
+        };
+        let mut source = String::with_capacity(driver.len() + PRELUDE.len() + 8192);
+        for line in driver.split_inclusive('\n') {
+            match line.strip_prefix(INCLUDE).map(str::trim_end) {
+                Some("prelude.lua") => source.push_str(PRELUDE),
+                Some("fixed-window.lua") => source.push_str(FIXED_WINDOW),
+                Some("sliding-counter.lua") => source.push_str(SLIDING_COUNTER),
+                Some("token-bucket.lua") => source.push_str(TOKEN_BUCKET),
+                Some("algorithm.lua") => source.push_str(&algorithm),
+                // An unknown include is left in place; a pin test fails on it.
+                Some(_) | None => source.push_str(line),
+            }
+        }
+        source
     }
 }
 
-/// What the three scripts share: arguments, the clock bound, dedupe replay,
-/// record keeping and the store. Written once, put into each script.
+/// What every script shares: arguments, tags, dedupe records and the store.
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
-/// The line of an algorithm file that the prelude replaces.
-const PRELUDE_INCLUDE: &str = "-- #include prelude.lua\n";
+const FIXED_WINDOW: &str = include_str!("../lua/fixed-window.lua");
+const SLIDING_COUNTER: &str = include_str!("../lua/sliding-counter.lua");
+const TOKEN_BUCKET: &str = include_str!("../lua/token-bucket.lua");
+/// The driver over up to 8 keys; its head documents ARGV and the reply.
+const POLICY_SET: &str = include_str!("../lua/policy-set.lua");
+/// The driver of a set of one.
+const SINGLE_POLICY: &str = include_str!("../lua/single-policy.lua");
+/// How a driver line names a file to put in its place.
+const INCLUDE: &str = "-- #include ";
 
-static SOURCES: LazyLock<[String; 3]> = LazyLock::new(|| {
-    ScriptKind::ALL.map(|kind| kind.algorithm_file().replacen(PRELUDE_INCLUDE, PRELUDE, 1))
-});
+static SOURCES: LazyLock<[String; 4]> = LazyLock::new(|| ScriptKind::ALL.map(ScriptKind::compose));
 
 /// A process-local digest cache per script: a miss sends `SCRIPT LOAD`, a
 /// `NOSCRIPT` reply (the script did not run) clears the cache, reloads and
 /// retries `EVALSHA` once; a second `NOSCRIPT` is [`GatewayFailure::NotSent`].
 #[derive(Debug, Default)]
 pub(crate) struct RateLimitScripts {
-    digests: [RwLock<Option<Arc<str>>>; 3],
+    digests: [RwLock<Option<Arc<str>>>; 4],
 }
 
 impl RateLimitScripts {
@@ -95,14 +138,15 @@ impl RateLimitScripts {
             digest;
     }
 
-    /// Runs a script on `key` with `args`. Each gateway call waits at most
-    /// `command_timeout`, and never past `deadline`.
+    /// Runs a script on `keys` (one subject's, one hash tag) with `args`.
+    /// Each gateway call waits at most `command_timeout`, and never past
+    /// `deadline`.
     pub(crate) async fn evaluate(
         &self,
         gateway: &dyn RedisGateway,
         kind: ScriptKind,
-        key: &str,
-        args: &[Vec<u8>],
+        keys: &[String],
+        args: &[Arc<[u8]>],
         command_timeout: Duration,
         deadline: Instant,
     ) -> Result<Value, GatewayFailure> {
@@ -111,18 +155,19 @@ impl RateLimitScripts {
             (!left.is_zero()).then(|| left.min(command_timeout)).ok_or(GatewayFailure::NotSent)
         };
         let source = kind.source();
+        let key = keys.first().map_or("", String::as_str);
         let digest = match self.cached_digest(kind) {
             Some(digest) => digest,
             None => self.load(gateway, kind, key, budget()?).await?,
         };
-        match gateway.evalsha(&LoadedScript { digest, source }, key, args, budget()?).await {
+        match gateway.evalsha(&LoadedScript { digest, source }, keys, args, budget()?).await {
             Err(GatewayFailure::NoScript) => {
                 // The server lost its script cache (restart, SCRIPT FLUSH,
                 // failover), or in a cluster this key's node never saw the
                 // script: NOSCRIPT proves nothing ran, so one retry is safe.
                 self.store(kind, None);
                 let digest = self.load(gateway, kind, key, budget()?).await?;
-                match gateway.evalsha(&LoadedScript { digest, source }, key, args, budget()?).await
+                match gateway.evalsha(&LoadedScript { digest, source }, keys, args, budget()?).await
                 {
                     Err(GatewayFailure::NoScript) => Err(GatewayFailure::NotSent),
                     other => other,
@@ -164,19 +209,22 @@ impl RateLimitScripts {
 
 #[cfg(test)]
 mod tests {
-    use shared_contract::{DEDUP_RECORD_BYTES, EvaluationId};
+    use shared_contract::{DEDUP_RECORD_BYTES, EvaluationId, MAX_POLICY_SET};
 
     use super::*;
-    use crate::reply::{ReplyStatus, ScriptReply};
+    use crate::reply::{FAILURE_LEN, PER_KEY, ReplyStatus, SetReply};
 
-    /// The number a Lua line `local <name> = <number>` sets in `source`.
-    fn lua_number(source: &str, name: &str) -> usize {
-        let definition = format!("local {name} = ");
+    /// The numbers a Lua line `local <names> = <numbers>` sets in `source`,
+    /// by name.
+    fn lua_numbers(source: &str, names: &[&str]) -> Vec<usize> {
+        let definition = format!("local {} = ", names.join(", "));
         let line = source
             .lines()
             .find_map(|line| line.trim().strip_prefix(definition.as_str()))
             .unwrap_or_else(|| panic!("no `{definition}` line"));
-        line.trim().parse().unwrap_or_else(|_| panic!("`{definition}{line}` is not a number"))
+        line.split(',')
+            .map(|n| n.trim().parse().unwrap_or_else(|_| panic!("`{line}` is not numbers")))
+            .collect()
     }
 
     /// The elements of every `return {...}` table in `source`, split at the
@@ -209,7 +257,7 @@ mod tests {
 
     #[test]
     fn the_lua_record_size_is_the_contract_s() {
-        let record = lua_number(PRELUDE, "RECORD");
+        let [record] = lua_numbers(PRELUDE, &["RECORD"])[..] else { panic!("one number") };
         assert_eq!(u32::try_from(record), Ok(DEDUP_RECORD_BYTES), "lua/prelude.lua RECORD");
         // A record is the evaluation id, then remaining, reset_after and
         // written_at as doubles.
@@ -219,63 +267,103 @@ mod tests {
     }
 
     #[test]
-    fn each_header_is_its_tag_byte_and_the_doubles_it_stores() {
-        let mut tags = Vec::new();
-        for kind in ScriptKind::ALL {
-            let file = kind.algorithm_file();
-            let packed = file
-                .split("store(struct.pack('")
-                .nth(1)
-                .and_then(|rest| rest.split('\'').next())
-                .unwrap_or_else(|| panic!("{kind:?} stores no packed state"));
-            assert!(packed.chars().all(|c| c == 'd'), "{kind:?} packs {packed:?}");
-            assert_eq!(lua_number(file, "HEADER"), 1 + 8 * packed.len(), "{kind:?} HEADER");
-            let tag = file
-                .lines()
-                .find_map(|line| line.strip_prefix("local TAG = '"))
-                .and_then(|rest| rest.strip_suffix('\''))
-                .unwrap_or_else(|| panic!("{kind:?} has no one-byte TAG"));
-            assert_eq!(tag.len(), 1, "{kind:?} TAG");
-            tags.push(tag);
+    fn each_header_is_its_tag_byte_and_the_doubles_its_algorithm_stores() {
+        let tags = lua_numbers(PRELUDE, &["FIXED_WINDOW", "SLIDING_COUNTER", "TOKEN_BUCKET"]);
+        let headers = lua_numbers(
+            PRELUDE,
+            &["FIXED_WINDOW_HEADER", "SLIDING_COUNTER_HEADER", "TOKEN_BUCKET_HEADER"],
+        );
+        // The adapter sends these tags as the kind argument (adapter.rs).
+        assert_eq!(tags, [usize::from(b'F'), usize::from(b'S'), usize::from(b'B')]);
+        for ((file, name), header) in [
+            (FIXED_WINDOW, "fixed-window"),
+            (SLIDING_COUNTER, "sliding-counter"),
+            (TOKEN_BUCKET, "token-bucket"),
+        ]
+        .into_iter()
+        .zip(headers)
+        {
+            let packed: Vec<_> = file
+                .split("struct.pack('")
+                .skip(1)
+                .filter_map(|rest| rest.split('\'').next())
+                .collect();
+            assert_eq!(packed.len(), 1, "{name} packs its state once");
+            assert!(packed[0].chars().all(|c| c == 'd'), "{name} packs {packed:?}");
+            assert_eq!(header, 1 + 8 * packed[0].len(), "{name} header");
+            // The state starts with the mark, the effective time.
+            assert!(file.contains(&format!("struct.pack('{}', t, ", packed[0])), "{name}");
         }
-        tags.sort_unstable();
-        tags.dedup();
-        assert_eq!(tags.len(), ScriptKind::ALL.len(), "every algorithm has its own tag");
+        // Lower case marks a shadow policy: the letter plus 32.
+        let [shadow, first_shadow] = lua_numbers(PRELUDE, &["SHADOW", "SHADOW_KINDS"])[..] else {
+            panic!("two numbers")
+        };
+        assert_eq!((b'F' + 32, shadow, first_shadow), (b'f', 32, usize::from(b'a')));
     }
 
     #[test]
-    fn every_reply_a_script_sends_has_the_decoder_s_arity_and_a_known_status() {
+    fn every_reply_a_script_sends_has_the_decoder_s_shape_and_a_known_status() {
         let mut sent = Vec::new();
         for kind in ScriptKind::ALL {
-            let tables = returned_tables(kind.source());
-            assert!(!tables.is_empty(), "{kind:?} returns nothing");
-            for items in tables {
-                assert_eq!(items.len(), ScriptReply::LEN, "{kind:?}: {items:?}");
+            for items in returned_tables(kind.source()) {
                 let name = items[0].trim_matches('\'');
-                let status = ReplyStatus::from_wire(name.as_bytes());
-                assert!(status.is_some(), "{kind:?} sends unknown status {name:?}");
-                sent.extend(status);
+                let status = ReplyStatus::from_wire(name.as_bytes())
+                    .unwrap_or_else(|| panic!("{kind:?} sends unknown status {name:?}"));
+                let expected = match status {
+                    // The set driver builds its decided reply key by key.
+                    ReplyStatus::Allowed | ReplyStatus::Denied => SetReply::decided_len(1),
+                    ReplyStatus::ClockUnsafe | ReplyStatus::Corrupt => FAILURE_LEN,
+                };
+                assert_eq!(items.len(), expected, "{kind:?}: {items:?}");
+                sent.push(status);
             }
         }
+        let set = ScriptKind::PolicySet.source();
+        assert!(set.contains("local reply = {'allowed'}") && set.contains("reply[1] = 'denied'"));
+        // Key k's answer sits at 1 + PER_KEY * (k - 1) + 1 ..= 1 + PER_KEY * k.
+        assert!(set.contains(&format!("local r = {PER_KEY} * k - {}", PER_KEY - 2)));
+        assert!(set.contains("reply[r], reply[r + 1], reply[r + 2], reply[r + 3]"));
+        sent.extend([ReplyStatus::Allowed, ReplyStatus::Denied]);
         for status in ReplyStatus::ALL {
             assert!(sent.contains(&status), "no script sends {status:?}");
         }
     }
 
     #[test]
-    fn every_script_holds_the_prelude_once_after_its_tag_and_header() {
+    fn every_include_is_put_in_once_and_the_single_scripts_bind_their_algorithm() {
         for kind in ScriptKind::ALL {
-            let file = kind.algorithm_file();
-            assert_eq!(file.matches(PRELUDE_INCLUDE).count(), 1, "{kind:?} include line");
             let source = kind.source();
-            assert!(!source.contains(PRELUDE_INCLUDE), "{kind:?} include left in");
+            assert!(!source.contains(INCLUDE), "{kind:?}: an include is left in");
             assert_eq!(source.matches(PRELUDE).count(), 1, "{kind:?} prelude");
-            let prelude_at = source.find(PRELUDE).unwrap_or(usize::MAX);
-            for definition in ["local TAG = ", "local HEADER = "] {
-                let at = source.find(definition).unwrap_or(usize::MAX);
-                assert!(at < prelude_at, "{kind:?}: {definition} must come before the prelude");
-            }
         }
+        for file in [FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET] {
+            assert_eq!(ScriptKind::PolicySet.source().matches(file).count(), 1);
+        }
+        for kind in [ScriptKind::FixedWindow, ScriptKind::SlidingCounter, ScriptKind::TokenBucket] {
+            let (file, function) = kind.algorithm().expect("a single-key script");
+            let source = kind.source();
+            assert!(source.contains(&format!("{file}local algorithm = {function}\n")), "{kind:?}");
+            assert!(source.contains(&format!("local function {function}(raw, t, charge, ")));
+            // Only its own algorithm: no closure it does not use.
+            let others = [FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET];
+            assert_eq!(others.iter().filter(|other| source.contains(**other)).count(), 1);
+        }
+    }
+
+    #[test]
+    fn the_set_driver_steps_over_the_adapter_s_argv_blocks() {
+        // Caller time, cost, id; then per key: kind, four bounds, and two
+        // (token bucket: three) algorithm parameters.
+        let set = ScriptKind::PolicySet.source();
+        assert!(set.contains("local block = 4\n"));
+        assert!(set.contains("block = block + 8") && set.contains("block = block + 7"));
+        let single = ScriptKind::FixedWindow.source();
+        for (index, what) in
+            [(4, "kind"), (5, "regression"), (6, "slack"), (7, "ttl"), (8, "capacity")]
+        {
+            assert!(single.contains(&format!("ARGV[{index}]")), "single-key {what}");
+        }
+        const { assert!(MAX_POLICY_SET <= 8, "the driver's layout names 1 to 8 keys") };
     }
 
     #[test]
@@ -289,7 +377,7 @@ mod tests {
     }
 
     #[test]
-    fn each_algorithm_has_its_script() {
+    fn each_algorithm_has_its_single_key_script() {
         let window = Duration::from_secs(1);
         assert_eq!(
             ScriptKind::of(&Algorithm::SlidingCounter { limit: 1, window }),
@@ -303,6 +391,7 @@ mod tests {
             }),
             ScriptKind::TokenBucket
         );
-        assert!(ScriptKind::TokenBucket.source().starts_with("-- Token bucket"));
+        assert!(ScriptKind::PolicySet.source().starts_with("-- Policy set"));
+        assert!(ScriptKind::TokenBucket.source().starts_with("-- A set of one policy"));
     }
 }

@@ -143,5 +143,5 @@ async fn users_without_a_needed_permission_get_unavailable_before_send() {
     else {
         panic!("the rate-limit user must get a decision");
     };
-    assert_eq!(decision.remaining, 2);
+    assert_eq!(decision.decisions()[0].remaining, 2);
 }

@@ -64,8 +64,10 @@ impl Traffic {
     /// allowed decision.
     async fn evaluate(&self, who: &SubjectDigest, tally: &mut Tally) -> Option<u64> {
         let request = RateLimitRequest {
-            policy_id: self.policy.id().clone(),
+            policies: shared_contract::PolicySet::single(self.policy.id().clone()),
             subject: who.clone(),
+            operation: shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef")
+                .unwrap(),
             cost: 1,
             evaluation_id: EvaluationId::random(),
             deadline: self.clock.monotonic() + BUDGET,
@@ -75,9 +77,9 @@ impl Traffic {
         let took = started.elapsed();
         assert!(took <= BUDGET + SLACK, "an evaluation took {took:?}: {outcome:?}");
         match outcome {
-            RateLimitOutcome::Evaluated(decision) if decision.allowed => {
+            RateLimitOutcome::Evaluated(set) if set.allowed() => {
                 tally.allowed += 1;
-                Some(LIMIT - decision.remaining)
+                Some(LIMIT - set.decisions()[0].remaining)
             }
             RateLimitOutcome::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
@@ -119,7 +121,13 @@ async fn a_killed_master_fails_over_and_its_slots_serve_again_without_rebuilding
         RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone()))
             .unwrap();
     let traffic = Traffic { adapter: Arc::new(adapter), clock, policy };
-    let key_of = |who: &SubjectDigest| traffic.adapter.keys().counter_key(&traffic.policy, who);
+    let key_of = |who: &SubjectDigest| {
+        traffic.adapter.keys().counter_key(
+            &traffic.policy,
+            who,
+            &shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+        )
+    };
 
     // A victim subject on the first master, a bystander on another one.
     let masters: Vec<u16> = cluster.masters().iter().map(|master| master.port).collect();

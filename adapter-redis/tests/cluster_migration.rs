@@ -96,30 +96,34 @@ async fn remaining(
     who: &SubjectDigest,
 ) -> u64 {
     let request = RateLimitRequest {
-        policy_id: policy.id().clone(),
+        policies: shared_contract::PolicySet::single(policy.id().clone()),
         subject: who.clone(),
+        operation: common::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
     };
     match adapter.evaluate(request).await {
-        RateLimitOutcome::Evaluated(decision) if decision.allowed => decision.remaining,
+        RateLimitOutcome::Evaluated(set) if set.allowed() => set.decisions()[0].remaining,
         other => panic!("expected an allowed decision, got {other:?}"),
     }
 }
 
-/// The first subject whose key under `policy` hashes to a slot `master`
-/// serves, with its key and slot.
+/// The first subject from `first` on whose key under `policy` hashes to a
+/// slot `master` serves, with its key and slot. The slot is the subject's
+/// alone (every policy of a subject shares it), so tests that run at once
+/// on this cluster draw their subjects from disjoint ranges.
 fn subject_on(
     adapter: &RedisEdgeRateLimitAdapter,
     policy: &RateLimitPolicy,
     master: u16,
+    first: u8,
 ) -> (SubjectDigest, String, u16) {
     let cluster = cluster();
-    (0..=u8::MAX)
+    (first..=u8::MAX)
         .map(subject)
         .find_map(|who| {
-            let key = adapter.keys().counter_key(policy, &who);
+            let key = adapter.keys().counter_key(policy, &who, &common::operation());
             let slot = cluster.keyslot(&key);
             (cluster.owner_of_slot(slot) == master).then_some((who, key, slot))
         })
@@ -144,7 +148,7 @@ async fn a_migrated_slot_keeps_its_count_and_evaluations_follow_ask_then_moved()
     let clock = ManualClock::new(1_800_000_000_000);
     let policy = policy("migrating");
     let adapter = adapter(&policy, &clock);
-    let (who, key, slot) = subject_on(&adapter, &policy, source);
+    let (who, key, slot) = subject_on(&adapter, &policy, source, 0);
 
     for expected in [9, 8, 7] {
         assert_eq!(remaining(&adapter, &clock, &policy, &who).await, expected);
@@ -201,8 +205,8 @@ async fn a_master_that_never_saw_the_script_answers_noscript_once_and_the_evalua
     .build()
     .unwrap();
     let adapter = adapter(&sliding, &clock);
-    let (on_first, _, _) = subject_on(&adapter, &sliding, masters[0]);
-    let (on_second, _, _) = subject_on(&adapter, &sliding, masters[1]);
+    let (on_first, _, _) = subject_on(&adapter, &sliding, masters[0], 128);
+    let (on_second, _, _) = subject_on(&adapter, &sliding, masters[1], 128);
     assert!(!script_loaded(masters[0], ScriptKind::SlidingCounter));
     assert!(!script_loaded(masters[1], ScriptKind::SlidingCounter));
     // A cache miss loads the script on the first subject's master only.
@@ -224,8 +228,9 @@ async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
     let policy = policy("standalone-rule");
     let adapter = adapter_as("standalone-rule-only", &policy, &clock);
     let request = RateLimitRequest {
-        policy_id: policy.id().clone(),
-        subject: subject(7),
+        policies: shared_contract::PolicySet::single(policy.id().clone()),
+        subject: subject(127),
+        operation: common::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
@@ -238,5 +243,5 @@ async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
         }
     ));
     let full = adapter_as(RATE_LIMIT_USER, &policy, &clock);
-    assert_eq!(remaining(&full, &clock, &policy, &subject(7)).await, LIMIT - 1);
+    assert_eq!(remaining(&full, &clock, &policy, &subject(127)).await, LIMIT - 1);
 }

@@ -45,7 +45,7 @@ async fn admitted(algorithm: Algorithm) -> (usize, usize) {
     for task in tasks {
         for outcome in task.await.unwrap() {
             match outcome {
-                RateLimitOutcome::Evaluated(decision) if decision.allowed => allowed += 1,
+                RateLimitOutcome::Evaluated(set) if set.allowed() => allowed += 1,
                 RateLimitOutcome::Evaluated(_) => denied += 1,
                 other => panic!("expected a decision, got {other:?}"),
             }

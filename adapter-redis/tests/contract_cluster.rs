@@ -13,8 +13,8 @@ use adapter_redis::{RateLimitKeys, RedisEdgeRateLimitAdapter, RedisSettings, Top
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, PolicyId, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, PolicyId, PolicyScope,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
 
 fn cluster() -> &'static RedisCluster {
@@ -75,9 +75,12 @@ struct KeyRecorder {
 #[async_trait]
 impl EdgeRateLimitPort for KeyRecorder {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        if let Some(policy) = self.adapter.policy(&request.policy_id) {
-            let key = self.adapter.keys().counter_key(policy, &request.subject);
-            self.seen.lock().unwrap().insert(key);
+        for id in request.policies.ids() {
+            if let Some(policy) = self.adapter.policy(id) {
+                let keys = self.adapter.keys();
+                let key = keys.counter_key(policy, &request.subject, &request.operation);
+                self.seen.lock().unwrap().insert(key);
+            }
         }
         self.adapter.evaluate(request).await
     }
@@ -158,21 +161,46 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
     {
         let policy = RateLimitPolicy::builder(format!("p{n}"), algorithm).build().unwrap();
         let who = subject(u8::try_from(n).unwrap());
-        let tag = RateLimitKeys::hash_tag(&policy, &who);
-        let counter = keys.counter_key(&policy, &who);
+        let tag = RateLimitKeys::hash_tag(&who);
+        let counter = keys.counter_key(
+            &policy,
+            &who,
+            &shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+        );
         let slot = cluster.keyslot(&counter);
         // The tag alone, another prefix, and a would-be auxiliary key.
         for related in [tag.clone(), format!("other:{tag}"), format!("{counter}:dedupe")] {
             assert_eq!(cluster.keyslot(&related), slot, "{related}");
         }
     }
+    // Every key of a set shares the subject's tag: one slot whatever the
+    // policy, scope or operation.
+    let who = subject(9);
+    let scoped = |id: &str, scope| {
+        let window = Duration::from_secs(1);
+        RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit: 1, window })
+            .scope(scope)
+            .build()
+            .unwrap()
+    };
+    let operation = shared_contract::OperationDigest::new("0123456789abcdef").unwrap();
+    let slot = cluster.keyslot(&RateLimitKeys::hash_tag(&who));
+    for policy in [scoped("a", PolicyScope::Operation), scoped("b", PolicyScope::Subject)] {
+        assert_eq!(cluster.keyslot(&keys.counter_key(&policy, &who, &operation)), slot);
+    }
+    // The scripts touch only the keys they are given (KEYS[k], or `key`
+    // bound to KEYS[1] or passed in as KEYS[k]) and nothing else.
     for kind in adapter_redis::ScriptKind::ALL {
         let source = kind.source();
         let calls = source.matches("redis.call(").count();
-        let on_key = source.matches("redis.call('GET', key)").count()
+        let on_keys = source.matches("redis.call('GET', KEYS[k])").count()
+            + source.matches("redis.call('GET', key)").count()
             + source.matches("redis.call('SET', key,").count();
-        assert_eq!(calls, on_key, "{kind:?} calls redis on something other than KEYS[1]");
-        assert!(source.contains("local key = KEYS[1]"), "{kind:?}");
+        assert_eq!(calls, on_keys, "{kind:?} calls redis on something other than its KEYS");
+        assert!(
+            source.contains("local key = KEYS[1]") || source.contains("store(KEYS[k], "),
+            "{kind:?}"
+        );
     }
 }
 
@@ -214,11 +242,19 @@ async fn no_script_raises_crossslot_on_any_master() {
     for policy in &policies {
         for n in 0..24 {
             let who = subject(n);
-            let key = adapter.keys().counter_key(policy, &who);
+            let key = adapter.keys().counter_key(
+                policy,
+                &who,
+                &shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+            );
             masters_hit.insert(cluster.owner_of_slot(cluster.keyslot(&key)));
             let request = RateLimitRequest {
-                policy_id: policy.id().clone(),
+                policies: shared_contract::PolicySet::single(policy.id().clone()),
                 subject: who,
+                operation: shared_contract::OperationDigest::new(
+                    "0123456789abcdef0123456789abcdef",
+                )
+                .unwrap(),
                 cost: 1,
                 evaluation_id: shared_contract::EvaluationId::random(),
                 deadline: shared_contract::Clock::monotonic(&clock) + Duration::from_secs(5),

@@ -12,7 +12,7 @@ use common::{T0, adapter, inspector, request, request_with, subject};
 use redis::AsyncCommands;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, IncompatibleCategory,
-    ManualClock, RateLimitOutcome, RateLimitPolicy,
+    ManualClock, PolicyScope, PolicySet, RateLimitOutcome, RateLimitPolicy,
 };
 
 fn fixed(id: &str, limit: u64, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
@@ -24,7 +24,7 @@ fn fixed(id: &str, limit: u64, dedup: EvaluationDedupPolicy) -> RateLimitPolicy 
 
 fn remaining(outcome: &RateLimitOutcome) -> u64 {
     match outcome {
-        RateLimitOutcome::Evaluated(decision) => decision.remaining,
+        RateLimitOutcome::Evaluated(set) => set.decisions()[0].remaining,
         other => panic!("expected a decision, got {other:?}"),
     }
 }
@@ -56,7 +56,7 @@ async fn a_key_of_the_wrong_type_is_state_incompatible() {
     let policy = fixed("p", 3, EvaluationDedupPolicy::enabled_defaults());
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(2);
-    let key = adapter.keys().counter_key(&policy, &who);
+    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let mut redis = inspector(&server).await;
     let _: () = redis.hset(&key, "field", "value").await.unwrap();
     assert_eq!(
@@ -129,7 +129,7 @@ async fn key_length_over_windows(
     let clock = ManualClock::new(T0);
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(4);
-    let key = adapter.keys().counter_key(&policy, &who);
+    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let mut redis = inspector(&server).await;
     let mut at_ten = 0;
     for window in 0..windows {
@@ -208,31 +208,41 @@ async fn state_stays_constant_size_with_traffic_every_third_window() {
 }
 
 #[tokio::test]
-async fn keys_hold_policy_revision_and_pseudonym_and_nothing_else_of_the_subject() {
+async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_else_of_the_subject()
+{
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let policy = RateLimitPolicy::builder(
-        "api.orders",
-        Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
-    )
-    .revision(3)
-    .build()
-    .unwrap();
-    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let window = Duration::from_secs(1);
+    let orders =
+        RateLimitPolicy::builder("api.orders", Algorithm::FixedWindow { limit: 5, window })
+            .revision(3)
+            .build()
+            .unwrap();
+    let daily = RateLimitPolicy::builder("api.daily", Algorithm::FixedWindow { limit: 50, window })
+        .scope(PolicyScope::Subject)
+        .build()
+        .unwrap();
+    let adapter = adapter(&server, &clock, vec![orders.clone(), daily.clone()], |_| {});
     let who = subject(0xab);
-    assert!(adapter.evaluate(request(&clock, "api.orders", &who)).await.is_allowed());
+    let mut set = request(&clock, "api.orders", &who);
+    set.policies = PolicySet::new([orders.id().clone(), daily.id().clone()]).unwrap();
+    assert!(adapter.evaluate(set).await.is_allowed());
     let mut redis = inspector(&server).await;
-    let keys: Vec<String> = redis.keys("*").await.unwrap();
-    let expected = format!("ca:rl:{{api.orders:3:{}}}", who.as_str());
-    assert_eq!(keys, std::slice::from_ref(&expected));
-    assert_eq!(adapter.keys().counter_key(&policy, &who), expected);
-    assert_eq!(
-        RateLimitKeys::hash_tag(&policy, &who),
-        format!("{{api.orders:3:{}}}", who.as_str())
-    );
-    // The value holds numbers and evaluation ids only, not the pseudonym.
-    let value: Vec<u8> = redis.get(&expected).await.unwrap();
-    assert!(!value.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
+    let mut keys: Vec<String> = redis.keys("*").await.unwrap();
+    keys.sort_unstable();
+    // DESIGN section 5: the subject alone in the hash tag; the operation
+    // digest only on the operation-scoped policy's key.
+    let scoped = format!("ca:rl:{{{}}}:api.orders:3:{}", who.as_str(), common::OPERATION);
+    let shared = format!("ca:rl:{{{}}}:api.daily:1", who.as_str());
+    assert_eq!(keys, [shared.clone(), scoped.clone()]);
+    assert_eq!(adapter.keys().counter_key(&orders, &who, &common::operation()), scoped);
+    assert_eq!(adapter.keys().counter_key(&daily, &who, &common::operation()), shared);
+    assert_eq!(RateLimitKeys::hash_tag(&who), format!("{{{}}}", who.as_str()));
+    // The values hold numbers and evaluation ids only, not the pseudonym.
+    for key in [&scoped, &shared] {
+        let value: Vec<u8> = redis.get(key).await.unwrap();
+        assert!(!value.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
+    }
 }
 
 #[tokio::test]
@@ -278,7 +288,10 @@ async fn key_lifetime_is_state_end_or_last_record_plus_the_larger_of_grace_and_r
     let who = subject(5);
     for (policy, lifetime) in cases {
         assert!(adapter.evaluate(request(&clock, policy.id().as_str(), &who)).await.is_allowed());
-        let pttl: i64 = redis.pttl(adapter.keys().counter_key(&policy, &who)).await.unwrap();
+        let pttl: i64 = redis
+            .pttl(adapter.keys().counter_key(&policy, &who, &common::operation()))
+            .await
+            .unwrap();
         // PTTL counts down in real time from the lifetime the script set.
         assert!(
             (lifetime - 200..=lifetime).contains(&pttl),
@@ -332,9 +345,9 @@ async fn a_timeout_after_send_is_indeterminate_and_a_repeat_replays_the_charge_i
     let repeat =
         adapter.evaluate(request_with(&clock, "p", &who, id, Duration::from_secs(2))).await;
     match repeat {
-        RateLimitOutcome::Evaluated(decision) => {
-            assert!(decision.allowed && decision.replayed, "{decision:?}");
-            assert_eq!(decision.remaining, 1);
+        RateLimitOutcome::Evaluated(set) => {
+            assert!(set.allowed() && set.replayed(), "{set:?}");
+            assert_eq!(set.decisions()[0].remaining, 1);
         }
         other => panic!("expected a replay, got {other:?}"),
     }

@@ -4,7 +4,9 @@ use std::sync::Mutex;
 
 use mockall::Sequence;
 use redis::Value;
-use shared_contract::{ManualClock, SubjectDigest};
+use shared_contract::{
+    EvaluationId, ManualClock, OperationDigest, PolicyScope, PolicySet, SubjectDigest,
+};
 
 use super::*;
 use crate::gateway::{LoadedScript, MockRedisGateway};
@@ -42,24 +44,43 @@ fn adapter(gateway: MockRedisGateway, dedup: EvaluationDedupPolicy) -> RedisEdge
     adapter_with(gateway, dedup, RedisSettings::default()).0
 }
 
+const OPERATION: &str = "00112233445566778899aabbccddeeff";
+
 fn request(clock_now: std::time::Instant, cost: u64, budget: Duration) -> RateLimitRequest {
     RateLimitRequest {
-        policy_id: PolicyId::new("api.test").unwrap(),
+        policies: PolicySet::single(PolicyId::new("api.test").unwrap()),
         subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+        operation: OperationDigest::new(OPERATION).unwrap(),
         cost,
         evaluation_id: EvaluationId::random(),
         deadline: clock_now + budget,
     }
 }
 
-fn reply(status: &str, remaining: i64, reset: i64, retry: i64, replayed: i64) -> Value {
-    Value::Array(vec![
-        Value::BulkString(status.as_bytes().to_vec()),
-        Value::Int(remaining),
-        Value::Int(reset),
-        Value::Int(retry),
-        Value::Int(replayed),
-    ])
+/// A decided reply: the set's status, then per key its answer (0 denied,
+/// 1 allowed, 2 replayed), remaining, reset_after and retry_after.
+fn reply(status: &str, keys: &[[i64; 4]]) -> Value {
+    let mut items = vec![Value::BulkString(status.as_bytes().to_vec())];
+    items.extend(keys.iter().flatten().copied().map(Value::Int));
+    Value::Array(items)
+}
+
+/// A `clock_unsafe` or `corrupt` reply: the status and one number.
+fn failure(status: &str, number: i64) -> Value {
+    Value::Array(vec![Value::BulkString(status.as_bytes().to_vec()), Value::Int(number)])
+}
+
+/// The key of `policy` for the test subject and operation.
+fn key_of(policy: &str, scope: PolicyScope) -> String {
+    let tail = match scope {
+        PolicyScope::Operation => format!(":{OPERATION}"),
+        PolicyScope::Subject => String::new(),
+    };
+    format!("ca:rl:{{v1:{}}}:{policy}:1{tail}", "ab".repeat(16))
+}
+
+fn owned(args: &[Arc<[u8]>]) -> Vec<Vec<u8>> {
+    args.iter().map(|arg| arg.to_vec()).collect()
 }
 
 /// A gateway whose script is loaded once and whose EVALSHA answers `result`.
@@ -100,12 +121,16 @@ async fn unknown_policy_oversized_cost_and_expired_deadline_never_reach_the_gate
     // No expectations: any gateway call fails the test.
     let adapter = adapter(MockRedisGateway::new(), ON);
     let now = adapter.clock.monotonic();
-    let mut unknown = request(now, 1, Duration::from_millis(750));
-    unknown.policy_id = PolicyId::new("api.other").unwrap();
-    assert_eq!(
-        adapter.evaluate(unknown).await,
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy }
-    );
+    // One unknown policy anywhere in the set, even after a known one.
+    for ids in [&["api.other"][..], &["api.test", "api.other"]] {
+        let mut unknown = request(now, 1, Duration::from_millis(750));
+        unknown.policies =
+            PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
+        assert_eq!(
+            adapter.evaluate(unknown).await,
+            RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy }
+        );
+    }
     for cost in [0, 3] {
         assert_eq!(
             adapter.evaluate(request(now, cost, Duration::from_millis(750))).await,
@@ -125,8 +150,8 @@ async fn unknown_policy_oversized_cost_and_expired_deadline_never_reach_the_gate
 
 #[tokio::test]
 async fn an_allowed_reply_becomes_a_certain_decision_and_the_digest_is_cached() {
-    let adapter = adapter(gateway_answering(|| Ok(reply("allowed", 2, 750, 0, 0)), 2), OFF);
-    let expected = RateLimitOutcome::Evaluated(RateLimitDecision {
+    let adapter = adapter(gateway_answering(|| Ok(reply("allowed", &[[1, 2, 750, 0]])), 2), OFF);
+    let expected = RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
         allowed: true,
         limit: 3,
         remaining: 2,
@@ -134,7 +159,7 @@ async fn an_allowed_reply_becomes_a_certain_decision_and_the_digest_is_cached() 
         reset_after: Duration::from_millis(750),
         certainty: Certainty::Certain,
         replayed: false,
-    });
+    }));
     // Two evaluations, one SCRIPT LOAD (the mock allows exactly one).
     assert_eq!(evaluate_once(&adapter, 1).await, expected);
     assert_eq!(evaluate_once(&adapter, 1).await, expected);
@@ -142,11 +167,12 @@ async fn an_allowed_reply_becomes_a_certain_decision_and_the_digest_is_cached() 
 
 #[tokio::test]
 async fn a_denial_carries_at_least_one_millisecond_of_retry_after() {
-    let adapter = adapter(gateway_answering(|| Ok(reply("denied", 0, 750, 0, 0)), 1), OFF);
-    let RateLimitOutcome::Evaluated(decision) = evaluate_once(&adapter, 1).await else {
+    let adapter = adapter(gateway_answering(|| Ok(reply("denied", &[[0, 0, 750, 0]])), 1), OFF);
+    let RateLimitOutcome::Evaluated(set) = evaluate_once(&adapter, 1).await else {
         panic!("expected a decision");
     };
-    assert!(!decision.allowed);
+    let decision = set.decisions()[0];
+    assert!(!decision.allowed && !set.allowed());
     assert_eq!(decision.retry_after, Duration::from_millis(1));
 }
 
@@ -155,21 +181,22 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
     let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
     let mut gateway = MockRedisGateway::new();
     gateway.expect_script_load().times(1).returning(|source, key, _| {
+        // A set of one runs its algorithm's single-key script.
         assert_eq!(source, ScriptKind::FixedWindow.source());
         // Loaded where the key lives (in a cluster, the key's slot owner).
-        assert_eq!(key, format!("ca:rl:{{api.test:1:v1:{}}}", "ab".repeat(16)));
+        assert_eq!(key, key_of("api.test", PolicyScope::Operation));
         Ok("digest-1".to_owned())
     });
     let sink = seen.clone();
-    gateway.expect_evalsha().times(1).returning(move |script, key, args, _| {
+    gateway.expect_evalsha().times(1).returning(move |script, keys, args, _| {
         // The digest travels with its source (a cluster's ASK target loads it).
         assert_eq!(
             *script,
             LoadedScript { digest: "digest-1".into(), source: ScriptKind::FixedWindow.source() }
         );
-        assert_eq!(key, format!("ca:rl:{{api.test:1:v1:{}}}", "ab".repeat(16)));
-        *sink.lock().unwrap() = args.to_vec();
-        Ok(reply("allowed", 1, 750, 0, 0))
+        assert_eq!(keys, [key_of("api.test", PolicyScope::Operation)]);
+        *sink.lock().unwrap() = owned(args);
+        Ok(reply("allowed", &[[1, 1, 750, 0]]))
     });
     let adapter = adapter(gateway, ON);
     let request = request(adapter.clock.monotonic(), 2, Duration::from_millis(750));
@@ -177,16 +204,17 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
     adapter.evaluate(request).await;
     let args = seen.lock().unwrap().clone();
     let text = |i: usize| String::from_utf8(args[i].clone()).unwrap();
-    // now, cost, regression, slack, dedupe ttl, capacity, id, limit, window
-    assert_eq!(args.len(), 9);
+    // now, cost, id; kind, regression, slack, dedupe ttl, capacity, limit, window
+    assert_eq!(args.len(), 10);
     assert_eq!(text(0), (T0 + 250).to_string());
     assert_eq!(text(1), "2");
+    assert_eq!(args[2], id.as_bytes().to_vec());
+    assert_eq!(text(3), "F");
     assert_eq!(
-        (text(2), text(3), text(4), text(5)),
+        (text(4), text(5), text(6), text(7)),
         ("1000".into(), "1000".into(), "5000".into(), "256".into())
     );
-    assert_eq!(args[6], id.as_bytes().to_vec());
-    assert_eq!((text(7), text(8)), ("3".into(), "1000".into()));
+    assert_eq!((text(8), text(9)), ("3".into(), "1000".into()));
 }
 
 #[tokio::test]
@@ -214,7 +242,7 @@ async fn noscript_once_reloads_and_retries_once_then_succeeds() {
         .withf(|script, _, _, _| &*script.digest == "new")
         .times(1)
         .in_sequence(&mut order)
-        .returning(|_, _, _, _| Ok(reply("allowed", 2, 750, 0, 0)));
+        .returning(|_, _, _, _| Ok(reply("allowed", &[[1, 2, 750, 0]])));
     let adapter = adapter(gateway, ON);
     assert!(evaluate_once(&adapter, 1).await.is_allowed());
     assert_eq!(adapter.scripts.cached_digest(ScriptKind::FixedWindow).as_deref(), Some("new"));
@@ -254,7 +282,7 @@ async fn wrongtype_script_errors_and_corrupt_state_are_state_incompatible() {
         let adapter = adapter(gateway_answering(move || Err(failure), 1), ON);
         assert_eq!(evaluate_once(&adapter, 1).await, state_incompatible(), "{failure:?}");
     }
-    let adapter = adapter(gateway_answering(|| Ok(reply("corrupt", 0, 0, 0, 0)), 1), ON);
+    let adapter = adapter(gateway_answering(|| Ok(failure("corrupt", 1)), 1), ON);
     assert_eq!(evaluate_once(&adapter, 1).await, state_incompatible());
 }
 
@@ -264,7 +292,7 @@ async fn timeout_connection_loss_and_undecodable_replies_are_indeterminate() {
         || Err(GatewayFailure::TimedOut),
         || Err(GatewayFailure::ConnectionLost),
         || Ok(Value::Array(vec![Value::BulkString(b"allowed".to_vec())])),
-        || Ok(reply("granted", 1, 1, 0, 0)),
+        || Ok(reply("granted", &[[1, 1, 1, 0]])),
     ];
     for case in cases {
         // Dedupe off: no retry, exactly one EVALSHA.
@@ -281,18 +309,18 @@ async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_i
     let sink = seen.clone();
     gateway.expect_evalsha().times(2).returning(move |_, _, args, _| {
         let mut calls = sink.lock().unwrap();
-        calls.push(args.to_vec());
+        calls.push(owned(args));
         if calls.len() == 1 {
             Err(GatewayFailure::ConnectionLost)
         } else {
-            Ok(reply("allowed", 2, 750, 0, 1))
+            Ok(reply("allowed", &[[2, 2, 750, 0]]))
         }
     });
     let adapter = adapter(gateway, ON);
-    let RateLimitOutcome::Evaluated(decision) = evaluate_once(&adapter, 1).await else {
+    let RateLimitOutcome::Evaluated(set) = evaluate_once(&adapter, 1).await else {
         panic!("expected the replayed decision");
     };
-    assert!(decision.allowed && decision.replayed);
+    assert!(set.allowed() && set.replayed());
     let calls = seen.lock().unwrap();
     assert_eq!(calls[0], calls[1], "the retry must resend the same evaluation");
 }
@@ -326,7 +354,7 @@ async fn with_dedupe_a_retry_that_never_ran_keeps_the_first_indeterminate() {
 
 #[tokio::test]
 async fn clock_unsafe_reply_is_unavailable_with_its_wait() {
-    let adapter = adapter(gateway_answering(|| Ok(reply("clock_unsafe", 0, 0, 40, 0)), 1), ON);
+    let adapter = adapter(gateway_answering(|| Ok(failure("clock_unsafe", 40)), 1), ON);
     assert_eq!(
         evaluate_once(&adapter, 1).await,
         RateLimitOutcome::Unavailable {
@@ -345,7 +373,7 @@ async fn the_command_timeout_is_capped_by_the_deadline() {
     });
     gateway.expect_evalsha().times(1).returning(|_, _, _, timeout| {
         assert!(timeout <= Duration::from_millis(40), "{timeout:?}");
-        Ok(reply("allowed", 2, 750, 0, 0))
+        Ok(reply("allowed", &[[1, 2, 750, 0]]))
     });
     let adapter = adapter(gateway, OFF);
     let outcome =
@@ -370,8 +398,8 @@ impl RedisGateway for StuckGateway {
     async fn evalsha(
         &self,
         _: &LoadedScript,
-        _: &str,
-        _: &[Vec<u8>],
+        _: &[String],
+        _: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
         tokio::time::sleep(timeout).await;
@@ -450,4 +478,109 @@ fn duplicate_policies_are_refused_and_a_cluster_builds_without_connecting() {
         clock,
     );
     assert!(cluster.is_ok());
+}
+
+#[tokio::test]
+async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answers_in_order() {
+    let daily = RateLimitPolicy::builder(
+        "api.daily",
+        Algorithm::TokenBucket {
+            capacity: 100,
+            refill_tokens: 10,
+            refill_period: Duration::from_secs(60),
+        },
+    )
+    .scope(PolicyScope::Subject)
+    .mode(shared_contract::PolicyMode::Shadow)
+    .maximum_cost(5)
+    .build()
+    .unwrap();
+    let seen: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+    let sink = seen.clone();
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|source, key, _| {
+        assert_eq!(source, ScriptKind::PolicySet.source());
+        assert_eq!(key, key_of("api.test", PolicyScope::Operation));
+        Ok("set".to_owned())
+    });
+    gateway.expect_evalsha().times(1).returning(move |_, keys, args, _| {
+        // Both keys, in the set's order, under the subject's one hash tag.
+        assert_eq!(
+            keys,
+            [key_of("api.test", PolicyScope::Operation), key_of("api.daily", PolicyScope::Subject)]
+        );
+        *sink.lock().unwrap() = owned(args);
+        // The fixed window refuses; the bucket would allow, uncharged.
+        Ok(reply("denied", &[[0, 0, 750, 750], [1, 100, 0, 0]]))
+    });
+    let clock = ManualClock::new(T0 + 250);
+    let adapter = RedisEdgeRateLimitAdapter::with_gateway(
+        RedisSettings::default(),
+        [fixed_policy(OFF), daily],
+        Arc::new(clock.clone()),
+        Arc::new(gateway),
+    )
+    .unwrap();
+    let mut request = request(clock.monotonic(), 2, Duration::from_millis(750));
+    let id = request.evaluation_id;
+    request.policies =
+        PolicySet::new(["api.test", "api.daily"].map(|policy| PolicyId::new(policy).unwrap()))
+            .unwrap();
+    let RateLimitOutcome::Evaluated(set) = adapter.evaluate(request).await else {
+        panic!("expected decisions");
+    };
+    assert!(!set.allowed());
+    let [window, bucket] = set.decisions() else { panic!("two decisions") };
+    assert_eq!(
+        (window.allowed, window.limit, window.retry_after),
+        (false, 3, Duration::from_millis(750))
+    );
+    assert_eq!((bucket.allowed, bucket.limit, bucket.remaining), (true, 100, 100));
+    assert_eq!(bucket.retry_after, Duration::ZERO);
+    // now, cost, id; the window's block; the shadow bucket's block ('b').
+    let (now, id) = ((T0 + 250).to_string(), id.as_bytes().to_vec());
+    let window_block = ["F", "1000", "1000", "0", "0", "3", "1000"];
+    // The bucket keeps the default dedupe (5 s, 256 records).
+    let bucket_block = ["b", "1000", "1000", "5000", "256", "100", "10", "60000"];
+    let expected: Vec<Vec<u8>> = [now.as_bytes(), b"2", &id]
+        .into_iter()
+        .chain(window_block.iter().chain(&bucket_block).map(|arg| arg.as_bytes()))
+        .map(<[u8]>::to_vec)
+        .collect();
+    assert_eq!(*seen.lock().unwrap(), expected);
+}
+
+#[tokio::test]
+async fn a_cost_above_any_maximum_of_the_set_never_reaches_the_gateway() {
+    let wide = RateLimitPolicy::builder(
+        "api.wide",
+        Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(1) },
+    )
+    .maximum_cost(50)
+    .build()
+    .unwrap();
+    let clock = ManualClock::new(T0);
+    let adapter = RedisEdgeRateLimitAdapter::with_gateway(
+        RedisSettings::default(),
+        [fixed_policy(OFF), wide],
+        Arc::new(clock.clone()),
+        Arc::new(MockRedisGateway::new()),
+    )
+    .unwrap();
+    // 3 fits api.wide (50) but not api.test (2).
+    let mut request = request(clock.monotonic(), 3, Duration::from_millis(750));
+    request.policies =
+        PolicySet::new(["api.wide", "api.test"].map(|policy| PolicyId::new(policy).unwrap()))
+            .unwrap();
+    assert_eq!(
+        adapter.evaluate(request).await,
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum }
+    );
+}
+
+#[tokio::test]
+async fn a_reply_for_another_number_of_keys_is_indeterminate() {
+    let two = || Ok(reply("allowed", &[[1, 2, 750, 0], [1, 2, 750, 0]]));
+    let adapter = adapter(gateway_answering(two, 1), OFF);
+    assert_eq!(evaluate_once(&adapter, 1).await, indeterminate());
 }

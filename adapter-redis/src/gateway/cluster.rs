@@ -302,11 +302,13 @@ impl RedisGateway for ClusterGateway {
     async fn evalsha(
         &self,
         script: &LoadedScript,
-        key: &str,
-        args: &[Vec<u8>],
+        keys: &[String],
+        args: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
-        let cmd = evalsha_command(&script.digest, key, args);
+        let cmd = evalsha_command(&script.digest, keys, args);
+        // One hash tag for every key of the call: the first names the slot.
+        let key = keys.first().map_or("", String::as_str);
         self.query(&cmd, route_of(key), Some(script.source), timeout).await
     }
 
@@ -441,12 +443,12 @@ mod tests {
             assert!(waited.elapsed() < Duration::from_secs(5), "no refresh happened");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let key = "ca:rl:{refresh}";
+        let key = "ca:rl:{refresh}:p:1";
         let source = "return 7";
         let digest = gateway.script_load(source, key, Duration::from_secs(2)).await.unwrap();
         let script = LoadedScript { digest: digest.into(), source };
         assert_eq!(
-            gateway.evalsha(&script, key, &[], Duration::from_secs(2)).await,
+            gateway.evalsha(&script, &[key.to_owned()], &[], Duration::from_secs(2)).await,
             Ok(Value::Int(7))
         );
     }
@@ -464,10 +466,10 @@ mod tests {
         )
         .unwrap();
         let started = std::time::Instant::now();
-        let key = "ca:rl:{p:1:v1:00}";
+        let key = "ca:rl:{v1:00}:p:1";
         let script = LoadedScript { digest: "digest".into(), source: "return 1" };
         assert_eq!(
-            gateway.evalsha(&script, key, &[], Duration::from_millis(300)).await,
+            gateway.evalsha(&script, &[key.to_owned()], &[], Duration::from_millis(300)).await,
             Err(GatewayFailure::NotSent)
         );
         assert_eq!(

@@ -2,6 +2,7 @@
 //! connection.
 
 use std::fmt::{self, Debug};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -114,11 +115,11 @@ impl RedisGateway for StandaloneGateway {
     async fn evalsha(
         &self,
         script: &LoadedScript,
-        key: &str,
-        args: &[Vec<u8>],
+        keys: &[String],
+        args: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
-        self.query(&evalsha_command(&script.digest, key, args), timeout).await
+        self.query(&evalsha_command(&script.digest, keys, args), timeout).await
     }
 
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {

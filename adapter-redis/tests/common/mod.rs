@@ -8,8 +8,17 @@ use std::time::Duration;
 use adapter_redis::fixture::RedisServer;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use shared_contract::{
-    EvaluationId, ManualClock, PolicyId, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    EvaluationId, ManualClock, OperationDigest, PolicyId, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest,
 };
+
+/// The operation of every request the tests send (an operation digest:
+/// hex, never a route).
+pub const OPERATION: &str = "0123456789abcdef0123456789abcdef";
+
+pub fn operation() -> OperationDigest {
+    OperationDigest::new(OPERATION).unwrap()
+}
 
 /// A multiple of every window and period the tests use.
 pub const T0: u64 = 1_800_000_000_000;
@@ -46,8 +55,9 @@ pub fn request_with(
 ) -> RateLimitRequest {
     use shared_contract::Clock;
     RateLimitRequest {
-        policy_id: PolicyId::new(policy).unwrap(),
+        policies: shared_contract::PolicySet::single(PolicyId::new(policy).unwrap()),
         subject: subject.clone(),
+        operation: operation(),
         cost: 1,
         evaluation_id,
         deadline: clock.monotonic() + budget,

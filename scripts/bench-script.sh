@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Redis CPU per rate-limit script call: `usec_per_call` of cmdstat_evalsha
+# (INFO commandstats, after CONFIG RESETSTAT) for the script of branch
+# `main` (one fixed-window key, dedupe off: BEFORE) and for this tree's
+# scripts (AFTER): the single-key fixed-window script a set of one runs, and
+# the policy-set script with one and with two fixed-window keys,
+# dedupe off, every call allowed and charged (GET + SET per key). Rounds
+# alternate the scripts so drift hits them alike.
+#
+# redis-server is pinned to core 0 and redis-benchmark to core 1, on a
+# private port (never 6379). Usage: scripts/bench-script.sh [rounds]
+# Env: PORT (default 6393), REQUESTS (200000), CLIENTS (64), PIPELINE (16),
+# BEFORE_REF (git ref of the old script, default main).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+port=${PORT:-6393}
+requests=${REQUESTS:-200000}
+clients=${CLIENTS:-64}
+pipeline=${PIPELINE:-16}
+before_ref=${BEFORE_REF:-main}
+work=$(mktemp -d)
+trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+
+# Puts each `-- #include <file>` line's file in, as scripts.rs does.
+# The single-key driver takes its algorithm's file at `algorithm.lua`,
+# then a line binding `algorithm` to that file's function.
+compose() { # compose <dir> <file> [<algorithm file> <function>]
+    awk -v dir="$1" -v alg="${3:-}" -v fn="${4:-}" '
+        /^-- #include algorithm.lua/ {f=dir"/"alg; while ((getline l < f) > 0) print l; close(f)
+                                      print "local algorithm = " fn; next}
+        /^-- #include / {f=dir"/"$3; while ((getline l < f) > 0) print l; close(f); next}
+        {print}' "$1/$2"
+}
+mkdir -p "$work/before"
+for file in prelude.lua fixed-window.lua; do
+    git show "$before_ref:adapter-redis/lua/$file" >"$work/before/$file"
+done
+compose "$work/before" fixed-window.lua >"$work/before.lua"
+compose adapter-redis/lua policy-set.lua >"$work/after.lua"
+compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
+
+taskset -c 0 redis-server --port "$port" --save "" --appendonly no --daemonize yes \
+    --logfile "$work/redis.log" --dir "$work"
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+before=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/before.lua")")
+after=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/after.lua")")
+single=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/single.lua")")
+
+now=1800000000250
+id=0123456789abcdef
+# A limit no run reaches, so every call is allowed and writes.
+limit=1000000000000
+fw_old="1000 1000 0 0 $id $limit 1000"      # regression slack ttl capacity id limit window
+fw_new="F 1000 1000 0 0 $limit 1000"         # kind regression slack ttl capacity limit window
+
+measure() { # measure <label> <EVALSHA arguments...>
+    local label=$1; shift
+    redis-cli -p "$port" FLUSHALL >/dev/null
+    redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
+    taskset -c 1 redis-benchmark -p "$port" -c "$clients" -P "$pipeline" -n "$requests" -q \
+        EVALSHA "$@" >/dev/null
+    local usec
+    usec=$(redis-cli -p "$port" INFO commandstats | tr -d '\r' |
+        awk -F'[=,]' '/^cmdstat_evalsha:/ {print $6}')
+    printf '%s %s\n' "$label" "$usec"
+}
+
+echo "round script usec_per_call"
+for round in $(seq "$rounds"); do
+    echo "$round $(measure before-fixed-window "$before" 1 'ca:rl:{bench:1:v1:00}' $now 1 $fw_old)"
+    # What the adapter sends for a set of one: the single-key script.
+    echo "$round $(measure after-single-key "$single" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
+    echo "$round $(measure after-set-script-of-1 "$after" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
+    echo "$round $(measure after-set-of-2 "$after" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
+        $now 1 $id $fw_new $fw_new)"
+done
