@@ -73,13 +73,17 @@ fn an_operation_that_names_no_served_route_stops_start_up() {
         "[server]\nlisten = \"127.0.0.1:0\"\n[capabilities.rate-limit.operations]\n\"GET /api/helo\" = \"demo\"\n",
     );
     for subcommand in ["serve", "check-config"] {
-        let (output, stdout, stderr) = run(ca_skeleton().arg("--config").arg(&typo).arg(subcommand));
+        let (output, stdout, stderr) =
+            run(ca_skeleton().arg("--config").arg(&typo).arg(subcommand));
         assert!(!output.status.success(), "{subcommand}: {stdout}{stderr}");
         assert!(
             stderr.contains(r#"capabilities.rate-limit.operations."GET /api/helo""#),
             "{subcommand}: the key is not named:\n{stderr}"
         );
-        assert!(stderr.contains("GET /api/hello"), "{subcommand}: the served routes are listed:\n{stderr}");
+        assert!(
+            stderr.contains("GET /api/hello"),
+            "{subcommand}: the served routes are listed:\n{stderr}"
+        );
     }
 }
 

@@ -36,9 +36,9 @@ async fn memory_limits_each_route_until_429_and_metrics_count_the_429s() {
 #[tokio::test]
 async fn a_service_s_own_routes_are_served_behind_the_layer() {
     // What a fork does: hand its own routes to the server, nothing else.
-    let api = axum::Router::new()
-        .route("/v1/widgets", axum::routing::get(|| async { "widgets" }))
-        .route("/v1/widgets/{id}", axum::routing::delete(|| async { "gone" }));
+    let api = app_bootstrap::routes::ApiRoutes::new()
+        .get("/v1/widgets", || async { "widgets" })
+        .delete("/v1/widgets/{id}", || async { "gone" });
     let config = load(&fixed_window_config("e2e-own-routes", "memory", ""));
     let server = Running::start_with(&config, api).await;
 

@@ -712,7 +712,10 @@ fn prefixes_out_of_range_are_named_by_their_keys() {
         found.sort();
         assert_eq!(
             found,
-            ["capabilities.rate-limit.client-ipv4-prefix", "capabilities.rate-limit.client-ipv6-prefix"]
+            [
+                "capabilities.rate-limit.client-ipv4-prefix",
+                "capabilities.rate-limit.client-ipv6-prefix"
+            ]
         );
     });
 }

@@ -92,7 +92,10 @@ impl Running {
     }
 
     /// [`Running::start`] over the API routes `api` instead of the demo's.
-    pub(crate) async fn start_with(config: &AppConfig, api: axum::Router) -> Self {
+    pub(crate) async fn start_with(
+        config: &AppConfig,
+        api: app_bootstrap::routes::ApiRoutes,
+    ) -> Self {
         let clock = ManualClock::new(T0 + 250);
         let shared: Arc<dyn Clock> = Arc::new(clock.clone());
         let application =
