@@ -642,8 +642,12 @@ fn every_policy_set_problem_is_named_at_once() {
         let file = format!(
             "{SETS}\n[capabilities.rate-limit.operations]\n\"GET /empty\" = []\n\
              \"GET /twice\" = [\"burst\", \"burst\"]\n\"GET /unknown\" = [\"burst\", \"nope\"]\n\
-             \"GET /many\" = [{}]\n[capabilities.rate-limit.policies.burst]\nscope = \"global\"\nmode = \"dry-run\"\n",
+             \"GET /many\" = [{}]\n",
             nine.join(", ")
+        )
+        .replace(
+            "refill-period = \"1s\"",
+            "refill-period = \"1s\"\nscope = \"global\"\nmode = \"dry-run\"",
         );
         let problems = problems(load_file(jail, &file));
         let paths: Vec<_> = problems.iter().map(|(path, _)| path.as_str()).collect();
