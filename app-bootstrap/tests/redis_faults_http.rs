@@ -5,15 +5,15 @@
 //! connection dropped, the process alive throughout, and 200s back within
 //! 2 s of the heal.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use adapter_redis::fixture::RedisServer;
+use support::Serve;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ca-skeleton");
 const KEY: &str = "redis-faults-http-pseudonymizer-key-0123456789";
 /// The configured evaluation budget, and what a response may take beyond it.
 const BUDGET: Duration = Duration::from_millis(750);
@@ -21,23 +21,10 @@ const SLACK: Duration = Duration::from_millis(100);
 const HEAL_BOUND: Duration = Duration::from_secs(2);
 const CLIENTS: usize = 4;
 
-/// The binary serving the redis provider against `redis`, with its port
-/// read from the "listening" log line; the rest of its log is drained on a
-/// thread so a full pipe never blocks it.
-struct Service {
-    child: Child,
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Service {
-    fn start(redis: &RedisServer) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("faults.toml");
-        std::fs::write(
-            &config,
-            format!(
-                r#"
+/// The binary serving the redis provider against `redis`.
+fn service(redis: &RedisServer) -> Serve {
+    let config = format!(
+        r#"
 [server]
 listen = "127.0.0.1:0"
 
@@ -60,43 +47,10 @@ urls = ["{}"]
 command-timeout = "250ms"
 connect-timeout = "250ms"
 "#,
-                BUDGET.as_millis(),
-                redis.url()
-            ),
-        )
-        .unwrap();
-        let mut child = Command::new(BIN)
-            .env_clear()
-            .env("RUST_LOG", "info")
-            .args(["--log-format", "json", "--config"])
-            .arg(&config)
-            .arg("serve")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("serve starts");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        let address = loop {
-            let line = lines.next().expect("a log line before listening").unwrap();
-            let event: serde_json::Value = serde_json::from_str(&line).expect("JSON logs");
-            if event["fields"]["message"] == "ca-skeleton listening" {
-                break event["fields"]["address"].as_str().unwrap().to_owned();
-            }
-        };
-        std::thread::spawn(move || lines.map_while(Result::ok).for_each(drop));
-        Self { child, base: format!("http://{address}"), _dir: dir }
-    }
-
-    fn assert_alive(&mut self) {
-        assert!(self.child.try_wait().unwrap().is_none(), "serve exited under the fault");
-    }
-}
-
-impl Drop for Service {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+        BUDGET.as_millis(),
+        redis.url()
+    );
+    Serve::start(&config, "info")
 }
 
 /// One response as the load loop saw it.
@@ -200,7 +154,7 @@ async fn under_load(
     heal: impl FnOnce(&mut RedisServer),
     name: &str,
 ) {
-    let mut service = Service::start(redis);
+    let mut service = service(redis);
     let stop = Arc::new(AtomicBool::new(false));
     let clients = load(&service.base, &stop);
     // These sleeps are the fault schedule itself (how long each phase
