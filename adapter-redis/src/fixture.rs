@@ -1,11 +1,14 @@
 //! Private Redis servers for tests (feature `test-fixture`): a standalone
 //! [`RedisServer`] and a six-node [`RedisCluster`], on free loopback ports,
 //! without persistence, killed on drop and when the test process dies.
-//! Never port 6379.
+//! Never port 6379. [`FaultProxy`] sits between a client and such a server
+//! to inject network faults.
 
 mod cluster;
+mod proxy;
 
 pub use cluster::{ClusterNode, NODE_TIMEOUT, RedisCluster};
+pub use proxy::{FaultProxy, ProxyMode, ReplyFault, SEED_VARIABLE, SeededRng};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};

@@ -40,3 +40,15 @@ pub use scripts::ScriptKind;
 pub use settings::{
     MAX_KEY_PREFIX_BYTES, MAX_SCRIPT_LANE, RedisField, RedisSettings, SettingsProblem, Topology,
 };
+
+/// Fuzzing hook (feature `fuzzing`, used by the `fuzz/` crate only; not an
+/// API): parses `bytes` as one RESP reply, as the connection would, and
+/// decodes it as a script reply. `None` when either step rejects it, else
+/// the decoded reply's `Debug` text. The decoder stays crate-private; this
+/// is the narrowest door that lets libFuzzer reach it.
+#[cfg(feature = "fuzzing")]
+#[doc(hidden)]
+pub fn fuzz_decode_script_reply(bytes: &[u8]) -> Option<String> {
+    let value = redis::parse_redis_value(bytes).ok()?;
+    reply::ScriptReply::decode(&value).ok().map(|reply| format!("{reply:?}"))
+}

@@ -188,3 +188,78 @@ pub(crate) async fn three_allowed_then_429(server: &Running, id: &str, path: &st
     assert_eq!(reply.header("ratelimit"), Some(format!(r#""{id}";r=0;t=60"#).as_str()));
     assert_eq!(reply.header("content-type"), Some("application/problem+json"));
 }
+
+/// The real `ca-skeleton serve` binary, started with the TOML `config` and
+/// `RUST_LOG=rust_log`, JSON logs; its address comes from the "listening"
+/// line, and every log line is kept (read on a thread, so a full pipe never
+/// blocks the process). Killed on drop.
+#[derive(Debug)]
+pub(crate) struct Serve {
+    pub(crate) child: std::process::Child,
+    pub(crate) base: String,
+    logs: Arc<std::sync::Mutex<Vec<String>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Serve {
+    pub(crate) fn start(config: &str, rust_log: &str) -> Self {
+        use std::io::{BufRead, BufReader};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("serve.toml");
+        std::fs::write(&path, config).unwrap();
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
+            .env_clear()
+            .env("RUST_LOG", rust_log)
+            .args(["--log-format", "json", "--config"])
+            .arg(&path)
+            .arg("serve")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let address = loop {
+            let line = lines.next().expect("a log line before listening").unwrap();
+            let event: serde_json::Value = serde_json::from_str(&line).expect("JSON logs");
+            logs.lock().unwrap().push(line);
+            if event["fields"]["message"] == "ca-skeleton listening" {
+                break event["fields"]["address"].as_str().unwrap().to_owned();
+            }
+        };
+        let kept = Arc::clone(&logs);
+        std::thread::spawn(move || {
+            for line in lines.map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        Self { child, base: format!("http://{address}"), logs, _dir: dir }
+    }
+
+    /// Every log line so far.
+    pub(crate) fn logs(&self) -> Vec<String> {
+        self.logs.lock().unwrap().clone()
+    }
+
+    /// Panics when the process has exited.
+    pub(crate) fn assert_alive(&mut self) {
+        assert!(self.child.try_wait().unwrap().is_none(), "serve exited");
+    }
+
+    /// Resident memory of the process in KiB (Linux `/proc`).
+    pub(crate) fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,0 +1,137 @@
+//! Two instances on one redis-server whose clocks disagree. Within
+//! `maximum-clock-regression` the lagging one is evaluated at the key's mark
+//! (never ClockUnsafe, never a fresh window it did not live in), so together
+//! they never admit more than the limit; beyond it the lagging one gets
+//! ClockUnsafe, writes nothing, and still nothing is over-admitted.
+
+mod common;
+
+use std::time::Duration;
+
+use adapter_redis::RedisEdgeRateLimitAdapter;
+use adapter_redis::fixture::RedisServer;
+use common::{T0, adapter, subject};
+use shared_contract::{
+    Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
+    PolicyId, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    UnavailableCategory,
+};
+
+const LIMIT: u64 = 10;
+const WINDOW: Duration = Duration::from_secs(60);
+const BOUND: Duration = Duration::from_secs(1);
+
+// The port API is being reworked (policy sets, per-policy decisions): these
+// two helpers are the only places that build a request or read a decision.
+
+fn request(clock: &ManualClock, subject: &SubjectDigest) -> RateLimitRequest {
+    RateLimitRequest {
+        policy_id: PolicyId::new("skew").unwrap(),
+        subject: subject.clone(),
+        cost: 1,
+        evaluation_id: EvaluationId::random(),
+        deadline: clock.monotonic() + Duration::from_secs(5),
+    }
+}
+
+fn allowed(outcome: &RateLimitOutcome) -> Option<bool> {
+    match outcome {
+        RateLimitOutcome::Evaluated(decision) => Some(decision.allowed),
+        RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Incompatible { .. }
+        | RateLimitOutcome::Indeterminate { .. } => None,
+    }
+}
+
+fn policy() -> RateLimitPolicy {
+    RateLimitPolicy::builder("skew", Algorithm::FixedWindow { limit: LIMIT, window: WINDOW })
+        .maximum_clock_regression(BOUND)
+        .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
+        .build()
+        .unwrap()
+}
+
+/// Two adapters on `server`, with clocks at `leading` and `leading - lag`.
+fn pair(
+    server: &RedisServer,
+    leading: u64,
+    lag: Duration,
+) -> [(RedisEdgeRateLimitAdapter, ManualClock); 2] {
+    let lagging = leading - u64::try_from(lag.as_millis()).unwrap();
+    [leading, lagging].map(|at| {
+        let clock = ManualClock::new(at);
+        (adapter(server, &clock, vec![policy()], |_| {}), clock)
+    })
+}
+
+/// Interleaves `calls` calls of each instance on one subject; returns the
+/// allowed count of each and the outcomes that were no decision.
+async fn interleave(
+    pair: &[(RedisEdgeRateLimitAdapter, ManualClock)],
+    who: &SubjectDigest,
+    calls: usize,
+) -> ([u64; 2], Vec<(usize, RateLimitOutcome)>) {
+    let mut admitted = [0; 2];
+    assert!(pair.len() <= 2);
+    let mut undecided = Vec::new();
+    for _ in 0..calls {
+        for (n, (adapter, clock)) in pair.iter().enumerate() {
+            let outcome = adapter.evaluate(request(clock, who)).await;
+            match allowed(&outcome) {
+                Some(true) => admitted[n] += 1,
+                Some(false) => {}
+                None => undecided.push((n, outcome)),
+            }
+        }
+    }
+    (admitted, undecided)
+}
+
+#[tokio::test]
+async fn skew_within_the_bound_is_never_clock_unsafe_and_never_over_admits() {
+    let server = RedisServer::start();
+    // The leader is 100 ms into a new window; a laggard up to the bound
+    // behind still reads the previous one. Evaluated at its own time it
+    // would see a window start other than the stored one, count 0, and
+    // admit a second limit; at the key's mark it shares the leader's window.
+    for (n, lag) in [0_u64, 1, 500, 900, 1000].into_iter().enumerate() {
+        let pair = pair(&server, T0 + 60_100, Duration::from_millis(lag));
+        let who = subject(u8::try_from(n).unwrap() + 1);
+        let (alone, undecided) = interleave(&pair[..1], &who, 4).await;
+        assert_eq!((alone[0], undecided.len()), (4, 0), "lag {lag} ms");
+        let (together, undecided) = interleave(&pair, &who, 10).await;
+        assert!(undecided.is_empty(), "lag {lag} ms within the bound: {undecided:?}");
+        assert_eq!(4 + together[0] + together[1], LIMIT, "lag {lag} ms: exactly the limit");
+        assert!(together[1] > 0, "lag {lag} ms: the laggard shares the window, it is not shut out");
+    }
+}
+
+#[tokio::test]
+async fn skew_beyond_the_bound_is_clock_unsafe_for_the_laggard_and_writes_nothing() {
+    let server = RedisServer::start();
+    for (n, lag) in [1001_u64, 5000].into_iter().enumerate() {
+        let pair = pair(&server, T0 + 60_100, Duration::from_millis(lag));
+        let who = subject(u8::try_from(n).unwrap() + 10);
+        let (alone, _) = interleave(&pair[..1], &who, 3).await;
+        assert_eq!(alone[0], 3);
+        let (together, undecided) = interleave(&pair, &who, 10).await;
+        // Only the laggard is refused, every time, with the typed outcome;
+        // the leader gets exactly the rest of the limit, so the laggard
+        // consumed nothing.
+        assert_eq!(together, [LIMIT - 3, 0], "lag {lag} ms");
+        assert_eq!(undecided.len(), 10, "lag {lag} ms: {undecided:?}");
+        for (instance, outcome) in &undecided {
+            assert_eq!(*instance, 1, "lag {lag} ms: the leader is never refused");
+            assert!(
+                matches!(
+                    outcome,
+                    RateLimitOutcome::Unavailable {
+                        category: UnavailableCategory::ClockUnsafe,
+                        ..
+                    }
+                ),
+                "lag {lag} ms: {outcome:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,46 @@
+//! The pseudonym framing: for any identity and operation, the pseudonym is
+//! a valid `SubjectDigest`, the same each time, and two different
+//! (kind, identity, operation) triples never share one, even when their
+//! concatenations are equal (which length framing exists to prevent).
+#![no_main]
+
+use std::sync::{Arc, OnceLock};
+
+use adapter_web::{SubjectKind, VersionedPseudonymizer};
+use ca_skeleton_fuzz::pseudonymizer;
+use libfuzzer_sys::fuzz_target;
+use shared_contract::SubjectDigest;
+
+const KINDS: [SubjectKind; 3] =
+    [SubjectKind::Principal, SubjectKind::ApiKey, SubjectKind::ClientIp];
+
+fuzz_target!(|data: &[u8]| {
+    static PSEUDONYMIZER: OnceLock<Arc<VersionedPseudonymizer>> = OnceLock::new();
+    let pseudonymizer = PSEUDONYMIZER.get_or_init(pseudonymizer);
+    let Some((&selector, rest)) = data.split_first() else { return };
+    let Ok(text) = std::str::from_utf8(rest) else { return };
+    let kind = KINDS[usize::from(selector % 3)];
+    // Two splits of the same text into (identity, operation).
+    let cut = |n: u8| {
+        let mut at = usize::from(n).min(text.len());
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        text.split_at(at)
+    };
+    let (identity, operation) = cut(selector / 3);
+    let (other_identity, other_operation) = cut(selector / 3 + 1);
+    let one = pseudonymizer.pseudonymize(kind, identity, operation);
+    assert_eq!(one, pseudonymizer.pseudonymize(kind, identity, operation), "deterministic");
+    assert!(SubjectDigest::parse(one.as_str()).is_ok(), "{one:?}");
+    assert!(one.as_str().starts_with("v1:"), "{one:?}");
+    if (other_identity, other_operation) != (identity, operation) {
+        let two = pseudonymizer.pseudonymize(kind, other_identity, other_operation);
+        assert_ne!(
+            one, two,
+            "{identity:?}+{operation:?} vs {other_identity:?}+{other_operation:?}"
+        );
+    }
+    let other_kind = KINDS[usize::from((selector % 3 + 1) % 3)];
+    assert_ne!(one, pseudonymizer.pseudonymize(other_kind, identity, operation), "kind is framed");
+});
