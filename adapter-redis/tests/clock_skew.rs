@@ -13,21 +13,22 @@ use adapter_redis::fixture::RedisServer;
 use common::{T0, adapter, subject};
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    PolicyId, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
-    UnavailableCategory,
+    OperationDigest, PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest, UnavailableCategory,
 };
 
 const LIMIT: u64 = 10;
 const WINDOW: Duration = Duration::from_secs(60);
 const BOUND: Duration = Duration::from_secs(1);
 
-// The port API is being reworked (policy sets, per-policy decisions): these
-// two helpers are the only places that build a request or read a decision.
+// These two helpers are the only places that build a request or read a
+// decision: a set of one policy, under one operation.
 
 fn request(clock: &ManualClock, subject: &SubjectDigest) -> RateLimitRequest {
     RateLimitRequest {
-        policy_id: PolicyId::new("skew").unwrap(),
+        policies: PolicySet::single(PolicyId::new("skew").unwrap()),
         subject: subject.clone(),
+        operation: OperationDigest::new("00000000000000f1").unwrap(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
@@ -36,7 +37,7 @@ fn request(clock: &ManualClock, subject: &SubjectDigest) -> RateLimitRequest {
 
 fn allowed(outcome: &RateLimitOutcome) -> Option<bool> {
     match outcome {
-        RateLimitOutcome::Evaluated(decision) => Some(decision.allowed),
+        RateLimitOutcome::Evaluated(set) => Some(set.allowed()),
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
         | RateLimitOutcome::Indeterminate { .. } => None,

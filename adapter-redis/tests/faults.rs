@@ -20,8 +20,8 @@ use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use common::{T0, inspector, subject};
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    PolicyId, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest, UnavailableCategory,
+    OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
+    RateLimitRequest, SubjectDigest, UnavailableCategory,
 };
 
 /// How late past its deadline a call may come back.
@@ -29,8 +29,8 @@ const DEADLINE_SLACK: Duration = Duration::from_millis(50);
 /// How soon after a fault heals the service must answer again.
 const HEAL_BOUND: Duration = Duration::from_secs(2);
 
-// The port API is being reworked (policy sets, per-policy decisions): these
-// two helpers are the only places that build a request or read a decision.
+// These two helpers are the only places that build a request or read a
+// decision: a set of one policy, under one operation.
 
 fn request(
     policy: &str,
@@ -39,17 +39,23 @@ fn request(
     deadline: Instant,
 ) -> RateLimitRequest {
     RateLimitRequest {
-        policy_id: PolicyId::new(policy).unwrap(),
+        policies: PolicySet::single(PolicyId::new(policy).unwrap()),
         subject: subject.clone(),
+        operation: operation(),
         cost: 1,
         evaluation_id,
         deadline,
     }
 }
 
+/// The one operation every request here is for.
+fn operation() -> OperationDigest {
+    OperationDigest::new("00000000000000f1").unwrap()
+}
+
 fn decision(outcome: &RateLimitOutcome) -> Option<RateLimitDecision> {
     match outcome {
-        RateLimitOutcome::Evaluated(decision) => Some(*decision),
+        RateLimitOutcome::Evaluated(set) => set.decisions().first().copied(),
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
         | RateLimitOutcome::Indeterminate { .. } => None,
@@ -140,7 +146,7 @@ impl Rig {
     /// after the tag byte (docs/algorithms.md, "Stored state on Redis").
     async fn charges(&self, policy: &str, who: &SubjectDigest) -> u64 {
         let policy = self.policies.iter().find(|p| p.id().as_str() == policy).unwrap();
-        let key = self.adapter.keys().counter_key(policy, who);
+        let key = self.adapter.keys().counter_key(policy, who, &operation());
         let mut redis = inspector(&self.server).await;
         let raw: Option<Vec<u8>> =
             redis::cmd("GET").arg(&key).query_async(&mut redis).await.unwrap();
@@ -170,7 +176,7 @@ impl Tally {
     fn add(&mut self, call: &Call) {
         self.worst = self.worst.max(call.elapsed);
         match call.outcome {
-            RateLimitOutcome::Evaluated(decision) if decision.allowed => self.allowed += 1,
+            RateLimitOutcome::Evaluated(set) if set.allowed() => self.allowed += 1,
             RateLimitOutcome::Evaluated(_) => self.denied += 1,
             RateLimitOutcome::Indeterminate { .. } => self.indeterminate += 1,
             RateLimitOutcome::Unavailable {
