@@ -42,13 +42,16 @@ pub use settings::{
 };
 
 /// Fuzzing hook (feature `fuzzing`, used by the `fuzz/` crate only; not an
-/// API): parses `bytes` as one RESP reply, as the connection would, and
-/// decodes it as a script reply. `None` when either step rejects it, else
-/// the decoded reply's `Debug` text. The decoder stays crate-private; this
-/// is the narrowest door that lets libFuzzer reach it.
+/// API): the first byte picks how many keys the set had (1 to 8), the rest
+/// is parsed as one RESP reply, as the connection would, and decoded as the
+/// set script's reply. `None` when either step rejects it, else the decoded
+/// reply's `Debug` text. The decoder stays crate-private; this is the
+/// narrowest door that lets libFuzzer reach it.
 #[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub fn fuzz_decode_script_reply(bytes: &[u8]) -> Option<String> {
-    let value = redis::parse_redis_value(bytes).ok()?;
-    reply::ScriptReply::decode(&value).ok().map(|reply| format!("{reply:?}"))
+    let (&first, rest) = bytes.split_first()?;
+    let keys = usize::from(first % 8) + 1;
+    let value = redis::parse_redis_value(rest).ok()?;
+    reply::SetReply::decode(&value, keys).ok().map(|reply| format!("{reply:?}"))
 }

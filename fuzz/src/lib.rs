@@ -18,7 +18,7 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, Response};
 use secrecy::SecretSlice;
-use shared_contract::{Algorithm, Clock, ManualClock, PolicyId, RateLimitPolicy};
+use shared_contract::{Algorithm, Clock, ManualClock, PolicyId, PolicySet, RateLimitPolicy};
 use tower::ServiceExt;
 
 /// The socket peer of every request: inside the trusted proxy range, so
@@ -44,7 +44,7 @@ pub fn pseudonymizer() -> Arc<VersionedPseudonymizer> {
 pub fn router(policy: RateLimitPolicy) -> Router {
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_800_000_000_000));
     let settings = EdgeSettings {
-        default_policy: policy.id().clone(),
+        default_policies: PolicySet::single(policy.id().clone()),
         trusted_proxies: vec!["10.0.0.0/8".parse().expect("a CIDR")],
         ..EdgeSettings::default()
     };
