@@ -192,7 +192,8 @@ pub(crate) async fn three_allowed_then_429(server: &Running, id: &str, path: &st
 /// The real `ca-skeleton serve` binary, started with the TOML `config` and
 /// `RUST_LOG=rust_log`, JSON logs; its address comes from the "listening"
 /// line, and every log line is kept (read on a thread, so a full pipe never
-/// blocks the process). Killed on drop.
+/// blocks the process). Killed on drop. `rust_log` must let
+/// `app_bootstrap` log at info, or the "listening" line never comes.
 #[derive(Debug)]
 pub(crate) struct Serve {
     pub(crate) child: std::process::Child,

@@ -1,0 +1,177 @@
+//! Soak of the memory provider through the real binary: a bounded loop of
+//! HTTP load over 100,000 distinct subjects (API keys), then expiry, then
+//! ordinary traffic. Resident memory must come back to within 20% of its
+//! level before the load: expired state is reclaimed, not kept per subject
+//! forever. The figures are printed; the test asserts only the bound.
+//!
+//! By default the load is 30,000 distinct subjects, one request each;
+//! `SOAK_SECONDS=60` loads for 60 s over all 100,000 (issue 12), and
+//! `SOAK_AFTER_REQUESTS` sets the traffic after expiry (default 4,000).
+//!
+//! Both tests here FAIL today, on purpose: expired state is reclaimed only
+//! by sweeps that enough traffic triggers, and nothing purges an idle store
+//! (docs/reliability.md, "Found: expired memory-provider state outlives its
+//! expiry", has the figures and the fix).
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use support::{Serve, TEST_KEY};
+
+const SUBJECTS: u64 = 100_000;
+const CLIENTS: usize = 8;
+/// Distinct subjects of the default run (one request each).
+const DEFAULT_SOAK_REQUESTS: u64 = 30_000;
+
+fn config() -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[capabilities.rate-limit]
+provider = "memory"
+default-policy = "soak"
+
+[capabilities.rate-limit.policies.soak]
+algorithm = "fixed-window"
+limit = 5
+window = "1s"
+
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+"#
+    )
+}
+
+/// Sends requests from `CLIENTS` clients, each with the API key
+/// `prefix-<n % modulo>` for the next `n`, until `until` or `count`
+/// requests; returns how many were sent. Every answer must be 200 or 429.
+async fn drive(base: &str, prefix: &str, modulo: u64, count: u64, until: Instant) -> u64 {
+    let next = Arc::new(AtomicU64::new(0));
+    let url = format!("{base}/api/hello");
+    let tasks: Vec<_> = (0..CLIENTS)
+        .map(|_| {
+            let (next, url, prefix) = (Arc::clone(&next), url.clone(), prefix.to_owned());
+            tokio::spawn(async move {
+                let client = reqwest::Client::builder()
+                    .no_proxy()
+                    .timeout(Duration::from_secs(10))
+                    .build()
+                    .unwrap();
+                loop {
+                    let n = next.fetch_add(1, Ordering::SeqCst);
+                    if n >= count || Instant::now() >= until {
+                        return;
+                    }
+                    let key = format!("{prefix}-{}", n % modulo);
+                    let reply = client
+                        .get(&url)
+                        .header("x-api-key", &key)
+                        .send()
+                        .await
+                        .unwrap_or_else(|error| panic!("request {n} ({key}): {error:?}"));
+                    let status = reply.status().as_u16();
+                    assert!(status == 200 || status == 429, "status {status}");
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    next.load(Ordering::SeqCst).min(count)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_after_expiry_returns_to_within_20_percent_of_before_the_load() {
+    // By default a fixed count of distinct subjects, so the run does not
+    // depend on how fast this machine is today; `SOAK_SECONDS` instead
+    // loads for that long over all 100,000 subjects (issue 12: 60 s).
+    let seconds: Option<u64> = std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok());
+    let (count, load_for) = match seconds {
+        Some(seconds) => (u64::MAX, Duration::from_secs(seconds)),
+        None => (DEFAULT_SOAK_REQUESTS, Duration::from_secs(300)),
+    };
+    let mut serve = Serve::start(&config(), "warn,app_bootstrap=info");
+    let far = Instant::now() + Duration::from_secs(600);
+    // Warm-up: connections, allocator arenas and the first maps exist
+    // before the baseline is read.
+    drive(&serve.base, "warm", 2_000, 4_000, far).await;
+    // Expiry is a matter of time here: a 1 s window plus the 1 s grace.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    drive(&serve.base, "warm", 2_000, 4_000, far).await;
+    let before = serve.rss_kib();
+    eprintln!("soak: warm-up done, RSS {before} KiB");
+
+    let started = Instant::now();
+    let sent = drive(&serve.base, "soak", SUBJECTS, count, started + load_for).await;
+    let peak = serve.rss_kib();
+    serve.assert_alive();
+
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Ordinary traffic after the flood, as many requests as the warm-up.
+    let after_requests =
+        std::env::var("SOAK_AFTER_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(4_000);
+    drive(&serve.base, "after", 2_000, after_requests, far).await;
+    let after = serve.rss_kib();
+    let distinct = sent.min(SUBJECTS);
+    eprintln!(
+        "soak: {sent} requests over {distinct} distinct subjects in {:?}; RSS before {before} KiB, peak {peak} KiB, after expiry {after} KiB",
+        started.elapsed()
+    );
+    assert!(
+        after * 10 <= before * 12,
+        "RSS after expiry {after} KiB is more than 20% above {before} KiB (peak {peak} KiB)"
+    );
+}
+
+// The port API is being reworked (policy sets): this helper is the only
+// place below that builds a request.
+fn request(
+    clock: &shared_contract::ManualClock,
+    subject: u64,
+) -> shared_contract::RateLimitRequest {
+    use shared_contract::Clock;
+    shared_contract::RateLimitRequest {
+        policy_id: shared_contract::PolicyId::new("soak").unwrap(),
+        subject: shared_contract::SubjectDigest::parse(format!("v1:{subject:032x}")).unwrap(),
+        cost: 1,
+        evaluation_id: shared_contract::EvaluationId::random(),
+        deadline: clock.monotonic() + Duration::from_secs(5),
+    }
+}
+
+/// The state side of the soak, in process, where the entries can be
+/// counted: after 100,000 subjects expire, the same ordinary traffic the
+/// HTTP soak sends afterwards (4,000 requests over 2,000 subjects) must
+/// leave no more than those 2,000 entries live.
+#[tokio::test]
+async fn expired_subjects_are_reclaimed_by_the_traffic_that_follows() {
+    use shared_contract::{Algorithm, EdgeRateLimitPort, ManualClock, RateLimitPolicy};
+    let clock = ManualClock::new(1_800_000_000_000);
+    let policy = RateLimitPolicy::builder(
+        "soak",
+        Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+    )
+    .build()
+    .unwrap();
+    let adapter =
+        adapter_memory::MemoryEdgeRateLimitAdapter::new([policy], Arc::new(clock.clone())).unwrap();
+    for subject in 0..SUBJECTS {
+        assert!(adapter.evaluate(request(&clock, subject)).await.is_allowed());
+    }
+    let peak = adapter.store().live_entries();
+    // Past the 1 s window and the 1 s grace of every entry.
+    clock.advance(Duration::from_secs(3));
+    for n in 0..4_000 {
+        adapter.evaluate(request(&clock, SUBJECTS + n % 2_000)).await;
+    }
+    let live = adapter.store().live_entries();
+    eprintln!("in process: {peak} entries at the peak, {live} after expiry and 4,000 requests");
+    assert_eq!(peak, usize::try_from(SUBJECTS).unwrap());
+    assert!(live <= 2_000, "{live} entries still live after expiry (peak {peak})");
+}
