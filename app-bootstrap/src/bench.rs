@@ -69,7 +69,7 @@ pub async fn run(
     }
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (provider, port) = match RateLimitCapability::build(config, Arc::clone(&clock))? {
-        RateLimitCapability::Enabled { provider, port } => (provider, port),
+        RateLimitCapability::Enabled { provider, port, .. } => (provider, port),
         RateLimitCapability::Disabled => {
             return Err(BootstrapError::Usage(
                 "bench needs a provider, but capabilities.rate-limit.provider is \"disabled\""

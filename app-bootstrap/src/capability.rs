@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use adapter_memory::MemoryEdgeRateLimitAdapter;
+use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
 use rand::RngCore;
@@ -30,9 +30,30 @@ pub enum RateLimitCapability {
         provider: ProviderKind,
         /// The provider.
         port: Arc<dyn EdgeRateLimitPort>,
+        /// Background work the provider needs from the server, if any.
+        upkeep: Option<Upkeep>,
     },
     /// `provider = "disabled"`: nothing is limited.
     Disabled,
+}
+
+/// The memory provider's periodic purge. Traffic sweeps a busy shard, but
+/// an instance gone quiet after a flood would keep the expired state until
+/// traffic came back: the server runs this every [`Upkeep::EVERY`].
+#[derive(Debug, Clone)]
+pub struct Upkeep {
+    store: MemoryStore,
+    clock: Arc<dyn Clock>,
+}
+
+impl Upkeep {
+    /// How often the server runs it.
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Removes every key expired at the clock's now; returns how many.
+    pub fn run(&self) -> usize {
+        self.store.purge_expired(self.clock.epoch_millis())
+    }
 }
 
 impl RateLimitCapability {
@@ -40,12 +61,24 @@ impl RateLimitCapability {
     /// succeeds while the server is down (readiness reports it).
     pub fn build(config: &AppConfig, clock: Arc<dyn Clock>) -> Result<Self, BootstrapError> {
         let provider = config.capabilities.rate_limit.provider;
-        let port: Arc<dyn EdgeRateLimitPort> = match provider {
+        let (port, upkeep): (Arc<dyn EdgeRateLimitPort>, _) = match provider {
             ProviderKind::Disabled => return Ok(Self::Disabled),
-            ProviderKind::Memory => Arc::new(memory_provider(config, clock)?),
-            ProviderKind::Redis => Arc::new(redis_provider(config, clock)?),
+            ProviderKind::Memory => {
+                let adapter = memory_provider(config, Arc::clone(&clock))?;
+                let upkeep = Upkeep { store: adapter.store().clone(), clock };
+                (Arc::new(adapter), Some(upkeep))
+            }
+            ProviderKind::Redis => (Arc::new(redis_provider(config, clock)?), None),
         };
-        Ok(Self::Enabled { provider, port })
+        Ok(Self::Enabled { provider, port, upkeep })
+    }
+
+    /// The provider's background work, if it has any.
+    pub fn upkeep(&self) -> Option<&Upkeep> {
+        match self {
+            Self::Enabled { upkeep, .. } => upkeep.as_ref(),
+            Self::Disabled => None,
+        }
     }
 
     /// The provider, when there is one.
@@ -157,7 +190,7 @@ fn wiring(component: &'static str, error: impl std::fmt::Display) -> BootstrapEr
 
 #[cfg(test)]
 mod tests {
-    use shared_contract::{Algorithm, ManualClock, PolicyId};
+    use shared_contract::{Algorithm, Clock, ManualClock, PolicyId};
 
     use super::*;
     use crate::config::ConfigSources;
@@ -187,7 +220,7 @@ mod tests {
     async fn memory_is_the_default_and_holds_the_configured_policies() {
         let config = config("");
         let capability = RateLimitCapability::build(&config, clock()).unwrap();
-        let RateLimitCapability::Enabled { provider, port } = &capability else {
+        let RateLimitCapability::Enabled { provider, port, upkeep } = &capability else {
             panic!("memory must be enabled");
         };
         assert_eq!(*provider, ProviderKind::Memory);
@@ -198,6 +231,31 @@ mod tests {
         );
         assert!(capability.is_ready().await);
         assert!(capability.layer(&config, clock()).unwrap().is_enabled());
+        assert!(upkeep.is_some(), "the memory provider is purged in the background");
+    }
+
+    #[tokio::test]
+    async fn the_upkeep_purges_what_expired_on_the_provider_s_clock() {
+        let manual = ManualClock::new(1_700_000_000_000);
+        let capability = RateLimitCapability::build(&config(""), Arc::new(manual.clone())).unwrap();
+        let (Some(port), Some(upkeep)) = (capability.port(), capability.upkeep()) else {
+            panic!("memory has a port and an upkeep");
+        };
+        let request = shared_contract::RateLimitRequest {
+            policies: PolicySet::single(PolicyId::new("demo").unwrap()),
+            subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16)))
+                .unwrap(),
+            operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
+            cost: 1,
+            evaluation_id: shared_contract::EvaluationId::random(),
+            deadline: manual.monotonic() + std::time::Duration::from_secs(5),
+        };
+        assert!(port.evaluate(request).await.is_allowed());
+        assert_eq!(upkeep.run(), 0, "nothing has expired yet");
+        // The demo window (60 s) and the dedupe record (5 s) end within a
+        // minute, plus the 1 s grace.
+        manual.advance(std::time::Duration::from_secs(62));
+        assert_eq!(upkeep.run(), 1);
     }
 
     #[tokio::test]

@@ -17,7 +17,7 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use shared_contract::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
-use crate::capability::RateLimitCapability;
+use crate::capability::{RateLimitCapability, Upkeep};
 use crate::config::AppConfig;
 use crate::error::BootstrapError;
 use crate::routes::{self, ApiRoutes};
@@ -37,6 +37,7 @@ pub struct Application {
     router: Router,
     address: SocketAddr,
     metrics: PrometheusHandle,
+    upkeep: Option<Upkeep>,
 }
 
 impl Application {
@@ -66,6 +67,7 @@ impl Application {
         let api = api.into_router();
         let metrics = metrics_handle()?;
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
+        let upkeep = capability.upkeep().cloned();
         let layer = capability.layer(config, clock)?;
         let router = router(api, capability, layer, metrics.clone());
         let address = config.server.listen;
@@ -73,7 +75,7 @@ impl Application {
             .await
             .map_err(|source| BootstrapError::Bind { address, source })?;
         let address = listener.local_addr().map_err(BootstrapError::Serve)?;
-        Ok(Self { listener, router, address, metrics })
+        Ok(Self { listener, router, address, metrics, upkeep })
     }
 
     /// The bound address.
@@ -104,9 +106,21 @@ impl Application {
                 metrics.run_upkeep();
             }
         });
+        let purge = self.upkeep.map(|provider| {
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Upkeep::EVERY);
+                loop {
+                    tick.tick().await;
+                    provider.run();
+                }
+            })
+        });
         let service = self.router.into_make_service_with_connect_info::<SocketAddr>();
         let served = axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await;
         upkeep.abort();
+        if let Some(purge) = purge {
+            purge.abort();
+        }
         served.map_err(BootstrapError::Serve)
     }
 }

@@ -8,10 +8,10 @@
 //! `SOAK_SECONDS=60` loads for 60 s over all 100,000 (issue 12), and
 //! `SOAK_AFTER_REQUESTS` sets the traffic after expiry (default 4,000).
 //!
-//! Both tests here FAIL today, on purpose: expired state is reclaimed only
-//! by sweeps that enough traffic triggers, and nothing purges an idle store
-//! (docs/reliability.md, "Found: expired memory-provider state outlives its
-//! expiry", has the figures and the fix).
+//! A key of the soak policy lives until its window ends or its dedupe
+//! record expires, whichever is later, plus the 1 s grace: 5 s (the
+//! default dedupe ttl) + 1 s after its last write. Both tests wait past
+//! that before they look.
 
 mod support;
 
@@ -22,6 +22,9 @@ use std::time::{Duration, Instant};
 use support::{Serve, TEST_KEY};
 
 const SUBJECTS: u64 = 100_000;
+/// Past every key's lifetime: the 5 s dedupe ttl outlives the 1 s window,
+/// plus the 1 s grace, plus a margin for the load's own duration.
+const PAST_EXPIRY: Duration = Duration::from_secs(7);
 const CLIENTS: usize = 8;
 /// Distinct subjects of the default run (one request each).
 const DEFAULT_SOAK_REQUESTS: u64 = 30_000;
@@ -101,8 +104,7 @@ async fn memory_after_expiry_returns_to_within_20_percent_of_before_the_load() {
     // Warm-up: connections, allocator arenas and the first maps exist
     // before the baseline is read.
     drive(&serve.base, "warm", 2_000, 4_000, far).await;
-    // Expiry is a matter of time here: a 1 s window plus the 1 s grace.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(PAST_EXPIRY).await;
     drive(&serve.base, "warm", 2_000, 4_000, far).await;
     let before = serve.rss_kib();
     eprintln!("soak: warm-up done, RSS {before} KiB");
@@ -112,7 +114,7 @@ async fn memory_after_expiry_returns_to_within_20_percent_of_before_the_load() {
     let peak = serve.rss_kib();
     serve.assert_alive();
 
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(PAST_EXPIRY).await;
     // Ordinary traffic after the flood, as many requests as the warm-up.
     let after_requests =
         std::env::var("SOAK_AFTER_REQUESTS").ok().and_then(|s| s.parse().ok()).unwrap_or(4_000);
@@ -129,16 +131,18 @@ async fn memory_after_expiry_returns_to_within_20_percent_of_before_the_load() {
     );
 }
 
-// The port API is being reworked (policy sets): this helper is the only
-// place below that builds a request.
+// The only place below that builds a request: a set of one policy.
 fn request(
     clock: &shared_contract::ManualClock,
     subject: u64,
 ) -> shared_contract::RateLimitRequest {
     use shared_contract::Clock;
     shared_contract::RateLimitRequest {
-        policy_id: shared_contract::PolicyId::new("soak").unwrap(),
+        policies: shared_contract::PolicySet::single(
+            shared_contract::PolicyId::new("soak").unwrap(),
+        ),
         subject: shared_contract::SubjectDigest::parse(format!("v1:{subject:032x}")).unwrap(),
+        operation: shared_contract::OperationDigest::new("00000000000050a4").unwrap(),
         cost: 1,
         evaluation_id: shared_contract::EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
@@ -165,8 +169,7 @@ async fn expired_subjects_are_reclaimed_by_the_traffic_that_follows() {
         assert!(adapter.evaluate(request(&clock, subject)).await.is_allowed());
     }
     let peak = adapter.store().live_entries();
-    // Past the 1 s window and the 1 s grace of every entry.
-    clock.advance(Duration::from_secs(3));
+    clock.advance(PAST_EXPIRY);
     for n in 0..4_000 {
         adapter.evaluate(request(&clock, SUBJECTS + n % 2_000)).await;
     }
