@@ -23,23 +23,35 @@
 -- #include token-bucket.lua
 
 local n = #KEYS
+local byte = string.byte
+local reply = {'allowed'}
 -- Per key k, scratch[6k-5 .. 6k]: the start of its ARGV block, its
--- effective time, its value (false when absent), its records, then the
--- state a run wants written (false for none) and that state's end. One
--- table for every key keeps a set of one as cheap as a single script.
+-- effective time, its value (false when absent), its records ('' with
+-- dedupe off), then the state its charging run wants written (false for
+-- none) and that state's end. One flat table, and no closure per key:
+-- both are created on every call (docs/benchmarks.md).
 local scratch = {}
 
--- Step 2 and 3: load every key; the bound holds on each, and inside it a
--- key's time never runs backwards.
-local beyond = nil
+-- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
+-- on each, and inside it a key's time never runs backwards) and run its
+-- algorithm charging right away. The run only computes: whatever a later
+-- step decides (clock_unsafe, replay, corrupt) discards it, and nothing is
+-- written before step 7. Shadow policies never decide admission.
+local beyond, dedupe, failed, admitted = nil, false, nil, true
 local block = 4
 for k = 1, n do
-  local s = 6 * k - 5
+  local b = block
+  local tag = byte(ARGV[b])
+  local enforced = tag < SHADOW_KINDS
+  if not enforced then tag = tag - SHADOW end
+  if tag == TOKEN_BUCKET then block = block + 8 else block = block + 7 end
   local t = now
   local raw = redis.call('GET', KEYS[k])
   local records = ''
+  local stored = tag
   if raw then
-    local stored, header = string.byte(raw, 1), FIXED_WINDOW_HEADER
+    local header = FIXED_WINDOW_HEADER
+    stored = byte(raw, 1)
     if stored == SLIDING_COUNTER then
       header = SLIDING_COUNTER_HEADER
     elseif stored == TOKEN_BUCKET then
@@ -49,56 +61,79 @@ for k = 1, n do
     end
     if #raw < header or (#raw - header) % RECORD ~= 0 then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
-    local by = mark - now - tonumber(ARGV[block + 1])
+    local by = mark - now - tonumber(ARGV[b + 1])
     if by > 0 and (not beyond or by > beyond) then beyond = by end
     if mark > t then t = mark end
-    records = string.sub(raw, header + 1)
+    if #raw > header then records = string.sub(raw, header + 1) end
   end
-  scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3] = block, t, raw, records
+  if tonumber(ARGV[b + 4]) > 0 then dedupe = true end
+  local s = 6 * k - 5
+  scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3] = b, t, raw, records
   scratch[s + 4] = false
-  local kind = string.byte(ARGV[block])
-  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then
-    block = block + 8
-  else
-    block = block + 7
+  -- A key of another algorithm (or an unknown kind) fails the set at its
+  -- run, in key order, as `run` does below.
+  if stored ~= tag then
+    failed = failed or k
+  elseif not failed then
+    local allowed, remaining, reset_after, retry_after, state, state_end
+    if tag == FIXED_WINDOW then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        fixed_window(raw, t, true, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+    elseif tag == SLIDING_COUNTER then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        sliding_counter(raw, t, true, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+    elseif tag == TOKEN_BUCKET then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        token_bucket(raw, t, true, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]),
+          tonumber(ARGV[b + 7]))
+    else
+      failed = k
+    end
+    if not failed then
+      local r = 4 * k - 2
+      reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
+        allowed and 1 or 0, remaining, reset_after, retry_after
+      if state then scratch[s + 4], scratch[s + 5] = state, state_end end
+      if not allowed and enforced then admitted = false end
+    end
   end
 end
 if beyond then return {'clock_unsafe', beyond} end
 
--- Runs key k's algorithm at its effective time, charging or spared; nil
--- when the key holds another algorithm's state.
-local function run(k, charge)
+-- Runs key k's algorithm spared (step 4 and 6); nil when the key holds
+-- another algorithm's state.
+local function spared(k)
   local s = 6 * k - 5
   local b = scratch[s]
-  local tag = string.byte(ARGV[b])
+  local tag = byte(ARGV[b])
   if tag >= SHADOW_KINDS then tag = tag - SHADOW end
   local raw = scratch[s + 2]
-  if raw and string.byte(raw, 1) ~= tag then return nil end
+  if raw and byte(raw, 1) ~= tag then return nil end
   local t = scratch[s + 1]
   if tag == FIXED_WINDOW then
-    return fixed_window(raw, t, charge, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+    return fixed_window(raw, t, false, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
   elseif tag == SLIDING_COUNTER then
-    return sliding_counter(raw, t, charge, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+    return sliding_counter(raw, t, false, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
   elseif tag == TOKEN_BUCKET then
-    return token_bucket(raw, t, charge, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]),
+    return token_bucket(raw, t, false, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]),
       tonumber(ARGV[b + 7]))
   end
   return error('unknown algorithm kind')
 end
 
-local reply = {'allowed'}
-
 -- Step 4: a live record of this evaluation in any key replays the whole
 -- set: that key answers its record, every other key its spared run.
 -- Nothing is written anywhere.
 local replay = false
-for k = 1, n do
-  local s = 6 * k - 5
-  local b = scratch[s]
-  if tonumber(ARGV[b + 4]) > 0
-    and live_record(scratch[s + 3], scratch[s + 1], tonumber(ARGV[b + 3])) then
-    replay = true
-    break
+if dedupe then
+  for k = 1, n do
+    local s = 6 * k - 5
+    local b = scratch[s]
+    if tonumber(ARGV[b + 4]) > 0
+      and live_record(scratch[s + 3], scratch[s + 1], tonumber(ARGV[b + 3])) then
+      replay = true
+      break
+    end
   end
 end
 if replay then
@@ -114,7 +149,7 @@ if replay then
       local remaining, reset_after = struct.unpack('dd', scratch[s + 3], at + 16)
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 2, remaining, reset_after, 0
     else
-      local allowed, remaining, reset_after, retry_after = run(k, false)
+      local allowed, remaining, reset_after, retry_after = spared(k)
       if allowed == nil then return {'corrupt', k} end
       reply[r] = allowed and 1 or 0
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
@@ -123,25 +158,19 @@ if replay then
   return reply
 end
 
--- Step 5: every key's algorithm, charging; step 6: the set is admitted
--- iff every enforced policy allowed. Shadow policies never decide.
-local admitted = true
-for k = 1, n do
-  local allowed, remaining, reset_after, retry_after, state, state_end = run(k, true)
-  if allowed == nil then return {'corrupt', k} end
-  local r, s = 4 * k - 2, 6 * k - 5
-  reply[r] = allowed and 1 or 0
-  reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
-  scratch[s + 4], scratch[s + 5] = state or false, state_end
-  if not allowed and string.byte(ARGV[scratch[s]]) < SHADOW_KINDS then admitted = false end
+-- Step 5's failure: the first key whose run could not happen.
+if failed then
+  if spared(failed) == nil then return {'corrupt', failed} end
 end
+
 if not admitted then
-  -- Nothing is charged anywhere: every key that allowed runs again spared.
+  -- Step 6: nothing is charged anywhere: every key that allowed runs
+  -- again spared.
   reply[1] = 'denied'
   for k = 1, n do
     local r = 4 * k - 2
     if reply[r] == 1 then
-      local _, remaining, reset_after, retry_after, state, state_end = run(k, false)
+      local _, remaining, reset_after, retry_after, state, state_end = spared(k)
       local s = 6 * k - 5
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
       scratch[s + 4], scratch[s + 5] = state or false, state_end
@@ -157,11 +186,13 @@ for k = 1, n do
   if state then
     local b = scratch[s]
     local r = 4 * k - 2
-    local tag = string.byte(ARGV[b])
+    local tag = byte(ARGV[b])
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
+    local capacity, ttl = tonumber(ARGV[b + 4]), 0
+    if capacity > 0 then ttl = tonumber(ARGV[b + 3]) end
     store(KEYS[k], tag, state, scratch[s + 5], scratch[s + 3], scratch[s + 1],
-      tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]),
-      admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
+      tonumber(ARGV[b + 2]), ttl, capacity, admitted and reply[r] == 1, reply[r + 1],
+      reply[r + 2])
   end
 end
 return reply
