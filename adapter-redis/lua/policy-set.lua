@@ -22,15 +22,27 @@
 -- #include sliding-counter.lua
 -- #include token-bucket.lua
 
+-- What this driver creates is created on every call (Redis caches the
+-- compiled chunk, not its tables, closures or conversions), so it keeps
+-- that to a minimum (measured: docs/benchmarks.md). Numbers in ARGV are
+-- read by arithmetic coercion (`ARGV[i] + 0`): the same conversion as
+-- tonumber, without a C call that converts the string twice.
 local n = #KEYS
 local byte = string.byte
-local reply = {'allowed'}
+-- The reply, sized for the largest set: growing a table key by key
+-- rehashes it at every power of two. The nils are free slots; the reply
+-- ends at the first one.
+local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 -- Per key k, scratch[6k-5 .. 6k]: the start of its ARGV block, its
 -- effective time, its value (false when absent), its records ('' with
 -- dedupe off), then the state its charging run wants written (false for
--- none) and that state's end. One flat table, and no closure per key:
--- both are created on every call (docs/benchmarks.md).
-local scratch = {}
+-- none) and that state's end. One flat table for every key, sized for
+-- the largest set like the reply.
+local scratch = {false, false, false, false, false, false, false, false, false, false, false,
+  false, false, false, false, false, false, false, false, false, false, false, false, false,
+  false, false, false, false, false, false, false, false, false, false, false, false, false,
+  false, false, false, false, false, false, false, false, false, false, false}
 
 -- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
 -- on each, and inside it a key's time never runs backwards) and run its
@@ -61,12 +73,12 @@ for k = 1, n do
     end
     if #raw < header or (#raw - header) % RECORD ~= 0 then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
-    local by = mark - now - tonumber(ARGV[b + 1])
+    local by = mark - now - ARGV[b + 1]
     if by > 0 and (not beyond or by > beyond) then beyond = by end
     if mark > t then t = mark end
     if #raw > header then records = string.sub(raw, header + 1) end
   end
-  if tonumber(ARGV[b + 4]) > 0 then dedupe = true end
+  if ARGV[b + 4] + 0 > 0 then dedupe = true end
   local s = 6 * k - 5
   scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3] = b, t, raw, records
   scratch[s + 4] = false
@@ -78,14 +90,14 @@ for k = 1, n do
     local allowed, remaining, reset_after, retry_after, state, state_end
     if tag == FIXED_WINDOW then
       allowed, remaining, reset_after, retry_after, state, state_end =
-        fixed_window(raw, t, true, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+        fixed_window(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == SLIDING_COUNTER then
       allowed, remaining, reset_after, retry_after, state, state_end =
-        sliding_counter(raw, t, true, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+        sliding_counter(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == TOKEN_BUCKET then
       allowed, remaining, reset_after, retry_after, state, state_end =
-        token_bucket(raw, t, true, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]),
-          tonumber(ARGV[b + 7]))
+        token_bucket(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
+          ARGV[b + 7] + 0)
     else
       failed = k
     end
@@ -111,12 +123,12 @@ local function spared(k)
   if raw and byte(raw, 1) ~= tag then return nil end
   local t = scratch[s + 1]
   if tag == FIXED_WINDOW then
-    return fixed_window(raw, t, false, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+    return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
   elseif tag == SLIDING_COUNTER then
-    return sliding_counter(raw, t, false, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
+    return sliding_counter(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
   elseif tag == TOKEN_BUCKET then
-    return token_bucket(raw, t, false, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]),
-      tonumber(ARGV[b + 7]))
+    return token_bucket(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
+      ARGV[b + 7] + 0)
   end
   return error('unknown algorithm kind')
 end
@@ -129,8 +141,8 @@ if dedupe then
   for k = 1, n do
     local s = 6 * k - 5
     local b = scratch[s]
-    if tonumber(ARGV[b + 4]) > 0
-      and live_record(scratch[s + 3], scratch[s + 1], tonumber(ARGV[b + 3])) then
+    if ARGV[b + 4] + 0 > 0
+      and live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0) then
       replay = true
       break
     end
@@ -141,8 +153,8 @@ if replay then
     local s = 6 * k - 5
     local b = scratch[s]
     local at = nil
-    if tonumber(ARGV[b + 4]) > 0 then
-      at = live_record(scratch[s + 3], scratch[s + 1], tonumber(ARGV[b + 3]))
+    if ARGV[b + 4] + 0 > 0 then
+      at = live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0)
     end
     local r = 4 * k - 2
     if at then
@@ -186,13 +198,10 @@ for k = 1, n do
   if state then
     local b = scratch[s]
     local r = 4 * k - 2
-    local tag = byte(ARGV[b])
-    if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-    local capacity, ttl = tonumber(ARGV[b + 4]), 0
-    if capacity > 0 then ttl = tonumber(ARGV[b + 3]) end
-    store(KEYS[k], tag, state, scratch[s + 5], scratch[s + 3], scratch[s + 1],
-      tonumber(ARGV[b + 2]), ttl, capacity, admitted and reply[r] == 1, reply[r + 1],
-      reply[r + 2])
+    local capacity, ttl = ARGV[b + 4] + 0, 0
+    if capacity > 0 then ttl = ARGV[b + 3] + 0 end
+    store(KEYS[k], state, scratch[s + 5], scratch[s + 3], scratch[s + 1], ARGV[b + 2] + 0,
+      ttl, capacity, admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
   end
 end
 return reply
