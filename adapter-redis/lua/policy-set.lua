@@ -29,20 +29,17 @@
 -- tonumber, without a C call that converts the string twice.
 local n = #KEYS
 local byte = string.byte
--- The reply, sized for the largest set: growing a table key by key
--- rehashes it at every power of two. The nils are free slots; the reply
--- ends at the first one.
-local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+-- The reply and the scratch table are sized for a set of two (the
+-- common burst + sustained pair): growing a table key by key rehashes it
+-- at every power of two. Their nils are free slots; the reply ends at its
+-- first nil, so a set of one sends only its own answers, and a larger set
+-- grows them.
+local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
 -- Per key k, scratch[6k-5 .. 6k]: the start of its ARGV block, its
 -- effective time, its value (false when absent), its records ('' with
 -- dedupe off), then the state its charging run wants written (false for
--- none) and that state's end. One flat table for every key, sized for
--- the largest set like the reply.
-local scratch = {false, false, false, false, false, false, false, false, false, false, false,
-  false, false, false, false, false, false, false, false, false, false, false, false, false,
-  false, false, false, false, false, false, false, false, false, false, false, false, false,
-  false, false, false, false, false, false, false, false, false, false, false}
+-- none) and that state's end.
+local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
 -- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
 -- on each, and inside it a key's time never runs backwards) and run its
@@ -112,25 +109,29 @@ for k = 1, n do
 end
 if beyond then return {'clock_unsafe', beyond} end
 
--- Runs key k's algorithm spared (step 4 and 6); nil when the key holds
--- another algorithm's state.
-local function spared(k)
-  local s = 6 * k - 5
-  local b = scratch[s]
-  local tag = byte(ARGV[b])
-  if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-  local raw = scratch[s + 2]
-  if raw and byte(raw, 1) ~= tag then return nil end
-  local t = scratch[s + 1]
-  if tag == FIXED_WINDOW then
-    return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-  elseif tag == SLIDING_COUNTER then
-    return sliding_counter(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-  elseif tag == TOKEN_BUCKET then
-    return token_bucket(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
-      ARGV[b + 7] + 0)
+-- Runs key k's algorithm spared (steps 4 and 6); nil when the key holds
+-- another algorithm's state. Only a replay, a failure or a refusal needs
+-- it, so an admitted set never creates this closure.
+local spared = nil
+if dedupe or failed or not admitted then
+  spared = function(k)
+    local s = 6 * k - 5
+    local b = scratch[s]
+    local tag = byte(ARGV[b])
+    if tag >= SHADOW_KINDS then tag = tag - SHADOW end
+    local raw = scratch[s + 2]
+    if raw and byte(raw, 1) ~= tag then return nil end
+    local t = scratch[s + 1]
+    if tag == FIXED_WINDOW then
+      return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+    elseif tag == SLIDING_COUNTER then
+      return sliding_counter(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+    elseif tag == TOKEN_BUCKET then
+      return token_bucket(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
+        ARGV[b + 7] + 0)
+    end
+    return error('unknown algorithm kind')
   end
-  return error('unknown algorithm kind')
 end
 
 -- Step 4: a live record of this evaluation in any key replays the whole
@@ -198,10 +199,17 @@ for k = 1, n do
   if state then
     local b = scratch[s]
     local r = 4 * k - 2
-    local capacity, ttl = ARGV[b + 4] + 0, 0
-    if capacity > 0 then ttl = ARGV[b + 3] + 0 end
-    store(KEYS[k], state, scratch[s + 5], scratch[s + 3], scratch[s + 1], ARGV[b + 2] + 0,
-      ttl, capacity, admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
+    local capacity = ARGV[b + 4] + 0
+    if capacity > 0 then
+      store(KEYS[k], state, scratch[s + 5], scratch[s + 3], scratch[s + 1], ARGV[b + 2] + 0,
+        ARGV[b + 3] + 0, capacity, admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
+    else
+      -- Dedupe off: `store` without records, inline (a call with its
+      -- eleven arguments costs more than these three lines).
+      local lifetime = scratch[s + 5] + ARGV[b + 2] - scratch[s + 1]
+      if lifetime < 1 then lifetime = 1 end
+      redis.call('SET', KEYS[k], state, 'PX', lifetime)
+    end
   end
 end
 return reply

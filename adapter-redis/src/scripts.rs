@@ -336,12 +336,12 @@ mod tests {
         let set = ScriptKind::PolicySet.source();
         assert!(set.contains("reply[1] = 'denied'"));
         // The reply starts 'allowed' with a free (nil) slot for every
-        // answer of the largest set, so it never grows, and ends at the
-        // first nil, so a smaller set sends only its own answers.
+        // answer of a set of two, so that set never grows it, and ends at
+        // the first nil, so a set of one sends only its own answers.
         let slots = lua_constructor(set, "local reply = {");
         assert_eq!(slots[0], "'allowed'");
         assert!(slots[1..].iter().all(|slot| slot == "nil"), "{slots:?}");
-        assert_eq!(slots.len(), SetReply::decided_len(MAX_POLICY_SET));
+        assert_eq!(slots.len(), SetReply::decided_len(2));
         // Key k's answer sits at 1 + PER_KEY * (k - 1) + 1 ..= 1 + PER_KEY * k.
         assert!(set.contains(&format!("local r = {PER_KEY} * k - {}", PER_KEY - 2)));
         assert!(set.contains("reply[r], reply[r + 1], reply[r + 2], reply[r + 3]"));
@@ -386,11 +386,11 @@ mod tests {
             assert!(single.contains(&format!("ARGV[{index}]")), "single-key {what}");
         }
         const { assert!(MAX_POLICY_SET <= 8, "the driver's layout names 1 to 8 keys") };
-        // Six scratch slots per key, all present (false) for the largest set.
+        // Six scratch slots per key, free (nil) for a set of two.
         assert!(set.contains("local s = 6 * k - 5"));
         let scratch = lua_constructor(set, "local scratch = {");
-        assert!(scratch.iter().all(|slot| slot == "false"), "{scratch:?}");
-        assert_eq!(scratch.len(), 6 * MAX_POLICY_SET);
+        assert!(scratch.iter().all(|slot| slot == "nil"), "{scratch:?}");
+        assert_eq!(scratch.len(), 6 * 2);
     }
 
     #[test]

@@ -252,7 +252,8 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
         let calls = source.matches("redis.call(").count();
         let on_keys = source.matches("redis.call('GET', KEYS[k])").count()
             + source.matches("redis.call('GET', key)").count()
-            + source.matches("redis.call('SET', key,").count();
+            + source.matches("redis.call('SET', key,").count()
+            + source.matches("redis.call('SET', KEYS[k],").count();
         assert_eq!(calls, on_keys, "{kind:?} calls redis on something other than its KEYS");
         assert!(
             source.contains("local key = KEYS[1]") || source.contains("store(KEYS[k], "),
