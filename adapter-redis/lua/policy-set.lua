@@ -28,7 +28,9 @@
 -- read by arithmetic coercion (`ARGV[i] + 0`): the same conversion as
 -- tonumber, without a C call that converts the string twice.
 local n = #KEYS
-local byte = string.byte
+-- The globals the loops use, as locals: a local is a register, a global a
+-- table lookup on every use.
+local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte
 -- The reply and the scratch table are sized for a set of two (the
 -- common burst + sustained pair): growing a table key by key rehashes it
 -- at every power of two. Their nils are free slots; the reply ends at its
@@ -79,8 +81,8 @@ for k = 1, n do
   local s = 6 * k - 5
   scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3] = b, t, raw, records
   scratch[s + 4] = false
-  -- A key of another algorithm (or an unknown kind) fails the set at its
-  -- run, in key order, as `run` does below.
+  -- A key of another algorithm (or of an unknown kind) fails the set at
+  -- its run, the first in key order; `spared` below tells which way.
   if stored ~= tag then
     failed = failed or k
   elseif not failed then
