@@ -37,11 +37,11 @@ local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte
 -- first nil, so a set of one sends only its own answers, and a larger set
 -- grows them.
 local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
--- Per key k, scratch[6k-5 .. 6k]: the start of its ARGV block, its
--- effective time, its value (false when absent), its records ('' with
--- dedupe off), then the state its charging run wants written (false for
--- none) and that state's end.
-local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+-- Per key k, scratch[7k-6 .. 7k]: the start of its ARGV block, its
+-- effective time, its value (false when absent), its records ('' when
+-- none), its dedupe record capacity (0 = off), then the state a run wants
+-- written (nil for none) and that state's end.
+local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
 -- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
 -- on each, and inside it a key's time never runs backwards) and run its
@@ -77,10 +77,11 @@ for k = 1, n do
     if mark > t then t = mark end
     if #raw > header then records = string.sub(raw, header + 1) end
   end
-  if ARGV[b + 4] + 0 > 0 then dedupe = true end
-  local s = 6 * k - 5
-  scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3] = b, t, raw, records
-  scratch[s + 4] = false
+  local capacity = ARGV[b + 4] + 0
+  if capacity > 0 then dedupe = true end
+  local s = 7 * k - 6
+  scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3], scratch[s + 4] =
+    b, t, raw, records, capacity
   -- A key of another algorithm (or of an unknown kind) fails the set at
   -- its run, the first in key order; `spared` below tells which way.
   if stored ~= tag then
@@ -104,7 +105,7 @@ for k = 1, n do
       local r = 4 * k - 2
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
         allowed and 1 or 0, remaining, reset_after, retry_after
-      if state then scratch[s + 4], scratch[s + 5] = state, state_end end
+      scratch[s + 5], scratch[s + 6] = state, state_end
       if not allowed and enforced then admitted = false end
     end
   end
@@ -117,7 +118,7 @@ if beyond then return {'clock_unsafe', beyond} end
 local spared = nil
 if dedupe or failed or not admitted then
   spared = function(k)
-    local s = 6 * k - 5
+    local s = 7 * k - 6
     local b = scratch[s]
     local tag = byte(ARGV[b])
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
@@ -142,9 +143,9 @@ end
 local replay = false
 if dedupe then
   for k = 1, n do
-    local s = 6 * k - 5
+    local s = 7 * k - 6
     local b = scratch[s]
-    if ARGV[b + 4] + 0 > 0
+    if scratch[s + 4] > 0
       and live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0) then
       replay = true
       break
@@ -153,10 +154,10 @@ if dedupe then
 end
 if replay then
   for k = 1, n do
-    local s = 6 * k - 5
+    local s = 7 * k - 6
     local b = scratch[s]
     local at = nil
-    if ARGV[b + 4] + 0 > 0 then
+    if scratch[s + 4] > 0 then
       at = live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0)
     end
     local r = 4 * k - 2
@@ -186,9 +187,9 @@ if not admitted then
     local r = 4 * k - 2
     if reply[r] == 1 then
       local _, remaining, reset_after, retry_after, state, state_end = spared(k)
-      local s = 6 * k - 5
+      local s = 7 * k - 6
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
-      scratch[s + 4], scratch[s + 5] = state or false, state_end
+      scratch[s + 5], scratch[s + 6] = state, state_end
     end
   end
 end
@@ -196,19 +197,19 @@ end
 -- Step 7: write each key whose run wrote state; a charged key of an
 -- admitted set keeps this evaluation's record.
 for k = 1, n do
-  local s = 6 * k - 5
-  local state = scratch[s + 4]
+  local s = 7 * k - 6
+  local state = scratch[s + 5]
   if state then
     local b = scratch[s]
     local r = 4 * k - 2
-    local capacity = ARGV[b + 4] + 0
+    local capacity = scratch[s + 4]
     if capacity > 0 then
-      store(KEYS[k], state, scratch[s + 5], scratch[s + 3], scratch[s + 1], ARGV[b + 2] + 0,
+      store(KEYS[k], state, scratch[s + 6], scratch[s + 3], scratch[s + 1], ARGV[b + 2] + 0,
         ARGV[b + 3] + 0, capacity, admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
     else
       -- Dedupe off: `store` without records, inline (a call with its
       -- eleven arguments costs more than these three lines).
-      local lifetime = scratch[s + 5] + ARGV[b + 2] - scratch[s + 1]
+      local lifetime = scratch[s + 6] + ARGV[b + 2] - scratch[s + 1]
       if lifetime < 1 then lifetime = 1 end
       redis.call('SET', KEYS[k], state, 'PX', lifetime)
     end

@@ -386,11 +386,11 @@ mod tests {
             assert!(single.contains(&format!("ARGV[{index}]")), "single-key {what}");
         }
         const { assert!(MAX_POLICY_SET <= 8, "the driver's layout names 1 to 8 keys") };
-        // Six scratch slots per key, free (nil) for a set of two.
-        assert!(set.contains("local s = 6 * k - 5"));
+        // Seven scratch slots per key, free (nil) for a set of two.
+        assert!(set.contains("local s = 7 * k - 6"));
         let scratch = lua_constructor(set, "local scratch = {");
         assert!(scratch.iter().all(|slot| slot == "nil"), "{scratch:?}");
-        assert_eq!(scratch.len(), 6 * 2);
+        assert_eq!(scratch.len(), 7 * 2);
     }
 
     #[test]
