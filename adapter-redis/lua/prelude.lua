@@ -41,11 +41,12 @@ local function live_record(records, t, ttl)
   return nil
 end
 
--- Writes one key: state (as its algorithm packed it: tag, mark, ...), its records after
--- dropping the expired ones and, when `charged`, this evaluation's record;
--- the key lives until absence means the same as its content, plus the
--- slack (docs/algorithms.md steps 6 and 7). Dedupe off (capacity 0) drops
--- old records, so they neither replay nor keep the key alive.
+-- Writes one key: its state as the algorithm packed it (tag, mark, ...),
+-- then its records after dropping the expired ones and, when `charged`,
+-- this evaluation's record; the key lives until absence means the same
+-- as its content, plus the slack (docs/algorithms.md steps 6 and 7).
+-- Dedupe off (capacity 0) drops old records, so they neither replay nor
+-- keep the key alive.
 local function store(key, state, state_end, records, t, slack, ttl, capacity, charged,
                      remaining, reset_after)
   local last = state_end
@@ -64,7 +65,8 @@ local function store(key, state, state_end, records, t, slack, ttl, capacity, ch
     if #records > 0 then
       local newest = struct.unpack('d', records, #records - RECORD + 33) + ttl
       if newest > last then last = newest end
-      -- The one concatenation of the value, and only when it has records.
+      -- The value's one concatenation, only when it has records: the
+      -- algorithm packed the state with its tag.
       state = state .. records
     end
   end
