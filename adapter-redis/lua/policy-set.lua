@@ -72,9 +72,13 @@ for k = 1, n do
     end
     if #raw < header or (#raw - header) % RECORD ~= 0 then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
-    local by = mark - now - ARGV[b + 1]
-    if by > 0 and (not beyond or by > beyond) then beyond = by end
-    if mark > t then t = mark end
+    -- The bound is never negative, so only a mark ahead of the caller can
+    -- break it: the usual key (mark behind) never converts it.
+    if mark > now then
+      local by = mark - now - ARGV[b + 1]
+      if by > 0 and (not beyond or by > beyond) then beyond = by end
+      t = mark
+    end
     if #raw > header then records = string.sub(raw, header + 1) end
   end
   local capacity = ARGV[b + 4] + 0
