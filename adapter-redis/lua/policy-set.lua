@@ -19,8 +19,6 @@
 --    or a value of a shape no script writes. Nothing is written.
 -- #include prelude.lua
 -- #include fixed-window.lua
--- #include sliding-counter.lua
--- #include token-bucket.lua
 
 -- What this driver creates is created on every call (Redis caches the
 -- compiled chunk, not its tables, closures or conversions), so it keeps
@@ -49,13 +47,29 @@ local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
 -- step decides (clock_unsafe, replay, corrupt) discards it, and nothing is
 -- written before step 7. Shadow policies never decide admission.
 local beyond, dedupe, failed, admitted = nil, false, nil, true
+-- The fixed window (included above) is the common case. The other two
+-- algorithms are included where the first key of theirs is read, so
+-- their closures are created only by a set that uses them.
+local sliding_counter_run, token_bucket_run = nil, nil
 local block = 4
 for k = 1, n do
   local b = block
   local tag = byte(ARGV[b])
   local enforced = tag < SHADOW_KINDS
   if not enforced then tag = tag - SHADOW end
-  if tag == TOKEN_BUCKET then block = block + 8 else block = block + 7 end
+  if tag == TOKEN_BUCKET then
+    block = block + 8
+    if not token_bucket_run then
+-- #include token-bucket.lua
+      token_bucket_run = token_bucket
+    end
+  else
+    block = block + 7
+    if tag == SLIDING_COUNTER and not sliding_counter_run then
+-- #include sliding-counter.lua
+      sliding_counter_run = sliding_counter
+    end
+  end
   local t = now
   local raw = redis.call('GET', KEYS[k])
   local records = ''
@@ -97,10 +111,10 @@ for k = 1, n do
         fixed_window(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == SLIDING_COUNTER then
       allowed, remaining, reset_after, retry_after, state, state_end =
-        sliding_counter(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+        sliding_counter_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == TOKEN_BUCKET then
       allowed, remaining, reset_after, retry_after, state, state_end =
-        token_bucket(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
+        token_bucket_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
           ARGV[b + 7] + 0)
     else
       failed = k
@@ -132,9 +146,9 @@ if dedupe or failed or not admitted then
     if tag == FIXED_WINDOW then
       return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == SLIDING_COUNTER then
-      return sliding_counter(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+      return sliding_counter_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == TOKEN_BUCKET then
-      return token_bucket(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
+      return token_bucket_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
         ARGV[b + 7] + 0)
     end
     return error('unknown algorithm kind')
