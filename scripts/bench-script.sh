@@ -14,7 +14,9 @@
 # redis-server is pinned to core 0 and redis-benchmark to core 1, on a
 # private port (never 6379). Usage: scripts/bench-script.sh [rounds]
 # Env: PORT (default 6393), REQUESTS (200000), CLIENTS (64), PIPELINE (16),
-# BEFORE_REF (git ref of the old script, default main).
+# BEFORE_REF (git ref of the old script, default main), OLD_SET_REF (a git
+# ref whose policy-set driver is measured over two keys too, e.g. sets;
+# default none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -23,6 +25,7 @@ requests=${REQUESTS:-200000}
 clients=${CLIENTS:-64}
 pipeline=${PIPELINE:-16}
 before_ref=${BEFORE_REF:-main}
+old_set_ref=${OLD_SET_REF:-}
 work=$(mktemp -d)
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
@@ -42,6 +45,13 @@ for file in prelude.lua fixed-window.lua; do
 done
 compose "$work/before" fixed-window.lua >"$work/before.lua"
 compose adapter-redis/lua policy-set.lua >"$work/after.lua"
+if [ -n "$old_set_ref" ]; then
+    mkdir -p "$work/old-set"
+    for file in prelude.lua fixed-window.lua sliding-counter.lua token-bucket.lua policy-set.lua; do
+        git show "$old_set_ref:adapter-redis/lua/$file" >"$work/old-set/$file"
+    done
+    compose "$work/old-set" policy-set.lua >"$work/old-set.lua"
+fi
 compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
 cat >"$work/floor1.lua" <<'LUA'
 local raw = redis.call('GET', KEYS[1])
@@ -64,6 +74,9 @@ after=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/after.lua")")
 single=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/single.lua")")
 floor1=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor1.lua")")
 floor2=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor2.lua")")
+if [ -n "$old_set_ref" ]; then
+    old_set=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/old-set.lua")")
+fi
 
 now=1800000000250
 id=0123456789abcdef
@@ -92,6 +105,10 @@ for round in $(seq "$rounds"); do
     echo "$round $(measure after-set-script-of-1 "$after" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
     echo "$round $(measure after-set-of-2 "$after" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
         $now 1 $id $fw_new $fw_new)"
+    if [ -n "$old_set_ref" ]; then
+        echo "$round $(measure old-set-of-2 "$old_set" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
+            $now 1 $id $fw_new $fw_new)"
+    fi
     echo "$round $(measure floor-1 "$floor1" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
     echo "$round $(measure floor-2 "$floor2" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
         $now 1 $id $fw_new $fw_new)"
@@ -108,4 +125,6 @@ awk '{v[$2] = v[$2] " " $3} END {
     printf "ratio set-of-2/single-key %.3f\n", m["after-set-of-2"] / m["after-single-key"]
     printf "ratio floor-2/floor-1 %.3f\n", m["floor-2"] / m["floor-1"]
     printf "ratio set-of-2/floor-2 %.3f\n", m["after-set-of-2"] / m["floor-2"]
+    printf "ratio single-key/floor-1 %.3f\n", m["after-single-key"] / m["floor-1"]
+    if ("old-set-of-2" in m) printf "ratio old-set-of-2/single-key %.3f\n", m["old-set-of-2"] / m["after-single-key"]
 }' "$work/rounds" | sort
