@@ -7,10 +7,16 @@
 # dedupe off, every call allowed and charged (GET + SET per key). Rounds
 # alternate the scripts so drift hits them alike.
 #
+# FLOOR-1 and FLOOR-2 are bare scripts that only GET and SET the same
+# keys with a value of the same size (one key, two keys) and return a reply
+# of the same shape: what any script doing this work costs at least.
+#
 # redis-server is pinned to core 0 and redis-benchmark to core 1, on a
 # private port (never 6379). Usage: scripts/bench-script.sh [rounds]
 # Env: PORT (default 6393), REQUESTS (200000), CLIENTS (64), PIPELINE (16),
-# BEFORE_REF (git ref of the old script, default main).
+# BEFORE_REF (git ref of the old script, default main), OLD_SET_REF (a git
+# ref whose policy-set driver is measured over two keys too, e.g. sets;
+# default none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
@@ -19,6 +25,7 @@ requests=${REQUESTS:-200000}
 clients=${CLIENTS:-64}
 pipeline=${PIPELINE:-16}
 before_ref=${BEFORE_REF:-main}
+old_set_ref=${OLD_SET_REF:-}
 work=$(mktemp -d)
 trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
 
@@ -38,7 +45,26 @@ for file in prelude.lua fixed-window.lua; do
 done
 compose "$work/before" fixed-window.lua >"$work/before.lua"
 compose adapter-redis/lua policy-set.lua >"$work/after.lua"
+if [ -n "$old_set_ref" ]; then
+    mkdir -p "$work/old-set"
+    for file in prelude.lua fixed-window.lua sliding-counter.lua token-bucket.lua policy-set.lua; do
+        git show "$old_set_ref:adapter-redis/lua/$file" >"$work/old-set/$file"
+    done
+    compose "$work/old-set" policy-set.lua >"$work/old-set.lua"
+fi
 compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
+cat >"$work/floor1.lua" <<'LUA'
+local raw = redis.call('GET', KEYS[1])
+redis.call('SET', KEYS[1], 'F0123456789abcdef01234567', 'PX', 1750)
+return {'allowed', 1, 999, 750, 0}
+LUA
+cat >"$work/floor2.lua" <<'LUA'
+local a = redis.call('GET', KEYS[1])
+local b = redis.call('GET', KEYS[2])
+redis.call('SET', KEYS[1], 'F0123456789abcdef01234567', 'PX', 1750)
+redis.call('SET', KEYS[2], 'F0123456789abcdef01234567', 'PX', 1750)
+return {'allowed', 1, 999, 750, 0, 1, 999, 750, 0}
+LUA
 
 taskset -c 0 redis-server --port "$port" --save "" --appendonly no --daemonize yes \
     --logfile "$work/redis.log" --dir "$work"
@@ -46,6 +72,11 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
 before=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/before.lua")")
 after=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/after.lua")")
 single=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/single.lua")")
+floor1=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor1.lua")")
+floor2=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor2.lua")")
+if [ -n "$old_set_ref" ]; then
+    old_set=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/old-set.lua")")
+fi
 
 now=1800000000250
 id=0123456789abcdef
@@ -74,4 +105,26 @@ for round in $(seq "$rounds"); do
     echo "$round $(measure after-set-script-of-1 "$after" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
     echo "$round $(measure after-set-of-2 "$after" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
         $now 1 $id $fw_new $fw_new)"
-done
+    if [ -n "$old_set_ref" ]; then
+        echo "$round $(measure old-set-of-2 "$old_set" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
+            $now 1 $id $fw_new $fw_new)"
+    fi
+    echo "$round $(measure floor-1 "$floor1" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
+    echo "$round $(measure floor-2 "$floor2" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
+        $now 1 $id $fw_new $fw_new)"
+done | tee "$work/rounds"
+# Medians per script, and the ratios the issue sets its bars on.
+awk '{v[$2] = v[$2] " " $3} END {
+    for (s in v) {
+        n = split(substr(v[s], 2), a, " ")
+        for (i = 1; i <= n; i++) for (j = i + 1; j <= n; j++) if (a[j] < a[i]) {t = a[i]; a[i] = a[j]; a[j] = t}
+        m[s] = (n % 2) ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+        printf "median %s %.2f\n", s, m[s]
+    }
+    printf "ratio single-key/before %.3f\n", m["after-single-key"] / m["before-fixed-window"]
+    printf "ratio set-of-2/single-key %.3f\n", m["after-set-of-2"] / m["after-single-key"]
+    printf "ratio floor-2/floor-1 %.3f\n", m["floor-2"] / m["floor-1"]
+    printf "ratio set-of-2/floor-2 %.3f\n", m["after-set-of-2"] / m["floor-2"]
+    printf "ratio single-key/floor-1 %.3f\n", m["after-single-key"] / m["floor-1"]
+    if ("old-set-of-2" in m) printf "ratio old-set-of-2/single-key %.3f\n", m["old-set-of-2"] / m["after-single-key"]
+}' "$work/rounds" | sort

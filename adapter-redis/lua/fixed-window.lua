@@ -4,7 +4,7 @@
 -- `raw` is the key's value (false when absent), `t` its effective time,
 -- `charge` false for a spared run; then the policy's parameters from ARGV.
 -- Returns allowed, remaining, reset_after, retry_after, and when the run
--- writes state: the packed state (mark first) and state_end. A denial or a
+-- writes state: the packed state (tag byte, then mark) and state_end. A denial or a
 -- spared run (charge false) writes nothing.
 local function fixed_window(raw, t, charge, limit, window)
   local window_start = t - t % window
@@ -20,5 +20,5 @@ local function fixed_window(raw, t, charge, limit, window)
   if not charge then return true, limit - count, reset_after, 0 end
   count = count + cost
   return true, limit - count, reset_after, 0,
-    struct.pack('ddd', t, window_start, count), window_start + window
+    struct.pack('Bddd', FIXED_WINDOW, t, window_start, count), window_start + window
 end

@@ -19,27 +19,64 @@
 --    or a value of a shape no script writes. Nothing is written.
 -- #include prelude.lua
 -- #include fixed-window.lua
--- #include sliding-counter.lua
--- #include token-bucket.lua
 
+-- What this driver creates is created on every call (Redis caches the
+-- compiled chunk, not its tables, closures or conversions), so it keeps
+-- that to a minimum (measured: docs/benchmarks.md). Numbers in ARGV are
+-- read by arithmetic coercion (`ARGV[i] + 0`): the same conversion as
+-- tonumber, without a C call that converts the string twice.
 local n = #KEYS
--- Per key k, scratch[6k-5 .. 6k]: the start of its ARGV block, its
--- effective time, its value (false when absent), its records, then the
--- state a run wants written (false for none) and that state's end. One
--- table for every key keeps a set of one as cheap as a single script.
-local scratch = {}
+-- The globals the loops use, as locals: a local is a register, a global a
+-- table lookup on every use.
+local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte
+-- The reply and the scratch table are sized for a set of two (the
+-- common burst + sustained pair): growing a table key by key rehashes it
+-- at every power of two. Their nils are free slots; the reply ends at its
+-- first nil, so a set of one sends only its own answers, and a larger set
+-- grows them.
+local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
+-- Per key k, scratch[7k-6 .. 7k]: the start of its ARGV block, its
+-- effective time, its value (false when absent), its records ('' when
+-- none), its dedupe record capacity (0 = off), then the state a run wants
+-- written (nil for none) and that state's end.
+local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
--- Step 2 and 3: load every key; the bound holds on each, and inside it a
--- key's time never runs backwards.
-local beyond = nil
+-- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
+-- on each, and inside it a key's time never runs backwards) and run its
+-- algorithm charging right away. The run only computes: whatever a later
+-- step decides (clock_unsafe, replay, corrupt) discards it, and nothing is
+-- written before step 7. Shadow policies never decide admission.
+local beyond, dedupe, failed, admitted = nil, false, nil, true
+-- The fixed window (included above) is the common case. The other two
+-- algorithms are included where the first key of theirs is read, so
+-- their closures are created only by a set that uses them.
+local sliding_counter_run, token_bucket_run = nil, nil
 local block = 4
 for k = 1, n do
-  local s = 6 * k - 5
+  local b = block
+  local tag = byte(ARGV[b])
+  local enforced = tag < SHADOW_KINDS
+  if not enforced then tag = tag - SHADOW end
+  if tag == TOKEN_BUCKET then
+    block = block + 8
+    if not token_bucket_run then
+-- #include token-bucket.lua
+      token_bucket_run = token_bucket
+    end
+  else
+    block = block + 7
+    if tag == SLIDING_COUNTER and not sliding_counter_run then
+-- #include sliding-counter.lua
+      sliding_counter_run = sliding_counter
+    end
+  end
   local t = now
   local raw = redis.call('GET', KEYS[k])
   local records = ''
+  local stored = tag
   if raw then
-    local stored, header = string.byte(raw, 1), FIXED_WINDOW_HEADER
+    local header = FIXED_WINDOW_HEADER
+    stored = byte(raw, 1)
     if stored == SLIDING_COUNTER then
       header = SLIDING_COUNTER_HEADER
     elseif stored == TOKEN_BUCKET then
@@ -49,72 +86,104 @@ for k = 1, n do
     end
     if #raw < header or (#raw - header) % RECORD ~= 0 then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
-    local by = mark - now - tonumber(ARGV[block + 1])
-    if by > 0 and (not beyond or by > beyond) then beyond = by end
-    if mark > t then t = mark end
-    records = string.sub(raw, header + 1)
+    -- The bound is never negative, so only a mark ahead of the caller can
+    -- break it: the usual key (mark behind) never converts it.
+    if mark > now then
+      local by = mark - now - ARGV[b + 1]
+      if by > 0 and (not beyond or by > beyond) then beyond = by end
+      t = mark
+    end
+    if #raw > header then records = string.sub(raw, header + 1) end
   end
-  scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3] = block, t, raw, records
-  scratch[s + 4] = false
-  local kind = string.byte(ARGV[block])
-  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then
-    block = block + 8
-  else
-    block = block + 7
+  local capacity = ARGV[b + 4] + 0
+  if capacity > 0 then dedupe = true end
+  local s = 7 * k - 6
+  scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3], scratch[s + 4] =
+    b, t, raw, records, capacity
+  -- A key of another algorithm (or of an unknown kind) fails the set at
+  -- its run, the first in key order; `spared` below tells which way.
+  if stored ~= tag then
+    failed = failed or k
+  elseif not failed then
+    local allowed, remaining, reset_after, retry_after, state, state_end
+    if tag == FIXED_WINDOW then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        fixed_window(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+    elseif tag == SLIDING_COUNTER then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        sliding_counter_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+    elseif tag == TOKEN_BUCKET then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        token_bucket_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
+          ARGV[b + 7] + 0)
+    else
+      failed = k
+    end
+    if not failed then
+      local r = 4 * k - 2
+      reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
+        allowed and 1 or 0, remaining, reset_after, retry_after
+      scratch[s + 5], scratch[s + 6] = state, state_end
+      if not allowed and enforced then admitted = false end
+    end
   end
 end
 if beyond then return {'clock_unsafe', beyond} end
 
--- Runs key k's algorithm at its effective time, charging or spared; nil
--- when the key holds another algorithm's state.
-local function run(k, charge)
-  local s = 6 * k - 5
-  local b = scratch[s]
-  local tag = string.byte(ARGV[b])
-  if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-  local raw = scratch[s + 2]
-  if raw and string.byte(raw, 1) ~= tag then return nil end
-  local t = scratch[s + 1]
-  if tag == FIXED_WINDOW then
-    return fixed_window(raw, t, charge, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
-  elseif tag == SLIDING_COUNTER then
-    return sliding_counter(raw, t, charge, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]))
-  elseif tag == TOKEN_BUCKET then
-    return token_bucket(raw, t, charge, tonumber(ARGV[b + 5]), tonumber(ARGV[b + 6]),
-      tonumber(ARGV[b + 7]))
+-- Runs key k's algorithm spared (steps 4 and 6); nil when the key holds
+-- another algorithm's state. Only a replay, a failure or a refusal needs
+-- it, so an admitted set never creates this closure.
+local spared = nil
+if dedupe or failed or not admitted then
+  spared = function(k)
+    local s = 7 * k - 6
+    local b = scratch[s]
+    local tag = byte(ARGV[b])
+    if tag >= SHADOW_KINDS then tag = tag - SHADOW end
+    local raw = scratch[s + 2]
+    if raw and byte(raw, 1) ~= tag then return nil end
+    local t = scratch[s + 1]
+    if tag == FIXED_WINDOW then
+      return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+    elseif tag == SLIDING_COUNTER then
+      return sliding_counter_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+    elseif tag == TOKEN_BUCKET then
+      return token_bucket_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
+        ARGV[b + 7] + 0)
+    end
+    return error('unknown algorithm kind')
   end
-  return error('unknown algorithm kind')
 end
-
-local reply = {'allowed'}
 
 -- Step 4: a live record of this evaluation in any key replays the whole
 -- set: that key answers its record, every other key its spared run.
 -- Nothing is written anywhere.
 local replay = false
-for k = 1, n do
-  local s = 6 * k - 5
-  local b = scratch[s]
-  if tonumber(ARGV[b + 4]) > 0
-    and live_record(scratch[s + 3], scratch[s + 1], tonumber(ARGV[b + 3])) then
-    replay = true
-    break
+if dedupe then
+  for k = 1, n do
+    local s = 7 * k - 6
+    local b = scratch[s]
+    if scratch[s + 4] > 0
+      and live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0) then
+      replay = true
+      break
+    end
   end
 end
 if replay then
   for k = 1, n do
-    local s = 6 * k - 5
+    local s = 7 * k - 6
     local b = scratch[s]
     local at = nil
-    if tonumber(ARGV[b + 4]) > 0 then
-      at = live_record(scratch[s + 3], scratch[s + 1], tonumber(ARGV[b + 3]))
+    if scratch[s + 4] > 0 then
+      at = live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0)
     end
     local r = 4 * k - 2
     if at then
       local remaining, reset_after = struct.unpack('dd', scratch[s + 3], at + 16)
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 2, remaining, reset_after, 0
     else
-      local allowed, remaining, reset_after, retry_after = run(k, false)
+      local allowed, remaining, reset_after, retry_after = spared(k)
       if allowed == nil then return {'corrupt', k} end
       reply[r] = allowed and 1 or 0
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
@@ -123,28 +192,22 @@ if replay then
   return reply
 end
 
--- Step 5: every key's algorithm, charging; step 6: the set is admitted
--- iff every enforced policy allowed. Shadow policies never decide.
-local admitted = true
-for k = 1, n do
-  local allowed, remaining, reset_after, retry_after, state, state_end = run(k, true)
-  if allowed == nil then return {'corrupt', k} end
-  local r, s = 4 * k - 2, 6 * k - 5
-  reply[r] = allowed and 1 or 0
-  reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
-  scratch[s + 4], scratch[s + 5] = state or false, state_end
-  if not allowed and string.byte(ARGV[scratch[s]]) < SHADOW_KINDS then admitted = false end
+-- Step 5's failure: the first key whose run could not happen.
+if failed then
+  if spared(failed) == nil then return {'corrupt', failed} end
 end
+
 if not admitted then
-  -- Nothing is charged anywhere: every key that allowed runs again spared.
+  -- Step 6: nothing is charged anywhere: every key that allowed runs
+  -- again spared.
   reply[1] = 'denied'
   for k = 1, n do
     local r = 4 * k - 2
     if reply[r] == 1 then
-      local _, remaining, reset_after, retry_after, state, state_end = run(k, false)
-      local s = 6 * k - 5
+      local _, remaining, reset_after, retry_after, state, state_end = spared(k)
+      local s = 7 * k - 6
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
-      scratch[s + 4], scratch[s + 5] = state or false, state_end
+      scratch[s + 5], scratch[s + 6] = state, state_end
     end
   end
 end
@@ -152,16 +215,22 @@ end
 -- Step 7: write each key whose run wrote state; a charged key of an
 -- admitted set keeps this evaluation's record.
 for k = 1, n do
-  local s = 6 * k - 5
-  local state = scratch[s + 4]
+  local s = 7 * k - 6
+  local state = scratch[s + 5]
   if state then
     local b = scratch[s]
     local r = 4 * k - 2
-    local tag = string.byte(ARGV[b])
-    if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-    store(KEYS[k], tag, state, scratch[s + 5], scratch[s + 3], scratch[s + 1],
-      tonumber(ARGV[b + 2]), tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]),
-      admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
+    local capacity = scratch[s + 4]
+    if capacity > 0 then
+      store(KEYS[k], state, scratch[s + 6], scratch[s + 3], scratch[s + 1], ARGV[b + 2] + 0,
+        ARGV[b + 3] + 0, capacity, admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
+    else
+      -- Dedupe off: `store` without records, inline (a call with its
+      -- eleven arguments costs more than these three lines).
+      local lifetime = scratch[s + 6] + ARGV[b + 2] - scratch[s + 1]
+      if lifetime < 1 then lifetime = 1 end
+      redis.call('SET', KEYS[k], state, 'PX', lifetime)
+    end
   end
 end
 return reply

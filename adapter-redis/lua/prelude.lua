@@ -41,12 +41,13 @@ local function live_record(records, t, ttl)
   return nil
 end
 
--- Writes one key: state (mark first, without the tag), its records after
--- dropping the expired ones and, when `charged`, this evaluation's record;
--- the key lives until absence means the same as its content, plus the
--- slack (docs/algorithms.md steps 6 and 7). Dedupe off (capacity 0) drops
--- old records, so they neither replay nor keep the key alive.
-local function store(key, tag, state, state_end, records, t, slack, ttl, capacity, charged,
+-- Writes one key: its state as the algorithm packed it (tag, mark, ...),
+-- then its records after dropping the expired ones and, when `charged`,
+-- this evaluation's record; the key lives until absence means the same
+-- as its content, plus the slack (docs/algorithms.md steps 6 and 7).
+-- Dedupe off (capacity 0) drops old records, so they neither replay nor
+-- keep the key alive.
+local function store(key, state, state_end, records, t, slack, ttl, capacity, charged,
                      remaining, reset_after)
   local last = state_end
   if capacity > 0 then
@@ -64,11 +65,12 @@ local function store(key, tag, state, state_end, records, t, slack, ttl, capacit
     if #records > 0 then
       local newest = struct.unpack('d', records, #records - RECORD + 33) + ttl
       if newest > last then last = newest end
+      -- The value's one concatenation, only when it has records: the
+      -- algorithm packed the state with its tag.
+      state = state .. records
     end
-  else
-    records = ''
   end
   local lifetime = last + slack - t
   if lifetime < 1 then lifetime = 1 end
-  redis.call('SET', key, string.char(tag) .. state .. records, 'PX', lifetime)
+  redis.call('SET', key, state, 'PX', lifetime)
 end

@@ -44,7 +44,7 @@ local allowed, remaining, reset_after, retry_after, state, state_end =
 -- A shadow policy alone never blocks; its denial charges nothing.
 local admitted = allowed or tag ~= string.byte(ARGV[4])
 if state then
-  store(key, tag, state, state_end, records, t, tonumber(ARGV[6]), ttl, capacity, allowed,
+  store(key, state, state_end, records, t, tonumber(ARGV[6]), ttl, capacity, allowed,
     remaining, reset_after)
 end
 if admitted then

@@ -38,5 +38,5 @@ local function sliding_counter(raw, t, charge, limit, window)
   end
   if not charge then return true, limit - estimate, reset_after, 0 end
   return true, limit - (estimate + cost), reset_after, 0,
-    struct.pack('dddd', t, window_start, current + cost, previous), window_start + 2 * window
+    struct.pack('Bdddd', SLIDING_COUNTER, t, window_start, current + cost, previous), window_start + 2 * window
 end

@@ -31,5 +31,5 @@ local function token_bucket(raw, t, charge, capacity, refill, period)
     reset_after = updated_at + math.ceil((capacity - tokens) / refill) * period - t
   end
   return allowed, tokens, reset_after, retry_after,
-    struct.pack('ddd', t, tokens, updated_at), t + reset_after
+    struct.pack('Bddd', TOKEN_BUCKET, t, tokens, updated_at), t + reset_after
 end

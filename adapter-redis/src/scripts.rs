@@ -255,6 +255,16 @@ mod tests {
             .collect()
     }
 
+    /// The items of the table constructor that follows `opening` in
+    /// `source` (items without nested tables or calls).
+    fn lua_constructor(source: &str, opening: &str) -> Vec<String> {
+        let rest = &source[source.find(opening).expect(opening) + opening.len()..];
+        rest[..rest.find('}').expect("a closing brace")]
+            .split(',')
+            .map(|item| item.trim().to_owned())
+            .collect()
+    }
+
     #[test]
     fn the_lua_record_size_is_the_contract_s() {
         let [record] = lua_numbers(PRELUDE, &["RECORD"])[..] else { panic!("one number") };
@@ -289,10 +299,15 @@ mod tests {
                 .filter_map(|rest| rest.split('\'').next())
                 .collect();
             assert_eq!(packed.len(), 1, "{name} packs its state once");
-            assert!(packed[0].chars().all(|c| c == 'd'), "{name} packs {packed:?}");
-            assert_eq!(header, 1 + 8 * packed[0].len(), "{name} header");
-            // The state starts with the mark, the effective time.
-            assert!(file.contains(&format!("struct.pack('{}', t, ", packed[0])), "{name}");
+            // The tag byte, then doubles: the value is packed whole, so the
+            // store concatenates nothing but the dedupe records.
+            let doubles = packed[0].strip_prefix('B').unwrap_or_else(|| panic!("{name} tag"));
+            assert!(doubles.chars().all(|c| c == 'd'), "{name} packs {packed:?}");
+            assert_eq!(header, 1 + 8 * doubles.len(), "{name} header");
+            // The state starts with the algorithm's own tag, then the mark,
+            // the effective time.
+            let tag = name.to_uppercase().replace('-', "_");
+            assert!(file.contains(&format!("struct.pack('{}', {tag}, t, ", packed[0])), "{name}");
         }
         // Lower case marks a shadow policy: the letter plus 32.
         let [shadow, first_shadow] = lua_numbers(PRELUDE, &["SHADOW", "SHADOW_KINDS"])[..] else {
@@ -319,7 +334,14 @@ mod tests {
             }
         }
         let set = ScriptKind::PolicySet.source();
-        assert!(set.contains("local reply = {'allowed'}") && set.contains("reply[1] = 'denied'"));
+        assert!(set.contains("reply[1] = 'denied'"));
+        // The reply starts 'allowed' with a free (nil) slot for every
+        // answer of a set of two, so that set never grows it, and ends at
+        // the first nil, so a set of one sends only its own answers.
+        let slots = lua_constructor(set, "local reply = {");
+        assert_eq!(slots[0], "'allowed'");
+        assert!(slots[1..].iter().all(|slot| slot == "nil"), "{slots:?}");
+        assert_eq!(slots.len(), SetReply::decided_len(2));
         // Key k's answer sits at 1 + PER_KEY * (k - 1) + 1 ..= 1 + PER_KEY * k.
         assert!(set.contains(&format!("local r = {PER_KEY} * k - {}", PER_KEY - 2)));
         assert!(set.contains("reply[r], reply[r + 1], reply[r + 2], reply[r + 3]"));
@@ -364,6 +386,11 @@ mod tests {
             assert!(single.contains(&format!("ARGV[{index}]")), "single-key {what}");
         }
         const { assert!(MAX_POLICY_SET <= 8, "the driver's layout names 1 to 8 keys") };
+        // Seven scratch slots per key, free (nil) for a set of two.
+        assert!(set.contains("local s = 7 * k - 6"));
+        let scratch = lua_constructor(set, "local scratch = {");
+        assert!(scratch.iter().all(|slot| slot == "nil"), "{scratch:?}");
+        assert_eq!(scratch.len(), 7 * 2);
     }
 
     #[test]
