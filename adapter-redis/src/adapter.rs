@@ -239,7 +239,7 @@ impl RedisEdgeRateLimitAdapter {
     fn outcome_of(&self, set: &Resolved<'_>, reply: SetReply) -> RateLimitOutcome {
         match reply {
             SetReply::Decided { admitted, answers, len } => {
-                let mut decisions = [EMPTY_DECISION; MAX_POLICY_SET];
+                let mut decisions = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
                 for ((decision, entry), answer) in
                     decisions.iter_mut().zip(set.iter()).zip(&answers[..len])
                 {
@@ -270,17 +270,6 @@ impl RedisEdgeRateLimitAdapter {
         }
     }
 }
-
-/// Fills the decision slots a set does not use; never reported.
-const EMPTY_DECISION: RateLimitDecision = RateLimitDecision {
-    allowed: false,
-    limit: 0,
-    remaining: 0,
-    retry_after: Duration::ZERO,
-    reset_after: Duration::ZERO,
-    certainty: Certainty::Certain,
-    replayed: false,
-};
 
 #[async_trait]
 impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {

@@ -36,6 +36,21 @@ pub struct RateLimitDecision {
     pub replayed: bool,
 }
 
+impl RateLimitDecision {
+    /// A zeroed denial that fills the slots of a fixed array a set does not
+    /// use (a set's decisions are kept inline, without allocating); never
+    /// reported as anyone's decision.
+    pub const UNUSED: Self = Self {
+        allowed: false,
+        limit: 0,
+        remaining: 0,
+        retry_after: Duration::ZERO,
+        reset_after: Duration::ZERO,
+        certainty: Certainty::Certain,
+        replayed: false,
+    };
+}
+
 /// The decisions of a policy set: one per policy, in the set's order, and
 /// whether the request is admitted (every enforced policy allows it). A
 /// fixed inline array, so an outcome is `Copy` and never allocates.
@@ -46,24 +61,13 @@ pub struct SetDecision {
     decisions: [RateLimitDecision; MAX_POLICY_SET],
 }
 
-/// Fills the unused slots of a [`SetDecision`]; never read.
-pub(crate) const UNUSED_DECISION: RateLimitDecision = RateLimitDecision {
-    allowed: false,
-    limit: 0,
-    remaining: 0,
-    retry_after: Duration::ZERO,
-    reset_after: Duration::ZERO,
-    certainty: Certainty::Certain,
-    replayed: false,
-};
-
 impl SetDecision {
     /// The set's answer: `allowed` when every enforced policy allows, and
     /// one decision per policy in the set's order. At most
     /// [`MAX_POLICY_SET`] decisions are kept (a `PolicySet` holds no more).
     pub fn new(allowed: bool, decisions: &[RateLimitDecision]) -> Self {
         debug_assert!(decisions.len() <= MAX_POLICY_SET, "a policy set holds at most 8");
-        let mut held = [UNUSED_DECISION; MAX_POLICY_SET];
+        let mut held = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
         let len = decisions.len().min(MAX_POLICY_SET);
         held[..len].copy_from_slice(&decisions[..len]);
         Self { allowed, len: len as u8, decisions: held }

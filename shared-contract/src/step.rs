@@ -20,7 +20,7 @@ pub use records::{DedupRecord, DedupRecords};
 
 use crate::outcome::{
     Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, SetDecision,
-    UNUSED_DECISION, UnavailableCategory,
+    UnavailableCategory,
 };
 use crate::policy::{PolicyMode, RateLimitPolicy, millis};
 use crate::request::{EvaluationId, MAX_POLICY_SET};
@@ -226,7 +226,7 @@ pub fn evaluate_set(
     let replay = members.iter().zip(&times).any(|(member, &t)| {
         member.rules.live_record(member.state.as_ref(), evaluation_id, t).is_some()
     });
-    let mut decisions = [UNUSED_DECISION; MAX_POLICY_SET];
+    let mut decisions = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
     if replay {
         for ((member, &t), decision) in members.iter().zip(&times).zip(&mut decisions) {
             let rules = member.rules;
