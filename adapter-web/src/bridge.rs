@@ -31,8 +31,9 @@ pub struct BridgeEvaluation {
     pub policies: PolicySet,
     /// Each policy of the set as the port holds it, in the set's order (for
     /// the `RateLimit-Policy` header and the mode); `None` for one the port
-    /// does not know (the outcome then says `UnknownPolicy`).
-    pub described: Vec<Option<RateLimitPolicy>>,
+    /// does not know (the outcome then says `UnknownPolicy`). Shared with
+    /// the bridge, which looked them up once.
+    pub described: Arc<[Option<RateLimitPolicy>]>,
     /// The port's answer. An `Evaluated` one holds exactly one decision per
     /// policy of the set: the bridge turns any other reply into
     /// `Incompatible(StateIncompatible)`.
@@ -89,22 +90,29 @@ fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
 }
 
 /// A policy set prepared once, when the bridge is built: the `policy`
-/// metric label of each member, and the operation's digest when the set
-/// belongs to one configured operation.
+/// metric label of each member, each member as the port holds it (the
+/// port's policies do not change under a running bridge), and the
+/// operation's digest when the set belongs to one configured operation.
 #[derive(Debug)]
 struct PreparedSet {
     policies: PolicySet,
     labels: Box<[SharedString]>,
+    described: Arc<[Option<RateLimitPolicy>]>,
     digest: Option<OperationDigest>,
 }
 
 impl PreparedSet {
-    fn new(policies: &PolicySet, digest: Option<OperationDigest>) -> Self {
+    fn new(
+        policies: &PolicySet,
+        port: &dyn EdgeRateLimitPort,
+        digest: Option<OperationDigest>,
+    ) -> Self {
         // Shared strings: cloning a label per request bumps a count, never
         // allocates.
         let labels =
             policies.ids().iter().map(|id| SharedString::from(Arc::<str>::from(id.as_str())));
-        Self { policies: policies.clone(), labels: labels.collect(), digest }
+        let described = policies.ids().iter().map(|id| port.policy(id).cloned()).collect();
+        Self { policies: policies.clone(), labels: labels.collect(), described, digest }
     }
 }
 
@@ -133,10 +141,11 @@ impl TransportBridge {
             .operations
             .iter()
             .map(|(operation, set)| {
-                (operation.clone(), PreparedSet::new(set, Some(operation_digest(operation))))
+                let digest = Some(operation_digest(operation));
+                (operation.clone(), PreparedSet::new(set, &*port, digest))
             })
             .collect();
-        let default_set = PreparedSet::new(&settings.default_policies, None);
+        let default_set = PreparedSet::new(&settings.default_policies, &*port, None);
         Self { port, pseudonymizer, clock, settings, operations, default_set }
     }
 
@@ -161,8 +170,7 @@ impl TransportBridge {
         let operation = operation_id(parts);
         let prepared = self.operations.get(&operation).unwrap_or(&self.default_set);
         let policies = prepared.policies.clone();
-        let described: Vec<_> =
-            policies.ids().iter().map(|id| self.port.policy(id).cloned()).collect();
+        let described = Arc::clone(&prepared.described);
         let subject = match resolve_subject(parts, &self.settings) {
             Ok(subject) => subject,
             Err(rejection) => {
