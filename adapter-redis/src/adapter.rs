@@ -288,10 +288,17 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.lane.acquire()).await else {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
         };
-        let keys: Vec<String> = set
-            .iter()
-            .map(|entry| self.keys.counter_key(&entry.policy, &request.subject, &request.operation))
-            .collect();
+        // The counter keys in the set's order, then their records keys in
+        // the same order (the KEYS layout of `lua/policy-set.lua`).
+        let mut keys: Vec<String> = Vec::with_capacity(2 * set.len());
+        keys.extend(
+            set.iter().map(|entry| {
+                self.keys.counter_key(&entry.policy, &request.subject, &request.operation)
+            }),
+        );
+        for k in 0..set.len() {
+            keys.push(RateLimitKeys::records_key(&keys[k]));
+        }
         let now = number(self.clock.epoch_millis());
         let cost = number(request.cost);
         let id: Arc<[u8]> = Arc::from(&request.evaluation_id.as_bytes()[..]);
