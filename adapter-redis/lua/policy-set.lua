@@ -2,8 +2,9 @@
 -- key of its set, atomically, in one EVALSHA. Scripts never call TIME:
 -- caller time comes in ARGV. Numbers in ARGV are decimal integers.
 --
--- KEYS: the set's n counter keys in the set's order (1 to 8), then their n
--- records keys in the same order (prelude.lua), all under one hash tag.
+-- KEYS: the set's n counter keys in the set's order (1 to 8), then, when
+-- any policy of the set has dedupe on, their n records keys in the same
+-- order (prelude.lua), all under one hash tag.
 -- ARGV[1] caller time (epoch ms), ARGV[2] cost, ARGV[3] evaluation id
 -- (16 bytes); then one block per key, in KEYS order:
 --   +0 kind: the algorithm's tag, 'F' fixed window, 'S' sliding counter,
@@ -26,7 +27,13 @@
 -- that to a minimum (measured: docs/benchmarks.md). Numbers in ARGV are
 -- read by arithmetic coercion (`ARGV[i] + 0`): the same conversion as
 -- tonumber, without a C call that converts the string twice.
-local n = #KEYS / 2
+-- The set's size, from its ARGV blocks: KEYS holds it once or twice.
+local n, at = 0, 4
+while ARGV[at] do
+  n = n + 1
+  local kind = string.byte(ARGV[at])
+  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end
+end
 -- The globals the loops use, as locals: a local is a register, a global a
 -- table lookup on every use.
 local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte

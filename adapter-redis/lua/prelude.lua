@@ -17,10 +17,11 @@
 -- (docs/benchmarks.md measured the one-string layout this replaces: every
 -- call read, scanned and rewrote all of them):
 --   evaluation id (16 bytes) -> remaining, reset_after, written_at, seq
---   seq (one packed double, 8 bytes) -> the evaluation id written at seq
+--   seq (one packed double, 8 bytes) -> the evaluation id written at seq,
+--     then its written_at (a double)
 -- Sequence numbers are given in time order, so the records held are those
--- of seq in [oldest, next), oldest first, and evicting the oldest is
--- reading one field. A seq field names the id whose record holds that
+-- of seq in [oldest, next), oldest first, and expiring or evicting the
+-- oldest is reading one field. A seq field names the id whose record holds that
 -- seq: re-recording an id (its old record expired) drops its old seq field.
 local now = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
@@ -40,22 +41,17 @@ local TRAILER = 24
 
 -- The records lookup of one key at effective time `t`: only where a record
 -- can exist (dedupe on, a trailer, its newest record live), one HMGET that
--- also fetches the id at the oldest seq when an append would evict it.
+-- also fetches the oldest seq field, which an append expires or evicts.
 -- Returns the live record's remaining and reset_after (nil when there is
 -- none), the seq of the id's stored record (false when none is known:
--- it must go when the id is recorded again), and the prefetched oldest id
--- (false for none held, nil when not fetched).
+-- it must go when the id is recorded again), and the prefetched oldest seq
+-- field (false for none held, nil when not fetched).
 local function lookup(dkey, raw, header, t, ttl, capacity)
   if capacity == 0 or not raw or #raw == header then return nil, nil, false, nil end
   local newest, oldest, next_seq = struct.unpack('ddd', raw, header + 1)
   -- Nothing live: the next append restarts the records (store below).
   if newest + ttl <= t then return nil, nil, false, nil end
-  local got
-  if next_seq - oldest >= capacity then
-    got = redis.call('HMGET', dkey, evaluation_id, struct.pack('d', oldest))
-  else
-    got = redis.call('HMGET', dkey, evaluation_id)
-  end
+  local got = redis.call('HMGET', dkey, evaluation_id, struct.pack('d', oldest))
   local record, evict = got[1], got[2]
   if not record then return nil, nil, false, evict end
   local remaining, reset_after, written_at, seq = struct.unpack('dddd', record)
@@ -90,14 +86,21 @@ local function store(key, dkey, state, state_end, raw, header, t, slack, ttl, ca
         local drop = {}
         -- The id's expired record is overwritten below; its seq field goes.
         if seq then drop[1] = struct.pack('d', seq) end
-        while next_seq + 1 - oldest > capacity do
+        -- From the oldest: expired records go (as the memory provider
+        -- drops them), then the oldest beyond capacity. Each record goes
+        -- once, so this reads about one field per append. The newest is
+        -- live, so the loop stops before it.
+        while oldest < next_seq do
           local at = struct.pack('d', oldest)
-          local id = evict
-          if id == nil then id = redis.call('HMGET', dkey, at)[1] end
+          local held = evict
+          if held == nil then held = redis.call('HMGET', dkey, at)[1] end
           evict = nil
           -- A seq without a field is an id recorded again since: a hole.
-          if id then
-            drop[#drop + 1] = id
+          if held then
+            if next_seq + 1 - oldest <= capacity and struct.unpack('d', held, 17) + ttl > t then
+              break
+            end
+            drop[#drop + 1] = string.sub(held, 1, 16)
             drop[#drop + 1] = at
           end
           oldest = oldest + 1
@@ -105,7 +108,7 @@ local function store(key, dkey, state, state_end, raw, header, t, slack, ttl, ca
         if #drop > 0 then redis.call('HDEL', dkey, unpack(drop)) end
       end
       redis.call('HSET', dkey, evaluation_id, struct.pack('dddd', remaining, reset_after, t, next_seq),
-        struct.pack('d', next_seq), evaluation_id)
+        struct.pack('d', next_seq), evaluation_id .. struct.pack('d', t))
       newest, next_seq = t, next_seq + 1
     end
     if newest then
@@ -114,9 +117,11 @@ local function store(key, dkey, state, state_end, raw, header, t, slack, ttl, ca
       state = state .. struct.pack('ddd', newest, oldest, next_seq)
       local lifetime = last + slack - t
       if lifetime < 1 then lifetime = 1 end
-      -- The records key lives as long as the key while it holds a live
-      -- record, so a record is never lost before the key.
-      if live > t then redis.call('PEXPIRE', dkey, lifetime) end
+      -- The records key lives as long as the key, so a record is never
+      -- lost before it, and a key with a trailer always has its records
+      -- key: in a migrating Cluster slot a script whose keys are only
+      -- partly there is refused (TRYAGAIN) until the slot has moved.
+      redis.call('PEXPIRE', dkey, lifetime)
     end
   end
   local lifetime = last + slack - t

@@ -512,7 +512,12 @@ async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answe
             (key_of("api.test", PolicyScope::Operation), key_of("api.daily", PolicyScope::Subject));
         assert_eq!(
             keys,
-            [scoped.clone(), shared.clone(), format!("{scoped}:dedupe"), format!("{shared}:dedupe")]
+            [
+                scoped.clone(),
+                shared.clone(),
+                format!("{scoped}:dedupe"),
+                format!("{shared}:dedupe")
+            ]
         );
         *sink.lock().unwrap() = owned(args);
         // The fixed window refuses; the bucket would allow, uncharged.
