@@ -53,6 +53,13 @@ if [ -n "$old_set_ref" ]; then
     compose "$work/old-set" policy-set.lua >"$work/old-set.lua"
 fi
 compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
+# Dedupe on: BEFORE_REF's single-key script (records inside the counter
+# string) beside this tree's (records in the `:dedupe` hash).
+mkdir -p "$work/old-single"
+for file in prelude.lua fixed-window.lua single-policy.lua; do
+    git show "$before_ref:adapter-redis/lua/$file" >"$work/old-single/$file"
+done
+compose "$work/old-single" single-policy.lua fixed-window.lua fixed_window >"$work/old-single.lua"
 cat >"$work/floor1.lua" <<'LUA'
 local raw = redis.call('GET', KEYS[1])
 redis.call('SET', KEYS[1], 'F0123456789abcdef01234567', 'PX', 1750)
@@ -72,6 +79,7 @@ for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep
 before=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/before.lua")")
 after=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/after.lua")")
 single=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/single.lua")")
+old_single=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/old-single.lua")")
 floor1=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor1.lua")")
 floor2=$(redis-cli -p "$port" SCRIPT LOAD "$(cat "$work/floor2.lua")")
 if [ -n "$old_set_ref" ]; then
@@ -85,9 +93,27 @@ limit=1000000000000
 fw_old="1000 1000 0 0 $id $limit 1000"      # regression slack ttl capacity id limit window
 fw_new="F 1000 1000 0 0 $limit 1000"         # kind regression slack ttl capacity limit window
 
-measure() { # measure <label> <EVALSHA arguments...>
+# Dedupe on at its defaults (TTL 5 s, 256 records): a new id per call
+# (redis-benchmark puts 12 random digits at __rand_int__), so every call is
+# allowed, charged and appends a record.
+fw_dedupe="F 1000 5000 5000 256 $limit 1000"
+rid="0000__rand_int__"                          # 16 bytes
+
+# fill <script> <keys...>: 256 charges on the keys, so the key is at its
+# record cap before the measured run (a busy subject).
+fill() {
+    local script=$1; shift
+    local n=$#
+    for i in $(seq 256); do
+        redis-cli -p "$port" EVALSHA "$script" "$n" "$@" $now 1 "$(printf 'fill%012d' "$i")" \
+            $fw_dedupe >/dev/null
+    done
+}
+
+measure() { # measure <label> <EVALSHA arguments...>; FILL=<keys count> first fills
     local label=$1; shift
     redis-cli -p "$port" FLUSHALL >/dev/null
+    if [ -n "${FILL:-}" ]; then fill "$1" "${@:3:$FILL}"; fi
     redis-cli -p "$port" CONFIG RESETSTAT >/dev/null
     taskset -c 1 redis-benchmark -p "$port" -c "$clients" -P "$pipeline" -n "$requests" -q \
         EVALSHA "$@" >/dev/null
@@ -109,6 +135,17 @@ for round in $(seq "$rounds"); do
         echo "$round $(measure old-set-of-2 "$old_set" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
             $now 1 $id $fw_new $fw_new)"
     fi
+    # Dedupe on: a fresh key per call (random key), and one busy key
+    # holding 256 records; BEFORE_REF's script (one key) and this tree's
+    # (the key and its records key).
+    echo "$round $(measure dedupe-fresh-before "$old_single" 1 'ca:rl:{v1:__rand_int__}:a:1' \
+        $now 1 $rid $fw_dedupe)"
+    echo "$round $(measure dedupe-fresh-after "$single" 2 'ca:rl:{v1:__rand_int__}:a:1' \
+        'ca:rl:{v1:__rand_int__}:a:1:dedupe' $now 1 $rid $fw_dedupe)"
+    echo "$round $(FILL=1 measure dedupe-busy-before "$old_single" 1 'ca:rl:{v1:00}:a:1' \
+        $now 1 $rid $fw_dedupe)"
+    echo "$round $(FILL=2 measure dedupe-busy-after "$single" 2 'ca:rl:{v1:00}:a:1' \
+        'ca:rl:{v1:00}:a:1:dedupe' $now 1 $rid $fw_dedupe)"
     echo "$round $(measure floor-1 "$floor1" 1 'ca:rl:{v1:00}:a:1' $now 1 $id $fw_new)"
     echo "$round $(measure floor-2 "$floor2" 2 'ca:rl:{v1:00}:a:1' 'ca:rl:{v1:00}:b:1' \
         $now 1 $id $fw_new $fw_new)"
@@ -126,5 +163,9 @@ awk '{v[$2] = v[$2] " " $3} END {
     printf "ratio floor-2/floor-1 %.3f\n", m["floor-2"] / m["floor-1"]
     printf "ratio set-of-2/floor-2 %.3f\n", m["after-set-of-2"] / m["floor-2"]
     printf "ratio single-key/floor-1 %.3f\n", m["after-single-key"] / m["floor-1"]
+    printf "ratio dedupe-busy-after/single-key %.3f\n", m["dedupe-busy-after"] / m["after-single-key"]
+    printf "ratio dedupe-busy-before/single-key %.3f\n", m["dedupe-busy-before"] / m["after-single-key"]
+    printf "ratio dedupe-fresh-after/single-key %.3f\n", m["dedupe-fresh-after"] / m["after-single-key"]
+    printf "ratio dedupe-fresh-before/single-key %.3f\n", m["dedupe-fresh-before"] / m["after-single-key"]
     if ("old-set-of-2" in m) printf "ratio old-set-of-2/single-key %.3f\n", m["old-set-of-2"] / m["after-single-key"]
 }' "$work/rounds" | sort

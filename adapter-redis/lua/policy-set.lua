@@ -2,7 +2,9 @@
 -- key of its set, atomically, in one EVALSHA. Scripts never call TIME:
 -- caller time comes in ARGV. Numbers in ARGV are decimal integers.
 --
--- KEYS: the set's keys in the set's order (1 to 8), all under one hash tag.
+-- KEYS: the set's n counter keys in the set's order (1 to 8), then, when
+-- any policy of the set has dedupe on, their n records keys in the same
+-- order (prelude.lua), all under one hash tag.
 -- ARGV[1] caller time (epoch ms), ARGV[2] cost, ARGV[3] evaluation id
 -- (16 bytes); then one block per key, in KEYS order:
 --   +0 kind: the algorithm's tag, 'F' fixed window, 'S' sliding counter,
@@ -25,7 +27,13 @@
 -- that to a minimum (measured: docs/benchmarks.md). Numbers in ARGV are
 -- read by arithmetic coercion (`ARGV[i] + 0`): the same conversion as
 -- tonumber, without a C call that converts the string twice.
-local n = #KEYS
+-- The set's size, from its ARGV blocks: KEYS holds it once or twice.
+local n, at = 0, 4
+while ARGV[at] do
+  n = n + 1
+  local kind = string.byte(ARGV[at])
+  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end
+end
 -- The globals the loops use, as locals: a local is a register, a global a
 -- table lookup on every use.
 local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte
@@ -35,18 +43,21 @@ local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte
 -- first nil, so a set of one sends only its own answers, and a larger set
 -- grows them.
 local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
--- Per key k, scratch[7k-6 .. 7k]: the start of its ARGV block, its
--- effective time, its value (false when absent), its records ('' when
--- none), its dedupe record capacity (0 = off), then the state a run wants
--- written (nil for none) and that state's end.
-local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+-- Per key k, scratch[11k-10 .. 11k]: the start of its ARGV block, its
+-- effective time, its value (false when absent), its header length, its
+-- dedupe record capacity (0 = off), the state a run wants written (nil
+-- for none) and that state's end, then what its records lookup found: the
+-- live record's remaining and reset_after (nil for none), the seq of the
+-- id's stored record and the prefetched oldest id (prelude.lua `lookup`).
+local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
 -- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
 -- on each, and inside it a key's time never runs backwards) and run its
 -- algorithm charging right away. The run only computes: whatever a later
 -- step decides (clock_unsafe, replay, corrupt) discards it, and nothing is
 -- written before step 7. Shadow policies never decide admission.
-local beyond, dedupe, failed, admitted = nil, false, nil, true
+local beyond, replay, failed, admitted = nil, false, nil, true
 -- The fixed window (included above) is the common case. The other two
 -- algorithms are included where the first key of theirs is read, so
 -- their closures are created only by a set that uses them.
@@ -72,10 +83,10 @@ for k = 1, n do
   end
   local t = now
   local raw = redis.call('GET', KEYS[k])
-  local records = ''
+  local header = 0
   local stored = tag
   if raw then
-    local header = FIXED_WINDOW_HEADER
+    header = FIXED_WINDOW_HEADER
     stored = byte(raw, 1)
     if stored == SLIDING_COUNTER then
       header = SLIDING_COUNTER_HEADER
@@ -84,7 +95,7 @@ for k = 1, n do
     elseif stored ~= FIXED_WINDOW then
       return {'corrupt', k}
     end
-    if #raw < header or (#raw - header) % RECORD ~= 0 then return {'corrupt', k} end
+    if #raw ~= header and #raw ~= header + TRAILER then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
     -- The bound is never negative, so only a mark ahead of the caller can
     -- break it: the usual key (mark behind) never converts it.
@@ -93,13 +104,11 @@ for k = 1, n do
       if by > 0 and (not beyond or by > beyond) then beyond = by end
       t = mark
     end
-    if #raw > header then records = string.sub(raw, header + 1) end
   end
   local capacity = ARGV[b + 4] + 0
-  if capacity > 0 then dedupe = true end
-  local s = 7 * k - 6
+  local s = 11 * k - 10
   scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3], scratch[s + 4] =
-    b, t, raw, records, capacity
+    b, t, raw, header, capacity
   -- A key of another algorithm (or of an unknown kind) fails the set at
   -- its run, the first in key order; `spared` below tells which way.
   if stored ~= tag then
@@ -130,13 +139,27 @@ for k = 1, n do
 end
 if beyond then return {'clock_unsafe', beyond} end
 
+-- Step 4's lookups, once the clock bound holds everywhere: only keys
+-- whose records can hold a live one are read (prelude.lua `lookup`).
+for k = 1, n do
+  local s = 11 * k - 10
+  local capacity = scratch[s + 4]
+  if capacity > 0 then
+    local replayed, replayed_reset, seq, evict = lookup(KEYS[n + k], scratch[s + 2],
+      scratch[s + 3], scratch[s + 1], ARGV[scratch[s] + 3] + 0, capacity)
+    scratch[s + 7], scratch[s + 8], scratch[s + 9], scratch[s + 10] =
+      replayed, replayed_reset, seq, evict
+    if replayed then replay = true end
+  end
+end
+
 -- Runs key k's algorithm spared (steps 4 and 6); nil when the key holds
 -- another algorithm's state. Only a replay, a failure or a refusal needs
 -- it, so an admitted set never creates this closure.
 local spared = nil
-if dedupe or failed or not admitted then
+if replay or failed or not admitted then
   spared = function(k)
-    local s = 7 * k - 6
+    local s = 11 * k - 10
     local b = scratch[s]
     local tag = byte(ARGV[b])
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
@@ -158,30 +181,12 @@ end
 -- Step 4: a live record of this evaluation in any key replays the whole
 -- set: that key answers its record, every other key its spared run.
 -- Nothing is written anywhere.
-local replay = false
-if dedupe then
-  for k = 1, n do
-    local s = 7 * k - 6
-    local b = scratch[s]
-    if scratch[s + 4] > 0
-      and live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0) then
-      replay = true
-      break
-    end
-  end
-end
 if replay then
   for k = 1, n do
-    local s = 7 * k - 6
-    local b = scratch[s]
-    local at = nil
-    if scratch[s + 4] > 0 then
-      at = live_record(scratch[s + 3], scratch[s + 1], ARGV[b + 3] + 0)
-    end
+    local s = 11 * k - 10
     local r = 4 * k - 2
-    if at then
-      local remaining, reset_after = struct.unpack('dd', scratch[s + 3], at + 16)
-      reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 2, remaining, reset_after, 0
+    if scratch[s + 7] then
+      reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 2, scratch[s + 7], scratch[s + 8], 0
     else
       local allowed, remaining, reset_after, retry_after = spared(k)
       if allowed == nil then return {'corrupt', k} end
@@ -205,7 +210,7 @@ if not admitted then
     local r = 4 * k - 2
     if reply[r] == 1 then
       local _, remaining, reset_after, retry_after, state, state_end = spared(k)
-      local s = 7 * k - 6
+      local s = 11 * k - 10
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
       scratch[s + 5], scratch[s + 6] = state, state_end
     end
@@ -215,15 +220,16 @@ end
 -- Step 7: write each key whose run wrote state; a charged key of an
 -- admitted set keeps this evaluation's record.
 for k = 1, n do
-  local s = 7 * k - 6
+  local s = 11 * k - 10
   local state = scratch[s + 5]
   if state then
     local b = scratch[s]
     local r = 4 * k - 2
     local capacity = scratch[s + 4]
     if capacity > 0 then
-      store(KEYS[k], state, scratch[s + 6], scratch[s + 3], scratch[s + 1], ARGV[b + 2] + 0,
-        ARGV[b + 3] + 0, capacity, admitted and reply[r] == 1, reply[r + 1], reply[r + 2])
+      store(KEYS[k], KEYS[n + k], state, scratch[s + 6], scratch[s + 2], scratch[s + 3],
+        scratch[s + 1], ARGV[b + 2] + 0, ARGV[b + 3] + 0, capacity, admitted and reply[r] == 1,
+        reply[r + 1], reply[r + 2], scratch[s + 9], scratch[s + 10])
     else
       -- Dedupe off: `store` without records, inline (a call with its
       -- eleven arguments costs more than these three lines).

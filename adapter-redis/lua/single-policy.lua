@@ -7,12 +7,13 @@
 -- #include prelude.lua
 -- #include algorithm.lua
 
-local key = KEYS[1]
+local key, dkey = KEYS[1], KEYS[2]
 local t = now
 local raw = redis.call('GET', key)
-local records = ''
+local header = 0
 if raw then
-  local stored, header = string.byte(raw, 1), FIXED_WINDOW_HEADER
+  local stored = string.byte(raw, 1)
+  header = FIXED_WINDOW_HEADER
   if stored == SLIDING_COUNTER then
     header = SLIDING_COUNTER_HEADER
   elseif stored == TOKEN_BUCKET then
@@ -20,32 +21,26 @@ if raw then
   elseif stored ~= FIXED_WINDOW then
     return {'corrupt', 1}
   end
-  if #raw < header or (#raw - header) % RECORD ~= 0 then return {'corrupt', 1} end
+  if #raw ~= header and #raw ~= header + TRAILER then return {'corrupt', 1} end
   local mark = struct.unpack('d', raw, 2)
   local by = mark - now - tonumber(ARGV[5])
   if by > 0 then return {'clock_unsafe', by} end
   if mark > t then t = mark end
-  records = string.sub(raw, header + 1)
 end
 local tag = string.byte(ARGV[4])
 if tag >= SHADOW_KINDS then tag = tag - SHADOW end
 local capacity = tonumber(ARGV[8])
 local ttl = tonumber(ARGV[7])
-if capacity > 0 then
-  local at = live_record(records, t, ttl)
-  if at then
-    local remaining, reset_after = struct.unpack('dd', records, at + 16)
-    return {'allowed', 2, remaining, reset_after, 0}
-  end
-end
+local replayed, replayed_reset, seq, evict = lookup(dkey, raw, header, t, ttl, capacity)
+if replayed then return {'allowed', 2, replayed, replayed_reset, 0} end
 if raw and string.byte(raw, 1) ~= tag then return {'corrupt', 1} end
 local allowed, remaining, reset_after, retry_after, state, state_end =
   algorithm(raw, t, true, tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
 -- A shadow policy alone never blocks; its denial charges nothing.
 local admitted = allowed or tag ~= string.byte(ARGV[4])
 if state then
-  store(key, state, state_end, records, t, tonumber(ARGV[6]), ttl, capacity, allowed,
-    remaining, reset_after)
+  store(key, dkey, state, state_end, raw, header, t, tonumber(ARGV[6]), ttl, capacity, allowed,
+    remaining, reset_after, seq, evict)
 end
 if admitted then
   return {'allowed', allowed and 1 or 0, remaining, reset_after, retry_after}

@@ -3,9 +3,11 @@
 //!
 //! The commands were found against real servers with everything else
 //! denied: the scripts (`EVALSHA`, `SCRIPT LOAD`), the readiness probe
-//! (`PING`), and `GET` and `SET`, because Redis checks the commands a script
-//! calls against the caller's ACL too (so both stay limited to the key
-//! pattern). `AUTH` is open to every user; the client's `CLIENT SETINFO`
+//! (`PING`), and the commands the scripts call, because Redis checks those
+//! against the caller's ACL too (so all stay limited to the key pattern):
+//! `GET` and `SET` on the counter keys, and `HMGET`, `HSET`, `HDEL`, `DEL`
+//! and `PEXPIRE` on the dedupe records keys (docs/algorithms.md, "Stored
+//! state on Redis"). `AUTH` is open to every user; the client's `CLIENT SETINFO`
 //! at connect is sent with its reply ignored, so denying it costs nothing.
 //! A cluster client also reads its slot map (`CLUSTER SLOTS`) and sends
 //! `ASKING` to follow an `ASK` redirect while a slot migrates (without it
@@ -16,10 +18,22 @@
 use crate::settings::Topology;
 
 /// Every command rule, standalone ones first; a cluster needs them all.
-const COMMANDS: [&str; 7] =
-    ["+evalsha", "+script|load", "+ping", "+get", "+set", "+cluster|slots", "+asking"];
+const COMMANDS: [&str; 12] = [
+    "+evalsha",
+    "+script|load",
+    "+ping",
+    "+get",
+    "+set",
+    "+hmget",
+    "+hset",
+    "+hdel",
+    "+del",
+    "+pexpire",
+    "+cluster|slots",
+    "+asking",
+];
 /// How many of [`COMMANDS`] a standalone server needs.
-const STANDALONE_COMMANDS: usize = 5;
+const STANDALONE_COMMANDS: usize = 10;
 
 /// The commands the provider sends on `topology`, as `ACL SETUSER` rules
 /// (`+evalsha`, `+script|load`, ...), in a fixed order.
@@ -62,11 +76,35 @@ mod tests {
     fn a_cluster_needs_the_standalone_commands_and_its_own() {
         assert_eq!(
             required_commands(Topology::Standalone),
-            ["+evalsha", "+script|load", "+ping", "+get", "+set"]
+            [
+                "+evalsha",
+                "+script|load",
+                "+ping",
+                "+get",
+                "+set",
+                "+hmget",
+                "+hset",
+                "+hdel",
+                "+del",
+                "+pexpire"
+            ]
         );
         assert_eq!(
             required_commands(Topology::Cluster),
-            ["+evalsha", "+script|load", "+ping", "+get", "+set", "+cluster|slots", "+asking"]
+            [
+                "+evalsha",
+                "+script|load",
+                "+ping",
+                "+get",
+                "+set",
+                "+hmget",
+                "+hset",
+                "+hdel",
+                "+del",
+                "+pexpire",
+                "+cluster|slots",
+                "+asking"
+            ]
         );
         for topology in [Topology::Standalone, Topology::Cluster] {
             assert!(!required_commands(topology).iter().any(|rule| rule.contains("eval|")));
@@ -84,7 +122,8 @@ mod tests {
     fn the_rules_hold_the_pattern_then_nothing_but_the_commands() {
         assert_eq!(
             user_rules("ca:rl:", Topology::Standalone).join(" "),
-            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set"
+            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
+             +del +pexpire"
         );
     }
 }

@@ -288,10 +288,22 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.lane.acquire()).await else {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
         };
-        let keys: Vec<String> = set
-            .iter()
-            .map(|entry| self.keys.counter_key(&entry.policy, &request.subject, &request.operation))
-            .collect();
+        // The counter keys in the set's order, then, when any policy of the
+        // set has dedupe on, their records keys in the same order (the KEYS
+        // layout of `lua/policy-set.lua`). A set without dedupe names no
+        // records key: in a migrating Cluster slot a script whose keys are
+        // only partly there is refused until the slot has moved.
+        let dedup_enabled = set.iter().any(|entry| entry.dedup_enabled);
+        let mut keys: Vec<String> =
+            Vec::with_capacity(if dedup_enabled { 2 * set.len() } else { set.len() });
+        keys.extend(set.iter().map(|entry| {
+            self.keys.counter_key(&entry.policy, &request.subject, &request.operation)
+        }));
+        if dedup_enabled {
+            for k in 0..set.len() {
+                keys.push(RateLimitKeys::records_key(&keys[k]));
+            }
+        }
         let now = number(self.clock.epoch_millis());
         let cost = number(request.cost);
         let id: Arc<[u8]> = Arc::from(&request.evaluation_id.as_bytes()[..]);
@@ -306,7 +318,6 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             Some(_) | None => ScriptKind::PolicySet,
         };
         let outcome = self.run_script(&set, kind, &keys, &args, deadline).await;
-        let dedup_enabled = set.iter().any(|entry| entry.dedup_enabled);
         match outcome {
             // The same evaluation id replays a charge that did happen, so one
             // retry turns an ambiguous failure into a definite answer.

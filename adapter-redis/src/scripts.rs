@@ -266,14 +266,22 @@ mod tests {
     }
 
     #[test]
-    fn the_lua_record_size_is_the_contract_s() {
-        let [record] = lua_numbers(PRELUDE, &["RECORD"])[..] else { panic!("one number") };
-        assert_eq!(u32::try_from(record), Ok(DEDUP_RECORD_BYTES), "lua/prelude.lua RECORD");
-        // A record is the evaluation id, then remaining, reset_after and
-        // written_at as doubles.
+    fn a_lua_record_is_the_contract_s_record_and_its_sequence_number() {
+        // The contract counts a record as the evaluation id, then
+        // remaining, reset_after and written_at (DEDUP_RECORD_BYTES): the
+        // script's record is that, the id as the hash field and the three
+        // numbers as doubles, plus its sequence number for eviction.
         let id = std::mem::size_of_val(EvaluationId::random().as_bytes());
-        assert!(PRELUDE.contains("records .. evaluation_id .. struct.pack('ddd', "));
-        assert_eq!(record, id + 3 * 8, "id bytes + three doubles");
+        assert_eq!(u32::try_from(id + 3 * 8), Ok(DEDUP_RECORD_BYTES), "id bytes + three doubles");
+        assert!(PRELUDE.contains(
+            "redis.call('HSET', dkey, evaluation_id, struct.pack('dddd', remaining, reset_after, \
+             t, next_seq),"
+        ));
+        assert!(PRELUDE.contains("struct.unpack('dddd', record)"));
+        // The trailer: newest written_at, oldest seq, next seq.
+        let [trailer] = lua_numbers(PRELUDE, &["TRAILER"])[..] else { panic!("one number") };
+        assert_eq!(trailer, 3 * 8);
+        assert!(PRELUDE.contains("struct.pack('ddd', newest, oldest, next_seq)"));
     }
 
     #[test]
@@ -300,7 +308,7 @@ mod tests {
                 .collect();
             assert_eq!(packed.len(), 1, "{name} packs its state once");
             // The tag byte, then doubles: the value is packed whole, so the
-            // store concatenates nothing but the dedupe records.
+            // store concatenates nothing but the records trailer.
             let doubles = packed[0].strip_prefix('B').unwrap_or_else(|| panic!("{name} tag"));
             assert!(doubles.chars().all(|c| c == 'd'), "{name} packs {packed:?}");
             assert_eq!(header, 1 + 8 * doubles.len(), "{name} header");
@@ -386,11 +394,15 @@ mod tests {
             assert!(single.contains(&format!("ARGV[{index}]")), "single-key {what}");
         }
         const { assert!(MAX_POLICY_SET <= 8, "the driver's layout names 1 to 8 keys") };
-        // Seven scratch slots per key, free (nil) for a set of two.
-        assert!(set.contains("local s = 7 * k - 6"));
+        // Eleven scratch slots per key, free (nil) for a set of two.
+        assert!(set.contains("local s = 11 * k - 10"));
+        assert!(!set.contains("7 * k - 6"));
         let scratch = lua_constructor(set, "local scratch = {");
         assert!(scratch.iter().all(|slot| slot == "nil"), "{scratch:?}");
-        assert_eq!(scratch.len(), 7 * 2);
+        assert_eq!(scratch.len(), 11 * 2);
+        // The counter keys, then their records keys (adapter.rs).
+        assert!(set.contains("if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end"));
+        assert!(single.contains("local key, dkey = KEYS[1], KEYS[2]\n"));
     }
 
     #[test]

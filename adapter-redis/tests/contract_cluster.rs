@@ -246,17 +246,24 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
         assert_eq!(cluster.keyslot(&keys.counter_key(&policy, &who, &operation)), slot);
     }
     // The scripts touch only the keys they are given (KEYS[k], or `key`
-    // bound to KEYS[1] or passed in as KEYS[k]) and nothing else.
+    // bound to KEYS[1] or passed in as KEYS[k]; the records key `dkey`
+    // bound to KEYS[2] or passed in as KEYS[n + k]) and nothing else.
     for kind in adapter_redis::ScriptKind::ALL {
         let source = kind.source();
         let calls = source.matches("redis.call(").count();
-        let on_keys = source.matches("redis.call('GET', KEYS[k])").count()
+        let mut on_keys = source.matches("redis.call('GET', KEYS[k])").count()
             + source.matches("redis.call('GET', key)").count()
             + source.matches("redis.call('SET', key,").count()
             + source.matches("redis.call('SET', KEYS[k],").count();
+        for command in ["HMGET", "HSET", "HDEL", "DEL", "PEXPIRE"] {
+            on_keys += source.matches(&format!("redis.call('{command}', dkey,")).count()
+                + source.matches(&format!("redis.call('{command}', dkey)")).count();
+        }
         assert_eq!(calls, on_keys, "{kind:?} calls redis on something other than its KEYS");
         assert!(
-            source.contains("local key = KEYS[1]") || source.contains("store(KEYS[k], "),
+            source.contains("local key, dkey = KEYS[1], KEYS[2]")
+                || (source.contains("store(KEYS[k], KEYS[n + k], ")
+                    && source.contains("lookup(KEYS[n + k], ")),
             "{kind:?}"
         );
     }

@@ -117,13 +117,14 @@ async fn a_stopped_server_gives_a_typed_outcome_in_time_and_a_restart_heals_with
 }
 
 /// Runs one subject through `windows` windows, evaluating `per_window` times
-/// in each window that `active` picks, and returns the key's length after
-/// window 10 and at the end.
+/// in each window that `active` picks, and returns the key's length and
+/// the fields of its dedupe records key (two per record) after window 10
+/// and at the end.
 async fn key_length_over_windows(
     policy: RateLimitPolicy,
     windows: u64,
     active: impl Fn(u64) -> bool,
-) -> (usize, usize) {
+) -> ((usize, usize), (usize, usize)) {
     let server = RedisServer::start();
     let period = shared_contract::millis(policy.algorithm().period());
     let clock = ManualClock::new(T0);
@@ -131,7 +132,8 @@ async fn key_length_over_windows(
     let who = subject(4);
     let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let mut redis = inspector(&server).await;
-    let mut at_ten = 0;
+    let records = format!("{key}:dedupe");
+    let mut at_ten = (0, 0);
     for window in 0..windows {
         if active(window) {
             for offset in [100, 400] {
@@ -141,10 +143,10 @@ async fn key_length_over_windows(
             }
         }
         if window == 10 {
-            at_ten = redis.strlen(&key).await.unwrap();
+            at_ten = (redis.strlen(&key).await.unwrap(), redis.hlen(&records).await.unwrap());
         }
     }
-    (at_ten, redis.strlen(&key).await.unwrap())
+    (at_ten, (redis.strlen(&key).await.unwrap(), redis.hlen(&records).await.unwrap()))
 }
 
 /// Each algorithm with its header size: one tag byte, then the mark and two
@@ -178,8 +180,9 @@ fn all_algorithms(dedup: EvaluationDedupPolicy) -> Vec<(RateLimitPolicy, usize)>
 async fn state_stays_constant_size_after_1000_windows_of_steady_traffic() {
     for (policy, header) in all_algorithms(EvaluationDedupPolicy::Disabled) {
         let (at_ten, at_end) = key_length_over_windows(policy.clone(), 1000, |_| true).await;
-        // The state is the header alone: mark plus the algorithm's numbers.
-        assert_eq!((at_ten, at_end), (header, header), "{}", policy.id());
+        // The state is the header alone: mark plus the algorithm's numbers,
+        // and no records key.
+        assert_eq!((at_ten, at_end), ((header, 0), (header, 0)), "{}", policy.id());
     }
     // With dedupe the live records come and go with traffic, but the same
     // traffic leaves the same size, window 10 or window 1000.
@@ -191,9 +194,11 @@ async fn state_stays_constant_size_after_1000_windows_of_steady_traffic() {
     for (policy, header) in all_algorithms(dedup) {
         let (at_ten, at_end) = key_length_over_windows(policy.clone(), 1000, |_| true).await;
         assert_eq!(at_ten, at_end, "{}", policy.id());
-        // This window's two records (written 300 ms apart, TTL 500 ms) are
-        // live; the previous window's expired 100 ms after it ended.
-        assert_eq!(at_end, header + 2 * 40, "{}", policy.id());
+        // The header and the records trailer (newest written_at, oldest
+        // and next seq); this window's two records (written 300 ms apart,
+        // TTL 500 ms) are live, an id field and a seq field each; the
+        // previous window's expired 100 ms after it ended.
+        assert_eq!(at_end, (header + 24, 2 * 2), "{}", policy.id());
     }
 }
 
@@ -203,7 +208,7 @@ async fn state_stays_constant_size_with_traffic_every_third_window() {
         let (at_ten, at_end) =
             key_length_over_windows(policy.clone(), 1000, |window| window % 3 == 0).await;
         // Window 10 is idle; the key still holds window 9's state.
-        assert_eq!((at_ten, at_end), (header, header), "{}", policy.id());
+        assert_eq!((at_ten, at_end), ((header, 0), (header, 0)), "{}", policy.id());
     }
 }
 
@@ -234,7 +239,12 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     // digest only on the operation-scoped policy's key.
     let scoped = format!("ca:rl:{{{}}}:api.orders:3:{}", who.as_str(), common::OPERATION);
     let shared = format!("ca:rl:{{{}}}:api.daily:1", who.as_str());
-    assert_eq!(keys, [shared.clone(), scoped.clone()]);
+    // Each with its dedupe records key (dedupe is on by default), the
+    // counter key plus `:dedupe`: the same tag, so the same slot.
+    assert_eq!(
+        keys,
+        [shared.clone(), format!("{shared}:dedupe"), scoped.clone(), format!("{scoped}:dedupe")]
+    );
     assert_eq!(adapter.keys().counter_key(&orders, &who, &common::operation()), scoped);
     assert_eq!(adapter.keys().counter_key(&daily, &who, &common::operation()), shared);
     assert_eq!(RateLimitKeys::hash_tag(&who), format!("{{{}}}", who.as_str()));
@@ -242,6 +252,15 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     for key in [&scoped, &shared] {
         let value: Vec<u8> = redis.get(key).await.unwrap();
         assert!(!value.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
+        let records: Vec<Vec<u8>> = redis::cmd("HGETALL")
+            .arg(format!("{key}:dedupe"))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(!records.is_empty());
+        for item in records {
+            assert!(!item.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
+        }
     }
 }
 

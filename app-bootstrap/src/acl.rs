@@ -29,7 +29,7 @@ pub fn acl_rules(config: &AppConfig) -> AclRules {
     let redis = &config.redis;
     let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
     let mut notes = vec![format!(
-        "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET on keys {}* only; no EVAL",
+        "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET (counters) and HMGET/HSET/HDEL/DEL/PEXPIRE (dedupe records) on keys {}* only; no EVAL",
         redis.key_prefix
     )];
     let password = match &redis.password {
@@ -84,7 +84,7 @@ mod tests {
         assert_eq!(
             rules.commands,
             ["ACL SETUSER ca-rate-limit reset on ><password> ~ca:rl:* resetchannels -@all \
-              +evalsha +script|load +ping +get +set"]
+              +evalsha +script|load +ping +get +set +hmget +hset +hdel +del +pexpire"]
         );
         assert!(rules.notes.iter().any(|note| note.contains("<password>")));
     }
@@ -105,7 +105,12 @@ mod tests {
             rule.starts_with(&format!("ACL SETUSER edge reset on #{hash} ~app\\*\\[x\\]:* ")),
             "{rule}"
         );
-        assert!(rule.ends_with("+ping +get +set +cluster|slots +asking"), "{rule}");
+        assert!(
+            rule.ends_with(
+                "+ping +get +set +hmget +hset +hdel +del +pexpire +cluster|slots +asking"
+            ),
+            "{rule}"
+        );
         assert!(!rule.contains("hunter2") && !rules.notes.concat().contains("hunter2"));
     }
 }
