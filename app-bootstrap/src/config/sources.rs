@@ -20,15 +20,33 @@ pub const CONFIG_FILE_ENV: &str = "CA_SKELETON_CONFIG";
 
 /// The sources to layer: an optional TOML file, then `CA_SKELETON_*`
 /// variables.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ConfigSources {
     file: Option<PathBuf>,
+    /// Whether `CA_SKELETON_*` variables are layered over the file.
+    environment: bool,
+}
+
+impl Default for ConfigSources {
+    /// No file, the environment layered: as [`Self::new`]`(None)`.
+    fn default() -> Self {
+        Self::new(None)
+    }
 }
 
 impl ConfigSources {
     /// Defaults, then `file` (if any), then the environment.
     pub fn new(file: Option<PathBuf>) -> Self {
-        Self { file }
+        Self { file, environment: true }
+    }
+
+    /// Defaults, then `file`, and no environment layer: what the file says
+    /// alone, whatever variables the process has. For tests, which could
+    /// otherwise only shut the machine's variables out by clearing the
+    /// process environment, and that is global: it hid `PATH` from tests
+    /// running at the same time (issue 12, item 8).
+    pub fn file_only(file: PathBuf) -> Self {
+        Self { file: Some(file), environment: false }
     }
 
     /// The configuration file, if any.
@@ -42,7 +60,7 @@ impl ConfigSources {
         if let Some(file) = &self.file {
             figment = figment.merge(Toml::file_exact(file));
         }
-        figment.merge(environment())
+        if self.environment { figment.merge(environment()) } else { figment }
     }
 
     /// The merged tree, before typing and validation.

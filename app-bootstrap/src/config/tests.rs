@@ -723,3 +723,20 @@ fn prefixes_out_of_range_are_named_by_their_keys() {
         );
     });
 }
+
+#[test]
+fn a_file_only_source_ignores_the_environment() {
+    jail(|jail| {
+        jail.create_file("app.toml", BASE).expect("write config");
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__POLICIES__API__LIMIT", "42");
+        let layered = AppConfig::load(&ConfigSources::new(Some("app.toml".into()))).unwrap();
+        let alone = AppConfig::load(&ConfigSources::file_only("app.toml".into())).unwrap();
+        let limit =
+            |config: &AppConfig| match config.capabilities.rate_limit.policies["api"].algorithm() {
+                Algorithm::FixedWindow { limit, .. } => *limit,
+                other => panic!("a fixed window, not {other:?}"),
+            };
+        // The same file: the variable counts in one and not in the other.
+        assert_eq!((limit(&layered), limit(&alone)), (42, 10));
+    });
+}

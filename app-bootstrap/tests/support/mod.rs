@@ -21,19 +21,16 @@ pub(crate) const T0: u64 = 1_700_000_040_000;
 /// A key long enough for the pseudonymizer (32 bytes or more).
 pub(crate) const TEST_KEY: &str = "e2e-pseudonymizer-key-0123456789abcdef";
 
-/// Loads `toml` as the configuration file, with the environment cleared so
-/// nothing of the machine running the tests leaks in.
-#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+/// Loads `toml` as the configuration file and nothing else, so nothing of
+/// the machine running the tests leaks in. Not by clearing the environment
+/// (`figment::Jail`): that is process-wide, and a test in the same binary
+/// that looked up `redis-cli` or spawned `redis-server` meanwhile found no
+/// `PATH` (the Redis Cluster test of `exactness_http` failed that way).
 pub(crate) fn load(toml: &str) -> AppConfig {
-    let mut loaded = None;
-    figment::Jail::expect_with(|jail| {
-        jail.clear_env();
-        jail.create_file("e2e.toml", toml)?;
-        let sources = ConfigSources::new(Some("e2e.toml".into()));
-        loaded = Some(AppConfig::load(&sources).map_err(|error| error.to_string())?);
-        Ok(())
-    });
-    loaded.expect("the configuration loads")
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let path = dir.path().join("e2e.toml");
+    std::fs::write(&path, toml).expect("the configuration file is written");
+    AppConfig::load(&ConfigSources::file_only(path)).expect("the configuration loads")
 }
 
 /// A fixed window of 3 per 60 s named `id`, the default policy, served on
