@@ -14,11 +14,19 @@
 //! the migration test's ASK step is refused); `CLUSTER SHARDS` and
 //! `READONLY` are never sent (no reads from replicas). `EVAL` is never
 //! needed.
+//!
+//! On the Sentinel topology the client checks that the node the sentinels
+//! name is a master (`ROLE`) before it uses it, so the data user also needs
+//! `+role`; the sentinels themselves are asked by another user (their ACLs
+//! are their own), whose rules are [`sentinel_user_rules`]. With
+//! `wait-replicas` set, `WAIT` follows every charging script
+//! ([`user_rules_for`] adds `+wait`).
 
-use crate::settings::Topology;
+use crate::settings::{RedisSettings, Topology};
 
-/// Every command rule, standalone ones first; a cluster needs them all.
-const COMMANDS: [&str; 12] = [
+/// What every topology needs: the scripts, the probe and the commands the
+/// scripts call.
+const STANDALONE: [&str; 10] = [
     "+evalsha",
     "+script|load",
     "+ping",
@@ -29,19 +37,59 @@ const COMMANDS: [&str; 12] = [
     "+hdel",
     "+del",
     "+pexpire",
+];
+/// [`STANDALONE`], then the slot map and `ASK` redirects.
+const CLUSTER: [&str; 12] = [
+    STANDALONE[0],
+    STANDALONE[1],
+    STANDALONE[2],
+    STANDALONE[3],
+    STANDALONE[4],
+    STANDALONE[5],
+    STANDALONE[6],
+    STANDALONE[7],
+    STANDALONE[8],
+    STANDALONE[9],
     "+cluster|slots",
     "+asking",
 ];
-/// How many of [`COMMANDS`] a standalone server needs.
-const STANDALONE_COMMANDS: usize = 10;
+/// [`STANDALONE`], then the role check of a master the sentinels name.
+const SENTINEL: [&str; 11] = [
+    STANDALONE[0],
+    STANDALONE[1],
+    STANDALONE[2],
+    STANDALONE[3],
+    STANDALONE[4],
+    STANDALONE[5],
+    STANDALONE[6],
+    STANDALONE[7],
+    STANDALONE[8],
+    STANDALONE[9],
+    "+role",
+];
+/// What the client sends a sentinel: `ROLE` (to check it is a sentinel)
+/// and `SENTINEL MASTERS` (the masters it monitors, with their flags, so a
+/// master it holds down is skipped).
+const SENTINEL_SIDE: [&str; 2] = ["+role", "+sentinel|masters"];
 
 /// The commands the provider sends on `topology`, as `ACL SETUSER` rules
-/// (`+evalsha`, `+script|load`, ...), in a fixed order.
+/// (`+evalsha`, `+script|load`, ...), in a fixed order. Without `WAIT`;
+/// see [`user_rules_for`].
 pub fn required_commands(topology: Topology) -> &'static [&'static str] {
     match topology {
-        Topology::Standalone => &COMMANDS[..STANDALONE_COMMANDS],
-        Topology::Cluster => &COMMANDS,
+        Topology::Standalone => &STANDALONE,
+        Topology::Cluster => &CLUSTER,
+        Topology::Sentinel => &SENTINEL,
     }
+}
+
+/// What a sentinel must allow the provider's sentinel user, as
+/// `ACL SETUSER` rules after its login ones: no keys, no channels, only
+/// `ROLE` and `SENTINEL MASTERS`.
+pub fn sentinel_user_rules() -> Vec<String> {
+    let mut rules = vec!["resetkeys".to_owned(), "resetchannels".to_owned(), "-@all".to_owned()];
+    rules.extend(SENTINEL_SIDE.iter().map(|command| (*command).to_owned()));
+    rules
 }
 
 /// The `ACL SETUSER` key pattern of every key under `key_prefix`:
@@ -65,6 +113,16 @@ pub fn key_pattern(key_prefix: &str) -> String {
 pub fn user_rules(key_prefix: &str, topology: Topology) -> Vec<String> {
     let mut rules = vec![key_pattern(key_prefix), "resetchannels".to_owned(), "-@all".to_owned()];
     rules.extend(required_commands(topology).iter().map(|command| (*command).to_owned()));
+    rules
+}
+
+/// [`user_rules`] for the settings' prefix and topology, plus `+wait` when
+/// `wait_replicas` asks for replica acknowledgements.
+pub fn user_rules_for(settings: &RedisSettings) -> Vec<String> {
+    let mut rules = user_rules(&settings.key_prefix, settings.topology);
+    if settings.wait_replicas > 0 {
+        rules.push("+wait".to_owned());
+    }
     rules
 }
 
@@ -106,7 +164,23 @@ mod tests {
                 "+asking"
             ]
         );
-        for topology in [Topology::Standalone, Topology::Cluster] {
+        assert_eq!(
+            required_commands(Topology::Sentinel),
+            [
+                "+evalsha",
+                "+script|load",
+                "+ping",
+                "+get",
+                "+set",
+                "+hmget",
+                "+hset",
+                "+hdel",
+                "+del",
+                "+pexpire",
+                "+role"
+            ]
+        );
+        for topology in Topology::ALL {
             assert!(!required_commands(topology).iter().any(|rule| rule.contains("eval|")));
             assert!(!required_commands(topology).contains(&"+eval"));
         }
@@ -124,6 +198,26 @@ mod tests {
             user_rules("ca:rl:", Topology::Standalone).join(" "),
             "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
              +del +pexpire"
+        );
+    }
+
+    #[test]
+    fn wait_adds_its_own_rule_and_the_sentinels_get_only_discovery() {
+        let sentinel = RedisSettings {
+            topology: Topology::Sentinel,
+            wait_replicas: 1,
+            ..RedisSettings::default()
+        };
+        assert_eq!(
+            user_rules_for(&sentinel).join(" "),
+            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
+             +del +pexpire +role +wait"
+        );
+        let no_wait = RedisSettings { wait_replicas: 0, ..sentinel };
+        assert_eq!(user_rules_for(&no_wait), user_rules("ca:rl:", Topology::Sentinel));
+        assert_eq!(
+            sentinel_user_rules().join(" "),
+            "resetkeys resetchannels -@all +role +sentinel|masters"
         );
     }
 }

@@ -17,7 +17,10 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::error::RedisAdapterError;
-use crate::gateway::{ClusterGateway, GatewayFailure, RedisGateway, StandaloneGateway};
+use crate::acknowledge;
+use crate::gateway::{
+    ClusterGateway, GatewayFailure, RedisGateway, SentinelGateway, StandaloneGateway, WaitFor,
+};
 use crate::keys::RateLimitKeys;
 use crate::reply::SetReply;
 use crate::scripts::{RateLimitScripts, ScriptKind};
@@ -33,6 +36,8 @@ pub struct RedisEdgeRateLimitAdapter {
     clock: Arc<dyn Clock>,
     command_timeout: Duration,
     failure_retry_after: Duration,
+    /// `WAIT` after every script, when `wait-replicas` > 0.
+    wait: Option<WaitFor>,
 }
 
 impl fmt::Debug for RedisEdgeRateLimitAdapter {
@@ -43,6 +48,7 @@ impl fmt::Debug for RedisEdgeRateLimitAdapter {
             .field("gateway", &self.gateway)
             .field("lane_available", &self.lane.available_permits())
             .field("command_timeout", &self.command_timeout)
+            .field("wait", &self.wait)
             .finish_non_exhaustive()
     }
 }
@@ -148,9 +154,27 @@ impl RedisEdgeRateLimitAdapter {
                 settings.command_timeout,
             )
             .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
+            Topology::Sentinel => SentinelGateway::new(
+                &settings.sentinels,
+                &settings.master_name,
+                crate::gateway::Logins {
+                    username,
+                    password,
+                    sentinel_username: settings.sentinel_username.as_deref(),
+                    sentinel_password: settings
+                        .sentinel_password
+                        .as_ref()
+                        .map(|password| password.expose_secret()),
+                },
+                settings.connect_timeout,
+            )
+            .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
         };
         let gateway = gateway.map_err(|error| RedisAdapterError::InvalidSettings {
-            field: "urls",
+            field: match settings.topology {
+                Topology::Standalone | Topology::Cluster => "urls",
+                Topology::Sentinel => "sentinels",
+            },
             // The URL may hold a password: name the problem, not the URL.
             problem: format!("not a valid redis URL ({})", error.category()),
         })?;
@@ -182,6 +206,10 @@ impl RedisEdgeRateLimitAdapter {
             clock,
             command_timeout: settings.command_timeout,
             failure_retry_after: settings.failure_retry_after,
+            wait: (settings.wait_replicas > 0).then(|| WaitFor {
+                replicas: settings.wait_replicas,
+                timeout_ms: u64::try_from(settings.wait_timeout.as_millis()).unwrap_or(u64::MAX),
+            }),
         })
     }
 
@@ -204,12 +232,29 @@ impl RedisEdgeRateLimitAdapter {
     ) -> RateLimitOutcome {
         let result = self
             .scripts
-            .evaluate(&*self.gateway, kind, keys, args, self.command_timeout, deadline)
+            .evaluate_then_wait(
+                &*self.gateway,
+                kind,
+                keys,
+                args,
+                self.wait,
+                self.command_timeout,
+                deadline,
+            )
             .await;
         let first = set.iter().next().map(|entry| entry.policy.id());
         let failure = match result {
-            Ok(value) => match SetReply::decode(&value, set.len()) {
-                Ok(reply) => return self.outcome_of(set, reply),
+            Ok(sent) => match SetReply::decode(&sent.reply, set.len()) {
+                Ok(reply) => {
+                    let wanted = self.wait.map_or(0, |wait| wait.replicas);
+                    if let Some(short) = acknowledge::shortfall(&reply, sent.replicas, wanted) {
+                        tracing::warn!(policy = ?first, ?short, "charge not acknowledged by replicas");
+                        return RateLimitOutcome::Indeterminate {
+                            retry_after: self.failure_retry_after,
+                        };
+                    }
+                    return self.outcome_of(set, reply);
+                }
                 Err(error) => {
                     tracing::warn!(policy = ?first, ?error, "undecodable script reply");
                     return RateLimitOutcome::Indeterminate {
@@ -321,8 +366,10 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         match outcome {
             // The same evaluation id replays a charge that did happen, so one
             // retry turns an ambiguous failure into a definite answer.
+            // With WAIT on, a retry could only replay the charge, and a
+            // replay cannot be acknowledged (see `acknowledge`).
             RateLimitOutcome::Indeterminate { .. }
-                if dedup_enabled && Instant::now() < deadline =>
+                if dedup_enabled && self.wait.is_none() && Instant::now() < deadline =>
             {
                 match self.run_script(&set, kind, &keys, &args, deadline).await {
                     decided @ RateLimitOutcome::Evaluated(_) => decided,
@@ -353,3 +400,5 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod wait_tests;

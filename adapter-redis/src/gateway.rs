@@ -1,14 +1,19 @@
 //! `RedisGateway`: the seam between the adapter and the `redis` crate. The
-//! real gateways ([`StandaloneGateway`], [`ClusterGateway`]) share one
-//! connection mechanism (`connection`) and classify every `redis` error by
-//! whether the command may have run ([`classify`]), so the adapter's
-//! failure mapping can be tested with a mock.
+//! real gateways ([`StandaloneGateway`], [`ClusterGateway`],
+//! [`SentinelGateway`]) share one connection mechanism (`connection`; the
+//! two over one multiplexed connection also share `multiplexed`) and
+//! classify every `redis` error by whether the command may have run
+//! ([`classify`]), so the adapter's failure mapping can be tested with a
+//! mock.
 
 mod cluster;
 mod connection;
+mod multiplexed;
+mod sentinel;
 mod standalone;
 
 pub(crate) use cluster::ClusterGateway;
+pub(crate) use sentinel::{Logins, SentinelGateway};
 pub(crate) use standalone::StandaloneGateway;
 
 use std::fmt::Debug;
@@ -56,6 +61,27 @@ pub(crate) struct LoadedScript {
     pub(crate) source: &'static str,
 }
 
+/// `WAIT <replicas> <timeout_ms>` after a charging script: how many
+/// replicas must acknowledge its write, and how long the server waits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct WaitFor {
+    /// Replicas that must acknowledge (at least 1).
+    pub(crate) replicas: u32,
+    /// The server's wait, whole milliseconds (at least 1; 0 would block
+    /// forever).
+    pub(crate) timeout_ms: u64,
+}
+
+/// A script's reply and what the `WAIT` after it said.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Acknowledged {
+    /// The script's raw reply, as [`RedisGateway::evalsha`] returns it.
+    pub(crate) reply: Value,
+    /// How many replicas acknowledged the connection's writes so far, or
+    /// why `WAIT` gave no count (the script ran either way).
+    pub(crate) replicas: Result<u64, GatewayFailure>,
+}
+
 /// The Redis commands the adapter needs. Each call gets its own timeout and
 /// MUST return within it.
 #[cfg_attr(test, mockall::automock)]
@@ -83,9 +109,49 @@ pub(crate) trait RedisGateway: Send + Sync + Debug {
         timeout: Duration,
     ) -> Result<Value, GatewayFailure>;
 
+    /// [`Self::evalsha`], then `WAIT` on the same connection to the same
+    /// node, in one round trip. `WAIT` counts the replicas that have every
+    /// write this connection made so far, so the script's write is among
+    /// them. An error of the script is returned as `Err` (so `NOSCRIPT`
+    /// is retried as for [`Self::evalsha`]); once the script answered, a
+    /// failed `WAIT` is reported in [`Acknowledged::replicas`].
+    async fn evalsha_then_wait(
+        &self,
+        script: &LoadedScript,
+        keys: &[String],
+        args: &[Arc<[u8]>],
+        wait: WaitFor,
+        timeout: Duration,
+    ) -> Result<Acknowledged, GatewayFailure>;
+
     /// `PING`: `Ok` only for `PONG`, [`GatewayFailure::UnexpectedReply`]
     /// for any other answer.
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure>;
+}
+
+/// `WAIT <replicas> <timeout_ms>`.
+pub(crate) fn wait_command(wait: WaitFor) -> redis::Cmd {
+    let mut cmd = redis::cmd("WAIT");
+    cmd.arg(wait.replicas).arg(wait.timeout_ms);
+    cmd
+}
+
+/// The two replies of `EVALSHA` + `WAIT`: the script's error is the
+/// call's; `WAIT`'s is only the acknowledgement's.
+pub(crate) fn acknowledged_of(evalsha: Value, wait: Value) -> Result<Acknowledged, RedisError> {
+    let reply = evalsha.extract_error()?;
+    let replicas = match wait {
+        Value::Int(count) => u64::try_from(count).map_err(|_| GatewayFailure::UnexpectedReply),
+        Value::ServerError(_) => match wait.extract_error() {
+            Err(error) => {
+                tracing::warn!(kind = error.category(), code = error.code(), "redis WAIT refused");
+                Err(classify(&error))
+            }
+            Ok(_) => Err(GatewayFailure::UnexpectedReply),
+        },
+        _ => Err(GatewayFailure::UnexpectedReply),
+    };
+    Ok(Acknowledged { reply, replicas })
 }
 
 /// `EVALSHA <digest> <numkeys> <keys...> <args...>`, the one script
@@ -173,6 +239,25 @@ mod tests {
         assert_eq!(classify(&reset), GatewayFailure::ConnectionLost);
         let timed_out = RedisError::from(std::io::Error::from(std::io::ErrorKind::TimedOut));
         assert_eq!(classify(&timed_out), GatewayFailure::TimedOut);
+    }
+
+    #[test]
+    fn a_script_error_fails_the_call_and_a_wait_error_only_the_acknowledgement() {
+        let error = |wire: &str| redis::parse_redis_value(wire.as_bytes()).unwrap();
+        let noscript = acknowledged_of(error("-NOSCRIPT No matching script.\r\n"), Value::Int(1));
+        assert_eq!(noscript.map_err(|e| classify(&e)), Err(GatewayFailure::NoScript));
+        assert_eq!(
+            acknowledged_of(Value::Int(7), Value::Int(2)).unwrap(),
+            Acknowledged { reply: Value::Int(7), replicas: Ok(2) }
+        );
+        let refused = acknowledged_of(Value::Int(7), error("-NOPERM no WAIT for you\r\n"));
+        assert_eq!(refused.unwrap().replicas, Err(GatewayFailure::Refused));
+        let odd = acknowledged_of(Value::Int(7), Value::Okay).unwrap();
+        assert_eq!(odd.replicas, Err(GatewayFailure::UnexpectedReply));
+        assert_eq!(
+            acknowledged_of(Value::Int(7), Value::Int(-1)).unwrap().replicas,
+            Err(GatewayFailure::UnexpectedReply)
+        );
     }
 
     #[test]

@@ -22,6 +22,7 @@
 
 #![forbid(unsafe_code)]
 
+mod acknowledge;
 pub mod acl;
 mod adapter;
 mod error;

@@ -19,7 +19,17 @@ use redis::Value;
 use shared_contract::Algorithm;
 use tokio::time::Instant;
 
-use crate::gateway::{GatewayFailure, LoadedScript, RedisGateway};
+use crate::gateway::{GatewayFailure, LoadedScript, RedisGateway, WaitFor};
+
+/// What a script call brought back.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Sent {
+    /// The script's raw reply.
+    pub(crate) reply: Value,
+    /// With `WAIT`: the replicas that acknowledged, or why `WAIT` gave no
+    /// count. `None` when no `WAIT` was sent.
+    pub(crate) replicas: Option<Result<u64, GatewayFailure>>,
+}
 
 /// Which script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -138,37 +148,52 @@ impl RateLimitScripts {
             digest;
     }
 
-    /// Runs a script on `keys` (one subject's, one hash tag) with `args`.
-    /// Each gateway call waits at most `command_timeout`, and never past
-    /// `deadline`.
-    pub(crate) async fn evaluate(
+    /// Runs a script on `keys` (one subject's, one hash tag) with `args`,
+    /// with `WAIT` after it in the same round trip when `wait` is set
+    /// ([`Sent::replicas`] is then `Some`). Each gateway call waits at most
+    /// `command_timeout`, and never past `deadline`.
+    #[allow(clippy::too_many_arguments, reason = "the script call's arguments plus the WAIT")]
+    pub(crate) async fn evaluate_then_wait(
         &self,
         gateway: &dyn RedisGateway,
         kind: ScriptKind,
         keys: &[String],
         args: &[Arc<[u8]>],
+        wait: Option<WaitFor>,
         command_timeout: Duration,
         deadline: Instant,
-    ) -> Result<Value, GatewayFailure> {
+    ) -> Result<Sent, GatewayFailure> {
         let budget = || {
             let left = deadline.saturating_duration_since(Instant::now());
             (!left.is_zero()).then(|| left.min(command_timeout)).ok_or(GatewayFailure::NotSent)
         };
         let source = kind.source();
         let key = keys.first().map_or("", String::as_str);
+        let send = async |digest: Arc<str>, timeout: Duration| {
+            let script = LoadedScript { digest, source };
+            match wait {
+                None => gateway
+                    .evalsha(&script, keys, args, timeout)
+                    .await
+                    .map(|reply| Sent { reply, replicas: None }),
+                Some(wait) => gateway
+                    .evalsha_then_wait(&script, keys, args, wait, timeout)
+                    .await
+                    .map(|acked| Sent { reply: acked.reply, replicas: Some(acked.replicas) }),
+            }
+        };
         let digest = match self.cached_digest(kind) {
             Some(digest) => digest,
             None => self.load(gateway, kind, key, budget()?).await?,
         };
-        match gateway.evalsha(&LoadedScript { digest, source }, keys, args, budget()?).await {
+        match send(digest, budget()?).await {
             Err(GatewayFailure::NoScript) => {
                 // The server lost its script cache (restart, SCRIPT FLUSH,
                 // failover), or in a cluster this key's node never saw the
                 // script: NOSCRIPT proves nothing ran, so one retry is safe.
                 self.store(kind, None);
                 let digest = self.load(gateway, kind, key, budget()?).await?;
-                match gateway.evalsha(&LoadedScript { digest, source }, keys, args, budget()?).await
-                {
+                match send(digest, budget()?).await {
                     Err(GatewayFailure::NoScript) => Err(GatewayFailure::NotSent),
                     other => other,
                 }

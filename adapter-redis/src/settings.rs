@@ -14,6 +14,8 @@ pub(crate) const DEFAULT_KEY_PREFIX: &str = "ca:rl:";
 pub const MAX_KEY_PREFIX_BYTES: usize = 64;
 /// Most script calls in flight at once that the lane accepts.
 pub const MAX_SCRIPT_LANE: usize = 65_536;
+/// The master name Sentinel deployments use unless told otherwise.
+pub(crate) const DEFAULT_MASTER_NAME: &str = "mymaster";
 
 /// How the Redis deployment is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -25,17 +27,23 @@ pub enum Topology {
     /// `urls` are seed nodes, scripts load on the master of each key's slot,
     /// `MOVED`/`ASK` are followed.
     Cluster,
+    /// A master and its replicas watched by Redis Sentinel: the master's
+    /// address is asked of the `sentinels` (for `master_name`) whenever a
+    /// connection is opened, so after a failover the next connection goes
+    /// to the promoted replica. `urls` stays empty.
+    Sentinel,
 }
 
 impl Topology {
     /// Every topology, in declaration order.
-    pub const ALL: [Self; 2] = [Self::Standalone, Self::Cluster];
+    pub const ALL: [Self; 3] = [Self::Standalone, Self::Cluster, Self::Sentinel];
 
-    /// The configuration name: `standalone` or `cluster`.
+    /// The configuration name: `standalone`, `cluster` or `sentinel`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Standalone => "standalone",
             Self::Cluster => "cluster",
+            Self::Sentinel => "sentinel",
         }
     }
 }
@@ -59,6 +67,16 @@ pub enum RedisField {
     ScriptLaneMaxInFlight,
     /// [`RedisSettings::failure_retry_after`].
     FailureRetryAfter,
+    /// The sentinel list as a whole (how many there are).
+    Sentinels,
+    /// One sentinel address, by its index in the list.
+    Sentinel(usize),
+    /// [`RedisSettings::master_name`].
+    MasterName,
+    /// [`RedisSettings::sentinel_password`].
+    SentinelPassword,
+    /// [`RedisSettings::wait_timeout`].
+    WaitTimeout,
 }
 
 impl RedisField {
@@ -71,6 +89,10 @@ impl RedisField {
             Self::CommandTimeout => "command-timeout",
             Self::ScriptLaneMaxInFlight => "script-lane-max-in-flight",
             Self::FailureRetryAfter => "failure-retry-after",
+            Self::Sentinels | Self::Sentinel(_) => "sentinels",
+            Self::MasterName => "master-name",
+            Self::SentinelPassword => "sentinel-password",
+            Self::WaitTimeout => "wait-timeout",
         }
     }
 }
@@ -88,10 +110,11 @@ pub struct SettingsProblem {
 /// Connection and behaviour settings of the Redis provider.
 #[derive(Clone, Debug)]
 pub struct RedisSettings {
-    /// Standalone or Cluster.
+    /// Standalone, Cluster or Sentinel.
     pub topology: Topology,
     /// `redis://host:port[/db]` URLs: exactly one for standalone; one or
-    /// more seed nodes for a cluster.
+    /// more seed nodes for a cluster; none for Sentinel (the sentinels name
+    /// the master).
     pub urls: Vec<String>,
     /// ACL user name, if any (overrides one in the URL).
     pub username: Option<String>,
@@ -108,12 +131,31 @@ pub struct RedisSettings {
     pub script_lane_max_in_flight: usize,
     /// The retry-after of outcomes that carry no better hint.
     pub failure_retry_after: Duration,
+    /// Sentinel only: `host:port` of each sentinel, asked in this order.
+    pub sentinels: Vec<String>,
+    /// Sentinel only: the name the sentinels monitor the master under.
+    pub master_name: String,
+    /// Sentinel only: the ACL user to log in to the sentinels as, if any.
+    pub sentinel_username: Option<String>,
+    /// Sentinel only: the sentinels' password, if any. Never printed.
+    pub sentinel_password: Option<SecretString>,
+    /// After a script that charged, `WAIT` for this many replicas to
+    /// acknowledge the write; fewer is `Indeterminate`. 0 (default) sends no
+    /// `WAIT`.
+    pub wait_replicas: u32,
+    /// The `WAIT` timeout (whole milliseconds). With `wait_replicas` > 0 it
+    /// must be shorter than `command_timeout`, which bounds the script and
+    /// the `WAIT` together, so the server's count comes back before the
+    /// client gives up on the call.
+    pub wait_timeout: Duration,
 }
 
 impl Default for RedisSettings {
     /// Standalone on `redis://127.0.0.1:6379` (a default value only; tests
     /// never use that server), prefix `ca:rl:`, 1 s connects, 250 ms
-    /// commands, 256 lane permits, 1 s failure retry-after.
+    /// commands, 256 lane permits, 1 s failure retry-after; no sentinels,
+    /// master name `mymaster`; no `WAIT` (a 100 ms timeout once
+    /// `wait_replicas` is set).
     ///
     /// The connect timeout is 1 s rather than something inside the 750 ms
     /// evaluation budget because a connect on a request's path is already
@@ -131,6 +173,12 @@ impl Default for RedisSettings {
             command_timeout: Duration::from_millis(250),
             script_lane_max_in_flight: 256,
             failure_retry_after: Duration::from_secs(1),
+            sentinels: Vec::new(),
+            master_name: DEFAULT_MASTER_NAME.to_owned(),
+            sentinel_username: None,
+            sentinel_password: None,
+            wait_replicas: 0,
+            wait_timeout: Duration::from_millis(100),
         }
     }
 }
@@ -152,8 +200,17 @@ impl RedisSettings {
                     "cluster takes at least one seed URL, got none".to_owned(),
                 );
             }
-            Topology::Standalone | Topology::Cluster => {}
+            Topology::Sentinel if !self.urls.is_empty() => reject(
+                RedisField::Urls,
+                format!(
+                    "sentinel takes the master's address from the sentinels: remove urls \
+                     (got {}) and list the sentinels in sentinels",
+                    self.urls.len()
+                ),
+            ),
+            Topology::Standalone | Topology::Cluster | Topology::Sentinel => {}
         }
+        self.sentinel_problems(&mut reject);
         for (index, url) in self.urls.iter().enumerate() {
             // The client that will connect judges the URL, so a scheme it
             // cannot serve (rediss:// without TLS support) stops start-up.
@@ -202,7 +259,75 @@ impl RedisSettings {
                 format!("must be in 1..={MAX_SCRIPT_LANE}, got {}", self.script_lane_max_in_flight),
             );
         }
+        if self.wait_replicas > 0 {
+            let wait = self.wait_timeout;
+            // `WAIT n 0` blocks forever, and a sub-millisecond timeout cannot
+            // be sent: WAIT counts whole milliseconds.
+            if wait < Duration::from_millis(1) || wait.subsec_nanos() % 1_000_000 != 0 {
+                reject(
+                    RedisField::WaitTimeout,
+                    format!("must be whole milliseconds, at least 1ms, got {wait:?}"),
+                );
+            } else if wait >= self.command_timeout {
+                reject(
+                    RedisField::WaitTimeout,
+                    format!(
+                        "must be shorter than command-timeout ({:?}), which bounds the script and \
+                         the WAIT together, got {wait:?}",
+                        self.command_timeout
+                    ),
+                );
+            }
+        }
         problems
+    }
+
+    /// The sentinel fields' rules: checked on the Sentinel topology, and
+    /// on the others only so a sentinel list is not silently ignored.
+    fn sentinel_problems(&self, reject: &mut impl FnMut(RedisField, String)) {
+        match self.topology {
+            Topology::Sentinel => {}
+            Topology::Standalone | Topology::Cluster => {
+                if !self.sentinels.is_empty() {
+                    reject(
+                        RedisField::Sentinels,
+                        format!(
+                            "only topology = \"sentinel\" uses sentinels (topology is {:?}): \
+                             remove them",
+                            self.topology.name()
+                        ),
+                    );
+                }
+                return;
+            }
+        }
+        if self.sentinels.is_empty() {
+            reject(
+                RedisField::Sentinels,
+                "sentinel takes at least one sentinel host:port, got none".to_owned(),
+            );
+        }
+        for (index, address) in self.sentinels.iter().enumerate() {
+            if sentinel_address(address).is_none() {
+                reject(
+                    RedisField::Sentinel(index),
+                    format!("{address:?} is not host:port (a port in 1..=65535)"),
+                );
+            }
+        }
+        let name = &self.master_name;
+        if name.is_empty() || name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            reject(
+                RedisField::MasterName,
+                format!("must be the name the sentinels monitor, without spaces, got {name:?}"),
+            );
+        }
+        if self.sentinel_username.is_some() && self.sentinel_password.is_none() {
+            reject(
+                RedisField::SentinelPassword,
+                "missing: sentinel-username is set, so the sentinels need its password".to_owned(),
+            );
+        }
     }
 
     /// The first of [`Self::problems`], as the adapter's error.
@@ -214,6 +339,15 @@ impl RedisSettings {
             }
         }
     }
+}
+
+/// `host:port` as a sentinel address; `None` unless both parts are there
+/// and the port is 1..=65535. An IPv6 host is written in brackets.
+pub(crate) fn sentinel_address(address: &str) -> Option<(String, u16)> {
+    let (host, port) = address.rsplit_once(':')?;
+    let host = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+    let port: u16 = port.parse().ok().filter(|&port| port > 0)?;
+    (!host.is_empty() && !host.contains(char::is_whitespace)).then(|| (host.to_owned(), port))
 }
 
 #[cfg(test)]
@@ -313,12 +447,80 @@ mod tests {
         // Exhaustive: a new topology fails to compile here until ALL lists it.
         for topology in Topology::ALL {
             match topology {
-                Topology::Standalone | Topology::Cluster => {}
+                Topology::Standalone | Topology::Cluster | Topology::Sentinel => {}
             }
             assert_eq!(topology.name().parse(), Ok(topology));
         }
-        assert_eq!(Topology::ALL.len(), 2);
-        assert!("sentinel".parse::<Topology>().is_err());
+        assert_eq!(Topology::ALL.len(), 3);
+        assert!("replicated".parse::<Topology>().is_err());
+    }
+
+    fn sentinel() -> RedisSettings {
+        RedisSettings {
+            topology: Topology::Sentinel,
+            urls: vec![],
+            sentinels: vec!["10.0.0.1:26379".into(), "[::1]:26380".into()],
+            ..RedisSettings::default()
+        }
+    }
+
+    #[test]
+    fn sentinel_takes_sentinels_a_master_name_and_no_urls() {
+        assert_eq!(sentinel().problems(), []);
+        let fields = |settings: RedisSettings| -> Vec<RedisField> {
+            settings.problems().into_iter().map(|problem| problem.field).collect()
+        };
+        assert_eq!(fields(RedisSettings { sentinels: vec![], ..sentinel() }), [
+            RedisField::Sentinels
+        ]);
+        assert_eq!(
+            fields(RedisSettings {
+                sentinels: vec!["ok:1".into(), "no-port".into(), "h:0".into(), ":5".into()],
+                ..sentinel()
+            }),
+            [RedisField::Sentinel(1), RedisField::Sentinel(2), RedisField::Sentinel(3)]
+        );
+        assert_eq!(fields(RedisSettings { urls: vec!["redis://h:1".into()], ..sentinel() }), [
+            RedisField::Urls
+        ]);
+        assert_eq!(fields(RedisSettings { master_name: "my master".into(), ..sentinel() }), [
+            RedisField::MasterName
+        ]);
+        assert_eq!(fields(RedisSettings { master_name: String::new(), ..sentinel() }), [
+            RedisField::MasterName
+        ]);
+        assert_eq!(
+            fields(RedisSettings { sentinel_username: Some("watcher".into()), ..sentinel() }),
+            [RedisField::SentinelPassword]
+        );
+        let with_auth = RedisSettings {
+            sentinel_username: Some("watcher".into()),
+            sentinel_password: Some(SecretString::from("sentinel-secret")),
+            ..sentinel()
+        };
+        assert_eq!(with_auth.problems(), []);
+        assert!(!format!("{with_auth:?}").contains("sentinel-secret"));
+        // Another topology with sentinels would ignore them: refused.
+        assert_eq!(
+            fields(RedisSettings { sentinels: vec!["h:1".into()], ..RedisSettings::default() }),
+            [RedisField::Sentinels]
+        );
+        assert_eq!(sentinel_address("[::1]:26380"), Some(("::1".to_owned(), 26_380)));
+    }
+
+    #[test]
+    fn the_wait_timeout_is_whole_milliseconds_shorter_than_the_command_timeout() {
+        let waiting = RedisSettings { wait_replicas: 1, ..RedisSettings::default() };
+        assert_eq!(waiting.problems(), []);
+        assert_eq!(waiting.wait_timeout, Duration::from_millis(100));
+        for bad in [Duration::ZERO, Duration::from_micros(1_500), Duration::from_millis(250)] {
+            let settings = RedisSettings { wait_timeout: bad, ..waiting.clone() };
+            let fields: Vec<_> = settings.problems().into_iter().map(|p| p.field).collect();
+            assert_eq!(fields, [RedisField::WaitTimeout], "{bad:?}");
+        }
+        // Without WAIT the timeout is never used, so it is not judged.
+        let off = RedisSettings { wait_timeout: Duration::ZERO, ..RedisSettings::default() };
+        assert_eq!(off.problems(), []);
     }
 
     #[test]

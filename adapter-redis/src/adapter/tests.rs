@@ -407,6 +407,17 @@ impl RedisGateway for StuckGateway {
         tokio::time::sleep(timeout).await;
         Err(GatewayFailure::TimedOut)
     }
+    async fn evalsha_then_wait(
+        &self,
+        _: &LoadedScript,
+        _: &[String],
+        _: &[Arc<[u8]>],
+        _: crate::gateway::WaitFor,
+        timeout: Duration,
+    ) -> Result<crate::gateway::Acknowledged, GatewayFailure> {
+        tokio::time::sleep(timeout).await;
+        Err(GatewayFailure::TimedOut)
+    }
     async fn ping(&self, _: Duration) -> Result<(), GatewayFailure> {
         Ok(())
     }

@@ -30,7 +30,8 @@ use tokio::time::Instant;
 
 use super::connection::{Connect, LazyConnection, Opened};
 use super::{
-    GatewayFailure, LoadedScript, RedisGateway, classify, digest_of, evalsha_command, pong,
+    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
+    digest_of, evalsha_command, pong, wait_command,
 };
 
 /// How long a cluster connection (and its slot map) may serve before the
@@ -143,12 +144,14 @@ impl ClusterGateway {
     /// `MOVED`/`ASK` and waiting out unrun refusals until `timeout` is spent.
     /// `script` is the source behind an `EVALSHA`: an `ASK` target (a node
     /// importing the slot) may never have seen it, so it is loaded there in
-    /// the same pipeline.
+    /// the same pipeline. With `wait`, `WAIT` follows `cmd` in one pipeline
+    /// to the same node, and the reply is the array of both replies.
     async fn query(
         &self,
         cmd: &redis::Cmd,
         routing: RoutingInfo,
         script: Option<&'static str>,
+        wait: Option<WaitFor>,
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
         let until = Instant::now() + timeout;
@@ -163,22 +166,46 @@ impl ClusterGateway {
             let opened = self.connection(until).await?;
             let mut connection = opened.connection.clone();
             let attempt = async {
-                match ask.take() {
-                    None => connection.route_command(cmd.clone(), routing.clone()).await,
-                    Some((host, port)) => {
-                        // ASKING holds for the next command on the same
-                        // connection only, so both go as one pipeline.
-                        let mut pipeline = redis::pipe();
-                        if let Some(source) = script {
-                            pipeline.cmd("SCRIPT").arg("LOAD").arg(source);
-                        }
-                        pipeline.add_command(redis::cmd("ASKING")).add_command(cmd.clone());
-                        let skip = pipeline.len() - 1;
-                        let route = SingleNodeRoutingInfo::ByAddress { host, port };
-                        let mut replies =
-                            connection.route_pipeline(pipeline, skip, 1, route).await?;
-                        Ok(replies.pop().unwrap_or(Value::Nil))
+                let ask = ask.take();
+                let route = match (&ask, &routing) {
+                    (None, _) if wait.is_none() => {
+                        return connection.route_command(cmd.clone(), routing.clone()).await;
                     }
+                    (Some((host, port)), _) => {
+                        SingleNodeRoutingInfo::ByAddress { host: host.clone(), port: *port }
+                    }
+                    (None, RoutingInfo::SingleNode(node)) => node.clone(),
+                    // A foreign enum that may grow: only a single node is ours.
+                    (None, _) => {
+                        return Err(RedisError::from((
+                            ErrorKind::InvalidClientConfig,
+                            "WAIT follows a command to one node only",
+                        )));
+                    }
+                };
+                let mut pipeline = redis::pipe();
+                if ask.is_some() {
+                    // ASKING holds for the next command on the same
+                    // connection only, so both go as one pipeline.
+                    if let Some(source) = script {
+                        pipeline.cmd("SCRIPT").arg("LOAD").arg(source);
+                    }
+                    pipeline.add_command(redis::cmd("ASKING"));
+                }
+                pipeline.add_command(cmd.clone());
+                if let Some(wait) = wait {
+                    pipeline.add_command(wait_command(wait));
+                }
+                let count = if wait.is_some() { 2 } else { 1 };
+                let skip = pipeline.len() - count;
+                let mut replies = connection.route_pipeline(pipeline, skip, count, route).await?;
+                match wait {
+                    None => Ok(replies.pop().unwrap_or(Value::Nil)),
+                    // The script's error stays first, where the caller looks.
+                    Some(_) => match replies.first() {
+                        Some(Value::ServerError(_)) => Ok(replies.swap_remove(0)),
+                        _ => Ok(Value::Array(replies)),
+                    },
                 }
             };
             let lazy = &self.shared.connection;
@@ -296,7 +323,7 @@ impl RedisGateway for ClusterGateway {
     ) -> Result<String, GatewayFailure> {
         let mut cmd = redis::cmd("SCRIPT");
         cmd.arg("LOAD").arg(source);
-        digest_of(self.query(&cmd, route_of(key), None, timeout).await?)
+        digest_of(self.query(&cmd, route_of(key), None, None, timeout).await?)
     }
 
     async fn evalsha(
@@ -309,7 +336,34 @@ impl RedisGateway for ClusterGateway {
         let cmd = evalsha_command(&script.digest, keys, args);
         // One hash tag for every key of the call: the first names the slot.
         let key = keys.first().map_or("", String::as_str);
-        self.query(&cmd, route_of(key), Some(script.source), timeout).await
+        self.query(&cmd, route_of(key), Some(script.source), None, timeout).await
+    }
+
+    /// `EVALSHA` and `WAIT` as one pipeline to the master of the key's
+    /// slot (so `WAIT` runs on the connection that ran the script), with the
+    /// same redirects and retries as [`Self::evalsha`].
+    async fn evalsha_then_wait(
+        &self,
+        script: &LoadedScript,
+        keys: &[String],
+        args: &[Arc<[u8]>],
+        wait: WaitFor,
+        timeout: Duration,
+    ) -> Result<Acknowledged, GatewayFailure> {
+        let cmd = evalsha_command(&script.digest, keys, args);
+        let key = keys.first().map_or("", String::as_str);
+        let reply = self.query(&cmd, route_of(key), Some(script.source), Some(wait), timeout).await?;
+        match reply {
+            Value::Array(mut replies) if replies.len() == 2 => {
+                let wait = replies.pop().unwrap_or(Value::Nil);
+                let evalsha = replies.pop().unwrap_or(Value::Nil);
+                // A script error was already taken out by `query`.
+                acknowledged_of(evalsha, wait).map_err(|error| classify(&error))
+            }
+            // Two replies were asked for; anything else is unreadable, and
+            // the script may have run.
+            _ => Err(GatewayFailure::UnexpectedReply),
+        }
     }
 
     /// Ready when at least one master answers `PING`: with

@@ -17,8 +17,13 @@
 //!   client also repairs a node's connection by itself, so a single
 //!   ambiguous failure is no reason to rebuild it (and re-read the slot map).
 //!
-//! Any reply from the server, even an error reply, proves the connection
-//! works and ends the run.
+//! - At once, when the server answers `READONLY`: it was demoted to a
+//!   replica (a Sentinel failover reconfigured it). The connection works but
+//!   reaches the wrong node; a new one asks the sentinels (or resolves the
+//!   stable address) again.
+//!
+//! Any other reply from the server, even an error reply, proves the
+//! connection works and ends the run.
 
 use std::fmt::{self, Debug};
 use std::future::Future;
@@ -26,7 +31,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
-use redis::{RedisError, RedisResult};
+use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tokio::time::Instant;
 
 use super::GatewayFailure;
@@ -191,6 +196,15 @@ impl<C: Connect> LazyConnection<C> {
                 self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                 self.discard(generation);
             }
+            GatewayFailure::Refused
+                if error.is_some_and(|error| {
+                    error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+                }) =>
+            {
+                tracing::warn!(label = self.label, "redis node is a replica now; replacing it");
+                self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
+                self.discard(generation);
+            }
             GatewayFailure::TimedOut | GatewayFailure::ConnectionLost => {
                 let failures = self.ambiguous_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
                 if failures >= AMBIGUOUS_FAILURES_BEFORE_RECONNECT {
@@ -307,6 +321,21 @@ mod tests {
         let (lazy, _) = lazy(Duration::ZERO);
         let held = lazy.get(soon()).await.unwrap();
         lazy.failed(held.generation, GatewayFailure::ConnectionLost, Some(&dropped()));
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, held.generation + 1);
+    }
+
+    #[tokio::test]
+    async fn a_demoted_node_is_replaced_at_once_and_other_refusals_keep_it() {
+        let (lazy, _) = lazy(Duration::ZERO);
+        let held = lazy.get(soon()).await.unwrap();
+        let wire = "-NOPERM this user has no permissions\r\n";
+        let noperm = redis::parse_redis_value(wire.as_bytes()).unwrap().extract_error().unwrap_err();
+        lazy.failed(held.generation, GatewayFailure::Refused, Some(&noperm));
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, held.generation);
+        let wire = "-READONLY You can't write against a read only replica.\r\n";
+        let readonly =
+            redis::parse_redis_value(wire.as_bytes()).unwrap().extract_error().unwrap_err();
+        lazy.failed(held.generation, GatewayFailure::Refused, Some(&readonly));
         assert_eq!(lazy.get(soon()).await.unwrap().generation, held.generation + 1);
     }
 

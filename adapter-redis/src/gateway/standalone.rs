@@ -8,11 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult, Value};
-use tokio::time::Instant;
 
 use super::connection::{Connect, LazyConnection};
 use super::{
-    GatewayFailure, LoadedScript, RedisGateway, classify, digest_of, evalsha_command, pong,
+    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, digest_of,
+    evalsha_command, pong,
 };
 
 /// The gateway of a standalone server: one multiplexed connection, opened
@@ -69,36 +69,6 @@ impl StandaloneGateway {
         let connector = Standalone { client: Client::open(info)?, config };
         Ok(Self { connection: LazyConnection::new(connector, connect_timeout, "standalone") })
     }
-
-    async fn query(&self, cmd: &redis::Cmd, timeout: Duration) -> Result<Value, GatewayFailure> {
-        let until = Instant::now() + timeout;
-        let opened = self.connection.get(until).await?;
-        if Instant::now() >= until {
-            return Err(GatewayFailure::NotSent);
-        }
-        let mut connection = opened.connection;
-        match tokio::time::timeout_at(until, cmd.query_async::<Value>(&mut connection)).await {
-            Ok(Ok(value)) => {
-                self.connection.answered();
-                Ok(value)
-            }
-            Ok(Err(error)) => {
-                let failure = classify(&error);
-                if failure != GatewayFailure::NoScript {
-                    tracing::warn!(
-                        kind = error.category(),
-                        code = error.code(),
-                        ?failure,
-                        "redis error"
-                    );
-                }
-                Err(self.connection.failed(opened.generation, failure, Some(&error)))
-            }
-            Err(_) => {
-                Err(self.connection.failed(opened.generation, GatewayFailure::TimedOut, None))
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -109,7 +79,7 @@ impl RedisGateway for StandaloneGateway {
         _key: &str,
         timeout: Duration,
     ) -> Result<String, GatewayFailure> {
-        digest_of(self.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await?)
+        digest_of(self.connection.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await?)
     }
 
     async fn evalsha(
@@ -119,11 +89,23 @@ impl RedisGateway for StandaloneGateway {
         args: &[Arc<[u8]>],
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
-        self.query(&evalsha_command(&script.digest, keys, args), timeout).await
+        self.connection.query(&evalsha_command(&script.digest, keys, args), timeout).await
+    }
+
+    async fn evalsha_then_wait(
+        &self,
+        script: &LoadedScript,
+        keys: &[String],
+        args: &[Arc<[u8]>],
+        wait: WaitFor,
+        timeout: Duration,
+    ) -> Result<Acknowledged, GatewayFailure> {
+        let cmd = evalsha_command(&script.digest, keys, args);
+        self.connection.query_then_wait(&cmd, wait, timeout).await
     }
 
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {
-        pong(&self.query(&redis::cmd("PING"), timeout).await?)
+        pong(&self.connection.query(&redis::cmd("PING"), timeout).await?)
     }
 }
 
