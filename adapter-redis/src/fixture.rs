@@ -6,9 +6,11 @@
 
 mod cluster;
 mod proxy;
+mod sentinel;
 
 pub use cluster::{ClusterNode, NODE_TIMEOUT, RedisCluster};
 pub use proxy::{FaultProxy, ProxyMode, ReplyFault, SEED_VARIABLE, SeededRng};
+pub use sentinel::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -24,6 +26,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// Arguments before the standalone defaults (a sentinel's config file,
+    /// which must come first).
+    leading_args: Vec<String>,
     /// Arguments beyond the standalone defaults (a cluster node's options).
     extra_args: Vec<String>,
     dir: tempfile::TempDir,
@@ -63,15 +68,32 @@ impl RedisServer {
     /// command line (asked again for every port tried; `dir` is the server's
     /// own temp dir, for files the arguments name).
     pub(crate) fn start_with(extra_args: impl Fn(u16, &Path) -> Vec<String>) -> Self {
+        Self::start_with_leading(|_, _| Vec::new(), extra_args)
+    }
+
+    /// Like [`Self::start_with`], with `leading_args(port, dir)` before
+    /// every other argument (a config file must be the first).
+    pub(crate) fn start_with_leading(
+        leading_args: impl Fn(u16, &Path) -> Vec<String>,
+        extra_args: impl Fn(u16, &Path) -> Vec<String>,
+    ) -> Self {
         assert!(
             on_path("redis-server"),
             "redis-server is not on PATH: install Redis (e.g. `apt-get install redis-server`) \
              to run the Redis provider's tests"
         );
         let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
-        let mut server = Self { child: None, port: 0, extra_args: Vec::new(), dir, paused: None };
+        let mut server = Self {
+            child: None,
+            port: 0,
+            leading_args: Vec::new(),
+            extra_args: Vec::new(),
+            dir,
+            paused: None,
+        };
         for _ in 0..5 {
             server.port = free_port();
+            server.leading_args = leading_args(server.port, server.dir.path());
             server.extra_args = extra_args(server.port, server.dir.path());
             if server.spawn() {
                 return server;
@@ -140,6 +162,27 @@ impl RedisServer {
         }
     }
 
+    /// Crashes the server with `SIGKILL`: no goodbye to its replicas or
+    /// clients, as in a real crash. Idempotent.
+    ///
+    /// # Panics
+    /// When the server does not tell its process id or cannot be killed.
+    pub fn crash(&mut self) {
+        if !self.is_running() {
+            return;
+        }
+        self.resume();
+        let info = cluster::cli(self.port, &["INFO", "server"]);
+        let pid = info
+            .lines()
+            .find_map(|line| line.trim().strip_prefix("process_id:"))
+            .unwrap_or_else(|| panic!("server {} did not tell its process id: {info}", self.port))
+            .to_owned();
+        signal("-KILL", &pid);
+        // Reaps the shell parent, which exits with the server.
+        self.stop();
+    }
+
     /// Stops and starts the server again on the same port (empty data).
     ///
     /// # Panics
@@ -184,6 +227,7 @@ impl RedisServer {
                  wait $pid; status=$?; kill $watcher 2>/dev/null; exit $status",
             )
             .arg("redis-fixture")
+            .args(&self.leading_args)
             .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no"])
             .arg("--dir")

@@ -6,13 +6,17 @@
 //! with `SCRIPT LOAD` and run with `EVALSHA` only (never `EVAL`). Every
 //! failure becomes a typed [`shared_contract::RateLimitOutcome`].
 //!
-//! Topologies: a standalone server, or Redis Cluster through the `redis`
-//! crate's async cluster client; the key's `{...}` hash tag keeps every key
-//! of one subject in one slot. [`acl::required_commands`] names the Redis
-//! commands the provider needs of each, for a least-privilege ACL user.
+//! Topologies: a standalone server, Redis Cluster through the `redis`
+//! crate's async cluster client (the key's `{...}` hash tag keeps every key
+//! of one subject in one slot), or a master found through Redis Sentinel.
+//! With `wait_replicas` set, every charge must be acknowledged by that many
+//! replicas (`WAIT`) or the answer is `Indeterminate`.
+//! [`acl::required_commands`] names the Redis commands the provider needs
+//! of each, for a least-privilege ACL user.
 //!
-//! Feature `test-fixture` adds `fixture::RedisServer` and
-//! `fixture::RedisCluster`, private servers for tests.
+//! Feature `test-fixture` adds `fixture::RedisServer`,
+//! `fixture::RedisCluster` and `fixture::RedisSentinel`, private servers
+//! for tests.
 //!
 //! This crate must never import `adapter-web`, `adapter-memory` or
 //! `app-bootstrap`, and no raw subject (IP, API key, principal) ever reaches

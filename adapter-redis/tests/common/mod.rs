@@ -129,3 +129,42 @@ pub fn login(user: &str, password: &str) -> impl FnOnce(&mut RedisSettings) {
         settings.password = Some(secrecy::SecretString::from(password));
     }
 }
+
+/// The user the provider asks the sentinels as, with exactly the rules
+/// `redis-acl` prints for them ([`adapter_redis::acl::sentinel_user_rules`]).
+pub const SENTINEL_USER: &str = "ca-rate-limit-sentinel";
+pub const SENTINEL_PASSWORD: &str = "sentinel-pw";
+
+/// `user <name> reset on ><password> <rules>...`, an ACL file line.
+pub fn acl_line(user: &str, password: &str, rules: &[String]) -> String {
+    format!("user {user} reset on >{password} {}", rules.join(" "))
+}
+
+/// Settings for the Sentinel group `sentinel`, logged in as the
+/// least-privilege users on both sides, with generous timeouts (the checks
+/// test semantics, and CI machines are busy).
+pub fn sentinel_settings(sentinel: &adapter_redis::fixture::RedisSentinel) -> RedisSettings {
+    RedisSettings {
+        topology: Topology::Sentinel,
+        urls: vec![],
+        sentinels: sentinel.sentinel_addresses(),
+        master_name: adapter_redis::fixture::MASTER_NAME.to_owned(),
+        username: Some(RATE_LIMIT_USER.to_owned()),
+        password: Some(secrecy::SecretString::from(RATE_LIMIT_PASSWORD)),
+        sentinel_username: Some(SENTINEL_USER.to_owned()),
+        sentinel_password: Some(secrecy::SecretString::from(SENTINEL_PASSWORD)),
+        command_timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(2),
+        ..RedisSettings::default()
+    }
+}
+
+/// The data user's rules for `settings`, as `redis-acl` prints them.
+pub fn data_user_line(settings: &RedisSettings) -> String {
+    acl_line(RATE_LIMIT_USER, RATE_LIMIT_PASSWORD, &adapter_redis::acl::user_rules_for(settings))
+}
+
+/// The sentinel user's rules, as `redis-acl` prints them.
+pub fn sentinel_user_line() -> String {
+    acl_line(SENTINEL_USER, SENTINEL_PASSWORD, &adapter_redis::acl::sentinel_user_rules())
+}
