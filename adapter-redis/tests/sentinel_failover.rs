@@ -1,0 +1,188 @@
+//! Failover on a real Sentinel group: under steady evaluations (plus four
+//! tasks hammering the same subject) the master process is killed with
+//! `SIGKILL`, as in a crash; while the sentinels agree it is down and
+//! promote the replica, every evaluation returns a typed outcome within its
+//! deadline; after the promotion the same adapter asks the sentinels again
+//! and serves from the new master. Prints the recovery time and how many
+//! acknowledged increments the asynchronous replication lost
+//! (docs/operations.md quotes them).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use adapter_redis::fixture::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
+use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
+use shared_contract::{
+    Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
+    OperationDigest, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest, UnavailableCategory,
+};
+
+const LIMIT: u64 = 1_000_000;
+/// Each evaluation's deadline, as the HTTP edge would give it.
+const BUDGET: Duration = Duration::from_millis(500);
+/// Scheduling slack on a busy CI machine beyond the deadline.
+const SLACK: Duration = Duration::from_millis(250);
+/// Pause between two rounds of steady traffic.
+const TICK: Duration = Duration::from_millis(20);
+/// Tasks evaluating the subject back to back across the failover.
+const HAMMERS: usize = 4;
+/// The longest a failover may take before the test gives up.
+const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
+
+/// Tallies of the outcomes seen, by kind.
+#[derive(Debug, Default, Clone, Copy)]
+struct Tally {
+    allowed: u64,
+    before_send: u64,
+    indeterminate: u64,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.allowed += other.allowed;
+        self.before_send += other.before_send;
+        self.indeterminate += other.indeterminate;
+    }
+}
+
+#[derive(Clone)]
+struct Traffic {
+    adapter: Arc<RedisEdgeRateLimitAdapter>,
+    clock: ManualClock,
+    policy: RateLimitPolicy,
+    subject: SubjectDigest,
+}
+
+impl Traffic {
+    /// One evaluation: within its deadline (plus slack), a decision,
+    /// `UnavailableBeforeSend` or `Indeterminate`, never a hang, a panic or
+    /// another category. Returns the count after an allowed decision.
+    async fn evaluate(&self, tally: &mut Tally) -> Option<u64> {
+        let request = RateLimitRequest {
+            policies: PolicySet::single(self.policy.id().clone()),
+            subject: self.subject.clone(),
+            operation: OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+            cost: 1,
+            evaluation_id: EvaluationId::random(),
+            deadline: self.clock.monotonic() + BUDGET,
+        };
+        let started = Instant::now();
+        let outcome = self.adapter.evaluate(request).await;
+        let took = started.elapsed();
+        assert!(took <= BUDGET + SLACK, "an evaluation took {took:?}: {outcome:?}");
+        match outcome {
+            RateLimitOutcome::Evaluated(set) if set.allowed() => {
+                tally.allowed += 1;
+                Some(LIMIT - set.decisions()[0].remaining)
+            }
+            RateLimitOutcome::Unavailable {
+                category: UnavailableCategory::UnavailableBeforeSend,
+                ..
+            } => {
+                tally.before_send += 1;
+                None
+            }
+            RateLimitOutcome::Indeterminate { .. } => {
+                tally.indeterminate += 1;
+                None
+            }
+            other => panic!("an unexpected outcome during failover: {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_master_is_replaced_by_the_replica_the_sentinels_promote() {
+    let mut group = tokio::task::block_in_place(RedisSentinel::start);
+    let clock = ManualClock::new(1_800_000_000_000);
+    // One hour window and a huge limit: every charge stays visible as a count.
+    let policy = RateLimitPolicy::builder(
+        "failover",
+        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
+    )
+    .maximum_cost(1)
+    .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
+    .build()
+    .unwrap();
+    let settings = RedisSettings {
+        topology: Topology::Sentinel,
+        urls: vec![],
+        sentinels: group.sentinel_addresses(),
+        master_name: MASTER_NAME.to_owned(),
+        connect_timeout: Duration::from_millis(200),
+        command_timeout: Duration::from_millis(200),
+        ..RedisSettings::default()
+    };
+    let adapter =
+        RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone()))
+            .unwrap();
+    let subject = SubjectDigest::parse(format!("v1:{}", "5e".repeat(16))).unwrap();
+    let traffic = Traffic { adapter: Arc::new(adapter), clock, policy, subject };
+    let master = group.master_port();
+    let replica = group.other_than(master);
+
+    let mut steady = Tally::default();
+    for round in 1..=50 {
+        assert_eq!(traffic.evaluate(&mut steady).await, Some(round));
+        tokio::time::sleep(TICK).await;
+    }
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let hammers: Vec<_> = (0..HAMMERS)
+        .map(|_| {
+            let (traffic, stop) = (traffic.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut tally = Tally::default();
+                while !stop.load(Ordering::Relaxed) {
+                    traffic.evaluate(&mut tally).await;
+                }
+                tally
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::task::block_in_place(|| group.crash(master));
+    let killed = Instant::now();
+    let mut during = Tally::default();
+    let recovery = loop {
+        assert!(
+            killed.elapsed() < RECOVERY_LIMIT,
+            "no recovery within {RECOVERY_LIMIT:?}: {during:?}\n{}",
+            group.logs()
+        );
+        if traffic.evaluate(&mut during).await.is_some() {
+            break killed.elapsed();
+        }
+        tokio::time::sleep(TICK).await;
+    };
+    stop.store(true, Ordering::Relaxed);
+    let mut hammered = Tally::default();
+    for hammer in hammers {
+        hammered.add(hammer.await.expect("a hammer task panicked"));
+    }
+    // The sentinels promoted the replica, and the adapter followed them.
+    assert_eq!(tokio::task::block_in_place(|| group.wait_for_promotion(master)), replica);
+
+    // The count carried over, less what asynchronous replication lost; an
+    // increment that ran but answered Indeterminate may add to it.
+    let acknowledged = steady.allowed + hammered.allowed + during.allowed;
+    let count = traffic.evaluate(&mut Tally::default()).await.expect("promoted") - 1;
+    let maybe_ran = hammered.indeterminate + during.indeterminate;
+    assert!(count <= acknowledged + maybe_ran, "count {count} exceeds every charge that may have run");
+    let lost = acknowledged.saturating_sub(count);
+
+    let mut after = Tally::default();
+    for _ in 0..20 {
+        traffic.evaluate(&mut after).await.expect("the promoted master answers");
+    }
+    assert_eq!(after.allowed, 20);
+
+    println!(
+        "sentinel failover: recovery {recovery:?} after the master was killed with SIGKILL \
+         (down-after-milliseconds {DOWN_AFTER:?}, quorum 2 of 3); steady caller while failing \
+         over: {during:?}; {HAMMERS} back-to-back callers over the whole run: {hammered:?}; \
+         increments acknowledged {acknowledged}, count after promotion {count}, lost at least {lost}"
+    );
+}
