@@ -16,8 +16,8 @@ use shared_contract::{
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use crate::error::RedisAdapterError;
 use crate::acknowledge;
+use crate::error::RedisAdapterError;
 use crate::gateway::{
     ClusterGateway, GatewayFailure, RedisGateway, SentinelGateway, StandaloneGateway, WaitFor,
 };

@@ -470,9 +470,10 @@ mod tests {
         let fields = |settings: RedisSettings| -> Vec<RedisField> {
             settings.problems().into_iter().map(|problem| problem.field).collect()
         };
-        assert_eq!(fields(RedisSettings { sentinels: vec![], ..sentinel() }), [
-            RedisField::Sentinels
-        ]);
+        assert_eq!(
+            fields(RedisSettings { sentinels: vec![], ..sentinel() }),
+            [RedisField::Sentinels]
+        );
         assert_eq!(
             fields(RedisSettings {
                 sentinels: vec!["ok:1".into(), "no-port".into(), "h:0".into(), ":5".into()],
@@ -480,15 +481,18 @@ mod tests {
             }),
             [RedisField::Sentinel(1), RedisField::Sentinel(2), RedisField::Sentinel(3)]
         );
-        assert_eq!(fields(RedisSettings { urls: vec!["redis://h:1".into()], ..sentinel() }), [
-            RedisField::Urls
-        ]);
-        assert_eq!(fields(RedisSettings { master_name: "my master".into(), ..sentinel() }), [
-            RedisField::MasterName
-        ]);
-        assert_eq!(fields(RedisSettings { master_name: String::new(), ..sentinel() }), [
-            RedisField::MasterName
-        ]);
+        assert_eq!(
+            fields(RedisSettings { urls: vec!["redis://h:1".into()], ..sentinel() }),
+            [RedisField::Urls]
+        );
+        assert_eq!(
+            fields(RedisSettings { master_name: "my master".into(), ..sentinel() }),
+            [RedisField::MasterName]
+        );
+        assert_eq!(
+            fields(RedisSettings { master_name: String::new(), ..sentinel() }),
+            [RedisField::MasterName]
+        );
         assert_eq!(
             fields(RedisSettings { sentinel_username: Some("watcher".into()), ..sentinel() }),
             [RedisField::SentinelPassword]

@@ -47,8 +47,11 @@ fn without(rules: Vec<String>, rule: &str) -> Vec<String> {
 /// The data users (full, no `+role`, no `+wait`) and the sentinel users
 /// (full, no `+role`, no `+sentinel|masters`), all from the printed rules.
 fn group() -> RedisSentinel {
-    let waiting =
-        RedisSettings { topology: Topology::Sentinel, wait_replicas: 1, ..RedisSettings::default() };
+    let waiting = RedisSettings {
+        topology: Topology::Sentinel,
+        wait_replicas: 1,
+        ..RedisSettings::default()
+    };
     let data = adapter_redis::acl::user_rules_for(&waiting);
     let sentinel = adapter_redis::acl::sentinel_user_rules();
     RedisSentinel::start_with_acl(
@@ -121,9 +124,11 @@ async fn every_printed_rule_is_needed_on_the_nodes_and_on_the_sentinels() {
         category: UnavailableCategory::UnavailableBeforeSend,
         retry_after: Duration::from_secs(1),
     };
-    for (data_user, sentinel_user) in
-        [("data-no-role", "sentinel"), ("data", "sentinel-no-role"), ("data", "sentinel-no-masters")]
-    {
+    for (data_user, sentinel_user) in [
+        ("data-no-role", "sentinel"),
+        ("data", "sentinel-no-role"),
+        ("data", "sentinel-no-masters"),
+    ] {
         let refused = adapter(&group, &clock, data_user, sentinel_user);
         assert!(!refused.is_ready().await, "{data_user} / {sentinel_user}");
         assert_eq!(evaluate(&refused, &clock, 2).await, not_found, "{data_user} / {sentinel_user}");
@@ -177,5 +182,7 @@ async fn a_frozen_replica_turns_charges_indeterminate_within_the_deadline_and_de
         assert!(indeterminate(&outcome), "{outcome:?}");
         assert!(waited.elapsed() < Duration::from_secs(10), "the replica never acknowledged");
     }
-    println!("wait: a frozen replica made a charge Indeterminate after {took:?} (wait-timeout {WAIT_TIMEOUT:?})");
+    println!(
+        "wait: a frozen replica made a charge Indeterminate after {took:?} (wait-timeout {WAIT_TIMEOUT:?})"
+    );
 }

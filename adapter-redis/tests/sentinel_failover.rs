@@ -15,8 +15,8 @@ use adapter_redis::fixture::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    OperationDigest, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest, UnavailableCategory,
+    OperationDigest, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    UnavailableCategory,
 };
 
 const LIMIT: u64 = 1_000_000;
@@ -170,7 +170,10 @@ async fn a_killed_master_is_replaced_by_the_replica_the_sentinels_promote() {
     let acknowledged = steady.allowed + hammered.allowed + during.allowed;
     let count = traffic.evaluate(&mut Tally::default()).await.expect("promoted") - 1;
     let maybe_ran = hammered.indeterminate + during.indeterminate;
-    assert!(count <= acknowledged + maybe_ran, "count {count} exceeds every charge that may have run");
+    assert!(
+        count <= acknowledged + maybe_ran,
+        "count {count} exceeds every charge that may have run"
+    );
     let lost = acknowledged.saturating_sub(count);
 
     let mut after = Tally::default();

@@ -50,7 +50,11 @@ fn reply(status: &str, answer: [i64; 4]) -> Value {
 
 /// A gateway that loads once and answers `times` pipelines with `reply`
 /// and `replicas`; plain `EVALSHA` is never expected.
-fn answering(reply: Value, replicas: Result<u64, GatewayFailure>, times: usize) -> MockRedisGateway {
+fn answering(
+    reply: Value,
+    replicas: Result<u64, GatewayFailure>,
+    times: usize,
+) -> MockRedisGateway {
     let mut gateway = MockRedisGateway::new();
     gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
     gateway.expect_evalsha_then_wait().times(times).returning(move |_, _, _, wait, timeout| {
@@ -85,10 +89,7 @@ async fn too_few_acknowledgements_are_indeterminate_and_not_replayed() {
 async fn a_denial_stands_whatever_the_count() {
     let adapter = waiting_adapter(answering(reply("denied", [0, 0, 750, 750]), Ok(0), 1));
     let outcome = evaluate(&adapter).await;
-    assert!(
-        matches!(&outcome, RateLimitOutcome::Evaluated(set) if !set.allowed()),
-        "{outcome:?}"
-    );
+    assert!(matches!(&outcome, RateLimitOutcome::Evaluated(set) if !set.allowed()), "{outcome:?}");
 }
 
 #[tokio::test]

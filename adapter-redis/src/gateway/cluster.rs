@@ -352,7 +352,8 @@ impl RedisGateway for ClusterGateway {
     ) -> Result<Acknowledged, GatewayFailure> {
         let cmd = evalsha_command(&script.digest, keys, args);
         let key = keys.first().map_or("", String::as_str);
-        let reply = self.query(&cmd, route_of(key), Some(script.source), Some(wait), timeout).await?;
+        let reply =
+            self.query(&cmd, route_of(key), Some(script.source), Some(wait), timeout).await?;
         match reply {
             Value::Array(mut replies) if replies.len() == 2 => {
                 let wait = replies.pop().unwrap_or(Value::Nil);

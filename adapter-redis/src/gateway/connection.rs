@@ -329,7 +329,8 @@ mod tests {
         let (lazy, _) = lazy(Duration::ZERO);
         let held = lazy.get(soon()).await.unwrap();
         let wire = "-NOPERM this user has no permissions\r\n";
-        let noperm = redis::parse_redis_value(wire.as_bytes()).unwrap().extract_error().unwrap_err();
+        let noperm =
+            redis::parse_redis_value(wire.as_bytes()).unwrap().extract_error().unwrap_err();
         lazy.failed(held.generation, GatewayFailure::Refused, Some(&noperm));
         assert_eq!(lazy.get(soon()).await.unwrap().generation, held.generation);
         let wire = "-READONLY You can't write against a read only replica.\r\n";

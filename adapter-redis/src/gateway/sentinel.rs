@@ -24,8 +24,8 @@ use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisR
 
 use super::connection::{Connect, LazyConnection};
 use super::{
-    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, digest_of,
-    evalsha_command, pong,
+    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, digest_of, evalsha_command,
+    pong,
 };
 use crate::settings::sentinel_address;
 
@@ -162,9 +162,13 @@ mod tests {
     async fn no_answering_sentinel_is_not_sent_within_the_timeout() {
         // Ports 1 and 2 on loopback: nothing listens, every connect is refused.
         let sentinels = ["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
-        let gateway =
-            SentinelGateway::new(&sentinels, "mymaster", Logins::default(), Duration::from_millis(200))
-                .unwrap();
+        let gateway = SentinelGateway::new(
+            &sentinels,
+            "mymaster",
+            Logins::default(),
+            Duration::from_millis(200),
+        )
+        .unwrap();
         let started = std::time::Instant::now();
         assert_eq!(gateway.ping(Duration::from_millis(300)).await, Err(GatewayFailure::NotSent));
         assert!(started.elapsed() < Duration::from_secs(2));

@@ -11,8 +11,8 @@ use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult, Value};
 
 use super::connection::{Connect, LazyConnection};
 use super::{
-    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, digest_of,
-    evalsha_command, pong,
+    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, digest_of, evalsha_command,
+    pong,
 };
 
 /// The gateway of a standalone server: one multiplexed connection, opened
@@ -79,7 +79,9 @@ impl RedisGateway for StandaloneGateway {
         _key: &str,
         timeout: Duration,
     ) -> Result<String, GatewayFailure> {
-        digest_of(self.connection.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await?)
+        digest_of(
+            self.connection.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await?,
+        )
     }
 
     async fn evalsha(
