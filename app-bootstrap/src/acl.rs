@@ -3,13 +3,15 @@
 //! nothing else.
 
 use adapter_redis::Topology;
-use adapter_redis::acl::user_rules;
+use adapter_redis::acl::{sentinel_user_rules, user_rules_for};
 use sha2::{Digest, Sha256};
 
 use crate::config::AppConfig;
 
 /// User name when `redis.username` is not set.
 pub const DEFAULT_ACL_USER: &str = "ca-rate-limit";
+/// Sentinel-side user name when `redis.sentinel-username` is not set.
+pub const DEFAULT_SENTINEL_ACL_USER: &str = "ca-rate-limit-sentinel";
 
 /// What `redis-acl` prints.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,9 +24,12 @@ pub struct AclRules {
 
 /// The rule for `redis.username` (or [`DEFAULT_ACL_USER`]) on the key
 /// pattern `<key-prefix>*`, with the commands the provider needs on the
-/// configured topology ([`adapter_redis::acl::user_rules`]). A configured
-/// password is given as its SHA-256 (`#<hex>`), so the output never holds
-/// the password itself.
+/// configured topology and `WAIT` setting
+/// ([`adapter_redis::acl::user_rules_for`]); on the Sentinel topology a
+/// second rule, for `redis.sentinel-username` (or
+/// [`DEFAULT_SENTINEL_ACL_USER`]) on the sentinels. A configured password
+/// is given as its SHA-256 (`#<hex>`), so the output never holds the
+/// password itself.
 pub fn acl_rules(config: &AppConfig) -> AclRules {
     let redis = &config.redis;
     let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
@@ -32,31 +37,61 @@ pub fn acl_rules(config: &AppConfig) -> AclRules {
         "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET (counters) and HMGET/HSET/HDEL/DEL/PEXPIRE (dedupe records) on keys {}* only; no EVAL",
         redis.key_prefix
     )];
-    let password = match &redis.password {
-        Some(password) => format!("#{}", hex::encode(Sha256::digest(password.expose().as_bytes()))),
-        None => {
-            notes.push(
-                "# redis.password is not set: replace <password> before running this".to_owned(),
-            );
-            "><password>".to_owned()
-        }
-    };
-    let topology = redis.topology;
-    match topology {
+    let password = login(redis.password.as_ref(), "redis.password", "<password>", &mut notes);
+    let settings = redis.settings(config.capabilities.rate_limit.failure_retry_after);
+    if settings.wait_replicas > 0 {
+        notes.push(format!(
+            "# wait-replicas = {}: +wait, so each charge waits for its replicas",
+            settings.wait_replicas
+        ));
+    }
+    let mut commands = vec![setuser(user, password, user_rules_for(&settings))];
+    match redis.topology {
         Topology::Standalone => {}
         Topology::Cluster => {
             notes.push("# cluster: run it on every node (ACLs are per node)".to_owned());
         }
+        Topology::Sentinel => {
+            let sentinel_user =
+                redis.sentinel_username.as_deref().unwrap_or(DEFAULT_SENTINEL_ACL_USER);
+            notes.push(format!(
+                "# sentinel: run the first line on the master and every replica (+role: the \
+                 client checks the master's role), the second on every sentinel (user \
+                 {sentinel_user:?}: ROLE and SENTINEL MASTERS only, no keys)"
+            ));
+            let password = login(
+                redis.sentinel_password.as_ref(),
+                "redis.sentinel-password",
+                "<sentinel-password>",
+                &mut notes,
+            );
+            commands.push(setuser(sentinel_user, password, sentinel_user_rules()));
+        }
     }
-    let mut rule = vec![
-        "ACL SETUSER".to_owned(),
-        user.to_owned(),
-        "reset".to_owned(),
-        "on".to_owned(),
-        password,
-    ];
-    rule.extend(user_rules(&redis.key_prefix, topology));
-    AclRules { commands: vec![rule.join(" ")], notes }
+    AclRules { commands, notes }
+}
+
+/// `#<sha256>` of a configured password, else a placeholder and a note.
+fn login(
+    password: Option<&crate::config::SecretValue>,
+    key: &str,
+    placeholder: &str,
+    notes: &mut Vec<String>,
+) -> String {
+    match password {
+        Some(password) => format!("#{}", hex::encode(Sha256::digest(password.expose().as_bytes()))),
+        None => {
+            notes.push(format!("# {key} is not set: replace {placeholder} before running this"));
+            format!(">{placeholder}")
+        }
+    }
+}
+
+fn setuser(user: &str, password: String, rules: Vec<String>) -> String {
+    let mut rule =
+        vec!["ACL SETUSER".to_owned(), user.to_owned(), "reset".to_owned(), "on".to_owned(), password];
+    rule.extend(rules);
+    rule.join(" ")
 }
 
 #[cfg(test)]
@@ -112,5 +147,41 @@ mod tests {
             "{rule}"
         );
         assert!(!rule.contains("hunter2") && !rules.notes.concat().contains("hunter2"));
+    }
+
+    #[test]
+    fn sentinel_prints_the_data_rule_with_role_and_wait_and_the_sentinel_rule() {
+        let mut config = config();
+        config.redis.topology = Topology::Sentinel;
+        config.redis.wait_replicas = 1;
+        config.redis.sentinel_username = Some("watcher".into());
+        config.redis.sentinel_password =
+            Some(SecretValue::new(SecretSource::Inline, SecretString::from("hunter2")));
+        let rules = acl_rules(&config);
+        // sha256("hunter2")
+        let hash = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
+        assert_eq!(
+            rules.commands,
+            [
+                "ACL SETUSER ca-rate-limit reset on ><password> ~ca:rl:* resetchannels -@all \
+                 +evalsha +script|load +ping +get +set +hmget +hset +hdel +del +pexpire +role \
+                 +wait"
+                    .to_owned(),
+                format!(
+                    "ACL SETUSER watcher reset on #{hash} resetkeys resetchannels -@all +role \
+                     +sentinel|masters"
+                ),
+            ]
+        );
+        assert!(rules.notes.iter().any(|note| note.contains("every sentinel")));
+        config.redis.sentinel_password = None;
+        config.redis.sentinel_username = None;
+        let rules = acl_rules(&config);
+        assert!(
+            rules.commands[1].starts_with(
+                "ACL SETUSER ca-rate-limit-sentinel reset on ><sentinel-password> resetkeys"
+            ),
+            "{rules:?}"
+        );
     }
 }

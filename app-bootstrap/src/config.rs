@@ -62,7 +62,7 @@ pub struct CapabilitiesConfig {
 pub enum ProviderKind {
     /// The embedded in-process provider (one instance).
     Memory,
-    /// The Redis provider (standalone or cluster; many instances).
+    /// The Redis provider (standalone, cluster or sentinel; many instances).
     Redis,
     /// No rate limiting: the layer passes every request through.
     Disabled,
@@ -134,9 +134,10 @@ pub struct PseudonymizerConfig {
 pub struct RedisConfig {
     /// `enabled`: the global Redis switch (default false).
     pub enabled: bool,
-    /// `topology`: `standalone` (default) or `cluster`.
+    /// `topology`: `standalone` (default), `cluster` or `sentinel`.
     pub topology: Topology,
-    /// `urls`: `redis://host:port` addresses (cluster: seed nodes).
+    /// `urls`: `redis://host:port` addresses (cluster: seed nodes;
+    /// sentinel: none, and empty by default).
     pub urls: Vec<String>,
     /// `username`: the ACL user, if any.
     pub username: Option<String>,
@@ -151,6 +152,20 @@ pub struct RedisConfig {
     /// `script-lane.max-in-flight`: script calls in flight at once
     /// (default 256).
     pub script_lane_max_in_flight: usize,
+    /// `sentinels`: `host:port` of each sentinel (sentinel topology only).
+    pub sentinels: Vec<String>,
+    /// `master-name`: the name the sentinels monitor (default `mymaster`).
+    pub master_name: String,
+    /// `sentinel-username`: the sentinels' ACL user, if any.
+    pub sentinel_username: Option<String>,
+    /// `sentinel-password`: inline or `{ env = "VAR" }`.
+    pub sentinel_password: Option<SecretValue>,
+    /// `wait-replicas`: replicas that must acknowledge each charge
+    /// (default 0: no `WAIT`).
+    pub wait_replicas: u32,
+    /// `wait-timeout`: the `WAIT` timeout (default 100 ms; shorter than
+    /// `command-timeout`).
+    pub wait_timeout: Duration,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -166,6 +181,12 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("script_lane_max_in_flight", &self.script_lane_max_in_flight)
+            .field("sentinels", &self.sentinels)
+            .field("master_name", &self.master_name)
+            .field("sentinel_username", &self.sentinel_username)
+            .field("sentinel_password", &self.sentinel_password)
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout", &self.wait_timeout)
             .finish()
     }
 }
@@ -221,6 +242,15 @@ impl RedisConfig {
             command_timeout: self.command_timeout,
             script_lane_max_in_flight: self.script_lane_max_in_flight,
             failure_retry_after,
+            sentinels: self.sentinels.clone(),
+            master_name: self.master_name.clone(),
+            sentinel_username: self.sentinel_username.clone(),
+            sentinel_password: self
+                .sentinel_password
+                .as_ref()
+                .map(|password| password.expose().into()),
+            wait_replicas: self.wait_replicas,
+            wait_timeout: self.wait_timeout,
         }
     }
 }
@@ -239,6 +269,12 @@ impl Default for RedisConfig {
             connect_timeout: defaults.connect_timeout,
             command_timeout: defaults.command_timeout,
             script_lane_max_in_flight: defaults.script_lane_max_in_flight,
+            sentinels: defaults.sentinels,
+            master_name: defaults.master_name,
+            sentinel_username: None,
+            sentinel_password: None,
+            wait_replicas: defaults.wait_replicas,
+            wait_timeout: defaults.wait_timeout,
         }
     }
 }

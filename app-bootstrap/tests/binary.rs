@@ -114,10 +114,11 @@ fn check_config_prints_the_resolved_configuration_without_secrets() {
 #[test]
 fn the_example_files_pass_check_config() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
-    for name in ["memory.toml", "redis.toml", "redis-cluster.toml"] {
+    for name in ["memory.toml", "redis.toml", "redis-cluster.toml", "redis-sentinel.toml"] {
         let (output, stdout, stderr) = run(ca_skeleton()
             .env("RATE_LIMIT_PSEUDONYMIZER_KEY", KEY)
             .env("REDIS_PASSWORD", "example-password")
+            .env("REDIS_SENTINEL_PASSWORD", "example-password")
             .arg("check-config")
             .arg("--config")
             .arg(examples.join(name)));

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use adapter_redis::Topology;
 use adapter_web::EdgeSettings;
 use figment::value::{Dict, Value};
 use shared_contract::{
@@ -392,15 +393,28 @@ impl Reader<'_> {
         let key_prefix = self.field(&mut table, "key-prefix", Self::string);
         let connect_timeout = self.field(&mut table, "connect-timeout", Self::duration);
         let command_timeout = self.field(&mut table, "command-timeout", Self::duration);
+        let sentinels = self.field(&mut table, "sentinels", Self::string_list);
+        let master_name = self.field(&mut table, "master-name", Self::string);
+        let sentinel_username = self.field(&mut table, "sentinel-username", Self::string);
+        let sentinel_password = self.field(&mut table, "sentinel-password", Self::secret);
+        let wait_replicas = self.field(&mut table, "wait-replicas", Self::u32);
+        let wait_timeout = self.field(&mut table, "wait-timeout", Self::duration);
         let lane = table.get("script-lane");
         let mut lane = self.table(lane, table.path().child("script-lane"));
         let max_in_flight = self.field(&mut lane, "max-in-flight", Self::u32);
         self.close(lane);
         self.close(table);
+        let topology = topology.unwrap_or(defaults.topology);
+        // The sentinels name the master: no URL unless one is given (which
+        // validation then refuses).
+        let default_urls = match topology {
+            Topology::Standalone | Topology::Cluster => defaults.urls,
+            Topology::Sentinel => Vec::new(),
+        };
         RedisConfig {
             enabled: enabled.unwrap_or(defaults.enabled),
-            topology: topology.unwrap_or(defaults.topology),
-            urls: urls.unwrap_or(defaults.urls),
+            topology,
+            urls: urls.unwrap_or(default_urls),
             username,
             password,
             key_prefix: key_prefix.unwrap_or(defaults.key_prefix),
@@ -408,6 +422,12 @@ impl Reader<'_> {
             command_timeout: command_timeout.unwrap_or(defaults.command_timeout),
             script_lane_max_in_flight: max_in_flight
                 .map_or(defaults.script_lane_max_in_flight, |n| n as usize),
+            sentinels: sentinels.unwrap_or(defaults.sentinels),
+            master_name: master_name.unwrap_or(defaults.master_name),
+            sentinel_username,
+            sentinel_password,
+            wait_replicas: wait_replicas.unwrap_or(defaults.wait_replicas),
+            wait_timeout: wait_timeout.unwrap_or(defaults.wait_timeout),
         }
     }
 }

@@ -70,6 +70,17 @@ pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapEr
     table.insert("key-prefix".into(), redis.key_prefix.clone().into());
     table.insert("connect-timeout".into(), duration(redis.connect_timeout));
     table.insert("command-timeout".into(), duration(redis.command_timeout));
+    let sentinels = redis.sentinels.iter().map(|address| Value::from(address.clone()));
+    table.insert("sentinels".into(), Value::Array(sentinels.collect()));
+    table.insert("master-name".into(), redis.master_name.clone().into());
+    if let Some(username) = &redis.sentinel_username {
+        table.insert("sentinel-username".into(), username.clone().into());
+    }
+    if let Some(password) = &redis.sentinel_password {
+        table.insert("sentinel-password".into(), secret(password));
+    }
+    table.insert("wait-replicas".into(), i64::from(redis.wait_replicas).into());
+    table.insert("wait-timeout".into(), duration(redis.wait_timeout));
     let mut lane = Table::new();
     let in_flight = i64::try_from(redis.script_lane_max_in_flight).unwrap_or(i64::MAX);
     lane.insert("max-in-flight".into(), in_flight.into());

@@ -512,26 +512,55 @@ keys = { 4 = { env = "EVERY_KEY_PSEUDONYM" } }
 
 [redis]
 enabled = true
-topology = "cluster"
-urls = ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]
+topology = "sentinel"
+urls = []
 username = "limiter"
 password = { env = "EVERY_KEY_PASSWORD" }
 key-prefix = "svc:rl:"
 connect-timeout = "2s"
 command-timeout = "120ms"
 script-lane = { max-in-flight = 32 }
+sentinels = ["10.0.0.1:26379", "10.0.0.2:26379"]
+master-name = "limits"
+sentinel-username = "watcher"
+sentinel-password = { env = "EVERY_KEY_SENTINEL_PASSWORD" }
+wait-replicas = 2
+wait-timeout = "40ms"
 "#;
+
+/// [`EVERY_KEY`] on a cluster: the keys a Sentinel file leaves empty.
+fn every_cluster_key() -> String {
+    let sentinel_only = [
+        "sentinels = [\"10.0.0.1:26379\", \"10.0.0.2:26379\"]\n",
+        "master-name = \"limits\"\n",
+        "sentinel-username = \"watcher\"\n",
+        "sentinel-password = { env = \"EVERY_KEY_SENTINEL_PASSWORD\" }\n",
+    ];
+    let mut file = EVERY_KEY.replace("topology = \"sentinel\"", "topology = \"cluster\"").replace(
+        "urls = []",
+        "urls = [\"redis://10.0.0.1:7000\", \"redis://u:secret@10.0.0.2:7000\"]",
+    );
+    for line in sentinel_only {
+        assert!(file.contains(line), "{line}");
+        file = file.replace(line, "");
+    }
+    file
+}
 
 #[test]
 fn what_check_config_renders_loads_back_to_the_same_configuration() {
     jail(|jail| {
         jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
         jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
+        jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
+        for file in [EVERY_KEY.to_owned(), every_cluster_key()] {
+            let config = load_file(jail, &file).unwrap();
+            let rendered = config.to_redacted_toml().unwrap();
+            let again = load_file(jail, &rendered).unwrap();
+            // Debug prints every field (secrets by their source only).
+            assert_eq!(format!("{again:?}"), format!("{config:?}"), "rendered:\n{rendered}");
+        }
         let config = load_file(jail, EVERY_KEY).unwrap();
-        let rendered = config.to_redacted_toml().unwrap();
-        let again = load_file(jail, &rendered).unwrap();
-        // Debug prints every field (secrets by their source only).
-        assert_eq!(format!("{again:?}"), format!("{config:?}"), "rendered:\n{rendered}");
         // And none of them is at its default, so a dropped key would show.
         let defaults = AppConfig::load(&ConfigSources::new(None)).unwrap();
         for (field, loaded, default) in [
@@ -584,16 +613,46 @@ fn redis_rules_come_from_the_provider_with_their_key_paths() {
 }
 
 #[test]
+fn sentinel_and_wait_rules_come_from_the_provider_with_their_key_paths() {
+    jail(|jail| {
+        let base = format!("{BASE}\n[pseudonymizer.keys]\n1 = \"{KEY}\"\n")
+            .replace("default-policy", "provider = \"redis\"\ndefault-policy");
+        let file = format!(
+            "{base}[redis]\nenabled = true\ntopology = \"sentinel\"\n\
+             sentinels = [\"10.0.0.1:26379\", \"nowhere\"]\nmaster-name = \"\"\n\
+             sentinel-username = \"watcher\"\nwait-replicas = 1\nwait-timeout = \"250ms\"\n"
+        );
+        assert_eq!(
+            paths(load_file(jail, &file)),
+            [
+                "redis.sentinels.1",
+                "redis.master-name",
+                "redis.sentinel-password",
+                "redis.wait-timeout",
+            ]
+        );
+        // Sentinel takes no URL; no sentinel at all is named too.
+        let file = format!(
+            "{base}[redis]\nenabled = true\ntopology = \"sentinel\"\nurls = [\"redis://h:1\"]\n"
+        );
+        assert_eq!(paths(load_file(jail, &file)), ["redis.urls", "redis.sentinels"]);
+        // And a sentinel list on another topology is not silently ignored.
+        let file = format!("{base}[redis]\nenabled = true\nsentinels = [\"h:1\"]\n");
+        assert_eq!(paths(load_file(jail, &file)), ["redis.sentinels"]);
+    });
+}
+
+#[test]
 fn unknown_names_list_the_names_from_their_enums() {
     jail(|jail| {
         let file = BASE.replace("default-policy", "provider = \"postgres\"\ndefault-policy")
-            + "\n[redis]\ntopology = \"sentinel\"\n";
+            + "\n[redis]\ntopology = \"replicated\"\n";
         let problems = problems(load_file(jail, &file));
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert_eq!(problems[0].0, "capabilities.rate-limit.provider");
         assert!(problems[0].1.contains(r#""memory", "redis", "disabled""#), "{problems:?}");
         assert_eq!(problems[1].0, "redis.topology");
-        assert!(problems[1].1.contains(r#""standalone", "cluster""#), "{problems:?}");
+        assert!(problems[1].1.contains(r#""standalone", "cluster", "sentinel""#), "{problems:?}");
     });
 }
 

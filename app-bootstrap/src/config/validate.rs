@@ -197,6 +197,11 @@ fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
             RedisField::ConnectTimeout => path.child("connect-timeout"),
             RedisField::CommandTimeout => path.child("command-timeout"),
             RedisField::ScriptLaneMaxInFlight => path.dotted("script-lane.max-in-flight"),
+            RedisField::Sentinels => path.child("sentinels"),
+            RedisField::Sentinel(index) => path.child("sentinels").child(&index.to_string()),
+            RedisField::MasterName => path.child("master-name"),
+            RedisField::SentinelPassword => path.child("sentinel-password"),
+            RedisField::WaitTimeout => path.child("wait-timeout"),
             // The edge's own rule reports this key; once is enough.
             RedisField::FailureRetryAfter => continue,
         };
