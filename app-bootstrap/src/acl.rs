@@ -88,8 +88,13 @@ fn login(
 }
 
 fn setuser(user: &str, password: String, rules: Vec<String>) -> String {
-    let mut rule =
-        vec!["ACL SETUSER".to_owned(), user.to_owned(), "reset".to_owned(), "on".to_owned(), password];
+    let mut rule = vec![
+        "ACL SETUSER".to_owned(),
+        user.to_owned(),
+        "reset".to_owned(),
+        "on".to_owned(),
+        password,
+    ];
     rule.extend(rules);
     rule.join(" ")
 }

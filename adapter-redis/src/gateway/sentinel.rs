@@ -45,8 +45,8 @@ struct Discovered {
 impl Connect for Discovered {
     type Connection = MultiplexedConnection;
 
-    fn connect(&self) -> impl Future<Output = RedisResult<MultiplexedConnection>> + Send {
-        async move { self.client.lock().await.get_async_connection_with_config(&self.config).await }
+    async fn connect(&self) -> RedisResult<MultiplexedConnection> {
+        self.client.lock().await.get_async_connection_with_config(&self.config).await
     }
 }
 
