@@ -326,3 +326,101 @@ fn altered_parameters(old: &RateLimitPolicy, new: &RateLimitPolicy) -> Vec<Strin
         .map(|key| key.join("."))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str) -> AppConfig {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, toml).unwrap();
+        AppConfig::load(&ConfigSources::file_only(path)).expect("loads")
+    }
+
+    const BASE: &str = r#"
+[capabilities.rate-limit.policies.demo]
+algorithm = "fixed-window"
+limit = 5
+window = "60s"
+"#;
+
+    /// Every RELOADABLE key away from BASE's value.
+    const EVERY_RELOADABLE: &str = r#"
+[capabilities.rate-limit]
+default-policy = ["demo", "extra"]
+evaluation-budget = "300ms"
+api-key-header = "x-other-key"
+trusted-proxies = ["10.0.0.0/8"]
+problem-type-base = "https://errors.example/"
+client-ipv4-prefix = 24
+client-ipv6-prefix = 48
+operations = { "GET /api/hello" = "extra" }
+
+[capabilities.rate-limit.policies.demo]
+algorithm = "fixed-window"
+limit = 9
+window = "60s"
+revision = 2
+
+[capabilities.rate-limit.policies.extra]
+algorithm = "token-bucket"
+capacity = 3
+refill-tokens = 1
+refill-period = "1s"
+"#;
+
+    #[test]
+    fn every_reloadable_key_is_applied_and_none_is_reported_for_a_restart() {
+        let (running, loaded) = (load(BASE), load(EVERY_RELOADABLE));
+        let (changed, restart) = changes(&running, &loaded);
+        assert!(restart.is_empty(), "{restart:?}");
+        let keys: BTreeSet<&str> =
+            changed.iter().map(|path| path.split('.').nth(2).unwrap()).collect();
+        assert_eq!(keys, RELOADABLE.into_iter().collect(), "each reloadable key differs");
+        // What with_reloadable takes over is exactly what changed.
+        let next = with_reloadable(&running, &loaded);
+        assert_eq!(changes(&next, &loaded), (vec![], vec![]));
+    }
+
+    #[test]
+    fn restart_only_keys_are_named_secrets_included() {
+        let running = load(&format!("{BASE}\n[pseudonymizer.keys]\n1 = \"{}\"\n", "a".repeat(32)));
+        let loaded = load(&format!(
+            "{BASE}\n[server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n\
+             [capabilities.rate-limit]\nfailure-retry-after = \"3s\"\n",
+            "b".repeat(32)
+        ));
+        let (changed, restart) = changes(&running, &loaded);
+        assert!(changed.is_empty(), "{changed:?}");
+        assert_eq!(
+            restart,
+            [
+                "capabilities.rate-limit.failure-retry-after",
+                "pseudonymizer.keys.1",
+                "server.listen"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_changed_dedupe_setting_needs_a_new_revision_and_mode_does_not() {
+        let running = load(BASE);
+        let dedupe = load(&format!("{BASE}evaluation-dedup = {{ enabled = false }}\n"));
+        let mut problems = ConfigProblems::default();
+        let (old, new) =
+            (&running.capabilities.rate_limit.policies, &dedupe.capabilities.rate_limit.policies);
+        revision_rules(old, new, &mut problems);
+        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].starts_with(
+            "capabilities.rate-limit.policies.demo.revision: evaluation-dedup.enabled, \
+             evaluation-dedup.max-entries, evaluation-dedup.max-stored-bytes, \
+             evaluation-dedup.ttl changed"
+        ));
+        let shadow = load(&format!("{BASE}mode = \"shadow\"\n"));
+        let mut problems = ConfigProblems::default();
+        revision_rules(old, &shadow.capabilities.rate_limit.policies, &mut problems);
+        assert!(problems.is_empty());
+    }
+}
