@@ -26,6 +26,7 @@ mod rejection;
 mod service;
 mod settings;
 mod subject;
+mod switch;
 mod telemetry;
 
 pub use bridge::{BridgeEvaluation, TransportBridge};
@@ -41,4 +42,5 @@ pub use rejection::{ApiKeyProblem, EdgeRejection};
 pub use service::RateLimitService;
 pub use settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 pub use subject::{AuthenticatedPrincipal, MAX_API_KEY_BYTES, SubjectKind};
+pub use switch::BridgeSwitch;
 pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS};

@@ -18,8 +18,9 @@ use shared_contract::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
 use crate::capability::{RateLimitCapability, Upkeep};
-use crate::config::AppConfig;
+use crate::config::{AppConfig, ConfigSources};
 use crate::error::BootstrapError;
+use crate::reload::{ReloadTarget, Reloader};
 use crate::routes::{self, ApiRoutes};
 
 /// Longest wait for the provider's readiness answer before `/readyz` says no.
@@ -38,6 +39,10 @@ pub struct Application {
     address: SocketAddr,
     metrics: PrometheusHandle,
     upkeep: Option<Upkeep>,
+    /// What a reloader starts from: the configuration built with, the
+    /// operations served, and what a reload replaces.
+    reload: (AppConfig, std::collections::BTreeSet<String>, Option<ReloadTarget>),
+    reloader: Option<Reloader>,
 }
 
 impl Application {
@@ -64,18 +69,38 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BootstrapError> {
         config.check_operations(api.operations())?;
+        let served = api.operations().clone();
         let api = api.into_router();
         let metrics = metrics_handle()?;
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let upkeep = capability.upkeep().cloned();
         let layer = capability.layer(config, clock)?;
+        let target = capability
+            .state()
+            .zip(layer.switch())
+            .map(|(state, switch)| ReloadTarget { switch: switch.clone(), state: state.clone() });
+        let reload = (config.clone(), served, target);
         let router = router(api, capability, layer, metrics.clone());
         let address = config.server.listen;
         let listener = TcpListener::bind(address)
             .await
             .map_err(|source| BootstrapError::Bind { address, source })?;
         let address = listener.local_addr().map_err(BootstrapError::Serve)?;
-        Ok(Self { listener, router, address, metrics, upkeep })
+        Ok(Self { listener, router, address, metrics, upkeep, reload, reloader: None })
+    }
+
+    /// Lets SIGHUP (and [`Self::reloader`]) reload the policies from
+    /// `sources`: the sources this server's configuration was loaded from.
+    #[must_use]
+    pub fn reload_from(mut self, sources: ConfigSources) -> Self {
+        let (running, served, target) = self.reload.clone();
+        self.reloader = Some(Reloader::new(sources, running, served, target));
+        self
+    }
+
+    /// The reloader, once [`Self::reload_from`] has set one.
+    pub fn reloader(&self) -> Option<&Reloader> {
+        self.reloader.as_ref()
     }
 
     /// The bound address.
@@ -115,11 +140,12 @@ impl Application {
                 }
             })
         });
+        let hangup = self.reloader.map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
         let service = self.router.into_make_service_with_connect_info::<SocketAddr>();
         let served = axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await;
         upkeep.abort();
-        if let Some(purge) = purge {
-            purge.abort();
+        for task in [purge, hangup].into_iter().flatten() {
+            task.abort();
         }
         served.map_err(BootstrapError::Serve)
     }
@@ -182,6 +208,24 @@ pub fn metrics_handle() -> Result<PrometheusHandle, BootstrapError> {
         })?;
     *installed = Some(handle.clone());
     Ok(handle)
+}
+
+/// Reloads on every SIGHUP, one at a time, for as long as the server runs.
+async fn reload_on_hangup(reloader: Reloader) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; reload through the admin listener instead");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP received; reloading the configuration");
+            reloader.reload().await;
+        }
+    }
+    #[cfg(not(unix))]
+    drop(reloader);
 }
 
 /// Completes on ctrl-c or SIGTERM.
