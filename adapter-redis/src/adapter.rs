@@ -239,6 +239,7 @@ impl RedisEdgeRateLimitAdapter {
             clock: Arc::clone(&self.clock),
             command_timeout: self.command_timeout,
             failure_retry_after: self.failure_retry_after,
+            wait: self.wait,
         })
     }
 
