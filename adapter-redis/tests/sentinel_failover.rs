@@ -189,3 +189,59 @@ async fn a_killed_master_is_replaced_by_the_replica_the_sentinels_promote() {
          increments acknowledged {acknowledged}, count after promotion {count}, lost at least {lost}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_manual_failover_the_demoted_master_is_left_for_the_promoted_one() {
+    let group = tokio::task::block_in_place(RedisSentinel::start);
+    let clock = ManualClock::new(1_800_000_000_000);
+    let policy = RateLimitPolicy::builder(
+        "switch",
+        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
+    )
+    .build()
+    .unwrap();
+    let settings = RedisSettings {
+        topology: Topology::Sentinel,
+        urls: vec![],
+        sentinels: group.sentinel_addresses(),
+        master_name: MASTER_NAME.to_owned(),
+        connect_timeout: Duration::from_millis(200),
+        command_timeout: Duration::from_millis(200),
+        ..RedisSettings::default()
+    };
+    let adapter =
+        RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone()))
+            .unwrap();
+    let subject = SubjectDigest::parse(format!("v1:{}", "d3".repeat(16))).unwrap();
+    let traffic = Traffic { adapter: Arc::new(adapter), clock, policy, subject };
+    let old = group.master_port();
+    let mut tally = Tally::default();
+    for round in 1..=10 {
+        assert_eq!(traffic.evaluate(&mut tally).await, Some(round));
+    }
+
+    // Both processes keep running: the old master is demoted, not gone.
+    tokio::task::block_in_place(|| group.failover());
+    let new = tokio::task::block_in_place(|| group.wait_for_promotion(old));
+    let demoted = Instant::now();
+    while group.role(old) != "slave" {
+        assert!(demoted.elapsed() < RECOVERY_LIMIT, "{old} was never demoted:\n{}", group.logs());
+        tokio::time::sleep(TICK).await;
+    }
+
+    // Typed outcomes until the adapter reaches the new master, then the
+    // count carries on there (the replica had every charge: it was in sync).
+    let switched = Instant::now();
+    let count = loop {
+        assert!(switched.elapsed() < RECOVERY_LIMIT, "never served by {new}: {tally:?}");
+        if let Some(count) = traffic.evaluate(&mut tally).await {
+            break count;
+        }
+        tokio::time::sleep(TICK).await;
+    };
+    assert!(count > 10, "count {count}: the charges before the failover were lost");
+    assert!(count <= 11 + tally.indeterminate, "count {count} exceeds what may have run: {tally:?}");
+    let info = group.role(new);
+    assert_eq!(info, "master");
+    println!("manual failover: served by {new} after {:?}, {tally:?}", switched.elapsed());
+}
