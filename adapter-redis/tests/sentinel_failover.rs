@@ -240,7 +240,10 @@ async fn after_a_manual_failover_the_demoted_master_is_left_for_the_promoted_one
         tokio::time::sleep(TICK).await;
     };
     assert!(count > 10, "count {count}: the charges before the failover were lost");
-    assert!(count <= 11 + tally.indeterminate, "count {count} exceeds what may have run: {tally:?}");
+    assert!(
+        count <= 11 + tally.indeterminate,
+        "count {count} exceeds what may have run: {tally:?}"
+    );
     let info = group.role(new);
     assert_eq!(info, "master");
     println!("manual failover: served by {new} after {:?}, {tally:?}", switched.elapsed());
