@@ -18,6 +18,7 @@ use std::time::Duration;
 pub use algorithm::AlgorithmState;
 pub use records::{DedupRecord, DedupRecords};
 
+use crate::budget::{BudgetFailure, BudgetState};
 use crate::outcome::{
     Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, SetDecision,
     UnavailableCategory,
@@ -276,6 +277,36 @@ pub fn evaluate_set(
         commit(member, t, step, charged, evaluation_id);
     }
     SetVerdict::Decided(SetDecision::new(admitted, &decisions[..members.len()]))
+}
+
+/// A key's budget now, for an operator: the policy's algorithm run spared
+/// (charging and writing nothing) at caller time `now`, or at the key's
+/// mark when `now` lags it, as `evaluate` would within the bound; `state`
+/// is the key as loaded (`None` when absent or past its expiry).
+///
+/// # Errors
+/// [`BudgetFailure::StateIncompatible`] when the key holds another
+/// algorithm's state.
+pub fn inspect_key(
+    rules: &KeyRules,
+    state: Option<&KeyState>,
+    now: u64,
+) -> Result<BudgetState, BudgetFailure> {
+    let mark = state.map(|held| held.mark);
+    let t = mark.map_or(now, |mark| now.max(mark));
+    let counters = state.map(|held| &held.algorithm);
+    // Cost 1: the smallest request, so `retry_after` says when anything passes.
+    let step = algorithm::run(&rules.params, counters, t, 1, Charge::Spare)
+        .map_err(|StateMismatch| BudgetFailure::StateIncompatible)?;
+    let retry_after = if step.allowed { 0 } else { step.retry_after.max(1) };
+    Ok(BudgetState {
+        limit: rules.params.limit(),
+        remaining: step.remaining,
+        reset_after: Duration::from_millis(step.reset_after),
+        retry_after: Duration::from_millis(retry_after),
+        mark,
+        certainty: rules.certainty,
+    })
 }
 
 /// Writes one member's new state, its dedupe record when it was charged,
