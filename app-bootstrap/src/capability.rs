@@ -95,11 +95,26 @@ impl RateLimitCapability {
         config: &AppConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<RateLimitLayer, BootstrapError> {
+        match self {
+            Self::Disabled => Ok(RateLimitLayer::disabled()),
+            Self::Enabled { .. } => {
+                self.layer_with(config, clock, Arc::new(pseudonymizer(config)?))
+            }
+        }
+    }
+
+    /// [`Self::layer`] over a pseudonymizer the caller shares (the admin
+    /// listener's lookups must give the pseudonyms the edge counts under).
+    pub fn layer_with(
+        &self,
+        config: &AppConfig,
+        clock: Arc<dyn Clock>,
+        pseudonymizer: Arc<VersionedPseudonymizer>,
+    ) -> Result<RateLimitLayer, BootstrapError> {
         let port = match self {
             Self::Disabled => return Ok(RateLimitLayer::disabled()),
             Self::Enabled { port, .. } => Arc::clone(port),
         };
-        let pseudonymizer = Arc::new(pseudonymizer(config)?);
         let bridge = TransportBridge::new(port, pseudonymizer, clock, edge_settings(config)?);
         Ok(RateLimitLayer::new(Arc::new(bridge)))
     }

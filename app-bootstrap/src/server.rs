@@ -17,7 +17,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use shared_contract::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
-use crate::capability::{RateLimitCapability, Upkeep};
+use crate::admin::{self, AdminState};
+use crate::capability::{self, RateLimitCapability, Upkeep};
 use crate::config::AppConfig;
 use crate::error::BootstrapError;
 use crate::routes::{self, ApiRoutes};
@@ -38,6 +39,15 @@ pub struct Application {
     address: SocketAddr,
     metrics: PrometheusHandle,
     upkeep: Option<Upkeep>,
+    admin: Option<AdminListener>,
+}
+
+/// The bound admin listener and its router (`admin.listen`).
+#[derive(Debug)]
+struct AdminListener {
+    listener: TcpListener,
+    router: Router,
+    address: SocketAddr,
 }
 
 impl Application {
@@ -68,14 +78,41 @@ impl Application {
         let metrics = metrics_handle()?;
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let upkeep = capability.upkeep().cloned();
-        let layer = capability.layer(config, clock)?;
+        // One pseudonymizer for the edge and the admin lookups, so a
+        // generated key (memory provider without keys) is the same for both.
+        let shared = match (capability.port(), &config.admin.listen) {
+            (None, None) => None,
+            (Some(_), _) | (None, Some(_)) => Some(Arc::new(capability::pseudonymizer(config)?)),
+        };
+        let layer = match &shared {
+            Some(pseudonymizer) => {
+                capability.layer_with(config, Arc::clone(&clock), Arc::clone(pseudonymizer))?
+            }
+            None => capability.layer(config, Arc::clone(&clock))?,
+        };
+        let admin = match (config.admin.listen, &config.admin.token, shared) {
+            (Some(address), Some(token), Some(pseudonymizer)) => {
+                let state = AdminState::new(
+                    capability.port().cloned(),
+                    pseudonymizer,
+                    Arc::new(capability::edge_settings(config)?),
+                    token,
+                    clock,
+                )?;
+                let (listener, address) = bind(address).await?;
+                Some(AdminListener { listener, router: admin::router(state), address })
+            }
+            // Off; validation refuses a listener without a token.
+            (None, _, _) | (Some(_), None, _) | (Some(_), Some(_), None) => None,
+        };
         let router = router(api, capability, layer, metrics.clone());
-        let address = config.server.listen;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|source| BootstrapError::Bind { address, source })?;
-        let address = listener.local_addr().map_err(BootstrapError::Serve)?;
-        Ok(Self { listener, router, address, metrics, upkeep })
+        let (listener, address) = bind(config.server.listen).await?;
+        Ok(Self { listener, router, address, metrics, upkeep, admin })
+    }
+
+    /// The bound admin address, when `admin.listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|admin| admin.address)
     }
 
     /// The bound address.
@@ -115,8 +152,30 @@ impl Application {
                 }
             })
         });
+        // The admin listener stops with the public one: on the shutdown
+        // signal, or when the public server ends (the sender is dropped).
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        let admin = self.admin.map(|admin| {
+            let mut stopped = stopped.clone();
+            let service = admin.router.into_make_service_with_connect_info::<SocketAddr>();
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stopped.changed().await;
+                };
+                axum::serve(admin.listener, service).with_graceful_shutdown(shutdown).await
+            })
+        });
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stop.send(());
+        };
         let service = self.router.into_make_service_with_connect_info::<SocketAddr>();
         let served = axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await;
+        if let Some(admin) = admin {
+            if let Ok(Err(error)) = admin.await {
+                tracing::warn!(%error, "admin listener stopped with an error");
+            }
+        }
         upkeep.abort();
         if let Some(purge) = purge {
             purge.abort();
@@ -129,6 +188,15 @@ impl Application {
 struct Probes {
     capability: RateLimitCapability,
     metrics: PrometheusHandle,
+}
+
+/// Binds `address` (port 0 picks a free port) and reports the bound one.
+async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), BootstrapError> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| BootstrapError::Bind { address, source })?;
+    let bound = listener.local_addr().map_err(BootstrapError::Serve)?;
+    Ok((listener, bound))
 }
 
 /// The whole router: every route of `api` behind `layer`; `/healthz`,

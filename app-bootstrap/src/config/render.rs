@@ -76,6 +76,15 @@ pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapEr
     table.insert("script-lane".into(), lane.into());
     root.insert("redis".into(), table.into());
 
+    let mut admin = Table::new();
+    if let Some(listen) = config.admin.listen {
+        admin.insert("listen".into(), listen.to_string().into());
+    }
+    if let Some(token) = &config.admin.token {
+        admin.insert("token".into(), secret(token));
+    }
+    root.insert("admin".into(), admin.into());
+
     toml::to_string(&root).map_err(|error| BootstrapError::ConfigSource(error.to_string()))
 }
 
