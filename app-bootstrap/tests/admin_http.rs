@@ -336,3 +336,69 @@ async fn pseudonym_lookups_have_their_own_small_budget() {
     assert_eq!(admin.inspect(&edge_pseudonym_of_localhost()).await.status, StatusCode::OK);
     server.stop().await;
 }
+
+/// The real binary: a reset is one audit line naming the pseudonym, the
+/// policy and the caller's address; a lookup is logged without the
+/// identity, and no log line holds one.
+#[tokio::test]
+async fn a_reset_is_one_audit_line_and_no_line_holds_an_identity() {
+    let serve = support::Serve::start(&memory_config(), "info");
+    let admin_address = {
+        let mut found = None;
+        for _ in 0..100 {
+            found = serve.logs().iter().find_map(|line| {
+                let event: Value = serde_json::from_str(line).ok()?;
+                (event["fields"]["message"] == "admin listener on")
+                    .then(|| event["fields"]["address"].as_str().map(str::to_owned))?
+            });
+            if found.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        found.expect("the admin listener logs its address")
+    };
+    let admin = Admin::of(admin_address.parse().unwrap());
+    let secret_key = "customer-secret-key-7f3a";
+    let reply = reqwest::Client::new()
+        .get(format!("{}/api/hello", serve.base))
+        .header("x-api-key", secret_key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), StatusCode::OK);
+    let pseudonym = admin.pseudonym("api-key", secret_key).await;
+    assert_eq!(admin.inspect(&pseudonym).await.json()["remaining"], 2);
+    assert_eq!(admin.reset(&pseudonym).await.status, StatusCode::NO_CONTENT);
+    // Log lines are read on a thread: wait for the audit line to arrive.
+    let mut resets = Vec::new();
+    for _ in 0..100 {
+        resets = serve
+            .logs()
+            .iter()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .filter(|event| event["fields"]["message"] == "admin budget reset")
+            .collect();
+        if !resets.is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let [audit] = resets.as_slice() else { panic!("one audit line per reset: {resets:?}") };
+    assert_eq!(audit["target"], "audit");
+    assert_eq!(audit["fields"]["pseudonym"], pseudonym.as_str());
+    assert_eq!(audit["fields"]["policy"], POLICY);
+    assert_eq!(audit["fields"]["operation"], "GET /api/hello");
+    assert_eq!(audit["fields"]["outcome"], "reset");
+    let caller = audit["fields"]["caller"].as_str().unwrap_or_default();
+    assert!(caller.starts_with("127.0.0.1:"), "{audit}");
+    let logs = serve.logs();
+    assert!(
+        logs.iter().any(|line| line.contains("admin pseudonym lookup") && line.contains("api-key")),
+        "{logs:#?}"
+    );
+    for line in &logs {
+        assert!(!line.contains(secret_key), "an identity reached a log line: {line}");
+        assert!(!line.contains(TOKEN), "the token reached a log line: {line}");
+    }
+}
