@@ -421,3 +421,27 @@ async fn reset_deletes_the_counter_and_records_keys_and_inspect_writes_nothing()
     adapter.reset(&budget).await.unwrap();
     assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 2);
 }
+
+/// The operator's calls fail typed, never by panic: a key of another Redis
+/// type is `StateIncompatible` to inspect and still resets (one `DEL` takes
+/// any type); a stopped server is `Unavailable` to both.
+#[tokio::test]
+async fn inspect_and_reset_failures_are_typed() {
+    use shared_contract::{BudgetFailure, BudgetKey};
+
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = fixed("p", 3, EvaluationDedupPolicy::enabled_defaults());
+    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let who = subject(42);
+    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let mut redis = inspector(&server).await;
+    let _: () = redis.hset(&key, "f", "v").await.unwrap();
+    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+    assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
+    assert_eq!(adapter.reset(&budget).await, Ok(()));
+    assert_eq!(adapter.inspect(&budget).await.map(|state| state.remaining), Ok(3));
+    server.stop();
+    assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::Unavailable));
+    assert_eq!(adapter.reset(&budget).await, Err(BudgetFailure::Unavailable));
+}

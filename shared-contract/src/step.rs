@@ -559,6 +559,38 @@ mod tests {
     }
 
     #[test]
+    fn inspect_runs_the_step_spared_at_the_later_of_now_and_the_mark() {
+        let rules = rules(fixed(3), EvaluationDedupPolicy::enabled_defaults());
+        let fresh = inspect_key(&rules, None, T0 + 250).unwrap();
+        assert_eq!((fresh.remaining, fresh.mark), (3, None));
+        let mut key = Key::default();
+        key.evaluate(&rules, T0 + 600, 1, 1);
+        let before = key.state.clone();
+        // 400 ms behind the mark: seen from the mark, as evaluate would.
+        let seen = inspect_key(&rules, key.state.as_ref(), T0 + 200).unwrap();
+        assert_eq!((seen.remaining, seen.reset_after), (2, Duration::from_millis(400)));
+        assert_eq!((seen.retry_after, seen.mark), (Duration::ZERO, Some(T0 + 600)));
+        assert_eq!(key.state, before, "inspect takes the state by reference");
+        key.evaluate(&rules, T0 + 600, 2, 2);
+        let empty = inspect_key(&rules, key.state.as_ref(), T0 + 700).unwrap();
+        assert_eq!((empty.remaining, empty.retry_after), (0, Duration::from_millis(300)));
+        let bucket = rules_of_bucket();
+        assert_eq!(
+            inspect_key(&bucket, key.state.as_ref(), T0 + 700),
+            Err(BudgetFailure::StateIncompatible)
+        );
+    }
+
+    fn rules_of_bucket() -> KeyRules {
+        let algorithm = Algorithm::TokenBucket {
+            capacity: 3,
+            refill_tokens: 1,
+            refill_period: Duration::from_millis(100),
+        };
+        rules(algorithm, EvaluationDedupPolicy::Disabled)
+    }
+
+    #[test]
     fn millis_is_whole_and_saturating() {
         assert_eq!(millis(Duration::from_micros(1999)), 1);
         assert_eq!(millis(Duration::from_secs(3)), 3000);
