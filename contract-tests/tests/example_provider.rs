@@ -291,4 +291,12 @@ fn the_store_refuses_a_write_at_a_stale_version() {
     assert_eq!(store.get("k", 100), (1, None));
     assert!(!store.compare_and_set("k", 0, state(1), 200));
     assert!(store.compare_and_set("k", 1, state(1), 200));
+    // A reset reads as absent and moves the version on: a writer that
+    // loaded before it (version 2) loses, as does one that saw it absent
+    // before it was ever written (version 0).
+    store.reset("k");
+    assert_eq!(store.get("k", 10), (3, None));
+    assert!(!store.compare_and_set("k", 2, state(5), 200));
+    assert!(!store.compare_and_set("k", 0, state(5), 200));
+    assert!(store.compare_and_set("k", 3, state(1), 200));
 }
