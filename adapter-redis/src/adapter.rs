@@ -30,7 +30,7 @@ pub struct RedisEdgeRateLimitAdapter {
     keys: RateLimitKeys,
     scripts: RateLimitScripts,
     gateway: Arc<dyn RedisGateway>,
-    lane: Semaphore,
+    lane: Arc<Semaphore>,
     clock: Arc<dyn Clock>,
     command_timeout: Duration,
     failure_retry_after: Duration,
@@ -116,6 +116,19 @@ impl PolicyEntry {
     }
 }
 
+fn policy_entries(
+    policies: impl IntoIterator<Item = RateLimitPolicy>,
+) -> Result<HashMap<PolicyId, PolicyEntry>, RedisAdapterError> {
+    let mut entries = HashMap::new();
+    for policy in policies {
+        let id = policy.id().clone();
+        if entries.insert(id.clone(), PolicyEntry::new(policy)).is_some() {
+            return Err(RedisAdapterError::DuplicatePolicy(id));
+        }
+    }
+    Ok(entries)
+}
+
 /// The policies of one request, in the set's order.
 type Resolved<'a> = SetEntries<'a, PolicyEntry>;
 
@@ -167,22 +180,38 @@ impl RedisEdgeRateLimitAdapter {
         gateway: Arc<dyn RedisGateway>,
     ) -> Result<Self, RedisAdapterError> {
         settings.validate()?;
-        let mut entries = HashMap::new();
-        for policy in policies {
-            let id = policy.id().clone();
-            if entries.insert(id.clone(), PolicyEntry::new(policy)).is_some() {
-                return Err(RedisAdapterError::DuplicatePolicy(id));
-            }
-        }
         Ok(Self {
-            policies: entries,
+            policies: policy_entries(policies)?,
             keys: RateLimitKeys::new(settings.key_prefix),
             scripts: RateLimitScripts::new(),
             gateway,
-            lane: Semaphore::new(settings.script_lane_max_in_flight),
+            lane: Arc::new(Semaphore::new(settings.script_lane_max_in_flight)),
             clock,
             command_timeout: settings.command_timeout,
             failure_retry_after: settings.failure_retry_after,
+        })
+    }
+
+    /// This provider over another policy table (a reload): it shares this
+    /// adapter's connection and script lane, so a reload neither reconnects
+    /// nor lets more scripts run at once than `script-lane.max-in-flight`.
+    ///
+    /// # Errors
+    /// [`RedisAdapterError::DuplicatePolicy`] when two policies share an id.
+    pub fn with_policies(
+        &self,
+        policies: impl IntoIterator<Item = RateLimitPolicy>,
+    ) -> Result<Self, RedisAdapterError> {
+        Ok(Self {
+            policies: policy_entries(policies)?,
+            keys: self.keys.clone(),
+            // A fresh digest cache: one SCRIPT LOAD per script at most.
+            scripts: RateLimitScripts::new(),
+            gateway: Arc::clone(&self.gateway),
+            lane: Arc::clone(&self.lane),
+            clock: Arc::clone(&self.clock),
+            command_timeout: self.command_timeout,
+            failure_retry_after: self.failure_retry_after,
         })
     }
 

@@ -154,6 +154,21 @@ impl TransportBridge {
         &self.settings
     }
 
+    /// The provider the bridge asks.
+    pub fn port(&self) -> &Arc<dyn EdgeRateLimitPort> {
+        &self.port
+    }
+
+    /// The pseudonymizer the bridge names subjects with.
+    pub fn pseudonymizer(&self) -> &Arc<VersionedPseudonymizer> {
+        &self.pseudonymizer
+    }
+
+    /// The clock the bridge sets deadlines by.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
     /// Evaluates one request against its operation's policy set.
     ///
     /// The subject comes from the request parts ([`crate::AuthenticatedPrincipal`]

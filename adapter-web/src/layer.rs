@@ -10,6 +10,7 @@ use tower::Layer;
 use crate::bridge::TransportBridge;
 use crate::refusal::{Refusal, RefusalShaper};
 use crate::service::RateLimitService;
+use crate::switch::BridgeSwitch;
 
 /// Rate-limits every request through a [`TransportBridge`], or passes
 /// everything through when built with [`RateLimitLayer::disabled`].
@@ -23,10 +24,25 @@ use crate::service::RateLimitService;
 /// same way.
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
-    limiter: Option<Limiter>,
+    limiter: Option<LimiterSwitch>,
 }
 
-/// What an enabled layer, its services and their futures share.
+/// What an enabled layer and its services share: the bridge in force and
+/// the refusal shaper.
+#[derive(Debug, Clone)]
+pub(crate) struct LimiterSwitch {
+    bridge: BridgeSwitch,
+    shaper: Option<RefusalShaper>,
+}
+
+impl LimiterSwitch {
+    /// What one request runs with, from its start to its response.
+    pub(crate) fn current(&self) -> Limiter {
+        Limiter { bridge: self.bridge.current(), shaper: self.shaper.clone() }
+    }
+}
+
+/// What one request's future holds: the bridge it started with.
 #[derive(Debug, Clone)]
 pub(crate) struct Limiter {
     pub(crate) bridge: Arc<TransportBridge>,
@@ -36,7 +52,18 @@ pub(crate) struct Limiter {
 impl RateLimitLayer {
     /// A layer that evaluates every request through `bridge`.
     pub fn new(bridge: Arc<TransportBridge>) -> Self {
-        Self { limiter: Some(Limiter { bridge, shaper: None }) }
+        Self::switched(BridgeSwitch::new(bridge))
+    }
+
+    /// A layer that evaluates every request through the bridge `switch`
+    /// holds when the request starts: replace it there to reload.
+    pub fn switched(switch: BridgeSwitch) -> Self {
+        Self { limiter: Some(LimiterSwitch { bridge: switch, shaper: None }) }
+    }
+
+    /// The switch of an enabled layer.
+    pub fn switch(&self) -> Option<&BridgeSwitch> {
+        self.limiter.as_ref().map(|limiter| &limiter.bridge)
     }
 
     /// A layer that passes every request straight through: the

@@ -26,6 +26,7 @@ mod rejection;
 mod service;
 mod settings;
 mod subject;
+mod switch;
 mod telemetry;
 
 pub use bridge::{BridgeEvaluation, TransportBridge};
@@ -43,4 +44,5 @@ pub use settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 pub use subject::{
     AuthenticatedPrincipal, IdentityProblem, MAX_API_KEY_BYTES, SubjectKind, canonical_identity,
 };
+pub use switch::BridgeSwitch;
 pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS};

@@ -8,18 +8,18 @@ use http::{Request, Response};
 use tower::Service;
 
 use crate::future::ResponseFuture;
-use crate::layer::Limiter;
+use crate::layer::LimiterSwitch;
 
 /// Asks the bridge before every request; runs `inner` only when allowed.
 /// Built by [`crate::RateLimitLayer`].
 #[derive(Debug, Clone)]
 pub struct RateLimitService<S> {
     inner: S,
-    limiter: Option<Limiter>,
+    limiter: Option<LimiterSwitch>,
 }
 
 impl<S> RateLimitService<S> {
-    pub(crate) fn new(inner: S, limiter: Option<Limiter>) -> Self {
+    pub(crate) fn new(inner: S, limiter: Option<LimiterSwitch>) -> Self {
         Self { inner, limiter }
     }
 }
@@ -47,6 +47,6 @@ where
         // later, once the evaluation allows it; a clone stays behind.
         let clone = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::evaluating(limiter.clone(), ready, request)
+        ResponseFuture::evaluating(limiter.current(), ready, request)
     }
 }

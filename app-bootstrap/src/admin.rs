@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_web::{
-    ApiKeyProblem, EdgeSettings, IdentityProblem, SubjectKind, VersionedPseudonymizer,
-    canonical_identity, operation_digest,
+    ApiKeyProblem, BridgeSwitch, EdgeSettings, IdentityProblem, SubjectKind,
+    VersionedPseudonymizer, canonical_identity, operation_digest,
 };
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
@@ -50,15 +50,62 @@ pub const PSEUDONYM_WINDOW: Duration = Duration::from_secs(60);
 /// Longest identity a lookup accepts, in bytes (an API key is at most 256).
 const MAX_IDENTITY_BYTES: usize = 1024;
 
+/// Where the admin routes find the provider, the pseudonymizer and the
+/// edge settings.
+#[derive(Debug, Clone)]
+pub enum AdminSource {
+    /// The edge's bridge in force, taken once per admin request: its port
+    /// (with the policy table of the latest reload), its pseudonymizer (the
+    /// same key the edge counts under, generated or configured) and its
+    /// settings.
+    Edge(BridgeSwitch),
+    /// `provider = "disabled"`: no budgets; lookups still answer.
+    Disabled {
+        /// The configured (or generated) pseudonymizer.
+        pseudonymizer: Arc<VersionedPseudonymizer>,
+        /// The edge settings of the configuration.
+        edge: Arc<EdgeSettings>,
+    },
+}
+
+/// What one admin request works with: the provider (none when disabled),
+/// the pseudonymizer and the edge settings, all of one moment.
+struct Now {
+    port: Option<Arc<dyn EdgeRateLimitPort>>,
+    pseudonymizer: Arc<VersionedPseudonymizer>,
+    edge: EdgeSettings,
+}
+
+impl AdminSource {
+    fn now(&self) -> Now {
+        match self {
+            Self::Edge(switch) => {
+                let bridge = switch.current();
+                Now {
+                    port: Some(Arc::clone(bridge.port())),
+                    pseudonymizer: Arc::clone(bridge.pseudonymizer()),
+                    edge: bridge.settings().clone(),
+                }
+            }
+            Self::Disabled { pseudonymizer, edge } => {
+                Now { port: None, pseudonymizer: Arc::clone(pseudonymizer), edge: (**edge).clone() }
+            }
+        }
+    }
+
+    /// Where problem types start, without cloning the settings.
+    fn problem_type_base(&self) -> String {
+        match self {
+            Self::Edge(switch) => switch.current().settings().problem_type_base.clone(),
+            Self::Disabled { edge, .. } => edge.problem_type_base.clone(),
+        }
+    }
+}
+
 /// What every admin route needs. Cloned per request (every field is shared).
 #[derive(Debug, Clone)]
 pub struct AdminState {
-    /// The provider, `None` when rate limiting is disabled.
-    pub port: Option<Arc<dyn EdgeRateLimitPort>>,
-    /// The edge's pseudonymizer: the same instance (and key) the edge uses.
-    pub pseudonymizer: Arc<VersionedPseudonymizer>,
-    /// The edge's settings (IP prefixes, problem type base).
-    pub edge: Arc<EdgeSettings>,
+    source: AdminSource,
     /// The token's SHA-256: compared in constant time, and the token itself
     /// is not kept in this state.
     token: [u8; 32],
@@ -67,19 +114,14 @@ pub struct AdminState {
 }
 
 impl AdminState {
-    /// The state over the edge's pseudonymizer and settings, the provider
-    /// (if any) and the configured token.
+    /// The state over `source` and the configured token.
     pub fn new(
-        port: Option<Arc<dyn EdgeRateLimitPort>>,
-        pseudonymizer: Arc<VersionedPseudonymizer>,
-        edge: Arc<EdgeSettings>,
+        source: AdminSource,
         token: &SecretValue,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BootstrapError> {
         Ok(Self {
-            port,
-            pseudonymizer,
-            edge,
+            source,
             token: Sha256::digest(token.expose().as_bytes()).into(),
             lookups: Arc::new(LookupLimiter::new(clock)?),
         })
@@ -203,7 +245,7 @@ fn budget(
                 .ok_or_else(|| bad("The operation is a method and a route template, like \"GET /api/orders/{id}\"."))
         })
         .transpose()?;
-    let Some(port) = state.port.clone() else {
+    let Some(port) = state.source.now().port else {
         return Err(problem(
             state,
             StatusCode::NOT_FOUND,
@@ -279,11 +321,12 @@ async fn pseudonym(
     if let Some(refusal) = state.lookups.admit(&state).await {
         return refusal;
     }
-    let identity = match canonical_identity(kind, &body.identity, &state.edge) {
+    let now = state.source.now();
+    let identity = match canonical_identity(kind, &body.identity, &now.edge) {
         Ok(identity) => identity,
         Err(problem) => return bad(identity_detail(problem).to_owned()),
     };
-    let pseudonym = state.pseudonymizer.pseudonymize(kind, &identity);
+    let pseudonym = now.pseudonymizer.pseudonymize(kind, &identity);
     // Never the identity: only that a lookup happened, of which kind, by whom.
     tracing::info!(target: "audit", kind = kind.as_str(), caller = %caller, "admin pseudonym lookup");
     let headers = [(header::CACHE_CONTROL, "no-store")];
@@ -412,7 +455,7 @@ fn failure_response(state: &AdminState, failure: BudgetFailure) -> Response {
 /// A problem+json response of `type` `<problem-type-base>admin/<category>`.
 fn problem(state: &AdminState, status: StatusCode, category: &str, detail: &str) -> Response {
     let mut problem = ProblemDetails::from_status_code(status).with_detail(detail);
-    problem.r#type = format!("{}admin/{category}", state.edge.problem_type_base)
+    problem.r#type = format!("{}admin/{category}", state.source.problem_type_base())
         .parse::<Uri>()
         .ok()
         .map(Into::into);

@@ -32,6 +32,8 @@ pub enum RateLimitCapability {
         port: Arc<dyn EdgeRateLimitPort>,
         /// Background work the provider needs from the server, if any.
         upkeep: Option<Upkeep>,
+        /// What a reload builds the next port from.
+        state: ProviderState,
     },
     /// `provider = "disabled"`: nothing is limited.
     Disabled,
@@ -56,27 +58,76 @@ impl Upkeep {
     }
 }
 
+/// The state a provider keeps across a reload: a port built over a new
+/// policy table from it shares the counters (memory) or the connection and
+/// script lane (Redis) of the one it replaces.
+#[derive(Debug, Clone)]
+pub enum ProviderState {
+    /// The memory provider's store.
+    Memory(MemoryStore),
+    /// The Redis adapter first built.
+    Redis(Arc<RedisEdgeRateLimitAdapter>),
+}
+
+impl ProviderState {
+    /// A port over the policies of `config`, sharing this state.
+    pub fn port_with_policies(
+        &self,
+        config: &AppConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<dyn EdgeRateLimitPort>, BootstrapError> {
+        let policies = config.rate_limit_policies();
+        Ok(match self {
+            Self::Memory(store) => {
+                let adapter =
+                    MemoryEdgeRateLimitAdapter::with_store(store.clone(), policies, clock)
+                        .map_err(|error| wiring("the memory provider", error))?;
+                let retry_after = config.capabilities.rate_limit.failure_retry_after;
+                Arc::new(adapter.with_failure_retry_after(retry_after))
+            }
+            Self::Redis(adapter) => Arc::new(
+                adapter
+                    .with_policies(policies)
+                    .map_err(|error| wiring("the redis provider", error))?,
+            ),
+        })
+    }
+}
+
 impl RateLimitCapability {
     /// Builds the configured provider. Redis connects lazily, so this
     /// succeeds while the server is down (readiness reports it).
     pub fn build(config: &AppConfig, clock: Arc<dyn Clock>) -> Result<Self, BootstrapError> {
         let provider = config.capabilities.rate_limit.provider;
-        let (port, upkeep): (Arc<dyn EdgeRateLimitPort>, _) = match provider {
+        let (port, upkeep, state): (Arc<dyn EdgeRateLimitPort>, _, _) = match provider {
             ProviderKind::Disabled => return Ok(Self::Disabled),
             ProviderKind::Memory => {
                 let adapter = memory_provider(config, Arc::clone(&clock))?;
-                let upkeep = Upkeep { store: adapter.store().clone(), clock };
-                (Arc::new(adapter), Some(upkeep))
+                let store = adapter.store().clone();
+                let upkeep = Upkeep { store: store.clone(), clock };
+                (Arc::new(adapter), Some(upkeep), ProviderState::Memory(store))
             }
-            ProviderKind::Redis => (Arc::new(redis_provider(config, clock)?), None),
+            ProviderKind::Redis => {
+                let adapter = Arc::new(redis_provider(config, clock)?);
+                (Arc::clone(&adapter) as _, None, ProviderState::Redis(adapter))
+            }
         };
-        Ok(Self::Enabled { provider, port, upkeep })
+        Ok(Self::Enabled { provider, port, upkeep, state })
     }
 
     /// The provider's background work, if it has any.
     pub fn upkeep(&self) -> Option<&Upkeep> {
         match self {
             Self::Enabled { upkeep, .. } => upkeep.as_ref(),
+            Self::Disabled => None,
+        }
+    }
+
+    /// The state a reload builds the next port from, when there is a
+    /// provider.
+    pub fn state(&self) -> Option<&ProviderState> {
+        match self {
+            Self::Enabled { state, .. } => Some(state),
             Self::Disabled => None,
         }
     }
@@ -95,26 +146,11 @@ impl RateLimitCapability {
         config: &AppConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<RateLimitLayer, BootstrapError> {
-        match self {
-            Self::Disabled => Ok(RateLimitLayer::disabled()),
-            Self::Enabled { .. } => {
-                self.layer_with(config, clock, Arc::new(pseudonymizer(config)?))
-            }
-        }
-    }
-
-    /// [`Self::layer`] over a pseudonymizer the caller shares (the admin
-    /// listener's lookups must give the pseudonyms the edge counts under).
-    pub fn layer_with(
-        &self,
-        config: &AppConfig,
-        clock: Arc<dyn Clock>,
-        pseudonymizer: Arc<VersionedPseudonymizer>,
-    ) -> Result<RateLimitLayer, BootstrapError> {
         let port = match self {
             Self::Disabled => return Ok(RateLimitLayer::disabled()),
             Self::Enabled { port, .. } => Arc::clone(port),
         };
+        let pseudonymizer = Arc::new(pseudonymizer(config)?);
         let bridge = TransportBridge::new(port, pseudonymizer, clock, edge_settings(config)?);
         Ok(RateLimitLayer::new(Arc::new(bridge)))
     }
@@ -235,7 +271,7 @@ mod tests {
     async fn memory_is_the_default_and_holds_the_configured_policies() {
         let config = config("");
         let capability = RateLimitCapability::build(&config, clock()).unwrap();
-        let RateLimitCapability::Enabled { provider, port, upkeep } = &capability else {
+        let RateLimitCapability::Enabled { provider, port, upkeep, .. } = &capability else {
             panic!("memory must be enabled");
         };
         assert_eq!(*provider, ProviderKind::Memory);

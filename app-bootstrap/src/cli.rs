@@ -121,7 +121,7 @@ pub async fn run(cli: Cli) -> Result<(), BootstrapError> {
 async fn serve(sources: &ConfigSources) -> Result<(), BootstrapError> {
     let config = AppConfig::load(sources)?;
     let rate_limit = &config.capabilities.rate_limit;
-    let application = Application::build(&config).await?;
+    let application = Application::build(&config).await?.reload_from(sources.clone());
     tracing::info!(
         address = %application.local_addr(),
         provider = rate_limit.provider.name(),

@@ -7,7 +7,7 @@
 
 mod problems;
 mod read;
-mod render;
+pub(crate) mod render;
 mod secret;
 pub(crate) mod sources;
 #[cfg(test)]

@@ -16,10 +16,12 @@ pub mod capability;
 pub mod cli;
 pub mod config;
 mod error;
+pub mod reload;
 pub mod routes;
 pub mod server;
 
 pub use capability::RateLimitCapability;
 pub use config::{AppConfig, ConfigSources};
 pub use error::BootstrapError;
+pub use reload::{ReloadReport, Reloader};
 pub use server::Application;

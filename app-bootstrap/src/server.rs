@@ -17,10 +17,11 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use shared_contract::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
-use crate::admin::{self, AdminState};
+use crate::admin::{self, AdminSource, AdminState};
 use crate::capability::{self, RateLimitCapability, Upkeep};
-use crate::config::AppConfig;
+use crate::config::{AppConfig, ConfigSources};
 use crate::error::BootstrapError;
+use crate::reload::{ReloadTarget, Reloader};
 use crate::routes::{self, ApiRoutes};
 
 /// Longest wait for the provider's readiness answer before `/readyz` says no.
@@ -39,6 +40,10 @@ pub struct Application {
     address: SocketAddr,
     metrics: PrometheusHandle,
     upkeep: Option<Upkeep>,
+    /// What a reloader starts from: the configuration built with, the
+    /// operations served, and what a reload replaces.
+    reload: (AppConfig, std::collections::BTreeSet<String>, Option<ReloadTarget>),
+    reloader: Option<Reloader>,
     admin: Option<AdminListener>,
 }
 
@@ -74,45 +79,57 @@ impl Application {
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BootstrapError> {
         config.check_operations(api.operations())?;
+        let served = api.operations().clone();
         let api = api.into_router();
         let metrics = metrics_handle()?;
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let upkeep = capability.upkeep().cloned();
-        // One pseudonymizer for the edge and the admin lookups, so a
-        // generated key (memory provider without keys) is the same for both.
-        let shared = match (capability.port(), &config.admin.listen) {
-            (None, None) => None,
-            (Some(_), _) | (None, Some(_)) => Some(Arc::new(capability::pseudonymizer(config)?)),
-        };
-        let layer = match &shared {
-            Some(pseudonymizer) => {
-                capability.layer_with(config, Arc::clone(&clock), Arc::clone(pseudonymizer))?
-            }
-            None => capability.layer(config, Arc::clone(&clock))?,
-        };
-        let admin = match (config.admin.listen, &config.admin.token, shared) {
-            (Some(address), Some(token), Some(pseudonymizer)) => {
-                let state = AdminState::new(
-                    capability.port().cloned(),
-                    pseudonymizer,
-                    Arc::new(capability::edge_settings(config)?),
-                    token,
-                    clock,
-                )?;
+        let layer = capability.layer(config, Arc::clone(&clock))?;
+        let admin = match (config.admin.listen, &config.admin.token) {
+            (Some(address), Some(token)) => {
+                // The edge's bridge in force (its port, pseudonymizer and
+                // settings), so the admin routes follow every reload.
+                let source = match layer.switch() {
+                    Some(switch) => AdminSource::Edge(switch.clone()),
+                    None => AdminSource::Disabled {
+                        pseudonymizer: Arc::new(capability::pseudonymizer(config)?),
+                        edge: Arc::new(capability::edge_settings(config)?),
+                    },
+                };
+                let state = AdminState::new(source, token, clock)?;
                 let (listener, address) = bind(address).await?;
                 Some(AdminListener { listener, router: admin::router(state), address })
             }
             // Off; validation refuses a listener without a token.
-            (None, _, _) | (Some(_), None, _) | (Some(_), Some(_), None) => None,
+            (Some(_), None) | (None, _) => None,
         };
+        let target = capability
+            .state()
+            .zip(layer.switch())
+            .map(|(state, switch)| ReloadTarget { switch: switch.clone(), state: state.clone() });
+        let reload = (config.clone(), served, target);
         let router = router(api, capability, layer, metrics.clone());
         let (listener, address) = bind(config.server.listen).await?;
-        Ok(Self { listener, router, address, metrics, upkeep, admin })
+        Ok(Self { listener, router, address, metrics, upkeep, reload, reloader: None, admin })
     }
 
     /// The bound admin address, when `admin.listen` is set.
     pub fn admin_addr(&self) -> Option<SocketAddr> {
         self.admin.as_ref().map(|admin| admin.address)
+    }
+
+    /// Lets SIGHUP (and [`Self::reloader`]) reload the policies from
+    /// `sources`: the sources this server's configuration was loaded from.
+    #[must_use]
+    pub fn reload_from(mut self, sources: ConfigSources) -> Self {
+        let (running, served, target) = self.reload.clone();
+        self.reloader = Some(Reloader::new(sources, running, served, target));
+        self
+    }
+
+    /// The reloader, once [`Self::reload_from`] has set one.
+    pub fn reloader(&self) -> Option<&Reloader> {
+        self.reloader.as_ref()
     }
 
     /// The bound address.
@@ -152,6 +169,7 @@ impl Application {
                 }
             })
         });
+        let hangup = self.reloader.map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
         // The admin listener stops with the public one: on the shutdown
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
@@ -177,8 +195,8 @@ impl Application {
             }
         }
         upkeep.abort();
-        if let Some(purge) = purge {
-            purge.abort();
+        for task in [purge, hangup].into_iter().flatten() {
+            task.abort();
         }
         served.map_err(BootstrapError::Serve)
     }
@@ -250,6 +268,24 @@ pub fn metrics_handle() -> Result<PrometheusHandle, BootstrapError> {
         })?;
     *installed = Some(handle.clone());
     Ok(handle)
+}
+
+/// Reloads on every SIGHUP, one at a time, for as long as the server runs.
+async fn reload_on_hangup(reloader: Reloader) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; reload through the admin listener instead");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            tracing::info!("SIGHUP received; reloading the configuration");
+            reloader.reload().await;
+        }
+    }
+    #[cfg(not(unix))]
+    drop(reloader);
 }
 
 /// Completes on ctrl-c or SIGTERM.

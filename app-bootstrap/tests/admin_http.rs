@@ -402,3 +402,61 @@ async fn a_reset_is_one_audit_line_and_no_line_holds_an_identity() {
         assert!(!line.contains(TOKEN), "the token reached a log line: {line}");
     }
 }
+
+/// The admin routes take the edge's bridge in force, so after a reload
+/// they see the new policy table: a new revision's fresh budget, and a
+/// policy added by the reload.
+#[tokio::test]
+async fn the_admin_routes_follow_a_reload() {
+    use std::sync::Arc;
+
+    use app_bootstrap::{AppConfig, Application, ConfigSources, ReloadReport};
+    use shared_contract::{Clock, ManualClock};
+
+    let file = |limit: u64, revision: u32, extra: &str| {
+        let policy = format!(
+            "[capabilities.rate-limit.policies.{POLICY}]\nalgorithm = \"fixed-window\"\n\
+             limit = {limit}\nwindow = \"60s\"\nrevision = {revision}\n{extra}"
+        );
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[capabilities.rate-limit]\ndefault-policy = \
+             \"{POLICY}\"\n{policy}\n[pseudonymizer.keys]\n1 = \"{TEST_KEY}\"\n{}",
+            admin_section()
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin-reload.toml");
+    std::fs::write(&path, file(3, 1, "")).unwrap();
+    let sources = ConfigSources::file_only(path.clone());
+    let config = AppConfig::load(&sources).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(support::T0 + 250));
+    let application = Application::build_with(&config, app_bootstrap::routes::api(), clock)
+        .await
+        .unwrap()
+        .reload_from(sources);
+    let reloader = application.reloader().expect("a reloader").clone();
+    let public = format!("http://{}/api/hello", application.local_addr());
+    let admin = Admin::of(application.admin_addr().expect("the admin listener"));
+    let task = tokio::spawn(async move { application.run_until(std::future::pending()).await });
+
+    assert_eq!(reqwest::get(&public).await.unwrap().status(), StatusCode::OK);
+    let pseudonym = admin.pseudonym("ip", "127.0.0.1").await;
+    let before = admin.inspect(&pseudonym).await.json();
+    assert_eq!((before["remaining"].clone(), before["revision"].clone()), (json!(2), json!(1)));
+    let extra = "[capabilities.rate-limit.policies.added]\nalgorithm = \"token-bucket\"\n\
+                 capacity = 4\nrefill-tokens = 1\nrefill-period = \"1s\"\nscope = \"subject\"\n";
+    std::fs::write(&path, file(5, 2, extra)).unwrap();
+    let report = reloader.reload().await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    let after = admin.inspect(&pseudonym).await.json();
+    assert_eq!(
+        (after["remaining"].clone(), after["limit"].clone(), after["revision"].clone()),
+        (json!(5), json!(5), json!(2)),
+        "the new revision starts fresh, and admin sees it"
+    );
+    let added = format!("/admin/subjects/{pseudonym}/policies/added");
+    let added = admin.send(Method::GET, &added, Some(TOKEN), None).await;
+    assert_eq!(added.status, StatusCode::OK, "{}", added.body);
+    assert_eq!(added.json()["remaining"], 4);
+    task.abort();
+}

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use humantime_serde::re::humantime;
+use sha2::{Digest, Sha256};
 use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
 use toml::{Table, Value};
 
@@ -15,6 +16,24 @@ use crate::error::BootstrapError;
 pub(crate) const REDACTED: &str = "[REDACTED]";
 
 pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapError> {
+    let root = to_table(config, Secrets::Redacted);
+    toml::to_string(&root).map_err(|error| BootstrapError::ConfigSource(error.to_string()))
+}
+
+/// How a secret value is rendered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Secrets {
+    /// As `check-config` prints it: `[REDACTED]` or its `{ env = .. }`.
+    Redacted,
+    /// As a SHA-256 fingerprint of the value, so two configurations can be
+    /// compared (a reload tells a changed password from an unchanged one)
+    /// without holding the secret in the table. Never printed.
+    Fingerprinted,
+}
+
+/// The configuration as one TOML table, in the keys a file uses.
+pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
+    let secret = |value: &SecretValue| render_secret(value, secrets);
     let mut root = Table::new();
 
     let mut server = Table::new();
@@ -85,10 +104,11 @@ pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapEr
     }
     root.insert("admin".into(), admin.into());
 
-    toml::to_string(&root).map_err(|error| BootstrapError::ConfigSource(error.to_string()))
+    root
 }
 
-fn policy_table(policy: &RateLimitPolicy) -> Value {
+/// One policy as its table under `capabilities.rate-limit.policies`.
+pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     let mut table = Table::new();
     table.insert("algorithm".into(), policy.algorithm().name().into());
     match *policy.algorithm() {
@@ -142,9 +162,12 @@ fn count(value: u64) -> Value {
     i64::try_from(value).unwrap_or(i64::MAX).into()
 }
 
-/// An inline secret prints as `[REDACTED]`; one read from a variable prints
-/// as the same `{ env = "VAR" }` the file holds.
-fn secret(value: &SecretValue) -> Value {
+/// Redacted, an inline secret prints as `[REDACTED]` and one read from a
+/// variable as the same `{ env = "VAR" }` the file holds.
+fn render_secret(value: &SecretValue, secrets: Secrets) -> Value {
+    if secrets == Secrets::Fingerprinted {
+        return format!("sha256:{}", hex::encode(Sha256::digest(value.expose()))).into();
+    }
     match value.source() {
         SecretSource::Inline | SecretSource::Generated => REDACTED.into(),
         SecretSource::Env(name) => {

@@ -237,6 +237,11 @@ impl Serve {
         Self { child, base: format!("http://{address}"), logs, _dir: dir }
     }
 
+    /// The configuration file it was started with (rewrite it to reload).
+    pub(crate) fn config_path(&self) -> std::path::PathBuf {
+        self._dir.path().join("serve.toml")
+    }
+
     /// Every log line so far.
     pub(crate) fn logs(&self) -> Vec<String> {
         self.logs.lock().unwrap().clone()

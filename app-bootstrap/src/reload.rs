@@ -1,0 +1,426 @@
+//! Hot reload of the policy table. On SIGHUP (or `POST /admin/reload`) the
+//! configuration is read again from the sources the server started with;
+//! a valid one puts a new bridge in force, over a port that shares the
+//! provider's state, and an invalid one changes nothing.
+//!
+//! What a reload may change is the policy table and what only the edge
+//! reads (the `RELOADABLE` keys of `capabilities.rate-limit`). Every other
+//! key that differs from what is running is reported as needing a restart,
+//! every time, until one happens.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use adapter_web::{BridgeSwitch, TransportBridge};
+use serde::Serialize;
+use shared_contract::RateLimitPolicy;
+use tokio::sync::Mutex;
+use toml::{Table, Value};
+
+use crate::capability::{ProviderState, edge_settings};
+use crate::config::render::{self, Secrets};
+use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath};
+use crate::error::BootstrapError;
+
+/// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
+pub const CONFIG_RELOADS_TOTAL: &str = "rate_limit_config_reloads_total";
+
+/// The keys of `capabilities.rate-limit` a reload applies: the policy
+/// table and what only the bridge reads. `provider` and
+/// `failure-retry-after` (which the providers hold) need a restart.
+const RELOADABLE: [&str; 9] = [
+    "policies",
+    "default-policy",
+    "operations",
+    "evaluation-budget",
+    "api-key-header",
+    "trusted-proxies",
+    "problem-type-base",
+    "client-ipv4-prefix",
+    "client-ipv6-prefix",
+];
+
+/// What one reload did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "kebab-case")]
+pub enum ReloadReport {
+    /// A new table is in force for every request that starts from now on.
+    Applied {
+        /// The keys whose values changed, as full key paths.
+        changed: Vec<String>,
+        /// Keys that changed in the file but apply only after a restart.
+        #[serde(rename = "restart-required")]
+        restart_required: Vec<String>,
+    },
+    /// Nothing a reload applies differs from what is running.
+    Unchanged {
+        /// Keys that changed in the file but apply only after a restart.
+        #[serde(rename = "restart-required")]
+        restart_required: Vec<String>,
+    },
+    /// The configuration was refused; what was running stays.
+    Rejected {
+        /// Every problem, each naming its full key path.
+        problems: Vec<String>,
+    },
+}
+
+impl ReloadReport {
+    /// The `result` label of [`CONFIG_RELOADS_TOTAL`].
+    pub fn result(&self) -> &'static str {
+        match self {
+            Self::Applied { .. } => "applied",
+            Self::Unchanged { .. } => "unchanged",
+            Self::Rejected { .. } => "rejected",
+        }
+    }
+}
+
+/// What a reload replaces: the bridge in force, and the provider state the
+/// next port is built over. Absent when the provider is `disabled`.
+#[derive(Debug, Clone)]
+pub(crate) struct ReloadTarget {
+    pub(crate) switch: BridgeSwitch,
+    pub(crate) state: ProviderState,
+}
+
+/// Reloads the policy table from `sources`. Cheap to clone; reloads run
+/// one at a time.
+#[derive(Debug, Clone)]
+pub struct Reloader {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    sources: ConfigSources,
+    served: BTreeSet<String>,
+    target: Option<ReloadTarget>,
+    /// The configuration in force: the restart-only keys as the server
+    /// started, the reloadable ones as last applied.
+    running: Mutex<AppConfig>,
+}
+
+impl Reloader {
+    pub(crate) fn new(
+        sources: ConfigSources,
+        running: AppConfig,
+        served: BTreeSet<String>,
+        target: Option<ReloadTarget>,
+    ) -> Self {
+        Self { inner: Arc::new(Inner { sources, served, target, running: Mutex::new(running) }) }
+    }
+
+    /// Reads the configuration again and applies it, or refuses it with
+    /// every problem named; logs and counts the result either way.
+    pub async fn reload(&self) -> ReloadReport {
+        let mut running = self.inner.running.lock().await;
+        let report = match self.apply(&mut running) {
+            Ok(report) => report,
+            Err(problems) => ReloadReport::Rejected { problems },
+        };
+        metrics::counter!(CONFIG_RELOADS_TOTAL, "result" => report.result()).increment(1);
+        match &report {
+            ReloadReport::Applied { changed, restart_required } => {
+                tracing::info!(
+                    ?changed,
+                    "configuration reloaded; new requests use the new policies"
+                );
+                warn_restart_required(restart_required);
+            }
+            ReloadReport::Unchanged { restart_required } => {
+                tracing::info!("configuration reloaded; nothing a reload applies has changed");
+                warn_restart_required(restart_required);
+            }
+            ReloadReport::Rejected { problems } => tracing::error!(
+                ?problems,
+                "configuration reload rejected; the policies in force stay"
+            ),
+        }
+        report
+    }
+
+    fn apply(&self, running: &mut AppConfig) -> Result<ReloadReport, Vec<String>> {
+        let loaded = AppConfig::load(&self.inner.sources).map_err(problem_lines)?;
+        loaded.check_operations(&self.inner.served).map_err(problem_lines)?;
+        let (changed, restart_required) = changes(running, &loaded);
+        let Some(target) = &self.inner.target else {
+            // `disabled`: no table is in use; any change needs a restart.
+            let mut restart_required = restart_required;
+            restart_required.extend(changed);
+            return Ok(ReloadReport::Unchanged { restart_required });
+        };
+        if changed.is_empty() {
+            return Ok(ReloadReport::Unchanged { restart_required });
+        }
+        let mut refused = ConfigProblems::default();
+        revision_rules(
+            &running.capabilities.rate_limit.policies,
+            &loaded.capabilities.rate_limit.policies,
+            &mut refused,
+        );
+        if !refused.is_empty() {
+            return Err(refused.iter().map(ToString::to_string).collect());
+        }
+        let next = with_reloadable(running, &loaded);
+        let current = target.switch.current();
+        let clock = Arc::clone(current.clock());
+        let port = target.state.port_with_policies(&next, Arc::clone(&clock)).map_err(line)?;
+        let settings = edge_settings(&next).map_err(line)?;
+        let pseudonymizer = Arc::clone(current.pseudonymizer());
+        let bridge = TransportBridge::new(port, pseudonymizer, clock, settings);
+        target.switch.replace(Arc::new(bridge));
+        *running = next;
+        Ok(ReloadReport::Applied { changed, restart_required })
+    }
+}
+
+fn warn_restart_required(keys: &[String]) {
+    if !keys.is_empty() {
+        tracing::warn!(?keys, "changed in the configuration, applied only by a restart");
+    }
+}
+
+fn line(error: BootstrapError) -> Vec<String> {
+    vec![error.to_string()]
+}
+
+fn problem_lines(error: BootstrapError) -> Vec<String> {
+    match error {
+        BootstrapError::InvalidConfig(problems) => {
+            problems.iter().map(ToString::to_string).collect()
+        }
+        other => line(other),
+    }
+}
+
+/// `running` with every reloadable key taken from `loaded`.
+fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
+    let mut next = running.clone();
+    let (to, from) = (&mut next.capabilities.rate_limit, &loaded.capabilities.rate_limit);
+    // One line per RELOADABLE key; the reload tests fail when they drift.
+    to.policies.clone_from(&from.policies);
+    to.default_policy.clone_from(&from.default_policy);
+    to.operations.clone_from(&from.operations);
+    to.evaluation_budget = from.evaluation_budget;
+    to.api_key_header = from.api_key_header.clone();
+    to.trusted_proxies.clone_from(&from.trusted_proxies);
+    to.problem_type_base.clone_from(&from.problem_type_base);
+    to.client_ipv4_prefix = from.client_ipv4_prefix;
+    to.client_ipv6_prefix = from.client_ipv6_prefix;
+    next
+}
+
+/// The key paths whose values differ, split into those a reload applies
+/// and those that need a restart. Both configurations are compared as the
+/// tables `check-config` renders, secrets as fingerprints, so a key added
+/// to the configuration is covered without being listed here.
+fn changes(running: &AppConfig, loaded: &AppConfig) -> (Vec<String>, Vec<String>) {
+    let before = flatten(&render::to_table(running, Secrets::Fingerprinted));
+    let after = flatten(&render::to_table(loaded, Secrets::Fingerprinted));
+    let paths: BTreeSet<&Vec<String>> = before.keys().chain(after.keys()).collect();
+    let (mut reloadable, mut restart) = (Vec::new(), Vec::new());
+    for path in paths {
+        if before.get(path) == after.get(path) {
+            continue;
+        }
+        let name = path.iter().fold(KeyPath::root(), |key, segment| key.child(segment)).to_string();
+        match path.as_slice() {
+            [capabilities, rate_limit, key, ..]
+                if capabilities == "capabilities"
+                    && rate_limit == "rate-limit"
+                    && RELOADABLE.contains(&key.as_str()) =>
+            {
+                reloadable.push(name);
+            }
+            _ => restart.push(name),
+        }
+    }
+    (reloadable, restart)
+}
+
+/// Every leaf of `table` by its path; arrays are leaves.
+fn flatten(table: &Table) -> BTreeMap<Vec<String>, Value> {
+    fn walk(table: &Table, path: &mut Vec<String>, out: &mut BTreeMap<Vec<String>, Value>) {
+        for (key, value) in table {
+            path.push(key.clone());
+            match value {
+                Value::Table(inner) => walk(inner, path, out),
+                leaf => {
+                    out.insert(path.clone(), leaf.clone());
+                }
+            }
+            path.pop();
+        }
+    }
+    let mut out = BTreeMap::new();
+    walk(table, &mut Vec::new(), &mut out);
+    out
+}
+
+/// A policy that keeps its id may change its limit only with a higher
+/// `revision` (the new revision's keys start fresh; the old counters mean
+/// a different limit) and never its algorithm (say the new one under a new
+/// id). `mode` may change alone: shadow -> enforce keeps the counters it
+/// observed with, which is the point of a shadow rollout.
+fn revision_rules(
+    running: &BTreeMap<String, RateLimitPolicy>,
+    loaded: &BTreeMap<String, RateLimitPolicy>,
+    problems: &mut ConfigProblems,
+) {
+    for (id, new) in loaded {
+        let Some(old) = running.get(id) else { continue };
+        let path = KeyPath::policy(id);
+        let (from, to) = (old.algorithm().name(), new.algorithm().name());
+        if from != to {
+            problems.push(
+                path.child("algorithm"),
+                format!(
+                    "cannot change from {from} to {to} by a reload (its counters mean nothing to \
+                     another algorithm): give the new limit a new policy id, or restart"
+                ),
+            );
+            continue;
+        }
+        if new.revision() < old.revision() {
+            problems.push(
+                path.child("revision"),
+                format!(
+                    "went back from {} to {}: revisions only grow (the store may still hold the \
+                     older revision's counters)",
+                    old.revision(),
+                    new.revision()
+                ),
+            );
+            continue;
+        }
+        if new.revision() == old.revision() {
+            let altered = altered_parameters(old, new);
+            if !altered.is_empty() {
+                problems.push(
+                    path.child("revision"),
+                    format!(
+                        "{} changed but revision is still {}: raise revision so the new limit \
+                         starts fresh counters",
+                        altered.join(", "),
+                        new.revision()
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// The parameter keys of a policy whose values differ, `mode` aside.
+fn altered_parameters(old: &RateLimitPolicy, new: &RateLimitPolicy) -> Vec<String> {
+    let (Value::Table(old), Value::Table(new)) =
+        (render::policy_table(old), render::policy_table(new))
+    else {
+        return Vec::new();
+    };
+    let (old, new) = (flatten(&old), flatten(&new));
+    let keys: BTreeSet<&Vec<String>> = old.keys().chain(new.keys()).collect();
+    keys.into_iter()
+        .filter(|key| key.first().is_some_and(|first| first != "mode"))
+        .filter(|key| old.get(*key) != new.get(*key))
+        .map(|key| key.join("."))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(toml: &str) -> AppConfig {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, toml).unwrap();
+        AppConfig::load(&ConfigSources::file_only(path)).expect("loads")
+    }
+
+    const BASE: &str = r#"
+[capabilities.rate-limit.policies.demo]
+algorithm = "fixed-window"
+limit = 5
+window = "60s"
+"#;
+
+    /// Every RELOADABLE key away from BASE's value.
+    const EVERY_RELOADABLE: &str = r#"
+[capabilities.rate-limit]
+default-policy = ["demo", "extra"]
+evaluation-budget = "300ms"
+api-key-header = "x-other-key"
+trusted-proxies = ["10.0.0.0/8"]
+problem-type-base = "https://errors.example/"
+client-ipv4-prefix = 24
+client-ipv6-prefix = 48
+operations = { "GET /api/hello" = "extra" }
+
+[capabilities.rate-limit.policies.demo]
+algorithm = "fixed-window"
+limit = 9
+window = "60s"
+revision = 2
+
+[capabilities.rate-limit.policies.extra]
+algorithm = "token-bucket"
+capacity = 3
+refill-tokens = 1
+refill-period = "1s"
+"#;
+
+    #[test]
+    fn every_reloadable_key_is_applied_and_none_is_reported_for_a_restart() {
+        let (running, loaded) = (load(BASE), load(EVERY_RELOADABLE));
+        let (changed, restart) = changes(&running, &loaded);
+        assert!(restart.is_empty(), "{restart:?}");
+        let keys: BTreeSet<&str> =
+            changed.iter().map(|path| path.split('.').nth(2).unwrap()).collect();
+        assert_eq!(keys, RELOADABLE.into_iter().collect(), "each reloadable key differs");
+        // What with_reloadable takes over is exactly what changed.
+        let next = with_reloadable(&running, &loaded);
+        assert_eq!(changes(&next, &loaded), (vec![], vec![]));
+    }
+
+    #[test]
+    fn restart_only_keys_are_named_secrets_included() {
+        let running = load(&format!("{BASE}\n[pseudonymizer.keys]\n1 = \"{}\"\n", "a".repeat(32)));
+        let loaded = load(&format!(
+            "{BASE}\n[server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n\
+             [capabilities.rate-limit]\nfailure-retry-after = \"3s\"\n",
+            "b".repeat(32)
+        ));
+        let (changed, restart) = changes(&running, &loaded);
+        assert!(changed.is_empty(), "{changed:?}");
+        assert_eq!(
+            restart,
+            [
+                "capabilities.rate-limit.failure-retry-after",
+                "pseudonymizer.keys.1",
+                "server.listen"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_changed_dedupe_setting_needs_a_new_revision_and_mode_does_not() {
+        let running = load(BASE);
+        let dedupe = load(&format!("{BASE}evaluation-dedup = {{ enabled = false }}\n"));
+        let mut problems = ConfigProblems::default();
+        let (old, new) =
+            (&running.capabilities.rate_limit.policies, &dedupe.capabilities.rate_limit.policies);
+        revision_rules(old, new, &mut problems);
+        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(listed.len(), 1);
+        assert!(listed[0].starts_with(
+            "capabilities.rate-limit.policies.demo.revision: evaluation-dedup.enabled, \
+             evaluation-dedup.max-entries, evaluation-dedup.max-stored-bytes, \
+             evaluation-dedup.ttl changed"
+        ));
+        let shadow = load(&format!("{BASE}mode = \"shadow\"\n"));
+        let mut problems = ConfigProblems::default();
+        revision_rules(old, &shadow.capabilities.rate_limit.policies, &mut problems);
+        assert!(problems.is_empty());
+    }
+}

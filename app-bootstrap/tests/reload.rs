@@ -1,0 +1,306 @@
+//! Hot reload of the policies against a real server over TCP: a valid file
+//! swaps the table, a new revision starts fresh counters, an invalid file
+//! or a limit changed without a new revision changes nothing, restart-only
+//! keys are reported; on the memory provider and on a spawned Redis; and
+//! the binary reloads on SIGHUP.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use adapter_redis::fixture::RedisServer;
+use app_bootstrap::{AppConfig, Application, ConfigSources, ReloadReport, Reloader};
+use reqwest::StatusCode;
+use shared_contract::{Clock, ManualClock};
+use support::{Serve, TEST_KEY, counter};
+
+/// A fixed window of `limit` per 60 s, revision `revision`, as the default
+/// policy `reloaded`; `extra` adds sections.
+fn config(limit: u64, revision: u32, extra: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[capabilities.rate-limit]
+default-policy = "reloaded"
+
+[capabilities.rate-limit.policies.reloaded]
+algorithm = "fixed-window"
+limit = {limit}
+window = "60s"
+revision = {revision}
+
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+{extra}
+"#
+    )
+}
+
+struct Served {
+    base: String,
+    reloader: Reloader,
+    client: reqwest::Client,
+    _dir: tempfile::TempDir,
+    path: PathBuf,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    async fn start(toml: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reload.toml");
+        std::fs::write(&path, toml).unwrap();
+        let sources = ConfigSources::file_only(path.clone());
+        let config = AppConfig::load(&sources).expect("the first file loads");
+        let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_700_000_000_250));
+        let application = Application::build_with(&config, app_bootstrap::routes::api(), clock)
+            .await
+            .expect("the application builds")
+            .reload_from(sources);
+        let reloader = application.reloader().expect("a reloader").clone();
+        let base = format!("http://{}", application.local_addr());
+        let task = tokio::spawn(async move {
+            application.run_until(std::future::pending()).await.unwrap();
+        });
+        let client = reqwest::Client::builder().no_proxy().build().unwrap();
+        Self { base, reloader, client, _dir: dir, path, task }
+    }
+
+    async fn rewrite_and_reload(&self, toml: &str) -> ReloadReport {
+        std::fs::write(&self.path, toml).unwrap();
+        self.reloader.reload().await
+    }
+
+    async fn hello(&self) -> (StatusCode, String) {
+        let response = self.client.get(format!("{}/api/hello", self.base)).send().await.unwrap();
+        let policy = response
+            .headers()
+            .get("ratelimit-policy")
+            .map(|value| value.to_str().unwrap().to_owned())
+            .unwrap_or_default();
+        (response.status(), policy)
+    }
+
+    async fn allowed_then_denied(&self, allowed: usize) {
+        for n in 0..allowed {
+            assert_eq!(self.hello().await.0, StatusCode::OK, "request {n} of {allowed}");
+        }
+        assert_eq!(self.hello().await.0, StatusCode::TOO_MANY_REQUESTS);
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+fn restart_required_keys(report: &ReloadReport) -> &[String] {
+    match report {
+        ReloadReport::Applied { restart_required, .. }
+        | ReloadReport::Unchanged { restart_required } => restart_required,
+        ReloadReport::Rejected { problems } => panic!("rejected: {problems:?}"),
+    }
+}
+
+fn problems(report: &ReloadReport) -> &[String] {
+    match report {
+        ReloadReport::Rejected { problems } => problems,
+        ReloadReport::Applied { .. } | ReloadReport::Unchanged { .. } => {
+            panic!("expected a rejection, got {report:?}")
+        }
+    }
+}
+
+/// The reload rules, in one sequence over one server, so each step starts
+/// from what the previous one left in force.
+async fn the_reload_rules_hold(extra: &str) {
+    let served = Served::start(&config(3, 1, extra)).await;
+    served.allowed_then_denied(3).await;
+
+    // A new revision with a new limit: fresh counters, the new limit.
+    let report = served.rewrite_and_reload(&config(5, 2, extra)).await;
+    let ReloadReport::Applied { changed, restart_required } = &report else {
+        panic!("applied: {report:?}")
+    };
+    assert_eq!(
+        changed,
+        &[
+            "capabilities.rate-limit.policies.reloaded.limit",
+            "capabilities.rate-limit.policies.reloaded.revision"
+        ]
+    );
+    assert!(restart_required.is_empty(), "{report:?}");
+    let (status, policy) = served.hello().await;
+    assert_eq!(status, StatusCode::OK, "revision 2 starts with a full budget");
+    assert!(policy.contains("q=5"), "{policy}");
+    served.allowed_then_denied(4).await;
+
+    // The limit changed under the same revision: refused, naming why.
+    let report = served.rewrite_and_reload(&config(50, 2, extra)).await;
+    assert_eq!(
+        problems(&report),
+        ["capabilities.rate-limit.policies.reloaded.revision: limit changed but revision is \
+          still 2: raise revision so the new limit starts fresh counters"]
+    );
+    // A new algorithm, even with a new revision: refused.
+    let token_bucket = config(5, 3, extra).replace(
+        "algorithm = \"fixed-window\"\nlimit = 5\nwindow = \"60s\"",
+        "algorithm = \"token-bucket\"\ncapacity = 5\nrefill-tokens = 1\nrefill-period = \"1s\"",
+    );
+    let report = served.rewrite_and_reload(&token_bucket).await;
+    assert!(problems(&report)[0].starts_with(
+        "capabilities.rate-limit.policies.reloaded.algorithm: cannot change from fixed-window \
+         to token-bucket"
+    ));
+    // A revision going back: refused.
+    let report = served.rewrite_and_reload(&config(5, 1, extra)).await;
+    assert!(problems(&report)[0].contains("went back from 2 to 1"), "{report:?}");
+    // An invalid file: every problem named, nothing changes.
+    let invalid = config(5, 9, extra)
+        .replace("window = \"60s\"", "window = \"sixty\"")
+        .replace("default-policy = \"reloaded\"", "default-policy = \"reloaded\"\nbogus = 1");
+    let report = served.rewrite_and_reload(&invalid).await;
+    let listed = problems(&report);
+    assert_eq!(listed.len(), 2, "{listed:?}");
+    assert!(listed.iter().any(|p| p.starts_with("capabilities.rate-limit.bogus")), "{listed:?}");
+    assert!(
+        listed.iter().any(|p| p.starts_with("capabilities.rate-limit.policies.reloaded.window"))
+    );
+    // The table of revision 2 is still in force, its counter still spent.
+    let (status, policy) = served.hello().await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    assert!(policy.contains("q=5"), "{policy}");
+
+    // An edge-only key: applied, and the counters are the same ones (the
+    // new port shares the provider's state).
+    let budget = config(5, 2, &format!("{extra}\n")).replace(
+        "default-policy = \"reloaded\"",
+        "default-policy = \"reloaded\"\nevaluation-budget = \"600ms\"",
+    );
+    let report = served.rewrite_and_reload(&budget).await;
+    assert!(
+        matches!(&report, ReloadReport::Applied { changed, .. }
+            if changed == &["capabilities.rate-limit.evaluation-budget"]),
+        "{report:?}"
+    );
+    assert_eq!(served.hello().await.0, StatusCode::TOO_MANY_REQUESTS, "still spent");
+
+    // A restart-only key: reported, nothing else changes; every time.
+    let moved = budget.replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"");
+    for _ in 0..2 {
+        let report = served.rewrite_and_reload(&moved).await;
+        assert!(matches!(report, ReloadReport::Unchanged { .. }), "{report:?}");
+        assert_eq!(restart_required_keys(&report), ["server.listen"]);
+    }
+    // The mode alone may change under the same revision (a shadow rollout
+    // promoted keeps its counters): shadow, the spent budget no longer blocks.
+    let shadow = moved.replace("revision = 2", "revision = 2\nmode = \"shadow\"");
+    let report = served.rewrite_and_reload(&shadow).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    assert_eq!(served.hello().await.0, StatusCode::OK, "a shadow policy never blocks");
+
+    let metrics = served.client.get(format!("{}/metrics", served.base)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    assert!(counter(&metrics, "rate_limit_config_reloads_total{result=\"rejected\"}") >= 4);
+}
+
+#[tokio::test]
+async fn memory_reloads_follow_the_rules() {
+    the_reload_rules_hold("").await;
+}
+
+#[tokio::test]
+async fn redis_reloads_follow_the_rules_over_the_same_connection() {
+    let redis = RedisServer::start();
+    let extra = format!(
+        "[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"reload:\"\n",
+        redis.url()
+    );
+    the_reload_rules_hold_on_redis(&extra, &redis).await;
+}
+
+/// Connections the server has accepted so far, this one included.
+fn connections_received(redis: &RedisServer) -> u64 {
+    let out = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string(), "INFO", "stats"])
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|line| line.strip_prefix("total_connections_received:"))
+        .and_then(|n| n.trim().parse().ok())
+        .expect("INFO stats has total_connections_received")
+}
+
+async fn the_reload_rules_hold_on_redis(extra: &str, redis: &RedisServer) {
+    let toml = |limit, revision| {
+        config(limit, revision, extra).replace(
+            "default-policy = \"reloaded\"",
+            "provider = \"redis\"\ndefault-policy = \"reloaded\"",
+        )
+    };
+    let served = Served::start(&toml(3, 1)).await;
+    served.allowed_then_denied(3).await;
+    let before = connections_received(redis);
+    let report = served.rewrite_and_reload(&toml(5, 2)).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    served.allowed_then_denied(5).await;
+    // Only the second redis-cli connected: the new port kept the connection.
+    assert_eq!(connections_received(redis), before + 1);
+    let report = served.rewrite_and_reload(&toml(6, 2)).await;
+    assert_eq!(problems(&report).len(), 1, "{report:?}");
+    assert_eq!(served.hello().await.0, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// Polls `check` every 20 ms for at most 10 s.
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !check().await {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn hang_up(child: &std::process::Child) {
+    let status = std::process::Command::new("kill")
+        .args(["-HUP", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success());
+}
+
+fn write(path: &Path, toml: &str) {
+    std::fs::write(path, toml).unwrap();
+}
+
+#[tokio::test]
+async fn the_binary_reloads_on_sighup_and_keeps_its_table_on_a_bad_file() {
+    let mut serve = Serve::start(&config(3, 1, ""), "app_bootstrap=info");
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let base = serve.base.clone();
+    let hello = async || {
+        let response = client.get(format!("{base}/api/hello")).send().await.unwrap();
+        let policy = response.headers().get("ratelimit-policy").cloned();
+        (response.status(), policy.map(|p| p.to_str().unwrap().to_owned()).unwrap_or_default())
+    };
+    assert!(hello().await.1.contains("q=3"));
+
+    write(&serve.config_path(), &config(7, 2, ""));
+    hang_up(&serve.child);
+    eventually("the reloaded limit", async || hello().await.1.contains("q=7")).await;
+    assert!(serve.logs().iter().any(|line| line.contains("configuration reloaded")));
+
+    write(&serve.config_path(), "[capabilities.rate-limit]\nprovider = \"postgres\"\n");
+    hang_up(&serve.child);
+    eventually("the rejection log line", async || {
+        serve.logs().iter().any(|line| line.contains("configuration reload rejected"))
+    })
+    .await;
+    serve.assert_alive();
+    assert!(hello().await.1.contains("q=7"), "the reloaded table stays in force");
+}
