@@ -8,7 +8,9 @@
 //! - `POST /admin/pseudonym` `{"kind", "identity"}`: the pseudonym the edge
 //!   counts that subject under, so support staff can find a customer's
 //!   budget without the raw identity being stored (rate limited itself,
-//!   logged without the identity).
+//!   logged without the identity);
+//! - `POST /admin/reload`: reads the configuration again, as SIGHUP does,
+//!   and answers the [`ReloadReport`] (audited).
 //!
 //! Every route takes [`AdminState`], so one more route is one more
 //! `.route(..)` line in [`router`].
@@ -41,6 +43,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::SecretValue;
 use crate::error::BootstrapError;
+use crate::reload::{ReloadReport, Reloader};
 
 /// Pseudonym lookups the whole listener answers per window: enough for
 /// support staff, far too few to map identities to pseudonyms in bulk.
@@ -111,6 +114,9 @@ pub struct AdminState {
     token: [u8; 32],
     /// The pseudonym lookups' own budget, in process.
     lookups: Arc<LookupLimiter>,
+    /// What `POST /admin/reload` runs; none for a server built without
+    /// configuration sources to read again.
+    reloader: Option<Reloader>,
 }
 
 impl AdminState {
@@ -124,7 +130,15 @@ impl AdminState {
             source,
             token: Sha256::digest(token.expose().as_bytes()).into(),
             lookups: Arc::new(LookupLimiter::new(clock)?),
+            reloader: None,
         })
+    }
+
+    /// This state with `POST /admin/reload` running `reloader`.
+    #[must_use]
+    pub fn with_reloader(mut self, reloader: Option<Reloader>) -> Self {
+        self.reloader = reloader;
+        self
     }
 }
 
@@ -135,6 +149,7 @@ pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/admin/subjects/{pseudonym}/policies/{policy}", get(inspect).delete(reset))
         .route("/admin/pseudonym", post(pseudonym))
+        .route("/admin/reload", post(reload))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
@@ -285,6 +300,30 @@ fn describe(
             Certainty::ApproximateAlgorithm => true,
         },
     })
+}
+
+/// 200 with the report when the reload applied or found nothing to apply,
+/// 422 with it when the configuration was refused (the table in force
+/// stays), 409 when there is nothing to read again.
+async fn reload(
+    State(state): State<AdminState>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
+) -> Response {
+    let Some(reloader) = &state.reloader else {
+        return problem(
+            &state,
+            StatusCode::CONFLICT,
+            "reload-unavailable",
+            "This server was built without configuration sources to read again.",
+        );
+    };
+    let report = reloader.reload().await;
+    tracing::info!(target: "audit", caller = %caller, result = report.result(), "admin reload");
+    let status = match report {
+        ReloadReport::Applied { .. } | ReloadReport::Unchanged { .. } => StatusCode::OK,
+        ReloadReport::Rejected { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    (status, Json(report)).into_response()
 }
 
 #[derive(Debug, Deserialize)]

@@ -51,7 +51,8 @@ pub struct Application {
 #[derive(Debug)]
 struct AdminListener {
     listener: TcpListener,
-    router: Router,
+    /// Its router is built when the server runs, with the reloader.
+    state: AdminState,
     address: SocketAddr,
 }
 
@@ -98,7 +99,7 @@ impl Application {
                 };
                 let state = AdminState::new(source, token, clock)?;
                 let (listener, address) = bind(address).await?;
-                Some(AdminListener { listener, router: admin::router(state), address })
+                Some(AdminListener { listener, state, address })
             }
             // Off; validation refuses a listener without a token.
             (Some(_), None) | (None, _) => None,
@@ -169,13 +170,15 @@ impl Application {
                 }
             })
         });
-        let hangup = self.reloader.map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
+        let reloader = self.reloader;
+        let hangup = reloader.clone().map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
         // The admin listener stops with the public one: on the shutdown
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
         let admin = self.admin.map(|admin| {
             let mut stopped = stopped.clone();
-            let service = admin.router.into_make_service_with_connect_info::<SocketAddr>();
+            let router = admin::router(admin.state.with_reloader(reloader));
+            let service = router.into_make_service_with_connect_info::<SocketAddr>();
             tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stopped.changed().await;

@@ -206,6 +206,7 @@ async fn without_the_bearer_token_every_admin_request_is_401() {
             (Method::GET, inspect.as_str()),
             (Method::DELETE, inspect.as_str()),
             (Method::POST, "/admin/pseudonym"),
+            (Method::POST, "/admin/reload"),
             (Method::GET, "/admin/nothing-here"),
         ] {
             let answer = admin.send(method.clone(), path, token, None).await;
@@ -224,6 +225,10 @@ async fn without_the_bearer_token_every_admin_request_is_401() {
     assert_eq!(basic.status(), StatusCode::UNAUTHORIZED);
     // Nothing was charged or reset by any of it.
     assert_eq!(admin.inspect(&pseudonym).await.json()["remaining"], 3);
+    // Built without configuration sources (no `reload_from`): nothing to
+    // read again, so a reload is a 409, not a silent success.
+    let reload = admin.send(Method::POST, "/admin/reload", Some(TOKEN), None).await;
+    reload.assert_problem(StatusCode::CONFLICT, "reload-unavailable");
     server.stop().await;
 }
 
@@ -445,9 +450,25 @@ async fn the_admin_routes_follow_a_reload() {
     assert_eq!((before["remaining"].clone(), before["revision"].clone()), (json!(2), json!(1)));
     let extra = "[capabilities.rate-limit.policies.added]\nalgorithm = \"token-bucket\"\n\
                  capacity = 4\nrefill-tokens = 1\nrefill-period = \"1s\"\nscope = \"subject\"\n";
+    // A limit changed without a new revision: 422 with the problem, as
+    // `POST /admin/reload` reports it; nothing changes.
+    std::fs::write(&path, file(9, 1, "")).unwrap();
+    let refused = admin.send(Method::POST, "/admin/reload", Some(TOKEN), None).await;
+    assert_eq!(refused.status, StatusCode::UNPROCESSABLE_ENTITY, "{}", refused.body);
+    assert_eq!(refused.json()["result"], "rejected");
+    assert!(refused.json()["problems"][0].as_str().unwrap().contains("raise revision"));
+    assert_eq!(admin.inspect(&pseudonym).await.json()["limit"], 3);
+    // The same route without the token is 401, like every admin route.
+    let anonymous = admin.send(Method::POST, "/admin/reload", None, None).await;
+    assert_eq!(anonymous.status, StatusCode::UNAUTHORIZED);
+
     std::fs::write(&path, file(5, 2, extra)).unwrap();
+    let applied = admin.send(Method::POST, "/admin/reload", Some(TOKEN), None).await;
+    assert_eq!(applied.status, StatusCode::OK, "{}", applied.body);
+    assert_eq!(applied.json()["result"], "applied");
+    // SIGHUP's path too: the reloader finds nothing more to apply.
     let report = reloader.reload().await;
-    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    assert!(matches!(report, ReloadReport::Unchanged { .. }), "{report:?}");
     let after = admin.inspect(&pseudonym).await.json();
     assert_eq!(
         (after["remaining"].clone(), after["limit"].clone(), after["revision"].clone()),
