@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, KeyRules, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyScope,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, UnavailableCategory, evaluate_set,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, KeyRules, MAX_POLICY_SET,
+    OperationDigest, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    UnavailableCategory, evaluate_set, inspect_key,
 };
 
 use crate::error::MemoryAdapterError;
@@ -124,6 +125,16 @@ impl MemoryEdgeRateLimitAdapter {
     }
 }
 
+impl MemoryEdgeRateLimitAdapter {
+    /// The policy of a budget and its key slot, the same slot `decide`
+    /// charges for that subject, policy and operation.
+    fn budget_slot(&self, key: &BudgetKey) -> Result<(&PolicySlot, KeySlot), BudgetFailure> {
+        let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
+        let operation = key.operation_for(&slot.policy)?.map_or(0, operation_number);
+        Ok((slot, KeySlot { namespace: slot.namespace, operation }))
+    }
+}
+
 /// The operation as a key part: the digest's hex read as a number, 64
 /// bits at a time and folded (the edge's digests are exactly 64 bits, so
 /// this is exact for them). A subject-scoped key uses 0 in its own
@@ -155,5 +166,18 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     /// Always ready: the store is this process's memory.
     async fn is_ready(&self) -> bool {
         true
+    }
+
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        let (slot, at) = self.budget_slot(key)?;
+        let now = self.clock.epoch_millis();
+        let state = self.store.peek(at, key.subject.as_str(), now);
+        inspect_key(&slot.rules, state.as_ref(), now)
+    }
+
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        let (_, at) = self.budget_slot(key)?;
+        self.store.remove(at, key.subject.as_str());
+        Ok(())
     }
 }

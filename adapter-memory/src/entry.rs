@@ -43,7 +43,7 @@ impl Entry {
         }
     }
 
-    #[cfg(test)]
+    /// The state held, without moving it (an operator's inspect).
     pub(crate) fn state(&self) -> Option<&KeyState> {
         self.state.as_ref()
     }

@@ -7,7 +7,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use shared_contract::{KeyRules, MAX_POLICY_SET, PolicyId, SetMember};
+use shared_contract::{KeyRules, KeyState, MAX_POLICY_SET, PolicyId, SetMember};
 
 use crate::entry::Entry;
 use crate::key::{BuildPrehashed, KeyView, LookupKey, StoredKey};
@@ -170,6 +170,25 @@ impl MemoryStore {
         }
         shard.after_op(now, earliest);
         result
+    }
+
+    /// A copy of one key's state at caller time `now` (`None` when absent
+    /// or past its expiry), for an operator's inspect: nothing is moved,
+    /// written or counted as an operation.
+    pub(crate) fn peek(&self, slot: KeySlot, subject: &str, now: u64) -> Option<KeyState> {
+        let subject_hash = self.inner.hasher.hash_one(subject);
+        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
+        let shard = self.shard(subject_hash).lock();
+        let entry = shard.map.get(&key as &dyn KeyView)?;
+        (entry.expires_at > now).then(|| entry.state().cloned()).flatten()
+    }
+
+    /// Removes one key, state and dedupe records together (an operator's
+    /// reset); an absent key is left absent.
+    pub(crate) fn remove(&self, slot: KeySlot, subject: &str) {
+        let subject_hash = self.inner.hasher.hash_one(subject);
+        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
+        self.shard(subject_hash).lock().map.remove(&key as &dyn KeyView);
     }
 
     fn shard(&self, hash: u64) -> &Mutex<Shard> {

@@ -9,9 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use shared_contract::{
-    Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, IncompatibleCategory,
-    MAX_POLICY_SET, PolicyId, PolicyMode, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, SetDecision, SetEntries, UnavailableCategory, millis,
+    Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
+    EvaluationDedupPolicy, IncompatibleCategory, MAX_POLICY_SET, PolicyId, PolicyMode,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
+    SetEntries, UnavailableCategory, millis,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
@@ -426,8 +427,17 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
     async fn is_ready(&self) -> bool {
         self.gateway.ping(self.command_timeout).await.is_ok()
     }
+
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        self.inspect_budget(key).await
+    }
+
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        self.reset_budget(key).await
+    }
 }
 
+mod budget;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

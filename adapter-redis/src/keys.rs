@@ -46,6 +46,24 @@ impl RateLimitKeys {
         subject: &SubjectDigest,
         operation: &OperationDigest,
     ) -> String {
+        let operation = match policy.scope() {
+            PolicyScope::Operation => Some(operation),
+            PolicyScope::Subject => None,
+        };
+        self.budget_key(policy, subject, operation)
+    }
+
+    /// The counter key of one budget (`shared_contract::BudgetKey`):
+    /// `operation` is the one an operation-scoped policy's key ends with,
+    /// `None` for a subject-scoped policy (checked by
+    /// `BudgetKey::operation_for`). The same key [`Self::counter_key`]
+    /// gives for a request.
+    pub fn budget_key(
+        &self,
+        policy: &RateLimitPolicy,
+        subject: &SubjectDigest,
+        operation: Option<&OperationDigest>,
+    ) -> String {
         let mut key = String::with_capacity(
             self.prefix.len() + subject.as_str().len() + policy.id().as_str().len() + 80,
         );
@@ -56,12 +74,9 @@ impl RateLimitKeys {
         key.push_str(policy.id().as_str());
         // Writing into a String cannot fail.
         let _ = write!(key, ":{}", policy.revision());
-        match policy.scope() {
-            PolicyScope::Operation => {
-                key.push(':');
-                key.push_str(operation.as_str());
-            }
-            PolicyScope::Subject => {}
+        if let Some(operation) = operation {
+            key.push(':');
+            key.push_str(operation.as_str());
         }
         key
     }

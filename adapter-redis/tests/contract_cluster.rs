@@ -19,8 +19,9 @@ use adapter_redis::{RateLimitKeys, RedisEdgeRateLimitAdapter, RedisSettings, Top
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, PolicyId, PolicyScope,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    Algorithm, BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, EvaluationDedupPolicy,
+    ManualClock, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest,
 };
 
 fn cluster() -> &'static RedisCluster {
@@ -143,6 +144,16 @@ impl EdgeRateLimitPort for ScopedSubjects {
     async fn is_ready(&self) -> bool {
         self.inner.is_ready().await
     }
+
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        let key = BudgetKey { subject: self.pseudonym(&key.subject), ..key.clone() };
+        self.inner.inspect(&key).await
+    }
+
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        let key = BudgetKey { subject: self.pseudonym(&key.subject), ..key.clone() };
+        self.inner.reset(&key).await
+    }
 }
 
 /// Passes every call through and notes the key each evaluation touches.
@@ -171,6 +182,14 @@ impl EdgeRateLimitPort for KeyRecorder {
 
     async fn is_ready(&self) -> bool {
         self.adapter.is_ready().await
+    }
+
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        self.adapter.inspect(key).await
+    }
+
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        self.adapter.reset(key).await
     }
 }
 

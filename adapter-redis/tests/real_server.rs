@@ -372,3 +372,76 @@ async fn a_timeout_after_send_is_indeterminate_and_a_repeat_replays_the_charge_i
     }
     assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 0);
 }
+
+/// A reset deletes the counter key and its `:dedupe` records key both (a
+/// records key left behind would be ignored by the next counter key, but
+/// would hold the evaluation ids until it expired), touches no other key,
+/// and an inspect reads without writing: the key's value and TTL stay.
+#[tokio::test]
+async fn reset_deletes_the_counter_and_records_keys_and_inspect_writes_nothing() {
+    use shared_contract::BudgetKey;
+
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let policy = fixed("p", 3, EvaluationDedupPolicy::enabled_defaults());
+    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let (who, other) = (subject(40), subject(41));
+    for subject in [&who, &other] {
+        assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", subject)).await), 2);
+    }
+    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let records = RateLimitKeys::records_key(&key);
+    let other_key = adapter.keys().counter_key(&policy, &other, &common::operation());
+    let mut redis = inspector(&server).await;
+    let probe = redis.clone();
+    let exists = |keys: Vec<String>| {
+        let mut redis = probe.clone();
+        async move {
+            let count: usize =
+                redis::cmd("EXISTS").arg(keys).query_async(&mut redis).await.unwrap();
+            count
+        }
+    };
+    assert_eq!(exists(vec![key.clone(), records.clone()]).await, 2);
+
+    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+    let value: Vec<u8> = redis.get(&key).await.unwrap();
+    let ttl: i64 = redis.pttl(&key).await.unwrap();
+    clock.set_epoch_millis(T0 + 600);
+    let seen = adapter.inspect(&budget).await.unwrap();
+    assert_eq!((seen.remaining, seen.mark), (2, Some(T0 + 250)));
+    let after: Vec<u8> = redis.get(&key).await.unwrap();
+    let ttl_after: i64 = redis.pttl(&key).await.unwrap();
+    assert_eq!(after, value, "inspect wrote the key");
+    assert!(ttl_after <= ttl, "inspect extended the key: {ttl} -> {ttl_after}");
+
+    adapter.reset(&budget).await.unwrap();
+    assert_eq!(exists(vec![key.clone(), records.clone()]).await, 0);
+    assert_eq!(exists(vec![other_key.clone(), RateLimitKeys::records_key(&other_key)]).await, 2);
+    adapter.reset(&budget).await.unwrap();
+    assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 2);
+}
+
+/// The operator's calls fail typed, never by panic: a key of another Redis
+/// type is `StateIncompatible` to inspect and still resets (one `DEL` takes
+/// any type); a stopped server is `Unavailable` to both.
+#[tokio::test]
+async fn inspect_and_reset_failures_are_typed() {
+    use shared_contract::{BudgetFailure, BudgetKey};
+
+    let mut server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = fixed("p", 3, EvaluationDedupPolicy::enabled_defaults());
+    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let who = subject(42);
+    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let mut redis = inspector(&server).await;
+    let _: () = redis.hset(&key, "f", "v").await.unwrap();
+    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+    assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
+    assert_eq!(adapter.reset(&budget).await, Ok(()));
+    assert_eq!(adapter.inspect(&budget).await.map(|state| state.remaining), Ok(3));
+    server.stop();
+    assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::Unavailable));
+    assert_eq!(adapter.reset(&budget).await, Err(BudgetFailure::Unavailable));
+}

@@ -41,6 +41,8 @@ pub use refusal::Refusal;
 pub use rejection::{ApiKeyProblem, EdgeRejection};
 pub use service::RateLimitService;
 pub use settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
-pub use subject::{AuthenticatedPrincipal, MAX_API_KEY_BYTES, SubjectKind};
+pub use subject::{
+    AuthenticatedPrincipal, IdentityProblem, MAX_API_KEY_BYTES, SubjectKind, canonical_identity,
+};
 pub use switch::BridgeSwitch;
 pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS};

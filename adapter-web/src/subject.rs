@@ -108,6 +108,51 @@ fn client_network(ip: IpAddr, settings: &EdgeSettings) -> IpNet {
     }
 }
 
+/// Why an identity an operator typed cannot name a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityProblem {
+    /// Not an API key the edge would accept from a client.
+    InvalidApiKey(ApiKeyProblem),
+    /// Not an IPv4 or IPv6 address.
+    NotAnIpAddress,
+    /// An empty principal.
+    EmptyPrincipal,
+}
+
+/// The canonical identity the edge pseudonymizes for a subject of `kind`,
+/// from the form an operator types it: an API key as a client sends it
+/// (checked by the same rules), a principal as the auth layer sets it, an
+/// IP address as the edge sees the client (turned into its network at the
+/// configured prefix, as requests are). Feeding the result to
+/// [`crate::VersionedPseudonymizer::pseudonymize`] gives the pseudonym a
+/// request of that subject is counted under. The identity is never kept.
+///
+/// # Errors
+/// [`IdentityProblem`] when the text cannot be such a subject.
+pub fn canonical_identity(
+    kind: SubjectKind,
+    identity: &str,
+    settings: &EdgeSettings,
+) -> Result<String, IdentityProblem> {
+    match kind {
+        SubjectKind::Principal if identity.is_empty() => Err(IdentityProblem::EmptyPrincipal),
+        SubjectKind::Principal => Ok(identity.to_owned()),
+        SubjectKind::ApiKey => match validate_api_key(identity.as_bytes()) {
+            Ok(key) => Ok(key.to_owned()),
+            Err(EdgeRejection::InvalidApiKey(problem)) => {
+                Err(IdentityProblem::InvalidApiKey(problem))
+            }
+            Err(EdgeRejection::MissingPeerAddress) => {
+                Err(IdentityProblem::InvalidApiKey(ApiKeyProblem::Empty))
+            }
+        },
+        SubjectKind::ClientIp => {
+            let ip: IpAddr = identity.parse().map_err(|_| IdentityProblem::NotAnIpAddress)?;
+            Ok(client_network(ip, settings).to_string())
+        }
+    }
+}
+
 fn validate_api_key(key: &[u8]) -> Result<&str, EdgeRejection> {
     let problem = if key.is_empty() {
         ApiKeyProblem::Empty
@@ -246,6 +291,33 @@ mod tests {
             resolve_subject(&request, &EdgeSettings::default()),
             Err(EdgeRejection::MissingPeerAddress)
         );
+    }
+
+    #[test]
+    fn an_operator_s_identity_canonicalizes_as_a_request_s_does() {
+        let settings = EdgeSettings::default();
+        let of = |kind, identity| canonical_identity(kind, identity, &settings);
+        // The same networks the edge counts (/32 and /64 by default).
+        assert_eq!(of(SubjectKind::ClientIp, "203.0.113.7"), Ok("203.0.113.7/32".to_owned()));
+        assert_eq!(
+            of(SubjectKind::ClientIp, "2001:db8:1:2:3:4:5:6"),
+            Ok("2001:db8:1:2::/64".to_owned())
+        );
+        assert_eq!(
+            of(SubjectKind::ClientIp, "203.0.113.7"),
+            Ok(resolve_peer("203.0.113.7", &settings))
+        );
+        assert_eq!(
+            of(SubjectKind::ClientIp, "2001:db8::/64"),
+            Err(IdentityProblem::NotAnIpAddress)
+        );
+        assert_eq!(of(SubjectKind::ApiKey, "key-123"), Ok("key-123".to_owned()));
+        assert_eq!(
+            of(SubjectKind::ApiKey, "a key"),
+            Err(IdentityProblem::InvalidApiKey(ApiKeyProblem::NotVisibleAscii))
+        );
+        assert_eq!(of(SubjectKind::Principal, "user-7"), Ok("user-7".to_owned()));
+        assert_eq!(of(SubjectKind::Principal, ""), Err(IdentityProblem::EmptyPrincipal));
     }
 
     #[test]

@@ -17,8 +17,8 @@ use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use shared_contract::{
-    Algorithm, Clock, EdgeRateLimitPort, ManualClock, PolicyId, PolicySet, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest,
+    Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock,
+    PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
 };
 use tokio::sync::Semaphore;
 use tower::ServiceExt;
@@ -45,6 +45,15 @@ impl EdgeRateLimitPort for GatedPort {
 
     async fn is_ready(&self) -> bool {
         true
+    }
+
+    // The operator's calls are not gated: only evaluations are held.
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        self.inner.inspect(key).await
+    }
+
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        self.inner.reset(key).await
     }
 }
 

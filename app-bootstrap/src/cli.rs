@@ -130,6 +130,9 @@ async fn serve(sources: &ConfigSources) -> Result<(), BootstrapError> {
         config_file = ?sources.file(),
         "ca-skeleton listening"
     );
+    if let Some(admin) = application.admin_addr() {
+        tracing::info!(address = %admin, "admin listener on");
+    }
     application.run_until_stopped().await?;
     tracing::info!("stopped");
     Ok(())

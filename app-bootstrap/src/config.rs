@@ -27,6 +27,7 @@ use shared_contract::RateLimitPolicy;
 pub use problems::{ConfigProblem, ConfigProblems, KeyPath};
 pub use secret::{SecretSource, SecretValue};
 pub use sources::{CONFIG_FILE_ENV, ConfigSources, ENV_PREFIX};
+pub(crate) use validate::is_operation;
 
 use crate::error::BootstrapError;
 
@@ -41,7 +42,25 @@ pub struct AppConfig {
     pub pseudonymizer: PseudonymizerConfig,
     /// `redis.*`: the Redis connection, used by the `redis` provider.
     pub redis: RedisConfig,
+    /// `admin.*`: the operator listener, off unless `admin.listen` is set.
+    pub admin: AdminConfig,
 }
+
+/// `admin.*`: the operator listener (inspect and reset a budget, look up
+/// a pseudonym). Off by default; it never shares the public port.
+#[derive(Debug, Clone, Default)]
+pub struct AdminConfig {
+    /// `listen`: the admin socket address; `None` (the default) keeps the
+    /// listener off.
+    pub listen: Option<SocketAddr>,
+    /// `token`: the bearer token, inline or `{ env = "VAR" }`; at least
+    /// [`MIN_ADMIN_TOKEN_BYTES`] bytes, required when `listen` is set.
+    pub token: Option<SecretValue>,
+}
+
+/// Shortest admin token accepted: 256 bits, as random as a pseudonymizer
+/// key, so guessing is never the way in.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
 
 /// `server.*`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod acl;
+pub mod admin;
 pub mod bench;
 pub mod capability;
 pub mod cli;

@@ -17,7 +17,8 @@ use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use shared_contract::{Clock, SystemClock};
 use tokio::net::TcpListener;
 
-use crate::capability::{RateLimitCapability, Upkeep};
+use crate::admin::{self, AdminSource, AdminState};
+use crate::capability::{self, RateLimitCapability, Upkeep};
 use crate::config::{AppConfig, ConfigSources};
 use crate::error::BootstrapError;
 use crate::reload::{ReloadTarget, Reloader};
@@ -43,6 +44,16 @@ pub struct Application {
     /// operations served, and what a reload replaces.
     reload: (AppConfig, std::collections::BTreeSet<String>, Option<ReloadTarget>),
     reloader: Option<Reloader>,
+    admin: Option<AdminListener>,
+}
+
+/// The bound admin listener and its router (`admin.listen`).
+#[derive(Debug)]
+struct AdminListener {
+    listener: TcpListener,
+    /// Its router is built when the server runs, with the reloader.
+    state: AdminState,
+    address: SocketAddr,
 }
 
 impl Application {
@@ -74,19 +85,38 @@ impl Application {
         let metrics = metrics_handle()?;
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let upkeep = capability.upkeep().cloned();
-        let layer = capability.layer(config, clock)?;
+        let layer = capability.layer(config, Arc::clone(&clock))?;
+        let admin = match (config.admin.listen, &config.admin.token) {
+            (Some(address), Some(token)) => {
+                // The edge's bridge in force (its port, pseudonymizer and
+                // settings), so the admin routes follow every reload.
+                let source = match layer.switch() {
+                    Some(switch) => AdminSource::Edge(switch.clone()),
+                    None => AdminSource::Disabled {
+                        pseudonymizer: Arc::new(capability::pseudonymizer(config)?),
+                        edge: Arc::new(capability::edge_settings(config)?),
+                    },
+                };
+                let state = AdminState::new(source, token, clock)?;
+                let (listener, address) = bind(address).await?;
+                Some(AdminListener { listener, state, address })
+            }
+            // Off; validation refuses a listener without a token.
+            (Some(_), None) | (None, _) => None,
+        };
         let target = capability
             .state()
             .zip(layer.switch())
             .map(|(state, switch)| ReloadTarget { switch: switch.clone(), state: state.clone() });
         let reload = (config.clone(), served, target);
         let router = router(api, capability, layer, metrics.clone());
-        let address = config.server.listen;
-        let listener = TcpListener::bind(address)
-            .await
-            .map_err(|source| BootstrapError::Bind { address, source })?;
-        let address = listener.local_addr().map_err(BootstrapError::Serve)?;
-        Ok(Self { listener, router, address, metrics, upkeep, reload, reloader: None })
+        let (listener, address) = bind(config.server.listen).await?;
+        Ok(Self { listener, router, address, metrics, upkeep, reload, reloader: None, admin })
+    }
+
+    /// The bound admin address, when `admin.listen` is set.
+    pub fn admin_addr(&self) -> Option<SocketAddr> {
+        self.admin.as_ref().map(|admin| admin.address)
     }
 
     /// Lets SIGHUP (and [`Self::reloader`]) reload the policies from
@@ -140,9 +170,33 @@ impl Application {
                 }
             })
         });
-        let hangup = self.reloader.map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
+        let reloader = self.reloader;
+        let hangup = reloader.clone().map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
+        // The admin listener stops with the public one: on the shutdown
+        // signal, or when the public server ends (the sender is dropped).
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        let admin = self.admin.map(|admin| {
+            let mut stopped = stopped.clone();
+            let router = admin::router(admin.state.with_reloader(reloader));
+            let service = router.into_make_service_with_connect_info::<SocketAddr>();
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stopped.changed().await;
+                };
+                axum::serve(admin.listener, service).with_graceful_shutdown(shutdown).await
+            })
+        });
+        let shutdown = async move {
+            shutdown.await;
+            let _ = stop.send(());
+        };
         let service = self.router.into_make_service_with_connect_info::<SocketAddr>();
         let served = axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await;
+        if let Some(admin) = admin {
+            if let Ok(Err(error)) = admin.await {
+                tracing::warn!(%error, "admin listener stopped with an error");
+            }
+        }
         upkeep.abort();
         for task in [purge, hangup].into_iter().flatten() {
             task.abort();
@@ -155,6 +209,15 @@ impl Application {
 struct Probes {
     capability: RateLimitCapability,
     metrics: PrometheusHandle,
+}
+
+/// Binds `address` (port 0 picks a free port) and reports the bound one.
+async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), BootstrapError> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| BootstrapError::Bind { address, source })?;
+    let bound = listener.local_addr().map_err(BootstrapError::Serve)?;
+    Ok((listener, bound))
 }
 
 /// The whole router: every route of `api` behind `layer`; `/healthz`,

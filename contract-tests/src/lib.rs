@@ -42,8 +42,9 @@ mod suite;
 // Every check also answers at the crate root (`contract_tests::<check>`), so
 // a provider can run one check alone; a glob per module, not a list per fn.
 pub use checks::{
-    clock_regression::*, concurrency::*, evaluation_dedup::*, fixed_window::*, invariants::*,
-    isolation::*, lifetime::*, policy_sets::*, rejection::*, sliding_counter::*, token_bucket::*,
+    admin::*, clock_regression::*, concurrency::*, evaluation_dedup::*, fixed_window::*,
+    invariants::*, isolation::*, lifetime::*, policy_sets::*, rejection::*, sliding_counter::*,
+    token_bucket::*,
 };
 pub use factory::ProviderFactory;
 pub use scope::{MAX_SCOPE_LEN, StoreScope};

@@ -69,6 +69,13 @@ macro_rules! __contract_checks {
             policy_sets::policy_set_clock_unsafe_on_any_key_changes_no_key,
             policy_sets::policy_set_with_an_unknown_policy_is_incompatible,
             concurrency::concurrent_evaluations_admit_exactly_the_limit,
+            admin::inspect_never_charges,
+            admin::inspect_of_an_exhausted_budget_reports_its_retry_after,
+            admin::inspect_follows_the_clock_without_writing,
+            admin::reset_restores_the_full_budget,
+            admin::reset_of_an_absent_budget_is_fine,
+            admin::budget_operation_must_fit_the_policy_scope,
+            admin::reset_forgets_the_dedupe_records,
         }
     };
 }

@@ -17,9 +17,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use shared_contract::{
-    Clock, EdgeRateLimitPort, KeyRules, KeyState, ManualClock, PolicyId, PolicyScope,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetMember, UnavailableCategory,
-    evaluate_set,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, KeyRules, KeyState,
+    ManualClock, OperationDigest, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy,
+    RateLimitRequest, SetMember, SubjectDigest, UnavailableCategory, evaluate_set, inspect_key,
 };
 
 // ---- The store: what a real backend gives you --------------------------
@@ -61,6 +61,19 @@ impl CasStore {
     /// another writer came first.
     fn compare_and_set(&self, key: &str, expected: u64, state: KeyState, expires_at: u64) -> bool {
         self.compare_and_set_all(vec![Write { key: key.to_owned(), expected, state, expires_at }])
+    }
+
+    /// Makes the key read as absent (an operator's reset). The version
+    /// still moves on, as every write's does: an evaluation that loaded
+    /// the key before the reset must lose its compare-and-set, and a plain
+    /// delete back to version 0 could let it win once the key is written
+    /// again (ABA). A database would write a tombstone row or keep a
+    /// version counter beside the key.
+    fn reset(&self, key: &str) {
+        if let Some(stored) = self.keys().get_mut(key) {
+            stored.version += 1;
+            stored.expires_at = 0;
+        }
     }
 
     /// Writes every one of `writes` only if each key is still at its
@@ -124,11 +137,31 @@ impl CasProvider {
     /// operation for an operation-scoped policy; a new revision starts
     /// afresh.
     fn key(policy: &RateLimitPolicy, request: &RateLimitRequest) -> String {
-        let (id, revision, subject) = (policy.id(), policy.revision(), &request.subject);
-        match policy.scope() {
-            PolicyScope::Subject => format!("{subject}:{id}:{revision}"),
-            PolicyScope::Operation => format!("{subject}:{id}:{revision}:{}", request.operation),
+        let operation = match policy.scope() {
+            PolicyScope::Subject => None,
+            PolicyScope::Operation => Some(&request.operation),
+        };
+        Self::key_of(policy, &request.subject, operation)
+    }
+
+    /// The one key layout `evaluate`, `inspect` and `reset` share.
+    fn key_of(
+        policy: &RateLimitPolicy,
+        subject: &SubjectDigest,
+        operation: Option<&OperationDigest>,
+    ) -> String {
+        let (id, revision) = (policy.id(), policy.revision());
+        match operation {
+            None => format!("{subject}:{id}:{revision}"),
+            Some(operation) => format!("{subject}:{id}:{revision}:{operation}"),
         }
+    }
+
+    /// A budget's policy slot and key; the scope check reads no state.
+    fn budget(&self, key: &BudgetKey) -> Result<(&Slot, String), BudgetFailure> {
+        let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
+        let operation = key.operation_for(&slot.policy)?;
+        Ok((slot, Self::key_of(&slot.policy, &key.subject, operation)))
     }
 }
 
@@ -192,6 +225,22 @@ impl EdgeRateLimitPort for CasProvider {
     async fn is_ready(&self) -> bool {
         true
     }
+
+    /// Reads the key and runs the shared step spared: nothing is written.
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        let (slot, key) = self.budget(key)?;
+        let now = self.clock.epoch_millis();
+        let (_, state) = self.store.get(&key, now);
+        inspect_key(&slot.rules, state.as_ref(), now)
+    }
+
+    /// State and dedupe records live in one `KeyState`, so one reset
+    /// forgets both.
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        let (_, key) = self.budget(key)?;
+        self.store.reset(&key);
+        Ok(())
+    }
 }
 
 // ---- The contract suite -------------------------------------------------
@@ -242,4 +291,12 @@ fn the_store_refuses_a_write_at_a_stale_version() {
     assert_eq!(store.get("k", 100), (1, None));
     assert!(!store.compare_and_set("k", 0, state(1), 200));
     assert!(store.compare_and_set("k", 1, state(1), 200));
+    // A reset reads as absent and moves the version on: a writer that
+    // loaded before it (version 2) loses, as does one that saw it absent
+    // before it was ever written (version 0).
+    store.reset("k");
+    assert_eq!(store.get("k", 10), (3, None));
+    assert!(!store.compare_and_set("k", 2, state(5), 200));
+    assert!(!store.compare_and_set("k", 0, state(5), 200));
+    assert!(store.compare_and_set("k", 3, state(1), 200));
 }

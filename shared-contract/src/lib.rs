@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+mod budget;
 mod clock;
 mod dedup;
 mod error;
@@ -25,6 +26,7 @@ mod request;
 mod step;
 mod subject;
 
+pub use budget::{BudgetFailure, BudgetKey, BudgetState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
@@ -43,6 +45,6 @@ pub use request::{
 };
 pub use step::{
     AlgorithmState, DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict,
-    evaluate_set,
+    evaluate_set, inspect_key,
 };
 pub use subject::SubjectDigest;

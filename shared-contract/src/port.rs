@@ -4,6 +4,7 @@ use std::fmt::Debug;
 
 use async_trait::async_trait;
 
+use crate::budget::{BudgetFailure, BudgetKey, BudgetState};
 use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
@@ -36,4 +37,31 @@ pub trait EdgeRateLimitPort: Send + Sync + Debug {
     /// Whether the provider can answer now (its backing store responds).
     /// Used by readiness probes; it MUST NOT consume budget.
     async fn is_ready(&self) -> bool;
+
+    /// The budget `key` names as the provider holds it now, for an
+    /// operator. It MUST NOT charge, write or extend anything: the state
+    /// is computed from what is stored by the same step `evaluate` runs
+    /// (`shared_contract::inspect_key`), so a following `evaluate` answers
+    /// as if `inspect` had never been called. An absent budget is a fresh
+    /// one (`mark` is `None`).
+    ///
+    /// # Errors
+    /// `UnknownPolicy` for a policy it does not hold;
+    /// `OperationRequired` / `OperationNotApplicable` when the key's
+    /// operation does not fit the policy's scope
+    /// ([`BudgetKey::operation_for`]), both before any state is read;
+    /// `StateIncompatible` for state it cannot read as the policy's;
+    /// `Unavailable` / `Indeterminate` when the store does not answer.
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure>;
+
+    /// Resets the budget `key` names: its state and its evaluation-dedupe
+    /// records are deleted, so the next request starts fresh and an
+    /// evaluation id seen before charges again. Idempotent: resetting an
+    /// absent budget is `Ok`. It MUST touch no other key (another subject,
+    /// policy, revision or operation).
+    ///
+    /// # Errors
+    /// As [`Self::inspect`]; `Indeterminate` means the reset may or may not
+    /// have happened, and asking again is safe.
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure>;
 }

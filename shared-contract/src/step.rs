@@ -18,6 +18,7 @@ use std::time::Duration;
 pub use algorithm::AlgorithmState;
 pub use records::{DedupRecord, DedupRecords};
 
+use crate::budget::{BudgetFailure, BudgetState};
 use crate::outcome::{
     Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, SetDecision,
     UnavailableCategory,
@@ -278,6 +279,36 @@ pub fn evaluate_set(
     SetVerdict::Decided(SetDecision::new(admitted, &decisions[..members.len()]))
 }
 
+/// A key's budget now, for an operator: the policy's algorithm run spared
+/// (charging and writing nothing) at caller time `now`, or at the key's
+/// mark when `now` lags it, as `evaluate` would within the bound; `state`
+/// is the key as loaded (`None` when absent or past its expiry).
+///
+/// # Errors
+/// [`BudgetFailure::StateIncompatible`] when the key holds another
+/// algorithm's state.
+pub fn inspect_key(
+    rules: &KeyRules,
+    state: Option<&KeyState>,
+    now: u64,
+) -> Result<BudgetState, BudgetFailure> {
+    let mark = state.map(|held| held.mark);
+    let t = mark.map_or(now, |mark| now.max(mark));
+    let counters = state.map(|held| &held.algorithm);
+    // Cost 1: the smallest request, so `retry_after` says when anything passes.
+    let step = algorithm::run(&rules.params, counters, t, 1, Charge::Spare)
+        .map_err(|StateMismatch| BudgetFailure::StateIncompatible)?;
+    let retry_after = if step.allowed { 0 } else { step.retry_after.max(1) };
+    Ok(BudgetState {
+        limit: rules.params.limit(),
+        remaining: step.remaining,
+        reset_after: Duration::from_millis(step.reset_after),
+        retry_after: Duration::from_millis(retry_after),
+        mark,
+        certainty: rules.certainty,
+    })
+}
+
 /// Writes one member's new state, its dedupe record when it was charged,
 /// and its lifetime (docs/algorithms.md steps 7 and 8).
 fn commit(
@@ -525,6 +556,38 @@ mod tests {
             let decided = decision(Key::default().evaluate(&rules, T0, 1, 1));
             assert_eq!(decided.certainty, certainty, "{}", algorithm.name());
         }
+    }
+
+    #[test]
+    fn inspect_runs_the_step_spared_at_the_later_of_now_and_the_mark() {
+        let rules = rules(fixed(3), EvaluationDedupPolicy::enabled_defaults());
+        let fresh = inspect_key(&rules, None, T0 + 250).unwrap();
+        assert_eq!((fresh.remaining, fresh.mark), (3, None));
+        let mut key = Key::default();
+        key.evaluate(&rules, T0 + 600, 1, 1);
+        let before = key.state.clone();
+        // 400 ms behind the mark: seen from the mark, as evaluate would.
+        let seen = inspect_key(&rules, key.state.as_ref(), T0 + 200).unwrap();
+        assert_eq!((seen.remaining, seen.reset_after), (2, Duration::from_millis(400)));
+        assert_eq!((seen.retry_after, seen.mark), (Duration::ZERO, Some(T0 + 600)));
+        assert_eq!(key.state, before, "inspect takes the state by reference");
+        key.evaluate(&rules, T0 + 600, 2, 2);
+        let empty = inspect_key(&rules, key.state.as_ref(), T0 + 700).unwrap();
+        assert_eq!((empty.remaining, empty.retry_after), (0, Duration::from_millis(300)));
+        let bucket = rules_of_bucket();
+        assert_eq!(
+            inspect_key(&bucket, key.state.as_ref(), T0 + 700),
+            Err(BudgetFailure::StateIncompatible)
+        );
+    }
+
+    fn rules_of_bucket() -> KeyRules {
+        let algorithm = Algorithm::TokenBucket {
+            capacity: 3,
+            refill_tokens: 1,
+            refill_period: Duration::from_millis(100),
+        };
+        rules(algorithm, EvaluationDedupPolicy::Disabled)
     }
 
     #[test]

@@ -10,7 +10,8 @@ use axum::extract::ConnectInfo;
 use http::{HeaderValue, Request};
 use secrecy::SecretSlice;
 use shared_contract::{
-    Algorithm, Certainty, ManualClock, RateLimitDecision, SetDecision, UnavailableCategory,
+    Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, ManualClock, RateLimitDecision,
+    SetDecision, UnavailableCategory,
 };
 
 use super::*;
@@ -64,6 +65,15 @@ impl EdgeRateLimitPort for RecordingPort {
 
     async fn is_ready(&self) -> bool {
         true
+    }
+
+    // Operator calls: the bridge never asks for it.
+    async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
+    }
+
+    async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
     }
 }
 

@@ -24,8 +24,8 @@ use http_body_util::BodyExt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use secrecy::SecretSlice;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, ManualClock, PolicyId, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, SubjectDigest,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock, PolicyId,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -76,6 +76,15 @@ impl EdgeRateLimitPort for ScriptedPort {
 
     async fn is_ready(&self) -> bool {
         true
+    }
+
+    // Operator calls: the edge never asks for it.
+    async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
+    }
+
+    async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
     }
 }
 

@@ -24,8 +24,8 @@ mod values;
 use self::values::{Table, kind, quoted};
 use super::problems::{ConfigProblems, KeyPath};
 use super::{
-    AppConfig, CapabilitiesConfig, ProviderKind, PseudonymizerConfig, RateLimitConfig, RedisConfig,
-    ServerConfig,
+    AdminConfig, AppConfig, CapabilitiesConfig, ProviderKind, PseudonymizerConfig, RateLimitConfig,
+    RedisConfig, ServerConfig,
 };
 
 /// The policy a fresh checkout serves with when no policy is configured.
@@ -50,6 +50,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let capabilities = root.get("capabilities");
     let pseudonymizer = root.get("pseudonymizer");
     let redis = root.get("redis");
+    let admin = root.get("admin");
     reader.close(root);
 
     let mut server = reader.table(server, KeyPath::root().child("server"));
@@ -64,12 +65,14 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
 
     let pseudonymizer = reader.pseudonymizer(pseudonymizer);
     let redis = reader.redis(redis);
+    let admin = reader.admin(admin);
 
     let config = AppConfig {
         server: ServerConfig { listen },
         capabilities: CapabilitiesConfig { rate_limit },
         pseudonymizer,
         redis,
+        admin,
     };
     (config, declared)
 }
@@ -380,6 +383,14 @@ impl Reader<'_> {
             ),
         }
         PseudonymizerConfig { active_version, keys }
+    }
+
+    fn admin(&mut self, value: Option<&Value>) -> AdminConfig {
+        let mut table = self.table(value, KeyPath::root().child("admin"));
+        let listen = self.field(&mut table, "listen", Self::socket_addr);
+        let token = self.field(&mut table, "token", Self::secret);
+        self.close(table);
+        AdminConfig { listen, token }
     }
 
     fn redis(&mut self, value: Option<&Value>) -> RedisConfig {

@@ -105,6 +105,16 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     lane.insert("max-in-flight".into(), in_flight.into());
     table.insert("script-lane".into(), lane.into());
     root.insert("redis".into(), table.into());
+
+    let mut admin = Table::new();
+    if let Some(listen) = config.admin.listen {
+        admin.insert("listen".into(), listen.to_string().into());
+    }
+    if let Some(token) = &config.admin.token {
+        admin.insert("token".into(), secret(token));
+    }
+    root.insert("admin".into(), admin.into());
+
     root
 }
 

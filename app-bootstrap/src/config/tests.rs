@@ -10,6 +10,8 @@ use shared_contract::{Algorithm, EvaluationDedupPolicy, PolicyMode, PolicyScope,
 use super::*;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef-test-key";
+/// An admin token of exactly the 32 bytes required.
+const ADMIN_TOKEN: &str = "admin-token-0123456789abcdef-xyz";
 
 /// A valid memory setup with one policy named `api`.
 const BASE: &str = r#"
@@ -526,6 +528,10 @@ sentinel-username = "watcher"
 sentinel-password = { env = "EVERY_KEY_SENTINEL_PASSWORD" }
 wait-replicas = 2
 wait-timeout = "40ms"
+
+[admin]
+listen = "127.0.0.1:9091"
+token = { env = "EVERY_KEY_ADMIN_TOKEN" }
 "#;
 
 /// [`EVERY_KEY`] on a cluster: the keys a Sentinel file leaves empty.
@@ -552,6 +558,7 @@ fn what_check_config_renders_loads_back_to_the_same_configuration() {
     jail(|jail| {
         jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
         jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
+        jail.set_env("EVERY_KEY_ADMIN_TOKEN", ADMIN_TOKEN);
         jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
         for file in [EVERY_KEY.to_owned(), every_cluster_key()] {
             let config = load_file(jail, &file).unwrap();
@@ -566,6 +573,7 @@ fn what_check_config_renders_loads_back_to_the_same_configuration() {
         for (field, loaded, default) in [
             ("server", format!("{:?}", config.server), format!("{:?}", defaults.server)),
             ("redis", format!("{:?}", config.redis), format!("{:?}", defaults.redis)),
+            ("admin", format!("{:?}", config.admin), format!("{:?}", defaults.admin)),
         ] {
             assert_ne!(loaded, default, "{field} is at its default");
         }
@@ -797,5 +805,43 @@ fn a_file_only_source_ignores_the_environment() {
             };
         // The same file: the variable counts in one and not in the other.
         assert_eq!((limit(&layered), limit(&alone)), (42, 10));
+    });
+}
+
+#[test]
+fn the_admin_listener_is_off_by_default_and_needs_a_long_token_when_on() {
+    jail(|jail| {
+        let config = load_file(jail, BASE).unwrap();
+        assert_eq!((config.admin.listen, config.admin.token.is_none()), (None, true));
+        let listening = format!("{BASE}\n[admin]\nlisten = \"127.0.0.1:9091\"\n");
+        let missing = problems(load_file(jail, &listening));
+        assert_eq!(missing.len(), 1, "{missing:?}");
+        assert_eq!(missing[0].0, "admin.token");
+        assert!(missing[0].1.starts_with("required when admin.listen is set"), "{missing:?}");
+        let short = format!("{listening}token = \"{}\"\n", &ADMIN_TOKEN[..31]);
+        let too_short = problems(load_file(jail, &short));
+        assert_eq!(
+            too_short,
+            [("admin.token".to_owned(), "must be at least 32 bytes, got 31".to_owned())]
+        );
+        jail.set_env("ADMIN_TOKEN_VAR", ADMIN_TOKEN);
+        let from_env = format!("{listening}token = {{ env = \"ADMIN_TOKEN_VAR\" }}\n");
+        let config = load_file(jail, &from_env).unwrap();
+        assert_eq!(config.admin.listen, Some("127.0.0.1:9091".parse().unwrap()));
+        assert_eq!(
+            config.admin.token.map(|token| token.expose().to_owned()),
+            Some(ADMIN_TOKEN.into())
+        );
+    });
+}
+
+#[test]
+fn the_admin_listener_never_takes_the_public_port() {
+    jail(|jail| {
+        let file = format!(
+            "[server]\nlisten = \"127.0.0.1:8080\"\n{BASE}\n[admin]\nlisten = \"127.0.0.1:8080\"\n\
+             token = \"{ADMIN_TOKEN}\"\nport = 1\n"
+        );
+        assert_eq!(paths(load_file(jail, &file)), ["admin.port", "admin.listen"]);
     });
 }

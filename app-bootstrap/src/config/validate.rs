@@ -11,13 +11,14 @@ use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, ProviderKind};
+use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, ProviderKind};
 
 pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut ConfigProblems) {
     policy_references(config, declared, problems);
     edge_settings(config, problems);
     provider_switch(config, problems);
     pseudonymizer(config, problems);
+    admin(config, problems);
     if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderKind::Redis {
         redis(config, problems);
     }
@@ -101,7 +102,7 @@ pub(crate) fn served_operations(
 }
 
 /// `METHOD /route`: an upper-case method, one space, a path from `/`.
-fn is_operation(operation: &str) -> bool {
+pub(crate) fn is_operation(operation: &str) -> bool {
     operation.split_once(' ').is_some_and(|(method, route)| {
         !method.is_empty()
             && method.bytes().all(|b| b.is_ascii_uppercase())
@@ -182,6 +183,33 @@ fn pseudonymizer(config: &AppConfig, problems: &mut ConfigProblems) {
                 format!("must be at least {MIN_KEY_BYTES} bytes, got {}", key.len()),
             );
         }
+    }
+}
+
+/// The admin listener: a token of at least [`MIN_ADMIN_TOKEN_BYTES`]
+/// whenever it listens, and never the public port.
+fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
+    let admin = &config.admin;
+    let token = KeyPath::root().dotted("admin.token");
+    match (&admin.listen, &admin.token) {
+        (Some(_), None) => problems.push(
+            token,
+            "required when admin.listen is set (add token = { env = \"RATE_LIMIT_ADMIN_TOKEN\" })",
+        ),
+        (_, Some(secret)) if secret.len() < MIN_ADMIN_TOKEN_BYTES => problems.push(
+            token,
+            format!("must be at least {MIN_ADMIN_TOKEN_BYTES} bytes, got {}", secret.len()),
+        ),
+        (None | Some(_), _) => {}
+    }
+    // Port 0 asks for a free port, so two of them never collide.
+    let shared =
+        admin.listen.filter(|listen| listen.port() != 0 && *listen == config.server.listen);
+    if let Some(listen) = shared {
+        problems.push(
+            KeyPath::root().dotted("admin.listen"),
+            format!("must differ from server.listen ({listen}): admin routes never share the public port"),
+        );
     }
 }
 

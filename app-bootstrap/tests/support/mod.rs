@@ -61,6 +61,8 @@ window = "60s"
 #[derive(Debug)]
 pub(crate) struct Running {
     pub(crate) address: SocketAddr,
+    /// The admin listener's address, when `admin.listen` is set.
+    pub(crate) admin: Option<SocketAddr>,
     pub(crate) clock: ManualClock,
     client: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
@@ -99,6 +101,7 @@ impl Running {
             Application::build_with(config, api, shared).await.expect("the application builds");
         let address = application.local_addr();
         assert_ne!(address.port(), 0, "the listener reports its real port");
+        let admin = application.admin_addr();
         let (stop, stopped) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             application
@@ -113,7 +116,7 @@ impl Running {
             .timeout(Duration::from_secs(10))
             .build()
             .expect("an HTTP client");
-        Self { address, clock, client, stop: Some(stop), task: Some(task) }
+        Self { address, admin, clock, client, stop: Some(stop), task: Some(task) }
     }
 
     pub(crate) fn url(&self, path: &str) -> String {

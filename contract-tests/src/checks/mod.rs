@@ -4,6 +4,7 @@
 //! suite once it is on the list in `suite.rs`; a test there fails for a
 //! check left off it.
 
+pub mod admin;
 pub mod clock_regression;
 pub mod concurrency;
 pub mod evaluation_dedup;

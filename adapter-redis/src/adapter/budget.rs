@@ -1,0 +1,199 @@
+//! An operator's inspect and reset of one budget on Redis: two small
+//! scripts, `lua/inspect.lua` (one `GET`) and `lua/reset.lua` (one `DEL` of
+//! the counter key and its records key), run with `EVALSHA` like the
+//! rate-limit scripts, so the least-privilege user needs no new command and
+//! a Cluster routes both by the subject's hash tag. The algorithm itself
+//! runs here, in `shared_contract::inspect_key`, over the decoded state.
+
+use redis::Value;
+use shared_contract::{
+    AlgorithmState, BudgetFailure, BudgetKey, BudgetState, DedupRecords, KeyRules, KeyState,
+    inspect_key,
+};
+
+use super::{PolicyEntry, RedisEdgeRateLimitAdapter};
+use crate::gateway::{GatewayFailure, LoadedScript};
+use crate::keys::RateLimitKeys;
+
+const INSPECT: &str = include_str!("../../lua/inspect.lua");
+const RESET: &str = include_str!("../../lua/reset.lua");
+
+/// What `lua/inspect.lua` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stored {
+    Absent,
+    State { mark: u64, algorithm: AlgorithmState },
+}
+
+impl RedisEdgeRateLimitAdapter {
+    /// The policy and counter key of a budget: the key `evaluate` charges.
+    fn budget_entry(&self, key: &BudgetKey) -> Result<(&PolicyEntry, String), BudgetFailure> {
+        let entry = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
+        let operation = key.operation_for(&entry.policy)?;
+        Ok((entry, self.keys.budget_key(&entry.policy, &key.subject, operation)))
+    }
+
+    pub(super) async fn inspect_budget(
+        &self,
+        key: &BudgetKey,
+    ) -> Result<BudgetState, BudgetFailure> {
+        let (entry, counter) = self.budget_entry(key)?;
+        let reply = self.run_admin(INSPECT, &[counter]).await.map_err(failure_of)?;
+        let now = self.clock.epoch_millis();
+        let rules = KeyRules::of(&entry.policy);
+        match decode_inspect(&reply) {
+            Some(Stored::Absent) => inspect_key(&rules, None, now),
+            Some(Stored::State { mark, algorithm }) => {
+                // Records play no part in a budget's numbers.
+                let state = KeyState { mark, algorithm, records: DedupRecords::default() };
+                inspect_key(&rules, Some(&state), now)
+            }
+            None => {
+                tracing::warn!(policy = %key.policy, "unreadable inspect reply");
+                Err(BudgetFailure::StateIncompatible)
+            }
+        }
+    }
+
+    pub(super) async fn reset_budget(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        let (_, counter) = self.budget_entry(key)?;
+        let records = RateLimitKeys::records_key(&counter);
+        match self.run_admin(RESET, &[counter, records]).await.map_err(failure_of)? {
+            Value::Int(0..=2) => Ok(()),
+            // DEL answers a count; anything else means we cannot tell.
+            _ => Err(BudgetFailure::Indeterminate),
+        }
+    }
+
+    /// `SCRIPT LOAD` then `EVALSHA` of an operator's script, each within
+    /// the command timeout. An operator's call is rare, so it loads every
+    /// time instead of keeping a digest cache (the load is idempotent and
+    /// reaches the node of the key's slot); one more try on `NOSCRIPT`
+    /// (the cache was flushed in between: nothing ran).
+    async fn run_admin(
+        &self,
+        source: &'static str,
+        keys: &[String],
+    ) -> Result<Value, GatewayFailure> {
+        let slot = keys.first().map_or("", String::as_str);
+        let mut tries = 2;
+        loop {
+            tries -= 1;
+            let digest = match self.gateway.script_load(source, slot, self.command_timeout).await {
+                Ok(digest) => digest,
+                // SCRIPT LOAD changes no key, however it failed.
+                Err(failure) => {
+                    tracing::debug!(?failure, "operator script load failed");
+                    return Err(GatewayFailure::NotSent);
+                }
+            };
+            let script = LoadedScript { digest: digest.into(), source };
+            match self.gateway.evalsha(&script, keys, &[], self.command_timeout).await {
+                Err(GatewayFailure::NoScript) if tries > 0 => {}
+                other => return other,
+            }
+        }
+    }
+}
+
+/// A gateway failure as an operator's call reports it.
+fn failure_of(failure: GatewayFailure) -> BudgetFailure {
+    match failure {
+        GatewayFailure::NotSent | GatewayFailure::Refused | GatewayFailure::NoScript => {
+            BudgetFailure::Unavailable
+        }
+        GatewayFailure::WrongType | GatewayFailure::ScriptError => BudgetFailure::StateIncompatible,
+        GatewayFailure::TimedOut
+        | GatewayFailure::ConnectionLost
+        | GatewayFailure::UnexpectedReply => BudgetFailure::Indeterminate,
+    }
+}
+
+/// Decodes `lua/inspect.lua`'s reply; `None` for a corrupt value or a reply
+/// of another shape.
+fn decode_inspect(reply: &Value) -> Option<Stored> {
+    let Value::Array(items) = reply else { return None };
+    let number = |at: usize| match items.get(at) {
+        Some(&Value::Int(n)) => u64::try_from(n).ok(),
+        _ => None,
+    };
+    match items.first() {
+        Some(Value::BulkString(status)) if status == b"absent" && items.len() == 1 => {
+            Some(Stored::Absent)
+        }
+        Some(Value::BulkString(status)) if status == b"state" && items.len() == 6 => {
+            let (mark, a, b, c) = (number(2)?, number(3)?, number(4)?, number(5)?);
+            let algorithm = match u8::try_from(number(1)?).ok()? {
+                b'F' => AlgorithmState::FixedWindow { window_start: a, count: b },
+                b'S' => AlgorithmState::SlidingCounter { window_start: a, current: b, previous: c },
+                b'B' => AlgorithmState::TokenBucket { tokens: a, updated_at: b },
+                _ => return None,
+            };
+            Some(Stored::State { mark, algorithm })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(text: &str) -> Value {
+        Value::BulkString(text.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn the_inspect_reply_decodes_each_algorithm_and_refuses_anything_else() {
+        assert_eq!(decode_inspect(&Value::Array(vec![bulk("absent")])), Some(Stored::Absent));
+        let state = |tag: u8| {
+            Value::Array(vec![
+                bulk("state"),
+                Value::Int(i64::from(tag)),
+                Value::Int(10),
+                Value::Int(1),
+                Value::Int(2),
+                Value::Int(3),
+            ])
+        };
+        let decoded = |tag| match decode_inspect(&state(tag)) {
+            Some(Stored::State { mark: 10, algorithm }) => Some(algorithm),
+            _ => None,
+        };
+        assert_eq!(decoded(b'F'), Some(AlgorithmState::FixedWindow { window_start: 1, count: 2 }));
+        assert_eq!(
+            decoded(b'S'),
+            Some(AlgorithmState::SlidingCounter { window_start: 1, current: 2, previous: 3 })
+        );
+        assert_eq!(decoded(b'B'), Some(AlgorithmState::TokenBucket { tokens: 1, updated_at: 2 }));
+        for bad in [
+            state(b'X'),
+            Value::Array(vec![bulk("corrupt")]),
+            Value::Array(vec![bulk("state"), Value::Int(70)]),
+            Value::Array(vec![bulk("absent"), Value::Int(1)]),
+            Value::Nil,
+        ] {
+            assert_eq!(decode_inspect(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_scripts_touch_only_the_keys_they_are_given_with_allowed_commands() {
+        // The ACL user may run GET and DEL (the rate-limit scripts call
+        // them), and nothing here writes but the reset's one DEL.
+        let calls = |source: &str| -> Vec<String> {
+            source
+                .split("redis.call('")
+                .skip(1)
+                .map(|rest| rest[..rest.find('\'').unwrap_or(0)].to_owned())
+                .collect()
+        };
+        assert_eq!(calls(INSPECT), ["GET"]);
+        assert_eq!(calls(RESET), ["DEL"]);
+        let allowed = crate::acl::required_commands(crate::Topology::Standalone);
+        for command in calls(INSPECT).into_iter().chain(calls(RESET)) {
+            let rule = format!("+{}", command.to_lowercase());
+            assert!(allowed.contains(&rule.as_str()), "{rule} is not in the ACL rule");
+        }
+    }
+}

@@ -1,0 +1,502 @@
+//! The operator listener: its own address and router, never the public
+//! one, behind a bearer token. It answers "why is this customer blocked,
+//! and unblock them now" through the port's operator calls:
+//!
+//! - `GET /admin/subjects/{pseudonym}/policies/{policy}[?operation=METHOD%20/route]`:
+//!   the budget as the provider holds it now, without charging;
+//! - `DELETE` on the same path: resets that budget (audited, one log line);
+//! - `POST /admin/pseudonym` `{"kind", "identity"}`: the pseudonym the edge
+//!   counts that subject under, so support staff can find a customer's
+//!   budget without the raw identity being stored (rate limited itself,
+//!   logged without the identity);
+//! - `POST /admin/reload`: reads the configuration again, as SIGHUP does,
+//!   and answers the [`ReloadReport`] (audited).
+//!
+//! Every route takes [`AdminState`], so one more route is one more
+//! `.route(..)` line in [`router`].
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapter_memory::MemoryEdgeRateLimitAdapter;
+use adapter_web::{
+    ApiKeyProblem, BridgeSwitch, EdgeSettings, IdentityProblem, SubjectKind,
+    VersionedPseudonymizer, canonical_identity, operation_digest,
+};
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{ConnectInfo, Path, Query, Request, State};
+use axum::http::{HeaderValue, StatusCode, Uri, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use problem_details::ProblemDetails;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use shared_contract::{
+    Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
+    EvaluationId, OperationDigest, PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy,
+    RateLimitRequest, SubjectDigest,
+};
+use subtle::ConstantTimeEq;
+
+use crate::config::SecretValue;
+use crate::error::BootstrapError;
+use crate::reload::{ReloadReport, Reloader};
+
+/// Pseudonym lookups the whole listener answers per window: enough for
+/// support staff, far too few to map identities to pseudonyms in bulk.
+pub const PSEUDONYM_LOOKUPS: u64 = 30;
+/// The window of [`PSEUDONYM_LOOKUPS`].
+pub const PSEUDONYM_WINDOW: Duration = Duration::from_secs(60);
+/// Longest identity a lookup accepts, in bytes (an API key is at most 256).
+const MAX_IDENTITY_BYTES: usize = 1024;
+
+/// Where the admin routes find the provider, the pseudonymizer and the
+/// edge settings.
+#[derive(Debug, Clone)]
+pub enum AdminSource {
+    /// The edge's bridge in force, taken once per admin request: its port
+    /// (with the policy table of the latest reload), its pseudonymizer (the
+    /// same key the edge counts under, generated or configured) and its
+    /// settings.
+    Edge(BridgeSwitch),
+    /// `provider = "disabled"`: no budgets; lookups still answer.
+    Disabled {
+        /// The configured (or generated) pseudonymizer.
+        pseudonymizer: Arc<VersionedPseudonymizer>,
+        /// The edge settings of the configuration.
+        edge: Arc<EdgeSettings>,
+    },
+}
+
+/// What one admin request works with: the provider (none when disabled),
+/// the pseudonymizer and the edge settings, all of one moment.
+struct Now {
+    port: Option<Arc<dyn EdgeRateLimitPort>>,
+    pseudonymizer: Arc<VersionedPseudonymizer>,
+    edge: EdgeSettings,
+}
+
+impl AdminSource {
+    fn now(&self) -> Now {
+        match self {
+            Self::Edge(switch) => {
+                let bridge = switch.current();
+                Now {
+                    port: Some(Arc::clone(bridge.port())),
+                    pseudonymizer: Arc::clone(bridge.pseudonymizer()),
+                    edge: bridge.settings().clone(),
+                }
+            }
+            Self::Disabled { pseudonymizer, edge } => {
+                Now { port: None, pseudonymizer: Arc::clone(pseudonymizer), edge: (**edge).clone() }
+            }
+        }
+    }
+
+    /// Where problem types start, without cloning the settings.
+    fn problem_type_base(&self) -> String {
+        match self {
+            Self::Edge(switch) => switch.current().settings().problem_type_base.clone(),
+            Self::Disabled { edge, .. } => edge.problem_type_base.clone(),
+        }
+    }
+}
+
+/// What every admin route needs. Cloned per request (every field is shared).
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    source: AdminSource,
+    /// The token's SHA-256: compared in constant time, and the token itself
+    /// is not kept in this state.
+    token: [u8; 32],
+    /// The pseudonym lookups' own budget, in process.
+    lookups: Arc<LookupLimiter>,
+    /// What `POST /admin/reload` runs; none for a server built without
+    /// configuration sources to read again.
+    reloader: Option<Reloader>,
+}
+
+impl AdminState {
+    /// The state over `source` and the configured token.
+    pub fn new(
+        source: AdminSource,
+        token: &SecretValue,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Self, BootstrapError> {
+        Ok(Self {
+            source,
+            token: Sha256::digest(token.expose().as_bytes()).into(),
+            lookups: Arc::new(LookupLimiter::new(clock)?),
+            reloader: None,
+        })
+    }
+
+    /// This state with `POST /admin/reload` running `reloader`.
+    #[must_use]
+    pub fn with_reloader(mut self, reloader: Option<Reloader>) -> Self {
+        self.reloader = reloader;
+        self
+    }
+}
+
+/// The admin router: every route behind the bearer-token check (the
+/// fallback too, so an unauthenticated caller learns nothing of the
+/// routes).
+pub fn router(state: AdminState) -> Router {
+    Router::new()
+        .route("/admin/subjects/{pseudonym}/policies/{policy}", get(inspect).delete(reset))
+        .route("/admin/pseudonym", post(pseudonym))
+        .route("/admin/reload", post(reload))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(state.clone(), authorize))
+        .with_state(state)
+}
+
+/// Lets a request through only with `Authorization: Bearer <token>`. The
+/// presented token's digest is compared with the configured one's in
+/// constant time, so neither a prefix nor the length leaks through timing.
+async fn authorize(State(state): State<AdminState>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.strip_prefix("Bearer "));
+    let valid = presented.is_some_and(|token| {
+        let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        bool::from(digest.ct_eq(&state.token))
+    });
+    if valid {
+        return next.run(request).await;
+    }
+    let mut response = problem(
+        &state,
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "A valid `Authorization: Bearer <token>` header is required.",
+    );
+    response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    response
+}
+
+#[derive(Debug, Deserialize)]
+struct OperationQuery {
+    operation: Option<String>,
+}
+
+async fn inspect(
+    State(state): State<AdminState>,
+    Path((pseudonym, policy)): Path<(String, String)>,
+    Query(query): Query<OperationQuery>,
+) -> Response {
+    let (port, key, held) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {
+        Ok(found) => found,
+        Err(refusal) => return refusal,
+    };
+    match port.inspect(&key).await {
+        Ok(budget) => {
+            Json(describe(&key, query.operation.as_deref(), &held, &budget)).into_response()
+        }
+        Err(failure) => failure_response(&state, failure),
+    }
+}
+
+async fn reset(
+    State(state): State<AdminState>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
+    Path((pseudonym, policy)): Path<(String, String)>,
+    Query(query): Query<OperationQuery>,
+) -> Response {
+    let (port, key, _) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {
+        Ok(found) => found,
+        Err(refusal) => return refusal,
+    };
+    let result = port.reset(&key).await;
+    let outcome = match result {
+        Ok(()) => "reset",
+        Err(failure) => failure.name(),
+    };
+    // The audit line: who reset what. A pseudonym and an operation route
+    // are no raw subject.
+    tracing::info!(
+        target: "audit",
+        pseudonym = %key.subject,
+        policy = %key.policy,
+        operation = query.operation.as_deref().unwrap_or(""),
+        caller = %caller,
+        outcome,
+        "admin budget reset"
+    );
+    match result {
+        Ok(()) => StatusCode::NO_CONTENT.into_response(),
+        Err(failure) => failure_response(&state, failure),
+    }
+}
+
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the response answered as is, once per admin request"
+)]
+/// The provider, the budget key and its policy of a budget route, or the
+/// response that refuses it (400 for input that cannot name a budget, 404
+/// for a policy the provider does not hold).
+fn budget(
+    state: &AdminState,
+    pseudonym: &str,
+    policy: &str,
+    operation: Option<&str>,
+) -> Result<(Arc<dyn EdgeRateLimitPort>, BudgetKey, RateLimitPolicy), Response> {
+    let bad = |detail: &str| problem(state, StatusCode::BAD_REQUEST, "invalid-request", detail);
+    let subject = SubjectDigest::parse(pseudonym)
+        .map_err(|_| bad("The pseudonym is not of the form v<version>:<hex>."))?;
+    let id = PolicyId::new(policy)
+        .map_err(|_| bad("The policy id is not 1 to 64 characters of [a-z0-9._-]."))?;
+    let operation = operation
+        .map(|text| {
+            crate::config::is_operation(text)
+                .then(|| operation_digest(text))
+                .ok_or_else(|| bad("The operation is a method and a route template, like \"GET /api/orders/{id}\"."))
+        })
+        .transpose()?;
+    let Some(port) = state.source.now().port else {
+        return Err(problem(
+            state,
+            StatusCode::NOT_FOUND,
+            "rate-limiting-disabled",
+            "Rate limiting is disabled: there are no budgets.",
+        ));
+    };
+    let held = port
+        .policy(&id)
+        .cloned()
+        .ok_or_else(|| failure_response(state, BudgetFailure::UnknownPolicy))?;
+    Ok((port, BudgetKey::new(subject, id, operation), held))
+}
+
+/// The JSON of an inspected budget.
+fn describe(
+    key: &BudgetKey,
+    operation: Option<&str>,
+    policy: &RateLimitPolicy,
+    budget: &BudgetState,
+) -> serde_json::Value {
+    let millis = |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
+    serde_json::json!({
+        "pseudonym": key.subject.as_str(),
+        "policy": key.policy.as_str(),
+        "revision": policy.revision(),
+        "operation": operation,
+        "operation-digest": key.operation.as_ref().map(OperationDigest::as_str),
+        "algorithm": policy.algorithm().name(),
+        "limit": budget.limit,
+        "remaining": budget.remaining,
+        "reset-after-ms": millis(budget.reset_after),
+        "retry-after-ms": millis(budget.retry_after),
+        "mark": budget.mark,
+        "approximate": match budget.certainty {
+            Certainty::Certain => false,
+            Certainty::ApproximateAlgorithm => true,
+        },
+    })
+}
+
+/// 200 with the report when the reload applied or found nothing to apply,
+/// 422 with it when the configuration was refused (the table in force
+/// stays), 409 when there is nothing to read again.
+async fn reload(
+    State(state): State<AdminState>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
+) -> Response {
+    let Some(reloader) = &state.reloader else {
+        return problem(
+            &state,
+            StatusCode::CONFLICT,
+            "reload-unavailable",
+            "This server was built without configuration sources to read again.",
+        );
+    };
+    let report = reloader.reload().await;
+    tracing::info!(target: "audit", caller = %caller, result = report.result(), "admin reload");
+    let status = match report {
+        ReloadReport::Applied { .. } | ReloadReport::Unchanged { .. } => StatusCode::OK,
+        ReloadReport::Rejected { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+    };
+    (status, Json(report)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LookupBody {
+    kind: String,
+    identity: String,
+}
+
+async fn pseudonym(
+    State(state): State<AdminState>,
+    ConnectInfo(caller): ConnectInfo<SocketAddr>,
+    body: Result<Json<LookupBody>, JsonRejection>,
+) -> Response {
+    let bad = |detail: String| problem(&state, StatusCode::BAD_REQUEST, "invalid-request", &detail);
+    let Json(body) = match body {
+        Ok(body) => body,
+        Err(_) => {
+            return bad(
+                "The body is JSON {\"kind\": \"api-key\" | \"ip\" | \"principal\", \"identity\": \"...\"}."
+                    .to_owned(),
+            );
+        }
+    };
+    let kind = match body.kind.as_str() {
+        "api-key" => SubjectKind::ApiKey,
+        "ip" => SubjectKind::ClientIp,
+        "principal" => SubjectKind::Principal,
+        _ => return bad("kind is one of \"api-key\", \"ip\", \"principal\".".to_owned()),
+    };
+    if body.identity.len() > MAX_IDENTITY_BYTES {
+        return bad(format!("identity is at most {MAX_IDENTITY_BYTES} bytes."));
+    }
+    if let Some(refusal) = state.lookups.admit(&state).await {
+        return refusal;
+    }
+    let now = state.source.now();
+    let identity = match canonical_identity(kind, &body.identity, &now.edge) {
+        Ok(identity) => identity,
+        Err(problem) => return bad(identity_detail(problem).to_owned()),
+    };
+    let pseudonym = now.pseudonymizer.pseudonymize(kind, &identity);
+    // Never the identity: only that a lookup happened, of which kind, by whom.
+    tracing::info!(target: "audit", kind = kind.as_str(), caller = %caller, "admin pseudonym lookup");
+    let headers = [(header::CACHE_CONTROL, "no-store")];
+    (headers, Json(serde_json::json!({ "kind": kind.as_str(), "pseudonym": pseudonym.as_str() })))
+        .into_response()
+}
+
+const fn identity_detail(problem: IdentityProblem) -> &'static str {
+    match problem {
+        IdentityProblem::InvalidApiKey(ApiKeyProblem::Empty) => "The API key is empty.",
+        IdentityProblem::InvalidApiKey(ApiKeyProblem::TooLong) => "The API key is too long.",
+        IdentityProblem::InvalidApiKey(
+            ApiKeyProblem::NotVisibleAscii | ApiKeyProblem::Repeated,
+        ) => "The API key holds a character outside visible ASCII.",
+        IdentityProblem::NotAnIpAddress => "The identity is not an IPv4 or IPv6 address.",
+        IdentityProblem::EmptyPrincipal => "The principal is empty.",
+    }
+}
+
+/// The pseudonym lookups' budget: [`PSEUDONYM_LOOKUPS`] per
+/// [`PSEUDONYM_WINDOW`] for the whole listener, counted by the memory
+/// provider (the same algorithms, no new code).
+#[derive(Debug)]
+struct LookupLimiter {
+    provider: MemoryEdgeRateLimitAdapter,
+    clock: Arc<dyn Clock>,
+    policies: PolicySet,
+    subject: SubjectDigest,
+    operation: OperationDigest,
+}
+
+impl LookupLimiter {
+    fn new(clock: Arc<dyn Clock>) -> Result<Self, BootstrapError> {
+        let wiring = |error: &dyn std::fmt::Display| BootstrapError::Wiring {
+            component: "the admin pseudonym limiter",
+            reason: error.to_string(),
+        };
+        let algorithm =
+            Algorithm::FixedWindow { limit: PSEUDONYM_LOOKUPS, window: PSEUDONYM_WINDOW };
+        let policy = RateLimitPolicy::builder("admin-pseudonym", algorithm)
+            .build()
+            .map_err(|error| wiring(&error))?;
+        let id = policy.id().clone();
+        let provider = MemoryEdgeRateLimitAdapter::new([policy], Arc::clone(&clock))
+            .map_err(|error| wiring(&error))?;
+        // One budget for every caller: the token holder is one operator.
+        let subject = SubjectDigest::parse(format!("v0:{}", "0".repeat(32)))
+            .map_err(|error| wiring(&error))?;
+        Ok(Self {
+            provider,
+            clock,
+            policies: PolicySet::single(id),
+            subject,
+            operation: operation_digest("POST /admin/pseudonym"),
+        })
+    }
+
+    /// `None` when a lookup may run now, else the 429 to answer.
+    async fn admit(&self, state: &AdminState) -> Option<Response> {
+        let request = RateLimitRequest {
+            policies: self.policies.clone(),
+            subject: self.subject.clone(),
+            operation: self.operation.clone(),
+            cost: 1,
+            evaluation_id: EvaluationId::random(),
+            deadline: self.clock.monotonic() + Duration::from_secs(1),
+        };
+        let outcome = self.provider.evaluate(request).await;
+        let retry_after = match outcome {
+            RateLimitOutcome::Evaluated(set) if set.allowed() => return None,
+            RateLimitOutcome::Evaluated(set) => {
+                set.decisions().first().map_or(PSEUDONYM_WINDOW, |decision| decision.retry_after)
+            }
+            RateLimitOutcome::Unavailable { retry_after, .. }
+            | RateLimitOutcome::Indeterminate { retry_after } => retry_after,
+            RateLimitOutcome::Incompatible { .. } => PSEUDONYM_WINDOW,
+        };
+        let mut response = problem(
+            state,
+            StatusCode::TOO_MANY_REQUESTS,
+            "too-many-lookups",
+            &format!("At most {PSEUDONYM_LOOKUPS} pseudonym lookups per minute."),
+        );
+        let seconds = retry_after.as_millis().div_ceil(1000).max(1);
+        if let Ok(value) = HeaderValue::from_str(&seconds.to_string()) {
+            response.headers_mut().insert(header::RETRY_AFTER, value);
+        }
+        Some(response)
+    }
+}
+
+async fn not_found(State(state): State<AdminState>) -> Response {
+    problem(&state, StatusCode::NOT_FOUND, "not-found", "No admin route has this method and path.")
+}
+
+/// A port failure as HTTP: an unknown policy is 404, a budget key that
+/// does not fit the policy's scope 400, a provider that could not answer
+/// 503.
+fn failure_response(state: &AdminState, failure: BudgetFailure) -> Response {
+    let (status, detail) = match failure {
+        BudgetFailure::UnknownPolicy => {
+            (StatusCode::NOT_FOUND, "The provider holds no policy of this id.")
+        }
+        BudgetFailure::OperationRequired => (
+            StatusCode::BAD_REQUEST,
+            "The policy is operation-scoped: add ?operation=METHOD%20/route.",
+        ),
+        BudgetFailure::OperationNotApplicable => {
+            (StatusCode::BAD_REQUEST, "The policy is subject-scoped: its budget has no operation.")
+        }
+        BudgetFailure::StateIncompatible => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The stored state cannot be read as this policy's; a reset clears it.",
+        ),
+        BudgetFailure::Unavailable => {
+            (StatusCode::SERVICE_UNAVAILABLE, "The rate limit store could not be reached.")
+        }
+        BudgetFailure::Indeterminate => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "The rate limit store did not answer in time; a reset may have happened (asking again is safe).",
+        ),
+    };
+    problem(state, status, failure.name(), detail)
+}
+
+/// A problem+json response of `type` `<problem-type-base>admin/<category>`.
+fn problem(state: &AdminState, status: StatusCode, category: &str, detail: &str) -> Response {
+    let mut problem = ProblemDetails::from_status_code(status).with_detail(detail);
+    problem.r#type = format!("{}admin/{category}", state.source.problem_type_base())
+        .parse::<Uri>()
+        .ok()
+        .map(Into::into);
+    problem.into_response()
+}
