@@ -11,11 +11,12 @@ use secrecy::ExposeSecret;
 use shared_contract::{
     Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, IncompatibleCategory,
     MAX_POLICY_SET, PolicyId, PolicyMode, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, SetDecision, SetEntries, UnavailableCategory, millis,
+    RateLimitRequest, SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
+use crate::deny_cache::DenyCache;
 use crate::error::RedisAdapterError;
 use crate::gateway::{ClusterGateway, GatewayFailure, RedisGateway, StandaloneGateway};
 use crate::keys::RateLimitKeys;
@@ -33,6 +34,8 @@ pub struct RedisEdgeRateLimitAdapter {
     clock: Arc<dyn Clock>,
     command_timeout: Duration,
     failure_retry_after: Duration,
+    /// `None` when `deny-cache.enabled` is false.
+    deny_cache: Option<DenyCache>,
 }
 
 impl fmt::Debug for RedisEdgeRateLimitAdapter {
@@ -43,6 +46,7 @@ impl fmt::Debug for RedisEdgeRateLimitAdapter {
             .field("gateway", &self.gateway)
             .field("lane_available", &self.lane.available_permits())
             .field("command_timeout", &self.command_timeout)
+            .field("deny_cache", &self.deny_cache)
             .finish_non_exhaustive()
     }
 }
@@ -182,7 +186,19 @@ impl RedisEdgeRateLimitAdapter {
             clock,
             command_timeout: settings.command_timeout,
             failure_retry_after: settings.failure_retry_after,
+            deny_cache: settings
+                .deny_cache
+                .enabled
+                .then(|| DenyCache::new(settings.deny_cache.max_entries)),
         })
+    }
+
+    /// Forgets this instance's cached refusals of `subject`, so its next
+    /// request asks Redis (after an admin reset of its budget; other
+    /// instances' cached refusals run out by their retry-after). Returns
+    /// how many were dropped; 0 when the cache is off.
+    pub fn forget_cached_denials(&self, subject: &SubjectDigest) -> usize {
+        self.deny_cache.as_ref().map_or(0, |cache| cache.forget(subject))
     }
 
     /// The key builder in use.
@@ -284,6 +300,18 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         if left.is_zero() {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
         }
+        // The set's policies, inline, for the denial cache's key.
+        let mut policies: [Option<&RateLimitPolicy>; MAX_POLICY_SET] = [None; MAX_POLICY_SET];
+        for (slot, entry) in policies.iter_mut().zip(set.iter()) {
+            *slot = Some(&entry.policy);
+        }
+        let policies = policies.iter().flatten().copied();
+        if let Some(cache) = &self.deny_cache {
+            let now = self.clock.epoch_millis();
+            if let Some(refused) = cache.lookup(&request, policies.clone(), now) {
+                return RateLimitOutcome::Evaluated(refused);
+            }
+        }
         let deadline = Instant::now() + left;
         let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.lane.acquire()).await else {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
@@ -304,7 +332,8 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 keys.push(RateLimitKeys::records_key(&keys[k]));
             }
         }
-        let now = number(self.clock.epoch_millis());
+        let now_millis = self.clock.epoch_millis();
+        let now = number(now_millis);
         let cost = number(request.cost);
         let id: Arc<[u8]> = Arc::from(&request.evaluation_id.as_bytes()[..]);
         let mut args =
@@ -318,7 +347,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             Some(_) | None => ScriptKind::PolicySet,
         };
         let outcome = self.run_script(&set, kind, &keys, &args, deadline).await;
-        match outcome {
+        let outcome = match outcome {
             // The same evaluation id replays a charge that did happen, so one
             // retry turns an ambiguous failure into a definite answer.
             RateLimitOutcome::Indeterminate { .. }
@@ -339,7 +368,11 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             | RateLimitOutcome::Unavailable { .. }
             | RateLimitOutcome::Incompatible { .. }
             | RateLimitOutcome::Indeterminate { .. } => outcome,
+        };
+        if let Some(cache) = &self.deny_cache {
+            cache.learn(&request, policies, now_millis, &outcome);
         }
+        outcome
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {

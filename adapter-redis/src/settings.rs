@@ -14,6 +14,8 @@ pub(crate) const DEFAULT_KEY_PREFIX: &str = "ca:rl:";
 pub const MAX_KEY_PREFIX_BYTES: usize = 64;
 /// Most script calls in flight at once that the lane accepts.
 pub const MAX_SCRIPT_LANE: usize = 65_536;
+/// Most refusals the local denial cache may hold.
+pub const MAX_DENY_CACHE_ENTRIES: usize = 1_000_000;
 
 /// How the Redis deployment is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -59,6 +61,8 @@ pub enum RedisField {
     ScriptLaneMaxInFlight,
     /// [`RedisSettings::failure_retry_after`].
     FailureRetryAfter,
+    /// [`DenyCacheSettings::max_entries`].
+    DenyCacheMaxEntries,
 }
 
 impl RedisField {
@@ -71,6 +75,7 @@ impl RedisField {
             Self::CommandTimeout => "command-timeout",
             Self::ScriptLaneMaxInFlight => "script-lane-max-in-flight",
             Self::FailureRetryAfter => "failure-retry-after",
+            Self::DenyCacheMaxEntries => "deny-cache.max-entries",
         }
     }
 }
@@ -108,6 +113,28 @@ pub struct RedisSettings {
     pub script_lane_max_in_flight: usize,
     /// The retry-after of outcomes that carry no better hint.
     pub failure_retry_after: Duration,
+    /// The local denial cache in front of Redis.
+    pub deny_cache: DenyCacheSettings,
+}
+
+/// The local denial cache (docs/algorithms.md, "Local denial cache"): after
+/// a certain refusal with retry-after R, the same subject's same policy set
+/// at the same or a higher cost is refused in process, without a Redis
+/// call, until R has passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenyCacheSettings {
+    /// Whether refusals are cached (default true).
+    pub enabled: bool,
+    /// Most refusals held at once (default 10,000, at most
+    /// [`MAX_DENY_CACHE_ENTRIES`]); beyond it the one that runs out soonest
+    /// makes room. About 200 bytes each.
+    pub max_entries: usize,
+}
+
+impl Default for DenyCacheSettings {
+    fn default() -> Self {
+        Self { enabled: true, max_entries: 10_000 }
+    }
 }
 
 impl Default for RedisSettings {
@@ -131,6 +158,7 @@ impl Default for RedisSettings {
             command_timeout: Duration::from_millis(250),
             script_lane_max_in_flight: 256,
             failure_retry_after: Duration::from_secs(1),
+            deny_cache: DenyCacheSettings::default(),
         }
     }
 }
@@ -202,6 +230,15 @@ impl RedisSettings {
                 format!("must be in 1..={MAX_SCRIPT_LANE}, got {}", self.script_lane_max_in_flight),
             );
         }
+        if !(1..=MAX_DENY_CACHE_ENTRIES).contains(&self.deny_cache.max_entries) {
+            reject(
+                RedisField::DenyCacheMaxEntries,
+                format!(
+                    "must be in 1..={MAX_DENY_CACHE_ENTRIES}, got {}",
+                    self.deny_cache.max_entries
+                ),
+            );
+        }
         problems
     }
 
@@ -236,12 +273,17 @@ mod tests {
         assert_eq!(settings.command_timeout, Duration::from_millis(250));
         assert_eq!(settings.script_lane_max_in_flight, 256);
         assert_eq!(settings.failure_retry_after, Duration::from_secs(1));
+        assert_eq!(settings.deny_cache, DenyCacheSettings { enabled: true, max_entries: 10_000 });
     }
 
     #[test]
     fn each_bad_field_is_named() {
         let base = RedisSettings::default();
-        let cases: [(RedisSettings, &str); 6] = [
+        let no_room = DenyCacheSettings { enabled: true, max_entries: 0 };
+        let too_many = DenyCacheSettings { max_entries: MAX_DENY_CACHE_ENTRIES + 1, ..no_room };
+        let cases: [(RedisSettings, &str); 8] = [
+            (RedisSettings { deny_cache: no_room, ..base.clone() }, "deny-cache.max-entries"),
+            (RedisSettings { deny_cache: too_many, ..base.clone() }, "deny-cache.max-entries"),
             (RedisSettings { urls: vec![], ..base.clone() }, "urls"),
             (RedisSettings { urls: vec!["http://x".into()], ..base.clone() }, "urls"),
             (RedisSettings { key_prefix: "a{b".into(), ..base.clone() }, "key-prefix"),
