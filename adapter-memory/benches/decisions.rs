@@ -164,7 +164,7 @@ fn ours(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> Ours {
 /// what the records themselves cost, apart from the memory misses of the
 /// 10,000-subject case.
 fn hot(dedup: EvaluationDedupPolicy) -> Ours {
-    let mut hot = ours(Algorithm::FixedWindow { limit: 1 << 40, window: WINDOW }, dedup);
+    let mut hot = ours(Algorithm::FixedWindow { limit: 1_000_000_000, window: WINDOW }, dedup);
     hot.hot = HOT_SUBJECTS;
     hot
 }

@@ -19,7 +19,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use adapter_redis::{RedisSettings, Topology};
+use adapter_redis::{DenyCacheSettings, RedisSettings, Topology};
 use axum::http::HeaderName;
 use ipnet::IpNet;
 use shared_contract::RateLimitPolicy;
@@ -151,6 +151,9 @@ pub struct RedisConfig {
     /// `script-lane.max-in-flight`: script calls in flight at once
     /// (default 256).
     pub script_lane_max_in_flight: usize,
+    /// `deny-cache.enabled` and `deny-cache.max-entries`: the local denial
+    /// cache (default on, 10,000 entries).
+    pub deny_cache: DenyCacheSettings,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -166,6 +169,7 @@ impl fmt::Debug for RedisConfig {
             .field("connect_timeout", &self.connect_timeout)
             .field("command_timeout", &self.command_timeout)
             .field("script_lane_max_in_flight", &self.script_lane_max_in_flight)
+            .field("deny_cache", &self.deny_cache)
             .finish()
     }
 }
@@ -221,6 +225,7 @@ impl RedisConfig {
             command_timeout: self.command_timeout,
             script_lane_max_in_flight: self.script_lane_max_in_flight,
             failure_retry_after,
+            deny_cache: self.deny_cache,
         }
     }
 }
@@ -239,6 +244,7 @@ impl Default for RedisConfig {
             connect_timeout: defaults.connect_timeout,
             command_timeout: defaults.command_timeout,
             script_lane_max_in_flight: defaults.script_lane_max_in_flight,
+            deny_cache: defaults.deny_cache,
         }
     }
 }

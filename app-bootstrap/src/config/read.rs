@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use adapter_redis::DenyCacheSettings;
 use adapter_web::EdgeSettings;
 use figment::value::{Dict, Value};
 use shared_contract::{
@@ -396,6 +397,11 @@ impl Reader<'_> {
         let mut lane = self.table(lane, table.path().child("script-lane"));
         let max_in_flight = self.field(&mut lane, "max-in-flight", Self::u32);
         self.close(lane);
+        let cache = table.get("deny-cache");
+        let mut cache = self.table(cache, table.path().child("deny-cache"));
+        let cache_enabled = self.field(&mut cache, "enabled", Self::bool);
+        let cache_entries = self.field(&mut cache, "max-entries", Self::u32);
+        self.close(cache);
         self.close(table);
         RedisConfig {
             enabled: enabled.unwrap_or(defaults.enabled),
@@ -408,6 +414,11 @@ impl Reader<'_> {
             command_timeout: command_timeout.unwrap_or(defaults.command_timeout),
             script_lane_max_in_flight: max_in_flight
                 .map_or(defaults.script_lane_max_in_flight, |n| n as usize),
+            deny_cache: DenyCacheSettings {
+                enabled: cache_enabled.unwrap_or(defaults.deny_cache.enabled),
+                max_entries: cache_entries
+                    .map_or(defaults.deny_cache.max_entries, |n| n as usize),
+            },
         }
     }
 }

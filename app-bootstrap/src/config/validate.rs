@@ -197,6 +197,7 @@ fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
             RedisField::ConnectTimeout => path.child("connect-timeout"),
             RedisField::CommandTimeout => path.child("command-timeout"),
             RedisField::ScriptLaneMaxInFlight => path.dotted("script-lane.max-in-flight"),
+            RedisField::DenyCacheMaxEntries => path.dotted("deny-cache.max-entries"),
             // The edge's own rule reports this key; once is enough.
             RedisField::FailureRetryAfter => continue,
         };
