@@ -416,8 +416,7 @@ impl Reader<'_> {
                 .map_or(defaults.script_lane_max_in_flight, |n| n as usize),
             deny_cache: DenyCacheSettings {
                 enabled: cache_enabled.unwrap_or(defaults.deny_cache.enabled),
-                max_entries: cache_entries
-                    .map_or(defaults.deny_cache.max_entries, |n| n as usize),
+                max_entries: cache_entries.map_or(defaults.deny_cache.max_entries, |n| n as usize),
             },
         }
     }
