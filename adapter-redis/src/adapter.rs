@@ -309,6 +309,10 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         if let Some(cache) = &self.deny_cache {
             let now = self.clock.epoch_millis();
             if let Some(refused) = cache.lookup(&request, policies.clone(), now) {
+                // No I/O answered this: count it against the task's
+                // cooperative budget, so a caller looping on cached refusals
+                // still lets the runtime deliver other requests' replies.
+                tokio::task::consume_budget().await;
                 return RateLimitOutcome::Evaluated(refused);
             }
         }

@@ -2,7 +2,7 @@
 //! section 7; the argument that it never denies what Redis would admit is in
 //! docs/algorithms.md, "Local denial cache").
 //!
-//! After Redis refuses a set with certainty, the same subject's same set
+//! After Redis refuses a set of fixed windows, the same subject's same set
 //! (policy ids and revisions, and the operation when a policy of the set is
 //! operation-scoped) at the same or a higher cost is refused here, without a
 //! Redis call, until the soonest moment Redis could answer otherwise. The
@@ -18,6 +18,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -42,6 +43,12 @@ pub(crate) struct DenyCache {
     /// direct-mapped (a newer id overwrites an older one in its slot): a
     /// repeat of one of them must reach Redis, which replays it.
     admitted: Box<[Mutex<Option<EvaluationId>>]>,
+    /// The latest caller time this cache has seen. A refusal decided
+    /// behind it is not stored: a key this instance wrote since may hold a
+    /// mark ahead of that caller time, and Redis then counted the refusal's
+    /// waits from the mark, not from the caller time the cache would shrink
+    /// them from.
+    latest: AtomicU64,
 }
 
 impl fmt::Debug for DenyCache {
@@ -137,6 +144,19 @@ impl DenyCache {
             per_shard: max_entries.div_ceil(shards).max(1),
             hasher: RandomState::new(),
             admitted: (0..max_entries.max(1)).map(|_| Mutex::new(None)).collect(),
+            latest: AtomicU64::new(0),
+        }
+    }
+
+    /// Moves the latest caller time seen up to `now`, and says whether
+    /// `now` is behind it. The line is only written when time moves on, so
+    /// concurrent lookups mostly read it.
+    fn behind(&self, now: u64) -> bool {
+        let latest = self.latest.load(Ordering::Relaxed);
+        if now > latest {
+            self.latest.fetch_max(now, Ordering::Relaxed) > now
+        } else {
+            now < latest
         }
     }
 
@@ -164,17 +184,19 @@ impl DenyCache {
     }
 
     /// The cached refusal of `request` at caller time `now` (epoch ms, the
-    /// adapter's clock), or `None` when Redis must answer: no entry, a lower
-    /// cost than the one refused, the refusal has run out, the clock is
-    /// behind the time it was decided at (the entry is dropped: a clock
-    /// stepping back must not stretch it), or the request repeats an
-    /// evaluation id this adapter saw admitted (Redis replays it).
+    /// adapter's clock), or `None` when Redis must answer: `now` is behind
+    /// a caller time this cache has already seen, no entry, a lower cost
+    /// than the one refused, the refusal has run out, the clock is behind
+    /// the time it was decided at (the entry is dropped: a clock stepping
+    /// back must not stretch it), or the request repeats an evaluation id
+    /// this adapter saw admitted (Redis replays it).
     pub(crate) fn lookup<'p>(
         &self,
         request: &RateLimitRequest,
         set: impl Iterator<Item = &'p RateLimitPolicy>,
         now: u64,
     ) -> Option<SetDecision> {
+        let behind = self.behind(now);
         let parts = Parts::of(request, set);
         let fingerprint = self.fingerprint(&parts);
         let mut shard = self.shard(fingerprint);
@@ -183,7 +205,10 @@ impl DenyCache {
             shard.remove(&fingerprint);
             return None;
         }
-        if request.cost < denial.cost {
+        // Behind the latest time seen, a key may hold a mark ahead of `now`
+        // (written by this instance, or where Redis's refusal of a token
+        // bucket would have put it): Redis evaluates at the mark.
+        if behind || request.cost < denial.cost {
             return None;
         }
         let (answer, dedupe) = (shrunk(&denial.decision, now - denial.decided_at), denial.dedupe);
@@ -220,6 +245,9 @@ impl DenyCache {
             if dedupe {
                 *self.admitted_slot(request.evaluation_id) = Some(request.evaluation_id);
             }
+            return;
+        }
+        if self.behind(now) {
             return;
         }
         let Some(lasts) = stays_refused_for(set, decision) else { return };
@@ -274,11 +302,17 @@ impl DenyCache {
 /// How long a refused set is sure to stay refused with every decision as
 /// stored, or `None` when it must not be cached: the soonest retry-after of
 /// its denying enforced policies (one of them denying keeps the set refused;
-/// the soonest keeps every reported denial true), cut at the first moment a
-/// reported budget can change without traffic: a fixed window's end, a
-/// token bucket's next refill. A sliding counter's estimate decays at every
-/// millisecond, so a set with one is not cached (its certainty is not
-/// exact).
+/// the soonest keeps every reported denial true), cut at each fixed
+/// window's end (where its reported budget renews).
+///
+/// Only sets of fixed windows are cached. A sliding counter's estimate
+/// decays every millisecond (its certainty is not exact), so no answer of
+/// it holds for a stretch of time. A token bucket's refusal writes its
+/// refill and mark in Redis, which an answer from here cannot: skipping the
+/// write gives the same tokens, but the key's mark would lag where Redis
+/// puts it, and a later clock step back would see that (the memory-vs-Redis
+/// property test found it); its retry-after also grows with the cost, so a
+/// higher cost would be answered with too short a wait.
 fn stays_refused_for<'p>(
     set: impl Iterator<Item = &'p RateLimitPolicy>,
     decision: &SetDecision,
@@ -293,25 +327,13 @@ fn stays_refused_for<'p>(
         if decided.replayed {
             return None;
         }
+        match *policy.algorithm() {
+            Algorithm::FixedWindow { .. } => cut(decided.reset_after),
+            Algorithm::TokenBucket { .. } | Algorithm::SlidingCounter { .. } => return None,
+        }
         match policy.mode() {
             PolicyMode::Enforce if !decided.allowed => cut(decided.retry_after),
             PolicyMode::Enforce | PolicyMode::Shadow => {}
-        }
-        match *policy.algorithm() {
-            Algorithm::FixedWindow { .. } => cut(decided.reset_after),
-            Algorithm::TokenBucket { refill_period, .. } => {
-                // A bucket short of full has `reset_after` = the time to
-                // some whole number of periods after its last refill, so
-                // the next refill is `reset_after` mod the period away
-                // (a whole period when that is 0). A full bucket changes
-                // only with traffic.
-                let period = millis(refill_period).max(1);
-                let reset = millis(decided.reset_after);
-                if reset > 0 {
-                    cut(Duration::from_millis((reset - 1) % period + 1));
-                }
-            }
-            Algorithm::SlidingCounter { .. } => return None,
         }
     }
     // Nothing is refused for less than a millisecond.

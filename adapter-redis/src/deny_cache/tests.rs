@@ -130,17 +130,35 @@ fn elsewhere_for(subject: u8) -> RateLimitRequest {
 fn a_clock_behind_the_refusal_drops_it() {
     let cache = DenyCache::new(100);
     let p = [fixed("p", 1)];
-    cache.learn(
-        &request(&["p"], 1, 1, 1),
-        p.iter(),
-        T0 + 500,
-        &refused(&[decided(false, 0, 500, 500)]),
-    );
+    let refusal = |retry| refused(&[decided(false, 0, retry, retry)]);
+    cache.learn(&request(&["p"], 1, 1, 1), p.iter(), T0 + 500, &refusal(500));
     // Stepping back must not stretch the refusal: Redis decides (with its
     // mark), and the entry is gone even when the clock comes forward again.
     assert_eq!(cache.lookup(&request(&["p"], 1, 1, 2), p.iter(), T0 + 499), None);
     assert_eq!(cache.len(), 0);
     assert_eq!(cache.lookup(&request(&["p"], 1, 1, 3), p.iter(), T0 + 600), None);
+}
+
+#[test]
+fn behind_the_latest_time_seen_nothing_is_answered_or_stored() {
+    let cache = DenyCache::new(100);
+    let p = [fixed("p", 1)];
+    let refusal = |retry| refused(&[decided(false, 0, retry, retry)]);
+    cache.learn(&request(&["p"], 1, 1, 1), p.iter(), T0 + 300, &refusal(700));
+    // Another subject's request moves the latest time to T0 + 500.
+    assert_eq!(cache.lookup(&request(&["p"], 9, 1, 1), p.iter(), T0 + 500), None);
+    // Behind it a key may hold a mark up to T0 + 500, and Redis evaluates
+    // at the mark: Redis answers, though the refusal (decided at T0 + 300)
+    // is kept for later.
+    assert_eq!(cache.lookup(&request(&["p"], 1, 1, 2), p.iter(), T0 + 499), None);
+    assert_eq!(cache.len(), 1);
+    assert!(cache.lookup(&request(&["p"], 1, 1, 3), p.iter(), T0 + 500).is_some());
+    // A refusal decided behind the latest time is not stored: Redis may
+    // have counted its waits from a mark ahead of its caller time.
+    cache.learn(&request(&["p"], 2, 1, 1), p.iter(), T0 + 450, &refusal(550));
+    assert_eq!(cache.len(), 1);
+    cache.learn(&request(&["p"], 2, 1, 1), p.iter(), T0 + 500, &refusal(500));
+    assert_eq!(cache.len(), 2);
 }
 
 #[test]
@@ -199,7 +217,40 @@ fn only_certain_refusals_are_cached() {
 }
 
 #[test]
-fn a_set_is_cached_until_its_soonest_enforced_denial_or_refill() {
+fn a_set_is_cached_until_its_soonest_enforced_denial_or_window_end() {
+    let window = |id: &str, ms, mode| {
+        RateLimitPolicy::builder(
+            id,
+            Algorithm::FixedWindow { limit: 3, window: Duration::from_millis(ms) },
+        )
+        .mode(mode)
+        .scope(PolicyScope::Subject)
+        .maximum_cost(3)
+        .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+        .build()
+        .unwrap()
+    };
+    let set = [
+        window("p", 1000, PolicyMode::Enforce),
+        window("q", 100, PolicyMode::Enforce),
+        window("s", 1000, PolicyMode::Shadow),
+    ];
+    let cache = DenyCache::new(100);
+    // p refuses for 600 ms; q allows and its window ends in 40 ms; the
+    // shadow policy's own denial decides nothing.
+    let answer = refused(&[
+        decided(false, 0, 600, 600),
+        decided(true, 2, 0, 40),
+        decided(false, 0, 600, 600),
+    ]);
+    cache.learn(&request(&["p", "q", "s"], 1, 3, 1), set.iter(), T0, &answer);
+    let ask = request(&["p", "q", "s"], 1, 3, 2);
+    assert!(cache.lookup(&ask, set.iter(), T0 + 39).is_some());
+    assert_eq!(cache.lookup(&ask, set.iter(), T0 + 40), None, "q's window ended");
+}
+
+#[test]
+fn a_set_with_a_token_bucket_is_not_cached() {
     let bucket = RateLimitPolicy::builder(
         "b",
         Algorithm::TokenBucket {
@@ -208,33 +259,16 @@ fn a_set_is_cached_until_its_soonest_enforced_denial_or_refill() {
             refill_period: Duration::from_millis(100),
         },
     )
-    .maximum_cost(3)
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()
     .unwrap();
-    let shadow = RateLimitPolicy::builder(
-        "s",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_millis(1000) },
-    )
-    .mode(PolicyMode::Shadow)
-    .maximum_cost(3)
-    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
-    .build()
-    .unwrap();
-    let set = [fixed("p", 1), bucket, shadow];
     let cache = DenyCache::new(100);
-    // p refuses for 600 ms; the bucket allows with 2 tokens and is full in
-    // 3 refills, the first 40 ms away (reset 240); the shadow policy's own
-    // denial (retry 900) decides nothing.
-    let answer = refused(&[
-        decided(false, 0, 600, 600),
-        decided(true, 2, 0, 240),
-        decided(false, 0, 900, 900),
-    ]);
-    cache.learn(&request(&["p", "b", "s"], 1, 3, 1), set.iter(), T0, &answer);
-    let ask = request(&["p", "b", "s"], 1, 3, 2);
-    assert!(cache.lookup(&ask, set.iter(), T0 + 39).is_some());
-    assert_eq!(cache.lookup(&ask, set.iter(), T0 + 40), None, "the bucket's next refill");
+    for set in [vec![bucket.clone()], vec![fixed("p", 1), bucket]] {
+        let ids: Vec<&str> = set.iter().map(|policy| policy.id().as_str()).collect();
+        let denials = vec![decided(false, 0, 100, 500); set.len()];
+        cache.learn(&request(&ids, 1, 1, 1), set.iter(), T0, &refused(&denials));
+    }
+    assert_eq!(cache.len(), 0);
 }
 
 #[test]
