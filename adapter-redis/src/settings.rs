@@ -118,9 +118,9 @@ pub struct RedisSettings {
 }
 
 /// The local denial cache (docs/algorithms.md, "Local denial cache"): after
-/// a certain refusal with retry-after R, the same subject's same policy set
-/// at the same or a higher cost is refused in process, without a Redis
-/// call, until R has passed.
+/// Redis refuses a set of fixed windows with retry-after R, the same
+/// subject's same policy set at the same or a higher cost is refused in
+/// process, without a Redis call, until R has passed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DenyCacheSettings {
     /// Whether refusals are cached (default true).
