@@ -306,7 +306,13 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             *slot = Some(&entry.policy);
         }
         let policies = policies.iter().flatten().copied();
-        if let Some(cache) = &self.deny_cache {
+        // Only sets of fixed windows are ever cached (deny_cache.rs says
+        // why); the others skip the cache's hashing altogether.
+        let deny_cache = self.deny_cache.as_ref().filter(|_| {
+            set.iter()
+                .all(|entry| matches!(entry.policy.algorithm(), Algorithm::FixedWindow { .. }))
+        });
+        if let Some(cache) = deny_cache {
             let now = self.clock.epoch_millis();
             if let Some(refused) = cache.lookup(&request, policies.clone(), now) {
                 // No I/O answered this: count it against the task's
@@ -373,7 +379,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             | RateLimitOutcome::Incompatible { .. }
             | RateLimitOutcome::Indeterminate { .. } => outcome,
         };
-        if let Some(cache) = &self.deny_cache {
+        if let Some(cache) = deny_cache {
             cache.learn(&request, policies, now_millis, &outcome);
         }
         outcome
