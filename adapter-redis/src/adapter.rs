@@ -12,12 +12,13 @@ use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
     EvaluationDedupPolicy, IncompatibleCategory, MAX_POLICY_SET, PolicyId, PolicyMode,
     RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
-    SetEntries, UnavailableCategory, millis,
+    SetEntries, SubjectDigest, UnavailableCategory, millis,
 };
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::acknowledge;
+use crate::deny_cache::DenyCache;
 use crate::error::RedisAdapterError;
 use crate::gateway::{
     ClusterGateway, GatewayFailure, RedisGateway, SentinelGateway, StandaloneGateway, WaitFor,
@@ -39,6 +40,8 @@ pub struct RedisEdgeRateLimitAdapter {
     failure_retry_after: Duration,
     /// `WAIT` after every script, when `wait-replicas` > 0.
     wait: Option<WaitFor>,
+    /// `None` when `deny-cache.enabled` is false.
+    deny_cache: Option<DenyCache>,
 }
 
 impl fmt::Debug for RedisEdgeRateLimitAdapter {
@@ -50,6 +53,7 @@ impl fmt::Debug for RedisEdgeRateLimitAdapter {
             .field("lane_available", &self.lane.available_permits())
             .field("command_timeout", &self.command_timeout)
             .field("wait", &self.wait)
+            .field("deny_cache", &self.deny_cache)
             .finish_non_exhaustive()
     }
 }
@@ -217,6 +221,10 @@ impl RedisEdgeRateLimitAdapter {
                 replicas: settings.wait_replicas,
                 timeout_ms: u64::try_from(settings.wait_timeout.as_millis()).unwrap_or(u64::MAX),
             }),
+            deny_cache: settings
+                .deny_cache
+                .enabled
+                .then(|| DenyCache::new(settings.deny_cache.max_entries)),
         })
     }
 
@@ -241,7 +249,18 @@ impl RedisEdgeRateLimitAdapter {
             command_timeout: self.command_timeout,
             failure_retry_after: self.failure_retry_after,
             wait: self.wait,
+            // Empty: a policy may have turned shadow under its revision, and
+            // a cached refusal of it would still block.
+            deny_cache: self.deny_cache.as_ref().map(DenyCache::emptied),
         })
+    }
+
+    /// Forgets this instance's cached refusals of `subject`, so its next
+    /// request asks Redis (after an admin reset of its budget; other
+    /// instances' cached refusals run out by their retry-after). Returns
+    /// how many were dropped; 0 when the cache is off.
+    pub fn forget_cached_denials(&self, subject: &SubjectDigest) -> usize {
+        self.deny_cache.as_ref().map_or(0, |cache| cache.forget(subject))
     }
 
     /// The key builder in use.
@@ -360,6 +379,28 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         if left.is_zero() {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
         }
+        // The set's policies, inline, for the denial cache's key.
+        let mut policies: [Option<&RateLimitPolicy>; MAX_POLICY_SET] = [None; MAX_POLICY_SET];
+        for (slot, entry) in policies.iter_mut().zip(set.iter()) {
+            *slot = Some(&entry.policy);
+        }
+        let policies = policies.iter().flatten().copied();
+        // Only sets of fixed windows are ever cached (deny_cache.rs says
+        // why); the others skip the cache's hashing altogether.
+        let deny_cache = self.deny_cache.as_ref().filter(|_| {
+            set.iter()
+                .all(|entry| matches!(entry.policy.algorithm(), Algorithm::FixedWindow { .. }))
+        });
+        if let Some(cache) = deny_cache {
+            let now = self.clock.epoch_millis();
+            if let Some(refused) = cache.lookup(&request, policies.clone(), now) {
+                // No I/O answered this: count it against the task's
+                // cooperative budget, so a caller looping on cached refusals
+                // still lets the runtime deliver other requests' replies.
+                tokio::task::consume_budget().await;
+                return RateLimitOutcome::Evaluated(refused);
+            }
+        }
         let deadline = Instant::now() + left;
         let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.lane.acquire()).await else {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
@@ -380,7 +421,8 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 keys.push(RateLimitKeys::records_key(&keys[k]));
             }
         }
-        let now = number(self.clock.epoch_millis());
+        let now_millis = self.clock.epoch_millis();
+        let now = number(now_millis);
         let cost = number(request.cost);
         let id: Arc<[u8]> = Arc::from(&request.evaluation_id.as_bytes()[..]);
         let mut args =
@@ -394,7 +436,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             Some(_) | None => ScriptKind::PolicySet,
         };
         let outcome = self.run_script(&set, kind, &keys, &args, deadline).await;
-        match outcome {
+        let outcome = match outcome {
             // The same evaluation id replays a charge that did happen, so one
             // retry turns an ambiguous failure into a definite answer.
             // With WAIT on, a retry could only replay the charge, and a
@@ -417,7 +459,11 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             | RateLimitOutcome::Unavailable { .. }
             | RateLimitOutcome::Incompatible { .. }
             | RateLimitOutcome::Indeterminate { .. } => outcome,
+        };
+        if let Some(cache) = deny_cache {
+            cache.learn(&request, policies, now_millis, &outcome);
         }
+        outcome
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -433,7 +479,12 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
     }
 
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
-        self.reset_budget(key).await
+        let reset = self.reset_budget(key).await;
+        // After the DEL, not before: a refusal learned in between would
+        // outlive the reset. Forgetting is safe whatever the reset did (the
+        // next request only asks Redis).
+        self.forget_cached_denials(&key.subject);
+        reset
     }
 }
 

@@ -29,6 +29,7 @@
 mod acknowledge;
 pub mod acl;
 mod adapter;
+mod deny_cache;
 mod error;
 #[cfg(feature = "test-fixture")]
 pub mod fixture;
@@ -43,7 +44,8 @@ pub use error::RedisAdapterError;
 pub use keys::RateLimitKeys;
 pub use scripts::ScriptKind;
 pub use settings::{
-    MAX_KEY_PREFIX_BYTES, MAX_SCRIPT_LANE, RedisField, RedisSettings, SettingsProblem, Topology,
+    DenyCacheSettings, MAX_DENY_CACHE_ENTRIES, MAX_KEY_PREFIX_BYTES, MAX_SCRIPT_LANE, RedisField,
+    RedisSettings, SettingsProblem, Topology,
 };
 
 /// Fuzzing hook (feature `fuzzing`, used by the `fuzz/` crate only; not an

@@ -16,6 +16,8 @@ pub const MAX_KEY_PREFIX_BYTES: usize = 64;
 pub const MAX_SCRIPT_LANE: usize = 65_536;
 /// The master name Sentinel deployments use unless told otherwise.
 pub(crate) const DEFAULT_MASTER_NAME: &str = "mymaster";
+/// Most refusals the local denial cache may hold.
+pub const MAX_DENY_CACHE_ENTRIES: usize = 1_000_000;
 
 /// How the Redis deployment is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -77,6 +79,8 @@ pub enum RedisField {
     SentinelPassword,
     /// [`RedisSettings::wait_timeout`].
     WaitTimeout,
+    /// [`DenyCacheSettings::max_entries`].
+    DenyCacheMaxEntries,
 }
 
 impl RedisField {
@@ -93,6 +97,7 @@ impl RedisField {
             Self::MasterName => "master-name",
             Self::SentinelPassword => "sentinel-password",
             Self::WaitTimeout => "wait-timeout",
+            Self::DenyCacheMaxEntries => "deny-cache.max-entries",
         }
     }
 }
@@ -148,6 +153,28 @@ pub struct RedisSettings {
     /// the `WAIT` together, so the server's count comes back before the
     /// client gives up on the call.
     pub wait_timeout: Duration,
+    /// The local denial cache in front of Redis.
+    pub deny_cache: DenyCacheSettings,
+}
+
+/// The local denial cache (docs/algorithms.md, "Local denial cache"): after
+/// Redis refuses a set of fixed windows with retry-after R, the same
+/// subject's same policy set at the same or a higher cost is refused in
+/// process, without a Redis call, until R has passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DenyCacheSettings {
+    /// Whether refusals are cached (default true).
+    pub enabled: bool,
+    /// Most refusals held at once (default 10,000, at most
+    /// [`MAX_DENY_CACHE_ENTRIES`]); beyond it the one that runs out soonest
+    /// makes room. About 200 bytes each.
+    pub max_entries: usize,
+}
+
+impl Default for DenyCacheSettings {
+    fn default() -> Self {
+        Self { enabled: true, max_entries: 10_000 }
+    }
 }
 
 impl Default for RedisSettings {
@@ -179,6 +206,7 @@ impl Default for RedisSettings {
             sentinel_password: None,
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
+            deny_cache: DenyCacheSettings::default(),
         }
     }
 }
@@ -279,6 +307,15 @@ impl RedisSettings {
                 );
             }
         }
+        if !(1..=MAX_DENY_CACHE_ENTRIES).contains(&self.deny_cache.max_entries) {
+            reject(
+                RedisField::DenyCacheMaxEntries,
+                format!(
+                    "must be in 1..={MAX_DENY_CACHE_ENTRIES}, got {}",
+                    self.deny_cache.max_entries
+                ),
+            );
+        }
         problems
     }
 
@@ -370,12 +407,17 @@ mod tests {
         assert_eq!(settings.command_timeout, Duration::from_millis(250));
         assert_eq!(settings.script_lane_max_in_flight, 256);
         assert_eq!(settings.failure_retry_after, Duration::from_secs(1));
+        assert_eq!(settings.deny_cache, DenyCacheSettings { enabled: true, max_entries: 10_000 });
     }
 
     #[test]
     fn each_bad_field_is_named() {
         let base = RedisSettings::default();
-        let cases: [(RedisSettings, &str); 6] = [
+        let no_room = DenyCacheSettings { enabled: true, max_entries: 0 };
+        let too_many = DenyCacheSettings { max_entries: MAX_DENY_CACHE_ENTRIES + 1, ..no_room };
+        let cases: [(RedisSettings, &str); 8] = [
+            (RedisSettings { deny_cache: no_room, ..base.clone() }, "deny-cache.max-entries"),
+            (RedisSettings { deny_cache: too_many, ..base.clone() }, "deny-cache.max-entries"),
             (RedisSettings { urls: vec![], ..base.clone() }, "urls"),
             (RedisSettings { urls: vec!["http://x".into()], ..base.clone() }, "urls"),
             (RedisSettings { key_prefix: "a{b".into(), ..base.clone() }, "key-prefix"),

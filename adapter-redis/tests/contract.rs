@@ -1,5 +1,7 @@
-//! Runs the provider-neutral contract suite against a real redis-server:
-//! one private server for this test binary, one key prefix per scope.
+//! Runs the provider-neutral contract suite against a real redis-server at
+//! the default settings, the local denial cache on (`contract_no_deny_cache.rs`
+//! runs it off): one private server for this test binary, one key prefix per
+//! scope.
 
 mod common;
 
@@ -31,6 +33,7 @@ impl ProviderFactory for RedisFactory {
         let prefix = common::scope_prefix(scope.as_str());
         let adapter = common::adapter(server(), &clock, policies, |settings| {
             settings.key_prefix = prefix;
+            assert!(settings.deny_cache.enabled, "the default run caches refusals");
         });
         Arc::new(adapter)
     }

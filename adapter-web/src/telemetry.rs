@@ -7,7 +7,9 @@ use metrics::SharedString;
 use shared_contract::{PolicyMode, RateLimitOutcome, RateLimitPolicy};
 
 /// Counter of decisions, one per policy of each evaluated set: labels
-/// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`).
+/// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`) and
+/// `cached` (`true` when the provider answered from its local denial cache
+/// without asking its store).
 pub const DECISIONS_TOTAL: &str = "ca_rate_limit_decisions_total";
 /// Histogram of port evaluation time in seconds, one observation per policy
 /// of the set (the set is one evaluation, so each sees the same time):
@@ -36,12 +38,13 @@ pub(crate) fn record_evaluation(
     outcome: &RateLimitOutcome,
     elapsed: Duration,
 ) {
-    let decisions = match outcome {
-        RateLimitOutcome::Evaluated(set) => set.decisions(),
+    let (decisions, cached) = match outcome {
+        RateLimitOutcome::Evaluated(set) => (set.decisions(), set.cached()),
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => &[],
+        | RateLimitOutcome::Indeterminate { .. } => (&[][..], false),
     };
+    let cached = if cached { "true" } else { "false" };
     for (index, (label, policy)) in labels.iter().zip(described).enumerate() {
         let policy = policy.as_ref();
         let outcome = match decisions.get(index) {
@@ -55,6 +58,7 @@ pub(crate) fn record_evaluation(
             "algorithm" => algorithm(policy),
             "outcome" => outcome,
             "mode" => mode(policy),
+            "cached" => cached,
         )
         .increment(1);
         metrics::histogram!(EVALUATION_SECONDS, "policy" => label.clone(), "algorithm" => algorithm(policy))
@@ -76,6 +80,7 @@ pub(crate) fn record_rejection(
             "algorithm" => algorithm(policy),
             "outcome" => outcome,
             "mode" => mode(policy),
+            "cached" => "false",
         )
         .increment(1);
     }

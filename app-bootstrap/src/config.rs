@@ -19,7 +19,7 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use adapter_redis::{RedisSettings, Topology};
+use adapter_redis::{DenyCacheSettings, RedisSettings, Topology};
 use axum::http::HeaderName;
 use ipnet::IpNet;
 use shared_contract::RateLimitPolicy;
@@ -185,6 +185,9 @@ pub struct RedisConfig {
     /// `wait-timeout`: the `WAIT` timeout (default 100 ms; shorter than
     /// `command-timeout`).
     pub wait_timeout: Duration,
+    /// `deny-cache.enabled` and `deny-cache.max-entries`: the local denial
+    /// cache (default on, 10,000 entries).
+    pub deny_cache: DenyCacheSettings,
 }
 
 impl fmt::Debug for RedisConfig {
@@ -206,6 +209,7 @@ impl fmt::Debug for RedisConfig {
             .field("sentinel_password", &self.sentinel_password)
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
+            .field("deny_cache", &self.deny_cache)
             .finish()
     }
 }
@@ -270,6 +274,7 @@ impl RedisConfig {
                 .map(|password| password.expose().into()),
             wait_replicas: self.wait_replicas,
             wait_timeout: self.wait_timeout,
+            deny_cache: self.deny_cache,
         }
     }
 }
@@ -294,6 +299,7 @@ impl Default for RedisConfig {
             sentinel_password: None,
             wait_replicas: defaults.wait_replicas,
             wait_timeout: defaults.wait_timeout,
+            deny_cache: defaults.deny_cache,
         }
     }
 }

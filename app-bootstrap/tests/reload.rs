@@ -293,7 +293,11 @@ async fn the_binary_reloads_on_sighup_and_keeps_its_table_on_a_bad_file() {
     write(&serve.config_path(), &config(7, 2, ""));
     hang_up(&serve.child);
     eventually("the reloaded limit", async || hello().await.1.contains("q=7")).await;
-    assert!(serve.logs().iter().any(|line| line.contains("configuration reloaded")));
+    // The swap comes before its log line: wait for the line too.
+    eventually("the reload log line", async || {
+        serve.logs().iter().any(|line| line.contains("configuration reloaded"))
+    })
+    .await;
 
     write(&serve.config_path(), "[capabilities.rate-limit]\nprovider = \"postgres\"\n");
     hang_up(&serve.child);

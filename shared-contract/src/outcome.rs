@@ -54,12 +54,25 @@ impl RateLimitDecision {
 /// The decisions of a policy set: one per policy, in the set's order, and
 /// whether the request is admitted (every enforced policy allows it). A
 /// fixed inline array, so an outcome is `Copy` and never allocates.
-#[derive(Clone, Copy, PartialEq, Eq)]
+///
+/// Equality compares the answer, not where it came from: a decision a
+/// provider answered from a local cache ([`Self::cached`]) equals the one
+/// its store would have given.
+#[derive(Clone, Copy)]
 pub struct SetDecision {
     allowed: bool,
     len: u8,
+    cached: bool,
     decisions: [RateLimitDecision; MAX_POLICY_SET],
 }
+
+impl PartialEq for SetDecision {
+    fn eq(&self, other: &Self) -> bool {
+        self.allowed == other.allowed && self.decisions() == other.decisions()
+    }
+}
+
+impl Eq for SetDecision {}
 
 impl SetDecision {
     /// The set's answer: `allowed` when every enforced policy allows, and
@@ -70,7 +83,21 @@ impl SetDecision {
         let mut held = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
         let len = decisions.len().min(MAX_POLICY_SET);
         held[..len].copy_from_slice(&decisions[..len]);
-        Self { allowed, len: len as u8, decisions: held }
+        Self { allowed, len: len as u8, cached: false, decisions: held }
+    }
+
+    /// The same answer, marked as given by a provider's local cache without
+    /// asking its store (the Redis provider's denial cache).
+    #[must_use]
+    pub fn from_cache(mut self) -> Self {
+        self.cached = true;
+        self
+    }
+
+    /// True when the provider answered from a local cache, not its store;
+    /// nothing was charged (only refusals are cached).
+    pub fn cached(&self) -> bool {
+        self.cached
     }
 
     /// The answer of a set of one policy (its decision decides).
@@ -99,6 +126,7 @@ impl fmt::Debug for SetDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SetDecision")
             .field("allowed", &self.allowed)
+            .field("cached", &self.cached)
             .field("decisions", &self.decisions())
             .finish()
     }
@@ -353,7 +381,10 @@ mod tests {
         let set = SetDecision::new(false, &[allow, deny]);
         assert!(!set.allowed());
         assert_eq!(set.decisions(), [allow, deny]);
-        assert!(!set.replayed());
+        assert!(!set.replayed() && !set.cached());
+        // Where an answer came from is not part of it.
+        assert!(set.from_cache().cached());
+        assert_eq!(set.from_cache(), set);
         let replayed = SetDecision::new(true, &[RateLimitDecision { replayed: true, ..allow }]);
         assert!(replayed.replayed() && replayed.allowed());
         assert!(

@@ -11,6 +11,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use adapter_redis::DenyCacheSettings;
 use adapter_redis::Topology;
 use adapter_web::EdgeSettings;
 use figment::value::{Dict, Value};
@@ -414,6 +415,11 @@ impl Reader<'_> {
         let mut lane = self.table(lane, table.path().child("script-lane"));
         let max_in_flight = self.field(&mut lane, "max-in-flight", Self::u32);
         self.close(lane);
+        let cache = table.get("deny-cache");
+        let mut cache = self.table(cache, table.path().child("deny-cache"));
+        let cache_enabled = self.field(&mut cache, "enabled", Self::bool);
+        let cache_entries = self.field(&mut cache, "max-entries", Self::u32);
+        self.close(cache);
         self.close(table);
         let topology = topology.unwrap_or(defaults.topology);
         // The sentinels name the master: no URL unless one is given (which
@@ -439,6 +445,10 @@ impl Reader<'_> {
             sentinel_password,
             wait_replicas: wait_replicas.unwrap_or(defaults.wait_replicas),
             wait_timeout: wait_timeout.unwrap_or(defaults.wait_timeout),
+            deny_cache: DenyCacheSettings {
+                enabled: cache_enabled.unwrap_or(defaults.deny_cache.enabled),
+                max_entries: cache_entries.map_or(defaults.deny_cache.max_entries, |n| n as usize),
+            },
         }
     }
 }

@@ -104,6 +104,11 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     let in_flight = i64::try_from(redis.script_lane_max_in_flight).unwrap_or(i64::MAX);
     lane.insert("max-in-flight".into(), in_flight.into());
     table.insert("script-lane".into(), lane.into());
+    let mut cache = Table::new();
+    cache.insert("enabled".into(), redis.deny_cache.enabled.into());
+    let entries = i64::try_from(redis.deny_cache.max_entries).unwrap_or(i64::MAX);
+    cache.insert("max-entries".into(), entries.into());
+    table.insert("deny-cache".into(), cache.into());
     root.insert("redis".into(), table.into());
 
     let mut admin = Table::new();

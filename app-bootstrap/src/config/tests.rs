@@ -528,6 +528,7 @@ sentinel-username = "watcher"
 sentinel-password = { env = "EVERY_KEY_SENTINEL_PASSWORD" }
 wait-replicas = 2
 wait-timeout = "40ms"
+deny-cache = { enabled = false, max-entries = 500 }
 
 [admin]
 listen = "127.0.0.1:9091"
@@ -605,16 +606,20 @@ fn redis_rules_come_from_the_provider_with_their_key_paths() {
         let file = format!(
             "{BASE}\n[pseudonymizer.keys]\n1 = \"{KEY}\"\n[redis]\nenabled = true\ntopology = \"cluster\"\n\
              urls = [\"redis://127.0.0.1:7000\", \"http://127.0.0.1:7001\"]\nkey-prefix = \"\"\n\
-             command-timeout = \"0ms\"\nscript-lane = {{ max-in-flight = 0 }}\n"
+             command-timeout = \"0ms\"\nscript-lane = {{ max-in-flight = 0 }}\n\
+             deny-cache = {{ max-entries = 0, size = 3 }}\n"
         )
         .replace("default-policy", "provider = \"redis\"\ndefault-policy");
         assert_eq!(
             paths(load_file(jail, &file)),
             [
+                // Read first, so reported first: an unknown key.
+                "redis.deny-cache.size",
                 "redis.urls.1",
                 "redis.key-prefix",
                 "redis.command-timeout",
                 "redis.script-lane.max-in-flight",
+                "redis.deny-cache.max-entries",
             ]
         );
     });

@@ -1,6 +1,10 @@
-//! Evaluation dedupe records of one key: a bounded queue, oldest first.
+//! Evaluation dedupe records of one key: a bounded queue, oldest first,
+//! with an id index so a lookup costs the same at 1 record as at the cap.
 
 use std::collections::{VecDeque, vec_deque};
+use std::fmt;
+use std::hash::BuildHasher;
+use std::sync::OnceLock;
 
 use crate::request::EvaluationId;
 
@@ -19,14 +23,16 @@ pub struct DedupRecord {
     pub written_at: u64,
 }
 
-/// The records of one key, oldest first. `written_at` never decreases from front to back
-/// (records are appended at the key's effective time, which never runs
-/// backwards), so expiry and eviction both pop from the front.
+/// The records of one key, oldest first. `written_at` never decreases from
+/// front to back (records are appended at the key's effective time, which
+/// never runs backwards), so expiry and eviction both pop from the front.
 ///
-/// A lookup scans the queue. An id index (a hash set beside the queue) was
-/// measured slower at the default 256 records: the scan reads contiguous
-/// memory the prefetcher streams, the index adds random misses
-/// (docs/benchmarks.md).
+/// From [`INDEX_FROM`] records on, an open-addressing index (linear
+/// probing, at most half full) maps an evaluation id to its record's
+/// sequence number, so a lookup, an append and an eviction each touch a
+/// fixed number of cache lines however many records the key holds (a scan
+/// of 256 records read 10 KB per decision; docs/benchmarks.md). Below it a
+/// scan of a few contiguous records is cheaper than a table.
 ///
 /// Boxed and allocated on the first record, so a key without records (dedupe
 /// off, or only denials) carries one pointer: a small map slot keeps more
@@ -35,23 +41,165 @@ pub struct DedupRecord {
 /// A provider that serializes a key reads the records with
 /// [`DedupRecords::iter`] and rebuilds them, in the same order, with
 /// `collect()`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[allow(
-    clippy::box_collection,
-    reason = "one pointer in every map slot instead of a 32-byte VecDeque header"
-)]
-pub struct DedupRecords(Option<Box<VecDeque<DedupRecord>>>);
+#[derive(Clone, Default)]
+pub struct DedupRecords(Option<Box<Held>>);
+
+/// Records held from here on are indexed; fewer are scanned.
+const INDEX_FROM: usize = 8;
+/// An index slot holding no record.
+const EMPTY: u64 = u64::MAX;
+
+#[derive(Clone)]
+struct Held {
+    queue: VecDeque<DedupRecord>,
+    /// The sequence number of the front record; the record at queue
+    /// position `i` has `front_seq + i` (wrapping).
+    front_seq: u32,
+    /// Empty, or a power-of-two table of `hash << 32 | seq` entries (the
+    /// hash is 31 bits, so no entry is [`EMPTY`]); an entry's home slot is
+    /// its hash masked, so deleting never reads a record to rehash it.
+    index: Box<[u64]>,
+}
+
+/// 31 bits of a keyed mix of the id. Ids are server-generated UUIDs, but
+/// the port lets a caller choose them: a per-process random seed keeps
+/// probe chains short whatever ids arrive.
+fn hash_of(id: EvaluationId) -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    let seed = *SEED.get_or_init(|| std::hash::RandomState::new().hash_one(0x5eed_u64));
+    let bits = id.as_uuid().as_u128();
+    let mut x = (bits as u64) ^ ((bits >> 64) as u64).rotate_left(29) ^ seed;
+    x = (x ^ (x >> 32)).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    x = (x ^ (x >> 32)).wrapping_mul(0xd6e8_feb8_6659_fd93);
+    (x ^ (x >> 32)) >> 33
+}
+
+impl Held {
+    fn seq_of_next(&self) -> u32 {
+        self.front_seq.wrapping_add(self.queue.len() as u32)
+    }
+
+    fn mask(&self) -> usize {
+        self.index.len() - 1
+    }
+
+    /// Where an entry whose hash is `hash` probes from.
+    fn home(&self, hash: u64) -> usize {
+        (hash as usize) & self.mask()
+    }
+
+    fn find(&self, evaluation_id: EvaluationId) -> Option<&DedupRecord> {
+        if self.index.is_empty() {
+            // Retries follow their original closely: newest first.
+            return self.queue.iter().rev().find(|r| r.evaluation_id == evaluation_id);
+        }
+        let hash = hash_of(evaluation_id);
+        let mut slot = self.home(hash);
+        loop {
+            let entry = self.index[slot];
+            if entry == EMPTY {
+                return None;
+            }
+            if entry >> 32 == hash {
+                let position = (entry as u32).wrapping_sub(self.front_seq) as usize;
+                match self.queue.get(position) {
+                    Some(record) if record.evaluation_id == evaluation_id => return Some(record),
+                    Some(_) | None => {}
+                }
+            }
+            slot = (slot + 1) & self.mask();
+        }
+    }
+
+    /// Puts `hash -> seq` into the first free slot of its probe chain.
+    fn insert(&mut self, hash: u64, seq: u32) {
+        let mut slot = self.home(hash);
+        while self.index[slot] != EMPTY {
+            slot = (slot + 1) & self.mask();
+        }
+        self.index[slot] = (hash << 32) | u64::from(seq);
+    }
+
+    /// Removes the entry of the record with `seq` (its id hashing to
+    /// `hash`), shifting later entries of the chain back (Knuth's
+    /// algorithm R), so no tombstone lengthens later probes.
+    fn remove(&mut self, hash: u64, seq: u32) {
+        let target = (hash << 32) | u64::from(seq);
+        let mut hole = self.home(hash);
+        while self.index[hole] != target {
+            if self.index[hole] == EMPTY {
+                return; // not indexed: nothing to remove
+            }
+            hole = (hole + 1) & self.mask();
+        }
+        let mut next = hole;
+        loop {
+            next = (next + 1) & self.mask();
+            let entry = self.index[next];
+            if entry == EMPTY {
+                break;
+            }
+            let home = self.home(entry >> 32);
+            // The entry stays unless its home lies cyclically outside
+            // (hole, next]; then it may fill the hole.
+            let stays = if hole <= next {
+                hole < home && home <= next
+            } else {
+                hole < home || home <= next
+            };
+            if !stays {
+                self.index[hole] = entry;
+                hole = next;
+            }
+        }
+        self.index[hole] = EMPTY;
+    }
+
+    /// Rebuilds the index with room for twice the records held, at least
+    /// `4 * INDEX_FROM` slots.
+    fn reindex(&mut self) {
+        let slots = (self.queue.len() * 2).next_power_of_two().max(4 * INDEX_FROM);
+        self.index = vec![EMPTY; slots].into_boxed_slice();
+        for position in 0..self.queue.len() {
+            let hash = hash_of(self.queue[position].evaluation_id);
+            self.insert(hash, self.front_seq.wrapping_add(position as u32));
+        }
+    }
+
+    fn pop_front(&mut self) {
+        let Some(record) = self.queue.pop_front() else { return };
+        if !self.index.is_empty() {
+            self.remove(hash_of(record.evaluation_id), self.front_seq);
+        }
+        self.front_seq = self.front_seq.wrapping_add(1);
+    }
+
+    fn push_back(&mut self, record: DedupRecord) {
+        let seq = self.seq_of_next();
+        self.queue.push_back(record);
+        let len = self.queue.len();
+        if self.index.is_empty() {
+            if len >= INDEX_FROM {
+                self.reindex();
+            }
+        } else if len * 2 > self.index.len() {
+            self.reindex();
+        } else {
+            self.insert(hash_of(record.evaluation_id), seq);
+        }
+    }
+}
 
 impl DedupRecords {
     /// The records, oldest first.
     pub fn iter(&self) -> vec_deque::Iter<'_, DedupRecord> {
         static NONE: VecDeque<DedupRecord> = VecDeque::new();
-        self.0.as_deref().unwrap_or(&NONE).iter()
+        self.0.as_deref().map_or(&NONE, |held| &held.queue).iter()
     }
 
     /// How many records the key holds.
     pub fn len(&self) -> usize {
-        self.0.as_ref().map_or(0, |queue| queue.len())
+        self.0.as_ref().map_or(0, |held| held.queue.len())
     }
 
     /// Whether the key holds no record.
@@ -60,24 +208,30 @@ impl DedupRecords {
     }
 
     /// Records the buffer has room for without growing, so a store can show
-    /// that its memory stays bounded.
+    /// that its memory stays bounded (the index holds at most four slots of
+    /// 8 bytes per record it has room for).
     pub fn allocated(&self) -> usize {
-        self.0.as_ref().map_or(0, |queue| queue.capacity())
+        self.0.as_ref().map_or(0, |held| held.queue.capacity())
+    }
+
+    /// Index slots allocated (0 below [`INDEX_FROM`] records).
+    #[cfg(test)]
+    fn index_slots(&self) -> usize {
+        self.0.as_ref().map_or(0, |held| held.index.len())
     }
 
     /// Drops records with `written_at + ttl <= t`.
     pub(crate) fn drop_expired(&mut self, t: u64, ttl: u64) {
-        if let Some(queue) = &mut self.0 {
-            while queue.front().is_some_and(|r| r.written_at.saturating_add(ttl) <= t) {
-                queue.pop_front();
+        if let Some(held) = &mut self.0 {
+            while held.queue.front().is_some_and(|r| r.written_at.saturating_add(ttl) <= t) {
+                held.pop_front();
             }
         }
     }
 
-    /// The record of `evaluation_id`, searching the newest first because
-    /// retries follow their original closely.
+    /// The record of `evaluation_id`, if the key holds one.
     pub(crate) fn find(&self, evaluation_id: EvaluationId) -> Option<&DedupRecord> {
-        self.0.as_ref()?.iter().rev().find(|r| r.evaluation_id == evaluation_id)
+        self.0.as_ref()?.find(evaluation_id)
     }
 
     /// Appends `record`, then evicts the oldest beyond `capacity`.
@@ -87,16 +241,23 @@ impl DedupRecords {
             return;
         }
         // Most keys are one-shot: room for one record, not the default four.
-        let queue = self.0.get_or_insert_with(|| Box::new(VecDeque::with_capacity(1)));
-        queue.push_back(record);
-        while queue.len() > capacity {
-            queue.pop_front();
+        let held = self.0.get_or_insert_with(|| {
+            Box::new(Held {
+                queue: VecDeque::with_capacity(1),
+                front_seq: 0,
+                index: Box::default(),
+            })
+        });
+        // Evict first, so the index never holds more than `capacity`.
+        while held.queue.len() >= capacity {
+            held.pop_front();
         }
+        held.push_back(record);
     }
 
     /// When the newest record was written.
     pub(crate) fn newest_written_at(&self) -> Option<u64> {
-        self.0.as_ref()?.back().map(|r| r.written_at)
+        self.0.as_ref()?.queue.back().map(|r| r.written_at)
     }
 
     /// Forgets every record (the key expired or dedupe is off) and frees
@@ -106,11 +267,34 @@ impl DedupRecords {
     }
 }
 
+impl PartialEq for DedupRecords {
+    /// The same records in the same order; how they are indexed is not
+    /// compared.
+    fn eq(&self, other: &Self) -> bool {
+        self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for DedupRecords {}
+
+impl fmt::Debug for DedupRecords {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
 impl FromIterator<DedupRecord> for DedupRecords {
     /// Rebuilds stored records, given oldest first.
     fn from_iter<I: IntoIterator<Item = DedupRecord>>(records: I) -> Self {
         let queue: VecDeque<DedupRecord> = records.into_iter().collect();
-        Self((!queue.is_empty()).then(|| Box::new(queue)))
+        if queue.is_empty() {
+            return Self(None);
+        }
+        let mut held = Held { queue, front_seq: 0, index: Box::default() };
+        if held.queue.len() >= INDEX_FROM {
+            held.reindex();
+        }
+        Self(Some(Box::new(held)))
     }
 }
 
@@ -188,5 +372,102 @@ mod tests {
         // No records is no allocation, however it was built.
         let empty: DedupRecords = std::iter::empty().collect();
         assert_eq!((empty.is_empty(), empty.allocated()), (true, 0));
+    }
+
+    /// The plain queue the index must agree with: the same records found,
+    /// the same order kept.
+    fn agrees_with_a_scan(records: &DedupRecords, model: &VecDeque<DedupRecord>, ids: u128) {
+        assert!(records.iter().eq(model.iter()), "order");
+        for n in 0..ids {
+            let scanned = model.iter().find(|r| r.evaluation_id == id(n));
+            assert_eq!(records.find(id(n)), scanned, "id {n}");
+        }
+    }
+
+    #[test]
+    fn the_index_finds_exactly_what_a_scan_finds_at_the_cap() {
+        // 256 records (the default cap), 2,000 appended: every lookup after
+        // the index is built agrees with a scan of the same queue, through
+        // many evictions and expiries.
+        let mut records = DedupRecords::default();
+        let mut model = VecDeque::new();
+        for n in 0..2_000u128 {
+            let t = u64::try_from(n).unwrap();
+            let record = DedupRecord { remaining: t, ..record(n, t) };
+            records.push(record, 256);
+            model.push_back(record);
+            while model.len() > 256 {
+                model.pop_front();
+            }
+            // Every 300 appends a ttl of 200 drops a run from the front.
+            if n % 300 == 299 {
+                records.drop_expired(t, 200);
+                model.retain(|r| r.written_at + 200 > t);
+            }
+            if n % 97 == 0 || n == 1_999 {
+                agrees_with_a_scan(&records, &model, n + 2);
+            }
+        }
+        assert_eq!(records.len(), 256);
+        // At most twice the records, rounded to a power of two.
+        assert_eq!(records.index_slots(), 512);
+    }
+
+    #[test]
+    fn a_small_key_scans_and_builds_its_index_at_the_threshold() {
+        let mut records = DedupRecords::default();
+        for n in 0..INDEX_FROM as u128 - 1 {
+            records.push(record(n, 100), 256);
+        }
+        assert_eq!(records.index_slots(), 0, "a few records are scanned");
+        records.push(record(99, 100), 256);
+        assert_eq!(records.index_slots(), 4 * INDEX_FROM);
+        assert!(records.find(id(0)).is_some() && records.find(id(99)).is_some());
+        assert!(records.find(id(98)).is_none());
+        // Rebuilt from storage, the index is there and finds the same.
+        let rebuilt: DedupRecords = records.iter().copied().collect();
+        assert_eq!(rebuilt.index_slots(), 4 * INDEX_FROM);
+        assert_eq!(rebuilt.find(id(3)), records.find(id(3)));
+        assert_eq!(rebuilt, records);
+    }
+
+    #[test]
+    fn sequence_numbers_wrap_without_losing_a_record() {
+        let mut records = DedupRecords::default();
+        for n in 0..20 {
+            records.push(record(n, 100), 16);
+        }
+        // Move the numbering to just before the wrap and reindex there.
+        if let Some(held) = &mut records.0 {
+            held.front_seq = u32::MAX - 5;
+            held.reindex();
+        }
+        let mut model: VecDeque<DedupRecord> = records.iter().copied().collect();
+        for n in 20..60 {
+            records.push(record(n, 100), 16);
+            model.push_back(record(n, 100));
+            model.pop_front();
+            agrees_with_a_scan(&records, &model, 61);
+        }
+    }
+
+    #[test]
+    fn colliding_home_slots_survive_removal_from_the_middle_of_a_chain() {
+        // Many ids in a small table collide; evicting in order must shift
+        // every later entry of a chain back so each stays findable.
+        let mut records = DedupRecords::default();
+        let mut model = VecDeque::new();
+        for n in 0..500u128 {
+            let n = n.wrapping_mul(0x1_0000_0000_0000_0001);
+            records.push(record(n, 1), 12);
+            model.push_back(record(n, 1));
+            while model.len() > 12 {
+                model.pop_front();
+            }
+            assert!(records.iter().eq(model.iter()));
+            for r in &model {
+                assert_eq!(records.find(r.evaluation_id), Some(r));
+            }
+        }
     }
 }
