@@ -2,26 +2,23 @@
 //! `RateLimitRequest` over the operation's policy set, and the port's
 //! answer.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::request::Parts;
-use metrics::SharedString;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, OperationDigest, PolicyId,
-    PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest,
+    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, PolicyId, PolicyMode, PolicySet,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
 
 use crate::cost::RateLimitCost;
-use crate::operation::{operation_digest, operation_id};
+use crate::operation::Operations;
 use crate::pseudonymizer::VersionedPseudonymizer;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::subject::resolve_subject;
-use crate::telemetry;
+use crate::telemetry::{self, MemberMetrics};
 
 /// What the bridge learned about one request: the policy set it ran under,
 /// each policy as the port holds it, and the port's answer.
@@ -89,30 +86,27 @@ fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
     policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode)
 }
 
-/// A policy set prepared once, when the bridge is built: the `policy`
-/// metric label of each member, each member as the port holds it (the
-/// port's policies do not change under a running bridge), and the
-/// operation's digest when the set belongs to one configured operation.
+/// A policy set prepared once, when the bridge is built: each member as
+/// the port holds it (the port's policies do not change under a running
+/// bridge) and its metric handles.
 #[derive(Debug)]
 struct PreparedSet {
     policies: PolicySet,
-    labels: Box<[SharedString]>,
+    metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
-    digest: Option<OperationDigest>,
 }
 
 impl PreparedSet {
-    fn new(
-        policies: &PolicySet,
-        port: &dyn EdgeRateLimitPort,
-        digest: Option<OperationDigest>,
-    ) -> Self {
-        // Shared strings: cloning a label per request bumps a count, never
-        // allocates.
-        let labels =
-            policies.ids().iter().map(|id| SharedString::from(Arc::<str>::from(id.as_str())));
-        let described = policies.ids().iter().map(|id| port.policy(id).cloned()).collect();
-        Self { policies: policies.clone(), labels: labels.collect(), described, digest }
+    fn new(policies: &PolicySet, port: &dyn EdgeRateLimitPort) -> Self {
+        let described: Arc<[_]> =
+            policies.ids().iter().map(|id| port.policy(id).cloned()).collect();
+        let metrics = policies
+            .ids()
+            .iter()
+            .zip(described.iter())
+            .map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()))
+            .collect();
+        Self { policies: policies.clone(), metrics, described }
     }
 }
 
@@ -123,30 +117,30 @@ pub struct TransportBridge {
     pseudonymizer: Arc<VersionedPseudonymizer>,
     clock: Arc<dyn Clock>,
     settings: EdgeSettings,
-    operations: HashMap<String, PreparedSet>,
+    operations: Operations,
+    /// The configured operations' sets, as [`crate::operation::Operation::set`] indexes them.
+    sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
 }
 
 impl TransportBridge {
     /// A bridge over `port`. Check `settings` with
     /// [`EdgeSettings::validate`] first. The digest of every configured
-    /// operation is computed here, once.
+    /// operation is computed here, once; any other operation's the first
+    /// time a request has it.
     pub fn new(
         port: Arc<dyn EdgeRateLimitPort>,
         pseudonymizer: Arc<VersionedPseudonymizer>,
         clock: Arc<dyn Clock>,
         settings: EdgeSettings,
     ) -> Self {
-        let operations = settings
-            .operations
-            .iter()
-            .map(|(operation, set)| {
-                let digest = Some(operation_digest(operation));
-                (operation.clone(), PreparedSet::new(set, &*port, digest))
-            })
-            .collect();
-        let default_set = PreparedSet::new(&settings.default_policies, &*port, None);
-        Self { port, pseudonymizer, clock, settings, operations, default_set }
+        let configured: Vec<(&String, &PolicySet)> = settings.operations.iter().collect();
+        let operations = Operations::new(
+            configured.iter().enumerate().map(|(index, (id, _))| (id.as_str(), index)),
+        );
+        let sets = configured.iter().map(|(_, set)| PreparedSet::new(set, &*port)).collect();
+        let default_set = PreparedSet::new(&settings.default_policies, &*port);
+        Self { port, pseudonymizer, clock, settings, operations, sets, default_set }
     }
 
     /// The settings the bridge runs with.
@@ -167,18 +161,15 @@ impl TransportBridge {
     /// `Idempotency-Key`, reaches it. `deadline = clock.monotonic() +
     /// evaluation_budget`.
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
-        let operation = operation_id(parts);
-        let prepared = self.operations.get(&operation).unwrap_or(&self.default_set);
+        let found = self.operations.find(parts);
+        let prepared = found.set.map_or(&self.default_set, |index| &self.sets[index]);
+        let operation = &*found.id;
         let policies = prepared.policies.clone();
         let described = Arc::clone(&prepared.described);
         let subject = match resolve_subject(parts, &self.settings) {
             Ok(subject) => subject,
             Err(rejection) => {
-                telemetry::record_rejection(
-                    &prepared.labels,
-                    &described,
-                    rejection.outcome_label(),
-                );
+                telemetry::record_rejection(&prepared.metrics, rejection.outcome_label());
                 tracing::debug!(
                     operation, policies = %Ids(policies.ids()), reason = rejection.category_name(),
                     "request refused before rate-limit evaluation"
@@ -200,7 +191,7 @@ impl TransportBridge {
         let request = RateLimitRequest {
             policies: policies.clone(),
             subject: digest,
-            operation: prepared.digest.clone().unwrap_or_else(|| operation_digest(&operation)),
+            operation: found.digest.clone(),
             cost,
             evaluation_id: EvaluationId::random(),
             deadline,
@@ -209,10 +200,10 @@ impl TransportBridge {
         let started = Instant::now();
         let outcome = self.port.evaluate(request).await;
         let elapsed = started.elapsed();
-        let outcome = checked(outcome, &described, &operation);
-        telemetry::record_evaluation(&prepared.labels, &described, &outcome, elapsed);
+        let outcome = checked(outcome, &described, operation);
+        telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let evaluation = BridgeEvaluation { policies, described, outcome };
-        log_outcome(&operation, &evaluation, shadow_subject.as_ref(), elapsed);
+        log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed);
         Ok(evaluation)
     }
 }
