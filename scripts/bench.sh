@@ -120,16 +120,22 @@ evalsha_calls() {
     rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $2}'
 }
 
-# rb <case> <clients> <pipeline> <keyspace> <fill> <EVALSHA args...>: one
-# redis-benchmark run; prints "<case> rps <v>", "<case> usec <v>" and, for
-# c=1, "<case> p50_us <v>". <fill> charges the keys 256 times first.
+# fill <key>: 256 charges with fresh ids, so the key is at its record cap.
+fill() {
+    redis-benchmark -p "$port" -c 1 -n 256 -r 100000000 -q \
+        EVALSHA "$sha" 2 "$1" "$1:dedupe" $now 1 $rid $on >/dev/null
+}
+
+# rb <case> <clients> <pipeline> <keyspace> <filled key or -> <EVALSHA args...>:
+# one redis-benchmark run on a flushed server (the key filled first);
+# prints "<case> rps <v>", "<case> usec <v>" and, for c=1, "<case> p50_us <v>".
+# -r is the range of every __rand_int__ (keys and ids alike): one key with
+# fresh ids takes a range of 10^8.
 rb() {
-    local case=$1 clients=$2 pipeline=$3 keyspace=$4 fill=$5
+    local case=$1 clients=$2 pipeline=$3 keyspace=$4 filled=$5
     shift 5
     rcli FLUSHALL >/dev/null
-    if [ "$fill" = fill ]; then
-        redis-benchmark -p "$port" -c 1 -n 256 -r 100000000 -q EVALSHA "$@" >/dev/null
-    fi
+    [ "$filled" = - ] || fill "$filled"
     rcli CONFIG RESETSTAT >/dev/null
     local n=$requests
     [ "$clients" = 1 ] && n=$((requests / 10))
@@ -143,15 +149,15 @@ rb() {
 
 limit_round() {
     local key='bench:{v1:__rand_int__}:fixed:1' one='bench:{v1:flood}:fixed:1'
-    rb rb-off 64 16 1000 no "$sha" 1 "$key" $now 1 $rid $off
-    rb rb-off-c1 1 1 1000 no "$sha" 1 "$key" $now 1 $rid $off
+    rb rb-off 64 16 1000 - "$sha" 1 "$key" $now 1 $rid $off
+    rb rb-off-c1 1 1 1000 - "$sha" 1 "$key" $now 1 $rid $off
     # Dedupe on: sparse records (100,000 keys, about two records each),
-    # one key at its record cap, a deny flood on one key, a replay.
-    rb rb-on-sparse 64 16 100000 no "$sha" 2 "$key" "$key:dedupe" $now 1 $rid $on
-    rb rb-on-cap 64 16 1000 fill "$sha" 2 "$one" "$one:dedupe" $now 1 $rid $on
-    rb rb-on-flood 64 16 1000 fill "$sha" 2 "$one" "$one:dedupe" $now 1 $rid $flood_on
-    rb rb-off-flood 64 16 1000 no "$sha" 1 "$one" $now 1 $rid $flood_off
-    rb rb-on-replay 64 16 1000 no "$sha" 2 "$one" "$one:dedupe" $now 1 0123456789abcdef $on
+    # one key at its record cap, a deny flood on that key, a replay.
+    rb rb-on-sparse 64 16 100000 - "$sha" 2 "$key" "$key:dedupe" $now 1 $rid $on
+    rb rb-on-cap 64 16 100000000 "$one" "$sha" 2 "$one" "$one:dedupe" $now 1 $rid $on
+    rb rb-on-flood 64 16 100000000 "$one" "$sha" 2 "$one" "$one:dedupe" $now 1 $rid $flood_on
+    rb rb-off-flood 64 16 1000 - "$sha" 1 "$one" $now 1 $rid $flood_off
+    rb rb-on-replay 64 16 1000 - "$sha" 2 "$one" "$one:dedupe" $now 1 0123456789abcdef $on
 }
 
 # --- ca-skeleton bench through the Redis provider ---------------------------

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::HeaderValue;
 use http::request::Parts;
 use shared_contract::{
     Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, PolicyId, PolicyMode, PolicySet,
@@ -15,6 +16,7 @@ use shared_contract::{
 use crate::cost::RateLimitCost;
 use crate::operation::Operations;
 use crate::pseudonymizer::VersionedPseudonymizer;
+use crate::ratelimit_headers::policy_header;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::subject::resolve_subject;
@@ -35,6 +37,9 @@ pub struct BridgeEvaluation {
     /// policy of the set: the bridge turns any other reply into
     /// `Incompatible(StateIncompatible)`.
     pub outcome: RateLimitOutcome,
+    /// The set's `RateLimit-Policy` header (its enforced policies as the
+    /// port holds them), made once per set: it never changes per request.
+    pub(crate) policy_header: Option<HeaderValue>,
 }
 
 impl BridgeEvaluation {
@@ -94,6 +99,7 @@ struct PreparedSet {
     policies: PolicySet,
     metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
+    policy_header: Option<HeaderValue>,
 }
 
 impl PreparedSet {
@@ -106,7 +112,11 @@ impl PreparedSet {
             .zip(described.iter())
             .map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()))
             .collect();
-        Self { policies: policies.clone(), metrics, described }
+        // The policies the port described and enforces: those a client sees.
+        let enforced =
+            described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce);
+        let policy_header = policy_header(enforced);
+        Self { policies: policies.clone(), metrics, described, policy_header }
     }
 }
 
@@ -202,7 +212,8 @@ impl TransportBridge {
         let elapsed = started.elapsed();
         let outcome = checked(outcome, &described, operation);
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
-        let evaluation = BridgeEvaluation { policies, described, outcome };
+        let policy_header = prepared.policy_header.clone();
+        let evaluation = BridgeEvaluation { policies, described, outcome, policy_header };
         log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed);
         Ok(evaluation)
     }
