@@ -60,7 +60,9 @@ free_port() { # a port nothing listens on, away from 6379
 
 echo "bench.sh: building the release binary" >&2
 cargo build --release --locked -p app-bootstrap >&2
+cargo build --release --locked -p adapter-redis --example bare_client >&2
 bin=target/release/ca-skeleton
+bare=target/release/examples/bare_client
 
 work=$(mktemp -d)
 port=$(free_port)
@@ -190,7 +192,23 @@ cs() {
         'BEGIN {printf "'"$case"' calls_per_decision %.4f\n", c / d}'
 }
 
+# The anchor of client CPU: the same script through a bare redis crate
+# MultiplexedConnection + Script (adapter-redis/examples/bare_client.rs).
+bare_run() {
+    rcli FLUSHALL >/dev/null
+    rcli CONFIG RESETSTAT >/dev/null
+    local TIMEFORMAT='%U %S'
+    { time "${client_pin[@]}" "$bare" "redis://127.0.0.1:$port" 64 1000 "$duration" \
+        >"$work/bare.json" 2>"$work/bare.log"; } 2>"$work/time"
+    local decisions
+    decisions=$(field "$work/bare.json" decisions)
+    echo "bare rps $(field "$work/bare.json" decisions_per_sec)"
+    echo "bare usec $(usec_per_call)"
+    awk -v d="$decisions" '{printf "bare cpu_us %.3f\n", ($1 + $2) * 1e6 / d}' "$work/time"
+}
+
 client_round() {
+    bare_run
     cs cs-off fixed-nodedupe 64 1000
     cs cs-on fixed 64 1000
     cs cs-off-c1 fixed-nodedupe 1 1000
@@ -254,6 +272,7 @@ awk '{v[$2 " " $3] = v[$2 " " $3] " " $4} END {
 med() { awk -v k="$1 $2" '$1 " " $2 == k {print $3}' "$work/medians"; }
 all() { awk -v k="$1 $2" '$1 " " $2 == k {$1 = $2 = $3 = ""; sub(/^ +/, ""); gsub(/ /, " / "); print}' "$work/medians"; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN {if (a == "" || b == "" || b == 0) print "—"; else printf "%.2fx", a / b}'; }
+dec() { awk -v a="$1" 'BEGIN {if (a == "") print "—"; else printf "%.1f", a}'; }
 int() { awk -v a="$1" 'BEGIN {if (a == "") print "—"; else printf "%d", a + 0.5}'; }
 
 limit=$(med rb-off rps)
@@ -282,12 +301,16 @@ limit=$(med rb-off rps)
     echo "| what | decisions/s | vs limit | p50 µs | p99 µs | Redis µs/call | client CPU µs/decision |"
     echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
     echo "| limit: redis-benchmark c=64 -P 16, dedupe off ($(all rb-off rps)) | $(int "$limit") | 1.00x | | | $(med rb-off usec) | |"
-    echo "| redis-benchmark c=1, dedupe off | $(int "$(med rb-off-c1 rps)") | | $(med rb-off-c1 p50_us) | | $(med rb-off-c1 usec) | |"
-    for c in cs-off:"bench c=64, dedupe off" cs-on:"bench c=64, dedupe on (defaults)" cs-off-c1:"bench c=1, dedupe off"; do
+    echo "| bare \`redis\` crate MultiplexedConnection + Script, c=64, dedupe off ($(all bare rps)) | $(int "$(med bare rps)") | $(ratio "$(med bare rps)" "$limit") | | | $(med bare usec) | $(med bare cpu_us) |"
+    for c in cs-off:"bench c=64, dedupe off" cs-on:"bench c=64, dedupe on (defaults)"; do
         local_case=${c%%:*}
-        echo "| ${c#*:} ($(all "$local_case" rps)) | $(int "$(med "$local_case" rps)") | $(ratio "$(med "$local_case" rps)" "$limit") | $(med "$local_case" p50_us) | $(med "$local_case" p99_us) | $(med "$local_case" usec) | $(med "$local_case" cpu_us) |"
+        echo "| ${c#*:} ($(all "$local_case" rps)) | $(int "$(med "$local_case" rps)") | $(ratio "$(med "$local_case" rps)" "$limit") | $(dec "$(med "$local_case" p50_us)") | $(dec "$(med "$local_case" p99_us)") | $(med "$local_case" usec) | $(med "$local_case" cpu_us) |"
     done
+    echo "| redis-benchmark c=1, dedupe off | $(int "$(med rb-off-c1 rps)") | | $(med rb-off-c1 p50_us) | | $(med rb-off-c1 usec) | |"
+    echo "| bench c=1, dedupe off ($(all cs-off-c1 rps)) | $(int "$(med cs-off-c1 rps)") | | $(dec "$(med cs-off-c1 p50_us)") | $(dec "$(med cs-off-c1 p99_us)") | $(med cs-off-c1 usec) | $(med cs-off-c1 cpu_us) |"
     echo
+    echo "- client CPU per decision, bench / bare crate: $(ratio "$(med cs-off cpu_us)" "$(med bare cpu_us)") (target: ≤ 2.0 µs, set against a bare crate's 1.5 µs)."
+    echo "- dedupe off / limit: $(ratio "$(med cs-off rps)" "$limit") (target ≥ 0.95x); dedupe on / limit: $(ratio "$(med cs-on rps)" "$limit") (target ≥ 0.8x)."
     echo "- c=1 p50: bench $(med cs-off-c1 p50_us) µs against redis-benchmark $(med rb-off-c1 p50_us) µs:"
     echo "  $(ratio "$(med cs-off-c1 p50_us)" "$(med rb-off-c1 p50_us)") (target ≤ 1.1x; redis-benchmark reports whole µs)."
     echo
