@@ -38,8 +38,7 @@ async fn main() -> redis::RedisResult<()> {
             while Instant::now() < end {
                 let key = format!("bare:{{v1:{salt:032x}{next:016x}}}:fixed:1");
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
-                let id =
-                    format!("{:016x}", u64::try_from(decisions).unwrap_or(0) ^ (task as u64) << 40);
+                let id = format!("{:016x}", decisions ^ ((task as u64) << 40));
                 let _: redis::Value = script
                     .key(key)
                     .arg(now.to_string())
