@@ -66,7 +66,6 @@ bare=target/release/examples/bare_client
 
 work=$(mktemp -d)
 port=$(free_port)
-http_port=$(free_port)
 cleanup() {
     redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
     rm -rf "$work"
@@ -222,13 +221,25 @@ client_round() {
 
 # --- HTTP under wrk ---------------------------------------------------------
 http() { # http <provider>
-    local provider=$1
+    local provider=$1 pid up=no
     rcli FLUSHALL >/dev/null
+    # A fresh port per server: nothing else may have taken the last one.
+    http_port=$(free_port)
     CA_SKELETON_SERVER__LISTEN=127.0.0.1:$http_port \
     CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDER="$provider" \
         "$bin" --config config/bench.toml serve >/dev/null 2>"$work/serve.log" &
-    local pid=$!
-    for _ in $(seq 100); do curl -sf "http://127.0.0.1:$http_port/healthz" >/dev/null && break; sleep 0.1; done
+    pid=$!
+    for _ in $(seq 200); do
+        curl -sf "http://127.0.0.1:$http_port/healthz" >/dev/null && { up=yes; break; }
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ "$up" != yes ]; then
+        echo "bench.sh: ca-skeleton serve ($provider) did not come up on port $http_port:" >&2
+        cat "$work/serve.log" >&2
+        kill -TERM "$pid" 2>/dev/null || true
+        exit 1
+    fi
     # Non-2xx must stay 0: a 429 or 503 would measure the refusal path.
     wrk -t1 -c32 -d"${duration}s" -s scripts/bench-http.lua --latency "http://127.0.0.1:$http_port" |
         awk -v c="http-$provider" '
@@ -236,7 +247,7 @@ http() { # http <provider>
             /Requests\/sec/ {print c, "rps", $2} / 50%/ {print c, "p50_us", us($2)}
             / 99%/ {print c, "p99_us", us($2)} /Non-2xx/ {bad = $5}
             END {print c, "non_2xx", bad + 0}'
-    kill -TERM "$pid"
+    kill -TERM "$pid" 2>/dev/null || true
     wait "$pid" || true
 }
 
