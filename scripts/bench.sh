@@ -386,7 +386,8 @@ limit=$(med rb-off rps)
     if [ -n "$criterion" ]; then
         echo
         echo "Memory provider, one keyed decision: \`cargo bench -p adapter-memory --bench decisions --"
-        echo "--warm-up-time 1 --measurement-time 3\` (pinned to CPU 1; criterion's median, one run):"
+        echo "--warm-up-time 1 --measurement-time 3\` (pinned to CPU 1, so the 2-thread cases share one"
+        echo "CPU and show contention, not scaling; criterion's median, one run):"
         echo
         echo "| case | median |"
         echo "| --- | ---: |"
