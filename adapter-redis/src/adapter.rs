@@ -14,7 +14,7 @@ use shared_contract::{
     RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
     SetEntries, SubjectDigest, UnavailableCategory, millis,
 };
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 use crate::acknowledge;
@@ -23,7 +23,7 @@ use crate::error::RedisAdapterError;
 use crate::gateway::{
     ClusterGateway, GatewayFailure, RedisGateway, SentinelGateway, StandaloneGateway, WaitFor,
 };
-use crate::keys::RateLimitKeys;
+use crate::keys::{RateLimitKeys, decimal};
 use crate::reply::SetReply;
 use crate::scripts::{RateLimitScripts, ScriptKind};
 use crate::settings::{RedisSettings, Topology};
@@ -72,8 +72,10 @@ struct PolicyEntry {
     block: Vec<Arc<[u8]>>,
 }
 
+/// The decimal text of `n` as a script argument, in one allocation (a
+/// `String` first would be a second one, per call for time and cost).
 fn number(n: u64) -> Arc<[u8]> {
-    n.to_string().into_bytes().into()
+    Arc::from(decimal(n, &mut [0; 20]))
 }
 
 /// ARGV before the first policy block: caller time, cost, evaluation id.
@@ -402,8 +404,17 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             }
         }
         let deadline = Instant::now() + left;
-        let Ok(Ok(_permit)) = tokio::time::timeout_at(deadline, self.lane.acquire()).await else {
-            return self.unavailable(UnavailableCategory::AdmissionRejected);
+        // A free permit is taken without a timer; only a full lane waits,
+        // and never past the deadline.
+        let _permit = match self.lane.try_acquire() {
+            Ok(permit) => permit,
+            Err(TryAcquireError::NoPermits | TryAcquireError::Closed) => {
+                let Ok(Ok(permit)) = tokio::time::timeout_at(deadline, self.lane.acquire()).await
+                else {
+                    return self.unavailable(UnavailableCategory::AdmissionRejected);
+                };
+                permit
+            }
         };
         // The counter keys in the set's order, then, when any policy of the
         // set has dedupe on, their records keys in the same order (the KEYS

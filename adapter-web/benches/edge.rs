@@ -1,14 +1,24 @@
 //! The edge's own per-request work, piece by piece, with the memory
 //! provider behind it: the pseudonym (HMAC-SHA-256 of kind and identity),
-//! and a whole `TransportBridge::evaluate` of a request with an API key
-//! (subject resolution, pseudonym, request, the port, telemetry), for a set
-//! of one policy and for a set of two. Policies are far from their limits,
-//! so every decision is an allowed one, as most traffic is.
+//! a fresh evaluation id, the digest of an operation, one policy's metric
+//! updates (as `metrics` macros with their label lists and as registered
+//! handles), a whole `TransportBridge::evaluate` of a request with an API
+//! key (subject resolution, pseudonym, request, the port, telemetry) for a
+//! set of one policy and of two, and the whole layer around a handler that
+//! answers at once (the bridge, the decision headers, the response future),
+//! beside the same stack with the layer disabled. Policies are far from
+//! their limits, so every decision is an allowed one, as most traffic is.
+//!
+//! The cases run twice: first with no metrics recorder (the `metrics` calls
+//! are then no-ops), then, after `metrics-exporter-prometheus` is installed
+//! as the global recorder as `ca-skeleton serve` does, with `/prometheus`
+//! appended to their names.
 //!
 //! The port's future never waits, so it is polled once with a no-op waker
 //! instead of a runtime.
 
-use std::future::Future;
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
 use std::hint::black_box;
 use std::net::SocketAddr;
 use std::pin::pin;
@@ -17,12 +27,21 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
-use adapter_web::{EdgeSettings, SubjectKind, TransportBridge, VersionedPseudonymizer};
+use adapter_web::{
+    EdgeSettings, RateLimitLayer, SubjectKind, TransportBridge, VersionedPseudonymizer,
+    operation_digest,
+};
+use axum::body::Body;
 use axum::extract::ConnectInfo;
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::request::Parts;
+use http::{Request, Response};
+use metrics::SharedString;
 use secrecy::SecretSlice;
-use shared_contract::{Algorithm, Clock, PolicyId, PolicySet, RateLimitPolicy, SystemClock};
+use shared_contract::{
+    Algorithm, Clock, EvaluationId, PolicyId, PolicySet, RateLimitPolicy, SystemClock,
+};
+use tower::{Layer, Service};
 
 const KEYS: usize = 10_000;
 
@@ -47,19 +66,21 @@ fn bridge(ids: &[&str]) -> TransportBridge {
     TransportBridge::new(Arc::new(port), pseudonymizer(), clock, settings)
 }
 
+fn peer() -> ConnectInfo<SocketAddr> {
+    ConnectInfo("198.51.100.7:40000".parse().expect("an address"))
+}
+
+fn request(n: usize) -> Request<()> {
+    http::Request::get("/api/hello")
+        .header("x-api-key", format!("bench-key-{n:05}"))
+        .extension(peer())
+        .body(())
+        .expect("a request")
+}
+
 /// Requests of `KEYS` API keys from one peer, as the layer hands them over.
 fn requests() -> Vec<Parts> {
-    let peer: SocketAddr = "198.51.100.7:40000".parse().expect("an address");
-    (0..KEYS)
-        .map(|n| {
-            let request = http::Request::get("/api/hello")
-                .header("x-api-key", format!("bench-key-{n:05}"))
-                .extension(ConnectInfo(peer))
-                .body(())
-                .expect("a request");
-            request.into_parts().0
-        })
-        .collect()
+    (0..KEYS).map(|n| request(n).into_parts().0).collect()
 }
 
 fn now<F: Future>(future: F) -> F::Output {
@@ -70,14 +91,71 @@ fn now<F: Future>(future: F) -> F::Output {
     }
 }
 
-fn edge(c: &mut Criterion) {
+/// A handler that answers at once, so the layer's own work is what remains.
+#[derive(Debug, Clone, Copy)]
+struct Answer;
+
+impl Service<Request<Body>> for Answer {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        ready(Ok(Response::new(Body::empty())))
+    }
+}
+
+/// Each case of one pass; `suffix` names the recorder in place.
+fn pass(c: &mut Criterion, suffix: &str) {
     let pseudonymizer = pseudonymizer();
     let identities: Vec<String> = (0..KEYS).map(|n| format!("bench-key-{n:05}")).collect();
     let mut next = 0;
-    c.bench_function("pseudonym", |b| {
+    c.bench_function(&format!("pseudonym{suffix}"), |b| {
         b.iter(|| {
             next = (next + 1) % KEYS;
             black_box(pseudonymizer.pseudonymize(SubjectKind::ApiKey, &identities[next]))
+        });
+    });
+    c.bench_function(&format!("evaluation-id{suffix}"), |b| {
+        b.iter(|| black_box(EvaluationId::random()));
+    });
+    c.bench_function(&format!("operation-digest{suffix}"), |b| {
+        b.iter(|| black_box(operation_digest(black_box("GET /api/hello"))));
+    });
+
+    // One policy's metric updates per request, as the bridge made them
+    // before handles: a counter and a histogram looked up by name and labels.
+    let label = SharedString::from(Arc::<str>::from("api"));
+    c.bench_function(&format!("metrics-macros{suffix}"), |b| {
+        b.iter(|| {
+            metrics::counter!(
+                adapter_web::DECISIONS_TOTAL,
+                "policy" => label.clone(),
+                "algorithm" => "fixed-window",
+                "outcome" => "allowed",
+                "mode" => "enforce",
+            )
+            .increment(1);
+            metrics::histogram!(adapter_web::EVALUATION_SECONDS, "policy" => label.clone(), "algorithm" => "fixed-window")
+                .record(black_box(0.000_001));
+        });
+    });
+    let counter = metrics::counter!(
+        adapter_web::DECISIONS_TOTAL,
+        "policy" => label.clone(),
+        "algorithm" => "fixed-window",
+        "outcome" => "allowed",
+        "mode" => "enforce",
+    );
+    let histogram = metrics::histogram!(adapter_web::EVALUATION_SECONDS, "policy" => label.clone(), "algorithm" => "fixed-window");
+    c.bench_function(&format!("metrics-handles{suffix}"), |b| {
+        b.iter(|| {
+            counter.increment(1);
+            histogram.record(black_box(0.000_001));
         });
     });
 
@@ -87,7 +165,7 @@ fn edge(c: &mut Criterion) {
     {
         let bridge = bridge(ids);
         let mut next = 0;
-        c.bench_function(name, |b| {
+        c.bench_function(&format!("{name}{suffix}"), |b| {
             b.iter(|| {
                 next = (next + 1) % KEYS;
                 let evaluation = now(bridge.evaluate(&requests[next])).expect("no rejection");
@@ -95,11 +173,38 @@ fn edge(c: &mut Criterion) {
             });
         });
     }
+
+    // The whole layer: each iteration builds its request (the same work in
+    // both cases), so `layer-one-policy` minus `layer-disabled` is the
+    // limiter's cost per request.
+    for (name, layer) in [
+        ("layer-disabled", RateLimitLayer::disabled()),
+        ("layer-one-policy", RateLimitLayer::new(Arc::new(bridge(&["api"])))),
+    ] {
+        let mut service = layer.layer(Answer);
+        let mut next = 0;
+        c.bench_function(&format!("{name}{suffix}"), |b| {
+            b.iter(|| {
+                next = (next + 1) % KEYS;
+                let (parts, ()) = request(next).into_parts();
+                let response = now(service.call(Request::from_parts(parts, Body::empty())));
+                black_box(response.expect("infallible").headers().len())
+            });
+        });
+    }
+}
+
+fn edge(c: &mut Criterion) {
+    pass(c, "");
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .expect("the first and only recorder");
+    pass(c, "/prometheus");
 }
 
 criterion_group! {
     name = benches;
-    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(4));
+    config = Criterion::default().warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
     targets = edge
 }
 criterion_main!(benches);

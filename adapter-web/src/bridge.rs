@@ -2,26 +2,25 @@
 //! `RateLimitRequest` over the operation's policy set, and the port's
 //! answer.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use http::HeaderValue;
 use http::request::Parts;
-use metrics::SharedString;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, OperationDigest, PolicyId,
-    PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest,
+    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, PolicyId, PolicyMode, PolicySet,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
 
 use crate::cost::RateLimitCost;
-use crate::operation::{operation_digest, operation_id};
+use crate::operation::Operations;
 use crate::pseudonymizer::VersionedPseudonymizer;
+use crate::ratelimit_headers::policy_header;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::subject::resolve_subject;
-use crate::telemetry;
+use crate::telemetry::{self, MemberMetrics};
 
 /// What the bridge learned about one request: the policy set it ran under,
 /// each policy as the port holds it, and the port's answer.
@@ -38,6 +37,9 @@ pub struct BridgeEvaluation {
     /// policy of the set: the bridge turns any other reply into
     /// `Incompatible(StateIncompatible)`.
     pub outcome: RateLimitOutcome,
+    /// The set's `RateLimit-Policy` header (its enforced policies as the
+    /// port holds them), made once per set: it never changes per request.
+    pub(crate) policy_header: Option<HeaderValue>,
 }
 
 impl BridgeEvaluation {
@@ -89,30 +91,32 @@ fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
     policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode)
 }
 
-/// A policy set prepared once, when the bridge is built: the `policy`
-/// metric label of each member, each member as the port holds it (the
-/// port's policies do not change under a running bridge), and the
-/// operation's digest when the set belongs to one configured operation.
+/// A policy set prepared once, when the bridge is built: each member as
+/// the port holds it (the port's policies do not change under a running
+/// bridge) and its metric handles.
 #[derive(Debug)]
 struct PreparedSet {
     policies: PolicySet,
-    labels: Box<[SharedString]>,
+    metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
-    digest: Option<OperationDigest>,
+    policy_header: Option<HeaderValue>,
 }
 
 impl PreparedSet {
-    fn new(
-        policies: &PolicySet,
-        port: &dyn EdgeRateLimitPort,
-        digest: Option<OperationDigest>,
-    ) -> Self {
-        // Shared strings: cloning a label per request bumps a count, never
-        // allocates.
-        let labels =
-            policies.ids().iter().map(|id| SharedString::from(Arc::<str>::from(id.as_str())));
-        let described = policies.ids().iter().map(|id| port.policy(id).cloned()).collect();
-        Self { policies: policies.clone(), labels: labels.collect(), described, digest }
+    fn new(policies: &PolicySet, port: &dyn EdgeRateLimitPort) -> Self {
+        let described: Arc<[_]> =
+            policies.ids().iter().map(|id| port.policy(id).cloned()).collect();
+        let metrics = policies
+            .ids()
+            .iter()
+            .zip(described.iter())
+            .map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()))
+            .collect();
+        // The policies the port described and enforces: those a client sees.
+        let enforced =
+            described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce);
+        let policy_header = policy_header(enforced);
+        Self { policies: policies.clone(), metrics, described, policy_header }
     }
 }
 
@@ -123,30 +127,30 @@ pub struct TransportBridge {
     pseudonymizer: Arc<VersionedPseudonymizer>,
     clock: Arc<dyn Clock>,
     settings: EdgeSettings,
-    operations: HashMap<String, PreparedSet>,
+    operations: Operations,
+    /// The configured operations' sets, as [`crate::operation::Operation::set`] indexes them.
+    sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
 }
 
 impl TransportBridge {
     /// A bridge over `port`. Check `settings` with
     /// [`EdgeSettings::validate`] first. The digest of every configured
-    /// operation is computed here, once.
+    /// operation is computed here, once; any other operation's the first
+    /// time a request has it.
     pub fn new(
         port: Arc<dyn EdgeRateLimitPort>,
         pseudonymizer: Arc<VersionedPseudonymizer>,
         clock: Arc<dyn Clock>,
         settings: EdgeSettings,
     ) -> Self {
-        let operations = settings
-            .operations
-            .iter()
-            .map(|(operation, set)| {
-                let digest = Some(operation_digest(operation));
-                (operation.clone(), PreparedSet::new(set, &*port, digest))
-            })
-            .collect();
-        let default_set = PreparedSet::new(&settings.default_policies, &*port, None);
-        Self { port, pseudonymizer, clock, settings, operations, default_set }
+        let configured: Vec<(&String, &PolicySet)> = settings.operations.iter().collect();
+        let operations = Operations::new(
+            configured.iter().enumerate().map(|(index, (id, _))| (id.as_str(), index)),
+        );
+        let sets = configured.iter().map(|(_, set)| PreparedSet::new(set, &*port)).collect();
+        let default_set = PreparedSet::new(&settings.default_policies, &*port);
+        Self { port, pseudonymizer, clock, settings, operations, sets, default_set }
     }
 
     /// The settings the bridge runs with.
@@ -182,18 +186,15 @@ impl TransportBridge {
     /// `Idempotency-Key`, reaches it. `deadline = clock.monotonic() +
     /// evaluation_budget`.
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
-        let operation = operation_id(parts);
-        let prepared = self.operations.get(&operation).unwrap_or(&self.default_set);
+        let found = self.operations.find(parts);
+        let prepared = found.set.map_or(&self.default_set, |index| &self.sets[index]);
+        let operation = &*found.id;
         let policies = prepared.policies.clone();
         let described = Arc::clone(&prepared.described);
         let subject = match resolve_subject(parts, &self.settings) {
             Ok(subject) => subject,
             Err(rejection) => {
-                telemetry::record_rejection(
-                    &prepared.labels,
-                    &described,
-                    rejection.outcome_label(),
-                );
+                telemetry::record_rejection(&prepared.metrics, rejection.outcome_label());
                 tracing::debug!(
                     operation, policies = %Ids(policies.ids()), reason = rejection.category_name(),
                     "request refused before rate-limit evaluation"
@@ -215,7 +216,7 @@ impl TransportBridge {
         let request = RateLimitRequest {
             policies: policies.clone(),
             subject: digest,
-            operation: prepared.digest.clone().unwrap_or_else(|| operation_digest(&operation)),
+            operation: found.digest.clone(),
             cost,
             evaluation_id: EvaluationId::random(),
             deadline,
@@ -224,10 +225,11 @@ impl TransportBridge {
         let started = Instant::now();
         let outcome = self.port.evaluate(request).await;
         let elapsed = started.elapsed();
-        let outcome = checked(outcome, &described, &operation);
-        telemetry::record_evaluation(&prepared.labels, &described, &outcome, elapsed);
-        let evaluation = BridgeEvaluation { policies, described, outcome };
-        log_outcome(&operation, &evaluation, shadow_subject.as_ref(), elapsed);
+        let outcome = checked(outcome, &described, operation);
+        telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
+        let policy_header = prepared.policy_header.clone();
+        let evaluation = BridgeEvaluation { policies, described, outcome, policy_header };
+        log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed);
         Ok(evaluation)
     }
 }

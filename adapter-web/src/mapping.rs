@@ -21,10 +21,10 @@ use axum::response::IntoResponse;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Uri};
 use problem_details::{ProblemDetails, ProblemType};
-use shared_contract::{IncompatibleCategory, PolicyMode, RateLimitOutcome, UnavailableCategory};
+use shared_contract::{IncompatibleCategory, RateLimitOutcome, UnavailableCategory};
 
 use crate::bridge::BridgeEvaluation;
-use crate::ratelimit_headers::{limit_header, policy_header, whole_seconds_up};
+use crate::ratelimit_headers::{limit_header, whole_seconds_up};
 use crate::rejection::EdgeRejection;
 use crate::settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 
@@ -54,11 +54,8 @@ pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> HeaderMap {
     if enforced.is_empty() {
         return headers;
     }
-    // The port described every policy it evaluated; the header lists those.
-    let described = evaluation.described.iter().enumerate().filter_map(|(index, policy)| {
-        (evaluation.mode(index) == PolicyMode::Enforce).then_some(policy.as_ref()).flatten()
-    });
-    if let Some(value) = policy_header(described) {
+    // The bridge made it once for the set: the enforced policies it holds.
+    if let Some(value) = evaluation.policy_header.clone() {
         headers.insert(RATELIMIT_POLICY, value);
     }
     if let Some(value) = limit_header(enforced) {

@@ -1,6 +1,10 @@
 //! The operation id: method plus matched route template, never the raw
 //! path; and its digest, the only form in which it reaches a key.
 
+use std::collections::HashMap;
+use std::ops::Deref;
+use std::sync::{Arc, PoisonError, RwLock};
+
 use axum::extract::MatchedPath;
 use http::Method;
 use http::request::Parts;
@@ -14,9 +18,108 @@ pub const UNMATCHED_ROUTE: &str = "<unmatched>";
 /// `"<METHOD> <route template>"`, e.g. `GET /api/orders/{id}`. Standard
 /// methods keep their name; any extension method becomes `OTHER`, so a
 /// client inventing methods cannot mint operations either.
+#[cfg(test)]
 pub(crate) fn operation_id(parts: &Parts) -> String {
-    let route = parts.extensions.get::<MatchedPath>().map_or(UNMATCHED_ROUTE, MatchedPath::as_str);
-    format!("{} {route}", method_name(&parts.method))
+    format!("{} {}", METHODS[method_index(&parts.method)], route(parts))
+}
+
+fn route(parts: &Parts) -> &str {
+    parts.extensions.get::<MatchedPath>().map_or(UNMATCHED_ROUTE, MatchedPath::as_str)
+}
+
+/// One operation as the bridge uses it: its id (for log lines), its
+/// digest, and the configured policy set it runs under, if any.
+#[derive(Debug)]
+pub(crate) struct Operation {
+    pub(crate) id: Box<str>,
+    pub(crate) digest: OperationDigest,
+    /// The index of its configured set; `None` for the default set.
+    pub(crate) set: Option<usize>,
+}
+
+impl Operation {
+    fn new(id: String, set: Option<usize>) -> Self {
+        Self { digest: operation_digest(&id), id: id.into_boxed_str(), set }
+    }
+}
+
+/// Operations by method and route template, so a request's operation is
+/// found without writing its id and hashing it again: the configured ones
+/// from the start, the others (which run under the default set) added the
+/// first time one is seen. Route templates are the router's, a fixed
+/// handful, so the seen ones stay few; past [`MAX_SEEN_OPERATIONS`]
+/// further ones are computed per request instead of kept.
+#[derive(Debug)]
+pub(crate) struct Operations {
+    configured: [HashMap<Box<str>, Operation>; METHODS.len()],
+    seen: RwLock<Seen>,
+}
+
+/// The unconfigured operations seen so far, by method, and how many.
+type Seen = ([HashMap<Box<str>, Arc<Operation>>; METHODS.len()], usize);
+
+/// How many unconfigured operations are kept at most.
+const MAX_SEEN_OPERATIONS: usize = 4096;
+
+/// A request's operation: a configured one, or one seen before (or not).
+#[derive(Debug)]
+pub(crate) enum Found<'a> {
+    Configured(&'a Operation),
+    Seen(Arc<Operation>),
+}
+
+impl Deref for Found<'_> {
+    type Target = Operation;
+
+    fn deref(&self) -> &Operation {
+        match self {
+            Self::Configured(operation) => operation,
+            Self::Seen(operation) => operation,
+        }
+    }
+}
+
+impl Operations {
+    /// The table of `configured` operation ids (`"<METHOD> <route>"`) with
+    /// the index of each one's set. An id no request can have (an unknown
+    /// method name, no route) is left out: no request would ever find it.
+    pub(crate) fn new<'a>(configured: impl IntoIterator<Item = (&'a str, usize)>) -> Self {
+        let mut table: [HashMap<Box<str>, Operation>; METHODS.len()] = Default::default();
+        for (id, set) in configured {
+            let Some((method, route)) = id.split_once(' ') else { continue };
+            if let Some(index) = METHODS.iter().position(|known| *known == method) {
+                table[index].insert(route.into(), Operation::new(id.to_owned(), Some(set)));
+            }
+        }
+        Self { configured: table, seen: RwLock::default() }
+    }
+
+    /// The operation of a request: the method plus axum's `MatchedPath`.
+    pub(crate) fn find(&self, parts: &Parts) -> Found<'_> {
+        let method = method_index(&parts.method);
+        let route = route(parts);
+        if let Some(operation) = self.configured[method].get(route) {
+            return Found::Configured(operation);
+        }
+        let read = self.seen.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(operation) = read.0[method].get(route) {
+            return Found::Seen(Arc::clone(operation));
+        }
+        drop(read);
+        let operation = Arc::new(Operation::new(format!("{} {route}", METHODS[method]), None));
+        let mut seen = self.seen.write().unwrap_or_else(PoisonError::into_inner);
+        let (by_method, count) = &mut *seen;
+        if *count < MAX_SEEN_OPERATIONS && !by_method[method].contains_key(route) {
+            by_method[method].insert(route.into(), Arc::clone(&operation));
+            *count += 1;
+        }
+        Found::Seen(operation)
+    }
+
+    #[cfg(test)]
+    fn seen(&self) -> usize {
+        self.seen.read().unwrap_or_else(PoisonError::into_inner).1
+    }
 }
 
 /// Bytes of SHA-256 kept in an [`OperationDigest`]: 64 bits tell apart the
@@ -35,18 +138,23 @@ pub fn operation_digest(operation: &str) -> OperationDigest {
         .expect("16 lowercase hex digits form a valid operation digest")
 }
 
-fn method_name(method: &Method) -> &'static str {
+/// The method names an operation id can start with; a method's index in
+/// it is [`method_index`].
+const METHODS: [&str; 10] =
+    ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "CONNECT", "TRACE", "OTHER"];
+
+fn method_index(method: &Method) -> usize {
     match *method {
-        Method::GET => "GET",
-        Method::POST => "POST",
-        Method::PUT => "PUT",
-        Method::DELETE => "DELETE",
-        Method::PATCH => "PATCH",
-        Method::HEAD => "HEAD",
-        Method::OPTIONS => "OPTIONS",
-        Method::CONNECT => "CONNECT",
-        Method::TRACE => "TRACE",
-        _ => "OTHER",
+        Method::GET => 0,
+        Method::POST => 1,
+        Method::PUT => 2,
+        Method::DELETE => 3,
+        Method::PATCH => 4,
+        Method::HEAD => 5,
+        Method::OPTIONS => 6,
+        Method::CONNECT => 7,
+        Method::TRACE => 8,
+        _ => 9,
     }
 }
 
@@ -63,6 +171,28 @@ mod tests {
         let custom = Method::from_bytes(b"BREW").unwrap();
         let (parts, ()) = Request::builder().method(custom).body(()).unwrap().into_parts();
         assert_eq!(operation_id(&parts), "OTHER <unmatched>");
+    }
+
+    #[test]
+    fn an_unconfigured_operation_is_kept_once_with_its_digest_and_the_default_set() {
+        let operations = Operations::new([("POST <unmatched>", 3), ("BREW <unmatched>", 4)]);
+        let (get, ()) = Request::get("/api/orders/123").body(()).unwrap().into_parts();
+        for _ in 0..3 {
+            let found = operations.find(&get);
+            assert_eq!((&*found.id, found.set), ("GET <unmatched>", None));
+            assert_eq!(found.digest.as_str(), "8c13b2e43046bcc7");
+        }
+        assert_eq!(operations.seen(), 1);
+        let (post, ()) = Request::post("/").body(()).unwrap().into_parts();
+        let found = operations.find(&post);
+        assert_eq!((&*found.id, found.set), ("POST <unmatched>", Some(3)));
+        assert_eq!(found.digest, operation_digest("POST <unmatched>"));
+        // An extension method is OTHER, never the configured "BREW" id.
+        let brew = Method::from_bytes(b"BREW").unwrap();
+        let (brew, ()) = Request::builder().method(brew).body(()).unwrap().into_parts();
+        let found = operations.find(&brew);
+        assert_eq!((&*found.id, found.set), ("OTHER <unmatched>", None));
+        assert_eq!(operations.seen(), 2);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! that is the only form of it allowed to cross the port.
 
 use std::collections::BTreeMap;
-use std::fmt::{self, Write as _};
+use std::fmt;
 
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretSlice};
@@ -94,15 +94,8 @@ impl VersionedPseudonymizer {
 }
 
 fn digest(version: u32, key: &KeyedMac, kind: SubjectKind, identity: &str) -> SubjectDigest {
-    let tag = tag(key, [kind.as_str(), identity]);
-    // One allocation: the version, then the 64 hex digits written in place.
-    let mut hex = [0_u8; 64];
-    hex::encode_to_slice(tag, &mut hex).expect("32 bytes fill 64 hex digits");
-    let mut text = String::with_capacity(3 + 10 + hex.len());
-    write!(text, "v{version}:").expect("writing to a String cannot fail");
-    text.push_str(std::str::from_utf8(&hex).expect("hex digits are ASCII"));
-    SubjectDigest::parse(text)
-        .expect("a decimal version and 64 lowercase hex digits form a valid digest")
+    SubjectDigest::from_tag(version, &tag(key, [kind.as_str(), identity]))
+        .expect("a 32-byte tag makes a valid digest")
 }
 
 /// HMAC-SHA-256 over the framed parts.

@@ -71,6 +71,12 @@ impl EdgeRejection {
         })
     }
 
+    /// Every [`Self::outcome_label`], each once.
+    pub const OUTCOME_LABELS: [&'static str; 2] = [
+        Self::InvalidApiKey(ApiKeyProblem::Empty).outcome_label(),
+        Self::MissingPeerAddress.outcome_label(),
+    ];
+
     /// The metrics `outcome` label: `bad-request` for client errors.
     pub const fn outcome_label(&self) -> &'static str {
         match self {
@@ -96,6 +102,7 @@ mod tests {
                 EdgeRejection::InvalidApiKey(_) | EdgeRejection::MissingPeerAddress => {}
             }
             assert!(EdgeRejection::CATEGORY_NAMES.contains(&rejection.category_name()));
+            assert!(EdgeRejection::OUTCOME_LABELS.contains(&rejection.outcome_label()));
         }
         assert_eq!(EdgeRejection::CATEGORY_NAMES.len(), all.len());
     }

@@ -1,6 +1,7 @@
 //! Who a request counts against: an authenticated principal, else an API
 //! key, else the client IP, in that order.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
@@ -54,14 +55,15 @@ impl SubjectKind {
 /// A resolved raw subject: what the pseudonymizer turns into a digest. It
 /// lives only for the duration of one evaluation and never prints.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct RawSubject {
+pub(crate) struct RawSubject<'a> {
     pub(crate) kind: SubjectKind,
-    /// The canonical identity: the principal and API key as sent; for an
-    /// IP, its network at the configured prefix (see [`client_network`]).
-    pub(crate) identity: String,
+    /// The canonical identity: the principal and API key as sent (borrowed
+    /// from the request, not copied); for an IP, its network at the
+    /// configured prefix (see [`client_network`]).
+    pub(crate) identity: Cow<'a, str>,
 }
 
-impl fmt::Debug for RawSubject {
+impl fmt::Debug for RawSubject<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RawSubject").field("kind", &self.kind).finish_non_exhaustive()
     }
@@ -69,12 +71,12 @@ impl fmt::Debug for RawSubject {
 
 /// Resolves the subject of a request by precedence: principal extension,
 /// then the API key header, then the client IP (see [`client_ip`]).
-pub(crate) fn resolve_subject(
-    parts: &Parts,
+pub(crate) fn resolve_subject<'a>(
+    parts: &'a Parts,
     settings: &EdgeSettings,
-) -> Result<RawSubject, EdgeRejection> {
+) -> Result<RawSubject<'a>, EdgeRejection> {
     if let Some(AuthenticatedPrincipal(principal)) = parts.extensions.get() {
-        return Ok(RawSubject { kind: SubjectKind::Principal, identity: principal.clone() });
+        return Ok(RawSubject { kind: SubjectKind::Principal, identity: Cow::Borrowed(principal) });
     }
     let mut keys = parts.headers.get_all(&settings.api_key_header).iter();
     if let Some(key) = keys.next() {
@@ -82,7 +84,7 @@ pub(crate) fn resolve_subject(
             return Err(EdgeRejection::InvalidApiKey(ApiKeyProblem::Repeated));
         }
         let key = validate_api_key(key.as_bytes())?;
-        return Ok(RawSubject { kind: SubjectKind::ApiKey, identity: key.to_owned() });
+        return Ok(RawSubject { kind: SubjectKind::ApiKey, identity: Cow::Borrowed(key) });
     }
     let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() else {
         return Err(EdgeRejection::MissingPeerAddress);
@@ -90,7 +92,7 @@ pub(crate) fn resolve_subject(
     let ip = client_ip(peer.ip(), &parts.headers, &settings.trusted_proxies);
     Ok(RawSubject {
         kind: SubjectKind::ClientIp,
-        identity: client_network(ip, settings).to_string(),
+        identity: Cow::Owned(client_network(ip, settings).to_string()),
     })
 }
 
@@ -185,12 +187,15 @@ mod tests {
         request.into_parts().0
     }
 
-    fn resolve(build: impl FnOnce(&mut Request<()>)) -> Result<RawSubject, EdgeRejection> {
-        resolve_subject(&parts(build), &EdgeSettings::default())
+    fn resolve(build: impl FnOnce(&mut Request<()>)) -> Result<RawSubject<'static>, EdgeRejection> {
+        resolve_subject(&parts(build), &EdgeSettings::default()).map(|subject| RawSubject {
+            kind: subject.kind,
+            identity: Cow::Owned(subject.identity.into_owned()),
+        })
     }
 
-    fn subject(kind: SubjectKind, identity: &str) -> RawSubject {
-        RawSubject { kind, identity: identity.to_owned() }
+    fn subject(kind: SubjectKind, identity: &str) -> RawSubject<'static> {
+        RawSubject { kind, identity: Cow::Owned(identity.to_owned()) }
     }
 
     #[test]
@@ -233,7 +238,7 @@ mod tests {
         });
         let resolved = resolve_subject(&request, settings).unwrap();
         assert_eq!(resolved.kind, SubjectKind::ClientIp);
-        resolved.identity
+        resolved.identity.into_owned()
     }
 
     #[test]

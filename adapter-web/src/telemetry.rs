@@ -1,10 +1,19 @@
 //! Decision metrics through the `metrics` facade. Labels carry the policy,
 //! its algorithm, the outcome and the policy's mode, never a subject.
+//!
+//! Each member of a prepared policy set holds its metric handles, each
+//! registered with the recorder the first time it is needed (the one
+//! installed then) and kept: a request then bumps a counter, instead of
+//! building a label list and looking the series up by name (about 0.7 us
+//! per request under the Prometheus recorder; docs/benchmarks.md).
 
+use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
-use metrics::SharedString;
+use metrics::{Counter, Histogram, SharedString};
 use shared_contract::{PolicyMode, RateLimitOutcome, RateLimitPolicy};
+
+use crate::rejection::EdgeRejection;
 
 /// Counter of decisions, one per policy of each evaluated set: labels
 /// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`) and
@@ -19,6 +28,13 @@ pub const EVALUATION_SECONDS: &str = "ca_rate_limit_evaluation_seconds";
 /// The `algorithm` label when the port does not hold the policy.
 const UNKNOWN_ALGORITHM: &str = "unknown";
 
+/// Every `outcome` label a decision can be counted under: the outcome
+/// categories, then the edge's refusals before evaluation. Its positions
+/// index a member's counters.
+static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
+    RateLimitOutcome::category_names().chain(EdgeRejection::OUTCOME_LABELS).collect()
+});
+
 fn algorithm(policy: Option<&RateLimitPolicy>) -> &'static str {
     policy.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name())
 }
@@ -28,13 +44,74 @@ fn mode(policy: Option<&RateLimitPolicy>) -> &'static str {
     policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name()
 }
 
+/// The metric handles of one member of a policy set: its labels, and a
+/// counter per outcome and its histogram, each registered on first use.
+#[derive(Debug)]
+pub(crate) struct MemberMetrics {
+    policy: SharedString,
+    algorithm: &'static str,
+    mode: &'static str,
+    /// Two slots per entry of [`OUTCOMES`], in its order: not cached, then
+    /// cached.
+    decisions: Box<[OnceLock<Counter>]>,
+    evaluation: OnceLock<Histogram>,
+}
+
+impl MemberMetrics {
+    /// The handles of a member with id `policy`, as the port holds it
+    /// (`None` when it does not).
+    pub(crate) fn new(policy: &str, described: Option<&RateLimitPolicy>) -> Self {
+        Self {
+            // A shared string: registering a handle bumps a count, never
+            // copies the id.
+            policy: SharedString::from(std::sync::Arc::<str>::from(policy)),
+            algorithm: algorithm(described),
+            mode: mode(described),
+            decisions: OUTCOMES.iter().flat_map(|_| [OnceLock::new(), OnceLock::new()]).collect(),
+            evaluation: OnceLock::new(),
+        }
+    }
+
+    fn count_decision(&self, outcome: &'static str, cached: bool) {
+        let register = || {
+            metrics::counter!(
+                DECISIONS_TOTAL,
+                "policy" => self.policy.clone(),
+                "algorithm" => self.algorithm,
+                "outcome" => outcome,
+                "mode" => self.mode,
+                "cached" => if cached { "true" } else { "false" },
+            )
+        };
+        match OUTCOMES.iter().position(|known| *known == outcome) {
+            Some(slot) => {
+                self.decisions[slot * 2 + usize::from(cached)].get_or_init(register).increment(1);
+            }
+            // Every label the edge counts is in OUTCOMES; should one be
+            // missed, it is still counted, only without a kept handle.
+            None => register().increment(1),
+        }
+    }
+
+    fn observe(&self, elapsed: Duration) {
+        self.evaluation
+            .get_or_init(|| {
+                metrics::histogram!(
+                    EVALUATION_SECONDS,
+                    "policy" => self.policy.clone(),
+                    "algorithm" => self.algorithm,
+                )
+            })
+            .record(elapsed.as_secs_f64());
+    }
+}
+
 /// Counts an evaluated set: for each policy, `outcome` is its own decision
 /// (`allowed` or `denied`, so a shadow policy that would deny is counted
 /// `denied` with `mode="shadow"`), or the failure category when the set
-/// failed as a whole. `labels` and `described` follow the set's order.
+/// failed as a whole. `members` follow the set's order.
 pub(crate) fn record_evaluation(
-    labels: &[SharedString],
-    described: &[Option<RateLimitPolicy>],
+    members: &[MemberMetrics],
     outcome: &RateLimitOutcome,
     elapsed: Duration,
 ) {
@@ -44,44 +121,20 @@ pub(crate) fn record_evaluation(
         | RateLimitOutcome::Incompatible { .. }
         | RateLimitOutcome::Indeterminate { .. } => (&[][..], false),
     };
-    let cached = if cached { "true" } else { "false" };
-    for (index, (label, policy)) in labels.iter().zip(described).enumerate() {
-        let policy = policy.as_ref();
+    for (index, member) in members.iter().enumerate() {
         let outcome = match decisions.get(index) {
             Some(decision) if decision.allowed => "allowed",
             Some(_) => "denied",
             None => outcome.category_name(),
         };
-        metrics::counter!(
-            DECISIONS_TOTAL,
-            "policy" => label.clone(),
-            "algorithm" => algorithm(policy),
-            "outcome" => outcome,
-            "mode" => mode(policy),
-            "cached" => cached,
-        )
-        .increment(1);
-        metrics::histogram!(EVALUATION_SECONDS, "policy" => label.clone(), "algorithm" => algorithm(policy))
-            .record(elapsed.as_secs_f64());
+        member.count_decision(outcome, cached);
+        member.observe(elapsed);
     }
 }
 
 /// Counts a request refused before evaluation once per policy of its set.
-pub(crate) fn record_rejection(
-    labels: &[SharedString],
-    described: &[Option<RateLimitPolicy>],
-    outcome: &'static str,
-) {
-    for (label, policy) in labels.iter().zip(described) {
-        let policy = policy.as_ref();
-        metrics::counter!(
-            DECISIONS_TOTAL,
-            "policy" => label.clone(),
-            "algorithm" => algorithm(policy),
-            "outcome" => outcome,
-            "mode" => mode(policy),
-            "cached" => "false",
-        )
-        .increment(1);
+pub(crate) fn record_rejection(members: &[MemberMetrics], outcome: &'static str) {
+    for member in members {
+        member.count_decision(outcome, false);
     }
 }

@@ -35,6 +35,40 @@ impl SubjectDigest {
         Ok(Self(digest))
     }
 
+    /// The digest `v<version>:<tag in lowercase hex>` of a keyed hash's
+    /// output (16 to 64 bytes). Valid by construction, so unlike
+    /// [`Self::parse`] nothing is checked character by character: the edge
+    /// makes one per request.
+    pub fn from_tag(version: u32, tag: &[u8]) -> Result<Self, ContractError> {
+        if !(16..=64).contains(&tag.len()) {
+            return Err(ContractError::InvalidSubjectDigest(
+                "tag must be 16 to 64 bytes (128 to 512 bits)".to_owned(),
+            ));
+        }
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut digits = [0_u8; 10];
+        let mut at = digits.len();
+        let mut rest = version;
+        loop {
+            at -= 1;
+            // `rest % 10` is a single digit.
+            digits[at] = b'0' + (rest % 10) as u8;
+            rest /= 10;
+            if rest == 0 {
+                break;
+            }
+        }
+        let mut text = String::with_capacity(2 + digits.len() - at + 2 * tag.len());
+        text.push('v');
+        text.extend(digits[at..].iter().map(|&digit| char::from(digit)));
+        text.push(':');
+        for byte in tag {
+            text.push(char::from(HEX[usize::from(byte >> 4)]));
+            text.push(char::from(HEX[usize::from(byte & 0x0f)]));
+        }
+        Ok(Self(text))
+    }
+
     /// The pseudonym as text, as it may appear in a storage key.
     pub fn as_str(&self) -> &str {
         &self.0
@@ -64,6 +98,22 @@ mod tests {
         let digest = SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap();
         assert_eq!(digest.as_str(), format!("v1:{}", "ab".repeat(16)));
         assert!(SubjectDigest::parse(format!("v42:{}", "0".repeat(64))).is_ok());
+    }
+
+    #[test]
+    fn a_tag_becomes_the_digest_parse_accepts() {
+        let tag: Vec<u8> = (0..32).map(|n| n * 8 + 1).collect();
+        let made = SubjectDigest::from_tag(4_294_967_295, &tag).unwrap();
+        let hex: String = tag.iter().map(|byte| format!("{byte:02x}")).collect();
+        assert_eq!(made.as_str(), format!("v4294967295:{hex}"));
+        assert_eq!(SubjectDigest::parse(made.as_str()).unwrap(), made);
+        assert_eq!(
+            SubjectDigest::from_tag(0, &[0xab; 16]).unwrap().as_str(),
+            format!("v0:{}", "ab".repeat(16))
+        );
+        for length in [0, 15, 65] {
+            assert!(SubjectDigest::from_tag(1, &vec![0; length]).is_err(), "{length} bytes");
+        }
     }
 
     #[test]

@@ -605,3 +605,11 @@ async fn a_reply_for_another_number_of_keys_is_indeterminate() {
     let adapter = adapter(gateway_answering(two, 1), OFF);
     assert_eq!(evaluate_once(&adapter, 1).await, indeterminate());
 }
+
+#[test]
+fn a_number_argument_is_its_decimal_text() {
+    for (n, text) in [(0, "0"), (7, "7"), (1_800_000_000_250, "1800000000250")] {
+        assert_eq!(&*number(n), text.as_bytes(), "{n}");
+    }
+    assert_eq!(&*number(u64::MAX), u64::MAX.to_string().as_bytes());
+}

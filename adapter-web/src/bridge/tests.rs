@@ -259,8 +259,8 @@ async fn the_operation_crosses_the_port_as_its_digest() {
     assert_eq!(
         operations,
         [
-            operation_digest("GET <unmatched>").to_string(),
-            operation_digest("POST <unmatched>").to_string()
+            crate::operation_digest("GET <unmatched>").to_string(),
+            crate::operation_digest("POST <unmatched>").to_string()
         ]
     );
     // Values from python3 hashlib (see operation.rs).

@@ -1,0 +1,72 @@
+//! The anchor of `ca-skeleton bench`'s client CPU per decision: the same
+//! single-key fixed-window script (dedupe off, every call allowed and
+//! charged) driven through a bare `redis` crate `MultiplexedConnection` and
+//! `redis::Script`, with none of the adapter around it: no request, no
+//! port, no lane, no deadline, no reply decoding.
+//!
+//! `bare_client <redis url> <concurrency> <subjects> <seconds>` prints one
+//! JSON line with the decisions made; `scripts/bench.sh` runs it under
+//! `time` beside `ca-skeleton bench`.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use adapter_redis::ScriptKind;
+
+#[tokio::main]
+async fn main() -> redis::RedisResult<()> {
+    let args: Vec<String> = std::env::args().collect();
+    let [_, url, concurrency, subjects, seconds] = &args[..] else {
+        eprintln!("usage: bare_client <redis url> <concurrency> <subjects> <seconds>");
+        std::process::exit(2);
+    };
+    let concurrency: usize = concurrency.parse().expect("a concurrency");
+    let subjects: usize = subjects.parse().expect("a subject count");
+    let duration = Duration::from_secs(seconds.parse().expect("whole seconds"));
+    let connection = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
+    let script = redis::Script::new(ScriptKind::FixedWindow.source());
+    // A fresh prefix per run, so a second run starts from empty counters.
+    let salt = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_nanos());
+    let end = Instant::now() + duration;
+    let started = Instant::now();
+    let mut tasks = Vec::with_capacity(concurrency);
+    for task in 0..concurrency {
+        let mut connection = connection.clone();
+        let script = script.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut decisions = 0_u64;
+            let mut next = task % subjects;
+            while Instant::now() < end {
+                let key = format!("bare:{{v1:{salt:032x}{next:016x}}}:fixed:1");
+                let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+                let id = format!("{:016x}", decisions ^ ((task as u64) << 40));
+                let _: redis::Value = script
+                    .key(key)
+                    .arg(now.to_string())
+                    .arg(1)
+                    .arg(id)
+                    .arg("F")
+                    .arg(1000)
+                    .arg(1000)
+                    .arg(0)
+                    .arg(0)
+                    .arg(1_000_000_000_u64)
+                    .arg(60_000)
+                    .invoke_async(&mut connection)
+                    .await?;
+                decisions += 1;
+                next = (next + concurrency) % subjects;
+            }
+            Ok::<u64, redis::RedisError>(decisions)
+        }));
+    }
+    let mut decisions = 0;
+    for task in tasks {
+        decisions += task.await.expect("a task")?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "{{\"decisions\":{decisions},\"decisions_per_sec\":{:.1}}}",
+        decisions as f64 / elapsed
+    );
+    Ok(())
+}
