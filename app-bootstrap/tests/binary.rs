@@ -114,7 +114,15 @@ fn check_config_prints_the_resolved_configuration_without_secrets() {
 #[test]
 fn the_example_files_pass_check_config() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
-    for name in ["memory.toml", "redis.toml", "redis-cluster.toml", "redis-sentinel.toml"] {
+    // Every file there, so one added later is checked without being listed.
+    let mut names: Vec<String> = std::fs::read_dir(&examples)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".toml"))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 5 && names.contains(&"bench.toml".to_owned()), "{names:?}");
+    for name in &names {
         let (output, stdout, stderr) = run(ca_skeleton()
             .env("RATE_LIMIT_PSEUDONYMIZER_KEY", KEY)
             .env("REDIS_PASSWORD", "example-password")
