@@ -11,18 +11,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+mod failover;
+
 use adapter_redis::fixture::{NODE_TIMEOUT, RedisCluster};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
+use failover::{LIMIT, Tally};
 use shared_contract::{
-    Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest, UnavailableCategory,
+    Algorithm, EvaluationDedupPolicy, ManualClock, RateLimitPolicy, SubjectDigest,
 };
 
-const LIMIT: u64 = 1_000_000;
-/// Each evaluation's deadline, as the HTTP edge would give it.
-const BUDGET: Duration = Duration::from_millis(500);
-/// Scheduling slack on a busy CI machine beyond the deadline.
-const SLACK: Duration = Duration::from_millis(250);
 /// Pause between two rounds of steady traffic.
 const TICK: Duration = Duration::from_millis(20);
 /// Tasks evaluating the victim back to back across the failover.
@@ -34,22 +31,6 @@ fn subject(n: u8) -> SubjectDigest {
     SubjectDigest::parse(format!("v1:{}", format!("{n:02x}").repeat(16))).unwrap()
 }
 
-/// Tallies of the outcomes seen, by kind.
-#[derive(Debug, Default, Clone, Copy)]
-struct Tally {
-    allowed: u64,
-    before_send: u64,
-    indeterminate: u64,
-}
-
-impl Tally {
-    fn add(&mut self, other: Tally) {
-        self.allowed += other.allowed;
-        self.before_send += other.before_send;
-        self.indeterminate += other.indeterminate;
-    }
-}
-
 #[derive(Clone)]
 struct Traffic {
     adapter: Arc<RedisEdgeRateLimitAdapter>,
@@ -58,42 +39,9 @@ struct Traffic {
 }
 
 impl Traffic {
-    /// One evaluation: it must come back within its deadline (plus slack)
-    /// as a decision, `UnavailableBeforeSend` or `Indeterminate`: never a
-    /// hang, a panic, or another category. Returns the count after an
-    /// allowed decision.
+    /// One evaluation of `who` (see [`Tally::evaluate`]).
     async fn evaluate(&self, who: &SubjectDigest, tally: &mut Tally) -> Option<u64> {
-        let request = RateLimitRequest {
-            policies: shared_contract::PolicySet::single(self.policy.id().clone()),
-            subject: who.clone(),
-            operation: shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef")
-                .unwrap(),
-            cost: 1,
-            evaluation_id: EvaluationId::random(),
-            deadline: self.clock.monotonic() + BUDGET,
-        };
-        let started = Instant::now();
-        let outcome = self.adapter.evaluate(request).await;
-        let took = started.elapsed();
-        assert!(took <= BUDGET + SLACK, "an evaluation took {took:?}: {outcome:?}");
-        match outcome {
-            RateLimitOutcome::Evaluated(set) if set.allowed() => {
-                tally.allowed += 1;
-                Some(LIMIT - set.decisions()[0].remaining)
-            }
-            RateLimitOutcome::Unavailable {
-                category: UnavailableCategory::UnavailableBeforeSend,
-                ..
-            } => {
-                tally.before_send += 1;
-                None
-            }
-            RateLimitOutcome::Indeterminate { .. } => {
-                tally.indeterminate += 1;
-                None
-            }
-            other => panic!("an unexpected outcome during failover: {other:?}"),
-        }
+        tally.evaluate(&self.adapter, &self.clock, self.policy.id(), who).await
     }
 }
 

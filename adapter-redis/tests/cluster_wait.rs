@@ -20,16 +20,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+mod failover;
+
 use adapter_redis::fixture::RedisCluster;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
-use shared_contract::{
-    Algorithm, Clock, EdgeRateLimitPort, EvaluationId, ManualClock, OperationDigest, PolicySet,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest, UnavailableCategory,
-};
+use failover::{LIMIT, Tally};
+use shared_contract::{Algorithm, ManualClock, OperationDigest, RateLimitPolicy, SubjectDigest};
 
-const LIMIT: u64 = 1_000_000;
-const BUDGET: Duration = Duration::from_millis(500);
-const SLACK: Duration = Duration::from_millis(250);
 const WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 const HAMMERS: usize = 4;
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
@@ -69,59 +66,14 @@ fn adapter(
     Arc::new(RedisEdgeRateLimitAdapter::new(settings, [policy()], Arc::new(clock.clone())).unwrap())
 }
 
-#[derive(Debug, Default, Clone, Copy)]
-struct Tally {
-    allowed: u64,
-    before_send: u64,
-    indeterminate: u64,
-}
-
-impl Tally {
-    fn add(&mut self, other: Tally) {
-        self.allowed += other.allowed;
-        self.before_send += other.before_send;
-        self.indeterminate += other.indeterminate;
-    }
-}
-
-/// One evaluation of `who`, typed and within its deadline; the count after
-/// an allowed decision.
+/// One evaluation of `who` (see [`Tally::evaluate`]).
 async fn evaluate(
     adapter: &RedisEdgeRateLimitAdapter,
     clock: &ManualClock,
     who: &SubjectDigest,
     tally: &mut Tally,
 ) -> Option<u64> {
-    let request = RateLimitRequest {
-        policies: PolicySet::single(policy().id().clone()),
-        subject: who.clone(),
-        operation: operation(),
-        cost: 1,
-        evaluation_id: EvaluationId::random(),
-        deadline: clock.monotonic() + BUDGET,
-    };
-    let started = Instant::now();
-    let outcome = adapter.evaluate(request).await;
-    let took = started.elapsed();
-    assert!(took <= BUDGET + SLACK, "an evaluation took {took:?}: {outcome:?}");
-    match outcome {
-        RateLimitOutcome::Evaluated(set) if set.allowed() => {
-            tally.allowed += 1;
-            Some(LIMIT - set.decisions()[0].remaining)
-        }
-        RateLimitOutcome::Unavailable {
-            category: UnavailableCategory::UnavailableBeforeSend,
-            ..
-        } => {
-            tally.before_send += 1;
-            None
-        }
-        RateLimitOutcome::Indeterminate { .. } => {
-            tally.indeterminate += 1;
-            None
-        }
-        other => panic!("an unexpected outcome: {other:?}"),
-    }
+    tally.evaluate(adapter, clock, policy().id(), who).await
 }
 
 /// A subject whose slot the master on `master` serves.

@@ -11,41 +11,22 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+mod failover;
+
+use failover::{LIMIT, Tally};
+
 use adapter_redis::fixture::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use shared_contract::{
-    Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    OperationDigest, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
-    UnavailableCategory,
+    Algorithm, EvaluationDedupPolicy, ManualClock, RateLimitPolicy, SubjectDigest,
 };
 
-const LIMIT: u64 = 1_000_000;
-/// Each evaluation's deadline, as the HTTP edge would give it.
-const BUDGET: Duration = Duration::from_millis(500);
-/// Scheduling slack on a busy CI machine beyond the deadline.
-const SLACK: Duration = Duration::from_millis(250);
 /// Pause between two rounds of steady traffic.
 const TICK: Duration = Duration::from_millis(20);
 /// Tasks evaluating the subject back to back across the failover.
 const HAMMERS: usize = 4;
 /// The longest a failover may take before the test gives up.
 const RECOVERY_LIMIT: Duration = Duration::from_secs(30);
-
-/// Tallies of the outcomes seen, by kind.
-#[derive(Debug, Default, Clone, Copy)]
-struct Tally {
-    allowed: u64,
-    before_send: u64,
-    indeterminate: u64,
-}
-
-impl Tally {
-    fn add(&mut self, other: Tally) {
-        self.allowed += other.allowed;
-        self.before_send += other.before_send;
-        self.indeterminate += other.indeterminate;
-    }
-}
 
 #[derive(Clone)]
 struct Traffic {
@@ -56,40 +37,9 @@ struct Traffic {
 }
 
 impl Traffic {
-    /// One evaluation: within its deadline (plus slack), a decision,
-    /// `UnavailableBeforeSend` or `Indeterminate`, never a hang, a panic or
-    /// another category. Returns the count after an allowed decision.
+    /// One evaluation of the subject (see [`Tally::evaluate`]).
     async fn evaluate(&self, tally: &mut Tally) -> Option<u64> {
-        let request = RateLimitRequest {
-            policies: PolicySet::single(self.policy.id().clone()),
-            subject: self.subject.clone(),
-            operation: OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
-            cost: 1,
-            evaluation_id: EvaluationId::random(),
-            deadline: self.clock.monotonic() + BUDGET,
-        };
-        let started = Instant::now();
-        let outcome = self.adapter.evaluate(request).await;
-        let took = started.elapsed();
-        assert!(took <= BUDGET + SLACK, "an evaluation took {took:?}: {outcome:?}");
-        match outcome {
-            RateLimitOutcome::Evaluated(set) if set.allowed() => {
-                tally.allowed += 1;
-                Some(LIMIT - set.decisions()[0].remaining)
-            }
-            RateLimitOutcome::Unavailable {
-                category: UnavailableCategory::UnavailableBeforeSend,
-                ..
-            } => {
-                tally.before_send += 1;
-                None
-            }
-            RateLimitOutcome::Indeterminate { .. } => {
-                tally.indeterminate += 1;
-                None
-            }
-            other => panic!("an unexpected outcome during failover: {other:?}"),
-        }
+        tally.evaluate(&self.adapter, &self.clock, self.policy.id(), &self.subject).await
     }
 }
 
