@@ -1,7 +1,7 @@
-//! Runs the provider-neutral contract suite against a real redis-server at
-//! the default settings, the local denial cache on (`contract_no_deny_cache.rs`
-//! runs it off): one private server for this test binary, one key prefix per
-//! scope.
+//! Runs the provider-neutral contract suite against a real redis-server
+//! twice: at the default settings, the local denial cache on, and with the
+//! cache off. One private server for this test binary, one key prefix per
+//! scope (and per run).
 
 mod common;
 
@@ -18,9 +18,12 @@ fn server() -> &'static RedisServer {
 }
 
 /// Builds a fresh adapter (its own connection, on the calling test's
-/// runtime) whose keys live under `ca:rl:t:<scope>:`, so checks never share
-/// state and two builds over one scope do.
-struct RedisFactory;
+/// runtime) whose keys live under `ca:rl:t:<scope>:` (`ca:rl:t:nc-<scope>:`
+/// with the cache off), so checks never share state and two builds over one
+/// scope do.
+struct RedisFactory {
+    deny_cache: bool,
+}
 
 #[async_trait]
 impl ProviderFactory for RedisFactory {
@@ -30,13 +33,28 @@ impl ProviderFactory for RedisFactory {
         clock: ManualClock,
         policies: Vec<RateLimitPolicy>,
     ) -> Arc<dyn EdgeRateLimitPort> {
-        let prefix = common::scope_prefix(scope.as_str());
+        let scope = if self.deny_cache { scope.to_string() } else { format!("nc-{scope}") };
+        let prefix = common::scope_prefix(&scope);
+        let deny_cache = self.deny_cache;
         let adapter = common::adapter(server(), &clock, policies, |settings| {
             settings.key_prefix = prefix;
-            assert!(settings.deny_cache.enabled, "the default run caches refusals");
+            assert!(settings.deny_cache.enabled, "the defaults cache refusals");
+            settings.deny_cache.enabled = deny_cache;
         });
         Arc::new(adapter)
     }
 }
 
-contract_tests::contract_suite!(RedisFactory);
+/// The defaults: refusals of fixed-window sets are cached.
+mod deny_cache_on {
+    use super::RedisFactory;
+
+    contract_tests::contract_suite!(RedisFactory { deny_cache: true });
+}
+
+/// Every refusal asks Redis.
+mod deny_cache_off {
+    use super::RedisFactory;
+
+    contract_tests::contract_suite!(RedisFactory { deny_cache: false });
+}
