@@ -108,6 +108,11 @@ impl<C: Connect> LazyConnection<C> {
         self.connect_timeout
     }
 
+    /// The topology it connects to, as log lines name it.
+    pub(crate) fn label(&self) -> &'static str {
+        self.label
+    }
+
     fn cached(&self) -> Option<Opened<C::Connection>> {
         self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
     }

@@ -1,15 +1,80 @@
 //! Sending on one multiplexed connection: the standalone and the Sentinel
-//! gateways differ only in how they find the server, so both send through
-//! these two methods of their [`LazyConnection`].
+//! gateways differ only in how they find the server (their [`Connect`]),
+//! so both are a [`MultiplexedGateway`] and send through the same code.
 
+use std::fmt::{self, Debug};
+use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use redis::Value;
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use tokio::time::Instant;
 
 use super::connection::{Connect, LazyConnection};
-use super::{Acknowledged, GatewayFailure, WaitFor, acknowledged_of, classify, wait_command};
+use super::{
+    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
+    digest_of, evalsha_command, pong, wait_command,
+};
+
+/// The gateway of one server reached over one multiplexed connection,
+/// opened lazily by `C` and replaced by the rule of the `connection` module.
+pub(crate) struct MultiplexedGateway<C: Connect<Connection = MultiplexedConnection>> {
+    pub(super) connection: LazyConnection<C>,
+}
+
+impl<C: Connect<Connection = MultiplexedConnection>> Debug for MultiplexedGateway<C> {
+    // The connector may hold passwords: print none of it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MultiplexedGateway")
+            .field("topology", &self.connection.label())
+            .field("connect_timeout", &self.connection.connect_timeout())
+            .field("generation", &self.connection.generation())
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait]
+impl<C: Connect<Connection = MultiplexedConnection> + 'static> RedisGateway
+    for MultiplexedGateway<C>
+{
+    async fn script_load(
+        &self,
+        source: &'static str,
+        _key: &str,
+        timeout: Duration,
+    ) -> Result<String, GatewayFailure> {
+        let mut cmd = redis::cmd("SCRIPT");
+        cmd.arg("LOAD").arg(source);
+        digest_of(self.connection.query(&cmd, timeout).await?)
+    }
+
+    async fn evalsha(
+        &self,
+        script: &LoadedScript,
+        keys: &[String],
+        args: &[Arc<[u8]>],
+        timeout: Duration,
+    ) -> Result<Value, GatewayFailure> {
+        self.connection.query(&evalsha_command(&script.digest, keys, args), timeout).await
+    }
+
+    async fn evalsha_then_wait(
+        &self,
+        script: &LoadedScript,
+        keys: &[String],
+        args: &[Arc<[u8]>],
+        wait: WaitFor,
+        timeout: Duration,
+    ) -> Result<Acknowledged, GatewayFailure> {
+        let cmd = evalsha_command(&script.digest, keys, args);
+        self.connection.query_then_wait(&cmd, wait, timeout).await
+    }
+
+    async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {
+        pong(&self.connection.query(&redis::cmd("PING"), timeout).await?)
+    }
+}
 
 impl<C: Connect<Connection = MultiplexedConnection>> LazyConnection<C> {
     /// Sends `cmd` within `timeout` and classifies how it failed.

@@ -13,31 +13,23 @@
 //! sentinel names a usable master, connects fail and calls are
 //! [`GatewayFailure::NotSent`].
 
-use std::fmt::{self, Debug};
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
 use redis::sentinel::{SentinelClient, SentinelClientBuilder, SentinelServerType};
-use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult, Value};
+use redis::{AsyncConnectionConfig, ConnectionAddr, ErrorKind, RedisError, RedisResult};
 
 use super::connection::{Connect, LazyConnection};
-use super::{
-    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, digest_of, evalsha_command,
-    pong,
-};
+use super::multiplexed::MultiplexedGateway;
 use crate::settings::sentinel_address;
 
 /// The gateway of a Sentinel-managed master.
-pub(crate) struct SentinelGateway {
-    connection: LazyConnection<Discovered>,
-}
+pub(crate) type SentinelGateway = MultiplexedGateway<Discovered>;
 
 /// Asks the sentinels for the master, then connects to it. The crate's
 /// client wants `&mut` (it caches its sentinel connections); the single
 /// flight of `LazyConnection` means the lock is never contended for long.
-struct Discovered {
+pub(crate) struct Discovered {
     client: tokio::sync::Mutex<SentinelClient>,
     config: AsyncConnectionConfig,
 }
@@ -50,16 +42,6 @@ impl Connect for Discovered {
     }
 }
 
-impl Debug for SentinelGateway {
-    // The client holds both passwords: print none of it.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SentinelGateway")
-            .field("connect_timeout", &self.connection.connect_timeout())
-            .field("generation", &self.connection.generation())
-            .finish_non_exhaustive()
-    }
-}
-
 /// Who the gateway logs in as, on the master and on the sentinels.
 #[derive(Clone, Copy, Default)]
 pub(crate) struct Logins<'a> {
@@ -69,7 +51,7 @@ pub(crate) struct Logins<'a> {
     pub(crate) sentinel_password: Option<&'a str>,
 }
 
-impl SentinelGateway {
+impl MultiplexedGateway<Discovered> {
     /// A gateway that asks `sentinels` (`host:port`, in order) for
     /// `master_name` on first use. Fails only on a bad address or name.
     pub(crate) fn new(
@@ -114,49 +96,10 @@ impl SentinelGateway {
     }
 }
 
-#[async_trait]
-impl RedisGateway for SentinelGateway {
-    async fn script_load(
-        &self,
-        source: &'static str,
-        _key: &str,
-        timeout: Duration,
-    ) -> Result<String, GatewayFailure> {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(source);
-        digest_of(self.connection.query(&cmd, timeout).await?)
-    }
-
-    async fn evalsha(
-        &self,
-        script: &LoadedScript,
-        keys: &[String],
-        args: &[Arc<[u8]>],
-        timeout: Duration,
-    ) -> Result<Value, GatewayFailure> {
-        self.connection.query(&evalsha_command(&script.digest, keys, args), timeout).await
-    }
-
-    async fn evalsha_then_wait(
-        &self,
-        script: &LoadedScript,
-        keys: &[String],
-        args: &[Arc<[u8]>],
-        wait: WaitFor,
-        timeout: Duration,
-    ) -> Result<Acknowledged, GatewayFailure> {
-        let cmd = evalsha_command(&script.digest, keys, args);
-        self.connection.query_then_wait(&cmd, wait, timeout).await
-    }
-
-    async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {
-        pong(&self.connection.query(&redis::cmd("PING"), timeout).await?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::{GatewayFailure, RedisGateway};
 
     #[tokio::test]
     async fn no_answering_sentinel_is_not_sent_within_the_timeout() {

@@ -1,28 +1,20 @@
 //! `StandaloneGateway`: the gateway of one server, over one multiplexed
 //! connection.
 
-use std::fmt::{self, Debug};
-use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult};
 
 use super::connection::{Connect, LazyConnection};
-use super::{
-    Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, digest_of, evalsha_command,
-    pong,
-};
+use super::multiplexed::MultiplexedGateway;
 
 /// The gateway of a standalone server: one multiplexed connection, opened
 /// lazily and replaced by the rule of the `connection` module.
-pub(crate) struct StandaloneGateway {
-    connection: LazyConnection<Standalone>,
-}
+pub(crate) type StandaloneGateway = MultiplexedGateway<Standalone>;
 
 /// Opens multiplexed connections to one server.
-struct Standalone {
+pub(crate) struct Standalone {
     client: Client,
     config: AsyncConnectionConfig,
 }
@@ -35,17 +27,7 @@ impl Connect for Standalone {
     }
 }
 
-impl Debug for StandaloneGateway {
-    // The client's connection info may hold a password: print none of it.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("StandaloneGateway")
-            .field("connect_timeout", &self.connection.connect_timeout())
-            .field("generation", &self.connection.generation())
-            .finish_non_exhaustive()
-    }
-}
-
-impl StandaloneGateway {
+impl MultiplexedGateway<Standalone> {
     /// A gateway that connects on first use. Fails only on a bad URL.
     pub(crate) fn new(
         url: &str,
@@ -71,49 +53,10 @@ impl StandaloneGateway {
     }
 }
 
-#[async_trait]
-impl RedisGateway for StandaloneGateway {
-    async fn script_load(
-        &self,
-        source: &'static str,
-        _key: &str,
-        timeout: Duration,
-    ) -> Result<String, GatewayFailure> {
-        digest_of(
-            self.connection.query(redis::cmd("SCRIPT").arg("LOAD").arg(source), timeout).await?,
-        )
-    }
-
-    async fn evalsha(
-        &self,
-        script: &LoadedScript,
-        keys: &[String],
-        args: &[Arc<[u8]>],
-        timeout: Duration,
-    ) -> Result<Value, GatewayFailure> {
-        self.connection.query(&evalsha_command(&script.digest, keys, args), timeout).await
-    }
-
-    async fn evalsha_then_wait(
-        &self,
-        script: &LoadedScript,
-        keys: &[String],
-        args: &[Arc<[u8]>],
-        wait: WaitFor,
-        timeout: Duration,
-    ) -> Result<Acknowledged, GatewayFailure> {
-        let cmd = evalsha_command(&script.digest, keys, args);
-        self.connection.query_then_wait(&cmd, wait, timeout).await
-    }
-
-    async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {
-        pong(&self.connection.query(&redis::cmd("PING"), timeout).await?)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gateway::{GatewayFailure, RedisGateway};
 
     #[tokio::test]
     async fn an_unreachable_server_is_not_sent_within_the_timeout() {
