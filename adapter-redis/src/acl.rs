@@ -26,7 +26,7 @@ use crate::settings::{RedisSettings, Topology};
 
 /// What every topology needs: the scripts, the probe and the commands the
 /// scripts call.
-const STANDALONE: [&str; 10] = [
+const EVERY_TOPOLOGY: [&str; 10] = [
     "+evalsha",
     "+script|load",
     "+ping",
@@ -38,35 +38,11 @@ const STANDALONE: [&str; 10] = [
     "+del",
     "+pexpire",
 ];
-/// [`STANDALONE`], then the slot map and `ASK` redirects.
-const CLUSTER: [&str; 12] = [
-    STANDALONE[0],
-    STANDALONE[1],
-    STANDALONE[2],
-    STANDALONE[3],
-    STANDALONE[4],
-    STANDALONE[5],
-    STANDALONE[6],
-    STANDALONE[7],
-    STANDALONE[8],
-    STANDALONE[9],
-    "+cluster|slots",
-    "+asking",
-];
-/// [`STANDALONE`], then the role check of a master the sentinels name.
-const SENTINEL: [&str; 11] = [
-    STANDALONE[0],
-    STANDALONE[1],
-    STANDALONE[2],
-    STANDALONE[3],
-    STANDALONE[4],
-    STANDALONE[5],
-    STANDALONE[6],
-    STANDALONE[7],
-    STANDALONE[8],
-    STANDALONE[9],
-    "+role",
-];
+/// What a cluster client adds: the slot map and `ASK` redirects.
+const CLUSTER: [&str; 2] = ["+cluster|slots", "+asking"];
+/// What the Sentinel topology adds: the role check of the master the
+/// sentinels name.
+const SENTINEL: [&str; 1] = ["+role"];
 /// What the client sends a sentinel: `ROLE` (to check it is a sentinel)
 /// and `SENTINEL MASTERS` (the masters it monitors, with their flags, so a
 /// master it holds down is skipped).
@@ -75,12 +51,13 @@ const SENTINEL_SIDE: [&str; 2] = ["+role", "+sentinel|masters"];
 /// The commands the provider sends on `topology`, as `ACL SETUSER` rules
 /// (`+evalsha`, `+script|load`, ...), in a fixed order. Without `WAIT`;
 /// see [`user_rules_for`].
-pub fn required_commands(topology: Topology) -> &'static [&'static str] {
-    match topology {
-        Topology::Standalone => &STANDALONE,
+pub fn required_commands(topology: Topology) -> Vec<&'static str> {
+    let own: &[&str] = match topology {
+        Topology::Standalone => &[],
         Topology::Cluster => &CLUSTER,
         Topology::Sentinel => &SENTINEL,
-    }
+    };
+    EVERY_TOPOLOGY.iter().chain(own).copied().collect()
 }
 
 /// What a sentinel must allow the provider's sentinel user, as
@@ -112,7 +89,7 @@ pub fn key_pattern(key_prefix: &str) -> String {
 /// [`required_commands`].
 pub fn user_rules(key_prefix: &str, topology: Topology) -> Vec<String> {
     let mut rules = vec![key_pattern(key_prefix), "resetchannels".to_owned(), "-@all".to_owned()];
-    rules.extend(required_commands(topology).iter().map(|command| (*command).to_owned()));
+    rules.extend(required_commands(topology).into_iter().map(str::to_owned));
     rules
 }
 
