@@ -124,7 +124,7 @@ evalsha_calls() {
 # fill <key>: 256 charges with fresh ids, so the key is at its record cap.
 fill() {
     redis-benchmark -p "$port" -c 1 -n 256 -r 100000000 -q \
-        EVALSHA "$sha" 2 "$1" "$1:dedupe" $now 1 $rid $on >/dev/null
+        EVALSHA "$sha" 1 "$1" $now 1 $rid $on >/dev/null
 }
 
 # rb <case> <clients> <pipeline> <keyspace> <filled key or -> <EVALSHA args...>:
@@ -154,11 +154,11 @@ limit_round() {
     rb rb-off-c1 1 1 1000 - "$sha" 1 "$key" $now 1 $rid $off
     # Dedupe on: sparse records (100,000 keys, about two records each),
     # one key at its record cap, a deny flood on that key, a replay.
-    rb rb-on-sparse 64 16 100000 - "$sha" 2 "$key" "$key:dedupe" $now 1 $rid $on
-    rb rb-on-cap 64 16 100000000 "$one" "$sha" 2 "$one" "$one:dedupe" $now 1 $rid $on
-    rb rb-on-flood 64 16 100000000 "$one" "$sha" 2 "$one" "$one:dedupe" $now 1 $rid $flood_on
+    rb rb-on-sparse 64 16 100000 - "$sha" 1 "$key" $now 1 $rid $on
+    rb rb-on-cap 64 16 100000000 "$one" "$sha" 1 "$one" $now 1 $rid $on
+    rb rb-on-flood 64 16 100000000 "$one" "$sha" 1 "$one" $now 1 $rid $flood_on
     rb rb-off-flood 64 16 1000 - "$sha" 1 "$one" $now 1 $rid $flood_off
-    rb rb-on-replay 64 16 1000 - "$sha" 2 "$one" "$one:dedupe" $now 1 0123456789abcdef $on
+    rb rb-on-replay 64 16 1000 - "$sha" 1 "$one" $now 1 0123456789abcdef $on
 }
 
 # --- ca-skeleton bench through the Redis provider ---------------------------
@@ -359,6 +359,9 @@ limit=$(med rb-off rps)
         local_case=${c%%:*}
         echo "| ${c#*:} | $(med "$local_case" usec) ($(all "$local_case" usec)) | $(rr "$local_case" rb-off usec) |"
     done
+    echo
+    echo "- deny flood, dedupe on / dedupe off (both refusing): $(rr rb-on-flood rb-off-flood usec) (target ≤ 1.5x)."
+    echo "- a replay / a fresh evaluation (dedupe on, sparse): $(rr rb-on-replay rb-on-sparse usec) (target ≤ 1.0x)."
     echo
     echo "Deny flood: \`bench --policy flood --subjects 1 --concurrency 64\`:"
     echo

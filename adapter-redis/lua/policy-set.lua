@@ -2,9 +2,9 @@
 -- key of its set, atomically, in one EVALSHA. Scripts never call TIME:
 -- caller time comes in ARGV. Numbers in ARGV are decimal integers.
 --
--- KEYS: the set's n counter keys in the set's order (1 to 8), then, when
--- any policy of the set has dedupe on, their n records keys in the same
--- order (prelude.lua), all under one hash tag.
+-- KEYS: the set's n counter keys in the set's order (1 to 8), all under
+-- one hash tag; a key whose policy has dedupe on holds its records too
+-- (prelude.lua).
 -- ARGV[1] caller time (epoch ms), ARGV[2] cost, ARGV[3] evaluation id
 -- (16 bytes); then one block per key, in KEYS order:
 --   +0 kind: the algorithm's tag, 'F' fixed window, 'S' sliding counter,
@@ -27,7 +27,7 @@
 -- that to a minimum (measured: docs/benchmarks.md). Numbers in ARGV are
 -- read by arithmetic coercion (`ARGV[i] + 0`): the same conversion as
 -- tonumber, without a C call that converts the string twice.
--- The set's size, from its ARGV blocks: KEYS holds it once or twice.
+-- The set's size, from its ARGV blocks.
 local n, at = 0, 4
 while ARGV[at] do
   n = n + 1
@@ -46,9 +46,10 @@ local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
 -- Per key k, scratch[11k-10 .. 11k]: the start of its ARGV block, its
 -- effective time, its value (false when absent), its header length, its
 -- dedupe record capacity (0 = off), the state a run wants written (nil
--- for none) and that state's end, then what its records lookup found: the
--- live record's remaining and reset_after (nil for none), the seq of the
--- id's stored record and the prefetched oldest id (prelude.lua `lookup`).
+-- for none) and that state's end, then this evaluation's record as read
+-- with the state: a live record's remaining and reset_after (nil for
+-- none) and the seq of an expired one (nil for none); last, whether the
+-- key is a hash (prelude.lua `load`).
 local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
   nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
@@ -82,7 +83,8 @@ for k = 1, n do
     end
   end
   local t = now
-  local raw = redis.call('GET', KEYS[k])
+  local capacity = ARGV[b + 4] + 0
+  local raw, record, hashed = load(KEYS[k], capacity)
   local header = 0
   local stored = tag
   if raw then
@@ -95,7 +97,8 @@ for k = 1, n do
     elseif stored ~= FIXED_WINDOW then
       return {'corrupt', k}
     end
-    if #raw ~= header and #raw ~= header + TRAILER then return {'corrupt', k} end
+    local size = #raw - header
+    if size ~= 0 and size ~= TRAILER and size ~= LEGACY_TRAILER then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
     -- The bound is never negative, so only a mark ahead of the caller can
     -- break it: the usual key (mark behind) never converts it.
@@ -105,10 +108,10 @@ for k = 1, n do
       t = mark
     end
   end
-  local capacity = ARGV[b + 4] + 0
   local s = 11 * k - 10
   scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3], scratch[s + 4] =
     b, t, raw, header, capacity
+  scratch[s + 7], scratch[s + 10] = record, hashed
   -- A key of another algorithm (or of an unknown kind) fails the set at
   -- its run, the first in key order; `spared` below tells which way.
   if stored ~= tag then
@@ -139,17 +142,19 @@ for k = 1, n do
 end
 if beyond then return {'clock_unsafe', beyond} end
 
--- Step 4's lookups, once the clock bound holds everywhere: only keys
--- whose records can hold a live one are read (prelude.lua `lookup`).
+-- Step 4's lookups, once the clock bound holds everywhere: each record
+-- came with its key's state; a live one replays.
 for k = 1, n do
   local s = 11 * k - 10
-  local capacity = scratch[s + 4]
-  if capacity > 0 then
-    local replayed, replayed_reset, seq, evict = lookup(KEYS[n + k], scratch[s + 2],
-      scratch[s + 3], scratch[s + 1], ARGV[scratch[s] + 3] + 0, capacity)
-    scratch[s + 7], scratch[s + 8], scratch[s + 9], scratch[s + 10] =
-      replayed, replayed_reset, seq, evict
-    if replayed then replay = true end
+  local record = scratch[s + 7]
+  if record then
+    local remaining, reset_after, written_at, seq = struct.unpack('dddd', record)
+    if written_at + ARGV[scratch[s] + 3] > scratch[s + 1] then
+      scratch[s + 7], scratch[s + 8] = remaining, reset_after
+      replay = true
+    else
+      scratch[s + 7], scratch[s + 9] = nil, seq
+    end
   end
 end
 
@@ -227,9 +232,9 @@ for k = 1, n do
     local r = 4 * k - 2
     local capacity = scratch[s + 4]
     if capacity > 0 then
-      store(KEYS[k], KEYS[n + k], state, scratch[s + 6], scratch[s + 2], scratch[s + 3],
+      store(KEYS[k], state, scratch[s + 6], scratch[s + 2], scratch[s + 3], scratch[s + 10],
         scratch[s + 1], ARGV[b + 2] + 0, ARGV[b + 3] + 0, capacity, admitted and reply[r] == 1,
-        reply[r + 1], reply[r + 2], scratch[s + 9], scratch[s + 10])
+        reply[r + 1], reply[r + 2], scratch[s + 9])
     else
       -- Dedupe off: `store` without records, inline (a call with its
       -- eleven arguments costs more than these three lines).

@@ -3,26 +3,29 @@
 -- It is not a script on its own: `scripts.rs` puts it where
 -- each driver names it in an include line, before the algorithms.
 --
--- A key's value is one string: the state header (the algorithm's tag byte,
--- then doubles packed with struct.pack, the first one being the mark, the
--- highest effective time at which the state was written), then, once the
--- key has had a dedupe record, the records trailer: three doubles, the
--- newest record's written_at, the oldest sequence number still held and
--- the next one to give. Doubles hold every integer below 2^53 exactly, and
--- nothing here is ever formatted as text.
---
--- The records themselves live in the key's records key (the counter key
--- plus ':dedupe', the same hash tag, passed in KEYS), a hash, so a lookup,
--- an append and an eviction each touch one field whatever the key holds
--- (docs/benchmarks.md measured the one-string layout this replaces: every
--- call read, scanned and rewrote all of them):
+-- A key's value depends on its policy's dedupe. With dedupe off it is a
+-- string: the state header (the algorithm's tag byte, then doubles packed
+-- with struct.pack, the first one being the mark, the highest effective
+-- time at which the state was written), SET with its lifetime at every
+-- write. With dedupe on it is a hash holding the state and its records
+-- together, so the one read every evaluation makes also finds the
+-- evaluation's record (docs/benchmarks.md measured the layouts this
+-- replaces: records inside the state string, then in a second key):
+--   's' -> the state header, then the records trailer: five doubles, the
+--     newest record's written_at, the oldest held record's written_at (a
+--     lower bound once a sweep stopped short), the oldest seq still held,
+--     the next seq to give, and the time until which the key's expiry was
+--     last set (caller time)
 --   evaluation id (16 bytes) -> remaining, reset_after, written_at, seq
 --   seq (one packed double, 8 bytes) -> the evaluation id written at seq,
 --     then its written_at (a double)
 -- Sequence numbers are given in time order, so the records held are those
 -- of seq in [oldest, next), oldest first, and expiring or evicting the
--- oldest is reading one field. A seq field names the id whose record holds that
--- seq: re-recording an id (its old record expired) drops its old seq field.
+-- oldest is reading one field. A seq field names the id whose record holds
+-- that seq: re-recording an id (its old record expired) drops its old seq
+-- field, leaving a hole that a sweep steps over.
+-- Doubles hold every integer below 2^53 exactly, and nothing here is ever
+-- formatted as text.
 local now = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
 local evaluation_id = ARGV[3]
@@ -37,94 +40,117 @@ local SHADOW, SHADOW_KINDS = 32, 97
 -- would be one more closure to create on every call.
 local FIXED_WINDOW_HEADER, SLIDING_COUNTER_HEADER, TOKEN_BUCKET_HEADER = 25, 33, 25
 
-local TRAILER = 24
+local TRAILER = 40
+-- The records trailer of the earlier one-key layout (a string): read as
+-- state, its records are no longer reachable.
+local LEGACY_TRAILER = 24
+-- Expired records are swept at most this many per append, and only once
+-- this many are held: a slow subject keeps fewer dead ones than this.
+local SWEEP = 8
 
--- The records lookup of one key at effective time `t`: only where a record
--- can exist (dedupe on, a trailer, its newest record live), one HMGET that
--- also fetches the oldest seq field, which an append expires or evicts.
--- Returns the live record's remaining and reset_after (nil when there is
--- none), the seq of the id's stored record (false when none is known:
--- it must go when the id is recorded again), and the prefetched oldest seq
--- field (false for none held, nil when not fetched).
-local function lookup(dkey, raw, header, t, ttl, capacity)
-  if capacity == 0 or not raw or #raw == header then return nil, nil, false, nil end
-  local newest, oldest, next_seq = struct.unpack('ddd', raw, header + 1)
-  -- Nothing live: the next append restarts the records (store below).
-  if newest + ttl <= t then return nil, nil, false, nil end
-  local got = redis.call('HMGET', dkey, evaluation_id, struct.pack('d', oldest))
-  local record, evict = got[1], got[2]
-  if not record then return nil, nil, false, evict end
-  local remaining, reset_after, written_at, seq = struct.unpack('dddd', record)
-  if written_at + ttl > t then return remaining, reset_after, seq, evict end
-  return nil, nil, seq, evict
+-- Reads key's value the way its policy keeps it: with dedupe off (capacity
+-- 0) one GET; with dedupe on one HMGET of the state and this evaluation's
+-- record. Returns the state (with its trailer when the key is a hash;
+-- false when absent), the id's record (nil for none) and whether the key
+-- is a hash. A key of the other type (the policy's dedupe changed across
+-- a restart without a new revision) is read the other way; its next write
+-- converts it. Any other error (NOPERM, say) fails the script as it came.
+local function wrong_type(reply)
+  if string.find(reply.err, 'WRONGTYPE', 1, true) ~= 1 then error(reply) end
+end
+local function load(key, capacity)
+  if capacity == 0 then
+    local raw = redis.pcall('GET', key)
+    if type(raw) ~= 'table' then return raw, nil, false end
+    wrong_type(raw)
+    return redis.call('HMGET', key, 's')[1], nil, true
+  end
+  local got = redis.pcall('HMGET', key, 's', evaluation_id)
+  if got.err then
+    wrong_type(got)
+    return redis.call('GET', key), nil, false
+  end
+  return got[1], got[2], true
 end
 
 -- Writes one key: its state as the algorithm packed it (tag, mark, ...),
--- then its records trailer, and when `charged` this evaluation's record,
--- evicting the oldest beyond `capacity`; the key and its records key live
--- until absence means the same as their content, plus the slack
--- (docs/algorithms.md steps 6 and 7). Dedupe off (capacity 0) writes no
--- trailer, so old records neither replay nor keep the key alive.
--- `header` is the stored value's header length (0 when absent); `seq` and
--- `evict` are what `lookup` returned.
-local function store(key, dkey, state, state_end, raw, header, t, slack, ttl, capacity,
-                     charged, remaining, reset_after, seq, evict)
-  local last = state_end
-  if capacity > 0 then
-    local newest, oldest, next_seq = nil, 0, 0
-    if raw and #raw > header then
-      newest, oldest, next_seq = struct.unpack('ddd', raw, header + 1)
-    end
-    if charged then
-      if not newest or newest + ttl <= t then
-        -- No record is live (or none was ever held, or dedupe was off):
-        -- whatever the records key holds is dead, so it starts again,
-        -- and an id seen before has no seq field left to drop.
-        redis.call('DEL', dkey)
-        oldest, next_seq = 0, 0
-      else
-        local drop = {}
-        -- The id's expired record is overwritten below; its seq field goes.
-        if seq then drop[1] = struct.pack('d', seq) end
-        -- From the oldest: expired records go (as the memory provider
-        -- drops them), then the oldest beyond capacity. Each record goes
-        -- once, so this reads about one field per append. The newest is
-        -- live, so the loop stops before it.
-        while oldest < next_seq do
-          local at = struct.pack('d', oldest)
-          local held = evict
-          if held == nil then held = redis.call('HMGET', dkey, at)[1] end
-          evict = nil
-          -- A seq without a field is an id recorded again since: a hole.
-          if held then
-            if next_seq + 1 - oldest <= capacity and struct.unpack('d', held, 17) + ttl > t then
-              break
-            end
-            drop[#drop + 1] = string.sub(held, 1, 16)
-            drop[#drop + 1] = at
-          end
-          oldest = oldest + 1
-        end
-        if #drop > 0 then redis.call('HDEL', dkey, unpack(drop)) end
-      end
-      redis.call('HSET', dkey, evaluation_id, struct.pack('dddd', remaining, reset_after, t, next_seq),
-        struct.pack('d', next_seq), evaluation_id .. struct.pack('d', t))
-      newest, next_seq = t, next_seq + 1
-    end
-    if newest then
-      local live = newest + ttl
-      if live > last then last = live end
-      state = state .. struct.pack('ddd', newest, oldest, next_seq)
-      local lifetime = last + slack - t
-      if lifetime < 1 then lifetime = 1 end
-      -- The records key lives as long as the key, so a record is never
-      -- lost before it, and a key with a trailer always has its records
-      -- key: in a migrating Cluster slot a script whose keys are only
-      -- partly there is refused (TRYAGAIN) until the slot has moved.
-      redis.call('PEXPIRE', dkey, lifetime)
-    end
+-- and with dedupe on its records trailer and, when `charged`, this
+-- evaluation's record, evicting the oldest beyond `capacity` and sweeping
+-- expired ones. The key lives until absence means the same as its
+-- content, plus the slack (docs/algorithms.md steps 6 and 7): a string
+-- gets its lifetime with the SET; a hash's expiry is set only when that
+-- time grows, since an expiry is an instant and one that did not move is
+-- already in place. `header` is the stored state's header length (0 when
+-- absent), `hashed` whether the key is a hash (from `load`), `stale` the
+-- seq of this id's expired record (nil for none).
+local function store(key, state, state_end, raw, header, hashed, t, slack, ttl, capacity,
+                     charged, remaining, reset_after, stale)
+  if capacity == 0 then
+    local lifetime = state_end + slack - t
+    if lifetime < 1 then lifetime = 1 end
+    redis.call('SET', key, state, 'PX', lifetime)
+    return
   end
-  local lifetime = last + slack - t
-  if lifetime < 1 then lifetime = 1 end
-  redis.call('SET', key, state, 'PX', lifetime)
+  local newest, oldest_at, oldest, next_seq, expires = 0, 0, 0, 0, nil
+  if hashed then
+    if raw and #raw == header + TRAILER then
+      newest, oldest_at, oldest, next_seq, expires = struct.unpack('ddddd', raw, header + 1)
+    end
+  elseif raw then
+    -- A string of this revision, written with dedupe off: it becomes the hash.
+    redis.call('DEL', key)
+  end
+  if charged then
+    local count = next_seq - oldest
+    local drop = nil
+    -- The id's expired record is overwritten below; its seq field goes.
+    if stale then drop = {struct.pack('d', stale)} end
+    local expired = oldest_at + ttl <= t
+    if count >= capacity or (expired and count >= SWEEP) then
+      -- From the oldest: the one beyond capacity goes, and expired ones
+      -- (up to SWEEP at once); the first live one within capacity stays.
+      local reads = 1
+      if expired then reads = math.min(count, SWEEP) end
+      local fields = {}
+      for i = 1, reads do fields[i] = struct.pack('d', oldest + i - 1) end
+      local held = redis.call('HMGET', key, unpack(fields))
+      drop = drop or {}
+      for i = 1, reads do
+        local link = held[i]
+        -- A seq without a field is an id recorded again since: a hole.
+        if link then
+          local at = struct.unpack('d', link, 17)
+          oldest_at = at
+          if count < capacity and at + ttl > t then break end
+          drop[#drop + 1] = string.sub(link, 1, 16)
+          drop[#drop + 1] = fields[i]
+        end
+        count = count - 1
+        oldest = oldest + 1
+      end
+    end
+    if drop and #drop > 0 then redis.call('HDEL', key, unpack(drop)) end
+    if oldest == next_seq then oldest_at = t end
+    newest = t
+    next_seq = next_seq + 1
+  end
+  local need = state_end
+  if newest + ttl > need then need = newest + ttl end
+  need = need + slack
+  local extend = not expires or need > expires
+  if extend then expires = need end
+  state = state .. struct.pack('ddddd', newest, oldest_at, oldest, next_seq, expires)
+  if charged then
+    local seq = next_seq - 1
+    redis.call('HSET', key, 's', state,
+      evaluation_id, struct.pack('dddd', remaining, reset_after, t, seq),
+      struct.pack('d', seq), evaluation_id .. struct.pack('d', t))
+  else
+    redis.call('HSET', key, 's', state)
+  end
+  if extend then
+    local lifetime = need - t
+    if lifetime < 1 then lifetime = 1 end
+    redis.call('PEXPIRE', key, lifetime)
+  end
 end

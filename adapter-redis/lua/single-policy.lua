@@ -7,9 +7,10 @@
 -- #include prelude.lua
 -- #include algorithm.lua
 
-local key, dkey = KEYS[1], KEYS[2]
+local key = KEYS[1]
 local t = now
-local raw = redis.call('GET', key)
+local capacity = tonumber(ARGV[8])
+local raw, record, hashed = load(key, capacity)
 local header = 0
 if raw then
   local stored = string.byte(raw, 1)
@@ -21,7 +22,8 @@ if raw then
   elseif stored ~= FIXED_WINDOW then
     return {'corrupt', 1}
   end
-  if #raw ~= header and #raw ~= header + TRAILER then return {'corrupt', 1} end
+  local size = #raw - header
+  if size ~= 0 and size ~= TRAILER and size ~= LEGACY_TRAILER then return {'corrupt', 1} end
   local mark = struct.unpack('d', raw, 2)
   local by = mark - now - tonumber(ARGV[5])
   if by > 0 then return {'clock_unsafe', by} end
@@ -29,18 +31,22 @@ if raw then
 end
 local tag = string.byte(ARGV[4])
 if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-local capacity = tonumber(ARGV[8])
 local ttl = tonumber(ARGV[7])
-local replayed, replayed_reset, seq, evict = lookup(dkey, raw, header, t, ttl, capacity)
-if replayed then return {'allowed', 2, replayed, replayed_reset, 0} end
+-- This evaluation's record, read with the state: a live one replays.
+local stale = nil
+if record then
+  local remaining, reset_after, written_at, seq = struct.unpack('dddd', record)
+  if written_at + ttl > t then return {'allowed', 2, remaining, reset_after, 0} end
+  stale = seq
+end
 if raw and string.byte(raw, 1) ~= tag then return {'corrupt', 1} end
 local allowed, remaining, reset_after, retry_after, state, state_end =
   algorithm(raw, t, true, tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
 -- A shadow policy alone never blocks; its denial charges nothing.
 local admitted = allowed or tag ~= string.byte(ARGV[4])
 if state then
-  store(key, dkey, state, state_end, raw, header, t, tonumber(ARGV[6]), ttl, capacity, allowed,
-    remaining, reset_after, seq, evict)
+  store(key, state, state_end, raw, header, hashed, t, tonumber(ARGV[6]), ttl, capacity, allowed,
+    remaining, reset_after, stale)
 end
 if admitted then
   return {'allowed', allowed and 1 or 0, remaining, reset_after, retry_after}

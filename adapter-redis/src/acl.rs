@@ -5,9 +5,9 @@
 //! denied: the scripts (`EVALSHA`, `SCRIPT LOAD`), the readiness probe
 //! (`PING`), and the commands the scripts call, because Redis checks those
 //! against the caller's ACL too (so all stay limited to the key pattern):
-//! `GET` and `SET` on the counter keys, and `HMGET`, `HSET`, `HDEL`, `DEL`
-//! and `PEXPIRE` on the dedupe records keys (docs/algorithms.md, "Stored
-//! state on Redis"). `AUTH` is open to every user; the client's `CLIENT SETINFO`
+//! `GET` and `SET` on the counter keys of policies without dedupe, and
+//! `HMGET`, `HSET`, `HDEL`, `DEL` and `PEXPIRE` on those with dedupe
+//! records (a hash; docs/algorithms.md, "Stored state on Redis"). `AUTH` is open to every user; the client's `CLIENT SETINFO`
 //! at connect is sent with its reply ignored, so denying it costs nothing.
 //! A cluster client also reads its slot map (`CLUSTER SLOTS`) and sends
 //! `ASKING` to follow an `ASK` redirect while a slot migrates (without it

@@ -416,22 +416,13 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 permit
             }
         };
-        // The counter keys in the set's order, then, when any policy of the
-        // set has dedupe on, their records keys in the same order (the KEYS
-        // layout of `lua/policy-set.lua`). A set without dedupe names no
-        // records key: in a migrating Cluster slot a script whose keys are
-        // only partly there is refused until the slot has moved.
         let dedup_enabled = set.iter().any(|entry| entry.dedup_enabled);
-        let mut keys: Vec<String> =
-            Vec::with_capacity(if dedup_enabled { 2 * set.len() } else { set.len() });
-        keys.extend(set.iter().map(|entry| {
-            self.keys.counter_key(&entry.policy, &request.subject, &request.operation)
-        }));
-        if dedup_enabled {
-            for k in 0..set.len() {
-                keys.push(RateLimitKeys::records_key(&keys[k]));
-            }
-        }
+        // The counter keys in the set's order (the KEYS layout of
+        // `lua/policy-set.lua`); a key with dedupe on holds its records.
+        let keys: Vec<String> = set
+            .iter()
+            .map(|entry| self.keys.counter_key(&entry.policy, &request.subject, &request.operation))
+            .collect();
         let now_millis = self.clock.epoch_millis();
         let now = number(now_millis);
         let cost = number(request.cost);

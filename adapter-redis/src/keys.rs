@@ -78,19 +78,6 @@ impl RateLimitKeys {
         }
         key
     }
-
-    /// The records key of a counter key: the counter key plus
-    /// [`RECORDS_SUFFIX`], a hash holding the key's dedupe records
-    /// (docs/algorithms.md, "Stored state on Redis"). It keeps the counter
-    /// key's hash tag, so a set stays in one slot, and it cannot be another
-    /// counter key: `dedupe` is not an operation digest (lowercase hex) nor
-    /// a revision (digits).
-    pub fn records_key(counter_key: &str) -> String {
-        let mut key = String::with_capacity(counter_key.len() + RECORDS_SUFFIX.len());
-        key.push_str(counter_key);
-        key.push_str(RECORDS_SUFFIX);
-        key
-    }
 }
 
 /// Appends the decimal digits of `n`: what `write!` does, without its
@@ -116,9 +103,6 @@ pub(crate) fn decimal(n: u64, digits: &mut [u8; 20]) -> &[u8] {
     }
     &digits[at..]
 }
-
-/// What [`RateLimitKeys::records_key`] appends to a counter key.
-pub(crate) const RECORDS_SUFFIX: &str = ":dedupe";
 
 impl Default for RateLimitKeys {
     fn default() -> Self {

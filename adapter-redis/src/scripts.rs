@@ -298,15 +298,20 @@ mod tests {
         // numbers as doubles, plus its sequence number for eviction.
         let id = std::mem::size_of_val(EvaluationId::random().as_bytes());
         assert_eq!(u32::try_from(id + 3 * 8), Ok(DEDUP_RECORD_BYTES), "id bytes + three doubles");
-        assert!(PRELUDE.contains(
-            "redis.call('HSET', dkey, evaluation_id, struct.pack('dddd', remaining, reset_after, \
-             t, next_seq),"
-        ));
-        assert!(PRELUDE.contains("struct.unpack('dddd', record)"));
-        // The trailer: newest written_at, oldest seq, next seq.
+        assert!(
+            PRELUDE.contains("evaluation_id, struct.pack('dddd', remaining, reset_after, t, seq),")
+        );
+        for driver in [SINGLE_POLICY, POLICY_SET] {
+            assert!(driver.contains("struct.unpack('dddd', record)"));
+        }
+        // The trailer: newest written_at, oldest written_at, oldest seq,
+        // next seq, the expiry last set.
         let [trailer] = lua_numbers(PRELUDE, &["TRAILER"])[..] else { panic!("one number") };
-        assert_eq!(trailer, 3 * 8);
-        assert!(PRELUDE.contains("struct.pack('ddd', newest, oldest, next_seq)"));
+        let [legacy] = lua_numbers(PRELUDE, &["LEGACY_TRAILER"])[..] else { panic!("one number") };
+        assert_eq!((trailer, legacy), (5 * 8, 3 * 8));
+        assert!(
+            PRELUDE.contains("struct.pack('ddddd', newest, oldest_at, oldest, next_seq, expires)")
+        );
     }
 
     #[test]
@@ -425,9 +430,10 @@ mod tests {
         let scratch = lua_constructor(set, "local scratch = {");
         assert!(scratch.iter().all(|slot| slot == "nil"), "{scratch:?}");
         assert_eq!(scratch.len(), 11 * 2);
-        // The counter keys, then their records keys (adapter.rs).
+        // The counter keys only: records live in them (adapter.rs).
         assert!(set.contains("if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end"));
-        assert!(single.contains("local key, dkey = KEYS[1], KEYS[2]\n"));
+        assert!(single.contains("local key = KEYS[1]\n"));
+        assert!(!set.contains("KEYS[n + k]"));
     }
 
     #[test]

@@ -16,8 +16,8 @@ use common::{
 };
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, ManualClock, RateLimitOutcome, RateLimitPolicy,
-    UnavailableCategory,
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, RateLimitOutcome,
+    RateLimitPolicy, UnavailableCategory,
 };
 
 fn policy() -> RateLimitPolicy {
@@ -25,6 +25,18 @@ fn policy() -> RateLimitPolicy {
         "p",
         Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
     )
+    .build()
+    .unwrap()
+}
+
+/// [`policy`] without dedupe: its key is a string, read with GET (with
+/// dedupe on, the key is a hash read with HMGET).
+fn policy_without_dedupe() -> RateLimitPolicy {
+    RateLimitPolicy::builder(
+        "p",
+        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+    )
+    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()
     .unwrap()
 }
@@ -108,17 +120,25 @@ async fn users_without_a_needed_permission_get_unavailable_before_send() {
     let no_script_load = without("+script|load");
     let no_evalsha = without("+evalsha");
     let no_get = without("+get");
+    let no_hmget = without("+hmget");
     let mut other_keys = without("~ca:rl:*");
     other_keys.push("~other:*");
     let server = acl_server(&[
         ("no-script-load", &no_script_load),
         ("no-evalsha", &no_evalsha),
         ("no-get", &no_get),
+        ("no-hmget", &no_hmget),
         ("other-keys", &other_keys),
     ]);
     let clock = ManualClock::new(T0);
-    for user in ["no-script-load", "no-evalsha", "no-get", "other-keys"] {
-        let adapter = adapter(&server, &clock, vec![policy()], login(user, RATE_LIMIT_PASSWORD));
+    for (user, policy) in [
+        ("no-script-load", policy()),
+        ("no-evalsha", policy()),
+        ("no-get", policy_without_dedupe()),
+        ("no-hmget", policy()),
+        ("other-keys", policy()),
+    ] {
+        let adapter = adapter(&server, &clock, vec![policy], login(user, RATE_LIMIT_PASSWORD));
         assert_eq!(
             adapter.evaluate(request(&clock, "p", &subject(2))).await,
             RateLimitOutcome::Unavailable {

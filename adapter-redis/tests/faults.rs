@@ -148,8 +148,14 @@ impl Rig {
         let policy = self.policies.iter().find(|p| p.id().as_str() == policy).unwrap();
         let key = self.adapter.keys().counter_key(policy, who, &operation());
         let mut redis = inspector(&self.server).await;
-        let raw: Option<Vec<u8>> =
-            redis::cmd("GET").arg(&key).query_async(&mut redis).await.unwrap();
+        // With dedupe on the key is a hash whose field `s` is the state.
+        let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut redis).await.unwrap();
+        let read = if kind == "hash" {
+            redis::cmd("HGET").arg(&key).arg("s").clone()
+        } else {
+            redis::cmd("GET").arg(&key).clone()
+        };
+        let raw: Option<Vec<u8>> = read.query_async(&mut redis).await.unwrap();
         let Some(raw) = raw else { return 0 };
         assert_eq!(raw.first(), Some(&b'F'), "a fixed-window key starts with its tag");
         let n = f64::from_le_bytes(raw[17..25].try_into().unwrap());

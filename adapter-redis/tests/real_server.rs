@@ -58,7 +58,15 @@ async fn a_key_of_the_wrong_type_is_state_incompatible() {
     let who = subject(2);
     let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let mut redis = inspector(&server).await;
-    let _: () = redis.hset(&key, "field", "value").await.unwrap();
+    // A list is neither layout (a string without dedupe, a hash with it).
+    let _: () = redis.rpush(&key, "value").await.unwrap();
+    assert_eq!(
+        adapter.evaluate(request(&clock, "p", &who)).await,
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+    );
+    // A hash whose state field no script wrote is corrupt state.
+    let _: () = redis.del(&key).await.unwrap();
+    let _: () = redis.hset(&key, "s", "garbage").await.unwrap();
     assert_eq!(
         adapter.evaluate(request(&clock, "p", &who)).await,
         RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
@@ -116,10 +124,26 @@ async fn a_stopped_server_gives_a_typed_outcome_in_time_and_a_restart_heals_with
     assert!(adapter.is_ready().await);
 }
 
+/// The length of a key's state and how many record fields it holds beside
+/// it (two per record): a string is state alone; with dedupe on the key is
+/// a hash of its state (field `s`) and its records.
+async fn footprint(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> (usize, usize) {
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(redis).await.unwrap();
+    match kind.as_str() {
+        "string" => (redis.strlen(key).await.unwrap(), 0),
+        "hash" => {
+            let state: usize =
+                redis::cmd("HSTRLEN").arg(key).arg("s").query_async(redis).await.unwrap();
+            let fields: usize = redis.hlen(key).await.unwrap();
+            (state, fields - 1)
+        }
+        other => panic!("{key} is a {other}"),
+    }
+}
+
 /// Runs one subject through `windows` windows, evaluating `per_window` times
-/// in each window that `active` picks, and returns the key's length and
-/// the fields of its dedupe records key (two per record) after window 10
-/// and at the end.
+/// in each window that `active` picks, and returns the key's state length
+/// and record fields (two per record) after window 10 and at the end.
 async fn key_length_over_windows(
     policy: RateLimitPolicy,
     windows: u64,
@@ -132,7 +156,6 @@ async fn key_length_over_windows(
     let who = subject(4);
     let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let mut redis = inspector(&server).await;
-    let records = format!("{key}:dedupe");
     let mut at_ten = (0, 0);
     for window in 0..windows {
         if active(window) {
@@ -143,10 +166,10 @@ async fn key_length_over_windows(
             }
         }
         if window == 10 {
-            at_ten = (redis.strlen(&key).await.unwrap(), redis.hlen(&records).await.unwrap());
+            at_ten = footprint(&mut redis, &key).await;
         }
     }
-    (at_ten, (redis.strlen(&key).await.unwrap(), redis.hlen(&records).await.unwrap()))
+    (at_ten, footprint(&mut redis, &key).await)
 }
 
 /// Each algorithm with its header size: one tag byte, then the mark and two
@@ -181,24 +204,30 @@ async fn state_stays_constant_size_after_1000_windows_of_steady_traffic() {
     for (policy, header) in all_algorithms(EvaluationDedupPolicy::Disabled) {
         let (at_ten, at_end) = key_length_over_windows(policy.clone(), 1000, |_| true).await;
         // The state is the header alone: mark plus the algorithm's numbers,
-        // and no records key.
+        // and no records.
         assert_eq!((at_ten, at_end), ((header, 0), (header, 0)), "{}", policy.id());
     }
-    // With dedupe the live records come and go with traffic, but the same
-    // traffic leaves the same size, window 10 or window 1000.
+    // With dedupe the records come and go with traffic, but the state keeps
+    // its size and the records never outgrow max_entries, window 10 or
+    // window 1000.
     let dedup = EvaluationDedupPolicy::Enabled {
         ttl: Duration::from_millis(500),
         max_entries: 4,
         max_stored_bytes: 4096,
     };
     for (policy, header) in all_algorithms(dedup) {
-        let (at_ten, at_end) = key_length_over_windows(policy.clone(), 1000, |_| true).await;
-        assert_eq!(at_ten, at_end, "{}", policy.id());
-        // The header and the records trailer (newest written_at, oldest
-        // and next seq); this window's two records (written 300 ms apart,
-        // TTL 500 ms) are live, an id field and a seq field each; the
-        // previous window's expired 100 ms after it ended.
-        assert_eq!(at_end, (header + 24, 2 * 2), "{}", policy.id());
+        for windows in [1000, 1001] {
+            let (at_ten, at_end) = key_length_over_windows(policy.clone(), windows, |_| true).await;
+            for (state, fields) in [at_ten, at_end] {
+                // The header and the records trailer (newest and oldest
+                // written_at, oldest and next seq, the expiry last set).
+                assert_eq!(state, header + 40, "{}", policy.id());
+                // This window's two records (written 300 ms apart, TTL
+                // 500 ms) are live, an id field and a seq field each;
+                // expired ones wait for an append at the cap to sweep them.
+                assert!((2 * 2..=2 * 4).contains(&fields), "{}: {fields}", policy.id());
+            }
+        }
     }
 }
 
@@ -239,25 +268,18 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     // digest only on the operation-scoped policy's key.
     let scoped = format!("ca:rl:{{{}}}:api.orders:3:{}", who.as_str(), common::OPERATION);
     let shared = format!("ca:rl:{{{}}}:api.daily:1", who.as_str());
-    // Each with its dedupe records key (dedupe is on by default), the
-    // counter key plus `:dedupe`: the same tag, so the same slot.
-    assert_eq!(
-        keys,
-        [shared.clone(), format!("{shared}:dedupe"), scoped.clone(), format!("{scoped}:dedupe")]
-    );
+    // Nothing else: with dedupe on (the default) each key holds its
+    // records.
+    assert_eq!(keys, [shared.clone(), scoped.clone()]);
     assert_eq!(adapter.keys().counter_key(&orders, &who, &common::operation()), scoped);
     assert_eq!(adapter.keys().counter_key(&daily, &who, &common::operation()), shared);
     assert_eq!(RateLimitKeys::hash_tag(&who), format!("{{{}}}", who.as_str()));
     // The values hold numbers and evaluation ids only, not the pseudonym.
     for key in [&scoped, &shared] {
-        let value: Vec<u8> = redis.get(key).await.unwrap();
-        assert!(!value.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
-        let records: Vec<Vec<u8>> = redis::cmd("HGETALL")
-            .arg(format!("{key}:dedupe"))
-            .query_async(&mut redis)
-            .await
-            .unwrap();
-        assert!(!records.is_empty());
+        let records: Vec<Vec<u8>> =
+            redis::cmd("HGETALL").arg(key).query_async(&mut redis).await.unwrap();
+        // The state and one record: its id field and its seq field.
+        assert_eq!(records.len(), 2 * 3, "{key}");
         for item in records {
             assert!(!item.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
         }
@@ -373,12 +395,10 @@ async fn a_timeout_after_send_is_indeterminate_and_a_repeat_replays_the_charge_i
     assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 0);
 }
 
-/// A reset deletes the counter key and its `:dedupe` records key both (a
-/// records key left behind would be ignored by the next counter key, but
-/// would hold the evaluation ids until it expired), touches no other key,
+/// A reset deletes the counter key, records and all, touches no other key,
 /// and an inspect reads without writing: the key's value and TTL stay.
 #[tokio::test]
-async fn reset_deletes_the_counter_and_records_keys_and_inspect_writes_nothing() {
+async fn reset_deletes_the_counter_key_with_its_records_and_inspect_writes_nothing() {
     use shared_contract::BudgetKey;
 
     let server = RedisServer::start();
@@ -390,7 +410,6 @@ async fn reset_deletes_the_counter_and_records_keys_and_inspect_writes_nothing()
         assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", subject)).await), 2);
     }
     let key = adapter.keys().counter_key(&policy, &who, &common::operation());
-    let records = RateLimitKeys::records_key(&key);
     let other_key = adapter.keys().counter_key(&policy, &other, &common::operation());
     let mut redis = inspector(&server).await;
     let probe = redis.clone();
@@ -402,28 +421,37 @@ async fn reset_deletes_the_counter_and_records_keys_and_inspect_writes_nothing()
             count
         }
     };
-    assert_eq!(exists(vec![key.clone(), records.clone()]).await, 2);
+    assert_eq!(exists(vec![key.clone()]).await, 1);
 
     let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
-    let value: Vec<u8> = redis.get(&key).await.unwrap();
+    let hash = |redis: &mut redis::aio::MultiplexedConnection| {
+        let mut redis = redis.clone();
+        let key = key.clone();
+        async move {
+            let all: Vec<Vec<u8>> =
+                redis::cmd("HGETALL").arg(&key).query_async(&mut redis).await.unwrap();
+            all
+        }
+    };
+    let value = hash(&mut redis).await;
     let ttl: i64 = redis.pttl(&key).await.unwrap();
     clock.set_epoch_millis(T0 + 600);
     let seen = adapter.inspect(&budget).await.unwrap();
     assert_eq!((seen.remaining, seen.mark), (2, Some(T0 + 250)));
-    let after: Vec<u8> = redis.get(&key).await.unwrap();
+    let after = hash(&mut redis).await;
     let ttl_after: i64 = redis.pttl(&key).await.unwrap();
     assert_eq!(after, value, "inspect wrote the key");
     assert!(ttl_after <= ttl, "inspect extended the key: {ttl} -> {ttl_after}");
 
     adapter.reset(&budget).await.unwrap();
-    assert_eq!(exists(vec![key.clone(), records.clone()]).await, 0);
-    assert_eq!(exists(vec![other_key.clone(), RateLimitKeys::records_key(&other_key)]).await, 2);
+    assert_eq!(exists(vec![key.clone()]).await, 0);
+    assert_eq!(exists(vec![other_key.clone()]).await, 1);
     adapter.reset(&budget).await.unwrap();
     assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 2);
 }
 
-/// The operator's calls fail typed, never by panic: a key of another Redis
-/// type is `StateIncompatible` to inspect and still resets (one `DEL` takes
+/// The operator's calls fail typed, never by panic: a key of a Redis type
+/// no script writes is `StateIncompatible` to inspect and still resets (one `DEL` takes
 /// any type); a stopped server is `Unavailable` to both.
 #[tokio::test]
 async fn inspect_and_reset_failures_are_typed() {
@@ -436,7 +464,7 @@ async fn inspect_and_reset_failures_are_typed() {
     let who = subject(42);
     let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let mut redis = inspector(&server).await;
-    let _: () = redis.hset(&key, "f", "v").await.unwrap();
+    let _: () = redis.rpush(&key, "v").await.unwrap();
     let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
     assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
     assert_eq!(adapter.reset(&budget).await, Ok(()));
@@ -444,4 +472,134 @@ async fn inspect_and_reset_failures_are_typed() {
     server.stop();
     assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::Unavailable));
     assert_eq!(adapter.reset(&budget).await, Err(BudgetFailure::Unavailable));
+}
+
+/// The policy's dedupe decides the key's type (a string without, a hash
+/// with records beside the state); a restart that turned dedupe on or off
+/// under the same revision reads the other type and converts it at its next
+/// write, keeping the count.
+#[tokio::test]
+async fn a_key_written_with_dedupe_off_is_taken_over_with_dedupe_on_and_back() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let (off, on) = (
+        fixed("p", 5, EvaluationDedupPolicy::Disabled),
+        fixed("p", 5, EvaluationDedupPolicy::enabled_defaults()),
+    );
+    let without = adapter(&server, &clock, vec![off.clone()], |_| {});
+    let with = adapter(&server, &clock, vec![on], |_| {});
+    let who = subject(50);
+    let key = without.keys().counter_key(&off, &who, &common::operation());
+    let mut redis = inspector(&server).await;
+    let kind = |redis: &mut redis::aio::MultiplexedConnection| {
+        let mut redis = redis.clone();
+        let key = key.clone();
+        async move {
+            let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut redis).await.unwrap();
+            kind
+        }
+    };
+    for expected in [4, 3] {
+        assert_eq!(remaining(&without.evaluate(request(&clock, "p", &who)).await), expected);
+    }
+    assert_eq!(kind(&mut redis).await, "string");
+    let id = EvaluationId::random();
+    let charged = with.evaluate(request_with(&clock, "p", &who, id, Duration::from_secs(5))).await;
+    assert_eq!(remaining(&charged), 2);
+    assert_eq!(kind(&mut redis).await, "hash");
+    match with.evaluate(request_with(&clock, "p", &who, id, Duration::from_secs(5))).await {
+        RateLimitOutcome::Evaluated(set) => {
+            assert!(set.decisions()[0].replayed);
+            assert_eq!(set.decisions()[0].remaining, 2);
+        }
+        other => panic!("expected a replay, got {other:?}"),
+    }
+    assert_eq!(remaining(&without.evaluate(request(&clock, "p", &who)).await), 1);
+    assert_eq!(kind(&mut redis).await, "string");
+}
+
+/// A key with dedupe records gets its expiry from the same rule as every
+/// key (docs/algorithms.md step 7), set when that time grows: an expiry is
+/// an instant, so one that did not move needs no `PEXPIRE`.
+#[tokio::test]
+async fn a_dedupe_key_s_expiry_moves_only_when_the_time_it_must_live_to_grows() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let dedup = EvaluationDedupPolicy::Enabled {
+        ttl: Duration::from_millis(500),
+        max_entries: 256,
+        max_stored_bytes: 65_536,
+    };
+    let window = Duration::from_secs(60);
+    let policy = RateLimitPolicy::builder("p", Algorithm::FixedWindow { limit: 100, window })
+        .cleanup_grace(Duration::from_millis(250))
+        .maximum_clock_regression(Duration::from_millis(900))
+        .evaluation_dedup(dedup)
+        .build()
+        .unwrap();
+    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let who = subject(51);
+    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let mut redis = inspector(&server).await;
+    let mut charge_at = async |at: u64| -> i64 {
+        clock.set_epoch_millis(T0 + at);
+        assert!(adapter.evaluate(request(&clock, "p", &who)).await.is_allowed());
+        redis.pttl(&key).await.unwrap()
+    };
+    // The window's end (T0 + 60 s) outlives the record: 59,750 + 900 ms.
+    let first = charge_at(250).await;
+    assert!((60_450..=60_650).contains(&first), "{first}");
+    // Ten seconds later by the caller's clock, the same end: the instant
+    // stays (a new PEXPIRE would have set 50,650 ms).
+    let kept = charge_at(10_250).await;
+    assert!(kept > 60_000 && kept <= first, "{first} -> {kept}");
+    // Near the window's end the record outlives it: 500 + 900 ms from now.
+    let grown = charge_at(59_800).await;
+    assert!((1_200..=1_400).contains(&grown), "{grown}");
+}
+
+/// Records never outnumber max_entries, and expired ones are swept from
+/// the oldest: a subject whose records all expire between its requests
+/// holds fewer than the sweep's batch (8), and an append at the cap after
+/// they all expired sweeps them at once.
+#[tokio::test]
+async fn dedupe_records_stay_within_the_cap_and_expired_ones_are_swept() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = |max_entries| {
+        let dedup = EvaluationDedupPolicy::Enabled {
+            ttl: Duration::from_secs(1),
+            max_entries,
+            max_stored_bytes: 65_536,
+        };
+        RateLimitPolicy::builder(
+            format!("p{max_entries}"),
+            Algorithm::FixedWindow { limit: 1_000, window: Duration::from_secs(1) },
+        )
+        .evaluation_dedup(dedup)
+        .build()
+        .unwrap()
+    };
+    let (capped, roomy) = (policy(4), policy(256));
+    let adapter = adapter(&server, &clock, vec![capped.clone(), roomy.clone()], |_| {});
+    let who = subject(52);
+    let mut redis = inspector(&server).await;
+    let capped_key = adapter.keys().counter_key(&capped, &who, &common::operation());
+    for _ in 0..10 {
+        assert!(adapter.evaluate(request(&clock, "p4", &who)).await.is_allowed());
+        let (_, fields) = footprint(&mut redis, &capped_key).await;
+        assert!(fields <= 2 * 4, "{fields}");
+    }
+    clock.set_epoch_millis(T0 + 2_000);
+    assert!(adapter.evaluate(request(&clock, "p4", &who)).await.is_allowed());
+    assert_eq!(footprint(&mut redis, &capped_key).await.1, 2, "only the new record is left");
+
+    let roomy_key = adapter.keys().counter_key(&roomy, &who, &common::operation());
+    let mut most = 0;
+    for n in 0..40 {
+        clock.set_epoch_millis(T0 + 10_000 + n * 1_500);
+        assert!(adapter.evaluate(request(&clock, "p256", &who)).await.is_allowed());
+        most = most.max(footprint(&mut redis, &roomy_key).await.1 / 2);
+    }
+    assert_eq!(most, 8, "dead records wait for a batch of 8, then go together");
 }

@@ -34,7 +34,7 @@ pub fn acl_rules(config: &AppConfig) -> AclRules {
     let redis = &config.redis;
     let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
     let mut notes = vec![format!(
-        "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET (counters) and HMGET/HSET/HDEL/DEL/PEXPIRE (dedupe records) on keys {}* only; no EVAL",
+        "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET (counters without dedupe) and HMGET/HSET/HDEL/DEL/PEXPIRE (counters with dedupe records) on keys {}* only; no EVAL",
         redis.key_prefix
     )];
     let password = login(redis.password.as_ref(), "redis.password", "<password>", &mut notes);

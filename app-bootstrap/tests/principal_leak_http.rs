@@ -235,15 +235,10 @@ async fn no_raw_principal_reaches_redis_logs_or_metrics_and_each_has_its_own_bud
     }
     let mut found: Vec<&str> = scanned.lines().filter(|line| !line.is_empty()).collect();
     found.sort_unstable();
-    // Each counter key has its dedupe records beside it (dedupe is on by
-    // default, and every one of these keys was charged at least once).
-    let mut expected: Vec<String> = plan
-        .iter()
-        .flat_map(|(p, _)| keys_of(p))
-        .flat_map(|key| [format!("{key}:dedupe"), key])
-        .collect();
+    // Each counter key holds its dedupe records (dedupe is on by default).
+    let mut expected: Vec<String> = plan.iter().flat_map(|(p, _)| keys_of(p)).collect();
     expected.sort_unstable();
-    assert_eq!(found, expected, "one key per principal per policy and its records, nothing else");
+    assert_eq!(found, expected, "one key per principal per policy, nothing else");
 
     // Counts per docs/algorithms.md: a set not admitted charges nothing
     // (Alice's 4th), a fixed window that denies writes nothing (Alice's
@@ -253,13 +248,13 @@ async fn no_raw_principal_reaches_redis_logs_or_metrics_and_each_has_its_own_bud
     for (principal, _) in plan {
         let mut own = Vec::new();
         for key in keys_of(principal) {
-            let mut value = redis_cli(&redis, &["GET", &key]);
+            let mut value = redis_cli(&redis, &["HGET", &key, "s"]);
             // --raw ends the reply with one newline of its own.
             assert_eq!(value.pop(), Some(b'\n'));
             own.push(fixed_window_n(&value));
             stored.extend(value);
             // The records' fields and values are scanned for raw subjects too.
-            stored.extend(redis_cli(&redis, &["HGETALL", &format!("{key}:dedupe")]));
+            stored.extend(redis_cli(&redis, &["HGETALL", &key]));
         }
         counts.push(own);
     }

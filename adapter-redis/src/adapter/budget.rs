@@ -1,6 +1,6 @@
 //! An operator's inspect and reset of one budget on Redis: two small
-//! scripts, `lua/inspect.lua` (one `GET`) and `lua/reset.lua` (one `DEL` of
-//! the counter key and its records key), run with `EVALSHA` like the
+//! scripts, `lua/inspect.lua` (one read of the state) and `lua/reset.lua`
+//! (one `DEL` of the counter key, records and all), run with `EVALSHA` like the
 //! rate-limit scripts, so the least-privilege user needs no new command and
 //! a Cluster routes both by the subject's hash tag. The algorithm itself
 //! runs here, in `shared_contract::inspect_key`, over the decoded state.
@@ -13,7 +13,6 @@ use shared_contract::{
 
 use super::{PolicyEntry, RedisEdgeRateLimitAdapter};
 use crate::gateway::{GatewayFailure, LoadedScript};
-use crate::keys::RateLimitKeys;
 
 const INSPECT: &str = include_str!("../../lua/inspect.lua");
 const RESET: &str = include_str!("../../lua/reset.lua");
@@ -57,9 +56,8 @@ impl RedisEdgeRateLimitAdapter {
 
     pub(super) async fn reset_budget(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         let (_, counter) = self.budget_entry(key)?;
-        let records = RateLimitKeys::records_key(&counter);
-        match self.run_admin(RESET, &[counter, records]).await.map_err(failure_of)? {
-            Value::Int(0..=2) => Ok(()),
+        match self.run_admin(RESET, &[counter]).await.map_err(failure_of)? {
+            Value::Int(0..=1) => Ok(()),
             // DEL answers a count; anything else means we cannot tell.
             _ => Err(BudgetFailure::Indeterminate),
         }
@@ -179,16 +177,17 @@ mod tests {
 
     #[test]
     fn the_scripts_touch_only_the_keys_they_are_given_with_allowed_commands() {
-        // The ACL user may run GET and DEL (the rate-limit scripts call
-        // them), and nothing here writes but the reset's one DEL.
+        // The ACL user may run GET, HMGET and DEL (the rate-limit scripts
+        // call them), and nothing here writes but the reset's one DEL.
         let calls = |source: &str| -> Vec<String> {
             source
+                .replace("redis.pcall('", "redis.call('")
                 .split("redis.call('")
                 .skip(1)
                 .map(|rest| rest[..rest.find('\'').unwrap_or(0)].to_owned())
                 .collect()
         };
-        assert_eq!(calls(INSPECT), ["GET"]);
+        assert_eq!(calls(INSPECT), ["GET", "HMGET"]);
         assert_eq!(calls(RESET), ["DEL"]);
         let allowed = crate::acl::required_commands(crate::Topology::Standalone);
         for command in calls(INSPECT).into_iter().chain(calls(RESET)) {

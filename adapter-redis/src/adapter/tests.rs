@@ -194,9 +194,8 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
             *script,
             LoadedScript { digest: "digest-1".into(), source: ScriptKind::FixedWindow.source() }
         );
-        // The counter key, then its dedupe records key under the same tag.
-        let counter = key_of("api.test", PolicyScope::Operation);
-        assert_eq!(keys, [counter.clone(), format!("{counter}:dedupe")]);
+        // The counter key alone: with dedupe on it holds the records too.
+        assert_eq!(keys, [key_of("api.test", PolicyScope::Operation)]);
         *sink.lock().unwrap() = owned(args);
         Ok(reply("allowed", &[[1, 1, 750, 0]]))
     });
@@ -517,18 +516,10 @@ async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answe
         Ok("set".to_owned())
     });
     gateway.expect_evalsha().times(1).returning(move |_, keys, args, _| {
-        // Both keys, in the set's order, under the subject's one hash tag,
-        // then their records keys in the same order.
-        let (scoped, shared) =
-            (key_of("api.test", PolicyScope::Operation), key_of("api.daily", PolicyScope::Subject));
+        // Both keys, in the set's order, under the subject's one hash tag.
         assert_eq!(
             keys,
-            [
-                scoped.clone(),
-                shared.clone(),
-                format!("{scoped}:dedupe"),
-                format!("{shared}:dedupe")
-            ]
+            [key_of("api.test", PolicyScope::Operation), key_of("api.daily", PolicyScope::Subject)]
         );
         *sink.lock().unwrap() = owned(args);
         // The fixed window refuses; the bucket would allow, uncharged.
