@@ -9,7 +9,8 @@
 #   - `ca-skeleton bench` through the Redis provider: dedupe off and on at
 #     c=64, dedupe off at c=1, and a deny flood (one subject) with
 #     redis.deny-cache.enabled true and false when the binary knows that key;
-#     each with usec_per_call and client CPU (user+sys) per decision;
+#     each with usec_per_call and client CPU (user+sys) per decision, beside
+#     a bare redis crate client (examples/bare_client.rs) at c=64 and c=1;
 #   - HTTP under wrk: the same server with the limiter disabled, on the
 #     memory provider and on Redis (requests/s, p50, p99);
 # then once the criterion memory-provider bench, and writes the medians as a
@@ -191,23 +192,27 @@ cs() {
         'BEGIN {printf "'"$case"' calls_per_decision %.4f\n", c / d}'
 }
 
-# The anchor of client CPU: the same script through a bare redis crate
-# MultiplexedConnection + Script (adapter-redis/examples/bare_client.rs).
+# The anchor of client CPU (c=64) and of c=1 latency: the same script
+# through a bare redis crate MultiplexedConnection + Script
+# (adapter-redis/examples/bare_client.rs). bare_run <case> <concurrency>.
 bare_run() {
+    local case=$1 concurrency=$2
     rcli FLUSHALL >/dev/null
     rcli CONFIG RESETSTAT >/dev/null
     local TIMEFORMAT='%U %S'
-    { time "${client_pin[@]}" "$bare" "redis://127.0.0.1:$port" 64 1000 "$duration" \
+    { time "${client_pin[@]}" "$bare" "redis://127.0.0.1:$port" "$concurrency" 1000 "$duration" \
         >"$work/bare.json" 2>"$work/bare.log"; } 2>"$work/time"
     local decisions
     decisions=$(field "$work/bare.json" decisions)
-    echo "bare rps $(field "$work/bare.json" decisions_per_sec)"
-    echo "bare usec $(usec_per_call)"
-    awk -v d="$decisions" '{printf "bare cpu_us %.3f\n", ($1 + $2) * 1e6 / d}' "$work/time"
+    echo "$case rps $(field "$work/bare.json" decisions_per_sec)"
+    echo "$case p50_us $(field "$work/bare.json" p50_us)"
+    echo "$case usec $(usec_per_call)"
+    awk -v d="$decisions" '{printf "'"$case"' cpu_us %.3f\n", ($1 + $2) * 1e6 / d}' "$work/time"
 }
 
 client_round() {
-    bare_run
+    bare_run bare 64
+    bare_run bare-c1 1
     cs cs-off fixed-nodedupe 64 1000
     cs cs-on fixed 64 1000
     cs cs-off-c1 fixed-nodedupe 1 1000
@@ -336,6 +341,7 @@ limit=$(med rb-off rps)
         echo "| ${c#*:} ($(all "$local_case" rps)) | $(int "$(med "$local_case" rps)") | $(ratio "$(med "$local_case" rps)" "$limit") | $(dec "$(med "$local_case" p50_us)") | $(dec "$(med "$local_case" p99_us)") | $(med "$local_case" usec) | $(med "$local_case" cpu_us) |"
     done
     echo "| redis-benchmark c=1, dedupe off | $(int "$(med rb-off-c1 rps)") | | $(med rb-off-c1 p50_us) | | $(med rb-off-c1 usec) | |"
+    echo "| bare crate c=1, dedupe off ($(all bare-c1 rps)) | $(int "$(med bare-c1 rps)") | | $(dec "$(med bare-c1 p50_us)") | | $(med bare-c1 usec) | $(med bare-c1 cpu_us) |"
     echo "| bench c=1, dedupe off ($(all cs-off-c1 rps)) | $(int "$(med cs-off-c1 rps)") | | $(dec "$(med cs-off-c1 p50_us)") | $(dec "$(med cs-off-c1 p99_us)") | $(med cs-off-c1 usec) | $(med cs-off-c1 cpu_us) |"
     echo
     echo "Ratios, each the median of the per-round ratios (the rounds side by side):"
@@ -346,7 +352,7 @@ limit=$(med rb-off rps)
     echo "- client CPU per decision, bench / bare crate: $(rr cs-off bare cpu_us) (the issue's target,"
     echo "  2.0 µs, was set against a bare crate's 1.5 µs on a quiet machine)."
     echo "- c=1 p50, bench / redis-benchmark -c 1: $(rr cs-off-c1 rb-off-c1 p50_us) (target ≤ 1.1x;"
-    echo "  redis-benchmark reports whole µs)."
+    echo "  redis-benchmark reports whole µs); bench / bare crate -c 1: $(rr cs-off-c1 bare-c1 p50_us)."
     echo "- Redis µs/call, bench dedupe on / off: $(rr cs-on cs-off usec) (target ≤ 1.5x)."
     echo
     echo "Redis CPU per call of the script under redis-benchmark (c=64 -P 16), dedupe on, against dedupe off:"

@@ -5,8 +5,9 @@
 //! port, no lane, no deadline, no reply decoding.
 //!
 //! `bare_client <redis url> <concurrency> <subjects> <seconds>` prints one
-//! JSON line with the decisions made; `scripts/bench.sh` runs it under
-//! `time` beside `ca-skeleton bench`.
+//! JSON line with the decisions made and the median call's latency;
+//! `scripts/bench.sh` runs it under `time` beside `ca-skeleton bench`, at
+//! c=64 for client CPU and at c=1 for latency.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -34,8 +35,14 @@ async fn main() -> redis::RedisResult<()> {
         let script = script.clone();
         tasks.push(tokio::spawn(async move {
             let mut decisions = 0_u64;
+            // Every call's latency in ns; a run makes a few million at most.
+            let mut latencies = Vec::with_capacity(1 << 16);
             let mut next = task % subjects;
-            while Instant::now() < end {
+            loop {
+                let sent = Instant::now();
+                if sent >= end {
+                    break;
+                }
                 let key = format!("bare:{{v1:{salt:032x}{next:016x}}}:fixed:1");
                 let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
                 let id = format!("{:016x}", decisions ^ ((task as u64) << 40));
@@ -53,19 +60,25 @@ async fn main() -> redis::RedisResult<()> {
                     .arg(60_000)
                     .invoke_async(&mut connection)
                     .await?;
+                latencies.push(u32::try_from(sent.elapsed().as_nanos()).unwrap_or(u32::MAX));
                 decisions += 1;
                 next = (next + concurrency) % subjects;
             }
-            Ok::<u64, redis::RedisError>(decisions)
+            Ok::<_, redis::RedisError>((decisions, latencies))
         }));
     }
     let mut decisions = 0;
+    let mut latencies = Vec::new();
     for task in tasks {
-        decisions += task.await.expect("a task")?;
+        let (made, seen) = task.await.expect("a task")?;
+        decisions += made;
+        latencies.extend(seen);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_unstable();
+    let p50 = f64::from(latencies.get(latencies.len() / 2).copied().unwrap_or(0)) / 1e3;
     println!(
-        "{{\"decisions\":{decisions},\"decisions_per_sec\":{:.1}}}",
+        "{{\"decisions\":{decisions},\"decisions_per_sec\":{:.1},\"p50_us\":{p50:.1}}}",
         decisions as f64 / elapsed
     );
     Ok(())
