@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Redis CPU per call of three dedupe layouts side by side (docs/benchmarks.md,
+# "Dedupe records inside the counter key"): the single-key fixed-window script
+# of commit 8f8cfad (records in `<counter key>:dedupe`), this tree's (records
+# in the counter key, a hash), and this tree's with its HSET cut to the state
+# field (no record written: a measurement variant, not a correct script).
+# Starts its own redis-server on a free loopback port (never 6379), pins it to
+# CPU 0 and redis-benchmark to CPU 1 when there are two CPUs, and prints
+# "<layout> <case> <usec_per_call>" per run, the layouts alternating.
+#
+# Usage: scripts/bench-dedupe-layouts.sh [rounds]   Env: REQUESTS (200000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+requests=${REQUESTS:-200000}
+pin_server=() pin_client=()
+if [ "$(nproc)" -ge 2 ]; then pin_server=(taskset -c 0) pin_client=(taskset -c 1); fi
+work=$(mktemp -d)
+port=$((20000 + RANDOM % 20000))
+trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+"${pin_server[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --daemonize yes --logfile "$work/redis.log" --dir "$work"
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+rcli() { redis-cli -p "$port" "$@"; }
+
+mkdir "$work/old" "$work/nofields"
+for file in prelude.lua single-policy.lua fixed-window.lua; do
+    git show "8f8cfad:adapter-redis/lua/$file" >"$work/old/$file"
+    cp "adapter-redis/lua/$file" "$work/nofields/$file"
+done
+# The variant: the charged HSET writes the state field alone.
+awk '/redis.call\(.HSET., key, .s., state,$/ {print "    redis.call(\047HSET\047, key, \047s\047, state)"; skip = 2; next}
+     skip > 0 {skip--; next} {print}' adapter-redis/lua/prelude.lua >"$work/nofields/prelude.lua"
+grep -q "redis.call('HSET', key, 's', state)$" "$work/nofields/prelude.lua"
+compose() { # compose <dir>: the single-key fixed-window script, as scripts.rs builds it
+    awk -v dir="$1" '
+        /^-- #include algorithm.lua/ {f=dir"/fixed-window.lua"; while ((getline l < f) > 0) print l
+                                      close(f); print "local algorithm = fixed_window"; next}
+        /^-- #include / {f=dir"/"$3; while ((getline l < f) > 0) print l; close(f); next}
+        {print}' "$1/single-policy.lua"
+}
+now=1800000000250
+big=1000000000000
+off="F 1000 1000 0 0 $big 60000"
+on="F 1000 1000 5000 256 $big 60000"
+flood_on="F 1000 1000 5000 256 1 60000"
+flood_off="F 1000 1000 0 0 1 60000"
+rid=0000__rand_int__
+key='bench:{v1:__rand_int__}:fixed:1'
+one='bench:{v1:flood}:fixed:1'
+usec() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $6}'; }
+# run <case> <keyspace> <fill: key or -> <EVALSHA args...>
+run() {
+    local case=$1 keyspace=$2 fill=$3
+    shift 3
+    rcli FLUSHALL >/dev/null
+    if [ "$fill" != - ]; then
+        redis-benchmark -p "$port" -c 1 -n 256 -r 100000000 -q \
+            EVALSHA "$sha" "$keys" "$fill" ${second:+"$fill:dedupe"} $now 1 $rid $on >/dev/null
+    fi
+    rcli CONFIG RESETSTAT >/dev/null
+    "${pin_client[@]}" redis-benchmark -p "$port" -c 64 -P 16 -n "$requests" -r "$keyspace" \
+        --csv EVALSHA "$@" >/dev/null
+    echo "$layout $case $(usec)"
+}
+for _ in $(seq "$rounds"); do
+    for layout in old new nofields; do
+        case $layout in
+            old) dir=$work/old keys=2 second=yes ;;
+            new) dir=adapter-redis/lua keys=1 second= ;;
+            nofields) dir=$work/nofields keys=1 second= ;;
+        esac
+        sha=$(rcli SCRIPT LOAD "$(compose "$dir")")
+        run off 1000 - "$sha" 1 "$key" $now 1 $rid $off
+        run on-sparse 100000 - "$sha" "$keys" "$key" ${second:+"$key:dedupe"} $now 1 $rid $on
+        run on-cap 100000000 "$one" "$sha" "$keys" "$one" ${second:+"$one:dedupe"} $now 1 $rid $on
+        run on-flood 100000000 "$one" "$sha" "$keys" "$one" ${second:+"$one:dedupe"} $now 1 $rid $flood_on
+        run off-flood 1000 - "$sha" 1 "$one" $now 1 $rid $flood_off
+        run on-replay 1000 - "$sha" "$keys" "$one" ${second:+"$one:dedupe"} $now 1 0123456789abcdef $on
+    done
+done
