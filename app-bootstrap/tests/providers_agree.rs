@@ -31,7 +31,7 @@ const T0: u64 = 1_800_000_000_000;
 /// Subjects a case spreads its requests over.
 const SUBJECTS: usize = 3;
 /// How far back a repeated evaluation id may reach among the ids issued.
-const RECENT_IDS: usize = 4;
+const RECENT_IDS: usize = 10;
 /// Cases per algorithm: enough to find a disagreement, few enough for a
 /// debug build to stay quick.
 const CASES: u32 = 64;
@@ -132,11 +132,13 @@ fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
     }
 }
 
-/// Dedupe off, or on with a small ttl and a capacity of 1 to 4 records set
+/// Dedupe off, or on with a small ttl and a capacity of 1 to 12 records set
 /// by either bound (entries, or stored bytes that are not a whole number of
 /// records), so eviction and expiry both happen within a case.
 fn dedup() -> impl Strategy<Value = EvaluationDedupPolicy> {
-    let enabled = (1..=100_u64, 1..=4_u32, 1..=5_u32, 0..DEDUP_RECORD_BYTES).prop_map(
+    // Beyond 8 records the Redis sweep of expired records (8 at a time, once
+    // 8 are held) runs beside the eviction at the cap.
+    let enabled = (1..=100_u64, 1..=12_u32, 1..=13_u32, 0..DEDUP_RECORD_BYTES).prop_map(
         |(ttl, max_entries, records, spare_bytes)| EvaluationDedupPolicy::Enabled {
             ttl: millis(ttl),
             max_entries,
@@ -509,6 +511,49 @@ fn sliding_counter_providers_agree_on_random_sequences() {
 #[test]
 fn token_bucket_providers_agree_on_random_sequences() {
     providers_agree(Shape::TokenBucket);
+}
+
+/// Fixed windows with room for many records, small clock steps and long
+/// runs, so the Redis records reach their cap and its sweep of expired
+/// records (8 at a time, once 8 are held) runs often: both providers still
+/// give the same answers, replays included.
+#[test]
+fn many_dedupe_records_providers_agree() {
+    agree_on("many records", many_records_scenario(), false);
+}
+
+fn many_records_scenario() -> impl Strategy<Value = Scenario> {
+    let policy = (20..=100_u64, 6..=16_u32, 0..=30_u64, 10..=30_u64).prop_map(
+        |(ttl, max_entries, regression, limit)| {
+            let dedup = EvaluationDedupPolicy::Enabled {
+                ttl: millis(ttl),
+                max_entries,
+                max_stored_bytes: 65_536,
+            };
+            RateLimitPolicy::builder(
+                "diff.records",
+                Algorithm::FixedWindow { limit, window: millis(1_000) },
+            )
+            .maximum_clock_regression(millis(regression))
+            .cleanup_grace(CLEANUP_GRACE)
+            .evaluation_dedup(dedup)
+            .build()
+            .expect("the strategy only builds valid policies")
+        },
+    );
+    let clock = prop_oneof![
+        10 => (0..=8_u64).prop_map(ClockMove::Forward),
+        1 => (0..=50_u64).prop_map(ClockMove::Back),
+    ];
+    let id =
+        prop_oneof![3 => Just(IdChoice::Fresh), 1 => (0..RECENT_IDS).prop_map(IdChoice::Repeat)];
+    // Mostly a cost of 1 (the maximum), so most requests charge.
+    let cost = prop_oneof![8 => Just(1_u64), 1 => Just(0), 1 => Just(2)];
+    let step = (clock, 0..SUBJECTS, 0..OPERATIONS.len(), cost, id).prop_map(
+        |(clock, subject, operation, cost, id)| Step { clock, subject, operation, cost, id },
+    );
+    (policy, vec(step, 100..=200))
+        .prop_map(|(policy, steps)| Scenario { policies: vec![policy], steps })
 }
 
 /// Random sets of one to three policies of mixed algorithms, scopes and
