@@ -17,11 +17,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, BuildHasherDefault, Hash, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use foldhash::fast::RandomState;
 use shared_contract::{
     Algorithm, Certainty, EvaluationId, MAX_POLICY_SET, OperationDigest, PolicyMode, PolicyScope,
     PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
@@ -39,7 +40,10 @@ pub(crate) struct DenyCache {
     shards: Box<[Mutex<Shard>]>,
     /// Entries per shard; `max_entries` split evenly, at least 1.
     per_shard: usize,
-    /// Random-keyed: subjects are chosen by clients.
+    /// Seeded per process, so clients cannot aim subjects at one bucket
+    /// (the pseudonyms are keyed HMACs as well). foldhash, not SipHash:
+    /// every Redis decision fingerprints its request here, and SipHash was
+    /// 7 % of the bench's instructions (callgrind, docs/benchmarks.md).
     hasher: RandomState,
     /// Evaluation ids this adapter saw admitted for a set with dedupe on,
     /// direct-mapped (a newer id overwrites an older one in its slot): a
@@ -145,7 +149,7 @@ impl DenyCache {
             max_entries,
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: max_entries.div_ceil(shards).max(1),
-            hasher: RandomState::new(),
+            hasher: RandomState::default(),
             admitted: (0..max_entries.max(1)).map(|_| Mutex::new(None)).collect(),
             latest: AtomicU64::new(0),
         }
