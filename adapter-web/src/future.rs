@@ -10,13 +10,13 @@ use std::task::{Context, Poll, ready};
 use axum::BoxError;
 use axum::body::{Body, Bytes, HttpBody};
 use http::request::Parts;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::bridge::BridgeEvaluation;
 use crate::layer::Limiter;
-use crate::mapping::{decision_headers, refusal, rejection_response};
+use crate::mapping::{DecisionHeaders, decision_headers, refusal, rejection_response};
 use crate::refusal::Refusal;
 use crate::rejection::EdgeRejection;
 
@@ -52,7 +52,7 @@ pin_project! {
         Running {
             #[pin]
             future: S::Future,
-            headers: HeaderMap,
+            headers: Option<DecisionHeaders>,
         },
         // Refused: this response replaces the inner service's.
         Refused {
@@ -77,7 +77,7 @@ where
     }
 
     pub(crate) fn pass_through(future: S::Future) -> Self {
-        Self { state: State::Running { future, headers: HeaderMap::new() } }
+        Self { state: State::Running { future, headers: None } }
     }
 }
 
@@ -107,7 +107,7 @@ where
                                     "the inner service and body are taken only when leaving this state",
                                 );
                                 let future = inner.call(Request::from_parts(parts, body));
-                                let headers = decision_headers(evaluation);
+                                let headers = Some(decision_headers(evaluation));
                                 this.state.set(State::Running { future, headers });
                                 continue;
                             }
@@ -121,9 +121,10 @@ where
                 }
                 StateProj::Running { future, headers } => {
                     let mut response = ready!(future.poll(cx))?.map(Body::new);
-                    // Ours replace any the handler set: the limiter is the
-                    // authority on its own headers.
-                    response.headers_mut().extend(std::mem::take(headers));
+                    // Ours replace any the handler set.
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refused { response } => {
