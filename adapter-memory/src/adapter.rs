@@ -23,7 +23,7 @@ use crate::store::{KeySlot, MemoryStore};
 #[derive(Debug)]
 pub struct MemoryEdgeRateLimitAdapter {
     store: MemoryStore,
-    policies: HashMap<PolicyId, PolicySlot>,
+    policies: PolicyTable,
     clock: Arc<dyn Clock>,
     failure_retry_after: Duration,
 }
@@ -74,7 +74,8 @@ impl MemoryEdgeRateLimitAdapter {
         if slots.is_empty() {
             return Err(MemoryAdapterError::NoPolicies);
         }
-        Ok(Self { store, policies: slots, clock, failure_retry_after: Duration::from_secs(1) })
+        let policies = PolicyTable::new(slots.into_values());
+        Ok(Self { store, policies, clock, failure_retry_after: Duration::from_secs(1) })
     }
 
     /// Sets the retry-after of `Unavailable(AdmissionRejected)` (default 1 s).
@@ -101,10 +102,13 @@ impl MemoryEdgeRateLimitAdapter {
                 retry_after: self.failure_retry_after,
             };
         }
-        let operation = operation_number(&request.operation);
-        let key_of = |slot: &'_ PolicySlot| {
+        // Parsed only if a policy of the set is operation-scoped.
+        let mut operation = None;
+        let mut key_of = |slot: &'_ PolicySlot| {
             let operation = match slot.policy.scope() {
-                PolicyScope::Operation => operation,
+                PolicyScope::Operation => {
+                    *operation.get_or_insert_with(|| operation_number(&request.operation))
+                }
                 PolicyScope::Subject => 0,
             };
             KeySlot { namespace: slot.namespace, operation }
@@ -140,10 +144,58 @@ impl MemoryEdgeRateLimitAdapter {
 /// this is exact for them). A subject-scoped key uses 0 in its own
 /// namespace, so the two never meet.
 fn operation_number(digest: &OperationDigest) -> u64 {
-    digest.as_str().as_bytes().chunks(16).fold(0, |folded, chunk| {
-        let chunk = std::str::from_utf8(chunk).unwrap_or_default();
-        folded.rotate_left(1) ^ u64::from_str_radix(chunk, 16).unwrap_or_default()
+    digest
+        .as_str()
+        .as_bytes()
+        .chunks(16)
+        .fold(0, |folded, chunk| folded.rotate_left(1) ^ hex_number(chunk))
+}
+
+/// Up to 16 lowercase hex digits as a number, by hand: `from_str_radix`
+/// (with its UTF-8 check) was a tenth of a decision. A digest is validated
+/// lowercase hex, so the 0 of a stray byte never happens.
+fn hex_number(digits: &[u8]) -> u64 {
+    digits.iter().fold(0, |number, &digit| {
+        let value = match digit {
+            b'0'..=b'9' => digit - b'0',
+            b'a'..=b'f' => digit - b'a' + 10,
+            _ => return 0,
+        };
+        (number << 4) | u64::from(value)
     })
+}
+
+/// The adapter's policies by id. A handful are scanned, comparing ids
+/// (length first, so most compares end at once): cheaper than hashing the
+/// id with SipHash on every decision. Many go through a map.
+#[derive(Debug)]
+struct PolicyTable {
+    slots: Box<[PolicySlot]>,
+    /// Positions in `slots`; empty when the table is scanned.
+    index: HashMap<PolicyId, usize>,
+}
+
+/// Most policies scanned; from here on the table hashes.
+const SCANNED_POLICIES: usize = 16;
+
+impl PolicyTable {
+    fn new(slots: impl IntoIterator<Item = PolicySlot>) -> Self {
+        let slots: Box<[PolicySlot]> = slots.into_iter().collect();
+        let index = if slots.len() > SCANNED_POLICIES {
+            slots.iter().enumerate().map(|(at, slot)| (slot.policy.id().clone(), at)).collect()
+        } else {
+            HashMap::new()
+        };
+        Self { slots, index }
+    }
+
+    fn get(&self, id: &PolicyId) -> Option<&PolicySlot> {
+        if self.index.is_empty() {
+            self.slots.iter().find(|slot| slot.policy.id().as_str() == id.as_str())
+        } else {
+            self.index.get(id).map(|&at| &self.slots[at])
+        }
+    }
 }
 
 /// A `PolicySet` is never empty; should one ever be, nothing is evaluated.
@@ -179,5 +231,42 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
         let (_, at) = self.budget_slot(key)?;
         self.store.remove(at, key.subject.as_str());
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use shared_contract::{Algorithm, SystemClock};
+
+    use super::*;
+
+    #[test]
+    fn operation_numbers_read_the_hex_digits_and_fold_longer_digests() {
+        let digest = |hex: &str| OperationDigest::new(hex).unwrap();
+        assert_eq!(operation_number(&digest("6979b49c614fd4c4")), 0x6979_b49c_614f_d4c4);
+        assert_eq!(operation_number(&digest("ffffffffffffffff")), u64::MAX);
+        // 32 digits: the first 64 bits rotated by one, then the second.
+        let folded = 0x0123_4567_89ab_cdef_u64.rotate_left(1) ^ 0xfedc_ba98_7654_3210;
+        assert_eq!(operation_number(&digest("0123456789abcdeffedcba9876543210")), folded);
+    }
+
+    #[test]
+    fn the_policy_table_finds_every_policy_scanned_or_hashed() {
+        let policy = |n: usize| {
+            let window = Duration::from_secs(1);
+            RateLimitPolicy::builder(format!("p{n}"), Algorithm::FixedWindow { limit: 5, window })
+                .build()
+                .unwrap()
+        };
+        for count in [1, SCANNED_POLICIES, SCANNED_POLICIES + 1] {
+            let adapter =
+                MemoryEdgeRateLimitAdapter::new((0..count).map(policy), Arc::new(SystemClock))
+                    .unwrap();
+            for n in 0..count {
+                let id = PolicyId::new(format!("p{n}")).unwrap();
+                assert_eq!(adapter.policy(&id).map(RateLimitPolicy::id), Some(&id), "{count}");
+            }
+            assert!(adapter.policy(&PolicyId::new("p").unwrap()).is_none());
+        }
     }
 }

@@ -3,14 +3,13 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 use shared_contract::{KeyRules, KeyState, MAX_POLICY_SET, PolicyId, SetMember};
 
 use crate::entry::Entry;
-use crate::key::{BuildPrehashed, KeyView, LookupKey, StoredKey};
+use crate::key::{BuildPrehashed, KeyView, LookupKey, StoredKey, SubjectHasher};
 
 /// Most shards a store uses; `with_shards` caps there. The shard index comes
 /// from hash bits 32..48, which the shard's own map does not rely on.
@@ -36,9 +35,8 @@ pub struct MemoryStore {
 
 struct StoreInner {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
-    /// Random-keyed SipHash: subjects are chosen by clients, so shard and
-    /// bucket placement must not be predictable.
-    hasher: RandomState,
+    /// Random-seeded: shard and bucket placement must not be predictable.
+    hasher: SubjectHasher,
     /// (policy id, revision) -> namespace number used in keys.
     namespaces: Mutex<HashMap<(PolicyId, u32), u32>>,
 }
@@ -72,7 +70,7 @@ impl MemoryStore {
         Self {
             inner: Arc::new(StoreInner {
                 shards,
-                hasher: RandomState::new(),
+                hasher: SubjectHasher::random(),
                 namespaces: Mutex::new(HashMap::new()),
             }),
         }
@@ -129,16 +127,72 @@ impl MemoryStore {
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
     ) -> R {
-        let n = keys.len().min(MAX_POLICY_SET);
-        let Some(last) = n.checked_sub(1) else { return step(&mut []) };
-        let subject_hash = self.inner.hasher.hash_one(subject);
-        // Fixed arrays: no allocation per decision. Slots past `n` repeat
-        // the last key and are never used.
-        let lookups: [LookupKey<'_>; MAX_POLICY_SET] = std::array::from_fn(|i| {
+        match keys {
+            [] => step(&mut []),
+            [key] => self.with_one(subject, *key, now, step),
+            _ => self.with_keys::<MAX_POLICY_SET, R>(subject, keys, now, step),
+        }
+    }
+
+    /// [`Self::with_set`] for a set of one, the usual case: one member, not
+    /// an array of eight to fill and move, and one map lookup, whose entry
+    /// is held across the step instead of being looked up again.
+    fn with_one<R>(
+        &self,
+        subject: &str,
+        (slot, rules): (KeySlot, &KeyRules),
+        now: u64,
+        step: impl FnOnce(&mut [SetMember<'_>]) -> R,
+    ) -> R {
+        let subject_hash = self.inner.hasher.hash(subject);
+        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
+        let mut members = [SetMember::new(rules, None)];
+        let mut guard = self.shard(subject_hash).lock();
+        let shard = &mut *guard;
+        let (result, expiry) = match shard.map.get_mut(&key as &dyn KeyView) {
+            Some(entry) => {
+                members[0].state = entry.take(now);
+                let result = step(&mut members);
+                let [member] = members;
+                entry.put(member.state, member.write);
+                (result, Some(entry.expires_at))
+            }
+            None => {
+                let result = step(&mut members);
+                let [member] = members;
+                // A key that did not exist is inserted only if the step wrote it.
+                let expiry = member.state.is_some().then(|| {
+                    let mut entry = Entry::blank();
+                    entry.put(member.state, member.write);
+                    let expiry = entry.expires_at;
+                    shard.map.insert(key.to_stored(), entry);
+                    expiry
+                });
+                (result, expiry)
+            }
+        };
+        shard.after_op(now, expiry);
+        result
+    }
+
+    /// [`Self::with_set`] over fixed arrays of `N` (no allocation per
+    /// decision): at most `N` keys, at least one. Slots past the keys'
+    /// count repeat the last key and are never used.
+    fn with_keys<const N: usize, R>(
+        &self,
+        subject: &str,
+        keys: &[(KeySlot, &KeyRules)],
+        now: u64,
+        step: impl FnOnce(&mut [SetMember<'_>]) -> R,
+    ) -> R {
+        let n = keys.len().min(N);
+        let last = n.saturating_sub(1);
+        let subject_hash = self.inner.hasher.hash(subject);
+        let lookups: [LookupKey<'_>; N] = std::array::from_fn(|i| {
             let (slot, _) = keys[i.min(last)];
             LookupKey::new(subject_hash, slot.namespace, slot.operation, subject)
         });
-        let mut members: [SetMember<'_>; MAX_POLICY_SET] =
+        let mut members: [SetMember<'_>; N] =
             std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
         let mut guard = self.shard(subject_hash).lock();
         let shard = &mut *guard;
@@ -176,7 +230,7 @@ impl MemoryStore {
     /// or past its expiry), for an operator's inspect: nothing is moved,
     /// written or counted as an operation.
     pub(crate) fn peek(&self, slot: KeySlot, subject: &str, now: u64) -> Option<KeyState> {
-        let subject_hash = self.inner.hasher.hash_one(subject);
+        let subject_hash = self.inner.hasher.hash(subject);
         let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
         let shard = self.shard(subject_hash).lock();
         let entry = shard.map.get(&key as &dyn KeyView)?;
@@ -186,7 +240,7 @@ impl MemoryStore {
     /// Removes one key, state and dedupe records together (an operator's
     /// reset); an absent key is left absent.
     pub(crate) fn remove(&self, slot: KeySlot, subject: &str) {
-        let subject_hash = self.inner.hasher.hash_one(subject);
+        let subject_hash = self.inner.hasher.hash(subject);
         let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
         self.shard(subject_hash).lock().map.remove(&key as &dyn KeyView);
     }
@@ -210,7 +264,7 @@ impl MemoryStore {
         subject: &str,
         look: impl FnOnce(Option<&Entry>) -> R,
     ) -> R {
-        let subject_hash = self.inner.hasher.hash_one(subject);
+        let subject_hash = self.inner.hasher.hash(subject);
         let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
         look(self.shard(subject_hash).lock().map.get(&key as &dyn KeyView))
     }

@@ -65,17 +65,25 @@ impl BridgeEvaluation {
     /// order; empty unless the outcome is `Evaluated`. These are the
     /// policies a client sees in the `RateLimit` headers.
     pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        let RateLimitOutcome::Evaluated(set) = &self.outcome else {
-            return Vec::new();
+        self.enforced().collect()
+    }
+
+    /// [`Self::enforced_decisions`] without collecting them (the headers
+    /// of every allowed request are made from it).
+    pub(crate) fn enforced(&self) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision)> {
+        let decisions = match &self.outcome {
+            RateLimitOutcome::Evaluated(set) => set.decisions(),
+            RateLimitOutcome::Unavailable { .. }
+            | RateLimitOutcome::Incompatible { .. }
+            | RateLimitOutcome::Indeterminate { .. } => &[],
         };
         self.policies
             .ids()
             .iter()
-            .zip(set.decisions())
+            .zip(decisions)
             .enumerate()
             .filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce)
             .map(|(_, member)| member)
-            .collect()
     }
 
     /// The enforced policies that denied the request, in the set's order:

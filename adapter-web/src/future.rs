@@ -10,18 +10,25 @@ use std::task::{Context, Poll, ready};
 use axum::BoxError;
 use axum::body::{Body, Bytes, HttpBody};
 use http::request::Parts;
-use http::{HeaderMap, Request, Response};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::bridge::BridgeEvaluation;
+use crate::bridge::{BridgeEvaluation, TransportBridge};
 use crate::layer::Limiter;
-use crate::mapping::{decision_headers, refusal, rejection_response};
-use crate::refusal::Refusal;
+use crate::mapping::{DecisionHeaders, decision_headers, refusal, rejection_response};
+use crate::refusal::{Refusal, RefusalShaper};
 use crate::rejection::EdgeRejection;
 
-type Evaluation =
-    Pin<Box<dyn Future<Output = (Parts, Result<BridgeEvaluation, EdgeRejection>)> + Send>>;
+/// The bridge's answer, with the request parts and the bridge handed back:
+/// the future owns the one reference the request takes, so no second
+/// count is bumped on the bridge every request shares.
+type Evaluation = Pin<
+    Box<
+        dyn Future<Output = (Parts, Arc<TransportBridge>, Result<BridgeEvaluation, EdgeRejection>)>
+            + Send,
+    >,
+>;
 
 pin_project! {
     /// The response future of [`crate::RateLimitService`].
@@ -43,7 +50,7 @@ pin_project! {
         // The bridge is asking the port; the inner service waits, unused.
         Evaluating {
             evaluation: Evaluation,
-            limiter: Limiter,
+            shaper: Option<RefusalShaper>,
             inner: Option<S>,
             body: Option<ReqBody>,
         },
@@ -52,7 +59,7 @@ pin_project! {
         Running {
             #[pin]
             future: S::Future,
-            headers: HeaderMap,
+            headers: Option<DecisionHeaders>,
         },
         // Refused: this response replaces the inner service's.
         Refused {
@@ -67,17 +74,17 @@ where
 {
     pub(crate) fn evaluating(limiter: Limiter, inner: S, request: Request<ReqBody>) -> Self {
         let (parts, body) = request.into_parts();
-        let asking = Arc::clone(&limiter.bridge);
+        let Limiter { bridge, shaper } = limiter;
         let evaluation: Evaluation = Box::pin(async move {
-            let result = asking.evaluate(&parts).await;
-            (parts, result)
+            let result = bridge.evaluate(&parts).await;
+            (parts, bridge, result)
         });
-        let state = State::Evaluating { evaluation, limiter, inner: Some(inner), body: Some(body) };
+        let state = State::Evaluating { evaluation, shaper, inner: Some(inner), body: Some(body) };
         Self { state }
     }
 
     pub(crate) fn pass_through(future: S::Future) -> Self {
-        Self { state: State::Running { future, headers: HeaderMap::new() } }
+        Self { state: State::Running { future, headers: None } }
     }
 }
 
@@ -93,9 +100,9 @@ where
         let mut this = self.project();
         loop {
             let next = match this.state.as_mut().project() {
-                StateProj::Evaluating { evaluation, limiter, inner, body } => {
-                    let (parts, result) = ready!(evaluation.as_mut().poll(cx));
-                    let settings = limiter.bridge.settings();
+                StateProj::Evaluating { evaluation, shaper, inner, body } => {
+                    let (parts, bridge, result) = ready!(evaluation.as_mut().poll(cx));
+                    let settings = bridge.settings();
                     let (reason, response) = match &result {
                         Err(rejection) => {
                             (Refusal::Rejected(rejection), rejection_response(rejection, settings))
@@ -107,13 +114,13 @@ where
                                     "the inner service and body are taken only when leaving this state",
                                 );
                                 let future = inner.call(Request::from_parts(parts, body));
-                                let headers = decision_headers(evaluation);
+                                let headers = Some(decision_headers(evaluation));
                                 this.state.set(State::Running { future, headers });
                                 continue;
                             }
                         },
                     };
-                    let response = match &limiter.shaper {
+                    let response = match shaper {
                         Some(shaper) => shaper.shape(reason, response),
                         None => response,
                     };
@@ -121,9 +128,10 @@ where
                 }
                 StateProj::Running { future, headers } => {
                     let mut response = ready!(future.poll(cx))?.map(Body::new);
-                    // Ours replace any the handler set: the limiter is the
-                    // authority on its own headers.
-                    response.headers_mut().extend(std::mem::take(headers));
+                    // Ours replace any the handler set.
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refused { response } => {

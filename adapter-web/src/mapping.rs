@@ -45,23 +45,40 @@ pub(crate) fn problem_type(base: &str, category: &str) -> Option<ProblemType> {
 }
 
 /// The `RateLimit-Policy` and `RateLimit` headers of an evaluated outcome,
-/// listing the set's enforced policies in configured order; empty for
+/// listing the set's enforced policies in configured order; none for
 /// failures, which carry no decision, and for a set without an enforced
 /// policy.
-pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    let enforced = evaluation.enforced_decisions();
-    if enforced.is_empty() {
-        return headers;
+pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> DecisionHeaders {
+    let mut enforced = evaluation.enforced().peekable();
+    if enforced.peek().is_none() {
+        return DecisionHeaders::default();
     }
-    // The bridge made it once for the set: the enforced policies it holds.
-    if let Some(value) = evaluation.policy_header.clone() {
-        headers.insert(RATELIMIT_POLICY, value);
+    DecisionHeaders {
+        // The bridge made it once for the set: the enforced policies it holds.
+        policy: evaluation.policy_header.clone(),
+        limit: limit_header(enforced),
     }
-    if let Some(value) = limit_header(enforced) {
-        headers.insert(RATELIMIT, value);
+}
+
+/// The two headers of a decision, held as values until the response is
+/// there: no header map of their own to allocate, hash and merge.
+#[derive(Debug, Default)]
+pub(crate) struct DecisionHeaders {
+    policy: Option<HeaderValue>,
+    limit: Option<HeaderValue>,
+}
+
+impl DecisionHeaders {
+    /// Sets them on `headers`, replacing any of the same name: the limiter
+    /// is the authority on its own headers.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        if let Some(value) = self.policy {
+            headers.insert(RATELIMIT_POLICY, value);
+        }
+        if let Some(value) = self.limit {
+            headers.insert(RATELIMIT, value);
+        }
     }
-    headers
 }
 
 /// The problem+json extension member of a `429`: the ids of the enforced
@@ -132,7 +149,7 @@ pub(crate) fn refusal(
 fn finish(response: &mut Response<Body>, retry_after: u64, evaluation: &BridgeEvaluation) {
     let headers = response.headers_mut();
     headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
-    headers.extend(decision_headers(evaluation));
+    decision_headers(evaluation).apply(headers);
 }
 
 /// `"a", "b"` for a detail sentence.

@@ -202,11 +202,27 @@ pub fn evaluate_set(
     cost: u64,
     evaluation_id: EvaluationId,
 ) -> SetVerdict {
-    let len = members.len().min(MAX_POLICY_SET);
+    // Most sets hold one policy: its working arrays then hold one entry,
+    // not eight to fill and carry.
+    if members.len() == 1 {
+        evaluate_members::<1>(members, now, cost, evaluation_id)
+    } else {
+        evaluate_members::<MAX_POLICY_SET>(members, now, cost, evaluation_id)
+    }
+}
+
+/// [`evaluate_set`] with working arrays of `N`: at most `N` members.
+fn evaluate_members<const N: usize>(
+    members: &mut [SetMember<'_>],
+    now: u64,
+    cost: u64,
+    evaluation_id: EvaluationId,
+) -> SetVerdict {
+    let len = members.len().min(N);
     let members = &mut members[..len];
     // Step 3: the bound on every key; inside it, a key's time never runs
     // backwards.
-    let mut times = [now; MAX_POLICY_SET];
+    let mut times = [now; N];
     let mut unsafe_by = None;
     for (member, t) in members.iter_mut().zip(&mut times) {
         member.write = None;
@@ -227,7 +243,7 @@ pub fn evaluate_set(
     let replay = members.iter().zip(&times).any(|(member, &t)| {
         member.rules.live_record(member.state.as_ref(), evaluation_id, t).is_some()
     });
-    let mut decisions = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
+    let mut decisions = [RateLimitDecision::UNUSED; N];
     if replay {
         for ((member, &t), decision) in members.iter().zip(&times).zip(&mut decisions) {
             let rules = member.rules;
@@ -246,7 +262,7 @@ pub fn evaluate_set(
     }
 
     // Step 5: every algorithm, charging; step 6: the set's verdict.
-    let mut steps = [None; MAX_POLICY_SET];
+    let mut steps = [None; N];
     for ((member, &t), step) in members.iter().zip(&times).zip(&mut steps) {
         let counters = member.state.as_ref().map(|held| &held.algorithm);
         match algorithm::run(&member.rules.params, counters, t, cost, Charge::Take) {
