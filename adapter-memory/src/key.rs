@@ -187,63 +187,23 @@ impl Hasher for Prehashed {
 /// The hasher builder of every shard's map.
 pub(crate) type BuildPrehashed = BuildHasherDefault<Prehashed>;
 
-/// The subject hash of one store: a folded-multiply hash (the construction
-/// of `foldhash`, hashbrown's default) over 16 bytes at a time, under four
-/// random 64-bit seeds drawn per store. Subjects reach the store as keyed
-/// HMAC pseudonyms, which no client can choose; the random seeds still keep
-/// shard and bucket placement unpredictable to a caller that could. It
-/// replaced SipHash-1-3, which cost a seventh of a decision on a 67-byte
-/// digest (docs/benchmarks.md).
-#[derive(Clone)]
-pub(crate) struct SubjectHasher {
-    seeds: [u64; 4],
-}
+/// The subject hash of one store: foldhash (hashbrown's default), seeded per
+/// store. Subjects reach the store as keyed HMAC pseudonyms, which no client
+/// can choose; the seed still keeps shard and bucket placement unpredictable
+/// to a caller that could. It replaced SipHash-1-3, which cost a seventh of
+/// a decision on a 67-byte digest (docs/benchmarks.md).
+#[derive(Clone, Default)]
+pub(crate) struct SubjectHasher(foldhash::fast::RandomState);
 
 impl SubjectHasher {
-    /// Seeds from the process's random source, as `RandomState` draws them.
+    /// A hasher with a seed of its own.
     pub(crate) fn random() -> Self {
-        let random = std::hash::RandomState::new();
-        Self { seeds: std::array::from_fn(|i| random.hash_one(i)) }
+        Self::default()
     }
 
     pub(crate) fn hash(&self, subject: &str) -> u64 {
-        let [s0, s1, s2, s3] = self.seeds;
-        let bytes = subject.as_bytes();
-        let mut acc = s0 ^ (bytes.len() as u64).wrapping_mul(MULTIPLIER);
-        let mut chunks = bytes.chunks_exact(16);
-        for chunk in &mut chunks {
-            let (a, b) = halves(chunk);
-            acc = folded_multiply(acc ^ a ^ s1, b ^ s2);
-        }
-        let tail = chunks.remainder();
-        if !tail.is_empty() {
-            let mut padded = [0_u8; 16];
-            padded[..tail.len()].copy_from_slice(tail);
-            let (a, b) = halves(&padded);
-            acc = folded_multiply(acc ^ a ^ s2, b ^ s1);
-        }
-        folded_multiply(acc ^ s3, MULTIPLIER)
+        self.0.hash_one(subject)
     }
-}
-
-/// An odd constant with well-mixed bits (the golden ratio's).
-const MULTIPLIER: u64 = 0x9e37_79b9_7f4a_7c15;
-
-/// Both 64-bit halves of a 16-byte chunk, little-endian.
-fn halves(chunk: &[u8]) -> (u64, u64) {
-    let word = |at: usize| {
-        let mut bytes = [0_u8; 8];
-        bytes.copy_from_slice(&chunk[at..at + 8]);
-        u64::from_le_bytes(bytes)
-    };
-    (word(0), word(8))
-}
-
-/// The full 128-bit product folded to 64 bits: every input bit reaches
-/// every output bit.
-fn folded_multiply(a: u64, b: u64) -> u64 {
-    let product = u128::from(a) * u128::from(b);
-    (product as u64) ^ ((product >> 64) as u64)
 }
 
 // Seeds are as secret as a SipHash key: they never print.
