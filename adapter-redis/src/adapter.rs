@@ -23,7 +23,7 @@ use crate::error::RedisAdapterError;
 use crate::gateway::{
     ClusterGateway, GatewayFailure, RedisGateway, SentinelGateway, StandaloneGateway, WaitFor,
 };
-use crate::keys::{RateLimitKeys, decimal};
+use crate::keys::RateLimitKeys;
 use crate::reply::SetReply;
 use crate::scripts::{RateLimitScripts, ScriptKind};
 use crate::settings::{RedisSettings, Topology};
@@ -75,7 +75,7 @@ struct PolicyEntry {
 /// The decimal text of `n` as a script argument, in one allocation (a
 /// `String` first would be a second one, per call for time and cost).
 fn number(n: u64) -> Arc<[u8]> {
-    Arc::from(decimal(n, &mut [0; 20]))
+    Arc::from(itoa::Buffer::new().format(n).as_bytes())
 }
 
 /// ARGV before the first policy block: caller time, cost, evaluation id.

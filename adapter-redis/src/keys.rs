@@ -71,37 +71,13 @@ impl RateLimitKeys {
         key.push_str("}:");
         key.push_str(policy.id().as_str());
         key.push(':');
-        push_decimal(&mut key, u64::from(policy.revision()));
+        key.push_str(itoa::Buffer::new().format(policy.revision()));
         if let Some(operation) = operation {
             key.push(':');
             key.push_str(operation.as_str());
         }
         key
     }
-}
-
-/// Appends the decimal digits of `n`: what `write!` does, without its
-/// formatting machinery on the path of every evaluation.
-fn push_decimal(key: &mut String, n: u64) {
-    let mut digits = [0_u8; 20];
-    key.extend(decimal(n, &mut digits).iter().map(|&digit| char::from(digit)));
-}
-
-/// The decimal digits of `n`, written at the end of `digits` (20 hold
-/// `u64::MAX`).
-pub(crate) fn decimal(n: u64, digits: &mut [u8; 20]) -> &[u8] {
-    let mut at = digits.len();
-    let mut rest = n;
-    loop {
-        at -= 1;
-        // `rest % 10` is a single digit.
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    &digits[at..]
 }
 
 impl Default for RateLimitKeys {

@@ -55,19 +55,7 @@ const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 /// A structured-field integer in decimal, clamped to its range as the
 /// `sfv` path clamps it; validated policies never come near.
 fn push_integer(text: &mut Vec<u8>, value: u64) {
-    let mut digits = [0_u8; 20];
-    let mut at = digits.len();
-    let mut rest = value.min(SF_INTEGER_MAX);
-    loop {
-        at -= 1;
-        // `rest % 10` is a single digit.
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    text.extend_from_slice(&digits[at..]);
+    text.extend_from_slice(itoa::Buffer::new().format(value.min(SF_INTEGER_MAX)).as_bytes());
 }
 
 /// The time over which a policy grants its limit: the window, or for a

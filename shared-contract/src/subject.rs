@@ -46,21 +46,11 @@ impl SubjectDigest {
             ));
         }
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut digits = [0_u8; 10];
-        let mut at = digits.len();
-        let mut rest = version;
-        loop {
-            at -= 1;
-            // `rest % 10` is a single digit.
-            digits[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
-            }
-        }
-        let mut text = String::with_capacity(2 + digits.len() - at + 2 * tag.len());
+        let mut digits = itoa::Buffer::new();
+        let version = digits.format(version);
+        let mut text = String::with_capacity(2 + version.len() + 2 * tag.len());
         text.push('v');
-        text.extend(digits[at..].iter().map(|&digit| char::from(digit)));
+        text.push_str(version);
         text.push(':');
         for byte in tag {
             text.push(char::from(HEX[usize::from(byte >> 4)]));
