@@ -32,13 +32,7 @@ done
 awk '/redis.call\(.HSET., key, .s., state,$/ {print "    redis.call(\047HSET\047, key, \047s\047, state)"; skip = 2; next}
      skip > 0 {skip--; next} {print}' adapter-redis/lua/prelude.lua >"$work/nofields/prelude.lua"
 grep -q "redis.call('HSET', key, 's', state)$" "$work/nofields/prelude.lua"
-compose() { # compose <dir>: the single-key fixed-window script, as scripts.rs builds it
-    awk -v dir="$1" '
-        /^-- #include algorithm.lua/ {f=dir"/fixed-window.lua"; while ((getline l < f) > 0) print l
-                                      close(f); print "local algorithm = fixed_window"; next}
-        /^-- #include / {f=dir"/"$3; while ((getline l < f) > 0) print l; close(f); next}
-        {print}' "$1/single-policy.lua"
-}
+. scripts/compose-lua.sh
 now=1800000000250
 big=1000000000000
 off="F 1000 1000 0 0 $big 60000"
@@ -70,7 +64,7 @@ for _ in $(seq "$rounds"); do
             new) dir=adapter-redis/lua keys=1 second= ;;
             nofields) dir=$work/nofields keys=1 second= ;;
         esac
-        sha=$(rcli SCRIPT LOAD "$(compose "$dir")")
+        sha=$(rcli SCRIPT LOAD "$(compose "$dir" single-policy.lua fixed-window.lua fixed_window)")
         run off 1000 - "$sha" 1 "$key" $now 1 $rid $off
         run on-sparse 100000 - "$sha" "$keys" "$key" ${second:+"$key:dedupe"} $now 1 $rid $on
         run on-cap 100000000 "$one" "$sha" "$keys" "$one" ${second:+"$one:dedupe"} $now 1 $rid $on

@@ -97,13 +97,7 @@ fi
 
 # --- the limit: redis-benchmark on our own script ---------------------------
 # The single-key fixed-window script, composed as scripts.rs does.
-compose() { # compose <dir> <driver> <algorithm file> <function>
-    awk -v dir="$1" -v alg="$3" -v fn="$4" '
-        /^-- #include algorithm.lua/ {f=dir"/"alg; while ((getline l < f) > 0) print l; close(f)
-                                      print "local algorithm = " fn; next}
-        /^-- #include / {f=dir"/"$3; while ((getline l < f) > 0) print l; close(f); next}
-        {print}' "$1/$2"
-}
+. scripts/compose-lua.sh
 compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
 sha=$(rcli SCRIPT LOAD "$(cat "$work/single.lua")")
 now=1800000000250
