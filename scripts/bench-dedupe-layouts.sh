@@ -32,14 +32,7 @@ done
 awk '/redis.call\(.HSET., key, .s., state,$/ {print "    redis.call(\047HSET\047, key, \047s\047, state)"; skip = 2; next}
      skip > 0 {skip--; next} {print}' adapter-redis/lua/prelude.lua >"$work/nofields/prelude.lua"
 grep -q "redis.call('HSET', key, 's', state)$" "$work/nofields/prelude.lua"
-. scripts/compose-lua.sh
-now=1800000000250
-big=1000000000000
-off="F 1000 1000 0 0 $big 60000"
-on="F 1000 1000 5000 256 $big 60000"
-flood_on="F 1000 1000 5000 256 1 60000"
-flood_off="F 1000 1000 0 0 1 60000"
-rid=0000__rand_int__
+. scripts/bench-common.sh
 key='bench:{v1:__rand_int__}:fixed:1'
 one='bench:{v1:flood}:fixed:1'
 usec() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $6}'; }

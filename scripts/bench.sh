@@ -97,17 +97,9 @@ fi
 
 # --- the limit: redis-benchmark on our own script ---------------------------
 # The single-key fixed-window script, composed as scripts.rs does.
-. scripts/compose-lua.sh
+. scripts/bench-common.sh
 compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
 sha=$(rcli SCRIPT LOAD "$(cat "$work/single.lua")")
-now=1800000000250
-big=1000000000000
-# ARGV after time, cost and id: kind regression slack dedupe-ttl capacity limit window.
-off="F 1000 1000 0 0 $big 60000"
-on="F 1000 1000 5000 256 $big 60000"
-flood_on="F 1000 1000 5000 256 1 60000"
-flood_off="F 1000 1000 0 0 1 60000"
-rid=0000__rand_int__ # 16 bytes, a new id per call
 
 usec_per_call() {
     rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $6}'

@@ -1,4 +1,4 @@
-# Sourced by the bench scripts: compose <dir> <driver> <algorithm file> <function>
+# Sourced by the bench scripts. compose <dir> <driver> <algorithm file> <function>
 # prints a driver script with its include lines filled in, as
 # adapter-redis/src/scripts.rs composes it (the algorithm's file at the
 # `algorithm.lua` line, followed by the line binding `algorithm`).
@@ -9,3 +9,13 @@ compose() {
         /^-- #include / {f=dir"/"$3; while ((getline l < f) > 0) print l; close(f); next}
         {print}' "$1/$2"
 }
+
+# The redis-benchmark cases of the single-key fixed-window script. ARGV after
+# time, cost and id: kind regression slack dedupe-ttl capacity limit window.
+now=1800000000250
+big=1000000000000
+off="F 1000 1000 0 0 $big 60000"
+on="F 1000 1000 5000 256 $big 60000"
+flood_on="F 1000 1000 5000 256 1 60000"
+flood_off="F 1000 1000 0 0 1 60000"
+rid=0000__rand_int__ # 16 bytes, a new id per call
