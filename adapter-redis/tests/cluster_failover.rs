@@ -15,10 +15,8 @@ mod failover;
 
 use adapter_redis::fixture::{NODE_TIMEOUT, RedisCluster};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
-use failover::{LIMIT, Tally};
-use shared_contract::{
-    Algorithm, EvaluationDedupPolicy, ManualClock, RateLimitPolicy, SubjectDigest,
-};
+use failover::{Tally, counting_policy};
+use shared_contract::{ManualClock, RateLimitPolicy, SubjectDigest};
 
 /// Pause between two rounds of steady traffic.
 const TICK: Duration = Duration::from_millis(20);
@@ -49,15 +47,7 @@ impl Traffic {
 async fn a_killed_master_fails_over_and_its_slots_serve_again_without_rebuilding() {
     let mut cluster = RedisCluster::start();
     let clock = ManualClock::new(1_800_000_000_000);
-    // One hour window and a huge limit: every charge stays visible as a count.
-    let policy = RateLimitPolicy::builder(
-        "failover",
-        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
-    )
-    .maximum_cost(1)
-    .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
-    .build()
-    .unwrap();
+    let policy = counting_policy("failover");
     let settings = RedisSettings {
         topology: Topology::Cluster,
         urls: cluster.urls(),

@@ -24,8 +24,8 @@ mod failover;
 
 use adapter_redis::fixture::RedisCluster;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
-use failover::{LIMIT, Tally};
-use shared_contract::{Algorithm, ManualClock, OperationDigest, RateLimitPolicy, SubjectDigest};
+use failover::{Tally, counting_policy};
+use shared_contract::{ManualClock, OperationDigest, RateLimitPolicy, SubjectDigest};
 
 const WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 const HAMMERS: usize = 4;
@@ -40,13 +40,7 @@ fn operation() -> OperationDigest {
 }
 
 fn policy() -> RateLimitPolicy {
-    RateLimitPolicy::builder(
-        "acked",
-        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
-    )
-    .maximum_cost(1)
-    .build()
-    .unwrap()
+    counting_policy("acked")
 }
 
 fn adapter(

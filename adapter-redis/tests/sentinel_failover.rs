@@ -13,13 +13,11 @@ use std::time::{Duration, Instant};
 
 mod failover;
 
-use failover::{LIMIT, Tally};
+use failover::{Tally, counting_policy};
 
 use adapter_redis::fixture::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
-use shared_contract::{
-    Algorithm, EvaluationDedupPolicy, ManualClock, RateLimitPolicy, SubjectDigest,
-};
+use shared_contract::{ManualClock, RateLimitPolicy, SubjectDigest};
 
 /// Pause between two rounds of steady traffic.
 const TICK: Duration = Duration::from_millis(20);
@@ -37,6 +35,27 @@ struct Traffic {
 }
 
 impl Traffic {
+    /// The subject `v1:<byte × 16>` under [`counting_policy`] `id`, through
+    /// an adapter that finds the master by asking `group`'s sentinels.
+    fn through(group: &RedisSentinel, id: &str, byte: &str) -> Self {
+        let clock = ManualClock::new(1_800_000_000_000);
+        let policy = counting_policy(id);
+        let settings = RedisSettings {
+            topology: Topology::Sentinel,
+            urls: vec![],
+            sentinels: group.sentinel_addresses(),
+            master_name: MASTER_NAME.to_owned(),
+            connect_timeout: Duration::from_millis(200),
+            command_timeout: Duration::from_millis(200),
+            ..RedisSettings::default()
+        };
+        let adapter =
+            RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone()))
+                .unwrap();
+        let subject = SubjectDigest::parse(format!("v1:{}", byte.repeat(16))).unwrap();
+        Self { adapter: Arc::new(adapter), clock, policy, subject }
+    }
+
     /// One evaluation of the subject (see [`Tally::evaluate`]).
     async fn evaluate(&self, tally: &mut Tally) -> Option<u64> {
         tally.evaluate(&self.adapter, &self.clock, self.policy.id(), &self.subject).await
@@ -46,30 +65,7 @@ impl Traffic {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_master_is_replaced_by_the_replica_the_sentinels_promote() {
     let mut group = tokio::task::block_in_place(RedisSentinel::start);
-    let clock = ManualClock::new(1_800_000_000_000);
-    // One hour window and a huge limit: every charge stays visible as a count.
-    let policy = RateLimitPolicy::builder(
-        "failover",
-        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
-    )
-    .maximum_cost(1)
-    .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
-    .build()
-    .unwrap();
-    let settings = RedisSettings {
-        topology: Topology::Sentinel,
-        urls: vec![],
-        sentinels: group.sentinel_addresses(),
-        master_name: MASTER_NAME.to_owned(),
-        connect_timeout: Duration::from_millis(200),
-        command_timeout: Duration::from_millis(200),
-        ..RedisSettings::default()
-    };
-    let adapter =
-        RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone()))
-            .unwrap();
-    let subject = SubjectDigest::parse(format!("v1:{}", "5e".repeat(16))).unwrap();
-    let traffic = Traffic { adapter: Arc::new(adapter), clock, policy, subject };
+    let traffic = Traffic::through(&group, "failover", "5e");
     let master = group.master_port();
     let replica = group.other_than(master);
 
@@ -143,27 +139,7 @@ async fn a_killed_master_is_replaced_by_the_replica_the_sentinels_promote() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_manual_failover_the_demoted_master_is_left_for_the_promoted_one() {
     let group = tokio::task::block_in_place(RedisSentinel::start);
-    let clock = ManualClock::new(1_800_000_000_000);
-    let policy = RateLimitPolicy::builder(
-        "switch",
-        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
-    )
-    .build()
-    .unwrap();
-    let settings = RedisSettings {
-        topology: Topology::Sentinel,
-        urls: vec![],
-        sentinels: group.sentinel_addresses(),
-        master_name: MASTER_NAME.to_owned(),
-        connect_timeout: Duration::from_millis(200),
-        command_timeout: Duration::from_millis(200),
-        ..RedisSettings::default()
-    };
-    let adapter =
-        RedisEdgeRateLimitAdapter::new(settings, [policy.clone()], Arc::new(clock.clone()))
-            .unwrap();
-    let subject = SubjectDigest::parse(format!("v1:{}", "d3".repeat(16))).unwrap();
-    let traffic = Traffic { adapter: Arc::new(adapter), clock, policy, subject };
+    let traffic = Traffic::through(&group, "switch", "d3");
     let old = group.master_port();
     let mut tally = Tally::default();
     for round in 1..=10 {

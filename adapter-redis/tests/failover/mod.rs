@@ -7,8 +7,9 @@ use std::time::{Duration, Instant};
 
 use adapter_redis::RedisEdgeRateLimitAdapter;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, ManualClock, OperationDigest, PolicyId, PolicySet,
-    RateLimitOutcome, RateLimitRequest, SubjectDigest, UnavailableCategory,
+    Algorithm, Clock, EdgeRateLimitPort, EvaluationId, ManualClock, OperationDigest, PolicyId,
+    PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    UnavailableCategory,
 };
 
 /// A limit no test reaches: every charge stays visible as a count.
@@ -17,6 +18,18 @@ pub const LIMIT: u64 = 1_000_000;
 pub const BUDGET: Duration = Duration::from_millis(500);
 /// Scheduling slack on a busy CI machine beyond the deadline.
 pub const SLACK: Duration = Duration::from_millis(250);
+
+/// The policy every failover test counts with: a one-hour fixed window of
+/// [`LIMIT`], cost 1, dedupe at its defaults, so each charge stays visible
+/// as a count for the whole test.
+pub fn counting_policy(id: &str) -> RateLimitPolicy {
+    RateLimitPolicy::builder(
+        id,
+        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
+    )
+    .build()
+    .unwrap()
+}
 
 /// Tallies of the outcomes seen, by kind.
 #[derive(Debug, Default, Clone, Copy)]
