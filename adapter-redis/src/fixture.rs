@@ -130,14 +130,18 @@ impl RedisServer {
         if self.paused.is_some() {
             return;
         }
-        let info = cluster::cli(self.port, &["INFO", "server"]);
-        let pid = info
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("process_id:"))
-            .unwrap_or_else(|| panic!("server {} did not tell its process id: {info}", self.port))
-            .to_owned();
+        let pid = self.process_id();
         signal("-STOP", &pid);
         self.paused = Some(pid);
+    }
+
+    /// The server's process id, as it tells it (`INFO server`).
+    fn process_id(&self) -> String {
+        let info = cluster::cli(self.port, &["INFO", "server"]);
+        info.lines()
+            .find_map(|line| line.trim().strip_prefix("process_id:"))
+            .unwrap_or_else(|| panic!("server {} did not tell its process id: {info}", self.port))
+            .to_owned()
     }
 
     /// Lets a [`Self::pause`]d server run again. Idempotent.
@@ -172,12 +176,7 @@ impl RedisServer {
             return;
         }
         self.resume();
-        let info = cluster::cli(self.port, &["INFO", "server"]);
-        let pid = info
-            .lines()
-            .find_map(|line| line.trim().strip_prefix("process_id:"))
-            .unwrap_or_else(|| panic!("server {} did not tell its process id: {info}", self.port))
-            .to_owned();
+        let pid = self.process_id();
         signal("-KILL", &pid);
         // Reaps the shell parent, which exits with the server.
         self.stop();

@@ -175,6 +175,13 @@ pub(crate) fn evalsha_command(digest: &str, keys: &[String], args: &[Arc<[u8]>])
     cmd
 }
 
+/// `SCRIPT LOAD` of a script's source.
+pub(crate) fn script_load_command(source: &str) -> redis::Cmd {
+    let mut cmd = redis::cmd("SCRIPT");
+    cmd.arg("LOAD").arg(source);
+    cmd
+}
+
 /// The digest in a `SCRIPT LOAD` reply; any other reply means the script
 /// is not registered (and `SCRIPT LOAD` charges nothing).
 pub(crate) fn digest_of(reply: Value) -> Result<String, GatewayFailure> {

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use super::connection::{Connect, LazyConnection, Opened};
 use super::{
     Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
-    digest_of, evalsha_command, pong, wait_command,
+    digest_of, evalsha_command, pong, script_load_command, wait_command,
 };
 
 /// How long a cluster connection (and its slot map) may serve before the
@@ -188,7 +188,7 @@ impl ClusterGateway {
                     // ASKING holds for the next command on the same
                     // connection only, so both go as one pipeline.
                     if let Some(source) = script {
-                        pipeline.cmd("SCRIPT").arg("LOAD").arg(source);
+                        pipeline.add_command(script_load_command(source));
                     }
                     pipeline.add_command(redis::cmd("ASKING"));
                 }
@@ -321,9 +321,9 @@ impl RedisGateway for ClusterGateway {
         key: &str,
         timeout: Duration,
     ) -> Result<String, GatewayFailure> {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(source);
-        digest_of(self.query(&cmd, route_of(key), None, None, timeout).await?)
+        digest_of(
+            self.query(&script_load_command(source), route_of(key), None, None, timeout).await?,
+        )
     }
 
     async fn evalsha(

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::connection::{Connect, LazyConnection};
 use super::{
     Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
-    digest_of, evalsha_command, pong, wait_command,
+    digest_of, evalsha_command, pong, script_load_command, wait_command,
 };
 
 /// The gateway of one server reached over one multiplexed connection,
@@ -44,9 +44,7 @@ impl<C: Connect<Connection = MultiplexedConnection> + 'static> RedisGateway
         _key: &str,
         timeout: Duration,
     ) -> Result<String, GatewayFailure> {
-        let mut cmd = redis::cmd("SCRIPT");
-        cmd.arg("LOAD").arg(source);
-        digest_of(self.connection.query(&cmd, timeout).await?)
+        digest_of(self.connection.query(&script_load_command(source), timeout).await?)
     }
 
     async fn evalsha(

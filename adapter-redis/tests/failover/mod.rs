@@ -31,6 +31,22 @@ pub fn counting_policy(id: &str) -> RateLimitPolicy {
     .unwrap()
 }
 
+/// The increments acknowledged across a failover and those it lost, from
+/// the `count` the promoted master
+/// holds after the `steady`, `hammered` and `during` traffic. The count
+/// carries over less what asynchronous replication lost, and an increment
+/// that ran but answered Indeterminate may add to it: never more than
+/// every charge that may have run.
+pub fn lost(count: u64, steady: Tally, hammered: Tally, during: Tally) -> (u64, u64) {
+    let acknowledged = steady.allowed + hammered.allowed + during.allowed;
+    let maybe_ran = hammered.indeterminate + during.indeterminate;
+    assert!(
+        count <= acknowledged + maybe_ran,
+        "count {count} exceeds every charge that may have run"
+    );
+    (acknowledged, acknowledged.saturating_sub(count))
+}
+
 /// Tallies of the outcomes seen, by kind.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Tally {
