@@ -39,7 +39,7 @@ pub(crate) struct Operation {
 
 impl Operation {
     fn new(id: String, set: Option<usize>) -> Self {
-        Self { digest: operation_digest(&id), id: id.into_boxed_str(), set }
+        Self { digest: charged_digest(&id), id: id.into_boxed_str(), set }
     }
 }
 
@@ -95,9 +95,15 @@ impl Operations {
     }
 
     /// The operation of a request: the method plus axum's `MatchedPath`.
+    /// A HEAD is the GET of its route (axum answers it with the GET
+    /// handler), unless `HEAD <route>` is configured itself; either way it
+    /// is charged under the GET's digest.
     pub(crate) fn find(&self, parts: &Parts) -> Found<'_> {
-        let method = method_index(&parts.method);
         let route = route(parts);
+        let method = match method_index(&parts.method) {
+            HEAD if !self.configured[HEAD].contains_key(route) => GET,
+            method => method,
+        };
         if let Some(operation) = self.configured[method].get(route) {
             return Found::Configured(operation);
         }
@@ -138,6 +144,22 @@ pub fn operation_digest(operation: &str) -> OperationDigest {
         .expect("16 lowercase hex digits form a valid operation digest")
 }
 
+/// The digest a request of `operation` is charged under: its own, except
+/// that a HEAD is charged as the GET of its route (`"HEAD /api/orders/{id}"`
+/// gives the digest of `"GET /api/orders/{id}"`), so a HEAD spends the
+/// GET's operation-scoped budget even when it is mapped to a set of its
+/// own. The admin routes name budgets by operation with it.
+pub fn charged_digest(operation: &str) -> OperationDigest {
+    match operation.strip_prefix("HEAD ") {
+        Some(route) => operation_digest(&format!("GET {route}")),
+        None => operation_digest(operation),
+    }
+}
+
+/// The indexes of the two methods a HEAD is found between.
+const GET: usize = 0;
+const HEAD: usize = 5;
+
 /// The method names an operation id can start with; a method's index in
 /// it is [`method_index`].
 const METHODS: [&str; 10] =
@@ -145,12 +167,12 @@ const METHODS: [&str; 10] =
 
 fn method_index(method: &Method) -> usize {
     match *method {
-        Method::GET => 0,
+        Method::GET => GET,
         Method::POST => 1,
         Method::PUT => 2,
         Method::DELETE => 3,
         Method::PATCH => 4,
-        Method::HEAD => 5,
+        Method::HEAD => HEAD,
         Method::OPTIONS => 6,
         Method::CONNECT => 7,
         Method::TRACE => 8,
@@ -193,6 +215,31 @@ mod tests {
         let found = operations.find(&brew);
         assert_eq!((&*found.id, found.set), ("OTHER <unmatched>", None));
         assert_eq!(operations.seen(), 2);
+    }
+
+    #[test]
+    fn a_head_is_the_get_of_its_route_unless_mapped_itself_and_always_charged_as_it() {
+        let get = || Request::get("/x").body(()).unwrap().into_parts().0;
+        let head = || Request::head("/x").body(()).unwrap().into_parts().0;
+        let operations = Operations::new([("GET <unmatched>", 1)]);
+        let found = operations.find(&head());
+        assert_eq!((&*found.id, found.set), ("GET <unmatched>", Some(1)));
+        assert_eq!(found.digest, operation_digest("GET <unmatched>"));
+        // Mapped itself: its own set, the GET's budget key.
+        let operations = Operations::new([("GET <unmatched>", 1), ("HEAD <unmatched>", 2)]);
+        let found = operations.find(&head());
+        assert_eq!((&*found.id, found.set), ("HEAD <unmatched>", Some(2)));
+        assert_eq!(found.digest, operation_digest("GET <unmatched>"));
+        assert_eq!(operations.find(&get()).set, Some(1));
+        // Neither configured: one seen operation for both methods.
+        let operations = Operations::new([]);
+        assert_eq!(operations.find(&head()).digest, operations.find(&get()).digest);
+        assert_eq!(operations.seen(), 1);
+        assert_eq!(
+            charged_digest("HEAD /api/orders/{id}"),
+            operation_digest("GET /api/orders/{id}")
+        );
+        assert_eq!(charged_digest("POST /api/orders"), operation_digest("POST /api/orders"));
     }
 
     #[test]

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_web::EdgeSettings;
-use http::StatusCode;
+use http::{Method, StatusCode};
 use ipnet::IpNet;
 use serde_json::json;
 use shared_contract::{
@@ -205,6 +205,38 @@ async fn addresses_of_one_ipv6_64_share_a_budget(via: Via) {
     assert_eq!(harness.calls(), 5);
 }
 
+/// A HEAD is charged as the GET of its route: the same operation, so the
+/// same policy set and the same budget (axum answers it with the GET
+/// handler). The default set is generous, so a HEAD that escaped to it
+/// would pass.
+async fn a_head_is_charged_as_the_get_of_its_route(via: Via) {
+    let policies = vec![
+        fixed("tight", 2, 60).build().unwrap(),
+        RateLimitPolicy::builder(
+            "generous",
+            Algorithm::FixedWindow { limit: 1000, window: Duration::from_secs(60) },
+        )
+        .build()
+        .unwrap(),
+    ];
+    let settings = EdgeSettings {
+        default_policies: PolicySet::single(PolicyId::new("generous").unwrap()),
+        ..EdgeSettings::default()
+    };
+    let harness = memory_harness(policies, &["tight"], T0 + 250, settings, via).await;
+    let reply = harness.get("/api/orders/7", &[]).await;
+    assert_eq!(reply.header("ratelimit"), Some(r#""tight";r=1;t=60"#));
+    let reply = harness.request(Method::HEAD, "/api/orders/7", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("ratelimit"), Some(r#""tight";r=0;t=60"#), "the GET's budget");
+    for method in [Method::GET, Method::HEAD] {
+        let reply = harness.request(method.clone(), "/api/orders/7", &[]).await;
+        assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{method}");
+        assert_eq!(reply.header("retry-after"), Some("60"), "{method}");
+    }
+    assert_eq!(harness.calls(), 2);
+}
+
 macro_rules! over_both_transports {
     ($($scenario:ident),* $(,)?) => {
         mod oneshot {
@@ -232,4 +264,5 @@ over_both_transports!(
     a_shadow_policy_that_would_deny_lets_the_request_through,
     the_cost_extension_charges_its_units,
     addresses_of_one_ipv6_64_share_a_budget,
+    a_head_is_charged_as_the_get_of_its_route,
 );

@@ -27,13 +27,17 @@ impl ApiRoutes {
         Self::default()
     }
 
-    /// Serves `handler` for `GET path`.
+    /// Serves `handler` for `GET path`, and so for `HEAD path` too (axum
+    /// answers a HEAD with the GET handler, body dropped): both are
+    /// operations it serves, and the layer charges a HEAD as the GET.
     pub fn get<H, T>(self, path: &str, handler: H) -> Self
     where
         H: Handler<T, ()>,
         T: 'static,
     {
-        self.on(Method::GET, MethodFilter::GET, path, handler)
+        let mut routes = self.on(Method::GET, MethodFilter::GET, path, handler);
+        routes.operations.insert(format!("{} {path}", Method::HEAD));
+        routes
     }
 
     /// Serves `handler` for `POST path`.
@@ -121,12 +125,21 @@ mod tests {
     #[test]
     fn the_demo_api_names_each_operation_by_method_and_template() {
         let served: Vec<_> = api().operations().iter().cloned().collect();
-        assert_eq!(served, ["GET /api/hello", "GET /api/orders/{id}", "POST /api/orders"]);
+        assert_eq!(
+            served,
+            [
+                "GET /api/hello",
+                "GET /api/orders/{id}",
+                "HEAD /api/hello",
+                "HEAD /api/orders/{id}",
+                "POST /api/orders"
+            ]
+        );
     }
 
     #[test]
     fn two_methods_on_one_path_are_two_operations() {
-        let routes = ApiRoutes::new().get("/x", || async {}).delete("/x", || async {});
+        let routes = ApiRoutes::new().post("/x", || async {}).delete("/x", || async {});
         assert_eq!(routes.operations().len(), 2);
         assert!(routes.operations().contains("DELETE /x"));
     }

@@ -19,7 +19,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, Path, State};
 use axum::middleware::map_request;
 use axum::routing::get;
-use http::{HeaderMap, Request, StatusCode};
+use http::{HeaderMap, Method, Request, StatusCode};
 use http_body_util::BodyExt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use secrecy::SecretSlice;
@@ -266,9 +266,14 @@ impl Harness {
     }
 
     pub async fn get(&self, path: &str, headers: &[(&str, &str)]) -> Reply {
+        self.request(Method::GET, path, headers).await
+    }
+
+    /// A request of any method, as [`Self::get`] sends a GET.
+    pub async fn request(&self, method: Method, path: &str, headers: &[(&str, &str)]) -> Reply {
         match self.via {
             Via::Oneshot(peer) => {
-                let mut request = Request::get(path);
+                let mut request = Request::builder().method(method).uri(path);
                 for (name, value) in headers {
                     request = request.header(*name, *value);
                 }
@@ -280,7 +285,7 @@ impl Harness {
             }
             Via::Tcp => {
                 let url = format!("{}{path}", self.base_url.as_deref().unwrap());
-                let mut request = self.client.get(url);
+                let mut request = self.client.request(method, url);
                 for (name, value) in headers {
                     request = request.header(*name, *value);
                 }

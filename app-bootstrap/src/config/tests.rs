@@ -769,6 +769,23 @@ fn an_operation_that_names_no_served_route_is_refused() {
 }
 
 #[test]
+fn a_head_mapping_is_accepted_where_the_router_serves_the_get() {
+    jail(|jail| {
+        let file = format!(
+            "{SETS}\n[capabilities.rate-limit.operations]\n\"HEAD /api/orders/{{id}}\" = \"burst\"\n\
+             \"HEAD /api/orders\" = \"burst\"\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let served = crate::routes::api().operations().clone();
+        let error = config.check_operations(&served).unwrap_err();
+        let BootstrapError::InvalidConfig(problems) = error else { panic!("{error}") };
+        let found: Vec<_> = problems.iter().map(|p| p.path.to_string()).collect();
+        // `/api/orders` serves only POST, so no HEAD either.
+        assert_eq!(found, ["capabilities.rate-limit.operations.\"HEAD /api/orders\""]);
+    });
+}
+
+#[test]
 fn prefixes_default_to_a_host_for_ipv4_and_a_64_for_ipv6() {
     jail(|_| {
         let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
@@ -848,5 +865,31 @@ fn the_admin_listener_never_takes_the_public_port() {
              token = \"{ADMIN_TOKEN}\"\nport = 1\n"
         );
         assert_eq!(paths(load_file(jail, &file)), ["admin.port", "admin.listen"]);
+    });
+}
+
+#[test]
+fn an_admin_token_http_cannot_carry_stops_start_up_naming_the_key() {
+    jail(|jail| {
+        let listening = format!("{BASE}\n[admin]\nlisten = \"127.0.0.1:9091\"\n");
+        // A file-based secret's trailing newline, a space inside, a
+        // non-ASCII letter: none survives an `Authorization` header.
+        for token in
+            [format!("{ADMIN_TOKEN}\n"), format!("{ADMIN_TOKEN} x"), format!("{ADMIN_TOKEN}é")]
+        {
+            jail.set_env("ADMIN_TOKEN_VAR", &token);
+            let file = format!("{listening}token = {{ env = \"ADMIN_TOKEN_VAR\" }}\n");
+            let found = problems(load_file(jail, &file));
+            assert_eq!(found.len(), 1, "{found:?}");
+            assert_eq!(found[0].0, "admin.token");
+            assert!(found[0].1.contains("visible ASCII"), "{found:?}");
+            assert!(!found[0].1.contains(ADMIN_TOKEN), "the token is never printed: {found:?}");
+        }
+        // Every visible ASCII character is carried as is.
+        let visible = "!\"#$%&'()*+,-./0123456789:;<=>?@AZaz[]^_`{|}~";
+        jail.set_env("ADMIN_TOKEN_VAR", visible);
+        let file = format!("{listening}token = {{ env = \"ADMIN_TOKEN_VAR\" }}\n");
+        let config = load_file(jail, &file).unwrap();
+        assert_eq!(config.admin.token.map(|token| token.expose().to_owned()), Some(visible.into()));
     });
 }

@@ -186,8 +186,8 @@ fn pseudonymizer(config: &AppConfig, problems: &mut ConfigProblems) {
     }
 }
 
-/// The admin listener: a token of at least [`MIN_ADMIN_TOKEN_BYTES`]
-/// whenever it listens, and never the public port.
+/// The admin listener: a token of at least [`MIN_ADMIN_TOKEN_BYTES`] of
+/// visible ASCII whenever it listens, and never the public port.
 fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
     let admin = &config.admin;
     let token = KeyPath::root().dotted("admin.token");
@@ -201,6 +201,24 @@ fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
             format!("must be at least {MIN_ADMIN_TOKEN_BYTES} bytes, got {}", secret.len()),
         ),
         (None | Some(_), _) => {}
+    }
+    // An `Authorization` header carries visible ASCII only; a token with a
+    // newline (a secret file's last line), a space or a non-ASCII letter
+    // would pass here and fail every call. Refused, not trimmed: the
+    // operator's clients send what the secret holds.
+    let secret = admin.token.as_ref().map(|secret| secret.expose().as_bytes());
+    if let Some(bytes) = secret {
+        if let Some(at) = bytes.iter().position(|byte| !byte.is_ascii_graphic()) {
+            problems.push(
+                KeyPath::root().dotted("admin.token"),
+                format!(
+                    "must be visible ASCII without spaces, as an Authorization header carries it; \
+                     byte {} of {} is not (a trailing newline from a secret file?)",
+                    at + 1,
+                    bytes.len()
+                ),
+            );
+        }
     }
     // Port 0 asks for a free port, so two of them never collide.
     let shared =
