@@ -15,6 +15,7 @@
 //! Every route takes [`AdminState`], so one more route is one more
 //! `.route(..)` line in [`router`].
 
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,9 +23,9 @@ use std::time::Duration;
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_web::{
     ApiKeyProblem, BridgeSwitch, EdgeSettings, IdentityProblem, SubjectKind,
-    VersionedPseudonymizer, canonical_identity, operation_digest,
+    VersionedPseudonymizer, canonical_identity, charged_digest, operation_digest,
 };
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
@@ -114,22 +115,28 @@ pub struct AdminState {
     token: [u8; 32],
     /// The pseudonym lookups' own budget, in process.
     lookups: Arc<LookupLimiter>,
+    /// The operations the public router serves (`"GET /api/orders/{id}"`):
+    /// the only ones a budget can be kept under.
+    served: Arc<BTreeSet<String>>,
     /// What `POST /admin/reload` runs; none for a server built without
     /// configuration sources to read again.
     reloader: Option<Reloader>,
 }
 
 impl AdminState {
-    /// The state over `source` and the configured token.
+    /// The state over `source`, the configured token and the operations
+    /// the public router serves.
     pub fn new(
         source: AdminSource,
         token: &SecretValue,
+        served: BTreeSet<String>,
         clock: Arc<dyn Clock>,
     ) -> Result<Self, BootstrapError> {
         Ok(Self {
             source,
             token: Sha256::digest(token.expose().as_bytes()).into(),
             lookups: Arc::new(LookupLimiter::new(clock)?),
+            served: Arc::new(served),
             reloader: None,
         })
     }
@@ -143,27 +150,30 @@ impl AdminState {
 }
 
 /// The admin router: every route behind the bearer-token check (the
-/// fallback too, so an unauthenticated caller learns nothing of the
-/// routes).
+/// fallbacks too, so an unauthenticated caller learns nothing of the
+/// routes). Every answer, a 405 included, is problem+json.
 pub fn router(state: AdminState) -> Router {
     Router::new()
         .route("/admin/subjects/{pseudonym}/policies/{policy}", get(inspect).delete(reset))
         .route("/admin/pseudonym", post(pseudonym))
         .route("/admin/reload", post(reload))
+        // After the routes: it applies to those already added.
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(state.clone(), authorize))
         .with_state(state)
 }
 
-/// Lets a request through only with `Authorization: Bearer <token>`. The
-/// presented token's digest is compared with the configured one's in
-/// constant time, so neither a prefix nor the length leaks through timing.
+/// Lets a request through only with `Authorization: Bearer <token>`, the
+/// scheme in any case (RFC 7235 section 2.1). The presented token's digest
+/// is compared with the configured one's in constant time, so neither a
+/// prefix nor the length leaks through timing.
 async fn authorize(State(state): State<AdminState>, request: Request, next: Next) -> Response {
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     let valid = presented.is_some_and(|token| {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         bool::from(digest.ct_eq(&state.token))
@@ -181,16 +191,46 @@ async fn authorize(State(state): State<AdminState>, request: Request, next: Next
     response
 }
 
+/// The credentials of a `Bearer` header: the scheme, one or more spaces,
+/// the token.
+fn bearer_token(credentials: &str) -> Option<&str> {
+    let (scheme, token) = credentials.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("Bearer").then(|| token.trim_start_matches(' '))
+}
+
 #[derive(Debug, Deserialize)]
 struct OperationQuery {
     operation: Option<String>,
 }
 
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the response answered as is, once per admin request"
+)]
+/// The query of a budget route, or its 400 (`operation` twice, say).
+fn operation_query(
+    state: &AdminState,
+    query: Result<Query<OperationQuery>, QueryRejection>,
+) -> Result<OperationQuery, Response> {
+    query.map(|Query(query)| query).map_err(|_| {
+        problem(
+            state,
+            StatusCode::BAD_REQUEST,
+            "invalid-request",
+            "The query is at most one operation=METHOD%20/route.",
+        )
+    })
+}
+
 async fn inspect(
     State(state): State<AdminState>,
     Path((pseudonym, policy)): Path<(String, String)>,
-    Query(query): Query<OperationQuery>,
+    query: Result<Query<OperationQuery>, QueryRejection>,
 ) -> Response {
+    let query = match operation_query(&state, query) {
+        Ok(query) => query,
+        Err(refusal) => return refusal,
+    };
     let (port, key, held) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {
         Ok(found) => found,
         Err(refusal) => return refusal,
@@ -207,8 +247,12 @@ async fn reset(
     State(state): State<AdminState>,
     ConnectInfo(caller): ConnectInfo<SocketAddr>,
     Path((pseudonym, policy)): Path<(String, String)>,
-    Query(query): Query<OperationQuery>,
+    query: Result<Query<OperationQuery>, QueryRejection>,
 ) -> Response {
+    let query = match operation_query(&state, query) {
+        Ok(query) => query,
+        Err(refusal) => return refusal,
+    };
     let (port, key, _) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {
         Ok(found) => found,
         Err(refusal) => return refusal,
@@ -241,7 +285,8 @@ async fn reset(
 )]
 /// The provider, the budget key and its policy of a budget route, or the
 /// response that refuses it (400 for input that cannot name a budget, 404
-/// for a policy the provider does not hold).
+/// for an operation the server does not serve or a policy the provider
+/// does not hold).
 fn budget(
     state: &AdminState,
     pseudonym: &str,
@@ -255,9 +300,21 @@ fn budget(
         .map_err(|_| bad("The policy id is not 1 to 64 characters of [a-z0-9._-]."))?;
     let operation = operation
         .map(|text| {
-            crate::config::is_operation(text)
-                .then(|| operation_digest(text))
-                .ok_or_else(|| bad("The operation is a method and a route template, like \"GET /api/orders/{id}\"."))
+            if !crate::config::is_operation(text) {
+                return Err(bad("The operation is a method and a route template, like \"GET /api/orders/{id}\"."));
+            }
+            // A path in place of the template would name a budget no
+            // request is ever charged under: a reset would change nothing.
+            if !state.served.contains(text) {
+                let served = state.served.iter().map(String::as_str).collect::<Vec<_>>();
+                let detail = format!(
+                    "The server serves no such operation; it serves {}.",
+                    served.join(", ")
+                );
+                return Err(problem(state, StatusCode::NOT_FOUND, "unknown-operation", &detail));
+            }
+            // A HEAD spends the GET's budget, as the edge charges it.
+            Ok(charged_digest(text))
         })
         .transpose()?;
     let Some(port) = state.source.now().port else {
@@ -455,6 +512,15 @@ impl LookupLimiter {
         }
         Some(response)
     }
+}
+
+async fn method_not_allowed(State(state): State<AdminState>) -> Response {
+    problem(
+        &state,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "This admin route does not take this method; see the Allow header.",
+    )
 }
 
 async fn not_found(State(state): State<AdminState>) -> Response {

@@ -97,7 +97,7 @@ impl Application {
                         edge: Arc::new(capability::edge_settings(config)?),
                     },
                 };
-                let state = AdminState::new(source, token, clock)?;
+                let state = AdminState::new(source, token, served.clone(), clock)?;
                 let (listener, address) = bind(address).await?;
                 Some(AdminListener { listener, state, address })
             }

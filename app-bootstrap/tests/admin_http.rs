@@ -481,3 +481,101 @@ async fn the_admin_routes_follow_a_reload() {
     assert_eq!(added.json()["remaining"], 4);
     task.abort();
 }
+
+/// The scheme is case-insensitive (RFC 7235 section 2.1), and one or more
+/// spaces may follow it; the token itself is compared exactly.
+#[tokio::test]
+async fn the_bearer_scheme_is_matched_case_insensitively() {
+    let server = Running::start(&load(&memory_config())).await;
+    let admin = admin_of(&server);
+    let inspect = format!(
+        "{}/admin/subjects/{}/policies/{POLICY}?operation={HELLO}",
+        admin.base,
+        edge_pseudonym_of_localhost()
+    );
+    let send = async |authorization: String| {
+        let request = admin.client.get(&inspect).header("authorization", authorization);
+        request.send().await.expect("the listener answers").status()
+    };
+    for scheme in ["bearer", "BEARER", "bEaReR", "Bearer "] {
+        assert_eq!(send(format!("{scheme} {TOKEN}")).await, StatusCode::OK, "{scheme}");
+    }
+    let lower = TOKEN.to_uppercase();
+    for refused in [format!("bearer {lower}"), format!("bearer{TOKEN}"), format!("Bearerx {TOKEN}")]
+    {
+        assert_eq!(send(refused.clone()).await, StatusCode::UNAUTHORIZED, "{refused}");
+    }
+    server.stop().await;
+}
+
+/// A budget route names an operation the server serves, as the
+/// configuration does: a path in place of the route template, or a route
+/// not served, is a 404 naming the served operations, and a reset of it
+/// answers that, not a 204 that changes nothing. A HEAD is the GET's budget.
+#[tokio::test]
+async fn an_operation_the_server_does_not_serve_is_404_and_resets_nothing() {
+    let server = Running::start(&load(&memory_config())).await;
+    let admin = admin_of(&server);
+    for _ in 0..3 {
+        assert_eq!(server.get("/api/hello").await.status, StatusCode::OK);
+    }
+    let pseudonym = edge_pseudonym_of_localhost();
+    let at = |operation: &str| {
+        format!("/admin/subjects/{pseudonym}/policies/{POLICY}?operation={operation}")
+    };
+    for operation in
+        ["GET%20/api/hello/42", "GET%20/api/orders/42", "PUT%20/api/hello", "GET%20/admin/reload"]
+    {
+        for method in [Method::GET, Method::DELETE] {
+            let answer = admin.send(method.clone(), &at(operation), Some(TOKEN), None).await;
+            answer.assert_problem(StatusCode::NOT_FOUND, "unknown-operation");
+            let detail = answer.json()["detail"].as_str().unwrap_or_default().to_owned();
+            assert!(detail.contains("GET /api/orders/{id}"), "{method} {operation}: {detail}");
+        }
+    }
+    // Nothing was reset: the budget is still spent, and HEAD and GET of
+    // the route are one budget.
+    assert_eq!(server.get("/api/hello").await.status, StatusCode::TOO_MANY_REQUESTS);
+    for operation in [HELLO, "HEAD%20/api/hello"] {
+        let seen = admin.send(Method::GET, &at(operation), Some(TOKEN), None).await;
+        assert_eq!(seen.status, StatusCode::OK, "{}", seen.body);
+        assert_eq!(seen.json()["remaining"], 0, "{operation}");
+    }
+    let reset = admin.send(Method::DELETE, &at("HEAD%20/api/hello"), Some(TOKEN), None).await;
+    assert_eq!(reset.status, StatusCode::NO_CONTENT, "{}", reset.body);
+    assert_eq!(
+        server.get("/api/hello").await.status,
+        StatusCode::OK,
+        "the reset of the HEAD is the GET's"
+    );
+    server.stop().await;
+}
+
+/// Every admin error is problem+json: a method the route does not serve
+/// (405, with `Allow`) and a query that names `operation` twice (400).
+#[tokio::test]
+async fn a_wrong_method_and_a_repeated_query_are_problem_json() {
+    let server = Running::start(&load(&memory_config())).await;
+    let admin = admin_of(&server);
+    let pseudonym = edge_pseudonym_of_localhost();
+    let budget = format!("/admin/subjects/{pseudonym}/policies/{POLICY}");
+    for (method, path) in [
+        (Method::PUT, budget.as_str()),
+        (Method::POST, budget.as_str()),
+        (Method::GET, "/admin/pseudonym"),
+        (Method::GET, "/admin/reload"),
+    ] {
+        let answer = admin.send(method.clone(), path, Some(TOKEN), None).await;
+        answer.assert_problem(StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed");
+        assert!(answer.header("allow").is_some(), "{method} {path}: {answer:?}");
+    }
+    // Still behind the token: no route's methods leak to a stranger.
+    let stranger = admin.send(Method::PUT, &budget, None, None).await;
+    stranger.assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
+    let twice = format!("{budget}?operation={HELLO}&operation={HELLO}");
+    for method in [Method::GET, Method::DELETE] {
+        let answer = admin.send(method, &twice, Some(TOKEN), None).await;
+        answer.assert_problem(StatusCode::BAD_REQUEST, "invalid-request");
+    }
+    server.stop().await;
+}
