@@ -235,6 +235,16 @@ async fn a_head_is_charged_as_the_get_of_its_route(via: Via) {
         assert_eq!(reply.header("retry-after"), Some("60"), "{method}");
     }
     assert_eq!(harness.calls(), 2);
+    // A method the route does not serve (axum answers no OPTIONS itself)
+    // is a 405 that runs no handler, charged as its own operation under
+    // the default set: it neither spends nor escapes the GET's budget.
+    for (method, remaining) in [(Method::OPTIONS, 999), (Method::DELETE, 999)] {
+        let reply = harness.request(method.clone(), "/api/orders/7", &[]).await;
+        assert_eq!(reply.status, StatusCode::METHOD_NOT_ALLOWED, "{method}");
+        let expected = format!(r#""generous";r={remaining};t=60"#);
+        assert_eq!(reply.header("ratelimit"), Some(expected.as_str()), "{method}");
+    }
+    assert_eq!(harness.calls(), 2);
 }
 
 macro_rules! over_both_transports {
