@@ -67,6 +67,24 @@ pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
 pub struct ServerConfig {
     /// `server.listen`: the socket address to bind (default `127.0.0.1:8080`).
     pub listen: SocketAddr,
+    /// `server.shutdown-grace`: how long the connections open at SIGTERM
+    /// may finish before they are cut and the process exits (default 10 s;
+    /// the admin listener's too).
+    pub shutdown_grace: Duration,
+    /// `server.header-read-timeout`: how long a connection may take to
+    /// send a whole request head, and an idle keep-alive one to start its
+    /// next, before it is closed (default 10 s; the admin listener's too).
+    pub header_read_timeout: Duration,
+}
+
+impl ServerConfig {
+    /// The default of `server.shutdown-grace`.
+    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+    /// The default of `server.header-read-timeout`.
+    pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+    /// The longest either may be: past it, a stuck client holds a
+    /// connection (or a deploy) for longer than anyone waits on purpose.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 }
 
 /// `capabilities.*`.

@@ -16,6 +16,7 @@ pub mod capability;
 pub mod cli;
 pub mod config;
 mod error;
+mod listener;
 pub mod reload;
 pub mod routes;
 pub mod server;

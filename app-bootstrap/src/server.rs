@@ -21,6 +21,7 @@ use crate::admin::{self, AdminSource, AdminState};
 use crate::capability::{self, RateLimitCapability, Upkeep};
 use crate::config::{AppConfig, ConfigSources};
 use crate::error::BootstrapError;
+use crate::listener::{self, ConnectionLimits};
 use crate::reload::{ReloadTarget, Reloader};
 use crate::routes::{self, ApiRoutes};
 
@@ -45,6 +46,8 @@ pub struct Application {
     reload: (AppConfig, std::collections::BTreeSet<String>, Option<ReloadTarget>),
     reloader: Option<Reloader>,
     admin: Option<AdminListener>,
+    /// Both listeners' header-read timeout and shutdown grace.
+    limits: ConnectionLimits,
 }
 
 /// The bound admin listener and its router (`admin.listen`).
@@ -111,7 +114,21 @@ impl Application {
         let reload = (config.clone(), served, target);
         let router = router(api, capability, layer, metrics.clone());
         let (listener, address) = bind(config.server.listen).await?;
-        Ok(Self { listener, router, address, metrics, upkeep, reload, reloader: None, admin })
+        let limits = ConnectionLimits {
+            header_read_timeout: config.server.header_read_timeout,
+            shutdown_grace: config.server.shutdown_grace,
+        };
+        Ok(Self {
+            listener,
+            router,
+            address,
+            metrics,
+            upkeep,
+            reload,
+            reloader: None,
+            admin,
+            limits,
+        })
     }
 
     /// The bound admin address, when `admin.listen` is set.
@@ -143,12 +160,14 @@ impl Application {
         self.address.port()
     }
 
-    /// Serves until SIGTERM or ctrl-c, then drains in-flight requests.
+    /// Serves until SIGTERM or ctrl-c, then drains in-flight requests for
+    /// at most `server.shutdown-grace`.
     pub async fn run_until_stopped(self) -> Result<(), BootstrapError> {
         self.run_until(shutdown_signal()).await
     }
 
-    /// Serves until `shutdown` completes, then drains in-flight requests.
+    /// Serves until `shutdown` completes, then drains in-flight requests
+    /// for at most `server.shutdown-grace` and cuts the connections left.
     pub async fn run_until(
         self,
         shutdown: impl Future<Output = ()> + Send + 'static,
@@ -175,25 +194,24 @@ impl Application {
         // The admin listener stops with the public one: on the shutdown
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
+        let limits = self.limits;
         let admin = self.admin.map(|admin| {
             let mut stopped = stopped.clone();
             let router = admin::router(admin.state.with_reloader(reloader));
-            let service = router.into_make_service_with_connect_info::<SocketAddr>();
             tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stopped.changed().await;
                 };
-                axum::serve(admin.listener, service).with_graceful_shutdown(shutdown).await
+                listener::serve(admin.listener, router, limits, shutdown, "admin").await;
             })
         });
         let shutdown = async move {
             shutdown.await;
             let _ = stop.send(());
         };
-        let service = self.router.into_make_service_with_connect_info::<SocketAddr>();
-        let served = axum::serve(self.listener, service).with_graceful_shutdown(shutdown).await;
+        listener::serve(self.listener, self.router, limits, shutdown, "public").await;
         if let Some(admin) = admin {
-            if let Ok(Err(error)) = admin.await {
+            if let Err(error) = admin.await {
                 tracing::warn!(%error, "admin listener stopped with an error");
             }
         }
@@ -201,7 +219,7 @@ impl Application {
         for task in [purge, hangup].into_iter().flatten() {
             task.abort();
         }
-        served.map_err(BootstrapError::Serve)
+        Ok(())
     }
 }
 

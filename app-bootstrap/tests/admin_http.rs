@@ -348,22 +348,7 @@ async fn pseudonym_lookups_have_their_own_small_budget() {
 #[tokio::test]
 async fn a_reset_is_one_audit_line_and_no_line_holds_an_identity() {
     let serve = support::Serve::start(&memory_config(), "info");
-    let admin_address = {
-        let mut found = None;
-        for _ in 0..100 {
-            found = serve.logs().iter().find_map(|line| {
-                let event: Value = serde_json::from_str(line).ok()?;
-                (event["fields"]["message"] == "admin listener on")
-                    .then(|| event["fields"]["address"].as_str().map(str::to_owned))?
-            });
-            if found.is_some() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        found.expect("the admin listener logs its address")
-    };
-    let admin = Admin::of(admin_address.parse().unwrap());
+    let admin = Admin::of(serve.admin_address());
     let secret_key = "customer-secret-key-7f3a";
     let reply = reqwest::Client::new()
         .get(format!("{}/api/hello", serve.base))

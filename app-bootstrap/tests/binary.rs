@@ -1,8 +1,13 @@
 //! The `ca-skeleton` binary itself: exit codes, the global `--config`
-//! option, `check-config`, `bench`'s JSON line, and `serve` with no
-//! configuration at all, stopped by SIGTERM.
+//! option, `check-config`, `bench`'s JSON line, `serve` with no
+//! configuration at all, stopped by SIGTERM, and what a half-sent request
+//! can no longer hold up: the shutdown, or a connection past the
+//! header-read timeout.
 
-use std::io::{BufRead, BufReader};
+mod support;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -255,5 +260,97 @@ fn serve_is_the_default_and_stops_on_sigterm() {
     for line in &rest {
         assert!(!line.contains(API_KEY), "a log line holds the API key: {line}");
         assert!(!line.contains("127.0.0.1"), "a log line holds an address: {line}");
+    }
+}
+
+/// `serve` on ephemeral public and admin ports with `server` keys added.
+fn serve_with(server: &str) -> support::Serve {
+    let config = format!(
+        "[server]\nlisten = \"127.0.0.1:0\"\n{server}\n[admin]\nlisten = \"127.0.0.1:0\"\n\
+         token = \"binary-test-admin-token-0123456789\"\n[pseudonymizer.keys]\n1 = \"{KEY}\"\n"
+    );
+    support::Serve::start(&config, "info")
+}
+
+/// A connection that sent the start of a request and no blank line.
+fn half_sent(address: SocketAddr) -> TcpStream {
+    let mut stream = TcpStream::connect(address).expect("the listener accepts");
+    stream.write_all(b"GET /api/hello HTTP/1.1\r\nHost: x\r\n").unwrap();
+    stream
+}
+
+/// SIGTERM, then how long the process took to exit, and how.
+fn terminate(
+    serve: &mut support::Serve,
+    patience: Duration,
+) -> (std::process::ExitStatus, Duration) {
+    let killed = Command::new("kill").args(["-TERM", &serve.child.id().to_string()]).status();
+    assert!(killed.unwrap().success());
+    let sent = Instant::now();
+    loop {
+        if let Some(exit) = serve.child.try_wait().unwrap() {
+            return (exit, sent.elapsed());
+        }
+        assert!(sent.elapsed() < patience, "serve still runs {patience:?} after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A client that never finishes its request no longer keeps SIGTERM from
+/// completing: after `server.shutdown-grace` the process exits, and each
+/// listener logs how many connections it cut. The header-read timeout is
+/// set far out, so it is the grace that ends them.
+#[test]
+fn a_half_sent_request_holds_the_shutdown_no_longer_than_the_grace() {
+    let mut serve = serve_with("shutdown-grace = \"1s\"\nheader-read-timeout = \"60s\"\n");
+    let public: SocketAddr = serve.base.trim_start_matches("http://").parse().unwrap();
+    let held = [half_sent(public), half_sent(serve.admin_address())];
+    // Both are being read, not just queued.
+    std::thread::sleep(Duration::from_millis(200));
+    let (exit, took) = terminate(&mut serve, Duration::from_secs(6));
+    assert!(exit.success(), "a bounded drain is still a clean exit: {exit}");
+    assert!(took >= Duration::from_millis(900), "it waited for the grace first: {took:?}");
+    assert!(took < Duration::from_secs(4), "grace 1 s plus a margin: {took:?}");
+    // The reader thread may still be taking the last lines.
+    std::thread::sleep(Duration::from_millis(200));
+    let cut: Vec<serde_json::Value> = serve
+        .logs()
+        .iter()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|event| event["fields"]["message"] == "shutdown grace elapsed; connections cut")
+        .collect();
+    let mut listeners: Vec<String> = cut
+        .iter()
+        .map(|event| format!("{} {}", event["fields"]["listener"], event["fields"]["cut"]))
+        .collect();
+    listeners.sort();
+    assert_eq!(listeners, [r#""admin" 1"#, r#""public" 1"#], "{cut:?}");
+    drop(held);
+}
+
+/// A slow-loris connection, on either listener, is closed once
+/// `server.header-read-timeout` passes without a whole request head.
+#[test]
+fn a_connection_that_never_finishes_its_headers_is_closed_after_the_timeout() {
+    let serve = serve_with("header-read-timeout = \"1s\"\n");
+    let public: SocketAddr = serve.base.trim_start_matches("http://").parse().unwrap();
+    for address in [public, serve.admin_address()] {
+        let mut stream = half_sent(address);
+        stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let started = Instant::now();
+        let mut answer = Vec::new();
+        // Closed: end of stream (after a 408, if hyper sends one) or a reset.
+        let closed = match stream.read_to_end(&mut answer) {
+            Ok(_) => true,
+            Err(error) => error.kind() == std::io::ErrorKind::ConnectionReset,
+        };
+        let took = started.elapsed();
+        assert!(closed, "{address}: still open after {took:?}");
+        assert!(
+            took >= Duration::from_millis(900),
+            "{address}: closed before the timeout: {took:?}"
+        );
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(!answer.contains("200 OK"), "{address}: the half request was served: {answer}");
     }
 }

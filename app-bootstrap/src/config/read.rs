@@ -56,8 +56,15 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
 
     let mut server = reader.table(server, KeyPath::root().child("server"));
     let listen = reader.field(&mut server, "listen", Reader::socket_addr);
+    let shutdown_grace = reader.field(&mut server, "shutdown-grace", Reader::duration);
+    let header_read_timeout = reader.field(&mut server, "header-read-timeout", Reader::duration);
     reader.close(server);
-    let listen = listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default"));
+    let server = ServerConfig {
+        listen: listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
+        shutdown_grace: shutdown_grace.unwrap_or(ServerConfig::DEFAULT_SHUTDOWN_GRACE),
+        header_read_timeout: header_read_timeout
+            .unwrap_or(ServerConfig::DEFAULT_HEADER_READ_TIMEOUT),
+    };
 
     let mut capabilities = reader.table(capabilities, KeyPath::root().child("capabilities"));
     let rate_limit = capabilities.get("rate-limit");
@@ -69,7 +76,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let admin = reader.admin(admin);
 
     let config = AppConfig {
-        server: ServerConfig { listen },
+        server,
         capabilities: CapabilitiesConfig { rate_limit },
         pseudonymizer,
         redis,

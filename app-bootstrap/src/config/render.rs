@@ -38,6 +38,8 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
 
     let mut server = Table::new();
     server.insert("listen".into(), config.server.listen.to_string().into());
+    server.insert("shutdown-grace".into(), duration(config.server.shutdown_grace));
+    server.insert("header-read-timeout".into(), duration(config.server.header_read_timeout));
     root.insert("server".into(), server.into());
 
     let rate_limit = &config.capabilities.rate_limit;

@@ -475,6 +475,8 @@ fn a_missing_file_is_an_error_naming_it() {
 const EVERY_KEY: &str = r#"
 [server]
 listen = "0.0.0.0:9001"
+shutdown-grace = "25s"
+header-read-timeout = "4s"
 
 [capabilities.rate-limit]
 provider = "redis"
@@ -891,5 +893,36 @@ fn an_admin_token_http_cannot_carry_stops_start_up_naming_the_key() {
         let file = format!("{listening}token = {{ env = \"ADMIN_TOKEN_VAR\" }}\n");
         let config = load_file(jail, &file).unwrap();
         assert_eq!(config.admin.token.map(|token| token.expose().to_owned()), Some(visible.into()));
+    });
+}
+
+#[test]
+fn the_listeners_timeouts_default_to_10s_and_must_be_above_zero_and_bounded() {
+    jail(|jail| {
+        let config = load_file(jail, BASE).unwrap();
+        let server = &config.server;
+        assert_eq!(
+            (server.shutdown_grace, server.header_read_timeout),
+            (Duration::from_secs(10), Duration::from_secs(10))
+        );
+        let set = |grace: &str, header: &str| {
+            format!(
+                "[server]\nshutdown-grace = \"{grace}\"\nheader-read-timeout = \"{header}\"\n{BASE}"
+            )
+        };
+        let config = load_file(jail, &set("2s", "500ms")).unwrap();
+        assert_eq!(
+            (config.server.shutdown_grace, config.server.header_read_timeout),
+            (Duration::from_secs(2), Duration::from_millis(500))
+        );
+        assert_eq!(
+            problems(load_file(jail, &set("0s", "2h"))),
+            [
+                ("server.shutdown-grace".to_owned(), "must be more than 0".to_owned()),
+                ("server.header-read-timeout".to_owned(), "must be at most 1h".to_owned()),
+            ]
+        );
+        jail.set_env("CA_SKELETON_SERVER__SHUTDOWN_GRACE", "10");
+        assert_eq!(paths(load_file(jail, BASE)), ["server.shutdown-grace"]);
     });
 }

@@ -11,9 +11,10 @@ use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, ProviderKind};
+use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, ProviderKind, ServerConfig};
 
 pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut ConfigProblems) {
+    server(config, problems);
     policy_references(config, declared, problems);
     edge_settings(config, problems);
     provider_switch(config, problems);
@@ -21,6 +22,24 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     admin(config, problems);
     if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderKind::Redis {
         redis(config, problems);
+    }
+}
+
+/// The listeners' timeouts: more than zero (zero would cut every drain,
+/// or every request, at once) and at most [`ServerConfig::MAX_TIMEOUT`].
+fn server(config: &AppConfig, problems: &mut ConfigProblems) {
+    let server = &config.server;
+    for (key, value) in [
+        ("shutdown-grace", server.shutdown_grace),
+        ("header-read-timeout", server.header_read_timeout),
+    ] {
+        let path = KeyPath::root().child("server").child(key);
+        if value.is_zero() {
+            problems.push(path, "must be more than 0");
+        } else if value > ServerConfig::MAX_TIMEOUT {
+            let max = humantime_serde::re::humantime::format_duration(ServerConfig::MAX_TIMEOUT);
+            problems.push(path, format!("must be at most {max}"));
+        }
     }
 }
 

@@ -247,6 +247,23 @@ impl Serve {
         self.logs.lock().unwrap().clone()
     }
 
+    /// The admin listener's address, from its start-up line (the server
+    /// logs it once `admin.listen` is bound).
+    pub(crate) fn admin_address(&self) -> SocketAddr {
+        for _ in 0..250 {
+            let found = self.logs().iter().find_map(|line| {
+                let event: serde_json::Value = serde_json::from_str(line).ok()?;
+                (event["fields"]["message"] == "admin listener on")
+                    .then(|| event["fields"]["address"].as_str()?.parse().ok())?
+            });
+            if let Some(address) = found {
+                return address;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("the admin listener logs its address: {:#?}", self.logs())
+    }
+
     /// Panics when the process has exited.
     pub(crate) fn assert_alive(&mut self) {
         assert!(self.child.try_wait().unwrap().is_none(), "serve exited");
