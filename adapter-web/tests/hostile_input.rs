@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use adapter_web::{
     DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings, RateLimitLayer, SubjectKind, TransportBridge,
-    UNMATCHED_ROUTE, VersionedPseudonymizer, operation_digest,
+    UNMATCHED_ROUTE, VersionedPseudonymizer, charged_digest, operation_digest,
 };
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -844,15 +844,17 @@ proptest! {
         prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(peer.ip()));
         let operation = only_operation(&seen)?;
         let name = method_name(&method);
-        let template = operation_digest(&format!("{name} {ORDER_ROUTE}"));
-        let unmatched = operation_digest(&format!("{name} {UNMATCHED_ROUTE}"));
+        // A HEAD is charged as the GET of its route.
+        let template = charged_digest(&format!("{name} {ORDER_ROUTE}"));
+        let unmatched = charged_digest(&format!("{name} {UNMATCHED_ROUTE}"));
         prop_assert!(operation == &template || operation == &unmatched, "neither template nor <unmatched>");
         let raw_path = path.parse::<Uri>().unwrap().path().to_owned();
         if !raw_path.starts_with("/api/orders/") {
             prop_assert_eq!(operation, &unmatched);
         }
+        let get_or_head = method == Method::GET || method == Method::HEAD;
         let expected_policy =
-            if method == Method::GET && operation == &template { "orders" } else { "default" };
+            if get_or_head && operation == &template { "orders" } else { "default" };
         prop_assert_eq!(&seen.requests[0].policies, &single(expected_policy));
     }
 }
