@@ -103,3 +103,66 @@ async fn disabled_limits_nothing() {
     assert!(!metrics.contains(r#"policy="e2e-disabled""#), "{metrics}");
     server.stop().await;
 }
+
+/// The issue's setup: a generous default and a tight `GET /api/orders/{id}`.
+fn generous_default_tight_orders(operations: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[capabilities.rate-limit]
+default-policy = "generous"
+[capabilities.rate-limit.policies.generous]
+algorithm = "fixed-window"
+limit = 1000
+window = "60s"
+[capabilities.rate-limit.policies.tight]
+algorithm = "fixed-window"
+limit = 2
+window = "60s"
+[capabilities.rate-limit.policies.heads]
+algorithm = "fixed-window"
+limit = 100
+window = "60s"
+[capabilities.rate-limit.operations]
+"GET /api/orders/{{id}}" = "tight"
+{operations}
+[pseudonymizer.keys]
+1 = "{}"
+"#,
+        support::TEST_KEY
+    )
+}
+
+/// A HEAD (what `curl -I` sends) spends the GET's budget: GET, GET, then
+/// HEAD is a 429, and so is every later HEAD, where it used to pass under
+/// the generous default every time.
+#[tokio::test]
+async fn a_head_spends_the_budget_of_the_get_of_its_route() {
+    let server = Running::start(&load(&generous_default_tight_orders(""))).await;
+    for _ in 0..2 {
+        assert_eq!(server.get("/api/orders/42").await.status, StatusCode::OK);
+    }
+    for _ in 0..3 {
+        let head = server.head("/api/orders/42").await;
+        assert_eq!(head.status, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(head.header("ratelimit"), Some(r#""tight";r=0;t=60"#));
+    }
+    server.stop().await;
+}
+
+/// A HEAD mapped itself is accepted at start-up (the router serves it) and
+/// runs under its own set, while an operation-scoped policy both list is
+/// still the GET's budget.
+#[tokio::test]
+async fn a_mapped_head_runs_its_own_set_and_shares_the_get_s_budget() {
+    let mapped = r#""HEAD /api/orders/{id}" = ["tight", "heads"]"#;
+    let server = Running::start(&load(&generous_default_tight_orders(mapped))).await;
+    let head = server.head("/api/orders/42").await;
+    assert_eq!(head.status, StatusCode::OK);
+    assert_eq!(head.header("ratelimit"), Some(r#""tight";r=1;t=60, "heads";r=99;t=60"#));
+    let get = server.get("/api/orders/7").await;
+    assert_eq!(get.header("ratelimit"), Some(r#""tight";r=0;t=60"#), "one budget");
+    assert_eq!(server.head("/api/orders/42").await.status, StatusCode::TOO_MANY_REQUESTS);
+    server.stop().await;
+}

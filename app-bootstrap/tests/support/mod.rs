@@ -131,6 +131,10 @@ impl Running {
         self.send(self.client.post(self.url(path))).await
     }
 
+    pub(crate) async fn head(&self, path: &str) -> Reply {
+        self.send(self.client.head(self.url(path))).await
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
         let response = request.send().await.expect("the server answers");
         let status = response.status();
