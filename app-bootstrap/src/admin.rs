@@ -25,7 +25,7 @@ use adapter_web::{
     ApiKeyProblem, BridgeSwitch, EdgeSettings, IdentityProblem, SubjectKind,
     VersionedPseudonymizer, canonical_identity, charged_digest, operation_digest,
 };
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::{JsonRejection, PathRejection, QueryRejection};
 use axum::extract::{ConnectInfo, Path, Query, Request, State};
 use axum::http::{HeaderValue, StatusCode, Uri, header};
 use axum::middleware::{self, Next};
@@ -207,28 +207,29 @@ struct OperationQuery {
     clippy::result_large_err,
     reason = "the refusal is the response answered as is, once per admin request"
 )]
-/// The query of a budget route, or its 400 (`operation` twice, say).
-fn operation_query(
+/// The path and query of a budget route, or the problem+json 400 that
+/// refuses them (a segment that is not UTF-8, `operation` twice), where
+/// axum's own rejection would be plain text.
+fn budget_route(
     state: &AdminState,
+    path: Result<Path<(String, String)>, PathRejection>,
     query: Result<Query<OperationQuery>, QueryRejection>,
-) -> Result<OperationQuery, Response> {
-    query.map(|Query(query)| query).map_err(|_| {
-        problem(
-            state,
-            StatusCode::BAD_REQUEST,
-            "invalid-request",
-            "The query is at most one operation=METHOD%20/route.",
-        )
-    })
+) -> Result<(String, String, OperationQuery), Response> {
+    let bad = |detail: &str| problem(state, StatusCode::BAD_REQUEST, "invalid-request", detail);
+    let Path((pseudonym, policy)) =
+        path.map_err(|_| bad("The pseudonym and the policy id are percent-encoded UTF-8."))?;
+    let Query(query) =
+        query.map_err(|_| bad("The query is at most one operation=METHOD%20/route."))?;
+    Ok((pseudonym, policy, query))
 }
 
 async fn inspect(
     State(state): State<AdminState>,
-    Path((pseudonym, policy)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     query: Result<Query<OperationQuery>, QueryRejection>,
 ) -> Response {
-    let query = match operation_query(&state, query) {
-        Ok(query) => query,
+    let (pseudonym, policy, query) = match budget_route(&state, path, query) {
+        Ok(route) => route,
         Err(refusal) => return refusal,
     };
     let (port, key, held) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {
@@ -246,11 +247,11 @@ async fn inspect(
 async fn reset(
     State(state): State<AdminState>,
     ConnectInfo(caller): ConnectInfo<SocketAddr>,
-    Path((pseudonym, policy)): Path<(String, String)>,
+    path: Result<Path<(String, String)>, PathRejection>,
     query: Result<Query<OperationQuery>, QueryRejection>,
 ) -> Response {
-    let query = match operation_query(&state, query) {
-        Ok(query) => query,
+    let (pseudonym, policy, query) = match budget_route(&state, path, query) {
+        Ok(route) => route,
         Err(refusal) => return refusal,
     };
     let (port, key, _) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {

@@ -537,7 +537,8 @@ async fn an_operation_the_server_does_not_serve_is_404_and_resets_nothing() {
 }
 
 /// Every admin error is problem+json: a method the route does not serve
-/// (405, with `Allow`) and a query that names `operation` twice (400).
+/// (405, with `Allow`), a query that names `operation` twice and a path
+/// segment that is not UTF-8 (400).
 #[tokio::test]
 async fn a_wrong_method_and_a_repeated_query_are_problem_json() {
     let server = Running::start(&load(&memory_config())).await;
@@ -558,9 +559,13 @@ async fn a_wrong_method_and_a_repeated_query_are_problem_json() {
     let stranger = admin.send(Method::PUT, &budget, None, None).await;
     stranger.assert_problem(StatusCode::UNAUTHORIZED, "unauthorized");
     let twice = format!("{budget}?operation={HELLO}&operation={HELLO}");
+    // A segment that does not decode to UTF-8 is refused the same way.
+    let not_utf8 = format!("/admin/subjects/%FF/policies/{POLICY}?operation={HELLO}");
     for method in [Method::GET, Method::DELETE] {
-        let answer = admin.send(method, &twice, Some(TOKEN), None).await;
-        answer.assert_problem(StatusCode::BAD_REQUEST, "invalid-request");
+        for path in [&twice, &not_utf8] {
+            let answer = admin.send(method.clone(), path, Some(TOKEN), None).await;
+            answer.assert_problem(StatusCode::BAD_REQUEST, "invalid-request");
+        }
     }
     server.stop().await;
 }
