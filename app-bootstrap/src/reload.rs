@@ -404,6 +404,25 @@ refill-period = "1s"
     }
 
     #[test]
+    fn a_password_changed_inside_a_redis_url_needs_a_restart_and_is_never_shown() {
+        let url = |password: &str| {
+            format!("{BASE}\n[redis]\nurls = [\"redis://default:{password}@127.0.0.1:7001\"]\n")
+        };
+        let (running, loaded) = (load(&url("oldpw")), load(&url("newpw")));
+        let (changed, restart) = changes(&running, &loaded);
+        assert!(changed.is_empty(), "{changed:?}");
+        assert_eq!(restart, ["redis.urls"]);
+        let unix = |password: &str| {
+            format!("{BASE}\n[redis]\nurls = [\"unix:///run/redis.sock?pass={password}\"]\n")
+        };
+        let (running, loaded) = (load(&unix("oldpw")), load(&unix("newpw")));
+        assert_eq!(changes(&running, &loaded).1, ["redis.urls"]);
+        // The fingerprints hold no password.
+        let table = render::to_table(&loaded, Secrets::Fingerprinted);
+        assert!(!table.to_string().contains("newpw"), "{table}");
+    }
+
+    #[test]
     fn a_changed_dedupe_setting_needs_a_new_revision_and_mode_does_not() {
         let running = load(BASE);
         let dedupe = load(&format!("{BASE}evaluation-dedup = {{ enabled = false }}\n"));

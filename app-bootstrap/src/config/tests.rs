@@ -444,6 +444,16 @@ fn secrets_are_redacted_in_check_config_output_and_in_debug() {
             assert!(output.contains("REDIS_PASSWORD_VAR"), "{output}");
         }
         assert!(rendered.contains("redis://app:[REDACTED]@127.0.0.1:7001"), "{rendered}");
+        // The password the redis crate reads from a unix socket URL's query.
+        let unix = file.replace(
+            "redis://app:url-password@127.0.0.1:7001",
+            "unix:///run/redis.sock?pass=url-password",
+        );
+        let config = load_file(jail, &unix).unwrap();
+        for output in [config.to_redacted_toml().unwrap(), format!("{config:?}")] {
+            assert!(!output.contains("url-password"), "leaked into:\n{output}");
+            assert!(output.contains("unix:///run/redis.sock?pass=[REDACTED]"), "{output}");
+        }
     });
 }
 
