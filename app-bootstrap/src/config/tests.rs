@@ -177,6 +177,31 @@ fn the_environment_overrides_the_file() {
 }
 
 #[test]
+fn every_list_splits_on_commas_from_the_environment() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__DEFAULT_POLICY", "api, daily");
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__TRUSTED_PROXIES", "10.0.0.0/8,::1");
+        jail.set_env("CA_SKELETON_REDIS__URLS", "redis://10.0.0.1:7000,redis://10.0.0.2:7000");
+        jail.set_env("CA_SKELETON_REDIS__SENTINELS", "10.0.0.1:26379,10.0.0.2:26379");
+        let file = format!(
+            "{BASE}\n[capabilities.rate-limit.operations]\n\"GET /api/hello\" = \"daily,api\"\n\
+             [capabilities.rate-limit.policies.daily]\nalgorithm = \"fixed-window\"\n\
+             limit = 1000\nwindow = \"1d\"\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let rate_limit = &config.capabilities.rate_limit;
+        assert_eq!(rate_limit.default_policy, ["api", "daily"]);
+        // A file's string reads the same way as a variable's.
+        assert_eq!(rate_limit.operations["GET /api/hello"], ["daily", "api"]);
+        let proxies: Vec<String> =
+            rate_limit.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(proxies, ["10.0.0.0/8", "::1/128"]);
+        assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(config.redis.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
+    });
+}
+
+#[test]
 fn an_empty_policy_map_is_rejected() {
     jail(|jail| {
         let result = load_file(jail, "[capabilities.rate-limit.policies]\n");
