@@ -254,6 +254,48 @@ fn unknown_keys_are_each_reported_with_a_suggestion() {
 }
 
 #[test]
+fn every_duration_has_an_upper_bound_named_by_its_key() {
+    let file = |budget: &str, retry: &str, connect: &str, command: &str| {
+        format!(
+            r#"
+            [capabilities.rate-limit]
+            default-policy = "api"
+            evaluation-budget = "{budget}"
+            failure-retry-after = "{retry}"
+            [capabilities.rate-limit.policies.api]
+            algorithm = "fixed-window"
+            limit = 10
+            window = "60s"
+            [pseudonymizer.keys]
+            1 = "{KEY}"
+            [redis]
+            enabled = true
+            connect-timeout = "{connect}"
+            command-timeout = "{command}"
+            "#
+        )
+    };
+    jail(|jail| {
+        // Valid before the bounds, and every request was then 503.
+        let huge = "300000000000y";
+        let listed = problems(load_file(jail, &file(huge, huge, huge, huge)));
+        let got = "got 300000000000years";
+        assert_eq!(
+            listed,
+            [
+                ("capabilities.rate-limit.evaluation-budget", format!("must be at most 1m, {got}")),
+                ("capabilities.rate-limit.failure-retry-after", format!("must be at most 1h, {got}")),
+                ("redis.connect-timeout", format!("must be at most 1m, {got}")),
+                ("redis.command-timeout", format!("must be at most 1m, {got}")),
+            ]
+            .map(|(path, message)| (path.to_owned(), message))
+        );
+        // The bounds themselves pass.
+        load_file(jail, &file("60s", "1h", "60s", "60s")).expect("every bound is valid");
+    });
+}
+
+#[test]
 fn an_unknown_environment_key_is_reported_too() {
     jail(|jail| {
         jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDR", "redis");

@@ -4,18 +4,41 @@
 //! `RedisSettings`); here their problems get their full key paths.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use adapter_redis::{RedisField, SettingsProblem};
 use adapter_web::{EdgeSettings, MIN_KEY_BYTES, WebError};
+use humantime_serde::re::humantime::format_duration;
 use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
 use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, ProviderKind};
 
+/// The longest `evaluation-budget`: one request's deadline, far past any
+/// useful one and far inside what `Instant + Duration` holds.
+pub(crate) const MAX_EVALUATION_BUDGET: Duration = Duration::from_secs(60);
+/// The longest `failure-retry-after`: a 503's `Retry-After`.
+pub(crate) const MAX_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// The longest `redis.connect-timeout` and `redis.command-timeout`.
+pub(crate) const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
+
 pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut ConfigProblems) {
     policy_references(config, declared, problems);
     edge_settings(config, problems);
+    let rate_limit = &config.capabilities.rate_limit;
+    at_most(
+        KeyPath::rate_limit("evaluation-budget"),
+        rate_limit.evaluation_budget,
+        MAX_EVALUATION_BUDGET,
+        problems,
+    );
+    at_most(
+        KeyPath::rate_limit("failure-retry-after"),
+        rate_limit.failure_retry_after,
+        MAX_FAILURE_RETRY_AFTER,
+        problems,
+    );
     provider_switch(config, problems);
     pseudonymizer(config, problems);
     admin(config, problems);
@@ -142,6 +165,19 @@ fn edge_settings(config: &AppConfig, problems: &mut ConfigProblems) {
     }
 }
 
+/// The upper end of a duration's range. The lower ends and the policies'
+/// durations are their owners' rules (`EdgeSettings`, `RedisSettings`, the
+/// policy builder); these keys have none above, and a value near
+/// `Duration::MAX` would overflow the deadline it sets.
+fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigProblems) {
+    if value > max {
+        problems.push(
+            path,
+            format!("must be at most {}, got {}", format_duration(max), format_duration(value)),
+        );
+    }
+}
+
 fn provider_switch(config: &AppConfig, problems: &mut ConfigProblems) {
     if config.capabilities.rate_limit.provider != ProviderKind::Redis {
         return;
@@ -236,6 +272,9 @@ fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
         };
         problems.push(at, problem);
     }
+    // `wait-timeout` is below `command-timeout` whenever it is used.
+    at_most(path.child("connect-timeout"), config.redis.connect_timeout, MAX_REDIS_TIMEOUT, problems);
+    at_most(path.child("command-timeout"), config.redis.command_timeout, MAX_REDIS_TIMEOUT, problems);
 }
 
 #[cfg(test)]
