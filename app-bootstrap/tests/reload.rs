@@ -147,16 +147,19 @@ async fn the_reload_rules_hold(extra: &str) {
         ["capabilities.rate-limit.policies.reloaded.revision: limit changed but revision is \
           still 2: raise revision so the new limit starts fresh counters"]
     );
-    // A new algorithm, even with a new revision: refused.
-    let token_bucket = config(5, 3, extra).replace(
+    // A new algorithm under the same revision: refused, and what to do is
+    // to raise the revision (a restart would meet the same counters).
+    let token_bucket = config(5, 2, extra).replace(
         "algorithm = \"fixed-window\"\nlimit = 5\nwindow = \"60s\"",
         "algorithm = \"token-bucket\"\ncapacity = 5\nrefill-tokens = 1\nrefill-period = \"1s\"",
     );
     let report = served.rewrite_and_reload(&token_bucket).await;
-    assert!(problems(&report)[0].starts_with(
-        "capabilities.rate-limit.policies.reloaded.algorithm: cannot change from fixed-window \
-         to token-bucket"
-    ));
+    assert_eq!(
+        problems(&report),
+        ["capabilities.rate-limit.policies.reloaded.algorithm: cannot change from fixed-window \
+          to token-bucket under revision 2: its counters mean nothing to another algorithm; \
+          raise revision, or give the new limit a new policy id"]
+    );
     // A revision going back: refused.
     let report = served.rewrite_and_reload(&config(5, 1, extra)).await;
     assert!(problems(&report)[0].contains("went back from 2 to 1"), "{report:?}");
@@ -255,6 +258,128 @@ async fn the_reload_rules_hold_on_redis(extra: &str, redis: &RedisServer) {
     let report = served.rewrite_and_reload(&toml(6, 2)).await;
     assert_eq!(problems(&report).len(), 1, "{report:?}");
     assert_eq!(served.hello().await.0, StatusCode::TOO_MANY_REQUESTS);
+}
+
+/// `keep` as the default policy; with `demo` (a `[...policies.demo]` body)
+/// `GET /api/hello` is limited by `demo`, without it by `keep`.
+/// `rate_limit` adds lines to `[capabilities.rate-limit]`, `extra` sections.
+fn removable(demo: Option<&str>, rate_limit: &str, extra: &str) -> String {
+    let (operations, demo) = match demo {
+        Some(body) => (
+            "operations = { \"GET /api/hello\" = \"demo\" }",
+            format!("[capabilities.rate-limit.policies.demo]\n{body}"),
+        ),
+        None => ("", String::new()),
+    };
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[capabilities.rate-limit]
+default-policy = "keep"
+{rate_limit}
+{operations}
+
+[capabilities.rate-limit.policies.keep]
+algorithm = "fixed-window"
+limit = 100
+window = "60s"
+
+{demo}
+
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+{extra}
+"#
+    )
+}
+
+/// Issue 23 item 6: a policy removed by one reload and re-added by the next
+/// is judged against what it was when it was served, not let through
+/// because the table in force no longer holds it.
+async fn a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision(
+    rate_limit: &str,
+    extra: &str,
+) {
+    let fixed = |limit: u64, revision: u32| {
+        format!("algorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"60s\"\nrevision = {revision}\n")
+    };
+    let bucket = |revision: u32| {
+        format!(
+            "algorithm = \"token-bucket\"\ncapacity = 5\nrefill-tokens = 1\n\
+             refill-period = \"1h\"\nrevision = {revision}\n"
+        )
+    };
+    let with = |body: &str| removable(Some(body), rate_limit, extra);
+    let served = Served::start(&with(&fixed(3, 2))).await;
+    served.allowed_then_denied(3).await;
+
+    let report = served.rewrite_and_reload(&removable(None, rate_limit, extra)).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    assert_eq!(served.hello().await.0, StatusCode::OK, "GET /api/hello now under keep");
+
+    // Re-added with another algorithm, another limit, or a lower revision:
+    // each refused as it would have been had demo stayed in force.
+    let report = served.rewrite_and_reload(&with(&bucket(2))).await;
+    assert_eq!(
+        problems(&report),
+        ["capabilities.rate-limit.policies.demo.algorithm: cannot change from fixed-window to \
+          token-bucket under revision 2 (served before it was removed): its counters mean \
+          nothing to another algorithm; raise revision, or give the new limit a new policy id"]
+    );
+    let report = served.rewrite_and_reload(&with(&fixed(4, 2))).await;
+    assert_eq!(
+        problems(&report),
+        ["capabilities.rate-limit.policies.demo.revision: limit changed but revision is still 2 \
+          (served before it was removed): raise revision so the new limit starts fresh counters"]
+    );
+    for body in [fixed(4, 1), bucket(1)] {
+        let report = served.rewrite_and_reload(&with(&body)).await;
+        assert_eq!(
+            problems(&report),
+            ["capabilities.rate-limit.policies.demo.revision: went back from 2 to 1 (served \
+              before it was removed): revisions only grow (the store may still hold the older \
+              revision's counters)"]
+        );
+    }
+    let (status, policy) = served.hello().await;
+    assert_eq!(status, StatusCode::OK, "keep still in force");
+    assert!(policy.contains("q=100"), "{policy}");
+
+    // Re-added as it was: applied, on the counter it left (still spent).
+    let report = served.rewrite_and_reload(&with(&fixed(3, 2))).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    assert_eq!(served.hello().await.0, StatusCode::TOO_MANY_REQUESTS, "the same counter");
+
+    // Another algorithm with a higher revision: fresh keys, applied.
+    let report = served.rewrite_and_reload(&with(&bucket(3))).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    served.allowed_then_denied(5).await;
+    // And the fixed window of revision 2 can no longer come back.
+    let report = served.rewrite_and_reload(&removable(None, rate_limit, extra)).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    let report = served.rewrite_and_reload(&with(&fixed(3, 2))).await;
+    assert!(problems(&report)[0].contains("went back from 3 to 2"), "{report:?}");
+}
+
+#[tokio::test]
+async fn memory_a_removed_policy_is_judged_as_last_served() {
+    a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision("", "").await;
+}
+
+#[tokio::test]
+async fn redis_a_removed_policy_is_judged_as_last_served() {
+    let redis = RedisServer::start();
+    let extra = format!(
+        "[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"removed:\"\n",
+        redis.url()
+    );
+    a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision(
+        "provider = \"redis\"",
+        &extra,
+    )
+    .await;
 }
 
 /// Polls `check` every 20 ms for at most 10 s.
