@@ -12,7 +12,7 @@ use crate::acl::acl_rules;
 use crate::bench::{self, BenchOptions};
 use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderKind};
 use crate::error::BootstrapError;
-use crate::server::Application;
+use crate::server::{Application, Hangups};
 
 /// The edge rate limiter service skeleton.
 #[derive(Debug, Parser)]
@@ -88,7 +88,9 @@ pub fn init_logging(format: LogFormat) {
 pub async fn run(cli: Cli) -> Result<(), BootstrapError> {
     let sources = ConfigSources::new(cli.config);
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => serve(&sources).await,
+        // SIGHUP is listened for before anything is read or bound, so one
+        // sent while the server starts is never fatal.
+        Command::Serve => serve(&sources, Hangups::listen()).await,
         Command::CheckConfig => check_config(&sources),
         Command::RedisAcl => {
             let rules = acl_rules(&AppConfig::load(&sources)?);
@@ -118,10 +120,11 @@ pub async fn run(cli: Cli) -> Result<(), BootstrapError> {
     }
 }
 
-async fn serve(sources: &ConfigSources) -> Result<(), BootstrapError> {
+async fn serve(sources: &ConfigSources, hangups: Hangups) -> Result<(), BootstrapError> {
     let config = AppConfig::load(sources)?;
     let rate_limit = &config.capabilities.rate_limit;
-    let application = Application::build(&config).await?.reload_from(sources.clone());
+    let application =
+        Application::build(&config).await?.reload_from(sources.clone()).reload_on(hangups);
     tracing::info!(
         address = %application.local_addr(),
         provider = rate_limit.provider.name(),

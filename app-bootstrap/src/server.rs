@@ -44,7 +44,41 @@ pub struct Application {
     /// operations served, and what a reload replaces.
     reload: (AppConfig, std::collections::BTreeSet<String>, Option<ReloadTarget>),
     reloader: Option<Reloader>,
+    /// SIGHUP, listened for since before the build ([`Hangups::listen`]).
+    hangups: Option<Hangups>,
     admin: Option<AdminListener>,
+}
+
+/// SIGHUP, listened for from the moment this is made. `serve` makes it
+/// before it reads the configuration, so a reload signal that arrives while
+/// the server starts never takes SIGHUP's default action (ending the
+/// process): it is kept, several as one, and applied as one reload once
+/// the server serves.
+#[derive(Debug)]
+pub struct Hangups {
+    #[cfg(unix)]
+    signal: Option<tokio::signal::unix::Signal>,
+}
+
+impl Hangups {
+    /// Starts listening for SIGHUP; call it inside the runtime.
+    pub fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let signal = signal(SignalKind::hangup())
+                .inspect_err(|error| {
+                    tracing::warn!(
+                        %error,
+                        "cannot listen for SIGHUP; reload through the admin listener instead"
+                    );
+                })
+                .ok();
+            Self { signal }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
 }
 
 /// The bound admin listener and its router (`admin.listen`).
@@ -111,7 +145,17 @@ impl Application {
         let reload = (config.clone(), served, target);
         let router = router(api, capability, layer, metrics.clone());
         let (listener, address) = bind(config.server.listen).await?;
-        Ok(Self { listener, router, address, metrics, upkeep, reload, reloader: None, admin })
+        Ok(Self {
+            listener,
+            router,
+            address,
+            metrics,
+            upkeep,
+            reload,
+            reloader: None,
+            hangups: None,
+            admin,
+        })
     }
 
     /// The bound admin address, when `admin.listen` is set.
@@ -125,6 +169,15 @@ impl Application {
     pub fn reload_from(mut self, sources: ConfigSources) -> Self {
         let (running, served, target) = self.reload.clone();
         self.reloader = Some(Reloader::new(sources, running, served, target));
+        self
+    }
+
+    /// Reloads on the SIGHUPs `hangups` has listened for (those that came
+    /// during the build included) rather than on those from when the
+    /// server runs; with [`Self::reload_from`].
+    #[must_use]
+    pub fn reload_on(mut self, hangups: Hangups) -> Self {
+        self.hangups = Some(hangups);
         self
     }
 
@@ -171,7 +224,10 @@ impl Application {
             })
         });
         let reloader = self.reloader;
-        let hangup = reloader.clone().map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
+        let hangups = self.hangups;
+        let hangup = reloader
+            .clone()
+            .map(|reloader| tokio::spawn(reload_on_hangup(reloader, hangups)));
         // The admin listener stops with the public one: on the shutdown
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
@@ -273,22 +329,20 @@ pub fn metrics_handle() -> Result<PrometheusHandle, BootstrapError> {
     Ok(handle)
 }
 
-/// Reloads on every SIGHUP, one at a time, for as long as the server runs.
-async fn reload_on_hangup(reloader: Reloader) {
+/// Reloads on every SIGHUP, one at a time, for as long as the server runs;
+/// listens from now unless `hangups` has listened since earlier.
+async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
+    let hangups = hangups.unwrap_or_else(Hangups::listen);
     #[cfg(unix)]
     {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
-            tracing::warn!("cannot listen for SIGHUP; reload through the admin listener instead");
-            return;
-        };
-        while hangups.recv().await.is_some() {
+        let Some(mut signal) = hangups.signal else { return };
+        while signal.recv().await.is_some() {
             tracing::info!("SIGHUP received; reloading the configuration");
             reloader.reload().await;
         }
     }
     #[cfg(not(unix))]
-    drop(reloader);
+    drop((reloader, hangups));
 }
 
 /// Completes on ctrl-c or SIGTERM.

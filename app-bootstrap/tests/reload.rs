@@ -433,3 +433,100 @@ async fn the_binary_reloads_on_sighup_and_keeps_its_table_on_a_bad_file() {
     serve.assert_alive();
     assert!(hello().await.1.contains("q=7"), "the reloaded table stays in force");
 }
+
+/// Threads of process `pid` (Linux `/proc`); 0 once it is gone.
+fn threads(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| line.strip_prefix("Threads:")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// Whether process `pid` has a SIGHUP handler (bit 0 of `SigCgt`).
+fn catches_sighup(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            let mask = status.lines().find_map(|line| line.strip_prefix("SigCgt:"))?;
+            u64::from_str_radix(mask.trim(), 16).ok()
+        })
+        .is_some_and(|mask| mask & 1 == 1)
+}
+
+/// The status line of `GET /api/hello` over a plain socket.
+fn hello_status(address: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connects");
+    stream.write_all(b"GET /api/hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Issue 23 item 12: SIGHUPs from the moment the runtime runs (more than one
+/// thread) until the port serves, in ten start-ups: the process survives
+/// every one, serves, and applies what came during start-up as a reload.
+#[test]
+fn a_sighup_while_the_server_starts_is_never_fatal() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    write(&path, &config(3, 1, ""));
+    for run in 0..10 {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
+            .env_clear()
+            .env("RUST_LOG", "app_bootstrap=info")
+            .args(["--log-format", "json", "--config"])
+            .arg(&path)
+            .arg("serve")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let (lines, logged) = std::sync::mpsc::channel::<String>();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let until = Instant::now() + Duration::from_secs(10);
+        // Before the runtime there is nothing to catch a signal with: wait
+        // for its threads, then for the handler (SigCgt) at most 1 ms, far
+        // less than reading the configuration and binding take.
+        while threads(child.id()) < 2 {
+            assert!(Instant::now() < until, "run {run}: the runtime never started");
+            assert!(child.try_wait().unwrap().is_none(), "run {run}: exited before its runtime");
+        }
+        let runtime = Instant::now();
+        while !catches_sighup(child.id()) && runtime.elapsed() < Duration::from_millis(1) {}
+        let mut seen = Vec::new();
+        let address = loop {
+            hang_up(&child);
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("run {run}: a SIGHUP during start-up ended the process: {status}");
+            }
+            let listening = logged.try_iter().find_map(|line| {
+                let event: serde_json::Value = serde_json::from_str(&line).ok()?;
+                seen.push(line);
+                (event["fields"]["message"] == "ca-skeleton listening")
+                    .then(|| event["fields"]["address"].as_str().unwrap().to_owned())
+            });
+            if let Some(address) = listening {
+                break address;
+            }
+            assert!(Instant::now() < until, "run {run}: never listened");
+        };
+        assert_eq!(hello_status(&address), "HTTP/1.1 200 OK", "run {run}");
+        // What came during start-up is applied once it serves.
+        while !seen.iter().any(|line| line.contains("SIGHUP received")) {
+            assert!(Instant::now() < until, "run {run}: no reload for the queued SIGHUP");
+            seen.extend(logged.recv_timeout(Duration::from_secs(1)).ok());
+        }
+        assert!(child.try_wait().unwrap().is_none(), "run {run}: exited");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
