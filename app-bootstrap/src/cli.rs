@@ -93,7 +93,7 @@ pub async fn run(cli: Cli) -> Result<(), BootstrapError> {
         Command::Serve => serve(&sources, Hangups::listen()).await,
         Command::CheckConfig => check_config(&sources),
         Command::RedisAcl => {
-            let rules = acl_rules(&AppConfig::load(&sources)?);
+            let rules = acl_rules(&AppConfig::load_redis(&sources)?);
             for note in rules.notes {
                 eprintln!("{note}");
             }

@@ -184,6 +184,46 @@ fn redis_acl_prints_the_rule() {
     assert!(stdout.contains("~ca:rl:*"), "{stdout}");
 }
 
+/// `redis-acl` reads `[redis]` alone: the pseudonymizer key and the admin
+/// token may name variables the machine printing the rule does not have.
+#[test]
+fn redis_acl_needs_only_the_redis_section_and_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "acl.toml",
+        r#"
+[capabilities.rate-limit]
+provider = "redis"
+[pseudonymizer.keys]
+1 = { env = "RATE_LIMIT_PSEUDONYMIZER_KEY" }
+[admin]
+listen = "127.0.0.1:9091"
+token = { env = "RATE_LIMIT_ADMIN_TOKEN" }
+[redis]
+enabled = true
+username = "edge"
+password = { env = "REDIS_PASSWORD" }
+key-prefix = "acl:"
+"#,
+    );
+    let (output, stdout, stderr) = run(ca_skeleton()
+        .env("REDIS_PASSWORD", "hunter2")
+        .arg("--config")
+        .arg(&file)
+        .arg("redis-acl"));
+    assert!(output.status.success(), "{stderr}");
+    // sha256("hunter2")
+    let hash = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
+    assert!(stdout.starts_with(&format!("ACL SETUSER edge reset on #{hash} ~acl:* ")), "{stdout}");
+    // A broken [redis] is still refused, naming the key.
+    let bad = write(dir.path(), "bad.toml", "[redis]
+key-prefix = \"a{b}\"\n");
+    let (output, _, stderr) = run(ca_skeleton().arg("--config").arg(&bad).arg("redis-acl"));
+    assert!(!output.status.success());
+    assert!(stderr.contains("redis.key-prefix"), "{stderr}");
+}
+
 /// With no file and no variables, `ca-skeleton` (no subcommand) serves the
 /// memory demo with a generated key (and says so), never logs a subject,
 /// and SIGTERM stops it cleanly.

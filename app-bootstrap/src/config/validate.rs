@@ -249,7 +249,7 @@ fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
     }
 }
 
-fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
+pub(crate) fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
     let path = KeyPath::root().child("redis");
     let failure_retry_after = config.capabilities.rate_limit.failure_retry_after;
     for SettingsProblem { field, problem } in config.redis.settings(failure_retry_after).problems()
