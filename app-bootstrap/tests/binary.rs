@@ -111,6 +111,74 @@ fn check_config_prints_the_resolved_configuration_without_secrets() {
     }
 }
 
+/// `check-config` of `path` with the variables the examples name set.
+fn check_example(path: &Path) -> (Output, String, String) {
+    run(ca_skeleton()
+        .env("RATE_LIMIT_PSEUDONYMIZER_KEY", KEY)
+        .env("RATE_LIMIT_ADMIN_TOKEN", "example-admin-token-0123456789abcdef")
+        .env("REDIS_PASSWORD", "example-password")
+        .env("REDIS_SENTINEL_PASSWORD", "example-password")
+        .arg("check-config")
+        .arg("--config")
+        .arg(path))
+}
+
+/// Every ```` ```toml ```` block of the README and of docs/*.md, as
+/// (`file:line`, block). A block fenced otherwise (```` ```toml Cargo.toml
+/// ````, a manifest) is not a configuration and is left out.
+fn toml_snippets() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut snippets = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let mut open: Option<(usize, String)> = None;
+        for (index, line) in text.lines().enumerate() {
+            match (&mut open, line.trim_end()) {
+                (None, "```toml") => open = Some((index + 1, String::new())),
+                (Some((start, _)), "```") => {
+                    let start = *start;
+                    let (_, block) = open.take().unwrap();
+                    snippets.push((format!("{name}:{start}"), block));
+                }
+                (Some((_, block)), _) => {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+                (None, _) => {}
+            }
+        }
+        assert!(open.is_none(), "{name}: a ```toml block is never closed");
+    }
+    snippets
+}
+
+/// Every configuration snippet of the docs loads as written, by itself,
+/// with the routes `serve` serves (issue 23 item 17).
+#[test]
+fn every_toml_snippet_of_the_docs_passes_check_config() {
+    let snippets = toml_snippets();
+    assert!(snippets.iter().any(|(at, _)| at.starts_with("README.md")), "{snippets:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut failed = Vec::new();
+    for (at, snippet) in &snippets {
+        let path = write(dir.path(), "snippet.toml", snippet);
+        let (output, _, stderr) = check_example(&path);
+        if !output.status.success() {
+            failed.push(format!("{at} does not load by itself:\n{snippet}{stderr}"));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 #[test]
 fn the_example_files_pass_check_config() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
@@ -123,13 +191,7 @@ fn the_example_files_pass_check_config() {
     names.sort();
     assert!(names.len() >= 5 && names.contains(&"bench.toml".to_owned()), "{names:?}");
     for name in &names {
-        let (output, stdout, stderr) = run(ca_skeleton()
-            .env("RATE_LIMIT_PSEUDONYMIZER_KEY", KEY)
-            .env("REDIS_PASSWORD", "example-password")
-            .env("REDIS_SENTINEL_PASSWORD", "example-password")
-            .arg("check-config")
-            .arg("--config")
-            .arg(examples.join(name)));
+        let (output, stdout, stderr) = check_example(&examples.join(name));
         assert!(output.status.success(), "{name}:\n{stderr}");
         assert!(!stdout.contains(KEY) && !stdout.contains("example-password"), "{name}:\n{stdout}");
     }
