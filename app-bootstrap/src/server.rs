@@ -225,9 +225,8 @@ impl Application {
         });
         let reloader = self.reloader;
         let hangups = self.hangups;
-        let hangup = reloader
-            .clone()
-            .map(|reloader| tokio::spawn(reload_on_hangup(reloader, hangups)));
+        let hangup =
+            reloader.clone().map(|reloader| tokio::spawn(reload_on_hangup(reloader, hangups)));
         // The admin listener stops with the public one: on the shutdown
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());

@@ -279,8 +279,12 @@ key-prefix = "acl:"
     let hash = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
     assert!(stdout.starts_with(&format!("ACL SETUSER edge reset on #{hash} ~acl:* ")), "{stdout}");
     // A broken [redis] is still refused, naming the key.
-    let bad = write(dir.path(), "bad.toml", "[redis]
-key-prefix = \"a{b}\"\n");
+    let bad = write(
+        dir.path(),
+        "bad.toml",
+        "[redis]
+key-prefix = \"a{b}\"\n",
+    );
     let (output, _, stderr) = run(ca_skeleton().arg("--config").arg(&bad).arg("redis-acl"));
     assert!(!output.status.success());
     assert!(stderr.contains("redis.key-prefix"), "{stderr}");

@@ -118,7 +118,9 @@ fn sum(metrics: &str, policies: &[&str], matchers: &BTreeMap<String, String>) ->
                 .map(|(name, value)| (name, value.trim_matches('"')))
                 .collect();
             let selected = policies.contains(labels.get("policy")?)
-                && matchers.iter().all(|(name, value)| labels.get(name.as_str()) == Some(&value.as_str()));
+                && matchers
+                    .iter()
+                    .all(|(name, value)| labels.get(name.as_str()) == Some(&value.as_str()));
             selected.then(|| value.trim().parse::<u64>().ok()).flatten()
         })
         .sum()

@@ -303,7 +303,9 @@ async fn a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision(
     extra: &str,
 ) {
     let fixed = |limit: u64, revision: u32| {
-        format!("algorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"60s\"\nrevision = {revision}\n")
+        format!(
+            "algorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"60s\"\nrevision = {revision}\n"
+        )
     };
     let bucket = |revision: u32| {
         format!(

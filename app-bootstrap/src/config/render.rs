@@ -276,9 +276,15 @@ mod tests {
                 "redis+unix:///run/redis.sock?db=2&user=app&pass=[REDACTED]&protocol=resp3",
             ),
             ("valkey+unix:///s.sock?p%61ss=s3cretPW", "valkey+unix:///s.sock?p%61ss=[REDACTED]"),
-            ("rediss://app:s3cretPW@host:6380/0#insecure", "rediss://app:[REDACTED]@host:6380/0#insecure"),
+            (
+                "rediss://app:s3cretPW@host:6380/0#insecure",
+                "rediss://app:[REDACTED]@host:6380/0#insecure",
+            ),
             ("valkeys://:s3cretPW@host", "valkeys://:[REDACTED]@host"),
-            ("redis://app:s3cretPW@host/0?pass=s3cretPW", "redis://app:[REDACTED]@host/0?pass=[REDACTED]"),
+            (
+                "redis://app:s3cretPW@host/0?pass=s3cretPW",
+                "redis://app:[REDACTED]@host/0?pass=[REDACTED]",
+            ),
             ("redis://app:s3c/retPW@host", "redis://app:[REDACTED]@host"),
             ("unix:///run/redis.sock?db=1", "unix:///run/redis.sock?db=1"),
         ] {

@@ -284,7 +284,10 @@ fn every_duration_has_an_upper_bound_named_by_its_key() {
             listed,
             [
                 ("capabilities.rate-limit.evaluation-budget", format!("must be at most 1m, {got}")),
-                ("capabilities.rate-limit.failure-retry-after", format!("must be at most 1h, {got}")),
+                (
+                    "capabilities.rate-limit.failure-retry-after",
+                    format!("must be at most 1h, {got}")
+                ),
                 ("redis.connect-timeout", format!("must be at most 1m, {got}")),
                 ("redis.command-timeout", format!("must be at most 1m, {got}")),
             ]

@@ -273,8 +273,18 @@ pub(crate) fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
         problems.push(at, problem);
     }
     // `wait-timeout` is below `command-timeout` whenever it is used.
-    at_most(path.child("connect-timeout"), config.redis.connect_timeout, MAX_REDIS_TIMEOUT, problems);
-    at_most(path.child("command-timeout"), config.redis.command_timeout, MAX_REDIS_TIMEOUT, problems);
+    at_most(
+        path.child("connect-timeout"),
+        config.redis.connect_timeout,
+        MAX_REDIS_TIMEOUT,
+        problems,
+    );
+    at_most(
+        path.child("command-timeout"),
+        config.redis.command_timeout,
+        MAX_REDIS_TIMEOUT,
+        problems,
+    );
 }
 
 #[cfg(test)]
