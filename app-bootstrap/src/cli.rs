@@ -61,12 +61,24 @@ pub struct BenchArgs {
     /// Distinct subjects the callers spread over.
     #[arg(long, default_value_t = 1_000)]
     pub subjects: usize,
-    /// How long to run, like "10s" or "1m".
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// How long to run, like "10s" or "1m" (at most a day).
+    #[arg(long, default_value = "10s", value_parser = bench_duration)]
     pub duration: Duration,
     /// Policy to evaluate (default: capabilities.rate-limit.default-policy).
     #[arg(long)]
     pub policy: Option<String>,
+}
+
+/// The longest `bench --duration`; a longer one would overflow the run's
+/// end instant long before it made sense.
+const MAX_BENCH_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+fn bench_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|error| error.to_string())?;
+    if duration > MAX_BENCH_DURATION {
+        return Err(format!("at most {}", humantime::format_duration(MAX_BENCH_DURATION)));
+    }
+    Ok(duration)
 }
 
 /// Installs the global `tracing` subscriber, writing to stderr so stdout

@@ -239,6 +239,14 @@ fn bench_refuses_an_unknown_policy() {
 }
 
 #[test]
+fn bench_refuses_a_duration_past_a_day_instead_of_panicking() {
+    let (output, _, stderr) = run(ca_skeleton().args(["bench", "--duration", "300000000000y"]));
+    assert_eq!(output.status.code(), Some(2), "a usage error: {stderr}");
+    assert!(stderr.contains("--duration") && stderr.contains("at most 1day"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
 fn redis_acl_prints_the_rule() {
     let (output, stdout, _) = run(ca_skeleton().arg("redis-acl"));
     assert!(output.status.success());
