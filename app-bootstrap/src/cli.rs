@@ -96,13 +96,20 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
-/// Runs the chosen command.
-pub async fn run(cli: Cli) -> Result<(), BootstrapError> {
+impl Cli {
+    /// Whether the command is `serve` (also when none is given).
+    pub fn serves(&self) -> bool {
+        matches!(self.command, None | Some(Command::Serve))
+    }
+}
+
+/// Runs the chosen command; `serve` reloads on the SIGHUPs `hangups` has
+/// caught since before the runtime started (the binary's `main` catches
+/// them first thing; without them it catches from now).
+pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapError> {
     let sources = ConfigSources::new(cli.config);
     match cli.command.unwrap_or(Command::Serve) {
-        // SIGHUP is listened for before anything is read or bound, so one
-        // sent while the server starts is never fatal.
-        Command::Serve => serve(&sources, Hangups::listen()).await,
+        Command::Serve => serve(&sources, hangups.unwrap_or_else(Hangups::catch)).await,
         Command::CheckConfig => check_config(&sources),
         Command::RedisAcl => {
             let rules = acl_rules(&AppConfig::load_redis(&sources)?);

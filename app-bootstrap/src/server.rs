@@ -49,32 +49,30 @@ pub struct Application {
     admin: Option<AdminListener>,
 }
 
-/// SIGHUP, listened for from the moment this is made. `serve` makes it
-/// before it reads the configuration, so a reload signal that arrives while
-/// the server starts never takes SIGHUP's default action (ending the
-/// process): it is kept, several as one, and applied as one reload once
-/// the server serves.
+/// SIGHUP, caught from the moment this is made. `ca-skeleton serve` makes
+/// it first thing, before the runtime starts, the configuration is read
+/// or a port is bound, so a reload signal sent while the server starts
+/// never takes SIGHUP's default action (ending the process): it is kept,
+/// several as one, and applied as a reload once the server serves.
 #[derive(Debug)]
 pub struct Hangups {
+    /// Set by every SIGHUP; what came before the reload loop listens.
     #[cfg(unix)]
-    signal: Option<tokio::signal::unix::Signal>,
+    caught: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Hangups {
-    /// Starts listening for SIGHUP; call it inside the runtime.
-    pub fn listen() -> Self {
+    /// Catches SIGHUP from now on; needs no runtime.
+    pub fn catch() -> Self {
         #[cfg(unix)]
         {
-            use tokio::signal::unix::{SignalKind, signal};
-            let signal = signal(SignalKind::hangup())
-                .inspect_err(|error| {
-                    tracing::warn!(
-                        %error,
-                        "cannot listen for SIGHUP; reload through the admin listener instead"
-                    );
-                })
-                .ok();
-            Self { signal }
+            let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let registered =
+                signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&caught));
+            if let Err(error) = &registered {
+                tracing::warn!(%error, "cannot catch SIGHUP; reload through the admin listener");
+            }
+            Self { caught: registered.ok().map(|_| caught) }
         }
         #[cfg(not(unix))]
         Self {}
@@ -172,9 +170,9 @@ impl Application {
         self
     }
 
-    /// Reloads on the SIGHUPs `hangups` has listened for (those that came
-    /// during the build included) rather than on those from when the
-    /// server runs; with [`Self::reload_from`].
+    /// Reloads on the SIGHUPs `hangups` has caught (those that came during
+    /// the build included) as well as on those once it runs; with
+    /// [`Self::reload_from`].
     #[must_use]
     pub fn reload_on(mut self, hangups: Hangups) -> Self {
         self.hangups = Some(hangups);
@@ -328,13 +326,22 @@ pub fn metrics_handle() -> Result<PrometheusHandle, BootstrapError> {
     Ok(handle)
 }
 
-/// Reloads on every SIGHUP, one at a time, for as long as the server runs;
-/// listens from now unless `hangups` has listened since earlier.
+/// Reloads on every SIGHUP, one at a time, for as long as the server runs,
+/// and once for those `hangups` caught before it ran.
 async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
-    let hangups = hangups.unwrap_or_else(Hangups::listen);
     #[cfg(unix)]
     {
-        let Some(mut signal) = hangups.signal else { return };
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut signal) = signal(SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP; reload through the admin listener instead");
+            return;
+        };
+        // Checked once the stream listens, so none falls between the two.
+        let caught = hangups.and_then(|hangups| hangups.caught);
+        if caught.is_some_and(|caught| caught.swap(false, std::sync::atomic::Ordering::SeqCst)) {
+            tracing::info!("SIGHUP received during start-up; reloading the configuration");
+            reloader.reload().await;
+        }
         while signal.recv().await.is_some() {
             tracing::info!("SIGHUP received; reloading the configuration");
             reloader.reload().await;
