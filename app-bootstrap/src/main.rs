@@ -1,5 +1,5 @@
 //! `ca-skeleton`: the binary. It only parses the command line, installs
-//! logging and hands over to the library; any error is printed (with every
+//! logging, catches SIGHUP for `serve` and hands over to the library; any error is printed (with every
 //! configuration problem) and the exit code is non-zero.
 
 use std::process::ExitCode;
