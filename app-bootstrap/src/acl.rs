@@ -2,11 +2,11 @@
 //! Redis user that may run the rate-limit scripts on the rate-limit keys and
 //! nothing else.
 
-use adapter_redis::Topology;
 use adapter_redis::acl::{sentinel_user_rules, user_rules_for};
+use adapter_redis::{RedisSettings, Topology};
 use sha2::{Digest, Sha256};
 
-use crate::config::AppConfig;
+use crate::config::RedisConfig;
 
 /// User name when `redis.username` is not set.
 pub const DEFAULT_ACL_USER: &str = "ca-rate-limit";
@@ -29,16 +29,17 @@ pub struct AclRules {
 /// second rule, for `redis.sentinel-username` (or
 /// [`DEFAULT_SENTINEL_ACL_USER`]) on the sentinels. A configured password
 /// is given as its SHA-256 (`#<hex>`), so the output never holds the
-/// password itself.
-pub fn acl_rules(config: &AppConfig) -> AclRules {
-    let redis = &config.redis;
+/// password itself. Only `[redis]` is read
+/// ([`crate::AppConfig::load_redis`]).
+pub fn acl_rules(redis: &RedisConfig) -> AclRules {
     let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
     let mut notes = vec![format!(
         "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET (counters without dedupe) and HMGET/HSET/HDEL/DEL/PEXPIRE (counters with dedupe records) on keys {}* only; no EVAL",
         redis.key_prefix
     )];
     let password = login(redis.password.as_ref(), "redis.password", "<password>", &mut notes);
-    let settings = redis.settings(config.capabilities.rate_limit.failure_retry_after);
+    // The failure retry-after plays no part in the commands.
+    let settings = redis.settings(RedisSettings::default().failure_retry_after);
     if settings.wait_replicas > 0 {
         notes.push(format!(
             "# wait-replicas = {}: +wait, so each charge waits for its replicas",
@@ -104,15 +105,15 @@ mod tests {
     use secrecy::SecretString;
 
     use super::*;
-    use crate::config::{ConfigSources, SecretSource, SecretValue};
+    use crate::config::{AppConfig, ConfigSources, SecretSource, SecretValue};
 
     #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
-    fn config() -> AppConfig {
+    fn config() -> RedisConfig {
         // Defaults only: no file, and no variable of the test machine.
         let mut config = None;
         figment::Jail::expect_with(|jail| {
             jail.clear_env();
-            config = Some(AppConfig::load(&ConfigSources::new(None)).expect("defaults load"));
+            config = Some(AppConfig::load_redis(&ConfigSources::new(None)).expect("defaults load"));
             Ok(())
         });
         config.expect("loaded")
@@ -132,11 +133,11 @@ mod tests {
     #[test]
     fn a_configured_password_appears_only_as_its_sha256() {
         let mut config = config();
-        config.redis.username = Some("edge".into());
-        config.redis.password =
+        config.username = Some("edge".into());
+        config.password =
             Some(SecretValue::new(SecretSource::Inline, SecretString::from("hunter2")));
-        config.redis.key_prefix = "app*[x]:".into();
-        config.redis.topology = Topology::Cluster;
+        config.key_prefix = "app*[x]:".into();
+        config.topology = Topology::Cluster;
         let rules = acl_rules(&config);
         let rule = &rules.commands[0];
         // sha256("hunter2")
@@ -157,10 +158,10 @@ mod tests {
     #[test]
     fn sentinel_prints_the_data_rule_with_role_and_wait_and_the_sentinel_rule() {
         let mut config = config();
-        config.redis.topology = Topology::Sentinel;
-        config.redis.wait_replicas = 1;
-        config.redis.sentinel_username = Some("watcher".into());
-        config.redis.sentinel_password =
+        config.topology = Topology::Sentinel;
+        config.wait_replicas = 1;
+        config.sentinel_username = Some("watcher".into());
+        config.sentinel_password =
             Some(SecretValue::new(SecretSource::Inline, SecretString::from("hunter2")));
         let rules = acl_rules(&config);
         // sha256("hunter2")
@@ -179,8 +180,8 @@ mod tests {
             ]
         );
         assert!(rules.notes.iter().any(|note| note.contains("every sentinel")));
-        config.redis.sentinel_password = None;
-        config.redis.sentinel_username = None;
+        config.sentinel_password = None;
+        config.sentinel_username = None;
         let rules = acl_rules(&config);
         assert!(
             rules.commands[1].starts_with(

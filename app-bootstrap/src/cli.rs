@@ -12,7 +12,7 @@ use crate::acl::acl_rules;
 use crate::bench::{self, BenchOptions};
 use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderKind};
 use crate::error::BootstrapError;
-use crate::server::Application;
+use crate::server::{Application, Hangups};
 
 /// The edge rate limiter service skeleton.
 #[derive(Debug, Parser)]
@@ -61,12 +61,24 @@ pub struct BenchArgs {
     /// Distinct subjects the callers spread over.
     #[arg(long, default_value_t = 1_000)]
     pub subjects: usize,
-    /// How long to run, like "10s" or "1m".
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    /// How long to run, like "10s" or "1m" (at most a day).
+    #[arg(long, default_value = "10s", value_parser = bench_duration)]
     pub duration: Duration,
     /// Policy to evaluate (default: capabilities.rate-limit.default-policy).
     #[arg(long)]
     pub policy: Option<String>,
+}
+
+/// The longest `bench --duration`; a longer one would overflow the run's
+/// end instant long before it made sense.
+const MAX_BENCH_DURATION: Duration = Duration::from_secs(24 * 3600);
+
+fn bench_duration(text: &str) -> Result<Duration, String> {
+    let duration = humantime::parse_duration(text).map_err(|error| error.to_string())?;
+    if duration > MAX_BENCH_DURATION {
+        return Err(format!("at most {}", humantime::format_duration(MAX_BENCH_DURATION)));
+    }
+    Ok(duration)
 }
 
 /// Installs the global `tracing` subscriber, writing to stderr so stdout
@@ -84,14 +96,23 @@ pub fn init_logging(format: LogFormat) {
     }
 }
 
-/// Runs the chosen command.
-pub async fn run(cli: Cli) -> Result<(), BootstrapError> {
+impl Cli {
+    /// Whether the command is `serve` (also when none is given).
+    pub fn serves(&self) -> bool {
+        matches!(self.command, None | Some(Command::Serve))
+    }
+}
+
+/// Runs the chosen command; `serve` reloads on the SIGHUPs `hangups` has
+/// caught since before the runtime started (the binary's `main` catches
+/// them first thing; without them it catches from now).
+pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapError> {
     let sources = ConfigSources::new(cli.config);
     match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => serve(&sources).await,
+        Command::Serve => serve(&sources, hangups.unwrap_or_else(Hangups::catch)).await,
         Command::CheckConfig => check_config(&sources),
         Command::RedisAcl => {
-            let rules = acl_rules(&AppConfig::load(&sources)?);
+            let rules = acl_rules(&AppConfig::load_redis(&sources)?);
             for note in rules.notes {
                 eprintln!("{note}");
             }
@@ -118,10 +139,11 @@ pub async fn run(cli: Cli) -> Result<(), BootstrapError> {
     }
 }
 
-async fn serve(sources: &ConfigSources) -> Result<(), BootstrapError> {
+async fn serve(sources: &ConfigSources, hangups: Hangups) -> Result<(), BootstrapError> {
     let config = AppConfig::load(sources)?;
     let rate_limit = &config.capabilities.rate_limit;
-    let application = Application::build(&config).await?.reload_from(sources.clone());
+    let application =
+        Application::build(&config).await?.reload_from(sources.clone()).reload_on(hangups);
     tracing::info!(
         address = %application.local_addr(),
         provider = rate_limit.provider.name(),

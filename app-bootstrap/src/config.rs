@@ -244,6 +244,23 @@ impl AppConfig {
         if problems.is_empty() { Ok(config) } else { Err(BootstrapError::InvalidConfig(problems)) }
     }
 
+    /// The `[redis]` table alone, read and checked by its own rules: what
+    /// `redis-acl` needs. The rest of the configuration is not read, so a
+    /// pseudonymizer key or admin token given as `{ env = "VAR" }` need
+    /// not be set on the machine that prints the rule.
+    pub fn load_redis(sources: &ConfigSources) -> Result<RedisConfig, BootstrapError> {
+        let mut tree = sources.merged_tree()?;
+        tree.retain(|key, _| key == "redis");
+        let mut problems = ConfigProblems::default();
+        let (config, _) = read::read_config(&tree, &mut problems);
+        validate::redis(&config, &mut problems);
+        if problems.is_empty() {
+            Ok(config.redis)
+        } else {
+            Err(BootstrapError::InvalidConfig(problems))
+        }
+    }
+
     /// Checks that every key of `capabilities.rate-limit.operations` names
     /// an operation of `served` (as `"<METHOD> <route template>"`), listing
     /// each one that does not.

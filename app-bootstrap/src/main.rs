@@ -1,5 +1,5 @@
 //! `ca-skeleton`: the binary. It only parses the command line, installs
-//! logging and hands over to the library; any error is printed (with every
+//! logging, catches SIGHUP for `serve` and hands over to the library; any error is printed (with every
 //! configuration problem) and the exit code is non-zero.
 
 use std::process::ExitCode;
@@ -8,11 +8,15 @@ use anyhow::Context;
 use clap::Parser;
 
 use app_bootstrap::cli::{Cli, init_logging, run};
+use app_bootstrap::server::Hangups;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    match start(cli) {
+    // Before the runtime, the configuration and the port: from here on a
+    // SIGHUP only asks `serve` to reload, whenever it comes.
+    let hangups = cli.serves().then(Hangups::catch);
+    match start(cli, hangups) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             // `{:#}` keeps the chain on one report without a backtrace.
@@ -22,11 +26,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(cli: Cli) -> anyhow::Result<()> {
+fn start(cli: Cli, hangups: Option<Hangups>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(run(cli))?;
+    runtime.block_on(run(cli, hangups))?;
     Ok(())
 }

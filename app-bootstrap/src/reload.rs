@@ -96,9 +96,22 @@ struct Inner {
     sources: ConfigSources,
     served: BTreeSet<String>,
     target: Option<ReloadTarget>,
+    running: Mutex<Running>,
+}
+
+#[derive(Debug)]
+struct Running {
     /// The configuration in force: the restart-only keys as the server
     /// started, the reloadable ones as last applied.
-    running: Mutex<AppConfig>,
+    config: AppConfig,
+    /// Every policy id this process has served, as last served, those
+    /// removed since included: the store may still hold a removed policy's
+    /// counters, so re-adding it is judged as if it had stayed. One entry
+    /// per id: the revision rules keep an id's revisions growing, so an
+    /// older (id, revision) can never come back, and the history grows
+    /// only with ids never loaded before (bounded by the ids ever written
+    /// in the file, a few hundred bytes each).
+    history: BTreeMap<String, RateLimitPolicy>,
 }
 
 impl Reloader {
@@ -108,7 +121,9 @@ impl Reloader {
         served: BTreeSet<String>,
         target: Option<ReloadTarget>,
     ) -> Self {
-        Self { inner: Arc::new(Inner { sources, served, target, running: Mutex::new(running) }) }
+        let history = running.capabilities.rate_limit.policies.clone();
+        let running = Mutex::new(Running { config: running, history });
+        Self { inner: Arc::new(Inner { sources, served, target, running }) }
     }
 
     /// Reads the configuration again and applies it, or refuses it with
@@ -140,7 +155,8 @@ impl Reloader {
         report
     }
 
-    fn apply(&self, running: &mut AppConfig) -> Result<ReloadReport, Vec<String>> {
+    fn apply(&self, state: &mut Running) -> Result<ReloadReport, Vec<String>> {
+        let running = &state.config;
         let loaded = AppConfig::load(&self.inner.sources).map_err(problem_lines)?;
         loaded.check_operations(&self.inner.served).map_err(problem_lines)?;
         let (changed, restart_required) = changes(running, &loaded);
@@ -155,6 +171,7 @@ impl Reloader {
         }
         let mut refused = ConfigProblems::default();
         revision_rules(
+            &state.history,
             &running.capabilities.rate_limit.policies,
             &loaded.capabilities.rate_limit.policies,
             &mut refused,
@@ -170,7 +187,9 @@ impl Reloader {
         let pseudonymizer = Arc::clone(current.pseudonymizer());
         let bridge = TransportBridge::new(port, pseudonymizer, clock, settings);
         target.switch.replace(Arc::new(bridge));
-        *running = next;
+        let policies = &next.capabilities.rate_limit.policies;
+        state.history.extend(policies.iter().map(|(id, policy)| (id.clone(), policy.clone())));
+        state.config = next;
         Ok(ReloadReport::Applied { changed, restart_required })
     }
 }
@@ -258,55 +277,66 @@ fn flatten(table: &Table) -> BTreeMap<Vec<String>, Value> {
     out
 }
 
-/// A policy that keeps its id may change its limit only with a higher
-/// `revision` (the new revision's keys start fresh; the old counters mean
-/// a different limit) and never its algorithm (say the new one under a new
-/// id). `mode` may change alone: shadow -> enforce keeps the counters it
-/// observed with, which is the point of a shadow rollout.
+/// A policy id names one set of parameters per revision for the life of
+/// the process: a limit, a window, an algorithm, ... may change only with a
+/// higher `revision` (the new revision's keys start fresh; the old counters
+/// mean a different limit, or nothing to another algorithm), and a revision
+/// never goes back (the store may still hold the older one's counters).
+/// `mode` may change alone: shadow -> enforce keeps the counters it
+/// observed with, which is the point of a shadow rollout. Each policy is
+/// judged against `history`, the id as last served, in force or removed
+/// since, so removing a policy and re-adding it changed gets around none
+/// of this; re-adding it unchanged is fine.
 fn revision_rules(
+    history: &BTreeMap<String, RateLimitPolicy>,
     running: &BTreeMap<String, RateLimitPolicy>,
     loaded: &BTreeMap<String, RateLimitPolicy>,
     problems: &mut ConfigProblems,
 ) {
     for (id, new) in loaded {
-        let Some(old) = running.get(id) else { continue };
+        let Some(old) = history.get(id) else { continue };
         let path = KeyPath::policy(id);
-        let (from, to) = (old.algorithm().name(), new.algorithm().name());
-        if from != to {
-            problems.push(
-                path.child("algorithm"),
-                format!(
-                    "cannot change from {from} to {to} by a reload (its counters mean nothing to \
-                     another algorithm): give the new limit a new policy id, or restart"
-                ),
-            );
-            continue;
-        }
+        // Said of a policy re-added: the rule is not about the table in force.
+        let removed = if running.contains_key(id) { "" } else { " (served before it was removed)" };
         if new.revision() < old.revision() {
             problems.push(
                 path.child("revision"),
                 format!(
-                    "went back from {} to {}: revisions only grow (the store may still hold the \
-                     older revision's counters)",
+                    "went back from {} to {}{removed}: revisions only grow (the store may still \
+                     hold the older revision's counters)",
                     old.revision(),
                     new.revision()
                 ),
             );
             continue;
         }
-        if new.revision() == old.revision() {
-            let altered = altered_parameters(old, new);
-            if !altered.is_empty() {
-                problems.push(
-                    path.child("revision"),
-                    format!(
-                        "{} changed but revision is still {}: raise revision so the new limit \
-                         starts fresh counters",
-                        altered.join(", "),
-                        new.revision()
-                    ),
-                );
-            }
+        if new.revision() > old.revision() {
+            continue;
+        }
+        let (from, to) = (old.algorithm().name(), new.algorithm().name());
+        if from != to {
+            problems.push(
+                path.child("algorithm"),
+                format!(
+                    "cannot change from {from} to {to} under revision {}{removed}: its counters \
+                     mean nothing to another algorithm; raise revision, or give the new limit a \
+                     new policy id",
+                    new.revision()
+                ),
+            );
+            continue;
+        }
+        let altered = altered_parameters(old, new);
+        if !altered.is_empty() {
+            problems.push(
+                path.child("revision"),
+                format!(
+                    "{} changed but revision is still {}{removed}: raise revision so the new \
+                     limit starts fresh counters",
+                    altered.join(", "),
+                    new.revision()
+                ),
+            );
         }
     }
 }
@@ -404,13 +434,32 @@ refill-period = "1s"
     }
 
     #[test]
+    fn a_password_changed_inside_a_redis_url_needs_a_restart_and_is_never_shown() {
+        let url = |password: &str| {
+            format!("{BASE}\n[redis]\nurls = [\"redis://default:{password}@127.0.0.1:7001\"]\n")
+        };
+        let (running, loaded) = (load(&url("oldpw")), load(&url("newpw")));
+        let (changed, restart) = changes(&running, &loaded);
+        assert!(changed.is_empty(), "{changed:?}");
+        assert_eq!(restart, ["redis.urls"]);
+        let unix = |password: &str| {
+            format!("{BASE}\n[redis]\nurls = [\"unix:///run/redis.sock?pass={password}\"]\n")
+        };
+        let (running, loaded) = (load(&unix("oldpw")), load(&unix("newpw")));
+        assert_eq!(changes(&running, &loaded).1, ["redis.urls"]);
+        // The fingerprints hold no password.
+        let table = render::to_table(&loaded, Secrets::Fingerprinted);
+        assert!(!table.to_string().contains("newpw"), "{table}");
+    }
+
+    #[test]
     fn a_changed_dedupe_setting_needs_a_new_revision_and_mode_does_not() {
         let running = load(BASE);
         let dedupe = load(&format!("{BASE}evaluation-dedup = {{ enabled = false }}\n"));
         let mut problems = ConfigProblems::default();
         let (old, new) =
             (&running.capabilities.rate_limit.policies, &dedupe.capabilities.rate_limit.policies);
-        revision_rules(old, new, &mut problems);
+        revision_rules(old, old, new, &mut problems);
         let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
         assert_eq!(listed.len(), 1);
         assert!(listed[0].starts_with(
@@ -420,7 +469,7 @@ refill-period = "1s"
         ));
         let shadow = load(&format!("{BASE}mode = \"shadow\"\n"));
         let mut problems = ConfigProblems::default();
-        revision_rules(old, &shadow.capabilities.rate_limit.policies, &mut problems);
+        revision_rules(old, old, &shadow.capabilities.rate_limit.policies, &mut problems);
         assert!(problems.is_empty());
     }
 }

@@ -45,9 +45,41 @@ pub struct Application {
     /// operations served, and what a reload replaces.
     reload: (AppConfig, std::collections::BTreeSet<String>, Option<ReloadTarget>),
     reloader: Option<Reloader>,
+    /// SIGHUP, listened for since before the build ([`Hangups::listen`]).
+    hangups: Option<Hangups>,
     admin: Option<AdminListener>,
     /// Both listeners' header-read timeout and shutdown grace.
     limits: ConnectionLimits,
+}
+
+/// SIGHUP, caught from the moment this is made. `ca-skeleton serve` makes
+/// it first thing, before the runtime starts, the configuration is read
+/// or a port is bound, so a reload signal sent while the server starts
+/// never takes SIGHUP's default action (ending the process): it is kept,
+/// several as one, and applied as a reload once the server serves.
+#[derive(Debug)]
+pub struct Hangups {
+    /// Set by every SIGHUP; what came before the reload loop listens.
+    #[cfg(unix)]
+    caught: Option<Arc<std::sync::atomic::AtomicBool>>,
+}
+
+impl Hangups {
+    /// Catches SIGHUP from now on; needs no runtime.
+    pub fn catch() -> Self {
+        #[cfg(unix)]
+        {
+            let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let registered =
+                signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&caught));
+            if let Err(error) = &registered {
+                tracing::warn!(%error, "cannot catch SIGHUP; reload through the admin listener");
+            }
+            Self { caught: registered.ok().map(|_| caught) }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
 }
 
 /// The bound admin listener and its router (`admin.listen`).
@@ -126,6 +158,7 @@ impl Application {
             upkeep,
             reload,
             reloader: None,
+            hangups: None,
             admin,
             limits,
         })
@@ -142,6 +175,15 @@ impl Application {
     pub fn reload_from(mut self, sources: ConfigSources) -> Self {
         let (running, served, target) = self.reload.clone();
         self.reloader = Some(Reloader::new(sources, running, served, target));
+        self
+    }
+
+    /// Reloads on the SIGHUPs `hangups` has caught (those that came during
+    /// the build included) as well as on those once it runs; with
+    /// [`Self::reload_from`].
+    #[must_use]
+    pub fn reload_on(mut self, hangups: Hangups) -> Self {
+        self.hangups = Some(hangups);
         self
     }
 
@@ -190,7 +232,9 @@ impl Application {
             })
         });
         let reloader = self.reloader;
-        let hangup = reloader.clone().map(|reloader| tokio::spawn(reload_on_hangup(reloader)));
+        let hangups = self.hangups;
+        let hangup =
+            reloader.clone().map(|reloader| tokio::spawn(reload_on_hangup(reloader, hangups)));
         // The admin listener stops with the public one: on the shutdown
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
@@ -291,22 +335,29 @@ pub fn metrics_handle() -> Result<PrometheusHandle, BootstrapError> {
     Ok(handle)
 }
 
-/// Reloads on every SIGHUP, one at a time, for as long as the server runs.
-async fn reload_on_hangup(reloader: Reloader) {
+/// Reloads on every SIGHUP, one at a time, for as long as the server runs,
+/// and once for those `hangups` caught before it ran.
+async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut hangups) = signal(SignalKind::hangup()) else {
+        let Ok(mut signal) = signal(SignalKind::hangup()) else {
             tracing::warn!("cannot listen for SIGHUP; reload through the admin listener instead");
             return;
         };
-        while hangups.recv().await.is_some() {
+        // Checked once the stream listens, so none falls between the two.
+        let caught = hangups.and_then(|hangups| hangups.caught);
+        if caught.is_some_and(|caught| caught.swap(false, std::sync::atomic::Ordering::SeqCst)) {
+            tracing::info!("SIGHUP received during start-up; reloading the configuration");
+            reloader.reload().await;
+        }
+        while signal.recv().await.is_some() {
             tracing::info!("SIGHUP received; reloading the configuration");
             reloader.reload().await;
         }
     }
     #[cfg(not(unix))]
-    drop(reloader);
+    drop((reloader, hangups));
 }
 
 /// Completes on ctrl-c or SIGTERM.

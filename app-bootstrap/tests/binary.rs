@@ -116,6 +116,74 @@ fn check_config_prints_the_resolved_configuration_without_secrets() {
     }
 }
 
+/// `check-config` of `path` with the variables the examples name set.
+fn check_example(path: &Path) -> (Output, String, String) {
+    run(ca_skeleton()
+        .env("RATE_LIMIT_PSEUDONYMIZER_KEY", KEY)
+        .env("RATE_LIMIT_ADMIN_TOKEN", "example-admin-token-0123456789abcdef")
+        .env("REDIS_PASSWORD", "example-password")
+        .env("REDIS_SENTINEL_PASSWORD", "example-password")
+        .arg("check-config")
+        .arg("--config")
+        .arg(path))
+}
+
+/// Every ```` ```toml ```` block of the README and of docs/*.md, as
+/// (`file:line`, block). A block fenced otherwise (```` ```toml Cargo.toml
+/// ````, a manifest) is not a configuration and is left out.
+fn toml_snippets() -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut files = vec![root.join("README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root.join("docs"))
+        .unwrap()
+        .map(|entry| entry.unwrap().path())
+        .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut snippets = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let mut open: Option<(usize, String)> = None;
+        for (index, line) in text.lines().enumerate() {
+            match (&mut open, line.trim_end()) {
+                (None, "```toml") => open = Some((index + 1, String::new())),
+                (Some((start, _)), "```") => {
+                    let start = *start;
+                    let (_, block) = open.take().unwrap();
+                    snippets.push((format!("{name}:{start}"), block));
+                }
+                (Some((_, block)), _) => {
+                    block.push_str(line);
+                    block.push('\n');
+                }
+                (None, _) => {}
+            }
+        }
+        assert!(open.is_none(), "{name}: a ```toml block is never closed");
+    }
+    snippets
+}
+
+/// Every configuration snippet of the docs loads as written, by itself,
+/// with the routes `serve` serves (issue 23 item 17).
+#[test]
+fn every_toml_snippet_of_the_docs_passes_check_config() {
+    let snippets = toml_snippets();
+    assert!(snippets.iter().any(|(at, _)| at.starts_with("README.md")), "{snippets:?}");
+    let dir = tempfile::tempdir().unwrap();
+    let mut failed = Vec::new();
+    for (at, snippet) in &snippets {
+        let path = write(dir.path(), "snippet.toml", snippet);
+        let (output, _, stderr) = check_example(&path);
+        if !output.status.success() {
+            failed.push(format!("{at} does not load by itself:\n{snippet}{stderr}"));
+        }
+    }
+    assert!(failed.is_empty(), "{}", failed.join("\n"));
+}
+
 #[test]
 fn the_example_files_pass_check_config() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
@@ -128,13 +196,7 @@ fn the_example_files_pass_check_config() {
     names.sort();
     assert!(names.len() >= 5 && names.contains(&"bench.toml".to_owned()), "{names:?}");
     for name in &names {
-        let (output, stdout, stderr) = run(ca_skeleton()
-            .env("RATE_LIMIT_PSEUDONYMIZER_KEY", KEY)
-            .env("REDIS_PASSWORD", "example-password")
-            .env("REDIS_SENTINEL_PASSWORD", "example-password")
-            .arg("check-config")
-            .arg("--config")
-            .arg(examples.join(name)));
+        let (output, stdout, stderr) = check_example(&examples.join(name));
         assert!(output.status.success(), "{name}:\n{stderr}");
         assert!(!stdout.contains(KEY) && !stdout.contains("example-password"), "{name}:\n{stdout}");
     }
@@ -182,11 +244,63 @@ fn bench_refuses_an_unknown_policy() {
 }
 
 #[test]
+fn bench_refuses_a_duration_past_a_day_instead_of_panicking() {
+    let (output, _, stderr) = run(ca_skeleton().args(["bench", "--duration", "300000000000y"]));
+    assert_eq!(output.status.code(), Some(2), "a usage error: {stderr}");
+    assert!(stderr.contains("--duration") && stderr.contains("at most 1day"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+#[test]
 fn redis_acl_prints_the_rule() {
     let (output, stdout, _) = run(ca_skeleton().arg("redis-acl"));
     assert!(output.status.success());
     assert!(stdout.starts_with("ACL SETUSER ca-rate-limit reset on "), "{stdout}");
     assert!(stdout.contains("~ca:rl:*"), "{stdout}");
+}
+
+/// `redis-acl` reads `[redis]` alone: the pseudonymizer key and the admin
+/// token may name variables the machine printing the rule does not have.
+#[test]
+fn redis_acl_needs_only_the_redis_section_and_its_password() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = write(
+        dir.path(),
+        "acl.toml",
+        r#"
+[capabilities.rate-limit]
+provider = "redis"
+[pseudonymizer.keys]
+1 = { env = "RATE_LIMIT_PSEUDONYMIZER_KEY" }
+[admin]
+listen = "127.0.0.1:9091"
+token = { env = "RATE_LIMIT_ADMIN_TOKEN" }
+[redis]
+enabled = true
+username = "edge"
+password = { env = "REDIS_PASSWORD" }
+key-prefix = "acl:"
+"#,
+    );
+    let (output, stdout, stderr) = run(ca_skeleton()
+        .env("REDIS_PASSWORD", "hunter2")
+        .arg("--config")
+        .arg(&file)
+        .arg("redis-acl"));
+    assert!(output.status.success(), "{stderr}");
+    // sha256("hunter2")
+    let hash = "f52fbd32b2b3b86ff88ef6c490628285f482af15ddcb29541f94bcf526a3f6c7";
+    assert!(stdout.starts_with(&format!("ACL SETUSER edge reset on #{hash} ~acl:* ")), "{stdout}");
+    // A broken [redis] is still refused, naming the key.
+    let bad = write(
+        dir.path(),
+        "bad.toml",
+        "[redis]
+key-prefix = \"a{b}\"\n",
+    );
+    let (output, _, stderr) = run(ca_skeleton().arg("--config").arg(&bad).arg("redis-acl"));
+    assert!(!output.status.success());
+    assert!(stderr.contains("redis.key-prefix"), "{stderr}");
 }
 
 /// With no file and no variables, `ca-skeleton` (no subcommand) serves the

@@ -3,11 +3,13 @@
 
 mod support;
 
+use std::collections::BTreeMap;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use adapter_redis::fixture::RedisServer;
 use reqwest::StatusCode;
-use support::{Running, counter, fixed_window_config, load, three_allowed_then_429};
+use support::{Running, TEST_KEY, counter, fixed_window_config, load, three_allowed_then_429};
 
 fn redis_config(id: &str, redis: &RedisServer) -> String {
     let extra =
@@ -74,5 +76,95 @@ async fn readyz_is_503_while_redis_is_down_and_200_after_it_restarts() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(server.get("/api/hello").await.status, StatusCode::OK);
+    server.stop().await;
+}
+
+/// The label matchers of the two `ca_rate_limit_decisions_total` selectors
+/// of docs/operations.md's "share of denials Redis never saw".
+fn documented_share() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
+    let text = std::fs::read_to_string(docs).unwrap();
+    let at = text.find("is the share of denials Redis never saw").expect("the query is documented");
+    let block = &text[text[..at].rfind("```text").expect("its block")..at];
+    let selectors: Vec<BTreeMap<String, String>> = block
+        .split("ca_rate_limit_decisions_total{")
+        .skip(1)
+        .map(|rest| {
+            let labels = &rest[..rest.find('}').unwrap()];
+            labels
+                .split(',')
+                .map(|pair| {
+                    let (name, value) = pair.split_once('=').unwrap();
+                    (name.trim().to_owned(), value.trim().trim_matches('"').to_owned())
+                })
+                .collect()
+        })
+        .collect();
+    let [numerator, denominator] = <[_; 2]>::try_from(selectors).expect("two selectors");
+    (numerator, denominator)
+}
+
+/// The sum of every `ca_rate_limit_decisions_total` series of `policies`
+/// that `matchers` select.
+fn sum(metrics: &str, policies: &[&str], matchers: &BTreeMap<String, String>) -> u64 {
+    metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("ca_rate_limit_decisions_total{"))
+        .filter_map(|rest| {
+            let (labels, value) = rest.split_once("} ")?;
+            let labels: BTreeMap<&str, &str> = labels
+                .split(',')
+                .filter_map(|pair| pair.split_once('='))
+                .map(|(name, value)| (name, value.trim_matches('"')))
+                .collect();
+            let selected = policies.contains(labels.get("policy")?)
+                && matchers
+                    .iter()
+                    .all(|(name, value)| labels.get(name.as_str()) == Some(&value.as_str()));
+            selected.then(|| value.trim().parse::<u64>().ok()).flatten()
+        })
+        .sum()
+}
+
+/// Issue 23 item 17: the documented query gives the true share when a
+/// cached refusal of a set also answers a member that allowed.
+#[tokio::test]
+async fn the_documented_share_of_cached_denials_is_the_true_share() {
+    let redis = RedisServer::start();
+    let config = load(&format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+[capabilities.rate-limit]
+provider = "redis"
+default-policy = ["share-tight", "share-loose"]
+[capabilities.rate-limit.policies.share-tight]
+algorithm = "fixed-window"
+limit = 1
+window = "60s"
+[capabilities.rate-limit.policies.share-loose]
+algorithm = "fixed-window"
+limit = 1000
+window = "60s"
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+[redis]
+enabled = true
+urls = ["{}"]
+key-prefix = "share:"
+"#,
+        redis.url()
+    ));
+    let server = Running::start(&config).await;
+    assert_eq!(server.get("/api/hello").await.status, StatusCode::OK);
+    // One refusal from Redis, then nine from the denial cache.
+    for _ in 0..10 {
+        assert_eq!(server.get("/api/hello").await.status, StatusCode::TOO_MANY_REQUESTS);
+    }
+    let metrics = server.metrics().await;
+    let (numerator, denominator) = documented_share();
+    let policies = ["share-tight", "share-loose"];
+    let share = (sum(&metrics, &policies, &numerator), sum(&metrics, &policies, &denominator));
+    assert_eq!(share, (9, 10), "9 of the 10 denials never reached Redis:\n{metrics}");
     server.stop().await;
 }

@@ -34,7 +34,7 @@ async fn a_cluster_limits_every_route_and_the_acl_rule_suffices_on_every_node() 
     // As the least-privilege user, the rule applied to every node.
     let credentials = format!("username = \"{USER}\"\npassword = \"{PASSWORD}\"\n");
     let config = load(&cluster_config("e2e-cluster-acl", &cluster, &credentials));
-    let rules = acl_rules(&config);
+    let rules = acl_rules(&config.redis);
     let words: Vec<&str> = rules.commands[0].split(' ').collect();
     for port in cluster.ports() {
         assert_eq!(cluster.cli(port, &words), "OK", "node {port}");

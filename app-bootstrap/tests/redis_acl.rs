@@ -38,7 +38,7 @@ async fn the_printed_rule_is_enough_for_the_provider_and_nothing_more() {
     );
     let config = load(&fixed_window_config("e2e-acl", "redis", &extra));
 
-    let rules = acl_rules(&config);
+    let rules = acl_rules(&config.redis);
     assert_eq!(rules.commands.len(), 1);
     let words: Vec<&str> = rules.commands[0].split(' ').collect();
     assert_eq!(&words[..3], ["ACL", "SETUSER", USER]);

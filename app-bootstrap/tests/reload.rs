@@ -147,16 +147,19 @@ async fn the_reload_rules_hold(extra: &str) {
         ["capabilities.rate-limit.policies.reloaded.revision: limit changed but revision is \
           still 2: raise revision so the new limit starts fresh counters"]
     );
-    // A new algorithm, even with a new revision: refused.
-    let token_bucket = config(5, 3, extra).replace(
+    // A new algorithm under the same revision: refused, and what to do is
+    // to raise the revision (a restart would meet the same counters).
+    let token_bucket = config(5, 2, extra).replace(
         "algorithm = \"fixed-window\"\nlimit = 5\nwindow = \"60s\"",
         "algorithm = \"token-bucket\"\ncapacity = 5\nrefill-tokens = 1\nrefill-period = \"1s\"",
     );
     let report = served.rewrite_and_reload(&token_bucket).await;
-    assert!(problems(&report)[0].starts_with(
-        "capabilities.rate-limit.policies.reloaded.algorithm: cannot change from fixed-window \
-         to token-bucket"
-    ));
+    assert_eq!(
+        problems(&report),
+        ["capabilities.rate-limit.policies.reloaded.algorithm: cannot change from fixed-window \
+          to token-bucket under revision 2: its counters mean nothing to another algorithm; \
+          raise revision, or give the new limit a new policy id"]
+    );
     // A revision going back: refused.
     let report = served.rewrite_and_reload(&config(5, 1, extra)).await;
     assert!(problems(&report)[0].contains("went back from 2 to 1"), "{report:?}");
@@ -257,6 +260,130 @@ async fn the_reload_rules_hold_on_redis(extra: &str, redis: &RedisServer) {
     assert_eq!(served.hello().await.0, StatusCode::TOO_MANY_REQUESTS);
 }
 
+/// `keep` as the default policy; with `demo` (a `[...policies.demo]` body)
+/// `GET /api/hello` is limited by `demo`, without it by `keep`.
+/// `rate_limit` adds lines to `[capabilities.rate-limit]`, `extra` sections.
+fn removable(demo: Option<&str>, rate_limit: &str, extra: &str) -> String {
+    let (operations, demo) = match demo {
+        Some(body) => (
+            "operations = { \"GET /api/hello\" = \"demo\" }",
+            format!("[capabilities.rate-limit.policies.demo]\n{body}"),
+        ),
+        None => ("", String::new()),
+    };
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[capabilities.rate-limit]
+default-policy = "keep"
+{rate_limit}
+{operations}
+
+[capabilities.rate-limit.policies.keep]
+algorithm = "fixed-window"
+limit = 100
+window = "60s"
+
+{demo}
+
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+{extra}
+"#
+    )
+}
+
+/// Issue 23 item 6: a policy removed by one reload and re-added by the next
+/// is judged against what it was when it was served, not let through
+/// because the table in force no longer holds it.
+async fn a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision(
+    rate_limit: &str,
+    extra: &str,
+) {
+    let fixed = |limit: u64, revision: u32| {
+        format!(
+            "algorithm = \"fixed-window\"\nlimit = {limit}\nwindow = \"60s\"\nrevision = {revision}\n"
+        )
+    };
+    let bucket = |revision: u32| {
+        format!(
+            "algorithm = \"token-bucket\"\ncapacity = 5\nrefill-tokens = 1\n\
+             refill-period = \"1h\"\nrevision = {revision}\n"
+        )
+    };
+    let with = |body: &str| removable(Some(body), rate_limit, extra);
+    let served = Served::start(&with(&fixed(3, 2))).await;
+    served.allowed_then_denied(3).await;
+
+    let report = served.rewrite_and_reload(&removable(None, rate_limit, extra)).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    assert_eq!(served.hello().await.0, StatusCode::OK, "GET /api/hello now under keep");
+
+    // Re-added with another algorithm, another limit, or a lower revision:
+    // each refused as it would have been had demo stayed in force.
+    let report = served.rewrite_and_reload(&with(&bucket(2))).await;
+    assert_eq!(
+        problems(&report),
+        ["capabilities.rate-limit.policies.demo.algorithm: cannot change from fixed-window to \
+          token-bucket under revision 2 (served before it was removed): its counters mean \
+          nothing to another algorithm; raise revision, or give the new limit a new policy id"]
+    );
+    let report = served.rewrite_and_reload(&with(&fixed(4, 2))).await;
+    assert_eq!(
+        problems(&report),
+        ["capabilities.rate-limit.policies.demo.revision: limit changed but revision is still 2 \
+          (served before it was removed): raise revision so the new limit starts fresh counters"]
+    );
+    for body in [fixed(4, 1), bucket(1)] {
+        let report = served.rewrite_and_reload(&with(&body)).await;
+        assert_eq!(
+            problems(&report),
+            ["capabilities.rate-limit.policies.demo.revision: went back from 2 to 1 (served \
+              before it was removed): revisions only grow (the store may still hold the older \
+              revision's counters)"]
+        );
+    }
+    let (status, policy) = served.hello().await;
+    assert_eq!(status, StatusCode::OK, "keep still in force");
+    assert!(policy.contains("q=100"), "{policy}");
+
+    // Re-added as it was: applied, on the counter it left (still spent).
+    let report = served.rewrite_and_reload(&with(&fixed(3, 2))).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    assert_eq!(served.hello().await.0, StatusCode::TOO_MANY_REQUESTS, "the same counter");
+
+    // Another algorithm with a higher revision: fresh keys, applied.
+    let report = served.rewrite_and_reload(&with(&bucket(3))).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    served.allowed_then_denied(5).await;
+    // And the fixed window of revision 2 can no longer come back.
+    let report = served.rewrite_and_reload(&removable(None, rate_limit, extra)).await;
+    assert!(matches!(report, ReloadReport::Applied { .. }), "{report:?}");
+    let report = served.rewrite_and_reload(&with(&fixed(3, 2))).await;
+    assert!(problems(&report)[0].contains("went back from 3 to 2"), "{report:?}");
+}
+
+#[tokio::test]
+async fn memory_a_removed_policy_is_judged_as_last_served() {
+    a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision("", "").await;
+}
+
+#[tokio::test]
+async fn redis_a_removed_policy_is_judged_as_last_served() {
+    let redis = RedisServer::start();
+    let extra = format!(
+        "[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"removed:\"\n",
+        redis.url()
+    );
+    a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision(
+        "provider = \"redis\"",
+        &extra,
+    )
+    .await;
+}
+
 /// Polls `check` every 20 ms for at most 10 s.
 async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let until = Instant::now() + Duration::from_secs(10);
@@ -307,4 +434,87 @@ async fn the_binary_reloads_on_sighup_and_keeps_its_table_on_a_bad_file() {
     .await;
     serve.assert_alive();
     assert!(hello().await.1.contains("q=7"), "the reloaded table stays in force");
+}
+
+/// Threads of process `pid` (Linux `/proc`); 0 once it is gone.
+fn threads(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status.lines().find_map(|line| line.strip_prefix("Threads:")?.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The status line of `GET /api/hello` over a plain socket.
+fn hello_status(address: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(address).expect("connects");
+    stream.write_all(b"GET /api/hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    stream.read_to_string(&mut reply).unwrap();
+    reply.lines().next().unwrap_or_default().to_owned()
+}
+
+/// Issue 23 item 12: SIGHUPs from the moment the runtime has threads (before
+/// the configuration is read) until the port serves, in ten start-ups: the
+/// process survives every one, serves, and applies them as a reload.
+#[test]
+fn a_sighup_while_the_server_starts_is_never_fatal() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("serve.toml");
+    write(&path, &config(3, 1, ""));
+    for run in 0..10 {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
+            .env_clear()
+            .env("RUST_LOG", "app_bootstrap=info")
+            .args(["--log-format", "json", "--config"])
+            .arg(&path)
+            .arg("serve")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let (lines, logged) = std::sync::mpsc::channel::<String>();
+        let stderr = child.stderr.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let until = Instant::now() + Duration::from_secs(10);
+        // Before `main` runs nothing can catch a signal; its runtime's
+        // threads say it has, and the configuration is not read yet.
+        while threads(child.id()) < 2 {
+            assert!(Instant::now() < until, "run {run}: the runtime never started");
+            assert!(child.try_wait().unwrap().is_none(), "run {run}: exited before its runtime");
+        }
+        let mut seen = Vec::new();
+        let address = loop {
+            hang_up(&child);
+            if let Some(status) = child.try_wait().unwrap() {
+                panic!("run {run}: a SIGHUP during start-up ended the process: {status}");
+            }
+            let listening = logged.try_iter().find_map(|line| {
+                let event: serde_json::Value = serde_json::from_str(&line).ok()?;
+                seen.push(line);
+                (event["fields"]["message"] == "ca-skeleton listening")
+                    .then(|| event["fields"]["address"].as_str().unwrap().to_owned())
+            });
+            if let Some(address) = listening {
+                break address;
+            }
+            assert!(Instant::now() < until, "run {run}: never listened");
+        };
+        assert_eq!(hello_status(&address), "HTTP/1.1 200 OK", "run {run}");
+        // What came during start-up is applied once it serves.
+        while !seen.iter().any(|line| line.contains("SIGHUP received")) {
+            assert!(Instant::now() < until, "run {run}: no reload for the queued SIGHUP");
+            seen.extend(logged.recv_timeout(Duration::from_secs(1)).ok());
+        }
+        assert!(child.try_wait().unwrap().is_none(), "run {run}: exited");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

@@ -80,7 +80,12 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     let mut table = Table::new();
     table.insert("enabled".into(), redis.enabled.into());
     table.insert("topology".into(), redis.topology.name().into());
-    let urls = redis.urls.iter().map(|url| Value::from(redact_url(url)));
+    // A URL may carry a password: fingerprinted whole, so a changed one is
+    // seen, and redacted for printing.
+    let urls = redis.urls.iter().map(|url| match secrets {
+        Secrets::Redacted => Value::from(redact_url(url)),
+        Secrets::Fingerprinted => fingerprint(url),
+    });
     table.insert("urls".into(), Value::Array(urls.collect()));
     if let Some(username) = &redis.username {
         table.insert("username".into(), username.clone().into());
@@ -180,11 +185,15 @@ fn count(value: u64) -> Value {
     i64::try_from(value).unwrap_or(i64::MAX).into()
 }
 
+fn fingerprint(secret: &str) -> Value {
+    format!("sha256:{}", hex::encode(Sha256::digest(secret))).into()
+}
+
 /// Redacted, an inline secret prints as `[REDACTED]` and one read from a
 /// variable as the same `{ env = "VAR" }` the file holds.
 fn render_secret(value: &SecretValue, secrets: Secrets) -> Value {
     if secrets == Secrets::Fingerprinted {
-        return format!("sha256:{}", hex::encode(Sha256::digest(value.expose()))).into();
+        return fingerprint(value.expose());
     }
     match value.source() {
         SecretSource::Inline | SecretSource::Generated => REDACTED.into(),
@@ -196,13 +205,52 @@ fn render_secret(value: &SecretValue, secrets: Secrets) -> Value {
     }
 }
 
-/// `redis://user:password@host` -> `redis://user:[REDACTED]@host`.
+/// Every credential the redis crate reads from a URL, redacted: the
+/// password of the userinfo (`redis://user:password@host`, `rediss://`,
+/// `valkey://`) and the `pass` query parameter (`unix:///run/redis.sock?
+/// pass=...`, which the crate reads on every unix scheme; `password` too,
+/// should one be written). User names are not secret and stay, as
+/// `redis.username` does; so do `db`, `protocol` and the fragment.
 pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_owned() };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:{REDACTED}@{host}"),
-        None => url.to_owned(),
+    let (rest, fragment) = match rest.split_once('#') {
+        Some((rest, fragment)) => (rest, Some(fragment)),
+        None => (rest, None),
+    };
+    let (before_query, query) = match rest.split_once('?') {
+        Some((before, query)) => (before, Some(query)),
+        None => (rest, None),
+    };
+    let mut out = format!("{scheme}://");
+    // The last `@` before the query ends the userinfo; a password holding a
+    // raw `/` (the url crate would refuse it) is still cut out whole.
+    match before_query.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => out.push_str(&format!("{user}:{REDACTED}@{host}")),
+            None => out.push_str(before_query),
+        },
+        None => out.push_str(before_query),
+    }
+    if let Some(query) = query {
+        out.push('?');
+        let pairs: Vec<String> = query.split('&').map(redact_query_pair).collect();
+        out.push_str(&pairs.join("&"));
+    }
+    if let Some(fragment) = fragment {
+        out.push('#');
+        out.push_str(fragment);
+    }
+    out
+}
+
+/// `pass=secret` -> `pass=[REDACTED]`; the name is compared decoded, as
+/// the redis crate decodes it (`p%61ss` is `pass`).
+fn redact_query_pair(pair: &str) -> String {
+    let name = pair.split_once('=').map_or(pair, |(name, _)| name);
+    let decoded = form_urlencoded::parse(name.as_bytes()).next().map(|(name, _)| name);
+    match decoded.as_deref() {
+        Some("pass" | "password") => format!("{name}={REDACTED}"),
+        _ => pair.to_owned(),
     }
 }
 
@@ -219,5 +267,31 @@ mod tests {
         assert_eq!(redact_url("redis://:s3cret@host"), "redis://:[REDACTED]@host");
         assert_eq!(redact_url("redis://host:6379"), "redis://host:6379");
         assert_eq!(redact_url("redis://user@host"), "redis://user@host");
+    }
+
+    #[test]
+    fn every_credential_form_the_redis_crate_reads_is_redacted() {
+        for (url, redacted) in [
+            ("unix:///run/redis.sock?pass=s3cretPW", "unix:///run/redis.sock?pass=[REDACTED]"),
+            (
+                "redis+unix:///run/redis.sock?db=2&user=app&pass=s3cretPW&protocol=resp3",
+                "redis+unix:///run/redis.sock?db=2&user=app&pass=[REDACTED]&protocol=resp3",
+            ),
+            ("valkey+unix:///s.sock?p%61ss=s3cretPW", "valkey+unix:///s.sock?p%61ss=[REDACTED]"),
+            (
+                "rediss://app:s3cretPW@host:6380/0#insecure",
+                "rediss://app:[REDACTED]@host:6380/0#insecure",
+            ),
+            ("valkeys://:s3cretPW@host", "valkeys://:[REDACTED]@host"),
+            (
+                "redis://app:s3cretPW@host/0?pass=s3cretPW",
+                "redis://app:[REDACTED]@host/0?pass=[REDACTED]",
+            ),
+            ("redis://app:s3c/retPW@host", "redis://app:[REDACTED]@host"),
+            ("unix:///run/redis.sock?db=1", "unix:///run/redis.sock?db=1"),
+        ] {
+            assert_eq!(redact_url(url), redacted, "{url}");
+            assert!(!redact_url(url).contains("s3cretPW"), "{url}");
+        }
     }
 }

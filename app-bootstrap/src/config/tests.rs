@@ -177,6 +177,31 @@ fn the_environment_overrides_the_file() {
 }
 
 #[test]
+fn every_list_splits_on_commas_from_the_environment() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__DEFAULT_POLICY", "api, daily");
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__TRUSTED_PROXIES", "10.0.0.0/8,::1");
+        jail.set_env("CA_SKELETON_REDIS__URLS", "redis://10.0.0.1:7000,redis://10.0.0.2:7000");
+        jail.set_env("CA_SKELETON_REDIS__SENTINELS", "10.0.0.1:26379,10.0.0.2:26379");
+        let file = format!(
+            "{BASE}\n[capabilities.rate-limit.operations]\n\"GET /api/hello\" = \"daily,api\"\n\
+             [capabilities.rate-limit.policies.daily]\nalgorithm = \"fixed-window\"\n\
+             limit = 1000\nwindow = \"1d\"\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let rate_limit = &config.capabilities.rate_limit;
+        assert_eq!(rate_limit.default_policy, ["api", "daily"]);
+        // A file's string reads the same way as a variable's.
+        assert_eq!(rate_limit.operations["GET /api/hello"], ["daily", "api"]);
+        let proxies: Vec<String> =
+            rate_limit.trusted_proxies.iter().map(ToString::to_string).collect();
+        assert_eq!(proxies, ["10.0.0.0/8", "::1/128"]);
+        assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(config.redis.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
+    });
+}
+
+#[test]
 fn an_empty_policy_map_is_rejected() {
     jail(|jail| {
         let result = load_file(jail, "[capabilities.rate-limit.policies]\n");
@@ -225,6 +250,51 @@ fn unknown_keys_are_each_reported_with_a_suggestion() {
         assert_eq!(paths, ["servr", "capabilities.rate-limit.policies.api.windw"]);
         assert!(problems[0].1.contains("did you mean `server`"), "{problems:?}");
         assert!(problems[1].1.contains("did you mean `window`"), "{problems:?}");
+    });
+}
+
+#[test]
+fn every_duration_has_an_upper_bound_named_by_its_key() {
+    let file = |budget: &str, retry: &str, connect: &str, command: &str| {
+        format!(
+            r#"
+            [capabilities.rate-limit]
+            default-policy = "api"
+            evaluation-budget = "{budget}"
+            failure-retry-after = "{retry}"
+            [capabilities.rate-limit.policies.api]
+            algorithm = "fixed-window"
+            limit = 10
+            window = "60s"
+            [pseudonymizer.keys]
+            1 = "{KEY}"
+            [redis]
+            enabled = true
+            connect-timeout = "{connect}"
+            command-timeout = "{command}"
+            "#
+        )
+    };
+    jail(|jail| {
+        // Valid before the bounds, and every request was then 503.
+        let huge = "300000000000y";
+        let listed = problems(load_file(jail, &file(huge, huge, huge, huge)));
+        let got = "got 300000000000years";
+        assert_eq!(
+            listed,
+            [
+                ("capabilities.rate-limit.evaluation-budget", format!("must be at most 1m, {got}")),
+                (
+                    "capabilities.rate-limit.failure-retry-after",
+                    format!("must be at most 1h, {got}")
+                ),
+                ("redis.connect-timeout", format!("must be at most 1m, {got}")),
+                ("redis.command-timeout", format!("must be at most 1m, {got}")),
+            ]
+            .map(|(path, message)| (path.to_owned(), message))
+        );
+        // The bounds themselves pass.
+        load_file(jail, &file("60s", "1h", "60s", "60s")).expect("every bound is valid");
     });
 }
 
@@ -444,6 +514,16 @@ fn secrets_are_redacted_in_check_config_output_and_in_debug() {
             assert!(output.contains("REDIS_PASSWORD_VAR"), "{output}");
         }
         assert!(rendered.contains("redis://app:[REDACTED]@127.0.0.1:7001"), "{rendered}");
+        // The password the redis crate reads from a unix socket URL's query.
+        let unix = file.replace(
+            "redis://app:url-password@127.0.0.1:7001",
+            "unix:///run/redis.sock?pass=url-password",
+        );
+        let config = load_file(jail, &unix).unwrap();
+        for output in [config.to_redacted_toml().unwrap(), format!("{config:?}")] {
+            assert!(!output.contains("url-password"), "leaked into:\n{output}");
+            assert!(output.contains("unix:///run/redis.sock?pass=[REDACTED]"), "{output}");
+        }
     });
 }
 
@@ -919,7 +999,7 @@ fn the_listeners_timeouts_default_to_10s_and_must_be_above_zero_and_bounded() {
             problems(load_file(jail, &set("0s", "2h"))),
             [
                 ("server.shutdown-grace".to_owned(), "must be more than 0".to_owned()),
-                ("server.header-read-timeout".to_owned(), "must be at most 1h".to_owned()),
+                ("server.header-read-timeout".to_owned(), "must be at most 1h, got 2h".to_owned()),
             ]
         );
         jail.set_env("CA_SKELETON_SERVER__SHUTDOWN_GRACE", "10");

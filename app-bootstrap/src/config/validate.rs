@@ -4,19 +4,42 @@
 //! `RedisSettings`); here their problems get their full key paths.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use adapter_redis::{RedisField, SettingsProblem};
 use adapter_web::{EdgeSettings, MIN_KEY_BYTES, WebError};
+use humantime_serde::re::humantime::format_duration;
 use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
 use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, ProviderKind, ServerConfig};
 
+/// The longest `evaluation-budget`: one request's deadline, far past any
+/// useful one and far inside what `Instant + Duration` holds.
+pub(crate) const MAX_EVALUATION_BUDGET: Duration = Duration::from_secs(60);
+/// The longest `failure-retry-after`: a 503's `Retry-After`.
+pub(crate) const MAX_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// The longest `redis.connect-timeout` and `redis.command-timeout`.
+pub(crate) const MAX_REDIS_TIMEOUT: Duration = Duration::from_secs(60);
+
 pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut ConfigProblems) {
     server(config, problems);
     policy_references(config, declared, problems);
     edge_settings(config, problems);
+    let rate_limit = &config.capabilities.rate_limit;
+    at_most(
+        KeyPath::rate_limit("evaluation-budget"),
+        rate_limit.evaluation_budget,
+        MAX_EVALUATION_BUDGET,
+        problems,
+    );
+    at_most(
+        KeyPath::rate_limit("failure-retry-after"),
+        rate_limit.failure_retry_after,
+        MAX_FAILURE_RETRY_AFTER,
+        problems,
+    );
     provider_switch(config, problems);
     pseudonymizer(config, problems);
     admin(config, problems);
@@ -36,9 +59,8 @@ fn server(config: &AppConfig, problems: &mut ConfigProblems) {
         let path = KeyPath::root().child("server").child(key);
         if value.is_zero() {
             problems.push(path, "must be more than 0");
-        } else if value > ServerConfig::MAX_TIMEOUT {
-            let max = humantime_serde::re::humantime::format_duration(ServerConfig::MAX_TIMEOUT);
-            problems.push(path, format!("must be at most {max}"));
+        } else {
+            at_most(path, value, ServerConfig::MAX_TIMEOUT, problems);
         }
     }
 }
@@ -161,6 +183,19 @@ fn edge_settings(config: &AppConfig, problems: &mut ConfigProblems) {
     }
 }
 
+/// The upper end of a duration's range. The lower ends and the policies'
+/// durations are their owners' rules (`EdgeSettings`, `RedisSettings`, the
+/// policy builder); these keys have none above, and a value near
+/// `Duration::MAX` would overflow the deadline it sets.
+fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigProblems) {
+    if value > max {
+        problems.push(
+            path,
+            format!("must be at most {}, got {}", format_duration(max), format_duration(value)),
+        );
+    }
+}
+
 fn provider_switch(config: &AppConfig, problems: &mut ConfigProblems) {
     if config.capabilities.rate_limit.provider != ProviderKind::Redis {
         return;
@@ -250,7 +285,7 @@ fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
     }
 }
 
-fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
+pub(crate) fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
     let path = KeyPath::root().child("redis");
     let failure_retry_after = config.capabilities.rate_limit.failure_retry_after;
     for SettingsProblem { field, problem } in config.redis.settings(failure_retry_after).problems()
@@ -273,6 +308,19 @@ fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
         };
         problems.push(at, problem);
     }
+    // `wait-timeout` is below `command-timeout` whenever it is used.
+    at_most(
+        path.child("connect-timeout"),
+        config.redis.connect_timeout,
+        MAX_REDIS_TIMEOUT,
+        problems,
+    );
+    at_most(
+        path.child("command-timeout"),
+        config.redis.command_timeout,
+        MAX_REDIS_TIMEOUT,
+        problems,
+    );
 }
 
 #[cfg(test)]

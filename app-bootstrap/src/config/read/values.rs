@@ -82,11 +82,13 @@ impl Reader<'_> {
         text.parse().map_err(|error: UnknownName| self.problem(path, error.to_string())).ok()
     }
 
-    /// A policy set: one id as a string, or an array of ids. Emptiness,
-    /// length and repeats are validation's (every problem at once).
+    /// A policy set: one id as a string, several comma-separated in one
+    /// string (as every list reads from an environment variable; an id
+    /// never holds a comma), or an array of ids. Emptiness, length and
+    /// repeats are validation's (every problem at once).
     pub(super) fn policy_list(&mut self, value: &Value, path: &KeyPath) -> Option<Vec<String>> {
         match value {
-            Value::String(..) | Value::Char(..) => self.string(value, path).map(|id| vec![id]),
+            Value::String(..) | Value::Char(..) => self.string_list(value, path),
             Value::Array(_, items) => {
                 let mut ids = Vec::with_capacity(items.len());
                 let mut all_read = true;
