@@ -451,7 +451,7 @@ async fn reset_deletes_the_counter_key_with_its_records_and_inspect_writes_nothi
 }
 
 /// The operator's calls fail typed, never by panic: a key of a Redis type
-/// no script writes is `StateIncompatible` to inspect and still resets (one `DEL` takes
+/// no script writes is `StateIncompatible` to inspect and still resets (one `UNLINK` takes
 /// any type); a stopped server is `Unavailable` to both.
 #[tokio::test]
 async fn inspect_and_reset_failures_are_typed() {

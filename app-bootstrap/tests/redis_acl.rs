@@ -57,8 +57,8 @@ async fn the_printed_rule_is_enough_for_the_provider_and_nothing_more() {
         vec!["EVAL", "return 1", "0"],
         vec!["GET", "outside-the-prefix"],
         vec!["SET", "outside-the-prefix", "1"],
-        // The scripts' own commands, outside the prefix; `DEL` inside it is
-        // the scripts' (records keys restart with it), `UNLINK` is not.
+        // The scripts' own commands, outside the prefix (`UNLINK` inside it
+        // is the scripts'); `DEL` is no script's.
         vec!["DEL", "outside-the-prefix"],
         vec!["HSET", "outside-the-prefix", "f", "1"],
         vec!["UNLINK", "acl:anything"],
