@@ -303,9 +303,7 @@ mod tests {
         assert!(
             PRELUDE.contains("evaluation_id, struct.pack('dddd', remaining, reset_after, t, seq),")
         );
-        assert!(
-            PRELUDE.contains("struct.pack('d', seq), evaluation_id .. struct.pack('d', t))")
-        );
+        assert!(PRELUDE.contains("struct.pack('d', seq), evaluation_id .. struct.pack('d', t))"));
         for driver in [SINGLE_POLICY, POLICY_SET] {
             assert!(driver.contains("struct.unpack('dddd', record)"));
         }

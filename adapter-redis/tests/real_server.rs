@@ -810,7 +810,8 @@ async fn reset_unlinks_the_key() {
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut redis).await.unwrap();
     let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
     adapter.reset(&budget).await.unwrap();
-    let info: String = redis::cmd("INFO").arg("commandstats").query_async(&mut redis).await.unwrap();
+    let info: String =
+        redis::cmd("INFO").arg("commandstats").query_async(&mut redis).await.unwrap();
     assert_eq!((calls(&info, "unlink"), calls(&info, "del")), (1, 0), "{info}");
     let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let exists: usize = redis.exists(&key).await.unwrap();
