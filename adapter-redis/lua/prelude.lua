@@ -55,8 +55,12 @@ local SWEEP = 8
 -- record. Returns the state (with its trailer when the key is a hash;
 -- false when absent), the id's record (nil for none) and whether the key
 -- is a hash. A key of the other type (the policy's dedupe changed across
--- a restart without a new revision) is read the other way; its next write
--- converts it. Any other error (NOPERM, say) fails the script as it came.
+-- a restart without a new revision) is read the other way, after a
+-- WRONGTYPE error that INFO errorstats counts. A hash read with dedupe off
+-- becomes the string at once (its bytes and expiry kept: SET .. KEEPTTL),
+-- so that error comes once, even for a subject that is only refused and so
+-- never writes; a string read with dedupe on is converted by its next
+-- write. Any other error (NOPERM, say) fails the script as it came.
 local function wrong_type(reply)
   if string.find(reply.err, 'WRONGTYPE', 1, true) ~= 1 then error(reply) end
 end
@@ -65,7 +69,9 @@ local function load(key, capacity)
     local raw = redis.pcall('GET', key)
     if type(raw) ~= 'table' then return raw, nil, false end
     wrong_type(raw)
-    return redis.call('HMGET', key, 's')[1], nil, true
+    raw = redis.call('HMGET', key, 's')[1]
+    if raw then redis.call('SET', key, raw, 'KEEPTTL') end
+    return raw, nil, not raw
   end
   local got = redis.pcall('HMGET', key, 's', evaluation_id)
   if got.err then

@@ -817,3 +817,38 @@ async fn reset_unlinks_the_key() {
     let exists: usize = redis.exists(&key).await.unwrap();
     assert_eq!(exists, 0);
 }
+
+/// A policy whose dedupe was turned off across a restart (same revision)
+/// reads a hash where it expects a string: that read fails with
+/// `WRONGTYPE` inside the script, which the server counts. The first such
+/// read converts the key (its state kept, its expiry kept), so a subject
+/// that is only refused afterwards, which writes nothing, raises no more.
+#[tokio::test]
+async fn a_hash_read_by_a_dedupe_off_policy_is_converted_at_once() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0 + 250);
+    let (on, off) = (
+        fixed("p", 2, EvaluationDedupPolicy::enabled_defaults()),
+        fixed("p", 2, EvaluationDedupPolicy::Disabled),
+    );
+    let with = adapter(&server, &clock, vec![on], |settings| settings.deny_cache.enabled = false);
+    let without =
+        adapter(&server, &clock, vec![off.clone()], |settings| settings.deny_cache.enabled = false);
+    let who = subject(59);
+    for expected in [1, 0] {
+        assert_eq!(remaining(&with.evaluate(request(&clock, "p", &who)).await), expected);
+    }
+    let key = without.keys().counter_key(&off, &who, &common::operation());
+    let mut redis = inspector(&server).await;
+    let ttl: i64 = redis.pttl(&key).await.unwrap();
+    let (failed, _) = error_counts(&mut redis).await;
+    for _ in 0..5 {
+        let outcome = without.evaluate(request(&clock, "p", &who)).await;
+        assert!(!outcome.is_allowed(), "the count survived the change: {outcome:?}");
+    }
+    assert_eq!(error_counts(&mut redis).await.0, failed + 1, "one WRONGTYPE, then none");
+    let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut redis).await.unwrap();
+    assert_eq!(kind, "string");
+    let kept: i64 = redis.pttl(&key).await.unwrap();
+    assert!(kept <= ttl && kept > ttl - 200, "expiry kept: {ttl} -> {kept}");
+}
