@@ -238,7 +238,7 @@ for k = 1, n do
     else
       -- Dedupe off: `store` without records, inline (a call with its
       -- eleven arguments costs more than these three lines).
-      local lifetime = scratch[s + 6] + ARGV[b + 2] - scratch[s + 1]
+      local lifetime = scratch[s + 6] + ARGV[b + 2] - now
       if lifetime < 1 then lifetime = 1 end
       redis.call('SET', KEYS[k], state, 'PX', lifetime)
     end

@@ -14,8 +14,9 @@
 --   's' -> the state header, then the records trailer: five doubles, the
 --     newest record's written_at, the oldest held record's written_at (a
 --     lower bound once a sweep stopped short), the oldest seq still held,
---     the next seq to give, and the time until which the key's expiry was
---     last set (caller time)
+--     the next seq to give, and the time until which the last write asked
+--     the key to live (its caller time; no script reads it back: see
+--     `store`)
 --   evaluation id (16 bytes) -> remaining, reset_after, written_at, seq
 --   seq (one packed double, 8 bytes) -> the evaluation id written at seq,
 --     then its written_at (a double)
@@ -44,8 +45,9 @@ local TRAILER = 40
 -- The records trailer of the earlier one-key layout (a string): read as
 -- state, its records are no longer reachable.
 local LEGACY_TRAILER = 24
--- Expired records are swept at most this many per append, and only once
--- this many are held: a slow subject keeps fewer dead ones than this.
+-- Expired records are swept at most this many per write, so a key that
+-- holds many never makes one call long; each write sweeps again until none
+-- is left.
 local SWEEP = 8
 
 -- Reads key's value the way its policy keeps it: with dedupe off (capacity
@@ -53,8 +55,12 @@ local SWEEP = 8
 -- record. Returns the state (with its trailer when the key is a hash;
 -- false when absent), the id's record (nil for none) and whether the key
 -- is a hash. A key of the other type (the policy's dedupe changed across
--- a restart without a new revision) is read the other way; its next write
--- converts it. Any other error (NOPERM, say) fails the script as it came.
+-- a restart without a new revision) is read the other way, after a
+-- WRONGTYPE error that INFO errorstats counts. A hash read with dedupe off
+-- becomes the string at once (its bytes and expiry kept: SET .. KEEPTTL),
+-- so that error comes once, even for a subject that is only refused and so
+-- never writes; a string read with dedupe on is converted by its next
+-- write. Any other error (NOPERM, say) fails the script as it came.
 local function wrong_type(reply)
   if string.find(reply.err, 'WRONGTYPE', 1, true) ~= 1 then error(reply) end
 end
@@ -63,7 +69,9 @@ local function load(key, capacity)
     local raw = redis.pcall('GET', key)
     if type(raw) ~= 'table' then return raw, nil, false end
     wrong_type(raw)
-    return redis.call('HMGET', key, 's')[1], nil, true
+    raw = redis.call('HMGET', key, 's')[1]
+    if raw then redis.call('SET', key, raw, 'KEEPTTL') end
+    return raw, nil, not raw
   end
   local got = redis.pcall('HMGET', key, 's', evaluation_id)
   if got.err then
@@ -75,61 +83,67 @@ end
 
 -- Writes one key: its state as the algorithm packed it (tag, mark, ...),
 -- and with dedupe on its records trailer and, when `charged`, this
--- evaluation's record, evicting the oldest beyond `capacity` and sweeping
--- expired ones. The key lives until absence means the same as its
--- content, plus the slack (docs/algorithms.md steps 6 and 7): a string
--- gets its lifetime with the SET; a hash's expiry is set only when that
--- time grows, since an expiry is an instant and one that did not move is
--- already in place. `header` is the stored state's header length (0 when
+-- evaluation's record, evicting the oldest beyond `capacity`; every write
+-- with dedupe on also sweeps expired records, oldest first, at most SWEEP
+-- of them (docs/algorithms.md step 7). The key lives until absence means
+-- the same as its content, plus the slack (steps 6 and 7), counted from
+-- the caller's own clock. Redis keeps the expiry as an instant of its own
+-- clock, which no caller reads, so an expiry another writer set cannot be
+-- judged from caller times (a writer whose clock ran ahead set it short
+-- for everyone slower): every write asks for its own lifetime. A string
+-- gets it with the SET; a hash with a PEXPIRE that, once the key has an
+-- expiry, only moves it later (GT), so the key lives as long as the latest
+-- need of any writer. `header` is the stored state's header length (0 when
 -- absent), `hashed` whether the key is a hash (from `load`), `stale` the
 -- seq of this id's expired record (nil for none).
 local function store(key, state, state_end, raw, header, hashed, t, slack, ttl, capacity,
                      charged, remaining, reset_after, stale)
   if capacity == 0 then
-    local lifetime = state_end + slack - t
+    local lifetime = state_end + slack - now
     if lifetime < 1 then lifetime = 1 end
     redis.call('SET', key, state, 'PX', lifetime)
     return
   end
-  local newest, oldest_at, oldest, next_seq, expires = 0, 0, 0, 0, nil
+  local newest, oldest_at, oldest, next_seq = 0, 0, 0, 0
   if hashed then
     if raw and #raw == header + TRAILER then
-      newest, oldest_at, oldest, next_seq, expires = struct.unpack('ddddd', raw, header + 1)
+      newest, oldest_at, oldest, next_seq = struct.unpack('dddd', raw, header + 1)
     end
   elseif raw then
     -- A string of this revision, written with dedupe off: it becomes the hash.
-    redis.call('DEL', key)
+    redis.call('UNLINK', key)
   end
-  if charged then
-    local count = next_seq - oldest
-    local drop = nil
-    -- The id's expired record is overwritten below; its seq field goes.
-    if stale then drop = {struct.pack('d', stale)} end
-    local expired = oldest_at + ttl <= t
-    if count >= capacity or (expired and count >= SWEEP) then
-      -- From the oldest: the one beyond capacity goes, and expired ones
-      -- (up to SWEEP at once); the first live one within capacity stays.
-      local reads = 1
-      if expired then reads = math.min(count, SWEEP) end
-      local fields = {}
-      for i = 1, reads do fields[i] = struct.pack('d', oldest + i - 1) end
-      local held = redis.call('HMGET', key, unpack(fields))
-      drop = drop or {}
-      for i = 1, reads do
-        local link = held[i]
-        -- A seq without a field is an id recorded again since: a hole.
-        if link then
-          local at = struct.unpack('d', link, 17)
-          oldest_at = at
-          if count < capacity and at + ttl > t then break end
-          drop[#drop + 1] = string.sub(link, 1, 16)
-          drop[#drop + 1] = fields[i]
-        end
-        count = count - 1
-        oldest = oldest + 1
+  local count = next_seq - oldest
+  local drop = nil
+  -- The id's expired record is overwritten below; its seq field goes.
+  if charged and stale then drop = {struct.pack('d', stale)} end
+  local expired = count > 0 and oldest_at + ttl <= t
+  if expired or (charged and count >= capacity) then
+    -- From the oldest: expired ones go (up to SWEEP at once), and for a
+    -- charge the one beyond capacity; the first live one within capacity
+    -- stays.
+    local reads = 1
+    if expired then reads = math.min(count, SWEEP) end
+    local fields = {}
+    for i = 1, reads do fields[i] = struct.pack('d', oldest + i - 1) end
+    local held = redis.call('HMGET', key, unpack(fields))
+    drop = drop or {}
+    for i = 1, reads do
+      local link = held[i]
+      -- A seq without a field is an id recorded again since: a hole.
+      if link then
+        local at = struct.unpack('d', link, 17)
+        oldest_at = at
+        if at + ttl > t and (count < capacity or not charged) then break end
+        drop[#drop + 1] = string.sub(link, 1, 16)
+        drop[#drop + 1] = fields[i]
       end
+      count = count - 1
+      oldest = oldest + 1
     end
-    if drop and #drop > 0 then redis.call('HDEL', key, unpack(drop)) end
+  end
+  if drop and #drop > 0 then redis.call('HDEL', key, unpack(drop)) end
+  if charged then
     if oldest == next_seq then oldest_at = t end
     newest = t
     next_seq = next_seq + 1
@@ -137,9 +151,7 @@ local function store(key, state, state_end, raw, header, hashed, t, slack, ttl, 
   local need = state_end
   if newest + ttl > need then need = newest + ttl end
   need = need + slack
-  local extend = not expires or need > expires
-  if extend then expires = need end
-  state = state .. struct.pack('ddddd', newest, oldest_at, oldest, next_seq, expires)
+  state = state .. struct.pack('ddddd', newest, oldest_at, oldest, next_seq, need)
   if charged then
     local seq = next_seq - 1
     redis.call('HSET', key, 's', state,
@@ -148,9 +160,12 @@ local function store(key, state, state_end, raw, header, hashed, t, slack, ttl, 
   else
     redis.call('HSET', key, 's', state)
   end
-  if extend then
-    local lifetime = need - t
-    if lifetime < 1 then lifetime = 1 end
+  local lifetime = need - now
+  if lifetime < 1 then lifetime = 1 end
+  if hashed and raw then
+    redis.call('PEXPIRE', key, lifetime, 'GT')
+  else
+    -- A new hash has no expiry, which GT would take for an endless one.
     redis.call('PEXPIRE', key, lifetime)
   end
 end

@@ -6,8 +6,9 @@
 //! (`PING`), and the commands the scripts call, because Redis checks those
 //! against the caller's ACL too (so all stay limited to the key pattern):
 //! `GET` and `SET` on the counter keys of policies without dedupe, and
-//! `HMGET`, `HSET`, `HDEL`, `DEL` and `PEXPIRE` on those with dedupe
-//! records (a hash; docs/algorithms.md, "Stored state on Redis"). `AUTH` is open to every user; the client's `CLIENT SETINFO`
+//! `HMGET`, `HSET`, `HDEL`, `UNLINK` and `PEXPIRE` on those with dedupe
+//! records (a hash; docs/algorithms.md, "Stored state on Redis"), plus
+//! `TYPE` for an operator's inspect (`lua/inspect.lua`). `AUTH` is open to every user; the client's `CLIENT SETINFO`
 //! at connect is sent with its reply ignored, so denying it costs nothing.
 //! A cluster client also reads its slot map (`CLUSTER SLOTS`) and sends
 //! `ASKING` to follow an `ASK` redirect while a slot migrates (without it
@@ -26,7 +27,7 @@ use crate::settings::{RedisSettings, Topology};
 
 /// What every topology needs: the scripts, the probe and the commands the
 /// scripts call.
-const EVERY_TOPOLOGY: [&str; 10] = [
+const EVERY_TOPOLOGY: [&str; 11] = [
     "+evalsha",
     "+script|load",
     "+ping",
@@ -35,8 +36,9 @@ const EVERY_TOPOLOGY: [&str; 10] = [
     "+hmget",
     "+hset",
     "+hdel",
-    "+del",
+    "+unlink",
     "+pexpire",
+    "+type",
 ];
 /// What a cluster client adds: the slot map and `ASK` redirects.
 const CLUSTER: [&str; 2] = ["+cluster|slots", "+asking"];
@@ -120,8 +122,9 @@ mod tests {
                 "+hmget",
                 "+hset",
                 "+hdel",
-                "+del",
-                "+pexpire"
+                "+unlink",
+                "+pexpire",
+                "+type"
             ]
         );
         assert_eq!(
@@ -135,8 +138,9 @@ mod tests {
                 "+hmget",
                 "+hset",
                 "+hdel",
-                "+del",
+                "+unlink",
                 "+pexpire",
+                "+type",
                 "+cluster|slots",
                 "+asking"
             ]
@@ -152,8 +156,9 @@ mod tests {
                 "+hmget",
                 "+hset",
                 "+hdel",
-                "+del",
+                "+unlink",
                 "+pexpire",
+                "+type",
                 "+role"
             ]
         );
@@ -174,7 +179,7 @@ mod tests {
         assert_eq!(
             user_rules("ca:rl:", Topology::Standalone).join(" "),
             "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
-             +del +pexpire"
+             +unlink +pexpire +type"
         );
     }
 
@@ -188,7 +193,7 @@ mod tests {
         assert_eq!(
             user_rules_for(&sentinel).join(" "),
             "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
-             +del +pexpire +role +wait"
+             +unlink +pexpire +type +role +wait"
         );
         let no_wait = RedisSettings { wait_replicas: 0, ..sentinel };
         assert_eq!(user_rules_for(&no_wait), user_rules("ca:rl:", Topology::Sentinel));

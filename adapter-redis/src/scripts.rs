@@ -292,25 +292,28 @@ mod tests {
 
     #[test]
     fn a_lua_record_is_the_contract_s_record_and_its_sequence_number() {
-        // The contract counts a record as the evaluation id, then
-        // remaining, reset_after and written_at (DEDUP_RECORD_BYTES): the
-        // script's record is that, the id as the hash field and the three
-        // numbers as doubles, plus its sequence number for eviction.
+        // The contract counts a record as what the script stores for it
+        // (DEDUP_RECORD_BYTES): the id field naming remaining, reset_after,
+        // written_at and its sequence number (four doubles), and the
+        // sequence field (one double) naming the id and written_at.
         let id = std::mem::size_of_val(EvaluationId::random().as_bytes());
-        assert_eq!(u32::try_from(id + 3 * 8), Ok(DEDUP_RECORD_BYTES), "id bytes + three doubles");
+        let id_field = id + 4 * 8;
+        let seq_field = 8 + id + 8;
+        assert_eq!(u32::try_from(id_field + seq_field), Ok(DEDUP_RECORD_BYTES));
         assert!(
             PRELUDE.contains("evaluation_id, struct.pack('dddd', remaining, reset_after, t, seq),")
         );
+        assert!(PRELUDE.contains("struct.pack('d', seq), evaluation_id .. struct.pack('d', t))"));
         for driver in [SINGLE_POLICY, POLICY_SET] {
             assert!(driver.contains("struct.unpack('dddd', record)"));
         }
         // The trailer: newest written_at, oldest written_at, oldest seq,
-        // next seq, the expiry last set.
+        // next seq, the time the last write asked the key to live to.
         let [trailer] = lua_numbers(PRELUDE, &["TRAILER"])[..] else { panic!("one number") };
         let [legacy] = lua_numbers(PRELUDE, &["LEGACY_TRAILER"])[..] else { panic!("one number") };
         assert_eq!((trailer, legacy), (5 * 8, 3 * 8));
         assert!(
-            PRELUDE.contains("struct.pack('ddddd', newest, oldest_at, oldest, next_seq, expires)")
+            PRELUDE.contains("struct.pack('ddddd', newest, oldest_at, oldest, next_seq, need)")
         );
     }
 

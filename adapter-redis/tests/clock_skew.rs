@@ -136,3 +136,75 @@ async fn skew_beyond_the_bound_is_clock_unsafe_for_the_laggard_and_writes_nothin
         }
     }
 }
+
+/// The key's expiry follows every writer's own clock. A leader 1 s ahead
+/// sets it from its time; the slower instance, refused until its clock
+/// reaches the leader's mark, then charges at the same caller time the
+/// leader wrote at, one real second later. The key must still live until
+/// that instance's window ends (docs/operations.md: a skewed instance is
+/// never over-admitted): were the expiry left where the leader put it, the
+/// key would vanish mid-window and the window would admit a second limit.
+#[tokio::test]
+async fn a_slower_writer_keeps_the_key_until_its_own_window_ends() {
+    const LIMIT: u64 = 5;
+    let server = RedisServer::start();
+    let window = Duration::from_secs(3);
+    // Records live 500 ms, so the window's end (+ 100 ms slack) is what
+    // the key must live to.
+    let policy = RateLimitPolicy::builder("skew", Algorithm::FixedWindow { limit: LIMIT, window })
+        .maximum_clock_regression(Duration::from_millis(100))
+        .cleanup_grace(Duration::from_millis(100))
+        .evaluation_dedup(EvaluationDedupPolicy::Enabled {
+            ttl: Duration::from_millis(500),
+            max_entries: 256,
+            max_stored_bytes: 65_536,
+        })
+        .build()
+        .unwrap();
+    let instance = |at: u64| {
+        let clock = ManualClock::new(at);
+        // As in the report: no refusal answered in process, so every
+        // request reaches the key.
+        let tweak = |settings: &mut adapter_redis::RedisSettings| {
+            settings.deny_cache.enabled = false;
+        };
+        (adapter(&server, &clock, vec![policy.clone()], tweak), clock)
+    };
+    let (leader, leader_clock) = instance(T0 + 1_100);
+    let (slower, slower_clock) = instance(T0 + 100);
+    let who = subject(30);
+    let operation = OperationDigest::new("00000000000000f1").unwrap();
+    let key = leader.keys().counter_key(&policy, &who, &operation);
+    let mut redis = common::inspector(&server).await;
+    let mut admitted = 0;
+    let first = leader.evaluate(request(&leader_clock, &who)).await;
+    assert_eq!(allowed(&first), Some(true));
+    admitted += 1;
+    let outcome = slower.evaluate(request(&slower_clock, &who)).await;
+    assert!(
+        matches!(
+            outcome,
+            RateLimitOutcome::Unavailable { category: UnavailableCategory::ClockUnsafe, .. }
+        ),
+        "1 s behind a 100 ms bound: {outcome:?}"
+    );
+    // One real second on, the slower clock reads what the leader's read.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    slower_clock.set_epoch_millis(T0 + 1_100);
+    for _ in 0..LIMIT {
+        let outcome = slower.evaluate(request(&slower_clock, &who)).await;
+        admitted += u64::from(allowed(&outcome) == Some(true));
+    }
+    assert_eq!(admitted, LIMIT, "the slower instance shares the leader's window");
+    // Its window ends at T0 + 3 s, 1.9 s from its clock, plus 100 ms slack.
+    let pttl: i64 = redis::AsyncCommands::pttl(&mut redis, &key).await.unwrap();
+    assert!((1_800..=2_000).contains(&pttl), "pttl {pttl} ms after the slower instance's charge");
+    // 1.4 s later, still inside its window: the window is spent.
+    tokio::time::sleep(Duration::from_millis(1_400)).await;
+    slower_clock.set_epoch_millis(T0 + 2_500);
+    for _ in 0..LIMIT {
+        let outcome = slower.evaluate(request(&slower_clock, &who)).await;
+        admitted += u64::from(allowed(&outcome) == Some(true));
+    }
+    assert_eq!(admitted, LIMIT, "a window of {LIMIT} admitted {admitted}");
+}

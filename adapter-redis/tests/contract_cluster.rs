@@ -294,7 +294,7 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
         let source = kind.source();
         let calls = source.matches("redis.call(").count() + source.matches("redis.pcall(").count();
         let mut on_keys = source.matches("redis.call('SET', KEYS[k],").count();
-        for command in ["GET", "SET", "HMGET", "HSET", "HDEL", "DEL", "PEXPIRE"] {
+        for command in ["GET", "SET", "HMGET", "HSET", "HDEL", "UNLINK", "PEXPIRE"] {
             for call in ["redis.call", "redis.pcall"] {
                 on_keys += source.matches(&format!("{call}('{command}', key,")).count()
                     + source.matches(&format!("{call}('{command}', key)")).count();

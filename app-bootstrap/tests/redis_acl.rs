@@ -57,11 +57,11 @@ async fn the_printed_rule_is_enough_for_the_provider_and_nothing_more() {
         vec!["EVAL", "return 1", "0"],
         vec!["GET", "outside-the-prefix"],
         vec!["SET", "outside-the-prefix", "1"],
-        // The scripts' own commands, outside the prefix; `DEL` inside it is
-        // the scripts' (records keys restart with it), `UNLINK` is not.
-        vec!["DEL", "outside-the-prefix"],
+        // The scripts' own commands, outside the prefix; inside it `UNLINK`
+        // is the scripts' (the reset, a key changing type), `DEL` is not.
+        vec!["UNLINK", "outside-the-prefix"],
         vec!["HSET", "outside-the-prefix", "f", "1"],
-        vec!["UNLINK", "acl:anything"],
+        vec!["DEL", "acl:anything"],
         vec!["HGETALL", "acl:anything"],
         vec!["KEYS", "*"],
         vec!["FLUSHALL"],

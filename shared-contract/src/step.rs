@@ -142,8 +142,12 @@ pub struct KeyWrite {
     /// Absolute expiry, epoch ms; after it, absence means the same as the
     /// state.
     pub expires_at: u64,
-    /// `expires_at` minus the key's effective time: the TTL for a store
-    /// that takes a relative one.
+    /// `expires_at` minus the caller's time: the TTL for a store that takes
+    /// a relative one. Counted from the caller's own clock (not the key's
+    /// mark, which a lagging caller is evaluated at), so the key lives until
+    /// `expires_at` by that clock. A store shared by writers with different
+    /// clocks must never shorten an expiry already in place with it: the
+    /// store's clock is not theirs, so only the longest ask is safe for all.
     pub lifetime: u64,
 }
 
@@ -290,7 +294,7 @@ fn evaluate_members<const N: usize>(
         let Some(step) = step else { continue };
         *decision = member.rules.decided(step, false);
         let charged = admitted && step.allowed;
-        commit(member, t, step, charged, evaluation_id);
+        commit(member, now, t, step, charged, evaluation_id);
     }
     SetVerdict::Decided(SetDecision::new(admitted, &decisions[..members.len()]))
 }
@@ -326,9 +330,11 @@ pub fn inspect_key(
 }
 
 /// Writes one member's new state, its dedupe record when it was charged,
-/// and its lifetime (docs/algorithms.md steps 7 and 8).
+/// and its lifetime (docs/algorithms.md steps 7 and 8): at effective time
+/// `t`, for a caller whose clock reads `now`.
 fn commit(
     member: &mut SetMember<'_>,
+    now: u64,
     t: u64,
     step: &Step,
     charged: bool,
@@ -359,7 +365,7 @@ fn commit(
     }
     let expires_at = end.saturating_add(rules.slack);
     member.state = Some(KeyState { mark: t, algorithm: counters, records });
-    member.write = Some(KeyWrite { expires_at, lifetime: expires_at.saturating_sub(t) });
+    member.write = Some(KeyWrite { expires_at, lifetime: expires_at.saturating_sub(now) });
 }
 
 #[cfg(test)]
@@ -390,12 +396,7 @@ mod tests {
             let verdict = evaluate_set(&mut members, now, cost, id);
             let [member] = members;
             if let Some(write) = member.write {
-                let mark = member.state.as_ref().map(|state| state.mark);
-                assert_eq!(
-                    Some(write.expires_at - write.lifetime),
-                    mark,
-                    "lifetime counts from the mark"
-                );
+                assert_eq!(write.expires_at - write.lifetime, now, "lifetime counts from now");
                 self.expires_at = write.expires_at;
             }
             self.state = member.state;

@@ -1,8 +1,9 @@
 //! An operator's inspect and reset of one budget on Redis: two small
-//! scripts, `lua/inspect.lua` (one read of the state) and `lua/reset.lua`
-//! (one `DEL` of the counter key, records and all), run with `EVALSHA` like the
-//! rate-limit scripts, so the least-privilege user needs no new command and
-//! a Cluster routes both by the subject's hash tag. The algorithm itself
+//! scripts, `lua/inspect.lua` (the key's type, then one read of the state)
+//! and `lua/reset.lua` (one `UNLINK` of the counter key, records and all),
+//! run with `EVALSHA` like the rate-limit scripts, so a Cluster routes both
+//! by the subject's hash tag and the least-privilege user needs only `TYPE`
+//! beyond what the rate-limit scripts call. The algorithm itself
 //! runs here, in `shared_contract::inspect_key`, over the decoded state.
 
 use redis::Value;
@@ -58,7 +59,7 @@ impl RedisEdgeRateLimitAdapter {
         let (_, counter) = self.budget_entry(key)?;
         match self.run_admin(RESET, &[counter]).await.map_err(failure_of)? {
             Value::Int(0..=1) => Ok(()),
-            // DEL answers a count; anything else means we cannot tell.
+            // UNLINK answers a count; anything else means we cannot tell.
             _ => Err(BudgetFailure::Indeterminate),
         }
     }
@@ -177,8 +178,9 @@ mod tests {
 
     #[test]
     fn the_scripts_touch_only_the_keys_they_are_given_with_allowed_commands() {
-        // The ACL user may run GET, HMGET and DEL (the rate-limit scripts
-        // call them), and nothing here writes but the reset's one DEL.
+        // The ACL user may run what these call (TYPE for the inspect, the
+        // rest because the rate-limit scripts call them too), and nothing
+        // here writes but the reset's one UNLINK.
         let calls = |source: &str| -> Vec<String> {
             source
                 .replace("redis.pcall('", "redis.call('")
@@ -187,8 +189,8 @@ mod tests {
                 .map(|rest| rest[..rest.find('\'').unwrap_or(0)].to_owned())
                 .collect()
         };
-        assert_eq!(calls(INSPECT), ["GET", "HMGET"]);
-        assert_eq!(calls(RESET), ["DEL"]);
+        assert_eq!(calls(INSPECT), ["TYPE", "GET", "HMGET"]);
+        assert_eq!(calls(RESET), ["UNLINK"]);
         let allowed = crate::acl::required_commands(crate::Topology::Standalone);
         for command in calls(INSPECT).into_iter().chain(calls(RESET)) {
             let rule = format!("+{}", command.to_lowercase());

@@ -10,7 +10,7 @@ use crate::request::EvaluationId;
 
 /// What a charged evaluation left behind so a repeat of its id can replay
 /// the answer instead of charging again. Counts [`crate::DEDUP_RECORD_BYTES`]
-/// against the byte bound.
+/// (what the Redis provider stores for it) against the byte bound.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DedupRecord {
     /// The evaluation that charged.

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Redis's own counters per script call of the single-key fixed-window script
+# at its 256-record cap (a fresh id per call, caller time fixed), for a
+# commit's scripts and this tree's alternately (docs/benchmarks.md, "A
+# dedupe key's expiry at every write"): how many of each command a call
+# sends and each command's usec_per_call, from INFO commandstats. Command
+# counts do not depend on the machine's load; the times do.
+# Starts its own redis-server on a free loopback port (never 6379).
+#
+# Usage: scripts/bench-dedupe-expiry.sh [commit] [rounds]   Env: REQUESTS (200000)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+before=${1:-8f66ea8}
+rounds=${2:-3}
+requests=${REQUESTS:-200000}
+work=$(mktemp -d)
+port=$((20000 + RANDOM % 20000))
+trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --daemonize yes --logfile "$work/redis.log" --dir "$work"
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+rcli() { redis-cli -p "$port" "$@"; }
+mkdir "$work/before"
+for file in prelude.lua single-policy.lua fixed-window.lua; do
+    git show "$before:adapter-redis/lua/$file" >"$work/before/$file"
+done
+. scripts/bench-common.sh
+one='bench:{v1:cap}:fixed:1'
+for round in $(seq "$rounds"); do
+    for layout in before after; do
+        dir=$work/before
+        [ "$layout" = after ] && dir=adapter-redis/lua
+        sha=$(rcli SCRIPT LOAD "$(compose "$dir" single-policy.lua fixed-window.lua fixed_window)")
+        rcli FLUSHALL >/dev/null
+        redis-benchmark -p "$port" -c 1 -n 256 -r 100000000 -q \
+            EVALSHA "$sha" 1 "$one" $now 1 $rid $on >/dev/null
+        rcli CONFIG RESETSTAT >/dev/null
+        redis-benchmark -p "$port" -c 64 -P 16 -n "$requests" -r 100000000 --csv \
+            EVALSHA "$sha" 1 "$one" $now 1 $rid $on >/dev/null
+        rcli INFO commandstats | tr -d '\r' | awk -F'[:=,]' -v layout="$layout" -v round="$round" \
+            '/^cmdstat_(evalsha|hmget|hset|hdel|pexpire):/ {
+                 sub("cmdstat_", "", $1); printf "%s %s %s calls=%s usec_per_call=%s\n", round, layout, $1, $3, $7}'
+    done
+done
