@@ -187,6 +187,8 @@ impl RedisEdgeRateLimitAdapter {
                         .map(|password| password.expose_secret()),
                 },
                 settings.connect_timeout,
+                // Asked again as often as a command may take.
+                settings.command_timeout,
             )
             .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
         };

@@ -113,7 +113,8 @@ impl ClusterGateway {
         if let Some(password) = password {
             builder = builder.password(password);
         }
-        let connection = LazyConnection::new(Cluster(builder.build()?), connect_timeout, "cluster");
+        let connection =
+            LazyConnection::new(Arc::new(Cluster(builder.build()?)), connect_timeout, "cluster");
         Ok(Self {
             shared: Arc::new(Shared { connection, refreshing: AtomicBool::new(false) }),
             slot_map_refresh: SLOT_MAP_REFRESH,
