@@ -31,8 +31,9 @@ pub enum Topology {
     Cluster,
     /// A master and its replicas watched by Redis Sentinel: the master's
     /// address is asked of the `sentinels` (for `master_name`) whenever a
-    /// connection is opened, so after a failover the next connection goes
-    /// to the promoted replica. `urls` stays empty.
+    /// connection is opened and, while calls flow, every `command_timeout`;
+    /// the connections leave a master they no longer name. `urls` stays
+    /// empty.
     Sentinel,
 }
 
@@ -136,7 +137,8 @@ pub struct RedisSettings {
     pub script_lane_max_in_flight: usize,
     /// The retry-after of outcomes that carry no better hint.
     pub failure_retry_after: Duration,
-    /// Sentinel only: `host:port` of each sentinel, asked in this order.
+    /// Sentinel only: `host:port` of each sentinel, all asked at once (the
+    /// newest configuration they hold wins).
     pub sentinels: Vec<String>,
     /// Sentinel only: the name the sentinels monitor the master under.
     pub master_name: String,
