@@ -389,7 +389,10 @@ impl MultiplexedGateway<Discovered> {
             following: AtomicBool::new(false),
             me: me.clone(),
         });
-        Ok(Self { connection: LazyConnection::new(connector, connect_timeout, "sentinel") })
+        Ok(Self {
+            connection: LazyConnection::new(connector, connect_timeout, "sentinel"),
+            waiting: None,
+        })
     }
 
     /// How many master connections were opened so far.

@@ -50,7 +50,10 @@ impl MultiplexedGateway<Standalone> {
             // Each call carries its own timeout (capped by the request deadline).
             .set_response_timeout(None);
         let connector = Arc::new(Standalone { client: Client::open(info)?, config });
-        Ok(Self { connection: LazyConnection::new(connector, connect_timeout, "standalone") })
+        Ok(Self {
+            connection: LazyConnection::new(connector, connect_timeout, "standalone"),
+            waiting: None,
+        })
     }
 }
 
