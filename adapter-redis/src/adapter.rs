@@ -179,6 +179,10 @@ impl RedisEdgeRateLimitAdapter {
                 settings.connect_timeout,
                 settings.command_timeout,
             )
+            .map(|gateway| match wait_connections {
+                Some(size) => gateway.with_wait_connections(size),
+                None => gateway,
+            })
             .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
             Topology::Sentinel => SentinelGateway::new(
                 &settings.sentinels,

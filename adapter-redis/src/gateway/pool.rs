@@ -25,18 +25,13 @@ use super::connection::{Connect, LazyConnection};
 /// Connections of one connector, lent out one call at a time.
 pub(crate) struct WaitPool<C: Connect> {
     connections: Box<[LazyConnection<C>]>,
-    /// Indices of the connections not lent out.
-    idle: Mutex<Vec<usize>>,
-    /// One permit per idle connection.
-    permits: Semaphore,
+    turns: Turns,
 }
 
 /// One connection of a [`WaitPool`], back in the pool when dropped.
 pub(crate) struct Lent<'a, C: Connect> {
     pool: &'a WaitPool<C>,
-    index: usize,
-    // Released after the index is back (fields drop after `drop` ran).
-    _permit: SemaphorePermit<'a>,
+    turn: Turn<'a>,
 }
 
 impl<C: Connect> WaitPool<C> {
@@ -52,8 +47,7 @@ impl<C: Connect> WaitPool<C> {
             connections: (0..size)
                 .map(|_| LazyConnection::new(Arc::clone(connector), connect_timeout, label))
                 .collect(),
-            idle: Mutex::new((0..size).rev().collect()),
-            permits: Semaphore::new(size),
+            turns: Turns::new(size),
         }
     }
 
@@ -62,16 +56,14 @@ impl<C: Connect> WaitPool<C> {
         self.connections.len()
     }
 
+    /// Connection `index` (below [`Self::size`]), whoever holds its turn.
+    pub(crate) fn connection(&self, index: usize) -> &LazyConnection<C> {
+        &self.connections[index]
+    }
+
     /// A connection no other call holds, waiting until `until` at most.
     pub(crate) async fn lend(&self, until: Instant) -> Option<Lent<'_, C>> {
-        let permit = match self.permits.try_acquire() {
-            Ok(permit) => permit,
-            Err(_) => tokio::time::timeout_at(until, self.permits.acquire()).await.ok()?.ok()?,
-        };
-        // A permit means an idle index: each is pushed back before its
-        // permit is released.
-        let index = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop()?;
-        Some(Lent { pool: self, index, _permit: permit })
+        Some(Lent { pool: self, turn: self.turns.take(until).await? })
     }
 }
 
@@ -79,13 +71,46 @@ impl<C: Connect> std::ops::Deref for Lent<'_, C> {
     type Target = LazyConnection<C>;
 
     fn deref(&self) -> &LazyConnection<C> {
-        &self.pool.connections[self.index]
+        self.pool.connection(self.turn.index)
     }
 }
 
-impl<C: Connect> Drop for Lent<'_, C> {
+/// Turns on `size` connections, one call per connection at a time: the
+/// indices not taken, and one permit per free index.
+pub(crate) struct Turns {
+    idle: Mutex<Vec<usize>>,
+    permits: Semaphore,
+}
+
+/// A taken turn on connection [`Self::index`], given back when dropped.
+pub(crate) struct Turn<'a> {
+    turns: &'a Turns,
+    pub(crate) index: usize,
+    // Released after the index is back (fields drop after `drop` ran).
+    _permit: SemaphorePermit<'a>,
+}
+
+impl Turns {
+    pub(crate) fn new(size: usize) -> Self {
+        Self { idle: Mutex::new((0..size).rev().collect()), permits: Semaphore::new(size) }
+    }
+
+    /// A turn no other call holds, waiting until `until` at most.
+    pub(crate) async fn take(&self, until: Instant) -> Option<Turn<'_>> {
+        let permit = match self.permits.try_acquire() {
+            Ok(permit) => permit,
+            Err(_) => tokio::time::timeout_at(until, self.permits.acquire()).await.ok()?.ok()?,
+        };
+        // A permit means a free index: each is pushed back before its
+        // permit is released.
+        let index = self.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).pop()?;
+        Some(Turn { turns: self, index, _permit: permit })
+    }
+}
+
+impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.pool.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(self.index);
+        self.turns.idle.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(self.index);
     }
 }
 
@@ -119,12 +144,12 @@ mod tests {
         let soon = || Instant::now() + Duration::from_millis(20);
         let first = pool.lend(soon()).await.unwrap();
         let second = pool.lend(soon()).await.unwrap();
-        assert_ne!(first.index, second.index);
+        assert_ne!(first.turn.index, second.turn.index);
         // Both are out: the third call waits until its bound, for nothing.
         assert!(pool.lend(soon()).await.is_none());
-        let index = first.index;
+        let index = first.turn.index;
         drop(first);
-        assert_eq!(pool.lend(soon()).await.unwrap().index, index);
+        assert_eq!(pool.lend(soon()).await.unwrap().turn.index, index);
         assert_eq!(pool.size(), 2);
     }
 
