@@ -2,7 +2,7 @@
 # `ca-skeleton bench` on a standalone master and one replica, with and
 # without replica-acknowledged charges (`wait-replicas`), side by side in
 # each of ROUNDS rounds; then with the replica frozen (SIGSTOP), so every
-# charge's WAIT runs out. redis-server on CPU 0, the client on CPU 1.
+# charge's WAIT runs out, at the master's default hz and at hz 100. redis-server on CPU 0, the client on CPU 1.
 # Usage: scripts/bench-wait-pair.sh [path/to/ca-skeleton]
 # Needs redis-server, redis-cli and taskset; uses ports 7431 and 7432 (never
 # 6379). Prints one JSON line per run, prefixed by its settings.
@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 bin=${1:-target/release/ca-skeleton}
 duration=${DURATION:-10s}
 rounds=${ROUNDS:-3}
+# The redis.wait-connections values of the WAIT rows, each round.
+pools=${POOLS:-8}
 master=7431
 replica=7432
 dir=$(mktemp -d)
@@ -36,18 +38,26 @@ start "$replica" --replicaof 127.0.0.1 "$master"
 until redis-cli -p "$replica" info replication | grep -q master_link_status:up; do sleep 0.1; done
 cp "$dir/$replica.pid" "$dir/replica.pid"
 
-bench() { # wait-replicas concurrency
-    printf 'wait-replicas=%s concurrency=%s replica=%s ' "$1" "$2" "$3"
+bench() { # wait-replicas concurrency replica [wait-connections]
+    local pool=${4:-8}
+    printf 'wait-replicas=%s wait-connections=%s concurrency=%s replica=%s ' "$1" "$pool" "$2" "$3"
     CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDER=redis \
     CA_SKELETON_REDIS__URLS="redis://127.0.0.1:$master" \
     CA_SKELETON_REDIS__WAIT_REPLICAS="$1" \
+    CA_SKELETON_REDIS__WAIT_CONNECTIONS="$pool" \
         taskset -c 1 "$bin" --config config/bench.toml bench --policy fixed \
-        --concurrency "$2" --subjects 10000 --duration "$duration"
+        --concurrency "$2" --subjects 10000 --duration "$duration" 2>/dev/null
 }
 for round in $(seq "$rounds"); do
     echo "# round $round"
-    for wait in 0 1; do bench "$wait" 64 up; done
+    bench 0 64 up
+    for pool in $pools; do bench 1 64 up "$pool"; done
 done
+# A master whose every client is blocked in WAIT ends a timed-out WAIT at
+# its next cron tick: `hz` times a second (default 10).
 kill -STOP "$(cat "$dir/replica.pid")"
-for concurrency in 8 64; do bench 1 "$concurrency" frozen; done
+for hz in 10 100; do
+    redis-cli -p "$master" config set hz "$hz" >/dev/null
+    for concurrency in 8 64; do bench 1 "$concurrency" "frozen(hz=$hz)"; done
+done
 kill -CONT "$(cat "$dir/replica.pid")"
