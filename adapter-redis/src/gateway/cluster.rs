@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::fmt::{self, Debug};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -77,7 +77,13 @@ struct Waiting {
     masters: RwLock<Arc<Masters>>,
     /// One background read of the masters at a time.
     reading: AtomicBool,
+    /// When the next read is due: [`SLOT_MAP_REFRESH`] after one that
+    /// worked, [`REREAD_AFTER_FAILURE`] after one that did not.
+    next_read: Mutex<Option<Instant>>,
 }
+
+/// How soon a failed read of the masters is tried again.
+const REREAD_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// Which master serves each slot, as `CLUSTER SLOTS` said, and the turns on
 /// the pool's connections per master.
@@ -86,7 +92,6 @@ struct Masters {
     owner: Box<[u16]>,
     /// One per master, then the shared one for slots none serves.
     turns: Box<[Turns]>,
-    read_at: Option<Instant>,
 }
 
 /// Slots of a Redis Cluster.
@@ -166,7 +171,8 @@ impl ClusterGateway {
         let pool =
             WaitPool::new(connection.connector(), size, connection.connect_timeout(), "cluster");
         let masters = RwLock::new(Arc::new(Masters::unknown(pool.size())));
-        let waiting = Waiting { pool, masters, reading: AtomicBool::new(false) };
+        let waiting =
+            Waiting { pool, masters, reading: AtomicBool::new(false), next_read: Mutex::new(None) };
         // Only just built: nothing else holds the shared part yet.
         if let Some(shared) = Arc::get_mut(&mut self.shared) {
             shared.waiting = Some(waiting);
@@ -340,24 +346,31 @@ impl Shared {
 }
 
 impl Waiting {
-    /// The masters as last read; starts a background read when none was
-    /// made yet or the last is [`SLOT_MAP_REFRESH`] old.
+    /// The masters as last read; starts a background read when one is due
+    /// (on first use, then [`SLOT_MAP_REFRESH`] after the last that worked).
     fn masters(&self, shared: &Arc<Shared>) -> Arc<Masters> {
         let masters =
             Arc::clone(&self.masters.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
-        let stale = masters.read_at.is_none_or(|at| at.elapsed() >= SLOT_MAP_REFRESH);
-        if stale && !self.reading.swap(true, Ordering::AcqRel) {
+        let due = self
+            .next_read
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_none_or(|at| Instant::now() >= at);
+        if due && !self.reading.swap(true, Ordering::AcqRel) {
             let shared = Arc::clone(shared);
             tokio::spawn(async move {
                 let Some(waiting) = &shared.waiting else { return };
                 let until = Instant::now() + shared.connection.connect_timeout();
                 let size = waiting.pool.size();
-                if let Some(read) = read_masters(&shared.connection, size, until).await {
+                let read = read_masters(&shared.connection, size, until).await;
+                // On failure the old read (or the shared turns) stays.
+                let pause = if read.is_some() { SLOT_MAP_REFRESH } else { REREAD_AFTER_FAILURE };
+                if let Some(read) = read {
                     *waiting.masters.write().unwrap_or_else(|poisoned| poisoned.into_inner()) =
                         Arc::new(read);
                 }
-                // On failure the old read (or the shared turns) stays; the
-                // next call tries again.
+                *waiting.next_read.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some(Instant::now() + pause);
                 waiting.reading.store(false, Ordering::Release);
             });
         }
@@ -392,7 +405,7 @@ async fn read_masters(
 impl Masters {
     /// Before any read: one shared set of turns for every slot.
     fn unknown(size: usize) -> Self {
-        Self { owner: vec![0; SLOTS].into(), turns: Box::new([Turns::new(size)]), read_at: None }
+        Self { owner: vec![0; SLOTS].into(), turns: Box::new([Turns::new(size)]) }
     }
 
     /// A `CLUSTER SLOTS` reply: `[start, end, [host, port, ...], replicas...]`
@@ -430,7 +443,7 @@ impl Masters {
             }
         }
         let turns = (0..=masters.len()).map(|_| Turns::new(size)).collect();
-        Some(Self { owner: owner.into(), turns, read_at: Some(Instant::now()) })
+        Some(Self { owner: owner.into(), turns })
     }
 
     /// The turns of the master that serves `key`'s slot.
