@@ -158,6 +158,8 @@ impl RedisEdgeRateLimitAdapter {
         settings.validate()?;
         let username = settings.username.as_deref();
         let password = settings.password.as_ref().map(|password| password.expose_secret());
+        // WAIT mode's own connections, so a blocked WAIT holds one of them.
+        let wait_connections = (settings.wait_replicas > 0).then_some(settings.wait_connections);
         let gateway: Result<Arc<dyn RedisGateway>, _> = match settings.topology {
             Topology::Standalone => StandaloneGateway::new(
                 &settings.urls[0],
@@ -165,6 +167,10 @@ impl RedisEdgeRateLimitAdapter {
                 password,
                 settings.connect_timeout,
             )
+            .map(|gateway| match wait_connections {
+                Some(size) => gateway.with_wait_connections(size),
+                None => gateway,
+            })
             .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
             Topology::Cluster => ClusterGateway::new(
                 &settings.urls,
@@ -173,6 +179,10 @@ impl RedisEdgeRateLimitAdapter {
                 settings.connect_timeout,
                 settings.command_timeout,
             )
+            .map(|gateway| match wait_connections {
+                Some(size) => gateway.with_wait_connections(size),
+                None => gateway,
+            })
             .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
             Topology::Sentinel => SentinelGateway::new(
                 &settings.sentinels,
@@ -187,7 +197,13 @@ impl RedisEdgeRateLimitAdapter {
                         .map(|password| password.expose_secret()),
                 },
                 settings.connect_timeout,
+                // Asked again as often as a command may take.
+                settings.command_timeout,
             )
+            .map(|gateway| match wait_connections {
+                Some(size) => gateway.with_wait_connections(size),
+                None => gateway,
+            })
             .map(|gateway| Arc::new(gateway) as Arc<dyn RedisGateway>),
         };
         let gateway = gateway.map_err(|error| RedisAdapterError::InvalidSettings {

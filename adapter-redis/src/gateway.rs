@@ -9,6 +9,7 @@
 mod cluster;
 mod connection;
 mod multiplexed;
+mod pool;
 mod sentinel;
 mod standalone;
 

@@ -16,6 +16,8 @@ pub const MAX_KEY_PREFIX_BYTES: usize = 64;
 pub const MAX_SCRIPT_LANE: usize = 65_536;
 /// The master name Sentinel deployments use unless told otherwise.
 pub(crate) const DEFAULT_MASTER_NAME: &str = "mymaster";
+/// Most connections `WAIT` mode may open per master.
+pub const MAX_WAIT_CONNECTIONS: usize = 256;
 /// Most refusals the local denial cache may hold.
 pub const MAX_DENY_CACHE_ENTRIES: usize = 1_000_000;
 
@@ -31,8 +33,9 @@ pub enum Topology {
     Cluster,
     /// A master and its replicas watched by Redis Sentinel: the master's
     /// address is asked of the `sentinels` (for `master_name`) whenever a
-    /// connection is opened, so after a failover the next connection goes
-    /// to the promoted replica. `urls` stays empty.
+    /// connection is opened and, while calls flow, every `command_timeout`;
+    /// the connections leave a master they no longer name. `urls` stays
+    /// empty.
     Sentinel,
 }
 
@@ -79,6 +82,8 @@ pub enum RedisField {
     SentinelPassword,
     /// [`RedisSettings::wait_timeout`].
     WaitTimeout,
+    /// [`RedisSettings::wait_connections`].
+    WaitConnections,
     /// [`DenyCacheSettings::max_entries`].
     DenyCacheMaxEntries,
 }
@@ -97,6 +102,7 @@ impl RedisField {
             Self::MasterName => "master-name",
             Self::SentinelPassword => "sentinel-password",
             Self::WaitTimeout => "wait-timeout",
+            Self::WaitConnections => "wait-connections",
             Self::DenyCacheMaxEntries => "deny-cache.max-entries",
         }
     }
@@ -136,7 +142,8 @@ pub struct RedisSettings {
     pub script_lane_max_in_flight: usize,
     /// The retry-after of outcomes that carry no better hint.
     pub failure_retry_after: Duration,
-    /// Sentinel only: `host:port` of each sentinel, asked in this order.
+    /// Sentinel only: `host:port` of each sentinel, all asked at once (the
+    /// newest configuration they hold wins).
     pub sentinels: Vec<String>,
     /// Sentinel only: the name the sentinels monitor the master under.
     pub master_name: String,
@@ -153,6 +160,12 @@ pub struct RedisSettings {
     /// the `WAIT` together, so the server's count comes back before the
     /// client gives up on the call.
     pub wait_timeout: Duration,
+    /// With `wait_replicas` > 0: the connections per master (per node on a
+    /// cluster) that charges and their `WAIT` go on, one call at a time
+    /// each, so a blocked `WAIT` holds one connection. A charge waits for a
+    /// free one within its `wait_timeout` only (default 8, at most
+    /// [`MAX_WAIT_CONNECTIONS`]).
+    pub wait_connections: usize,
     /// The local denial cache in front of Redis.
     pub deny_cache: DenyCacheSettings,
 }
@@ -181,8 +194,8 @@ impl Default for RedisSettings {
     /// Standalone on `redis://127.0.0.1:6379` (a default value only; tests
     /// never use that server), prefix `ca:rl:`, 1 s connects, 250 ms
     /// commands, 256 lane permits, 1 s failure retry-after; no sentinels,
-    /// master name `mymaster`; no `WAIT` (a 100 ms timeout once
-    /// `wait_replicas` is set).
+    /// master name `mymaster`; no `WAIT` (a 100 ms timeout and 8
+    /// connections per master once `wait_replicas` is set).
     ///
     /// The connect timeout is 1 s rather than something inside the 750 ms
     /// evaluation budget because a connect on a request's path is already
@@ -206,6 +219,7 @@ impl Default for RedisSettings {
             sentinel_password: None,
             wait_replicas: 0,
             wait_timeout: Duration::from_millis(100),
+            wait_connections: 8,
             deny_cache: DenyCacheSettings::default(),
         }
     }
@@ -306,6 +320,12 @@ impl RedisSettings {
                     ),
                 );
             }
+        }
+        if !(1..=MAX_WAIT_CONNECTIONS).contains(&self.wait_connections) {
+            reject(
+                RedisField::WaitConnections,
+                format!("must be in 1..={MAX_WAIT_CONNECTIONS}, got {}", self.wait_connections),
+            );
         }
         if !(1..=MAX_DENY_CACHE_ENTRIES).contains(&self.deny_cache.max_entries) {
             reject(
@@ -567,6 +587,18 @@ mod tests {
         // Without WAIT the timeout is never used, so it is not judged.
         let off = RedisSettings { wait_timeout: Duration::ZERO, ..RedisSettings::default() };
         assert_eq!(off.problems(), []);
+    }
+
+    #[test]
+    fn wait_mode_opens_one_to_the_most_connections_per_master() {
+        let waiting = RedisSettings { wait_replicas: 1, ..RedisSettings::default() };
+        assert_eq!(waiting.wait_connections, 8);
+        for (connections, problems) in [(1, 0), (MAX_WAIT_CONNECTIONS, 0), (0, 1), (257, 1)] {
+            let settings = RedisSettings { wait_connections: connections, ..waiting.clone() };
+            let fields: Vec<_> = settings.problems().into_iter().map(|p| p.field).collect();
+            assert_eq!(fields, vec![RedisField::WaitConnections; problems], "{connections}");
+        }
+        assert_eq!(RedisField::WaitConnections.key(), "wait-connections");
     }
 
     #[test]

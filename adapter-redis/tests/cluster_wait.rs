@@ -14,6 +14,10 @@
 //!   replica has no replica of its own, so with `WAIT` it serves charges
 //!   only once the old master rejoins as its replica. The test prints both
 //!   (docs/operations.md quotes them).
+//! - With one master's replica frozen, concurrent charges on that master
+//!   (twice `wait-connections`) are each answered within `wait-timeout`
+//!   and a little, and charges on another master are still allowed: a
+//!   blocked `WAIT` holds one connection to its own master.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -112,6 +116,78 @@ async fn a_charge_stands_once_the_slot_s_replica_acknowledged_it() {
         assert!(waited.elapsed() < Duration::from_secs(10), "never acknowledged again: {tally:?}");
     };
     assert!(count >= 3, "count {count}: the unacknowledged charges ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_replica_holds_its_own_master_s_connections_only() {
+    const CONCURRENT: usize = 16;
+    /// Scheduling on a busy machine; a charge queued behind a blocked
+    /// `WAIT` would take a whole `WAIT_TIMEOUT` more.
+    const FEW_MS: Duration = Duration::from_millis(50);
+    let mut cluster = tokio::task::block_in_place(RedisCluster::start);
+    let clock = ManualClock::new(1_800_000_000_000);
+    let adapter = adapter(&cluster, &clock, true);
+    let (frozen, healthy) = (cluster.masters()[0].port, cluster.masters()[1].port);
+    let replica = cluster.replica_of(frozen);
+    // Distinct subjects on each master.
+    let on = |master| -> Vec<SubjectDigest> {
+        (0..=u8::MAX)
+            .map(subject)
+            .filter(|who| {
+                let key = adapter.keys().counter_key(&policy(), who, &operation());
+                cluster.owner_of_slot(cluster.keyslot(&key)) == master
+            })
+            .take(CONCURRENT)
+            .collect()
+    };
+    let (blocked, free) = (on(frozen), on(healthy));
+    assert_eq!(blocked.len(), CONCURRENT);
+    let all = async |subjects: &[SubjectDigest]| {
+        let calls: Vec<_> = subjects
+            .iter()
+            .map(|who| {
+                let (adapter, clock, who) = (adapter.clone(), clock.clone(), who.clone());
+                tokio::spawn(async move {
+                    let mut tally = Tally::default();
+                    let started = Instant::now();
+                    evaluate(&adapter, &clock, &who, &mut tally).await;
+                    (tally, started.elapsed())
+                })
+            })
+            .collect();
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.expect("an evaluation panicked"));
+        }
+        answers
+    };
+    // Healthy: the pool's connections open and the masters are read.
+    for (tally, _) in all(&blocked).await.into_iter().chain(all(&free).await) {
+        assert_eq!(tally.allowed, 1, "{tally:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A master with every client blocked checks WAIT timeouts `hz` times a
+    // second (10 by default: up to 100 ms late); 100 makes it 10 ms.
+    assert_eq!(cluster.cli(frozen, &["CONFIG", "SET", "hz", "100"]), "OK");
+
+    tokio::task::block_in_place(|| cluster.pause_node(replica));
+    let (stuck, served) = tokio::join!(all(&blocked), all(&free));
+    tokio::task::block_in_place(|| cluster.resume_node(replica));
+    let mut refused = Tally::default();
+    for (tally, took) in &stuck {
+        assert_eq!(tally.allowed, 0, "a charge its replica never saw was allowed");
+        assert!(*took <= WAIT_TIMEOUT + FEW_MS, "answered after {took:?}: {tally:?}");
+        refused.add(*tally);
+    }
+    for (tally, _) in &served {
+        assert_eq!(tally.allowed, 1, "the other master's charges were held up: {tally:?}");
+    }
+    let slowest = stuck.iter().map(|(_, took)| *took).max().unwrap_or_default();
+    println!(
+        "{CONCURRENT} concurrent charges on a master with its replica frozen: {refused:?}, \
+         slowest after {slowest:?} (wait-timeout {WAIT_TIMEOUT:?}); {CONCURRENT} on another \
+         master all allowed"
+    );
 }
 
 /// Cuts the replica link of the master on `port` (it now needs a password

@@ -9,7 +9,10 @@
 //! - with `wait-replicas = 1`, a charge the replica acknowledged is
 //!   allowed; with the replica frozen (`SIGSTOP`) the same charge is
 //!   `Indeterminate` within its deadline, a denial still a denial, and once
-//!   the replica runs again charges are allowed again.
+//!   the replica runs again charges are allowed again;
+//! - with the replica frozen, concurrent charges (twice `wait-connections`)
+//!   are each answered within `wait-timeout` and a little: a blocked `WAIT`
+//!   holds one connection of the pool, not the charges behind it.
 
 mod common;
 
@@ -100,6 +103,63 @@ async fn evaluate(
     let outcome = adapter.evaluate(request).await;
     assert!(started.elapsed() <= BUDGET + SLACK, "took {:?}: {outcome:?}", started.elapsed());
     outcome
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_replica_frozen_concurrent_charges_are_each_answered_within_the_wait_timeout() {
+    /// Twice the pool: half of them find every connection held by a `WAIT`.
+    const CONCURRENT: u8 = 16;
+    /// Scheduling on a busy machine; one charge queued behind a blocked
+    /// `WAIT` would take a whole `WAIT_TIMEOUT` more.
+    const FEW_MS: Duration = Duration::from_millis(50);
+    let mut group = tokio::task::block_in_place(group);
+    let clock = ManualClock::new(common::T0);
+    let adapter = Arc::new(adapter(&group, &clock, "data", "sentinel"));
+    let replica = group.other_than(group.master_port());
+    let all = async |adapter: &Arc<RedisEdgeRateLimitAdapter>| {
+        let calls: Vec<_> = (0..CONCURRENT)
+            .map(|who| {
+                let (adapter, clock) = (Arc::clone(adapter), clock.clone());
+                tokio::spawn(async move {
+                    let started = Instant::now();
+                    let outcome = evaluate(&adapter, &clock, 10 + who).await;
+                    (outcome, started.elapsed())
+                })
+            })
+            .collect();
+        let mut outcomes = Vec::new();
+        for call in calls {
+            outcomes.push(call.await.expect("an evaluation panicked"));
+        }
+        outcomes
+    };
+    // Healthy: every connection of the pool opened, every charge allowed.
+    for (outcome, _) in all(&adapter).await {
+        assert!(outcome.is_allowed(), "{outcome:?}");
+    }
+    // A master with every client blocked checks WAIT timeouts `hz` times a
+    // second (10 by default: up to 100 ms late); 100 makes it 10 ms.
+    let master = group.master_port();
+    assert_eq!(group.cli(master, &["CONFIG", "SET", "hz", "100"]), "OK");
+
+    tokio::task::block_in_place(|| group.pause(replica));
+    let outcomes = all(&adapter).await;
+    tokio::task::block_in_place(|| group.resume(replica));
+    let slowest = outcomes.iter().map(|(_, took)| *took).max().unwrap_or_default();
+    for (outcome, took) in &outcomes {
+        let refused = indeterminate(outcome)
+            || *outcome
+                == RateLimitOutcome::Unavailable {
+                    category: UnavailableCategory::UnavailableBeforeSend,
+                    retry_after: Duration::from_secs(1),
+                };
+        assert!(refused, "{outcome:?}");
+        assert!(*took <= WAIT_TIMEOUT + FEW_MS, "answered after {took:?}: {outcome:?}");
+    }
+    println!(
+        "wait: {CONCURRENT} concurrent charges with the replica frozen, slowest answered after \
+         {slowest:?} (wait-timeout {WAIT_TIMEOUT:?})"
+    );
 }
 
 fn denied(outcome: &RateLimitOutcome) -> bool {

@@ -203,6 +203,10 @@ pub struct RedisConfig {
     /// `wait-timeout`: the `WAIT` timeout (default 100 ms; shorter than
     /// `command-timeout`).
     pub wait_timeout: Duration,
+    /// `wait-connections`: with `wait-replicas` > 0, the connections per
+    /// master the charges and their `WAIT` go on, one call at a time each
+    /// (default 8).
+    pub wait_connections: usize,
     /// `deny-cache.enabled` and `deny-cache.max-entries`: the local denial
     /// cache (default on, 10,000 entries).
     pub deny_cache: DenyCacheSettings,
@@ -227,6 +231,7 @@ impl fmt::Debug for RedisConfig {
             .field("sentinel_password", &self.sentinel_password)
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
+            .field("wait_connections", &self.wait_connections)
             .field("deny_cache", &self.deny_cache)
             .finish()
     }
@@ -309,6 +314,7 @@ impl RedisConfig {
                 .map(|password| password.expose().into()),
             wait_replicas: self.wait_replicas,
             wait_timeout: self.wait_timeout,
+            wait_connections: self.wait_connections,
             deny_cache: self.deny_cache,
         }
     }
@@ -334,6 +340,7 @@ impl Default for RedisConfig {
             sentinel_password: None,
             wait_replicas: defaults.wait_replicas,
             wait_timeout: defaults.wait_timeout,
+            wait_connections: defaults.wait_connections,
             deny_cache: defaults.deny_cache,
         }
     }

@@ -13,10 +13,20 @@
 //! builds a new cluster connection (and so reads the slot map afresh) in
 //! the background on the first call after the current one has been open
 //! [`SLOT_MAP_REFRESH`]; an idle gateway refreshes nothing.
+//!
+//! In `WAIT` mode the charges go on their own `wait-connections` cluster
+//! connections, one call per master at a time on each (`pool` says why):
+//! the gateway reads which master serves each slot (`CLUSTER SLOTS`, in the
+//! background, again once that is [`SLOT_MAP_REFRESH`] old) and keeps one
+//! set of turns per master, so a master whose replica is gone holds its own
+//! connections only. Until the first read, and for slots no master serves,
+//! one shared set of turns stands in; a stale read only misplaces turns,
+//! never a command (commands are routed by slot as always).
 
+use std::collections::HashMap;
 use std::fmt::{self, Debug};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -29,6 +39,7 @@ use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 use tokio::time::Instant;
 
 use super::connection::{Connect, LazyConnection, Opened};
+use super::pool::{Turns, WaitPool, patience};
 use super::{
     Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
     digest_of, evalsha_command, pong, script_load_command, wait_command,
@@ -56,7 +67,35 @@ struct Shared {
     connection: LazyConnection<Cluster>,
     /// One background refresh at a time.
     refreshing: AtomicBool,
+    /// `WAIT` mode's connections and turns, when `wait-replicas` > 0.
+    waiting: Option<Waiting>,
 }
+
+/// `WAIT` mode's cluster connections, with one set of turns per master.
+struct Waiting {
+    pool: WaitPool<Cluster>,
+    masters: RwLock<Arc<Masters>>,
+    /// One background read of the masters at a time.
+    reading: AtomicBool,
+    /// When the next read is due: [`SLOT_MAP_REFRESH`] after one that
+    /// worked, [`REREAD_AFTER_FAILURE`] after one that did not.
+    next_read: Mutex<Option<Instant>>,
+}
+
+/// How soon a failed read of the masters is tried again.
+const REREAD_AFTER_FAILURE: Duration = Duration::from_secs(1);
+
+/// Which master serves each slot, as `CLUSTER SLOTS` said, and the turns on
+/// the pool's connections per master.
+struct Masters {
+    /// Per slot, an index into `turns`.
+    owner: Box<[u16]>,
+    /// One per master, then the shared one for slots none serves.
+    turns: Box<[Turns]>,
+}
+
+/// Slots of a Redis Cluster.
+const SLOTS: usize = 16_384;
 
 /// Opens cluster connections from the seed nodes.
 struct Cluster(ClusterClient);
@@ -113,11 +152,32 @@ impl ClusterGateway {
         if let Some(password) = password {
             builder = builder.password(password);
         }
-        let connection = LazyConnection::new(Cluster(builder.build()?), connect_timeout, "cluster");
+        let connection =
+            LazyConnection::new(Arc::new(Cluster(builder.build()?)), connect_timeout, "cluster");
         Ok(Self {
-            shared: Arc::new(Shared { connection, refreshing: AtomicBool::new(false) }),
+            shared: Arc::new(Shared {
+                connection,
+                refreshing: AtomicBool::new(false),
+                waiting: None,
+            }),
             slot_map_refresh: SLOT_MAP_REFRESH,
         })
+    }
+
+    /// Sends [`RedisGateway::evalsha_then_wait`] on `size` cluster
+    /// connections of their own, one call per master at a time on each.
+    pub(crate) fn with_wait_connections(mut self, size: usize) -> Self {
+        let connection = &self.shared.connection;
+        let pool =
+            WaitPool::new(connection.connector(), size, connection.connect_timeout(), "cluster");
+        let masters = RwLock::new(Arc::new(Masters::unknown(pool.size())));
+        let waiting =
+            Waiting { pool, masters, reading: AtomicBool::new(false), next_read: Mutex::new(None) };
+        // Only just built: nothing else holds the shared part yet.
+        if let Some(shared) = Arc::get_mut(&mut self.shared) {
+            shared.waiting = Some(waiting);
+        }
+        self
     }
 
     /// Replaces the default [`SLOT_MAP_REFRESH`] age (30 s) after which the
@@ -154,6 +214,20 @@ impl ClusterGateway {
         wait: Option<WaitFor>,
         timeout: Duration,
     ) -> Result<Value, GatewayFailure> {
+        self.query_on(None, cmd, routing, script, wait, timeout).await
+    }
+
+    /// [`Self::query`] on `pooled` (a `WAIT` connection), or on the
+    /// gateway's own connection when `None`.
+    async fn query_on(
+        &self,
+        pooled: Option<&LazyConnection<Cluster>>,
+        cmd: &redis::Cmd,
+        routing: RoutingInfo,
+        script: Option<&'static str>,
+        wait: Option<WaitFor>,
+        timeout: Duration,
+    ) -> Result<Value, GatewayFailure> {
         let until = Instant::now() + timeout;
         let mut ask: Option<(String, u16)> = None;
         let mut pause = FIRST_PAUSE;
@@ -163,7 +237,10 @@ impl ClusterGateway {
                 // Every attempt so far was refused unrun (or never sent).
                 return Err(last);
             }
-            let opened = self.connection(until).await?;
+            let opened = match pooled {
+                Some(lazy) => lazy.get(until).await?,
+                None => self.connection(until).await?,
+            };
             let mut connection = opened.connection.clone();
             let attempt = async {
                 let ask = ask.take();
@@ -208,7 +285,7 @@ impl ClusterGateway {
                     },
                 }
             };
-            let lazy = &self.shared.connection;
+            let lazy = pooled.unwrap_or(&self.shared.connection);
             let result = match tokio::time::timeout_at(until, attempt).await {
                 Ok(result) => result.and_then(server_error_as_err),
                 Err(_) => {
@@ -266,6 +343,138 @@ impl Shared {
             shared.refreshing.store(false, Ordering::Release);
         });
     }
+}
+
+impl Waiting {
+    /// The masters as last read; starts a background read when one is due
+    /// (on first use, then [`SLOT_MAP_REFRESH`] after the last that worked).
+    fn masters(&self, shared: &Arc<Shared>) -> Arc<Masters> {
+        let masters =
+            Arc::clone(&self.masters.read().unwrap_or_else(|poisoned| poisoned.into_inner()));
+        let due = self
+            .next_read
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .is_none_or(|at| Instant::now() >= at);
+        if due && !self.reading.swap(true, Ordering::AcqRel) {
+            let shared = Arc::clone(shared);
+            tokio::spawn(async move {
+                let Some(waiting) = &shared.waiting else { return };
+                let until = Instant::now() + shared.connection.connect_timeout();
+                let size = waiting.pool.size();
+                let read = read_masters(&shared.connection, size, until).await;
+                // On failure the old read (or the shared turns) stays.
+                let pause = if read.is_some() { SLOT_MAP_REFRESH } else { REREAD_AFTER_FAILURE };
+                if let Some(read) = read {
+                    *waiting.masters.write().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                        Arc::new(read);
+                }
+                *waiting.next_read.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                    Some(Instant::now() + pause);
+                waiting.reading.store(false, Ordering::Release);
+            });
+        }
+        masters
+    }
+}
+
+/// `CLUSTER SLOTS` from any node, as [`Masters`] with `size` turns each.
+async fn read_masters(
+    connection: &LazyConnection<Cluster>,
+    size: usize,
+    until: Instant,
+) -> Option<Masters> {
+    let opened = connection.get(until).await.ok()?;
+    let mut cluster = opened.connection.clone();
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random);
+    match tokio::time::timeout_at(until, cluster.route_command(cmd, routing)).await.ok()? {
+        Ok(reply) => Masters::of_slots(&reply, size),
+        Err(error) => {
+            tracing::warn!(
+                kind = error.category(),
+                code = error.code(),
+                "redis CLUSTER SLOTS failed"
+            );
+            None
+        }
+    }
+}
+
+impl Masters {
+    /// Before any read: one shared set of turns for every slot.
+    fn unknown(size: usize) -> Self {
+        Self { owner: vec![0; SLOTS].into(), turns: Box::new([Turns::new(size)]) }
+    }
+
+    /// A `CLUSTER SLOTS` reply: `[start, end, [host, port, ...], replicas...]`
+    /// per range; the first node of a range is its master.
+    fn of_slots(reply: &Value, size: usize) -> Option<Self> {
+        let Value::Array(ranges) = reply else { return None };
+        let mut masters: HashMap<(Vec<u8>, i64), u16> = HashMap::new();
+        let mut owner = vec![u16::MAX; SLOTS];
+        for range in ranges {
+            let Value::Array(fields) = range else { return None };
+            let (Some(Value::Int(start)), Some(Value::Int(end)), Some(Value::Array(node))) =
+                (fields.first(), fields.get(1), fields.get(2))
+            else {
+                return None;
+            };
+            let host = match node.first() {
+                Some(Value::BulkString(host)) => host.clone(),
+                Some(Value::SimpleString(host)) => host.clone().into_bytes(),
+                _ => return None,
+            };
+            let Some(Value::Int(port)) = node.get(1) else { return None };
+            let next = u16::try_from(masters.len()).ok()?;
+            let index = *masters.entry((host, *port)).or_insert(next);
+            let start = usize::try_from(*start).ok()?;
+            let end = usize::try_from(*end).ok()?.min(SLOTS - 1);
+            for slot in owner.get_mut(start..=end)? {
+                *slot = index;
+            }
+        }
+        // Slots no master serves share the last set of turns.
+        let unserved = u16::try_from(masters.len()).ok()?;
+        for slot in &mut owner {
+            if *slot == u16::MAX {
+                *slot = unserved;
+            }
+        }
+        let turns = (0..=masters.len()).map(|_| Turns::new(size)).collect();
+        Some(Self { owner: owner.into(), turns })
+    }
+
+    /// The turns of the master that serves `key`'s slot.
+    fn turns_of(&self, key: &str) -> &Turns {
+        let owner = self.owner.get(usize::from(key_slot(key.as_bytes()))).copied().unwrap_or(0);
+        self.turns.get(usize::from(owner)).unwrap_or(&self.turns[0])
+    }
+}
+
+/// The slot of `key`: CRC16 (XMODEM) of its `{...}` hash tag, or of the
+/// whole key when it has none, modulo 16,384 (the client's own rule; its
+/// slot type does not give the number out).
+fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&byte| byte == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            rest.iter().position(|&byte| byte == b'}').map(|close| &rest[..close])
+        })
+        .filter(|tag| !tag.is_empty())
+        .unwrap_or(key);
+    let mut crc: u16 = 0;
+    for &byte in tagged {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 { (crc << 1) ^ 0x1021 } else { crc << 1 };
+        }
+    }
+    // 16,384 is a power of two.
+    crc & 0x3fff
 }
 
 /// The master of the slot that `key` hashes to (its `{...}` hash tag).
@@ -352,8 +561,29 @@ impl RedisGateway for ClusterGateway {
     ) -> Result<Acknowledged, GatewayFailure> {
         let cmd = evalsha_command(&script.digest, keys, args);
         let key = keys.first().map_or("", String::as_str);
-        let reply =
-            self.query(&cmd, route_of(key), Some(script.source), Some(wait), timeout).await?;
+        let (route, source) = (route_of(key), Some(script.source));
+        let reply = match &self.shared.waiting {
+            None => self.query(&cmd, route, source, Some(wait), timeout).await?,
+            Some(waiting) => {
+                // As on one server (`pool`): a turn within the wait's own
+                // timeout, which the time taken to get it comes off.
+                let started = Instant::now();
+                let patient = started + Duration::from_millis(wait.timeout_ms);
+                let masters = waiting.masters(&self.shared);
+                let Some(turn) = masters.turns_of(key).take(patient.min(started + timeout)).await
+                else {
+                    tracing::debug!("no WAIT connection came free within wait-timeout");
+                    return Err(GatewayFailure::NotSent);
+                };
+                let now = Instant::now();
+                let Some(wait) = patience(wait, started, now) else {
+                    return Err(GatewayFailure::NotSent);
+                };
+                let pooled = waiting.pool.connection(turn.index);
+                let left = timeout.saturating_sub(now - started);
+                self.query_on(Some(pooled), &cmd, route, source, Some(wait), left).await?
+            }
+        };
         match reply {
             Value::Array(mut replies) if replies.len() == 2 => {
                 let wait = replies.pop().unwrap_or(Value::Nil);
@@ -426,6 +656,41 @@ mod tests {
         ] {
             assert_eq!(next_step(&reply_error(wire)), retried(GatewayFailure::Refused), "{wire}");
         }
+    }
+
+    #[test]
+    fn a_key_s_slot_is_the_one_the_client_routes_it_to() {
+        use redis::cluster_routing::Slot;
+        for key in ["ca:rl:{v1:00}:p:1", "foo", "{}x", "a{b}c{d}", "{user1000}.following", ""] {
+            assert_eq!(Slot::new(key_slot(key.as_bytes())), Some(Slot::for_key(key)), "{key}");
+        }
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"{user1000}.followers"));
+    }
+
+    #[test]
+    fn each_master_has_its_own_turns_and_unserved_slots_share_one() {
+        let node =
+            |port| Value::Array(vec![Value::BulkString(b"127.0.0.1".to_vec()), Value::Int(port)]);
+        let range = |start, end, port| {
+            Value::Array(vec![Value::Int(start), Value::Int(end), node(port), node(port + 3)])
+        };
+        let reply = Value::Array(vec![
+            range(0, 5460, 7000),
+            range(5461, 10922, 7001),
+            range(10923, 16000, 7002),
+            range(16001, 16100, 7000),
+        ]);
+        let masters = Masters::of_slots(&reply, 8).unwrap();
+        assert_eq!(masters.turns.len(), 4);
+        assert_eq!(masters.owner[0], 0);
+        assert_eq!(masters.owner[5461], 1);
+        assert_eq!(masters.owner[16000], 2);
+        assert_eq!(masters.owner[16050], 0);
+        assert_eq!(masters.owner[16383], 3, "served by none");
+        assert!(Masters::of_slots(&Value::Int(1), 8).is_none());
+        let key = "ca:rl:{v1:00}:p:1";
+        let owner = masters.owner[usize::from(key_slot(key.as_bytes()))];
+        assert!(std::ptr::eq(masters.turns_of(key), &masters.turns[usize::from(owner)]));
     }
 
     #[test]

@@ -21,14 +21,17 @@
 //!   replica (a Sentinel failover reconfigured it). The connection works but
 //!   reaches the wrong node; a new one asks the sentinels (or resolves the
 //!   stable address) again.
+//! - On the next call after the connector's [`Connect::mark`] moved on: the
+//!   connector learnt that its connections reach the wrong node (the
+//!   sentinels name another master). One atomic read per call.
 //!
 //! Any other reply from the server, even an error reply, proves the
 //! connection works and ends the run.
 
 use std::fmt::{self, Debug};
 use std::future::Future;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
@@ -48,6 +51,16 @@ pub(crate) trait Connect: Send + Sync {
 
     /// Opens a new connection; the caller bounds the wait.
     fn connect(&self) -> impl Future<Output = RedisResult<Self::Connection>> + Send;
+
+    /// Which lot of connections is current: a connection opened under an
+    /// older mark is replaced on its next use. Read on every call, so a
+    /// relaxed atomic load at most; constant for most connectors.
+    fn mark(&self) -> u64 {
+        0
+    }
+
+    /// Called once per call that takes a connection, before it does.
+    fn used(&self) {}
 }
 
 /// One open connection as handed out: clone it, send on it, and report how
@@ -58,12 +71,15 @@ pub(crate) struct Opened<T> {
     pub(crate) generation: u64,
     pub(crate) connection: T,
     pub(crate) opened_at: Instant,
+    /// The connector's [`Connect::mark`] before it opened this one.
+    mark: u64,
 }
 
 /// A lazily opened, cached connection of kind `C`, replaced by the rule in
 /// the module documentation.
 pub(crate) struct LazyConnection<C: Connect> {
-    connector: C,
+    /// Shared by every connection of one gateway (a pool's too).
+    connector: Arc<C>,
     /// Names the topology in log lines.
     label: &'static str,
     connect_timeout: Duration,
@@ -87,7 +103,7 @@ impl<C: Connect> Debug for LazyConnection<C> {
 
 impl<C: Connect> LazyConnection<C> {
     /// Nothing is opened until the first [`Self::get`].
-    pub(crate) fn new(connector: C, connect_timeout: Duration, label: &'static str) -> Self {
+    pub(crate) fn new(connector: Arc<C>, connect_timeout: Duration, label: &'static str) -> Self {
         Self {
             connector,
             label,
@@ -113,8 +129,24 @@ impl<C: Connect> LazyConnection<C> {
         self.label
     }
 
+    /// The connector every connection of this one is opened by.
+    pub(crate) fn connector(&self) -> &Arc<C> {
+        &self.connector
+    }
+
+    /// The cached connection, unless the connector's mark moved on since it
+    /// was opened (then it is dropped here).
     fn cached(&self) -> Option<Opened<C::Connection>> {
-        self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+        let mark = self.connector.mark();
+        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        match &*current {
+            Some(held) if held.mark != mark => {
+                tracing::warn!(label = self.label, "redis connection superseded; replacing it");
+                *current = None;
+                None
+            }
+            held => held.clone(),
+        }
     }
 
     /// The cached connection, or a new one opened before `until` (and
@@ -123,6 +155,7 @@ impl<C: Connect> LazyConnection<C> {
         &self,
         until: Instant,
     ) -> Result<Opened<C::Connection>, GatewayFailure> {
+        self.connector.used();
         if let Some(cached) = self.cached() {
             return Ok(cached);
         }
@@ -143,8 +176,11 @@ impl<C: Connect> LazyConnection<C> {
         &self,
         until: Instant,
     ) -> Result<Opened<C::Connection>, GatewayFailure> {
+        // Read before: a mark that moves while connecting may be about this
+        // very node, so the new connection must not outlive it.
+        let mark = self.connector.mark();
         match tokio::time::timeout_at(until, self.connector.connect()).await {
-            Ok(Ok(connection)) => Ok(self.install(connection)),
+            Ok(Ok(connection)) => Ok(self.install(connection, mark)),
             Ok(Err(error)) => {
                 tracing::warn!(kind = error.category(), label = self.label, "redis connect failed");
                 Err(GatewayFailure::NotSent)
@@ -156,11 +192,12 @@ impl<C: Connect> LazyConnection<C> {
         }
     }
 
-    fn install(&self, connection: C::Connection) -> Opened<C::Connection> {
+    fn install(&self, connection: C::Connection, mark: u64) -> Opened<C::Connection> {
         let opened = Opened {
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
             connection,
             opened_at: Instant::now(),
+            mark,
         };
         *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
             Some(opened.clone());
@@ -242,11 +279,13 @@ mod tests {
 
     use super::*;
 
-    /// Hands out connection numbers after `delay`, counting its connects.
+    /// Hands out connection numbers after `delay`, counting its connects,
+    /// under the mark the test sets.
     #[derive(Debug, Default)]
     struct Counting {
         connects: AtomicUsize,
         delay: Duration,
+        mark: AtomicU64,
     }
 
     impl Connect for Arc<Counting> {
@@ -259,11 +298,16 @@ mod tests {
                 Ok(counting.connects.fetch_add(1, Ordering::Relaxed) + 1)
             }
         }
+
+        fn mark(&self) -> u64 {
+            self.mark.load(Ordering::Relaxed)
+        }
     }
 
     fn lazy(delay: Duration) -> (LazyConnection<Arc<Counting>>, Arc<Counting>) {
-        let counting = Arc::new(Counting { connects: AtomicUsize::new(0), delay });
-        (LazyConnection::new(Arc::clone(&counting), Duration::from_secs(1), "test"), counting)
+        let counting = Arc::new(Counting { delay, ..Counting::default() });
+        let connector = Arc::new(Arc::clone(&counting));
+        (LazyConnection::new(connector, Duration::from_secs(1), "test"), counting)
     }
 
     fn soon() -> Instant {
@@ -353,6 +397,17 @@ mod tests {
         let new = lazy.get(soon()).await.unwrap();
         lazy.failed(old.generation, GatewayFailure::ConnectionLost, Some(&dropped()));
         assert_eq!(lazy.get(soon()).await.unwrap().generation, new.generation);
+    }
+
+    #[tokio::test]
+    async fn a_connection_under_an_older_mark_is_replaced_on_its_next_use() {
+        let (lazy, counting) = lazy(Duration::ZERO);
+        let held = lazy.get(soon()).await.unwrap();
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, held.generation);
+        counting.mark.store(1, Ordering::Relaxed);
+        let replaced = lazy.get(soon()).await.unwrap();
+        assert_eq!(replaced.generation, held.generation + 1);
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, replaced.generation);
     }
 
     #[tokio::test]

@@ -12,6 +12,7 @@ use redis::aio::{ConnectionLike, MultiplexedConnection};
 use tokio::time::Instant;
 
 use super::connection::{Connect, LazyConnection};
+use super::pool::{WaitPool, patience};
 use super::{
     Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
     digest_of, evalsha_command, pong, script_load_command, wait_command,
@@ -19,8 +20,26 @@ use super::{
 
 /// The gateway of one server reached over one multiplexed connection,
 /// opened lazily by `C` and replaced by the rule of the `connection` module.
+/// In `WAIT` mode the charges go on a [`WaitPool`] of such connections
+/// instead, one call at a time each.
 pub(crate) struct MultiplexedGateway<C: Connect<Connection = MultiplexedConnection>> {
     pub(super) connection: LazyConnection<C>,
+    pub(super) waiting: Option<WaitPool<C>>,
+}
+
+impl<C: Connect<Connection = MultiplexedConnection>> MultiplexedGateway<C> {
+    /// Sends [`RedisGateway::evalsha_then_wait`] on a pool of `size`
+    /// connections to the same server, opened by the same connector.
+    pub(crate) fn with_wait_connections(mut self, size: usize) -> Self {
+        let connection = &self.connection;
+        self.waiting = Some(WaitPool::new(
+            connection.connector(),
+            size,
+            connection.connect_timeout(),
+            connection.label(),
+        ));
+        self
+    }
 }
 
 impl<C: Connect<Connection = MultiplexedConnection>> Debug for MultiplexedGateway<C> {
@@ -30,6 +49,7 @@ impl<C: Connect<Connection = MultiplexedConnection>> Debug for MultiplexedGatewa
             .field("topology", &self.connection.label())
             .field("connect_timeout", &self.connection.connect_timeout())
             .field("generation", &self.connection.generation())
+            .field("wait_connections", &self.waiting.as_ref().map(WaitPool::size))
             .finish_non_exhaustive()
     }
 }
@@ -66,7 +86,20 @@ impl<C: Connect<Connection = MultiplexedConnection> + 'static> RedisGateway
         timeout: Duration,
     ) -> Result<Acknowledged, GatewayFailure> {
         let cmd = evalsha_command(&script.digest, keys, args);
-        self.connection.query_then_wait(&cmd, wait, timeout).await
+        let Some(pool) = &self.waiting else {
+            return self.connection.query_then_wait(&cmd, wait, timeout).await;
+        };
+        let started = Instant::now();
+        let patient = started + Duration::from_millis(wait.timeout_ms);
+        let Some(lent) = pool.lend(patient.min(started + timeout)).await else {
+            tracing::debug!("no WAIT connection came free within wait-timeout");
+            return Err(GatewayFailure::NotSent);
+        };
+        let now = Instant::now();
+        let Some(wait) = patience(wait, started, now) else {
+            return Err(GatewayFailure::NotSent);
+        };
+        lent.query_then_wait(&cmd, wait, timeout.saturating_sub(now - started)).await
     }
 
     async fn ping(&self, timeout: Duration) -> Result<(), GatewayFailure> {

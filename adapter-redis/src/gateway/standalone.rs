@@ -1,6 +1,7 @@
 //! `StandaloneGateway`: the gateway of one server, over one multiplexed
 //! connection.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
@@ -48,8 +49,11 @@ impl MultiplexedGateway<Standalone> {
             .set_connection_timeout(Some(connect_timeout))
             // Each call carries its own timeout (capped by the request deadline).
             .set_response_timeout(None);
-        let connector = Standalone { client: Client::open(info)?, config };
-        Ok(Self { connection: LazyConnection::new(connector, connect_timeout, "standalone") })
+        let connector = Arc::new(Standalone { client: Client::open(info)?, config });
+        Ok(Self {
+            connection: LazyConnection::new(connector, connect_timeout, "standalone"),
+            waiting: None,
+        })
     }
 }
 

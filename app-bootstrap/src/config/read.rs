@@ -418,6 +418,7 @@ impl Reader<'_> {
         let sentinel_password = self.field(&mut table, "sentinel-password", Self::secret);
         let wait_replicas = self.field(&mut table, "wait-replicas", Self::u32);
         let wait_timeout = self.field(&mut table, "wait-timeout", Self::duration);
+        let wait_connections = self.field(&mut table, "wait-connections", Self::u32);
         let lane = table.get("script-lane");
         let mut lane = self.table(lane, table.path().child("script-lane"));
         let max_in_flight = self.field(&mut lane, "max-in-flight", Self::u32);
@@ -452,6 +453,7 @@ impl Reader<'_> {
             sentinel_password,
             wait_replicas: wait_replicas.unwrap_or(defaults.wait_replicas),
             wait_timeout: wait_timeout.unwrap_or(defaults.wait_timeout),
+            wait_connections: wait_connections.map_or(defaults.wait_connections, |n| n as usize),
             deny_cache: DenyCacheSettings {
                 enabled: cache_enabled.unwrap_or(defaults.deny_cache.enabled),
                 max_entries: cache_entries.map_or(defaults.deny_cache.max_entries, |n| n as usize),

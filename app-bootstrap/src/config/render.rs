@@ -107,6 +107,8 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     }
     table.insert("wait-replicas".into(), i64::from(redis.wait_replicas).into());
     table.insert("wait-timeout".into(), duration(redis.wait_timeout));
+    let wait_connections = i64::try_from(redis.wait_connections).unwrap_or(i64::MAX);
+    table.insert("wait-connections".into(), wait_connections.into());
     let mut lane = Table::new();
     let in_flight = i64::try_from(redis.script_lane_max_in_flight).unwrap_or(i64::MAX);
     lane.insert("max-in-flight".into(), in_flight.into());

@@ -610,6 +610,7 @@ sentinel-username = "watcher"
 sentinel-password = { env = "EVERY_KEY_SENTINEL_PASSWORD" }
 wait-replicas = 2
 wait-timeout = "40ms"
+wait-connections = 4
 deny-cache = { enabled = false, max-entries = 500 }
 
 [admin]
@@ -715,7 +716,8 @@ fn sentinel_and_wait_rules_come_from_the_provider_with_their_key_paths() {
         let file = format!(
             "{base}[redis]\nenabled = true\ntopology = \"sentinel\"\n\
              sentinels = [\"10.0.0.1:26379\", \"nowhere\"]\nmaster-name = \"\"\n\
-             sentinel-username = \"watcher\"\nwait-replicas = 1\nwait-timeout = \"250ms\"\n"
+             sentinel-username = \"watcher\"\nwait-replicas = 1\nwait-timeout = \"250ms\"\n\
+             wait-connections = 0\n"
         );
         assert_eq!(
             paths(load_file(jail, &file)),
@@ -724,6 +726,7 @@ fn sentinel_and_wait_rules_come_from_the_provider_with_their_key_paths() {
                 "redis.master-name",
                 "redis.sentinel-password",
                 "redis.wait-timeout",
+                "redis.wait-connections",
             ]
         );
         // Sentinel takes no URL; no sentinel at all is named too.

@@ -302,6 +302,7 @@ pub(crate) fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
             RedisField::MasterName => path.child("master-name"),
             RedisField::SentinelPassword => path.child("sentinel-password"),
             RedisField::WaitTimeout => path.child("wait-timeout"),
+            RedisField::WaitConnections => path.child("wait-connections"),
             RedisField::DenyCacheMaxEntries => path.dotted("deny-cache.max-entries"),
             // The edge's own rule reports this key; once is enough.
             RedisField::FailureRetryAfter => continue,
