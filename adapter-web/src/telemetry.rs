@@ -17,7 +17,7 @@ use crate::rejection::EdgeRejection;
 
 /// The name of a metric the service exports: `$name` after the service's
 /// prefix, as a `&'static str`. The prefix is written here only, so every
-/// crate's metrics share it (and `scripts/new-service.sh` renames it).
+/// crate's metrics share it.
 #[macro_export]
 macro_rules! metric_name {
     ($name:literal) => {
