@@ -30,7 +30,7 @@ usage() {
     exit 2
 }
 
-[ $# -ge 1 ] && [ $# -le 2 ] || usage
+if [ $# -lt 1 ] || [ $# -gt 2 ]; then usage; fi
 name=$1
 template=$(cd "$(dirname "$0")/.." && pwd -P)
 dest=${2:-$(dirname "$template")/$name}
@@ -41,7 +41,8 @@ kebab='^[a-z][a-z0-9]*(-[a-z0-9]+)*$'
 snake=${name//-/_}
 upper=$(printf '%s' "$snake" | tr '[:lower:]' '[:upper:]')
 # A one-word NAME is also the snake-case identifier of a function and a crate.
-case " as async await break const continue crate dyn else enum extern false fn for gen if impl in let loop match mod move mut pub ref return self static struct super trait true try type unsafe use where while abstract become box do final macro override priv typeof unsized virtual yield " in
+keywords=" as async await break const continue crate dyn else enum extern false fn for gen if impl in let loop match mod move mut pub ref return self static struct super trait true try type unsafe use where while abstract become box do final macro override priv typeof unsized virtual yield "
+case "$keywords" in
     *" $snake "*) die "NAME '$name' is a Rust keyword; pick another" ;;
 esac
 for form in "$name" "$name:rl:" "$name-rate-limit"; do
@@ -65,11 +66,14 @@ fi
 if [ -d "$dest" ] && [ -n "$(ls -A "$dest")" ]; then
     die "DEST '$dest' is not empty; give a new or empty directory"
 fi
+existed=false
+if [ -d "$dest" ]; then existed=true; fi
 mkdir -p "$dest"
 dest=$(cd "$dest" && pwd -P)
 case "$dest/" in
-    "$template/"*) rmdir "$dest" 2>/dev/null || true
-                   die "DEST '$dest' is inside the template's checkout; put it elsewhere" ;;
+    "$template/"*)
+        if ! $existed; then rmdir "$dest"; fi
+        die "DEST '$dest' is inside the template's checkout; put it elsewhere" ;;
 esac
 
 # Every variant of the template's name, longest first.
@@ -90,7 +94,9 @@ while IFS= read -r -d '' path; do
     source="$template/$path"
     # Tracked but deleted in the work tree: nothing to copy.
     [ -e "$source" ] || [ -L "$source" ] || continue
-    if [ -f "$source" ] && [ ! -L "$source" ] && head -n 3 "$source" | grep -q 'template-only:file'; then
+    # grep -c, not -q: it reads all of head's output, so head never dies of
+    # a closed pipe (which pipefail would take for "not marked").
+    if [ -f "$source" ] && [ ! -L "$source" ] && head -n 3 "$source" | grep -c 'template-only:file' >/dev/null; then
         continue
     fi
     target="$dest/$(printf '%s\n' "$path" | rename_names)"
@@ -117,20 +123,21 @@ done < <(git -C "$template" ls-files -z)
 # The safety net: any template name left (in a file's text or its path)
 # fails the generation, listing where.
 leftovers=$(cd "$dest" && {
-    grep -rnE -i "$LEFTOVER" . || true
-    find . -type f | grep -Ei "$LEFTOVER" || true
+    grep -rnIE -i "$LEFTOVER" . || true
+    { grep -rlaE -i "$LEFTOVER" . || true; } | while IFS= read -r file; do
+        grep -Iq . "$file" || printf '%s: a binary file holding a template name\n' "$file"
+    done
+    { find . | grep -Ei "$LEFTOVER" || true; } | sed 's/$/: a path holding a template name/'
 })
 if [ -n "$leftovers" ]; then
     printf '%s\n' "$leftovers" >&2
     die "$dest still holds names of the template (above); rename them by hand or extend this script"
 fi
 
-if command -v git >/dev/null 2>&1; then
-    git -C "$dest" init -q
-    git -C "$dest" add -A
-    if ! git -C "$dest" commit -q -m "$name: generated from the service template" 2>/dev/null; then
-        echo "note: $dest is a git repository with everything staged, but not committed (git knows no author?)"
-    fi
+git -C "$dest" init -q
+git -C "$dest" add -A
+if ! git -C "$dest" commit -q -m "$name: generated from the service template" 2>/dev/null; then
+    echo "note: $dest is a git repository with everything staged, but not committed (git knows no author?)"
 fi
 
 echo "created $name in $dest ($copied files): binary $name, variables ${upper}_*, metrics ${snake}_*, Redis keys $name:rl:*"

@@ -164,7 +164,8 @@ fn bad_names_and_a_used_destination_are_refused() {
 
 #[test]
 fn a_template_name_the_renames_miss_fails_the_generation_naming_where() {
-    // A template of two files, one holding a spelling no rename covers.
+    // A template whose files hold, and are named with, spellings no rename
+    // covers: in text, in a binary file and in a path.
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("template");
     std::fs::create_dir_all(template.join("scripts")).unwrap();
@@ -172,6 +173,8 @@ fn a_template_name_the_renames_miss_fails_the_generation_naming_where() {
     std::fs::copy(self::template().join("scripts/new-service.sh"), &script).unwrap();
     std::fs::write(template.join("README.md"), "# ca-skeleton-rs\n\nRun Ca-Skeleton here.\n")
         .unwrap();
+    std::fs::write(template.join("logo.bin"), b"\0\x01ca-skeleton\0").unwrap();
+    std::fs::write(template.join("Ca-Skeleton.md"), "named for it\n").unwrap();
     git(&template, &["init", "-q"]);
     git(&template, &["add", "-A"]);
 
@@ -180,5 +183,7 @@ fn a_template_name_the_renames_miss_fails_the_generation_naming_where() {
     assert_eq!(output.status.code(), Some(1), "{}", stderr(&output));
     let stderr = stderr(&output);
     assert!(stderr.contains("README.md:3:Run Ca-Skeleton here."), "{stderr}");
+    assert!(stderr.contains("logo.bin: a binary file holding a template name"), "{stderr}");
+    assert!(stderr.contains("Ca-Skeleton.md: a path holding a template name"), "{stderr}");
     assert!(stderr.contains("still holds names of the template"), "{stderr}");
 }
