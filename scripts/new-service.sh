@@ -110,8 +110,18 @@ while IFS= read -r -d '' path; do
             begins=$(grep -c 'template-only:begin' "$source")
             ends=$(grep -c 'template-only:end' "$source")
             [ "$begins" -eq "$ends" ] || die "$path: $begins template-only:begin but $ends template-only:end"
-            awk '/template-only:begin/ { skip = 1 } !skip { print } /template-only:end/ { skip = 0 }' \
-                "$source" | rename_names >"$target"
+            # Blank lines around a cut block become at most one (none at the end).
+            awk '
+                /template-only:begin/ { skip = 1; next }
+                skip { if (/template-only:end/) { skip = 0; cut = 1 } next }
+                /^[[:space:]]*$/ { blanks = blanks $0 "\n"; count++; next }
+                {
+                    if (cut && count > 1) blanks = "\n"
+                    printf "%s", blanks; print
+                    blanks = ""; count = 0; cut = 0
+                }
+                END { if (!cut) printf "%s", blanks }
+            ' "$source" | rename_names >"$target"
         else
             rename_names "$source" >"$target"
         fi
