@@ -15,7 +15,8 @@ fn template() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the workspace root").to_owned()
 }
 
-/// Runs `script NAME DEST`, with a git identity so the first commit is made.
+/// Runs `script NAME DEST`, with a git identity and no commit signing, so
+/// the first commit is made whatever the machine's git configuration says.
 fn generate_with(script: &Path, name: &str, dest: &Path) -> Output {
     Command::new("bash")
         .arg(script)
@@ -25,6 +26,9 @@ fn generate_with(script: &Path, name: &str, dest: &Path) -> Output {
         .env("GIT_AUTHOR_EMAIL", "test@example.invalid")
         .env("GIT_COMMITTER_NAME", "new-service test")
         .env("GIT_COMMITTER_EMAIL", "test@example.invalid")
+        .env("GIT_CONFIG_COUNT", "1")
+        .env("GIT_CONFIG_KEY_0", "commit.gpgsign")
+        .env("GIT_CONFIG_VALUE_0", "false")
         .output()
         .expect("bash runs")
 }
