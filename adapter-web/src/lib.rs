@@ -45,4 +45,4 @@ pub use subject::{
     AuthenticatedPrincipal, IdentityProblem, MAX_API_KEY_BYTES, SubjectKind, canonical_identity,
 };
 pub use switch::BridgeSwitch;
-pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS};
+pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS, METRIC_PREFIX};

@@ -23,7 +23,7 @@ use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath};
 use crate::error::BootstrapError;
 
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
-pub const CONFIG_RELOADS_TOTAL: &str = "rate_limit_config_reloads_total";
+pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
 
 /// The keys of `capabilities.rate-limit` a reload applies: the policy
 /// table and what only the bridge reads. `provider` and

@@ -1,7 +1,7 @@
 //! Clock skew at the edge: two instances on one redis-server, one of them
 //! behind the other by more than `maximum-clock-regression` (1 s by
 //! default). The lagging one answers 503 problem+json of type clock-unsafe
-//! and counts it in `ca_rate_limit_decisions_total{outcome="clock-unsafe"}`,
+//! and counts it in `ca_skeleton_rate_limit_decisions_total{outcome="clock-unsafe"}`,
 //! the series docs/operations.md tells operators to alert on; within the
 //! bound it serves normally.
 
@@ -11,7 +11,7 @@ use adapter_redis::fixture::RedisServer;
 use reqwest::StatusCode;
 use support::{Running, T0, counter, fixed_window_config, load};
 
-const UNSAFE: &str = r#"ca_rate_limit_decisions_total{policy="skew",algorithm="fixed-window",outcome="clock-unsafe",mode="enforce",cached="false"}"#;
+const UNSAFE: &str = r#"ca_skeleton_rate_limit_decisions_total{policy="skew",algorithm="fixed-window",outcome="clock-unsafe",mode="enforce",cached="false"}"#;
 
 #[tokio::test]
 async fn an_instance_lagging_beyond_the_bound_answers_503_clock_unsafe_and_counts_it() {

@@ -31,7 +31,7 @@ async fn redis_limits_until_429_and_metrics_count_the_429s() {
     let metrics = server.metrics().await;
     let denied = |cached: &str| {
         let series = format!(
-            r#"ca_rate_limit_decisions_total{{policy="e2e-redis",algorithm="fixed-window",outcome="denied",mode="enforce",cached="{cached}"}}"#
+            r#"ca_skeleton_rate_limit_decisions_total{{policy="e2e-redis",algorithm="fixed-window",outcome="denied",mode="enforce",cached="{cached}"}}"#
         );
         counter(&metrics, &series)
     };
@@ -79,7 +79,7 @@ async fn readyz_is_503_while_redis_is_down_and_200_after_it_restarts() {
     server.stop().await;
 }
 
-/// The label matchers of the two `ca_rate_limit_decisions_total` selectors
+/// The label matchers of the two `ca_skeleton_rate_limit_decisions_total` selectors
 /// of docs/operations.md's "share of denials Redis never saw".
 fn documented_share() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
@@ -87,7 +87,7 @@ fn documented_share() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     let at = text.find("is the share of denials Redis never saw").expect("the query is documented");
     let block = &text[text[..at].rfind("```text").expect("its block")..at];
     let selectors: Vec<BTreeMap<String, String>> = block
-        .split("ca_rate_limit_decisions_total{")
+        .split("ca_skeleton_rate_limit_decisions_total{")
         .skip(1)
         .map(|rest| {
             let labels = &rest[..rest.find('}').unwrap()];
@@ -104,12 +104,12 @@ fn documented_share() -> (BTreeMap<String, String>, BTreeMap<String, String>) {
     (numerator, denominator)
 }
 
-/// The sum of every `ca_rate_limit_decisions_total` series of `policies`
+/// The sum of every `ca_skeleton_rate_limit_decisions_total` series of `policies`
 /// that `matchers` select.
 fn sum(metrics: &str, policies: &[&str], matchers: &BTreeMap<String, String>) -> u64 {
     metrics
         .lines()
-        .filter_map(|line| line.strip_prefix("ca_rate_limit_decisions_total{"))
+        .filter_map(|line| line.strip_prefix("ca_skeleton_rate_limit_decisions_total{"))
         .filter_map(|rest| {
             let (labels, value) = rest.split_once("} ")?;
             let labels: BTreeMap<&str, &str> = labels

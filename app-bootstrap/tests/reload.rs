@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -209,7 +210,37 @@ async fn the_reload_rules_hold(extra: &str) {
 
     let metrics = served.client.get(format!("{}/metrics", served.base)).send().await.unwrap();
     let metrics = metrics.text().await.unwrap();
-    assert!(counter(&metrics, "rate_limit_config_reloads_total{result=\"rejected\"}") >= 4);
+    assert!(counter(&metrics, "ca_skeleton_config_reloads_total{result=\"rejected\"}") >= 4);
+}
+
+/// Every metric the service exports starts with the one prefix named for
+/// the service: decisions, evaluation times and reloads alike.
+#[tokio::test]
+async fn every_exported_metric_starts_with_the_service_prefix() {
+    let toml = config(1, 1, "");
+    let served = Served::start(&toml).await;
+    served.allowed_then_denied(1).await;
+    let report = served.rewrite_and_reload(&toml).await;
+    assert!(matches!(report, ReloadReport::Unchanged { .. }), "{report:?}");
+
+    let metrics = served.client.get(format!("{}/metrics", served.base)).send().await.unwrap();
+    let metrics = metrics.text().await.unwrap();
+    let exported: BTreeSet<&str> = metrics
+        .lines()
+        .filter_map(|line| line.strip_prefix("# TYPE "))
+        .filter_map(|family| family.split(' ').next())
+        .collect();
+    assert_eq!(adapter_web::METRIC_PREFIX, "ca_skeleton_");
+    for name in [
+        "ca_skeleton_rate_limit_decisions_total",
+        "ca_skeleton_rate_limit_evaluation_seconds",
+        "ca_skeleton_config_reloads_total",
+    ] {
+        assert!(exported.contains(name), "{name} missing from {exported:?}");
+    }
+    let foreign: Vec<_> =
+        exported.iter().filter(|name| !name.starts_with(adapter_web::METRIC_PREFIX)).collect();
+    assert!(foreign.is_empty(), "metrics without the service prefix: {foreign:?}");
 }
 
 #[tokio::test]
