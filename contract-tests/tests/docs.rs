@@ -220,10 +220,10 @@ fn every_quoted_rust_block_is_a_verbatim_excerpt_of_its_file() {
         let text = fs::read_to_string(root().join(source))
             .unwrap_or_else(|error| panic!("{at}: {source}: {error}"));
         assert!(
-            text.lines().collect::<Vec<_>>().windows(block.lines().count()).any(|window| window
-                .iter()
-                .copied()
-                .eq(block.lines())),
+            text.lines()
+                .collect::<Vec<_>>()
+                .windows(block.lines().count())
+                .any(|window| window.iter().copied().eq(block.lines())),
             "{at}: this block is not a verbatim run of lines of {source}:\n{block}"
         );
     }

@@ -329,11 +329,8 @@ async fn a_reload_keeps_every_budget() {
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
     };
-    let before = CasProvider::new(
-        Arc::new(CasStore::default()),
-        vec![policy("p")],
-        Arc::new(clock.clone()),
-    );
+    let before =
+        CasProvider::new(Arc::new(CasStore::default()), vec![policy("p")], Arc::new(clock.clone()));
     assert!(before.evaluate(request("p")).await.is_allowed(), "the one request p allows");
     let after = before.with_policies(vec![policy("p"), policy("q")]);
     assert!(!after.evaluate(request("p")).await.is_allowed(), "p's count survived the reload");
