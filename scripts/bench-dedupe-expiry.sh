@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Redis's own counters per script call of the single-key fixed-window script
 # at its 256-record cap (a fresh id per call, caller time fixed), for a
-# commit's scripts and this tree's alternately (docs/benchmarks.md, "A
-# dedupe key's expiry at every write"): how many of each command a call
+# commit's scripts and this tree's alternately (docs/benchmarks.md, "How
+# to run"): how many of each command a call
 # sends and each command's usec_per_call, from INFO commandstats. Command
 # counts do not depend on the machine's load; the times do.
 # Starts its own redis-server on a free loopback port (never 6379).

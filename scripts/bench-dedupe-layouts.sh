@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Redis CPU per call of three dedupe layouts side by side (docs/benchmarks.md,
-# "Dedupe records inside the counter key"): the single-key fixed-window script
+# "Choices the code cites"): the single-key fixed-window script
 # of commit 8f8cfad (records in `<counter key>:dedupe`), this tree's (records
 # in the counter key, a hash), and this tree's with its HSET cut to the state
 # field (no record written: a measurement variant, not a correct script).

@@ -2,7 +2,7 @@
 //! counter and token bucket over a sharded, bounded in-memory store, with
 //! the same clock-regression and evaluation-dedupe semantics as every other
 //! provider (`docs/algorithms.md`). It is the default for a single instance.
-//! The decisions themselves are `shared_contract::evaluate_key`; this crate
+//! The decisions themselves are `shared_contract::evaluate_set`; this crate
 //! adds the store: sharding, expiry sweeps and memory bounds.
 //!
 //! This crate imports `shared-contract` only: never redis, axum, tokio (a

@@ -1,4 +1,4 @@
-//! Dedupe at the record cap (DESIGN section 4, docs/algorithms.md steps 4
+//! Dedupe at the record cap (docs/algorithms.md, "Order of an evaluation", steps 4
 //! and 6): the oldest records are evicted first, the oldest survivor still
 //! replays, an evicted id charges again, and expiry still counts from each
 //! record's own time. Expected values follow from the spec's rules alone.

@@ -1,5 +1,5 @@
 //! `RedisEdgeRateLimitAdapter`: the port on top of the scripts and the
-//! gateway, with the failure mapping of DESIGN section 3.
+//! gateway, with the failure mapping of docs/operations.md#what-each-redis-failure-becomes.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,5 +1,5 @@
-//! `DenyCache`: the local denial cache in front of the scripts (DESIGN
-//! section 7; the argument that it never denies what Redis would admit is in
+//! `DenyCache`: the local denial cache in front of the scripts
+//! (docs/operations.md#the-local-denial-cache; the argument that it never denies what Redis would admit is in
 //! docs/algorithms.md, "Local denial cache").
 //!
 //! After Redis refuses a set of fixed windows, the same subject's same set

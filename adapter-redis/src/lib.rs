@@ -1,7 +1,7 @@
 //! The Redis rate-limit provider: an [`EdgeRateLimitPort`] that runs the three
 //! algorithms of `docs/algorithms.md` as Lua scripts on a Redis server.
 //!
-//! One string key per (policy, revision, subject pseudonym) holds the state,
+//! One key per (policy, revision, subject pseudonym) holds the state,
 //! the clock-regression mark and the dedupe records; scripts are registered
 //! with `SCRIPT LOAD` and run with `EVALSHA` only (never `EVAL`). Every
 //! failure becomes a typed [`shared_contract::RateLimitOutcome`].

@@ -264,8 +264,8 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     let mut redis = inspector(&server).await;
     let mut keys: Vec<String> = redis.keys("*").await.unwrap();
     keys.sort_unstable();
-    // DESIGN section 5: the subject alone in the hash tag; the operation
-    // digest only on the operation-scoped policy's key.
+    // The subject alone in the hash tag; the operation digest only on the
+    // operation-scoped policy's key (docs/operations.md#key-layout-and-the-slot-rule).
     let scoped = format!("ca:rl:{{{}}}:api.orders:3:{}", who.as_str(), common::OPERATION);
     let shared = format!("ca:rl:{{{}}}:api.daily:1", who.as_str());
     // Nothing else: with dedupe on (the default) each key holds its

@@ -11,7 +11,7 @@
 //!   outside the trusted CIDRs, any `Forwarded` / `X-Forwarded-For` lines
 //!   (raw bytes, RFC 7239 fragments, long chains, repeated lines) are
 //!   ignored: 200, and the subject is the one the same peer gets without
-//!   them (DESIGN section 7).
+//!   them.
 //! - `forwarding_headers_from_a_trusted_peer_name_the_peer_or_a_written_address`:
 //!   from a trusted proxy the same headers still give 200, and the subject
 //!   is the peer or an address written in those headers, nothing else.
@@ -20,13 +20,13 @@
 //!   proxy the client is the rightmost hop that is not itself trusted; a
 //!   hop that names no address (`unknown`, an obfuscated node, no `for`)
 //!   stops the walk at the peer; when every hop is trusted the leftmost
-//!   counts; `Forwarded` wins over `X-Forwarded-For` (ECOSYSTEM "client IP
-//!   behind proxies", RFC 7239 grammar, `client_ip` docs).
+//!   counts; `Forwarded` wins over `X-Forwarded-For` (RFC 7239
+//!   grammar, `client_ip` docs).
 //! - `api_keys_are_refused_with_400_exactly_when_invalid`: exactly one
 //!   `x-api-key` of 1..=256 visible ASCII bytes (0x21..=0x7E) is the
 //!   subject; an empty, longer, non-visible or repeated key is a 400
-//!   problem+json that charges nothing and never runs the handler (DESIGN
-//!   section 7, `subject.rs`).
+//!   problem+json that charges nothing and never runs the handler
+//!   (`subject.rs`).
 //! - `any_id_segment_shares_the_bucket_of_orders_1`: the operation is the
 //!   route template, so `/api/orders/<anything>` has the policy set, the
 //!   pseudonym and the operation digest of `/api/orders/1`, for every

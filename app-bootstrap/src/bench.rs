@@ -1,6 +1,6 @@
 //! `ca-skeleton bench`: drives the configured provider through the port
 //! with N concurrent callers over M subjects for a while, and reports one
-//! JSON line (DESIGN section 9). It measures the provider, not HTTP.
+//! JSON line (docs/benchmarks.md). It measures the provider, not HTTP.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

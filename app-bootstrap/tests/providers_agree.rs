@@ -1,6 +1,6 @@
 //! Differential property test: the memory and Redis providers answer every
 //! request with the same `RateLimitOutcome`, bit for bit, for random policies
-//! and random request sequences (DESIGN section 4: "all providers return the
+//! and random request sequences ("all providers return the
 //! same tuple for the same inputs"). The contract suite pins fixed scenarios;
 //! this explores random ones, clock regressions and dedupe replays included.
 //!

@@ -119,7 +119,7 @@ impl CheckPolicy {
         &self.0
     }
 
-    /// Only the sliding counter is approximate (DESIGN section 3).
+    /// Only the sliding counter is approximate (docs/algorithms.md#sliding-counter).
     pub(crate) fn certainty(&self) -> Certainty {
         self.0.algorithm().certainty()
     }

@@ -130,6 +130,14 @@ impl CasProvider {
             .collect();
         Self { store, policies, clock }
     }
+
+    /// A reload: the new policy table over this provider's store and clock,
+    /// so every budget carries over. app-bootstrap keeps what this needs
+    /// (the store) in its `ProviderState` and calls this from
+    /// `port_with_policies`.
+    fn with_policies(&self, policies: Vec<RateLimitPolicy>) -> Self {
+        Self::new(Arc::clone(&self.store), policies, Arc::clone(&self.clock))
+    }
 }
 
 impl CasProvider {
@@ -299,4 +307,32 @@ fn the_store_refuses_a_write_at_a_stale_version() {
     assert!(!store.compare_and_set("k", 2, state(5), 200));
     assert!(!store.compare_and_set("k", 0, state(5), 200));
     assert!(store.compare_and_set("k", 3, state(1), 200));
+}
+
+/// A reload keeps every budget: the provider built by `with_policies` over
+/// a new policy table reads the counters the old one wrote, and a policy
+/// only the new table holds is evaluated afresh.
+#[tokio::test]
+async fn a_reload_keeps_every_budget() {
+    use shared_contract::{Algorithm, EvaluationId, PolicySet};
+
+    let policy = |id: &str| {
+        let algorithm = Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) };
+        RateLimitPolicy::builder(id, algorithm).build().expect("a valid policy")
+    };
+    let clock = ManualClock::new(1_000);
+    let request = |id: &str| RateLimitRequest {
+        policies: PolicySet::single(PolicyId::new(id).expect("a valid id")),
+        subject: SubjectDigest::parse(format!("v1:{:032x}", 7)).expect("a valid digest"),
+        operation: OperationDigest::new("0123456789abcdef").expect("a valid digest"),
+        cost: 1,
+        evaluation_id: EvaluationId::random(),
+        deadline: clock.monotonic() + Duration::from_secs(5),
+    };
+    let before =
+        CasProvider::new(Arc::new(CasStore::default()), vec![policy("p")], Arc::new(clock.clone()));
+    assert!(before.evaluate(request("p")).await.is_allowed(), "the one request p allows");
+    let after = before.with_policies(vec![policy("p"), policy("q")]);
+    assert!(!after.evaluate(request("p")).await.is_allowed(), "p's count survived the reload");
+    assert!(after.evaluate(request("q")).await.is_allowed(), "q starts afresh");
 }

@@ -153,7 +153,7 @@ impl Algorithm {
     }
 
     /// The certainty of every decision under this algorithm: only the
-    /// sliding counter's weighted window is an estimate (DESIGN section 3).
+    /// sliding counter's weighted window is an estimate (docs/algorithms.md#sliding-counter).
     pub const fn certainty(&self) -> crate::Certainty {
         match self {
             Self::SlidingCounter { .. } => crate::Certainty::ApproximateAlgorithm,

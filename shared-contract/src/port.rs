@@ -21,7 +21,7 @@ use crate::request::RateLimitRequest;
 /// - It MUST answer `Unavailable(AdmissionRejected)` without touching state
 ///   when the deadline has already passed.
 /// - It MUST apply the algorithms, the clock-regression bound and evaluation
-///   dedupe exactly as `docs/algorithms.md` (DESIGN section 4) defines
+///   dedupe exactly as `docs/algorithms.md` defines
 ///   them, so every provider gives the same answer for the same inputs.
 /// - It MUST answer `Indeterminate` rather than a guess when a charge may or
 ///   may not have happened.

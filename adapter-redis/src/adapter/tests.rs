@@ -1,4 +1,4 @@
-//! Failure mapping against a mock gateway: every row of DESIGN section 3.
+//! Failure mapping against a mock gateway: every row of docs/operations.md#what-each-redis-failure-becomes.
 
 use std::sync::Mutex;
 
