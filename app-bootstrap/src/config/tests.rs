@@ -61,17 +61,20 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         assert_eq!(config.server.listen, "127.0.0.1:8080".parse().unwrap());
         let rate_limit = &config.capabilities.rate_limit;
         assert_eq!(rate_limit.provider, ProviderKind::Memory);
-        assert_eq!(rate_limit.default_policy, ["demo"]);
+        // The edge's default policy id, not a second name for it.
+        let edge = adapter_web::EdgeSettings::default();
+        assert_eq!(rate_limit.default_policy, [edge.default_policies.ids()[0].as_str()]);
+        assert_eq!(rate_limit.default_policy, [adapter_web::DEFAULT_POLICY]);
         assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(750));
         assert_eq!(rate_limit.api_key_header, "x-api-key");
-        let demo = &rate_limit.policies["demo"];
+        let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
         assert_eq!(
             *demo.algorithm(),
             Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) }
         );
         assert!(config.pseudonymizer.keys.is_empty());
         assert!(!config.redis.enabled);
-        assert_eq!(config.redis.key_prefix, "ca:rl:");
+        assert_eq!(config.redis.settings.key_prefix, "ca:rl:");
         assert_eq!(config.rate_limit_policies().len(), 1);
     });
 }
@@ -143,7 +146,7 @@ fn a_file_sets_every_policy_field() {
             EvaluationDedupPolicy::Disabled
         );
         // A policies table of the user's replaces the demo policy entirely.
-        assert!(!rate_limit.policies.contains_key("demo"));
+        assert!(!rate_limit.policies.contains_key(adapter_web::DEFAULT_POLICY));
     });
 }
 
@@ -169,9 +172,9 @@ fn the_environment_overrides_the_file() {
             Algorithm::FixedWindow { limit: 42, window: Duration::from_secs(60) }
         );
         assert!(config.redis.enabled);
-        assert_eq!(config.redis.topology, adapter_redis::Topology::Cluster);
-        assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
-        assert_eq!(config.redis.script_lane_max_in_flight, 8);
+        assert_eq!(config.redis.settings.topology, adapter_redis::Topology::Cluster);
+        assert_eq!(config.redis.settings.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(config.redis.settings.script_lane.max_in_flight, 8);
         assert_eq!(config.pseudonymizer.keys[&1].expose(), KEY);
     });
 }
@@ -196,8 +199,8 @@ fn every_list_splits_on_commas_from_the_environment() {
         let proxies: Vec<String> =
             rate_limit.trusted_proxies.iter().map(ToString::to_string).collect();
         assert_eq!(proxies, ["10.0.0.0/8", "::1/128"]);
-        assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
-        assert_eq!(config.redis.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
+        assert_eq!(config.redis.settings.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(config.redis.settings.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
     });
 }
 
@@ -674,11 +677,14 @@ fn unset_keys_take_the_owners_defaults() {
         assert_eq!(rate_limit.failure_retry_after, edge.failure_retry_after);
         assert_eq!(rate_limit.api_key_header, edge.api_key_header);
         assert_eq!(rate_limit.problem_type_base, edge.problem_type_base);
-        let settings = config.redis.settings(edge.failure_retry_after);
+        let settings = config.redis.provider_settings(edge.failure_retry_after);
         let owner = adapter_redis::RedisSettings::default();
         assert_eq!(format!("{settings:?}"), format!("{owner:?}"));
-        let demo = &rate_limit.policies["demo"];
-        let builder_default = RateLimitPolicy::builder("demo", *demo.algorithm()).build().unwrap();
+        let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
+        let builder_default =
+            RateLimitPolicy::builder(adapter_web::DEFAULT_POLICY, *demo.algorithm())
+                .build()
+                .unwrap();
         assert_eq!(*demo, builder_default);
     });
 }
@@ -1008,4 +1014,49 @@ fn the_listeners_timeouts_default_to_10s_and_must_be_above_zero_and_bounded() {
         jail.set_env("CA_SKELETON_SERVER__SHUTDOWN_GRACE", "10");
         assert_eq!(paths(load_file(jail, BASE)), ["server.shutdown-grace"]);
     });
+}
+
+/// The example files show a default as a comment, never as a value that
+/// could drift from its owner's default (issue 18, item 2).
+#[test]
+fn the_example_files_set_no_key_to_its_default() {
+    jail(|_| {
+        let defaults = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        let defaults = render::to_table(&defaults, render::Secrets::Redacted);
+        let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+        let mut files = 0;
+        for entry in std::fs::read_dir(&examples).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|extension| extension != "toml") {
+                continue;
+            }
+            files += 1;
+            let file: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+            let mut at_default = Vec::new();
+            leaves_at_default(&file, &defaults, &mut Vec::new(), &mut at_default);
+            assert_eq!(at_default, Vec::<String>::new(), "{}", path.display());
+        }
+        assert!(files >= 5, "{files} example files");
+    });
+}
+
+/// The key paths of `file` whose value is the one in `defaults`.
+fn leaves_at_default(
+    file: &toml::Table,
+    defaults: &toml::Table,
+    path: &mut Vec<String>,
+    out: &mut Vec<String>,
+) {
+    for (key, value) in file {
+        let Some(default) = defaults.get(key) else { continue };
+        path.push(key.clone());
+        match (value, default) {
+            (toml::Value::Table(file), toml::Value::Table(defaults)) => {
+                leaves_at_default(file, defaults, path, out);
+            }
+            (value, default) if value == default => out.push(path.join(".")),
+            _ => {}
+        }
+        path.pop();
+    }
 }
