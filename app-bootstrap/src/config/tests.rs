@@ -1060,3 +1060,33 @@ fn leaves_at_default(
         path.pop();
     }
 }
+
+/// The Redis keys are read from the provider's own settings type: nested
+/// keys come from the environment too, and each bad value is named by its
+/// full key path, all at once.
+#[test]
+fn redis_keys_read_from_the_environment_and_each_bad_one_is_named() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_REDIS__SCRIPT_LANE__MAX_IN_FLIGHT", "8");
+        jail.set_env("CA_SKELETON_REDIS__DENY_CACHE__ENABLED", "false");
+        jail.set_env("CA_SKELETON_REDIS__WAIT_TIMEOUT", "50ms");
+        let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        let settings = &config.redis.settings;
+        assert_eq!(settings.script_lane.max_in_flight, 8);
+        assert!(!settings.deny_cache.enabled);
+        assert_eq!(settings.wait_timeout, Duration::from_millis(50));
+        jail.clear_env();
+        let file = "[redis]\nconnect-timeout = 5\nwait-connections = \"many\"\nscript-lane = 3\n\
+                    deny-cache = { enabled = \"yes\" }\nmaster-name = [1]\n";
+        assert_eq!(
+            paths(load_file(jail, file)),
+            [
+                "redis.connect-timeout",
+                "redis.deny-cache.enabled",
+                "redis.master-name",
+                "redis.script-lane",
+                "redis.wait-connections",
+            ]
+        );
+    });
+}
