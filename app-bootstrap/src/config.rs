@@ -22,6 +22,7 @@ use std::time::Duration;
 use adapter_redis::RedisSettings;
 use axum::http::HeaderName;
 use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
 use shared_contract::RateLimitPolicy;
 
 pub use problems::{ConfigProblem, ConfigProblems, KeyPath};
@@ -62,27 +63,37 @@ pub struct AdminConfig {
 /// key, so guessing is never the way in.
 pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
 
-/// `server.*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `server.*`: its serde names are the keys, its `Default` the defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ServerConfig {
-    /// `server.listen`: the socket address to bind (default `127.0.0.1:8080`).
+    /// `server.listen`: the socket address to bind.
     pub listen: SocketAddr,
     /// `server.shutdown-grace`: how long the connections open at SIGTERM
-    /// may finish before they are cut and the process exits (default 10 s;
-    /// the admin listener's too).
+    /// may finish before they are cut and the process exits (the admin
+    /// listener's too).
+    #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
     /// `server.header-read-timeout`: how long a connection may take to
     /// send a whole request head, and an idle keep-alive one to start its
-    /// next, before it is closed (default 10 s; the admin listener's too).
+    /// next, before it is closed (the admin listener's too).
+    #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
 }
 
+impl Default for ServerConfig {
+    /// `127.0.0.1:8080`, 10 s to drain, 10 s for a request head.
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            shutdown_grace: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 impl ServerConfig {
-    /// The default of `server.shutdown-grace`.
-    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-    /// The default of `server.header-read-timeout`.
-    pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-    /// The longest either may be: past it, a stuck client holds a
+    /// The longest either timeout may be: past it, a stuck client holds a
     /// connection (or a deploy) for longer than anyone waits on purpose.
     pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 }

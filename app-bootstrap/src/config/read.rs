@@ -29,8 +29,6 @@ use super::{
     RedisConfig, ServerConfig,
 };
 
-const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
-
 /// What the reader saw that validation needs beyond the typed model.
 #[derive(Debug, Default)]
 pub(crate) struct Declared {
@@ -52,17 +50,10 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let admin = root.get("admin");
     reader.close(root);
 
-    let mut server = reader.table(server, KeyPath::root().child("server"));
-    let listen = reader.field(&mut server, "listen", Reader::socket_addr);
-    let shutdown_grace = reader.field(&mut server, "shutdown-grace", Reader::duration);
-    let header_read_timeout = reader.field(&mut server, "header-read-timeout", Reader::duration);
-    reader.close(server);
-    let server = ServerConfig {
-        listen: listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
-        shutdown_grace: shutdown_grace.unwrap_or(ServerConfig::DEFAULT_SHUTDOWN_GRACE),
-        header_read_timeout: header_read_timeout
-            .unwrap_or(ServerConfig::DEFAULT_HEADER_READ_TIMEOUT),
-    };
+    let server = reader.table(server, KeyPath::root().child("server"));
+    let (dict, path) = (server.dict(), server.path().clone());
+    server.close_read();
+    let server: ServerConfig = reader.owned(dict, &path, &[]);
 
     let mut capabilities = reader.table(capabilities, KeyPath::root().child("capabilities"));
     let rate_limit = capabilities.get("rate-limit");

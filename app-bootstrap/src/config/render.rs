@@ -38,11 +38,7 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     let secret = |value: &SecretValue| render_secret(value, secrets);
     let mut root = Table::new();
 
-    let mut server = Table::new();
-    server.insert("listen".into(), config.server.listen.to_string().into());
-    server.insert("shutdown-grace".into(), duration(config.server.shutdown_grace));
-    server.insert("header-read-timeout".into(), duration(config.server.header_read_timeout));
-    root.insert("server".into(), server.into());
+    root.insert("server".into(), owned(&config.server));
 
     let rate_limit = &config.capabilities.rate_limit;
     let mut limits = Table::new();
@@ -83,8 +79,8 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     // application holds (the switch, the passwords with their source) is
     // added, and a URL, which may carry a password, is fingerprinted whole
     // (so a changed one is seen) or redacted for printing.
-    let Ok(Value::Table(mut table)) = Value::try_from(&redis.settings) else {
-        unreachable!("RedisSettings is a struct of strings, numbers, lists and tables");
+    let Value::Table(mut table) = owned(&redis.settings) else {
+        unreachable!("RedisSettings is a struct");
     };
     table.insert("enabled".into(), redis.enabled.into());
     let urls = redis.settings.urls.iter().map(|url| match secrets {
@@ -148,6 +144,13 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     }
     table.insert("evaluation-dedup".into(), dedup.into());
     table.into()
+}
+
+/// A section its owner serializes: its serde names are the keys.
+fn owned(section: &impl serde::Serialize) -> Value {
+    // The owners are structs of strings, numbers, lists and tables, which
+    // TOML always holds.
+    Value::try_from(section).expect("a configuration section is a TOML table")
 }
 
 /// One id as a string, as a file usually writes it; several as a list.
