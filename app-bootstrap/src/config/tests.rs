@@ -1092,3 +1092,67 @@ fn redis_keys_read_from_the_environment_and_each_bad_one_is_named() {
         );
     });
 }
+
+/// The provider names each broken rule by its field; the key that field
+/// gives is a key of the `[redis]` table as it is read and rendered, so a
+/// problem is never reported at a key no file can hold (issue 18 item 2:
+/// `script-lane-max-in-flight` was).
+#[test]
+fn every_redis_field_names_a_key_of_the_redis_table() {
+    use adapter_redis::RedisField;
+    jail(|jail| {
+        jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
+        jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
+        jail.set_env("EVERY_KEY_ADMIN_TOKEN", ADMIN_TOKEN);
+        jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
+        let config = load_file(jail, EVERY_KEY).unwrap();
+        let table = render::to_table(&config, render::Secrets::Redacted);
+        let redis = table["redis"].as_table().unwrap();
+        for field in [
+            RedisField::Urls,
+            RedisField::Url(0),
+            RedisField::KeyPrefix,
+            RedisField::ConnectTimeout,
+            RedisField::CommandTimeout,
+            RedisField::ScriptLaneMaxInFlight,
+            RedisField::FailureRetryAfter,
+            RedisField::Sentinels,
+            RedisField::Sentinel(0),
+            RedisField::MasterName,
+            RedisField::SentinelPassword,
+            RedisField::WaitTimeout,
+            RedisField::WaitConnections,
+            RedisField::DenyCacheMaxEntries,
+        ] {
+            // Exhaustive: a new field fails to compile until it is listed.
+            match field {
+                // The edge's key, reported there.
+                RedisField::FailureRetryAfter => continue,
+                RedisField::Urls
+                | RedisField::Url(_)
+                | RedisField::KeyPrefix
+                | RedisField::ConnectTimeout
+                | RedisField::CommandTimeout
+                | RedisField::ScriptLaneMaxInFlight
+                | RedisField::Sentinels
+                | RedisField::Sentinel(_)
+                | RedisField::MasterName
+                | RedisField::SentinelPassword
+                | RedisField::WaitTimeout
+                | RedisField::WaitConnections
+                | RedisField::DenyCacheMaxEntries => {}
+            }
+            let (tables, leaf) =
+                field.key().rsplit_once('.').map_or((None, field.key()), |(t, l)| (Some(t), l));
+            let holder = tables
+                .into_iter()
+                .flat_map(|t| t.split('.'))
+                .try_fold(redis, |table, key| table.get(key).and_then(toml::Value::as_table));
+            assert!(
+                holder.is_some_and(|table| table.contains_key(leaf)),
+                "{field:?}: {}",
+                field.key()
+            );
+        }
+    });
+}
