@@ -640,13 +640,18 @@ fn every_cluster_key() -> String {
     file
 }
 
+/// The variables [`EVERY_KEY`]'s secrets are read from.
+fn set_every_key_secrets(jail: &mut Jail) {
+    jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
+    jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
+    jail.set_env("EVERY_KEY_ADMIN_TOKEN", ADMIN_TOKEN);
+    jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
+}
+
 #[test]
 fn what_check_config_renders_loads_back_to_the_same_configuration() {
     jail(|jail| {
-        jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
-        jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
-        jail.set_env("EVERY_KEY_ADMIN_TOKEN", ADMIN_TOKEN);
-        jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
+        set_every_key_secrets(jail);
         for file in [EVERY_KEY.to_owned(), every_cluster_key()] {
             let config = load_file(jail, &file).unwrap();
             let rendered = config.to_redacted_toml().unwrap();
@@ -1101,10 +1106,7 @@ fn redis_keys_read_from_the_environment_and_each_bad_one_is_named() {
 fn every_redis_field_names_a_key_of_the_redis_table() {
     use adapter_redis::RedisField;
     jail(|jail| {
-        jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
-        jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
-        jail.set_env("EVERY_KEY_ADMIN_TOKEN", ADMIN_TOKEN);
-        jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
+        set_every_key_secrets(jail);
         let config = load_file(jail, EVERY_KEY).unwrap();
         let table = render::to_table(&config, render::Secrets::Redacted);
         let redis = table["redis"].as_table().unwrap();
