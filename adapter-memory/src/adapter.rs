@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, KeyRules, MAX_POLICY_SET,
-    OperationDigest, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    UnavailableCategory, evaluate_set, inspect_key,
+    BudgetFailure, BudgetKey, BudgetState, Clock, DEFAULT_FAILURE_RETRY_AFTER, EdgeRateLimitPort,
+    KeyRules, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyScope, RateLimitOutcome,
+    RateLimitPolicy, RateLimitRequest, UnavailableCategory, evaluate_set, inspect_key,
 };
 
 use crate::error::MemoryAdapterError;
@@ -75,7 +75,7 @@ impl MemoryEdgeRateLimitAdapter {
             return Err(MemoryAdapterError::NoPolicies);
         }
         let policies = PolicyTable::new(slots.into_values());
-        Ok(Self { store, policies, clock, failure_retry_after: Duration::from_secs(1) })
+        Ok(Self { store, policies, clock, failure_retry_after: DEFAULT_FAILURE_RETRY_AFTER })
     }
 
     /// Sets the retry-after of `Unavailable(AdmissionRejected)` (default 1 s).

@@ -231,7 +231,7 @@ impl RedisEdgeRateLimitAdapter {
             keys: RateLimitKeys::new(settings.key_prefix),
             scripts: RateLimitScripts::new(),
             gateway,
-            lane: Arc::new(Semaphore::new(settings.script_lane_max_in_flight)),
+            lane: Arc::new(Semaphore::new(settings.script_lane.max_in_flight)),
             clock,
             command_timeout: settings.command_timeout,
             failure_retry_after: settings.failure_retry_after,

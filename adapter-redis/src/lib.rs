@@ -45,7 +45,7 @@ pub use keys::RateLimitKeys;
 pub use scripts::ScriptKind;
 pub use settings::{
     DenyCacheSettings, MAX_DENY_CACHE_ENTRIES, MAX_KEY_PREFIX_BYTES, MAX_SCRIPT_LANE,
-    MAX_WAIT_CONNECTIONS, RedisField, RedisSettings, SettingsProblem, Topology,
+    MAX_WAIT_CONNECTIONS, RedisField, RedisSettings, ScriptLaneSettings, SettingsProblem, Topology,
 };
 
 /// Fuzzing hook (feature `fuzzing`, used by the `fuzz/` crate only; not an

@@ -1,9 +1,13 @@
 //! `RedisSettings`: where the Redis server is and how patient to be with it.
+//! The struct is the `[redis]` configuration table: its serde names are the
+//! keys, its `Default` their defaults, so a new key is one field here.
 
 use std::time::Duration;
 
 use redis::IntoConnectionInfo;
 use secrecy::SecretString;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use shared_contract::DEFAULT_FAILURE_RETRY_AFTER;
 
 use crate::error::RedisAdapterError;
 
@@ -55,6 +59,20 @@ impl Topology {
 
 shared_contract::impl_from_str_by_name!(Topology);
 
+/// By name, as [`Topology::name`] writes it.
+impl Serialize for Topology {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+/// By name; an unknown one lists every name.
+impl<'de> Deserialize<'de> for Topology {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 /// A field of [`RedisSettings`] that validation can reject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RedisField {
@@ -68,7 +86,7 @@ pub enum RedisField {
     ConnectTimeout,
     /// [`RedisSettings::command_timeout`].
     CommandTimeout,
-    /// [`RedisSettings::script_lane_max_in_flight`].
+    /// [`ScriptLaneSettings::max_in_flight`].
     ScriptLaneMaxInFlight,
     /// [`RedisSettings::failure_retry_after`].
     FailureRetryAfter,
@@ -89,14 +107,16 @@ pub enum RedisField {
 }
 
 impl RedisField {
-    /// The kebab-case name of the field.
+    /// The field's key under `redis.`, dotted where the file nests it
+    /// (`deny-cache.max-entries`); the configuration layer reports each
+    /// problem at this key, so no second table of keys exists.
     pub const fn key(self) -> &'static str {
         match self {
             Self::Urls | Self::Url(_) => "urls",
             Self::KeyPrefix => "key-prefix",
             Self::ConnectTimeout => "connect-timeout",
             Self::CommandTimeout => "command-timeout",
-            Self::ScriptLaneMaxInFlight => "script-lane-max-in-flight",
+            Self::ScriptLaneMaxInFlight => "script-lane.max-in-flight",
             Self::FailureRetryAfter => "failure-retry-after",
             Self::Sentinels | Self::Sentinel(_) => "sentinels",
             Self::MasterName => "master-name",
@@ -104,6 +124,25 @@ impl RedisField {
             Self::WaitTimeout => "wait-timeout",
             Self::WaitConnections => "wait-connections",
             Self::DenyCacheMaxEntries => "deny-cache.max-entries",
+        }
+    }
+
+    /// The list index of a field that is one entry of a list.
+    pub const fn index(self) -> Option<usize> {
+        match self {
+            Self::Url(index) | Self::Sentinel(index) => Some(index),
+            Self::Urls
+            | Self::KeyPrefix
+            | Self::ConnectTimeout
+            | Self::CommandTimeout
+            | Self::ScriptLaneMaxInFlight
+            | Self::FailureRetryAfter
+            | Self::Sentinels
+            | Self::MasterName
+            | Self::SentinelPassword
+            | Self::WaitTimeout
+            | Self::WaitConnections
+            | Self::DenyCacheMaxEntries => None,
         }
     }
 }
@@ -118,8 +157,12 @@ pub struct SettingsProblem {
     pub problem: String,
 }
 
-/// Connection and behaviour settings of the Redis provider.
-#[derive(Clone, Debug)]
+/// Connection and behaviour settings of the Redis provider: the `[redis]`
+/// table, less `enabled` (the application's switch) and the two passwords,
+/// which the configuration layer reads with their source so it can show
+/// where they came from without showing them.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct RedisSettings {
     /// Standalone, Cluster or Sentinel.
     pub topology: Topology,
@@ -130,17 +173,21 @@ pub struct RedisSettings {
     /// ACL user name, if any (overrides one in the URL).
     pub username: Option<String>,
     /// ACL password, if any (overrides one in the URL). Never printed.
+    #[serde(skip)]
     pub password: Option<SecretString>,
     /// Prefix of every key, before the `{...}` hash tag.
     pub key_prefix: String,
     /// Longest wait for a new connection (TCP connect and handshake).
+    #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
     /// Longest wait for one command's reply; never beyond the request deadline.
+    #[serde(with = "humantime_serde")]
     pub command_timeout: Duration,
-    /// Script calls in flight at once (the SCRIPT lane); beyond it callers wait
-    /// for a permit until their deadline.
-    pub script_lane_max_in_flight: usize,
-    /// The retry-after of outcomes that carry no better hint.
+    /// The SCRIPT lane (`script-lane.*`).
+    pub script_lane: ScriptLaneSettings,
+    /// The retry-after of outcomes that carry no better hint: the edge's
+    /// `failure-retry-after`, not a key of its own here.
+    #[serde(skip)]
     pub failure_retry_after: Duration,
     /// Sentinel only: `host:port` of each sentinel, all asked at once (the
     /// newest configuration they hold wins).
@@ -150,6 +197,7 @@ pub struct RedisSettings {
     /// Sentinel only: the ACL user to log in to the sentinels as, if any.
     pub sentinel_username: Option<String>,
     /// Sentinel only: the sentinels' password, if any. Never printed.
+    #[serde(skip)]
     pub sentinel_password: Option<SecretString>,
     /// After a script that charged, `WAIT` for this many replicas to
     /// acknowledge the write; fewer is `Indeterminate`. 0 (default) sends no
@@ -159,6 +207,7 @@ pub struct RedisSettings {
     /// must be shorter than `command_timeout`, which bounds the script and
     /// the `WAIT` together, so the server's count comes back before the
     /// client gives up on the call.
+    #[serde(with = "humantime_serde")]
     pub wait_timeout: Duration,
     /// With `wait_replicas` > 0: the connections per master (per node on a
     /// cluster) that charges and their `WAIT` go on, one call at a time
@@ -174,7 +223,8 @@ pub struct RedisSettings {
 /// Redis refuses a set of fixed windows with retry-after R, the same
 /// subject's same policy set at the same or a higher cost is refused in
 /// process, without a Redis call, until R has passed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct DenyCacheSettings {
     /// Whether refusals are cached (default true).
     pub enabled: bool,
@@ -182,6 +232,22 @@ pub struct DenyCacheSettings {
     /// [`MAX_DENY_CACHE_ENTRIES`]); beyond it the one that runs out soonest
     /// makes room. About 200 bytes each.
     pub max_entries: usize,
+}
+
+/// The SCRIPT lane: how many script calls may be in flight at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct ScriptLaneSettings {
+    /// Script calls in flight at once (default 256, at most
+    /// [`MAX_SCRIPT_LANE`]); beyond it callers wait for a permit until
+    /// their deadline.
+    pub max_in_flight: usize,
+}
+
+impl Default for ScriptLaneSettings {
+    fn default() -> Self {
+        Self { max_in_flight: 256 }
+    }
 }
 
 impl Default for DenyCacheSettings {
@@ -211,8 +277,8 @@ impl Default for RedisSettings {
             key_prefix: DEFAULT_KEY_PREFIX.to_owned(),
             connect_timeout: Duration::from_secs(1),
             command_timeout: Duration::from_millis(250),
-            script_lane_max_in_flight: 256,
-            failure_retry_after: Duration::from_secs(1),
+            script_lane: ScriptLaneSettings::default(),
+            failure_retry_after: DEFAULT_FAILURE_RETRY_AFTER,
             sentinels: Vec::new(),
             master_name: DEFAULT_MASTER_NAME.to_owned(),
             sentinel_username: None,
@@ -295,10 +361,11 @@ impl RedisSettings {
                 reject(field, format!("must be at least 1ms, got {value:?}"));
             }
         }
-        if !(1..=MAX_SCRIPT_LANE).contains(&self.script_lane_max_in_flight) {
+        let in_flight = self.script_lane.max_in_flight;
+        if !(1..=MAX_SCRIPT_LANE).contains(&in_flight) {
             reject(
                 RedisField::ScriptLaneMaxInFlight,
-                format!("must be in 1..={MAX_SCRIPT_LANE}, got {}", self.script_lane_max_in_flight),
+                format!("must be in 1..={MAX_SCRIPT_LANE}, got {in_flight}"),
             );
         }
         if self.wait_replicas > 0 {
@@ -425,7 +492,7 @@ mod tests {
         assert_eq!(settings.key_prefix, "ca:rl:");
         assert_eq!(settings.connect_timeout, Duration::from_secs(1));
         assert_eq!(settings.command_timeout, Duration::from_millis(250));
-        assert_eq!(settings.script_lane_max_in_flight, 256);
+        assert_eq!(settings.script_lane.max_in_flight, 256);
         assert_eq!(settings.failure_retry_after, Duration::from_secs(1));
         assert_eq!(settings.deny_cache, DenyCacheSettings { enabled: true, max_entries: 10_000 });
     }
@@ -443,8 +510,11 @@ mod tests {
             (RedisSettings { key_prefix: "a{b".into(), ..base.clone() }, "key-prefix"),
             (RedisSettings { command_timeout: Duration::ZERO, ..base.clone() }, "command-timeout"),
             (
-                RedisSettings { script_lane_max_in_flight: 0, ..base.clone() },
-                "script-lane-max-in-flight",
+                RedisSettings {
+                    script_lane: ScriptLaneSettings { max_in_flight: 0 },
+                    ..base.clone()
+                },
+                "script-lane.max-in-flight",
             ),
             (
                 RedisSettings { failure_retry_after: Duration::ZERO, ..base.clone() },

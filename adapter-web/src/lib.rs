@@ -40,7 +40,7 @@ pub use pseudonymizer::{MIN_KEY_BYTES, VersionedPseudonymizer};
 pub use refusal::Refusal;
 pub use rejection::{ApiKeyProblem, EdgeRejection};
 pub use service::RateLimitService;
-pub use settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
+pub use settings::{DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 pub use subject::{
     AuthenticatedPrincipal, IdentityProblem, MAX_API_KEY_BYTES, SubjectKind, canonical_identity,
 };

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 use ipnet::IpNet;
-use shared_contract::{PolicyId, PolicySet};
+use shared_contract::{DEFAULT_FAILURE_RETRY_AFTER, PolicyId, PolicySet};
 
 use crate::error::WebError;
 use crate::mapping::{problem_type, problem_type_names};
@@ -23,7 +23,7 @@ pub struct EdgeSettings {
     /// Socket peers whose forwarding headers are believed. Default: none.
     pub trusted_proxies: Vec<IpNet>,
     /// Policy set of every operation not in `operations`. Default: the set
-    /// of the one policy `default`.
+    /// of the one policy [`DEFAULT_POLICY`].
     pub default_policies: PolicySet,
     /// Policy set by operation id (`"GET /api/orders/{id}"`), each in
     /// configured order.
@@ -46,11 +46,11 @@ impl Default for EdgeSettings {
     fn default() -> Self {
         Self {
             evaluation_budget: Duration::from_millis(750),
-            failure_retry_after: Duration::from_secs(1),
+            failure_retry_after: DEFAULT_FAILURE_RETRY_AFTER,
             api_key_header: HeaderName::from_static("x-api-key"),
             trusted_proxies: Vec::new(),
             default_policies: PolicySet::single(
-                PolicyId::new("default").expect("\"default\" is a valid policy id"),
+                PolicyId::new(DEFAULT_POLICY).expect("DEFAULT_POLICY is a valid policy id"),
             ),
             operations: HashMap::new(),
             client_ipv4_prefix: 32,
@@ -59,6 +59,11 @@ impl Default for EdgeSettings {
         }
     }
 }
+
+/// The policy of every operation not mapped to a set of its own, unless
+/// configured: also the id of the policy a configuration without policies
+/// serves with.
+pub const DEFAULT_POLICY: &str = "default";
 
 /// The default [`EdgeSettings::problem_type_base`].
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.invalid/problems/";

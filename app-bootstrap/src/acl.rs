@@ -32,14 +32,14 @@ pub struct AclRules {
 /// password itself. Only `[redis]` is read
 /// ([`crate::AppConfig::load_redis`]).
 pub fn acl_rules(redis: &RedisConfig) -> AclRules {
-    let user = redis.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
+    let user = redis.settings.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
     let mut notes = vec![format!(
         "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET (counters without dedupe) and HMGET/HSET/HDEL/UNLINK/PEXPIRE (counters with dedupe records), TYPE (an operator's inspect) on keys {}* only; no EVAL",
-        redis.key_prefix
+        redis.settings.key_prefix
     )];
     let password = login(redis.password.as_ref(), "redis.password", "<password>", &mut notes);
     // The failure retry-after plays no part in the commands.
-    let settings = redis.settings(RedisSettings::default().failure_retry_after);
+    let settings = redis.provider_settings(RedisSettings::default().failure_retry_after);
     if settings.wait_replicas > 0 {
         notes.push(format!(
             "# wait-replicas = {}: +wait, so each charge waits for its replicas",
@@ -47,14 +47,14 @@ pub fn acl_rules(redis: &RedisConfig) -> AclRules {
         ));
     }
     let mut commands = vec![setuser(user, password, user_rules_for(&settings))];
-    match redis.topology {
+    match redis.settings.topology {
         Topology::Standalone => {}
         Topology::Cluster => {
             notes.push("# cluster: run it on every node (ACLs are per node)".to_owned());
         }
         Topology::Sentinel => {
             let sentinel_user =
-                redis.sentinel_username.as_deref().unwrap_or(DEFAULT_SENTINEL_ACL_USER);
+                redis.settings.sentinel_username.as_deref().unwrap_or(DEFAULT_SENTINEL_ACL_USER);
             notes.push(format!(
                 "# sentinel: run the first line on the master and every replica (+role: the \
                  client checks the master's role), the second on every sentinel (user \
@@ -133,11 +133,11 @@ mod tests {
     #[test]
     fn a_configured_password_appears_only_as_its_sha256() {
         let mut config = config();
-        config.username = Some("edge".into());
+        config.settings.username = Some("edge".into());
         config.password =
             Some(SecretValue::new(SecretSource::Inline, SecretString::from("hunter2")));
-        config.key_prefix = "app*[x]:".into();
-        config.topology = Topology::Cluster;
+        config.settings.key_prefix = "app*[x]:".into();
+        config.settings.topology = Topology::Cluster;
         let rules = acl_rules(&config);
         let rule = &rules.commands[0];
         // sha256("hunter2")
@@ -158,9 +158,9 @@ mod tests {
     #[test]
     fn sentinel_prints_the_data_rule_with_role_and_wait_and_the_sentinel_rule() {
         let mut config = config();
-        config.topology = Topology::Sentinel;
-        config.wait_replicas = 1;
-        config.sentinel_username = Some("watcher".into());
+        config.settings.topology = Topology::Sentinel;
+        config.settings.wait_replicas = 1;
+        config.settings.sentinel_username = Some("watcher".into());
         config.sentinel_password =
             Some(SecretValue::new(SecretSource::Inline, SecretString::from("hunter2")));
         let rules = acl_rules(&config);
@@ -181,7 +181,7 @@ mod tests {
         );
         assert!(rules.notes.iter().any(|note| note.contains("every sentinel")));
         config.sentinel_password = None;
-        config.sentinel_username = None;
+        config.settings.sentinel_username = None;
         let rules = acl_rules(&config);
         assert!(
             rules.commands[1].starts_with(

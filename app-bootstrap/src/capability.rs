@@ -177,7 +177,8 @@ fn redis_provider(
     config: &AppConfig,
     clock: Arc<dyn Clock>,
 ) -> Result<RedisEdgeRateLimitAdapter, BootstrapError> {
-    let settings = config.redis.settings(config.capabilities.rate_limit.failure_retry_after);
+    let settings =
+        config.redis.provider_settings(config.capabilities.rate_limit.failure_retry_after);
     RedisEdgeRateLimitAdapter::new(settings, config.rate_limit_policies(), clock)
         .map_err(|error| wiring("the redis provider", error))
 }
@@ -275,7 +276,9 @@ mod tests {
             panic!("memory must be enabled");
         };
         assert_eq!(*provider, ProviderKind::Memory);
-        let demo = port.policy(&PolicyId::new("demo").unwrap()).expect("the demo policy");
+        let demo = port
+            .policy(&PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap())
+            .expect("the demo policy");
         assert_eq!(
             *demo.algorithm(),
             Algorithm::FixedWindow { limit: 5, window: std::time::Duration::from_secs(60) }
@@ -293,7 +296,7 @@ mod tests {
             panic!("memory has a port and an upkeep");
         };
         let request = shared_contract::RateLimitRequest {
-            policies: PolicySet::single(PolicyId::new("demo").unwrap()),
+            policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()),
             subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16)))
                 .unwrap(),
             operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
@@ -348,7 +351,9 @@ mod tests {
         let config = config(
             "[capabilities.rate-limit]\ndefault-policy = \"demo\"\napi-key-header = \"X-Client-Key\"\n\
              evaluation-budget = \"300ms\"\ntrusted-proxies = \"10.0.0.0/8\"\n\
-             operations = { \"GET /api/hello\" = \"demo\" }\n",
+             operations = { \"GET /api/hello\" = \"demo\" }\n\
+             [capabilities.rate-limit.policies.demo]\nalgorithm = \"fixed-window\"\nlimit = 5\n\
+             window = \"60s\"\n",
         );
         let settings = edge_settings(&config).unwrap();
         assert_eq!(settings.api_key_header, "x-client-key");

@@ -19,9 +19,10 @@ use std::fmt;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use adapter_redis::{DenyCacheSettings, RedisSettings, Topology};
+use adapter_redis::RedisSettings;
 use axum::http::HeaderName;
 use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
 use shared_contract::RateLimitPolicy;
 
 pub use problems::{ConfigProblem, ConfigProblems, KeyPath};
@@ -62,27 +63,37 @@ pub struct AdminConfig {
 /// key, so guessing is never the way in.
 pub const MIN_ADMIN_TOKEN_BYTES: usize = 32;
 
-/// `server.*`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `server.*`: its serde names are the keys, its `Default` the defaults.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct ServerConfig {
-    /// `server.listen`: the socket address to bind (default `127.0.0.1:8080`).
+    /// `server.listen`: the socket address to bind.
     pub listen: SocketAddr,
     /// `server.shutdown-grace`: how long the connections open at SIGTERM
-    /// may finish before they are cut and the process exits (default 10 s;
-    /// the admin listener's too).
+    /// may finish before they are cut and the process exits (the admin
+    /// listener's too).
+    #[serde(with = "humantime_serde")]
     pub shutdown_grace: Duration,
     /// `server.header-read-timeout`: how long a connection may take to
     /// send a whole request head, and an idle keep-alive one to start its
-    /// next, before it is closed (default 10 s; the admin listener's too).
+    /// next, before it is closed (the admin listener's too).
+    #[serde(with = "humantime_serde")]
     pub header_read_timeout: Duration,
 }
 
+impl Default for ServerConfig {
+    /// `127.0.0.1:8080`, 10 s to drain, 10 s for a request head.
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            shutdown_grace: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
 impl ServerConfig {
-    /// The default of `server.shutdown-grace`.
-    pub const DEFAULT_SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-    /// The default of `server.header-read-timeout`.
-    pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-    /// The longest either may be: past it, a stuck client holds a
+    /// The longest either timeout may be: past it, a stuck client holds a
     /// connection (or a deploy) for longer than anyone waits on purpose.
     pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
 }
@@ -166,73 +177,33 @@ pub struct PseudonymizerConfig {
     pub keys: BTreeMap<u32, SecretValue>,
 }
 
-/// `redis.*`. `Debug` hides passwords, including one inside a URL.
-#[derive(Clone)]
+/// `redis.*`: the global switch, the provider's own settings, and the two
+/// secrets with where they came from. `Debug` hides passwords, including
+/// one inside a URL.
+#[derive(Clone, Default)]
 pub struct RedisConfig {
     /// `enabled`: the global Redis switch (default false).
     pub enabled: bool,
-    /// `topology`: `standalone` (default), `cluster` or `sentinel`.
-    pub topology: Topology,
-    /// `urls`: `redis://host:port` addresses (cluster: seed nodes;
-    /// sentinel: none, and empty by default).
-    pub urls: Vec<String>,
-    /// `username`: the ACL user, if any.
-    pub username: Option<String>,
+    /// Every other key, as the provider owns it: the field, its rules and
+    /// its default are written once, in [`RedisSettings`]. Its secrets stay
+    /// empty here; `password` and `sentinel_password` hold them with their
+    /// source, for `check-config`.
+    pub settings: RedisSettings,
     /// `password`: inline or `{ env = "VAR" }`.
     pub password: Option<SecretValue>,
-    /// `key-prefix`: prepended to every key (default `ca:rl:`).
-    pub key_prefix: String,
-    /// `connect-timeout` (default: [`RedisSettings`]'s, 1 s).
-    pub connect_timeout: Duration,
-    /// `command-timeout` (default 250 ms).
-    pub command_timeout: Duration,
-    /// `script-lane.max-in-flight`: script calls in flight at once
-    /// (default 256).
-    pub script_lane_max_in_flight: usize,
-    /// `sentinels`: `host:port` of each sentinel (sentinel topology only).
-    pub sentinels: Vec<String>,
-    /// `master-name`: the name the sentinels monitor (default `mymaster`).
-    pub master_name: String,
-    /// `sentinel-username`: the sentinels' ACL user, if any.
-    pub sentinel_username: Option<String>,
     /// `sentinel-password`: inline or `{ env = "VAR" }`.
     pub sentinel_password: Option<SecretValue>,
-    /// `wait-replicas`: replicas that must acknowledge each charge
-    /// (default 0: no `WAIT`).
-    pub wait_replicas: u32,
-    /// `wait-timeout`: the `WAIT` timeout (default 100 ms; shorter than
-    /// `command-timeout`).
-    pub wait_timeout: Duration,
-    /// `wait-connections`: with `wait-replicas` > 0, the connections per
-    /// master the charges and their `WAIT` go on, one call at a time each
-    /// (default 8).
-    pub wait_connections: usize,
-    /// `deny-cache.enabled` and `deny-cache.max-entries`: the local denial
-    /// cache (default on, 10,000 entries).
-    pub deny_cache: DenyCacheSettings,
 }
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let urls: Vec<String> = self.urls.iter().map(|url| render::redact_url(url)).collect();
+        let urls = self.settings.urls.iter().map(|url| render::redact_url(url)).collect();
+        let settings = RedisSettings { urls, ..self.settings.clone() };
         f.debug_struct("RedisConfig")
             .field("enabled", &self.enabled)
-            .field("topology", &self.topology)
-            .field("urls", &urls)
-            .field("username", &self.username)
+            .field("settings", &settings)
             .field("password", &self.password)
-            .field("key_prefix", &self.key_prefix)
-            .field("connect_timeout", &self.connect_timeout)
-            .field("command_timeout", &self.command_timeout)
-            .field("script_lane_max_in_flight", &self.script_lane_max_in_flight)
-            .field("sentinels", &self.sentinels)
-            .field("master_name", &self.master_name)
-            .field("sentinel_username", &self.sentinel_username)
             .field("sentinel_password", &self.sentinel_password)
-            .field("wait_replicas", &self.wait_replicas)
-            .field("wait_timeout", &self.wait_timeout)
-            .field("wait_connections", &self.wait_connections)
-            .field("deny_cache", &self.deny_cache)
             .finish()
     }
 }
@@ -292,56 +263,14 @@ impl AppConfig {
 
 impl RedisConfig {
     /// The Redis provider's settings: what it connects to and how patient
-    /// it is. The provider's settings type owns every rule; validation
-    /// reports its problems under these keys.
-    pub fn settings(&self, failure_retry_after: Duration) -> RedisSettings {
+    /// it is, with the secrets and the edge's failure retry-after filled in.
+    pub fn provider_settings(&self, failure_retry_after: Duration) -> RedisSettings {
+        let expose = |secret: &Option<SecretValue>| secret.as_ref().map(|s| s.expose().into());
         RedisSettings {
-            topology: self.topology,
-            urls: self.urls.clone(),
-            username: self.username.clone(),
-            password: self.password.as_ref().map(|password| password.expose().into()),
-            key_prefix: self.key_prefix.clone(),
-            connect_timeout: self.connect_timeout,
-            command_timeout: self.command_timeout,
-            script_lane_max_in_flight: self.script_lane_max_in_flight,
+            password: expose(&self.password),
+            sentinel_password: expose(&self.sentinel_password),
             failure_retry_after,
-            sentinels: self.sentinels.clone(),
-            master_name: self.master_name.clone(),
-            sentinel_username: self.sentinel_username.clone(),
-            sentinel_password: self
-                .sentinel_password
-                .as_ref()
-                .map(|password| password.expose().into()),
-            wait_replicas: self.wait_replicas,
-            wait_timeout: self.wait_timeout,
-            wait_connections: self.wait_connections,
-            deny_cache: self.deny_cache,
-        }
-    }
-}
-
-impl Default for RedisConfig {
-    /// Off, with the Redis provider's own defaults.
-    fn default() -> Self {
-        let defaults = RedisSettings::default();
-        Self {
-            enabled: false,
-            topology: defaults.topology,
-            urls: defaults.urls,
-            username: None,
-            password: None,
-            key_prefix: defaults.key_prefix,
-            connect_timeout: defaults.connect_timeout,
-            command_timeout: defaults.command_timeout,
-            script_lane_max_in_flight: defaults.script_lane_max_in_flight,
-            sentinels: defaults.sentinels,
-            master_name: defaults.master_name,
-            sentinel_username: None,
-            sentinel_password: None,
-            wait_replicas: defaults.wait_replicas,
-            wait_timeout: defaults.wait_timeout,
-            wait_connections: defaults.wait_connections,
-            deny_cache: defaults.deny_cache,
+            ..self.settings.clone()
         }
     }
 }

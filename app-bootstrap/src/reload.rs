@@ -19,25 +19,30 @@ use toml::{Table, Value};
 
 use crate::capability::{ProviderState, edge_settings};
 use crate::config::render::{self, Secrets};
-use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath};
+use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath, RateLimitConfig};
 use crate::error::BootstrapError;
 
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
 
-/// The keys of `capabilities.rate-limit` a reload applies: the policy
-/// table and what only the bridge reads. `provider` and
-/// `failure-retry-after` (which the providers hold) need a restart.
-const RELOADABLE: [&str; 9] = [
-    "policies",
-    "default-policy",
-    "operations",
-    "evaluation-budget",
-    "api-key-header",
-    "trusted-proxies",
-    "problem-type-base",
-    "client-ipv4-prefix",
-    "client-ipv6-prefix",
+/// Takes one reloadable key's value from the loaded configuration.
+type Apply = fn(&mut RateLimitConfig, &RateLimitConfig);
+
+/// The keys of `capabilities.rate-limit` a reload applies, each with how
+/// it is applied: the policy table and what only the bridge reads.
+/// `provider` and `failure-retry-after` (which the providers hold) need a
+/// restart. One list, so a key cannot be reported reloadable and not be
+/// applied, or the other way round.
+const RELOADABLE: [(&str, Apply); 9] = [
+    ("policies", |to, from| to.policies.clone_from(&from.policies)),
+    ("default-policy", |to, from| to.default_policy.clone_from(&from.default_policy)),
+    ("operations", |to, from| to.operations.clone_from(&from.operations)),
+    ("evaluation-budget", |to, from| to.evaluation_budget = from.evaluation_budget),
+    ("api-key-header", |to, from| to.api_key_header.clone_from(&from.api_key_header)),
+    ("trusted-proxies", |to, from| to.trusted_proxies.clone_from(&from.trusted_proxies)),
+    ("problem-type-base", |to, from| to.problem_type_base.clone_from(&from.problem_type_base)),
+    ("client-ipv4-prefix", |to, from| to.client_ipv4_prefix = from.client_ipv4_prefix),
+    ("client-ipv6-prefix", |to, from| to.client_ipv6_prefix = from.client_ipv6_prefix),
 ];
 
 /// What one reload did.
@@ -216,17 +221,9 @@ fn problem_lines(error: BootstrapError) -> Vec<String> {
 /// `running` with every reloadable key taken from `loaded`.
 fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
     let mut next = running.clone();
-    let (to, from) = (&mut next.capabilities.rate_limit, &loaded.capabilities.rate_limit);
-    // One line per RELOADABLE key; the reload tests fail when they drift.
-    to.policies.clone_from(&from.policies);
-    to.default_policy.clone_from(&from.default_policy);
-    to.operations.clone_from(&from.operations);
-    to.evaluation_budget = from.evaluation_budget;
-    to.api_key_header = from.api_key_header.clone();
-    to.trusted_proxies.clone_from(&from.trusted_proxies);
-    to.problem_type_base.clone_from(&from.problem_type_base);
-    to.client_ipv4_prefix = from.client_ipv4_prefix;
-    to.client_ipv6_prefix = from.client_ipv6_prefix;
+    for (_, apply) in RELOADABLE {
+        apply(&mut next.capabilities.rate_limit, &loaded.capabilities.rate_limit);
+    }
     next
 }
 
@@ -248,7 +245,7 @@ fn changes(running: &AppConfig, loaded: &AppConfig) -> (Vec<String>, Vec<String>
             [capabilities, rate_limit, key, ..]
                 if capabilities == "capabilities"
                     && rate_limit == "rate-limit"
-                    && RELOADABLE.contains(&key.as_str()) =>
+                    && RELOADABLE.iter().any(|(reloadable, _)| reloadable == key) =>
             {
                 reloadable.push(name);
             }
@@ -369,6 +366,9 @@ mod tests {
     }
 
     const BASE: &str = r#"
+[capabilities.rate-limit]
+default-policy = "demo"
+
 [capabilities.rate-limit.policies.demo]
 algorithm = "fixed-window"
 limit = 5
@@ -407,7 +407,8 @@ refill-period = "1s"
         assert!(restart.is_empty(), "{restart:?}");
         let keys: BTreeSet<&str> =
             changed.iter().map(|path| path.split('.').nth(2).unwrap()).collect();
-        assert_eq!(keys, RELOADABLE.into_iter().collect(), "each reloadable key differs");
+        let listed = RELOADABLE.into_iter().map(|(key, _)| key).collect();
+        assert_eq!(keys, listed, "each reloadable key differs");
         // What with_reloadable takes over is exactly what changed.
         let next = with_reloadable(&running, &loaded);
         assert_eq!(changes(&next, &loaded), (vec![], vec![]));
@@ -416,9 +417,9 @@ refill-period = "1s"
     #[test]
     fn restart_only_keys_are_named_secrets_included() {
         let running = load(&format!("{BASE}\n[pseudonymizer.keys]\n1 = \"{}\"\n", "a".repeat(32)));
+        let base = BASE.replace("default-policy", "failure-retry-after = \"3s\"\ndefault-policy");
         let loaded = load(&format!(
-            "{BASE}\n[server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n\
-             [capabilities.rate-limit]\nfailure-retry-after = \"3s\"\n",
+            "{base}\n[server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n",
             "b".repeat(32)
         ));
         let (changed, restart) = changes(&running, &loaded);

@@ -75,7 +75,7 @@ fn an_operation_that_names_no_served_route_stops_start_up() {
     let typo = write(
         dir.path(),
         "typo.toml",
-        "[server]\nlisten = \"127.0.0.1:0\"\n[capabilities.rate-limit.operations]\n\"GET /api/helo\" = \"demo\"\n",
+        "[server]\nlisten = \"127.0.0.1:0\"\n[capabilities.rate-limit.operations]\n\"GET /api/helo\" = \"default\"\n",
     );
     for subcommand in ["serve", "check-config"] {
         let (output, stdout, stderr) =

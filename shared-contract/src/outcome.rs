@@ -157,6 +157,11 @@ pub enum IncompatibleCategory {
     StateIncompatible,
 }
 
+/// The `Retry-After` of an outcome no decision could be made for, unless
+/// configured (`capabilities.rate-limit.failure-retry-after`): the one
+/// default the edge and every provider share.
+pub const DEFAULT_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 /// The answer of [`crate::EdgeRateLimitPort::evaluate`]. Every variant but an
 /// allowed `Evaluated` means the request must not pass (fail-closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,6 +9,7 @@ use shared_contract::{
 };
 
 use super::*;
+use crate::ScriptLaneSettings;
 use crate::gateway::{LoadedScript, MockRedisGateway};
 
 const T0: u64 = 1_700_000_000_000;
@@ -426,7 +427,7 @@ impl RedisGateway for StuckGateway {
 async fn no_lane_permit_before_the_deadline_is_admission_rejected() {
     let clock = ManualClock::new(T0);
     let settings = RedisSettings {
-        script_lane_max_in_flight: 1,
+        script_lane: ScriptLaneSettings { max_in_flight: 1 },
         command_timeout: Duration::from_secs(5),
         ..RedisSettings::default()
     };

@@ -11,15 +11,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use adapter_redis::DenyCacheSettings;
-use adapter_redis::Topology;
-use adapter_web::EdgeSettings;
+use adapter_redis::{RedisField, RedisSettings, Topology};
+use adapter_web::{DEFAULT_POLICY, EdgeSettings};
 use figment::value::{Dict, Value};
 use shared_contract::{
     Algorithm, AlgorithmKind, EvaluationDedupPolicy, FailurePolicy, PolicyField, PolicyMode,
     PolicyScope, RateLimitPolicy,
 };
 
+mod owned;
 mod values;
 
 use self::values::{Table, kind, quoted};
@@ -28,10 +28,6 @@ use super::{
     AdminConfig, AppConfig, CapabilitiesConfig, ProviderKind, PseudonymizerConfig, RateLimitConfig,
     RedisConfig, ServerConfig,
 };
-
-/// The policy a fresh checkout serves with when no policy is configured.
-pub(crate) const DEMO_POLICY: &str = "demo";
-const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 
 /// What the reader saw that validation needs beyond the typed model.
 #[derive(Debug, Default)]
@@ -54,17 +50,10 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let admin = root.get("admin");
     reader.close(root);
 
-    let mut server = reader.table(server, KeyPath::root().child("server"));
-    let listen = reader.field(&mut server, "listen", Reader::socket_addr);
-    let shutdown_grace = reader.field(&mut server, "shutdown-grace", Reader::duration);
-    let header_read_timeout = reader.field(&mut server, "header-read-timeout", Reader::duration);
-    reader.close(server);
-    let server = ServerConfig {
-        listen: listen.unwrap_or_else(|| DEFAULT_LISTEN.parse().expect("valid default")),
-        shutdown_grace: shutdown_grace.unwrap_or(ServerConfig::DEFAULT_SHUTDOWN_GRACE),
-        header_read_timeout: header_read_timeout
-            .unwrap_or(ServerConfig::DEFAULT_HEADER_READ_TIMEOUT),
-    };
+    let server = reader.table(server, KeyPath::root().child("server"));
+    let (dict, path) = (server.dict(), server.path().clone());
+    server.close_read();
+    let server: ServerConfig = reader.owned(dict, &path, &[]);
 
     let mut capabilities = reader.table(capabilities, KeyPath::root().child("capabilities"));
     let rate_limit = capabilities.get("rate-limit");
@@ -111,7 +100,7 @@ impl Reader<'_> {
         let edge = EdgeSettings::default();
         let config = RateLimitConfig {
             provider: provider.unwrap_or(ProviderKind::Memory),
-            default_policy: default_policy.unwrap_or_else(|| vec![DEMO_POLICY.to_owned()]),
+            default_policy: default_policy.unwrap_or_else(|| vec![DEFAULT_POLICY.to_owned()]),
             evaluation_budget: evaluation_budget.unwrap_or(edge.evaluation_budget),
             failure_retry_after: failure_retry_after.unwrap_or(edge.failure_retry_after),
             api_key_header: api_key_header.unwrap_or(edge.api_key_header),
@@ -158,9 +147,9 @@ impl Reader<'_> {
         path: &KeyPath,
     ) -> (BTreeMap<String, RateLimitPolicy>, Declared) {
         let Some(value) = value else {
-            let ids = BTreeSet::from([DEMO_POLICY.to_owned()]);
+            let ids = BTreeSet::from([DEFAULT_POLICY.to_owned()]);
             return (
-                BTreeMap::from([(DEMO_POLICY.to_owned(), demo_policy())]),
+                BTreeMap::from([(DEFAULT_POLICY.to_owned(), demo_policy())]),
                 Declared { policy_ids: Some(ids) },
             );
         };
@@ -401,64 +390,29 @@ impl Reader<'_> {
         AdminConfig { listen, token }
     }
 
+    /// `[redis]`: the switch and the two passwords are the application's;
+    /// every other key is [`RedisSettings`]' own.
     fn redis(&mut self, value: Option<&Value>) -> RedisConfig {
+        const OWN: [&str; 3] = ["enabled", "password", "sentinel-password"];
         let mut table = self.table(value, KeyPath::root().child("redis"));
-        let defaults = RedisConfig::default();
-        let enabled = self.field(&mut table, "enabled", Self::bool);
-        let topology = self.field(&mut table, "topology", Self::name);
-        let urls = self.field(&mut table, "urls", Self::string_list);
-        let username = self.field(&mut table, "username", Self::string);
-        let password = self.field(&mut table, "password", Self::secret);
-        let key_prefix = self.field(&mut table, "key-prefix", Self::string);
-        let connect_timeout = self.field(&mut table, "connect-timeout", Self::duration);
-        let command_timeout = self.field(&mut table, "command-timeout", Self::duration);
-        let sentinels = self.field(&mut table, "sentinels", Self::string_list);
-        let master_name = self.field(&mut table, "master-name", Self::string);
-        let sentinel_username = self.field(&mut table, "sentinel-username", Self::string);
-        let sentinel_password = self.field(&mut table, "sentinel-password", Self::secret);
-        let wait_replicas = self.field(&mut table, "wait-replicas", Self::u32);
-        let wait_timeout = self.field(&mut table, "wait-timeout", Self::duration);
-        let wait_connections = self.field(&mut table, "wait-connections", Self::u32);
-        let lane = table.get("script-lane");
-        let mut lane = self.table(lane, table.path().child("script-lane"));
-        let max_in_flight = self.field(&mut lane, "max-in-flight", Self::u32);
-        self.close(lane);
-        let cache = table.get("deny-cache");
-        let mut cache = self.table(cache, table.path().child("deny-cache"));
-        let cache_enabled = self.field(&mut cache, "enabled", Self::bool);
-        let cache_entries = self.field(&mut cache, "max-entries", Self::u32);
-        self.close(cache);
-        self.close(table);
-        let topology = topology.unwrap_or(defaults.topology);
+        let [enabled, password, sentinel_password] = OWN;
+        let enabled = self.field(&mut table, enabled, Self::bool);
+        let password = self.field(&mut table, password, Self::secret);
+        let sentinel_password = self.field(&mut table, sentinel_password, Self::secret);
+        let dict = table.dict();
+        let path = table.path().clone();
+        // What `T` does not know is reported by `owned`, with these keys
+        // among the expected ones.
+        table.close_read();
+        let mut settings: RedisSettings = self.owned(dict, &path, &OWN);
         // The sentinels name the master: no URL unless one is given (which
         // validation then refuses).
-        let default_urls = match topology {
-            Topology::Standalone | Topology::Cluster => defaults.urls,
-            Topology::Sentinel => Vec::new(),
-        };
-        RedisConfig {
-            enabled: enabled.unwrap_or(defaults.enabled),
-            topology,
-            urls: urls.unwrap_or(default_urls),
-            username,
-            password,
-            key_prefix: key_prefix.unwrap_or(defaults.key_prefix),
-            connect_timeout: connect_timeout.unwrap_or(defaults.connect_timeout),
-            command_timeout: command_timeout.unwrap_or(defaults.command_timeout),
-            script_lane_max_in_flight: max_in_flight
-                .map_or(defaults.script_lane_max_in_flight, |n| n as usize),
-            sentinels: sentinels.unwrap_or(defaults.sentinels),
-            master_name: master_name.unwrap_or(defaults.master_name),
-            sentinel_username,
-            sentinel_password,
-            wait_replicas: wait_replicas.unwrap_or(defaults.wait_replicas),
-            wait_timeout: wait_timeout.unwrap_or(defaults.wait_timeout),
-            wait_connections: wait_connections.map_or(defaults.wait_connections, |n| n as usize),
-            deny_cache: DenyCacheSettings {
-                enabled: cache_enabled.unwrap_or(defaults.deny_cache.enabled),
-                max_entries: cache_entries.map_or(defaults.deny_cache.max_entries, |n| n as usize),
-            },
+        let urls_given = dict.is_some_and(|dict| dict.contains_key(RedisField::Urls.key()));
+        match settings.topology {
+            Topology::Sentinel if !urls_given => settings.urls.clear(),
+            Topology::Standalone | Topology::Cluster | Topology::Sentinel => {}
         }
+        RedisConfig { enabled: enabled.unwrap_or_default(), settings, password, sentinel_password }
     }
 }
 
@@ -467,5 +421,7 @@ impl Reader<'_> {
 /// is the policy builder's default.
 fn demo_policy() -> RateLimitPolicy {
     let five_a_minute = Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) };
-    RateLimitPolicy::builder(DEMO_POLICY, five_a_minute).build().expect("the demo policy is valid")
+    RateLimitPolicy::builder(DEFAULT_POLICY, five_a_minute)
+        .build()
+        .expect("the demo policy is valid")
 }

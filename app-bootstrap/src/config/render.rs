@@ -8,6 +8,8 @@ use sha2::{Digest, Sha256};
 use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
 use toml::{Table, Value};
 
+use adapter_redis::RedisField;
+
 use super::AppConfig;
 use super::secret::{SecretSource, SecretValue};
 use crate::error::BootstrapError;
@@ -36,11 +38,7 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     let secret = |value: &SecretValue| render_secret(value, secrets);
     let mut root = Table::new();
 
-    let mut server = Table::new();
-    server.insert("listen".into(), config.server.listen.to_string().into());
-    server.insert("shutdown-grace".into(), duration(config.server.shutdown_grace));
-    server.insert("header-read-timeout".into(), duration(config.server.header_read_timeout));
-    root.insert("server".into(), server.into());
+    root.insert("server".into(), owned(&config.server));
 
     let rate_limit = &config.capabilities.rate_limit;
     let mut limits = Table::new();
@@ -77,47 +75,25 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     root.insert("pseudonymizer".into(), pseudonymizer.into());
 
     let redis = &config.redis;
-    let mut table = Table::new();
+    // The provider's settings render as its serde names say; what the
+    // application holds (the switch, the passwords with their source) is
+    // added, and a URL, which may carry a password, is fingerprinted whole
+    // (so a changed one is seen) or redacted for printing.
+    let Value::Table(mut table) = owned(&redis.settings) else {
+        unreachable!("RedisSettings is a struct");
+    };
     table.insert("enabled".into(), redis.enabled.into());
-    table.insert("topology".into(), redis.topology.name().into());
-    // A URL may carry a password: fingerprinted whole, so a changed one is
-    // seen, and redacted for printing.
-    let urls = redis.urls.iter().map(|url| match secrets {
+    let urls = redis.settings.urls.iter().map(|url| match secrets {
         Secrets::Redacted => Value::from(redact_url(url)),
         Secrets::Fingerprinted => fingerprint(url),
     });
-    table.insert("urls".into(), Value::Array(urls.collect()));
-    if let Some(username) = &redis.username {
-        table.insert("username".into(), username.clone().into());
-    }
+    table.insert(RedisField::Urls.key().into(), Value::Array(urls.collect()));
     if let Some(password) = &redis.password {
         table.insert("password".into(), secret(password));
-    }
-    table.insert("key-prefix".into(), redis.key_prefix.clone().into());
-    table.insert("connect-timeout".into(), duration(redis.connect_timeout));
-    table.insert("command-timeout".into(), duration(redis.command_timeout));
-    let sentinels = redis.sentinels.iter().map(|address| Value::from(address.clone()));
-    table.insert("sentinels".into(), Value::Array(sentinels.collect()));
-    table.insert("master-name".into(), redis.master_name.clone().into());
-    if let Some(username) = &redis.sentinel_username {
-        table.insert("sentinel-username".into(), username.clone().into());
     }
     if let Some(password) = &redis.sentinel_password {
         table.insert("sentinel-password".into(), secret(password));
     }
-    table.insert("wait-replicas".into(), i64::from(redis.wait_replicas).into());
-    table.insert("wait-timeout".into(), duration(redis.wait_timeout));
-    let wait_connections = i64::try_from(redis.wait_connections).unwrap_or(i64::MAX);
-    table.insert("wait-connections".into(), wait_connections.into());
-    let mut lane = Table::new();
-    let in_flight = i64::try_from(redis.script_lane_max_in_flight).unwrap_or(i64::MAX);
-    lane.insert("max-in-flight".into(), in_flight.into());
-    table.insert("script-lane".into(), lane.into());
-    let mut cache = Table::new();
-    cache.insert("enabled".into(), redis.deny_cache.enabled.into());
-    let entries = i64::try_from(redis.deny_cache.max_entries).unwrap_or(i64::MAX);
-    cache.insert("max-entries".into(), entries.into());
-    table.insert("deny-cache".into(), cache.into());
     root.insert("redis".into(), table.into());
 
     let mut admin = Table::new();
@@ -168,6 +144,13 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     }
     table.insert("evaluation-dedup".into(), dedup.into());
     table.into()
+}
+
+/// A section its owner serializes: its serde names are the keys.
+fn owned(section: &impl serde::Serialize) -> Value {
+    // The owners are structs of strings, numbers, lists and tables, which
+    // TOML always holds.
+    Value::try_from(section).expect("a configuration section is a TOML table")
 }
 
 /// One id as a string, as a file usually writes it; several as a list.

@@ -61,17 +61,20 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         assert_eq!(config.server.listen, "127.0.0.1:8080".parse().unwrap());
         let rate_limit = &config.capabilities.rate_limit;
         assert_eq!(rate_limit.provider, ProviderKind::Memory);
-        assert_eq!(rate_limit.default_policy, ["demo"]);
+        // The edge's default policy id, not a second name for it.
+        let edge = adapter_web::EdgeSettings::default();
+        assert_eq!(rate_limit.default_policy, [edge.default_policies.ids()[0].as_str()]);
+        assert_eq!(rate_limit.default_policy, [adapter_web::DEFAULT_POLICY]);
         assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(750));
         assert_eq!(rate_limit.api_key_header, "x-api-key");
-        let demo = &rate_limit.policies["demo"];
+        let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
         assert_eq!(
             *demo.algorithm(),
             Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) }
         );
         assert!(config.pseudonymizer.keys.is_empty());
         assert!(!config.redis.enabled);
-        assert_eq!(config.redis.key_prefix, "ca:rl:");
+        assert_eq!(config.redis.settings.key_prefix, "ca:rl:");
         assert_eq!(config.rate_limit_policies().len(), 1);
     });
 }
@@ -143,7 +146,7 @@ fn a_file_sets_every_policy_field() {
             EvaluationDedupPolicy::Disabled
         );
         // A policies table of the user's replaces the demo policy entirely.
-        assert!(!rate_limit.policies.contains_key("demo"));
+        assert!(!rate_limit.policies.contains_key(adapter_web::DEFAULT_POLICY));
     });
 }
 
@@ -169,9 +172,9 @@ fn the_environment_overrides_the_file() {
             Algorithm::FixedWindow { limit: 42, window: Duration::from_secs(60) }
         );
         assert!(config.redis.enabled);
-        assert_eq!(config.redis.topology, adapter_redis::Topology::Cluster);
-        assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
-        assert_eq!(config.redis.script_lane_max_in_flight, 8);
+        assert_eq!(config.redis.settings.topology, adapter_redis::Topology::Cluster);
+        assert_eq!(config.redis.settings.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(config.redis.settings.script_lane.max_in_flight, 8);
         assert_eq!(config.pseudonymizer.keys[&1].expose(), KEY);
     });
 }
@@ -196,8 +199,8 @@ fn every_list_splits_on_commas_from_the_environment() {
         let proxies: Vec<String> =
             rate_limit.trusted_proxies.iter().map(ToString::to_string).collect();
         assert_eq!(proxies, ["10.0.0.0/8", "::1/128"]);
-        assert_eq!(config.redis.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
-        assert_eq!(config.redis.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
+        assert_eq!(config.redis.settings.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        assert_eq!(config.redis.settings.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
     });
 }
 
@@ -637,13 +640,18 @@ fn every_cluster_key() -> String {
     file
 }
 
+/// The variables [`EVERY_KEY`]'s secrets are read from.
+fn set_every_key_secrets(jail: &mut Jail) {
+    jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
+    jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
+    jail.set_env("EVERY_KEY_ADMIN_TOKEN", ADMIN_TOKEN);
+    jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
+}
+
 #[test]
 fn what_check_config_renders_loads_back_to_the_same_configuration() {
     jail(|jail| {
-        jail.set_env("EVERY_KEY_PSEUDONYM", KEY);
-        jail.set_env("EVERY_KEY_PASSWORD", "every-key-password");
-        jail.set_env("EVERY_KEY_ADMIN_TOKEN", ADMIN_TOKEN);
-        jail.set_env("EVERY_KEY_SENTINEL_PASSWORD", "every-key-sentinel-password");
+        set_every_key_secrets(jail);
         for file in [EVERY_KEY.to_owned(), every_cluster_key()] {
             let config = load_file(jail, &file).unwrap();
             let rendered = config.to_redacted_toml().unwrap();
@@ -674,11 +682,14 @@ fn unset_keys_take_the_owners_defaults() {
         assert_eq!(rate_limit.failure_retry_after, edge.failure_retry_after);
         assert_eq!(rate_limit.api_key_header, edge.api_key_header);
         assert_eq!(rate_limit.problem_type_base, edge.problem_type_base);
-        let settings = config.redis.settings(edge.failure_retry_after);
+        let settings = config.redis.provider_settings(edge.failure_retry_after);
         let owner = adapter_redis::RedisSettings::default();
         assert_eq!(format!("{settings:?}"), format!("{owner:?}"));
-        let demo = &rate_limit.policies["demo"];
-        let builder_default = RateLimitPolicy::builder("demo", *demo.algorithm()).build().unwrap();
+        let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
+        let builder_default =
+            RateLimitPolicy::builder(adapter_web::DEFAULT_POLICY, *demo.algorithm())
+                .build()
+                .unwrap();
         assert_eq!(*demo, builder_default);
     });
 }
@@ -1007,5 +1018,143 @@ fn the_listeners_timeouts_default_to_10s_and_must_be_above_zero_and_bounded() {
         );
         jail.set_env("CA_SKELETON_SERVER__SHUTDOWN_GRACE", "10");
         assert_eq!(paths(load_file(jail, BASE)), ["server.shutdown-grace"]);
+    });
+}
+
+/// The example files show a default as a comment, never as a value that
+/// could drift from its owner's default (issue 18, item 2).
+#[test]
+fn the_example_files_set_no_key_to_its_default() {
+    jail(|_| {
+        let defaults = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        let defaults = render::to_table(&defaults, render::Secrets::Redacted);
+        let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config");
+        let mut files = 0;
+        for entry in std::fs::read_dir(&examples).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_none_or(|extension| extension != "toml") {
+                continue;
+            }
+            files += 1;
+            let file: toml::Table = std::fs::read_to_string(&path).unwrap().parse().unwrap();
+            let mut at_default = Vec::new();
+            leaves_at_default(&file, &defaults, &mut Vec::new(), &mut at_default);
+            assert_eq!(at_default, Vec::<String>::new(), "{}", path.display());
+        }
+        assert!(files >= 5, "{files} example files");
+    });
+}
+
+/// The key paths of `file` whose value is the one in `defaults`.
+fn leaves_at_default(
+    file: &toml::Table,
+    defaults: &toml::Table,
+    path: &mut Vec<String>,
+    out: &mut Vec<String>,
+) {
+    for (key, value) in file {
+        let Some(default) = defaults.get(key) else { continue };
+        path.push(key.clone());
+        match (value, default) {
+            (toml::Value::Table(file), toml::Value::Table(defaults)) => {
+                leaves_at_default(file, defaults, path, out);
+            }
+            (value, default) if value == default => out.push(path.join(".")),
+            _ => {}
+        }
+        path.pop();
+    }
+}
+
+/// The Redis keys are read from the provider's own settings type: nested
+/// keys come from the environment too, and each bad value is named by its
+/// full key path, all at once.
+#[test]
+fn redis_keys_read_from_the_environment_and_each_bad_one_is_named() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_REDIS__SCRIPT_LANE__MAX_IN_FLIGHT", "8");
+        jail.set_env("CA_SKELETON_REDIS__DENY_CACHE__ENABLED", "false");
+        jail.set_env("CA_SKELETON_REDIS__WAIT_TIMEOUT", "50ms");
+        let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        let settings = &config.redis.settings;
+        assert_eq!(settings.script_lane.max_in_flight, 8);
+        assert!(!settings.deny_cache.enabled);
+        assert_eq!(settings.wait_timeout, Duration::from_millis(50));
+        jail.clear_env();
+        let file = "[redis]\nconnect-timeout = 5\nwait-connections = \"many\"\nscript-lane = 3\n\
+                    deny-cache = { enabled = \"yes\" }\nmaster-name = [1]\n";
+        let mut named = paths(load_file(jail, file));
+        named.sort();
+        assert_eq!(
+            named,
+            [
+                "redis.connect-timeout",
+                "redis.deny-cache.enabled",
+                "redis.master-name",
+                "redis.script-lane",
+                "redis.wait-connections",
+            ]
+        );
+    });
+}
+
+/// The provider names each broken rule by its field; the key that field
+/// gives is a key of the `[redis]` table as it is read and rendered, so a
+/// problem is never reported at a key no file can hold (issue 18 item 2:
+/// `script-lane-max-in-flight` was).
+#[test]
+fn every_redis_field_names_a_key_of_the_redis_table() {
+    use adapter_redis::RedisField;
+    jail(|jail| {
+        set_every_key_secrets(jail);
+        let config = load_file(jail, EVERY_KEY).unwrap();
+        let table = render::to_table(&config, render::Secrets::Redacted);
+        let redis = table["redis"].as_table().unwrap();
+        for field in [
+            RedisField::Urls,
+            RedisField::Url(0),
+            RedisField::KeyPrefix,
+            RedisField::ConnectTimeout,
+            RedisField::CommandTimeout,
+            RedisField::ScriptLaneMaxInFlight,
+            RedisField::FailureRetryAfter,
+            RedisField::Sentinels,
+            RedisField::Sentinel(0),
+            RedisField::MasterName,
+            RedisField::SentinelPassword,
+            RedisField::WaitTimeout,
+            RedisField::WaitConnections,
+            RedisField::DenyCacheMaxEntries,
+        ] {
+            // Exhaustive: a new field fails to compile until it is listed.
+            match field {
+                // The edge's key, reported there.
+                RedisField::FailureRetryAfter => continue,
+                RedisField::Urls
+                | RedisField::Url(_)
+                | RedisField::KeyPrefix
+                | RedisField::ConnectTimeout
+                | RedisField::CommandTimeout
+                | RedisField::ScriptLaneMaxInFlight
+                | RedisField::Sentinels
+                | RedisField::Sentinel(_)
+                | RedisField::MasterName
+                | RedisField::SentinelPassword
+                | RedisField::WaitTimeout
+                | RedisField::WaitConnections
+                | RedisField::DenyCacheMaxEntries => {}
+            }
+            let (tables, leaf) =
+                field.key().rsplit_once('.').map_or((None, field.key()), |(t, l)| (Some(t), l));
+            let holder = tables
+                .into_iter()
+                .flat_map(|t| t.split('.'))
+                .try_fold(redis, |table, key| table.get(key).and_then(toml::Value::as_table));
+            assert!(
+                holder.is_some_and(|table| table.contains_key(leaf)),
+                "{field:?}: {}",
+                field.key()
+            );
+        }
     });
 }

@@ -288,37 +288,30 @@ fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
 pub(crate) fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
     let path = KeyPath::root().child("redis");
     let failure_retry_after = config.capabilities.rate_limit.failure_retry_after;
-    for SettingsProblem { field, problem } in config.redis.settings(failure_retry_after).problems()
+    for SettingsProblem { field, problem } in
+        config.redis.provider_settings(failure_retry_after).problems()
     {
-        let at = match field {
-            RedisField::Urls => path.child("urls"),
-            RedisField::Url(index) => path.child("urls").child(&index.to_string()),
-            RedisField::KeyPrefix => path.child("key-prefix"),
-            RedisField::ConnectTimeout => path.child("connect-timeout"),
-            RedisField::CommandTimeout => path.child("command-timeout"),
-            RedisField::ScriptLaneMaxInFlight => path.dotted("script-lane.max-in-flight"),
-            RedisField::Sentinels => path.child("sentinels"),
-            RedisField::Sentinel(index) => path.child("sentinels").child(&index.to_string()),
-            RedisField::MasterName => path.child("master-name"),
-            RedisField::SentinelPassword => path.child("sentinel-password"),
-            RedisField::WaitTimeout => path.child("wait-timeout"),
-            RedisField::WaitConnections => path.child("wait-connections"),
-            RedisField::DenyCacheMaxEntries => path.dotted("deny-cache.max-entries"),
-            // The edge's own rule reports this key; once is enough.
-            RedisField::FailureRetryAfter => continue,
+        // The edge's own rule reports this key; once is enough.
+        if field == RedisField::FailureRetryAfter {
+            continue;
+        }
+        let at = path.dotted(field.key());
+        let at = match field.index() {
+            Some(index) => at.child(&index.to_string()),
+            None => at,
         };
         problems.push(at, problem);
     }
     // `wait-timeout` is below `command-timeout` whenever it is used.
     at_most(
         path.child("connect-timeout"),
-        config.redis.connect_timeout,
+        config.redis.settings.connect_timeout,
         MAX_REDIS_TIMEOUT,
         problems,
     );
     at_most(
         path.child("command-timeout"),
-        config.redis.command_timeout,
+        config.redis.settings.command_timeout,
         MAX_REDIS_TIMEOUT,
         problems,
     );

@@ -45,7 +45,7 @@ impl Reader<'_> {
         }
     }
 
-    fn unknown_keys(&mut self, dict: &Dict, path: &KeyPath, known: &[&str]) {
+    pub(super) fn unknown_keys(&mut self, dict: &Dict, path: &KeyPath, known: &[&str]) {
         for key in dict.keys().filter(|key| !known.contains(&key.as_str())) {
             let hint = match closest(key, known) {
                 Some(near) => format!("did you mean `{near}`? "),
@@ -325,6 +325,17 @@ impl<'v> Table<'v> {
     /// Whether the table holds `key` (known or not).
     pub(super) fn has(&self, key: &str) -> bool {
         self.dict.is_some_and(|dict| dict.contains_key(key))
+    }
+
+    /// The table's keys and values, if it is there.
+    pub(super) fn dict(&self) -> Option<&'v Dict> {
+        self.dict
+    }
+
+    /// Ends reading a table whose other keys a reader of its own checks
+    /// (see `owned`), so none is reported unknown here.
+    pub(super) fn close_read(mut self) {
+        self.closed = true;
     }
 
     /// Whether the table is there at all.
