@@ -280,6 +280,14 @@ async fn reset(
     }
 }
 
+/// Whether `operation` (`METHOD /template`) names a route the router
+/// serves under some method: the requests charged under it exist.
+fn serves_route_of(served: &BTreeSet<String>, operation: &str) -> bool {
+    let route = |operation: &str| operation.split_once(' ').map(|(_, route)| route.to_owned());
+    let Some(wanted) = route(operation) else { return false };
+    served.iter().any(|served| route(served).is_some_and(|route| route == wanted))
+}
+
 #[allow(
     clippy::result_large_err,
     reason = "the refusal is the response answered as is, once per admin request"
@@ -306,10 +314,14 @@ fn budget(
             }
             // A path in place of the template would name a budget no
             // request is ever charged under: a reset would change nothing.
-            if !state.served.contains(text) {
+            // Any method on a served route is charged (a method the route
+            // does not take is a 405 under the default set), so its budget
+            // can be inspected and reset too.
+            if !serves_route_of(&state.served, text) {
                 let served = state.served.iter().map(String::as_str).collect::<Vec<_>>();
                 let detail = format!(
-                    "The server serves no such operation; it serves {}.",
+                    "The server serves no such route; it serves {} (any method on one of \
+                     these routes is charged, a method it does not take as a 405).",
                     served.join(", ")
                 );
                 return Err(problem(state, StatusCode::NOT_FOUND, "unknown-operation", &detail));

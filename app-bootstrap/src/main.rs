@@ -1,5 +1,5 @@
 //! `ca-skeleton`: the binary. It only parses the command line, installs
-//! logging, catches SIGHUP for `serve` and hands over to the library; any error is printed (with every
+//! logging, catches SIGHUP for `serve` (first thing) and hands over to the library; any error is printed (with every
 //! configuration problem) and the exit code is non-zero.
 
 use std::process::ExitCode;
@@ -11,11 +11,18 @@ use app_bootstrap::cli::{Cli, init_logging, run};
 use app_bootstrap::server::Hangups;
 
 fn main() -> ExitCode {
+    // Before the command line, the runtime, the configuration and the
+    // port: from here on a SIGHUP only asks `serve` to reload, whenever it
+    // comes (the other commands release it below).
+    let hangups = Hangups::catch();
     let cli = Cli::parse();
     init_logging(cli.log_format);
-    // Before the runtime, the configuration and the port: from here on a
-    // SIGHUP only asks `serve` to reload, whenever it comes.
-    let hangups = cli.serves().then(Hangups::catch);
+    let hangups = if cli.serves() {
+        Some(hangups)
+    } else {
+        hangups.release();
+        None
+    };
     match start(cli, hangups) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -52,33 +52,48 @@ pub struct Application {
     limits: ConnectionLimits,
 }
 
-/// SIGHUP, caught from the moment this is made. `ca-skeleton serve` makes
-/// it first thing, before the runtime starts, the configuration is read
-/// or a port is bound, so a reload signal sent while the server starts
-/// never takes SIGHUP's default action (ending the process): it is kept,
-/// several as one, and applied as a reload once the server serves.
+/// SIGHUP, caught from the moment this is made. The binary's `main` makes
+/// it first thing, before it parses the command line, starts the runtime,
+/// reads the configuration or binds a port, so a reload signal sent while
+/// `serve` starts never takes SIGHUP's default action (ending the process):
+/// it is kept, several as one, and applied as a reload once the server
+/// serves. Another command [`release`](Self::release)s it and ends on a
+/// SIGHUP as any program does.
 #[derive(Debug)]
 pub struct Hangups {
     /// Set by every SIGHUP; what came before the reload loop listens.
     #[cfg(unix)]
     caught: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Once set, a SIGHUP takes its default action again.
+    #[cfg(unix)]
+    ends_process: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Hangups {
-    /// Catches SIGHUP from now on; needs no runtime.
+    /// Catches SIGHUP from now on; needs no runtime (nor a logger: a
+    /// failure to register is only reported once serving, by the reloader
+    /// finding no signal stream either).
     pub fn catch() -> Self {
         #[cfg(unix)]
         {
+            use signal_hook::{consts::SIGHUP, flag};
+            let ends_process = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            // Registered first, so a released process ends before the
+            // flag below would keep the signal.
+            let _ = flag::register_conditional_default(SIGHUP, Arc::clone(&ends_process));
             let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let registered =
-                signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&caught));
-            if let Err(error) = &registered {
-                tracing::warn!(%error, "cannot catch SIGHUP; reload through the admin listener");
-            }
-            Self { caught: registered.ok().map(|_| caught) }
+            let registered = flag::register(SIGHUP, Arc::clone(&caught));
+            Self { caught: registered.ok().map(|_| caught), ends_process }
         }
         #[cfg(not(unix))]
         Self {}
+    }
+
+    /// For a command other than `serve`: a SIGHUP from now on ends the
+    /// process, as it would had nothing caught it.
+    pub fn release(self) {
+        #[cfg(unix)]
+        self.ends_process.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 

@@ -509,7 +509,7 @@ async fn an_operation_the_server_does_not_serve_is_404_and_resets_nothing() {
         format!("/admin/subjects/{pseudonym}/policies/{POLICY}?operation={operation}")
     };
     for operation in
-        ["GET%20/api/hello/42", "GET%20/api/orders/42", "PUT%20/api/hello", "GET%20/admin/reload"]
+        ["GET%20/api/hello/42", "GET%20/api/orders/42", "PUT%20/api/nope", "GET%20/admin/reload"]
     {
         for method in [Method::GET, Method::DELETE] {
             let answer = admin.send(method.clone(), &at(operation), Some(TOKEN), None).await;
@@ -533,6 +533,30 @@ async fn an_operation_the_server_does_not_serve_is_404_and_resets_nothing() {
         StatusCode::OK,
         "the reset of the HEAD is the GET's"
     );
+    server.stop().await;
+}
+
+/// A method a route does not take is a 405 still charged under the
+/// default set, so its budget is one an operator can see and reset: the
+/// client it blocks is unblocked by the reset.
+#[tokio::test]
+async fn the_budget_of_a_method_a_route_does_not_take_can_be_inspected_and_reset() {
+    let server = Running::start(&load(&memory_config())).await;
+    let admin = admin_of(&server);
+    let options = || server.request(Method::OPTIONS, "/api/hello");
+    for _ in 0..3 {
+        assert_eq!(options().await.status, StatusCode::METHOD_NOT_ALLOWED);
+    }
+    assert_eq!(options().await.status, StatusCode::TOO_MANY_REQUESTS);
+    let pseudonym = edge_pseudonym_of_localhost();
+    let at =
+        format!("/admin/subjects/{pseudonym}/policies/{POLICY}?operation=OPTIONS%20/api/hello");
+    let seen = admin.send(Method::GET, &at, Some(TOKEN), None).await;
+    assert_eq!(seen.status, StatusCode::OK, "{}", seen.body);
+    assert_eq!(seen.json()["remaining"], 0);
+    let reset = admin.send(Method::DELETE, &at, Some(TOKEN), None).await;
+    assert_eq!(reset.status, StatusCode::NO_CONTENT, "{}", reset.body);
+    assert_eq!(options().await.status, StatusCode::METHOD_NOT_ALLOWED, "unblocked by the reset");
     server.stop().await;
 }
 

@@ -197,25 +197,29 @@ fn render_secret(value: &SecretValue, secrets: Secrets) -> Value {
 /// should one be written). User names are not secret and stay, as
 /// `redis.username` does; so do `db`, `protocol` and the fragment.
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_owned() };
-    let (rest, fragment) = match rest.split_once('#') {
-        Some((rest, fragment)) => (rest, Some(fragment)),
-        None => (rest, None),
+    let (url, fragment) = match url.split_once('#') {
+        Some((url, fragment)) => (url, Some(fragment)),
+        None => (url, None),
     };
-    let (before_query, query) = match rest.split_once('?') {
+    let (before_query, query) = match url.split_once('?') {
         Some((before, query)) => (before, Some(query)),
-        None => (rest, None),
+        None => (url, None),
     };
-    let mut out = format!("{scheme}://");
-    // The last `@` before the query ends the userinfo; a password holding a
-    // raw `/` (the url crate would refuse it) is still cut out whole.
-    match before_query.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => out.push_str(&format!("{user}:{REDACTED}@{host}")),
-            None => out.push_str(before_query),
+    // The query is read with or without `//`: the redis crate takes
+    // `unix:/path?pass=..` as it takes `unix:///path?pass=..`.
+    let mut out = match before_query.split_once("://") {
+        // The last `@` before the query ends the userinfo; a password
+        // holding a raw `/` (the url crate would refuse it) is still cut
+        // out whole.
+        Some((scheme, rest)) => match rest.rsplit_once('@') {
+            Some((userinfo, host)) => match userinfo.split_once(':') {
+                Some((user, _password)) => format!("{scheme}://{user}:{REDACTED}@{host}"),
+                None => before_query.to_owned(),
+            },
+            None => before_query.to_owned(),
         },
-        None => out.push_str(before_query),
-    }
+        None => before_query.to_owned(),
+    };
     if let Some(query) = query {
         out.push('?');
         let pairs: Vec<String> = query.split('&').map(redact_query_pair).collect();
@@ -229,13 +233,22 @@ pub(crate) fn redact_url(url: &str) -> String {
 }
 
 /// `pass=secret` -> `pass=[REDACTED]`; the name is compared decoded, as
-/// the redis crate decodes it (`p%61ss` is `pass`).
+/// the redis crate decodes it (`p%61ss` is `pass`), and in any case (the
+/// crate reads only `pass`, but `PASS=` was meant as one too). A pair whose
+/// `=` is itself encoded (`pass%3Dsecret`) is redacted whole.
 fn redact_query_pair(pair: &str) -> String {
-    let name = pair.split_once('=').map_or(pair, |(name, _)| name);
-    let decoded = form_urlencoded::parse(name.as_bytes()).next().map(|(name, _)| name);
-    match decoded.as_deref() {
-        Some("pass" | "password") => format!("{name}={REDACTED}"),
-        _ => pair.to_owned(),
+    let raw_name = pair.split_once('=').map_or(pair, |(name, _)| name);
+    let name = form_urlencoded::parse(raw_name.as_bytes())
+        .next()
+        .map(|(name, _)| name.to_ascii_lowercase())
+        .unwrap_or_default();
+    let is_secret = |name: &str| name == "pass" || name == "password";
+    if is_secret(&name) {
+        format!("{raw_name}={REDACTED}")
+    } else if name.split_once('=').is_some_and(|(name, _)| is_secret(name)) {
+        REDACTED.to_owned()
+    } else {
+        pair.to_owned()
     }
 }
 
@@ -274,6 +287,10 @@ mod tests {
             ),
             ("redis://app:s3c/retPW@host", "redis://app:[REDACTED]@host"),
             ("unix:///run/redis.sock?db=1", "unix:///run/redis.sock?db=1"),
+            // The crate reads the query without `//` too.
+            ("unix:/run/redis.sock?pass=s3cretPW", "unix:/run/redis.sock?pass=[REDACTED]"),
+            ("/run/redis.sock?PASS=s3cretPW", "/run/redis.sock?PASS=[REDACTED]"),
+            ("unix:///s.sock?pass%3Ds3cretPW&db=1", "unix:///s.sock?[REDACTED]&db=1"),
         ] {
             assert_eq!(redact_url(url), redacted, "{url}");
             assert!(!redact_url(url).contains("s3cretPW"), "{url}");

@@ -980,6 +980,9 @@ fn an_admin_token_http_cannot_carry_stops_start_up_naming_the_key() {
             assert_eq!(found[0].0, "admin.token");
             assert!(found[0].1.contains("visible ASCII"), "{found:?}");
             assert!(!found[0].1.contains(ADMIN_TOKEN), "the token is never printed: {found:?}");
+            // The secret file hint only where a trailing newline is the cause.
+            let hinted = found[0].1.contains("trailing newline");
+            assert_eq!(hinted, token.ends_with('\n'), "{found:?}");
         }
         // Every visible ASCII character is carried as is.
         let visible = "!\"#$%&'()*+,-./0123456789:;<=>?@AZaz[]^_`{|}~";

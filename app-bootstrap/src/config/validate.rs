@@ -267,9 +267,15 @@ fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
                 KeyPath::root().dotted("admin.token"),
                 format!(
                     "must be visible ASCII without spaces, as an Authorization header carries it; \
-                     byte {} of {} is not (a trailing newline from a secret file?)",
+                     byte {} of {} is not{}",
                     at + 1,
-                    bytes.len()
+                    bytes.len(),
+                    // Only where it is the likely cause.
+                    if bytes[at..].iter().all(|byte| matches!(byte, b'\n' | b'\r')) {
+                        " (a trailing newline from a secret file?)"
+                    } else {
+                        ""
+                    }
                 ),
             );
         }

@@ -135,6 +135,10 @@ impl Running {
         self.send(self.client.head(self.url(path))).await
     }
 
+    pub(crate) async fn request(&self, method: reqwest::Method, path: &str) -> Reply {
+        self.send(self.client.request(method, self.url(path))).await
+    }
+
     async fn send(&self, request: reqwest::RequestBuilder) -> Reply {
         let response = request.send().await.expect("the server answers");
         let status = response.status();
