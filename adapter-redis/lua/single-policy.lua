@@ -1,11 +1,11 @@
 -- A set of one policy: the fast path of `policy-set.lua`, with the same
 -- ARGV and reply layout (see there) for exactly one key, and the same
--- answers. `scripts.rs` builds one per algorithm: it puts the algorithm's
--- file at its `algorithm.lua` include line, followed by a line binding
--- `algorithm` to its function, so the script creates no closure, table or
--- loop it does not use (measured: docs/benchmarks.md).
+-- answers. `scripts.rs` builds one per algorithm: at the `#algorithm`
+-- line it puts that algorithm's file, then a line binding `algorithm` to
+-- the function the file defines, so the script creates no closure, table
+-- or loop it does not use (measured: docs/benchmarks.md).
 -- #include prelude.lua
--- #include algorithm.lua
+-- #algorithm
 
 local key = KEYS[1]
 local t = now
@@ -13,17 +13,8 @@ local capacity = tonumber(ARGV[8])
 local raw, record, hashed = load(key, capacity)
 local header = 0
 if raw then
-  local stored = string.byte(raw, 1)
-  header = FIXED_WINDOW_HEADER
-  if stored == SLIDING_COUNTER then
-    header = SLIDING_COUNTER_HEADER
-  elseif stored == TOKEN_BUCKET then
-    header = TOKEN_BUCKET_HEADER
-  elseif stored ~= FIXED_WINDOW then
-    return {'corrupt', 1}
-  end
-  local size = #raw - header
-  if size ~= 0 and size ~= TRAILER and size ~= LEGACY_TRAILER then return {'corrupt', 1} end
+  header = header_of(raw)
+  if not header then return {'corrupt', 1} end
   local mark = struct.unpack('d', raw, 2)
   local by = mark - now - tonumber(ARGV[5])
   if by > 0 then return {'clock_unsafe', by} end
