@@ -124,12 +124,7 @@ fn decode_inspect(reply: &Value) -> Option<Stored> {
         }
         Some(Value::BulkString(status)) if status == b"state" && items.len() == 6 => {
             let (mark, a, b, c) = (number(2)?, number(3)?, number(4)?, number(5)?);
-            let algorithm = match u8::try_from(number(1)?).ok()? {
-                b'F' => AlgorithmState::FixedWindow { window_start: a, count: b },
-                b'S' => AlgorithmState::SlidingCounter { window_start: a, current: b, previous: c },
-                b'B' => AlgorithmState::TokenBucket { tokens: a, updated_at: b },
-                _ => return None,
-            };
+            let algorithm = crate::algorithm::state(u8::try_from(number(1)?).ok()?, [a, b, c])?;
             Some(Stored::State { mark, algorithm })
         }
         _ => None,
