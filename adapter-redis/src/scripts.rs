@@ -75,13 +75,15 @@ impl ScriptKind {
         }
     }
 
-    /// The algorithm file and the name of the function it defines, for the
-    /// single-key scripts.
-    const fn algorithm(self) -> Option<(&'static str, &'static str)> {
+    /// The algorithm of a single-key script: its file's name and text,
+    /// and the name of the function the file defines.
+    const fn algorithm(self) -> Option<LuaAlgorithm> {
         match self {
-            Self::FixedWindow => Some((FIXED_WINDOW, "fixed_window")),
-            Self::SlidingCounter => Some((SLIDING_COUNTER, "sliding_counter")),
-            Self::TokenBucket => Some((TOKEN_BUCKET, "token_bucket")),
+            Self::FixedWindow => Some(("fixed-window.lua", FIXED_WINDOW, "fixed_window")),
+            Self::SlidingCounter => {
+                Some(("sliding-counter.lua", SLIDING_COUNTER, "sliding_counter"))
+            }
+            Self::TokenBucket => Some(("token-bucket.lua", TOKEN_BUCKET, "token_bucket")),
             Self::PolicySet => None,
         }
     }
@@ -102,15 +104,19 @@ pub(crate) fn inspect_source() -> &'static str {
     &SOURCE
 }
 
+/// An algorithm's Lua file as [`ScriptKind::algorithm`] names it: file
+/// name, text, and the function the file defines.
+type LuaAlgorithm = (&'static str, &'static str, &'static str);
+
 /// `driver` with every `-- #include <file>` line replaced by that file, and
 /// its `-- #algorithm` line by `algorithm`'s file followed by a line binding
 /// `algorithm` to the function that file defines.
-fn compose(driver: &str, algorithm: Option<(&str, &str)>) -> String {
+fn compose(driver: &str, algorithm: Option<LuaAlgorithm>) -> String {
     let mut source = String::with_capacity(driver.len() + PRELUDE.len() + 8192);
     for line in driver.split_inclusive('\n') {
         if line.trim_end() == ALGORITHM {
             // Only the single-key driver has the line, and it always gets one.
-            let (file, function) = algorithm.unwrap_or_else(|| panic!("no algorithm to put in"));
+            let (_, file, function) = algorithm.unwrap_or_else(|| panic!("no algorithm to put in"));
             source.push_str(file);
             source.push_str(&format!("local algorithm = {function}\n"));
             continue;
@@ -127,13 +133,14 @@ fn compose(driver: &str, algorithm: Option<(&str, &str)>) -> String {
 /// without a file is a mistake in this crate that the first composition
 /// (any test that runs a script) reports.
 fn included(name: &str) -> &'static str {
-    match name {
-        "prelude.lua" => PRELUDE,
-        "fixed-window.lua" => FIXED_WINDOW,
-        "sliding-counter.lua" => SLIDING_COUNTER,
-        "token-bucket.lua" => TOKEN_BUCKET,
-        other => panic!("lua: no file {other} to include"),
+    if name == "prelude.lua" {
+        return PRELUDE;
     }
+    ScriptKind::ALL
+        .into_iter()
+        .filter_map(ScriptKind::algorithm)
+        .find_map(|(file_name, file, _)| (file_name == name).then_some(file))
+        .unwrap_or_else(|| panic!("lua: no file {name} to include"))
 }
 
 /// What every script shares: arguments, tags and header lengths, dedupe
@@ -265,6 +272,8 @@ impl RateLimitScripts {
 
 #[cfg(test)]
 mod tests {
+    use shared_contract::AlgorithmKind;
+
     use super::*;
 
     #[test]
@@ -279,6 +288,8 @@ mod tests {
             assert!(!kind.source().is_empty());
         }
         assert!(!inspect_source().is_empty());
+        // One single-key script per algorithm, and the set script.
+        assert_eq!(ScriptKind::ALL.len(), AlgorithmKind::ALL.len() + 1);
     }
 
     #[test]
