@@ -27,13 +27,13 @@ else
 end
 -- A hash without its state field is read as absent, as `evaluate` reads it.
 if not raw then return {'absent'} end
-local header = header_of(raw)
+local header, tag = header_of(raw)
 if not header then return {'corrupt'} end
 -- The tag, then the doubles after it (mark first). unpack also returns the
 -- position after the last one: the reply carries four numbers after the
 -- tag, zero beyond the state's own.
 local doubles = (header - 1) / 8
-local reply = {'state', string.byte(raw, 1), struct.unpack(string.rep('d', doubles), raw, 2)}
+local reply = {'state', tag, struct.unpack(string.rep('d', doubles), raw, 2)}
 for i = 3 + doubles, 6 do reply[i] = 0 end
 reply[7] = nil
 return reply

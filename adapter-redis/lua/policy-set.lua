@@ -92,9 +92,8 @@ for k = 1, n do
   local header = 0
   local stored = tag
   if raw then
-    header = header_of(raw)
+    header, stored = header_of(raw)
     if not header then return {'corrupt', k} end
-    stored = byte(raw, 1)
     local mark = struct.unpack('d', raw, 2)
     -- The bound is never negative, so only a mark ahead of the caller can
     -- break it: the usual key (mark behind) never converts it.

@@ -11,9 +11,9 @@ local key = KEYS[1]
 local t = now
 local capacity = tonumber(ARGV[8])
 local raw, record, hashed = load(key, capacity)
-local header = 0
+local header, stored = 0, nil
 if raw then
-  header = header_of(raw)
+  header, stored = header_of(raw)
   if not header then return {'corrupt', 1} end
   local mark = struct.unpack('d', raw, 2)
   local by = mark - now - tonumber(ARGV[5])
@@ -30,7 +30,7 @@ if record then
   if written_at + ttl > t then return {'allowed', 2, remaining, reset_after, 0} end
   stale = seq
 end
-if raw and string.byte(raw, 1) ~= tag then return {'corrupt', 1} end
+if raw and stored ~= tag then return {'corrupt', 1} end
 local allowed, remaining, reset_after, retry_after, state, state_end =
   algorithm(raw, t, true, tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
 -- A shadow policy alone never blocks; its denial charges nothing.
