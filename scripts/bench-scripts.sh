@@ -10,12 +10,20 @@
 # parsing included, alike for both trees), base then this tree, and the
 # same for INFO commandstats' usec_per_call (wall time inside the call).
 #
-# Usage: scripts/bench-scripts.sh BASE [rounds]   Env: REQUESTS (200000)
+# With MEASURE=instructions it counts instead, with valgrind's cachegrind,
+# the instructions a fresh redis-server runs per EVALSHA (its total for the
+# case, less the total of an idle server that loaded the same scripts, over
+# the calls): a count the other load on a shared machine does not move, so
+# one round is enough.
+#
+# Usage: scripts/bench-scripts.sh BASE [rounds]
+# Env: REQUESTS (200000), MEASURE (cpu or instructions)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=$1
 rounds=${2:-3}
 requests=${REQUESTS:-200000}
+measure=${MEASURE:-cpu}
 pin_server=() pin_client=()
 if [ "$(nproc)" -ge 2 ]; then pin_server=(taskset -c 0) pin_client=(taskset -c 1); fi
 work=$(mktemp -d)
@@ -81,18 +89,60 @@ cases() {
 declare -A sha
 for tree in base this; do
     case $tree in base) dir=$work/base ;; this) dir=adapter-redis/lua ;; esac
-    sha[${tree}F]=$(rcli SCRIPT LOAD "$(compose "$dir" single-policy.lua fixed-window.lua fixed_window)")
-    sha[${tree}S]=$(rcli SCRIPT LOAD "$(compose "$dir" single-policy.lua sliding-counter.lua sliding_counter)")
-    sha[${tree}B]=$(rcli SCRIPT LOAD "$(compose "$dir" single-policy.lua token-bucket.lua token_bucket)")
-    sha[${tree}P]=$(rcli SCRIPT LOAD "$(compose "$dir" policy-set.lua - -)")
+    compose "$dir" single-policy.lua fixed-window.lua fixed_window >"$work/${tree}F.lua"
+    compose "$dir" single-policy.lua sliding-counter.lua sliding_counter >"$work/${tree}S.lua"
+    compose "$dir" single-policy.lua token-bucket.lua token_bucket >"$work/${tree}B.lua"
+    compose "$dir" policy-set.lua - - >"$work/${tree}P.lua"
+    for script in F S B P; do
+        sha[$tree$script]=$(rcli SCRIPT LOAD "$(cat "$work/$tree$script.lua")")
+    done
 done
+if [ "$measure" = instructions ]; then
+    rounds=1
+    # counted <tree> <out> [redis-benchmark args]: a fresh server under
+    # cachegrind with the tree's scripts loaded, the calls if any, its total.
+    counted() {
+        local tree=$1 out=$2 at=$((port + 1)) script
+        shift 2
+        valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$out" \
+            redis-server --port "$at" --bind 127.0.0.1 --save "" --appendonly no \
+            --dir "$work" >/dev/null 2>&1 &
+        local server=$!
+        for _ in $(seq 300); do redis-cli -p "$at" ping >/dev/null 2>&1 && break; sleep 0.1; done
+        for script in F S B P; do
+            redis-cli -p "$at" SCRIPT LOAD "$(cat "$work/$tree$script.lua")" >/dev/null
+        done
+        if [ $# -gt 0 ]; then
+            redis-benchmark -p "$at" -c 64 -P 16 -n "$requests" --csv "$@" >/dev/null
+        fi
+        redis-cli -p "$at" shutdown nosave >/dev/null 2>&1 || true
+        wait "$server" || true
+        awk '/^summary:/ {print $2}' "$out"
+    }
+    declare -A idle
+    for tree in base this; do idle[$tree]=$(counted "$tree" "$work/idle.$tree"); done
+    one() {
+        local tree=$1 name=$2 digest=$3 keyspace=$4 total
+        shift 4
+        total=$(counted "$tree" "$work/ir.$tree.$name" -r "$keyspace" EVALSHA "$digest" "$@")
+        echo "$tree $name $(((total - ${idle[$tree]}) / requests)) -"
+    }
+fi
 for round in $(seq "$rounds"); do
     if [ $((round % 2)) = 1 ]; then trees="base this"; else trees="this base"; fi
     cases
 done >"$work/runs"
-echo "case: cpu_us_per_call base, this; usec_per_call base, this (medians of $rounds)"
+if [ "$measure" = instructions ]; then
+    echo "case: instructions per call base, this"
+else
+    echo "case: cpu_us_per_call base, this; usec_per_call base, this (medians of $rounds)"
+fi
 for name in $(awk '$1 == "base" {print $2}' "$work/runs" | awk '!seen[$0]++'); do
     median() { awk -v t="$1" -v c="$name" -v f="$2" '$1 == t && $2 == c {print $f}' "$work/runs" |
         sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
-    echo "$name $(median base 4) $(median this 4); $(median base 3) $(median this 3)"
+    if [ "$measure" = instructions ]; then
+        echo "$name $(median base 3) $(median this 3)"
+    else
+        echo "$name $(median base 4) $(median this 4); $(median base 3) $(median this 3)"
+    fi
 done

@@ -152,19 +152,17 @@ for k = 1, n do
   end
 end
 
--- Runs key k's algorithm spared (steps 4 and 6); nil when the key holds
--- another algorithm's state. Only a replay, a failure or a refusal needs
--- it, so an admitted set never creates this closure.
+-- Runs a key's algorithm spared (steps 4 and 6), given its ARGV block,
+-- value and effective time from its scratch (passed in, so the closure
+-- captures no offsets); nil when the key holds another algorithm's state.
+-- Only a replay, a failure or a refusal needs it, so an admitted set never
+-- creates this closure.
 local spared = nil
 if replay or failed or not admitted then
-  spared = function(k)
-    local s = SLOTS * k - (SLOTS - 1)
-    local b = scratch[s + BLOCK]
+  spared = function(b, raw, t)
     local tag = byte(ARGV[b])
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-    local raw = scratch[s + RAW]
     if raw and byte(raw, 1) ~= tag then return nil end
-    local t = scratch[s + TIME]
     if tag == FIXED_WINDOW then
       return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == SLIDING_COUNTER then
@@ -188,7 +186,8 @@ if replay then
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
         2, scratch[s + RECORD], scratch[s + RECORD_RESET], 0
     else
-      local allowed, remaining, reset_after, retry_after = spared(k)
+      local allowed, remaining, reset_after, retry_after =
+        spared(scratch[s + BLOCK], scratch[s + RAW], scratch[s + TIME])
       if allowed == nil then return {'corrupt', k} end
       reply[r] = allowed and 1 or 0
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
@@ -199,7 +198,10 @@ end
 
 -- Step 5's failure: the first key whose run could not happen.
 if failed then
-  if spared(failed) == nil then return {'corrupt', failed} end
+  local s = SLOTS * failed - (SLOTS - 1)
+  if spared(scratch[s + BLOCK], scratch[s + RAW], scratch[s + TIME]) == nil then
+    return {'corrupt', failed}
+  end
 end
 
 if not admitted then
@@ -209,8 +211,9 @@ if not admitted then
   for k = 1, n do
     local r = 4 * k - 2
     if reply[r] == 1 then
-      local _, remaining, reset_after, retry_after, state, state_end = spared(k)
       local s = SLOTS * k - (SLOTS - 1)
+      local _, remaining, reset_after, retry_after, state, state_end =
+        spared(scratch[s + BLOCK], scratch[s + RAW], scratch[s + TIME])
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
       scratch[s + STATE], scratch[s + STATE_END] = state, state_end
     end
