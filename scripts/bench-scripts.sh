@@ -17,7 +17,8 @@
 # one round is enough.
 #
 # Usage: scripts/bench-scripts.sh BASE [rounds]
-# Env: REQUESTS (200000), MEASURE (cpu or instructions)
+# Env: REQUESTS (200000), MEASURE (cpu or instructions), ONLY (a case-name
+# pattern), THIS_LUA (another directory of Lua files to set against BASE)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=$1
@@ -61,6 +62,7 @@ tb_flood="B 1000 1000 0 0 1 1 3600000"
 case_run() {
     local name=$1 script=$2 keyspace=$3 tree
     shift 3
+    case $name in ${ONLY:-*}) ;; *) return ;; esac
     for tree in $trees; do one "$tree" "$name" "${sha[$tree$script]}" "$keyspace" "$@"; done
 }
 one() {
@@ -88,7 +90,7 @@ cases() {
 }
 declare -A sha
 for tree in base this; do
-    case $tree in base) dir=$work/base ;; this) dir=adapter-redis/lua ;; esac
+    case $tree in base) dir=$work/base ;; this) dir=${THIS_LUA:-adapter-redis/lua} ;; esac
     compose "$dir" single-policy.lua fixed-window.lua fixed_window >"$work/${tree}F.lua"
     compose "$dir" single-policy.lua sliding-counter.lua sliding_counter >"$work/${tree}S.lua"
     compose "$dir" single-policy.lua token-bucket.lua token_bucket >"$work/${tree}B.lua"

@@ -43,21 +43,22 @@ local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
 -- (nil for none) and STATE_END that state's end; then this evaluation's
 -- record as read with the state: RECORD the packed record, replaced by a
 -- live record's remaining (nil for none), RECORD_RESET that record's
--- reset_after, STALE the seq of an expired one (nil for none); last,
--- HASHED whether the key is a hash (prelude.lua `load`).
-local SLOTS = 11
-local BLOCK, TIME, RAW, HEADER, CAPACITY, STATE, STATE_END, RECORD, RECORD_RESET, STALE, HASHED =
-  0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10
-local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+-- reset_after, STALE the seq of an expired one (nil for none); HASHED
+-- whether the key is a hash (prelude.lua `load`); last, KIND its kind
+-- byte, read once.
+local SLOTS = 12
+local BLOCK, TIME, RAW, HEADER, CAPACITY, STATE, STATE_END, RECORD, RECORD_RESET, STALE, HASHED,
+  KIND = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
 -- The set's size, and where each key's ARGV block starts: five bounds,
 -- then the algorithm's parameters (a token bucket three, the others two).
 local n, at = 0, 4
 while ARGV[at] do
   n = n + 1
-  scratch[SLOTS * n - (SLOTS - 1) + BLOCK] = at
-  local kind = byte(ARGV[at])
+  local s, kind = SLOTS * n - (SLOTS - 1), byte(ARGV[at])
+  scratch[s + BLOCK], scratch[s + KIND] = at, kind
   if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end
 end
 
@@ -73,8 +74,7 @@ local beyond, replay, failed, admitted = nil, false, nil, true
 local sliding_counter_run, token_bucket_run = nil, nil
 for k = 1, n do
   local s = SLOTS * k - (SLOTS - 1)
-  local b = scratch[s + BLOCK]
-  local tag = byte(ARGV[b])
+  local b, tag = scratch[s + BLOCK], scratch[s + KIND]
   local enforced = tag < SHADOW_KINDS
   if not enforced then tag = tag - SHADOW end
   if tag == TOKEN_BUCKET then
@@ -153,14 +153,14 @@ for k = 1, n do
 end
 
 -- Runs a key's algorithm spared (steps 4 and 6), given its ARGV block,
--- value and effective time from its scratch (passed in, so the closure
--- captures no offsets); nil when the key holds another algorithm's state.
+-- kind byte, value and effective time from its scratch (passed in, so the
+-- closure captures no offsets); nil when the key holds another algorithm's
+-- state.
 -- Only a replay, a failure or a refusal needs it, so an admitted set never
 -- creates this closure.
 local spared = nil
 if replay or failed or not admitted then
-  spared = function(b, raw, t)
-    local tag = byte(ARGV[b])
+  spared = function(b, tag, raw, t)
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
     if raw and byte(raw, 1) ~= tag then return nil end
     if tag == FIXED_WINDOW then
@@ -187,7 +187,7 @@ if replay then
         2, scratch[s + RECORD], scratch[s + RECORD_RESET], 0
     else
       local allowed, remaining, reset_after, retry_after =
-        spared(scratch[s + BLOCK], scratch[s + RAW], scratch[s + TIME])
+        spared(scratch[s + BLOCK], scratch[s + KIND], scratch[s + RAW], scratch[s + TIME])
       if allowed == nil then return {'corrupt', k} end
       reply[r] = allowed and 1 or 0
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
@@ -199,7 +199,7 @@ end
 -- Step 5's failure: the first key whose run could not happen.
 if failed then
   local s = SLOTS * failed - (SLOTS - 1)
-  if spared(scratch[s + BLOCK], scratch[s + RAW], scratch[s + TIME]) == nil then
+  if spared(scratch[s + BLOCK], scratch[s + KIND], scratch[s + RAW], scratch[s + TIME]) == nil then
     return {'corrupt', failed}
   end
 end
@@ -213,7 +213,7 @@ if not admitted then
     if reply[r] == 1 then
       local s = SLOTS * k - (SLOTS - 1)
       local _, remaining, reset_after, retry_after, state, state_end =
-        spared(scratch[s + BLOCK], scratch[s + RAW], scratch[s + TIME])
+        spared(scratch[s + BLOCK], scratch[s + KIND], scratch[s + RAW], scratch[s + TIME])
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
       scratch[s + STATE], scratch[s + STATE_END] = state, state_end
     end
