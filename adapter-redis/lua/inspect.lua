@@ -12,6 +12,8 @@
 -- b, c}: the tag byte and the state's doubles after it (c is 0 for a
 -- two-number state), all whole numbers below 2^53, so the integer reply is
 -- exact.
+-- #include prelude.lua
+
 local kind = redis.call('TYPE', KEYS[1]).ok
 local raw
 if kind == 'string' then
@@ -25,16 +27,13 @@ else
 end
 -- A hash without its state field is read as absent, as `evaluate` reads it.
 if not raw then return {'absent'} end
-local tag = string.byte(raw, 1)
-local header
-if tag == 70 or tag == 66 then header = 25 elseif tag == 83 then header = 33 else
-  return {'corrupt'}
-end
-local size = #raw - header
-if size ~= 0 and size ~= 24 and size ~= 40 then return {'corrupt'} end
-if header == 25 then
-  local mark, a, b = struct.unpack('ddd', raw, 2)
-  return {'state', tag, mark, a, b, 0}
-end
-local mark, a, b, c = struct.unpack('dddd', raw, 2)
-return {'state', tag, mark, a, b, c}
+local header, tag = header_of(raw)
+if not header then return {'corrupt'} end
+-- The tag, then the doubles after it (mark first). unpack also returns the
+-- position after the last one: the reply carries four numbers after the
+-- tag, zero beyond the state's own.
+local doubles = (header - 1) / 8
+local reply = {'state', tag, struct.unpack(string.rep('d', doubles), raw, 2)}
+for i = 3 + doubles, 6 do reply[i] = 0 end
+reply[7] = nil
+return reply

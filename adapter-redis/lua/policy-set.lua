@@ -27,13 +27,6 @@
 -- that to a minimum (measured: docs/benchmarks.md). Numbers in ARGV are
 -- read by arithmetic coercion (`ARGV[i] + 0`): the same conversion as
 -- tonumber, without a C call that converts the string twice.
--- The set's size, from its ARGV blocks.
-local n, at = 0, 4
-while ARGV[at] do
-  n = n + 1
-  local kind = string.byte(ARGV[at])
-  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end
-end
 -- The globals the loops use, as locals: a local is a register, a global a
 -- table lookup on every use.
 local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte
@@ -43,15 +36,31 @@ local ARGV, KEYS, redis, struct, byte = ARGV, KEYS, redis, struct, string.byte
 -- first nil, so a set of one sends only its own answers, and a larger set
 -- grows them.
 local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
--- Per key k, scratch[11k-10 .. 11k]: the start of its ARGV block, its
--- effective time, its value (false when absent), its header length, its
--- dedupe record capacity (0 = off), the state a run wants written (nil
--- for none) and that state's end, then this evaluation's record as read
--- with the state: a live record's remaining and reset_after (nil for
--- none) and the seq of an expired one (nil for none); last, whether the
--- key is a hash (prelude.lua `load`).
-local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+-- Key k's scratch is SLOTS slots from s = SLOTS * k - (SLOTS - 1), at these
+-- offsets: BLOCK the start of its ARGV block, TIME its effective time, RAW
+-- its value (false when absent), HEADER its header length, CAPACITY its
+-- dedupe record capacity (0 = off), STATE the state a run wants written
+-- (nil for none) and STATE_END that state's end; then this evaluation's
+-- record as read with the state: RECORD the packed record, replaced by a
+-- live record's remaining (nil for none), RECORD_RESET that record's
+-- reset_after, STALE the seq of an expired one (nil for none); HASHED
+-- whether the key is a hash (prelude.lua `load`); last, KIND its kind
+-- byte, read once.
+local SLOTS = 12
+local BLOCK, TIME, RAW, HEADER, CAPACITY, STATE, STATE_END, RECORD, RECORD_RESET, STALE, HASHED,
+  KIND = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
+local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+
+-- The set's size, and where each key's ARGV block starts: five bounds,
+-- then the algorithm's parameters (a token bucket three, the others two).
+local n, at = 0, 4
+while ARGV[at] do
+  n = n + 1
+  local s, kind = SLOTS * n - (SLOTS - 1), byte(ARGV[at])
+  scratch[s + BLOCK], scratch[s + KIND] = at, kind
+  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end
+end
 
 -- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
 -- on each, and inside it a key's time never runs backwards) and run its
@@ -63,24 +72,19 @@ local beyond, replay, failed, admitted = nil, false, nil, true
 -- algorithms are included where the first key of theirs is read, so
 -- their closures are created only by a set that uses them.
 local sliding_counter_run, token_bucket_run = nil, nil
-local block = 4
 for k = 1, n do
-  local b = block
-  local tag = byte(ARGV[b])
+  local s = SLOTS * k - (SLOTS - 1)
+  local b, tag = scratch[s + BLOCK], scratch[s + KIND]
   local enforced = tag < SHADOW_KINDS
   if not enforced then tag = tag - SHADOW end
   if tag == TOKEN_BUCKET then
-    block = block + 8
     if not token_bucket_run then
 -- #include token-bucket.lua
       token_bucket_run = token_bucket
     end
-  else
-    block = block + 7
-    if tag == SLIDING_COUNTER and not sliding_counter_run then
+  elseif tag == SLIDING_COUNTER and not sliding_counter_run then
 -- #include sliding-counter.lua
-      sliding_counter_run = sliding_counter
-    end
+    sliding_counter_run = sliding_counter
   end
   local t = now
   local capacity = ARGV[b + 4] + 0
@@ -88,17 +92,8 @@ for k = 1, n do
   local header = 0
   local stored = tag
   if raw then
-    header = FIXED_WINDOW_HEADER
-    stored = byte(raw, 1)
-    if stored == SLIDING_COUNTER then
-      header = SLIDING_COUNTER_HEADER
-    elseif stored == TOKEN_BUCKET then
-      header = TOKEN_BUCKET_HEADER
-    elseif stored ~= FIXED_WINDOW then
-      return {'corrupt', k}
-    end
-    local size = #raw - header
-    if size ~= 0 and size ~= TRAILER and size ~= LEGACY_TRAILER then return {'corrupt', k} end
+    header, stored = header_of(raw)
+    if not header then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
     -- The bound is never negative, so only a mark ahead of the caller can
     -- break it: the usual key (mark behind) never converts it.
@@ -108,10 +103,9 @@ for k = 1, n do
       t = mark
     end
   end
-  local s = 11 * k - 10
-  scratch[s], scratch[s + 1], scratch[s + 2], scratch[s + 3], scratch[s + 4] =
-    b, t, raw, header, capacity
-  scratch[s + 7], scratch[s + 10] = record, hashed
+  scratch[s + TIME], scratch[s + RAW], scratch[s + HEADER], scratch[s + CAPACITY] =
+    t, raw, header, capacity
+  scratch[s + RECORD], scratch[s + HASHED] = record, hashed
   -- A key of another algorithm (or of an unknown kind) fails the set at
   -- its run, the first in key order; `spared` below tells which way.
   if stored ~= tag then
@@ -135,7 +129,7 @@ for k = 1, n do
       local r = 4 * k - 2
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
         allowed and 1 or 0, remaining, reset_after, retry_after
-      scratch[s + 5], scratch[s + 6] = state, state_end
+      scratch[s + STATE], scratch[s + STATE_END] = state, state_end
       if not allowed and enforced then admitted = false end
     end
   end
@@ -145,32 +139,30 @@ if beyond then return {'clock_unsafe', beyond} end
 -- Step 4's lookups, once the clock bound holds everywhere: each record
 -- came with its key's state; a live one replays.
 for k = 1, n do
-  local s = 11 * k - 10
-  local record = scratch[s + 7]
+  local s = SLOTS * k - (SLOTS - 1)
+  local record = scratch[s + RECORD]
   if record then
     local remaining, reset_after, written_at, seq = struct.unpack('dddd', record)
-    if written_at + ARGV[scratch[s] + 3] > scratch[s + 1] then
-      scratch[s + 7], scratch[s + 8] = remaining, reset_after
+    if written_at + ARGV[scratch[s + BLOCK] + 3] > scratch[s + TIME] then
+      scratch[s + RECORD], scratch[s + RECORD_RESET] = remaining, reset_after
       replay = true
     else
-      scratch[s + 7], scratch[s + 9] = nil, seq
+      scratch[s + RECORD], scratch[s + STALE] = nil, seq
     end
   end
 end
 
--- Runs key k's algorithm spared (steps 4 and 6); nil when the key holds
--- another algorithm's state. Only a replay, a failure or a refusal needs
--- it, so an admitted set never creates this closure.
+-- Runs a key's algorithm spared (steps 4 and 6), given its ARGV block,
+-- kind byte, value and effective time from its scratch (passed in, so the
+-- closure captures no offsets); nil when the key holds another algorithm's
+-- state.
+-- Only a replay, a failure or a refusal needs it, so an admitted set never
+-- creates this closure.
 local spared = nil
 if replay or failed or not admitted then
-  spared = function(k)
-    local s = 11 * k - 10
-    local b = scratch[s]
-    local tag = byte(ARGV[b])
+  spared = function(b, tag, raw, t)
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-    local raw = scratch[s + 2]
     if raw and byte(raw, 1) ~= tag then return nil end
-    local t = scratch[s + 1]
     if tag == FIXED_WINDOW then
       return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == SLIDING_COUNTER then
@@ -188,12 +180,14 @@ end
 -- Nothing is written anywhere.
 if replay then
   for k = 1, n do
-    local s = 11 * k - 10
+    local s = SLOTS * k - (SLOTS - 1)
     local r = 4 * k - 2
-    if scratch[s + 7] then
-      reply[r], reply[r + 1], reply[r + 2], reply[r + 3] = 2, scratch[s + 7], scratch[s + 8], 0
+    if scratch[s + RECORD] then
+      reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
+        2, scratch[s + RECORD], scratch[s + RECORD_RESET], 0
     else
-      local allowed, remaining, reset_after, retry_after = spared(k)
+      local allowed, remaining, reset_after, retry_after =
+        spared(scratch[s + BLOCK], scratch[s + KIND], scratch[s + RAW], scratch[s + TIME])
       if allowed == nil then return {'corrupt', k} end
       reply[r] = allowed and 1 or 0
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
@@ -204,7 +198,10 @@ end
 
 -- Step 5's failure: the first key whose run could not happen.
 if failed then
-  if spared(failed) == nil then return {'corrupt', failed} end
+  local s = SLOTS * failed - (SLOTS - 1)
+  if spared(scratch[s + BLOCK], scratch[s + KIND], scratch[s + RAW], scratch[s + TIME]) == nil then
+    return {'corrupt', failed}
+  end
 end
 
 if not admitted then
@@ -214,10 +211,11 @@ if not admitted then
   for k = 1, n do
     local r = 4 * k - 2
     if reply[r] == 1 then
-      local _, remaining, reset_after, retry_after, state, state_end = spared(k)
-      local s = 11 * k - 10
+      local s = SLOTS * k - (SLOTS - 1)
+      local _, remaining, reset_after, retry_after, state, state_end =
+        spared(scratch[s + BLOCK], scratch[s + KIND], scratch[s + RAW], scratch[s + TIME])
       reply[r + 1], reply[r + 2], reply[r + 3] = remaining, reset_after, retry_after
-      scratch[s + 5], scratch[s + 6] = state, state_end
+      scratch[s + STATE], scratch[s + STATE_END] = state, state_end
     end
   end
 end
@@ -225,20 +223,20 @@ end
 -- Step 7: write each key whose run wrote state; a charged key of an
 -- admitted set keeps this evaluation's record.
 for k = 1, n do
-  local s = 11 * k - 10
-  local state = scratch[s + 5]
+  local s = SLOTS * k - (SLOTS - 1)
+  local state = scratch[s + STATE]
   if state then
-    local b = scratch[s]
+    local b = scratch[s + BLOCK]
     local r = 4 * k - 2
-    local capacity = scratch[s + 4]
+    local capacity = scratch[s + CAPACITY]
     if capacity > 0 then
-      store(KEYS[k], state, scratch[s + 6], scratch[s + 2], scratch[s + 3], scratch[s + 10],
-        scratch[s + 1], ARGV[b + 2] + 0, ARGV[b + 3] + 0, capacity, admitted and reply[r] == 1,
-        reply[r + 1], reply[r + 2], scratch[s + 9])
+      store(KEYS[k], state, scratch[s + STATE_END], scratch[s + RAW], scratch[s + HEADER],
+        scratch[s + HASHED], scratch[s + TIME], ARGV[b + 2] + 0, ARGV[b + 3] + 0, capacity,
+        admitted and reply[r] == 1, reply[r + 1], reply[r + 2], scratch[s + STALE])
     else
       -- Dedupe off: `store` without records, inline (a call with its
       -- eleven arguments costs more than these three lines).
-      local lifetime = scratch[s + 6] + ARGV[b + 2] - now
+      local lifetime = scratch[s + STATE_END] + ARGV[b + 2] - now
       if lifetime < 1 then lifetime = 1 end
       redis.call('SET', KEYS[k], state, 'PX', lifetime)
     end

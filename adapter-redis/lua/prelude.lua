@@ -36,15 +36,35 @@ local FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET = 70, 83, 66
 -- Lower case is upper case + 32; every kind byte from 97 ('a') on is shadow.
 local SHADOW, SHADOW_KINDS = 32, 97
 
--- Header bytes of each algorithm's state: the tag, then the doubles its
--- file packs (mark first). The drivers test them inline: a helper function
--- would be one more closure to create on every call.
-local FIXED_WINDOW_HEADER, SLIDING_COUNTER_HEADER, TOKEN_BUCKET_HEADER = 25, 33, 25
-
+-- The records trailer a key with dedupe on keeps after its header.
 local TRAILER = 40
--- The records trailer of the earlier one-key layout (a string): read as
--- state, its records are no longer reachable.
-local LEGACY_TRAILER = 24
+
+-- The header length and tag of a stored value (`raw`, not false): when
+-- its tag is an algorithm's and it is that algorithm's header alone (a
+-- string) or with the records trailer (a hash's state field); nil for any
+-- other value, which is corrupt. The one place that knows every
+-- algorithm's tag and header: the drivers and the inspect read a value
+-- through it.
+local function header_of(raw)
+  -- Each header is the tag byte, then the doubles the algorithm's file
+  -- packs (mark first). Locals here, not upvalues: one fewer allocation
+  -- per call for each.
+  local FIXED_WINDOW_HEADER, SLIDING_COUNTER_HEADER, TOKEN_BUCKET_HEADER = 25, 33, 25
+  local tag, header = string.byte(raw, 1), nil
+  if tag == FIXED_WINDOW then
+    header = FIXED_WINDOW_HEADER
+  elseif tag == SLIDING_COUNTER then
+    header = SLIDING_COUNTER_HEADER
+  elseif tag == TOKEN_BUCKET then
+    header = TOKEN_BUCKET_HEADER
+  else
+    return nil
+  end
+  local size = #raw - header
+  if size == 0 or size == TRAILER then return header, tag end
+  return nil
+end
+
 -- Expired records are swept at most this many per write, so a key that
 -- holds many never makes one call long; each write sweeps again until none
 -- is left.

@@ -1,37 +1,31 @@
 -- A set of one policy: the fast path of `policy-set.lua`, with the same
 -- ARGV and reply layout (see there) for exactly one key, and the same
--- answers. `scripts.rs` builds one per algorithm: it puts the algorithm's
--- file at its `algorithm.lua` include line, followed by a line binding
--- `algorithm` to its function, so the script creates no closure, table or
--- loop it does not use (measured: docs/benchmarks.md).
+-- answers. `scripts.rs` builds one per algorithm: at the `#algorithm`
+-- line it puts that algorithm's file, then a line binding `algorithm` to
+-- the function the file defines, so the script creates no closure, table
+-- or loop it does not use (measured: docs/benchmarks.md). Numbers in ARGV
+-- are read by arithmetic coercion, as in `policy-set.lua`; the token
+-- bucket's third parameter by tonumber, which gives the other algorithms
+-- nil for the argument they are not sent.
 -- #include prelude.lua
--- #include algorithm.lua
+-- #algorithm
 
 local key = KEYS[1]
 local t = now
-local capacity = tonumber(ARGV[8])
+local capacity = ARGV[8] + 0
 local raw, record, hashed = load(key, capacity)
-local header = 0
+local header, stored = 0, nil
 if raw then
-  local stored = string.byte(raw, 1)
-  header = FIXED_WINDOW_HEADER
-  if stored == SLIDING_COUNTER then
-    header = SLIDING_COUNTER_HEADER
-  elseif stored == TOKEN_BUCKET then
-    header = TOKEN_BUCKET_HEADER
-  elseif stored ~= FIXED_WINDOW then
-    return {'corrupt', 1}
-  end
-  local size = #raw - header
-  if size ~= 0 and size ~= TRAILER and size ~= LEGACY_TRAILER then return {'corrupt', 1} end
+  header, stored = header_of(raw)
+  if not header then return {'corrupt', 1} end
   local mark = struct.unpack('d', raw, 2)
-  local by = mark - now - tonumber(ARGV[5])
+  local by = mark - now - ARGV[5]
   if by > 0 then return {'clock_unsafe', by} end
   if mark > t then t = mark end
 end
 local tag = string.byte(ARGV[4])
 if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-local ttl = tonumber(ARGV[7])
+local ttl = ARGV[7] + 0
 -- This evaluation's record, read with the state: a live one replays.
 local stale = nil
 if record then
@@ -39,13 +33,13 @@ if record then
   if written_at + ttl > t then return {'allowed', 2, remaining, reset_after, 0} end
   stale = seq
 end
-if raw and string.byte(raw, 1) ~= tag then return {'corrupt', 1} end
+if raw and stored ~= tag then return {'corrupt', 1} end
 local allowed, remaining, reset_after, retry_after, state, state_end =
-  algorithm(raw, t, true, tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11]))
+  algorithm(raw, t, true, ARGV[9] + 0, ARGV[10] + 0, tonumber(ARGV[11]))
 -- A shadow policy alone never blocks; its denial charges nothing.
 local admitted = allowed or tag ~= string.byte(ARGV[4])
 if state then
-  store(key, state, state_end, raw, header, hashed, t, tonumber(ARGV[6]), ttl, capacity, allowed,
+  store(key, state, state_end, raw, header, hashed, t, ARGV[6] + 0, ttl, capacity, allowed,
     remaining, reset_after, stale)
 end
 if admitted then

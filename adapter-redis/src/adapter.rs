@@ -18,6 +18,7 @@ use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 use crate::acknowledge;
+use crate::algorithm;
 use crate::deny_cache::DenyCache;
 use crate::error::RedisAdapterError;
 use crate::gateway::{
@@ -85,11 +86,7 @@ impl PolicyEntry {
     fn new(policy: RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
         // The algorithm's tag byte; lower case marks a shadow policy.
-        let tag = match policy.algorithm() {
-            Algorithm::FixedWindow { .. } => b'F',
-            Algorithm::SlidingCounter { .. } => b'S',
-            Algorithm::TokenBucket { .. } => b'B',
-        };
+        let tag = algorithm::tag(policy.algorithm().kind());
         let kind = match policy.mode() {
             PolicyMode::Enforce => tag,
             PolicyMode::Shadow => tag.to_ascii_lowercase(),
@@ -101,19 +98,7 @@ impl PolicyEntry {
             number(dedup.ttl_millis()),
             number(u64::from(dedup.record_capacity())),
         ];
-        match *policy.algorithm() {
-            Algorithm::FixedWindow { limit, window }
-            | Algorithm::SlidingCounter { limit, window } => {
-                block.extend([number(limit), number(millis(window))]);
-            }
-            Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-                block.extend([
-                    number(capacity),
-                    number(refill_tokens),
-                    number(millis(refill_period)),
-                ]);
-            }
-        }
+        block.extend(algorithm::parameters(policy.algorithm()).into_iter().map(number));
         let dedup_enabled = match dedup {
             EvaluationDedupPolicy::Disabled => false,
             EvaluationDedupPolicy::Enabled { .. } => true,

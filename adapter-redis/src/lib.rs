@@ -29,6 +29,7 @@
 mod acknowledge;
 pub mod acl;
 mod adapter;
+mod algorithm;
 mod deny_cache;
 mod error;
 #[cfg(feature = "test-fixture")]

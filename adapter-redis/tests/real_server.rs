@@ -607,38 +607,46 @@ async fn dedupe_records_stay_within_the_cap_and_expired_ones_are_swept() {
     assert_eq!(most, 1, "each write drops the records that expired before it");
 }
 
-/// A key of the layout before this one (a string: header plus a 24-byte
-/// records trailer, its records in `<key>:dedupe`) needs no migration: its
-/// count is read as state, the key becomes the hash at its next write, and
-/// the old records key is never read again.
+/// A value is a header alone or a header and the 40-byte records trailer;
+/// a header with a 24-byte trailer (records kept in `<key>:dedupe`, a layout
+/// never released) is corrupt like any other length, with dedupe on or off:
+/// evaluate and inspect refuse it and leave it as it was.
 #[tokio::test]
-async fn a_key_of_the_earlier_layout_keeps_its_count_and_becomes_the_hash() {
+async fn a_header_with_a_24_byte_trailer_is_corrupt_state() {
+    use shared_contract::{BudgetFailure, BudgetKey};
+
     let server = RedisServer::start();
     let clock = ManualClock::new(T0 + 300);
-    let policy = fixed("p", 5, EvaluationDedupPolicy::enabled_defaults());
-    let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
+    let policies = vec![
+        fixed("on", 5, EvaluationDedupPolicy::enabled_defaults()),
+        fixed("off", 5, EvaluationDedupPolicy::Disabled),
+    ];
+    let adapter = adapter(&server, &clock, policies.clone(), |_| {});
     let who = subject(53);
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
     let mut redis = inspector(&server).await;
     // 'F', then mark, window start and count; then newest written_at, oldest
-    // and next sequence number (docs/algorithms.md of that layout).
+    // and next sequence number.
     #[allow(clippy::cast_precision_loss)] // whole numbers far below 2^53
     let doubles = [(T0 + 250) as f64, T0 as f64, 2.0, (T0 + 250) as f64, 0.0, 2.0];
-    let mut legacy = vec![b'F'];
+    let mut value = vec![b'F'];
     for double in doubles {
-        legacy.extend(double.to_le_bytes());
+        value.extend(double.to_le_bytes());
     }
-    assert_eq!(legacy.len(), 25 + 24);
-    let _: () = redis.set(&key, legacy).await.unwrap();
-    let _: () = redis.hset(format!("{key}:dedupe"), "old", "record").await.unwrap();
-
-    assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 2);
-    let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut redis).await.unwrap();
-    assert_eq!(kind, "hash");
-    assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 1);
-    // Untouched: it expires by its own TTL (none was set here).
-    let old: usize = redis.hlen(format!("{key}:dedupe")).await.unwrap();
-    assert_eq!(old, 1);
+    assert_eq!(value.len(), 25 + 24);
+    for policy in &policies {
+        let key = adapter.keys().counter_key(policy, &who, &common::operation());
+        let _: () = redis.set(&key, &value).await.unwrap();
+        assert_eq!(
+            adapter.evaluate(request(&clock, policy.id().as_str(), &who)).await,
+            RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible },
+            "{}",
+            policy.id()
+        );
+        let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+        assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
+        let kept: Vec<u8> = redis.get(&key).await.unwrap();
+        assert_eq!(kept, value, "{}", policy.id());
+    }
 }
 
 /// Expired records go at the key's next write, whatever the write

@@ -1,0 +1,150 @@
+#!/usr/bin/env bash
+# Redis CPU per decision of the composed rate-limit scripts of two trees side
+# by side: a base commit's `adapter-redis/lua` against this tree's, each
+# composed as adapter-redis/src/scripts.rs composes it. Starts its own
+# redis-server on a free loopback port (never 6379), pins it to CPU 0 and
+# redis-benchmark to CPU 1 when there are two CPUs, runs each case on both
+# trees back to back (which first alternating by round) and prints, per case, the median over the rounds of the
+# server's CPU time per EVALSHA (user + system, from /proc, so time the
+# server spent preempted on a shared machine is not counted; network and
+# parsing included, alike for both trees), base then this tree, and the
+# same for INFO commandstats' usec_per_call (wall time inside the call).
+#
+# With MEASURE=instructions it counts instead, with valgrind's cachegrind,
+# the instructions a fresh redis-server runs per EVALSHA (its total for the
+# case, less the total of an idle server that loaded the same scripts, over
+# the calls): a count the other load on a shared machine does not move, so
+# one round is enough.
+#
+# Usage: scripts/bench-scripts.sh BASE [rounds]
+# Env: REQUESTS (200000), MEASURE (cpu or instructions), ONLY (a case-name
+# pattern), THIS_LUA (another directory of Lua files to set against BASE)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+base=$1
+rounds=${2:-3}
+requests=${REQUESTS:-200000}
+measure=${MEASURE:-cpu}
+pin_server=() pin_client=()
+if [ "$(nproc)" -ge 2 ]; then pin_server=(taskset -c 0) pin_client=(taskset -c 1); fi
+work=$(mktemp -d)
+port=$((20000 + RANDOM % 20000))
+trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+"${pin_server[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --daemonize yes --logfile "$work/redis.log" --dir "$work"
+for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+rcli() { redis-cli -p "$port" "$@"; }
+mkdir "$work/base"
+for file in $(git ls-tree --name-only "$base" adapter-redis/lua/); do
+    git show "$base:$file" >"$work/base/$(basename "$file")"
+done
+. scripts/bench-common.sh
+# usec_per_call of EVALSHA; a script that failed any call measures nothing.
+usec() {
+    rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {
+        if ($10 != 0) {print "failed_calls=" $10 > "/dev/stderr"; exit 1}; print $6}'
+}
+pid=$(rcli INFO server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')
+tick=$(getconf CLK_TCK)
+# The server's CPU time so far, in clock ticks.
+cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
+k1='bench:{v1:__rand_int__}:a'
+k2='bench:{v1:__rand_int__}:b'
+flood='bench:{v1:flood}:a'
+# Per-key ARGV blocks after time, cost and id (lua/policy-set.lua).
+fw_off="F 1000 1000 0 0 $big 60000"
+fw_on="F 1000 1000 5000 256 $big 60000"
+sc_off="S 1000 1000 0 0 $big 60000"
+tb_off="B 1000 1000 0 0 $big 1 1000"
+tb_flood="B 1000 1000 0 0 1 1 3600000"
+# case_run <name> <script> <keyspace> <numkeys> <keys and args...>: the
+# case on both trees, in the order of $trees.
+case_run() {
+    local name=$1 script=$2 keyspace=$3 tree
+    shift 3
+    case $name in ${ONLY:-*}) ;; *) return ;; esac
+    for tree in $trees; do one "$tree" "$name" "${sha[$tree$script]}" "$keyspace" "$@"; done
+}
+one() {
+    local tree=$1 name=$2 digest=$3 keyspace=$4
+    shift 4
+    rcli FLUSHALL >/dev/null
+    rcli CONFIG RESETSTAT >/dev/null
+    local before after
+    before=$(cpu)
+    "${pin_client[@]}" redis-benchmark -p "$port" -c 64 -P 16 -n "$requests" -r "$keyspace" \
+        --csv EVALSHA "$digest" "$@" >/dev/null
+    after=$(cpu)
+    echo "$tree $name $(usec) $(awk -v d=$((after - before)) -v t="$tick" -v n="$requests" \
+        'BEGIN {printf "%.2f", d * 1e6 / t / n}')"
+}
+cases() {
+    case_run fixed-off F 1000 1 "$k1" $now 1 $rid $fw_off
+    case_run fixed-on F 100000 1 "$k1" $now 1 $rid $fw_on
+    case_run sliding-off S 1000 1 "$k1" $now 1 $rid $sc_off
+    case_run bucket-off B 1000 1 "$k1" $now 1 $rid $tb_off
+    case_run set-fixed+bucket-off P 1000 2 "$k1" "$k2" $now 1 $rid $fw_off $tb_off
+    case_run set-fixed+fixed-on P 100000 2 "$k1" "$k2" $now 1 $rid $fw_on $fw_on
+    # The second key refuses: the first runs again spared (lua/policy-set.lua step 6).
+    case_run set-refused P 1000 2 "$k1" "$flood" $now 1 $rid $fw_off $tb_flood
+}
+declare -A sha
+for tree in base this; do
+    case $tree in base) dir=$work/base ;; this) dir=${THIS_LUA:-adapter-redis/lua} ;; esac
+    compose "$dir" single-policy.lua fixed-window.lua fixed_window >"$work/${tree}F.lua"
+    compose "$dir" single-policy.lua sliding-counter.lua sliding_counter >"$work/${tree}S.lua"
+    compose "$dir" single-policy.lua token-bucket.lua token_bucket >"$work/${tree}B.lua"
+    compose "$dir" policy-set.lua - - >"$work/${tree}P.lua"
+    for script in F S B P; do
+        sha[$tree$script]=$(rcli SCRIPT LOAD "$(cat "$work/$tree$script.lua")")
+    done
+done
+if [ "$measure" = instructions ]; then
+    rounds=1
+    # counted <tree> <out> [redis-benchmark args]: a fresh server under
+    # cachegrind with the tree's scripts loaded, the calls if any, its total.
+    counted() {
+        local tree=$1 out=$2 at=$((port + 1)) script
+        shift 2
+        valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file="$out" \
+            redis-server --port "$at" --bind 127.0.0.1 --save "" --appendonly no \
+            --dir "$work" >/dev/null 2>&1 &
+        local server=$!
+        for _ in $(seq 300); do redis-cli -p "$at" ping >/dev/null 2>&1 && break; sleep 0.1; done
+        for script in F S B P; do
+            redis-cli -p "$at" SCRIPT LOAD "$(cat "$work/$tree$script.lua")" >/dev/null
+        done
+        if [ $# -gt 0 ]; then
+            redis-benchmark -p "$at" -c 64 -P 16 -n "$requests" --csv "$@" >/dev/null
+        fi
+        redis-cli -p "$at" shutdown nosave >/dev/null 2>&1 || true
+        wait "$server" || true
+        awk '/^summary:/ {print $2}' "$out"
+    }
+    declare -A idle
+    for tree in base this; do idle[$tree]=$(counted "$tree" "$work/idle.$tree"); done
+    one() {
+        local tree=$1 name=$2 digest=$3 keyspace=$4 total
+        shift 4
+        total=$(counted "$tree" "$work/ir.$tree.$name" -r "$keyspace" EVALSHA "$digest" "$@")
+        echo "$tree $name $(((total - ${idle[$tree]}) / requests)) -"
+    }
+fi
+for round in $(seq "$rounds"); do
+    if [ $((round % 2)) = 1 ]; then trees="base this"; else trees="this base"; fi
+    cases
+done >"$work/runs"
+if [ "$measure" = instructions ]; then
+    echo "case: instructions per call base, this"
+else
+    echo "case: cpu_us_per_call base, this; usec_per_call base, this (medians of $rounds)"
+fi
+for name in $(awk '$1 == "base" {print $2}' "$work/runs" | awk '!seen[$0]++'); do
+    median() { awk -v t="$1" -v c="$name" -v f="$2" '$1 == t && $2 == c {print $f}' "$work/runs" |
+        sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+    if [ "$measure" = instructions ]; then
+        echo "$name $(median base 3) $(median this 3)"
+    else
+        echo "$name $(median base 4) $(median this 4); $(median base 3) $(median this 3)"
+    fi
+done
