@@ -14,10 +14,6 @@
 //! [`acl::required_commands`] names the Redis commands the provider needs
 //! of each, for a least-privilege ACL user.
 //!
-//! Feature `test-fixture` adds `fixture::RedisServer`,
-//! `fixture::RedisCluster` and `fixture::RedisSentinel`, private servers
-//! for tests.
-//!
 //! This crate must never import `adapter-web`, `adapter-memory` or
 //! `app-bootstrap`, and no raw subject (IP, API key, principal) ever reaches
 //! it: keys are built from [`shared_contract::SubjectDigest`] only.
@@ -31,8 +27,6 @@ pub mod acl;
 mod adapter;
 mod deny_cache;
 mod error;
-#[cfg(feature = "test-fixture")]
-pub mod fixture;
 mod gateway;
 mod keys;
 mod reply;
