@@ -365,7 +365,7 @@ mod tests {
 
     use super::*;
 
-    const T0: u64 = 1_800_000_000_000;
+    use crate::T0;
 
     /// Fixed window 10 per second, grace and regression 1 s, no dedupe: a
     /// key written at `t` expires at `ws + 1000 + 1000`.

@@ -33,6 +33,12 @@ mod reply;
 mod scripts;
 mod settings;
 
+/// Every unit test's clock starts here (epoch ms), a multiple of every
+/// window the tests use; `tests/support` has the same for the integration
+/// tests.
+#[cfg(test)]
+const T0: u64 = 1_800_000_000_000;
+
 pub use adapter::RedisEdgeRateLimitAdapter;
 pub use error::RedisAdapterError;
 pub use keys::RateLimitKeys;
