@@ -60,7 +60,7 @@ mod tests {
 
     use super::*;
 
-    const T0: u64 = 1_800_000_000_000;
+    use crate::T0;
 
     #[test]
     fn an_entry_is_small_and_fixed_size() {

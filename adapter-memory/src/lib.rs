@@ -19,6 +19,12 @@ mod error;
 mod key;
 mod store;
 
+/// Every unit test's clock starts here (epoch ms), a multiple of every
+/// window the tests use; `tests/support` has the same for the integration
+/// tests.
+#[cfg(test)]
+const T0: u64 = 1_800_000_000_000;
+
 pub use adapter::MemoryEdgeRateLimitAdapter;
 pub use error::MemoryAdapterError;
 pub use store::{MAX_SHARDS, MemoryStore};

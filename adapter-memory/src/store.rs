@@ -6,7 +6,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use shared_contract::{KeyRules, KeyState, MAX_POLICY_SET, PolicyId, SetMember};
+use shared_contract::{
+    DEDUP_RECORD_BYTES, KeyRules, KeyState, MAX_POLICY_SET, PolicyId, SetMember,
+};
 
 use crate::entry::Entry;
 use crate::key::{BuildPrehashed, KeyView, LookupKey, StoredKey, SubjectHasher};
@@ -84,6 +86,21 @@ impl MemoryStore {
     /// Keys currently held, including expired ones not swept yet.
     pub fn live_entries(&self) -> usize {
         self.inner.shards.iter().map(|shard| shard.0.lock().map.len()).sum()
+    }
+
+    /// Dedupe record bytes the keys hold, as `max-stored-bytes` counts them
+    /// ([`DEDUP_RECORD_BYTES`] a record), expired keys not swept yet
+    /// included: with [`Self::live_entries`], the store's own account of
+    /// what it keeps, for tests and soaks that must tell a leak from an
+    /// allocator keeping freed pages.
+    pub fn stored_bytes(&self) -> u64 {
+        let per_record = u64::from(DEDUP_RECORD_BYTES);
+        let records = |shard: &CachePadded<Mutex<Shard>>| -> u64 {
+            let shard = shard.0.lock();
+            let held = shard.map.values().filter_map(Entry::state).map(|s| s.records.len());
+            held.map(|n| n as u64).sum()
+        };
+        self.inner.shards.iter().map(records).sum::<u64>() * per_record
     }
 
     /// Sweeps every shard at `now_epoch_millis`, removing each key whose
@@ -348,7 +365,7 @@ mod tests {
 
     use super::*;
 
-    const T0: u64 = 1_800_000_000_000;
+    use crate::T0;
 
     /// Fixed window 10 per second, grace and regression 1 s, no dedupe: a
     /// key written at `t` expires at `ws + 1000 + 1000`.

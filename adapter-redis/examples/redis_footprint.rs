@@ -8,8 +8,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisServer;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
+use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, OperationDigest, PolicyId,
     PolicySet, RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,

@@ -14,10 +14,6 @@
 //! [`acl::required_commands`] names the Redis commands the provider needs
 //! of each, for a least-privilege ACL user.
 //!
-//! Feature `test-fixture` adds `fixture::RedisServer`,
-//! `fixture::RedisCluster` and `fixture::RedisSentinel`, private servers
-//! for tests.
-//!
 //! This crate must never import `adapter-web`, `adapter-memory` or
 //! `app-bootstrap`, and no raw subject (IP, API key, principal) ever reaches
 //! it: keys are built from [`shared_contract::SubjectDigest`] only.
@@ -32,13 +28,17 @@ mod adapter;
 mod algorithm;
 mod deny_cache;
 mod error;
-#[cfg(feature = "test-fixture")]
-pub mod fixture;
 mod gateway;
 mod keys;
 mod reply;
 mod scripts;
 mod settings;
+
+/// Every unit test's clock starts here (epoch ms), a multiple of every
+/// window the tests use; `tests/support` has the same for the integration
+/// tests.
+#[cfg(test)]
+const T0: u64 = 1_800_000_000_000;
 
 pub use adapter::RedisEdgeRateLimitAdapter;
 pub use error::RedisAdapterError;

@@ -5,19 +5,19 @@
 //! calls against the caller's ACL; all on `ca:rl:*` only). A refused
 //! command is a typed `UnavailableBeforeSend`.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
 use adapter_redis::Topology;
-use common::{
-    ADMIN_PASSWORD, ADMIN_USER, RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, T0, acl_server, adapter,
-    connect_as, login, rate_limit_rules, request, subject,
-};
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, RateLimitOutcome,
     RateLimitPolicy, UnavailableCategory,
+};
+use support::{
+    ADMIN_PASSWORD, ADMIN_USER, RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, T0, acl_server, adapter,
+    connect_as, login, rate_limit_rules, request, subject,
 };
 
 fn policy() -> RateLimitPolicy {

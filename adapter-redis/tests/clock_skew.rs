@@ -4,18 +4,18 @@
 //! they never admit more than the limit; beyond it the lagging one gets
 //! ClockUnsafe, writes nothing, and still nothing is over-admitted.
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
 use adapter_redis::RedisEdgeRateLimitAdapter;
-use adapter_redis::fixture::RedisServer;
-use common::{T0, adapter, subject};
+use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
     OperationDigest, PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
     SubjectDigest, UnavailableCategory,
 };
+use support::{T0, adapter, subject};
 
 const LIMIT: u64 = 10;
 const WINDOW: Duration = Duration::from_secs(60);
@@ -175,7 +175,7 @@ async fn a_slower_writer_keeps_the_key_until_its_own_window_ends() {
     let who = subject(30);
     let operation = OperationDigest::new("00000000000000f1").unwrap();
     let key = leader.keys().counter_key(&policy, &who, &operation);
-    let mut redis = common::inspector(&server).await;
+    let mut redis = support::inspector(&server).await;
     let mut admitted = 0;
     let first = leader.evaluate(request(&leader_clock, &who)).await;
     assert_eq!(allowed(&first), Some(true));

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 mod failover;
 
-use adapter_redis::fixture::{NODE_TIMEOUT, RedisCluster};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use failover::{Tally, counting_policy};
+use redis_fixture::{NODE_TIMEOUT, RedisCluster};
 use shared_contract::{ManualClock, RateLimitPolicy, SubjectDigest};
 
 /// Pause between two rounds of steady traffic.

@@ -12,19 +12,19 @@
 //! also proves the cluster's ACL rule, found by testing against these
 //! servers with everything else denied.
 
-mod common;
+mod support;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisCluster;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, ScriptKind, Topology};
-use common::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, rate_limit_rules};
+use redis_fixture::RedisCluster;
 use secrecy::SecretString;
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
     RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
+use support::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, rate_limit_rules};
 
 const LIMIT: u64 = 10;
 
@@ -98,7 +98,7 @@ async fn remaining(
     let request = RateLimitRequest {
         policies: shared_contract::PolicySet::single(policy.id().clone()),
         subject: who.clone(),
-        operation: common::operation(),
+        operation: support::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
@@ -123,7 +123,7 @@ fn subject_on(
     (first..=u8::MAX)
         .map(subject)
         .find_map(|who| {
-            let key = adapter.keys().counter_key(policy, &who, &common::operation());
+            let key = adapter.keys().counter_key(policy, &who, &support::operation());
             let slot = cluster.keyslot(&key);
             (cluster.owner_of_slot(slot) == master).then_some((who, key, slot))
         })
@@ -235,7 +235,7 @@ async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
     let request = RateLimitRequest {
         policies: shared_contract::PolicySet::single(policy.id().clone()),
         subject: who.clone(),
-        operation: common::operation(),
+        operation: support::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),

@@ -26,9 +26,9 @@ use std::time::{Duration, Instant};
 
 mod failover;
 
-use adapter_redis::fixture::RedisCluster;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use failover::{Tally, counting_policy};
+use redis_fixture::RedisCluster;
 use shared_contract::{ManualClock, OperationDigest, RateLimitPolicy, SubjectDigest};
 
 const WAIT_TIMEOUT: Duration = Duration::from_millis(100);

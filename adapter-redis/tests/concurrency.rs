@@ -1,16 +1,16 @@
 //! 64 concurrent tasks x 20 evaluations on one key with limit 500 admit
 //! exactly 500: the scripts are atomic on the server.
 
-mod common;
+mod support;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisServer;
-use common::{T0, adapter, request, subject};
+use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, ManualClock, RateLimitOutcome, RateLimitPolicy,
 };
+use support::{T0, adapter, request, subject};
 
 const TASKS: usize = 64;
 const PER_TASK: usize = 20;

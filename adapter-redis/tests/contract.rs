@@ -3,13 +3,13 @@
 //! cache off. One private server for this test binary, one key prefix per
 //! scope (and per run).
 
-mod common;
+mod support;
 
 use std::sync::{Arc, OnceLock};
 
-use adapter_redis::fixture::RedisServer;
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
+use redis_fixture::RedisServer;
 use shared_contract::{EdgeRateLimitPort, ManualClock, RateLimitPolicy};
 
 fn server() -> &'static RedisServer {
@@ -34,9 +34,9 @@ impl ProviderFactory for RedisFactory {
         policies: Vec<RateLimitPolicy>,
     ) -> Arc<dyn EdgeRateLimitPort> {
         let scope = if self.deny_cache { scope.to_string() } else { format!("nc-{scope}") };
-        let prefix = common::scope_prefix(&scope);
+        let prefix = support::scope_prefix(&scope);
         let deny_cache = self.deny_cache;
-        let adapter = common::adapter(server(), &clock, policies, |settings| {
+        let adapter = support::adapter(server(), &clock, policies, |settings| {
             settings.key_prefix = prefix;
             assert!(settings.deny_cache.enabled, "the defaults cache refusals");
             settings.deny_cache.enabled = deny_cache;

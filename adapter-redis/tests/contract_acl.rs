@@ -1,18 +1,18 @@
 //! The provider-neutral contract suite as the least-privilege user, on a
 //! redis-server whose default user is off and whose rate-limit user has
-//! exactly the rule `ca-skeleton redis-acl` prints (see `common`): the
+//! exactly the rule `ca-skeleton redis-acl` prints (see `support`): the
 //! adapter needs nothing beyond it. Scope prefixes `ca:rl:t:<scope>:` stay
 //! inside the user's `~ca:rl:*` key pattern.
 
-mod common;
+mod support;
 
 use std::sync::{Arc, OnceLock};
 
-use adapter_redis::fixture::RedisServer;
 use async_trait::async_trait;
-use common::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, acl_server, login};
 use contract_tests::{ProviderFactory, StoreScope};
+use redis_fixture::RedisServer;
 use shared_contract::{EdgeRateLimitPort, ManualClock, RateLimitPolicy};
+use support::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, acl_server, login};
 
 fn server() -> &'static RedisServer {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
@@ -29,8 +29,8 @@ impl ProviderFactory for AclFactory {
         clock: ManualClock,
         policies: Vec<RateLimitPolicy>,
     ) -> Arc<dyn EdgeRateLimitPort> {
-        let prefix = common::scope_prefix(scope.as_str());
-        let adapter = common::adapter(server(), &clock, policies, |settings| {
+        let prefix = support::scope_prefix(scope.as_str());
+        let adapter = support::adapter(server(), &clock, policies, |settings| {
             login(RATE_LIMIT_USER, RATE_LIMIT_PASSWORD)(settings);
             settings.key_prefix = prefix;
         });

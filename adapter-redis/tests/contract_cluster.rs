@@ -14,10 +14,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisCluster;
 use adapter_redis::{RateLimitKeys, RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
+use redis_fixture::RedisCluster;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, EvaluationDedupPolicy,
     ManualClock, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,

@@ -11,15 +11,15 @@
 //! (docs/operations.md, "Replica-acknowledged charges"), which
 //! `tests/wait.rs` pins.
 
-mod common;
+mod support;
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisSentinel;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
+use redis_fixture::RedisSentinel;
 use shared_contract::{EdgeRateLimitPort, ManualClock, RateLimitPolicy};
 
 /// The user of the acknowledged lane.
@@ -34,10 +34,10 @@ fn group() -> &'static RedisSentinel {
         let waiting_rules = adapter_redis::acl::user_rules_for(&waiting);
         RedisSentinel::start_with_acl(
             &[
-                common::data_user_line(&plain),
-                common::acl_line(WAITING_USER, common::RATE_LIMIT_PASSWORD, &waiting_rules),
+                support::data_user_line(&plain),
+                support::acl_line(WAITING_USER, support::RATE_LIMIT_PASSWORD, &waiting_rules),
             ],
-            &[common::sentinel_user_line()],
+            &[support::sentinel_user_line()],
         )
     })
 }
@@ -55,8 +55,8 @@ impl ProviderFactory for SentinelFactory {
         policies: Vec<RateLimitPolicy>,
     ) -> Arc<dyn EdgeRateLimitPort> {
         let mut settings = RedisSettings {
-            key_prefix: common::scope_prefix(scope.as_str()),
-            ..common::sentinel_settings(group())
+            key_prefix: support::scope_prefix(scope.as_str()),
+            ..support::sentinel_settings(group())
         };
         if self.wait {
             settings.username = Some(WAITING_USER.to_owned());

@@ -7,17 +7,17 @@
 //! same admissions as two that do not (docs/algorithms.md, "Local denial
 //! cache").
 
-mod common;
+mod support;
 
 use std::time::Duration;
 
 use adapter_redis::RedisEdgeRateLimitAdapter;
-use adapter_redis::fixture::RedisServer;
-use common::{T0, adapter, inspector, request, request_with, subject};
+use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock, PolicyId,
     PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, SetDecision,
 };
+use support::{T0, adapter, inspector, request, request_with, subject};
 use uuid::Uuid;
 
 fn fixed(id: &str, limit: u64, revision: u32, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
@@ -410,7 +410,7 @@ async fn an_admin_reset_forgets_the_subject_s_cached_refusal_on_this_instance() 
     let budget = shared_contract::BudgetKey::new(
         subject(1),
         PolicyId::new("p").unwrap(),
-        Some(common::operation()),
+        Some(support::operation()),
     );
     instance.reset(&budget).await.expect("the reset runs");
     // Redis answers again, from a fresh budget.

@@ -9,20 +9,20 @@
 //! Every random choice is seeded; the seed is printed, and
 //! `FAULT_PROXY_SEED=<seed>` replays a failure.
 
-mod common;
+mod support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adapter_redis::fixture::{FaultProxy, ProxyMode, RedisServer, ReplyFault, SeededRng};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
-use common::{T0, inspector, subject};
+use redis_fixture::{FaultProxy, ProxyMode, RedisServer, ReplyFault, SeededRng};
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
     OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
     RateLimitRequest, SubjectDigest, UnavailableCategory,
 };
+use support::{T0, inspector, subject};
 
 /// How late past its deadline a call may come back.
 const DEADLINE_SLACK: Duration = Duration::from_millis(50);

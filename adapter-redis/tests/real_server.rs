@@ -2,18 +2,18 @@
 //! the wrong type, a server that stops and comes back, constant-size state,
 //! what a key holds, and its lifetime.
 
-mod common;
+mod support;
 
 use std::time::{Duration, Instant};
 
-use adapter_redis::fixture::RedisServer;
 use adapter_redis::{RateLimitKeys, ScriptKind};
-use common::{T0, adapter, inspector, request, request_with, subject};
 use redis::AsyncCommands;
+use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, IncompatibleCategory,
     ManualClock, PolicyScope, PolicySet, RateLimitOutcome, RateLimitPolicy,
 };
+use support::{T0, adapter, inspector, request, request_with, subject};
 
 fn fixed(id: &str, limit: u64, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
     RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit, window: Duration::from_secs(1) })
@@ -56,7 +56,7 @@ async fn a_key_of_the_wrong_type_is_state_incompatible() {
     let policy = fixed("p", 3, EvaluationDedupPolicy::enabled_defaults());
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(2);
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let key = adapter.keys().counter_key(&policy, &who, &support::operation());
     let mut redis = inspector(&server).await;
     // A list is neither layout (a string without dedupe, a hash with it).
     let _: () = redis.rpush(&key, "value").await.unwrap();
@@ -154,7 +154,7 @@ async fn key_length_over_windows(
     let clock = ManualClock::new(T0);
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(4);
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let key = adapter.keys().counter_key(&policy, &who, &support::operation());
     let mut redis = inspector(&server).await;
     let mut at_ten = (0, 0);
     for window in 0..windows {
@@ -266,13 +266,13 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     keys.sort_unstable();
     // The subject alone in the hash tag; the operation digest only on the
     // operation-scoped policy's key (docs/operations.md#key-layout-and-the-slot-rule).
-    let scoped = format!("ca:rl:{{{}}}:api.orders:3:{}", who.as_str(), common::OPERATION);
+    let scoped = format!("ca:rl:{{{}}}:api.orders:3:{}", who.as_str(), support::OPERATION);
     let shared = format!("ca:rl:{{{}}}:api.daily:1", who.as_str());
     // Nothing else: with dedupe on (the default) each key holds its
     // records.
     assert_eq!(keys, [shared.clone(), scoped.clone()]);
-    assert_eq!(adapter.keys().counter_key(&orders, &who, &common::operation()), scoped);
-    assert_eq!(adapter.keys().counter_key(&daily, &who, &common::operation()), shared);
+    assert_eq!(adapter.keys().counter_key(&orders, &who, &support::operation()), scoped);
+    assert_eq!(adapter.keys().counter_key(&daily, &who, &support::operation()), shared);
     assert_eq!(RateLimitKeys::hash_tag(&who), format!("{{{}}}", who.as_str()));
     // The values hold numbers and evaluation ids only, not the pseudonym.
     for key in [&scoped, &shared] {
@@ -330,7 +330,7 @@ async fn key_lifetime_is_state_end_or_last_record_plus_the_larger_of_grace_and_r
     for (policy, lifetime) in cases {
         assert!(adapter.evaluate(request(&clock, policy.id().as_str(), &who)).await.is_allowed());
         let pttl: i64 = redis
-            .pttl(adapter.keys().counter_key(&policy, &who, &common::operation()))
+            .pttl(adapter.keys().counter_key(&policy, &who, &support::operation()))
             .await
             .unwrap();
         // PTTL counts down in real time from the lifetime the script set.
@@ -409,8 +409,8 @@ async fn reset_deletes_the_counter_key_with_its_records_and_inspect_writes_nothi
     for subject in [&who, &other] {
         assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", subject)).await), 2);
     }
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
-    let other_key = adapter.keys().counter_key(&policy, &other, &common::operation());
+    let key = adapter.keys().counter_key(&policy, &who, &support::operation());
+    let other_key = adapter.keys().counter_key(&policy, &other, &support::operation());
     let mut redis = inspector(&server).await;
     let probe = redis.clone();
     let exists = |keys: Vec<String>| {
@@ -423,7 +423,7 @@ async fn reset_deletes_the_counter_key_with_its_records_and_inspect_writes_nothi
     };
     assert_eq!(exists(vec![key.clone()]).await, 1);
 
-    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
     let hash = |redis: &mut redis::aio::MultiplexedConnection| {
         let mut redis = redis.clone();
         let key = key.clone();
@@ -462,10 +462,10 @@ async fn inspect_and_reset_failures_are_typed() {
     let policy = fixed("p", 3, EvaluationDedupPolicy::enabled_defaults());
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(42);
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let key = adapter.keys().counter_key(&policy, &who, &support::operation());
     let mut redis = inspector(&server).await;
     let _: () = redis.rpush(&key, "v").await.unwrap();
-    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
     assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
     assert_eq!(adapter.reset(&budget).await, Ok(()));
     assert_eq!(adapter.inspect(&budget).await.map(|state| state.remaining), Ok(3));
@@ -489,7 +489,7 @@ async fn a_key_written_with_dedupe_off_is_taken_over_with_dedupe_on_and_back() {
     let without = adapter(&server, &clock, vec![off.clone()], |_| {});
     let with = adapter(&server, &clock, vec![on], |_| {});
     let who = subject(50);
-    let key = without.keys().counter_key(&off, &who, &common::operation());
+    let key = without.keys().counter_key(&off, &who, &support::operation());
     let mut redis = inspector(&server).await;
     let kind = |redis: &mut redis::aio::MultiplexedConnection| {
         let mut redis = redis.clone();
@@ -542,7 +542,7 @@ async fn a_dedupe_key_s_expiry_is_the_latest_any_write_asked_for() {
         .unwrap();
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(51);
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let key = adapter.keys().counter_key(&policy, &who, &support::operation());
     let mut redis = inspector(&server).await;
     let mut charge_at = async |at: u64| -> i64 {
         clock.set_epoch_millis(T0 + at);
@@ -587,7 +587,7 @@ async fn dedupe_records_stay_within_the_cap_and_expired_ones_are_swept() {
     let adapter = adapter(&server, &clock, vec![capped.clone(), roomy.clone()], |_| {});
     let who = subject(52);
     let mut redis = inspector(&server).await;
-    let capped_key = adapter.keys().counter_key(&capped, &who, &common::operation());
+    let capped_key = adapter.keys().counter_key(&capped, &who, &support::operation());
     for _ in 0..10 {
         assert!(adapter.evaluate(request(&clock, "p4", &who)).await.is_allowed());
         let (_, fields) = footprint(&mut redis, &capped_key).await;
@@ -597,7 +597,7 @@ async fn dedupe_records_stay_within_the_cap_and_expired_ones_are_swept() {
     assert!(adapter.evaluate(request(&clock, "p4", &who)).await.is_allowed());
     assert_eq!(footprint(&mut redis, &capped_key).await.1, 2, "only the new record is left");
 
-    let roomy_key = adapter.keys().counter_key(&roomy, &who, &common::operation());
+    let roomy_key = adapter.keys().counter_key(&roomy, &who, &support::operation());
     let mut most = 0;
     for n in 0..40 {
         clock.set_epoch_millis(T0 + 10_000 + n * 1_500);
@@ -634,7 +634,7 @@ async fn a_header_with_a_24_byte_trailer_is_corrupt_state() {
     }
     assert_eq!(value.len(), 25 + 24);
     for policy in &policies {
-        let key = adapter.keys().counter_key(policy, &who, &common::operation());
+        let key = adapter.keys().counter_key(policy, &who, &support::operation());
         let _: () = redis.set(&key, &value).await.unwrap();
         assert_eq!(
             adapter.evaluate(request(&clock, policy.id().as_str(), &who)).await,
@@ -642,7 +642,7 @@ async fn a_header_with_a_24_byte_trailer_is_corrupt_state() {
             "{}",
             policy.id()
         );
-        let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+        let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
         assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
         let kept: Vec<u8> = redis.get(&key).await.unwrap();
         assert_eq!(kept, value, "{}", policy.id());
@@ -669,7 +669,7 @@ async fn a_refused_token_bucket_sheds_its_expired_records() {
         .unwrap();
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(54);
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let key = adapter.keys().counter_key(&policy, &who, &support::operation());
     let mut redis = inspector(&server).await;
     let mut admitted = 0;
     for _ in 0..200 {
@@ -717,7 +717,7 @@ async fn stored_record_bytes_stay_within_max_stored_bytes() {
                 .unwrap();
         let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
         let who = subject(60 + u8::try_from(n).unwrap());
-        let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+        let key = adapter.keys().counter_key(&policy, &who, &support::operation());
         for _ in 0..charges {
             assert!(adapter.evaluate(request(&clock, "p", &who)).await.is_allowed());
         }
@@ -789,7 +789,7 @@ async fn inspect_raises_no_error_on_the_server_whatever_the_key_s_type() {
     for policy in [&on, &off] {
         for subject in [&who, &nobody] {
             let budget =
-                BudgetKey::new(subject.clone(), policy.id().clone(), Some(common::operation()));
+                BudgetKey::new(subject.clone(), policy.id().clone(), Some(support::operation()));
             let seen = adapter.inspect(&budget).await.unwrap();
             assert_eq!(seen.remaining, if subject == &who { 2 } else { 3 });
         }
@@ -816,12 +816,12 @@ async fn reset_unlinks_the_key() {
             .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
     };
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut redis).await.unwrap();
-    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(common::operation()));
+    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
     adapter.reset(&budget).await.unwrap();
     let info: String =
         redis::cmd("INFO").arg("commandstats").query_async(&mut redis).await.unwrap();
     assert_eq!((calls(&info, "unlink"), calls(&info, "del")), (1, 0), "{info}");
-    let key = adapter.keys().counter_key(&policy, &who, &common::operation());
+    let key = adapter.keys().counter_key(&policy, &who, &support::operation());
     let exists: usize = redis.exists(&key).await.unwrap();
     assert_eq!(exists, 0);
 }
@@ -846,7 +846,7 @@ async fn a_hash_read_by_a_dedupe_off_policy_is_converted_at_once() {
     for expected in [1, 0] {
         assert_eq!(remaining(&with.evaluate(request(&clock, "p", &who)).await), expected);
     }
-    let key = without.keys().counter_key(&off, &who, &common::operation());
+    let key = without.keys().counter_key(&off, &who, &support::operation());
     let mut redis = inspector(&server).await;
     let ttl: i64 = redis.pttl(&key).await.unwrap();
     let (failed, _) = error_counts(&mut redis).await;

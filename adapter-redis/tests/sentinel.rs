@@ -14,18 +14,18 @@
 //!   are each answered within `wait-timeout` and a little: a blocked `WAIT`
 //!   holds one connection of the pool, not the charges behind it.
 
-mod common;
+mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adapter_redis::fixture::RedisSentinel;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
-use common::{RATE_LIMIT_PASSWORD, SENTINEL_PASSWORD, acl_line, request_with, subject};
+use redis_fixture::RedisSentinel;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationId, ManualClock, RateLimitOutcome, RateLimitPolicy,
     UnavailableCategory,
 };
+use support::{RATE_LIMIT_PASSWORD, SENTINEL_PASSWORD, acl_line, request_with, subject};
 
 const WAIT_TIMEOUT: Duration = Duration::from_millis(200);
 const BUDGET: Duration = Duration::from_millis(750);
@@ -88,7 +88,7 @@ fn adapter(
         wait_timeout: WAIT_TIMEOUT,
         command_timeout: Duration::from_millis(500),
         connect_timeout: Duration::from_millis(500),
-        ..common::sentinel_settings(group)
+        ..support::sentinel_settings(group)
     };
     RedisEdgeRateLimitAdapter::new(settings, [policy()], Arc::new(clock.clone())).unwrap()
 }
@@ -113,7 +113,7 @@ async fn with_the_replica_frozen_concurrent_charges_are_each_answered_within_the
     /// `WAIT` would take a whole `WAIT_TIMEOUT` more.
     const FEW_MS: Duration = Duration::from_millis(50);
     let mut group = tokio::task::block_in_place(group);
-    let clock = ManualClock::new(common::T0);
+    let clock = ManualClock::new(support::T0);
     let adapter = Arc::new(adapter(&group, &clock, "data", "sentinel"));
     let replica = group.other_than(group.master_port());
     let all = async |adapter: &Arc<RedisEdgeRateLimitAdapter>| {
@@ -173,7 +173,7 @@ fn indeterminate(outcome: &RateLimitOutcome) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_printed_rule_is_needed_on_the_nodes_and_on_the_sentinels() {
     let group = tokio::task::block_in_place(group);
-    let clock = ManualClock::new(common::T0);
+    let clock = ManualClock::new(support::T0);
 
     let full = adapter(&group, &clock, "data", "sentinel");
     assert!(full.is_ready().await);
@@ -209,7 +209,7 @@ async fn every_printed_rule_is_needed_on_the_nodes_and_on_the_sentinels() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_replica_turns_charges_indeterminate_within_the_deadline_and_denials_stay() {
     let mut group = tokio::task::block_in_place(group);
-    let clock = ManualClock::new(common::T0);
+    let clock = ManualClock::new(support::T0);
     let adapter = adapter(&group, &clock, "data", "sentinel");
     let master = group.master_port();
     let replica = group.other_than(master);

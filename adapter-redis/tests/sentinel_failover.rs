@@ -21,8 +21,8 @@ mod failover;
 
 use failover::{Tally, counting_policy};
 
-use adapter_redis::fixture::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
+use redis_fixture::{DOWN_AFTER, MASTER_NAME, RedisSentinel};
 use shared_contract::{ManualClock, RateLimitPolicy, SubjectDigest};
 
 /// Pause between two rounds of steady traffic.

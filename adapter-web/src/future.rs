@@ -15,7 +15,7 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::bridge::{BridgeEvaluation, TransportBridge};
-use crate::layer::Limiter;
+use crate::limiter::Limiter;
 use crate::mapping::{DecisionHeaders, decision_headers, refusal, rejection_response};
 use crate::refusal::{Refusal, RefusalShaper};
 use crate::rejection::EdgeRejection;

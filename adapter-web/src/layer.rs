@@ -8,6 +8,7 @@ use http::Response;
 use tower::Layer;
 
 use crate::bridge::TransportBridge;
+use crate::limiter::LimiterSwitch;
 use crate::refusal::{Refusal, RefusalShaper};
 use crate::service::RateLimitService;
 use crate::switch::BridgeSwitch;
@@ -25,28 +26,6 @@ use crate::switch::BridgeSwitch;
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
     limiter: Option<LimiterSwitch>,
-}
-
-/// What an enabled layer and its services share: the bridge in force and
-/// the refusal shaper.
-#[derive(Debug, Clone)]
-pub(crate) struct LimiterSwitch {
-    bridge: BridgeSwitch,
-    shaper: Option<RefusalShaper>,
-}
-
-impl LimiterSwitch {
-    /// What one request runs with, from its start to its response.
-    pub(crate) fn current(&self) -> Limiter {
-        Limiter { bridge: self.bridge.current(), shaper: self.shaper.clone() }
-    }
-}
-
-/// What one request's future holds: the bridge it started with.
-#[derive(Debug, Clone)]
-pub(crate) struct Limiter {
-    pub(crate) bridge: Arc<TransportBridge>,
-    pub(crate) shaper: Option<RefusalShaper>,
 }
 
 impl RateLimitLayer {

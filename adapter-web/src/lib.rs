@@ -17,8 +17,10 @@ mod cost;
 mod error;
 mod future;
 mod layer;
+mod limiter;
 mod mapping;
 mod operation;
+mod problem;
 mod pseudonymizer;
 mod ratelimit_headers;
 mod refusal;
@@ -38,11 +40,9 @@ pub use mapping::{RATELIMIT, RATELIMIT_POLICY};
 pub use operation::{UNMATCHED_ROUTE, charged_digest, operation_digest};
 pub use pseudonymizer::{MIN_KEY_BYTES, VersionedPseudonymizer};
 pub use refusal::Refusal;
-pub use rejection::{ApiKeyProblem, EdgeRejection};
+pub use rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
 pub use service::RateLimitService;
 pub use settings::{DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
-pub use subject::{
-    AuthenticatedPrincipal, IdentityProblem, MAX_API_KEY_BYTES, SubjectKind, canonical_identity,
-};
+pub use subject::{AuthenticatedPrincipal, IdentityProblem, SubjectKind, canonical_identity};
 pub use switch::BridgeSwitch;
 pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS, METRIC_PREFIX};

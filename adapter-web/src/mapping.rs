@@ -19,11 +19,12 @@ use std::fmt;
 use axum::body::Body;
 use axum::response::IntoResponse;
 use http::header::RETRY_AFTER;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, Uri};
-use problem_details::{ProblemDetails, ProblemType};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use problem_details::ProblemDetails;
 use shared_contract::{IncompatibleCategory, RateLimitOutcome, UnavailableCategory};
 
 use crate::bridge::BridgeEvaluation;
+use crate::problem::problem_type;
 use crate::ratelimit_headers::{limit_header, whole_seconds_up};
 use crate::rejection::EdgeRejection;
 use crate::settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
@@ -32,17 +33,6 @@ use crate::settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit` header name.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
-
-/// Every problem type suffix the edge can produce: the outcome categories
-/// and the edge's own rejections, from their enums.
-pub(crate) fn problem_type_names() -> impl Iterator<Item = &'static str> {
-    RateLimitOutcome::category_names().chain(EdgeRejection::CATEGORY_NAMES)
-}
-
-/// `base + category` as a problem type, if it is a URI.
-pub(crate) fn problem_type(base: &str, category: &str) -> Option<ProblemType> {
-    format!("{base}{category}").parse::<Uri>().ok().map(ProblemType::from)
-}
 
 /// The `RateLimit-Policy` and `RateLimit` headers of an evaluated outcome,
 /// listing the set's enforced policies in configured order; none for

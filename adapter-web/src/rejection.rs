@@ -1,10 +1,12 @@
 //! `EdgeRejection`: a request the edge refuses before any evaluation.
+//! A leaf: the modules that refuse import it, it imports none of them.
 
 use std::borrow::Cow;
 
 use http::StatusCode;
 
-use crate::subject::MAX_API_KEY_BYTES;
+/// Longest API key accepted, in bytes.
+pub const MAX_API_KEY_BYTES: usize = 256;
 
 /// Why a request was refused before evaluation. Nothing was charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,7 +23,7 @@ pub enum EdgeRejection {
 pub enum ApiKeyProblem {
     /// The header is present but empty.
     Empty,
-    /// Longer than [`crate::MAX_API_KEY_BYTES`].
+    /// Longer than [`MAX_API_KEY_BYTES`].
     TooLong,
     /// A byte outside visible ASCII (`0x21..=0x7E`).
     NotVisibleAscii,

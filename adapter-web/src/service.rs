@@ -8,7 +8,7 @@ use http::{Request, Response};
 use tower::Service;
 
 use crate::future::ResponseFuture;
-use crate::layer::LimiterSwitch;
+use crate::limiter::LimiterSwitch;
 
 /// Asks the bridge before every request; runs `inner` only when allowed.
 /// Built by [`crate::RateLimitLayer`].

@@ -9,7 +9,7 @@ use ipnet::IpNet;
 use shared_contract::{DEFAULT_FAILURE_RETRY_AFTER, PolicyId, PolicySet};
 
 use crate::error::WebError;
-use crate::mapping::{problem_type, problem_type_names};
+use crate::problem::{problem_type, problem_type_names};
 
 /// How the edge resolves subjects, picks policies and answers failures.
 #[derive(Debug, Clone)]

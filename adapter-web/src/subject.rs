@@ -10,11 +10,8 @@ use http::request::Parts;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 
 use crate::client_ip::client_ip;
-use crate::rejection::{ApiKeyProblem, EdgeRejection};
+use crate::rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
 use crate::settings::EdgeSettings;
-
-/// Longest API key accepted, in bytes.
-pub const MAX_API_KEY_BYTES: usize = 256;
 
 /// The identity an upstream authentication layer established, inserted as a
 /// request extension. It takes precedence over API key and client IP.

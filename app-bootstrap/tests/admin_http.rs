@@ -8,8 +8,8 @@ mod support;
 
 use std::net::SocketAddr;
 
-use adapter_redis::fixture::RedisServer;
 use adapter_web::{SubjectKind, VersionedPseudonymizer};
+use redis_fixture::RedisServer;
 use reqwest::{Method, StatusCode};
 use secrecy::SecretSlice;
 use serde_json::{Value, json};

@@ -7,7 +7,7 @@
 
 mod support;
 
-use adapter_redis::fixture::RedisServer;
+use redis_fixture::RedisServer;
 use reqwest::StatusCode;
 use support::{Running, T0, counter, fixed_window_config, load};
 

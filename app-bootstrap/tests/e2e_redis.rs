@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use adapter_redis::fixture::RedisServer;
+use redis_fixture::RedisServer;
 use reqwest::StatusCode;
 use support::{Running, TEST_KEY, counter, fixed_window_config, load, three_allowed_then_429};
 

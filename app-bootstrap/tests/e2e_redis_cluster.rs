@@ -4,8 +4,8 @@
 
 mod support;
 
-use adapter_redis::fixture::RedisCluster;
 use app_bootstrap::acl::acl_rules;
+use redis_fixture::RedisCluster;
 use reqwest::StatusCode;
 use support::{Running, fixed_window_config, load, three_allowed_then_429};
 

@@ -4,7 +4,7 @@
 
 mod support;
 
-use adapter_redis::fixture::{RedisCluster, RedisServer};
+use redis_fixture::{RedisCluster, RedisServer};
 use support::{Running, TEST_KEY, load};
 
 const LIMIT: usize = 50;

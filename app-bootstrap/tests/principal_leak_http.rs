@@ -16,11 +16,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisServer;
 use adapter_web::AuthenticatedPrincipal;
 use app_bootstrap::RateLimitCapability;
 use axum::extract::Request;
 use axum::middleware::Next;
+use redis_fixture::RedisServer;
 use sha2::{Digest, Sha256};
 use shared_contract::{Clock, ManualClock};
 

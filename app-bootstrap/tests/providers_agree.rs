@@ -13,11 +13,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
-use adapter_redis::fixture::RedisServer;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
+use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, Certainty, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, EvaluationDedupPolicy,
     EvaluationId, IncompatibleCategory, ManualClock, OperationDigest, PolicyMode, PolicyScope,

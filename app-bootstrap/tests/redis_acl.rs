@@ -6,8 +6,8 @@ mod support;
 
 use std::process::Command;
 
-use adapter_redis::fixture::RedisServer;
 use app_bootstrap::acl::acl_rules;
+use redis_fixture::RedisServer;
 use reqwest::StatusCode;
 use support::{Running, fixed_window_config, load, three_allowed_then_429};
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use adapter_redis::fixture::RedisServer;
+use redis_fixture::RedisServer;
 use support::Serve;
 
 const KEY: &str = "redis-faults-http-pseudonymizer-key-0123456789";

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adapter_redis::fixture::RedisServer;
 use app_bootstrap::{AppConfig, Application, ConfigSources, ReloadReport, Reloader};
+use redis_fixture::RedisServer;
 use reqwest::StatusCode;
 use shared_contract::{Clock, ManualClock};
 use support::{Serve, TEST_KEY, counter};

@@ -11,7 +11,7 @@ mod support;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisServer;
+use redis_fixture::RedisServer;
 use support::Serve;
 
 const KEY: &str = "security-http-pseudonymizer-key-0123456789";

@@ -1,8 +1,11 @@
-//! Soak of the memory provider through the real binary: a bounded loop of
-//! HTTP load over 100,000 distinct subjects (API keys), then expiry, then
-//! ordinary traffic. Resident memory must come back to within 20% of its
-//! level before the load: expired state is reclaimed, not kept per subject
-//! forever. The figures are printed; the test asserts only the bound.
+//! Soak of the memory provider: a flood of distinct subjects, then expiry,
+//! then ordinary traffic. What the provider keeps is asserted from its own
+//! account (entries and dedupe record bytes, in process): back to zero after
+//! expiry, bounded at the peak. Through the real binary, resident memory
+//! after expiry may stay above its level before the flood only by an
+//! absolute margin, well below what keeping the flood's state would cost:
+//! an allocator that keeps freed pages passes, a leak fails. The figures
+//! are printed.
 //!
 //! By default the load is 30,000 distinct subjects, one request each;
 //! `SOAK_SECONDS=60` loads for 60 s over all 100,000 (issue 12), and
@@ -26,6 +29,12 @@ const SUBJECTS: u64 = 100_000;
 /// plus the 1 s grace, plus a margin for the load's own duration.
 const PAST_EXPIRY: Duration = Duration::from_secs(7);
 const CLIENTS: usize = 8;
+/// What RSS may grow by from before the flood to after its expiry: above
+/// what an allocator keeps of freed memory (3.0 MiB seen in a release
+/// build, 1.6 MiB in a debug one), below keeping the default flood's
+/// 30,000 subjects (a live subject costs about 600 bytes of RSS: key,
+/// entry, record and map slot; ~17 MiB for all of them).
+const RSS_GROWTH_BOUND_KIB: u64 = 8 * 1024;
 /// Distinct subjects of the default run (one request each).
 const DEFAULT_SOAK_REQUESTS: u64 = 30_000;
 
@@ -90,7 +99,7 @@ async fn drive(base: &str, prefix: &str, modulo: u64, count: u64, until: Instant
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn memory_after_expiry_returns_to_within_20_percent_of_before_the_load() {
+async fn memory_after_expiry_stays_within_an_absolute_margin_of_before_the_flood() {
     // By default a fixed count of distinct subjects, so the run does not
     // depend on how fast this machine is today; `SOAK_SECONDS` instead
     // loads for that long over all 100,000 subjects (issue 12: 60 s).
@@ -126,8 +135,9 @@ async fn memory_after_expiry_returns_to_within_20_percent_of_before_the_load() {
         started.elapsed()
     );
     assert!(
-        after * 10 <= before * 12,
-        "RSS after expiry {after} KiB is more than 20% above {before} KiB (peak {peak} KiB)"
+        after <= before + RSS_GROWTH_BOUND_KIB,
+        "RSS after expiry {after} KiB is more than {RSS_GROWTH_BOUND_KIB} KiB above {before} KiB \
+         (peak {peak} KiB)"
     );
 }
 
@@ -149,13 +159,17 @@ fn request(
     }
 }
 
-/// The state side of the soak, in process, where the entries can be
-/// counted: after 100,000 subjects expire, the same ordinary traffic the
-/// HTTP soak sends afterwards (4,000 requests over 2,000 subjects) must
-/// leave no more than those 2,000 entries live.
+/// The state side of the soak, in process, where the store's own account
+/// can be read: 100,000 subjects charged once each hold exactly one entry
+/// and one dedupe record each at the peak; the same ordinary traffic the
+/// HTTP soak sends afterwards (4,000 requests over 2,000 subjects) leaves
+/// no more than those 2,000 entries live; and a purge past their expiry
+/// leaves nothing, no entry and no record byte.
 #[tokio::test]
 async fn expired_subjects_are_reclaimed_by_the_traffic_that_follows() {
-    use shared_contract::{Algorithm, EdgeRateLimitPort, ManualClock, RateLimitPolicy};
+    use shared_contract::{
+        Algorithm, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, ManualClock, RateLimitPolicy,
+    };
     let clock = ManualClock::new(1_800_000_000_000);
     let policy = RateLimitPolicy::builder(
         "soak",
@@ -168,13 +182,27 @@ async fn expired_subjects_are_reclaimed_by_the_traffic_that_follows() {
     for subject in 0..SUBJECTS {
         assert!(adapter.evaluate(request(&clock, subject)).await.is_allowed());
     }
-    let peak = adapter.store().live_entries();
+    let store = adapter.store();
+    let (peak, peak_bytes) = (store.live_entries(), store.stored_bytes());
+    // The policy keeps dedupe on (its default): one record per charge.
+    assert_eq!(peak, usize::try_from(SUBJECTS).unwrap());
+    assert_eq!(peak_bytes, SUBJECTS * u64::from(DEDUP_RECORD_BYTES));
+
     clock.advance(PAST_EXPIRY);
     for n in 0..4_000 {
         adapter.evaluate(request(&clock, SUBJECTS + n % 2_000)).await;
     }
-    let live = adapter.store().live_entries();
-    eprintln!("in process: {peak} entries at the peak, {live} after expiry and 4,000 requests");
-    assert_eq!(peak, usize::try_from(SUBJECTS).unwrap());
+    let (live, live_bytes) = (store.live_entries(), store.stored_bytes());
+    eprintln!(
+        "in process: {peak} entries ({peak_bytes} record bytes) at the peak, {live} \
+         ({live_bytes} bytes) after expiry and 4,000 requests"
+    );
     assert!(live <= 2_000, "{live} entries still live after expiry (peak {peak})");
+    // At most one record per request since the expiry.
+    assert!(live_bytes <= 4_000 * u64::from(DEDUP_RECORD_BYTES), "{live_bytes} record bytes");
+
+    // Past the ordinary traffic's expiry too, nothing is left to account.
+    clock.advance(PAST_EXPIRY);
+    store.purge_expired(clock.epoch_millis());
+    assert_eq!((store.live_entries(), store.stored_bytes()), (0, 0));
 }

@@ -12,7 +12,7 @@ use super::*;
 use crate::ScriptLaneSettings;
 use crate::gateway::{LoadedScript, MockRedisGateway};
 
-const T0: u64 = 1_700_000_000_000;
+use crate::T0;
 
 fn fixed_policy(dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
     RateLimitPolicy::builder(

@@ -7,7 +7,7 @@ use shared_contract::{EvaluationId, ManualClock, OperationDigest, PolicySet, Sub
 use super::*;
 use crate::gateway::{Acknowledged, MockRedisGateway, WaitFor};
 
-const T0: u64 = 1_700_000_000_000;
+use crate::T0;
 
 fn waiting_adapter(gateway: MockRedisGateway) -> RedisEdgeRateLimitAdapter {
     let policy = RateLimitPolicy::builder(

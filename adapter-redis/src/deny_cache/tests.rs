@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::*;
 
-const T0: u64 = 1_800_000_000_000;
+use crate::T0;
 
 fn fixed(id: &str, revision: u32) -> RateLimitPolicy {
     RateLimitPolicy::builder(

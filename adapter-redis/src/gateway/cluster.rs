@@ -737,10 +737,9 @@ mod tests {
         );
     }
 
-    #[cfg(feature = "test-fixture")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_first_call_past_the_age_refreshes_the_slot_map_in_the_background() {
-        let cluster = tokio::task::block_in_place(crate::fixture::RedisCluster::start);
+        let cluster = tokio::task::block_in_place(redis_fixture::RedisCluster::start);
         let every = Duration::from_millis(200);
         let gateway = ClusterGateway::new(
             &cluster.urls(),

@@ -73,12 +73,11 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
     }
 
-    #[cfg(feature = "test-fixture")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_silent_server_costs_the_connection_after_the_ambiguous_failures_in_a_row() {
         use super::super::connection::AMBIGUOUS_FAILURES_BEFORE_RECONNECT;
 
-        let mut server = tokio::task::block_in_place(crate::fixture::RedisServer::start);
+        let mut server = tokio::task::block_in_place(redis_fixture::RedisServer::start);
         let gateway =
             StandaloneGateway::new(&server.url(), None, None, Duration::from_millis(300)).unwrap();
         let quick = Duration::from_millis(150);
@@ -107,10 +106,9 @@ mod tests {
         assert_eq!(generation(), 2, "replaced after the run");
     }
 
-    #[cfg(feature = "test-fixture")]
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stopped_server_costs_the_connection_at_once() {
-        let mut server = tokio::task::block_in_place(crate::fixture::RedisServer::start);
+        let mut server = tokio::task::block_in_place(redis_fixture::RedisServer::start);
         let gateway =
             StandaloneGateway::new(&server.url(), None, None, Duration::from_millis(300)).unwrap();
         gateway.ping(Duration::from_secs(2)).await.unwrap();

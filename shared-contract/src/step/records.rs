@@ -6,6 +6,9 @@ use std::fmt;
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
 
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+
 use crate::request::EvaluationId;
 
 /// What a charged evaluation left behind so a repeat of its id can replay
@@ -27,12 +30,12 @@ pub struct DedupRecord {
 /// front to back (records are appended at the key's effective time, which
 /// never runs backwards), so expiry and eviction both pop from the front.
 ///
-/// From [`INDEX_FROM`] records on, an open-addressing index (linear
-/// probing, at most half full) maps an evaluation id to its record's
-/// sequence number, so a lookup, an append and an eviction each touch a
-/// fixed number of cache lines however many records the key holds (a scan
-/// of 256 records read 10 KB per decision; docs/benchmarks.md). Below it a
-/// scan of a few contiguous records is cheaper than a table.
+/// From [`INDEX_FROM`] records on, a `hashbrown::HashTable` maps an
+/// evaluation id's hash to its record's sequence number, so a lookup, an
+/// append and an eviction each touch a fixed number of cache lines however
+/// many records the key holds (a scan of 256 records read 10 KB per
+/// decision; docs/benchmarks.md). Below it a scan of a few contiguous
+/// records is cheaper than a table.
 ///
 /// Boxed and allocated on the first record, so a key without records (dedupe
 /// off, or only denials) carries one pointer: a small map slot keeps more
@@ -46,8 +49,6 @@ pub struct DedupRecords(Option<Box<Held>>);
 
 /// Records held from here on are indexed; fewer are scanned.
 const INDEX_FROM: usize = 8;
-/// An index slot holding no record.
-const EMPTY: u64 = u64::MAX;
 
 #[derive(Clone)]
 struct Held {
@@ -55,23 +56,23 @@ struct Held {
     /// The sequence number of the front record; the record at queue
     /// position `i` has `front_seq + i` (wrapping).
     front_seq: u32,
-    /// Empty, or a power-of-two table of `hash << 32 | seq` entries (the
-    /// hash is 31 bits, so no entry is [`EMPTY`]); an entry's home slot is
-    /// its hash masked, so deleting never reads a record to rehash it.
-    index: Box<[u64]>,
+    /// Unallocated below [`INDEX_FROM`] records; from then on the sequence
+    /// number of every record held, found by its id's hash. The table holds
+    /// numbers, not ids: a record is read to compare or rehash it.
+    index: HashTable<u32>,
 }
 
-/// 31 bits of a keyed mix of the id. Ids are server-generated UUIDs, but
-/// the port lets a caller choose them: a per-process random seed keeps
-/// probe chains short whatever ids arrive.
+/// A keyed hash of the id. Ids are server-generated UUIDs, but the port lets
+/// a caller choose them: a per-process random seed keeps probe chains short
+/// whatever ids arrive.
 fn hash_of(id: EvaluationId) -> u64 {
-    static SEED: OnceLock<u64> = OnceLock::new();
-    let seed = *SEED.get_or_init(|| std::hash::RandomState::new().hash_one(0x5eed_u64));
-    let bits = id.as_uuid().as_u128();
-    let mut x = (bits as u64) ^ ((bits >> 64) as u64).rotate_left(29) ^ seed;
-    x = (x ^ (x >> 32)).wrapping_mul(0xd6e8_feb8_6659_fd93);
-    x = (x ^ (x >> 32)).wrapping_mul(0xd6e8_feb8_6659_fd93);
-    (x ^ (x >> 32)) >> 33
+    static STATE: OnceLock<RandomState> = OnceLock::new();
+    STATE.get_or_init(RandomState::default).hash_one(id.as_uuid().as_u128())
+}
+
+/// The record numbered `seq` of a queue whose front is numbered `front_seq`.
+fn at(queue: &VecDeque<DedupRecord>, front_seq: u32, seq: u32) -> Option<&DedupRecord> {
+    queue.get(seq.wrapping_sub(front_seq) as usize)
 }
 
 impl Held {
@@ -79,87 +80,35 @@ impl Held {
         self.front_seq.wrapping_add(self.queue.len() as u32)
     }
 
-    fn mask(&self) -> usize {
-        self.index.len() - 1
-    }
-
-    /// Where an entry whose hash is `hash` probes from.
-    fn home(&self, hash: u64) -> usize {
-        (hash as usize) & self.mask()
+    /// Whether the index was built: once it is, it is kept up to date.
+    fn indexed(&self) -> bool {
+        self.index.capacity() > 0
     }
 
     fn find(&self, evaluation_id: EvaluationId) -> Option<&DedupRecord> {
-        if self.index.is_empty() {
+        let Self { queue, front_seq, index } = self;
+        if !self.indexed() {
             // Retries follow their original closely: newest first.
-            return self.queue.iter().rev().find(|r| r.evaluation_id == evaluation_id);
+            return queue.iter().rev().find(|r| r.evaluation_id == evaluation_id);
         }
-        let hash = hash_of(evaluation_id);
-        let mut slot = self.home(hash);
-        loop {
-            let entry = self.index[slot];
-            if entry == EMPTY {
-                return None;
-            }
-            if entry >> 32 == hash {
-                let position = (entry as u32).wrapping_sub(self.front_seq) as usize;
-                match self.queue.get(position) {
-                    Some(record) if record.evaluation_id == evaluation_id => return Some(record),
-                    Some(_) | None => {}
-                }
-            }
-            slot = (slot + 1) & self.mask();
-        }
+        let is_it = |&seq: &u32| {
+            at(queue, *front_seq, seq).is_some_and(|r| r.evaluation_id == evaluation_id)
+        };
+        index.find(hash_of(evaluation_id), is_it).and_then(|&seq| at(queue, *front_seq, seq))
     }
 
-    /// Puts `hash -> seq` into the first free slot of its probe chain.
+    /// Indexes the record numbered `seq`, which the queue already holds.
     fn insert(&mut self, hash: u64, seq: u32) {
-        let mut slot = self.home(hash);
-        while self.index[slot] != EMPTY {
-            slot = (slot + 1) & self.mask();
-        }
-        self.index[slot] = (hash << 32) | u64::from(seq);
+        let Self { queue, front_seq, index } = self;
+        // A growing table rehashes every entry from its record.
+        let rehash =
+            |&seq: &u32| at(queue, *front_seq, seq).map_or(0, |r| hash_of(r.evaluation_id));
+        index.insert_unique(hash, seq, rehash);
     }
 
-    /// Removes the entry of the record with `seq` (its id hashing to
-    /// `hash`), shifting later entries of the chain back (Knuth's
-    /// algorithm R), so no tombstone lengthens later probes.
-    fn remove(&mut self, hash: u64, seq: u32) {
-        let target = (hash << 32) | u64::from(seq);
-        let mut hole = self.home(hash);
-        while self.index[hole] != target {
-            if self.index[hole] == EMPTY {
-                return; // not indexed: nothing to remove
-            }
-            hole = (hole + 1) & self.mask();
-        }
-        let mut next = hole;
-        loop {
-            next = (next + 1) & self.mask();
-            let entry = self.index[next];
-            if entry == EMPTY {
-                break;
-            }
-            let home = self.home(entry >> 32);
-            // The entry stays unless its home lies cyclically outside
-            // (hole, next]; then it may fill the hole.
-            let stays = if hole <= next {
-                hole < home && home <= next
-            } else {
-                hole < home || home <= next
-            };
-            if !stays {
-                self.index[hole] = entry;
-                hole = next;
-            }
-        }
-        self.index[hole] = EMPTY;
-    }
-
-    /// Rebuilds the index with room for twice the records held, at least
-    /// `4 * INDEX_FROM` slots.
+    /// Rebuilds the index over every record held.
     fn reindex(&mut self) {
-        let slots = (self.queue.len() * 2).next_power_of_two().max(4 * INDEX_FROM);
-        self.index = vec![EMPTY; slots].into_boxed_slice();
+        self.index = HashTable::with_capacity(self.queue.len().max(INDEX_FROM));
         for position in 0..self.queue.len() {
             let hash = hash_of(self.queue[position].evaluation_id);
             self.insert(hash, self.front_seq.wrapping_add(position as u32));
@@ -168,8 +117,11 @@ impl Held {
 
     fn pop_front(&mut self) {
         let Some(record) = self.queue.pop_front() else { return };
-        if !self.index.is_empty() {
-            self.remove(hash_of(record.evaluation_id), self.front_seq);
+        if self.indexed() {
+            let seq = self.front_seq;
+            if let Ok(entry) = self.index.find_entry(hash_of(record.evaluation_id), |&s| s == seq) {
+                entry.remove();
+            }
         }
         self.front_seq = self.front_seq.wrapping_add(1);
     }
@@ -177,15 +129,10 @@ impl Held {
     fn push_back(&mut self, record: DedupRecord) {
         let seq = self.seq_of_next();
         self.queue.push_back(record);
-        let len = self.queue.len();
-        if self.index.is_empty() {
-            if len >= INDEX_FROM {
-                self.reindex();
-            }
-        } else if len * 2 > self.index.len() {
-            self.reindex();
-        } else {
+        if self.indexed() {
             self.insert(hash_of(record.evaluation_id), seq);
+        } else if self.queue.len() >= INDEX_FROM {
+            self.reindex();
         }
     }
 }
@@ -208,15 +155,15 @@ impl DedupRecords {
     }
 
     /// Records the buffer has room for without growing, so a store can show
-    /// that its memory stays bounded (the index holds at most four slots of
-    /// 8 bytes per record it has room for).
+    /// that its memory stays bounded (the index, built from [`INDEX_FROM`]
+    /// records on, grows with the records held and never past the cap).
     pub fn allocated(&self) -> usize {
         self.0.as_ref().map_or(0, |held| held.queue.capacity())
     }
 
-    /// Index slots allocated (0 below [`INDEX_FROM`] records).
+    /// Records the index holds (0 below [`INDEX_FROM`] records).
     #[cfg(test)]
-    fn index_slots(&self) -> usize {
+    fn indexed(&self) -> usize {
         self.0.as_ref().map_or(0, |held| held.index.len())
     }
 
@@ -245,7 +192,7 @@ impl DedupRecords {
             Box::new(Held {
                 queue: VecDeque::with_capacity(1),
                 front_seq: 0,
-                index: Box::default(),
+                index: HashTable::new(),
             })
         });
         // Evict first, so the index never holds more than `capacity`.
@@ -290,7 +237,7 @@ impl FromIterator<DedupRecord> for DedupRecords {
         if queue.is_empty() {
             return Self(None);
         }
-        let mut held = Held { queue, front_seq: 0, index: Box::default() };
+        let mut held = Held { queue, front_seq: 0, index: HashTable::new() };
         if held.queue.len() >= INDEX_FROM {
             held.reindex();
         }
@@ -409,8 +356,8 @@ mod tests {
             }
         }
         assert_eq!(records.len(), 256);
-        // At most twice the records, rounded to a power of two.
-        assert_eq!(records.index_slots(), 512);
+        // Every record indexed, no evicted one left behind.
+        assert_eq!(records.indexed(), 256);
     }
 
     #[test]
@@ -419,14 +366,14 @@ mod tests {
         for n in 0..INDEX_FROM as u128 - 1 {
             records.push(record(n, 100), 256);
         }
-        assert_eq!(records.index_slots(), 0, "a few records are scanned");
+        assert_eq!(records.indexed(), 0, "a few records are scanned");
         records.push(record(99, 100), 256);
-        assert_eq!(records.index_slots(), 4 * INDEX_FROM);
+        assert_eq!(records.indexed(), INDEX_FROM);
         assert!(records.find(id(0)).is_some() && records.find(id(99)).is_some());
         assert!(records.find(id(98)).is_none());
         // Rebuilt from storage, the index is there and finds the same.
         let rebuilt: DedupRecords = records.iter().copied().collect();
-        assert_eq!(rebuilt.index_slots(), 4 * INDEX_FROM);
+        assert_eq!(rebuilt.indexed(), INDEX_FROM);
         assert_eq!(rebuilt.find(id(3)), records.find(id(3)));
         assert_eq!(rebuilt, records);
     }
@@ -452,9 +399,9 @@ mod tests {
     }
 
     #[test]
-    fn colliding_home_slots_survive_removal_from_the_middle_of_a_chain() {
-        // Many ids in a small table collide; evicting in order must shift
-        // every later entry of a chain back so each stays findable.
+    fn ids_alike_in_their_halves_stay_findable_through_evictions() {
+        // Ids whose two 64-bit halves are equal (a weak mixer folds them to
+        // one hash): evicting in order must leave every later one findable.
         let mut records = DedupRecords::default();
         let mut model = VecDeque::new();
         for n in 0..500u128 {

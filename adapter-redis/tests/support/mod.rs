@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_redis::fixture::RedisServer;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
+use redis_fixture::RedisServer;
 use shared_contract::{
     EvaluationId, ManualClock, OperationDigest, PolicyId, RateLimitPolicy, RateLimitRequest,
     SubjectDigest,
@@ -143,12 +143,12 @@ pub fn acl_line(user: &str, password: &str, rules: &[String]) -> String {
 /// Settings for the Sentinel group `sentinel`, logged in as the
 /// least-privilege users on both sides, with generous timeouts (the checks
 /// test semantics, and CI machines are busy).
-pub fn sentinel_settings(sentinel: &adapter_redis::fixture::RedisSentinel) -> RedisSettings {
+pub fn sentinel_settings(sentinel: &redis_fixture::RedisSentinel) -> RedisSettings {
     RedisSettings {
         topology: Topology::Sentinel,
         urls: vec![],
         sentinels: sentinel.sentinel_addresses(),
-        master_name: adapter_redis::fixture::MASTER_NAME.to_owned(),
+        master_name: redis_fixture::MASTER_NAME.to_owned(),
         username: Some(RATE_LIMIT_USER.to_owned()),
         password: Some(secrecy::SecretString::from(RATE_LIMIT_PASSWORD)),
         sentinel_username: Some(SENTINEL_USER.to_owned()),

@@ -1,8 +1,10 @@
-//! Private Redis servers for tests (feature `test-fixture`): a standalone
-//! [`RedisServer`] and a six-node [`RedisCluster`], on free loopback ports,
-//! without persistence, killed on drop and when the test process dies.
-//! Never port 6379. [`FaultProxy`] sits between a client and such a server
-//! to inject network faults.
+//! Private Redis servers for tests: a standalone [`RedisServer`], a
+//! six-node [`RedisCluster`] and a Sentinel group ([`RedisSentinel`]), on
+//! free loopback ports, without persistence, killed on drop and when the
+//! test process dies. Never port 6379. [`FaultProxy`] sits between a client
+//! and such a server to inject network faults.
+//!
+//! A dev-dependency only: no crate ships it (`.ci/architecture` checks).
 
 mod cluster;
 mod proxy;
