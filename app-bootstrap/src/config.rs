@@ -20,8 +20,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use adapter_redis::RedisSettings;
-use axum::http::HeaderName;
-use ipnet::IpNet;
+use adapter_web::EdgeSettings;
 use serde::{Deserialize, Serialize};
 use shared_contract::RateLimitPolicy;
 
@@ -140,30 +139,17 @@ pub struct RateLimitConfig {
     /// `default-policy`: the policy set of operations not named in
     /// `operations`, in order (one id, or a list of up to 8).
     pub default_policy: Vec<String>,
-    /// `evaluation-budget`: the deadline of one evaluation (default 750 ms).
-    pub evaluation_budget: Duration,
-    /// `failure-retry-after`: `Retry-After` of a 503 when no decision could
-    /// be made (default 1 s).
-    pub failure_retry_after: Duration,
-    /// `api-key-header`: the header whose value identifies an API client
-    /// (default `x-api-key`).
-    pub api_key_header: HeaderName,
-    /// `trusted-proxies`: peers whose `Forwarded`/`X-Forwarded-For` count.
-    pub trusted_proxies: Vec<IpNet>,
+    /// Every other key but `operations` and `policies`, as the edge owns
+    /// it: the field, its rules and its default are written once, in
+    /// [`EdgeSettings`]. Its policy sets stay at their defaults here; the
+    /// ids as configured are `default_policy` and `operations`.
+    pub edge: EdgeSettings,
     /// `operations`: `"METHOD /route/{template}"` -> its policy set, in
     /// order (one id, or a list of up to 8).
     pub operations: BTreeMap<String, Vec<String>>,
-    /// `client-ipv4-prefix`: IPv4 clients are counted per network of this
-    /// length (default 32).
-    pub client_ipv4_prefix: u32,
-    /// `client-ipv6-prefix`: IPv6 clients are counted per network of this
-    /// length (default 64).
-    pub client_ipv6_prefix: u32,
     /// `policies.<id>`: every policy the provider holds, built and checked
     /// by the contract's policy builder.
     pub policies: BTreeMap<String, RateLimitPolicy>,
-    /// `problem-type-base`: the URI prefix of problem+json `type` values.
-    pub problem_type_base: String,
 }
 
 /// `pseudonymizer.*`.

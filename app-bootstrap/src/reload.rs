@@ -37,12 +37,14 @@ const RELOADABLE: [(&str, Apply); 9] = [
     ("policies", |to, from| to.policies.clone_from(&from.policies)),
     ("default-policy", |to, from| to.default_policy.clone_from(&from.default_policy)),
     ("operations", |to, from| to.operations.clone_from(&from.operations)),
-    ("evaluation-budget", |to, from| to.evaluation_budget = from.evaluation_budget),
-    ("api-key-header", |to, from| to.api_key_header.clone_from(&from.api_key_header)),
-    ("trusted-proxies", |to, from| to.trusted_proxies.clone_from(&from.trusted_proxies)),
-    ("problem-type-base", |to, from| to.problem_type_base.clone_from(&from.problem_type_base)),
-    ("client-ipv4-prefix", |to, from| to.client_ipv4_prefix = from.client_ipv4_prefix),
-    ("client-ipv6-prefix", |to, from| to.client_ipv6_prefix = from.client_ipv6_prefix),
+    ("evaluation-budget", |to, from| to.edge.evaluation_budget = from.edge.evaluation_budget),
+    ("api-key-header", |to, from| to.edge.api_key_header.clone_from(&from.edge.api_key_header)),
+    ("trusted-proxies", |to, from| to.edge.trusted_proxies.clone_from(&from.edge.trusted_proxies)),
+    ("problem-type-base", |to, from| {
+        to.edge.problem_type_base.clone_from(&from.edge.problem_type_base)
+    }),
+    ("client-ipv4-prefix", |to, from| to.edge.client_ipv4_prefix = from.edge.client_ipv4_prefix),
+    ("client-ipv6-prefix", |to, from| to.edge.client_ipv6_prefix = from.edge.client_ipv6_prefix),
 ];
 
 /// What one reload did.

@@ -41,17 +41,11 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     root.insert("server".into(), owned(&config.server));
 
     let rate_limit = &config.capabilities.rate_limit;
-    let mut limits = Table::new();
+    let Value::Table(mut limits) = owned(&rate_limit.edge) else {
+        unreachable!("EdgeSettings is a struct");
+    };
     limits.insert("provider".into(), rate_limit.provider.name().into());
     limits.insert("default-policy".into(), policy_set(&rate_limit.default_policy));
-    limits.insert("evaluation-budget".into(), duration(rate_limit.evaluation_budget));
-    limits.insert("failure-retry-after".into(), duration(rate_limit.failure_retry_after));
-    limits.insert("api-key-header".into(), rate_limit.api_key_header.as_str().into());
-    let proxies = rate_limit.trusted_proxies.iter().map(|net| Value::from(net.to_string()));
-    limits.insert("trusted-proxies".into(), Value::Array(proxies.collect()));
-    limits.insert("problem-type-base".into(), rate_limit.problem_type_base.clone().into());
-    limits.insert("client-ipv4-prefix".into(), i64::from(rate_limit.client_ipv4_prefix).into());
-    limits.insert("client-ipv6-prefix".into(), i64::from(rate_limit.client_ipv6_prefix).into());
     let operations: Table =
         rate_limit.operations.iter().map(|(op, ids)| (op.clone(), policy_set(ids))).collect();
     limits.insert("operations".into(), operations.into());
