@@ -48,13 +48,15 @@ pub struct AppConfig {
 
 /// `admin.*`: the operator listener (inspect and reset a budget, look up
 /// a pseudonym). Off by default; it never shares the public port.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct AdminConfig {
     /// `listen`: the admin socket address; `None` (the default) keeps the
     /// listener off.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// `token`: the bearer token, inline or `{ env = "VAR" }`; at least
     /// [`MIN_ADMIN_TOKEN_BYTES`] bytes, required when `listen` is set.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<SecretValue>,
 }
 
@@ -153,20 +155,31 @@ pub struct RateLimitConfig {
 }
 
 /// `pseudonymizer.*`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct PseudonymizerConfig {
     /// `active-version`: the key version that pseudonymizes new requests
     /// (default 1).
     pub active_version: u32,
     /// `keys.<version>`: key material, inline or `{ env = "VAR" }`. Empty
     /// means "none configured".
+    #[serde(serialize_with = "by_version")]
     pub keys: BTreeMap<u32, SecretValue>,
+}
+
+/// The keys by their version as a table key, which is a string.
+fn by_version<S: serde::Serializer>(
+    keys: &BTreeMap<u32, SecretValue>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(keys.iter().map(|(version, key)| (version.to_string(), key)))
 }
 
 /// `redis.*`: the global switch, the provider's own settings, and the two
 /// secrets with where they came from. `Debug` hides passwords, including
 /// one inside a URL.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RedisConfig {
     /// `enabled`: the global Redis switch (default false).
     pub enabled: bool,
@@ -174,10 +187,13 @@ pub struct RedisConfig {
     /// its default are written once, in [`RedisSettings`]. Its secrets stay
     /// empty here; `password` and `sentinel_password` hold them with their
     /// source, for `check-config`.
+    #[serde(flatten)]
     pub settings: RedisSettings,
     /// `password`: inline or `{ env = "VAR" }`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<SecretValue>,
     /// `sentinel-password`: inline or `{ env = "VAR" }`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sentinel_password: Option<SecretValue>,
 }
 
