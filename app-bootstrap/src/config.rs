@@ -48,15 +48,14 @@ pub struct AppConfig {
 
 /// `admin.*`: the operator listener (inspect and reset a budget, look up
 /// a pseudonym). Off by default; it never shares the public port.
-#[derive(Debug, Clone, Default, Serialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// `listen`: the admin socket address; `None` (the default) keeps the
     /// listener off.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
     /// `token`: the bearer token, inline or `{ env = "VAR" }`; at least
     /// [`MIN_ADMIN_TOKEN_BYTES`] bytes, required when `listen` is set.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<SecretValue>,
 }
 

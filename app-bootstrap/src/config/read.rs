@@ -374,12 +374,12 @@ impl Reader<'_> {
         PseudonymizerConfig { active_version, keys }
     }
 
+    /// `[admin]`: every key is [`AdminConfig`]'s own.
     fn admin(&mut self, value: Option<&Value>) -> AdminConfig {
-        let mut table = self.table(value, KeyPath::root().child("admin"));
-        let listen = self.field(&mut table, "listen", Self::socket_addr);
-        let token = self.field(&mut table, "token", Self::secret);
-        self.close(table);
-        AdminConfig { listen, token }
+        let table = self.table(value, KeyPath::root().child("admin"));
+        let (dict, path) = (table.dict(), table.path().clone());
+        table.close_read();
+        self.owned(dict, &path, &[])
     }
 
     /// `[redis]`: the switch and the two passwords are the application's;

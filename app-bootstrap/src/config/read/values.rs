@@ -1,9 +1,8 @@
 //! The typed leaves of the configuration tree: strings, numbers,
-//! durations, addresses, lists and secrets, each read with its problem
+//! durations, lists and secrets, each read with its problem
 //! recorded under its key path; and unknown-key detection with a
 //! "did you mean" hint.
 
-use std::net::SocketAddr;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -183,18 +182,6 @@ impl Reader<'_> {
                 None
             }
         }
-    }
-
-    pub(super) fn socket_addr(&mut self, value: &Value, path: &KeyPath) -> Option<SocketAddr> {
-        let text = self.string(value, path)?;
-        let parsed = text.parse().ok();
-        if parsed.is_none() {
-            self.problem(
-                path,
-                format!("{text:?} is not an IP address and port like \"127.0.0.1:8080\""),
-            );
-        }
-        parsed
     }
 
     /// A list given as an array of strings or as one comma-separated string
