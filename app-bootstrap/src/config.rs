@@ -56,6 +56,8 @@ pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
     /// `token`: the bearer token, inline or `{ env = "VAR" }`; at least
     /// [`MIN_ADMIN_TOKEN_BYTES`] bytes, required when `listen` is set.
+    /// Read with its source by the configuration layer, as every secret is.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub token: Option<SecretValue>,
 }
 

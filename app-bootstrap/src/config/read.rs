@@ -374,12 +374,15 @@ impl Reader<'_> {
         PseudonymizerConfig { active_version, keys }
     }
 
-    /// `[admin]`: every key is [`AdminConfig`]'s own.
+    /// `[admin]`: the token is read with its source, as every secret is;
+    /// every other key is [`AdminConfig`]'s own.
     fn admin(&mut self, value: Option<&Value>) -> AdminConfig {
-        let table = self.table(value, KeyPath::root().child("admin"));
+        const OWN: [&str; 1] = ["token"];
+        let mut table = self.table(value, KeyPath::root().child("admin"));
+        let token = self.field(&mut table, OWN[0], Self::secret);
         let (dict, path) = (table.dict(), table.path().clone());
         table.close_read();
-        self.owned(dict, &path, &[])
+        AdminConfig { token, ..self.owned(dict, &path, &OWN) }
     }
 
     /// `[redis]`: the switch and the two passwords are the application's;

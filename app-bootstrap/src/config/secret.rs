@@ -5,7 +5,6 @@ use std::cell::Cell;
 use std::fmt;
 
 use secrecy::{ExposeSecret, SecretSlice, SecretString};
-use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sha2::{Digest, Sha256};
 
@@ -89,76 +88,6 @@ impl Serialize for SecretValue {
     }
 }
 
-/// `"..."` (inline) or `{ env = "VAR" }`, read from that variable now. No
-/// error echoes what was given: it may be the secret.
-impl<'de> Deserialize<'de> for SecretValue {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        deserializer.deserialize_any(SecretVisitor)
-    }
-}
-
-struct SecretVisitor;
-
-impl SecretVisitor {
-    fn not_a_secret<E: de::Error>(found: &str) -> E {
-        E::custom(format!("expected a string or {{ env = \"VAR\" }}, found {found}"))
-    }
-}
-
-impl<'de> Visitor<'de> for SecretVisitor {
-    type Value = SecretValue;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a string or { env = \"VAR\" }")
-    }
-
-    fn visit_str<E: de::Error>(self, text: &str) -> Result<SecretValue, E> {
-        Ok(SecretValue::new(SecretSource::Inline, text.into()))
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<SecretValue, E> {
-        Err(Self::not_a_secret("a boolean"))
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<SecretValue, E> {
-        Err(Self::not_a_secret("a number"))
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<SecretValue, E> {
-        Err(Self::not_a_secret("a number"))
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<SecretValue, E> {
-        Err(Self::not_a_secret("a number"))
-    }
-
-    fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<SecretValue, A::Error> {
-        Err(Self::not_a_secret("an array"))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<SecretValue, A::Error> {
-        let mut name = None;
-        while let Some(key) = map.next_key::<String>()? {
-            match key.as_str() {
-                "env" => name = Some(map.next_value::<String>()?),
-                _ => return Err(de::Error::unknown_field(&key, &["env"])),
-            }
-        }
-        let name = name.ok_or_else(|| {
-            de::Error::custom("env missing: name the variable that holds the secret")
-        })?;
-        match std::env::var(&name) {
-            Ok(secret) => Ok(SecretValue::new(SecretSource::Env(name), secret.into())),
-            Err(std::env::VarError::NotPresent) => {
-                Err(de::Error::custom(format!("environment variable {name} is not set")))
-            }
-            Err(std::env::VarError::NotUnicode(_)) => {
-                Err(de::Error::custom(format!("environment variable {name} is not UTF-8")))
-            }
-        }
-    }
-}
-
 thread_local! {
     /// Set while [`fingerprinted`] runs on this thread.
     static FINGERPRINTING: Cell<bool> = const { Cell::new(false) };
@@ -216,20 +145,5 @@ mod tests {
         assert_eq!(fingerprinted(|| render(&env)), fingerprint, "the value, not the source");
         // The mode ends with the call.
         assert_eq!(render(&inline), r#""[REDACTED]""#);
-    }
-
-    #[test]
-    fn deserialize_reads_inline_or_from_the_variable_and_never_echoes() {
-        let read = |json| serde_json::from_value::<SecretValue>(json);
-        let inline = read(serde_json::json!("hunter2")).unwrap();
-        assert_eq!((inline.source(), inline.expose()), (&SecretSource::Inline, "hunter2"));
-        let path = read(serde_json::json!({ "env": "PATH" })).unwrap();
-        assert_eq!(path.source(), &SecretSource::Env("PATH".into()));
-        assert_eq!(path.expose(), std::env::var("PATH").unwrap());
-        let unset = read(serde_json::json!({ "env": "CFG2_SURELY_UNSET_VAR" })).unwrap_err();
-        assert!(unset.to_string().contains("CFG2_SURELY_UNSET_VAR is not set"), "{unset}");
-        let number = read(serde_json::json!(1_234_567)).unwrap_err().to_string();
-        assert!(!number.contains("1234567"), "{number}");
-        assert!(read(serde_json::json!({ "file": "x" })).is_err());
     }
 }

@@ -1181,3 +1181,26 @@ fn every_edge_setting_is_a_rate_limit_key_read_and_rendered() {
         }
     });
 }
+
+#[test]
+fn an_admin_token_variable_that_is_not_set_is_named_by_its_env_key() {
+    jail(|jail| {
+        let file = format!(
+            "{BASE}\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = {{ env = \"UNSET_ADMIN_VAR\" }}\n"
+        );
+        assert_eq!(
+            problems(load_file(jail, &file)),
+            [
+                (
+                    "admin.token.env".to_owned(),
+                    "environment variable UNSET_ADMIN_VAR is not set".to_owned()
+                ),
+                (
+                    "admin.token".to_owned(),
+                    "required when admin.listen is set (add token = { env = \"RATE_LIMIT_ADMIN_TOKEN\" })"
+                        .to_owned()
+                ),
+            ]
+        );
+    });
+}
