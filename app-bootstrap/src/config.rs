@@ -156,16 +156,27 @@ pub struct RateLimitConfig {
 }
 
 /// `pseudonymizer.*`.
-#[derive(Debug, Clone, Default, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct PseudonymizerConfig {
-    /// `active-version`: the key version that pseudonymizes new requests
-    /// (default 1).
+    /// `active-version`: the key version that pseudonymizes new requests.
     pub active_version: u32,
     /// `keys.<version>`: key material, inline or `{ env = "VAR" }`. Empty
-    /// means "none configured".
-    #[serde(serialize_with = "by_version")]
+    /// means "none configured". Read with their sources by the
+    /// configuration layer, as every secret is.
+    #[serde(
+        skip_deserializing,
+        skip_serializing_if = "BTreeMap::is_empty",
+        serialize_with = "by_version"
+    )]
     pub keys: BTreeMap<u32, SecretValue>,
+}
+
+impl Default for PseudonymizerConfig {
+    /// Version 1 active, no key configured.
+    fn default() -> Self {
+        Self { active_version: 1, keys: BTreeMap::new() }
+    }
 }
 
 /// The keys by their version as a table key, which is a string.

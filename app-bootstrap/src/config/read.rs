@@ -346,11 +346,13 @@ impl Reader<'_> {
     }
 
     fn pseudonymizer(&mut self, value: Option<&Value>) -> PseudonymizerConfig {
+        const OWN: [&str; 1] = ["keys"];
         let mut table = self.table(value, KeyPath::root().child("pseudonymizer"));
-        let active_version = self.field(&mut table, "active-version", Self::u32).unwrap_or(1);
-        let keys_value = table.get("keys");
-        let keys_path = table.path().child("keys");
-        self.close(table);
+        let keys_value = table.get(OWN[0]);
+        let (dict, path) = (table.dict(), table.path().clone());
+        let keys_path = path.child(OWN[0]);
+        table.close_read();
+        let active_version = self.owned::<PseudonymizerConfig>(dict, &path, &OWN).active_version;
         let mut keys = BTreeMap::new();
         match keys_value {
             None | Some(Value::Empty(..)) => {}

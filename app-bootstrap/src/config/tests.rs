@@ -1204,3 +1204,16 @@ fn an_admin_token_variable_that_is_not_set_is_named_by_its_env_key() {
         );
     });
 }
+
+#[test]
+fn the_pseudonymizer_table_defaults_to_version_1_and_names_each_problem() {
+    jail(|jail| {
+        let config = load_file(jail, BASE).unwrap();
+        assert_eq!(config.pseudonymizer.active_version, 1);
+        let file =
+            format!("{BASE}\n[pseudonymizer]\nactive-version = \"two\"\nactive-versoin = 2\n");
+        let mut found = paths(load_file(jail, &file));
+        found.sort();
+        assert_eq!(found, ["pseudonymizer.active-version", "pseudonymizer.active-versoin"]);
+    });
+}
