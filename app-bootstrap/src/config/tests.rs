@@ -1217,3 +1217,20 @@ fn the_pseudonymizer_table_defaults_to_version_1_and_names_each_problem() {
         assert_eq!(found, ["pseudonymizer.active-version", "pseudonymizer.active-versoin"]);
     });
 }
+
+#[test]
+fn a_bad_trusted_proxy_is_named_by_its_index() {
+    jail(|jail| {
+        let file = BASE.replace(
+            "default-policy",
+            "trusted-proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\"]\ndefault-policy",
+        );
+        assert_eq!(
+            problems(load_file(jail, &file)),
+            [(
+                "capabilities.rate-limit.trusted-proxies.1".to_owned(),
+                "\"10.0.0.0/33\" is not a CIDR like \"10.0.0.0/8\" or an IP address".to_owned()
+            )]
+        );
+    });
+}
