@@ -1,4 +1,5 @@
-//! `EdgeSettings`: plain configuration of the edge.
+//! `EdgeSettings`: plain configuration of the edge. Its serde names are the
+//! keys of `capabilities.rate-limit`, its `Default` their defaults.
 
 use std::collections::HashMap;
 use std::ops::RangeInclusive;
@@ -6,27 +7,40 @@ use std::time::Duration;
 
 use http::HeaderName;
 use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
 use shared_contract::{DEFAULT_FAILURE_RETRY_AFTER, PolicyId, PolicySet};
 
 use crate::error::WebError;
 use crate::problem::{problem_type, problem_type_names};
 
 /// How the edge resolves subjects, picks policies and answers failures.
-#[derive(Debug, Clone)]
+///
+/// The policy sets are not read from these keys: the application checks
+/// `default-policy` and `operations` against its policy table and fills
+/// them in.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct EdgeSettings {
     /// Time one evaluation may take: `deadline = now + budget`. Default 750 ms.
+    #[serde(with = "humantime_serde")]
     pub evaluation_budget: Duration,
     /// `Retry-After` of every `503`, rounded up to whole seconds. Default 1 s.
+    #[serde(with = "humantime_serde")]
     pub failure_retry_after: Duration,
     /// Header that carries an API key. Default `x-api-key`.
+    #[serde(with = "header_name")]
     pub api_key_header: HeaderName,
-    /// Socket peers whose forwarding headers are believed. Default: none.
+    /// Socket peers whose forwarding headers are believed: CIDRs, or bare
+    /// addresses (one host). Default: none.
+    #[serde(with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
     /// Policy set of every operation not in `operations`. Default: the set
     /// of the one policy [`DEFAULT_POLICY`].
+    #[serde(skip)]
     pub default_policies: PolicySet,
     /// Policy set by operation id (`"GET /api/orders/{id}"`), each in
     /// configured order.
+    #[serde(skip)]
     pub operations: HashMap<String, PolicySet>,
     /// IPv4 clients are counted per network of this many leading bits
     /// (`1..=32`). Default 32: one address, one subject.
@@ -123,6 +137,52 @@ impl EdgeSettings {
     }
 }
 
+/// `HeaderName` as its text.
+mod header_name {
+    use http::HeaderName;
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(name: &HeaderName, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(name.as_str())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HeaderName, D::Error> {
+        let text = String::deserialize(d)?;
+        HeaderName::from_bytes(text.as_bytes())
+            .map_err(|_| D::Error::custom(format!("{text:?} is not a valid HTTP header name")))
+    }
+}
+
+/// Networks as text; a bare address reads as the network of that one host.
+mod networks {
+    use std::net::IpAddr;
+
+    use ipnet::IpNet;
+    use serde::de::Error;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(nets: &[IpNet], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(nets.iter().map(ToString::to_string))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+        Vec::<String>::deserialize(d)?
+            .iter()
+            .map(|entry| {
+                entry
+                    .parse::<IpNet>()
+                    .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| {
+                        D::Error::custom(format!(
+                            "{entry:?} is not a CIDR like \"10.0.0.0/8\" or an IP address"
+                        ))
+                    })
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -191,5 +251,37 @@ mod tests {
                 WebError::InvalidProblemTypeBase { base: String::new(), category: "" },
             ]
         );
+    }
+
+    #[test]
+    fn the_settings_read_from_their_kebab_case_keys() {
+        let read: EdgeSettings = serde_json::from_value(serde_json::json!({
+            "evaluation-budget": "300ms",
+            "api-key-header": "x-client-key",
+            "trusted-proxies": ["10.0.0.0/8", "192.168.1.1", "::1"],
+            "client-ipv4-prefix": 24,
+        }))
+        .unwrap();
+        assert_eq!(read.evaluation_budget, Duration::from_millis(300));
+        assert_eq!(read.api_key_header, "x-client-key");
+        let proxies: Vec<String> = read.trusted_proxies.iter().map(ToString::to_string).collect();
+        // A bare address is the network of that one host.
+        assert_eq!(proxies, ["10.0.0.0/8", "192.168.1.1/32", "::1/128"]);
+        assert_eq!((read.client_ipv4_prefix, read.client_ipv6_prefix), (24, 64));
+        // What is rendered reads back the same.
+        let again: EdgeSettings =
+            serde_json::from_value(serde_json::to_value(&read).unwrap()).unwrap();
+        assert_eq!(format!("{again:?}"), format!("{read:?}"));
+    }
+
+    #[test]
+    fn a_bad_value_is_named_and_an_unknown_key_refused() {
+        let read = |json| serde_json::from_value::<EdgeSettings>(json).unwrap_err().to_string();
+        let header = read(serde_json::json!({ "api-key-header": "x key" }));
+        assert!(header.contains("\"x key\" is not a valid HTTP header name"), "{header}");
+        let proxy = read(serde_json::json!({ "trusted-proxies": ["10.0.0.0/33"] }));
+        assert!(proxy.contains("\"10.0.0.0/33\" is not a CIDR"), "{proxy}");
+        // The policy sets are the application's to fill in, not keys here.
+        assert!(read(serde_json::json!({ "default-policies": "api" })).contains("unknown field"));
     }
 }

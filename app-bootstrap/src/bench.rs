@@ -116,7 +116,7 @@ pub async fn run(
             subjects: Arc::clone(&subjects),
             first_subject: caller,
             stride: options.concurrency,
-            budget: rate_limit.evaluation_budget,
+            budget: rate_limit.edge.evaluation_budget,
             end,
         };
         callers.push(tokio::spawn(job.run()));

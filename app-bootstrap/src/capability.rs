@@ -82,7 +82,7 @@ impl ProviderState {
                 let adapter =
                     MemoryEdgeRateLimitAdapter::with_store(store.clone(), policies, clock)
                         .map_err(|error| wiring("the memory provider", error))?;
-                let retry_after = config.capabilities.rate_limit.failure_retry_after;
+                let retry_after = config.capabilities.rate_limit.edge.failure_retry_after;
                 Arc::new(adapter.with_failure_retry_after(retry_after))
             }
             Self::Redis(adapter) => Arc::new(
@@ -170,7 +170,7 @@ fn memory_provider(
 ) -> Result<MemoryEdgeRateLimitAdapter, BootstrapError> {
     let adapter = MemoryEdgeRateLimitAdapter::new(config.rate_limit_policies(), clock)
         .map_err(|error| wiring("the memory provider", error))?;
-    Ok(adapter.with_failure_retry_after(config.capabilities.rate_limit.failure_retry_after))
+    Ok(adapter.with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after))
 }
 
 fn redis_provider(
@@ -178,7 +178,7 @@ fn redis_provider(
     clock: Arc<dyn Clock>,
 ) -> Result<RedisEdgeRateLimitAdapter, BootstrapError> {
     let settings =
-        config.redis.provider_settings(config.capabilities.rate_limit.failure_retry_after);
+        config.redis.provider_settings(config.capabilities.rate_limit.edge.failure_retry_after);
     RedisEdgeRateLimitAdapter::new(settings, config.rate_limit_policies(), clock)
         .map_err(|error| wiring("the redis provider", error))
 }
@@ -219,18 +219,10 @@ pub fn edge_settings(config: &AppConfig) -> Result<EdgeSettings, BootstrapError>
     for (operation, ids) in &rate_limit.operations {
         operations.insert(operation.clone(), policy_set(ids)?);
     }
-    // Validation has checked the prefixes against their ranges already.
-    let prefix = |bits: u32| u8::try_from(bits).unwrap_or(u8::MAX);
     let settings = EdgeSettings {
-        evaluation_budget: rate_limit.evaluation_budget,
-        failure_retry_after: rate_limit.failure_retry_after,
-        api_key_header: rate_limit.api_key_header.clone(),
-        trusted_proxies: rate_limit.trusted_proxies.clone(),
         default_policies: policy_set(&rate_limit.default_policy)?,
         operations,
-        problem_type_base: rate_limit.problem_type_base.clone(),
-        client_ipv4_prefix: prefix(rate_limit.client_ipv4_prefix),
-        client_ipv6_prefix: prefix(rate_limit.client_ipv6_prefix),
+        ..rate_limit.edge.clone()
     };
     settings.validate().map_err(|error| wiring("the edge settings", error))?;
     Ok(settings)

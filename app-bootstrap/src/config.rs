@@ -20,8 +20,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use adapter_redis::RedisSettings;
-use axum::http::HeaderName;
-use ipnet::IpNet;
+use adapter_web::EdgeSettings;
 use serde::{Deserialize, Serialize};
 use shared_contract::RateLimitPolicy;
 
@@ -49,13 +48,16 @@ pub struct AppConfig {
 
 /// `admin.*`: the operator listener (inspect and reset a budget, look up
 /// a pseudonym). Off by default; it never shares the public port.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct AdminConfig {
     /// `listen`: the admin socket address; `None` (the default) keeps the
     /// listener off.
     pub listen: Option<SocketAddr>,
     /// `token`: the bearer token, inline or `{ env = "VAR" }`; at least
     /// [`MIN_ADMIN_TOKEN_BYTES`] bytes, required when `listen` is set.
+    /// Read with its source by the configuration layer, as every secret is.
+    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
     pub token: Option<SecretValue>,
 }
 
@@ -140,47 +142,56 @@ pub struct RateLimitConfig {
     /// `default-policy`: the policy set of operations not named in
     /// `operations`, in order (one id, or a list of up to 8).
     pub default_policy: Vec<String>,
-    /// `evaluation-budget`: the deadline of one evaluation (default 750 ms).
-    pub evaluation_budget: Duration,
-    /// `failure-retry-after`: `Retry-After` of a 503 when no decision could
-    /// be made (default 1 s).
-    pub failure_retry_after: Duration,
-    /// `api-key-header`: the header whose value identifies an API client
-    /// (default `x-api-key`).
-    pub api_key_header: HeaderName,
-    /// `trusted-proxies`: peers whose `Forwarded`/`X-Forwarded-For` count.
-    pub trusted_proxies: Vec<IpNet>,
+    /// Every other key but `operations` and `policies`, as the edge owns
+    /// it: the field, its rules and its default are written once, in
+    /// [`EdgeSettings`]. Its policy sets stay at their defaults here; the
+    /// ids as configured are `default_policy` and `operations`.
+    pub edge: EdgeSettings,
     /// `operations`: `"METHOD /route/{template}"` -> its policy set, in
     /// order (one id, or a list of up to 8).
     pub operations: BTreeMap<String, Vec<String>>,
-    /// `client-ipv4-prefix`: IPv4 clients are counted per network of this
-    /// length (default 32).
-    pub client_ipv4_prefix: u32,
-    /// `client-ipv6-prefix`: IPv6 clients are counted per network of this
-    /// length (default 64).
-    pub client_ipv6_prefix: u32,
     /// `policies.<id>`: every policy the provider holds, built and checked
     /// by the contract's policy builder.
     pub policies: BTreeMap<String, RateLimitPolicy>,
-    /// `problem-type-base`: the URI prefix of problem+json `type` values.
-    pub problem_type_base: String,
 }
 
 /// `pseudonymizer.*`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct PseudonymizerConfig {
-    /// `active-version`: the key version that pseudonymizes new requests
-    /// (default 1).
+    /// `active-version`: the key version that pseudonymizes new requests.
     pub active_version: u32,
     /// `keys.<version>`: key material, inline or `{ env = "VAR" }`. Empty
-    /// means "none configured".
+    /// means "none configured". Read with their sources by the
+    /// configuration layer, as every secret is.
+    #[serde(
+        skip_deserializing,
+        skip_serializing_if = "BTreeMap::is_empty",
+        serialize_with = "by_version"
+    )]
     pub keys: BTreeMap<u32, SecretValue>,
+}
+
+impl Default for PseudonymizerConfig {
+    /// Version 1 active, no key configured.
+    fn default() -> Self {
+        Self { active_version: 1, keys: BTreeMap::new() }
+    }
+}
+
+/// The keys by their version as a table key, which is a string.
+fn by_version<S: serde::Serializer>(
+    keys: &BTreeMap<u32, SecretValue>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(keys.iter().map(|(version, key)| (version.to_string(), key)))
 }
 
 /// `redis.*`: the global switch, the provider's own settings, and the two
 /// secrets with where they came from. `Debug` hides passwords, including
 /// one inside a URL.
-#[derive(Clone, Default)]
+#[derive(Clone, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RedisConfig {
     /// `enabled`: the global Redis switch (default false).
     pub enabled: bool,
@@ -188,10 +199,13 @@ pub struct RedisConfig {
     /// its default are written once, in [`RedisSettings`]. Its secrets stay
     /// empty here; `password` and `sentinel_password` hold them with their
     /// source, for `check-config`.
+    #[serde(flatten)]
     pub settings: RedisSettings,
     /// `password`: inline or `{ env = "VAR" }`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub password: Option<SecretValue>,
     /// `sentinel-password`: inline or `{ env = "VAR" }`.
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub sentinel_password: Option<SecretValue>,
 }
 

@@ -4,9 +4,9 @@
 //! provider's state, and an invalid one changes nothing.
 //!
 //! What a reload may change is the policy table and what only the edge
-//! reads (the `RELOADABLE` keys of `capabilities.rate-limit`). Every other
-//! key that differs from what is running is reported as needing a restart,
-//! every time, until one happens.
+//! reads: every key of `capabilities.rate-limit` but the `RESTART_ONLY`
+//! ones. Every other key that differs from what is running is reported as
+//! needing a restart, every time, until one happens.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -25,25 +25,11 @@ use crate::error::BootstrapError;
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
 
-/// Takes one reloadable key's value from the loaded configuration.
-type Apply = fn(&mut RateLimitConfig, &RateLimitConfig);
-
-/// The keys of `capabilities.rate-limit` a reload applies, each with how
-/// it is applied: the policy table and what only the bridge reads.
-/// `provider` and `failure-retry-after` (which the providers hold) need a
-/// restart. One list, so a key cannot be reported reloadable and not be
-/// applied, or the other way round.
-const RELOADABLE: [(&str, Apply); 9] = [
-    ("policies", |to, from| to.policies.clone_from(&from.policies)),
-    ("default-policy", |to, from| to.default_policy.clone_from(&from.default_policy)),
-    ("operations", |to, from| to.operations.clone_from(&from.operations)),
-    ("evaluation-budget", |to, from| to.evaluation_budget = from.evaluation_budget),
-    ("api-key-header", |to, from| to.api_key_header.clone_from(&from.api_key_header)),
-    ("trusted-proxies", |to, from| to.trusted_proxies.clone_from(&from.trusted_proxies)),
-    ("problem-type-base", |to, from| to.problem_type_base.clone_from(&from.problem_type_base)),
-    ("client-ipv4-prefix", |to, from| to.client_ipv4_prefix = from.client_ipv4_prefix),
-    ("client-ipv6-prefix", |to, from| to.client_ipv6_prefix = from.client_ipv6_prefix),
-];
+/// The keys of `capabilities.rate-limit` a reload does not apply: the
+/// providers hold them. Every other key of the table is the policy table or
+/// what only the bridge reads, so a key added to [`RateLimitConfig`] or
+/// `EdgeSettings` reloads without being listed here.
+const RESTART_ONLY: [&str; 2] = ["provider", "failure-retry-after"];
 
 /// What one reload did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -218,12 +204,17 @@ fn problem_lines(error: BootstrapError) -> Vec<String> {
     }
 }
 
-/// `running` with every reloadable key taken from `loaded`.
+/// `running` with every reloadable key taken from `loaded`: all of
+/// `capabilities.rate-limit` but [`RESTART_ONLY`].
 fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
     let mut next = running.clone();
-    for (_, apply) in RELOADABLE {
-        apply(&mut next.capabilities.rate_limit, &loaded.capabilities.rate_limit);
-    }
+    let to = &mut next.capabilities.rate_limit;
+    // Named field by field, so a new one is decided here.
+    let RateLimitConfig { provider: _, default_policy, edge, operations, policies } =
+        loaded.capabilities.rate_limit.clone();
+    let failure_retry_after = to.edge.failure_retry_after;
+    to.edge = adapter_web::EdgeSettings { failure_retry_after, ..edge };
+    (to.default_policy, to.operations, to.policies) = (default_policy, operations, policies);
     next
 }
 
@@ -245,7 +236,7 @@ fn changes(running: &AppConfig, loaded: &AppConfig) -> (Vec<String>, Vec<String>
             [capabilities, rate_limit, key, ..]
                 if capabilities == "capabilities"
                     && rate_limit == "rate-limit"
-                    && RELOADABLE.iter().any(|(reloadable, _)| reloadable == key) =>
+                    && !RESTART_ONLY.contains(&key.as_str()) =>
             {
                 reloadable.push(name);
             }
@@ -375,7 +366,7 @@ limit = 5
 window = "60s"
 "#;
 
-    /// Every RELOADABLE key away from BASE's value.
+    /// Every reloadable key away from BASE's value.
     const EVERY_RELOADABLE: &str = r#"
 [capabilities.rate-limit]
 default-policy = ["demo", "extra"]
@@ -407,7 +398,10 @@ refill-period = "1s"
         assert!(restart.is_empty(), "{restart:?}");
         let keys: BTreeSet<&str> =
             changed.iter().map(|path| path.split('.').nth(2).unwrap()).collect();
-        let listed = RELOADABLE.into_iter().map(|(key, _)| key).collect();
+        let table = render::to_table(&running, Secrets::Redacted);
+        let rate_limit = table["capabilities"]["rate-limit"].as_table().unwrap();
+        let listed =
+            rate_limit.keys().map(String::as_str).filter(|k| !RESTART_ONLY.contains(k)).collect();
         assert_eq!(keys, listed, "each reloadable key differs");
         // What with_reloadable takes over is exactly what changed.
         let next = with_reloadable(&running, &loaded);

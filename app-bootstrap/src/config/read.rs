@@ -80,36 +80,28 @@ struct Reader<'p> {
 
 impl Reader<'_> {
     fn rate_limit(&mut self, value: Option<&Value>) -> (RateLimitConfig, Declared) {
+        const OWN: [&str; 4] = ["provider", "default-policy", "operations", "policies"];
         let mut table = self.table(value, KeyPath::root().dotted("capabilities.rate-limit"));
-        let provider = self.field(&mut table, "provider", Self::name::<ProviderKind>);
-        let default_policy = self.field(&mut table, "default-policy", Self::policy_list);
-        let evaluation_budget = self.field(&mut table, "evaluation-budget", Self::duration);
-        let failure_retry_after = self.field(&mut table, "failure-retry-after", Self::duration);
-        let api_key_header = self.field(&mut table, "api-key-header", Self::header_name);
-        let trusted_proxies = self.field(&mut table, "trusted-proxies", Self::networks);
-        let problem_type_base = self.field(&mut table, "problem-type-base", Self::string);
-        let ipv4_prefix = self.field(&mut table, "client-ipv4-prefix", Self::u32);
-        let ipv6_prefix = self.field(&mut table, "client-ipv6-prefix", Self::u32);
-        let operations = table.get("operations");
-        let policies = table.get("policies");
+        let [provider, default_policy, operations, policies] = OWN;
+        let provider = self.field(&mut table, provider, Self::name::<ProviderKind>);
+        let default_policy = self.field(&mut table, default_policy, Self::policy_list);
+        let operations = table.get(operations);
+        let policies = table.get(policies);
+        let dict = table.dict();
         let path = table.path().clone();
-        self.close(table);
+        // What `EdgeSettings` does not know is reported by `owned`, with
+        // these keys among the expected ones.
+        table.close_read();
+        let edge: EdgeSettings = self.owned(dict, &path, &OWN);
         let operations = self.operations(operations, &path.child("operations"));
         let (policies, declared) = self.policies(policies, &path.child("policies"));
 
-        let edge = EdgeSettings::default();
         let config = RateLimitConfig {
             provider: provider.unwrap_or(ProviderKind::Memory),
             default_policy: default_policy.unwrap_or_else(|| vec![DEFAULT_POLICY.to_owned()]),
-            evaluation_budget: evaluation_budget.unwrap_or(edge.evaluation_budget),
-            failure_retry_after: failure_retry_after.unwrap_or(edge.failure_retry_after),
-            api_key_header: api_key_header.unwrap_or(edge.api_key_header),
-            trusted_proxies: trusted_proxies.unwrap_or(edge.trusted_proxies),
+            edge,
             operations,
             policies,
-            problem_type_base: problem_type_base.unwrap_or(edge.problem_type_base),
-            client_ipv4_prefix: ipv4_prefix.unwrap_or(u32::from(edge.client_ipv4_prefix)),
-            client_ipv6_prefix: ipv6_prefix.unwrap_or(u32::from(edge.client_ipv6_prefix)),
         };
         (config, declared)
     }
@@ -354,11 +346,13 @@ impl Reader<'_> {
     }
 
     fn pseudonymizer(&mut self, value: Option<&Value>) -> PseudonymizerConfig {
+        const OWN: [&str; 1] = ["keys"];
         let mut table = self.table(value, KeyPath::root().child("pseudonymizer"));
-        let active_version = self.field(&mut table, "active-version", Self::u32).unwrap_or(1);
-        let keys_value = table.get("keys");
-        let keys_path = table.path().child("keys");
-        self.close(table);
+        let keys_value = table.get(OWN[0]);
+        let (dict, path) = (table.dict(), table.path().clone());
+        let keys_path = path.child(OWN[0]);
+        table.close_read();
+        let active_version = self.owned::<PseudonymizerConfig>(dict, &path, &OWN).active_version;
         let mut keys = BTreeMap::new();
         match keys_value {
             None | Some(Value::Empty(..)) => {}
@@ -382,12 +376,15 @@ impl Reader<'_> {
         PseudonymizerConfig { active_version, keys }
     }
 
+    /// `[admin]`: the token is read with its source, as every secret is;
+    /// every other key is [`AdminConfig`]'s own.
     fn admin(&mut self, value: Option<&Value>) -> AdminConfig {
+        const OWN: [&str; 1] = ["token"];
         let mut table = self.table(value, KeyPath::root().child("admin"));
-        let listen = self.field(&mut table, "listen", Self::socket_addr);
-        let token = self.field(&mut table, "token", Self::secret);
-        self.close(table);
-        AdminConfig { listen, token }
+        let token = self.field(&mut table, OWN[0], Self::secret);
+        let (dict, path) = (table.dict(), table.path().clone());
+        table.close_read();
+        AdminConfig { token, ..self.owned(dict, &path, &OWN) }
     }
 
     /// `[redis]`: the switch and the two passwords are the application's;

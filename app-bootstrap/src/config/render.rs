@@ -4,18 +4,14 @@
 use std::time::Duration;
 
 use humantime_serde::re::humantime;
-use sha2::{Digest, Sha256};
 use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
 use toml::{Table, Value};
 
 use adapter_redis::RedisField;
 
 use super::AppConfig;
-use super::secret::{SecretSource, SecretValue};
+use super::secret::{REDACTED, fingerprint, fingerprinted};
 use crate::error::BootstrapError;
-
-/// What a redacted secret reads as.
-pub(crate) const REDACTED: &str = "[REDACTED]";
 
 pub(super) fn to_redacted_toml(config: &AppConfig) -> Result<String, BootstrapError> {
     let root = to_table(config, Secrets::Redacted);
@@ -33,25 +29,26 @@ pub(crate) enum Secrets {
     Fingerprinted,
 }
 
-/// The configuration as one TOML table, in the keys a file uses.
+/// The configuration as one TOML table, in the keys a file uses. Each
+/// secret renders through its own `Serialize`.
 pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
-    let secret = |value: &SecretValue| render_secret(value, secrets);
+    match secrets {
+        Secrets::Redacted => sections(config, secrets),
+        Secrets::Fingerprinted => fingerprinted(|| sections(config, secrets)),
+    }
+}
+
+fn sections(config: &AppConfig, secrets: Secrets) -> Table {
     let mut root = Table::new();
 
     root.insert("server".into(), owned(&config.server));
 
     let rate_limit = &config.capabilities.rate_limit;
-    let mut limits = Table::new();
+    let Value::Table(mut limits) = owned(&rate_limit.edge) else {
+        unreachable!("EdgeSettings is a struct");
+    };
     limits.insert("provider".into(), rate_limit.provider.name().into());
     limits.insert("default-policy".into(), policy_set(&rate_limit.default_policy));
-    limits.insert("evaluation-budget".into(), duration(rate_limit.evaluation_budget));
-    limits.insert("failure-retry-after".into(), duration(rate_limit.failure_retry_after));
-    limits.insert("api-key-header".into(), rate_limit.api_key_header.as_str().into());
-    let proxies = rate_limit.trusted_proxies.iter().map(|net| Value::from(net.to_string()));
-    limits.insert("trusted-proxies".into(), Value::Array(proxies.collect()));
-    limits.insert("problem-type-base".into(), rate_limit.problem_type_base.clone().into());
-    limits.insert("client-ipv4-prefix".into(), i64::from(rate_limit.client_ipv4_prefix).into());
-    limits.insert("client-ipv6-prefix".into(), i64::from(rate_limit.client_ipv6_prefix).into());
     let operations: Table =
         rate_limit.operations.iter().map(|(op, ids)| (op.clone(), policy_set(ids))).collect();
     limits.insert("operations".into(), operations.into());
@@ -62,49 +59,21 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
     capabilities.insert("rate-limit".into(), limits.into());
     root.insert("capabilities".into(), capabilities.into());
 
-    let mut pseudonymizer = Table::new();
-    pseudonymizer
-        .insert("active-version".into(), i64::from(config.pseudonymizer.active_version).into());
-    let keys: Table = config
-        .pseudonymizer
-        .keys
-        .iter()
-        .map(|(version, key)| (version.to_string(), secret(key)))
-        .collect();
-    pseudonymizer.insert("keys".into(), keys.into());
-    root.insert("pseudonymizer".into(), pseudonymizer.into());
+    root.insert("pseudonymizer".into(), owned(&config.pseudonymizer));
 
-    let redis = &config.redis;
-    // The provider's settings render as its serde names say; what the
-    // application holds (the switch, the passwords with their source) is
-    // added, and a URL, which may carry a password, is fingerprinted whole
-    // (so a changed one is seen) or redacted for printing.
-    let Value::Table(mut table) = owned(&redis.settings) else {
-        unreachable!("RedisSettings is a struct");
+    // A URL, which may carry a password, is fingerprinted whole (so a
+    // changed one is seen) or redacted for printing.
+    let Value::Table(mut redis) = owned(&config.redis) else {
+        unreachable!("RedisConfig is a struct");
     };
-    table.insert("enabled".into(), redis.enabled.into());
-    let urls = redis.settings.urls.iter().map(|url| match secrets {
+    let urls = config.redis.settings.urls.iter().map(|url| match secrets {
         Secrets::Redacted => Value::from(redact_url(url)),
-        Secrets::Fingerprinted => fingerprint(url),
+        Secrets::Fingerprinted => fingerprint(url).into(),
     });
-    table.insert(RedisField::Urls.key().into(), Value::Array(urls.collect()));
-    if let Some(password) = &redis.password {
-        table.insert("password".into(), secret(password));
-    }
-    if let Some(password) = &redis.sentinel_password {
-        table.insert("sentinel-password".into(), secret(password));
-    }
-    root.insert("redis".into(), table.into());
+    redis.insert(RedisField::Urls.key().into(), Value::Array(urls.collect()));
+    root.insert("redis".into(), redis.into());
 
-    let mut admin = Table::new();
-    if let Some(listen) = config.admin.listen {
-        admin.insert("listen".into(), listen.to_string().into());
-    }
-    if let Some(token) = &config.admin.token {
-        admin.insert("token".into(), secret(token));
-    }
-    root.insert("admin".into(), admin.into());
-
+    root.insert("admin".into(), owned(&config.admin));
     root
 }
 
@@ -168,26 +137,6 @@ fn duration(value: Duration) -> Value {
 // Validated counts are at most 10^9, far inside i64.
 fn count(value: u64) -> Value {
     i64::try_from(value).unwrap_or(i64::MAX).into()
-}
-
-fn fingerprint(secret: &str) -> Value {
-    format!("sha256:{}", hex::encode(Sha256::digest(secret))).into()
-}
-
-/// Redacted, an inline secret prints as `[REDACTED]` and one read from a
-/// variable as the same `{ env = "VAR" }` the file holds.
-fn render_secret(value: &SecretValue, secrets: Secrets) -> Value {
-    if secrets == Secrets::Fingerprinted {
-        return fingerprint(value.expose());
-    }
-    match value.source() {
-        SecretSource::Inline | SecretSource::Generated => REDACTED.into(),
-        SecretSource::Env(name) => {
-            let mut table = Table::new();
-            table.insert("env".into(), name.clone().into());
-            table.into()
-        }
-    }
 }
 
 /// Every credential the redis crate reads from a URL, redacted: the

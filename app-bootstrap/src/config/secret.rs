@@ -1,9 +1,15 @@
 //! Secret configuration values: given inline or read from a named variable,
 //! and never printed.
 
+use std::cell::Cell;
 use std::fmt;
 
 use secrecy::{ExposeSecret, SecretSlice, SecretString};
+use serde::ser::{Serialize, SerializeMap, Serializer};
+use sha2::{Digest, Sha256};
+
+/// What a redacted secret reads as.
+pub(crate) const REDACTED: &str = "[REDACTED]";
 
 /// Where a secret came from. The variable name is not secret and is shown.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -16,8 +22,9 @@ pub enum SecretSource {
     Generated,
 }
 
-/// A secret and its source. `Debug` and the `check-config` rendering show
-/// the source, never the value.
+/// A secret and its source. `Debug` and `Serialize` (what `check-config`
+/// prints) show the source, never the value: `[REDACTED]`, or the same
+/// `{ env = "VAR" }` the file holds.
 #[derive(Clone)]
 pub struct SecretValue {
     source: SecretSource,
@@ -65,6 +72,48 @@ impl fmt::Debug for SecretValue {
     }
 }
 
+impl Serialize for SecretValue {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        if FINGERPRINTING.get() {
+            return serializer.serialize_str(&fingerprint(self.expose()));
+        }
+        match &self.source {
+            SecretSource::Inline | SecretSource::Generated => serializer.serialize_str(REDACTED),
+            SecretSource::Env(name) => {
+                let mut map = serializer.serialize_map(Some(1))?;
+                map.serialize_entry("env", name)?;
+                map.end()
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Set while [`fingerprinted`] runs on this thread.
+    static FINGERPRINTING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `render` with every [`SecretValue`] serialized as the SHA-256
+/// fingerprint of its value instead of redacted, so two configurations can
+/// be compared (a reload tells a changed password from an unchanged one)
+/// without either holding the secret. Never printed.
+pub(crate) fn fingerprinted<T>(render: impl FnOnce() -> T) -> T {
+    /// Restores the mode even if `render` panics.
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            FINGERPRINTING.set(self.0);
+        }
+    }
+    let _restore = Restore(FINGERPRINTING.replace(true));
+    render()
+}
+
+/// `sha256:<hex>` of `secret`.
+pub(crate) fn fingerprint(secret: &str) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(secret)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +130,20 @@ mod tests {
         assert!(!debug.contains("hunter2"), "{debug}");
         assert_eq!(secret.expose(), "hunter2-hunter2");
         assert_eq!(secret.len(), 15);
+    }
+
+    #[test]
+    fn serialize_shows_the_source_and_a_fingerprint_only_when_asked() {
+        let inline = SecretValue::new(SecretSource::Inline, SecretString::from("hunter2"));
+        let env = SecretValue::new(SecretSource::Env("ADMIN_TOKEN".into()), "hunter2".into());
+        let render = |secret: &SecretValue| serde_json::to_string(secret).unwrap();
+        assert_eq!(render(&inline), r#""[REDACTED]""#);
+        assert_eq!(render(&env), r#"{"env":"ADMIN_TOKEN"}"#);
+        let fingerprint = fingerprinted(|| render(&inline));
+        assert!(fingerprint.starts_with(r#""sha256:"#), "{fingerprint}");
+        assert!(!fingerprint.contains("hunter2"), "{fingerprint}");
+        assert_eq!(fingerprinted(|| render(&env)), fingerprint, "the value, not the source");
+        // The mode ends with the call.
+        assert_eq!(render(&inline), r#""[REDACTED]""#);
     }
 }

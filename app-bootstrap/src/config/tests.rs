@@ -65,8 +65,8 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         let edge = adapter_web::EdgeSettings::default();
         assert_eq!(rate_limit.default_policy, [edge.default_policies.ids()[0].as_str()]);
         assert_eq!(rate_limit.default_policy, [adapter_web::DEFAULT_POLICY]);
-        assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(750));
-        assert_eq!(rate_limit.api_key_header, "x-api-key");
+        assert_eq!(rate_limit.edge.evaluation_budget, Duration::from_millis(750));
+        assert_eq!(rate_limit.edge.api_key_header, "x-api-key");
         let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
         assert_eq!(
             *demo.algorithm(),
@@ -116,8 +116,8 @@ fn a_file_sets_every_policy_field() {
         .unwrap();
         assert_eq!(config.server.listen.port(), 9000);
         let rate_limit = &config.capabilities.rate_limit;
-        assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(500));
-        assert_eq!(rate_limit.trusted_proxies.len(), 2);
+        assert_eq!(rate_limit.edge.evaluation_budget, Duration::from_millis(500));
+        assert_eq!(rate_limit.edge.trusted_proxies.len(), 2);
         assert_eq!(rate_limit.operations["POST /api/orders"], ["bucket"]);
         assert_eq!(
             rate_limit.policies["bucket"],
@@ -166,7 +166,7 @@ fn the_environment_overrides_the_file() {
         let config = load_file(jail, &format!("{BASE}\n[redis]\nenabled = false\n")).unwrap();
         let rate_limit = &config.capabilities.rate_limit;
         assert_eq!(rate_limit.provider, ProviderKind::Redis);
-        assert_eq!(rate_limit.evaluation_budget, Duration::from_millis(250));
+        assert_eq!(rate_limit.edge.evaluation_budget, Duration::from_millis(250));
         assert_eq!(
             *rate_limit.policies["api"].algorithm(),
             Algorithm::FixedWindow { limit: 42, window: Duration::from_secs(60) }
@@ -197,7 +197,7 @@ fn every_list_splits_on_commas_from_the_environment() {
         // A file's string reads the same way as a variable's.
         assert_eq!(rate_limit.operations["GET /api/hello"], ["daily", "api"]);
         let proxies: Vec<String> =
-            rate_limit.trusted_proxies.iter().map(ToString::to_string).collect();
+            rate_limit.edge.trusted_proxies.iter().map(ToString::to_string).collect();
         assert_eq!(proxies, ["10.0.0.0/8", "::1/128"]);
         assert_eq!(config.redis.settings.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
         assert_eq!(config.redis.settings.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
@@ -678,10 +678,10 @@ fn unset_keys_take_the_owners_defaults() {
         let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
         let rate_limit = &config.capabilities.rate_limit;
         let edge = adapter_web::EdgeSettings::default();
-        assert_eq!(rate_limit.evaluation_budget, edge.evaluation_budget);
-        assert_eq!(rate_limit.failure_retry_after, edge.failure_retry_after);
-        assert_eq!(rate_limit.api_key_header, edge.api_key_header);
-        assert_eq!(rate_limit.problem_type_base, edge.problem_type_base);
+        assert_eq!(rate_limit.edge.evaluation_budget, edge.evaluation_budget);
+        assert_eq!(rate_limit.edge.failure_retry_after, edge.failure_retry_after);
+        assert_eq!(rate_limit.edge.api_key_header, edge.api_key_header);
+        assert_eq!(rate_limit.edge.problem_type_base, edge.problem_type_base);
         let settings = config.redis.provider_settings(edge.failure_retry_after);
         let owner = adapter_redis::RedisSettings::default();
         assert_eq!(format!("{settings:?}"), format!("{owner:?}"));
@@ -886,7 +886,10 @@ fn prefixes_default_to_a_host_for_ipv4_and_a_64_for_ipv6() {
     jail(|_| {
         let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
         let rate_limit = &config.capabilities.rate_limit;
-        assert_eq!((rate_limit.client_ipv4_prefix, rate_limit.client_ipv6_prefix), (32, 64));
+        assert_eq!(
+            (rate_limit.edge.client_ipv4_prefix, rate_limit.edge.client_ipv6_prefix),
+            (32, 64)
+        );
     });
 }
 
@@ -1159,5 +1162,78 @@ fn every_redis_field_names_a_key_of_the_redis_table() {
                 field.key()
             );
         }
+    });
+}
+
+#[test]
+fn every_edge_setting_is_a_rate_limit_key_read_and_rendered() {
+    jail(|jail| {
+        set_every_key_secrets(jail);
+        let config = load_file(jail, EVERY_KEY).unwrap();
+        let rendered: toml::Table = config.to_redacted_toml().unwrap().parse().unwrap();
+        let limits = &rendered["capabilities"]["rate-limit"];
+        let toml::Value::Table(defaults) =
+            toml::Value::try_from(adapter_web::EdgeSettings::default()).unwrap()
+        else {
+            panic!("EdgeSettings renders as a table");
+        };
+        for (key, default) in &defaults {
+            // EVERY_KEY sets each one away from its default.
+            let value = limits.get(key).unwrap_or_else(|| panic!("{key} is not rendered"));
+            assert_ne!(value, default, "{key} is at its default");
+        }
+    });
+}
+
+#[test]
+fn an_admin_token_variable_that_is_not_set_is_named_by_its_env_key() {
+    jail(|jail| {
+        let file = format!(
+            "{BASE}\n[admin]\nlisten = \"127.0.0.1:9091\"\ntoken = {{ env = \"UNSET_ADMIN_VAR\" }}\n"
+        );
+        assert_eq!(
+            problems(load_file(jail, &file)),
+            [
+                (
+                    "admin.token.env".to_owned(),
+                    "environment variable UNSET_ADMIN_VAR is not set".to_owned()
+                ),
+                (
+                    "admin.token".to_owned(),
+                    "required when admin.listen is set (add token = { env = \"RATE_LIMIT_ADMIN_TOKEN\" })"
+                        .to_owned()
+                ),
+            ]
+        );
+    });
+}
+
+#[test]
+fn the_pseudonymizer_table_defaults_to_version_1_and_names_each_problem() {
+    jail(|jail| {
+        let config = load_file(jail, BASE).unwrap();
+        assert_eq!(config.pseudonymizer.active_version, 1);
+        let file =
+            format!("{BASE}\n[pseudonymizer]\nactive-version = \"two\"\nactive-versoin = 2\n");
+        let mut found = paths(load_file(jail, &file));
+        found.sort();
+        assert_eq!(found, ["pseudonymizer.active-version", "pseudonymizer.active-versoin"]);
+    });
+}
+
+#[test]
+fn a_bad_trusted_proxy_is_named_by_its_index() {
+    jail(|jail| {
+        let file = BASE.replace(
+            "default-policy",
+            "trusted-proxies = [\"10.0.0.0/8\", \"10.0.0.0/33\"]\ndefault-policy",
+        );
+        assert_eq!(
+            problems(load_file(jail, &file)),
+            [(
+                "capabilities.rate-limit.trusted-proxies.1".to_owned(),
+                "\"10.0.0.0/33\" is not a CIDR like \"10.0.0.0/8\" or an IP address".to_owned()
+            )]
+        );
     });
 }

@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use adapter_redis::{RedisField, SettingsProblem};
-use adapter_web::{EdgeSettings, MIN_KEY_BYTES, WebError};
+use adapter_web::{MIN_KEY_BYTES, WebError};
 use humantime_serde::re::humantime::format_duration;
 use shared_contract::MAX_POLICY_SET;
 
@@ -27,16 +27,16 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     server(config, problems);
     policy_references(config, declared, problems);
     edge_settings(config, problems);
-    let rate_limit = &config.capabilities.rate_limit;
+    let edge = &config.capabilities.rate_limit.edge;
     at_most(
         KeyPath::rate_limit("evaluation-budget"),
-        rate_limit.evaluation_budget,
+        edge.evaluation_budget,
         MAX_EVALUATION_BUDGET,
         problems,
     );
     at_most(
         KeyPath::rate_limit("failure-retry-after"),
-        rate_limit.failure_retry_after,
+        edge.failure_retry_after,
         MAX_FAILURE_RETRY_AFTER,
         problems,
     );
@@ -153,19 +153,8 @@ pub(crate) fn is_operation(operation: &str) -> bool {
 }
 
 fn edge_settings(config: &AppConfig, problems: &mut ConfigProblems) {
-    let rate_limit = &config.capabilities.rate_limit;
     // The rules of the fields the edge owns; policy ids are checked above.
-    // A prefix too large for a byte is out of range as 255 is.
-    let prefix = |bits: u32| u8::try_from(bits).unwrap_or(u8::MAX);
-    let settings = EdgeSettings {
-        evaluation_budget: rate_limit.evaluation_budget,
-        failure_retry_after: rate_limit.failure_retry_after,
-        problem_type_base: rate_limit.problem_type_base.clone(),
-        client_ipv4_prefix: prefix(rate_limit.client_ipv4_prefix),
-        client_ipv6_prefix: prefix(rate_limit.client_ipv6_prefix),
-        ..EdgeSettings::default()
-    };
-    for problem in settings.problems() {
+    for problem in config.capabilities.rate_limit.edge.problems() {
         let path = match &problem {
             WebError::EvaluationBudgetTooShort(_) => KeyPath::rate_limit("evaluation-budget"),
             WebError::FailureRetryAfterTooShort(_) => KeyPath::rate_limit("failure-retry-after"),
@@ -293,7 +282,7 @@ fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
 
 pub(crate) fn redis(config: &AppConfig, problems: &mut ConfigProblems) {
     let path = KeyPath::root().child("redis");
-    let failure_retry_after = config.capabilities.rate_limit.failure_retry_after;
+    let failure_retry_after = config.capabilities.rate_limit.edge.failure_retry_after;
     for SettingsProblem { field, problem } in
         config.redis.provider_settings(failure_retry_after).problems()
     {

@@ -33,10 +33,33 @@ impl Reader<'_> {
         self.leaves(dict, &defaults, path, own, &mut Vec::new(), &mut leaves);
         let mut read = defaults;
         for (keys, value) in leaves {
+            let items = match &value {
+                Value::Array(tag, items) => Some((*tag, items.clone())),
+                _ => None,
+            };
             let before = replace(&mut read, &keys, value);
             if let Err(error) = Value::from(read.clone()).deserialize::<T>() {
                 let at = keys.iter().fold(path.clone(), |at, key| at.child(key));
-                self.problem(&at, error.kind.to_string());
+                // A bad item of a list is named by its index: each item is
+                // tried alone. A rule of the whole list names the list.
+                let alone: Vec<Value> = match (&before, items) {
+                    (Some(Value::Array(..)), Some((tag, items))) => {
+                        items.into_iter().map(|item| Value::Array(tag, vec![item])).collect()
+                    }
+                    _ => Vec::new(),
+                };
+                let mut named = false;
+                for (index, item) in alone.into_iter().enumerate() {
+                    let mut alone = read.clone();
+                    replace(&mut alone, &keys, item);
+                    if let Err(error) = Value::from(alone).deserialize::<T>() {
+                        self.problem(&at.child(&index.to_string()), error.kind.to_string());
+                        named = true;
+                    }
+                }
+                if !named {
+                    self.problem(&at, error.kind.to_string());
+                }
                 if let Some(before) = before {
                     replace(&mut read, &keys, before);
                 }

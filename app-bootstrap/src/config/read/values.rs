@@ -1,16 +1,13 @@
 //! The typed leaves of the configuration tree: strings, numbers,
-//! durations, addresses, lists and secrets, each read with its problem
+//! durations, lists and secrets, each read with its problem
 //! recorded under its key path; and unknown-key detection with a
 //! "did you mean" hint.
 
-use std::net::{IpAddr, SocketAddr};
 use std::str::FromStr;
 use std::time::Duration;
 
-use axum::http::HeaderName;
 use figment::value::{Dict, Value};
 use humantime_serde::re::humantime;
-use ipnet::IpNet;
 use shared_contract::UnknownName;
 
 use super::Reader;
@@ -110,15 +107,6 @@ impl Reader<'_> {
         }
     }
 
-    pub(super) fn header_name(&mut self, value: &Value, path: &KeyPath) -> Option<HeaderName> {
-        let text = self.string(value, path)?;
-        let parsed = HeaderName::from_bytes(text.as_bytes()).ok();
-        if parsed.is_none() {
-            self.problem(path, format!("{text:?} is not a valid HTTP header name"));
-        }
-        parsed
-    }
-
     pub(super) fn string(&mut self, value: &Value, path: &KeyPath) -> Option<String> {
         match value {
             Value::String(_, text) => Some(text.clone()),
@@ -196,18 +184,6 @@ impl Reader<'_> {
         }
     }
 
-    pub(super) fn socket_addr(&mut self, value: &Value, path: &KeyPath) -> Option<SocketAddr> {
-        let text = self.string(value, path)?;
-        let parsed = text.parse().ok();
-        if parsed.is_none() {
-            self.problem(
-                path,
-                format!("{text:?} is not an IP address and port like \"127.0.0.1:8080\""),
-            );
-        }
-        parsed
-    }
-
     /// A list given as an array of strings or as one comma-separated string
     /// (the form an environment variable can carry).
     pub(super) fn string_list(&mut self, value: &Value, path: &KeyPath) -> Option<Vec<String>> {
@@ -231,21 +207,6 @@ impl Reader<'_> {
                 None
             }
         }
-    }
-
-    pub(super) fn networks(&mut self, value: &Value, path: &KeyPath) -> Option<Vec<IpNet>> {
-        let entries = self.string_list(value, path)?;
-        let mut networks = Vec::with_capacity(entries.len());
-        for (index, entry) in entries.iter().enumerate() {
-            match entry.parse::<IpNet>().or_else(|_| entry.parse::<IpAddr>().map(IpNet::from)) {
-                Ok(network) => networks.push(network),
-                Err(_) => self.problem(
-                    &path.child(&index.to_string()),
-                    format!("{entry:?} is not a CIDR like \"10.0.0.0/8\" or an IP address"),
-                ),
-            }
-        }
-        Some(networks)
     }
 
     /// `"..."` or `{ env = "VAR" }`. The value is never echoed in a problem.
