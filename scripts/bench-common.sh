@@ -20,3 +20,18 @@ on="F 1000 1000 5000 256 $big 60000"
 flood_on="F 1000 1000 5000 256 1 60000"
 flood_off="F 1000 1000 0 0 1 60000"
 rid=0000__rand_int__ # 16 bytes, a new id per call
+
+# start_bench_redis: a throwaway redis-server on a random loopback port,
+# pinned to CPU 0 where there are two (clients then take CPU 1 through
+# "${pin_client[@]}"), in a temporary $work removed at exit; rcli talks to it.
+start_bench_redis() {
+    pin_server=() pin_client=()
+    if [ "$(nproc)" -ge 2 ]; then pin_server=(taskset -c 0) pin_client=(taskset -c 1); fi
+    work=$(mktemp -d)
+    port=$((20000 + RANDOM % 20000))
+    trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+    "${pin_server[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+        --daemonize yes --logfile "$work/redis.log" --dir "$work"
+    for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+}
+rcli() { redis-cli -p "$port" "$@"; }

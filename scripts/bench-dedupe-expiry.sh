@@ -13,18 +13,12 @@ cd "$(dirname "$0")/.."
 before=${1:-8f66ea8}
 rounds=${2:-3}
 requests=${REQUESTS:-200000}
-work=$(mktemp -d)
-port=$((20000 + RANDOM % 20000))
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --daemonize yes --logfile "$work/redis.log" --dir "$work"
-for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-rcli() { redis-cli -p "$port" "$@"; }
+. scripts/bench-common.sh
+start_bench_redis
 mkdir "$work/before"
 for file in prelude.lua single-policy.lua fixed-window.lua; do
     git show "$before:adapter-redis/lua/$file" >"$work/before/$file"
 done
-. scripts/bench-common.sh
 one='bench:{v1:cap}:fixed:1'
 for round in $(seq "$rounds"); do
     for layout in before after; do

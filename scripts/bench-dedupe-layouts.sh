@@ -13,15 +13,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 requests=${REQUESTS:-200000}
-pin_server=() pin_client=()
-if [ "$(nproc)" -ge 2 ]; then pin_server=(taskset -c 0) pin_client=(taskset -c 1); fi
-work=$(mktemp -d)
-port=$((20000 + RANDOM % 20000))
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-"${pin_server[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --daemonize yes --logfile "$work/redis.log" --dir "$work"
-for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-rcli() { redis-cli -p "$port" "$@"; }
+. scripts/bench-common.sh
+start_bench_redis
 
 mkdir "$work/old" "$work/nofields"
 for file in prelude.lua single-policy.lua fixed-window.lua; do
@@ -32,7 +25,6 @@ done
 awk '/redis.call\(.HSET., key, .s., state,$/ {print "    redis.call(\047HSET\047, key, \047s\047, state)"; skip = 2; next}
      skip > 0 {skip--; next} {print}' adapter-redis/lua/prelude.lua >"$work/nofields/prelude.lua"
 grep -q "redis.call('HSET', key, 's', state)$" "$work/nofields/prelude.lua"
-. scripts/bench-common.sh
 key='bench:{v1:__rand_int__}:fixed:1'
 one='bench:{v1:flood}:fixed:1'
 usec() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $6}'; }

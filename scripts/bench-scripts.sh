@@ -25,20 +25,12 @@ base=$1
 rounds=${2:-3}
 requests=${REQUESTS:-200000}
 measure=${MEASURE:-cpu}
-pin_server=() pin_client=()
-if [ "$(nproc)" -ge 2 ]; then pin_server=(taskset -c 0) pin_client=(taskset -c 1); fi
-work=$(mktemp -d)
-port=$((20000 + RANDOM % 20000))
-trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
-"${pin_server[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --daemonize yes --logfile "$work/redis.log" --dir "$work"
-for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
-rcli() { redis-cli -p "$port" "$@"; }
+. scripts/bench-common.sh
+start_bench_redis
 mkdir "$work/base"
 for file in $(git ls-tree --name-only "$base" adapter-redis/lua/); do
     git show "$base:$file" >"$work/base/$(basename "$file")"
 done
-. scripts/bench-common.sh
 # usec_per_call of EVALSHA; a script that failed any call measures nothing.
 usec() {
     rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {

@@ -546,17 +546,7 @@ fn many_records_scenario() -> impl Strategy<Value = Scenario> {
         10 => (0..=8_u64).prop_map(ClockMove::Forward),
         1 => (0..=50_u64).prop_map(ClockMove::Back),
     ];
-    let id = prop_oneof![
-        3 => Just(IdChoice::Fresh),
-        1 => (0..RECENT_IDS_MANY).prop_map(IdChoice::Repeat)
-    ];
-    // Mostly a cost of 1 (the maximum), so most requests charge.
-    let cost = prop_oneof![8 => Just(1_u64), 1 => Just(0), 1 => Just(2)];
-    let step = (clock, 0..SUBJECTS, 0..OPERATIONS.len(), cost, id).prop_map(
-        |(clock, subject, operation, cost, id)| Step { clock, subject, operation, cost, id },
-    );
-    (policy, vec(step, 100..=200))
-        .prop_map(|(policy, steps)| Scenario { policies: vec![policy], steps })
+    long_run_of_one(policy, clock)
 }
 
 /// Token buckets that drain within a few requests and then refill only
@@ -592,16 +582,7 @@ fn refused_bucket_scenario() -> impl Strategy<Value = Scenario> {
         1 => (0..=50_u64).prop_map(ClockMove::Back),
         1 => (1_000..=3_000_u64).prop_map(ClockMove::Forward),
     ];
-    let id = prop_oneof![
-        3 => Just(IdChoice::Fresh),
-        1 => (0..RECENT_IDS_MANY).prop_map(IdChoice::Repeat)
-    ];
-    let cost = prop_oneof![8 => Just(1_u64), 1 => Just(0), 1 => Just(2)];
-    let step = (clock, 0..SUBJECTS, 0..OPERATIONS.len(), cost, id).prop_map(
-        |(clock, subject, operation, cost, id)| Step { clock, subject, operation, cost, id },
-    );
-    (policy, vec(step, 100..=200))
-        .prop_map(|(policy, steps)| Scenario { policies: vec![policy], steps })
+    long_run_of_one(policy, clock)
 }
 
 /// Random sets of one to three policies of mixed algorithms, scopes and
@@ -701,4 +682,23 @@ fn a_replay_leaves_an_expired_record_for_a_lagging_clock_to_replay() {
         // live again and replays.
         (ClockMove::Back(1), 1, 1, fixed_decision(true, 1, 0, 1000, true)),
     ]);
+}
+
+/// A long run of 100 to 200 requests against one policy, with clock moves
+/// from `clock`, ids repeated up to `RECENT_IDS_MANY` back and mostly a
+/// cost of 1 (the maximum), so most requests charge.
+fn long_run_of_one(
+    policy: impl Strategy<Value = RateLimitPolicy>,
+    clock: impl Strategy<Value = ClockMove>,
+) -> impl Strategy<Value = Scenario> {
+    let id = prop_oneof![
+        3 => Just(IdChoice::Fresh),
+        1 => (0..RECENT_IDS_MANY).prop_map(IdChoice::Repeat)
+    ];
+    let cost = prop_oneof![8 => Just(1_u64), 1 => Just(0), 1 => Just(2)];
+    let step = (clock, 0..SUBJECTS, 0..OPERATIONS.len(), cost, id).prop_map(
+        |(clock, subject, operation, cost, id)| Step { clock, subject, operation, cost, id },
+    );
+    (policy, vec(step, 100..=200))
+        .prop_map(|(policy, steps)| Scenario { policies: vec![policy], steps })
 }

@@ -94,6 +94,19 @@ pub(crate) struct Step {
     pub(crate) write: Option<(AlgorithmState, u64)>,
 }
 
+impl Step {
+    /// A denial that writes nothing (the window algorithms' deny path).
+    pub(crate) fn denied(remaining: u64, retry_after: u64, reset_after: u64) -> Self {
+        Self { allowed: false, remaining, retry_after, reset_after, write: None }
+    }
+
+    /// An allowance that charges nothing (a set member spared because
+    /// another member denied).
+    pub(crate) fn spared(remaining: u64, reset_after: u64) -> Self {
+        Self { allowed: true, remaining, retry_after: 0, reset_after, write: None }
+    }
+}
+
 /// The stored state belongs to another algorithm (same policy id and
 /// revision, changed algorithm): `Incompatible(StateIncompatible)`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -23,22 +23,10 @@ pub(super) fn step(
     let end = ws.saturating_add(window);
     let to_end = end.saturating_sub(t);
     if n.saturating_add(cost) > limit {
-        return Ok(Step {
-            allowed: false,
-            remaining: limit.saturating_sub(n),
-            retry_after: to_end.max(1),
-            reset_after: to_end,
-            write: None,
-        });
+        return Ok(Step::denied(limit.saturating_sub(n), to_end.max(1), to_end));
     }
     if charge == Charge::Spare {
-        return Ok(Step {
-            allowed: true,
-            remaining: limit - n,
-            retry_after: 0,
-            reset_after: to_end,
-            write: None,
-        });
+        return Ok(Step::spared(limit - n, to_end));
     }
     let n = n + cost;
     Ok(Step {

@@ -43,22 +43,11 @@ pub(super) fn step(
     let estimate = weighted.saturating_add(n);
     let to_end = window - elapsed;
     if estimate.saturating_add(cost) > limit {
-        return Ok(Step {
-            allowed: false,
-            remaining: limit.saturating_sub(estimate),
-            retry_after: sliding_retry_after(limit, window, cost, n, p, elapsed),
-            reset_after: to_end,
-            write: None,
-        });
+        let retry_after = sliding_retry_after(limit, window, cost, n, p, elapsed);
+        return Ok(Step::denied(limit.saturating_sub(estimate), retry_after, to_end));
     }
     if charge == Charge::Spare {
-        return Ok(Step {
-            allowed: true,
-            remaining: limit - estimate,
-            retry_after: 0,
-            reset_after: to_end,
-            write: None,
-        });
+        return Ok(Step::spared(limit - estimate, to_end));
     }
     let state = AlgorithmState::SlidingCounter { window_start: ws, current: n + cost, previous: p };
     Ok(Step {
