@@ -45,6 +45,17 @@ keywords=" as async await break const continue crate dyn else enum extern false 
 case "$keywords" in
     *" $snake "*) die "NAME '$name' is a Rust keyword; pick another" ;;
 esac
+# The service reads every <PREFIX>_* variable as a configuration key, so
+# the prefix must start no variable its own files name as a secret's
+# source (RATE_LIMIT_ADMIN_TOKEN, REDIS_PASSWORD) nor one that toolchains,
+# runtimes and locales set in every environment.
+template_vars=$(git -C "$(cd "$(dirname "$0")/.." && pwd -P)" grep -ohE 'env = "[A-Z][A-Z0-9_]*"' 2>/dev/null \
+    | sed -E 's/env = "(.*)"/\1/' | sort -u || true)
+for variable in $template_vars RUST_LOG CARGO_HOME LC_ALL TOKIO_WORKER_THREADS XDG_CONFIG_HOME; do
+    case "$variable" in
+        "${upper}_"*) die "NAME '$name' gives the variable prefix ${upper}_, which would read $variable as a configuration key; pick another" ;;
+    esac
+done
 for form in "$name" "$name:rl:" "$name-rate-limit"; do
     if printf '%s\n' "$form" | grep -Eiq "$LEFTOVER"; then
         die "NAME '$name' would keep a name of the template ('$form'); pick another"

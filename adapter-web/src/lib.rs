@@ -37,7 +37,7 @@ pub use error::WebError;
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
 pub use mapping::{RATELIMIT, RATELIMIT_POLICY};
-pub use operation::{UNMATCHED_ROUTE, charged_digest, operation_digest};
+pub use operation::{METHODS, UNMATCHED_ROUTE, charged_digest, operation_digest};
 pub use pseudonymizer::{MIN_KEY_BYTES, VersionedPseudonymizer};
 pub use refusal::Refusal;
 pub use rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};

@@ -161,8 +161,8 @@ const GET: usize = 0;
 const HEAD: usize = 5;
 
 /// The method names an operation id can start with; a method's index in
-/// it is [`method_index`].
-const METHODS: [&str; 10] =
+/// it is [`method_index`]. Every extension method is charged as `OTHER`.
+pub const METHODS: [&str; 10] =
     ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "CONNECT", "TRACE", "OTHER"];
 
 fn method_index(method: &Method) -> usize {

@@ -282,10 +282,14 @@ async fn reset(
 
 /// Whether `operation` (`METHOD /template`) names a route the router
 /// serves under some method: the requests charged under it exist.
+/// The method must be one an operation id can start with: an extension
+/// method (`FOO`) is charged as `OTHER`, so `FOO /route` names no budget.
 fn serves_route_of(served: &BTreeSet<String>, operation: &str) -> bool {
-    let route = |operation: &str| operation.split_once(' ').map(|(_, route)| route.to_owned());
-    let Some(wanted) = route(operation) else { return false };
-    served.iter().any(|served| route(served).is_some_and(|route| route == wanted))
+    let Some((method, wanted)) = operation.split_once(' ') else { return false };
+    adapter_web::METHODS.contains(&method)
+        && served
+            .iter()
+            .any(|served| served.split_once(' ').is_some_and(|(_, route)| route == wanted))
 }
 
 #[allow(
@@ -321,7 +325,8 @@ fn budget(
                 let served = state.served.iter().map(String::as_str).collect::<Vec<_>>();
                 let detail = format!(
                     "The server serves no such route; it serves {} (any method on one of \
-                     these routes is charged, a method it does not take as a 405).",
+                     these routes is charged, a method it does not take as a 405, an \
+                     extension method as OTHER).",
                     served.join(", ")
                 );
                 return Err(problem(state, StatusCode::NOT_FOUND, "unknown-operation", &detail));

@@ -508,9 +508,14 @@ async fn an_operation_the_server_does_not_serve_is_404_and_resets_nothing() {
     let at = |operation: &str| {
         format!("/admin/subjects/{pseudonym}/policies/{POLICY}?operation={operation}")
     };
-    for operation in
-        ["GET%20/api/hello/42", "GET%20/api/orders/42", "PUT%20/api/nope", "GET%20/admin/reload"]
-    {
+    for operation in [
+        "GET%20/api/hello/42",
+        "GET%20/api/orders/42",
+        "PUT%20/api/nope",
+        "GET%20/admin/reload",
+        // An extension method is charged as OTHER, never under its own name.
+        "FOO%20/api/hello",
+    ] {
         for method in [Method::GET, Method::DELETE] {
             let answer = admin.send(method.clone(), &at(operation), Some(TOKEN), None).await;
             answer.assert_problem(StatusCode::NOT_FOUND, "unknown-operation");

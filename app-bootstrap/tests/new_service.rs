@@ -147,6 +147,11 @@ fn bad_names_and_a_used_destination_are_refused() {
         "ca-skeleton-two",
         "ca",
         "app-bootstrap",
+        // Their variable prefixes would read the template's own secret
+        // variables (REDIS_PASSWORD) or the toolchain's as configuration.
+        "redis",
+        "rate-limit",
+        "rust",
     ] {
         let dest = dir.path().join("refused");
         let output = generate(name, &dest);
