@@ -68,6 +68,17 @@ impl Traffic {
         Self { adapter: Arc::new(adapter), clock, policy, subject }
     }
 
+    /// 50 evaluations a tick apart on the healthy group, each counting one
+    /// more: the tally the failover then adds to.
+    async fn warm_up(&self) -> Tally {
+        let mut steady = Tally::default();
+        for round in 1..=50 {
+            assert_eq!(self.evaluate(&mut steady).await, Some(round));
+            tokio::time::sleep(TICK).await;
+        }
+        steady
+    }
+
     /// One evaluation of the subject (see [`Tally::evaluate`]).
     async fn evaluate(&self, tally: &mut Tally) -> Option<u64> {
         tally.evaluate(&self.adapter, &self.clock, self.policy.id(), &self.subject).await
@@ -81,11 +92,7 @@ async fn a_killed_master_is_replaced_by_the_replica_the_sentinels_promote() {
     let master = group.master_port();
     let replica = group.other_than(master);
 
-    let mut steady = Tally::default();
-    for round in 1..=50 {
-        assert_eq!(traffic.evaluate(&mut steady).await, Some(round));
-        tokio::time::sleep(TICK).await;
-    }
+    let mut steady = traffic.warm_up().await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let hammers: Vec<_> = (0..HAMMERS)
@@ -173,11 +180,7 @@ async fn a_quickly_restarted_old_master_is_left_as_soon_as_the_sentinels_name_th
     let traffic = Traffic::through(&group, "restart", "7a");
     let master = group.master_port();
     let replica = group.other_than(master);
-    let mut steady = Tally::default();
-    for round in 1..=50 {
-        assert_eq!(traffic.evaluate(&mut steady).await, Some(round));
-        tokio::time::sleep(TICK).await;
-    }
+    let mut steady = traffic.warm_up().await;
     let stop = Arc::new(AtomicBool::new(false));
     let hammers = hammer(&traffic, &stop);
     tokio::time::sleep(Duration::from_millis(300)).await;
