@@ -92,7 +92,7 @@ async fn a_killed_master_is_replaced_by_the_replica_the_sentinels_promote() {
     let master = group.master_port();
     let replica = group.other_than(master);
 
-    let mut steady = traffic.warm_up().await;
+    let steady = traffic.warm_up().await;
 
     let stop = Arc::new(AtomicBool::new(false));
     let hammers: Vec<_> = (0..HAMMERS)
@@ -180,7 +180,7 @@ async fn a_quickly_restarted_old_master_is_left_as_soon_as_the_sentinels_name_th
     let traffic = Traffic::through(&group, "restart", "7a");
     let master = group.master_port();
     let replica = group.other_than(master);
-    let mut steady = traffic.warm_up().await;
+    let steady = traffic.warm_up().await;
     let stop = Arc::new(AtomicBool::new(false));
     let hammers = hammer(&traffic, &stop);
     tokio::time::sleep(Duration::from_millis(300)).await;
