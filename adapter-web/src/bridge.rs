@@ -328,6 +328,3 @@ impl fmt::Display for Ids<'_> {
         Ok(())
     }
 }
-
-#[cfg(test)]
-mod tests;

@@ -10,52 +10,16 @@ use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_web::{BridgeSwitch, EdgeSettings, RATELIMIT_POLICY, RateLimitLayer, TransportBridge};
-use async_trait::async_trait;
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
 use http::{Request, StatusCode};
 use shared_contract::{
-    Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock,
-    PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    Algorithm, Clock, EdgeRateLimitPort, ManualClock, PolicyId, PolicySet, RateLimitPolicy,
 };
-use tokio::sync::Semaphore;
+use support::ScriptedPort;
 use tower::ServiceExt;
-
-/// A port that holds every evaluation until the test lets it through.
-#[derive(Debug)]
-struct GatedPort {
-    inner: MemoryEdgeRateLimitAdapter,
-    gate: Semaphore,
-    entered: Semaphore,
-}
-
-#[async_trait]
-impl EdgeRateLimitPort for GatedPort {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        self.entered.add_permits(1);
-        self.gate.acquire().await.expect("the gate stays open").forget();
-        self.inner.evaluate(request).await
-    }
-
-    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
-        self.inner.policy(id)
-    }
-
-    async fn is_ready(&self) -> bool {
-        true
-    }
-
-    // The operator's calls are not gated: only evaluations are held.
-    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
-        self.inner.inspect(key).await
-    }
-
-    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
-        self.inner.reset(key).await
-    }
-}
 
 fn bridge(port: Arc<dyn EdgeRateLimitPort>, clock: &Arc<dyn Clock>) -> Arc<TransportBridge> {
     let settings = EdgeSettings {
@@ -83,11 +47,8 @@ async fn hello(router: &Router) -> (StatusCode, String) {
 async fn a_request_finishes_on_the_bridge_it_started_with() {
     let manual = ManualClock::new(1_700_000_000_000);
     let clock: Arc<dyn Clock> = Arc::new(manual);
-    let old = Arc::new(GatedPort {
-        inner: MemoryEdgeRateLimitAdapter::new([fixed_window(3, 1)], Arc::clone(&clock)).unwrap(),
-        gate: Semaphore::new(0),
-        entered: Semaphore::new(0),
-    });
+    let old_table = MemoryEdgeRateLimitAdapter::new([fixed_window(3, 1)], Arc::clone(&clock));
+    let old = Arc::new(ScriptedPort::forwarding(Arc::new(old_table.unwrap())).gated());
     let new = MemoryEdgeRateLimitAdapter::new([fixed_window(9, 2)], Arc::clone(&clock)).unwrap();
     let switch = BridgeSwitch::new(bridge(Arc::clone(&old) as _, &clock));
     let router = Router::new()
@@ -98,7 +59,7 @@ async fn a_request_finishes_on_the_bridge_it_started_with() {
         let router = router.clone();
         async move { hello(&router).await }
     });
-    old.entered.acquire().await.expect("the first request reaches the old port").forget();
+    old.entered().await;
     let replaced = switch.replace(bridge(Arc::new(new), &clock));
     assert!(Arc::ptr_eq(replaced.port(), &(Arc::clone(&old) as Arc<dyn EdgeRateLimitPort>)));
 
@@ -109,7 +70,7 @@ async fn a_request_finishes_on_the_bridge_it_started_with() {
     assert!(policy.contains(";q=9;"), "{policy}");
     assert!(!started.is_finished());
 
-    old.gate.add_permits(1);
+    old.open();
     let (status, policy) = started.await.unwrap();
     assert_eq!(status, StatusCode::OK);
     assert!(policy.contains(";q=3;"), "the old table describes it: {policy}");

@@ -25,9 +25,11 @@ use ipnet::{Ipv4Net, Ipv6Net};
 use secrecy::SecretSlice;
 use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock, PolicyId,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
+    SubjectDigest,
 };
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tower::ServiceExt;
 
@@ -36,22 +38,83 @@ pub const ORDER_ROUTE: &str = "/api/orders/{id}";
 /// Operation id of `GET /api/orders/{id}`.
 pub const ORDER_OPERATION: &str = "GET /api/orders/{id}";
 
-/// A port that answers every request with the outcome it is told to and
-/// records what crossed it. A stand-in for a provider's failure paths.
+/// The crate's one fake port: answers each evaluation as it is told (one
+/// outcome for every call, every policy of the set allowing, or what a real
+/// provider it wraps answers), records what crossed it, and can hold each
+/// evaluation at a gate until the test lets it through. A stand-in for a
+/// provider's failure paths and for timing a real one cannot be asked for.
 #[derive(Debug)]
 pub struct ScriptedPort {
-    outcome: Mutex<RateLimitOutcome>,
+    answer: Mutex<Answer>,
     policies: Vec<RateLimitPolicy>,
+    inner: Option<Arc<dyn EdgeRateLimitPort>>,
     requests: Mutex<Vec<RateLimitRequest>>,
+    gate: Option<Gate>,
+}
+
+#[derive(Debug, Clone, Copy)]
+#[allow(clippy::large_enum_variant, reason = "a test double, copied once per call")]
+enum Answer {
+    /// This outcome, whatever the request.
+    Outcome(RateLimitOutcome),
+    /// A set decision admitting the request with this decision for each of
+    /// its policies.
+    EveryAllows(RateLimitDecision),
+    /// The wrapped provider's answer.
+    Forward,
+}
+
+/// Evaluations wait on `gate`; each one adds a permit to `entered` first.
+#[derive(Debug)]
+struct Gate {
+    gate: Semaphore,
+    entered: Semaphore,
 }
 
 impl ScriptedPort {
+    /// Answers `outcome` to every evaluation.
     pub fn new(outcome: RateLimitOutcome, policies: Vec<RateLimitPolicy>) -> Self {
-        Self { outcome: Mutex::new(outcome), policies, requests: Mutex::new(Vec::new()) }
+        Self::answering(Answer::Outcome(outcome), policies, None)
     }
 
+    /// Admits every request, with `decision` for each policy of its set.
+    pub fn every_allows(decision: RateLimitDecision, policies: Vec<RateLimitPolicy>) -> Self {
+        Self::answering(Answer::EveryAllows(decision), policies, None)
+    }
+
+    /// Answers as `inner` does, with `inner`'s policies; operator calls go
+    /// to `inner` too.
+    pub fn forwarding(inner: Arc<dyn EdgeRateLimitPort>) -> Self {
+        Self::answering(Answer::Forward, Vec::new(), Some(inner))
+    }
+
+    fn answering(
+        answer: Answer,
+        policies: Vec<RateLimitPolicy>,
+        inner: Option<Arc<dyn EdgeRateLimitPort>>,
+    ) -> Self {
+        Self { answer: Mutex::new(answer), policies, inner, requests: Mutex::default(), gate: None }
+    }
+
+    /// Holds every evaluation until [`ScriptedPort::open`] lets it through.
+    pub fn gated(self) -> Self {
+        Self { gate: Some(Gate { gate: Semaphore::new(0), entered: Semaphore::new(0) }), ..self }
+    }
+
+    /// Waits until an evaluation has reached the gate.
+    pub async fn entered(&self) {
+        let gate = self.gate.as_ref().expect("a gated port");
+        gate.entered.acquire().await.expect("the gate stays open").forget();
+    }
+
+    /// Lets one held evaluation through.
+    pub fn open(&self) {
+        self.gate.as_ref().expect("a gated port").gate.add_permits(1);
+    }
+
+    /// Answers `outcome` from now on.
     pub fn answer(&self, outcome: RateLimitOutcome) {
-        *self.outcome.lock().unwrap() = outcome;
+        *self.answer.lock().unwrap() = Answer::Outcome(outcome);
     }
 
     pub fn requests(&self) -> Vec<RateLimitRequest> {
@@ -66,25 +129,48 @@ impl ScriptedPort {
 #[async_trait]
 impl EdgeRateLimitPort for ScriptedPort {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        self.requests.lock().unwrap().push(request);
-        *self.outcome.lock().unwrap()
+        if let Some(gate) = &self.gate {
+            gate.entered.add_permits(1);
+            gate.gate.acquire().await.expect("the gate stays open").forget();
+        }
+        self.requests.lock().unwrap().push(request.clone());
+        let answer = *self.answer.lock().unwrap();
+        match (answer, &self.inner) {
+            (Answer::Outcome(outcome), _) => outcome,
+            (Answer::EveryAllows(decision), _) => {
+                let decisions = vec![decision; request.policies.len()];
+                RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions))
+            }
+            (Answer::Forward, Some(inner)) => inner.evaluate(request).await,
+            (Answer::Forward, None) => unreachable!("only `forwarding` forwards"),
+        }
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
-        self.policies.iter().find(|policy| policy.id() == id)
+        match &self.inner {
+            Some(inner) => inner.policy(id),
+            None => self.policies.iter().find(|policy| policy.id() == id),
+        }
     }
 
     async fn is_ready(&self) -> bool {
         true
     }
 
-    // Operator calls: the edge never asks for it.
-    async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
-        Err(BudgetFailure::Unavailable)
+    // Operator calls are never gated; without a provider behind, the edge
+    // never asks for them.
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        match &self.inner {
+            Some(inner) => inner.inspect(key).await,
+            None => Err(BudgetFailure::Unavailable),
+        }
     }
 
-    async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
-        Err(BudgetFailure::Unavailable)
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        match &self.inner {
+            Some(inner) => inner.reset(key).await,
+            None => Err(BudgetFailure::Unavailable),
+        }
     }
 }
 

@@ -1,31 +1,30 @@
-//! Bridge tests against a recording fake port and a manual clock.
+//! `TransportBridge` against the crate's scripted port and a manual clock:
+//! what crosses the port, how the set's outcome is read, what is logged and
+//! counted.
+
+mod support;
 
 use std::collections::HashMap;
+use std::fmt;
 use std::net::SocketAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
+use adapter_web::{
+    ApiKeyProblem, AuthenticatedPrincipal, DECISIONS_TOTAL, EVALUATION_SECONDS, EdgeRejection,
+    EdgeSettings, RateLimitCost, SubjectKind, TransportBridge, VersionedPseudonymizer,
+    operation_digest,
+};
 use axum::extract::ConnectInfo;
+use http::request::Parts;
 use http::{HeaderValue, Request};
 use secrecy::SecretSlice;
 use shared_contract::{
-    Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, ManualClock, RateLimitDecision,
-    SetDecision, UnavailableCategory,
+    Algorithm, Certainty, Clock, IncompatibleCategory, ManualClock, PolicyId, PolicyMode,
+    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
+    UnavailableCategory,
 };
-
-use super::*;
-use crate::cost::RateLimitCost;
-use crate::subject::{AuthenticatedPrincipal, SubjectKind};
-
-/// Records every request and answers each with the outcome it is told to
-/// (by default, every policy of the set allows).
-#[derive(Debug)]
-struct RecordingPort {
-    policies: Vec<RateLimitPolicy>,
-    outcome: Mutex<Option<RateLimitOutcome>>,
-    requests: Mutex<Vec<RateLimitRequest>>,
-}
+use support::ScriptedPort;
 
 fn allow(limit: u64, remaining: u64) -> RateLimitDecision {
     RateLimitDecision {
@@ -48,37 +47,8 @@ fn deny(limit: u64, retry_after_ms: u64) -> RateLimitDecision {
     }
 }
 
-#[async_trait]
-impl EdgeRateLimitPort for RecordingPort {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        let every_allows = vec![allow(5, 4); request.policies.len()];
-        self.requests.lock().unwrap().push(request);
-        self.outcome
-            .lock()
-            .unwrap()
-            .unwrap_or_else(|| RateLimitOutcome::Evaluated(SetDecision::new(true, &every_allows)))
-    }
-
-    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
-        self.policies.iter().find(|policy| policy.id() == id)
-    }
-
-    async fn is_ready(&self) -> bool {
-        true
-    }
-
-    // Operator calls: the bridge never asks for it.
-    async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
-        Err(BudgetFailure::Unavailable)
-    }
-
-    async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
-        Err(BudgetFailure::Unavailable)
-    }
-}
-
 struct Fixture {
-    port: Arc<RecordingPort>,
+    port: Arc<ScriptedPort>,
     clock: ManualClock,
     bridge: TransportBridge,
     pseudonymizer: Arc<VersionedPseudonymizer>,
@@ -97,11 +67,7 @@ fn fixture(settings: EdgeSettings) -> Fixture {
         fixed_window("trial", PolicyMode::Shadow),
         fixed_window("trial-daily", PolicyMode::Shadow),
     ];
-    let port = Arc::new(RecordingPort {
-        policies,
-        outcome: Mutex::new(None),
-        requests: Mutex::new(Vec::new()),
-    });
+    let port = Arc::new(ScriptedPort::every_allows(allow(5, 4), policies));
     let clock = ManualClock::new(1_700_000_000_000);
     let key = SecretSlice::from(vec![0x5a; 32]);
     let pseudonymizer = Arc::new(VersionedPseudonymizer::new([(1, key)], 1).unwrap());
@@ -136,11 +102,11 @@ fn parts(builder: http::request::Builder) -> Parts {
 
 impl Fixture {
     fn requests(&self) -> Vec<RateLimitRequest> {
-        self.port.requests.lock().unwrap().clone()
+        self.port.requests()
     }
 
     fn answer(&self, outcome: RateLimitOutcome) {
-        *self.port.outcome.lock().unwrap() = Some(outcome);
+        self.port.answer(outcome);
     }
 }
 
@@ -259,8 +225,8 @@ async fn the_operation_crosses_the_port_as_its_digest() {
     assert_eq!(
         operations,
         [
-            crate::operation_digest("GET <unmatched>").to_string(),
-            crate::operation_digest("POST <unmatched>").to_string()
+            operation_digest("GET <unmatched>").to_string(),
+            operation_digest("POST <unmatched>").to_string()
         ]
     );
     // Values from python3 hashlib (see operation.rs).
@@ -327,7 +293,7 @@ async fn a_rejected_request_never_reaches_the_port() {
     let fixture = fixture(EdgeSettings::default());
     let oversized = "k".repeat(257);
     let result = fixture.bridge.evaluate(&parts(request().header("x-api-key", oversized))).await;
-    assert_eq!(result, Err(EdgeRejection::InvalidApiKey(crate::rejection::ApiKeyProblem::TooLong)));
+    assert_eq!(result, Err(EdgeRejection::InvalidApiKey(ApiKeyProblem::TooLong)));
     let not_ascii = HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap();
     let result = fixture.bridge.evaluate(&parts(request().header("x-api-key", not_ascii))).await;
     assert!(result.is_err());
@@ -434,7 +400,7 @@ fn decision(policy: &str, outcome: &str, mode: &str) -> Increment {
     let mut labels = pairs(&labels);
     labels.push(("mode".to_owned(), mode.to_owned()));
     labels.push(("cached".to_owned(), "false".to_owned()));
-    (crate::DECISIONS_TOTAL.to_owned(), labels, 1)
+    (DECISIONS_TOTAL.to_owned(), labels, 1)
 }
 
 #[test]
@@ -452,7 +418,7 @@ fn metrics_carry_policy_algorithm_outcome_and_mode_but_no_subject() {
     assert_eq!(
         histograms,
         [(
-            crate::EVALUATION_SECONDS.to_owned(),
+            EVALUATION_SECONDS.to_owned(),
             pairs(&[("policy", "default"), ("algorithm", "fixed-window")])
         )]
     );
