@@ -54,11 +54,15 @@ impl fmt::Display for PolicyViolation {
     }
 }
 
-/// The policy fields that validation can reject.
+/// A key of a policy's configuration table: the configuration reads and
+/// renders each by [`PolicyField::key`], and validation names the one it
+/// rejects, so each key is written once, here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyField {
-    /// The policy id.
+    /// The policy id (the table's own name, not a key in it).
     Id,
+    /// Which algorithm counts.
+    Algorithm,
     /// The policy revision.
     Revision,
     /// The limit of a fixed window or sliding counter.
@@ -77,6 +81,16 @@ pub enum PolicyField {
     CleanupGrace,
     /// How far a caller clock may run backwards before `ClockUnsafe`.
     MaximumClockRegression,
+    /// What a provider failure does to a request.
+    FailurePolicy,
+    /// Per subject and operation, or per subject.
+    Scope,
+    /// Enforce or shadow.
+    Mode,
+    /// The dedupe table.
+    EvaluationDedup,
+    /// Whether dedupe is on.
+    DedupEnabled,
     /// Dedupe record lifetime.
     DedupTtl,
     /// Dedupe records kept per key.
@@ -91,6 +105,7 @@ impl PolicyField {
     pub const fn key(self) -> &'static str {
         match self {
             Self::Id => "id",
+            Self::Algorithm => "algorithm",
             Self::Revision => "revision",
             Self::Limit => "limit",
             Self::Window => "window",
@@ -100,9 +115,21 @@ impl PolicyField {
             Self::MaximumCost => "maximum-cost",
             Self::CleanupGrace => "cleanup-grace",
             Self::MaximumClockRegression => "maximum-clock-regression",
+            Self::FailurePolicy => "failure-policy",
+            Self::Scope => "scope",
+            Self::Mode => "mode",
+            Self::EvaluationDedup => "evaluation-dedup",
+            Self::DedupEnabled => "evaluation-dedup.enabled",
             Self::DedupTtl => "evaluation-dedup.ttl",
             Self::DedupMaxEntries => "evaluation-dedup.max-entries",
             Self::DedupMaxStoredBytes => "evaluation-dedup.max-stored-bytes",
         }
+    }
+
+    /// The key inside the table that holds it: `ttl` for
+    /// `evaluation-dedup.ttl`.
+    pub fn leaf(self) -> &'static str {
+        let key = self.key();
+        key.rsplit_once('.').map_or(key, |(_, leaf)| leaf)
     }
 }

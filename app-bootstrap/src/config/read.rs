@@ -167,51 +167,62 @@ impl Reader<'_> {
     /// the table leaves out, and each rule it finds broken is recorded under
     /// the field's key.
     fn policy(&mut self, id: &str, mut table: Table<'_>) -> Option<RateLimitPolicy> {
-        let kind = self.field(&mut table, "algorithm", Self::name::<AlgorithmKind>);
-        let limit = self.field(&mut table, "limit", Self::u64);
-        let window = self.field(&mut table, "window", Self::duration);
-        let capacity = self.field(&mut table, "capacity", Self::u64);
-        let refill_tokens = self.field(&mut table, "refill-tokens", Self::u64);
-        let refill_period = self.field(&mut table, "refill-period", Self::duration);
-        let revision = self.field(&mut table, "revision", Self::u32);
-        let maximum_cost = self.field(&mut table, "maximum-cost", Self::u64);
-        let failure_policy = self.field(&mut table, "failure-policy", Self::name::<FailurePolicy>);
-        let cleanup_grace = self.field(&mut table, "cleanup-grace", Self::duration);
-        let regression = self.field(&mut table, "maximum-clock-regression", Self::duration);
-        let scope = self.field(&mut table, "scope", Self::name::<PolicyScope>);
-        let mode = self.field(&mut table, "mode", Self::name::<PolicyMode>);
-        let dedup_value = table.get("evaluation-dedup");
+        let kind =
+            self.field(&mut table, PolicyField::Algorithm.key(), Self::name::<AlgorithmKind>);
+        let limit = self.field(&mut table, PolicyField::Limit.key(), Self::u64);
+        let window = self.field(&mut table, PolicyField::Window.key(), Self::duration);
+        let capacity = self.field(&mut table, PolicyField::Capacity.key(), Self::u64);
+        let refill_tokens = self.field(&mut table, PolicyField::RefillTokens.key(), Self::u64);
+        let refill_period = self.field(&mut table, PolicyField::RefillPeriod.key(), Self::duration);
+        let revision = self.field(&mut table, PolicyField::Revision.key(), Self::u32);
+        let maximum_cost = self.field(&mut table, PolicyField::MaximumCost.key(), Self::u64);
+        let failure_policy =
+            self.field(&mut table, PolicyField::FailurePolicy.key(), Self::name::<FailurePolicy>);
+        let cleanup_grace = self.field(&mut table, PolicyField::CleanupGrace.key(), Self::duration);
+        let regression =
+            self.field(&mut table, PolicyField::MaximumClockRegression.key(), Self::duration);
+        let scope = self.field(&mut table, PolicyField::Scope.key(), Self::name::<PolicyScope>);
+        let mode = self.field(&mut table, PolicyField::Mode.key(), Self::name::<PolicyMode>);
+        let dedup_value = table.get(PolicyField::EvaluationDedup.key());
         let path = table.path().clone();
         // A present key that did not read has its own problem already.
         let all_read = [
-            ("algorithm", kind.is_some()),
-            ("revision", revision.is_some()),
-            ("maximum-cost", maximum_cost.is_some()),
-            ("failure-policy", failure_policy.is_some()),
-            ("cleanup-grace", cleanup_grace.is_some()),
-            ("maximum-clock-regression", regression.is_some()),
-            ("scope", scope.is_some()),
-            ("mode", mode.is_some()),
+            (PolicyField::Algorithm.key(), kind.is_some()),
+            (PolicyField::Revision.key(), revision.is_some()),
+            (PolicyField::MaximumCost.key(), maximum_cost.is_some()),
+            (PolicyField::FailurePolicy.key(), failure_policy.is_some()),
+            (PolicyField::CleanupGrace.key(), cleanup_grace.is_some()),
+            (PolicyField::MaximumClockRegression.key(), regression.is_some()),
+            (PolicyField::Scope.key(), scope.is_some()),
+            (PolicyField::Mode.key(), mode.is_some()),
         ]
         .iter()
         .all(|(key, read)| *read || !table.has(key));
-        let dedup = self.dedup(dedup_value, path.child("evaluation-dedup"));
+        let dedup = self.dedup(dedup_value, path.child(PolicyField::EvaluationDedup.key()));
 
         let algorithm = match kind {
             None => {
-                if !table.has("algorithm") {
+                if !table.has(PolicyField::Algorithm.key()) {
                     let names: Vec<_> = AlgorithmKind::ALL.iter().map(|kind| kind.name()).collect();
                     self.problem(
-                        &path.child("algorithm"),
+                        &path.child(PolicyField::Algorithm.key()),
                         format!("missing: choose one of {}", quoted(&names)),
                     );
                 }
                 None
             }
             Some(kind @ (AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter)) => {
-                self.not_for(&table, kind, &["capacity", "refill-tokens", "refill-period"]);
-                let limit = self.required(limit, &table, "limit", kind);
-                let window = self.required(window, &table, "window", kind);
+                self.not_for(
+                    &table,
+                    kind,
+                    &[
+                        PolicyField::Capacity.key(),
+                        PolicyField::RefillTokens.key(),
+                        PolicyField::RefillPeriod.key(),
+                    ],
+                );
+                let limit = self.required(limit, &table, PolicyField::Limit.key(), kind);
+                let window = self.required(window, &table, PolicyField::Window.key(), kind);
                 match (kind, limit, window) {
                     (AlgorithmKind::FixedWindow, Some(limit), Some(window)) => {
                         Some(Algorithm::FixedWindow { limit, window })
@@ -223,10 +234,12 @@ impl Reader<'_> {
                 }
             }
             Some(kind @ AlgorithmKind::TokenBucket) => {
-                self.not_for(&table, kind, &["limit", "window"]);
-                let capacity = self.required(capacity, &table, "capacity", kind);
-                let refill_tokens = self.required(refill_tokens, &table, "refill-tokens", kind);
-                let refill_period = self.required(refill_period, &table, "refill-period", kind);
+                self.not_for(&table, kind, &[PolicyField::Limit.key(), PolicyField::Window.key()]);
+                let capacity = self.required(capacity, &table, PolicyField::Capacity.key(), kind);
+                let refill_tokens =
+                    self.required(refill_tokens, &table, PolicyField::RefillTokens.key(), kind);
+                let refill_period =
+                    self.required(refill_period, &table, PolicyField::RefillPeriod.key(), kind);
                 match (capacity, refill_tokens, refill_period) {
                     (Some(capacity), Some(refill_tokens), Some(refill_period)) => {
                         Some(Algorithm::TokenBucket { capacity, refill_tokens, refill_period })
@@ -309,16 +322,17 @@ impl Reader<'_> {
     fn dedup(&mut self, value: Option<&Value>, path: KeyPath) -> Option<EvaluationDedupPolicy> {
         let mut table = self.table(value, path);
         let unreadable = value.is_some() && !table.is_present();
-        let enabled = self.field(&mut table, "enabled", Self::bool);
-        let ttl = self.field(&mut table, "ttl", Self::duration);
-        let max_entries = self.field(&mut table, "max-entries", Self::u32);
-        let max_stored_bytes = self.field(&mut table, "max-stored-bytes", Self::u32);
+        let enabled = self.field(&mut table, PolicyField::DedupEnabled.leaf(), Self::bool);
+        let ttl = self.field(&mut table, PolicyField::DedupTtl.leaf(), Self::duration);
+        let max_entries = self.field(&mut table, PolicyField::DedupMaxEntries.leaf(), Self::u32);
+        let max_stored_bytes =
+            self.field(&mut table, PolicyField::DedupMaxStoredBytes.leaf(), Self::u32);
         // A bad value inside the table must not turn into a silent default.
         let all_read = [
-            ("enabled", enabled.is_some()),
-            ("ttl", ttl.is_some()),
-            ("max-entries", max_entries.is_some()),
-            ("max-stored-bytes", max_stored_bytes.is_some()),
+            (PolicyField::DedupEnabled.leaf(), enabled.is_some()),
+            (PolicyField::DedupTtl.leaf(), ttl.is_some()),
+            (PolicyField::DedupMaxEntries.leaf(), max_entries.is_some()),
+            (PolicyField::DedupMaxStoredBytes.leaf(), max_stored_bytes.is_some()),
         ]
         .iter()
         .all(|(key, read)| *read || !table.has(key));

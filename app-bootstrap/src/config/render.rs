@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use humantime_serde::re::humantime;
-use shared_contract::{Algorithm, EvaluationDedupPolicy, RateLimitPolicy};
+use shared_contract::{Algorithm, EvaluationDedupPolicy, PolicyField, RateLimitPolicy};
 use toml::{Table, Value};
 
 use adapter_redis::RedisField;
@@ -80,38 +80,44 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
 /// One policy as its table under `capabilities.rate-limit.policies`.
 pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     let mut table = Table::new();
-    table.insert("algorithm".into(), policy.algorithm().name().into());
+    table.insert(PolicyField::Algorithm.key().into(), policy.algorithm().name().into());
     match *policy.algorithm() {
         Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
-            table.insert("limit".into(), count(limit));
-            table.insert("window".into(), duration(window));
+            table.insert(PolicyField::Limit.key().into(), count(limit));
+            table.insert(PolicyField::Window.key().into(), duration(window));
         }
         Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-            table.insert("capacity".into(), count(capacity));
-            table.insert("refill-tokens".into(), count(refill_tokens));
-            table.insert("refill-period".into(), duration(refill_period));
+            table.insert(PolicyField::Capacity.key().into(), count(capacity));
+            table.insert(PolicyField::RefillTokens.key().into(), count(refill_tokens));
+            table.insert(PolicyField::RefillPeriod.key().into(), duration(refill_period));
         }
     }
-    table.insert("revision".into(), i64::from(policy.revision()).into());
-    table.insert("maximum-cost".into(), count(policy.maximum_cost()));
-    table.insert("failure-policy".into(), policy.failure_policy().name().into());
-    table.insert("cleanup-grace".into(), duration(policy.cleanup_grace()));
-    table.insert("maximum-clock-regression".into(), duration(policy.maximum_clock_regression()));
-    table.insert("scope".into(), policy.scope().name().into());
-    table.insert("mode".into(), policy.mode().name().into());
+    table.insert(PolicyField::Revision.key().into(), i64::from(policy.revision()).into());
+    table.insert(PolicyField::MaximumCost.key().into(), count(policy.maximum_cost()));
+    table.insert(PolicyField::FailurePolicy.key().into(), policy.failure_policy().name().into());
+    table.insert(PolicyField::CleanupGrace.key().into(), duration(policy.cleanup_grace()));
+    table.insert(
+        PolicyField::MaximumClockRegression.key().into(),
+        duration(policy.maximum_clock_regression()),
+    );
+    table.insert(PolicyField::Scope.key().into(), policy.scope().name().into());
+    table.insert(PolicyField::Mode.key().into(), policy.mode().name().into());
     let mut dedup = Table::new();
     match *policy.evaluation_dedup() {
         EvaluationDedupPolicy::Disabled => {
-            dedup.insert("enabled".into(), false.into());
+            dedup.insert(PolicyField::DedupEnabled.leaf().into(), false.into());
         }
         EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } => {
-            dedup.insert("enabled".into(), true.into());
-            dedup.insert("ttl".into(), duration(ttl));
-            dedup.insert("max-entries".into(), i64::from(max_entries).into());
-            dedup.insert("max-stored-bytes".into(), i64::from(max_stored_bytes).into());
+            dedup.insert(PolicyField::DedupEnabled.leaf().into(), true.into());
+            dedup.insert(PolicyField::DedupTtl.leaf().into(), duration(ttl));
+            dedup.insert(PolicyField::DedupMaxEntries.leaf().into(), i64::from(max_entries).into());
+            dedup.insert(
+                PolicyField::DedupMaxStoredBytes.leaf().into(),
+                i64::from(max_stored_bytes).into(),
+            );
         }
     }
-    table.insert("evaluation-dedup".into(), dedup.into());
+    table.insert(PolicyField::EvaluationDedup.key().into(), dedup.into());
     table.into()
 }
 
