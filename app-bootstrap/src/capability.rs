@@ -3,6 +3,7 @@
 //! layer is built over it. The only place that names every provider.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
@@ -10,9 +11,10 @@ use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
 use rand::RngCore;
 use secrecy::SecretSlice;
-use shared_contract::{Clock, EdgeRateLimitPort, PolicyId, PolicySet};
+use shared_contract::{Clock, EdgeRateLimitPort, PolicyId, PolicySet, RateLimitPolicy};
 
 use crate::config::{AppConfig, ProviderKind};
+use crate::degraded::{self, DegradedMode, DegradedPort};
 use crate::error::BootstrapError;
 
 /// Key version of a key made up at start.
@@ -65,8 +67,14 @@ impl Upkeep {
 pub enum ProviderState {
     /// The memory provider's store.
     Memory(MemoryStore),
-    /// The Redis adapter first built.
-    Redis(Arc<RedisEdgeRateLimitAdapter>),
+    /// The Redis provider.
+    Redis {
+        /// The Redis adapter first built.
+        adapter: Arc<RedisEdgeRateLimitAdapter>,
+        /// The degraded mode, when `capabilities.rate-limit.degraded` is
+        /// enabled: its local counts and whether it is on.
+        degraded: Option<Arc<DegradedMode>>,
+    },
 }
 
 impl ProviderState {
@@ -85,13 +93,43 @@ impl ProviderState {
                 let retry_after = config.capabilities.rate_limit.edge.failure_retry_after;
                 Arc::new(adapter.with_failure_retry_after(retry_after))
             }
-            Self::Redis(adapter) => Arc::new(
-                adapter
-                    .with_policies(policies)
-                    .map_err(|error| wiring("the redis provider", error))?,
-            ),
+            Self::Redis { adapter, degraded } => {
+                let redis: Arc<dyn EdgeRateLimitPort> = Arc::new(
+                    adapter
+                        .with_policies(policies.iter().cloned())
+                        .map_err(|error| wiring("the redis provider", error))?,
+                );
+                match degraded {
+                    None => redis,
+                    Some(mode) => Arc::new(degraded_port(config, redis, &policies, mode, clock)?),
+                }
+            }
         })
     }
+}
+
+/// The Redis port `redis` behind the degraded mode `mode`: a memory
+/// provider over the mode's store holds each of `policies` at its share.
+fn degraded_port(
+    config: &AppConfig,
+    redis: Arc<dyn EdgeRateLimitPort>,
+    policies: &[RateLimitPolicy],
+    mode: &Arc<DegradedMode>,
+    clock: Arc<dyn Clock>,
+) -> Result<DegradedPort, BootstrapError> {
+    let local_policies = policies
+        .iter()
+        .map(|policy| degraded::scaled(policy, mode.instances()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| wiring("the degraded mode", error))?;
+    let local = MemoryEdgeRateLimitAdapter::with_store(
+        mode.store().clone(),
+        local_policies,
+        Arc::clone(&clock),
+    )
+    .map_err(|error| wiring("the degraded mode", error))?
+    .with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after);
+    Ok(DegradedPort::new(redis, Arc::new(local), Arc::clone(mode), clock))
 }
 
 impl RateLimitCapability {
@@ -108,8 +146,23 @@ impl RateLimitCapability {
                 (Arc::new(adapter), Some(upkeep), ProviderState::Memory(store))
             }
             ProviderKind::Redis => {
-                let adapter = Arc::new(redis_provider(config, clock)?);
-                (Arc::clone(&adapter) as _, None, ProviderState::Redis(adapter))
+                let adapter = Arc::new(redis_provider(config, Arc::clone(&clock))?);
+                let degraded = &config.capabilities.rate_limit.degraded;
+                // Validation refuses `enabled` with 0 instances.
+                let instances = NonZeroU32::new(degraded.instances).filter(|_| degraded.enabled);
+                let Some(instances) = instances else {
+                    let state =
+                        ProviderState::Redis { adapter: Arc::clone(&adapter), degraded: None };
+                    return Ok(Self::Enabled { provider, port: adapter, upkeep: None, state });
+                };
+                let mode = Arc::new(DegradedMode::new(MemoryStore::new(), instances));
+                let policies = config.rate_limit_policies();
+                let redis: Arc<dyn EdgeRateLimitPort> = Arc::clone(&adapter) as _;
+                let port = degraded_port(config, redis, &policies, &mode, Arc::clone(&clock))?;
+                // The local counts expire as the memory provider's do.
+                let upkeep = Upkeep { store: mode.store().clone(), clock };
+                let state = ProviderState::Redis { adapter, degraded: Some(mode) };
+                (Arc::new(port) as _, Some(upkeep), state)
             }
         };
         Ok(Self::Enabled { provider, port, upkeep, state })
