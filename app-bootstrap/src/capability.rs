@@ -382,6 +382,69 @@ mod tests {
         assert!(!capability.is_ready().await);
     }
 
+    /// Redis with degraded mode over `limit` per minute at `revision`, four
+    /// instances, at a port nobody listens on.
+    fn degraded_over_a_closed_port(
+        closed: std::net::SocketAddr,
+        limit: u64,
+        revision: u32,
+    ) -> AppConfig {
+        config(&format!(
+            "[capabilities.rate-limit]\nprovider = \"redis\"\ndefault-policy = \"api\"\n\
+             [capabilities.rate-limit.degraded]\nenabled = true\ninstances = 4\n\
+             [capabilities.rate-limit.policies.api]\nalgorithm = \"fixed-window\"\n\
+             limit = {limit}\nwindow = \"60s\"\nrevision = {revision}\n\
+             [pseudonymizer.keys]\n1 = \"{KEY}\"\n\
+             [redis]\nenabled = true\nurls = [\"redis://{closed}\"]\n"
+        ))
+    }
+
+    async fn admitted_of(port: &dyn EdgeRateLimitPort, clock: &ManualClock, asked: u32) -> u32 {
+        let mut admitted = 0;
+        for _ in 0..asked {
+            let request = shared_contract::RateLimitRequest {
+                policies: PolicySet::single(PolicyId::new("api").unwrap()),
+                subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "cd".repeat(16)))
+                    .unwrap(),
+                operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
+                cost: 1,
+                evaluation_id: shared_contract::EvaluationId::random(),
+                deadline: clock.monotonic() + std::time::Duration::from_secs(1),
+            };
+            let outcome = port.evaluate(request).await;
+            let shared_contract::RateLimitOutcome::Evaluated(set) = outcome else {
+                panic!("degraded mode answers every request: {outcome:?}");
+            };
+            assert_eq!(set.source(), shared_contract::DecisionSource::Degraded);
+            admitted += u32::from(set.allowed());
+        }
+        admitted
+    }
+
+    #[tokio::test]
+    async fn degraded_redis_limits_locally_and_a_reload_moves_the_local_limit_with_the_table() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let manual = ManualClock::new(1_700_000_040_000);
+        let clock: Arc<dyn Clock> = Arc::new(manual.clone());
+        let config = degraded_over_a_closed_port(closed, 10, 1);
+        let capability = RateLimitCapability::build(&config, Arc::clone(&clock)).unwrap();
+        let (Some(port), Some(state)) = (capability.port(), capability.state()) else {
+            panic!("redis has a port and a state");
+        };
+        assert!(capability.upkeep().is_some(), "the local counts are purged in the background");
+        assert!(capability.is_ready().await, "degraded: ready while Redis is not");
+        // ceil(10 / 4) = 3.
+        assert_eq!(admitted_of(&**port, &manual, 5).await, 3);
+        // The same table again (a reload of another key): the same counts.
+        let same = state.port_with_policies(&config, Arc::clone(&clock)).unwrap();
+        assert_eq!(admitted_of(&*same, &manual, 2).await, 0);
+        // A new revision at 20: ceil(20 / 4) = 5, on fresh counters.
+        let raised = degraded_over_a_closed_port(closed, 20, 2);
+        let reloaded = state.port_with_policies(&raised, Arc::clone(&clock)).unwrap();
+        assert_eq!(reloaded.policy(&PolicyId::new("api").unwrap()).unwrap().limit(), 20);
+        assert_eq!(admitted_of(&*reloaded, &manual, 7).await, 5);
+    }
+
     #[test]
     fn a_configured_key_is_used_and_none_generates_one() {
         let configured =
