@@ -413,7 +413,8 @@ refill-period = "1s"
         let running = load(&format!("{BASE}\n[pseudonymizer.keys]\n1 = \"{}\"\n", "a".repeat(32)));
         let base = BASE.replace("default-policy", "failure-retry-after = \"3s\"\ndefault-policy");
         let loaded = load(&format!(
-            "{base}\n[server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n",
+            "{base}\n[capabilities.rate-limit.degraded]\ninstances = 3\n\
+             [server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n",
             "b".repeat(32)
         ));
         let (changed, restart) = changes(&running, &loaded);
@@ -421,6 +422,8 @@ refill-period = "1s"
         assert_eq!(
             restart,
             [
+                // The degraded mode is built with the provider.
+                "capabilities.rate-limit.degraded.instances",
                 "capabilities.rate-limit.failure-retry-after",
                 "pseudonymizer.keys.1",
                 "server.listen"
