@@ -11,7 +11,7 @@ use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString};
-use shared_contract::{PolicyMode, RateLimitOutcome, RateLimitPolicy};
+use shared_contract::{DecisionSource, PolicyMode, RateLimitOutcome, RateLimitPolicy};
 
 use crate::rejection::EdgeRejection;
 
@@ -32,7 +32,8 @@ pub const METRIC_PREFIX: &str = metric_name!("");
 /// Counter of decisions, one per policy of each evaluated set: labels
 /// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`) and
 /// `cached` (`true` when the provider answered from its local denial cache
-/// without asking its store).
+/// without asking its store). A set decided by the degraded mode's local
+/// limiter counts `outcome="degraded"` for each policy, admitted or not.
 pub const DECISIONS_TOTAL: &str = metric_name!("rate_limit_decisions_total");
 /// Histogram of port evaluation time in seconds, one observation per policy
 /// of the set (the set is one evaluation, so each sees the same time):
@@ -42,11 +43,18 @@ pub const EVALUATION_SECONDS: &str = metric_name!("rate_limit_evaluation_seconds
 /// The `algorithm` label when the port does not hold the policy.
 const UNKNOWN_ALGORITHM: &str = "unknown";
 
+/// The `outcome` label of every decision of a set the degraded mode
+/// decided: `degraded`.
+const DEGRADED: &str = DecisionSource::Degraded.name();
+
 /// Every `outcome` label a decision can be counted under: the outcome
-/// categories, then the edge's refusals before evaluation. Its positions
-/// index a member's counters.
+/// categories, `degraded`, then the edge's refusals before evaluation. Its
+/// positions index a member's counters.
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
-    RateLimitOutcome::category_names().chain(EdgeRejection::OUTCOME_LABELS).collect()
+    RateLimitOutcome::category_names()
+        .chain([DEGRADED])
+        .chain(EdgeRejection::OUTCOME_LABELS)
+        .collect()
 });
 
 fn algorithm(policy: Option<&RateLimitPolicy>) -> &'static str {
@@ -122,21 +130,28 @@ impl MemberMetrics {
 
 /// Counts an evaluated set: for each policy, `outcome` is its own decision
 /// (`allowed` or `denied`, so a shadow policy that would deny is counted
-/// `denied` with `mode="shadow"`), or the failure category when the set
-/// failed as a whole. `members` follow the set's order.
+/// `denied` with `mode="shadow"`), `degraded` when the degraded mode
+/// decided the set, or the failure category when the set failed as a
+/// whole. `members` follow the set's order.
 pub(crate) fn record_evaluation(
     members: &[MemberMetrics],
     outcome: &RateLimitOutcome,
     elapsed: Duration,
 ) {
-    let (decisions, cached) = match outcome {
-        RateLimitOutcome::Evaluated(set) => (set.decisions(), set.cached()),
+    let (decisions, source) = match outcome {
+        RateLimitOutcome::Evaluated(set) => (set.decisions(), set.source()),
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => (&[][..], false),
+        | RateLimitOutcome::Indeterminate { .. } => (&[][..], DecisionSource::Store),
+    };
+    let (degraded, cached) = match source {
+        DecisionSource::Store => (false, false),
+        DecisionSource::LocalCache => (false, true),
+        DecisionSource::Degraded => (true, false),
     };
     for (index, member) in members.iter().enumerate() {
         let outcome = match decisions.get(index) {
+            Some(_) if degraded => DEGRADED,
             Some(decision) if decision.allowed => "allowed",
             Some(_) => "denied",
             None => outcome.category_name(),

@@ -451,6 +451,33 @@ fn every_policy_of_a_set_is_counted_with_its_own_answer_and_mode() {
     );
 }
 
+#[test]
+fn a_set_the_degraded_mode_decided_counts_degraded_for_each_policy_admitted_or_not() {
+    let settings = mapped(&["burst", "hourly"]);
+    let (counters, _) = recorded(settings, async |fixture| {
+        let admitted = SetDecision::new(true, &[allow(5, 4), allow(5, 3)]).from_degraded();
+        fixture.answer(RateLimitOutcome::Evaluated(admitted));
+        assert!(fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
+        let refused = SetDecision::new(false, &[allow(5, 2), deny(5, 9000)]).from_degraded();
+        fixture.answer(RateLimitOutcome::Evaluated(refused));
+        assert!(!fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
+        // Back on the store: allowed and denied again.
+        fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &[allow(5, 1); 2])));
+        fixture.bridge.evaluate(&parts(request())).await.unwrap();
+    });
+    assert_eq!(
+        counters,
+        [
+            decision("burst", "degraded", "enforce"),
+            decision("hourly", "degraded", "enforce"),
+            decision("burst", "degraded", "enforce"),
+            decision("hourly", "degraded", "enforce"),
+            decision("burst", "allowed", "enforce"),
+            decision("hourly", "allowed", "enforce"),
+        ]
+    );
+}
+
 /// Collects every event as one `LEVEL field=value ...` line.
 #[derive(Debug, Default)]
 struct CollectingSubscriber {

@@ -3,6 +3,7 @@
 //! layer is built over it. The only place that names every provider.
 
 use std::collections::HashMap;
+use std::num::NonZeroU32;
 use std::sync::Arc;
 
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
@@ -10,9 +11,10 @@ use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
 use rand::RngCore;
 use secrecy::SecretSlice;
-use shared_contract::{Clock, EdgeRateLimitPort, PolicyId, PolicySet};
+use shared_contract::{Clock, EdgeRateLimitPort, PolicyId, PolicySet, RateLimitPolicy};
 
 use crate::config::{AppConfig, ProviderKind};
+use crate::degraded::{self, DegradedMode, DegradedPort};
 use crate::error::BootstrapError;
 
 /// Key version of a key made up at start.
@@ -65,8 +67,14 @@ impl Upkeep {
 pub enum ProviderState {
     /// The memory provider's store.
     Memory(MemoryStore),
-    /// The Redis adapter first built.
-    Redis(Arc<RedisEdgeRateLimitAdapter>),
+    /// The Redis provider.
+    Redis {
+        /// The Redis adapter first built.
+        adapter: Arc<RedisEdgeRateLimitAdapter>,
+        /// The degraded mode, when `capabilities.rate-limit.degraded` is
+        /// enabled: its local counts and whether it is on.
+        degraded: Option<Arc<DegradedMode>>,
+    },
 }
 
 impl ProviderState {
@@ -85,13 +93,43 @@ impl ProviderState {
                 let retry_after = config.capabilities.rate_limit.edge.failure_retry_after;
                 Arc::new(adapter.with_failure_retry_after(retry_after))
             }
-            Self::Redis(adapter) => Arc::new(
-                adapter
-                    .with_policies(policies)
-                    .map_err(|error| wiring("the redis provider", error))?,
-            ),
+            Self::Redis { adapter, degraded } => {
+                let redis: Arc<dyn EdgeRateLimitPort> = Arc::new(
+                    adapter
+                        .with_policies(policies.iter().cloned())
+                        .map_err(|error| wiring("the redis provider", error))?,
+                );
+                match degraded {
+                    None => redis,
+                    Some(mode) => Arc::new(degraded_port(config, redis, &policies, mode, clock)?),
+                }
+            }
         })
     }
+}
+
+/// The Redis port `redis` behind the degraded mode `mode`: a memory
+/// provider over the mode's store holds each of `policies` at its share.
+fn degraded_port(
+    config: &AppConfig,
+    redis: Arc<dyn EdgeRateLimitPort>,
+    policies: &[RateLimitPolicy],
+    mode: &Arc<DegradedMode>,
+    clock: Arc<dyn Clock>,
+) -> Result<DegradedPort, BootstrapError> {
+    let local_policies = policies
+        .iter()
+        .map(|policy| degraded::scaled(policy, mode.instances()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|error| wiring("the degraded mode", error))?;
+    let local = MemoryEdgeRateLimitAdapter::with_store(
+        mode.store().clone(),
+        local_policies,
+        Arc::clone(&clock),
+    )
+    .map_err(|error| wiring("the degraded mode", error))?
+    .with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after);
+    Ok(DegradedPort::new(redis, Arc::new(local), Arc::clone(mode), clock))
 }
 
 impl RateLimitCapability {
@@ -108,8 +146,23 @@ impl RateLimitCapability {
                 (Arc::new(adapter), Some(upkeep), ProviderState::Memory(store))
             }
             ProviderKind::Redis => {
-                let adapter = Arc::new(redis_provider(config, clock)?);
-                (Arc::clone(&adapter) as _, None, ProviderState::Redis(adapter))
+                let adapter = Arc::new(redis_provider(config, Arc::clone(&clock))?);
+                let degraded = &config.capabilities.rate_limit.degraded;
+                // Validation refuses `enabled` with 0 instances.
+                let instances = NonZeroU32::new(degraded.instances).filter(|_| degraded.enabled);
+                let Some(instances) = instances else {
+                    let state =
+                        ProviderState::Redis { adapter: Arc::clone(&adapter), degraded: None };
+                    return Ok(Self::Enabled { provider, port: adapter, upkeep: None, state });
+                };
+                let mode = Arc::new(DegradedMode::new(MemoryStore::new(), instances));
+                let policies = config.rate_limit_policies();
+                let redis: Arc<dyn EdgeRateLimitPort> = Arc::clone(&adapter) as _;
+                let port = degraded_port(config, redis, &policies, &mode, Arc::clone(&clock))?;
+                // The local counts expire as the memory provider's do.
+                let upkeep = Upkeep { store: mode.store().clone(), clock };
+                let state = ProviderState::Redis { adapter, degraded: Some(mode) };
+                (Arc::new(port) as _, Some(upkeep), state)
             }
         };
         Ok(Self::Enabled { provider, port, upkeep, state })
@@ -327,6 +380,69 @@ mod tests {
         };
         assert_eq!(*provider, ProviderKind::Redis);
         assert!(!capability.is_ready().await);
+    }
+
+    /// Redis with degraded mode over `limit` per minute at `revision`, four
+    /// instances, at a port nobody listens on.
+    fn degraded_over_a_closed_port(
+        closed: std::net::SocketAddr,
+        limit: u64,
+        revision: u32,
+    ) -> AppConfig {
+        config(&format!(
+            "[capabilities.rate-limit]\nprovider = \"redis\"\ndefault-policy = \"api\"\n\
+             [capabilities.rate-limit.degraded]\nenabled = true\ninstances = 4\n\
+             [capabilities.rate-limit.policies.api]\nalgorithm = \"fixed-window\"\n\
+             limit = {limit}\nwindow = \"60s\"\nrevision = {revision}\n\
+             [pseudonymizer.keys]\n1 = \"{KEY}\"\n\
+             [redis]\nenabled = true\nurls = [\"redis://{closed}\"]\n"
+        ))
+    }
+
+    async fn admitted_of(port: &dyn EdgeRateLimitPort, clock: &ManualClock, asked: u32) -> u32 {
+        let mut admitted = 0;
+        for _ in 0..asked {
+            let request = shared_contract::RateLimitRequest {
+                policies: PolicySet::single(PolicyId::new("api").unwrap()),
+                subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "cd".repeat(16)))
+                    .unwrap(),
+                operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
+                cost: 1,
+                evaluation_id: shared_contract::EvaluationId::random(),
+                deadline: clock.monotonic() + std::time::Duration::from_secs(1),
+            };
+            let outcome = port.evaluate(request).await;
+            let shared_contract::RateLimitOutcome::Evaluated(set) = outcome else {
+                panic!("degraded mode answers every request: {outcome:?}");
+            };
+            assert_eq!(set.source(), shared_contract::DecisionSource::Degraded);
+            admitted += u32::from(set.allowed());
+        }
+        admitted
+    }
+
+    #[tokio::test]
+    async fn degraded_redis_limits_locally_and_a_reload_moves_the_local_limit_with_the_table() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let manual = ManualClock::new(1_700_000_040_000);
+        let clock: Arc<dyn Clock> = Arc::new(manual.clone());
+        let config = degraded_over_a_closed_port(closed, 10, 1);
+        let capability = RateLimitCapability::build(&config, Arc::clone(&clock)).unwrap();
+        let (Some(port), Some(state)) = (capability.port(), capability.state()) else {
+            panic!("redis has a port and a state");
+        };
+        assert!(capability.upkeep().is_some(), "the local counts are purged in the background");
+        assert!(capability.is_ready().await, "degraded: ready while Redis is not");
+        // ceil(10 / 4) = 3.
+        assert_eq!(admitted_of(&**port, &manual, 5).await, 3);
+        // The same table again (a reload of another key): the same counts.
+        let same = state.port_with_policies(&config, Arc::clone(&clock)).unwrap();
+        assert_eq!(admitted_of(&*same, &manual, 2).await, 0);
+        // A new revision at 20: ceil(20 / 4) = 5, on fresh counters.
+        let raised = degraded_over_a_closed_port(closed, 20, 2);
+        let reloaded = state.port_with_policies(&raised, Arc::clone(&clock)).unwrap();
+        assert_eq!(reloaded.policy(&PolicyId::new("api").unwrap()).unwrap().limit(), 20);
+        assert_eq!(admitted_of(&*reloaded, &manual, 7).await, 5);
     }
 
     #[test]

@@ -153,6 +153,25 @@ pub struct RateLimitConfig {
     /// `policies.<id>`: every policy the provider holds, built and checked
     /// by the contract's policy builder.
     pub policies: BTreeMap<String, RateLimitPolicy>,
+    /// `degraded.*`: the opt-in local limit while Redis cannot decide.
+    pub degraded: DegradedConfig,
+}
+
+/// `capabilities.rate-limit.degraded.*`: what the Redis provider does when
+/// an evaluation ends `Unavailable` or `Indeterminate`. Off by default:
+/// fail-closed (503). On, an in-process limiter holding each policy at
+/// `ceil(limit / instances)` decides instead (`crate::degraded`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DegradedConfig {
+    /// `enabled`: decide locally while Redis cannot (default false). Only
+    /// with `provider = "redis"`: the memory provider has nothing to
+    /// degrade from.
+    pub enabled: bool,
+    /// `instances`: how many instances share the traffic while Redis is
+    /// away; each holds `ceil(limit / instances)`. No default that could
+    /// be right for a fleet: 0, refused when `enabled`.
+    pub instances: u32,
 }
 
 /// `pseudonymizer.*`.

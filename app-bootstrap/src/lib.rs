@@ -15,6 +15,7 @@ pub mod bench;
 pub mod capability;
 pub mod cli;
 pub mod config;
+pub mod degraded;
 mod error;
 mod listener;
 pub mod reload;

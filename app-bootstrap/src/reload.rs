@@ -26,10 +26,10 @@ use crate::error::BootstrapError;
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
 
 /// The keys of `capabilities.rate-limit` a reload does not apply: the
-/// providers hold them. Every other key of the table is the policy table or
+/// providers hold them (the degraded mode is built with the provider). Every other key of the table is the policy table or
 /// what only the bridge reads, so a key added to [`RateLimitConfig`] or
 /// `EdgeSettings` reloads without being listed here.
-const RESTART_ONLY: [&str; 2] = ["provider", "failure-retry-after"];
+const RESTART_ONLY: [&str; 3] = ["provider", "failure-retry-after", "degraded"];
 
 /// What one reload did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -210,7 +210,7 @@ fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
     let mut next = running.clone();
     let to = &mut next.capabilities.rate_limit;
     // Named field by field, so a new one is decided here.
-    let RateLimitConfig { provider: _, default_policy, edge, operations, policies } =
+    let RateLimitConfig { provider: _, default_policy, edge, operations, policies, degraded: _ } =
         loaded.capabilities.rate_limit.clone();
     let failure_retry_after = to.edge.failure_retry_after;
     to.edge = adapter_web::EdgeSettings { failure_retry_after, ..edge };
@@ -413,7 +413,8 @@ refill-period = "1s"
         let running = load(&format!("{BASE}\n[pseudonymizer.keys]\n1 = \"{}\"\n", "a".repeat(32)));
         let base = BASE.replace("default-policy", "failure-retry-after = \"3s\"\ndefault-policy");
         let loaded = load(&format!(
-            "{base}\n[server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n",
+            "{base}\n[capabilities.rate-limit.degraded]\ninstances = 3\n\
+             [server]\nlisten = \"0.0.0.0:9000\"\n[pseudonymizer.keys]\n1 = \"{}\"\n",
             "b".repeat(32)
         ));
         let (changed, restart) = changes(&running, &loaded);
@@ -421,6 +422,8 @@ refill-period = "1s"
         assert_eq!(
             restart,
             [
+                // The degraded mode is built with the provider.
+                "capabilities.rate-limit.degraded.instances",
                 "capabilities.rate-limit.failure-retry-after",
                 "pseudonymizer.keys.1",
                 "server.listen"

@@ -32,8 +32,8 @@ pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
 pub use name::{UnknownName, parse_name};
 pub use outcome::{
-    Certainty, DEFAULT_FAILURE_RETRY_AFTER, IncompatibleCategory, RateLimitDecision,
-    RateLimitOutcome, SetDecision, UnavailableCategory,
+    Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory,
+    RateLimitDecision, RateLimitOutcome, SetDecision, UnavailableCategory,
 };
 pub use policy::{
     Algorithm, AlgorithmKind, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_PERIOD,

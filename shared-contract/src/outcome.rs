@@ -51,6 +51,39 @@ impl RateLimitDecision {
     };
 }
 
+/// Where the decisions of a set came from. One value, not a flag per
+/// source: a set is answered by exactly one of them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum DecisionSource {
+    /// The provider's store decided (the memory store, a Redis script).
+    #[default]
+    Store,
+    /// A provider's local cache of refusals its store gave (the Redis
+    /// provider's denial cache); nothing was charged.
+    LocalCache,
+    /// The composition root's degraded mode: the store could not decide,
+    /// and an in-process limiter holding each policy at
+    /// `ceil(limit / instances)` did.
+    Degraded,
+}
+
+impl DecisionSource {
+    /// Every source, in declaration order.
+    pub const ALL: [Self; 3] = [Self::Store, Self::LocalCache, Self::Degraded];
+
+    /// Kebab-case name: `store`, `local-cache`, `degraded` (the last is
+    /// the metric outcome of every decision of a degraded set).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Store => "store",
+            Self::LocalCache => "local-cache",
+            Self::Degraded => "degraded",
+        }
+    }
+}
+
+crate::impl_from_str_by_name!(DecisionSource);
+
 /// The decisions of a policy set: one per policy, in the set's order, and
 /// whether the request is admitted (every enforced policy allows it). A
 /// fixed inline array, so an outcome is `Copy` and never allocates.
@@ -62,7 +95,7 @@ impl RateLimitDecision {
 pub struct SetDecision {
     allowed: bool,
     len: u8,
-    cached: bool,
+    source: DecisionSource,
     decisions: [RateLimitDecision; MAX_POLICY_SET],
 }
 
@@ -83,21 +116,34 @@ impl SetDecision {
         let mut held = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
         let len = decisions.len().min(MAX_POLICY_SET);
         held[..len].copy_from_slice(&decisions[..len]);
-        Self { allowed, len: len as u8, cached: false, decisions: held }
+        Self { allowed, len: len as u8, source: DecisionSource::Store, decisions: held }
     }
 
     /// The same answer, marked as given by a provider's local cache without
     /// asking its store (the Redis provider's denial cache).
     #[must_use]
     pub fn from_cache(mut self) -> Self {
-        self.cached = true;
+        self.source = DecisionSource::LocalCache;
         self
+    }
+
+    /// The same answer, marked as given by the degraded mode's in-process
+    /// limiter because the provider's store could not decide.
+    #[must_use]
+    pub fn from_degraded(mut self) -> Self {
+        self.source = DecisionSource::Degraded;
+        self
+    }
+
+    /// Where the answer came from.
+    pub fn source(&self) -> DecisionSource {
+        self.source
     }
 
     /// True when the provider answered from a local cache, not its store;
     /// nothing was charged (only refusals are cached).
     pub fn cached(&self) -> bool {
-        self.cached
+        self.source == DecisionSource::LocalCache
     }
 
     /// The answer of a set of one policy (its decision decides).
@@ -126,7 +172,7 @@ impl fmt::Debug for SetDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SetDecision")
             .field("allowed", &self.allowed)
-            .field("cached", &self.cached)
+            .field("source", &self.source)
             .field("decisions", &self.decisions())
             .finish()
     }
@@ -332,6 +378,25 @@ mod tests {
         }
     }
 
+    fn after_source(source: Option<DecisionSource>) -> Option<DecisionSource> {
+        use DecisionSource::{Degraded, LocalCache, Store};
+        match source {
+            None => Some(Store),
+            Some(Store) => Some(LocalCache),
+            Some(LocalCache) => Some(Degraded),
+            Some(Degraded) => None,
+        }
+    }
+
+    #[test]
+    fn every_source_is_listed_and_its_name_parses_back() {
+        assert_eq!(chain(after_source), DecisionSource::ALL);
+        for source in DecisionSource::ALL {
+            assert_eq!(source.name().parse(), Ok(source));
+        }
+        assert_eq!(DecisionSource::Degraded.name(), "degraded");
+    }
+
     #[test]
     fn every_category_is_listed_and_its_name_parses_back() {
         assert_eq!(chain(after_unavailable), UnavailableCategory::ALL);
@@ -390,6 +455,11 @@ mod tests {
         // Where an answer came from is not part of it.
         assert!(set.from_cache().cached());
         assert_eq!(set.from_cache(), set);
+        assert_eq!(set.source(), DecisionSource::Store);
+        let degraded = set.from_degraded();
+        assert_eq!(degraded.source(), DecisionSource::Degraded);
+        assert!(!degraded.cached(), "a degraded answer is not the denial cache's");
+        assert_eq!(degraded, set);
         let replayed = SetDecision::new(true, &[RateLimitDecision { replayed: true, ..allow }]);
         assert!(replayed.replayed() && replayed.allowed());
         assert!(

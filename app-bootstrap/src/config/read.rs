@@ -25,8 +25,8 @@ mod values;
 use self::values::{Table, kind, quoted};
 use super::problems::{ConfigProblems, KeyPath};
 use super::{
-    AdminConfig, AppConfig, CapabilitiesConfig, ProviderKind, PseudonymizerConfig, RateLimitConfig,
-    RedisConfig, ServerConfig,
+    AdminConfig, AppConfig, CapabilitiesConfig, DegradedConfig, ProviderKind, PseudonymizerConfig,
+    RateLimitConfig, RedisConfig, ServerConfig,
 };
 
 /// What the reader saw that validation needs beyond the typed model.
@@ -80,13 +80,14 @@ struct Reader<'p> {
 
 impl Reader<'_> {
     fn rate_limit(&mut self, value: Option<&Value>) -> (RateLimitConfig, Declared) {
-        const OWN: [&str; 4] = ["provider", "default-policy", "operations", "policies"];
+        const OWN: [&str; 5] = ["provider", "default-policy", "operations", "policies", "degraded"];
         let mut table = self.table(value, KeyPath::root().dotted("capabilities.rate-limit"));
-        let [provider, default_policy, operations, policies] = OWN;
+        let [provider, default_policy, operations, policies, degraded] = OWN;
         let provider = self.field(&mut table, provider, Self::name::<ProviderKind>);
         let default_policy = self.field(&mut table, default_policy, Self::policy_list);
         let operations = table.get(operations);
         let policies = table.get(policies);
+        let degraded = table.get(degraded);
         let dict = table.dict();
         let path = table.path().clone();
         // What `EdgeSettings` does not know is reported by `owned`, with
@@ -95,6 +96,10 @@ impl Reader<'_> {
         let edge: EdgeSettings = self.owned(dict, &path, &OWN);
         let operations = self.operations(operations, &path.child("operations"));
         let (policies, declared) = self.policies(policies, &path.child("policies"));
+        let degraded = self.table(degraded, path.child("degraded"));
+        let (degraded_dict, degraded_path) = (degraded.dict(), degraded.path().clone());
+        degraded.close_read();
+        let degraded: DegradedConfig = self.owned(degraded_dict, &degraded_path, &[]);
 
         let config = RateLimitConfig {
             provider: provider.unwrap_or(ProviderKind::Memory),
@@ -102,6 +107,7 @@ impl Reader<'_> {
             edge,
             operations,
             policies,
+            degraded,
         };
         (config, declared)
     }

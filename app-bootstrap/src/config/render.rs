@@ -55,6 +55,7 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
     let policies: Table =
         rate_limit.policies.iter().map(|(id, policy)| (id.clone(), policy_table(policy))).collect();
     limits.insert("policies".into(), policies.into());
+    limits.insert("degraded".into(), owned(&rate_limit.degraded));
     let mut capabilities = Table::new();
     capabilities.insert("rate-limit".into(), limits.into());
     root.insert("capabilities".into(), capabilities.into());

@@ -1237,3 +1237,60 @@ fn a_bad_trusted_proxy_is_named_by_its_index() {
         );
     });
 }
+
+#[test]
+fn degraded_mode_is_off_by_default_and_reads_over_redis() {
+    jail(|jail| {
+        let config = load_file(jail, BASE).unwrap();
+        assert_eq!(
+            config.capabilities.rate_limit.degraded,
+            DegradedConfig { enabled: false, instances: 0 }
+        );
+        let file = format!(
+            "{BASE}\n[capabilities.rate-limit.degraded]\nenabled = true\ninstances = 4\n\
+             [pseudonymizer.keys]\n1 = \"{KEY}\"\n[redis]\nenabled = true\n"
+        )
+        .replace("default-policy", "provider = \"redis\"\ndefault-policy");
+        let config = load_file(jail, &file).unwrap();
+        assert_eq!(
+            config.capabilities.rate_limit.degraded,
+            DegradedConfig { enabled: true, instances: 4 }
+        );
+        // check-config shows it.
+        let rendered = config.to_redacted_toml().unwrap();
+        assert!(rendered.contains("[capabilities.rate-limit.degraded]"), "{rendered}");
+    });
+}
+
+#[test]
+fn degraded_mode_without_redis_or_instances_stops_start_up_naming_both_keys() {
+    jail(|jail| {
+        let file = format!("{BASE}\n[capabilities.rate-limit.degraded]\nenabled = true\n");
+        let problems = problems(load_file(jail, &file));
+        let paths: Vec<_> = problems.iter().map(|(path, _)| path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "capabilities.rate-limit.degraded.enabled",
+                "capabilities.rate-limit.degraded.instances"
+            ]
+        );
+        assert!(problems[0].1.contains("provider = \"memory\""), "{problems:?}");
+        assert!(problems[1].1.contains("at least 1"), "{problems:?}");
+        // The same on `disabled`; and a bad value or an unknown key is named.
+        let file = format!(
+            "{BASE}\n[capabilities.rate-limit.degraded]\nenabled = true\ninstances = -2\nshare = 1\n"
+        )
+        .replace("default-policy", "provider = \"disabled\"\ndefault-policy");
+        assert_eq!(
+            self::paths(load_file(jail, &file)),
+            [
+                // Read first, so reported first: the unknown key.
+                "capabilities.rate-limit.degraded.share",
+                "capabilities.rate-limit.degraded.instances",
+                "capabilities.rate-limit.degraded.enabled",
+                "capabilities.rate-limit.degraded.instances",
+            ]
+        );
+    });
+}

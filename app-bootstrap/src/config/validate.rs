@@ -41,6 +41,7 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
         problems,
     );
     provider_switch(config, problems);
+    degraded(config, problems);
     pseudonymizer(config, problems);
     admin(config, problems);
     if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderKind::Redis {
@@ -200,6 +201,36 @@ fn provider_switch(config: &AppConfig, problems: &mut ConfigProblems) {
             KeyPath::root().dotted("pseudonymizer.keys"),
             "the redis provider needs a configured key, so every instance pseudonymizes alike \
              (add [pseudonymizer.keys] 1 = { env = \"VAR\" })",
+        );
+    }
+}
+
+/// The degraded mode: only over Redis (the memory provider decides every
+/// request itself, and `disabled` decides none), and only with the number
+/// of instances that share the traffic, which no default can know.
+fn degraded(config: &AppConfig, problems: &mut ConfigProblems) {
+    let rate_limit = &config.capabilities.rate_limit;
+    let degraded = &rate_limit.degraded;
+    if !degraded.enabled {
+        return;
+    }
+    let path = KeyPath::rate_limit("degraded");
+    match rate_limit.provider {
+        ProviderKind::Redis => {}
+        provider @ (ProviderKind::Memory | ProviderKind::Disabled) => problems.push(
+            path.child("enabled"),
+            format!(
+                "must be false with capabilities.rate-limit.provider = \"{}\": degraded mode \
+                 decides locally while Redis cannot, and there is no Redis to degrade from",
+                provider.name()
+            ),
+        ),
+    }
+    if degraded.instances == 0 {
+        problems.push(
+            path.child("instances"),
+            "must be at least 1 when degraded mode is enabled: how many instances share the \
+             traffic while Redis is away (each admits ceil(limit / instances))",
         );
     }
 }

@@ -1,0 +1,281 @@
+//! The decorator over a scripted primary port and a real memory provider.
+
+use std::sync::Mutex;
+
+use adapter_memory::MemoryEdgeRateLimitAdapter;
+use shared_contract::{
+    Certainty, EvaluationId, IncompatibleCategory, ManualClock, OperationDigest, PolicySet,
+    RateLimitDecision, SetDecision, SubjectDigest,
+};
+
+use super::*;
+
+const T0: u64 = 1_700_000_040_000;
+
+/// Answers every request with the outcome it is told to, and holds the
+/// fleet's policies.
+#[derive(Debug)]
+struct ScriptedPort {
+    policies: Vec<RateLimitPolicy>,
+    outcome: Mutex<RateLimitOutcome>,
+}
+
+#[async_trait]
+impl EdgeRateLimitPort for ScriptedPort {
+    async fn evaluate(&self, _: RateLimitRequest) -> RateLimitOutcome {
+        *self.outcome.lock().unwrap()
+    }
+
+    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
+        self.policies.iter().find(|policy| policy.id() == id)
+    }
+
+    async fn is_ready(&self) -> bool {
+        false
+    }
+
+    async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
+    }
+
+    async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
+    }
+}
+
+fn fixed_window(limit: u64, maximum_cost: u64) -> RateLimitPolicy {
+    let algorithm = Algorithm::FixedWindow { limit, window: Duration::from_secs(60) };
+    RateLimitPolicy::builder("api", algorithm).maximum_cost(maximum_cost).build().unwrap()
+}
+
+fn four() -> NonZeroU32 {
+    NonZeroU32::new(4).unwrap()
+}
+
+struct Fixture {
+    primary: Arc<ScriptedPort>,
+    mode: Arc<DegradedMode>,
+    clock: ManualClock,
+    port: DegradedPort,
+}
+
+/// The fleet's policy `api` (10 per minute, maximum cost 10) over four
+/// instances: 3 per minute here while Redis is away.
+fn fixture() -> Fixture {
+    let policy = fixed_window(10, 10);
+    let clock = ManualClock::new(T0);
+    let primary = Arc::new(ScriptedPort {
+        policies: vec![policy.clone()],
+        outcome: Mutex::new(unavailable()),
+    });
+    let mode = Arc::new(DegradedMode::new(MemoryStore::new(), four()));
+    let local = MemoryEdgeRateLimitAdapter::with_store(
+        mode.store().clone(),
+        [scaled(&policy, four()).unwrap()],
+        Arc::new(clock.clone()),
+    )
+    .unwrap();
+    let port = DegradedPort::new(
+        Arc::clone(&primary) as _,
+        Arc::new(local),
+        Arc::clone(&mode),
+        Arc::new(clock.clone()),
+    );
+    Fixture { primary, mode, clock, port }
+}
+
+fn unavailable() -> RateLimitOutcome {
+    RateLimitOutcome::Unavailable {
+        category: UnavailableCategory::UnavailableBeforeSend,
+        retry_after: Duration::from_secs(1),
+    }
+}
+
+fn redis_allows() -> RateLimitOutcome {
+    let decision = RateLimitDecision {
+        allowed: true,
+        limit: 10,
+        remaining: 9,
+        retry_after: Duration::ZERO,
+        reset_after: Duration::from_secs(60),
+        certainty: Certainty::Certain,
+        replayed: false,
+    };
+    RateLimitOutcome::Evaluated(SetDecision::single(decision))
+}
+
+impl Fixture {
+    fn primary_answers(&self, outcome: RateLimitOutcome) {
+        *self.primary.outcome.lock().unwrap() = outcome;
+    }
+
+    fn request(&self, cost: u64) -> RateLimitRequest {
+        RateLimitRequest {
+            policies: PolicySet::single(PolicyId::new("api").unwrap()),
+            subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+            operation: OperationDigest::new("00000000000000c1").unwrap(),
+            cost,
+            evaluation_id: EvaluationId::random(),
+            deadline: self.clock.monotonic() + Duration::from_millis(750),
+        }
+    }
+
+    async fn ask(&self) -> RateLimitOutcome {
+        self.port.evaluate(self.request(1)).await
+    }
+}
+
+fn degraded_set(outcome: RateLimitOutcome) -> SetDecision {
+    match outcome {
+        RateLimitOutcome::Evaluated(set) => {
+            assert_eq!(set.source(), DecisionSource::Degraded, "{set:?}");
+            set
+        }
+        other @ (RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Incompatible { .. }
+        | RateLimitOutcome::Indeterminate { .. }) => {
+            panic!("expected a degraded decision, got {other:?}")
+        }
+    }
+}
+
+#[test]
+fn every_count_is_scaled_to_its_ceiling_share_and_never_to_zero() {
+    let window = Duration::from_secs(60);
+    let cases = [(10, 4, 3), (12, 4, 3), (13, 4, 4), (1, 4, 1), (3, 1000, 1), (7, 1, 7)];
+    for (limit, instances, share) in cases {
+        let instances = NonZeroU32::new(instances).unwrap();
+        let policy = scaled(&fixed_window(limit, 1), instances).unwrap();
+        assert_eq!(*policy.algorithm(), Algorithm::FixedWindow { limit: share, window });
+    }
+    let sliding = RateLimitPolicy::builder("s", Algorithm::SlidingCounter { limit: 9, window })
+        .build()
+        .unwrap();
+    assert_eq!(
+        *scaled(&sliding, four()).unwrap().algorithm(),
+        Algorithm::SlidingCounter { limit: 3, window }
+    );
+    let bucket = Algorithm::TokenBucket {
+        capacity: 10,
+        refill_tokens: 5,
+        refill_period: Duration::from_secs(1),
+    };
+    let bucket = RateLimitPolicy::builder("b", bucket)
+        .revision(7)
+        .maximum_cost(2)
+        .scope(shared_contract::PolicyScope::Subject)
+        .mode(shared_contract::PolicyMode::Shadow)
+        .build()
+        .unwrap();
+    let local = scaled(&bucket, four()).unwrap();
+    assert_eq!(
+        *local.algorithm(),
+        Algorithm::TokenBucket {
+            capacity: 3,
+            refill_tokens: 2,
+            refill_period: Duration::from_secs(1)
+        }
+    );
+    // Everything but the counts is the fleet policy's.
+    assert_eq!(
+        (local.id(), local.revision(), local.maximum_cost(), local.scope(), local.mode()),
+        (bucket.id(), 7, 2, bucket.scope(), bucket.mode())
+    );
+    // A maximum cost above the share is cut to it.
+    assert_eq!(scaled(&fixed_window(10, 10), four()).unwrap().maximum_cost(), 3);
+}
+
+#[tokio::test]
+async fn while_redis_cannot_decide_the_share_is_admitted_then_refused_with_decisions() {
+    let fixture = fixture();
+    let failures = [
+        unavailable(),
+        RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) },
+        RateLimitOutcome::Unavailable {
+            category: UnavailableCategory::ClockUnsafe,
+            retry_after: Duration::from_secs(1),
+        },
+        RateLimitOutcome::Unavailable {
+            category: UnavailableCategory::AdmissionRejected,
+            retry_after: Duration::from_secs(1),
+        },
+    ];
+    let mut answers = Vec::new();
+    for failure in failures {
+        fixture.primary_answers(failure);
+        answers.push(degraded_set(fixture.ask().await));
+    }
+    assert!(fixture.mode.is_degraded());
+    // ceil(10 / 4) = 3: three admitted, then refused, with the local
+    // limit's numbers for the headers.
+    let allowed: Vec<_> = answers.iter().map(SetDecision::allowed).collect();
+    assert_eq!(allowed, [true, true, true, false]);
+    let remaining: Vec<_> = answers.iter().map(|set| set.decisions()[0].remaining).collect();
+    assert_eq!(remaining, [2, 1, 0, 0]);
+    let refused = answers[3].decisions()[0];
+    assert_eq!(refused.limit, 3);
+    assert!(refused.retry_after > Duration::ZERO && refused.retry_after <= Duration::from_secs(60));
+}
+
+#[tokio::test]
+async fn the_first_answer_of_redis_ends_degraded_mode_and_drops_the_local_counts() {
+    let fixture = fixture();
+    for _ in 0..3 {
+        assert!(degraded_set(fixture.ask().await).allowed());
+    }
+    assert!(!degraded_set(fixture.ask().await).allowed(), "the share is spent");
+    fixture.primary_answers(redis_allows());
+    assert_eq!(fixture.ask().await, redis_allows());
+    assert_eq!(fixture.ask().await.category_name(), "allowed");
+    assert!(!fixture.mode.is_degraded());
+    assert_eq!(fixture.mode.store().live_entries(), 0, "the local counts are gone");
+    // Redis away again: a whole share, not the spent one.
+    fixture.primary_answers(unavailable());
+    let again = degraded_set(fixture.ask().await);
+    assert!(again.allowed());
+    assert_eq!(again.decisions()[0].remaining, 2);
+}
+
+#[tokio::test]
+async fn a_denial_cache_answer_is_not_redis_and_keeps_degraded_mode() {
+    let fixture = fixture();
+    degraded_set(fixture.ask().await);
+    let RateLimitOutcome::Evaluated(redis) = redis_allows() else { unreachable!() };
+    let cached = RateLimitOutcome::Evaluated(redis.from_cache());
+    fixture.primary_answers(cached);
+    assert_eq!(fixture.ask().await, cached);
+    assert!(fixture.mode.is_degraded());
+    assert_eq!(fixture.mode.store().live_entries(), 1, "the local count stays");
+}
+
+#[tokio::test]
+async fn a_deadline_the_redis_attempt_used_up_still_gets_a_local_answer() {
+    let fixture = fixture();
+    let mut request = fixture.request(1);
+    // Redis timed out at the deadline: it has passed when the local step runs.
+    fixture.clock.advance(Duration::from_millis(750));
+    request.deadline = fixture.clock.monotonic();
+    assert!(degraded_set(fixture.port.evaluate(request).await).allowed());
+}
+
+#[tokio::test]
+async fn what_the_local_limit_cannot_decide_fails_closed_with_redis_answer() {
+    let fixture = fixture();
+    // Cost 5 fits the fleet's maximum (10) but not the local share (3).
+    assert_eq!(fixture.port.evaluate(fixture.request(5)).await, unavailable());
+    // An incompatible request is no outage: passed through, not degraded.
+    let unknown = RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy };
+    let fixture = self::fixture();
+    fixture.primary_answers(unknown);
+    assert_eq!(fixture.ask().await, unknown);
+    assert!(!fixture.mode.is_degraded());
+}
+
+#[tokio::test]
+async fn the_fleet_policy_describes_and_the_instance_stays_ready() {
+    let fixture = fixture();
+    let policy = fixture.port.policy(&PolicyId::new("api").unwrap()).unwrap();
+    assert_eq!(policy.limit(), 10, "the headers' RateLimit-Policy names the configured quota");
+    assert!(!fixture.primary.is_ready().await);
+    assert!(fixture.port.is_ready().await, "the local limiter answers while Redis does not");
+}
