@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use tracing::Instrument;
 
 use adapter_web::{BridgeSwitch, TransportBridge};
 use serde::Serialize;
@@ -118,8 +119,16 @@ impl Reloader {
     }
 
     /// Reads the configuration again and applies it, or refuses it with
-    /// every problem named; logs and counts the result either way.
+    /// every problem named; logs and counts the result either way. Runs in
+    /// a `config.reload` span (a child of the admin request that asked).
     pub async fn reload(&self) -> ReloadReport {
+        let span = tracing::info_span!("config.reload", result = tracing::field::Empty);
+        let report = self.reload_in_span().instrument(span.clone()).await;
+        span.record("result", report.result());
+        report
+    }
+
+    async fn reload_in_span(&self) -> ReloadReport {
         let mut running = self.inner.running.lock().await;
         let report = match self.apply(&mut running) {
             Ok(report) => report,

@@ -24,6 +24,7 @@ use crate::error::BootstrapError;
 use crate::listener::{self, ConnectionLimits};
 use crate::reload::{ReloadTarget, Reloader};
 use crate::routes::{self, ApiRoutes};
+use crate::telemetry::{self, Tracing};
 
 /// Longest wait for the provider's readiness answer before `/readyz` says no.
 const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,6 +51,10 @@ pub struct Application {
     admin: Option<AdminListener>,
     /// Both listeners' header-read timeout and shutdown grace.
     limits: ConnectionLimits,
+    /// Whether requests get spans (`telemetry.otlp.endpoint` is set).
+    traced: bool,
+    /// The trace pipeline, flushed at shutdown ([`Self::trace_with`]).
+    tracing: Option<Tracing>,
 }
 
 /// SIGHUP, caught from the moment this is made. The binary's `main` makes
@@ -159,7 +164,13 @@ impl Application {
             .zip(layer.switch())
             .map(|(state, switch)| ReloadTarget { switch: switch.clone(), state: state.clone() });
         let reload = (config.clone(), served, target);
-        let router = router(api, capability, layer, metrics.clone());
+        let traced = config.telemetry.otlp.endpoint.is_some();
+        let mut router = router(api, capability, layer, metrics.clone());
+        if traced {
+            // Outside every route's layers, so the rate-limit decision is
+            // a child of the request span.
+            router = router.layer(axum::middleware::from_fn(telemetry::public_span));
+        }
         let (listener, address) = bind(config.server.listen).await?;
         let limits = ConnectionLimits {
             header_read_timeout: config.server.header_read_timeout,
@@ -176,7 +187,18 @@ impl Application {
             hangups: None,
             admin,
             limits,
+            traced,
+            tracing: None,
         })
+    }
+
+    /// Flushes `tracing`'s pending spans when the server stops, within
+    /// what is left of `server.shutdown-grace` once the connections have
+    /// drained.
+    #[must_use]
+    pub fn trace_with(mut self, tracing: Option<Tracing>) -> Self {
+        self.tracing = tracing;
+        self
     }
 
     /// The bound admin address, when `admin.listen` is set.
@@ -254,9 +276,13 @@ impl Application {
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
         let limits = self.limits;
+        let traced = self.traced;
         let admin = self.admin.map(|admin| {
             let mut stopped = stopped.clone();
-            let router = admin::router(admin.state.with_reloader(reloader));
+            let mut router = admin::router(admin.state.with_reloader(reloader));
+            if traced {
+                router = router.layer(axum::middleware::from_fn(telemetry::admin_span));
+            }
             tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stopped.changed().await;
@@ -264,8 +290,12 @@ impl Application {
                 listener::serve(admin.listener, router, limits, shutdown, "admin").await;
             })
         });
+        // When the shutdown began: the span flush gets what is left of the
+        // grace after the drain.
+        let (began, began_at) = tokio::sync::oneshot::channel();
         let shutdown = async move {
             shutdown.await;
+            let _ = began.send(tokio::time::Instant::now());
             let _ = stop.send(());
         };
         listener::serve(self.listener, self.router, limits, shutdown, "public").await;
@@ -277,6 +307,10 @@ impl Application {
         upkeep.abort();
         for task in [purge, hangup].into_iter().flatten() {
             task.abort();
+        }
+        if let Some(tracing) = self.tracing {
+            let began = began_at.await.unwrap_or_else(|_| tokio::time::Instant::now());
+            tracing.shutdown(limits.shutdown_grace.saturating_sub(began.elapsed())).await;
         }
         Ok(())
     }
