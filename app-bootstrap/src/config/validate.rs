@@ -203,6 +203,12 @@ fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
                              \"http://127.0.0.1:4318\", got {endpoint:?}"
                         ),
                     );
+                } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
+                    // It is logged at start; a credential goes in a header.
+                    problems.push(
+                        at("endpoint"),
+                        "must carry no user or password; put a credential in telemetry.otlp.headers",
+                    );
                 } else if uri.query().is_some() {
                     problems.push(at("endpoint"), "must have no query; /v1/traces is appended");
                 }
