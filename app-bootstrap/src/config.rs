@@ -62,8 +62,8 @@ pub struct TelemetryConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct OtlpConfig {
-    /// `endpoint`: the collector's OTLP/HTTP base URL (`http` or
-    /// `https`); spans go to `<endpoint>/v1/traces`. `None` (the default)
+    /// `endpoint`: the collector's OTLP/HTTP base URL (`http`: this
+    /// build has no TLS); spans go to `<endpoint>/v1/traces`. `None` (the default)
     /// exports nothing, and the edge makes no span at all.
     pub endpoint: Option<String>,
     /// `service-name`: the resource attribute `service.name`.

@@ -1,5 +1,7 @@
-//! `ca-skeleton`: the binary. It only parses the command line, catches SIGHUP for `serve` (first thing) and hands over to the library; any error is printed (with every
-//! configuration problem) and the exit code is non-zero.
+//! `ca-skeleton`: the binary. It only catches SIGHUP for `serve` (first
+//! thing), parses the command line and hands over to the library, which
+//! installs logging; any error is printed (with every configuration
+//! problem) and the exit code is non-zero.
 
 use std::process::ExitCode;
 

@@ -10,13 +10,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tracing::Instrument;
 
 use adapter_web::{BridgeSwitch, TransportBridge};
 use serde::Serialize;
 use shared_contract::RateLimitPolicy;
 use tokio::sync::Mutex;
 use toml::{Table, Value};
+use tracing::Instrument;
 
 use crate::capability::{ProviderState, edge_settings};
 use crate::config::render::{self, Secrets};

@@ -357,3 +357,47 @@ fn with_the_receiver_down_requests_are_served_and_failures_are_counted_and_logge
         .collect();
     assert_eq!(warned.len(), 1, "logged once a minute at most: {warned:#?}");
 }
+
+#[test]
+fn an_admin_call_and_the_reload_it_asks_for_have_their_own_spans() {
+    const TOKEN: &str = "otlp-test-admin-token-0123456789abcdef";
+    let (endpoint, received) = receiver();
+    let extra = format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n");
+    let mut serve = Serve::start(&config("memory", &endpoint, &extra), "info");
+    let admin = serve.admin_address();
+    let status = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            let reply = client
+                .post(format!("http://{admin}/admin/reload"))
+                .bearer_auth(TOKEN)
+                .header("traceparent", format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"))
+                .send()
+                .await
+                .unwrap();
+            reply.status().as_u16()
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(status, 200);
+    stop(&mut serve);
+
+    let trace_id = hex::decode(TRACE_ID).unwrap();
+    let trace: Vec<Span> =
+        received.spans().into_iter().filter(|span| span.trace_id == trace_id).collect();
+    let call = trace
+        .iter()
+        .find(|span| span.name == "POST /admin/reload")
+        .unwrap_or_else(|| panic!("no admin span in the trace: {trace:#?}"));
+    assert_eq!(call.parent_span_id, hex::decode(PARENT_SPAN_ID).unwrap());
+    assert_eq!(call.kind, SpanKind::Server as i32);
+    assert_eq!(attributes(call).get("http.response.status_code"), Some(&AnyValue::IntValue(200)));
+    let reload = trace
+        .iter()
+        .find(|span| span.name == "config.reload")
+        .unwrap_or_else(|| panic!("no reload span in the trace: {trace:#?}"));
+    assert_eq!(reload.parent_span_id, call.span_id);
+    assert_eq!(attributes(reload).get("result"), Some(&string("unchanged")));
+}

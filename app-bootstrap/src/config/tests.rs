@@ -1245,13 +1245,13 @@ fn telemetry_otlp_is_off_by_default_and_read_with_secret_headers() {
         assert_eq!(config.telemetry.otlp.endpoint, None);
         jail.set_env("OTLP_TEST_KEY", "hosted-collector-api-key");
         let file = format!(
-            "{BASE}[telemetry.otlp]\nendpoint = \"https://collector.example:4318\"\n\
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector.example:4318\"\n\
              service-name = \"edge\"\nsample-ratio = 0.25\ntimeout = \"500ms\"\n\
              headers = {{ x-api-key = {{ env = \"OTLP_TEST_KEY\" }}, x-team = \"edge\" }}\n"
         );
         let config = load_file(jail, &file).unwrap();
         let otlp = &config.telemetry.otlp;
-        assert_eq!(otlp.endpoint.as_deref(), Some("https://collector.example:4318"));
+        assert_eq!(otlp.endpoint.as_deref(), Some("http://collector.example:4318"));
         assert_eq!(otlp.service_name, "edge");
         assert_eq!(otlp.sample_ratio, 0.25);
         assert_eq!(otlp.timeout, Duration::from_millis(500));
@@ -1284,9 +1284,13 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
                 "telemetry.otlp.timeout",
             ]
         );
-        for endpoint in
-            ["not a url", "127.0.0.1:4318", "http://collector:4318/?a=b", "http://u:p@collector"]
-        {
+        for endpoint in [
+            "not a url",
+            "127.0.0.1:4318",
+            "http://collector:4318/?a=b",
+            "http://u:p@collector",
+            "https://collector:4318",
+        ] {
             let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
             assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");
         }

@@ -186,7 +186,7 @@ fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigP
     }
 }
 
-/// `telemetry.otlp`: an `http`/`https` URL with a host, a ratio in
+/// `telemetry.otlp`: an `http` URL with a host (no TLS in this build), a ratio in
 /// `0..=1`, a service name, a timeout above zero, and headers an HTTP
 /// request can carry (a bad value is named by its key, never shown).
 fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
@@ -195,15 +195,23 @@ fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
         match endpoint.parse::<axum::http::Uri>() {
             Ok(uri) => {
                 let scheme = uri.scheme_str().unwrap_or_default();
-                if !matches!(scheme, "http" | "https") || uri.host().is_none() {
+                if scheme == "https" {
+                    // The exporter's client is hyper's plain connector.
+                    problems.push(
+                        at("endpoint"),
+                        "this build has no TLS: use http:// to a collector on the host or \
+                         network (an OpenTelemetry Collector forwards over TLS)",
+                    );
+                } else if scheme != "http" || uri.host().is_none() {
                     problems.push(
                         at("endpoint"),
                         format!(
-                            "must be an http:// or https:// URL with a host, like \
+                            "must be an http:// URL with a host, like \
                              \"http://127.0.0.1:4318\", got {endpoint:?}"
                         ),
                     );
-                } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
+                } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@'))
+                {
                     // It is logged at start; a credential goes in a header.
                     problems.push(
                         at("endpoint"),
