@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use humantime_serde::re::humantime;
+use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry};
@@ -90,6 +91,10 @@ fn bench_duration(text: &str) -> Result<Duration, String> {
 /// active span's `trace_id` and `span_id`. Only the first call installs.
 pub fn init_logging(format: LogFormat, tracing: Option<&Tracing>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Log lines only: a span (the traces' own) is neither formatted nor
+    // printed with them; with traces on, `trace_id` and `span_id` join a
+    // line to its span.
+    let filter = filter.and(tracing_subscriber::filter::filter_fn(|metadata| !metadata.is_span()));
     // Colour codes only help a terminal; in files and log shippers they are noise.
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
