@@ -390,7 +390,9 @@ fn retried_or(retried: RateLimitOutcome, first: RateLimitOutcome) -> RateLimitOu
 /// layer turns an unsigned value into text), never a key: a key holds the subject's
 /// pseudonym, which the parent span carries already.
 fn script_span(kind: ScriptKind, keys: usize) -> Option<tracing::Span> {
-    let traced = tracing::dispatcher::get_default(|dispatch| dispatch.current_span().is_known());
+    // `is_known` would be true for "no span" too: the id says there is one.
+    let traced =
+        tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
     traced.then(|| {
         tracing::info_span!(
             "redis.script",

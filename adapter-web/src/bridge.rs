@@ -255,7 +255,9 @@ impl TransportBridge {
 /// an untraced request pays one look-up and no span. It names the subject
 /// by its pseudonym only; the raw subject never reaches a span.
 fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) -> Option<Span> {
-    let traced = tracing::dispatcher::get_default(|dispatch| dispatch.current_span().is_known());
+    // `is_known` would be true for "no span" too: the id says there is one.
+    let traced =
+        tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
     traced.then(|| {
         tracing::info_span!(
             "rate_limit.decision",

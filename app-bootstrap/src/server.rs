@@ -51,8 +51,9 @@ pub struct Application {
     admin: Option<AdminListener>,
     /// Both listeners' header-read timeout and shutdown grace.
     limits: ConnectionLimits,
-    /// Whether requests get spans (`telemetry.otlp.endpoint` is set).
-    traced: bool,
+    /// How requests are sampled, when they get spans at all
+    /// (`telemetry.otlp.endpoint` is set).
+    sampling: Option<telemetry::Sampling>,
     /// The trace pipeline, flushed at shutdown ([`Self::trace_with`]).
     tracing: Option<Tracing>,
 }
@@ -164,12 +165,14 @@ impl Application {
             .zip(layer.switch())
             .map(|(state, switch)| ReloadTarget { switch: switch.clone(), state: state.clone() });
         let reload = (config.clone(), served, target);
-        let traced = config.telemetry.otlp.endpoint.is_some();
+        let otlp = &config.telemetry.otlp;
+        let sampling = otlp.endpoint.as_ref().map(|_| telemetry::Sampling::new(otlp.sample_ratio));
         let mut router = router(api, capability, layer, metrics.clone());
-        if traced {
+        if let Some(sampling) = sampling {
             // Outside every route's layers, so the rate-limit decision is
             // a child of the request span.
-            router = router.layer(axum::middleware::from_fn(telemetry::public_span));
+            let spans = axum::middleware::from_fn_with_state(sampling, telemetry::public_span);
+            router = router.layer(spans);
         }
         let (listener, address) = bind(config.server.listen).await?;
         let limits = ConnectionLimits {
@@ -187,7 +190,7 @@ impl Application {
             hangups: None,
             admin,
             limits,
-            traced,
+            sampling,
             tracing: None,
         })
     }
@@ -276,12 +279,13 @@ impl Application {
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
         let limits = self.limits;
-        let traced = self.traced;
+        let sampling = self.sampling;
         let admin = self.admin.map(|admin| {
             let mut stopped = stopped.clone();
             let mut router = admin::router(admin.state.with_reloader(reloader));
-            if traced {
-                router = router.layer(axum::middleware::from_fn(telemetry::admin_span));
+            if let Some(sampling) = sampling {
+                let spans = axum::middleware::from_fn_with_state(sampling, telemetry::admin_span);
+                router = router.layer(spans);
             }
             tokio::spawn(async move {
                 let shutdown = async move {

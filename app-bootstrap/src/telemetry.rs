@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use axum::extract::{MatchedPath, Request};
+use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use opentelemetry::propagation::TextMapPropagator;
@@ -86,7 +86,10 @@ impl Tracing {
         let processor = BatchSpanProcessor::builder(Counted::new(exporter), Tokio)
             .with_batch_config(batch)
             .build();
-        let sampler = Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(otlp.sample_ratio)));
+        // The ratio is applied at the edge, before any span is made
+        // ([`Sampling`]); what reaches the SDK is kept, except under a
+        // caller's span that is not sampled.
+        let sampler = Sampler::ParentBased(Box::new(Sampler::AlwaysOn));
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_sampler(sampler)
@@ -96,8 +99,8 @@ impl Tracing {
     }
 
     /// The `tracing` layer that turns spans into OpenTelemetry spans of
-    /// this pipeline. Thread ids and busy/idle times are left out: they
-    /// cost on every poll and say little here.
+    /// this pipeline. Thread ids, busy/idle times, source locations and
+    /// targets are left out: they cost on every span and say little here.
     pub fn layer<S>(&self) -> OpenTelemetryLayer<S, SdkTracer>
     where
         S: Subscriber + for<'span> LookupSpan<'span>,
@@ -106,6 +109,8 @@ impl Tracing {
             .with_tracer(self.provider.tracer(SCOPE))
             .with_threads(false)
             .with_tracked_inactivity(false)
+            .with_location(false)
+            .with_target(false)
     }
 
     /// Exports the spans still queued and stops the pipeline, waiting at
@@ -185,20 +190,66 @@ pub(crate) enum Listener {
     Admin,
 }
 
-/// Middleware (`axum::middleware::from_fn`): one server span per request,
-/// joined to the caller's trace when it sends a W3C `traceparent` (and
-/// `tracestate`). Named `"<METHOD> <route template>"` as the HTTP
-/// conventions say, never with the raw path.
-pub(crate) async fn public_span(request: Request, next: Next) -> Response {
-    request_span(Listener::Public, request, next).await
+/// The head-sampling decision of `telemetry.otlp.sample-ratio`, made per
+/// request before any span exists, so an unsampled request costs a header
+/// look-up and a random number, and no span at all (nor a decision or
+/// script span under it). Parent-based: a caller's `traceparent` decides
+/// by its sampled flag; without one, the ratio does.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sampling {
+    ratio: f64,
+}
+
+impl Sampling {
+    pub(crate) fn new(ratio: f64) -> Self {
+        Self { ratio }
+    }
+
+    /// The caller's context when the request is traced, `None` when not.
+    fn traced(self, headers: &axum::http::HeaderMap) -> Option<opentelemetry::Context> {
+        if headers.contains_key("traceparent") {
+            let parent = TraceContextPropagator::new()
+                .extract(&opentelemetry_http::HeaderExtractor(headers));
+            let ids = parent.span().span_context().clone();
+            if ids.is_valid() {
+                return ids.is_sampled().then_some(parent);
+            }
+        }
+        let kept = self.ratio >= 1.0 || (self.ratio > 0.0 && rand::random::<f64>() < self.ratio);
+        kept.then(opentelemetry::Context::new)
+    }
+}
+
+/// Middleware (`axum::middleware::from_fn_with_state`): one server span
+/// per sampled request, joined to the caller's trace when it sends a W3C
+/// `traceparent` (and `tracestate`). Named `"<METHOD> <route template>"`
+/// as the HTTP conventions say, never with the raw path.
+pub(crate) async fn public_span(
+    State(sampling): State<Sampling>,
+    request: Request,
+    next: Next,
+) -> Response {
+    request_span(Listener::Public, sampling, request, next).await
 }
 
 /// [`public_span`] for the admin listener.
-pub(crate) async fn admin_span(request: Request, next: Next) -> Response {
-    request_span(Listener::Admin, request, next).await
+pub(crate) async fn admin_span(
+    State(sampling): State<Sampling>,
+    request: Request,
+    next: Next,
+) -> Response {
+    request_span(Listener::Admin, sampling, request, next).await
 }
 
-async fn request_span(listener: Listener, request: Request, next: Next) -> Response {
+async fn request_span(
+    listener: Listener,
+    sampling: Sampling,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(parent) = sampling.traced(request.headers()) else {
+        return next.run(request).await;
+    };
     let method = request.method().as_str().to_owned();
     let route = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_owned());
     let name = match &route {
@@ -226,8 +277,6 @@ async fn request_span(listener: Listener, request: Request, next: Next) -> Respo
             otel.status_code = tracing::field::Empty,
         ),
     };
-    let parent = TraceContextPropagator::new()
-        .extract(&opentelemetry_http::HeaderExtractor(request.headers()));
     if parent.span().span_context().is_valid() {
         // Fails only when no OpenTelemetry layer is installed (a test's
         // in-process server): the span then has no trace to join anyway.

@@ -401,3 +401,47 @@ fn an_admin_call_and_the_reload_it_asks_for_have_their_own_spans() {
     assert_eq!(reload.parent_span_id, call.span_id);
     assert_eq!(attributes(reload).get("result"), Some(&string("unchanged")));
 }
+
+/// GETs `/api/hello` once per entry, with that `traceparent` when given.
+fn requests_with(base: &str, traceparents: &[Option<String>]) -> Vec<u16> {
+    let (base, traceparents) = (base.to_owned(), traceparents.to_vec());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            let mut statuses = Vec::new();
+            for traceparent in traceparents {
+                let mut request = client.get(format!("{base}/api/hello"));
+                if let Some(traceparent) = traceparent {
+                    request = request.header("traceparent", traceparent);
+                }
+                statuses.push(request.send().await.unwrap().status().as_u16());
+            }
+            statuses
+        })
+    })
+    .join()
+    .unwrap()
+}
+
+#[test]
+fn at_ratio_zero_only_a_sampled_traceparent_is_traced() {
+    let (endpoint, received) = receiver();
+    let mut serve = Serve::start(&config("memory", &endpoint, "sample-ratio = 0.0\n"), "info");
+    let unsampled_trace = "0af7651916cd43dd8448eb211c80319c";
+    let traceparents = [
+        None,
+        Some(format!("00-{unsampled_trace}-b7ad6b7169203331-00")),
+        Some(format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01")),
+        None,
+    ];
+    assert_eq!(requests_with(&serve.base, &traceparents), [200; 4]);
+    stop(&mut serve);
+
+    let spans = received.spans();
+    let trace_id = hex::decode(TRACE_ID).unwrap();
+    let mut names: Vec<&str> = spans.iter().map(|span| span.name.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(names, ["GET /api/hello", "rate_limit.decision"], "{spans:#?}");
+    assert!(spans.iter().all(|span| span.trace_id == trace_id), "{spans:#?}");
+}
