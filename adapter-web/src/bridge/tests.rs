@@ -557,9 +557,12 @@ fn a_shadow_policy_that_would_deny_logs_one_line_with_the_pseudonym_only() {
     }
 }
 
-/// Every span made, as (name, its parent's name, its fields as text).
+/// One span made: its name, its parent's name, its fields as text.
+type MadeSpan = (String, Option<String>, String);
+
+/// Every span made.
 #[derive(Debug, Clone, Default)]
-struct SpanLog(Arc<Mutex<Vec<(String, Option<String>, String)>>>);
+struct SpanLog(Arc<Mutex<Vec<MadeSpan>>>);
 
 impl<S> tracing_subscriber::Layer<S> for SpanLog
 where
