@@ -16,6 +16,7 @@ use shared_contract::{
 };
 use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::acknowledge;
 use crate::algorithm;
@@ -369,6 +370,48 @@ impl RedisEdgeRateLimitAdapter {
     }
 }
 
+/// The outcome of a retry of an indeterminate first attempt: only a
+/// decision settles it. A retry that never ran (say, the master died and
+/// its replica is not promoted yet) proves nothing about the first
+/// attempt, which may have charged.
+fn retried_or(retried: RateLimitOutcome, first: RateLimitOutcome) -> RateLimitOutcome {
+    match retried {
+        decided @ RateLimitOutcome::Evaluated(_) => decided,
+        RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Incompatible { .. }
+        | RateLimitOutcome::Indeterminate { .. } => first,
+    }
+}
+
+/// The `redis.script` span of one evaluation's script call (its retry
+/// included), a child of the decision span; `None` when the call runs in
+/// no span (traces are off). Its attributes are the script, the key count,
+/// the attempts and the time taken (integers are signed: the OpenTelemetry
+/// layer turns an unsigned value into text), never a key: a key holds the subject's
+/// pseudonym, which the parent span carries already.
+fn script_span(kind: ScriptKind, keys: usize) -> Option<tracing::Span> {
+    // `is_known` would be true for "no span" too: the id says there is one.
+    let traced =
+        tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
+    traced.then(|| {
+        tracing::info_span!(
+            "redis.script",
+            otel.kind = "client",
+            db.system.name = "redis",
+            redis.script = kind.name(),
+            redis.keys = i64::try_from(keys).unwrap_or(i64::MAX),
+            redis.attempts = tracing::field::Empty,
+            redis.duration_us = tracing::field::Empty,
+        )
+    })
+}
+
+/// Signed, as every integer attribute: the OpenTelemetry layer turns an
+/// unsigned value into text.
+fn micros(elapsed: Duration) -> i64 {
+    i64::try_from(elapsed.as_micros()).unwrap_or(i64::MAX)
+}
+
 #[async_trait]
 impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
     async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
@@ -438,31 +481,37 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             Some(only) if set.len() == 1 => only.script,
             Some(_) | None => ScriptKind::PolicySet,
         };
-        let outcome = self.run_script(&set, kind, &keys, &args, deadline).await;
-        let outcome = match outcome {
-            // The same evaluation id replays a charge that did happen, so one
-            // retry turns an ambiguous failure into a definite answer.
-            // With WAIT on, a retry could only replay the charge, and a
-            // replay cannot be acknowledged (see `acknowledge`).
-            RateLimitOutcome::Indeterminate { .. }
-                if dedup_enabled && self.wait.is_none() && Instant::now() < deadline =>
-            {
-                match self.run_script(&set, kind, &keys, &args, deadline).await {
-                    decided @ RateLimitOutcome::Evaluated(_) => decided,
-                    // Only a decision settles it: a retry that never ran (say,
-                    // the master died and its replica is not promoted yet)
-                    // proves nothing about the first attempt, which may have
-                    // charged.
-                    RateLimitOutcome::Unavailable { .. }
-                    | RateLimitOutcome::Incompatible { .. }
-                    | RateLimitOutcome::Indeterminate { .. } => outcome,
+        let span = script_span(kind, keys.len());
+        // The clock is read only for a traced call.
+        let started = span.as_ref().map(|_| std::time::Instant::now());
+        let script = async {
+            let outcome = self.run_script(&set, kind, &keys, &args, deadline).await;
+            let outcome = match outcome {
+                // The same evaluation id replays a charge that did happen, so one
+                // retry turns an ambiguous failure into a definite answer.
+                // With WAIT on, a retry could only replay the charge, and a
+                // replay cannot be acknowledged (see `acknowledge`).
+                RateLimitOutcome::Indeterminate { .. }
+                    if dedup_enabled && self.wait.is_none() && Instant::now() < deadline =>
+                {
+                    let retried = self.run_script(&set, kind, &keys, &args, deadline).await;
+                    return (retried_or(retried, outcome), 2);
                 }
-            }
-            RateLimitOutcome::Evaluated(_)
-            | RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => outcome,
+                RateLimitOutcome::Evaluated(_)
+                | RateLimitOutcome::Unavailable { .. }
+                | RateLimitOutcome::Incompatible { .. }
+                | RateLimitOutcome::Indeterminate { .. } => outcome,
+            };
+            (outcome, 1_u32)
         };
+        let (outcome, attempts) = match &span {
+            Some(span) => script.instrument(span.clone()).await,
+            None => script.await,
+        };
+        if let Some((span, started)) = span.zip(started) {
+            span.record("redis.attempts", i64::from(attempts));
+            span.record("redis.duration_us", micros(started.elapsed()));
+        }
         if let Some(cache) = deny_cache {
             cache.learn(&request, policies, now_millis, &outcome);
         }

@@ -58,6 +58,17 @@ impl ScriptKind {
         }
     }
 
+    /// The script's name in spans: `fixed-window`, `sliding-counter`,
+    /// `token-bucket` or `policy-set`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::FixedWindow => "fixed-window",
+            Self::SlidingCounter => "sliding-counter",
+            Self::TokenBucket => "token-bucket",
+            Self::PolicySet => "policy-set",
+        }
+    }
+
     /// The whole Lua source sent with `SCRIPT LOAD`: the driver file with
     /// every `-- #include <file>` line replaced by that file.
     pub fn source(self) -> &'static str {

@@ -12,6 +12,7 @@ use shared_contract::{
     Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, PolicyId, PolicyMode, PolicySet,
     RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
+use tracing::{Instrument, Span};
 
 use crate::cost::RateLimitCost;
 use crate::operation::Operations;
@@ -211,6 +212,7 @@ impl TransportBridge {
             }
         };
         let digest = self.pseudonymizer.pseudonymize(subject.kind, &subject.identity);
+        let span = decision_span(operation, &policies, &digest);
         // Kept only when a shadow policy may need to log whose request it
         // would have denied; the pseudonym, never the raw subject.
         let has_shadow =
@@ -231,15 +233,56 @@ impl TransportBridge {
         };
         // Wall time for the histogram only; decisions use the injected clock.
         let started = Instant::now();
-        let outcome = self.port.evaluate(request).await;
+        let outcome = match &span {
+            Some(span) => self.port.evaluate(request).instrument(span.clone()).await,
+            None => self.port.evaluate(request).await,
+        };
         let elapsed = started.elapsed();
         let outcome = checked(outcome, &described, operation);
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let policy_header = prepared.policy_header.clone();
         let evaluation = BridgeEvaluation { policies, described, outcome, policy_header };
+        if let Some(span) = span {
+            record_decision(&span, &evaluation);
+        }
         log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed);
         Ok(evaluation)
     }
+}
+
+/// The `rate_limit.decision` span of one evaluation, a child of the span
+/// the request runs in; `None` when it runs in none (traces are off), so
+/// an untraced request pays one look-up and no span. It names the subject
+/// by its pseudonym only; the raw subject never reaches a span.
+fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) -> Option<Span> {
+    // `is_known` would be true for "no span" too: the id says there is one.
+    let traced =
+        tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
+    traced.then(|| {
+        tracing::info_span!(
+            "rate_limit.decision",
+            rate_limit.operation = operation,
+            rate_limit.policies = %Ids(policies.ids()),
+            rate_limit.subject = digest.as_str(),
+            rate_limit.outcome = tracing::field::Empty,
+            rate_limit.admitted = tracing::field::Empty,
+            rate_limit.cached = tracing::field::Empty,
+        )
+    })
+}
+
+/// The decision's attributes: its outcome category, whether the handler
+/// runs, and whether the provider answered from its denial cache.
+fn record_decision(span: &Span, evaluation: &BridgeEvaluation) {
+    let cached = match &evaluation.outcome {
+        RateLimitOutcome::Evaluated(set) => set.cached(),
+        RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Incompatible { .. }
+        | RateLimitOutcome::Indeterminate { .. } => false,
+    };
+    span.record("rate_limit.outcome", evaluation.outcome.category_name());
+    span.record("rate_limit.admitted", evaluation.admits());
+    span.record("rate_limit.cached", cached);
 }
 
 /// The port's answer, unless an `Evaluated` one contradicts the set: a

@@ -549,3 +549,65 @@ fn a_shadow_policy_that_would_deny_logs_one_line_with_the_pseudonym_only() {
         assert!(!line.contains("raw-key-never-logged") && !line.contains("203.0.113.77"), "{line}");
     }
 }
+
+/// One span made: its name, its parent's name, its fields as text.
+type MadeSpan = (String, Option<String>, String);
+
+/// Every span made.
+#[derive(Debug, Clone, Default)]
+struct SpanLog(Arc<Mutex<Vec<MadeSpan>>>);
+
+impl<S> tracing_subscriber::Layer<S> for SpanLog
+where
+    S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+{
+    fn on_new_span(
+        &self,
+        attributes: &tracing::span::Attributes<'_>,
+        id: &tracing::span::Id,
+        context: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let span = context.span(id).unwrap();
+        let mut fields = String::new();
+        attributes.record(&mut LineVisitor(&mut fields));
+        let parent = span.parent().map(|parent| parent.name().to_owned());
+        self.0.lock().unwrap().push((span.name().to_owned(), parent, fields));
+    }
+}
+
+/// Traces off means no span around the request: the bridge then makes
+/// none either. Inside a request's span it makes one decision span, its
+/// child, naming the subject by its pseudonym only.
+#[test]
+fn a_decision_span_is_made_only_inside_a_span_and_names_the_pseudonym() {
+    use tracing::Instrument;
+    use tracing_subscriber::layer::SubscriberExt;
+
+    let spans = SpanLog::default();
+    let subscriber = tracing_subscriber::registry().with(spans.clone());
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let pseudonym = tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let fixture = fixture(mapped(&["burst"]));
+            fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &[allow(5, 4)])));
+            let keyed = || parts(request().header("x-api-key", "raw-key-never-in-a-span"));
+            assert!(fixture.bridge.evaluate(&keyed()).await.unwrap().admits());
+            assert!(spans.0.lock().unwrap().is_empty(), "an untraced request made a span");
+            let request_span = tracing::info_span!("http.request");
+            let evaluated = fixture.bridge.evaluate(&keyed()).instrument(request_span).await;
+            assert!(evaluated.unwrap().admits());
+            fixture.pseudonymizer.pseudonymize(SubjectKind::ApiKey, "raw-key-never-in-a-span")
+        })
+    });
+    let spans = spans.0.lock().unwrap().clone();
+    let names: Vec<_> =
+        spans.iter().map(|(name, parent, _)| (name.as_str(), parent.clone())).collect();
+    assert_eq!(
+        names,
+        [("http.request", None), ("rate_limit.decision", Some("http.request".to_owned()))]
+    );
+    let fields = &spans[1].2;
+    assert!(fields.contains(&format!("rate_limit.subject={:?}", pseudonym.as_str())), "{fields}");
+    assert!(fields.contains("rate_limit.policies=burst"), "{fields}");
+    assert!(!fields.contains("raw-key-never-in-a-span") && !fields.contains("203.0.113.77"));
+}

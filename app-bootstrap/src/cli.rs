@@ -6,13 +6,17 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use humantime_serde::re::humantime;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::filter::FilterExt;
+use tracing_subscriber::layer::{Layer, SubscriberExt};
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Registry};
 
 use crate::acl::acl_rules;
 use crate::bench::{self, BenchOptions};
 use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderKind};
 use crate::error::BootstrapError;
 use crate::server::{Application, Hangups};
+use crate::telemetry::{Tracing, WithTraceIds};
 
 /// The edge rate limiter service skeleton.
 #[derive(Debug, Parser)]
@@ -83,17 +87,41 @@ fn bench_duration(text: &str) -> Result<Duration, String> {
 
 /// Installs the global `tracing` subscriber, writing to stderr so stdout
 /// carries only command output (`check-config`, `redis-acl`, `bench`).
-pub fn init_logging(format: LogFormat) {
+/// With `tracing`, spans are also exported and JSON lines carry the
+/// active span's `trace_id` and `span_id`. Only the first call installs.
+pub fn init_logging(format: LogFormat, tracing: Option<&Tracing>) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Log lines only: a span (the traces' own) is neither formatted nor
+    // printed with them; with traces on, `trace_id` and `span_id` join a
+    // line to its span.
+    let filter = filter.and(tracing_subscriber::filter::filter_fn(|metadata| !metadata.is_span()));
     // Colour codes only help a terminal; in files and log shippers they are noise.
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().init(),
+    let mut layers: Vec<Box<dyn Layer<Registry> + Send + Sync>> = Vec::new();
+    if let Some(tracing) = tracing {
+        // Spans only (log lines stay log lines), and only this workspace's
+        // at info: `RUST_LOG` filters log lines, never what is traced.
+        let ours = tracing_subscriber::filter::filter_fn(|metadata| {
+            metadata.is_span()
+                && *metadata.level() <= tracing::Level::INFO
+                && ["app_bootstrap", "adapter_web", "adapter_redis", "adapter_memory"]
+                    .iter()
+                    .any(|crate_name| metadata.target().starts_with(crate_name))
+        });
+        layers.push(tracing.layer().with_filter(ours).boxed());
     }
+    let lines = match (format, tracing.is_some()) {
+        (LogFormat::Human, _) => lines.with_filter(filter).boxed(),
+        (LogFormat::Json, false) => lines.json().with_filter(filter).boxed(),
+        (LogFormat::Json, true) => {
+            let json = tracing_subscriber::fmt::format().json();
+            lines.json().event_format(WithTraceIds(json)).with_filter(filter).boxed()
+        }
+    };
+    layers.push(lines);
+    let _ = tracing_subscriber::registry().with(layers).try_init();
 }
 
 impl Cli {
@@ -106,10 +134,18 @@ impl Cli {
 /// Runs the chosen command; `serve` reloads on the SIGHUPs `hangups` has
 /// caught since before the runtime started (the binary's `main` catches
 /// them first thing; without them it catches from now).
+/// Logging is installed here (once): `serve` first reads its
+/// configuration, which says whether spans are exported too.
 pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapError> {
     let sources = ConfigSources::new(cli.config);
-    match cli.command.unwrap_or(Command::Serve) {
-        Command::Serve => serve(&sources, hangups.unwrap_or_else(Hangups::catch)).await,
+    let command = cli.command.unwrap_or(Command::Serve);
+    if !matches!(command, Command::Serve) {
+        init_logging(cli.log_format, None);
+    }
+    match command {
+        Command::Serve => {
+            serve(&sources, cli.log_format, hangups.unwrap_or_else(Hangups::catch)).await
+        }
         Command::CheckConfig => check_config(&sources),
         Command::RedisAcl => {
             let rules = acl_rules(&AppConfig::load_redis(&sources)?);
@@ -139,11 +175,27 @@ pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapErro
     }
 }
 
-async fn serve(sources: &ConfigSources, hangups: Hangups) -> Result<(), BootstrapError> {
-    let config = AppConfig::load(sources)?;
+async fn serve(
+    sources: &ConfigSources,
+    log_format: LogFormat,
+    hangups: Hangups,
+) -> Result<(), BootstrapError> {
+    let config = match AppConfig::load(sources) {
+        Ok(config) => config,
+        Err(error) => {
+            init_logging(log_format, None);
+            return Err(error);
+        }
+    };
+    let tracing = Tracing::start(&config.telemetry.otlp);
+    init_logging(log_format, tracing.as_ref().ok().and_then(Option::as_ref));
+    let tracing = tracing?;
     let rate_limit = &config.capabilities.rate_limit;
-    let application =
-        Application::build(&config).await?.reload_from(sources.clone()).reload_on(hangups);
+    let application = Application::build(&config)
+        .await?
+        .reload_from(sources.clone())
+        .reload_on(hangups)
+        .trace_with(tracing);
     tracing::info!(
         address = %application.local_addr(),
         provider = rate_limit.provider.name(),
@@ -154,6 +206,13 @@ async fn serve(sources: &ConfigSources, hangups: Hangups) -> Result<(), Bootstra
     );
     if let Some(admin) = application.admin_addr() {
         tracing::info!(address = %admin, "admin listener on");
+    }
+    if let Some(endpoint) = &config.telemetry.otlp.endpoint {
+        tracing::info!(
+            endpoint,
+            sample_ratio = config.telemetry.otlp.sample_ratio,
+            "exporting traces over OTLP/HTTP"
+        );
     }
     application.run_until_stopped().await?;
     tracing::info!("stopped");

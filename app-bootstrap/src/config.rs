@@ -44,6 +44,59 @@ pub struct AppConfig {
     pub redis: RedisConfig,
     /// `admin.*`: the operator listener, off unless `admin.listen` is set.
     pub admin: AdminConfig,
+    /// `telemetry.*`: trace export, off unless `telemetry.otlp.endpoint`
+    /// is set.
+    pub telemetry: TelemetryConfig,
+}
+
+/// `telemetry.*`.
+#[derive(Debug, Clone, Default)]
+pub struct TelemetryConfig {
+    /// `telemetry.otlp.*`: OpenTelemetry traces over OTLP/HTTP.
+    pub otlp: OtlpConfig,
+}
+
+/// `telemetry.otlp.*`: where and how spans are exported. Its serde names
+/// are the keys, its `Default` the defaults; the headers are secrets, read
+/// with their sources by the configuration layer.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct OtlpConfig {
+    /// `endpoint`: the collector's OTLP/HTTP base URL (`http`: this
+    /// build has no TLS); spans go to `<endpoint>/v1/traces`. `None` (the default)
+    /// exports nothing, and the edge makes no span at all.
+    pub endpoint: Option<String>,
+    /// `service-name`: the resource attribute `service.name`.
+    pub service_name: String,
+    /// `sample-ratio`: the share of new traces kept, `0.0..=1.0`. Parent
+    /// based: a request whose `traceparent` is sampled is always kept, one
+    /// whose `traceparent` is not sampled never.
+    pub sample_ratio: f64,
+    /// `timeout`: how long one export may take before it counts as failed.
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    /// `headers.<name>`: extra headers of every export request (an API key
+    /// of a hosted collector), inline or `{ env = "VAR" }`.
+    #[serde(skip_deserializing, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, SecretValue>,
+}
+
+impl Default for OtlpConfig {
+    /// No export; `ca-skeleton`, every trace kept, 2 s per export.
+    fn default() -> Self {
+        Self {
+            endpoint: None,
+            service_name: "ca-skeleton".to_owned(),
+            sample_ratio: 1.0,
+            timeout: Duration::from_secs(2),
+            headers: BTreeMap::new(),
+        }
+    }
+}
+
+impl OtlpConfig {
+    /// The longest `timeout`.
+    pub const MAX_TIMEOUT: Duration = Duration::from_secs(60);
 }
 
 /// `admin.*`: the operator listener (inspect and reset a budget, look up

@@ -21,6 +21,7 @@ mod listener;
 pub mod reload;
 pub mod routes;
 pub mod server;
+pub mod telemetry;
 
 pub use capability::RateLimitCapability;
 pub use config::{AppConfig, ConfigSources};

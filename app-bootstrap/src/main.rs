@@ -1,13 +1,14 @@
-//! `ca-skeleton`: the binary. It only parses the command line, installs
-//! logging, catches SIGHUP for `serve` (first thing) and hands over to the library; any error is printed (with every
-//! configuration problem) and the exit code is non-zero.
+//! `ca-skeleton`: the binary. It only catches SIGHUP for `serve` (first
+//! thing), parses the command line and hands over to the library, which
+//! installs logging; any error is printed (with every configuration
+//! problem) and the exit code is non-zero.
 
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
 
-use app_bootstrap::cli::{Cli, init_logging, run};
+use app_bootstrap::cli::{Cli, run};
 use app_bootstrap::server::Hangups;
 
 fn main() -> ExitCode {
@@ -16,7 +17,6 @@ fn main() -> ExitCode {
     // comes (the other commands release it below).
     let hangups = Hangups::catch();
     let cli = Cli::parse();
-    init_logging(cli.log_format);
     let hangups = if cli.serves() {
         Some(hangups)
     } else {

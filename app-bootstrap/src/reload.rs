@@ -16,6 +16,7 @@ use serde::Serialize;
 use shared_contract::RateLimitPolicy;
 use tokio::sync::Mutex;
 use toml::{Table, Value};
+use tracing::Instrument;
 
 use crate::capability::{ProviderState, edge_settings};
 use crate::config::render::{self, Secrets};
@@ -118,8 +119,16 @@ impl Reloader {
     }
 
     /// Reads the configuration again and applies it, or refuses it with
-    /// every problem named; logs and counts the result either way.
+    /// every problem named; logs and counts the result either way. Runs in
+    /// a `config.reload` span (a child of the admin request that asked).
     pub async fn reload(&self) -> ReloadReport {
+        let span = tracing::info_span!("config.reload", result = tracing::field::Empty);
+        let report = self.reload_in_span().instrument(span.clone()).await;
+        span.record("result", report.result());
+        report
+    }
+
+    async fn reload_in_span(&self) -> ReloadReport {
         let mut running = self.inner.running.lock().await;
         let report = match self.apply(&mut running) {
             Ok(report) => report,

@@ -24,6 +24,7 @@ use crate::error::BootstrapError;
 use crate::listener::{self, ConnectionLimits};
 use crate::reload::{ReloadTarget, Reloader};
 use crate::routes::{self, ApiRoutes};
+use crate::telemetry::{self, Tracing};
 
 /// Longest wait for the provider's readiness answer before `/readyz` says no.
 const READINESS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -50,6 +51,11 @@ pub struct Application {
     admin: Option<AdminListener>,
     /// Both listeners' header-read timeout and shutdown grace.
     limits: ConnectionLimits,
+    /// How requests are sampled, when they get spans at all
+    /// (`telemetry.otlp.endpoint` is set).
+    sampling: Option<telemetry::Sampling>,
+    /// The trace pipeline, flushed at shutdown ([`Self::trace_with`]).
+    tracing: Option<Tracing>,
 }
 
 /// SIGHUP, caught from the moment this is made. The binary's `main` makes
@@ -159,7 +165,15 @@ impl Application {
             .zip(layer.switch())
             .map(|(state, switch)| ReloadTarget { switch: switch.clone(), state: state.clone() });
         let reload = (config.clone(), served, target);
-        let router = router(api, capability, layer, metrics.clone());
+        let otlp = &config.telemetry.otlp;
+        let sampling = otlp.endpoint.as_ref().map(|_| telemetry::Sampling::new(otlp.sample_ratio));
+        let mut router = router(api, capability, layer, metrics.clone());
+        if let Some(sampling) = sampling {
+            // Outside every route's layers, so the rate-limit decision is
+            // a child of the request span.
+            let spans = axum::middleware::from_fn_with_state(sampling, telemetry::public_span);
+            router = router.layer(spans);
+        }
         let (listener, address) = bind(config.server.listen).await?;
         let limits = ConnectionLimits {
             header_read_timeout: config.server.header_read_timeout,
@@ -176,7 +190,18 @@ impl Application {
             hangups: None,
             admin,
             limits,
+            sampling,
+            tracing: None,
         })
+    }
+
+    /// Flushes `tracing`'s pending spans when the server stops, within
+    /// what is left of `server.shutdown-grace` once the connections have
+    /// drained.
+    #[must_use]
+    pub fn trace_with(mut self, tracing: Option<Tracing>) -> Self {
+        self.tracing = tracing;
+        self
     }
 
     /// The bound admin address, when `admin.listen` is set.
@@ -254,9 +279,14 @@ impl Application {
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
         let limits = self.limits;
+        let sampling = self.sampling;
         let admin = self.admin.map(|admin| {
             let mut stopped = stopped.clone();
-            let router = admin::router(admin.state.with_reloader(reloader));
+            let mut router = admin::router(admin.state.with_reloader(reloader));
+            if let Some(sampling) = sampling {
+                let spans = axum::middleware::from_fn_with_state(sampling, telemetry::admin_span);
+                router = router.layer(spans);
+            }
             tokio::spawn(async move {
                 let shutdown = async move {
                     let _ = stopped.changed().await;
@@ -264,8 +294,12 @@ impl Application {
                 listener::serve(admin.listener, router, limits, shutdown, "admin").await;
             })
         });
+        // When the shutdown began: the span flush gets what is left of the
+        // grace after the drain.
+        let (began, began_at) = tokio::sync::oneshot::channel();
         let shutdown = async move {
             shutdown.await;
+            let _ = began.send(tokio::time::Instant::now());
             let _ = stop.send(());
         };
         listener::serve(self.listener, self.router, limits, shutdown, "public").await;
@@ -277,6 +311,10 @@ impl Application {
         upkeep.abort();
         for task in [purge, hangup].into_iter().flatten() {
             task.abort();
+        }
+        if let Some(tracing) = self.tracing {
+            let began = began_at.await.unwrap_or_else(|_| tokio::time::Instant::now());
+            tracing.shutdown(limits.shutdown_grace.saturating_sub(began.elapsed())).await;
         }
         Ok(())
     }

@@ -25,8 +25,8 @@ mod values;
 use self::values::{Table, kind, quoted};
 use super::problems::{ConfigProblems, KeyPath};
 use super::{
-    AdminConfig, AppConfig, CapabilitiesConfig, DegradedConfig, ProviderKind, PseudonymizerConfig,
-    RateLimitConfig, RedisConfig, ServerConfig,
+    AdminConfig, AppConfig, CapabilitiesConfig, DegradedConfig, OtlpConfig, ProviderKind,
+    PseudonymizerConfig, RateLimitConfig, RedisConfig, ServerConfig, TelemetryConfig,
 };
 
 /// What the reader saw that validation needs beyond the typed model.
@@ -48,6 +48,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let pseudonymizer = root.get("pseudonymizer");
     let redis = root.get("redis");
     let admin = root.get("admin");
+    let telemetry = root.get("telemetry");
     reader.close(root);
 
     let server = reader.table(server, KeyPath::root().child("server"));
@@ -63,6 +64,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let pseudonymizer = reader.pseudonymizer(pseudonymizer);
     let redis = reader.redis(redis);
     let admin = reader.admin(admin);
+    let telemetry = reader.telemetry(telemetry);
 
     let config = AppConfig {
         server,
@@ -70,6 +72,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
         pseudonymizer,
         redis,
         admin,
+        telemetry,
     };
     (config, declared)
 }
@@ -405,6 +408,36 @@ impl Reader<'_> {
         let (dict, path) = (table.dict(), table.path().clone());
         table.close_read();
         AdminConfig { token, ..self.owned(dict, &path, &OWN) }
+    }
+
+    /// `[telemetry]`: one table, `otlp`, whose headers are secrets read
+    /// with their sources; every other key is [`OtlpConfig`]'s own.
+    fn telemetry(&mut self, value: Option<&Value>) -> TelemetryConfig {
+        let mut telemetry = self.table(value, KeyPath::root().child("telemetry"));
+        let otlp = telemetry.get("otlp");
+        self.close(telemetry);
+        const OWN: [&str; 1] = ["headers"];
+        let mut table = self.table(otlp, KeyPath::root().dotted("telemetry.otlp"));
+        let headers_value = table.get(OWN[0]);
+        let (dict, path) = (table.dict(), table.path().clone());
+        let headers_path = path.child(OWN[0]);
+        table.close_read();
+        let mut otlp: OtlpConfig = self.owned(dict, &path, &OWN);
+        match headers_value {
+            None | Some(Value::Empty(..)) => {}
+            Some(Value::Dict(_, dict)) => {
+                for (name, header) in dict {
+                    if let Some(secret) = self.secret(header, &headers_path.child(name)) {
+                        otlp.headers.insert(name.clone(), secret);
+                    }
+                }
+            }
+            Some(other) => self.problem(
+                &headers_path,
+                format!("expected a table of header-name = \"value\", found {}", kind(other)),
+            ),
+        }
+        TelemetryConfig { otlp }
     }
 
     /// `[redis]`: the switch and the two passwords are the application's;

@@ -75,6 +75,10 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
     root.insert("redis".into(), redis.into());
 
     root.insert("admin".into(), owned(&config.admin));
+
+    let mut telemetry = Table::new();
+    telemetry.insert("otlp".into(), owned(&config.telemetry.otlp));
+    root.insert("telemetry".into(), telemetry.into());
     root
 }
 

@@ -1263,6 +1263,31 @@ fn degraded_mode_is_off_by_default_and_reads_over_redis() {
 }
 
 #[test]
+fn telemetry_otlp_is_off_by_default_and_read_with_secret_headers() {
+    jail(|jail| {
+        let config = load_file(jail, BASE).unwrap();
+        assert_eq!(config.telemetry.otlp.endpoint, None);
+        jail.set_env("OTLP_TEST_KEY", "hosted-collector-api-key");
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector.example:4318\"\n\
+             service-name = \"edge\"\nsample-ratio = 0.25\ntimeout = \"500ms\"\n\
+             headers = {{ x-api-key = {{ env = \"OTLP_TEST_KEY\" }}, x-team = \"edge\" }}\n"
+        );
+        let config = load_file(jail, &file).unwrap();
+        let otlp = &config.telemetry.otlp;
+        assert_eq!(otlp.endpoint.as_deref(), Some("http://collector.example:4318"));
+        assert_eq!(otlp.service_name, "edge");
+        assert_eq!(otlp.sample_ratio, 0.25);
+        assert_eq!(otlp.timeout, Duration::from_millis(500));
+        assert_eq!(otlp.headers["x-api-key"].expose(), "hosted-collector-api-key");
+        assert_eq!(otlp.headers["x-api-key"].source(), &SecretSource::Env("OTLP_TEST_KEY".into()));
+        let printed = config.to_redacted_toml().unwrap();
+        assert!(!printed.contains("hosted-collector-api-key"), "{printed}");
+        assert!(printed.contains("[telemetry.otlp]"), "{printed}");
+    });
+}
+
+#[test]
 fn degraded_mode_without_redis_or_instances_stops_start_up_naming_both_keys() {
     jail(|jail| {
         let file = format!("{BASE}\n[capabilities.rate-limit.degraded]\nenabled = true\n");
@@ -1292,5 +1317,41 @@ fn degraded_mode_without_redis_or_instances_stops_start_up_naming_both_keys() {
                 "capabilities.rate-limit.degraded.instances",
             ]
         );
+    });
+}
+
+#[test]
+fn bad_telemetry_values_are_each_named_by_their_key() {
+    jail(|jail| {
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"ftp://collector:4318\"\nsample-ratio = 1.5\n\
+             service-name = \" \"\ntimeout = \"0s\"\nheaders = {{ \"bad header\" = \"v\" }}\n\
+             colour = \"blue\"\n"
+        );
+        let mut named = paths(load_file(jail, &file));
+        named.sort();
+        assert_eq!(
+            named,
+            [
+                "telemetry.otlp.colour",
+                "telemetry.otlp.endpoint",
+                "telemetry.otlp.headers.\"bad header\"",
+                "telemetry.otlp.sample-ratio",
+                "telemetry.otlp.service-name",
+                "telemetry.otlp.timeout",
+            ]
+        );
+        for endpoint in [
+            "not a url",
+            "127.0.0.1:4318",
+            "http://collector:4318/?a=b",
+            "http://u:p@collector",
+            "https://collector:4318",
+        ] {
+            let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
+            assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");
+        }
+        let file = format!("{BASE}[telemetry.otlp]\nsample-ratio = \"half\"\n");
+        assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.sample-ratio"]);
     });
 }

@@ -13,7 +13,7 @@ use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, ProviderKind, ServerConfig};
+use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, OtlpConfig, ProviderKind, ServerConfig};
 
 /// The longest `evaluation-budget`: one request's deadline, far past any
 /// useful one and far inside what `Instant + Duration` holds.
@@ -44,6 +44,7 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     degraded(config, problems);
     pseudonymizer(config, problems);
     admin(config, problems);
+    otlp(&config.telemetry.otlp, problems);
     if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderKind::Redis {
         redis(config, problems);
     }
@@ -183,6 +184,69 @@ fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigP
             path,
             format!("must be at most {}, got {}", format_duration(max), format_duration(value)),
         );
+    }
+}
+
+/// `telemetry.otlp`: an `http` URL with a host (no TLS in this build), a ratio in
+/// `0..=1`, a service name, a timeout above zero, and headers an HTTP
+/// request can carry (a bad value is named by its key, never shown).
+fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
+    let at = |key: &str| KeyPath::root().dotted("telemetry.otlp").child(key);
+    if let Some(endpoint) = &otlp.endpoint {
+        match endpoint.parse::<axum::http::Uri>() {
+            Ok(uri) => {
+                let scheme = uri.scheme_str().unwrap_or_default();
+                if scheme == "https" {
+                    // The exporter's client is hyper's plain connector.
+                    problems.push(
+                        at("endpoint"),
+                        "this build has no TLS: use http:// to a collector on the host or \
+                         network (an OpenTelemetry Collector forwards over TLS)",
+                    );
+                } else if scheme != "http" || uri.host().is_none() {
+                    problems.push(
+                        at("endpoint"),
+                        format!(
+                            "must be an http:// URL with a host, like \
+                             \"http://127.0.0.1:4318\", got {endpoint:?}"
+                        ),
+                    );
+                } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@'))
+                {
+                    // It is logged at start; a credential goes in a header.
+                    problems.push(
+                        at("endpoint"),
+                        "must carry no user or password; put a credential in telemetry.otlp.headers",
+                    );
+                } else if uri.query().is_some() {
+                    problems.push(at("endpoint"), "must have no query; /v1/traces is appended");
+                }
+            }
+            Err(error) => problems.push(at("endpoint"), format!("not a URL: {error}")),
+        }
+    }
+    if !(0.0..=1.0).contains(&otlp.sample_ratio) {
+        problems.push(
+            at("sample-ratio"),
+            format!("must be between 0.0 and 1.0, got {}", otlp.sample_ratio),
+        );
+    }
+    if otlp.service_name.trim().is_empty() {
+        problems.push(at("service-name"), "must not be empty");
+    }
+    if otlp.timeout.is_zero() {
+        problems.push(at("timeout"), "must be more than 0");
+    } else {
+        at_most(at("timeout"), otlp.timeout, OtlpConfig::MAX_TIMEOUT, problems);
+    }
+    for (name, value) in &otlp.headers {
+        let path = at("headers").child(name);
+        if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            problems.push(path.clone(), "is not a valid HTTP header name");
+        }
+        if axum::http::HeaderValue::from_str(value.expose()).is_err() {
+            problems.push(path, "the value is not a valid HTTP header value (visible ASCII)");
+        }
     }
 }
 

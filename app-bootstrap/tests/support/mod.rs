@@ -212,6 +212,11 @@ pub(crate) struct Serve {
 
 impl Serve {
     pub(crate) fn start(config: &str, rust_log: &str) -> Self {
+        Self::start_with_env(config, rust_log, &[])
+    }
+
+    /// [`Self::start`] with the variables `env` set as well.
+    pub(crate) fn start_with_env(config: &str, rust_log: &str, env: &[(&str, &str)]) -> Self {
         use std::io::{BufRead, BufReader};
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("serve.toml");
@@ -219,6 +224,7 @@ impl Serve {
         let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
             .env_clear()
             .env("RUST_LOG", rust_log)
+            .envs(env.iter().copied())
             .args(["--log-format", "json", "--config"])
             .arg(&path)
             .arg("serve")
