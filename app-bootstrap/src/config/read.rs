@@ -173,6 +173,8 @@ impl Reader<'_> {
         let capacity = self.field(&mut table, "capacity", Self::u64);
         let refill_tokens = self.field(&mut table, "refill-tokens", Self::u64);
         let refill_period = self.field(&mut table, "refill-period", Self::duration);
+        let period = self.field(&mut table, "period", Self::duration);
+        let burst = self.field(&mut table, "burst", Self::u64);
         let revision = self.field(&mut table, "revision", Self::u32);
         let maximum_cost = self.field(&mut table, "maximum-cost", Self::u64);
         let failure_policy = self.field(&mut table, "failure-policy", Self::name::<FailurePolicy>);
@@ -209,7 +211,11 @@ impl Reader<'_> {
                 None
             }
             Some(kind @ (AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter)) => {
-                self.not_for(&table, kind, &["capacity", "refill-tokens", "refill-period"]);
+                self.not_for(
+                    &table,
+                    kind,
+                    &["capacity", "refill-tokens", "refill-period", "period", "burst"],
+                );
                 let limit = self.required(limit, &table, "limit", kind);
                 let window = self.required(window, &table, "window", kind);
                 match (kind, limit, window) {
@@ -223,13 +229,30 @@ impl Reader<'_> {
                 }
             }
             Some(kind @ AlgorithmKind::TokenBucket) => {
-                self.not_for(&table, kind, &["limit", "window"]);
+                self.not_for(&table, kind, &["limit", "window", "period", "burst"]);
                 let capacity = self.required(capacity, &table, "capacity", kind);
                 let refill_tokens = self.required(refill_tokens, &table, "refill-tokens", kind);
                 let refill_period = self.required(refill_period, &table, "refill-period", kind);
                 match (capacity, refill_tokens, refill_period) {
                     (Some(capacity), Some(refill_tokens), Some(refill_period)) => {
                         Some(Algorithm::TokenBucket { capacity, refill_tokens, refill_period })
+                    }
+                    _ => None,
+                }
+            }
+            Some(kind @ AlgorithmKind::Gcra) => {
+                self.not_for(
+                    &table,
+                    kind,
+                    &["window", "capacity", "refill-tokens", "refill-period"],
+                );
+                let limit = self.required(limit, &table, "limit", kind);
+                let period = self.required(period, &table, "period", kind);
+                // A burst left out is the limit; one that did not read has
+                // its own problem already.
+                match (limit, period) {
+                    (Some(limit), Some(period)) if burst.is_some() || !table.has("burst") => {
+                        Some(Algorithm::Gcra { limit, period, burst: burst.unwrap_or(limit) })
                     }
                     _ => None,
                 }

@@ -91,6 +91,11 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
             table.insert("refill-tokens".into(), count(refill_tokens));
             table.insert("refill-period".into(), duration(refill_period));
         }
+        Algorithm::Gcra { limit, period, burst } => {
+            table.insert("limit".into(), count(limit));
+            table.insert("period".into(), duration(period));
+            table.insert("burst".into(), count(burst));
+        }
     }
     table.insert("revision".into(), i64::from(policy.revision()).into());
     table.insert("maximum-cost".into(), count(policy.maximum_cost()));
