@@ -121,3 +121,39 @@ fn gcra_decides_as_governor_does_for_any_arrivals_and_costs() {
         panic!("{error}");
     }
 }
+
+/// A cost above the burst never conforms: governor's `check_n` answers
+/// `InsufficientCapacity`, and the policy's `maximum_cost` (at most the
+/// burst) refuses it as `CostExceedsMaximum` before any state is read.
+#[test]
+fn a_cost_above_the_burst_is_refused_by_both() {
+    let quota = Quota::with_period(Duration::from_millis(100))
+        .unwrap()
+        .allow_burst(NonZeroU32::new(5).unwrap());
+    let theirs = RateLimiter::direct_with_clock(quota, FakeRelativeClock::default());
+    assert_eq!(theirs.check_n(NonZeroU32::new(6).unwrap()), Err(governor::InsufficientCapacity(5)));
+    let over = RateLimitPolicy::builder(
+        "g",
+        Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 5 },
+    )
+    .maximum_cost(6)
+    .build();
+    assert!(over.is_err(), "maximum-cost above the burst: {over:?}");
+    let policy = RateLimitPolicy::builder(
+        "g",
+        Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 5 },
+    )
+    .maximum_cost(5)
+    .build()
+    .unwrap();
+    let (ours, clock) = adapter(vec![policy]);
+    let mut asked = request(&clock, &id("g"), subject(1), 1);
+    asked.cost = 6;
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    assert_eq!(
+        runtime.block_on(ours.evaluate(asked)),
+        shared_contract::RateLimitOutcome::Incompatible {
+            category: shared_contract::IncompatibleCategory::CostExceedsMaximum
+        }
+    );
+}
