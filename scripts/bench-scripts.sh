@@ -48,14 +48,20 @@ fw_off="F 1000 1000 0 0 $big 60000"
 fw_on="F 1000 1000 5000 256 $big 60000"
 sc_off="S 1000 1000 0 0 $big 60000"
 tb_off="B 1000 1000 0 0 $big 1 1000"
+# GCRA: a burst never reached, T = 1 ms (whole microseconds in ARGV).
+g_off="G 1000 1000 0 0 $big 1000"
 tb_flood="B 1000 1000 0 0 1 1 3600000"
 # case_run <name> <script> <keyspace> <numkeys> <keys and args...>: the
-# case on both trees, in the order of $trees.
+# case on both trees, in the order of $trees (only on a tree that has the
+# script's algorithm: a base from before GCRA has no gcra.lua).
 case_run() {
     local name=$1 script=$2 keyspace=$3 tree
     shift 3
     case $name in ${ONLY:-*}) ;; *) return ;; esac
-    for tree in $trees; do one "$tree" "$name" "${sha[$tree$script]}" "$keyspace" "$@"; done
+    for tree in $trees; do
+        [ -n "${sha[$tree$script]:-}" ] || continue
+        one "$tree" "$name" "${sha[$tree$script]}" "$keyspace" "$@"
+    done
 }
 one() {
     local tree=$1 name=$2 digest=$3 keyspace=$4
@@ -75,6 +81,7 @@ cases() {
     case_run fixed-on F 100000 1 "$k1" $now 1 $rid $fw_on
     case_run sliding-off S 1000 1 "$k1" $now 1 $rid $sc_off
     case_run bucket-off B 1000 1 "$k1" $now 1 $rid $tb_off
+    case_run gcra-off G 1000 1 "$k1" $now 1 $rid $g_off
     case_run set-fixed+bucket-off P 1000 2 "$k1" "$k2" $now 1 $rid $fw_off $tb_off
     case_run set-fixed+fixed-on P 100000 2 "$k1" "$k2" $now 1 $rid $fw_on $fw_on
     # The second key refuses: the first runs again spared (lua/policy-set.lua step 6).
@@ -87,7 +94,12 @@ for tree in base this; do
     compose "$dir" single-policy.lua sliding-counter.lua sliding_counter >"$work/${tree}S.lua"
     compose "$dir" single-policy.lua token-bucket.lua token_bucket >"$work/${tree}B.lua"
     compose "$dir" policy-set.lua - - >"$work/${tree}P.lua"
-    for script in F S B P; do
+    scripts="F S B P"
+    if [ -f "$dir/gcra.lua" ]; then
+        compose "$dir" single-policy.lua gcra.lua gcra >"$work/${tree}G.lua"
+        scripts="$scripts G"
+    fi
+    for script in $scripts; do
         sha[$tree$script]=$(rcli SCRIPT LOAD "$(cat "$work/$tree$script.lua")")
     done
 done
@@ -103,7 +115,8 @@ if [ "$measure" = instructions ]; then
             --dir "$work" >/dev/null 2>&1 &
         local server=$!
         for _ in $(seq 300); do redis-cli -p "$at" ping >/dev/null 2>&1 && break; sleep 0.1; done
-        for script in F S B P; do
+        for script in F S B P G; do
+            [ -f "$work/$tree$script.lua" ] || continue
             redis-cli -p "$at" SCRIPT LOAD "$(cat "$work/$tree$script.lua")" >/dev/null
         done
         if [ $# -gt 0 ]; then
@@ -131,9 +144,10 @@ if [ "$measure" = instructions ]; then
 else
     echo "case: cpu_us_per_call base, this; usec_per_call base, this (medians of $rounds)"
 fi
-for name in $(awk '$1 == "base" {print $2}' "$work/runs" | awk '!seen[$0]++'); do
+for name in $(awk '{print $2}' "$work/runs" | awk '!seen[$0]++'); do
+    # The median of a field over the rounds; "-" for a case a tree did not run.
     median() { awk -v t="$1" -v c="$name" -v f="$2" '$1 == t && $2 == c {print $f}' "$work/runs" |
-        sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
+        sort -n | awk '{v[NR] = $1} END {if (NR) print v[int((NR + 1) / 2)]; else print "-"}'; }
     if [ "$measure" = instructions ]; then
         echo "$name $(median base 3) $(median this 3)"
     else

@@ -217,7 +217,7 @@ fn run(contender: &dyn Contender, mix: &Mix, iters: u64, threads: u64) -> Durati
 type Build = fn() -> Box<dyn Contender>;
 
 fn decisions(c: &mut Criterion) {
-    let contenders: [(&str, Build); 8] = [
+    let contenders: [(&str, Build); 9] = [
         ("governor-keyed", || Box::new(governor())),
         ("port-floor", || Box::new(port_floor())),
         ("fixed-window", || {
@@ -239,6 +239,13 @@ fn decisions(c: &mut Criterion) {
                     refill_tokens: 1,
                     refill_period: WINDOW / u32::try_from(PER_SECOND).expect("fits"),
                 },
+                EvaluationDedupPolicy::Disabled,
+            ))
+        }),
+        // The same quota as governor's: 100 per second, a burst of 100.
+        ("gcra", || {
+            Box::new(ours(
+                Algorithm::Gcra { limit: PER_SECOND, period: WINDOW, burst: PER_SECOND },
                 EvaluationDedupPolicy::Disabled,
             ))
         }),

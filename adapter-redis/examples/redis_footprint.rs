@@ -95,6 +95,7 @@ async fn main() {
             refill_tokens: 1_000,
             refill_period: Duration::from_secs(1),
         },
+        Algorithm::Gcra { limit: 1_000_000, period: window, burst: 1_000_000 },
     ];
     for algorithm in algorithms {
         for (label, dedup) in [

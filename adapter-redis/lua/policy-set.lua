@@ -8,11 +8,12 @@
 -- ARGV[1] caller time (epoch ms), ARGV[2] cost, ARGV[3] evaluation id
 -- (16 bytes); then one block per key, in KEYS order:
 --   +0 kind: the algorithm's tag, 'F' fixed window, 'S' sliding counter,
---      'B' token bucket; in lower case ('f', 's', 'b') for a shadow policy
+--      'B' token bucket, 'G' GCRA; in lower case ('f', 's', 'b', 'g') for
+--      a shadow policy
 --   +1 maximum clock regression (ms)   +2 TTL slack = max(grace, regression) (ms)
 --   +3 dedupe TTL (ms)                 +4 dedupe record capacity (0 = off)
 --   +5.. the algorithm: F, S: limit, window (ms); B: capacity, refill
---      tokens, refill period (ms)
+--      tokens, refill period (ms); G: burst, emission interval (us)
 -- Reply, a flat array led by the set's status:
 --   {'allowed' | 'denied', then per key: answer (0 denied, 1 allowed,
 --    2 replayed), remaining, reset_after (ms), retry_after (ms)}
@@ -68,10 +69,10 @@ end
 -- step decides (clock_unsafe, replay, corrupt) discards it, and nothing is
 -- written before step 7. Shadow policies never decide admission.
 local beyond, replay, failed, admitted = nil, false, nil, true
--- The fixed window (included above) is the common case. The other two
+-- The fixed window (included above) is the common case. The other
 -- algorithms are included where the first key of theirs is read, so
 -- their closures are created only by a set that uses them.
-local sliding_counter_run, token_bucket_run = nil, nil
+local sliding_counter_run, token_bucket_run, gcra_run = nil, nil, nil
 for k = 1, n do
   local s = SLOTS * k - (SLOTS - 1)
   local b, tag = scratch[s + BLOCK], scratch[s + KIND]
@@ -82,9 +83,14 @@ for k = 1, n do
 -- #include token-bucket.lua
       token_bucket_run = token_bucket
     end
-  elseif tag == SLIDING_COUNTER and not sliding_counter_run then
+  elseif tag == SLIDING_COUNTER then
+    if not sliding_counter_run then
 -- #include sliding-counter.lua
-    sliding_counter_run = sliding_counter
+      sliding_counter_run = sliding_counter
+    end
+  elseif tag == GCRA and not gcra_run then
+-- #include gcra.lua
+    gcra_run = gcra
   end
   local t = now
   local capacity = ARGV[b + 4] + 0
@@ -122,6 +128,9 @@ for k = 1, n do
       allowed, remaining, reset_after, retry_after, state, state_end =
         token_bucket_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
           ARGV[b + 7] + 0)
+    elseif tag == GCRA then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        gcra_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     else
       failed = k
     end
@@ -170,6 +179,8 @@ if replay or failed or not admitted then
     elseif tag == TOKEN_BUCKET then
       return token_bucket_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
         ARGV[b + 7] + 0)
+    elseif tag == GCRA then
+      return gcra_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     end
     return error('unknown algorithm kind')
   end

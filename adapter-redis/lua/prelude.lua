@@ -30,9 +30,10 @@
 local now = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
 local evaluation_id = ARGV[3]
--- Tag bytes: 'F' fixed window, 'S' sliding counter, 'B' token bucket; a
--- policy's kind argument is its tag, in lower case for a shadow policy.
-local FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET = 70, 83, 66
+-- Tag bytes: 'F' fixed window, 'S' sliding counter, 'B' token bucket,
+-- 'G' GCRA; a policy's kind argument is its tag, in lower case for a
+-- shadow policy.
+local FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET, GCRA = 70, 83, 66, 71
 -- Lower case is upper case + 32; every kind byte from 97 ('a') on is shadow.
 local SHADOW, SHADOW_KINDS = 32, 97
 
@@ -49,7 +50,8 @@ local function header_of(raw)
   -- Each header is the tag byte, then the doubles the algorithm's file
   -- packs (mark first). Locals here, not upvalues: one fewer allocation
   -- per call for each.
-  local FIXED_WINDOW_HEADER, SLIDING_COUNTER_HEADER, TOKEN_BUCKET_HEADER = 25, 33, 25
+  local FIXED_WINDOW_HEADER, SLIDING_COUNTER_HEADER, TOKEN_BUCKET_HEADER, GCRA_HEADER =
+    25, 33, 25, 17
   local tag, header = string.byte(raw, 1), nil
   if tag == FIXED_WINDOW then
     header = FIXED_WINDOW_HEADER
@@ -57,6 +59,8 @@ local function header_of(raw)
     header = SLIDING_COUNTER_HEADER
   elseif tag == TOKEN_BUCKET then
     header = TOKEN_BUCKET_HEADER
+  elseif tag == GCRA then
+    header = GCRA_HEADER
   else
     return nil
   end

@@ -14,11 +14,13 @@ pub(crate) const fn tag(kind: AlgorithmKind) -> u8 {
         AlgorithmKind::FixedWindow => b'F',
         AlgorithmKind::SlidingCounter => b'S',
         AlgorithmKind::TokenBucket => b'B',
+        AlgorithmKind::Gcra => b'G',
     }
 }
 
 /// The algorithm's parameters in the order its Lua function takes them,
-/// durations in whole milliseconds: the end of a policy's ARGV block.
+/// durations in whole milliseconds (GCRA's emission interval in whole
+/// microseconds): the end of a policy's ARGV block.
 pub(crate) fn parameters(algorithm: &Algorithm) -> Vec<u64> {
     match *algorithm {
         Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
@@ -26,6 +28,9 @@ pub(crate) fn parameters(algorithm: &Algorithm) -> Vec<u64> {
         }
         Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
             vec![capacity, refill_tokens, millis(refill_period)]
+        }
+        Algorithm::Gcra { burst, .. } => {
+            vec![burst, algorithm.emission_interval_micros().unwrap_or(1)]
         }
     }
 }
@@ -40,6 +45,7 @@ pub(crate) fn state(tag: u8, [a, b, c]: [u64; 3]) -> Option<AlgorithmState> {
             AlgorithmState::SlidingCounter { window_start: a, current: b, previous: c }
         }
         AlgorithmKind::TokenBucket => AlgorithmState::TokenBucket { tokens: a, updated_at: b },
+        AlgorithmKind::Gcra => AlgorithmState::Gcra { tat: a },
     })
 }
 

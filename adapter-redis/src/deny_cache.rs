@@ -324,7 +324,9 @@ impl DenyCache {
 /// write gives the same tokens, but the key's mark would lag where Redis
 /// puts it, and a later clock step back would see that (the memory-vs-Redis
 /// property test found it); its retry-after also grows with the cost, so a
-/// higher cost would be answered with too short a wait.
+/// higher cost would be answered with too short a wait. A GCRA refusal
+/// writes nothing and stays true until its retry-after, but that wait
+/// grows with the cost just the same (docs/algorithms.md#gcra).
 fn stays_refused_for<'p>(
     set: impl Iterator<Item = &'p RateLimitPolicy>,
     decision: &SetDecision,
@@ -341,7 +343,9 @@ fn stays_refused_for<'p>(
         }
         match *policy.algorithm() {
             Algorithm::FixedWindow { .. } => cut(decided.reset_after),
-            Algorithm::TokenBucket { .. } | Algorithm::SlidingCounter { .. } => return None,
+            Algorithm::TokenBucket { .. }
+            | Algorithm::SlidingCounter { .. }
+            | Algorithm::Gcra { .. } => return None,
         }
         match policy.mode() {
             PolicyMode::Enforce if !decided.allowed => cut(decided.retry_after),

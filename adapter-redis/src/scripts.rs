@@ -40,14 +40,16 @@ pub enum ScriptKind {
     SlidingCounter,
     /// A set of one token-bucket policy.
     TokenBucket,
+    /// A set of one GCRA policy.
+    Gcra,
     /// A set of two or more policies, any algorithms.
     PolicySet,
 }
 
 impl ScriptKind {
     /// Every script, in registry order.
-    pub const ALL: [Self; 4] =
-        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::PolicySet];
+    pub const ALL: [Self; 5] =
+        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::Gcra, Self::PolicySet];
 
     /// The script that runs a set of one policy of `algorithm`.
     pub const fn of(algorithm: &Algorithm) -> Self {
@@ -55,16 +57,18 @@ impl ScriptKind {
             Algorithm::FixedWindow { .. } => Self::FixedWindow,
             Algorithm::SlidingCounter { .. } => Self::SlidingCounter,
             Algorithm::TokenBucket { .. } => Self::TokenBucket,
+            Algorithm::Gcra { .. } => Self::Gcra,
         }
     }
 
     /// The script's name in spans: `fixed-window`, `sliding-counter`,
-    /// `token-bucket` or `policy-set`.
+    /// `token-bucket`, `gcra` or `policy-set`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::FixedWindow => "fixed-window",
             Self::SlidingCounter => "sliding-counter",
             Self::TokenBucket => "token-bucket",
+            Self::Gcra => "gcra",
             Self::PolicySet => "policy-set",
         }
     }
@@ -82,7 +86,8 @@ impl ScriptKind {
             Self::FixedWindow => 0,
             Self::SlidingCounter => 1,
             Self::TokenBucket => 2,
-            Self::PolicySet => 3,
+            Self::Gcra => 3,
+            Self::PolicySet => 4,
         }
     }
 
@@ -95,6 +100,7 @@ impl ScriptKind {
                 Some(("sliding-counter.lua", SLIDING_COUNTER, "sliding_counter"))
             }
             Self::TokenBucket => Some(("token-bucket.lua", TOKEN_BUCKET, "token_bucket")),
+            Self::Gcra => Some(("gcra.lua", GCRA, "gcra")),
             Self::PolicySet => None,
         }
     }
@@ -160,6 +166,7 @@ const PRELUDE: &str = include_str!("../lua/prelude.lua");
 const FIXED_WINDOW: &str = include_str!("../lua/fixed-window.lua");
 const SLIDING_COUNTER: &str = include_str!("../lua/sliding-counter.lua");
 const TOKEN_BUCKET: &str = include_str!("../lua/token-bucket.lua");
+const GCRA: &str = include_str!("../lua/gcra.lua");
 /// The driver over up to 8 keys; its head documents ARGV and the reply.
 const POLICY_SET: &str = include_str!("../lua/policy-set.lua");
 /// The driver of a set of one.
@@ -327,6 +334,10 @@ mod tests {
                 refill_period: window
             }),
             ScriptKind::TokenBucket
+        );
+        assert_eq!(
+            ScriptKind::of(&Algorithm::Gcra { limit: 1, period: window, burst: 1 }),
+            ScriptKind::Gcra
         );
     }
 }

@@ -254,6 +254,7 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
             refill_tokens: 1,
             refill_period: Duration::from_secs(1),
         },
+        Algorithm::Gcra { limit: 3, period: Duration::from_secs(1), burst: 3 },
     ]
     .into_iter()
     .enumerate()
@@ -289,7 +290,7 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
     }
 }
 
-/// All three scripts run on every master, with dedupe on and off, and
+/// Every script runs on every master, with dedupe on and off, and
 /// none answers `CROSSSLOT` (or any error): each evaluation is a decision.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_script_raises_crossslot_on_any_master() {
@@ -307,6 +308,7 @@ async fn no_script_raises_crossslot_on_any_master() {
                 "tb",
                 Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period: window },
             ),
+            ("g", Algorithm::Gcra { limit: 100, period: window, burst: 100 }),
         ] {
             policies.push(
                 RateLimitPolicy::builder(format!("{name}-{suffix}"), algorithm)

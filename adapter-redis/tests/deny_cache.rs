@@ -146,6 +146,33 @@ async fn a_token_bucket_refusal_always_asks_redis() {
 }
 
 #[tokio::test]
+async fn a_gcra_refusal_always_asks_redis() {
+    // Its retry-after grows with the cost: a cached answer could not serve
+    // a higher cost (docs/algorithms.md#gcra).
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let gcra = RateLimitPolicy::builder(
+        "g",
+        Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 2 },
+    )
+    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+    .build()
+    .unwrap();
+    let adapter = adapter(&server, &clock, vec![gcra], |_| {});
+    assert!(ask(&adapter, &clock, "g", 1, 1).await.allowed());
+    assert!(ask(&adapter, &clock, "g", 1, 1).await.allowed());
+    let calls = script_calls(&server).await;
+    for at in [0, 30, 60] {
+        clock.set_epoch_millis(T0 + at);
+        let refused = ask(&adapter, &clock, "g", 1, 1).await;
+        assert!(!refused.allowed() && !refused.cached());
+        // T = 100 ms: the next cell conforms at T0 + 100.
+        assert_eq!(only(refused).retry_after.as_millis(), u128::from(100 - at));
+    }
+    assert_eq!(script_calls(&server).await, calls + 3);
+}
+
+#[tokio::test]
 async fn a_new_revision_starts_afresh_and_never_meets_the_old_refusal() {
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
@@ -239,8 +266,8 @@ impl Steps {
 }
 
 /// The policies of the differential run: a fixed window and a token bucket
-/// with dedupe on, a sliding counter, a shadow fixed window (only sets of
-/// fixed windows are cached; the others must not be).
+/// with dedupe on, a sliding counter, a shadow fixed window, a GCRA (only
+/// sets of fixed windows are cached; the others must not be).
 fn mixed() -> Vec<RateLimitPolicy> {
     let window = Duration::from_millis(400);
     let build = |id: &str, algorithm, mode| {
@@ -265,11 +292,16 @@ fn mixed() -> Vec<RateLimitPolicy> {
         ),
         build("sc", Algorithm::SlidingCounter { limit: 6, window }, PolicyMode::Enforce),
         build("sh", Algorithm::FixedWindow { limit: 3, window }, PolicyMode::Shadow),
+        build(
+            "g",
+            Algorithm::Gcra { limit: 7, period: Duration::from_millis(100), burst: 4 },
+            PolicyMode::Enforce,
+        ),
     ]
 }
 
-const SETS: [&[&str]; 6] =
-    [&["fw"], &["tb"], &["fw", "sh"], &["tb", "fw"], &["sc", "fw"], &["sh", "fw"]];
+const SETS: [&[&str]; 7] =
+    [&["fw"], &["tb"], &["fw", "sh"], &["tb", "fw"], &["sc", "fw"], &["sh", "fw"], &["fw", "g"]];
 
 /// One step of a run: which instance asks, for whom, what and when.
 #[derive(Clone, Copy, Debug)]

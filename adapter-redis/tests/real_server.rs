@@ -187,6 +187,7 @@ fn all_algorithms(dedup: EvaluationDedupPolicy) -> Vec<(RateLimitPolicy, usize)>
             },
             25,
         ),
+        (Algorithm::Gcra { limit: 10, period: window, burst: 10 }, 17),
     ]
     .into_iter()
     .map(|(algorithm, header)| {

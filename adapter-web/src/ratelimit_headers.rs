@@ -10,7 +10,7 @@ use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 use shared_contract::{Algorithm, PolicyId, RateLimitDecision, RateLimitPolicy};
 
 /// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in the
-/// order given; `None` for no policy (the header is then left out).
+/// order given (GCRA: `q=<burst>;w=<burst x T>`, T its emission interval); `None` for no policy (the header is then left out).
 pub(crate) fn policy_header<'a>(
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
 ) -> Option<HeaderValue> {
@@ -21,7 +21,8 @@ pub(crate) fn policy_header<'a>(
 }
 
 /// `"<policy id>";r=<remaining>;t=<seconds until the budget is whole>` for
-/// each policy, in the order given; `None` for no policy.
+/// each policy, in the order given (GCRA: until the next cell beyond the
+/// remaining ones conforms, docs/algorithms.md#gcra); `None` for no policy.
 ///
 /// Written by hand, not through `sfv` as the policy header is: this one is
 /// made per request (the serializer's checks and copies cost about a fifth
@@ -67,6 +68,10 @@ fn quota_window(algorithm: &Algorithm) -> Duration {
         Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
             let periods = capacity.div_ceil(refill_tokens.max(1));
             refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+        }
+        Algorithm::Gcra { burst, .. } => {
+            let interval = algorithm.emission_interval_micros().unwrap_or(1);
+            Duration::from_micros(burst.saturating_mul(interval))
         }
     }
 }
@@ -121,6 +126,14 @@ mod tests {
             refill_period: Duration::from_millis(100),
         });
         assert_eq!(policy_header([&bucket]).unwrap(), r#""orders.read";q=5;w=1"#);
+        // GCRA: q is the burst, w the burst's cells at T = 1 s / 10 = 0.5 s,
+        // rounded up to 1; 3 per second with a burst of 7: T = 333334 us,
+        // 2.333338 s, 3 on the wire.
+        let gcra =
+            |limit, burst| policy(Algorithm::Gcra { limit, period: Duration::from_secs(1), burst });
+        assert_eq!(policy_header([&gcra(10, 5)]).unwrap(), r#""orders.read";q=5;w=1"#);
+        assert_eq!(policy_header([&gcra(3, 7)]).unwrap(), r#""orders.read";q=7;w=3"#);
+        assert_eq!(policy_header([&gcra(1, 30)]).unwrap(), r#""orders.read";q=30;w=30"#);
     }
 
     #[test]

@@ -89,7 +89,7 @@ impl DegradedMode {
 }
 
 /// `policy` as the local limiter holds it for a fleet of `instances`: every
-/// count (limit, capacity, refill tokens) at `ceil(count / instances)`,
+/// count (limit, capacity, refill tokens, burst) at `ceil(count / instances)`,
 /// the maximum cost at most the new count, everything else as configured.
 /// A count is at least 1, and so is its ceiling: a policy of limit 1 stays
 /// 1 on every instance, so the fleet may admit `instances` such requests
@@ -115,6 +115,11 @@ pub fn scaled(
                 refill_tokens: share(refill_tokens),
                 refill_period,
             }
+        }
+        // The rate and the burst both shared: each instance spaces its
+        // cells `instances` times further apart.
+        Algorithm::Gcra { limit, period, burst } => {
+            Algorithm::Gcra { limit: share(limit), period, burst: share(burst) }
         }
     };
     let maximum_cost = policy.maximum_cost().min(algorithm.limit());

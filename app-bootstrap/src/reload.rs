@@ -479,4 +479,34 @@ refill-period = "1s"
         revision_rules(old, old, &shadow.capabilities.rate_limit.policies, &mut problems);
         assert!(problems.is_empty());
     }
+    #[test]
+    fn a_gcra_burst_changed_needs_a_new_revision_even_when_it_was_the_default() {
+        let gcra = |burst: &str| {
+            load(&format!(
+                "[capabilities.rate-limit]\ndefault-policy = \"g\"\n\
+                 [capabilities.rate-limit.policies.g]\nalgorithm = \"gcra\"\nlimit = 10\n\
+                 period = \"1s\"\n{burst}"
+            ))
+        };
+        // No burst is a burst of 10: the same policy, nothing to refuse.
+        let (implicit, explicit) = (gcra(""), gcra("burst = 10\n"));
+        let (old, same) = (
+            &implicit.capabilities.rate_limit.policies,
+            &explicit.capabilities.rate_limit.policies,
+        );
+        let mut problems = ConfigProblems::default();
+        revision_rules(old, old, same, &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        let smaller = gcra("burst = 4\n");
+        let mut problems = ConfigProblems::default();
+        revision_rules(old, old, &smaller.capabilities.rate_limit.policies, &mut problems);
+        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(
+            listed[0].starts_with(
+                "capabilities.rate-limit.policies.g.revision: burst changed but revision is still 1"
+            ),
+            "{listed:?}"
+        );
+    }
 }

@@ -5,7 +5,10 @@
 mod support;
 
 use reqwest::StatusCode;
-use support::{Running, counter, fixed_window_config, load, three_allowed_then_429};
+use support::{
+    GCRA_ORDERS, Running, counter, fixed_window_config, gcra_burst_then_429, load,
+    three_allowed_then_429,
+};
 
 #[tokio::test]
 async fn memory_limits_each_route_until_429_and_metrics_count_the_429s() {
@@ -84,6 +87,16 @@ refill-period = "10s"
     assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.header("retry-after"), Some("10"));
     // Reads still use the default policy.
+    assert_eq!(server.get("/api/hello").await.status, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_gcra_policy_limits_its_route_through_the_layer() {
+    let config = load(&fixed_window_config("e2e-default", "memory", GCRA_ORDERS));
+    let server = Running::start(&config).await;
+    gcra_burst_then_429(&server).await;
+    // The default policy is untouched.
     assert_eq!(server.get("/api/hello").await.status, StatusCode::OK);
     server.stop().await;
 }

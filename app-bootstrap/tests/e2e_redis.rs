@@ -9,7 +9,10 @@ use std::time::{Duration, Instant};
 
 use redis_fixture::RedisServer;
 use reqwest::StatusCode;
-use support::{Running, TEST_KEY, counter, fixed_window_config, load, three_allowed_then_429};
+use support::{
+    GCRA_ORDERS, Running, TEST_KEY, counter, fixed_window_config, gcra_burst_then_429, load,
+    three_allowed_then_429,
+};
 
 fn redis_config(id: &str, redis: &RedisServer) -> String {
     let extra =
@@ -39,6 +42,15 @@ async fn redis_limits_until_429_and_metrics_count_the_429s() {
     // cache (on by default), within the first one's retry-after.
     assert_eq!((denied("false"), denied("true")), (1, 1), "{metrics}");
     assert!(!metrics.contains("127.0.0.1"), "{metrics}");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_gcra_policy_limits_its_route_on_redis() {
+    let redis = RedisServer::start();
+    let config = load(&format!("{}{GCRA_ORDERS}", redis_config("e2e-redis-default", &redis)));
+    let server = Running::start(&config).await;
+    gcra_burst_then_429(&server).await;
     server.stop().await;
 }
 

@@ -7,7 +7,9 @@ mod support;
 use app_bootstrap::acl::acl_rules;
 use redis_fixture::RedisCluster;
 use reqwest::StatusCode;
-use support::{Running, fixed_window_config, load, three_allowed_then_429};
+use support::{
+    GCRA_ORDERS, Running, fixed_window_config, gcra_burst_then_429, load, three_allowed_then_429,
+};
 
 const USER: &str = "e2e-cluster-acl";
 const PASSWORD: &str = "e2e-cluster-acl-password";
@@ -29,6 +31,12 @@ async fn a_cluster_limits_every_route_and_the_acl_rule_suffices_on_every_node() 
     let server = Running::start(&config).await;
     assert_eq!(server.get("/readyz").await.status, StatusCode::OK);
     three_allowed_then_429(&server, "e2e-cluster", "/api/hello").await;
+    server.stop().await;
+
+    // A GCRA policy on the cluster, through the layer.
+    let config = load(&format!("{}{GCRA_ORDERS}", cluster_config("e2e-cluster-g", &cluster, "")));
+    let server = Running::start(&config).await;
+    gcra_burst_then_429(&server).await;
     server.stop().await;
 
     // As the least-privilege user, the rule applied to every node.

@@ -52,6 +52,7 @@ enum Shape {
     FixedWindow,
     SlidingCounter,
     TokenBucket,
+    Gcra,
 }
 
 /// One random case: a policy set (one policy for the per-algorithm cases)
@@ -132,6 +133,15 @@ fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
                 refill_period: millis(period),
             })
             .boxed(),
+        // Limits that rarely divide the period: T is rounded up to whole
+        // microseconds on both sides.
+        Shape::Gcra => (1..=8_u64, period_ms(), 1..=8_u64)
+            .prop_map(|(limit, period, burst)| Algorithm::Gcra {
+                limit,
+                period: millis(period),
+                burst,
+            })
+            .boxed(),
     }
 }
 
@@ -196,6 +206,7 @@ fn any_algorithm() -> BoxedStrategy<Algorithm> {
         algorithm(Shape::FixedWindow),
         algorithm(Shape::SlidingCounter),
         algorithm(Shape::TokenBucket),
+        algorithm(Shape::Gcra),
     ]
     .boxed()
 }
@@ -510,6 +521,11 @@ fn sliding_counter_providers_agree_on_random_sequences() {
 #[test]
 fn token_bucket_providers_agree_on_random_sequences() {
     providers_agree(Shape::TokenBucket);
+}
+
+#[test]
+fn gcra_providers_agree_on_random_sequences() {
+    providers_agree(Shape::Gcra);
 }
 
 /// Fixed windows with room for many records, small clock steps and long

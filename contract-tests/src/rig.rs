@@ -93,6 +93,12 @@ pub(crate) fn token_bucket(
     )
 }
 
+/// A GCRA policy with the check defaults: `limit` per `period_ms`, `burst`
+/// at once.
+pub(crate) fn gcra(id: &str, limit: u64, period_ms: u64, burst: u64) -> RateLimitPolicyBuilder {
+    with_check_defaults(id, Algorithm::Gcra { limit, period: ms(period_ms), burst })
+}
+
 fn with_check_defaults(id: &str, algorithm: Algorithm) -> RateLimitPolicyBuilder {
     RateLimitPolicy::builder(id, algorithm).cleanup_grace(CHECK_GRACE)
 }

@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let number = |at: usize| u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
-    let (kind, limit, window) = (data[0] % 3, number(1), number(9));
+    let (kind, limit, window) = (data[0] % 4, number(1), number(9));
     let Ok(id) = std::str::from_utf8(&data[17..]) else { return };
     // Small limits so denials come too; any window the builder accepts.
     let limit = limit % 4 + 1;
@@ -23,7 +23,9 @@ fuzz_target!(|data: &[u8]| {
     let algorithm = match kind {
         0 => Algorithm::FixedWindow { limit, window },
         1 => Algorithm::SlidingCounter { limit, window },
-        _ => Algorithm::TokenBucket { capacity: limit, refill_tokens: 1, refill_period: window },
+        2 => Algorithm::TokenBucket { capacity: limit, refill_tokens: 1, refill_period: window },
+        // The burst from the first byte's high bits: below, at or above the limit.
+        _ => Algorithm::Gcra { limit, period: window, burst: u64::from(data[0] >> 6) + 1 },
     };
     let Ok(policy) = RateLimitPolicy::builder(id, algorithm).build() else { return };
     let router = router(policy.clone());

@@ -65,7 +65,7 @@ pub enum PolicyField {
     Algorithm,
     /// The policy revision.
     Revision,
-    /// The limit of a fixed window or sliding counter.
+    /// The limit of a fixed window, sliding counter or GCRA.
     Limit,
     /// The window of a fixed window or sliding counter.
     Window,
@@ -75,6 +75,10 @@ pub enum PolicyField {
     RefillTokens,
     /// The refill period of a token bucket.
     RefillPeriod,
+    /// The steady-rate period of a GCRA policy.
+    Period,
+    /// How many requests a GCRA policy lets arrive at once.
+    Burst,
     /// The largest cost one request may carry.
     MaximumCost,
     /// Extra key lifetime after state stops mattering.
@@ -112,6 +116,8 @@ impl PolicyField {
             Self::Capacity => "capacity",
             Self::RefillTokens => "refill-tokens",
             Self::RefillPeriod => "refill-period",
+            Self::Period => "period",
+            Self::Burst => "burst",
             Self::MaximumCost => "maximum-cost",
             Self::CleanupGrace => "cleanup-grace",
             Self::MaximumClockRegression => "maximum-clock-regression",

@@ -84,6 +84,16 @@ pub enum Algorithm {
         /// Refill period, whole milliseconds.
         refill_period: Duration,
     },
+    /// The generic cell rate algorithm: `limit` per `period` at the steady
+    /// rate, `burst` at once; one theoretical arrival time per key.
+    Gcra {
+        /// Requests per period at the steady rate.
+        limit: u64,
+        /// The period, whole milliseconds.
+        period: Duration,
+        /// How many may arrive at once (the configuration's default: `limit`).
+        burst: u64,
+    },
 }
 
 /// Which algorithm, without its parameters: what a configuration's
@@ -96,19 +106,35 @@ pub enum AlgorithmKind {
     SlidingCounter,
     /// [`Algorithm::TokenBucket`].
     TokenBucket,
+    /// [`Algorithm::Gcra`].
+    Gcra,
 }
 
 impl AlgorithmKind {
     /// Every kind, in declaration order.
-    pub const ALL: [Self; 3] = [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket];
+    pub const ALL: [Self; 4] =
+        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::Gcra];
 
-    /// The configuration name: `fixed-window`, `sliding-counter` or
-    /// `token-bucket`.
+    /// The configuration name: `fixed-window`, `sliding-counter`,
+    /// `token-bucket` or `gcra`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::FixedWindow => "fixed-window",
             Self::SlidingCounter => "sliding-counter",
             Self::TokenBucket => "token-bucket",
+            Self::Gcra => "gcra",
+        }
+    }
+
+    /// The keys of its parameters in a policy's table. The configuration
+    /// reads these and refuses another algorithm's beside them.
+    pub const fn parameters(self) -> &'static [PolicyField] {
+        match self {
+            Self::FixedWindow | Self::SlidingCounter => &[PolicyField::Limit, PolicyField::Window],
+            Self::TokenBucket => {
+                &[PolicyField::Capacity, PolicyField::RefillTokens, PolicyField::RefillPeriod]
+            }
+            Self::Gcra => &[PolicyField::Limit, PolicyField::Period, PolicyField::Burst],
         }
     }
 }
@@ -128,6 +154,7 @@ impl Algorithm {
             Self::FixedWindow { .. } => AlgorithmKind::FixedWindow,
             Self::SlidingCounter { .. } => AlgorithmKind::SlidingCounter,
             Self::TokenBucket { .. } => AlgorithmKind::TokenBucket,
+            Self::Gcra { .. } => AlgorithmKind::Gcra,
         }
     }
 
@@ -136,19 +163,35 @@ impl Algorithm {
         self.kind().name()
     }
 
-    /// The limit or capacity: most units a subject can spend at once.
+    /// The limit, capacity or burst: most units a subject can spend at once.
     pub const fn limit(&self) -> u64 {
         match *self {
             Self::FixedWindow { limit, .. } | Self::SlidingCounter { limit, .. } => limit,
             Self::TokenBucket { capacity, .. } => capacity,
+            Self::Gcra { burst, .. } => burst,
         }
     }
 
-    /// The window or refill period, the time unit of the algorithm.
+    /// The window, refill period or GCRA period, the time unit of the
+    /// algorithm.
     pub const fn period(&self) -> Duration {
         match *self {
             Self::FixedWindow { window, .. } | Self::SlidingCounter { window, .. } => window,
             Self::TokenBucket { refill_period, .. } => refill_period,
+            Self::Gcra { period, .. } => period,
+        }
+    }
+
+    /// GCRA's emission interval `T = ceil(1000 x period / limit)` in whole
+    /// microseconds (docs/algorithms.md#gcra); `None` for the others.
+    pub fn emission_interval_micros(&self) -> Option<u64> {
+        match *self {
+            Self::Gcra { limit, period, .. } => {
+                Some(millis(period).saturating_mul(1000).div_ceil(limit.max(1)).max(1))
+            }
+            Self::FixedWindow { .. } | Self::SlidingCounter { .. } | Self::TokenBucket { .. } => {
+                None
+            }
         }
     }
 
@@ -157,7 +200,9 @@ impl Algorithm {
     pub const fn certainty(&self) -> crate::Certainty {
         match self {
             Self::SlidingCounter { .. } => crate::Certainty::ApproximateAlgorithm,
-            Self::FixedWindow { .. } | Self::TokenBucket { .. } => crate::Certainty::Certain,
+            Self::FixedWindow { .. } | Self::TokenBucket { .. } | Self::Gcra { .. } => {
+                crate::Certainty::Certain
+            }
         }
     }
 }
@@ -400,7 +445,13 @@ impl RateLimitPolicyBuilder {
                 (PolicyField::Limit, PolicyField::Window)
             }
             Algorithm::TokenBucket { .. } => (PolicyField::Capacity, PolicyField::RefillPeriod),
+            Algorithm::Gcra { .. } => (PolicyField::Burst, PolicyField::Period),
         };
+        if let Algorithm::Gcra { limit, .. } = self.algorithm {
+            if let Some(problem) = check_count(limit) {
+                reject(PolicyField::Limit, problem);
+            }
+        }
         let limit = self.algorithm.limit();
         let limit_ok = check_count(limit).map(|p| reject(count_field, p)).is_none();
         let period = self.algorithm.period();
@@ -408,6 +459,22 @@ impl RateLimitPolicyBuilder {
         if let Algorithm::TokenBucket { refill_tokens, .. } = self.algorithm {
             if let Some(problem) = check_count(refill_tokens) {
                 reject(PolicyField::RefillTokens, problem);
+            }
+        }
+        if let (Some(interval), true, true) =
+            (self.algorithm.emission_interval_micros(), limit_ok, period_ok)
+        {
+            // GCRA counts in microseconds: u + b x T must stay below 2^53
+            // (docs/algorithms.md#gcra), so b x T below 2^52.
+            let tolerance = u128::from(limit) * u128::from(interval);
+            if tolerance >= u128::from(MAX_EXACT_PRODUCT / 2) {
+                reject(
+                    PolicyField::Burst,
+                    format!(
+                        "burst x (period / limit) must stay below 2^52 microseconds for exact \
+                         arithmetic, got {tolerance}"
+                    ),
+                );
             }
         }
         let exact = matches!(
@@ -512,7 +579,8 @@ mod tests {
                 None => Some(AlgorithmKind::FixedWindow),
                 Some(AlgorithmKind::FixedWindow) => Some(AlgorithmKind::SlidingCounter),
                 Some(AlgorithmKind::SlidingCounter) => Some(AlgorithmKind::TokenBucket),
-                Some(AlgorithmKind::TokenBucket) => None,
+                Some(AlgorithmKind::TokenBucket) => Some(AlgorithmKind::Gcra),
+                Some(AlgorithmKind::Gcra) => None,
             }
         }
         let chained: Vec<_> =
@@ -523,7 +591,7 @@ mod tests {
         }
         assert_eq!(fixed(1, 1).name(), "fixed-window");
         let names: Vec<_> = AlgorithmKind::ALL.iter().map(|kind| kind.name()).collect();
-        assert_eq!(names, ["fixed-window", "sliding-counter", "token-bucket"]);
+        assert_eq!(names, ["fixed-window", "sliding-counter", "token-bucket", "gcra"]);
         assert!("leaky-bucket".parse::<AlgorithmKind>().is_err());
     }
 
@@ -618,6 +686,42 @@ mod tests {
         // The fixed window never multiplies, so the same numbers are fine there.
         let fixed = Algorithm::FixedWindow { limit: MAX_COUNT, window: day };
         assert!(RateLimitPolicy::builder("p", fixed).maximum_cost(1).build().is_ok());
+    }
+
+    fn gcra(limit: u64, period_ms: u64, burst: u64) -> Algorithm {
+        Algorithm::Gcra { limit, period: Duration::from_millis(period_ms), burst }
+    }
+
+    #[test]
+    fn gcra_fields_are_checked_and_named() {
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", gcra(0, 0, 0)).maximum_cost(1).build()),
+            [PolicyField::Limit, PolicyField::Burst, PolicyField::Period]
+        );
+        // The cost is bounded by the burst, not by the steady-rate limit.
+        let over = RateLimitPolicy::builder("p", gcra(10, 1000, 5)).maximum_cost(6).build();
+        assert_eq!(fields(over), [PolicyField::MaximumCost]);
+        assert!(RateLimitPolicy::builder("p", gcra(10, 1000, 5)).maximum_cost(5).build().is_ok());
+        // A year per request, a burst of 10^9: b x T is 3.15e22 us, far past 2^52.
+        let year = 365 * 24 * 3600 * 1000;
+        let inexact = RateLimitPolicy::builder("p", gcra(1, year, MAX_COUNT)).build();
+        assert_eq!(fields(inexact), [PolicyField::Burst]);
+        // 1 per 4.5e12 us (just above 2^52 / 1000 ms), burst 1000: rejected;
+        // burst 1000 at T = 4.5e9 us (75 minutes): fine.
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", gcra(1, 4_503_599_628, 1000)).build()),
+            [PolicyField::Burst]
+        );
+        assert!(RateLimitPolicy::builder("p", gcra(1, 4_500_000, 1000)).build().is_ok());
+    }
+
+    #[test]
+    fn gcra_emission_interval_is_whole_microseconds_rounded_up() {
+        assert_eq!(gcra(10, 1000, 5).emission_interval_micros(), Some(100_000));
+        assert_eq!(gcra(3, 1000, 3).emission_interval_micros(), Some(333_334));
+        assert_eq!(gcra(1_000_000_000, 1, 1).emission_interval_micros(), Some(1));
+        assert_eq!(fixed(3, 1000).emission_interval_micros(), None);
+        assert_eq!(gcra(10, 1000, 5).limit(), 5, "the burst is the most spent at once");
     }
 
     #[test]

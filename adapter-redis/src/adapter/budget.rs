@@ -162,6 +162,7 @@ mod tests {
             Some(AlgorithmState::SlidingCounter { window_start: 1, current: 2, previous: 3 })
         );
         assert_eq!(decoded(b'B'), Some(AlgorithmState::TokenBucket { tokens: 1, updated_at: 2 }));
+        assert_eq!(decoded(b'G'), Some(AlgorithmState::Gcra { tat: 1 }));
         for bad in [
             state(b'X'),
             Value::Array(vec![bulk("corrupt")]),

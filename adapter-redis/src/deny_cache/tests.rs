@@ -250,25 +250,26 @@ fn a_set_is_cached_until_its_soonest_enforced_denial_or_window_end() {
 }
 
 #[test]
-fn a_set_with_a_token_bucket_is_not_cached() {
-    let bucket = RateLimitPolicy::builder(
-        "b",
-        Algorithm::TokenBucket {
-            capacity: 5,
-            refill_tokens: 1,
-            refill_period: Duration::from_millis(100),
-        },
-    )
-    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
-    .build()
-    .unwrap();
-    let cache = DenyCache::new(100);
-    for set in [vec![bucket.clone()], vec![fixed("p", 1), bucket]] {
-        let ids: Vec<&str> = set.iter().map(|policy| policy.id().as_str()).collect();
-        let denials = vec![decided(false, 0, 100, 500); set.len()];
-        cache.learn(&request(&ids, 1, 1, 1), set.iter(), T0, &refused(&denials));
+fn a_set_with_a_token_bucket_or_a_gcra_is_not_cached() {
+    let bucket = Algorithm::TokenBucket {
+        capacity: 5,
+        refill_tokens: 1,
+        refill_period: Duration::from_millis(100),
+    };
+    let gcra = Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 5 };
+    for algorithm in [bucket, gcra] {
+        let other = RateLimitPolicy::builder("b", algorithm)
+            .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+            .build()
+            .unwrap();
+        let cache = DenyCache::new(100);
+        for set in [vec![other.clone()], vec![fixed("p", 1), other]] {
+            let ids: Vec<&str> = set.iter().map(|policy| policy.id().as_str()).collect();
+            let denials = vec![decided(false, 0, 100, 500); set.len()];
+            cache.learn(&request(&ids, 1, 1, 1), set.iter(), T0, &refused(&denials));
+        }
+        assert_eq!(cache.len(), 0, "{}", algorithm.name());
     }
-    assert_eq!(cache.len(), 0);
 }
 
 #[test]

@@ -183,6 +183,8 @@ impl Reader<'_> {
         let capacity = self.field(&mut table, PolicyField::Capacity.key(), Self::u64);
         let refill_tokens = self.field(&mut table, PolicyField::RefillTokens.key(), Self::u64);
         let refill_period = self.field(&mut table, PolicyField::RefillPeriod.key(), Self::duration);
+        let period = self.field(&mut table, PolicyField::Period.key(), Self::duration);
+        let burst = self.field(&mut table, PolicyField::Burst.key(), Self::u64);
         let revision = self.field(&mut table, PolicyField::Revision.key(), Self::u32);
         let maximum_cost = self.field(&mut table, PolicyField::MaximumCost.key(), Self::u64);
         let failure_policy =
@@ -221,15 +223,7 @@ impl Reader<'_> {
                 None
             }
             Some(kind @ (AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter)) => {
-                self.not_for(
-                    &table,
-                    kind,
-                    &[
-                        PolicyField::Capacity.key(),
-                        PolicyField::RefillTokens.key(),
-                        PolicyField::RefillPeriod.key(),
-                    ],
-                );
+                self.not_for(&table, kind);
                 let limit = self.required(limit, &table, PolicyField::Limit.key(), kind);
                 let window = self.required(window, &table, PolicyField::Window.key(), kind);
                 match (kind, limit, window) {
@@ -243,7 +237,7 @@ impl Reader<'_> {
                 }
             }
             Some(kind @ AlgorithmKind::TokenBucket) => {
-                self.not_for(&table, kind, &[PolicyField::Limit.key(), PolicyField::Window.key()]);
+                self.not_for(&table, kind);
                 let capacity = self.required(capacity, &table, PolicyField::Capacity.key(), kind);
                 let refill_tokens =
                     self.required(refill_tokens, &table, PolicyField::RefillTokens.key(), kind);
@@ -252,6 +246,21 @@ impl Reader<'_> {
                 match (capacity, refill_tokens, refill_period) {
                     (Some(capacity), Some(refill_tokens), Some(refill_period)) => {
                         Some(Algorithm::TokenBucket { capacity, refill_tokens, refill_period })
+                    }
+                    _ => None,
+                }
+            }
+            Some(kind @ AlgorithmKind::Gcra) => {
+                self.not_for(&table, kind);
+                let limit = self.required(limit, &table, PolicyField::Limit.key(), kind);
+                let period = self.required(period, &table, PolicyField::Period.key(), kind);
+                // A burst left out is the limit; one that did not read has
+                // its own problem already.
+                match (limit, period) {
+                    (Some(limit), Some(period))
+                        if burst.is_some() || !table.has(PolicyField::Burst.key()) =>
+                    {
+                        Some(Algorithm::Gcra { limit, period, burst: burst.unwrap_or(limit) })
                     }
                     _ => None,
                 }
@@ -319,8 +328,16 @@ impl Reader<'_> {
         value
     }
 
-    fn not_for(&mut self, table: &Table<'_>, algorithm: AlgorithmKind, keys: &[&str]) {
-        for key in keys.iter().filter(|key| table.has(key)) {
+    /// Every other algorithm's parameter the table sets is a problem.
+    fn not_for(&mut self, table: &Table<'_>, algorithm: AlgorithmKind) {
+        let own = algorithm.parameters();
+        let mut foreign: Vec<PolicyField> = Vec::new();
+        for field in AlgorithmKind::ALL.iter().flat_map(|kind| kind.parameters()) {
+            if !own.contains(field) && !foreign.contains(field) {
+                foreign.push(*field);
+            }
+        }
+        for key in foreign.iter().map(|field| field.key()).filter(|key| table.has(key)) {
             self.problem(
                 &table.path().child(key),
                 format!("does not apply to {algorithm}; remove it"),

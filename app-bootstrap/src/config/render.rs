@@ -96,6 +96,11 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
             table.insert(PolicyField::RefillTokens.key().into(), count(refill_tokens));
             table.insert(PolicyField::RefillPeriod.key().into(), duration(refill_period));
         }
+        Algorithm::Gcra { limit, period, burst } => {
+            table.insert("limit".into(), count(limit));
+            table.insert("period".into(), duration(period));
+            table.insert("burst".into(), count(burst));
+        }
     }
     table.insert(PolicyField::Revision.key().into(), i64::from(policy.revision()).into());
     table.insert(PolicyField::MaximumCost.key().into(), count(policy.maximum_cost()));

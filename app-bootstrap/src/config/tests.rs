@@ -392,6 +392,63 @@ fn algorithm_parameters_must_match_the_algorithm() {
 }
 
 #[test]
+fn a_gcra_policy_reads_limit_period_and_burst_which_defaults_to_the_limit() {
+    jail(|jail| {
+        let file = r#"
+            [capabilities.rate-limit]
+            default-policy = "search"
+            [capabilities.rate-limit.policies.search]
+            algorithm = "gcra"
+            limit = 10
+            period = "1s"
+            burst = 5
+            [capabilities.rate-limit.policies.steady]
+            algorithm = "gcra"
+            limit = 4
+            period = "1m"
+        "#;
+        let config = load_file(jail, file).unwrap();
+        let policies = &config.capabilities.rate_limit.policies;
+        let gcra = |limit, period, burst| Algorithm::Gcra { limit, period, burst };
+        assert_eq!(policies["search"].algorithm(), &gcra(10, Duration::from_secs(1), 5));
+        assert_eq!(policies["steady"].algorithm(), &gcra(4, Duration::from_secs(60), 4));
+
+        let bad = r#"
+            [capabilities.rate-limit]
+            default-policy = "search"
+            [capabilities.rate-limit.policies.search]
+            algorithm = "gcra"
+            limit = 10
+            window = "1s"
+            burst = 0
+            [capabilities.rate-limit.policies.cost]
+            algorithm = "gcra"
+            limit = 10
+            period = "1s"
+            burst = 2
+            maximum-cost = 3
+            [capabilities.rate-limit.policies.bucket]
+            algorithm = "token-bucket"
+            capacity = 3
+            refill-tokens = 1
+            refill-period = "1s"
+            burst = 3
+        "#;
+        let mut found = paths(load_file(jail, bad));
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "capabilities.rate-limit.policies.bucket.burst",
+                "capabilities.rate-limit.policies.cost.maximum-cost",
+                "capabilities.rate-limit.policies.search.period",
+                "capabilities.rate-limit.policies.search.window",
+            ]
+        );
+    });
+}
+
+#[test]
 fn the_redis_provider_needs_the_redis_switch() {
     jail(|jail| {
         let file =

@@ -197,6 +197,36 @@ pub(crate) async fn three_allowed_then_429(server: &Running, id: &str, path: &st
     assert_eq!(reply.header("content-type"), Some("application/problem+json"));
 }
 
+/// Config lines mapping `POST /api/orders` to a GCRA of 1 per 10 s with a
+/// burst of 2 (docs/algorithms.md#gcra), to append to a configuration.
+pub(crate) const GCRA_ORDERS: &str = r#"
+[capabilities.rate-limit.operations]
+"POST /api/orders" = "e2e-gcra"
+
+[capabilities.rate-limit.policies.e2e-gcra]
+algorithm = "gcra"
+limit = 1
+period = "10s"
+burst = 2
+"#;
+
+/// Under [`GCRA_ORDERS`] and the server's manual clock: `T` = 10 s, so
+/// `q=2;w=20`; two orders pass (remaining 1 then 0, the next cell 10 s on
+/// each time) and the third is refused for 10 s.
+pub(crate) async fn gcra_burst_then_429(server: &Running) {
+    for remaining in [1, 0] {
+        let reply = server.post("/api/orders").await;
+        assert_eq!(reply.status, StatusCode::CREATED, "{}", reply.body);
+        assert_eq!(reply.header("ratelimit-policy"), Some(r#""e2e-gcra";q=2;w=20"#));
+        let expected = format!(r#""e2e-gcra";r={remaining};t=10"#);
+        assert_eq!(reply.header("ratelimit"), Some(expected.as_str()));
+    }
+    let reply = server.post("/api/orders").await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS, "{}", reply.body);
+    assert_eq!(reply.header("retry-after"), Some("10"));
+    assert_eq!(reply.header("ratelimit"), Some(r#""e2e-gcra";r=0;t=10"#));
+}
+
 /// The real `ca-skeleton serve` binary, started with the TOML `config` and
 /// `RUST_LOG=rust_log`, JSON logs; its address comes from the "listening"
 /// line, and every log line is kept (read on a thread, so a full pipe never

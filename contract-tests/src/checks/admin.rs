@@ -10,7 +10,7 @@ use shared_contract::{
 
 use crate::factory::ProviderFactory;
 use crate::rig::{
-    CheckPolicy, DEFAULT_OPERATION, Rig, T0, fixed_window, ms, operation, set_outcome,
+    CheckPolicy, DEFAULT_OPERATION, Rig, T0, fixed_window, gcra, ms, operation, set_outcome,
     sliding_counter, subject, token_bucket,
 };
 
@@ -62,12 +62,17 @@ pub async fn inspect_never_charges(factory: &dyn ProviderFactory) {
     let fw = CheckPolicy::new(fixed_window("fw", 3, 1000));
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
-    let rig = Rig::start(factory, &[&fw, &sc, &tb]).await;
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 5));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g]).await;
     rig.at(250);
-    // Nothing stored: whole budgets; a full bucket is already reset.
+    // Nothing stored: whole budgets; a full bucket is already reset, and
+    // so is a GCRA whose every cell conforms.
     rig.expect_inspect("fresh fw", &budget(&fw, "alice"), state(&fw, 3, 0, 750, None)).await;
     rig.expect_inspect("fresh sc", &budget(&sc, "alice"), state(&sc, 10, 0, 750, None)).await;
     rig.expect_inspect("fresh tb", &budget(&tb, "alice"), state(&tb, 5, 0, 0, None)).await;
+    rig.expect_inspect("fresh g", &budget(&g, "alice"), state(&g, 5, 0, 0, None)).await;
+    // T = 100 ms: d' = 100000 us, 4 left, the next cell beyond them 100 ms on.
+    rig.expect("g", &g, "alice", 1, g.allowed(4, 100)).await;
     rig.expect("fw", &fw, "alice", 1, fw.allowed(2, 750)).await;
     rig.expect("sc", &sc, "alice", 1, sc.allowed(9, 750)).await;
     // A new bucket at T0 + 250: 4 tokens, full again at T0 + 350.
@@ -79,11 +84,15 @@ pub async fn inspect_never_charges(factory: &dyn ProviderFactory) {
         rig.expect_inspect(round, &budget(&sc, "alice"), state(&sc, 9, 0, 700, Some(250))).await;
         // k = floor(50 / 100) = 0: still 4 tokens, full at T0 + 350.
         rig.expect_inspect(round, &budget(&tb, "alice"), state(&tb, 4, 0, 50, Some(250))).await;
+        // d = 50000: still 4, the next beyond them at 50 ms.
+        rig.expect_inspect(round, &budget(&g, "alice"), state(&g, 4, 0, 50, Some(250))).await;
     }
     // fw 2 -> 1, sc est 1 -> 2, tb 4 -> 3 with reset T0 + 250 + 200 - (T0 + 300).
     rig.expect("fw after inspects", &fw, "alice", 1, fw.allowed(1, 700)).await;
     rig.expect("sc after inspects", &sc, "alice", 1, sc.allowed(8, 700)).await;
     rig.expect("tb after inspects", &tb, "alice", 1, tb.allowed(3, 150)).await;
+    // g: d' = 150000: 3 left, reset 150000 - 100000 = 50000 us.
+    rig.expect("g after inspects", &g, "alice", 1, g.allowed(3, 50)).await;
 }
 
 /// An exhausted budget inspects as the next denial answers: nothing left,
@@ -91,10 +100,15 @@ pub async fn inspect_never_charges(factory: &dyn ProviderFactory) {
 pub async fn inspect_of_an_exhausted_budget_reports_its_retry_after(factory: &dyn ProviderFactory) {
     let fw = CheckPolicy::new(fixed_window("fw", 3, 1000));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
-    let rig = Rig::start(factory, &[&fw, &tb]).await;
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 5));
+    let rig = Rig::start(factory, &[&fw, &tb, &g]).await;
     rig.at(250);
     rig.drain(&fw, "alice", 3).await;
     rig.drain(&tb, "alice", 5).await;
+    rig.drain(&g, "alice", 5).await;
+    // d = 500000: the next cell conforms 100 ms on, for retry and reset.
+    rig.expect_inspect("g drained", &budget(&g, "alice"), state(&g, 0, 100, 100, Some(250))).await;
+    rig.expect("g denial agrees", &g, "alice", 1, g.denied(0, 100, 100)).await;
     rig.expect_inspect("fw drained", &budget(&fw, "alice"), state(&fw, 0, 750, 750, Some(250)))
         .await;
     // Empty at T0 + 250: one token after 100 ms, full after 500 ms.
@@ -111,12 +125,14 @@ pub async fn reset_restores_the_full_budget(factory: &dyn ProviderFactory) {
     let fw = CheckPolicy::new(fixed_window("fw", 3, 1000));
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
-    let rig = Rig::start(factory, &[&fw, &sc, &tb]).await;
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 5));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g]).await;
     rig.at(250);
     rig.drain(&fw, "alice", 3).await;
     rig.drain(&fw, "bob", 3).await;
     rig.drain(&sc, "alice", 10).await;
     rig.drain(&tb, "alice", 5).await;
+    rig.drain(&g, "alice", 5).await;
     rig.expect("fw exhausted", &fw, "alice", 1, fw.denied(0, 750, 750)).await;
     rig.expect_reset("fw", &budget(&fw, "alice")).await;
     rig.expect_inspect("fw after reset", &budget(&fw, "alice"), state(&fw, 3, 0, 750, None)).await;
@@ -126,10 +142,13 @@ pub async fn reset_restores_the_full_budget(factory: &dyn ProviderFactory) {
     let sc_left = rig.decide(&sc, "alice", 1).await;
     assert!(!sc_left.allowed, "a reset of fw left sc alone: {sc_left:?}");
     rig.expect("tb untouched", &tb, "alice", 1, tb.denied(0, 100, 500)).await;
+    rig.expect("g untouched", &g, "alice", 1, g.denied(0, 100, 100)).await;
     rig.expect_reset("sc", &budget(&sc, "alice")).await;
     rig.expect_reset("tb", &budget(&tb, "alice")).await;
+    rig.expect_reset("g", &budget(&g, "alice")).await;
     rig.expect("sc starts fresh", &sc, "alice", 1, sc.allowed(9, 750)).await;
     rig.expect("tb starts fresh", &tb, "alice", 1, tb.allowed(4, 100)).await;
+    rig.expect("g starts fresh", &g, "alice", 1, g.allowed(4, 100)).await;
 }
 
 /// Resetting a budget that holds nothing, or resetting twice, is fine and

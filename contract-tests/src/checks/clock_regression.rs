@@ -8,7 +8,7 @@ use std::time::Duration;
 use shared_contract::{EvaluationId, RateLimitOutcome, UnavailableCategory};
 
 use crate::factory::ProviderFactory;
-use crate::rig::{CheckPolicy, Rig, fixed_window, ms, sliding_counter, token_bucket};
+use crate::rig::{CheckPolicy, Rig, fixed_window, gcra, ms, sliding_counter, token_bucket};
 
 const BOUND: Duration = Duration::from_millis(500);
 
@@ -42,14 +42,17 @@ pub async fn clock_regression_within_the_bound_uses_the_mark(factory: &dyn Provi
     rig.expect("next window", &fw, "alice", 1, fw.allowed(2, 1000)).await;
 }
 
-/// The mark applies to the sliding counter and the token bucket too.
+/// The mark applies to the sliding counter, the token bucket and GCRA too.
 pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     factory: &dyn ProviderFactory,
 ) {
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000).maximum_clock_regression(BOUND));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100).maximum_clock_regression(BOUND));
-    let rig = Rig::start(factory, &[&sc, &tb]).await;
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 5).maximum_clock_regression(BOUND));
+    let rig = Rig::start(factory, &[&sc, &tb, &g]).await;
     rig.at(1100);
+    // g: T = 100 ms; tat := T0 + 1200: remaining 4, reset 100.
+    rig.expect("g at 1100", &g, "alice", 1, g.allowed(4, 100)).await;
     // sc: p = 0, est 0 -> 1: remaining 9, reset 2000 - 1100 = 900.
     rig.expect("sc at 1100", &sc, "alice", 1, sc.allowed(9, 900)).await;
     // tb: a new bucket with updated_at = T0 + 1100: remaining 4, reset 100.
@@ -59,11 +62,15 @@ pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     rig.expect("sc 200 ms behind", &sc, "alice", 1, sc.allowed(8, 900)).await;
     // tb: k = 0, tokens 4 -> 3: reset = T0 + 1100 + 2 * 100 - (T0 + 1100) = 200.
     rig.expect("tb 200 ms behind", &tb, "alice", 1, tb.allowed(3, 200)).await;
+    // g: t := T0 + 1100, d = 100000 -> 200000: remaining 3, reset 100.
+    rig.expect("g 200 ms behind", &g, "alice", 1, g.allowed(3, 100)).await;
     rig.at(1150);
     // sc: est = 0 + 2 -> 3: remaining 7, reset 850.
     rig.expect("sc ahead again", &sc, "alice", 1, sc.allowed(7, 850)).await;
     // tb: k = floor(50 / 100) = 0, tokens 3 -> 2: reset = T0 + 1100 + 300 - (T0 + 1150) = 250.
     rig.expect("tb ahead again", &tb, "alice", 1, tb.allowed(2, 250)).await;
+    // g: d = 1300 - 1150 = 150 ms -> 250 ms: remaining 2, reset 250 - 200 = 50.
+    rig.expect("g ahead again", &g, "alice", 1, g.allowed(2, 50)).await;
 }
 
 /// Beyond the bound every algorithm answers `ClockUnsafe` with the wait
@@ -75,13 +82,20 @@ pub async fn clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothi
     let fw = CheckPolicy::new(fixed_window("fw", 3, 1000).maximum_clock_regression(BOUND));
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000).maximum_clock_regression(BOUND));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100).maximum_clock_regression(BOUND));
-    let policies = [&fw, &sc, &tb];
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 5).maximum_clock_regression(BOUND));
+    let policies = [&fw, &sc, &tb, &g];
     let rig = Rig::start(factory, &policies).await;
     rig.at(1100);
     rig.expect("fw at 1100", &fw, "alice", 1, fw.allowed(2, 900)).await;
     rig.expect("sc at 1100", &sc, "alice", 1, sc.allowed(9, 900)).await;
     rig.expect("tb at 1100", &tb, "alice", 1, tb.allowed(4, 100)).await;
-    let ids = [EvaluationId::random(), EvaluationId::random(), EvaluationId::random()];
+    rig.expect("g at 1100", &g, "alice", 1, g.allowed(4, 100)).await;
+    let ids = [
+        EvaluationId::random(),
+        EvaluationId::random(),
+        EvaluationId::random(),
+        EvaluationId::random(),
+    ];
     rig.at(599);
     // M - t = 1100 - 599 = 501 > 500: retry = 501 - 500 = 1.
     for (policy, id) in policies.iter().zip(ids) {
@@ -94,11 +108,13 @@ pub async fn clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothi
     }
     rig.at(1100);
     // Unchanged state, and the ids were never recorded, so they charge:
-    // fw n = 2; sc est 1 -> 2; tb k = 0, tokens 4 -> 3, reset 200.
-    let [fw_id, sc_id, tb_id] = ids;
+    // fw n = 2; sc est 1 -> 2; tb k = 0, tokens 4 -> 3, reset 200; g d =
+    // 100 ms -> 200 ms, remaining 3, reset 100.
+    let [fw_id, sc_id, tb_id, g_id] = ids;
     rig.expect_id("fw back", &fw, "alice", 1, fw_id, fw.allowed(1, 900)).await;
     rig.expect_id("sc back", &sc, "alice", 1, sc_id, sc.allowed(8, 900)).await;
     rig.expect_id("tb back", &tb, "alice", 1, tb_id, tb.allowed(3, 200)).await;
+    rig.expect_id("g back", &g, "alice", 1, g_id, g.allowed(3, 100)).await;
 }
 
 /// The clock bound is checked before the dedupe records are read: a repeat

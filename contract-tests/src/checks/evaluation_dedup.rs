@@ -10,7 +10,7 @@ use futures::future::join_all;
 use shared_contract::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy, EvaluationId};
 
 use crate::factory::ProviderFactory;
-use crate::rig::{CheckPolicy, Rig, fixed_window, sliding_counter, token_bucket};
+use crate::rig::{CheckPolicy, Rig, fixed_window, gcra, sliding_counter, token_bucket};
 
 /// A repeat replays the recorded answer (even once the budget is gone) and
 /// consumes nothing.
@@ -30,29 +30,36 @@ pub async fn dedupe_replays_a_repeat_without_charging(factory: &dyn ProviderFact
     rig.expect("new id on an empty budget", &fw, "alice", 1, fw.denied(0, 500, 500)).await;
 }
 
-/// Replay works the same for the sliding counter and the token bucket.
+/// Replay works the same for the sliding counter, the token bucket and GCRA.
 pub async fn dedupe_replay_works_for_every_algorithm(factory: &dyn ProviderFactory) {
     let fw = CheckPolicy::new(fixed_window("fw", 3, 1000));
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
-    let rig = Rig::start(factory, &[&fw, &sc, &tb]).await;
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 5));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g]).await;
     let (fw_id, sc_id, tb_id) =
         (EvaluationId::random(), EvaluationId::random(), EvaluationId::random());
+    let g_id = EvaluationId::random();
     rig.at(100);
     rig.expect_id("fw", &fw, "alice", 1, fw_id, fw.allowed(2, 900)).await;
     rig.expect_id("sc", &sc, "alice", 1, sc_id, sc.allowed(9, 900)).await;
     rig.at(300);
     // A new bucket at T0 + 300: 4 tokens, reset 100.
     rig.expect_id("tb", &tb, "alice", 1, tb_id, tb.allowed(4, 100)).await;
+    // g at T0 + 300: tat := T0 + 400, remaining 4, reset 100.
+    rig.expect_id("g", &g, "alice", 1, g_id, g.allowed(4, 100)).await;
     rig.at(350);
     rig.expect_id("fw repeat", &fw, "alice", 1, fw_id, fw.replayed(2, 900)).await;
     rig.expect_id("sc repeat", &sc, "alice", 1, sc_id, sc.replayed(9, 900)).await;
     rig.expect_id("tb repeat", &tb, "alice", 1, tb_id, tb.replayed(4, 100)).await;
+    rig.expect_id("g repeat", &g, "alice", 1, g_id, g.replayed(4, 100)).await;
     // Nothing was consumed: fw n 1 -> 2; sc est 1 -> 2, reset 650;
     // tb k = floor(50 / 100) = 0, tokens 4 -> 3, reset = T0 + 300 + 200 - (T0 + 350) = 150.
     rig.expect("fw new id", &fw, "alice", 1, fw.allowed(1, 650)).await;
     rig.expect("sc new id", &sc, "alice", 1, sc.allowed(8, 650)).await;
     rig.expect("tb new id", &tb, "alice", 1, tb.allowed(3, 150)).await;
+    // g: d = 50 ms -> 150 ms: remaining 3, reset 150 - 100 = 50.
+    rig.expect("g new id", &g, "alice", 1, g.allowed(3, 50)).await;
 }
 
 /// With dedupe disabled a repeat is a new charge.

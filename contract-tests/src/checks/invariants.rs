@@ -8,7 +8,9 @@
 use shared_contract::{Certainty, EvaluationId, RateLimitDecision, RateLimitOutcome, millis};
 
 use crate::factory::ProviderFactory;
-use crate::rig::{CheckPolicy, Rig, fixed_window, ms, one_decision, sliding_counter, token_bucket};
+use crate::rig::{
+    CheckPolicy, Rig, fixed_window, gcra, ms, one_decision, sliding_counter, token_bucket,
+};
 
 /// Allowed, denied and replayed decisions all carry the policy's limit and
 /// the algorithm's certainty.
@@ -16,12 +18,15 @@ pub async fn decisions_report_limit_and_certainty(factory: &dyn ProviderFactory)
     let fw = CheckPolicy::new(fixed_window("fw", 3, 1000));
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
-    let rig = Rig::start(factory, &[&fw, &sc, &tb]).await;
+    // A GCRA decision's limit is its burst, not its steady-rate limit.
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 4));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g]).await;
     rig.at(0);
     let cases = [
         (&fw, 3, Certainty::Certain),
         (&sc, 10, Certainty::ApproximateAlgorithm),
         (&tb, 5, Certainty::Certain),
+        (&g, 4, Certainty::Certain),
     ];
     for (policy, limit, certainty) in cases {
         let id = EvaluationId::random();
@@ -60,6 +65,9 @@ pub async fn retry_after_is_zero_when_allowed_and_minimal_when_denied(
         CheckPolicy::new(fixed_window("fw", 3, 100).maximum_cost(2)),
         CheckPolicy::new(sliding_counter("sc", 5, 100).maximum_cost(3)),
         CheckPolicy::new(token_bucket("tb", 4, 2, 30).maximum_cost(3)),
+        // T = ceil(100000 / 3) = 33334 us: every wait is rounded up from
+        // microseconds.
+        CheckPolicy::new(gcra("g", 3, 100, 4).maximum_cost(3)),
     ];
     for policy in &policies {
         // One rig per policy, so each walk owns its clock.

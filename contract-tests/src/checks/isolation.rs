@@ -4,7 +4,7 @@
 use shared_contract::{IncompatibleCategory, RateLimitOutcome};
 
 use crate::factory::ProviderFactory;
-use crate::rig::{CheckPolicy, Rig, fixed_window, sliding_counter, token_bucket};
+use crate::rig::{CheckPolicy, Rig, fixed_window, gcra, sliding_counter, token_bucket};
 
 /// Exhausting one subject leaves every other subject's budget whole, for
 /// every algorithm.
@@ -12,20 +12,25 @@ pub async fn subjects_are_isolated(factory: &dyn ProviderFactory) {
     let fw = CheckPolicy::new(fixed_window("fw", 3, 1000));
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
-    let rig = Rig::start(factory, &[&fw, &sc, &tb]).await;
+    let g = CheckPolicy::new(gcra("g", 10, 1000, 5));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g]).await;
     rig.at(0);
     rig.drain(&fw, "alice", 3).await;
     rig.drain(&sc, "alice", 10).await;
     rig.drain(&tb, "alice", 5).await;
+    rig.drain(&g, "alice", 5).await;
     // Whole budgets for bob: fw 3 - 1, sc 10 - 1, tb 5 - 1 (reset 100).
     rig.expect("bob", &fw, "bob", 1, fw.allowed(2, 1000)).await;
     rig.expect("bob", &sc, "bob", 1, sc.allowed(9, 1000)).await;
     rig.expect("bob", &tb, "bob", 1, tb.allowed(4, 100)).await;
+    rig.expect("bob", &g, "bob", 1, g.allowed(4, 100)).await;
     // Alice stays exhausted: fw retry = reset = 1000; sc next window
     // x' = 1000 - floor(9999 / 10) = 1, retry 1001; tb retry 100, reset 500.
     rig.expect("alice", &fw, "alice", 1, fw.denied(0, 1000, 1000)).await;
     rig.expect("alice", &sc, "alice", 1, sc.denied(0, 1001, 1000)).await;
     rig.expect("alice", &tb, "alice", 1, tb.denied(0, 100, 500)).await;
+    // g: d = 500000, the next cell 100 ms on.
+    rig.expect("alice", &g, "alice", 1, g.denied(0, 100, 100)).await;
 }
 
 /// Two policies with the same parameters keep separate budgets for the same
@@ -82,6 +87,13 @@ pub async fn algorithm_change_without_a_new_revision_is_state_incompatible(
     rig.rebuild(&[&sliding]).await;
     rig.expect("sliding meets fixed-window state", &sliding, "alice", 1, STATE_INCOMPATIBLE).await;
     rig.expect("sliding meets bucket state", &sliding, "bob", 1, STATE_INCOMPATIBLE).await;
+    let cells = CheckPolicy::new(gcra("p", 10, 1000, 5));
+    rig.rebuild(&[&cells]).await;
+    rig.expect("gcra meets fixed-window state", &cells, "alice", 1, STATE_INCOMPATIBLE).await;
+    rig.expect("gcra meets bucket state", &cells, "bob", 1, STATE_INCOMPATIBLE).await;
+    rig.expect("gcra for a new subject", &cells, "carol", 1, cells.allowed(4, 100)).await;
+    rig.rebuild(&[&bucket]).await;
+    rig.expect("bucket meets gcra state", &bucket, "carol", 1, STATE_INCOMPATIBLE).await;
     rig.rebuild(&[&fixed]).await;
     // The fixed window kept its one charge: n = 2, remaining 1.
     rig.expect("fixed window untouched", &fixed, "alice", 1, fixed.allowed(1, 1000)).await;

@@ -9,6 +9,7 @@ pub mod clock_regression;
 pub mod concurrency;
 pub mod evaluation_dedup;
 pub mod fixed_window;
+pub mod gcra;
 pub mod invariants;
 pub mod isolation;
 pub mod lifetime;

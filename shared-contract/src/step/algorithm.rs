@@ -8,6 +8,7 @@
 use crate::policy::{Algorithm, millis};
 
 mod fixed_window;
+mod gcra;
 mod sliding_counter;
 mod token_bucket;
 
@@ -39,15 +40,35 @@ pub enum AlgorithmState {
         /// Start of the refill period not yet credited.
         updated_at: u64,
     },
+    /// GCRA's theoretical arrival time.
+    Gcra {
+        /// When the key's backlog of cells is spent, epoch **microseconds**.
+        tat: u64,
+    },
 }
 
 /// A policy's algorithm with every duration in whole milliseconds, so the
 /// hot path never converts a `Duration`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Params {
-    FixedWindow { limit: u64, window: u64 },
-    SlidingCounter { limit: u64, window: u64 },
-    TokenBucket { capacity: u64, refill_tokens: u64, period: u64 },
+    FixedWindow {
+        limit: u64,
+        window: u64,
+    },
+    SlidingCounter {
+        limit: u64,
+        window: u64,
+    },
+    TokenBucket {
+        capacity: u64,
+        refill_tokens: u64,
+        period: u64,
+    },
+    /// `interval` is the emission interval in whole microseconds.
+    Gcra {
+        burst: u64,
+        interval: u64,
+    },
 }
 
 impl Params {
@@ -70,6 +91,9 @@ impl Params {
                     period: ms(refill_period),
                 }
             }
+            Algorithm::Gcra { burst, .. } => {
+                Self::Gcra { burst, interval: algorithm.emission_interval_micros().unwrap_or(1) }
+            }
         }
     }
 
@@ -78,6 +102,7 @@ impl Params {
         match *self {
             Self::FixedWindow { limit, .. } | Self::SlidingCounter { limit, .. } => limit,
             Self::TokenBucket { capacity, .. } => capacity,
+            Self::Gcra { burst, .. } => burst,
         }
     }
 }
@@ -141,6 +166,7 @@ pub(crate) fn run(
         Params::TokenBucket { capacity, refill_tokens, period } => {
             token_bucket::step(capacity, refill_tokens, period, state, t, cost, charge)
         }
+        Params::Gcra { burst, interval } => gcra::step(burst, interval, state, t, cost, charge),
     }
 }
 
@@ -174,6 +200,12 @@ mod tests {
         let window = AlgorithmState::FixedWindow { window_start: T0, count: 1 };
         let tb = Params::TokenBucket { capacity: 1, refill_tokens: 1, period: 1 };
         assert_eq!(run(&tb, Some(&window), T0, 1, Charge::Take), Err(StateMismatch));
+        let gcra = Params::Gcra { burst: 1, interval: 1000 };
+        assert_eq!(run(&gcra, Some(&bucket), T0, 1, Charge::Take), Err(StateMismatch));
+        let cells = AlgorithmState::Gcra { tat: T0 * 1000 };
+        for other in [fixed, sliding, tb] {
+            assert_eq!(run(&other, Some(&cells), T0, 1, Charge::Take), Err(StateMismatch));
+        }
     }
 
     #[test]
@@ -182,6 +214,8 @@ mod tests {
             Params::FixedWindow { limit: 1, window: 7 },
             Params::SlidingCounter { limit: 1, window: 7 },
             Params::TokenBucket { capacity: 1, refill_tokens: 1, period: 7 },
+            Params::Gcra { burst: 1, interval: 7 },
+            Params::Gcra { burst: 3, interval: u64::MAX / 2 },
         ];
         for params in all {
             let mut state = None;
@@ -215,5 +249,12 @@ mod tests {
         assert_eq!((spared.allowed, spared.remaining), (true, 3));
         let written = AlgorithmState::TokenBucket { tokens: 3, updated_at: T0 + 100 };
         assert_eq!(spared.write, Some((written, T0 + 100 + 200)));
+
+        // GCRA b = 5, T = 100 ms: 3 cells at T0 leave 2, spared at T0 + 100 3.
+        let gcra = Params::Gcra { burst: 5, interval: 100_000 };
+        let mut state = None;
+        apply(&gcra, &mut state, T0, 3);
+        let spared = run(&gcra, state.as_ref(), T0 + 100, 1, Charge::Spare).unwrap();
+        assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 3, None));
     }
 }

@@ -16,7 +16,11 @@ pub(super) fn step(
     let n = match state {
         Some(&AlgorithmState::FixedWindow { window_start, count }) if window_start == ws => count,
         None | Some(AlgorithmState::FixedWindow { .. }) => 0,
-        Some(AlgorithmState::SlidingCounter { .. } | AlgorithmState::TokenBucket { .. }) => {
+        Some(
+            AlgorithmState::SlidingCounter { .. }
+            | AlgorithmState::TokenBucket { .. }
+            | AlgorithmState::Gcra { .. },
+        ) => {
             return Err(StateMismatch);
         }
     };

@@ -27,7 +27,11 @@ pub(super) fn step(
                 (0, 0)
             }
         }
-        Some(AlgorithmState::FixedWindow { .. } | AlgorithmState::TokenBucket { .. }) => {
+        Some(
+            AlgorithmState::FixedWindow { .. }
+            | AlgorithmState::TokenBucket { .. }
+            | AlgorithmState::Gcra { .. },
+        ) => {
             return Err(StateMismatch);
         }
     };

@@ -17,7 +17,11 @@ pub(super) fn step(
     let (tokens, updated_at) = match state {
         None => (capacity, t),
         Some(&AlgorithmState::TokenBucket { tokens, updated_at }) => (tokens, updated_at),
-        Some(AlgorithmState::FixedWindow { .. } | AlgorithmState::SlidingCounter { .. }) => {
+        Some(
+            AlgorithmState::FixedWindow { .. }
+            | AlgorithmState::SlidingCounter { .. }
+            | AlgorithmState::Gcra { .. },
+        ) => {
             return Err(StateMismatch);
         }
     };
