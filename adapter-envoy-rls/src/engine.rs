@@ -43,7 +43,8 @@ pub struct RlsSettings {
 /// The rules, prepared over one port: what a reload replaces whole.
 #[derive(Debug)]
 pub struct RlsEngine {
-    port: Arc<dyn EdgeRateLimitPort>,
+    /// `None` when rate limiting is off: every descriptor is answered `OK`.
+    port: Option<Arc<dyn EdgeRateLimitPort>>,
     pseudonymizer: Arc<dyn SubjectPseudonymizer>,
     clock: Arc<dyn Clock>,
     settings: RlsSettings,
@@ -109,12 +110,25 @@ impl RlsEngine {
         rules: &[RlsRule],
     ) -> Result<Self, RlsError> {
         let rules = Rules::new(rules, &*port)?;
-        Ok(Self { port, pseudonymizer, clock, settings, rules, metrics: FrontMetrics::new() })
+        let metrics = FrontMetrics::new();
+        Ok(Self { port: Some(port), pseudonymizer, clock, settings, rules, metrics })
     }
 
-    /// The provider the engine asks.
-    pub fn port(&self) -> &Arc<dyn EdgeRateLimitPort> {
-        &self.port
+    /// An engine with rate limiting off (the `disabled` provider): every
+    /// well-formed request is answered `OK`, each descriptor `OK` without a
+    /// limit, and no rule is read.
+    pub fn disabled(
+        pseudonymizer: Arc<dyn SubjectPseudonymizer>,
+        clock: Arc<dyn Clock>,
+        settings: RlsSettings,
+    ) -> Self {
+        let (rules, metrics) = (Rules::default(), FrontMetrics::new());
+        Self { port: None, pseudonymizer, clock, settings, rules, metrics }
+    }
+
+    /// The provider the engine asks; `None` when rate limiting is off.
+    pub fn port(&self) -> Option<&Arc<dyn EdgeRateLimitPort>> {
+        self.port.as_ref()
     }
 
     /// Answers one `ShouldRateLimit`. `timeout` is the call's
@@ -132,6 +146,9 @@ impl RlsEngine {
         timeout: Option<Duration>,
     ) -> Result<RateLimitResponse, Status> {
         validate(request)?;
+        let Some(port) = &self.port else {
+            return Ok(Response::new(request.descriptors.len()).finish());
+        };
         let now = self.clock.monotonic();
         let budget = timeout.map_or(self.settings.evaluation_budget, |timeout| {
             timeout.min(self.settings.evaluation_budget)
@@ -179,9 +196,9 @@ impl RlsEngine {
         let mut response = Response::new(request.descriptors.len());
         for step in &steps {
             let answer = if step.cost == 0 {
-                self.look(step).await?
+                look(&**port, step).await?
             } else {
-                self.evaluate(step, deadline).await?
+                evaluate(&**port, step, deadline).await?
             };
             let Some(answer) = answer else { continue };
             if !response.add(step, &answer) {
@@ -201,88 +218,89 @@ impl RlsEngine {
         let mut frames = [DESCRIPTOR_SUBJECT_KIND, &rule.domain].into_iter().chain(parts);
         self.pseudonymizer.pseudonymize_frames(&mut frames)
     }
+}
 
-    /// One policy set through the port. `None`: a failure of a set that
-    /// holds no enforced policy, which passes (as on HTTP).
-    async fn evaluate(&self, step: &Step<'_>, deadline: Instant) -> Result<Option<Answer>, Status> {
-        let policies = PolicySet::new(step.members.iter().map(|member| member.id.clone()))
-            .map_err(|_| Status::internal("the policy set of the descriptors is invalid"))?;
-        let request = RateLimitRequest {
-            policies,
-            subject: step.subject.clone(),
-            operation: step.rule.operation.clone(),
-            cost: step.cost,
-            evaluation_id: EvaluationId::random(),
-            deadline,
-        };
-        let outcome = self.port.evaluate(request).await;
-        let outcome = checked(outcome, &step.members);
-        for (index, member) in step.members.iter().enumerate() {
-            member.metrics.record(&outcome, index);
+/// One policy set through the port. `None`: a failure of a set that holds
+/// no enforced policy, which passes (as on HTTP).
+async fn evaluate(
+    port: &dyn EdgeRateLimitPort,
+    step: &Step<'_>,
+    deadline: Instant,
+) -> Result<Option<Answer>, Status> {
+    let policies = PolicySet::new(step.members.iter().map(|member| member.id.clone()))
+        .map_err(|_| Status::internal("the policy set of the descriptors is invalid"))?;
+    let request = RateLimitRequest {
+        policies,
+        subject: step.subject.clone(),
+        operation: step.rule.operation.clone(),
+        cost: step.cost,
+        evaluation_id: EvaluationId::random(),
+        deadline,
+    };
+    let outcome = port.evaluate(request).await;
+    let outcome = checked(outcome, &step.members);
+    for (index, member) in step.members.iter().enumerate() {
+        member.metrics.record(&outcome, index);
+    }
+    match outcome {
+        RateLimitOutcome::Evaluated(set) => {
+            Ok(Some(Answer { allowed: set.allowed(), decisions: set.decisions().to_vec() }))
         }
-        match outcome {
-            RateLimitOutcome::Evaluated(set) => {
-                Ok(Some(Answer { allowed: set.allowed(), decisions: set.decisions().to_vec() }))
-            }
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Indeterminate { .. }
-            | RateLimitOutcome::Incompatible { .. }
-                if !step.enforces() =>
-            {
-                tracing::warn!(
-                    outcome = outcome.category_name(),
-                    "rate limit failed; the set is shadow only, so the descriptors pass"
-                );
-                Ok(None)
-            }
-            RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. } => {
-                tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
-                Err(Status::unavailable(format!(
-                    "rate limit unavailable: {}",
-                    outcome.category_name()
-                )))
-            }
-            RateLimitOutcome::Incompatible { .. } => {
-                tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
-                Err(Status::failed_precondition(format!(
-                    "rate limit incompatible: {}",
-                    outcome.category_name()
-                )))
-            }
+        RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Indeterminate { .. }
+        | RateLimitOutcome::Incompatible { .. }
+            if !step.enforces() =>
+        {
+            tracing::warn!(
+                outcome = outcome.category_name(),
+                "rate limit failed; the set is shadow only, so the descriptors pass"
+            );
+            Ok(None)
+        }
+        RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. } => {
+            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            Err(Status::unavailable(format!("rate limit unavailable: {}", outcome.category_name())))
+        }
+        RateLimitOutcome::Incompatible { .. } => {
+            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            Err(Status::failed_precondition(format!(
+                "rate limit incompatible: {}",
+                outcome.category_name()
+            )))
         }
     }
+}
 
-    /// A look (`hits_addend` 0): each enforced policy's budget as it stands,
-    /// charging nothing. Denied when a request of cost 1 would not pass.
-    async fn look(&self, step: &Step<'_>) -> Result<Option<Answer>, Status> {
-        let mut decisions = Vec::with_capacity(step.members.len());
-        let mut allowed = true;
-        for member in &step.members {
-            if !member.enforced() {
-                decisions.push(RateLimitDecision::UNUSED);
-                continue;
-            }
-            let operation = member.operation_scoped().then(|| step.rule.operation.clone());
-            let key = BudgetKey::new(step.subject.clone(), member.id.clone(), operation);
-            let state = self.port.inspect(&key).await.map_err(|failure| {
-                tracing::warn!(failure = failure.name(), "envoy rls look failed closed");
-                look_status(failure)
-            })?;
-            let passes = state.retry_after.is_zero() && state.remaining > 0;
-            member.metrics.record_look(passes);
-            allowed &= passes;
-            decisions.push(RateLimitDecision {
-                allowed: passes,
-                limit: state.limit,
-                remaining: state.remaining,
-                retry_after: state.retry_after,
-                reset_after: state.reset_after,
-                certainty: state.certainty,
-                replayed: false,
-            });
+/// A look (`hits_addend` 0): each enforced policy's budget as it stands,
+/// charging nothing. Denied when a request of cost 1 would not pass.
+async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<Answer>, Status> {
+    let mut decisions = Vec::with_capacity(step.members.len());
+    let mut allowed = true;
+    for member in &step.members {
+        if !member.enforced() {
+            decisions.push(RateLimitDecision::UNUSED);
+            continue;
         }
-        Ok(Some(Answer { allowed, decisions }))
+        let operation = member.operation_scoped().then(|| step.rule.operation.clone());
+        let key = BudgetKey::new(step.subject.clone(), member.id.clone(), operation);
+        let state = port.inspect(&key).await.map_err(|failure| {
+            tracing::warn!(failure = failure.name(), "envoy rls look failed closed");
+            look_status(failure)
+        })?;
+        let passes = state.retry_after.is_zero() && state.remaining > 0;
+        member.metrics.record_look(passes);
+        allowed &= passes;
+        decisions.push(RateLimitDecision {
+            allowed: passes,
+            limit: state.limit,
+            remaining: state.remaining,
+            retry_after: state.retry_after,
+            reset_after: state.reset_after,
+            certainty: state.certainty,
+            replayed: false,
+        });
     }
+    Ok(Some(Answer { allowed, decisions }))
 }
 
 /// The request's shape: descriptors, each with entries, each with a key.

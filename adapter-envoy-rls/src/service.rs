@@ -114,7 +114,12 @@ impl ProviderHealth {
         if !service.is_empty() && service != RATE_LIMIT_SERVICE_NAME {
             return Err(Status::not_found("unknown service"));
         }
-        let ready = self.switch.current().port().is_ready().await;
+        // Off (`disabled`) is always ready, as `/readyz` says.
+        let engine = self.switch.current();
+        let ready = match engine.port() {
+            Some(port) => port.is_ready().await,
+            None => true,
+        };
         let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
         Ok(HealthCheckResponse { status: status.into() })
     }

@@ -17,7 +17,7 @@ use shared_contract::RateLimitPolicy;
 use tokio::sync::Mutex;
 use toml::{Table, Value};
 
-use crate::capability::{ProviderState, edge_settings};
+use crate::capability::{ProviderState, edge_settings, rls_engine};
 use crate::config::render::{self, Secrets};
 use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath, RateLimitConfig};
 use crate::error::BootstrapError;
@@ -92,6 +92,8 @@ impl ReloadReport {
 pub(crate) struct ReloadTarget {
     pub(crate) switch: BridgeSwitch,
     pub(crate) state: ProviderState,
+    /// The Envoy RLS engine in force, when `envoy-rls.listen` is set.
+    pub(crate) rls: Option<adapter_envoy_rls::RlsSwitch>,
 }
 
 /// Reloads the policy table from `sources`. Cheap to clone; reloads run
@@ -195,8 +197,26 @@ impl Reloader {
         let port = target.state.port_with_policies(&next, Arc::clone(&clock)).map_err(line)?;
         let settings = edge_settings(&next).map_err(line)?;
         let pseudonymizer = Arc::clone(current.pseudonymizer());
+        // Built before either is swapped in, so a rule that fails to build
+        // leaves both front ends as they were.
+        let rls = match &target.rls {
+            Some(rls) => {
+                let engine = rls_engine(
+                    &next,
+                    Some(Arc::clone(&port)),
+                    Arc::clone(&pseudonymizer) as _,
+                    Arc::clone(&clock),
+                )
+                .map_err(line)?;
+                Some((rls, engine))
+            }
+            None => None,
+        };
         let bridge = TransportBridge::new(port, pseudonymizer, clock, settings);
         target.switch.replace(Arc::new(bridge));
+        if let Some((rls, engine)) = rls {
+            rls.replace(engine);
+        }
         let policies = &next.capabilities.rate_limit.policies;
         state.history.extend(policies.iter().map(|(id, policy)| (id.clone(), policy.clone())));
         state.config = next;
