@@ -89,6 +89,9 @@ pub(crate) struct PreparedRule {
     /// Positions in the pattern of the subject entries, in pattern order.
     pub(crate) subject: Box<[usize]>,
     pub(crate) members: Box<[Member]>,
+    /// The members' ids as a set: a step of this rule alone asks with it
+    /// as is (a shared pointer, no copy).
+    pub(crate) policies: PolicySet,
     pub(crate) operation: OperationDigest,
     /// Whether any member is operation-scoped.
     pub(crate) operation_scoped: bool,
@@ -158,6 +161,7 @@ impl Rules {
                 subject,
                 operation_scoped: members.iter().any(Member::operation_scoped),
                 members,
+                policies: rule.policies.clone(),
                 operation: rule_operation(&rule.domain, &rule.pattern),
             };
             by_domain.entry(rule.domain.as_str().into()).or_default().push(prepared);
