@@ -198,3 +198,75 @@ fn check(index: usize, rule: &RlsRule, rules: &[RlsRule]) -> Result<(), RlsError
         None => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(domain: &str, pattern: &[(&str, Option<&str>)], subject: Option<&[&str]>) -> RlsRule {
+        RlsRule {
+            domain: domain.to_owned(),
+            pattern: pattern.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect(),
+            subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
+            policies: PolicySet::single(PolicyId::new("p").unwrap()),
+        }
+    }
+
+    #[test]
+    fn every_rule_problem_is_refused_with_its_index() {
+        let ip = [("remote_address", None)];
+        let cases = [
+            (vec![rule("", &ip, None)], RlsError::EmptyDomain { rule: 0 }),
+            (vec![rule("d", &[], None)], RlsError::EmptyPattern { rule: 0 }),
+            (
+                vec![rule("d", &[("a", None), ("", None)], None)],
+                RlsError::EmptyKey { rule: 0, entry: 1 },
+            ),
+            (
+                vec![rule("d", &[("a", None), ("a", Some("x"))], None)],
+                RlsError::RepeatedKey { rule: 0, key: "a".to_owned() },
+            ),
+            (
+                vec![rule("d", &[("a", Some("x"))], Some(&["a"]))],
+                RlsError::BadSubject { rule: 0, key: "a".to_owned() },
+            ),
+            (
+                vec![rule("d", &ip, None), rule("d", &ip, Some(&["remote_address"]))],
+                RlsError::DuplicateRule { rule: 1, first: 0 },
+            ),
+        ];
+        let policy = RateLimitPolicy::builder(
+            "p",
+            shared_contract::Algorithm::FixedWindow {
+                limit: 1,
+                window: std::time::Duration::from_secs(1),
+            },
+        )
+        .build()
+        .unwrap();
+        let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));
+        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy], clock).unwrap();
+        for (rules, expected) in cases {
+            assert_eq!(Rules::new(&rules, &port).unwrap_err(), expected);
+        }
+        let fine =
+            [rule("d", &ip, None), rule("d", &[("a", Some("x")), ("b", None)], Some(&["b"]))];
+        let rules = Rules::new(&fine, &port).unwrap();
+        let second = rules.find("d", &[("a", "x"), ("b", "y")]).unwrap();
+        assert_eq!((second.index, &*second.subject), (1, &[1][..]));
+        assert!(rules.find("d", &[("a", "z"), ("b", "y")]).is_none());
+        assert!(rules.find("other", &[("remote_address", "y")]).is_none());
+    }
+
+    #[test]
+    fn a_rules_operation_is_its_configured_pattern_and_nothing_else() {
+        let pattern = |fixed: Option<&str>| {
+            vec![("generic_key".to_owned(), fixed.map(str::to_owned)), ("ip".to_owned(), None)]
+        };
+        let checkout = rule_operation("edge", &pattern(Some("checkout")));
+        assert_eq!(checkout, rule_operation("edge", &pattern(Some("checkout"))));
+        assert_ne!(checkout, rule_operation("edge", &pattern(None)));
+        assert_ne!(checkout, rule_operation("edge2", &pattern(Some("checkout"))));
+        assert_eq!(checkout.as_str().len(), 32);
+    }
+}

@@ -33,6 +33,16 @@ async fn every_scenario_on_redis_then_unavailable_once_redis_is_killed() {
     let url = server.url();
     let factory = move |policies, clock| port(url.clone(), policies, clock);
     scenarios::all(&factory).await;
+    // Every key is a pseudonym: no address a descriptor carried is in Redis.
+    let keys = std::process::Command::new("redis-cli")
+        .args(["-p", &server.port().to_string(), "--scan"])
+        .output()
+        .expect("redis-cli runs");
+    let keys = String::from_utf8(keys.stdout).unwrap();
+    assert!(keys.lines().count() >= 5, "{keys}");
+    for raw in ["10.0.0.", "remote_address", "generic_key", "edge"] {
+        assert!(!keys.contains(raw), "{raw} reached a key:\n{keys}");
+    }
 
     let clock = scenarios::clock();
     let redis = port(server.url(), scenarios::policies(), clock.clone());
