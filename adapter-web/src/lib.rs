@@ -45,4 +45,4 @@ pub use service::RateLimitService;
 pub use settings::{DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 pub use subject::{AuthenticatedPrincipal, IdentityProblem, SubjectKind, canonical_identity};
 pub use switch::BridgeSwitch;
-pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS, METRIC_PREFIX};
+pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, METRIC_PREFIX, metric_name};

@@ -7,7 +7,7 @@ use std::fmt;
 use hmac::{Hmac, Mac};
 use secrecy::{ExposeSecret, SecretSlice};
 use sha2::Sha256;
-use shared_contract::SubjectDigest;
+use shared_contract::{SubjectDigest, SubjectPseudonymizer};
 
 use crate::error::WebError;
 use crate::subject::SubjectKind;
@@ -99,13 +99,25 @@ fn digest(version: u32, key: &KeyedMac, kind: SubjectKind, identity: &str) -> Su
 }
 
 /// HMAC-SHA-256 over the framed parts.
-fn tag<const N: usize>(key: &KeyedMac, parts: [&str; N]) -> [u8; 32] {
+fn tag<'a>(key: &KeyedMac, parts: impl IntoIterator<Item = &'a str>) -> [u8; 32] {
     let mut mac = key.0.clone();
     for part in parts {
         mac.update(&frame_length(part).to_be_bytes());
         mac.update(part.as_bytes());
     }
     mac.finalize().into_bytes().into()
+}
+
+/// The framing of [`VersionedPseudonymizer::pseudonymize`] over any list
+/// of frames, for a front end whose subjects are not HTTP's (Envoy's
+/// descriptors): `pseudonymize(kind, identity)` is the frames
+/// `[kind.as_str(), identity]`.
+impl SubjectPseudonymizer for VersionedPseudonymizer {
+    fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest {
+        let key = &self.keys[&self.active_version];
+        SubjectDigest::from_tag(self.active_version, &tag(key, frames))
+            .expect("a 32-byte tag makes a valid digest")
+    }
 }
 
 // Parts longer than 4 GiB cannot arrive: HTTP header and route limits cut
@@ -194,6 +206,32 @@ mod tests {
         assert_ne!(
             pseudonymizer.pseudonymize(SubjectKind::Principal, "alice"),
             pseudonymizer.pseudonymize(SubjectKind::ApiKey, "alice")
+        );
+    }
+
+    /// See [`any_frames_take_the_same_framing_as_a_kind_and_identity`].
+    const PYTHON_DESCRIPTOR_VECTOR: &str =
+        "v1:d07cbfe158235f4a8bb581cbb118a7f4fefac1a2d29492ff2bdcf039747eb653";
+
+    #[test]
+    fn any_frames_take_the_same_framing_as_a_kind_and_identity() {
+        let pseudonymizer = single(1, 0x42);
+        let framed = pseudonymizer.pseudonymize_frames(&mut ["ip", "203.0.113.7/32"].into_iter());
+        assert_eq!(framed, pseudonymizer.pseudonymize(SubjectKind::ClientIp, "203.0.113.7/32"));
+        // Computed with Python 3's standard library as above, KEY = bytes(range(32)):
+        // hmac.new(KEY, f("descriptor") + f("edge") + f("remote_address") + f("10.0.0.1"), hashlib.sha256)
+        let sequential =
+            VersionedPseudonymizer::new([(1, SecretSlice::from((0u8..32).collect::<Vec<_>>()))], 1)
+                .unwrap();
+        let descriptor = sequential.pseudonymize_frames(
+            &mut ["descriptor", "edge", "remote_address", "10.0.0.1"].into_iter(),
+        );
+        assert_eq!(descriptor.as_str(), PYTHON_DESCRIPTOR_VECTOR);
+        assert_ne!(
+            descriptor,
+            sequential.pseudonymize_frames(
+                &mut ["descriptor", "edge", "remote_address10.0.0.1"].into_iter()
+            )
         );
     }
 

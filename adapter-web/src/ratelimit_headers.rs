@@ -2,12 +2,14 @@
 //! ratelimit-headers draft): structured-field lists built with `sfv`, so the
 //! policy id is always a correctly quoted string.
 
-use std::time::Duration;
-
 use axum::body::Bytes;
 use http::HeaderValue;
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
-use shared_contract::{Algorithm, PolicyId, RateLimitDecision, RateLimitPolicy};
+use shared_contract::{
+    PolicyId, RateLimitDecision, RateLimitPolicy, quota_window, write_limit_field,
+};
+
+pub(crate) use shared_contract::whole_seconds_up;
 
 /// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in the
 /// order given (GCRA: `q=<burst>;w=<burst x T>`, T its emission interval); `None` for no policy (the header is then left out).
@@ -24,62 +26,21 @@ pub(crate) fn policy_header<'a>(
 /// each policy, in the order given (GCRA: until the next cell beyond the
 /// remaining ones conforms, docs/algorithms.md#gcra); `None` for no policy.
 ///
-/// Written by hand, not through `sfv` as the policy header is: this one is
-/// made per request (the serializer's checks and copies cost about a fifth
-/// of the layer; docs/benchmarks.md), and a policy id is validated to
-/// `[a-z0-9._-]`, which an sf-string holds without escapes. The output is
-/// exactly what `sfv` writes (a test compares them).
+/// Written by hand (`shared_contract::write_limit_field`, which every
+/// front end shares), not through `sfv` as the policy header is: this one
+/// is made per request (the serializer's checks and copies cost about a
+/// fifth of the layer; docs/benchmarks.md), and a policy id is validated
+/// to `[a-z0-9._-]`, which an sf-string holds without escapes. The output
+/// is exactly what `sfv` writes (a test compares them).
 pub(crate) fn limit_header<'a>(
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
 ) -> Option<HeaderValue> {
     let mut text = Vec::with_capacity(64);
-    for (policy_id, decision) in decisions {
-        if !text.is_empty() {
-            text.extend_from_slice(b", ");
-        }
-        text.push(b'"');
-        text.extend_from_slice(policy_id.as_str().as_bytes());
-        text.extend_from_slice(b"\";r=");
-        push_integer(&mut text, decision.remaining);
-        text.extend_from_slice(b";t=");
-        push_integer(&mut text, whole_seconds_up(decision.reset_after));
-    }
+    write_limit_field(&mut text, decisions);
     if text.is_empty() {
         return None;
     }
     HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
-}
-
-/// Largest structured-field integer (RFC 9651: 15 decimal digits).
-const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
-
-/// A structured-field integer in decimal, clamped to its range as the
-/// `sfv` path clamps it; validated policies never come near.
-fn push_integer(text: &mut Vec<u8>, value: u64) {
-    text.extend_from_slice(itoa::Buffer::new().format(value.min(SF_INTEGER_MAX)).as_bytes());
-}
-
-/// The time over which a policy grants its limit: the window, or for a
-/// token bucket the time an empty bucket takes to fill
-/// (`ceil(capacity / refill_tokens) * refill_period`).
-fn quota_window(algorithm: &Algorithm) -> Duration {
-    match *algorithm {
-        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingCounter { window, .. } => window,
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-            let periods = capacity.div_ceil(refill_tokens.max(1));
-            refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
-        }
-        Algorithm::Gcra { burst, .. } => {
-            let interval = algorithm.emission_interval_micros().unwrap_or(1);
-            Duration::from_micros(burst.saturating_mul(interval))
-        }
-    }
-}
-
-/// Whole seconds, rounded up: a client told to wait less than the real
-/// time would only be refused again.
-pub(crate) fn whole_seconds_up(duration: Duration) -> u64 {
-    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
 /// A structured-field List of string items with integer parameters
@@ -103,7 +64,9 @@ fn list<'a, const N: usize>(
 
 #[cfg(test)]
 mod tests {
-    use shared_contract::Certainty;
+    use std::time::Duration;
+
+    use shared_contract::{Algorithm, Certainty, SF_INTEGER_MAX, write_policy_field};
 
     use super::*;
 
@@ -197,6 +160,23 @@ mod tests {
         list(decisions.into_iter().map(|(policy_id, decision)| {
             (policy_id, [("r", decision.remaining), ("t", whole_seconds_up(decision.reset_after))])
         }))
+    }
+
+    #[test]
+    fn the_shared_policy_field_is_what_sfv_writes() {
+        let ids = ["a", "orders.read", "x-1_2.3"];
+        let policies: Vec<RateLimitPolicy> = ids
+            .iter()
+            .map(|id| {
+                let window = Duration::from_millis(1500);
+                RateLimitPolicy::builder(*id, Algorithm::FixedWindow { limit: 7, window })
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let mut text = Vec::new();
+        write_policy_field(&mut text, &policies);
+        assert_eq!(policy_header(&policies).unwrap().as_bytes(), text.as_slice());
     }
 
     #[test]

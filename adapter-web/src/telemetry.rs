@@ -15,26 +15,12 @@ use shared_contract::{DecisionSource, PolicyMode, RateLimitOutcome, RateLimitPol
 
 use crate::rejection::EdgeRejection;
 
-/// The name of a metric the service exports: `$name` after the service's
-/// prefix, as a `&'static str`. The prefix is written here only, so every
-/// crate's metrics share it.
-#[macro_export]
-macro_rules! metric_name {
-    ($name:literal) => {
-        concat!("ca_skeleton_", $name)
-    };
-}
+pub use shared_contract::{DECISIONS_TOTAL, FRONT_HTTP, metric_name};
 
 /// The prefix every metric the service exports starts with, named for the
 /// service.
 pub const METRIC_PREFIX: &str = metric_name!("");
 
-/// Counter of decisions, one per policy of each evaluated set: labels
-/// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`) and
-/// `cached` (`true` when the provider answered from its local denial cache
-/// without asking its store). A set decided by the degraded mode's local
-/// limiter counts `outcome="degraded"` for each policy, admitted or not.
-pub const DECISIONS_TOTAL: &str = metric_name!("rate_limit_decisions_total");
 /// Histogram of port evaluation time in seconds, one observation per policy
 /// of the set (the set is one evaluation, so each sees the same time):
 /// labels `policy`, `algorithm`.
@@ -103,6 +89,7 @@ impl MemberMetrics {
                 "outcome" => outcome,
                 "mode" => self.mode,
                 "cached" => if cached { "true" } else { "false" },
+                "front" => FRONT_HTTP,
             )
         };
         match OUTCOMES.iter().position(|known| *known == outcome) {

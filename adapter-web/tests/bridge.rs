@@ -400,6 +400,7 @@ fn decision(policy: &str, outcome: &str, mode: &str) -> Increment {
     let mut labels = pairs(&labels);
     labels.push(("mode".to_owned(), mode.to_owned()));
     labels.push(("cached".to_owned(), "false".to_owned()));
+    labels.push(("front".to_owned(), "http".to_owned()));
     (DECISIONS_TOTAL.to_owned(), labels, 1)
 }
 

@@ -6,12 +6,15 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
+use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings};
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
 use rand::RngCore;
 use secrecy::SecretSlice;
-use shared_contract::{Clock, EdgeRateLimitPort, PolicyId, PolicySet, RateLimitPolicy};
+use shared_contract::{
+    Clock, EdgeRateLimitPort, PolicyId, PolicySet, RateLimitPolicy, SubjectPseudonymizer,
+};
 
 use crate::config::{AppConfig, ProviderKind};
 use crate::degraded::{self, DegradedMode, DegradedPort};
@@ -259,6 +262,40 @@ pub fn pseudonymizer(config: &AppConfig) -> Result<VersionedPseudonymizer, Boots
     let keys = settings.keys.iter().map(|(version, key)| (*version, key.to_key_bytes()));
     VersionedPseudonymizer::new(keys, settings.active_version)
         .map_err(|error| wiring("the pseudonymizer", error))
+}
+
+/// The Envoy RLS engine of `config` over `port` (`None`: the provider is
+/// `disabled`, and every descriptor is answered `OK`), naming subjects with
+/// the HTTP edge's pseudonymizer.
+pub fn rls_engine(
+    config: &AppConfig,
+    port: Option<Arc<dyn EdgeRateLimitPort>>,
+    pseudonymizer: Arc<dyn SubjectPseudonymizer>,
+    clock: Arc<dyn Clock>,
+) -> Result<RlsEngine, BootstrapError> {
+    let settings =
+        RlsSettings { evaluation_budget: config.capabilities.rate_limit.edge.evaluation_budget };
+    let Some(port) = port else {
+        return Ok(RlsEngine::disabled(pseudonymizer, clock, settings));
+    };
+    let mut rules = Vec::with_capacity(config.envoy_rls.rules.len());
+    for rule in &config.envoy_rls.rules {
+        let ids = rule.policies.iter().map(|id| PolicyId::new(id.as_str()));
+        let policies = ids
+            .collect::<Result<Vec<_>, _>>()
+            .and_then(PolicySet::new)
+            .map_err(|error| wiring("the envoy rls rules", error))?;
+        let pattern =
+            rule.entries().map(|(key, value)| (key.to_owned(), value.map(str::to_owned))).collect();
+        rules.push(RlsRule {
+            domain: rule.domain.clone(),
+            pattern,
+            subject: rule.subject.clone(),
+            policies,
+        });
+    }
+    RlsEngine::new(port, pseudonymizer, clock, settings, &rules)
+        .map_err(|error| wiring("the envoy rls rules", error))
 }
 
 /// The edge settings of `capabilities.rate-limit`.

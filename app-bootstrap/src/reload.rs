@@ -3,9 +3,9 @@
 //! a valid one puts a new bridge in force, over a port that shares the
 //! provider's state, and an invalid one changes nothing.
 //!
-//! What a reload may change is the policy table and what only the edge
-//! reads: every key of `capabilities.rate-limit` but the `RESTART_ONLY`
-//! ones. Every other key that differs from what is running is reported as
+//! What a reload may change is the policy table and what only the edges
+//! read: every key of `capabilities.rate-limit` and of `envoy-rls` but the
+//! `RESTART_ONLY` ones. Every other key that differs from what is running is reported as
 //! needing a restart, every time, until one happens.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -18,7 +18,7 @@ use tokio::sync::Mutex;
 use toml::{Table, Value};
 use tracing::Instrument;
 
-use crate::capability::{ProviderState, edge_settings};
+use crate::capability::{ProviderState, edge_settings, rls_engine};
 use crate::config::render::{self, Secrets};
 use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath, RateLimitConfig};
 use crate::error::BootstrapError;
@@ -26,11 +26,32 @@ use crate::error::BootstrapError;
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
 
-/// The keys of `capabilities.rate-limit` a reload does not apply: the
-/// providers hold them (the degraded mode is built with the provider). Every other key of the table is the policy table or
-/// what only the bridge reads, so a key added to [`RateLimitConfig`] or
-/// `EdgeSettings` reloads without being listed here.
-const RESTART_ONLY: [&str; 3] = ["provider", "failure-retry-after", "degraded"];
+/// The sections a reload applies, key by key ([`RESTART_ONLY`] aside):
+/// the policy table and what only the edges read.
+const RELOADABLE: [&str; 2] = ["capabilities.rate-limit", "envoy-rls"];
+
+/// The keys of the [`RELOADABLE`] sections a reload does not apply: the
+/// providers hold the first three (the degraded mode is built with the
+/// provider), and the gRPC listener is bound once. Every
+/// other key of those tables is the policy table or what only an edge
+/// reads, so a key added to [`RateLimitConfig`], `EdgeSettings` or the RLS
+/// rules reloads without being listed here.
+const RESTART_ONLY: [&str; 4] = [
+    "capabilities.rate-limit.provider",
+    "capabilities.rate-limit.failure-retry-after",
+    "capabilities.rate-limit.degraded",
+    "envoy-rls.listen",
+];
+
+/// Whether the key at `path` (its segments) is one a reload applies.
+fn reloadable(path: &[String]) -> bool {
+    RELOADABLE.iter().any(|section| {
+        let section: Vec<&str> = section.split('.').collect();
+        path.len() > section.len()
+            && path.iter().zip(&section).all(|(segment, expected)| segment == expected)
+            && !RESTART_ONLY.contains(&path[..=section.len()].join(".").as_str())
+    })
+}
 
 /// What one reload did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -74,6 +95,8 @@ impl ReloadReport {
 pub(crate) struct ReloadTarget {
     pub(crate) switch: BridgeSwitch,
     pub(crate) state: ProviderState,
+    /// The Envoy RLS engine in force, when `envoy-rls.listen` is set.
+    pub(crate) rls: Option<adapter_envoy_rls::RlsSwitch>,
 }
 
 /// Reloads the policy table from `sources`. Cheap to clone; reloads run
@@ -185,8 +208,26 @@ impl Reloader {
         let port = target.state.port_with_policies(&next, Arc::clone(&clock)).map_err(line)?;
         let settings = edge_settings(&next).map_err(line)?;
         let pseudonymizer = Arc::clone(current.pseudonymizer());
+        // Built before either is swapped in, so a rule that fails to build
+        // leaves both front ends as they were.
+        let rls = match &target.rls {
+            Some(rls) => {
+                let engine = rls_engine(
+                    &next,
+                    Some(Arc::clone(&port)),
+                    Arc::clone(&pseudonymizer) as _,
+                    Arc::clone(&clock),
+                )
+                .map_err(line)?;
+                Some((rls, engine))
+            }
+            None => None,
+        };
         let bridge = TransportBridge::new(port, pseudonymizer, clock, settings);
         target.switch.replace(Arc::new(bridge));
+        if let Some((rls, engine)) = rls {
+            rls.replace(engine);
+        }
         let policies = &next.capabilities.rate_limit.policies;
         state.history.extend(policies.iter().map(|(id, policy)| (id.clone(), policy.clone())));
         state.config = next;
@@ -214,7 +255,7 @@ fn problem_lines(error: BootstrapError) -> Vec<String> {
 }
 
 /// `running` with every reloadable key taken from `loaded`: all of
-/// `capabilities.rate-limit` but [`RESTART_ONLY`].
+/// [`RELOADABLE`] but [`RESTART_ONLY`].
 fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
     let mut next = running.clone();
     let to = &mut next.capabilities.rate_limit;
@@ -224,6 +265,8 @@ fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
     let failure_retry_after = to.edge.failure_retry_after;
     to.edge = adapter_web::EdgeSettings { failure_retry_after, ..edge };
     (to.default_policy, to.operations, to.policies) = (default_policy, operations, policies);
+    let crate::config::EnvoyRlsConfig { listen: _, rules } = loaded.envoy_rls.clone();
+    next.envoy_rls.rules = rules;
     next
 }
 
@@ -241,16 +284,7 @@ fn changes(running: &AppConfig, loaded: &AppConfig) -> (Vec<String>, Vec<String>
             continue;
         }
         let name = path.iter().fold(KeyPath::root(), |key, segment| key.child(segment)).to_string();
-        match path.as_slice() {
-            [capabilities, rate_limit, key, ..]
-                if capabilities == "capabilities"
-                    && rate_limit == "rate-limit"
-                    && !RESTART_ONLY.contains(&key.as_str()) =>
-            {
-                reloadable.push(name);
-            }
-            _ => restart.push(name),
-        }
+        if self::reloadable(path) { reloadable.push(name) } else { restart.push(name) }
     }
     (reloadable, restart)
 }
@@ -409,8 +443,11 @@ refill-period = "1s"
             changed.iter().map(|path| path.split('.').nth(2).unwrap()).collect();
         let table = render::to_table(&running, Secrets::Redacted);
         let rate_limit = table["capabilities"]["rate-limit"].as_table().unwrap();
-        let listed =
-            rate_limit.keys().map(String::as_str).filter(|k| !RESTART_ONLY.contains(k)).collect();
+        let listed = rate_limit
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !RESTART_ONLY.contains(&format!("capabilities.rate-limit.{k}").as_str()))
+            .collect();
         assert_eq!(keys, listed, "each reloadable key differs");
         // What with_reloadable takes over is exactly what changed.
         let next = with_reloadable(&running, &loaded);
@@ -508,5 +545,24 @@ refill-period = "1s"
             ),
             "{listed:?}"
         );
+    }
+
+    #[test]
+    fn envoy_rls_rules_reload_and_its_listen_address_needs_a_restart() {
+        let rls = |listen: &str, policies: &str| {
+            format!(
+                "{BASE}\n[envoy-rls]\nlisten = \"{listen}\"\n[[envoy-rls.rules]]\n\
+                 domain = \"edge\"\ndescriptor = [\"remote_address\"]\npolicies = {policies}\n"
+            )
+        };
+        let running = load(&rls("127.0.0.1:8081", "\"demo\""));
+        let loaded = load(&rls("127.0.0.1:8082", "[\"demo\"]\nsubject = \"remote_address\""));
+        let (changed, restart) = changes(&running, &loaded);
+        assert_eq!(changed, ["envoy-rls.rules"]);
+        assert_eq!(restart, ["envoy-rls.listen"]);
+        let next = with_reloadable(&running, &loaded);
+        assert_eq!(next.envoy_rls.rules, loaded.envoy_rls.rules);
+        assert_eq!(next.envoy_rls.listen, running.envoy_rls.listen);
+        assert_eq!(changes(&next, &loaded), (vec![], vec!["envoy-rls.listen".to_owned()]));
     }
 }

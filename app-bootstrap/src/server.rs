@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use adapter_envoy_rls::RlsSwitch;
 use adapter_web::{EVALUATION_SECONDS, RateLimitLayer};
 use axum::Router;
 use axum::extract::State;
@@ -14,7 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use shared_contract::{Clock, SystemClock};
+use shared_contract::{Clock, SubjectPseudonymizer, SystemClock};
 use tokio::net::TcpListener;
 
 use crate::admin::{self, AdminSource, AdminState};
@@ -49,6 +50,8 @@ pub struct Application {
     /// SIGHUP, listened for since before the build ([`Hangups::listen`]).
     hangups: Option<Hangups>,
     admin: Option<AdminListener>,
+    /// The Envoy RLS gRPC listener (`envoy-rls.listen`).
+    rls: Option<RlsListener>,
     /// Both listeners' header-read timeout and shutdown grace.
     limits: ConnectionLimits,
     /// How requests are sampled, when they get spans at all
@@ -103,6 +106,14 @@ impl Hangups {
     }
 }
 
+/// The bound Envoy RLS listener and the engine it serves.
+#[derive(Debug)]
+struct RlsListener {
+    listener: TcpListener,
+    switch: RlsSwitch,
+    address: SocketAddr,
+}
+
 /// The bound admin listener and its router (`admin.listen`).
 #[derive(Debug)]
 struct AdminListener {
@@ -153,17 +164,34 @@ impl Application {
                         edge: Arc::new(capability::edge_settings(config)?),
                     },
                 };
-                let state = AdminState::new(source, token, served.clone(), clock)?;
+                let state = AdminState::new(source, token, served.clone(), Arc::clone(&clock))?;
                 let (listener, address) = bind(address).await?;
                 Some(AdminListener { listener, state, address })
             }
             // Off; validation refuses a listener without a token.
             (Some(_), None) | (None, _) => None,
         };
-        let target = capability
-            .state()
-            .zip(layer.switch())
-            .map(|(state, switch)| ReloadTarget { switch: switch.clone(), state: state.clone() });
+        let rls = match config.envoy_rls.listen {
+            Some(address) => {
+                // The edge's pseudonymizer, so one subject kind never
+                // needs a second key; a fresh one only when nothing limits.
+                let pseudonymizer: Arc<dyn SubjectPseudonymizer> = match layer.switch() {
+                    Some(switch) => Arc::clone(switch.current().pseudonymizer()) as _,
+                    None => Arc::new(capability::pseudonymizer(config)?),
+                };
+                let port = capability.port().cloned();
+                let engine =
+                    capability::rls_engine(config, port, pseudonymizer, Arc::clone(&clock))?;
+                let (listener, address) = bind(address).await?;
+                Some(RlsListener { listener, switch: RlsSwitch::new(engine), address })
+            }
+            None => None,
+        };
+        let target = capability.state().zip(layer.switch()).map(|(state, switch)| ReloadTarget {
+            switch: switch.clone(),
+            state: state.clone(),
+            rls: rls.as_ref().map(|rls| rls.switch.clone()),
+        });
         let reload = (config.clone(), served, target);
         let otlp = &config.telemetry.otlp;
         let sampling = otlp.endpoint.as_ref().map(|_| telemetry::Sampling::new(otlp.sample_ratio));
@@ -189,6 +217,7 @@ impl Application {
             reloader: None,
             hangups: None,
             admin,
+            rls,
             limits,
             sampling,
             tracing: None,
@@ -202,6 +231,11 @@ impl Application {
     pub fn trace_with(mut self, tracing: Option<Tracing>) -> Self {
         self.tracing = tracing;
         self
+    }
+
+    /// The bound Envoy RLS address, when `envoy-rls.listen` is set.
+    pub fn rls_addr(&self) -> Option<SocketAddr> {
+        self.rls.as_ref().map(|rls| rls.address)
     }
 
     /// The bound admin address, when `admin.listen` is set.
@@ -297,12 +331,34 @@ impl Application {
         // When the shutdown began: the span flush gets what is left of the
         // grace after the drain.
         let (began, began_at) = tokio::sync::oneshot::channel();
+        // The gRPC listener too; on the signal it stops accepting and its
+        // calls in flight get the same grace as the HTTP ones.
+        let rls = self.rls.map(|rls| {
+            let mut stopped = stopped.clone();
+            tokio::spawn(async move {
+                let shutdown = async move {
+                    let _ = stopped.changed().await;
+                };
+                let served = adapter_envoy_rls::serve(rls.listener, rls.switch, shutdown);
+                if let Err(error) = served.await {
+                    tracing::error!(%error, "the envoy rls listener stopped");
+                }
+            })
+        });
         let shutdown = async move {
             shutdown.await;
             let _ = began.send(tokio::time::Instant::now());
             let _ = stop.send(());
         };
         listener::serve(self.listener, self.router, limits, shutdown, "public").await;
+        if let Some(mut rls) = rls {
+            // The public drain took its share of the grace already; what is
+            // still open past one more grace is cut.
+            if tokio::time::timeout(limits.shutdown_grace, &mut rls).await.is_err() {
+                tracing::warn!("envoy rls calls still open after the shutdown grace; cutting them");
+                rls.abort();
+            }
+        }
         if let Some(admin) = admin {
             if let Err(error) = admin.await {
                 tracing::warn!(%error, "admin listener stopped with an error");

@@ -11,7 +11,7 @@ use redis_fixture::RedisServer;
 use reqwest::StatusCode;
 use support::{Running, T0, counter, fixed_window_config, load};
 
-const UNSAFE: &str = r#"ca_skeleton_rate_limit_decisions_total{policy="skew",algorithm="fixed-window",outcome="clock-unsafe",mode="enforce",cached="false"}"#;
+const UNSAFE: &str = r#"ca_skeleton_rate_limit_decisions_total{policy="skew",algorithm="fixed-window",outcome="clock-unsafe",mode="enforce",cached="false",front="http"}"#;
 
 #[tokio::test]
 async fn an_instance_lagging_beyond_the_bound_answers_503_clock_unsafe_and_counts_it() {

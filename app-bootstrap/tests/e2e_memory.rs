@@ -23,8 +23,8 @@ async fn memory_limits_each_route_until_429_and_metrics_count_the_429s() {
     three_allowed_after_one(&server).await;
 
     let metrics = server.metrics().await;
-    let denied = r#"ca_skeleton_rate_limit_decisions_total{policy="e2e-memory",algorithm="fixed-window",outcome="denied",mode="enforce",cached="false"}"#;
-    let allowed = r#"ca_skeleton_rate_limit_decisions_total{policy="e2e-memory",algorithm="fixed-window",outcome="allowed",mode="enforce",cached="false"}"#;
+    let denied = r#"ca_skeleton_rate_limit_decisions_total{policy="e2e-memory",algorithm="fixed-window",outcome="denied",mode="enforce",cached="false",front="http"}"#;
+    let allowed = r#"ca_skeleton_rate_limit_decisions_total{policy="e2e-memory",algorithm="fixed-window",outcome="allowed",mode="enforce",cached="false",front="http"}"#;
     assert_eq!(counter(&metrics, denied), 2, "{metrics}");
     assert_eq!(counter(&metrics, allowed), 6, "{metrics}");
     assert!(metrics.contains("ca_skeleton_rate_limit_evaluation_seconds_bucket"), "{metrics}");

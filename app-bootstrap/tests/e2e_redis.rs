@@ -34,7 +34,7 @@ async fn redis_limits_until_429_and_metrics_count_the_429s() {
     let metrics = server.metrics().await;
     let denied = |cached: &str| {
         let series = format!(
-            r#"ca_skeleton_rate_limit_decisions_total{{policy="e2e-redis",algorithm="fixed-window",outcome="denied",mode="enforce",cached="{cached}"}}"#
+            r#"ca_skeleton_rate_limit_decisions_total{{policy="e2e-redis",algorithm="fixed-window",outcome="denied",mode="enforce",cached="{cached}",front="http"}}"#
         );
         counter(&metrics, &series)
     };

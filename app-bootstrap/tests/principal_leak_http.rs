@@ -265,7 +265,7 @@ async fn no_raw_principal_reaches_redis_logs_or_metrics_and_each_has_its_own_bud
         support::counter(
             &metrics,
             &format!(
-                r#"ca_skeleton_rate_limit_decisions_total{{policy="p-burst",algorithm="fixed-window",outcome="{outcome}",mode="enforce",cached="false"}}"#
+                r#"ca_skeleton_rate_limit_decisions_total{{policy="p-burst",algorithm="fixed-window",outcome="{outcome}",mode="enforce",cached="false",front="http"}}"#
             ),
         )
     };

@@ -18,6 +18,7 @@ mod budget;
 mod clock;
 mod dedup;
 mod error;
+mod headers;
 mod name;
 mod outcome;
 mod policy;
@@ -30,7 +31,10 @@ pub use budget::{BudgetFailure, BudgetKey, BudgetState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
-pub use name::{UnknownName, parse_name};
+pub use headers::{
+    SF_INTEGER_MAX, quota_window, whole_seconds_up, write_limit_field, write_policy_field,
+};
+pub use name::{DECISIONS_TOTAL, FRONT_ENVOY_RLS, FRONT_HTTP, UnknownName, parse_name};
 pub use outcome::{
     Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory,
     RateLimitDecision, RateLimitOutcome, SetDecision, UnavailableCategory,
@@ -47,4 +51,4 @@ pub use step::{
     AlgorithmState, DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict,
     evaluate_set, inspect_key,
 };
-pub use subject::SubjectDigest;
+pub use subject::{SubjectDigest, SubjectPseudonymizer};

@@ -59,6 +59,30 @@ impl fmt::Display for Quoted<'_> {
     }
 }
 
+/// The name of a metric the service exports: `$name` after the service's
+/// prefix, as a `&'static str`. The prefix is written here only, so every
+/// crate's metrics share it.
+#[macro_export]
+macro_rules! metric_name {
+    ($name:literal) => {
+        concat!("ca_skeleton_", $name)
+    };
+}
+
+/// Counter of decisions, one per policy of each evaluated set: labels
+/// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`),
+/// `cached` (`true` when the provider answered from its local denial cache
+/// without asking its store) and `front`, the inbound adapter that asked
+/// ([`FRONT_HTTP`] or [`FRONT_ENVOY_RLS`]). Every front end counts into
+/// this one series. A set decided by the degraded mode's local limiter
+/// counts `outcome="degraded"` for each policy, admitted or not.
+pub const DECISIONS_TOTAL: &str = metric_name!("rate_limit_decisions_total");
+
+/// The `front` label of a decision the HTTP edge asked for.
+pub const FRONT_HTTP: &str = "http";
+/// The `front` label of a decision Envoy's Rate Limit Service asked for.
+pub const FRONT_ENVOY_RLS: &str = "envoy-rls";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -65,6 +65,18 @@ impl SubjectDigest {
     }
 }
 
+/// What turns a raw subject into its [`SubjectDigest`], given to every
+/// inbound adapter so each front end names subjects with one key and one
+/// framing: a keyed MAC over the frames in order (the subject kind first,
+/// then the parts of its identity), each frame a 4-byte big-endian byte
+/// length followed by its bytes, so no two frame lists make one message.
+pub trait SubjectPseudonymizer: Send + Sync + fmt::Debug {
+    /// The pseudonym of the subject `frames` names, under the active key.
+    /// The frames are raw subject data: an implementation never keeps,
+    /// logs or prints them.
+    fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest;
+}
+
 // Debug and Display both print the whole pseudonym: it is not secret, and an
 // operator matches it against keys and log lines, which carry it whole.
 impl fmt::Debug for SubjectDigest {

@@ -1,0 +1,365 @@
+//! `RlsEngine`: one `ShouldRateLimit` call, from the request's descriptors
+//! to policy sets, the port's answers and the response.
+//!
+//! 1. Each descriptor is matched to the first rule of its domain that fits;
+//!    one that matches none is not limited.
+//! 2. Its subject is the pseudonym of the domain and the subject entries;
+//!    its cost the descriptor's `hits_addend`, else the request's (0 = 1).
+//! 3. Descriptors of one subject and one cost join one policy set, which
+//!    the port evaluates as one atomic step. Two rules' operation-scoped
+//!    policies cannot share a step (a request carries one operation), nor
+//!    can more than [`MAX_POLICY_SET`] policies: such a descriptor starts a
+//!    set of its own. A descriptor with `hits_addend` 0 is only looked at.
+//! 4. The steps run in request order; the first one denied ends the call,
+//!    so later steps are not charged.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::{
+    RateLimitRequest as EnvoyRequest, RateLimitResponse,
+};
+use shared_contract::{
+    BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
+    MAX_POLICY_SET, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitRequest,
+    SubjectDigest, SubjectPseudonymizer,
+};
+use tonic::Status;
+
+use crate::error::RlsError;
+use crate::response::{Answer, Response};
+use crate::rules::{DESCRIPTOR_SUBJECT_KIND, Member, PreparedRule, RlsRule, Rules};
+use crate::telemetry::FrontMetrics;
+
+/// What the engine runs with besides its rules.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RlsSettings {
+    /// The longest an evaluation may take (`capabilities.rate-limit.
+    /// evaluation-budget`); a shorter `grpc-timeout` wins.
+    pub evaluation_budget: Duration,
+}
+
+/// The rules, prepared over one port: what a reload replaces whole.
+#[derive(Debug)]
+pub struct RlsEngine {
+    /// `None` when rate limiting is off: every descriptor is answered `OK`.
+    port: Option<Arc<dyn EdgeRateLimitPort>>,
+    pseudonymizer: Arc<dyn SubjectPseudonymizer>,
+    clock: Arc<dyn Clock>,
+    settings: RlsSettings,
+    rules: Rules,
+    metrics: FrontMetrics,
+}
+
+/// One descriptor as resolved: its rule, subject and cost.
+struct Resolved<'e> {
+    rule: &'e PreparedRule,
+    subject: SubjectDigest,
+    cost: u64,
+}
+
+/// One atomic step: a policy set of one subject, or one look.
+pub(crate) struct Step<'e> {
+    pub(crate) subject: SubjectDigest,
+    pub(crate) cost: u64,
+    /// The rule whose operation the set is keyed by.
+    rule: &'e PreparedRule,
+    /// Whether `rule` holds operation-scoped members of the set.
+    operation_bound: bool,
+    pub(crate) members: Vec<&'e Member>,
+    /// The descriptors it answers: each one's index and rule.
+    pub(crate) descriptors: Vec<(usize, &'e PreparedRule)>,
+}
+
+impl Step<'_> {
+    /// Whether the descriptor `resolved` may join: same subject and cost,
+    /// no second rule's operation-scoped policy, at most 8 policies.
+    fn admits(&self, resolved: &Resolved<'_>) -> bool {
+        if self.cost == 0 || self.cost != resolved.cost || self.subject != resolved.subject {
+            return false;
+        }
+        let rule = resolved.rule;
+        if rule.operation_scoped && self.operation_bound && rule.index != self.rule.index {
+            return false;
+        }
+        let added = rule.members.iter().filter(|member| !self.holds(&member.id)).count();
+        self.members.len() + added <= MAX_POLICY_SET
+    }
+
+    fn holds(&self, id: &PolicyId) -> bool {
+        self.members.iter().any(|member| member.id == *id)
+    }
+
+    fn enforces(&self) -> bool {
+        self.members.iter().any(|member| member.enforced())
+    }
+}
+
+impl RlsEngine {
+    /// Prepares `rules` over `port`: each policy as the port holds it now
+    /// (a reload builds a new engine), each rule's operation digest.
+    ///
+    /// # Errors
+    /// A rule the configuration layer should have refused.
+    pub fn new(
+        port: Arc<dyn EdgeRateLimitPort>,
+        pseudonymizer: Arc<dyn SubjectPseudonymizer>,
+        clock: Arc<dyn Clock>,
+        settings: RlsSettings,
+        rules: &[RlsRule],
+    ) -> Result<Self, RlsError> {
+        let rules = Rules::new(rules, &*port)?;
+        let metrics = FrontMetrics::new();
+        Ok(Self { port: Some(port), pseudonymizer, clock, settings, rules, metrics })
+    }
+
+    /// An engine with rate limiting off (the `disabled` provider): every
+    /// well-formed request is answered `OK`, each descriptor `OK` without a
+    /// limit, and no rule is read.
+    pub fn disabled(
+        pseudonymizer: Arc<dyn SubjectPseudonymizer>,
+        clock: Arc<dyn Clock>,
+        settings: RlsSettings,
+    ) -> Self {
+        let (rules, metrics) = (Rules::default(), FrontMetrics::new());
+        Self { port: None, pseudonymizer, clock, settings, rules, metrics }
+    }
+
+    /// The provider the engine asks; `None` when rate limiting is off.
+    pub fn port(&self) -> Option<&Arc<dyn EdgeRateLimitPort>> {
+        self.port.as_ref()
+    }
+
+    /// Answers one `ShouldRateLimit`. `timeout` is the call's
+    /// `grpc-timeout`, if it sent one.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` for no descriptor, a descriptor without entries
+    /// or an entry without a key; `UNAVAILABLE` when the provider gave no decision
+    /// (`Unavailable`, `Indeterminate`, `ClockUnsafe`: Envoy's
+    /// `failure_mode_deny` decides); `FAILED_PRECONDITION` for
+    /// `Incompatible`.
+    pub async fn should_rate_limit(
+        &self,
+        request: &EnvoyRequest,
+        timeout: Option<Duration>,
+    ) -> Result<RateLimitResponse, Status> {
+        validate(request)?;
+        let Some(port) = &self.port else {
+            return Ok(Response::new(request.descriptors.len()).finish());
+        };
+        let now = self.clock.monotonic();
+        let budget = timeout.map_or(self.settings.evaluation_budget, |timeout| {
+            timeout.min(self.settings.evaluation_budget)
+        });
+        // A budget too large for `Instant` fails closed (AdmissionRejected).
+        let deadline = now.checked_add(budget).unwrap_or(now);
+        let request_cost = u64::from(request.hits_addend.max(1));
+        let mut steps: Vec<Step<'_>> = Vec::new();
+        let mut entries = Vec::new();
+        for (index, descriptor) in request.descriptors.iter().enumerate() {
+            if descriptor.limit.is_some() {
+                self.metrics.overrides.increment(1);
+            }
+            entries.clear();
+            entries.extend(descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
+            let Some(rule) = self.rules.find(&request.domain, &entries) else {
+                self.metrics.unmatched.increment(1);
+                continue;
+            };
+            let cost = descriptor.hits_addend.as_ref().map_or(request_cost, |hits| hits.value);
+            let resolved = Resolved { rule, subject: self.subject(rule, &entries), cost };
+            match steps.iter_mut().find(|step| step.admits(&resolved)) {
+                Some(step) => {
+                    step.operation_bound |= resolved.rule.operation_scoped;
+                    if resolved.rule.operation_scoped {
+                        step.rule = resolved.rule;
+                    }
+                    for member in resolved.rule.members.iter() {
+                        if !step.holds(&member.id) {
+                            step.members.push(member);
+                        }
+                    }
+                    step.descriptors.push((index, resolved.rule));
+                }
+                None => steps.push(Step {
+                    subject: resolved.subject,
+                    cost: resolved.cost,
+                    rule: resolved.rule,
+                    operation_bound: resolved.rule.operation_scoped,
+                    members: resolved.rule.members.iter().collect(),
+                    descriptors: vec![(index, resolved.rule)],
+                }),
+            }
+        }
+        let mut response = Response::new(request.descriptors.len());
+        for step in &steps {
+            let answer = if step.cost == 0 {
+                look(&**port, step).await?
+            } else {
+                evaluate(&**port, step, deadline).await?
+            };
+            let Some(answer) = answer else { continue };
+            if !response.add(step, &answer) {
+                break;
+            }
+        }
+        Ok(response.finish())
+    }
+
+    /// The descriptor subject: kind, domain, then each subject entry's key
+    /// and value, each a frame of the pseudonymizer's framing.
+    fn subject(&self, rule: &PreparedRule, entries: &[(&str, &str)]) -> SubjectDigest {
+        let parts = rule.subject.iter().flat_map(|&at| {
+            let (key, value) = entries[at];
+            [key, value]
+        });
+        let mut frames = [DESCRIPTOR_SUBJECT_KIND, &rule.domain].into_iter().chain(parts);
+        self.pseudonymizer.pseudonymize_frames(&mut frames)
+    }
+}
+
+/// One policy set through the port. `None`: a failure of a set that holds
+/// no enforced policy, which passes (as on HTTP).
+async fn evaluate(
+    port: &dyn EdgeRateLimitPort,
+    step: &Step<'_>,
+    deadline: Instant,
+) -> Result<Option<Answer>, Status> {
+    // The common case, one rule's policies: its prepared set, not a copy.
+    let own = step.rule.policies.ids();
+    let policies = if own.len() == step.members.len()
+        && own.iter().zip(&step.members).all(|(id, member)| *id == member.id)
+    {
+        step.rule.policies.clone()
+    } else {
+        PolicySet::new(step.members.iter().map(|member| member.id.clone()))
+            .map_err(|_| Status::internal("the policy set of the descriptors is invalid"))?
+    };
+    let request = RateLimitRequest {
+        policies,
+        subject: step.subject.clone(),
+        operation: step.rule.operation.clone(),
+        cost: step.cost,
+        evaluation_id: EvaluationId::random(),
+        deadline,
+    };
+    let outcome = port.evaluate(request).await;
+    let outcome = checked(outcome, &step.members);
+    for (index, member) in step.members.iter().enumerate() {
+        member.metrics.record(&outcome, index);
+    }
+    match outcome {
+        RateLimitOutcome::Evaluated(set) => {
+            Ok(Some(Answer { allowed: set.allowed(), decisions: set.decisions().to_vec() }))
+        }
+        RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Indeterminate { .. }
+        | RateLimitOutcome::Incompatible { .. }
+            if !step.enforces() =>
+        {
+            tracing::warn!(
+                outcome = outcome.category_name(),
+                "rate limit failed; the set is shadow only, so the descriptors pass"
+            );
+            Ok(None)
+        }
+        RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. } => {
+            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            Err(Status::unavailable(format!("rate limit unavailable: {}", outcome.category_name())))
+        }
+        RateLimitOutcome::Incompatible { .. } => {
+            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            Err(Status::failed_precondition(format!(
+                "rate limit incompatible: {}",
+                outcome.category_name()
+            )))
+        }
+    }
+}
+
+/// A look (`hits_addend` 0): each enforced policy's budget as it stands,
+/// charging nothing. Denied when a request of cost 1 would not pass.
+async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<Answer>, Status> {
+    let mut decisions = Vec::with_capacity(step.members.len());
+    let mut allowed = true;
+    for member in &step.members {
+        if !member.enforced() {
+            decisions.push(RateLimitDecision::UNUSED);
+            continue;
+        }
+        let operation = member.operation_scoped().then(|| step.rule.operation.clone());
+        let key = BudgetKey::new(step.subject.clone(), member.id.clone(), operation);
+        let state = port.inspect(&key).await.map_err(|failure| {
+            tracing::warn!(failure = failure.name(), "envoy rls look failed closed");
+            look_status(failure)
+        })?;
+        let passes = state.retry_after.is_zero() && state.remaining > 0;
+        member.metrics.record_look(passes);
+        allowed &= passes;
+        decisions.push(RateLimitDecision {
+            allowed: passes,
+            limit: state.limit,
+            remaining: state.remaining,
+            retry_after: state.retry_after,
+            reset_after: state.reset_after,
+            certainty: state.certainty,
+            replayed: false,
+        });
+    }
+    Ok(Some(Answer { allowed, decisions }))
+}
+
+/// The request's shape: descriptors, each with entries, each with a key.
+fn validate(request: &EnvoyRequest) -> Result<(), Status> {
+    if request.descriptors.is_empty() {
+        return Err(Status::invalid_argument("a rate limit request needs at least one descriptor"));
+    }
+    for (index, descriptor) in request.descriptors.iter().enumerate() {
+        let RateLimitDescriptor { entries, .. } = descriptor;
+        if entries.is_empty() {
+            return Err(Status::invalid_argument(format!("descriptor {index} has no entry")));
+        }
+        if let Some(entry) = entries.iter().position(|entry| entry.key.is_empty()) {
+            return Err(Status::invalid_argument(format!(
+                "descriptor {index}: entry {entry} has an empty key"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The port's answer, unless an `Evaluated` one contradicts the set (a
+/// decision count other than the set's, or an admission that is not
+/// "every enforced policy allows"): that is of an unknown shape and fails
+/// closed as `Incompatible(StateIncompatible)`, as on HTTP.
+fn checked(outcome: RateLimitOutcome, members: &[&Member]) -> RateLimitOutcome {
+    let RateLimitOutcome::Evaluated(set) = &outcome else {
+        return outcome;
+    };
+    let decisions = set.decisions();
+    let enforced_allow = members
+        .iter()
+        .zip(decisions)
+        .all(|(member, decision)| decision.allowed || !member.enforced());
+    if decisions.len() == members.len() && set.allowed() == enforced_allow {
+        return outcome;
+    }
+    tracing::error!("the provider's decisions do not fit the policy set; failing closed");
+    RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+}
+
+fn look_status(failure: BudgetFailure) -> Status {
+    match failure {
+        BudgetFailure::Unavailable | BudgetFailure::Indeterminate => {
+            Status::unavailable(format!("rate limit unavailable: {}", failure.name()))
+        }
+        BudgetFailure::UnknownPolicy
+        | BudgetFailure::StateIncompatible
+        | BudgetFailure::OperationRequired
+        | BudgetFailure::OperationNotApplicable => {
+            Status::failed_precondition(format!("rate limit incompatible: {}", failure.name()))
+        }
+    }
+}

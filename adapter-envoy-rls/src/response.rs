@@ -1,0 +1,157 @@
+//! From the steps' answers to Envoy's `RateLimitResponse`: one status per
+//! descriptor in request order, the overall code (never `UNKNOWN`), and
+//! the same `RateLimit-Policy` / `RateLimit` / `Retry-After` headers the
+//! HTTP edge sends. Shadow policies never show.
+
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use shared_contract::{
+    RateLimitDecision, RateLimitPolicy, quota_window, whole_seconds_up, write_limit_field,
+    write_policy_field,
+};
+
+use crate::engine::Step;
+use crate::rules::{Member, PreparedRule};
+
+/// What one step decided: admitted or not, and one decision per member of
+/// the step, in its order.
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) allowed: bool,
+    pub(crate) decisions: Vec<RateLimitDecision>,
+}
+
+/// The response being built.
+pub(crate) struct Response<'e> {
+    statuses: Vec<DescriptorStatus>,
+    over: bool,
+    /// The enforced policies of the answered steps with their decisions,
+    /// each id once, in order: what the headers list.
+    shown: Vec<(&'e Member, RateLimitDecision)>,
+}
+
+impl<'e> Response<'e> {
+    /// Every descriptor `OK` without a limit until a step says otherwise:
+    /// unmatched ones, shadow-only ones and those after a denial stay so.
+    pub(crate) fn new(descriptors: usize) -> Self {
+        let ok = DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+        Self { statuses: vec![ok; descriptors], over: false, shown: Vec::new() }
+    }
+
+    /// Takes in a step's answer; false when it was denied (nothing after
+    /// it runs).
+    pub(crate) fn add(&mut self, step: &Step<'e>, answer: &Answer) -> bool {
+        let decided = |member: &Member| {
+            let at = step.members.iter().position(|held| held.id == member.id)?;
+            answer.decisions.get(at).copied()
+        };
+        for &(index, rule) in &step.descriptors {
+            self.statuses[index] = status(rule, decided);
+        }
+        for (member, decision) in step.members.iter().zip(&answer.decisions) {
+            if member.enforced() && !self.shown.iter().any(|(shown, _)| shown.id == member.id) {
+                self.shown.push((member, *decision));
+            }
+        }
+        if !answer.allowed {
+            self.over = true;
+        }
+        answer.allowed
+    }
+
+    pub(crate) fn finish(self) -> RateLimitResponse {
+        let overall = if self.over { Code::OverLimit } else { Code::Ok };
+        let mut headers = Vec::new();
+        let policies = self.shown.iter().filter_map(|(member, _)| member.policy.as_ref());
+        let mut policy = Vec::with_capacity(64);
+        write_policy_field(&mut policy, policies);
+        if !policy.is_empty() {
+            headers.push(header("ratelimit-policy", policy));
+            let mut limit = Vec::with_capacity(64);
+            write_limit_field(&mut limit, self.shown.iter().map(|(member, d)| (&member.id, d)));
+            headers.push(header("ratelimit", limit));
+        }
+        if self.over {
+            // The request passes only once every denying policy allows it.
+            let wait = self.shown.iter().filter(|(_, d)| !d.allowed).map(|(_, d)| d.retry_after);
+            let seconds = whole_seconds_up(wait.max().unwrap_or(Duration::from_secs(1))).max(1);
+            headers.push(header(
+                "retry-after",
+                itoa::Buffer::new().format(seconds).as_bytes().to_vec(),
+            ));
+        }
+        RateLimitResponse {
+            overall_code: overall.into(),
+            statuses: self.statuses,
+            response_headers_to_add: headers,
+            ..RateLimitResponse::default()
+        }
+    }
+}
+
+/// A descriptor's status from its rule's enforced policies: `OVER_LIMIT`
+/// when one of them denied, and the most restrictive one (a denying one
+/// first, then the fewest remaining) as its limit.
+fn status(
+    rule: &PreparedRule,
+    decided: impl Fn(&Member) -> Option<RateLimitDecision>,
+) -> DescriptorStatus {
+    let enforced = rule
+        .members
+        .iter()
+        .filter(|member| member.enforced())
+        .filter_map(|member| Some((member, decided(member)?)));
+    let tightest = enforced.min_by_key(|(_, d)| (d.allowed, d.remaining, d.limit));
+    let Some((member, decision)) = tightest else {
+        return DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+    };
+    let code = if decision.allowed { Code::Ok } else { Code::OverLimit };
+    DescriptorStatus {
+        code: code.into(),
+        current_limit: member.policy.as_ref().map(current_limit),
+        limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(proto_duration(decision.reset_after)),
+        ..DescriptorStatus::default()
+    }
+}
+
+/// The policy as Envoy's `RateLimit`: exact when its window is one second,
+/// minute, hour, day or week; otherwise `UNKNOWN` with the limit.
+fn current_limit(policy: &RateLimitPolicy) -> RateLimit {
+    let unit = match quota_window(policy.algorithm()).as_millis() {
+        1_000 => Unit::Second,
+        60_000 => Unit::Minute,
+        3_600_000 => Unit::Hour,
+        86_400_000 => Unit::Day,
+        604_800_000 => Unit::Week,
+        _ => Unit::Unknown,
+    };
+    RateLimit {
+        name: policy.id().as_str().to_owned(),
+        requests_per_unit: u32::try_from(policy.limit()).unwrap_or(u32::MAX),
+        unit: unit.into(),
+    }
+}
+
+fn proto_duration(duration: Duration) -> ProtoDuration {
+    ProtoDuration {
+        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
+        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
+    }
+}
+
+fn header(key: &str, value: Vec<u8>) -> HeaderValue {
+    // The fields are ASCII by construction (validated ids, digits).
+    HeaderValue {
+        key: key.to_owned(),
+        value: String::from_utf8(value).unwrap_or_default(),
+        ..HeaderValue::default()
+    }
+}

@@ -1,0 +1,272 @@
+//! Rules: a domain and a descriptor pattern mapped to a policy set, and
+//! the matching of a request's descriptor to the first rule that fits.
+
+use std::collections::HashMap;
+
+use sha2::{Digest, Sha256};
+use shared_contract::{
+    EdgeRateLimitPort, OperationDigest, PolicyId, PolicyMode, PolicyScope, PolicySet,
+    RateLimitPolicy,
+};
+
+use crate::error::RlsError;
+use crate::telemetry::MemberMetrics;
+
+/// The subject kind of a descriptor subject, the first frame of its
+/// pseudonym: a descriptor subject never shares a bucket with an HTTP
+/// principal, API key or IP of the same text.
+pub const DESCRIPTOR_SUBJECT_KIND: &str = "descriptor";
+
+/// One rule as configured: the `domain`, the `pattern` (each entry key in
+/// order, with its fixed value if any), the entries whose values are the
+/// subject, and the policy set a matching descriptor runs under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RlsRule {
+    /// Envoy's `domain`.
+    pub domain: String,
+    /// The entry keys in order; `Some(value)` fixes an entry's value.
+    pub pattern: Vec<(String, Option<String>)>,
+    /// The keys whose values are the subject; `None` means every entry
+    /// without a fixed value.
+    pub subject: Option<Vec<String>>,
+    /// The policies, in configured order.
+    pub policies: PolicySet,
+}
+
+/// The digest a rule's operation-scoped policies are keyed by: SHA-256 over
+/// `envoy-rls`, the domain and each pattern entry as written (`key` or
+/// `key=value`), each length-framed; 128 bits in hex. No raw descriptor
+/// value a client sends reaches it, only the configured pattern.
+pub fn rule_operation(domain: &str, pattern: &[(String, Option<String>)]) -> OperationDigest {
+    let mut hash = Sha256::new();
+    let mut frame = |part: &[u8]| {
+        hash.update(u32::try_from(part.len()).unwrap_or(u32::MAX).to_be_bytes());
+        hash.update(part);
+    };
+    frame(b"envoy-rls");
+    frame(domain.as_bytes());
+    for (key, value) in pattern {
+        match value {
+            Some(value) => frame(format!("{key}={value}").as_bytes()),
+            None => frame(key.as_bytes()),
+        }
+    }
+    let digest = hash.finalize();
+    OperationDigest::new(hex::encode(&digest[..16])).expect("32 lowercase hex digits")
+}
+
+/// One policy of a rule as the port holds it, with its metric handles.
+#[derive(Debug)]
+pub(crate) struct Member {
+    pub(crate) id: PolicyId,
+    /// `None` when the port does not hold it (the port then answers
+    /// `UnknownPolicy`, and the request fails closed).
+    pub(crate) policy: Option<RateLimitPolicy>,
+    pub(crate) metrics: MemberMetrics,
+}
+
+impl Member {
+    /// A policy the port does not know counts as enforced, so the unknown
+    /// fails closed.
+    pub(crate) fn enforced(&self) -> bool {
+        self.policy.as_ref().is_none_or(|policy| policy.mode() == PolicyMode::Enforce)
+    }
+
+    /// Unknown counts as operation-scoped: it never joins another rule's set.
+    pub(crate) fn operation_scoped(&self) -> bool {
+        self.policy.as_ref().is_none_or(|policy| policy.scope() == PolicyScope::Operation)
+    }
+}
+
+/// A rule prepared once, when the engine is built.
+#[derive(Debug)]
+pub(crate) struct PreparedRule {
+    /// Its position in the configured list (a set's operation names it).
+    pub(crate) index: usize,
+    pub(crate) domain: Box<str>,
+    keys: Box<[Box<str>]>,
+    fixed: Box<[Option<Box<str>>]>,
+    /// Positions in the pattern of the subject entries, in pattern order.
+    pub(crate) subject: Box<[usize]>,
+    pub(crate) members: Box<[Member]>,
+    /// The members' ids as a set: a step of this rule alone asks with it
+    /// as is (a shared pointer, no copy).
+    pub(crate) policies: PolicySet,
+    pub(crate) operation: OperationDigest,
+    /// Whether any member is operation-scoped.
+    pub(crate) operation_scoped: bool,
+}
+
+impl PreparedRule {
+    fn matches(&self, entries: &[(&str, &str)]) -> bool {
+        self.keys.len() == entries.len()
+            && self.keys.iter().zip(&self.fixed).zip(entries).all(|((key, fixed), (k, v))| {
+                **key == **k && fixed.as_deref().is_none_or(|fixed| fixed == *v)
+            })
+    }
+}
+
+/// Every rule, by domain, in configured order.
+#[derive(Debug, Default)]
+pub(crate) struct Rules {
+    by_domain: HashMap<Box<str>, Vec<PreparedRule>>,
+}
+
+impl Rules {
+    pub(crate) fn new(rules: &[RlsRule], port: &dyn EdgeRateLimitPort) -> Result<Self, RlsError> {
+        let mut by_domain: HashMap<Box<str>, Vec<PreparedRule>> = HashMap::new();
+        for (index, rule) in rules.iter().enumerate() {
+            check(index, rule, rules)?;
+            let subject = match &rule.subject {
+                None => rule
+                    .pattern
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, (_, fixed))| fixed.is_none())
+                    .map(|(at, _)| at)
+                    .collect(),
+                Some(keys) => keys
+                    .iter()
+                    .map(|key| {
+                        rule.pattern
+                            .iter()
+                            .position(|(entry, fixed)| entry == key && fixed.is_none())
+                            .ok_or_else(|| RlsError::BadSubject { rule: index, key: key.clone() })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .into_iter()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect(),
+            };
+            let members: Box<[Member]> = rule
+                .policies
+                .ids()
+                .iter()
+                .map(|id| {
+                    let policy = port.policy(id).cloned();
+                    let metrics = MemberMetrics::new(id.as_str(), policy.as_ref());
+                    Member { id: id.clone(), policy, metrics }
+                })
+                .collect();
+            let prepared = PreparedRule {
+                index,
+                domain: rule.domain.as_str().into(),
+                keys: rule.pattern.iter().map(|(key, _)| key.as_str().into()).collect(),
+                fixed: rule
+                    .pattern
+                    .iter()
+                    .map(|(_, fixed)| fixed.as_deref().map(Into::into))
+                    .collect(),
+                subject,
+                operation_scoped: members.iter().any(Member::operation_scoped),
+                members,
+                policies: rule.policies.clone(),
+                operation: rule_operation(&rule.domain, &rule.pattern),
+            };
+            by_domain.entry(rule.domain.as_str().into()).or_default().push(prepared);
+        }
+        Ok(Self { by_domain })
+    }
+
+    /// The first rule of `domain` whose pattern fits `entries`.
+    pub(crate) fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Option<&PreparedRule> {
+        self.by_domain.get(domain)?.iter().find(|rule| rule.matches(entries))
+    }
+}
+
+fn check(index: usize, rule: &RlsRule, rules: &[RlsRule]) -> Result<(), RlsError> {
+    if rule.domain.is_empty() {
+        return Err(RlsError::EmptyDomain { rule: index });
+    }
+    if rule.pattern.is_empty() {
+        return Err(RlsError::EmptyPattern { rule: index });
+    }
+    for (entry, (key, _)) in rule.pattern.iter().enumerate() {
+        if key.is_empty() {
+            return Err(RlsError::EmptyKey { rule: index, entry });
+        }
+        if rule.pattern[..entry].iter().any(|(earlier, _)| earlier == key) {
+            return Err(RlsError::RepeatedKey { rule: index, key: key.clone() });
+        }
+    }
+    let first = rules[..index]
+        .iter()
+        .position(|other| other.domain == rule.domain && other.pattern == rule.pattern);
+    match first {
+        Some(first) => Err(RlsError::DuplicateRule { rule: index, first }),
+        None => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(domain: &str, pattern: &[(&str, Option<&str>)], subject: Option<&[&str]>) -> RlsRule {
+        RlsRule {
+            domain: domain.to_owned(),
+            pattern: pattern.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect(),
+            subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
+            policies: PolicySet::single(PolicyId::new("p").unwrap()),
+        }
+    }
+
+    #[test]
+    fn every_rule_problem_is_refused_with_its_index() {
+        let ip = [("remote_address", None)];
+        let cases = [
+            (vec![rule("", &ip, None)], RlsError::EmptyDomain { rule: 0 }),
+            (vec![rule("d", &[], None)], RlsError::EmptyPattern { rule: 0 }),
+            (
+                vec![rule("d", &[("a", None), ("", None)], None)],
+                RlsError::EmptyKey { rule: 0, entry: 1 },
+            ),
+            (
+                vec![rule("d", &[("a", None), ("a", Some("x"))], None)],
+                RlsError::RepeatedKey { rule: 0, key: "a".to_owned() },
+            ),
+            (
+                vec![rule("d", &[("a", Some("x"))], Some(&["a"]))],
+                RlsError::BadSubject { rule: 0, key: "a".to_owned() },
+            ),
+            (
+                vec![rule("d", &ip, None), rule("d", &ip, Some(&["remote_address"]))],
+                RlsError::DuplicateRule { rule: 1, first: 0 },
+            ),
+        ];
+        let policy = RateLimitPolicy::builder(
+            "p",
+            shared_contract::Algorithm::FixedWindow {
+                limit: 1,
+                window: std::time::Duration::from_secs(1),
+            },
+        )
+        .build()
+        .unwrap();
+        let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));
+        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy], clock).unwrap();
+        for (rules, expected) in cases {
+            assert_eq!(Rules::new(&rules, &port).unwrap_err(), expected);
+        }
+        let fine =
+            [rule("d", &ip, None), rule("d", &[("a", Some("x")), ("b", None)], Some(&["b"]))];
+        let rules = Rules::new(&fine, &port).unwrap();
+        let second = rules.find("d", &[("a", "x"), ("b", "y")]).unwrap();
+        assert_eq!((second.index, &*second.subject), (1, &[1][..]));
+        assert!(rules.find("d", &[("a", "z"), ("b", "y")]).is_none());
+        assert!(rules.find("other", &[("remote_address", "y")]).is_none());
+    }
+
+    #[test]
+    fn a_rules_operation_is_its_configured_pattern_and_nothing_else() {
+        let pattern = |fixed: Option<&str>| {
+            vec![("generic_key".to_owned(), fixed.map(str::to_owned)), ("ip".to_owned(), None)]
+        };
+        let checkout = rule_operation("edge", &pattern(Some("checkout")));
+        assert_eq!(checkout, rule_operation("edge", &pattern(Some("checkout"))));
+        assert_ne!(checkout, rule_operation("edge", &pattern(None)));
+        assert_ne!(checkout, rule_operation("edge2", &pattern(Some("checkout"))));
+        assert_eq!(checkout.as_str().len(), 32);
+    }
+}

@@ -1,0 +1,109 @@
+//! Decision metrics of the RLS front end: the HTTP edge's decision counter
+//! with `front="envoy-rls"`, each member's handles registered once and
+//! kept, so a request bumps counters without building labels; and two
+//! counters of its own.
+
+use std::sync::{Arc, LazyLock, OnceLock};
+
+use metrics::{Counter, SharedString};
+use shared_contract::{
+    DECISIONS_TOTAL, FRONT_ENVOY_RLS, PolicyMode, RateLimitOutcome, RateLimitPolicy, metric_name,
+};
+
+/// Counter of descriptors that matched no rule (or named an unknown
+/// domain): answered `OK` without a provider call. No labels: a domain or
+/// a value a client sends never becomes a label.
+pub const UNMATCHED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unmatched_descriptors_total");
+/// Counter of descriptors that carried a `limit` override, which is
+/// ignored: a client does not choose its own limit.
+pub const LIMIT_OVERRIDES_IGNORED_TOTAL: &str =
+    metric_name!("envoy_rls_limit_overrides_ignored_total");
+
+/// Every `outcome` label a member is counted under (the outcome
+/// categories); its positions index the member's counters.
+static OUTCOMES: LazyLock<Box<[&'static str]>> =
+    LazyLock::new(|| RateLimitOutcome::category_names().collect());
+
+/// The metric handles of one policy of a rule.
+#[derive(Debug)]
+pub(crate) struct MemberMetrics {
+    policy: SharedString,
+    algorithm: &'static str,
+    mode: &'static str,
+    /// Two per outcome (not cached, then cached), and one for a label
+    /// missing from [`OUTCOMES`] (none is).
+    decisions: Box<[OnceLock<Counter>]>,
+}
+
+impl MemberMetrics {
+    pub(crate) fn new(policy: &str, described: Option<&RateLimitPolicy>) -> Self {
+        Self {
+            policy: SharedString::from(Arc::<str>::from(policy)),
+            algorithm: described.map_or("unknown", |policy| policy.algorithm().name()),
+            mode: described.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name(),
+            decisions: (0..=OUTCOMES.len() * 2).map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    fn count(&self, outcome: &'static str, cached: bool) {
+        let register = || {
+            metrics::counter!(
+                DECISIONS_TOTAL,
+                "policy" => self.policy.clone(),
+                "algorithm" => self.algorithm,
+                "outcome" => outcome,
+                "mode" => self.mode,
+                "cached" => if cached { "true" } else { "false" },
+                "front" => FRONT_ENVOY_RLS,
+            )
+        };
+        let slot = match OUTCOMES.iter().position(|known| *known == outcome) {
+            Some(position) => position * 2 + usize::from(cached),
+            None => OUTCOMES.len() * 2,
+        };
+        // The spare slot is shared, so it is never kept for one label.
+        if slot == OUTCOMES.len() * 2 {
+            register().increment(1);
+            return;
+        }
+        self.decisions[slot].get_or_init(register).increment(1);
+    }
+
+    /// Counts this member's part of an outcome: its own decision, or the
+    /// failure's category.
+    pub(crate) fn record(&self, outcome: &RateLimitOutcome, index: usize) {
+        match outcome {
+            RateLimitOutcome::Evaluated(set) => {
+                let allowed = set.decisions().get(index).is_some_and(|decision| decision.allowed);
+                self.count(if allowed { "allowed" } else { "denied" }, set.cached());
+            }
+            RateLimitOutcome::Unavailable { .. }
+            | RateLimitOutcome::Incompatible { .. }
+            | RateLimitOutcome::Indeterminate { .. } => {
+                self.count(outcome.category_name(), false);
+            }
+        }
+    }
+
+    /// Counts a look-only answer (`hits_addend` 0): `allowed` or `denied`.
+    pub(crate) fn record_look(&self, allowed: bool) {
+        self.count(if allowed { "allowed" } else { "denied" }, false);
+    }
+}
+
+/// The counters of the front end itself, registered when the engine is
+/// built (after the recorder is installed).
+#[derive(Debug)]
+pub(crate) struct FrontMetrics {
+    pub(crate) unmatched: Counter,
+    pub(crate) overrides: Counter,
+}
+
+impl FrontMetrics {
+    pub(crate) fn new() -> Self {
+        Self {
+            unmatched: metrics::counter!(UNMATCHED_DESCRIPTORS_TOTAL),
+            overrides: metrics::counter!(LIMIT_OVERRIDES_IGNORED_TOTAL),
+        }
+    }
+}

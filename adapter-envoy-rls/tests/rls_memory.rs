@@ -1,0 +1,212 @@
+//! The RLS through a real tonic client over TCP, on the memory provider:
+//! every scenario, and what only a scripted provider can show (deadline,
+//! failures, reload, health).
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapter_memory::MemoryEdgeRateLimitAdapter;
+use async_trait::async_trait;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use shared_contract::{
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock, PolicyId,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, UnavailableCategory,
+};
+use support::scenarios::{self, Counting, PortFactory};
+use support::*;
+
+fn memory(policies: Vec<RateLimitPolicy>, clock: ManualClock) -> Arc<dyn EdgeRateLimitPort> {
+    Arc::new(MemoryEdgeRateLimitAdapter::new(policies, Arc::new(clock)).unwrap())
+}
+
+const MEMORY: &PortFactory = &memory;
+
+#[tokio::test]
+async fn every_scenario_on_the_memory_provider() {
+    scenarios::all(MEMORY).await;
+}
+
+/// Answers every evaluation with `outcome` and is ready or not.
+#[derive(Debug)]
+struct Failing {
+    inner: Arc<dyn EdgeRateLimitPort>,
+    outcome: RateLimitOutcome,
+    ready: bool,
+}
+
+#[async_trait]
+impl EdgeRateLimitPort for Failing {
+    async fn evaluate(&self, _: RateLimitRequest) -> RateLimitOutcome {
+        self.outcome
+    }
+    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
+        self.inner.policy(id)
+    }
+    async fn is_ready(&self) -> bool {
+        self.ready
+    }
+    async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
+    }
+    async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
+        Err(BudgetFailure::Unavailable)
+    }
+}
+
+async fn failing(outcome: RateLimitOutcome, ready: bool) -> Rls {
+    let clock = scenarios::clock();
+    let inner = memory(scenarios::policies(), clock.clone());
+    let port = Arc::new(Failing { inner, outcome, ready });
+    Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await
+}
+
+fn ip(
+    address: &str,
+) -> envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor {
+    descriptor(&[("remote_address", address)], None)
+}
+
+#[tokio::test]
+async fn failures_are_unavailable_or_failed_precondition_never_an_answer() {
+    use shared_contract::IncompatibleCategory;
+    let retry_after = Duration::from_secs(1);
+    for (outcome, code, category) in [
+        (
+            RateLimitOutcome::Unavailable {
+                category: UnavailableCategory::UnavailableBeforeSend,
+                retry_after,
+            },
+            tonic::Code::Unavailable,
+            "unavailable-before-send",
+        ),
+        (
+            RateLimitOutcome::Unavailable {
+                category: UnavailableCategory::ClockUnsafe,
+                retry_after,
+            },
+            tonic::Code::Unavailable,
+            "clock-unsafe",
+        ),
+        (
+            RateLimitOutcome::Indeterminate { retry_after },
+            tonic::Code::Unavailable,
+            "indeterminate",
+        ),
+        (
+            RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible },
+            tonic::Code::FailedPrecondition,
+            "state-incompatible",
+        ),
+    ] {
+        let mut rls = failing(outcome, true).await;
+        let status = rls.ask(request("edge", vec![ip("10.1.0.1")], 0)).await.unwrap_err();
+        assert_eq!(status.code(), code, "{status:?}");
+        assert!(status.message().contains(category), "{status:?}");
+        // A look fails closed too.
+        let look = descriptor(&[("remote_address", "10.1.0.1")], Some(0));
+        let status = rls.ask(request("edge", vec![look], 0)).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_policy_the_provider_does_not_hold_fails_the_precondition() {
+    let clock = scenarios::clock();
+    let port = memory(scenarios::policies(), clock.clone());
+    let rules = [rule("edge", &["remote_address"], None, &["missing"])];
+    let mut rls = Rls::start(engine(port, Arc::new(clock), &rules)).await;
+    let status = rls.ask(request("edge", vec![ip("10.1.0.2")], 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("unknown-policy"), "{status:?}");
+}
+
+#[tokio::test]
+async fn health_follows_the_providers_readiness() {
+    let retry_after = Duration::from_secs(1);
+    let down = RateLimitOutcome::Unavailable {
+        category: UnavailableCategory::UnavailableBeforeSend,
+        retry_after,
+    };
+    let rls = failing(down, false).await;
+    scenarios::health_is_serving_while_the_provider_is_ready(&rls, false).await;
+    let rls = failing(down, true).await;
+    scenarios::health_is_serving_while_the_provider_is_ready(&rls, true).await;
+}
+
+#[tokio::test]
+async fn the_deadline_is_the_budget_or_the_calls_timeout_whichever_is_shorter() {
+    let clock = ManualClock::new(1_700_000_000_000);
+    let port = Counting::new(memory(scenarios::policies(), clock.clone()));
+    let mut rls =
+        Rls::start(engine(port.clone(), Arc::new(clock.clone()), &scenarios::rules())).await;
+    let now = clock.monotonic();
+    rls.ok(request("edge", vec![ip("10.1.0.3")], 0)).await;
+    assert_eq!(port.deadline.lock().unwrap().unwrap() - now, BUDGET);
+    let mut timed = tonic::Request::new(request("edge", vec![ip("10.1.0.3")], 0));
+    timed.set_timeout(Duration::from_millis(250));
+    rls.client.should_rate_limit(timed).await.unwrap();
+    assert_eq!(port.deadline.lock().unwrap().unwrap() - now, Duration::from_millis(250));
+    let mut long = tonic::Request::new(request("edge", vec![ip("10.1.0.4")], 0));
+    long.set_timeout(Duration::from_secs(30));
+    rls.client.should_rate_limit(long).await.unwrap();
+    assert_eq!(port.deadline.lock().unwrap().unwrap() - now, BUDGET);
+}
+
+#[tokio::test]
+async fn a_reload_puts_new_rules_in_force_over_the_same_counters() {
+    let clock = scenarios::clock();
+    let port = memory(scenarios::policies(), clock.clone());
+    let mut rls =
+        Rls::start(engine(port.clone(), Arc::new(clock.clone()), &scenarios::rules())).await;
+    let path = || {
+        request(
+            "edge",
+            vec![descriptor(&[("remote_address", "10.1.0.5"), ("path", "/a")], None)],
+            0,
+        )
+    };
+    assert_eq!(summary(&rls.ok(path()).await), [(Code::Ok, 0, None)]);
+    rls.ok(request("edge", vec![ip("10.1.0.5")], 0)).await;
+    // The new table limits the (remote_address, path) pattern by the IP
+    // alone, under per-ip: it shares the counter the old rule charged.
+    let mut rules = scenarios::rules();
+    rules.push(rule("edge", &["remote_address", "path"], Some(&["remote_address"]), &["per-ip"]));
+    rls.switch.replace(engine(port, Arc::new(clock), &rules));
+    assert_eq!(summary(&rls.ok(path()).await), [(Code::Ok, 0, Some("per-ip".to_owned()))]);
+    assert_eq!(overall(&rls.ok(path()).await), Code::OverLimit);
+}
+
+#[tokio::test]
+async fn the_listener_drains_and_stops_on_shutdown() {
+    let clock = scenarios::clock();
+    let port = memory(scenarios::policies(), clock.clone());
+    let mut rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
+    rls.ok(request("edge", vec![ip("10.1.0.6")], 0)).await;
+    rls.stop();
+    let served = (&mut rls.served).await.unwrap();
+    assert_eq!(served, Ok(()));
+    assert!(tokio::net::TcpStream::connect(rls.addr).await.is_err(), "still accepting");
+}
+
+#[test]
+fn grpc_timeouts_read_every_unit_and_refuse_the_malformed() {
+    use adapter_envoy_rls::grpc_timeout;
+    use tonic::metadata::MetadataMap;
+    let read = |value: &str| {
+        let mut metadata = MetadataMap::new();
+        metadata.insert("grpc-timeout", value.parse().unwrap());
+        grpc_timeout(&metadata)
+    };
+    assert_eq!(read("2H"), Some(Duration::from_secs(7200)));
+    assert_eq!(read("3M"), Some(Duration::from_secs(180)));
+    assert_eq!(read("4S"), Some(Duration::from_secs(4)));
+    assert_eq!(read("250m"), Some(Duration::from_millis(250)));
+    assert_eq!(read("7u"), Some(Duration::from_micros(7)));
+    assert_eq!(read("9n"), Some(Duration::from_nanos(9)));
+    for bad in ["", "m", "123456789m", "1x", "-1S", "1.5S"] {
+        assert_eq!(read(bad), None, "{bad:?}");
+    }
+    assert_eq!(grpc_timeout(&MetadataMap::new()), None);
+}

@@ -1,0 +1,332 @@
+//! The behaviours every provider must give through the RLS, written once
+//! and run on the memory provider, Redis standalone and Redis Cluster.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use shared_contract::{
+    BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, ManualClock, PolicyId, PolicyMode,
+    PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+};
+
+use super::*;
+
+/// Builds a provider holding `policies` on `clock`.
+pub type PortFactory = dyn Fn(Vec<RateLimitPolicy>, ManualClock) -> Arc<dyn EdgeRateLimitPort>;
+
+/// A port that counts the calls that reach it and keeps the last deadline.
+#[derive(Debug)]
+pub struct Counting {
+    pub inner: Arc<dyn EdgeRateLimitPort>,
+    pub evaluations: AtomicUsize,
+    pub deadline: std::sync::Mutex<Option<Instant>>,
+}
+
+impl Counting {
+    pub fn new(inner: Arc<dyn EdgeRateLimitPort>) -> Arc<Self> {
+        Arc::new(Self { inner, evaluations: AtomicUsize::new(0), deadline: Default::default() })
+    }
+
+    pub fn calls(&self) -> usize {
+        self.evaluations.load(Ordering::SeqCst)
+    }
+}
+
+#[async_trait]
+impl EdgeRateLimitPort for Counting {
+    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        self.evaluations.fetch_add(1, Ordering::SeqCst);
+        *self.deadline.lock().unwrap() = Some(request.deadline);
+        self.inner.evaluate(request).await
+    }
+    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
+        self.inner.policy(id)
+    }
+    async fn is_ready(&self) -> bool {
+        self.inner.is_ready().await
+    }
+    async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        self.inner.inspect(key).await
+    }
+    async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
+        self.inner.reset(key).await
+    }
+}
+
+/// per-ip: 2 a minute per subject across rules; checkout: 5 a minute per
+/// (subject, rule); trial: a shadow policy that would deny after 1.
+pub fn policies() -> Vec<RateLimitPolicy> {
+    let trial = RateLimitPolicy::builder(
+        "trial",
+        shared_contract::Algorithm::FixedWindow {
+            limit: 1,
+            window: std::time::Duration::from_secs(60),
+        },
+    )
+    .mode(PolicyMode::Shadow)
+    .build()
+    .unwrap();
+    vec![
+        fixed("per-ip", 2, 60, PolicyScope::Subject),
+        fixed("checkout", 5, 60, PolicyScope::Operation),
+        fixed("bulk", 10, 60, PolicyScope::Operation),
+        trial,
+    ]
+}
+
+pub fn rules() -> Vec<RlsRule> {
+    vec![
+        rule("edge", &["remote_address"], None, &["per-ip"]),
+        rule(
+            "edge",
+            &["generic_key=checkout", "remote_address"],
+            Some(&["remote_address"]),
+            &["checkout"],
+        ),
+        rule("edge", &["generic_key=bulk", "remote_address"], Some(&["remote_address"]), &["bulk"]),
+        rule("edge", &["generic_key=trial", "user"], None, &["trial"]),
+    ]
+}
+
+pub fn clock() -> ManualClock {
+    ManualClock::new(1_700_000_000_000)
+}
+
+async fn start(factory: &PortFactory) -> (Rls, Arc<Counting>) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let rls = Rls::start(engine(port.clone(), Arc::new(clock), &rules())).await;
+    (rls, port)
+}
+
+fn ip(address: &str) -> RateLimitDescriptor {
+    descriptor(&[("remote_address", address)], None)
+}
+
+fn checkout(address: &str, hits: Option<u64>) -> RateLimitDescriptor {
+    descriptor(&[("generic_key", "checkout"), ("remote_address", address)], hits)
+}
+
+/// The common Envoy shape: a per-IP descriptor and a per-IP-per-route one,
+/// one subject, one atomic step. Once per-ip is spent, the request is
+/// refused and checkout is not charged.
+pub async fn two_descriptors_of_one_subject_are_one_atomic_step(factory: &PortFactory) {
+    let (mut rls, port) = start(factory).await;
+    let both = || request("edge", vec![ip("10.0.0.1"), checkout("10.0.0.1", None)], 0);
+    for remaining in [(1, 4), (0, 3)] {
+        let answer = rls.ok(both()).await;
+        assert_eq!(overall(&answer), Code::Ok);
+        assert_eq!(
+            summary(&answer),
+            [
+                (Code::Ok, remaining.0, Some("per-ip".to_owned())),
+                (Code::Ok, remaining.1, Some("checkout".to_owned()))
+            ]
+        );
+    }
+    // One provider call per request: the two descriptors were one set.
+    assert_eq!(port.calls(), 2);
+    let refused = rls.ok(both()).await;
+    assert_eq!(overall(&refused), Code::OverLimit);
+    assert_eq!(
+        summary(&refused),
+        [
+            (Code::OverLimit, 0, Some("per-ip".to_owned())),
+            (Code::Ok, 3, Some("checkout".to_owned()))
+        ]
+    );
+    let limit = refused.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, Unit::try_from(limit.unit).unwrap()), (2, Unit::Minute));
+    let reset = refused.statuses[0].duration_until_reset.as_ref().unwrap();
+    assert!(reset.seconds > 0 && reset.seconds <= 60, "{reset:?}");
+    assert_eq!(
+        header(&refused, "ratelimit-policy"),
+        Some(r#""per-ip";q=2;w=60, "checkout";q=5;w=60"#)
+    );
+    let limit_header = header(&refused, "ratelimit").unwrap();
+    assert!(limit_header.starts_with(r#""per-ip";r=0;t="#), "{limit_header}");
+    assert!(limit_header.contains(r#", "checkout";r=3;t="#), "{limit_header}");
+    let retry: u64 = header(&refused, "retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry), "{retry}");
+    // The denial charged no unit of checkout: alone (a set of its own
+    // subject and rule), it has 5 - 2 - 1 left, not 5 - 3 - 1.
+    let alone = rls.ok(request("edge", vec![checkout("10.0.0.1", None)], 0)).await;
+    assert_eq!(summary(&alone), [(Code::Ok, 2, Some("checkout".to_owned()))]);
+    assert_eq!(header(&alone, "retry-after"), None);
+}
+
+/// `hits_addend` of a descriptor wins; 0 looks without charging; the
+/// request's applies when the descriptor has none, 0 meaning 1.
+pub async fn hits_addend_zero_n_and_unset(factory: &PortFactory) {
+    let (mut rls, port) = start(factory).await;
+    let one = |hits: Option<u64>, request_hits: u32| {
+        request("edge", vec![checkout("10.0.0.2", hits)], request_hits)
+    };
+    // Unset everywhere: 1.
+    assert_eq!(summary(&rls.ok(one(None, 0)).await)[0].1, 4);
+    // The request's 2.
+    assert_eq!(summary(&rls.ok(one(None, 2)).await)[0].1, 2);
+    // Look only, twice: the same 2, nothing charged, no evaluation.
+    let calls = port.calls();
+    for _ in 0..2 {
+        let look = rls.ok(one(Some(0), 3)).await;
+        assert_eq!(overall(&look), Code::Ok);
+        assert_eq!(summary(&look), [(Code::Ok, 2, Some("checkout".to_owned()))]);
+    }
+    assert_eq!(port.calls(), calls);
+    // The descriptor's 2 beats the request's 1: all that is left.
+    assert_eq!(summary(&rls.ok(one(Some(2), 1)).await)[0].1, 0);
+    // Spent: a look now reports the denial, still charging nothing.
+    let look = rls.ok(one(Some(0), 0)).await;
+    assert_eq!(overall(&look), Code::OverLimit);
+    assert_eq!(summary(&look), [(Code::OverLimit, 0, Some("checkout".to_owned()))]);
+    // More than is left is denied and charges nothing either.
+    let bulk =
+        |hits| descriptor(&[("generic_key", "bulk"), ("remote_address", "10.0.0.2")], Some(hits));
+    assert_eq!(summary(&rls.ok(request("edge", vec![bulk(1)], 0)).await)[0].1, 9);
+    let refused = rls.ok(request("edge", vec![bulk(10)], 0)).await;
+    assert_eq!(summary(&refused), [(Code::OverLimit, 9, Some("bulk".to_owned()))]);
+    assert_eq!(summary(&rls.ok(request("edge", vec![bulk(9)], 0)).await)[0].1, 0);
+    // Above the policy's maximum cost: the request and the provider do not fit.
+    let status = rls.ask(request("edge", vec![bulk(11)], 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().contains("cost-exceeds-maximum"), "{status:?}");
+}
+
+/// Unknown domains, unknown patterns and unmatched fixed values are not
+/// limited: `OK`, no limit, no provider call.
+pub async fn unmatched_descriptors_pass_without_a_provider_call(factory: &PortFactory) {
+    let (mut rls, port) = start(factory).await;
+    let unmatched = [
+        request("other", vec![ip("10.0.0.3")], 0),
+        request(
+            "edge",
+            vec![descriptor(&[("generic_key", "nope"), ("remote_address", "1")], None)],
+            0,
+        ),
+        request("edge", vec![descriptor(&[("remote_address", "1"), ("path", "/")], None)], 0),
+        request(
+            "edge",
+            vec![descriptor(&[("remote_address", "1"), ("generic_key", "checkout")], None)],
+            0,
+        ),
+    ];
+    for ask in unmatched {
+        for _ in 0..3 {
+            let answer = rls.ok(ask.clone()).await;
+            assert_eq!(overall(&answer), Code::Ok);
+            assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+            assert!(answer.response_headers_to_add.is_empty());
+        }
+    }
+    assert_eq!(port.calls(), 0);
+    // Mixed with a matched one, only that one is asked about.
+    let mixed =
+        rls.ok(request("edge", vec![descriptor(&[("x", "y")], None), ip("10.0.0.3")], 0)).await;
+    assert_eq!(summary(&mixed), [(Code::Ok, 0, None), (Code::Ok, 1, Some("per-ip".to_owned()))]);
+    assert_eq!(port.calls(), 1);
+}
+
+/// Different subjects are separate sets in request order; the first denied
+/// ends the call, so a later subject is not charged.
+pub async fn the_first_denied_set_stops_the_later_ones(factory: &PortFactory) {
+    let (mut rls, port) = start(factory).await;
+    for _ in 0..2 {
+        rls.ok(request("edge", vec![ip("10.0.0.4")], 0)).await;
+    }
+    let calls = port.calls();
+    let answer = rls.ok(request("edge", vec![ip("10.0.0.4"), ip("10.0.0.5")], 0)).await;
+    assert_eq!(overall(&answer), Code::OverLimit);
+    assert_eq!(
+        summary(&answer),
+        [(Code::OverLimit, 0, Some("per-ip".to_owned())), (Code::Ok, 0, None)]
+    );
+    assert_eq!(port.calls(), calls + 1, "the second subject was never asked");
+    // 10.0.0.5 still has its whole budget: 2 - 1.
+    let later = rls.ok(request("edge", vec![ip("10.0.0.5")], 0)).await;
+    assert_eq!(summary(&later), [(Code::Ok, 1, Some("per-ip".to_owned()))]);
+}
+
+/// A shadow policy never denies and never shows.
+pub async fn shadow_policies_never_deny_and_never_show(factory: &PortFactory) {
+    let (mut rls, port) = start(factory).await;
+    let trial =
+        || request("edge", vec![descriptor(&[("generic_key", "trial"), ("user", "u1")], None)], 0);
+    for _ in 0..3 {
+        let answer = rls.ok(trial()).await;
+        assert_eq!(overall(&answer), Code::Ok);
+        assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+        assert!(answer.response_headers_to_add.is_empty(), "{answer:?}");
+    }
+    assert_eq!(port.calls(), 3, "a shadow policy is still evaluated");
+}
+
+/// Malformed requests are `INVALID_ARGUMENT`, before any provider call.
+pub async fn malformed_requests_are_invalid_arguments(factory: &PortFactory) {
+    let (mut rls, port) = start(factory).await;
+    let empty_key = descriptor(&[("", "10.0.0.6")], None);
+    for (bad, says) in [
+        (request("edge", vec![], 0), "at least one descriptor"),
+        (request("edge", vec![ip("10.0.0.6"), empty_key], 0), "empty key"),
+        (request("edge", vec![descriptor(&[], None)], 0), "no entry"),
+    ] {
+        let status = rls.ask(bad).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+        assert!(status.message().contains(says), "{status:?}");
+    }
+    assert_eq!(port.calls(), 0);
+}
+
+/// A descriptor's `limit` override does not change the configured limit.
+pub async fn a_limit_override_is_ignored(factory: &PortFactory) {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let (mut rls, _) = start(factory).await;
+    let mut loose = ip("10.0.0.7");
+    loose.limit = Some(RateLimitOverride { requests_per_unit: 1000, unit: 2 });
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(overall(&rls.ok(request("edge", vec![loose.clone()], 0)).await));
+    }
+    assert_eq!(answers, [Code::Ok, Code::Ok, Code::OverLimit]);
+}
+
+/// The provider's readiness is the health status.
+pub async fn health_is_serving_while_the_provider_is_ready(rls: &Rls, serving: bool) {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", rls.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = HealthClient::new(channel);
+    let expected = if serving { ServingStatus::Serving } else { ServingStatus::NotServing };
+    for service in ["", adapter_envoy_rls::RATE_LIMIT_SERVICE_NAME] {
+        let answer = health
+            .check(HealthCheckRequest { service: service.to_owned() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(ServingStatus::try_from(answer.status).unwrap(), expected, "{service:?}");
+    }
+    let unknown = health.check(HealthCheckRequest { service: "other".to_owned() }).await;
+    assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
+}
+
+/// Every scenario that needs only a working provider.
+pub async fn all(factory: &PortFactory) {
+    two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
+    hits_addend_zero_n_and_unset(factory).await;
+    unmatched_descriptors_pass_without_a_provider_call(factory).await;
+    the_first_denied_set_stops_the_later_ones(factory).await;
+    shadow_policies_never_deny_and_never_show(factory).await;
+    malformed_requests_are_invalid_arguments(factory).await;
+    a_limit_override_is_ignored(factory).await;
+    let (rls, _) = start(factory).await;
+    health_is_serving_while_the_provider_is_ready(&rls, true).await;
+}

@@ -1,0 +1,154 @@
+//! The Envoy RLS listener of the real server, beside the HTTP one: one
+//! policy, one counter series per front end, the same headers on both, a
+//! reload of the rules, and the drain at shutdown.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use app_bootstrap::{AppConfig, Application, ConfigSources, ReloadReport};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use shared_contract::{Clock, ManualClock};
+use support::{T0, TEST_KEY, counter};
+
+fn file(domain: &str) -> String {
+    format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+
+[capabilities.rate-limit]
+default-policy = "edge-ip"
+
+[capabilities.rate-limit.policies.edge-ip]
+algorithm = "fixed-window"
+limit = 3
+window = "60s"
+
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+
+[envoy-rls]
+listen = "127.0.0.1:0"
+
+[[envoy-rls.rules]]
+domain = "{domain}"
+descriptor = ["remote_address"]
+policies = "edge-ip"
+"#
+    )
+}
+
+fn ask(domain: &str, address: &str) -> RateLimitRequest {
+    let entry = Entry { key: "remote_address".to_owned(), value: address.to_owned() };
+    RateLimitRequest {
+        domain: domain.to_owned(),
+        descriptors: vec![RateLimitDescriptor { entries: vec![entry], ..Default::default() }],
+        hits_addend: 0,
+    }
+}
+
+fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
+    let found = response.response_headers_to_add.iter().find(|header| header.key == name);
+    found.map(|header| header.value.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rls.toml");
+    std::fs::write(&path, file("edge")).unwrap();
+    let sources = ConfigSources::file_only(path.clone());
+    let config = AppConfig::load(&sources).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0 + 250));
+    let application = Application::build_with(&config, app_bootstrap::routes::api(), clock)
+        .await
+        .unwrap()
+        .reload_from(sources);
+    let reloader = application.reloader().unwrap().clone();
+    let http = format!("http://{}", application.local_addr());
+    let rls = application.rls_addr().expect("the RLS listener is bound");
+    assert_ne!(rls.port(), 0);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        application.run_until(async { drop(stopped.await) }).await.unwrap();
+    });
+    let mut client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+    let web = reqwest::Client::builder().no_proxy().build().unwrap();
+
+    // Three allowed, then over the limit: 3 a minute, as configured.
+    let mut codes = Vec::new();
+    let mut last = None;
+    for _ in 0..4 {
+        let answer = client.should_rate_limit(ask("edge", "10.9.0.1")).await.unwrap().into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+        last = Some(answer);
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    // The same RateLimit-Policy the HTTP edge sends for the same policy.
+    let refused = last.unwrap();
+    let hello = web.get(format!("{http}/api/hello")).send().await.unwrap();
+    let http_policy = hello.headers()["ratelimit-policy"].to_str().unwrap().to_owned();
+    assert_eq!(header(&refused, "ratelimit-policy"), Some(http_policy.as_str()));
+    assert_eq!(http_policy, r#""edge-ip";q=3;w=60"#);
+    // At T0 + 250 ms in a 60 s window: 59.75 s, shown as 60, on both.
+    assert_eq!(header(&refused, "retry-after"), Some("60"));
+    assert_eq!(header(&refused, "ratelimit"), Some(r#""edge-ip";r=0;t=60"#));
+
+    // One series per front end.
+    let metrics = web.get(format!("{http}/metrics")).send().await.unwrap().text().await.unwrap();
+    let series = |outcome: &str, front: &str| {
+        counter(
+            &metrics,
+            &format!(
+                r#"ca_skeleton_rate_limit_decisions_total{{policy="edge-ip",algorithm="fixed-window",outcome="{outcome}",mode="enforce",cached="false",front="{front}"}}"#
+            ),
+        )
+    };
+    assert_eq!(series("allowed", "envoy-rls"), 3, "{metrics}");
+    assert_eq!(series("denied", "envoy-rls"), 1, "{metrics}");
+    assert_eq!(series("allowed", "http"), 1, "{metrics}");
+
+    // A reload moves the rule to another domain: the old one is unmatched.
+    std::fs::write(&path, file("edge-2")).unwrap();
+    match reloader.reload().await {
+        ReloadReport::Applied { changed, restart_required } => {
+            assert_eq!(changed, ["envoy-rls.rules"]);
+            assert!(restart_required.is_empty(), "{restart_required:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let old = client.should_rate_limit(ask("edge", "10.9.0.1")).await.unwrap().into_inner();
+    assert_eq!(Code::try_from(old.overall_code).unwrap(), Code::Ok);
+    assert!(old.statuses[0].current_limit.is_none());
+    // Under the new domain the subject is another (the domain is framed
+    // into it): a fresh budget of 3.
+    let new = client.should_rate_limit(ask("edge-2", "10.9.0.1")).await.unwrap().into_inner();
+    assert_eq!(new.statuses[0].limit_remaining, 2);
+    // The unmatched one was counted, and a limit override is ignored and
+    // counted: 3 allowed for 10.9.0.2 under edge-2, whatever it asks for.
+    let mut loose = ask("edge-2", "10.9.0.2");
+    loose.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 1000, unit: 1 });
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let answer = client.should_rate_limit(loose.clone()).await.unwrap().into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    let metrics = web.get(format!("{http}/metrics")).send().await.unwrap().text().await.unwrap();
+    assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unmatched_descriptors_total"), 1);
+    assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_limit_overrides_ignored_total"), 4);
+
+    // Shutdown: the gRPC listener stops accepting and the server ends.
+    drop(client);
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
+    assert!(tokio::net::TcpStream::connect(rls).await.is_err(), "still accepting");
+}

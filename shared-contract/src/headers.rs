@@ -1,0 +1,119 @@
+//! The text of the IETF `RateLimit-Policy` and `RateLimit` response
+//! fields (draft-ietf-httpapi-ratelimit-headers), shared by every inbound
+//! adapter so a client sees the same headers whichever front end answered.
+//!
+//! Pure formatting over the contract's types: each adapter wraps the bytes
+//! in its own header type. A policy id is validated to `[a-z0-9._-]`,
+//! which an sf-string holds without escapes, so the lists are written by
+//! hand (adapter-web's tests compare them with the `sfv` serialization).
+
+use std::time::Duration;
+
+use crate::outcome::RateLimitDecision;
+use crate::policy::{Algorithm, PolicyId, RateLimitPolicy};
+
+/// Largest structured-field integer (RFC 9651: 15 decimal digits).
+pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
+
+/// Appends `"<policy id>";q=<limit>;w=<window seconds>` for each policy,
+/// comma-separated, in the order given. Nothing for no policy.
+pub fn write_policy_field<'a>(
+    text: &mut Vec<u8>,
+    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
+) {
+    for policy in policies {
+        let window = whole_seconds_up(quota_window(policy.algorithm()));
+        item(text, policy.id(), [(b";q=", policy.limit()), (b";w=", window)]);
+    }
+}
+
+/// Appends `"<policy id>";r=<remaining>;t=<seconds until whole>` for each
+/// decision, comma-separated, in the order given. Nothing for none.
+pub fn write_limit_field<'a>(
+    text: &mut Vec<u8>,
+    decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
+) {
+    for (policy_id, decision) in decisions {
+        let reset = whole_seconds_up(decision.reset_after);
+        item(text, policy_id, [(b";r=", decision.remaining), (b";t=", reset)]);
+    }
+}
+
+fn item(text: &mut Vec<u8>, policy_id: &PolicyId, parameters: [(&[u8; 3], u64); 2]) {
+    if !text.is_empty() {
+        text.extend_from_slice(b", ");
+    }
+    text.push(b'"');
+    text.extend_from_slice(policy_id.as_str().as_bytes());
+    text.push(b'"');
+    for (key, value) in parameters {
+        text.extend_from_slice(key);
+        // Clamped to the structured-field range; validated policies never
+        // come near it.
+        text.extend_from_slice(itoa::Buffer::new().format(value.min(SF_INTEGER_MAX)).as_bytes());
+    }
+}
+
+/// The time over which a policy grants its limit: the window, or for a
+/// token bucket the time an empty bucket takes to fill
+/// (`ceil(capacity / refill_tokens) * refill_period`).
+pub fn quota_window(algorithm: &Algorithm) -> Duration {
+    match *algorithm {
+        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingCounter { window, .. } => window,
+        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
+            let periods = capacity.div_ceil(refill_tokens.max(1));
+            refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+        }
+        Algorithm::Gcra { burst, .. } => {
+            let interval = algorithm.emission_interval_micros().unwrap_or(1);
+            Duration::from_micros(burst.saturating_mul(interval))
+        }
+    }
+}
+
+/// Whole seconds, rounded up: a client told to wait less than the real
+/// time would only be refused again.
+pub fn whole_seconds_up(duration: Duration) -> u64 {
+    duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Certainty;
+
+    #[test]
+    fn both_fields_list_their_items_in_order_with_rounded_up_seconds() {
+        let burst = RateLimitPolicy::builder(
+            "orders-burst",
+            Algorithm::FixedWindow { limit: 10, window: Duration::from_millis(1500) },
+        )
+        .build()
+        .unwrap();
+        let bucket = RateLimitPolicy::builder(
+            "b",
+            Algorithm::TokenBucket {
+                capacity: 5,
+                refill_tokens: 2,
+                refill_period: Duration::from_millis(100),
+            },
+        )
+        .build()
+        .unwrap();
+        let mut text = Vec::new();
+        write_policy_field(&mut text, [&burst, &bucket]);
+        assert_eq!(text, br#""orders-burst";q=10;w=2, "b";q=5;w=1"#);
+        let decision = RateLimitDecision {
+            allowed: true,
+            limit: 10,
+            remaining: u64::MAX,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::from_millis(1001),
+            certainty: Certainty::Certain,
+            replayed: false,
+        };
+        let mut text = Vec::new();
+        write_limit_field(&mut text, [(burst.id(), &decision)]);
+        assert_eq!(text, br#""orders-burst";r=999999999999999;t=2"#);
+    }
+}
