@@ -45,6 +45,59 @@ pub struct AppConfig {
     pub redis: RedisConfig,
     /// `admin.*`: the operator listener, off unless `admin.listen` is set.
     pub admin: AdminConfig,
+    /// `envoy-rls.*`: Envoy's Rate Limit Service over gRPC, off unless
+    /// `envoy-rls.listen` is set.
+    pub envoy_rls: EnvoyRlsConfig,
+}
+
+/// `envoy-rls.*`: the gRPC listener of Envoy's Rate Limit Service and the
+/// rules that map a descriptor to a policy set.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EnvoyRlsConfig {
+    /// `listen`: the gRPC socket address; `None` (the default) keeps the
+    /// listener off. Applied only by a restart.
+    pub listen: Option<SocketAddr>,
+    /// `rules`: in order; a descriptor matches the first rule of its
+    /// domain whose pattern fits. Read by the configuration layer, every
+    /// problem under its index.
+    #[serde(skip)]
+    pub rules: Vec<RlsRuleConfig>,
+}
+
+/// One `[[envoy-rls.rules]]` table, as written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RlsRuleConfig {
+    /// `domain`: the `domain` of Envoy's request; not empty.
+    pub domain: String,
+    /// `descriptor`: the entry keys in order; `"key=value"` fixes a value.
+    pub descriptor: Vec<String>,
+    /// `subject`: the entries whose values are the subject (one key or a
+    /// list); `None` means every entry without a fixed value.
+    pub subject: Option<Vec<String>>,
+    /// `policies`: one policy id or a list of up to 8, as operations take.
+    pub policies: Vec<String>,
+}
+
+impl RlsRuleConfig {
+    /// The pattern's entries: each key with its fixed value, if any.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, Option<&str>)> {
+        self.descriptor.iter().map(|entry| match entry.split_once('=') {
+            Some((key, value)) => (key, Some(value)),
+            None => (entry.as_str(), None),
+        })
+    }
+
+    /// The keys whose values are the subject: `subject` as written, or
+    /// every entry without a fixed value, in pattern order.
+    pub fn subject_keys(&self) -> Vec<&str> {
+        match &self.subject {
+            Some(keys) => keys.iter().map(String::as_str).collect(),
+            None => {
+                self.entries().filter(|(_, value)| value.is_none()).map(|(key, _)| key).collect()
+            }
+        }
+    }
 }
 
 /// `admin.*`: the operator listener (inspect and reset a budget, look up

@@ -3,9 +3,9 @@
 //! a valid one puts a new bridge in force, over a port that shares the
 //! provider's state, and an invalid one changes nothing.
 //!
-//! What a reload may change is the policy table and what only the edge
-//! reads: every key of `capabilities.rate-limit` but the `RESTART_ONLY`
-//! ones. Every other key that differs from what is running is reported as
+//! What a reload may change is the policy table and what only the edges
+//! read: every key of `capabilities.rate-limit` and of `envoy-rls` but the
+//! `RESTART_ONLY` ones. Every other key that differs from what is running is reported as
 //! needing a restart, every time, until one happens.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,11 +25,30 @@ use crate::error::BootstrapError;
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
 
-/// The keys of `capabilities.rate-limit` a reload does not apply: the
-/// providers hold them. Every other key of the table is the policy table or
-/// what only the bridge reads, so a key added to [`RateLimitConfig`] or
-/// `EdgeSettings` reloads without being listed here.
-const RESTART_ONLY: [&str; 2] = ["provider", "failure-retry-after"];
+/// The sections a reload applies, key by key ([`RESTART_ONLY`] aside):
+/// the policy table and what only the edges read.
+const RELOADABLE: [&str; 2] = ["capabilities.rate-limit", "envoy-rls"];
+
+/// The keys of the [`RELOADABLE`] sections a reload does not apply: the
+/// providers hold the first two, and the gRPC listener is bound once. Every
+/// other key of those tables is the policy table or what only an edge
+/// reads, so a key added to [`RateLimitConfig`], `EdgeSettings` or the RLS
+/// rules reloads without being listed here.
+const RESTART_ONLY: [&str; 3] = [
+    "capabilities.rate-limit.provider",
+    "capabilities.rate-limit.failure-retry-after",
+    "envoy-rls.listen",
+];
+
+/// Whether the key at `path` (its segments) is one a reload applies.
+fn reloadable(path: &[String]) -> bool {
+    RELOADABLE.iter().any(|section| {
+        let section: Vec<&str> = section.split('.').collect();
+        path.len() > section.len()
+            && path.iter().zip(&section).all(|(segment, expected)| segment == expected)
+            && !RESTART_ONLY.contains(&path[..=section.len()].join(".").as_str())
+    })
+}
 
 /// What one reload did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -205,7 +224,7 @@ fn problem_lines(error: BootstrapError) -> Vec<String> {
 }
 
 /// `running` with every reloadable key taken from `loaded`: all of
-/// `capabilities.rate-limit` but [`RESTART_ONLY`].
+/// [`RELOADABLE`] but [`RESTART_ONLY`].
 fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
     let mut next = running.clone();
     let to = &mut next.capabilities.rate_limit;
@@ -215,6 +234,8 @@ fn with_reloadable(running: &AppConfig, loaded: &AppConfig) -> AppConfig {
     let failure_retry_after = to.edge.failure_retry_after;
     to.edge = adapter_web::EdgeSettings { failure_retry_after, ..edge };
     (to.default_policy, to.operations, to.policies) = (default_policy, operations, policies);
+    let crate::config::EnvoyRlsConfig { listen: _, rules } = loaded.envoy_rls.clone();
+    next.envoy_rls.rules = rules;
     next
 }
 
@@ -232,16 +253,7 @@ fn changes(running: &AppConfig, loaded: &AppConfig) -> (Vec<String>, Vec<String>
             continue;
         }
         let name = path.iter().fold(KeyPath::root(), |key, segment| key.child(segment)).to_string();
-        match path.as_slice() {
-            [capabilities, rate_limit, key, ..]
-                if capabilities == "capabilities"
-                    && rate_limit == "rate-limit"
-                    && !RESTART_ONLY.contains(&key.as_str()) =>
-            {
-                reloadable.push(name);
-            }
-            _ => restart.push(name),
-        }
+        if self::reloadable(path) { reloadable.push(name) } else { restart.push(name) }
     }
     (reloadable, restart)
 }
@@ -400,8 +412,11 @@ refill-period = "1s"
             changed.iter().map(|path| path.split('.').nth(2).unwrap()).collect();
         let table = render::to_table(&running, Secrets::Redacted);
         let rate_limit = table["capabilities"]["rate-limit"].as_table().unwrap();
-        let listed =
-            rate_limit.keys().map(String::as_str).filter(|k| !RESTART_ONLY.contains(k)).collect();
+        let listed = rate_limit
+            .keys()
+            .map(String::as_str)
+            .filter(|k| !RESTART_ONLY.contains(&format!("capabilities.rate-limit.{k}").as_str()))
+            .collect();
         assert_eq!(keys, listed, "each reloadable key differs");
         // What with_reloadable takes over is exactly what changed.
         let next = with_reloadable(&running, &loaded);
@@ -466,5 +481,24 @@ refill-period = "1s"
         let mut problems = ConfigProblems::default();
         revision_rules(old, old, &shadow.capabilities.rate_limit.policies, &mut problems);
         assert!(problems.is_empty());
+    }
+
+    #[test]
+    fn envoy_rls_rules_reload_and_its_listen_address_needs_a_restart() {
+        let rls = |listen: &str, policies: &str| {
+            format!(
+                "{BASE}\n[envoy-rls]\nlisten = \"{listen}\"\n[[envoy-rls.rules]]\n\
+                 domain = \"edge\"\ndescriptor = [\"remote_address\"]\npolicies = {policies}\n"
+            )
+        };
+        let running = load(&rls("127.0.0.1:8081", "\"demo\""));
+        let loaded = load(&rls("127.0.0.1:8082", "[\"demo\"]\nsubject = \"remote_address\""));
+        let (changed, restart) = changes(&running, &loaded);
+        assert_eq!(changed, ["envoy-rls.rules"]);
+        assert_eq!(restart, ["envoy-rls.listen"]);
+        let next = with_reloadable(&running, &loaded);
+        assert_eq!(next.envoy_rls.rules, loaded.envoy_rls.rules);
+        assert_eq!(next.envoy_rls.listen, running.envoy_rls.listen);
+        assert_eq!(changes(&next, &loaded), (vec![], vec!["envoy-rls.listen".to_owned()]));
     }
 }

@@ -25,8 +25,8 @@ mod values;
 use self::values::{Table, kind, quoted};
 use super::problems::{ConfigProblems, KeyPath};
 use super::{
-    AdminConfig, AppConfig, CapabilitiesConfig, ProviderKind, PseudonymizerConfig, RateLimitConfig,
-    RedisConfig, ServerConfig,
+    AdminConfig, AppConfig, CapabilitiesConfig, EnvoyRlsConfig, ProviderKind, PseudonymizerConfig,
+    RateLimitConfig, RedisConfig, RlsRuleConfig, ServerConfig,
 };
 
 /// What the reader saw that validation needs beyond the typed model.
@@ -48,6 +48,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let pseudonymizer = root.get("pseudonymizer");
     let redis = root.get("redis");
     let admin = root.get("admin");
+    let envoy_rls = root.get("envoy-rls");
     reader.close(root);
 
     let server = reader.table(server, KeyPath::root().child("server"));
@@ -63,6 +64,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let pseudonymizer = reader.pseudonymizer(pseudonymizer);
     let redis = reader.redis(redis);
     let admin = reader.admin(admin);
+    let envoy_rls = reader.envoy_rls(envoy_rls);
 
     let config = AppConfig {
         server,
@@ -70,6 +72,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
         pseudonymizer,
         redis,
         admin,
+        envoy_rls,
     };
     (config, declared)
 }
@@ -385,6 +388,67 @@ impl Reader<'_> {
         let (dict, path) = (table.dict(), table.path().clone());
         table.close_read();
         AdminConfig { token, ..self.owned(dict, &path, &OWN) }
+    }
+
+    /// `[envoy-rls]`: `listen` is [`EnvoyRlsConfig`]'s own; `rules` is an
+    /// array of tables read here, each problem under its index.
+    fn envoy_rls(&mut self, value: Option<&Value>) -> EnvoyRlsConfig {
+        const OWN: [&str; 1] = ["rules"];
+        let mut table = self.table(value, KeyPath::root().child("envoy-rls"));
+        let rules_value = table.get(OWN[0]);
+        let (dict, path) = (table.dict(), table.path().clone());
+        let rules_path = path.child(OWN[0]);
+        table.close_read();
+        let listen = self.owned::<EnvoyRlsConfig>(dict, &path, &OWN).listen;
+        let mut rules = Vec::new();
+        match rules_value {
+            None | Some(Value::Empty(..)) => {}
+            Some(Value::Array(_, items)) => {
+                for (index, item) in items.iter().enumerate() {
+                    let table = self.table(Some(item), rules_path.child(&index.to_string()));
+                    if !table.is_present() {
+                        self.close(table);
+                        continue;
+                    }
+                    if let Some(rule) = self.rls_rule(table) {
+                        rules.push(rule);
+                    }
+                }
+            }
+            Some(other) => self.problem(
+                &rules_path,
+                format!("expected an array of tables ([[envoy-rls.rules]]), found {}", kind(other)),
+            ),
+        }
+        EnvoyRlsConfig { listen, rules }
+    }
+
+    /// One `[[envoy-rls.rules]]` table; `None` when a key did not read or
+    /// a required one is missing (each with its problem).
+    fn rls_rule(&mut self, mut table: Table<'_>) -> Option<RlsRuleConfig> {
+        let domain = self.field(&mut table, "domain", Self::string);
+        let descriptor = self.field(&mut table, "descriptor", Self::string_list);
+        let subject = self.field(&mut table, "subject", Self::string_list);
+        let policies_value = table.get("policies");
+        let path = table.path().clone();
+        let policies = match policies_value {
+            None | Some(Value::Empty(..)) => None,
+            Some(value) => self.policy_list(value, &path.child("policies")),
+        };
+        // A present key that did not read has its own problem already.
+        for (key, read) in [
+            ("domain", domain.is_some()),
+            ("descriptor", descriptor.is_some()),
+            ("policies", policies.is_some()),
+        ] {
+            if !read && !table.has(key) {
+                self.problem(&path.child(key), "missing: every rule needs it");
+            }
+        }
+        let subject_ok = subject.is_some() || !table.has("subject");
+        self.close(table);
+        let (domain, descriptor, policies) = (domain?, descriptor?, policies?);
+        subject_ok.then_some(RlsRuleConfig { domain, descriptor, subject, policies })
     }
 
     /// `[redis]`: the switch and the two passwords are the application's;

@@ -74,6 +74,23 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
     root.insert("redis".into(), redis.into());
 
     root.insert("admin".into(), owned(&config.admin));
+
+    let Value::Table(mut rls) = owned(&config.envoy_rls) else {
+        unreachable!("EnvoyRlsConfig is a struct");
+    };
+    let rules = config.envoy_rls.rules.iter().map(|rule| {
+        let mut table = Table::new();
+        table.insert("domain".into(), rule.domain.clone().into());
+        let entries = rule.descriptor.iter().map(|entry| Value::from(entry.clone()));
+        table.insert("descriptor".into(), Value::Array(entries.collect()));
+        if let Some(subject) = &rule.subject {
+            table.insert("subject".into(), policy_set(subject));
+        }
+        table.insert("policies".into(), policy_set(&rule.policies));
+        Value::Table(table)
+    });
+    rls.insert("rules".into(), Value::Array(rules.collect()));
+    root.insert("envoy-rls".into(), rls.into());
     root
 }
 
@@ -122,7 +139,8 @@ fn owned(section: &impl serde::Serialize) -> Value {
     Value::try_from(section).expect("a configuration section is a TOML table")
 }
 
-/// One id as a string, as a file usually writes it; several as a list.
+/// One id (or key) as a string, as a file usually writes it; several as a
+/// list.
 fn policy_set(ids: &[String]) -> Value {
     match ids {
         [one] => one.clone().into(),

@@ -619,6 +619,18 @@ deny-cache = { enabled = false, max-entries = 500 }
 [admin]
 listen = "127.0.0.1:9091"
 token = { env = "EVERY_KEY_ADMIN_TOKEN" }
+
+[envoy-rls]
+listen = "127.0.0.1:9081"
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = ["remote_address"]
+policies = "bucket"
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = ["generic_key=checkout", "remote_address", "path"]
+subject = ["remote_address", "path"]
+policies = ["sliding", "bucket"]
 "#;
 
 /// [`EVERY_KEY`] on a cluster: the keys a Sentinel file leaves empty.
@@ -666,6 +678,7 @@ fn what_check_config_renders_loads_back_to_the_same_configuration() {
             ("server", format!("{:?}", config.server), format!("{:?}", defaults.server)),
             ("redis", format!("{:?}", config.redis), format!("{:?}", defaults.redis)),
             ("admin", format!("{:?}", config.admin), format!("{:?}", defaults.admin)),
+            ("envoy-rls", format!("{:?}", config.envoy_rls), format!("{:?}", defaults.envoy_rls)),
         ] {
             assert_ne!(loaded, default, "{field} is at its default");
         }
@@ -1235,5 +1248,128 @@ fn a_bad_trusted_proxy_is_named_by_its_index() {
                 "\"10.0.0.0/33\" is not a CIDR like \"10.0.0.0/8\" or an IP address".to_owned()
             )]
         );
+    });
+}
+
+/// The issue's example section: two rules of one domain, the second with
+/// a fixed entry and an explicit subject.
+const RLS: &str = r#"
+[capabilities.rate-limit.policies.per-ip]
+algorithm = "fixed-window"
+limit = 10
+window = "1s"
+
+[capabilities.rate-limit.policies.checkout-burst]
+algorithm = "token-bucket"
+capacity = 5
+refill-tokens = 1
+refill-period = "1s"
+
+[envoy-rls]
+listen = "127.0.0.1:8081"
+
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = ["remote_address"]
+policies = "per-ip"
+
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = ["generic_key=checkout", "remote_address"]
+subject = "remote_address"
+policies = ["checkout-burst", "per-ip"]
+"#;
+
+#[test]
+fn the_envoy_rls_section_is_off_by_default_and_reads_its_rules_in_order() {
+    jail(|jail| {
+        let defaults = AppConfig::load(&ConfigSources::new(None)).unwrap();
+        assert_eq!(defaults.envoy_rls, EnvoyRlsConfig::default());
+        assert_eq!(defaults.envoy_rls.listen, None);
+        let file = format!("{BASE}{RLS}");
+        let config = load_file(jail, &file).unwrap();
+        let rls = &config.envoy_rls;
+        assert_eq!(rls.listen, Some("127.0.0.1:8081".parse().unwrap()));
+        assert_eq!(rls.rules.len(), 2);
+        assert_eq!(rls.rules[0].domain, "edge");
+        assert_eq!(rls.rules[0].policies, ["per-ip"]);
+        assert_eq!(rls.rules[0].subject, None);
+        assert_eq!(rls.rules[0].subject_keys(), ["remote_address"]);
+        let second = &rls.rules[1];
+        assert_eq!(
+            second.entries().collect::<Vec<_>>(),
+            [("generic_key", Some("checkout")), ("remote_address", None)]
+        );
+        assert_eq!(second.subject_keys(), ["remote_address"]);
+        assert_eq!(second.policies, ["checkout-burst", "per-ip"]);
+        // check-config renders the section, and it loads back the same.
+        let rendered = config.to_redacted_toml().unwrap();
+        assert!(rendered.contains("[envoy-rls]"), "{rendered}");
+        assert!(rendered.contains("[[envoy-rls.rules]]"), "{rendered}");
+        let again = load_file(jail, &rendered).unwrap();
+        assert_eq!(again.envoy_rls, config.envoy_rls);
+    });
+}
+
+#[test]
+fn every_envoy_rls_problem_is_named_by_its_key_at_once() {
+    jail(|jail| {
+        let file = format!(
+            r#"{BASE}
+[envoy-rls]
+listen = "localhost:80:80"
+[[envoy-rls.rules]]
+domain = ""
+descriptor = ["remote_address", "", "remote_address"]
+policies = ["api", "nope"]
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = ["generic_key=checkout", "remote_address"]
+subject = ["generic_key", "path"]
+policies = "api"
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = ["generic_key=checkout", "remote_address"]
+policies = []
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = []
+polices = "api"
+"#
+        );
+        let found = problems(load_file(jail, &file));
+        let paths: Vec<&str> = found.iter().map(|(path, _)| path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "envoy-rls.listen",
+                "envoy-rls.rules.3.policies",
+                "envoy-rls.rules.3.polices",
+                "envoy-rls.rules.0.domain",
+                "envoy-rls.rules.0.descriptor.1",
+                "envoy-rls.rules.0.descriptor.2",
+                "envoy-rls.rules.0.policies",
+                "envoy-rls.rules.1.subject",
+                "envoy-rls.rules.1.subject",
+                "envoy-rls.rules.2.policies",
+                "envoy-rls.rules.2.descriptor",
+            ],
+            "{found:#?}"
+        );
+        let message = |at: usize| found[at].1.as_str();
+        assert!(message(4).contains("must not be empty"), "{}", message(4));
+        assert!(message(5).contains("repeated"), "{}", message(5));
+        assert!(message(6).contains("\"nope\" is not a policy"), "{}", message(6));
+        assert!(message(7).contains("\"generic_key\" has a fixed value"), "{}", message(7));
+        assert!(message(8).contains("\"path\" is not an entry"), "{}", message(8));
+        assert!(message(10).contains("envoy-rls.rules.1"), "{}", message(10));
+    });
+}
+
+#[test]
+fn the_envoy_rls_listener_never_takes_another_listeners_port() {
+    jail(|jail| {
+        let file = format!("{BASE}\n[envoy-rls]\nlisten = \"127.0.0.1:8080\"\n");
+        assert_eq!(paths(load_file(jail, &file)), ["envoy-rls.listen"]);
     });
 }

@@ -43,6 +43,7 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     provider_switch(config, problems);
     pseudonymizer(config, problems);
     admin(config, problems);
+    envoy_rls(config, declared, problems);
     if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderKind::Redis {
         redis(config, problems);
     }
@@ -277,6 +278,83 @@ fn admin(config: &AppConfig, problems: &mut ConfigProblems) {
             KeyPath::root().dotted("admin.listen"),
             format!("must differ from server.listen ({listen}): admin routes never share the public port"),
         );
+    }
+}
+
+/// `[envoy-rls]`: each rule's domain, pattern, subject and policy set,
+/// and no two rules with the same domain and pattern (the second could
+/// never match). The listen address is read (and refused) by its owner.
+fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProblems) {
+    let rls = &config.envoy_rls;
+    let rules_path = KeyPath::root().dotted("envoy-rls.rules");
+    if let Some(listen) = rls.listen.filter(|listen| listen.port() != 0) {
+        for (key, other) in
+            [("server.listen", Some(config.server.listen)), ("admin.listen", config.admin.listen)]
+        {
+            if other == Some(listen) {
+                problems.push(
+                    KeyPath::root().dotted("envoy-rls.listen"),
+                    format!("must differ from {key} ({listen})"),
+                );
+            }
+        }
+    }
+    let mut seen: Vec<(&str, &[String], usize)> = Vec::new();
+    for (index, rule) in rls.rules.iter().enumerate() {
+        let path = rules_path.child(&index.to_string());
+        if rule.domain.is_empty() {
+            problems.push(path.child("domain"), "must not be empty");
+        }
+        let descriptor = path.child("descriptor");
+        if rule.descriptor.is_empty() {
+            problems.push(descriptor.clone(), "must name at least one entry key");
+        }
+        let entries: Vec<(&str, Option<&str>)> = rule.entries().collect();
+        for (at, (key, value)) in entries.iter().enumerate() {
+            let entry = descriptor.child(&at.to_string());
+            if key.is_empty() {
+                problems
+                    .push(entry, "an entry key must not be empty (write \"key\" or \"key=value\")");
+            } else if entries[..at].iter().any(|(earlier, _)| earlier == key) {
+                problems.push(entry, format!("{key:?} is repeated: each entry key appears once"));
+            } else if value.is_some_and(str::is_empty) {
+                problems.push(entry, format!("the fixed value of {key:?} is empty"));
+            }
+        }
+        if let Some(subject) = &rule.subject {
+            let at = path.child("subject");
+            if subject.is_empty() {
+                problems.push(at.clone(), "must name at least one entry key (leave it out for every entry without a fixed value)");
+            }
+            for (position, key) in subject.iter().enumerate() {
+                match entries.iter().find(|(entry, _)| entry == key) {
+                    None => problems.push(
+                        at.clone(),
+                        format!("{key:?} is not an entry of this rule's descriptor"),
+                    ),
+                    Some((_, Some(_))) => problems.push(
+                        at.clone(),
+                        format!("{key:?} has a fixed value, so it cannot tell subjects apart"),
+                    ),
+                    Some((_, None)) if subject[..position].contains(key) => {
+                        problems.push(at.clone(), format!("{key:?} is listed twice"));
+                    }
+                    Some((_, None)) => {}
+                }
+            }
+        }
+        if let Some(ids) = &declared.policy_ids {
+            policy_set(&rule.policies, ids, path.child("policies"), problems);
+        }
+        match seen.iter().find(|(domain, pattern, _)| {
+            *domain == rule.domain && *pattern == rule.descriptor.as_slice()
+        }) {
+            Some((_, _, first)) => problems.push(
+                descriptor,
+                format!("the same domain and pattern as envoy-rls.rules.{first}, which always matches first"),
+            ),
+            None => seen.push((&rule.domain, &rule.descriptor, index)),
+        }
     }
 }
 
