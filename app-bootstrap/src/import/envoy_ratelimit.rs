@@ -8,7 +8,12 @@
 //! fixed value before the bare key. Once a fixed value matched, it looks for
 //! the later entries under that value only, never under the bare key; where
 //! the bare key's subtree limits a pattern the value's subtree does not, an
-//! `unlimited` rule keeps the answer OK here too.
+//! unlimited rule keeps the answer OK here too.
+//!
+//! An unlimited descriptor needs no rule unless a later limit would match
+//! it: no rule means OK without a provider call. One that must stay points
+//! at a shared shadow policy, which never denies and is never shown (an
+//! `unlimited = true` rule key, without the provider call, is proposed).
 //!
 //! What the rules cannot say is a warning and a comment in the output, never
 //! dropped silently; what would make the result less strict than the source
@@ -56,12 +61,13 @@ pub fn convert(sources: &[Source<'_>]) -> Result<Imported, BootstrapError> {
         converter.file(source, &mut domains);
         converter.end_file();
     }
+    let needless = converter.drop_needless_unlimited();
     let ids = converter.policy_ids();
     if !converter.problems.is_empty() {
         return Err(BootstrapError::Import { problems: converter.problems });
     }
     let names: Vec<&str> = sources.iter().map(|source| source.name).collect();
-    let toml = render(&names, &converter.rules, &ids, &converter.warnings);
+    let toml = render(&names, &converter.rules, &ids, &needless, &converter.warnings);
     Ok(Imported { toml, warnings: converter.warnings })
 }
 
@@ -254,6 +260,18 @@ enum Target {
 }
 
 impl Rule {
+    /// Whether some descriptor matches both this pattern and `other`.
+    fn overlaps(&self, other: &Rule) -> bool {
+        self.domain == other.domain
+            && self.pattern.len() == other.pattern.len()
+            && self.pattern.iter().zip(&other.pattern).all(|(mine, theirs)| {
+                mine.key == theirs.key
+                    && (mine.value.is_none()
+                        || theirs.value.is_none()
+                        || mine.value == theirs.value)
+            })
+    }
+
     /// Whether every descriptor this pattern matches `other` matches too.
     fn covers(&self, other: &[Entry]) -> bool {
         self.pattern.len() == other.len()
@@ -351,6 +369,27 @@ impl Converter {
         }
     }
 
+    /// Removes the unlimited rules no later limited rule overlaps, and
+    /// returns them: a descriptor that matches no rule is answered OK
+    /// without a provider call, just as envoyproxy/ratelimit answers an
+    /// unlimited one. Those left keep a limit below from applying.
+    fn drop_needless_unlimited(&mut self) -> Vec<Rule> {
+        let mut kept = Vec::with_capacity(self.rules.len());
+        let mut needless = Vec::new();
+        let rules = std::mem::take(&mut self.rules);
+        for (index, rule) in rules.iter().enumerate() {
+            let needed = match rule.target {
+                Target::Limit { .. } => true,
+                Target::Unlimited => rules[index + 1..].iter().any(|later| {
+                    matches!(later.target, Target::Limit { .. }) && rule.overlaps(later)
+                }),
+            };
+            if needed { kept.push(rule.clone()) } else { needless.push(rule.clone()) }
+        }
+        self.rules = kept;
+        needless
+    }
+
     /// A policy id for each limited rule, in rule order: envoyproxy/ratelimit's
     /// own key for the descriptor (`domain.key_value.key`) where it is a valid
     /// id, else a readable prefix and 8 hex digits of a hash of the exact
@@ -378,7 +417,8 @@ impl Converter {
                     parts.as_ref().map(|(key, hash)| policy_id(key, *hash, hashed))
                 })
                 .collect();
-            let mut seen: HashMap<&str, usize> = HashMap::from([(adapter_web::DEFAULT_POLICY, 1)]);
+            let mut seen: HashMap<&str, usize> =
+                HashMap::from([(adapter_web::DEFAULT_POLICY, 1), (UNLIMITED_POLICY, 1)]);
             for id in ids.iter().flatten() {
                 *seen.entry(id).or_default() += 1;
             }
@@ -538,6 +578,14 @@ impl Level<'_, '_> {
     /// Whether the last entry of `pattern` can be a rule's pattern entry.
     fn entry_is_expressible(&mut self, line: u64, pattern: &[Entry]) -> bool {
         let entry = pattern.last().expect("a pattern has an entry");
+        if pattern[..pattern.len() - 1].iter().any(|earlier| earlier.key == entry.key) {
+            let message = format!(
+                "key {:?} appears twice in one path, which a rule's descriptor cannot hold",
+                entry.key
+            );
+            self.problem(line, pattern, message);
+            return false;
+        }
         if entry.key.contains('=') {
             let message = format!(
                 "key {:?} holds '=', which a rule's descriptor entry cannot (it separates key and value)",
@@ -593,7 +641,7 @@ impl Level<'_, '_> {
                 self.problem(line, pattern, message);
                 return None;
             }
-            notes.push("unlimited: answered OK without a provider call".to_owned());
+            notes.push("unlimited: answered OK".to_owned());
             Target::Unlimited
         } else {
             let unit = match unit {
@@ -788,7 +836,19 @@ fn policy_id(key: &str, hash: [u8; 4], hashed: bool) -> String {
 // ---------------------------------------------------------------------------
 // The TOML.
 
-fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[String]) -> String {
+/// The shared policy of the unlimited rules that must stay: shadow, so it
+/// never denies and is never shown. An `unlimited = true` rule key, answered
+/// without a provider call, is proposed to the gRPC adapter; until then this
+/// costs one.
+const UNLIMITED_POLICY: &str = "unlimited";
+
+fn render(
+    files: &[&str],
+    rules: &[Rule],
+    ids: &[Option<String>],
+    needless: &[Rule],
+    warnings: &[String],
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -828,13 +888,19 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
         let entries: Vec<String> =
             rule.pattern.iter().map(|entry| toml_string(&entry.to_string())).collect();
         let _ = writeln!(out, "descriptor = [{}]", entries.join(", "));
-        match (&rule.target, id) {
-            (Target::Limit { .. }, Some(id)) => {
-                let _ = writeln!(out, "policies = {}", toml_string(id));
-            }
-            (Target::Unlimited, _) | (Target::Limit { .. }, None) => {
-                out.push_str("unlimited = true\n");
-            }
+        let id = match (&rule.target, id) {
+            (Target::Limit { .. }, Some(id)) => id.as_str(),
+            (Target::Unlimited, _) | (Target::Limit { .. }, None) => UNLIMITED_POLICY,
+        };
+        let _ = writeln!(out, "policies = {}", toml_string(id));
+    }
+    if !needless.is_empty() {
+        out.push_str(concat!(
+            "\n# Unlimited there, and no rule here: a descriptor that matches no rule is\n",
+            "# answered OK without a provider call.\n",
+        ));
+        for rule in needless {
+            let _ = writeln!(out, "# - {}", describe(rule));
         }
     }
 
@@ -862,6 +928,19 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
         if *shadow {
             out.push_str("mode = \"shadow\"                     # shadow_mode\n");
         }
+    }
+
+    if rules.iter().any(|rule| matches!(rule.target, Target::Unlimited)) {
+        out.push_str(concat!(
+            "\n# The unlimited rules that keep a limit below from applying: a shadow\n",
+            "# policy never denies and is never shown, so they are answered OK (at\n",
+            "# the cost of a provider call; the limit is out of reach).\n",
+        ));
+        let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(UNLIMITED_POLICY));
+        let _ = writeln!(
+            out,
+            "algorithm = \"fixed-window\"\nlimit = {MAX_COUNT}\nwindow = \"1s\"\nmode = \"shadow\""
+        );
     }
 
     out.push_str(concat!(

@@ -30,7 +30,8 @@ fn refused(text: &str) -> Vec<String> {
 struct Out {
     domain: String,
     descriptor: Vec<String>,
-    /// The policy id, or `None` for `unlimited = true`.
+    /// The policy id, or `None` for the shared shadow policy of the
+    /// unlimited rules.
     policy: Option<String>,
 }
 
@@ -54,9 +55,8 @@ fn parsed(imported: &Imported) -> (Vec<Out>, toml::Table) {
     let rules = rules
         .iter()
         .map(|rule| {
-            let unlimited = rule.get("unlimited").and_then(toml::Value::as_bool) == Some(true);
-            let policy = rule.get("policies").and_then(toml::Value::as_str).map(str::to_owned);
-            assert!(unlimited != policy.is_some(), "either unlimited or a policy: {rule}");
+            let policy = rule["policies"].as_str().unwrap();
+            let policy = (policy != "unlimited").then(|| policy.to_owned());
             Out {
                 domain: rule["domain"].as_str().unwrap().to_owned(),
                 descriptor: rule["descriptor"]
@@ -282,9 +282,10 @@ descriptors:
     assert!(first_match(&rules, "depth", &[("tenant", "acme"), ("region", "eu")]).is_some());
 }
 
-/// README example 5's shape.
+/// README example 5's shape: an unlimited descriptor that shadows no limit
+/// needs no rule, as no rule means OK without a provider call.
 #[test]
-fn unlimited_is_a_rule_answered_without_a_policy() {
+fn unlimited_alone_needs_no_rule() {
     let imported = import(
         "domain: internal
 descriptors:
@@ -296,16 +297,46 @@ descriptors:
 ",
     );
     let (rules, policies) = parsed(&imported);
+    assert_eq!(rules, [rule("internal", &["billing"], Some("internal.billing"))]);
+    assert!(imported.toml.contains(
+        "# Unlimited there, and no rule here: a descriptor that matches no rule is
+# answered OK without a provider call.
+# - internal: directory: unlimited
+"
+    ));
+    // The built-in HTTP policy and the one limited rule's.
+    assert_eq!(policies.keys().collect::<Vec<_>>(), ["default", "internal.billing"]);
+}
+
+/// An unlimited value of a limited bare key must stay a rule, or the bare
+/// key's limit would apply to it: its policy is shadow, never denying.
+#[test]
+fn unlimited_before_a_limit_it_shadows_is_a_never_denying_rule() {
+    let imported = import(
+        "domain: internal
+descriptors:
+  - key: client
+    rate_limit: { unit: minute, requests_per_unit: 120 }
+  - key: client
+    value: probe
+    rate_limit: { unlimited: true }
+",
+    );
+    let (rules, policies) = parsed(&imported);
     assert_eq!(
         rules,
         [
-            rule("internal", &["directory"], None),
-            rule("internal", &["billing"], Some("internal.billing")),
+            rule("internal", &["client=probe"], None),
+            rule("internal", &["client"], Some("internal.client"))
         ]
     );
-    assert!(imported.toml.contains("# unlimited: answered OK without a provider call\n"));
-    // The built-in HTTP policy and the one limited rule's.
-    assert_eq!(policies.keys().collect::<Vec<_>>(), ["default", "internal.billing"]);
+    assert_eq!(
+        policy(&policies, "unlimited"),
+        ("fixed-window".to_owned(), 1_000_000_000, "1s".to_owned(), Some("shadow".to_owned()))
+    );
+    assert!(imported.toml.contains(
+        "# internal: client=probe: unlimited\n# unlimited: answered OK\n[[envoy-rls.rules]]\n"
+    ));
 }
 
 /// envoyproxy/ratelimit refuses a unit beside `unlimited`; so does the import.
@@ -723,19 +754,15 @@ descriptors:
     assert_eq!(policy(&policies, "q.k"), fixed(8, "1h"));
 }
 
-/// The printed policies load as they are (the `[envoy-rls]` section is
-/// the other lane's: the binary test checks it whole).
+/// The printed TOML loads as it is, rules and policies.
 #[test]
 #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
-fn the_printed_policies_load_as_configuration() {
+fn the_printed_toml_loads_as_configuration() {
     let imported = import(TEXTS);
-    let mut table: toml::Table = toml::from_str(&imported.toml).unwrap();
-    assert!(table.remove("envoy-rls").is_some());
-    let file = toml::to_string(&table).unwrap();
     Jail::expect_with(|jail| {
-        jail.create_file("app.toml", &file)?;
+        jail.create_file("app.toml", &imported.toml)?;
         let config = AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
-            .unwrap_or_else(|error| panic!("{error}\n{file}"));
+            .unwrap_or_else(|error| panic!("{error}\n{}", imported.toml));
         let policies = &config.capabilities.rate_limit.policies;
         assert_eq!(
             policies.keys().collect::<Vec<_>>(),
@@ -745,6 +772,43 @@ fn the_printed_policies_load_as_configuration() {
             policies["sms.phone"].algorithm(),
             &Algorithm::FixedWindow { limit: 40, window: std::time::Duration::from_secs(86_400) }
         );
+        let rules: Vec<(&str, &[String], &[String])> = config
+            .envoy_rls
+            .rules
+            .iter()
+            .map(|rule| {
+                (rule.domain.as_str(), rule.descriptor.as_slice(), rule.policies.as_slice())
+            })
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (
+                    "sms",
+                    &["campaign=promo".to_owned(), "phone".to_owned()][..],
+                    &["sms.campaign_promo.phone".to_owned()][..]
+                ),
+                ("sms", &["phone".to_owned()][..], &["sms.phone".to_owned()][..]),
+            ]
+        );
+        assert_eq!(config.envoy_rls.listen, None);
         Ok(())
     });
+}
+
+#[test]
+fn a_key_twice_in_one_path_is_refused() {
+    let problems = refused(
+        "domain: twice
+descriptors:
+  - key: header
+    descriptors:
+      - key: header
+        rate_limit: { unit: second, requests_per_unit: 1 }
+",
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("rl.yaml:5: twice > header > header: key \"header\" appears twice")
+    );
 }
