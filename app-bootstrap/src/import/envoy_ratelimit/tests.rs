@@ -812,3 +812,149 @@ descriptors:
         problems[0].starts_with("rl.yaml:5: twice > header > header: key \"header\" appears twice")
     );
 }
+
+/// Random descriptor trees: for every request descriptor, the first rule
+/// that matches gives what envoyproxy/ratelimit's lookup gives (its
+/// `GetLimit`: per entry the `key_value` node, else the bare `key` node,
+/// never back up; a limit only at the request's last entry).
+mod matches_envoy {
+    use proptest::prelude::*;
+
+    use super::{first_match, import, parsed};
+
+    #[derive(Debug, Clone, Copy)]
+    enum Limit {
+        Requests(u32),
+        Unlimited,
+    }
+
+    #[derive(Debug, Clone)]
+    struct Node {
+        key: String,
+        value: Option<String>,
+        limit: Option<Limit>,
+        children: Vec<Node>,
+    }
+
+    impl Node {
+        fn entry(&self) -> String {
+            match &self.value {
+                Some(value) => format!("{}={value}", self.key),
+                None => self.key.clone(),
+            }
+        }
+    }
+
+    /// Keys `k<depth><i>`, so no key repeats along a path; values `v0`, `v1`
+    /// (requests also send `v2`, which no descriptor names).
+    fn level(depth: usize) -> BoxedStrategy<Vec<Node>> {
+        let limit = prop_oneof![
+            1 => Just(None),
+            3 => (1u32..9).prop_map(|n| Some(Limit::Requests(n))),
+            1 => Just(Some(Limit::Unlimited)),
+        ];
+        let children = if depth < 2 { level(depth + 1) } else { Just(Vec::new()).boxed() };
+        let node = (0..2usize, prop::option::of(0..2usize), limit, children).prop_map(
+            move |(key, value, limit, children)| Node {
+                key: format!("k{depth}{key}"),
+                value: value.map(|value| format!("v{value}")),
+                limit,
+                children,
+            },
+        );
+        prop::collection::vec(node, 0..4)
+            .prop_map(|mut nodes| {
+                let mut seen = Vec::new();
+                nodes.retain(|node| {
+                    let id = (node.key.clone(), node.value.clone());
+                    let fresh = !seen.contains(&id);
+                    seen.push(id);
+                    fresh
+                });
+                nodes
+            })
+            .boxed()
+    }
+
+    fn yaml(nodes: &[Node], indent: usize, out: &mut String) {
+        let pad = " ".repeat(indent);
+        for node in nodes {
+            out.push_str(&format!("{pad}- key: {}\n", node.key));
+            if let Some(value) = &node.value {
+                out.push_str(&format!("{pad}  value: {value}\n"));
+            }
+            match node.limit {
+                Some(Limit::Requests(n)) => out.push_str(&format!(
+                    "{pad}  rate_limit: {{ unit: second, requests_per_unit: {n} }}\n"
+                )),
+                Some(Limit::Unlimited) => {
+                    out.push_str(&format!("{pad}  rate_limit: {{ unlimited: true }}\n"));
+                }
+                None => {}
+            }
+            if !node.children.is_empty() {
+                out.push_str(&format!("{pad}  descriptors:\n"));
+                yaml(&node.children, indent + 4, out);
+            }
+        }
+    }
+
+    /// envoyproxy/ratelimit's answer: the path of the limiting descriptor,
+    /// or `None` for OK (no match, no limit, or unlimited).
+    fn envoy(mut level: &[Node], request: &[(String, String)]) -> Option<Vec<String>> {
+        let mut path = Vec::new();
+        for (at, (key, value)) in request.iter().enumerate() {
+            let node = level
+                .iter()
+                .find(|node| node.key == *key && node.value.as_ref() == Some(value))
+                .or_else(|| level.iter().find(|node| node.key == *key && node.value.is_none()))?;
+            path.push(node.entry());
+            if at == request.len() - 1 {
+                return matches!(node.limit, Some(Limit::Requests(_))).then_some(path);
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    /// Every request of 1 to 3 entries over the keys and values above.
+    fn requests() -> Vec<Vec<(String, String)>> {
+        let mut all: Vec<Vec<(String, String)>> = vec![Vec::new()];
+        let mut out = Vec::new();
+        for depth in 0..3 {
+            let mut next = Vec::new();
+            for request in &all {
+                for key in 0..2 {
+                    for value in 0..3 {
+                        let mut longer = request.clone();
+                        longer.push((format!("k{depth}{key}"), format!("v{value}")));
+                        next.push(longer);
+                    }
+                }
+            }
+            out.extend(next.iter().cloned());
+            all = next;
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn the_first_matching_rule_answers_as_envoyproxy_ratelimit(tree in level(0)) {
+            let mut text = "domain: p\ndescriptors:\n".to_owned();
+            yaml(&tree, 2, &mut text);
+            let (rules, _) = parsed(&import(&text));
+            for request in requests() {
+                let pairs: Vec<(&str, &str)> =
+                    request.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
+                let ours = first_match(&rules, "p", &pairs)
+                    .filter(|rule| rule.policy.is_some())
+                    .map(|rule| rule.descriptor.clone());
+                prop_assert_eq!(ours, envoy(&tree, &request), "request {:?}\n{}", request, text);
+            }
+        }
+    }
+}
