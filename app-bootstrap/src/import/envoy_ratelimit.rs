@@ -853,7 +853,7 @@ fn render(
     let _ = writeln!(
         out,
         "# Converted by `ca-skeleton import envoy-ratelimit` from {}.",
-        files.join(", ")
+        comment(&files.join(", "))
     );
     out.push_str(concat!(
         "# Each rate_limit is a fixed-window policy of its own (windows aligned to\n",
@@ -868,7 +868,7 @@ fn render(
     } else {
         out.push_str("#\n# Not converted (also printed as warnings):\n");
         for warning in warnings {
-            let _ = writeln!(out, "# - {warning}");
+            let _ = writeln!(out, "# - {}", comment(warning));
         }
     }
     out.push_str(concat!(
@@ -879,9 +879,9 @@ fn render(
 
     for (rule, id) in rules.iter().zip(ids) {
         out.push('\n');
-        let _ = writeln!(out, "# {}", describe(rule));
+        let _ = writeln!(out, "# {}", comment(&describe(rule)));
         for note in &rule.notes {
-            let _ = writeln!(out, "# {note}");
+            let _ = writeln!(out, "# {}", comment(note));
         }
         out.push_str("[[envoy-rls.rules]]\n");
         let _ = writeln!(out, "domain = {}", toml_string(&rule.domain));
@@ -900,7 +900,7 @@ fn render(
             "# answered OK without a provider call.\n",
         ));
         for rule in needless {
-            let _ = writeln!(out, "# - {}", describe(rule));
+            let _ = writeln!(out, "# - {}", comment(&describe(rule)));
         }
     }
 
@@ -909,7 +909,7 @@ fn render(
             continue;
         };
         out.push('\n');
-        let _ = writeln!(out, "# {}", describe(rule));
+        let _ = writeln!(out, "# {}", comment(&describe(rule)));
         let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(id));
         out.push_str("algorithm = \"fixed-window\"\n");
         let _ = writeln!(out, "limit = {requests}");
@@ -983,6 +983,20 @@ fn describe(rule: &Rule) -> String {
         Target::Unlimited => "unlimited".to_owned(),
     };
     format!("{}: {}: {what}", rule.domain, path.join(" > "))
+}
+
+/// `text` safe on one comment line: a control character (a newline in a
+/// descriptor value, say) is escaped, so no value ends the comment and
+/// starts a line of TOML.
+fn comment(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escape = c.is_control() && c != '\t';
+            let (plain, escaped) =
+                if escape { (None, Some(c.escape_default())) } else { (Some(c), None) };
+            plain.into_iter().chain(escaped.into_iter().flatten())
+        })
+        .collect()
 }
 
 /// A TOML basic string, escaped by the toml crate.

@@ -796,6 +796,31 @@ fn the_printed_toml_loads_as_configuration() {
     });
 }
 
+/// A value that holds a line break cannot end a comment and start a line
+/// of TOML: the comments escape it, the strings keep it.
+#[test]
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+fn a_line_break_in_a_value_stays_inside_its_comment_and_string() {
+    let imported = import(
+        "domain: inject
+descriptors:
+  - key: k
+    value: \"x\\n[server]\\nlisten = 1\"
+    rate_limit: { unit: second, requests_per_unit: 1 }
+",
+    );
+    assert!(imported.toml.contains("# inject: k=x\\n[server]\\nlisten = 1: 1 per second\n"));
+    let (rules, _) = parsed(&imported);
+    assert_eq!(rules[0].descriptor, ["k=x\n[server]\nlisten = 1"]);
+    Jail::expect_with(|jail| {
+        jail.create_file("app.toml", &imported.toml)?;
+        let config = AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
+            .unwrap_or_else(|error| panic!("{error}\n{}", imported.toml));
+        assert_eq!(config.envoy_rls.rules.len(), 1);
+        Ok(())
+    });
+}
+
 #[test]
 fn a_key_twice_in_one_path_is_refused() {
     let problems = refused(
