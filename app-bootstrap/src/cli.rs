@@ -1,5 +1,6 @@
 //! The `ca-skeleton` command line: `serve` (default), `check-config`,
-//! `redis-acl` and `bench`, each over the same layered configuration.
+//! `redis-acl` and `bench`, each over the same layered configuration, and
+//! `import`, which reads another limiter's files instead.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,6 +16,7 @@ use crate::acl::acl_rules;
 use crate::bench::{self, BenchOptions};
 use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderKind};
 use crate::error::BootstrapError;
+use crate::import::envoy_ratelimit::{self, Source};
 use crate::server::{Application, Hangups};
 use crate::telemetry::{Tracing, WithTraceIds};
 
@@ -54,6 +56,22 @@ pub enum Command {
     RedisAcl,
     /// Drive the configured provider and print one JSON line of results.
     Bench(BenchArgs),
+    /// Print another rate limiter's configuration as this one's TOML
+    /// (warnings on stderr); the configuration file is not read.
+    #[command(subcommand)]
+    Import(ImportFormat),
+}
+
+/// The formats `import` reads.
+#[derive(Debug, Subcommand)]
+pub enum ImportFormat {
+    /// envoyproxy/ratelimit's YAML (one domain a file) as `[[envoy-rls.rules]]`
+    /// and fixed-window policies.
+    EnvoyRatelimit {
+        /// The YAML files, one domain each.
+        #[arg(required = true, value_name = "FILE.yaml")]
+        files: Vec<PathBuf>,
+    },
 }
 
 /// `bench` options.
@@ -157,6 +175,7 @@ pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapErro
             }
             Ok(())
         }
+        Command::Import(ImportFormat::EnvoyRatelimit { files }) => import_envoy_ratelimit(&files),
         Command::Bench(args) => {
             let config = AppConfig::load(&sources)?;
             let options = BenchOptions {
@@ -216,6 +235,33 @@ async fn serve(
     }
     application.run_until_stopped().await?;
     tracing::info!("stopped");
+    Ok(())
+}
+
+fn import_envoy_ratelimit(files: &[PathBuf]) -> Result<(), BootstrapError> {
+    let mut texts = Vec::with_capacity(files.len());
+    let mut unread = Vec::new();
+    for file in files {
+        match std::fs::read_to_string(file) {
+            Ok(text) => texts.push((file.display().to_string(), text)),
+            Err(error) => unread.push(format!("{}: cannot read: {error}", file.display())),
+        }
+    }
+    let sources: Vec<Source<'_>> = texts.iter().map(|(name, text)| Source { name, text }).collect();
+    // The files that could be read are checked too: every problem at once.
+    let imported = match (envoy_ratelimit::convert(&sources), unread.is_empty()) {
+        (Ok(imported), true) => imported,
+        (Ok(_), false) => return Err(BootstrapError::Import { problems: unread }),
+        (Err(BootstrapError::Import { problems }), _) => {
+            unread.extend(problems);
+            return Err(BootstrapError::Import { problems: unread });
+        }
+        (Err(other), _) => return Err(other),
+    };
+    for warning in &imported.warnings {
+        eprintln!("warning: {warning}");
+    }
+    print!("{}", imported.toml);
     Ok(())
 }
 

@@ -551,7 +551,7 @@ impl Reader<'_> {
 /// Five requests per minute per subject and operation: small enough that a
 /// newcomer's `curl` loop sees a 429 on the sixth call. Every other field
 /// is the policy builder's default.
-fn demo_policy() -> RateLimitPolicy {
+pub(crate) fn demo_policy() -> RateLimitPolicy {
     let five_a_minute = Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) };
     RateLimitPolicy::builder(DEFAULT_POLICY, five_a_minute)
         .build()

@@ -1,0 +1,1025 @@
+//! envoyproxy/ratelimit's YAML configuration (a `domain` and nested
+//! `descriptors`) as `[[envoy-rls.rules]]` and fixed-window policies.
+//!
+//! Each descriptor with a `rate_limit` becomes a rule whose pattern is its
+//! path of keys (a `value` fixes the entry) and a policy of its own, so it
+//! counts per (subject, rule) as envoyproxy/ratelimit counts per descriptor.
+//! The rules come out in envoyproxy/ratelimit's precedence: at each level a
+//! fixed value before the bare key. Once a fixed value matched, it looks for
+//! the later entries under that value only, never under the bare key; where
+//! the bare key's subtree limits a pattern the value's subtree does not, an
+//! unlimited rule keeps the answer OK here too.
+//!
+//! An unlimited descriptor needs no rule unless a later limit would match
+//! it: no rule means OK without a provider call. One that must stay points
+//! at a shared shadow policy, which never denies and is never shown (an
+//! `unlimited = true` rule key, without the provider call, is proposed).
+//!
+//! What the rules cannot say is a warning and a comment in the output, never
+//! dropped silently; what would make the result less strict than the source
+//! (a wildcard value, a limit of 0) stops the import instead.
+
+use std::collections::HashMap;
+use std::fmt::{self, Write as _};
+
+use serde::Deserialize;
+use serde::de::{self, Deserializer, IgnoredAny, Visitor};
+use serde_saphyr::Spanned;
+use sha2::{Digest, Sha256};
+use shared_contract::{Algorithm, MAX_COUNT, PolicyField, RateLimitPolicy};
+
+use crate::error::BootstrapError;
+
+/// One file to convert: its name, for messages, and its text.
+#[derive(Debug, Clone, Copy)]
+pub struct Source<'a> {
+    /// How messages name the file (its path as given).
+    pub name: &'a str,
+    /// The YAML text.
+    pub text: &'a str,
+}
+
+/// What an import produced.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Imported {
+    /// The TOML to print on stdout.
+    pub toml: String,
+    /// One line for each thing the TOML cannot say, for stderr.
+    pub warnings: Vec<String>,
+}
+
+/// Converts envoyproxy/ratelimit configuration files (one domain each) to
+/// one TOML configuration; `default` is the built-in HTTP policy, restated
+/// because a `policies` table replaces it.
+///
+/// Every problem of every file is returned at once; a YAML syntax or type
+/// error names its line and column.
+pub fn convert(sources: &[Source<'_>]) -> Result<Imported, BootstrapError> {
+    let mut converter = Converter::default();
+    let mut domains: HashMap<String, String> = HashMap::new();
+    for source in sources {
+        converter.file(source, &mut domains);
+        converter.end_file();
+    }
+    let needless = converter.drop_needless_unlimited();
+    let ids = converter.policy_ids();
+    if !converter.problems.is_empty() {
+        return Err(BootstrapError::Import { problems: converter.problems });
+    }
+    let names: Vec<&str> = sources.iter().map(|source| source.name).collect();
+    let toml = render(&names, &converter.rules, &ids, &needless, &converter.warnings);
+    Ok(Imported { toml, warnings: converter.warnings })
+}
+
+// ---------------------------------------------------------------------------
+// The YAML model: envoyproxy/ratelimit's keys, each typed.
+
+/// A file: one domain and its descriptor tree.
+#[derive(Debug, Deserialize)]
+struct YamlRoot {
+    #[serde(default)]
+    domain: Option<Spanned<Text>>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    descriptors: Vec<Spanned<YamlDescriptor>>,
+}
+
+/// One level of a descriptor: a key, an optional value, a limit, children.
+#[derive(Debug, Deserialize)]
+struct YamlDescriptor {
+    #[serde(default)]
+    key: Option<Text>,
+    #[serde(default)]
+    value: Option<Text>,
+    #[serde(default)]
+    rate_limit: Option<YamlRateLimit>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    descriptors: Vec<Spanned<YamlDescriptor>>,
+    #[serde(default)]
+    shadow_mode: bool,
+    #[serde(default)]
+    quota_mode: bool,
+    #[serde(default)]
+    detailed_metric: bool,
+    #[serde(default)]
+    value_to_metric: bool,
+    #[serde(default)]
+    share_threshold: bool,
+    /// Free-form; only its presence matters here (it cannot be converted).
+    #[serde(default)]
+    metadata: Option<IgnoredAny>,
+}
+
+/// A `rate_limit` block.
+#[derive(Debug, Deserialize)]
+struct YamlRateLimit {
+    #[serde(default)]
+    unit: Option<Text>,
+    #[serde(default)]
+    requests_per_unit: Option<u32>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    name: Option<Text>,
+    #[serde(default, deserialize_with = "null_as_empty")]
+    replaces: Vec<YamlReplaces>,
+}
+
+/// One entry of `replaces`.
+#[derive(Debug, Deserialize)]
+struct YamlReplaces {
+    #[serde(default)]
+    name: Option<Text>,
+}
+
+/// A scalar read as text, as Go's YAML reader fills a string field:
+/// `value: 2061234567` is the value "2061234567".
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Text(String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl Visitor<'_> for TextVisitor {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Text, E> {
+                Ok(Text(text.to_owned()))
+            }
+            fn visit_bool<E: de::Error>(self, value: bool) -> Result<Text, E> {
+                Ok(Text(value.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Text, E> {
+                Ok(Text(value.to_string()))
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Text, E> {
+                Ok(Text(value.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Text, E> {
+                Ok(Text(value.to_string()))
+            }
+        }
+        deserializer.deserialize_str(TextVisitor)
+    }
+}
+
+/// `descriptors:` with nothing after it is an empty list, as Go reads it.
+fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
+where
+    D: Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Ok(Option::<Vec<T>>::deserialize(deserializer)?.unwrap_or_default())
+}
+
+/// envoyproxy/ratelimit's units, each as the fixed window it counts in:
+/// windows aligned to the epoch, a month 30 days and a year 365 days.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unit {
+    Second,
+    Minute,
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Unit {
+    const ALL: [Self; 7] =
+        [Self::Second, Self::Minute, Self::Hour, Self::Day, Self::Week, Self::Month, Self::Year];
+
+    const fn name(self) -> &'static str {
+        match self {
+            Self::Second => "second",
+            Self::Minute => "minute",
+            Self::Hour => "hour",
+            Self::Day => "day",
+            Self::Week => "week",
+            Self::Month => "month",
+            Self::Year => "year",
+        }
+    }
+
+    /// The window as a duration the configuration reads. Not humantime's
+    /// "1M" or "1y", which are 30.44 and 365.25 days.
+    const fn window(self) -> &'static str {
+        match self {
+            Self::Second => "1s",
+            Self::Minute => "1m",
+            Self::Hour => "1h",
+            Self::Day => "1d",
+            Self::Week => "7d",
+            Self::Month => "30d",
+            Self::Year => "365d",
+        }
+    }
+
+    /// Case-insensitive, as envoyproxy/ratelimit reads it.
+    fn parse(text: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|unit| unit.name().eq_ignore_ascii_case(text))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What the conversion builds.
+
+/// One descriptor entry of a pattern.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    key: String,
+    value: Option<String>,
+}
+
+impl fmt::Display for Entry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(value) => write!(f, "{}={value}", self.key),
+            None => f.write_str(&self.key),
+        }
+    }
+}
+
+/// A rule: a domain, a pattern, and what it answers.
+#[derive(Debug, Clone)]
+struct Rule {
+    domain: String,
+    pattern: Vec<Entry>,
+    target: Target,
+    /// Comment lines printed above the rule.
+    notes: Vec<String>,
+}
+
+#[derive(Debug, Clone)]
+enum Target {
+    /// A fixed-window policy of its own.
+    Limit { requests: u64, unit: Unit, shadow: bool },
+    /// Answered OK without a provider call.
+    Unlimited,
+}
+
+impl Rule {
+    /// Whether some descriptor matches both this pattern and `other`.
+    fn overlaps(&self, other: &Rule) -> bool {
+        self.domain == other.domain
+            && self.pattern.len() == other.pattern.len()
+            && self.pattern.iter().zip(&other.pattern).all(|(mine, theirs)| {
+                mine.key == theirs.key
+                    && (mine.value.is_none()
+                        || theirs.value.is_none()
+                        || mine.value == theirs.value)
+            })
+    }
+
+    /// Whether every descriptor this pattern matches `other` matches too.
+    fn covers(&self, other: &[Entry]) -> bool {
+        self.pattern.len() == other.len()
+            && self.pattern.iter().zip(other).all(|(mine, theirs)| {
+                mine.key == theirs.key && (mine.value.is_none() || mine.value == theirs.value)
+            })
+    }
+}
+
+#[derive(Debug, Default)]
+struct Converter {
+    rules: Vec<Rule>,
+    problems: Vec<String>,
+    warnings: Vec<String>,
+    /// The current file's messages with their lines, flushed in line order.
+    file_problems: Vec<(u64, String)>,
+    file_warnings: Vec<(u64, String)>,
+}
+
+impl Converter {
+    fn problem(&mut self, file: &str, line: u64, message: String) {
+        self.file_problems.push((line, format!("{file}:{line}: {message}")));
+    }
+
+    fn warning(&mut self, file: &str, line: u64, message: String) {
+        self.file_warnings.push((line, format!("{file}:{line}: {message}")));
+    }
+
+    /// Moves the current file's messages to the lists, in line order
+    /// (the walk visits a bare key after its fixed values).
+    fn end_file(&mut self) {
+        for (messages, into) in [
+            (&mut self.file_problems, &mut self.problems),
+            (&mut self.file_warnings, &mut self.warnings),
+        ] {
+            messages.sort_by_key(|(line, _)| *line);
+            into.extend(messages.drain(..).map(|(_, message)| message));
+        }
+    }
+
+    /// One file's rules, unless its domain is missing or already seen.
+    fn file(&mut self, source: &Source<'_>, domains: &mut HashMap<String, String>) {
+        let Some(root) = self.parse(source) else { return };
+        let Some(domain) = self.domain(source, &root) else { return };
+        if let Some(first) = domains.get(&domain) {
+            let line = root.domain.as_ref().map_or(0, |domain| domain.referenced.line());
+            let message = format!("domain {domain:?} is already defined in {first}");
+            self.problem(source.name, line, message);
+            return;
+        }
+        domains.insert(domain.clone(), source.name.to_owned());
+        let mut level = Level { file: source.name, domain: &domain, converter: self };
+        let rules = level.descriptors(&[], &root.descriptors);
+        self.rules.extend(rules);
+    }
+
+    /// The typed model, warning about each key it does not know.
+    fn parse(&mut self, source: &Source<'_>) -> Option<YamlRoot> {
+        let mut unknown = Vec::new();
+        let parsed = serde_saphyr::with_deserializer_from_str(source.text, |deserializer| {
+            serde_ignored::deserialize(deserializer, |path| unknown.extend(key_path(&path)))
+        });
+        match parsed {
+            Ok(root) => {
+                for path in unknown {
+                    let message = format!(
+                        "{}: {path}: unknown key, ignored (envoyproxy/ratelimit refuses it too)",
+                        source.name
+                    );
+                    self.file_warnings.push((0, message));
+                }
+                Some(root)
+            }
+            Err(error) => {
+                // The message names the line and column itself.
+                let line = error.location().map_or(0, |at| at.line());
+                let message = format!("{}: {}", source.name, error.without_snippet());
+                self.file_problems.push((line, message));
+                None
+            }
+        }
+    }
+
+    fn domain(&mut self, source: &Source<'_>, root: &YamlRoot) -> Option<String> {
+        match &root.domain {
+            Some(domain) if !domain.value.0.is_empty() => Some(domain.value.0.clone()),
+            Some(domain) => {
+                self.problem(source.name, domain.referenced.line(), "domain is empty".into());
+                None
+            }
+            None => {
+                self.problem(source.name, 1, "no domain: the file sets no `domain`".into());
+                None
+            }
+        }
+    }
+
+    /// Removes the unlimited rules no later limited rule overlaps, and
+    /// returns them: a descriptor that matches no rule is answered OK
+    /// without a provider call, just as envoyproxy/ratelimit answers an
+    /// unlimited one. Those left keep a limit below from applying.
+    fn drop_needless_unlimited(&mut self) -> Vec<Rule> {
+        let mut kept = Vec::with_capacity(self.rules.len());
+        let mut needless = Vec::new();
+        let rules = std::mem::take(&mut self.rules);
+        for (index, rule) in rules.iter().enumerate() {
+            let needed = match rule.target {
+                Target::Limit { .. } => true,
+                Target::Unlimited => rules[index + 1..].iter().any(|later| {
+                    matches!(later.target, Target::Limit { .. }) && rule.overlaps(later)
+                }),
+            };
+            if needed { kept.push(rule.clone()) } else { needless.push(rule.clone()) }
+        }
+        self.rules = kept;
+        needless
+    }
+
+    /// A policy id for each limited rule, in rule order: envoyproxy/ratelimit's
+    /// own key for the descriptor (`domain.key_value.key`) where it is a valid
+    /// id, else a readable prefix and 8 hex digits of a hash of the exact
+    /// path. Deterministic, unique, and never `default`.
+    fn policy_ids(&mut self) -> Vec<Option<String>> {
+        let candidates: Vec<Option<(String, [u8; 4])>> = self
+            .rules
+            .iter()
+            .map(|rule| match rule.target {
+                Target::Limit { .. } => Some(id_parts(&rule.domain, &rule.pattern)),
+                Target::Unlimited => None,
+            })
+            .collect();
+        let mut hashed: Vec<bool> = candidates
+            .iter()
+            .map(|parts| {
+                parts.as_ref().is_some_and(|(key, _)| sanitized(key) != *key || key.len() > 64)
+            })
+            .collect();
+        loop {
+            let ids: Vec<Option<String>> = candidates
+                .iter()
+                .zip(&hashed)
+                .map(|(parts, &hashed)| {
+                    parts.as_ref().map(|(key, hash)| policy_id(key, *hash, hashed))
+                })
+                .collect();
+            let mut seen: HashMap<&str, usize> =
+                HashMap::from([(adapter_web::DEFAULT_POLICY, 1), (UNLIMITED_POLICY, 1)]);
+            for id in ids.iter().flatten() {
+                *seen.entry(id).or_default() += 1;
+            }
+            let mut changed = false;
+            for (index, id) in ids.iter().enumerate() {
+                let Some(id) = id else { continue };
+                if seen[id.as_str()] > 1 && !hashed[index] {
+                    hashed[index] = true;
+                    changed = true;
+                }
+            }
+            if !changed {
+                if let Some((id, _)) = seen.iter().find(|(_, count)| **count > 1) {
+                    let id = (*id).to_owned();
+                    self.problems.push(format!("two rules derive the same policy id {id:?}"));
+                }
+                return ids;
+            }
+        }
+    }
+}
+
+/// A dotted path of keys from serde_ignored, or `None` for the fields
+/// serde-saphyr's `Spanned` reads itself. A `Spanned` item of a list shows
+/// as `N.value`; no key of the user's sits there, as a descriptor's own
+/// `value` is a scalar.
+fn key_path(path: &serde_ignored::Path<'_>) -> Option<String> {
+    use serde_ignored::Path;
+    let mut parts = Vec::new();
+    let mut at = path;
+    loop {
+        match at {
+            Path::Root => break,
+            Path::Seq { parent, index } => {
+                parts.push(index.to_string());
+                at = parent;
+            }
+            Path::Map { parent, key } => {
+                if key.starts_with("__serde_saphyr") {
+                    return None;
+                }
+                let spanned_item = key == "value" && matches!(unwrapped(parent), Path::Seq { .. });
+                if !spanned_item {
+                    parts.push(key.clone());
+                }
+                at = parent;
+            }
+            Path::Some { parent }
+            | Path::NewtypeStruct { parent }
+            | Path::NewtypeVariant { parent } => {
+                at = parent;
+            }
+        }
+    }
+    parts.reverse();
+    // A descriptor's `metadata` is read as ignored on purpose; its warning
+    // comes with its line from the walk.
+    if let [.., list, index, last] = parts.as_slice() {
+        let descriptor = list == "descriptors" && index.bytes().all(|b| b.is_ascii_digit());
+        if descriptor && last == "metadata" {
+            return None;
+        }
+    }
+    Some(parts.join("."))
+}
+
+/// `path` without the `Some` and newtype steps around it.
+fn unwrapped<'p>(mut path: &'p serde_ignored::Path<'p>) -> &'p serde_ignored::Path<'p> {
+    use serde_ignored::Path;
+    while let Path::Some { parent }
+    | Path::NewtypeStruct { parent }
+    | Path::NewtypeVariant { parent } = path
+    {
+        path = parent;
+    }
+    path
+}
+
+/// The walk of one file's tree.
+struct Level<'a, 'c> {
+    file: &'a str,
+    domain: &'a str,
+    converter: &'c mut Converter,
+}
+
+impl Level<'_, '_> {
+    /// The rules of one level's descriptors below `prefix`, in precedence
+    /// order: per key (in file order), its fixed values, then the bare key.
+    fn descriptors(&mut self, prefix: &[Entry], nodes: &[Spanned<YamlDescriptor>]) -> Vec<Rule> {
+        let mut keys: Vec<&str> = Vec::new();
+        let mut seen: Vec<(&str, Option<&str>, u64)> = Vec::new();
+        let mut valid: Vec<&Spanned<YamlDescriptor>> = Vec::new();
+        for node in nodes {
+            let line = node.referenced.line();
+            let Some(key) = node.value.key.as_ref().map(|key| key.0.as_str()) else {
+                self.problem(line, prefix, "a descriptor has no key".into());
+                continue;
+            };
+            if key.is_empty() {
+                self.problem(line, prefix, "a descriptor has an empty key".into());
+                continue;
+            }
+            let value = entry_value(&node.value);
+            if let Some((_, _, first)) = seen.iter().find(|(k, v, _)| *k == key && *v == value) {
+                let entry = Entry { key: key.to_owned(), value: value.map(str::to_owned) };
+                let message = format!("descriptor {entry} is repeated (first at line {first})");
+                self.problem(line, prefix, message);
+                continue;
+            }
+            seen.push((key, value, line));
+            valid.push(node);
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+
+        let mut rules = Vec::new();
+        for key in keys {
+            let of_key = |node: &&&Spanned<YamlDescriptor>| {
+                node.value.key.as_ref().is_some_and(|k| k.0 == key)
+            };
+            let bare = valid.iter().filter(of_key).find(|node| entry_value(&node.value).is_none());
+            let bare_rules = bare.map(|node| self.node(prefix, node)).unwrap_or_default();
+            for &fixed in valid.iter().filter(of_key) {
+                let Some(value) = entry_value(&fixed.value) else { continue };
+                let mut fixed_rules = self.node(prefix, fixed);
+                let entry = Entry { key: key.to_owned(), value: Some(value.to_owned()) };
+                let stops = stops_fallback(&entry, prefix.len(), &fixed_rules, &bare_rules);
+                fixed_rules.extend(stops);
+                rules.extend(fixed_rules);
+            }
+            rules.extend(bare_rules);
+        }
+        rules
+    }
+
+    /// One descriptor: its own rule, when it has a `rate_limit`, then its
+    /// children's.
+    fn node(&mut self, prefix: &[Entry], node: &Spanned<YamlDescriptor>) -> Vec<Rule> {
+        let line = node.referenced.line();
+        let descriptor = &node.value;
+        let key = descriptor.key.as_ref().map(|key| key.0.clone()).unwrap_or_default();
+        let entry = Entry { key, value: entry_value(descriptor).map(str::to_owned) };
+        let mut pattern = prefix.to_vec();
+        pattern.push(entry);
+        let mut rules = Vec::new();
+        if self.entry_is_expressible(line, &pattern) {
+            self.metric_notes(line, &pattern, descriptor);
+            if let Some(limit) = &descriptor.rate_limit {
+                rules.extend(self.rule(line, &pattern, descriptor, limit));
+            }
+            rules.extend(self.descriptors(&pattern, &descriptor.descriptors));
+        }
+        rules
+    }
+
+    /// Whether the last entry of `pattern` can be a rule's pattern entry.
+    fn entry_is_expressible(&mut self, line: u64, pattern: &[Entry]) -> bool {
+        let entry = pattern.last().expect("a pattern has an entry");
+        if pattern[..pattern.len() - 1].iter().any(|earlier| earlier.key == entry.key) {
+            let message = format!(
+                "key {:?} appears twice in one path, which a rule's descriptor cannot hold",
+                entry.key
+            );
+            self.problem(line, pattern, message);
+            return false;
+        }
+        if entry.key.contains('=') {
+            let message = format!(
+                "key {:?} holds '=', which a rule's descriptor entry cannot (it separates key and value)",
+                entry.key
+            );
+            self.problem(line, pattern, message);
+            return false;
+        }
+        if entry.value.as_deref().is_some_and(|value| value.contains('*')) {
+            self.problem(
+                line,
+                pattern,
+                "a wildcard value cannot be converted (a rule's value matches exactly); \
+                 list the values it stands for, or remove it"
+                    .into(),
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Warnings for the metric options, which change only envoyproxy/ratelimit's
+    /// statistics.
+    fn metric_notes(&mut self, line: u64, pattern: &[Entry], descriptor: &YamlDescriptor) {
+        if descriptor.detailed_metric {
+            self.warning(line, pattern, "detailed_metric is not converted: decision metrics here carry the policy id, never a descriptor value".into());
+        }
+        if descriptor.value_to_metric {
+            self.warning(line, pattern, "value_to_metric is not converted: decision metrics here carry the policy id, never a descriptor value".into());
+        }
+        if descriptor.metadata.is_some() {
+            self.warning(line, pattern, "metadata is not converted: it has no equivalent".into());
+        }
+        if descriptor.share_threshold {
+            // envoyproxy/ratelimit refuses it without a wildcard value, and a
+            // wildcard value already stopped the import.
+            self.problem(line, pattern, "share_threshold needs a wildcard value".into());
+        }
+    }
+
+    fn rule(
+        &mut self,
+        line: u64,
+        pattern: &[Entry],
+        descriptor: &YamlDescriptor,
+        limit: &YamlRateLimit,
+    ) -> Option<Rule> {
+        let mut notes = Vec::new();
+        let unit = limit.unit.as_ref().map(|unit| (unit, Unit::parse(&unit.0)));
+        let target = if limit.unlimited {
+            if let Some((text, Some(_))) = unit {
+                let message = format!("an unlimited rate_limit sets unit {:?}", text.0);
+                self.problem(line, pattern, message);
+                return None;
+            }
+            notes.push("unlimited: answered OK".to_owned());
+            Target::Unlimited
+        } else {
+            let unit = match unit {
+                Some((_, Some(unit))) => unit,
+                Some((text, None)) => {
+                    let units: Vec<&str> = Unit::ALL.iter().map(|unit| unit.name()).collect();
+                    let message = format!(
+                        "invalid rate_limit unit {:?}: expected one of {}",
+                        text.0,
+                        units.join(", ")
+                    );
+                    self.problem(line, pattern, message);
+                    return None;
+                }
+                None => {
+                    self.problem(line, pattern, "rate_limit has no unit".into());
+                    return None;
+                }
+            };
+            let requests = match limit.requests_per_unit {
+                None | Some(0) => {
+                    self.problem(
+                        line,
+                        pattern,
+                        "requests_per_unit 0 (or unset) denies every request there, which a \
+                         policy cannot (its limit is at least 1); deny it in Envoy, or remove it"
+                            .into(),
+                    );
+                    return None;
+                }
+                Some(requests) if u64::from(requests) > MAX_COUNT => {
+                    let message = format!(
+                        "requests_per_unit {requests} is above the largest limit, {MAX_COUNT}: converted as {MAX_COUNT}"
+                    );
+                    notes.push(message.clone());
+                    self.warning(line, pattern, message);
+                    MAX_COUNT
+                }
+                Some(requests) => u64::from(requests),
+            };
+            if descriptor.shadow_mode {
+                notes.push("shadow_mode: evaluated and counted, never denies".to_owned());
+            }
+            if descriptor.quota_mode {
+                let message = "quota_mode is not converted: enforced as an ordinary limit, \
+                               so it denies even when another quota descriptor passes"
+                    .to_owned();
+                notes.push(message.clone());
+                self.warning(line, pattern, message);
+            }
+            Target::Limit { requests, unit, shadow: descriptor.shadow_mode }
+        };
+        let name = limit.name.as_ref().map(|name| name.0.as_str()).filter(|name| !name.is_empty());
+        if let Some(name) = name {
+            notes.push(format!("rate_limit name {name:?}: a status here names the policy id"));
+        }
+        if !limit.replaces.is_empty() {
+            let mut replaced = Vec::new();
+            for replaces in &limit.replaces {
+                match replaces.name.as_ref().map(|name| name.0.as_str()) {
+                    None | Some("") => {
+                        self.problem(line, pattern, "a replaces entry has no name".into());
+                        return None;
+                    }
+                    Some(own) if Some(own) == name => {
+                        self.problem(line, pattern, format!("replaces its own name {own:?}"));
+                        return None;
+                    }
+                    Some(other) => replaced.push(format!("{other:?}")),
+                }
+            }
+            let message = format!(
+                "replaces [{}] is not converted: where both match, both limits apply",
+                replaced.join(", ")
+            );
+            notes.push(message.clone());
+            self.warning(line, pattern, message);
+        }
+        Some(Rule { domain: self.domain.to_owned(), pattern: pattern.to_vec(), target, notes })
+    }
+
+    fn problem(&mut self, line: u64, pattern: &[Entry], message: String) {
+        let at = self.at(pattern);
+        self.converter.problem(self.file, line, format!("{at}{message}"));
+    }
+
+    fn warning(&mut self, line: u64, pattern: &[Entry], message: String) {
+        let at = self.at(pattern);
+        self.converter.warning(self.file, line, format!("{at}{message}"));
+    }
+
+    /// `domain > entry > entry: ` for a message.
+    fn at(&self, pattern: &[Entry]) -> String {
+        let mut at = self.domain.to_owned();
+        for entry in pattern {
+            let _ = write!(at, " > {entry}");
+        }
+        at + ": "
+    }
+}
+
+/// A descriptor's value; an empty one is no value, as there.
+fn entry_value(descriptor: &YamlDescriptor) -> Option<&str> {
+    descriptor.value.as_ref().map(|value| value.0.as_str()).filter(|value| !value.is_empty())
+}
+
+/// The `unlimited` rules that keep a request whose entry at `position` is
+/// `fixed` from falling through to the bare key's limits: one for each
+/// limited pattern of the bare key's subtree that no rule of the fixed
+/// value's subtree already covers.
+fn stops_fallback(
+    fixed: &Entry,
+    position: usize,
+    fixed_rules: &[Rule],
+    bare_rules: &[Rule],
+) -> Vec<Rule> {
+    let mut stops: Vec<Rule> = Vec::new();
+    for bare in bare_rules {
+        if matches!(bare.target, Target::Unlimited) {
+            // Falling through to it answers OK, as envoyproxy/ratelimit does.
+            continue;
+        }
+        let mut pattern = bare.pattern.clone();
+        pattern[position] = fixed.clone();
+        if fixed_rules.iter().chain(&stops).any(|rule| rule.covers(&pattern)) {
+            continue;
+        }
+        let note = format!(
+            "envoyproxy/ratelimit answers OK here: after {fixed} it looks only under that \
+             value, never under the bare {:?}",
+            fixed.key
+        );
+        stops.push(Rule {
+            domain: bare.domain.clone(),
+            pattern,
+            target: Target::Unlimited,
+            notes: vec![note],
+        });
+    }
+    stops
+}
+
+/// envoyproxy/ratelimit's key for a descriptor (`domain.key_value.key`)
+/// and a hash of the exact path, length-framed so no two paths share it.
+fn id_parts(domain: &str, pattern: &[Entry]) -> (String, [u8; 4]) {
+    let mut key = domain.to_owned();
+    let mut hash = Sha256::new();
+    let mut frame = |part: &str| {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    };
+    frame(domain);
+    for entry in pattern {
+        key.push('.');
+        key.push_str(&entry.key);
+        frame(&entry.key);
+        match &entry.value {
+            Some(value) => {
+                key.push('_');
+                key.push_str(value);
+                frame("=");
+                frame(value);
+            }
+            None => frame(""),
+        }
+    }
+    let digest = hash.finalize();
+    (key, [digest[0], digest[1], digest[2], digest[3]])
+}
+
+/// `key` in a policy id's characters: ASCII lower case, `.`, `_`, `-`.
+fn sanitized(key: &str) -> String {
+    key.chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
+            'A'..='Z' => c.to_ascii_lowercase(),
+            _ => '-',
+        })
+        .collect()
+}
+
+fn policy_id(key: &str, hash: [u8; 4], hashed: bool) -> String {
+    let clean = sanitized(key);
+    if !hashed {
+        return clean;
+    }
+    // 55 characters, '-', 8 hex digits: 64, the longest id.
+    let prefix: String = clean.chars().take(55).collect();
+    format!("{prefix}-{}", hex::encode(hash))
+}
+
+// ---------------------------------------------------------------------------
+// The TOML.
+
+/// The shared policy of the unlimited rules that must stay: shadow, so it
+/// never denies and is never shown. An `unlimited = true` rule key, answered
+/// without a provider call, is proposed to the gRPC adapter; until then this
+/// costs one.
+const UNLIMITED_POLICY: &str = "unlimited";
+
+fn render(
+    files: &[&str],
+    rules: &[Rule],
+    ids: &[Option<String>],
+    needless: &[Rule],
+    warnings: &[String],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "# Converted by `ca-skeleton import envoy-ratelimit` from {}.",
+        comment(&files.join(", "))
+    );
+    out.push_str(concat!(
+        "# Each rate_limit is a fixed-window policy of its own (windows aligned to\n",
+        "# the epoch, as there; a month is 30 days and a year 365 days, as\n",
+        "# envoyproxy/ratelimit counts them) and a rule whose descriptor is the\n",
+        "# path of keys, `key=value` where a value fixes the entry. A descriptor\n",
+        "# matches the first rule with its keys and values: the order below is\n",
+        "# envoyproxy/ratelimit's precedence, a fixed value before the bare key.\n",
+    ));
+    if warnings.is_empty() {
+        out.push_str("# Everything was converted.\n");
+    } else {
+        out.push_str("#\n# Not converted (also printed as warnings):\n");
+        for warning in warnings {
+            let _ = writeln!(out, "# - {}", comment(warning));
+        }
+    }
+    out.push_str(concat!(
+        "\n[envoy-rls]\n",
+        "# The gRPC listener is off until `listen` is set, e.g.\n",
+        "# listen = \"127.0.0.1:8081\"\n",
+    ));
+
+    for (rule, id) in rules.iter().zip(ids) {
+        out.push('\n');
+        let _ = writeln!(out, "# {}", comment(&describe(rule)));
+        for note in &rule.notes {
+            let _ = writeln!(out, "# {}", comment(note));
+        }
+        out.push_str("[[envoy-rls.rules]]\n");
+        let _ = writeln!(out, "domain = {}", toml_string(&rule.domain));
+        let entries: Vec<String> =
+            rule.pattern.iter().map(|entry| toml_string(&entry.to_string())).collect();
+        let _ = writeln!(out, "descriptor = [{}]", entries.join(", "));
+        let id = match (&rule.target, id) {
+            (Target::Limit { .. }, Some(id)) => id.as_str(),
+            (Target::Unlimited, _) | (Target::Limit { .. }, None) => UNLIMITED_POLICY,
+        };
+        let _ = writeln!(out, "policies = {}", toml_string(id));
+    }
+    if !needless.is_empty() {
+        out.push_str(concat!(
+            "\n# Unlimited there, and no rule here: a descriptor that matches no rule is\n",
+            "# answered OK without a provider call.\n",
+        ));
+        for rule in needless {
+            let _ = writeln!(out, "# - {}", comment(&describe(rule)));
+        }
+    }
+
+    for (rule, id) in rules.iter().zip(ids) {
+        let (Target::Limit { requests, unit, shadow }, Some(id)) = (&rule.target, id) else {
+            continue;
+        };
+        out.push('\n');
+        let _ = writeln!(out, "# {}", comment(&describe(rule)));
+        let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(id));
+        out.push_str("algorithm = \"fixed-window\"\n");
+        let _ = writeln!(out, "limit = {requests}");
+        let window = format!("window = {}", toml_string(unit.window()));
+        let _ = match unit {
+            Unit::Month => {
+                writeln!(out, "{window:<36}# month: 30 days, as envoyproxy/ratelimit counts it")
+            }
+            Unit::Year => {
+                writeln!(out, "{window:<36}# year: 365 days, as envoyproxy/ratelimit counts it")
+            }
+            Unit::Second | Unit::Minute | Unit::Hour | Unit::Day | Unit::Week => {
+                writeln!(out, "{window:<36}# {}", unit.name())
+            }
+        };
+        if *shadow {
+            out.push_str("mode = \"shadow\"                     # shadow_mode\n");
+        }
+    }
+
+    if rules.iter().any(|rule| matches!(rule.target, Target::Unlimited)) {
+        out.push_str(concat!(
+            "\n# The unlimited rules that keep a limit below from applying: a shadow\n",
+            "# policy never denies and is never shown, so they are answered OK (at\n",
+            "# the cost of a provider call; the limit is out of reach).\n",
+        ));
+        let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(UNLIMITED_POLICY));
+        let _ = writeln!(
+            out,
+            "algorithm = \"fixed-window\"\nlimit = {MAX_COUNT}\nwindow = \"1s\"\nmode = \"shadow\""
+        );
+    }
+
+    out.push_str(concat!(
+        "\n# The HTTP edge's built-in policy, restated: a policies table replaces the\n",
+        "# built-in one. Drop it when merging into a configuration with its own\n",
+        "# default-policy.\n",
+    ));
+    let _ = writeln!(
+        out,
+        "[capabilities.rate-limit.policies.{}]",
+        toml_key(adapter_web::DEFAULT_POLICY)
+    );
+    out.push_str(&policy_body(&crate::config::demo_policy()));
+    out
+}
+
+/// The algorithm keys of a policy, without the keys left at their default.
+fn policy_body(policy: &RateLimitPolicy) -> String {
+    let algorithm = policy.algorithm();
+    let mut body =
+        format!("{} = {}\n", PolicyField::Algorithm.key(), toml_string(algorithm.name()));
+    let duration = |period| humantime_serde::re::humantime::format_duration(period).to_string();
+    let mut key = |field: PolicyField, value: String| {
+        let _ = writeln!(body, "{} = {value}", field.key());
+    };
+    match *algorithm {
+        Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
+            key(PolicyField::Limit, limit.to_string());
+            key(PolicyField::Window, toml_string(&duration(window)));
+        }
+        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
+            key(PolicyField::Capacity, capacity.to_string());
+            key(PolicyField::RefillTokens, refill_tokens.to_string());
+            key(PolicyField::RefillPeriod, toml_string(&duration(refill_period)));
+        }
+        Algorithm::Gcra { limit, period, burst } => {
+            key(PolicyField::Limit, limit.to_string());
+            key(PolicyField::Period, toml_string(&duration(period)));
+            key(PolicyField::Burst, burst.to_string());
+        }
+    }
+    body
+}
+
+/// "domain: key=value > key — 5 per day" for a comment.
+fn describe(rule: &Rule) -> String {
+    let path: Vec<String> = rule.pattern.iter().map(Entry::to_string).collect();
+    let what = match rule.target {
+        Target::Limit { requests, unit, .. } => format!("{requests} per {}", unit.name()),
+        Target::Unlimited => "unlimited".to_owned(),
+    };
+    format!("{}: {}: {what}", rule.domain, path.join(" > "))
+}
+
+/// `text` safe on one comment line: a control character (a newline in a
+/// descriptor value, say) is escaped, so no value ends the comment and
+/// starts a line of TOML.
+fn comment(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escape = c.is_control() && c != '\t';
+            let (plain, escaped) =
+                if escape { (None, Some(c.escape_default())) } else { (Some(c), None) };
+            plain.into_iter().chain(escaped.into_iter().flatten())
+        })
+        .collect()
+}
+
+/// A TOML basic string, escaped by the toml crate.
+fn toml_string(text: &str) -> String {
+    toml::Value::String(text.to_owned()).to_string()
+}
+
+/// A bare key where TOML allows one, else a quoted one.
+fn toml_key(key: &str) -> String {
+    let bare =
+        !key.is_empty() && key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if bare { key.to_owned() } else { toml_string(key) }
+}
+
+#[cfg(test)]
+mod tests;

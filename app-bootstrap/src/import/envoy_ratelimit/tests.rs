@@ -1,0 +1,985 @@
+//! The converter on configurations shaped like the examples of
+//! envoyproxy/ratelimit's README (written here), with the TOML expected
+//! from the mapping rules of issue 19.
+
+use std::path::PathBuf;
+
+use figment::Jail;
+
+use super::*;
+use crate::config::{AppConfig, ConfigSources};
+
+fn import(text: &str) -> Imported {
+    match convert(&[Source { name: "rl.yaml", text }]) {
+        Ok(imported) => imported,
+        Err(error) => panic!("expected an import, got {error}"),
+    }
+}
+
+/// The problems of a refused import.
+fn refused(text: &str) -> Vec<String> {
+    match convert(&[Source { name: "rl.yaml", text }]) {
+        Ok(imported) => panic!("expected problems, got\n{}", imported.toml),
+        Err(BootstrapError::Import { problems }) => problems,
+        Err(other) => panic!("expected an import error, got {other}"),
+    }
+}
+
+/// One `[[envoy-rls.rules]]` entry as the output spells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Out {
+    domain: String,
+    descriptor: Vec<String>,
+    /// The policy id, or `None` for the shared shadow policy of the
+    /// unlimited rules.
+    policy: Option<String>,
+}
+
+fn rule(domain: &str, descriptor: &[&str], policy: Option<&str>) -> Out {
+    Out {
+        domain: domain.to_owned(),
+        descriptor: descriptor.iter().map(|entry| (*entry).to_owned()).collect(),
+        policy: policy.map(str::to_owned),
+    }
+}
+
+/// The output read back as TOML: its rules, in order, and its policies.
+fn parsed(imported: &Imported) -> (Vec<Out>, toml::Table) {
+    let table: toml::Table = toml::from_str(&imported.toml)
+        .unwrap_or_else(|error| panic!("not TOML: {error}\n{}", imported.toml));
+    let rules = table["envoy-rls"]
+        .get("rules")
+        .and_then(toml::Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let rules = rules
+        .iter()
+        .map(|rule| {
+            let policy = rule["policies"].as_str().unwrap();
+            let policy = (policy != "unlimited").then(|| policy.to_owned());
+            Out {
+                domain: rule["domain"].as_str().unwrap().to_owned(),
+                descriptor: rule["descriptor"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|entry| entry.as_str().unwrap().to_owned())
+                    .collect(),
+                policy,
+            }
+        })
+        .collect();
+    let policies = table["capabilities"]["rate-limit"]["policies"].as_table().unwrap().clone();
+    (rules, policies)
+}
+
+/// `(algorithm, limit, window, mode)` of one policy.
+fn policy(policies: &toml::Table, id: &str) -> (String, i64, String, Option<String>) {
+    let policy = policies.get(id).unwrap_or_else(|| panic!("no policy {id:?} in {policies:?}"));
+    (
+        policy["algorithm"].as_str().unwrap().to_owned(),
+        policy["limit"].as_integer().unwrap(),
+        policy["window"].as_str().unwrap().to_owned(),
+        policy.get("mode").and_then(toml::Value::as_str).map(str::to_owned),
+    )
+}
+
+fn fixed(limit: i64, window: &str) -> (String, i64, String, Option<String>) {
+    ("fixed-window".to_owned(), limit, window.to_owned(), None)
+}
+
+/// What the first matching rule answers for a request descriptor, as the
+/// rules section of issue 19 matches: same keys in the same order, equal
+/// fixed values. `None`: no rule, not limited.
+fn first_match<'r>(rules: &'r [Out], domain: &str, request: &[(&str, &str)]) -> Option<&'r Out> {
+    rules.iter().find(|rule| {
+        rule.domain == domain
+            && rule.descriptor.len() == request.len()
+            && rule.descriptor.iter().zip(request).all(|(entry, (key, value))| {
+                match entry.split_once('=') {
+                    Some((fixed_key, fixed_value)) => fixed_key == *key && fixed_value == *value,
+                    None => entry == key,
+                }
+            })
+    })
+}
+
+const HEADER: &str = "\
+# Each rate_limit is a fixed-window policy of its own (windows aligned to
+# the epoch, as there; a month is 30 days and a year 365 days, as
+# envoyproxy/ratelimit counts them) and a rule whose descriptor is the
+# path of keys, `key=value` where a value fixes the entry. A descriptor
+# matches the first rule with its keys and values: the order below is
+# envoyproxy/ratelimit's precedence, a fixed value before the bare key.
+";
+
+const DEFAULT_POLICY: &str = "
+# The HTTP edge's built-in policy, restated: a policies table replaces the
+# built-in one. Drop it when merging into a configuration with its own
+# default-policy.
+[capabilities.rate-limit.policies.default]
+algorithm = \"fixed-window\"
+limit = 5
+window = \"1m\"
+";
+
+/// README example 2's shape: a limit nested under a fixed value, and a
+/// bare key at the top.
+const TEXTS: &str = "\
+# A promotion may text a number 3 times a day; anything, 40 times.
+domain: sms
+descriptors:
+  - key: campaign
+    value: promo
+    descriptors:
+      - key: phone
+        rate_limit:
+          unit: day
+          requests_per_unit: 3
+  - key: phone
+    rate_limit:
+      unit: day
+      requests_per_unit: 40
+";
+
+#[test]
+fn nested_descriptors_become_paths_of_keys_each_with_its_policy() {
+    let imported = import(TEXTS);
+    let expected = format!(
+        "# Converted by `ca-skeleton import envoy-ratelimit` from rl.yaml.
+{HEADER}# Everything was converted.
+
+[envoy-rls]
+# The gRPC listener is off until `listen` is set, e.g.
+# listen = \"127.0.0.1:8081\"
+
+# sms: campaign=promo > phone: 3 per day
+[[envoy-rls.rules]]
+domain = \"sms\"
+descriptor = [\"campaign=promo\", \"phone\"]
+policies = \"sms.campaign_promo.phone\"
+
+# sms: phone: 40 per day
+[[envoy-rls.rules]]
+domain = \"sms\"
+descriptor = [\"phone\"]
+policies = \"sms.phone\"
+
+# sms: campaign=promo > phone: 3 per day
+[capabilities.rate-limit.policies.\"sms.campaign_promo.phone\"]
+algorithm = \"fixed-window\"
+limit = 3
+window = \"1d\"                       # day
+
+# sms: phone: 40 per day
+[capabilities.rate-limit.policies.\"sms.phone\"]
+algorithm = \"fixed-window\"
+limit = 40
+window = \"1d\"                       # day
+{DEFAULT_POLICY}"
+    );
+    assert_eq!(imported.toml, expected);
+    assert_eq!(imported.warnings, Vec::<String>::new());
+}
+
+/// README example 1's shape: one key, two fixed values.
+#[test]
+fn fixed_values_of_one_key_are_rules_of_their_own() {
+    let imported = import(
+        "domain: db
+descriptors:
+  - key: table
+    value: orders
+    rate_limit: { unit: second, requests_per_unit: 200 }
+  - key: table
+    value: invoices
+    rate_limit: { unit: minute, requests_per_unit: 50 }
+",
+    );
+    let (rules, policies) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [
+            rule("db", &["table=orders"], Some("db.table_orders")),
+            rule("db", &["table=invoices"], Some("db.table_invoices")),
+        ]
+    );
+    assert_eq!(policy(&policies, "db.table_orders"), fixed(200, "1s"));
+    assert_eq!(policy(&policies, "db.table_invoices"), fixed(50, "1m"));
+}
+
+/// README example 3's shape with a limit that can be expressed: the
+/// fixed value is tried before the bare key, whichever the file lists first.
+#[test]
+fn a_fixed_value_comes_before_its_bare_key_whatever_the_file_order() {
+    let imported = import(
+        "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: second, requests_per_unit: 10 }
+  - key: remote_address
+    value: 192.0.2.7
+    rate_limit: { unit: second, requests_per_unit: 1 }
+",
+    );
+    let (rules, _) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [
+            rule("edge", &["remote_address=192.0.2.7"], Some("edge.remote_address_192.0.2.7")),
+            rule("edge", &["remote_address"], Some("edge.remote_address")),
+        ]
+    );
+    let chosen = |ip| first_match(&rules, "edge", &[("remote_address", ip)]).unwrap();
+    assert_eq!(chosen("192.0.2.7").policy.as_deref(), Some("edge.remote_address_192.0.2.7"));
+    assert_eq!(chosen("192.0.2.8").policy.as_deref(), Some("edge.remote_address"));
+}
+
+/// README example 3 as written there: 0 requests a second blocks an
+/// address. A policy's limit is at least 1, and leaving the rule out would
+/// let the address through at the bare key's limit, so the import stops.
+#[test]
+fn zero_requests_per_unit_stops_the_import_naming_file_line_and_path() {
+    let problems = refused(
+        "domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: second, requests_per_unit: 10 }
+  - key: remote_address
+    value: 192.0.2.7
+    rate_limit:
+      unit: second
+      requests_per_unit: 0
+",
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("rl.yaml:5: edge > remote_address=192.0.2.7: requests_per_unit 0"),
+        "{problems:?}"
+    );
+}
+
+/// README example 4's shape: a request matches a rule of its own depth
+/// only, and a placeholder level (no rate_limit) is no rule.
+#[test]
+fn a_rule_has_the_depth_of_its_descriptor() {
+    let imported = import(
+        "domain: depth
+descriptors:
+  - key: tenant
+    value: acme
+    descriptors:
+      - key: region
+        rate_limit: { unit: hour, requests_per_unit: 300 }
+",
+    );
+    let (rules, _) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [rule("depth", &["tenant=acme", "region"], Some("depth.tenant_acme.region"))]
+    );
+    assert!(first_match(&rules, "depth", &[("tenant", "acme")]).is_none());
+    assert!(first_match(&rules, "depth", &[("tenant", "acme"), ("region", "eu")]).is_some());
+}
+
+/// README example 5's shape: an unlimited descriptor that shadows no limit
+/// needs no rule, as no rule means OK without a provider call.
+#[test]
+fn unlimited_alone_needs_no_rule() {
+    let imported = import(
+        "domain: internal
+descriptors:
+  - key: directory
+    rate_limit:
+      unlimited: true
+  - key: billing
+    rate_limit: { unit: minute, requests_per_unit: 120 }
+",
+    );
+    let (rules, policies) = parsed(&imported);
+    assert_eq!(rules, [rule("internal", &["billing"], Some("internal.billing"))]);
+    assert!(imported.toml.contains(
+        "# Unlimited there, and no rule here: a descriptor that matches no rule is
+# answered OK without a provider call.
+# - internal: directory: unlimited
+"
+    ));
+    // The built-in HTTP policy and the one limited rule's.
+    assert_eq!(policies.keys().collect::<Vec<_>>(), ["default", "internal.billing"]);
+}
+
+/// An unlimited value of a limited bare key must stay a rule, or the bare
+/// key's limit would apply to it: its policy is shadow, never denying.
+#[test]
+fn unlimited_before_a_limit_it_shadows_is_a_never_denying_rule() {
+    let imported = import(
+        "domain: internal
+descriptors:
+  - key: client
+    rate_limit: { unit: minute, requests_per_unit: 120 }
+  - key: client
+    value: probe
+    rate_limit: { unlimited: true }
+",
+    );
+    let (rules, policies) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [
+            rule("internal", &["client=probe"], None),
+            rule("internal", &["client"], Some("internal.client"))
+        ]
+    );
+    assert_eq!(
+        policy(&policies, "unlimited"),
+        ("fixed-window".to_owned(), 1_000_000_000, "1s".to_owned(), Some("shadow".to_owned()))
+    );
+    assert!(imported.toml.contains(
+        "# internal: client=probe: unlimited\n# unlimited: answered OK\n[[envoy-rls.rules]]\n"
+    ));
+}
+
+/// envoyproxy/ratelimit refuses a unit beside `unlimited`; so does the import.
+#[test]
+fn an_unlimited_rate_limit_with_a_unit_is_refused() {
+    let problems = refused(
+        "domain: internal
+descriptors:
+  - key: directory
+    rate_limit: { unlimited: true, unit: second }
+",
+    );
+    assert_eq!(
+        problems,
+        ["rl.yaml:3: internal > directory: an unlimited rate_limit sets unit \"second\""]
+    );
+}
+
+/// README example 6's shape.
+#[test]
+fn shadow_mode_makes_a_shadow_policy() {
+    let imported = import(
+        "domain: auth
+descriptors:
+  - key: service
+    descriptors:
+      - key: client
+        value: mobile
+        shadow_mode: true
+        rate_limit: { unit: second, requests_per_unit: 15 }
+      - key: client
+        value: web
+        rate_limit: { unit: second, requests_per_unit: 30 }
+",
+    );
+    let (rules, policies) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [
+            rule("auth", &["service", "client=mobile"], Some("auth.service.client_mobile")),
+            rule("auth", &["service", "client=web"], Some("auth.service.client_web")),
+        ]
+    );
+    let (_, limit, window, mode) = policy(&policies, "auth.service.client_mobile");
+    assert_eq!((limit, window.as_str(), mode.as_deref()), (15, "1s", Some("shadow")));
+    assert_eq!(policy(&policies, "auth.service.client_web"), fixed(30, "1s"));
+}
+
+/// README example 7's shape: `replaces` cannot be said, so both limits
+/// apply; it is a warning and a comment, and so is the name it refers to.
+#[test]
+fn replaces_is_a_warning_and_a_comment_never_dropped() {
+    let imported = import(
+        "domain: quota
+descriptors:
+  - key: plan
+    value: basic
+    descriptors:
+      - key: account
+        value: a-17
+        rate_limit:
+          name: account_basic
+          unit: second
+          requests_per_unit: 4
+  - key: plan
+    value: pro
+    descriptors:
+      - key: account
+        value: a-17
+        rate_limit:
+          replaces:
+            - name: account_basic
+          unit: second
+          requests_per_unit: 9
+",
+    );
+    let replaces = "rl.yaml:15: quota > plan=pro > account=a-17: replaces [\"account_basic\"] \
+                    is not converted: where both match, both limits apply";
+    assert_eq!(imported.warnings, [replaces]);
+    assert!(imported.toml.contains(&format!("# - {replaces}\n")), "{}", imported.toml);
+    assert!(imported.toml.contains(
+        "# replaces [\"account_basic\"] is not converted: where both match, both limits apply\n\
+         [[envoy-rls.rules]]\ndomain = \"quota\"\ndescriptor = [\"plan=pro\", \"account=a-17\"]\n"
+    ));
+    assert!(
+        imported
+            .toml
+            .contains("# rate_limit name \"account_basic\": a status here names the policy id\n")
+    );
+    let (rules, _) = parsed(&imported);
+    assert_eq!(rules.len(), 2);
+}
+
+/// README example 8's shape, and the other metric-only keys.
+#[test]
+fn metric_options_and_metadata_are_warnings() {
+    let imported = import(
+        "domain: metrics
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: user
+    value: admin
+    value_to_metric: true
+    metadata:
+      team: core
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+",
+    );
+    assert_eq!(
+        imported.warnings,
+        [
+            "rl.yaml:3: metrics > user: detailed_metric is not converted: decision metrics \
+             here carry the policy id, never a descriptor value",
+            "rl.yaml:6: metrics > user=admin: value_to_metric is not converted: decision \
+             metrics here carry the policy id, never a descriptor value",
+            "rl.yaml:6: metrics > user=admin: metadata is not converted: it has no equivalent",
+        ]
+    );
+    let (rules, _) = parsed(&imported);
+    assert_eq!(rules.len(), 2);
+}
+
+/// README example 9's shape: a rule's value matches exactly, and dropping
+/// the wildcard would let its values through, so the import stops.
+#[test]
+fn a_wildcard_value_stops_the_import() {
+    let problems = refused(
+        "domain: paths
+descriptors:
+  - key: path
+    value: /api/*/export
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+",
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("rl.yaml:3: paths > path=/api/*/export: a wildcard value"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn every_unit_is_a_fixed_window_with_month_30_days_and_year_365() {
+    let units = ["second", "MINUTE", "Hour", "day", "week", "month", "year"];
+    let mut text = "domain: units\ndescriptors:\n".to_owned();
+    for unit in units {
+        text += &format!(
+            "  - key: k\n    value: {}\n    rate_limit: {{ unit: {unit}, requests_per_unit: 7 }}\n",
+            unit.to_lowercase()
+        );
+    }
+    let imported = import(&text);
+    let (_, policies) = parsed(&imported);
+    let windows: Vec<String> = units
+        .iter()
+        .map(|unit| policy(&policies, &format!("units.k_{}", unit.to_lowercase())).2)
+        .collect();
+    assert_eq!(windows, ["1s", "1m", "1h", "1d", "7d", "30d", "365d"]);
+    assert!(imported.toml.contains(
+        "window = \"30d\"                      # month: 30 days, as envoyproxy/ratelimit counts it\n"
+    ));
+    assert!(imported.toml.contains(
+        "window = \"365d\"                     # year: 365 days, as envoyproxy/ratelimit counts it\n"
+    ));
+}
+
+#[test]
+fn unknown_keys_are_warnings_with_their_path() {
+    let imported = import(
+        "domain: typo
+descriptors:
+  - key: user
+    shadowmode: true
+    rate_limit:
+      unit: second
+      requests_per_unit: 3
+      burst: 9
+",
+    );
+    assert_eq!(
+        imported.warnings,
+        [
+            "rl.yaml: descriptors.0.shadowmode: unknown key, ignored (envoyproxy/ratelimit refuses it too)",
+            "rl.yaml: descriptors.0.rate_limit.burst: unknown key, ignored (envoyproxy/ratelimit refuses it too)",
+        ]
+    );
+    let (_, policies) = parsed(&imported);
+    assert_eq!(policy(&policies, "typo.user"), fixed(3, "1s"));
+}
+
+#[test]
+fn bad_yaml_names_its_line() {
+    let problems = refused(
+        "domain: broken
+descriptors:
+  - key: user
+      value: deeper
+",
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].starts_with("rl.yaml: "), "{problems:?}");
+    assert!(problems[0].contains("line 4"), "{problems:?}");
+}
+
+#[test]
+fn a_mistyped_value_names_its_line_and_column() {
+    let problems = refused(
+        "domain: typed
+descriptors:
+  - key: user
+    rate_limit:
+      unit: second
+      requests_per_unit: lots
+",
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(problems[0].contains("line 6, column 26"), "{problems:?}");
+}
+
+#[test]
+fn every_problem_of_every_file_is_reported_at_once() {
+    let first = "domain: many
+descriptors:
+  - key: a
+    rate_limit: { unit: fortnight, requests_per_unit: 1 }
+  - key: b
+    rate_limit: { requests_per_unit: 1 }
+  - value: orphan
+  - key: c
+    value: x
+  - key: c
+    value: x
+";
+    let second = "descriptors: []\n";
+    let third = "domain: many\n";
+    let result = convert(&[
+        Source { name: "one.yaml", text: first },
+        Source { name: "two.yaml", text: second },
+        Source { name: "three.yaml", text: third },
+    ]);
+    let Err(BootstrapError::Import { problems }) = result else {
+        panic!("expected problems, got {result:?}");
+    };
+    assert_eq!(
+        problems,
+        [
+            "one.yaml:3: many > a: invalid rate_limit unit \"fortnight\": expected one of second, \
+             minute, hour, day, week, month, year",
+            "one.yaml:5: many > b: rate_limit has no unit",
+            "one.yaml:7: many: a descriptor has no key",
+            "one.yaml:10: many: descriptor c=x is repeated (first at line 8)",
+            "two.yaml:1: no domain: the file sets no `domain`",
+            "three.yaml:1: domain \"many\" is already defined in one.yaml",
+        ]
+    );
+}
+
+/// After a fixed value matched, envoyproxy/ratelimit looks for the next
+/// entries under that value only: `tier=gold` with a `route` entry finds
+/// nothing under gold and is not limited, though the bare `tier` has a
+/// `route` limit. The first-match rules say the same with `unlimited` rules.
+#[test]
+fn a_fixed_value_never_falls_back_to_the_bare_keys_limits() {
+    let imported = import(
+        "domain: shop
+descriptors:
+  - key: tier
+    value: gold
+    descriptors:
+      - key: user
+        rate_limit: { unit: minute, requests_per_unit: 100 }
+  - key: tier
+    rate_limit: { unit: hour, requests_per_unit: 1000 }
+    descriptors:
+      - key: user
+        rate_limit: { unit: minute, requests_per_unit: 10 }
+      - key: route
+        rate_limit: { unit: second, requests_per_unit: 5 }
+",
+    );
+    let (rules, _) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [
+            rule("shop", &["tier=gold", "user"], Some("shop.tier_gold.user")),
+            rule("shop", &["tier=gold"], None),
+            rule("shop", &["tier=gold", "route"], None),
+            rule("shop", &["tier"], Some("shop.tier")),
+            rule("shop", &["tier", "user"], Some("shop.tier.user")),
+            rule("shop", &["tier", "route"], Some("shop.tier.route")),
+        ]
+    );
+    // What envoyproxy/ratelimit answers for each, from its README's
+    // matching rules: the policy, or None for OK.
+    type Request<'a> = &'a [(&'a str, &'a str)];
+    let cases: [(Request<'_>, Option<&str>); 6] = [
+        (&[("tier", "gold"), ("user", "u1")], Some("shop.tier_gold.user")),
+        (&[("tier", "gold"), ("route", "/cart")], None),
+        (&[("tier", "gold")], None),
+        (&[("tier", "silver"), ("route", "/cart")], Some("shop.tier.route")),
+        (&[("tier", "silver"), ("user", "u1")], Some("shop.tier.user")),
+        (&[("tier", "silver")], Some("shop.tier")),
+    ];
+    for (request, expected) in cases {
+        let answer = first_match(&rules, "shop", request).and_then(|rule| rule.policy.as_deref());
+        assert_eq!(answer, expected, "{request:?}");
+    }
+    assert!(imported.toml.contains(
+        "# envoyproxy/ratelimit answers OK here: after tier=gold it looks only under that \
+         value, never under the bare \"tier\"\n"
+    ));
+}
+
+/// README's whitelisting: a fixed value with neither a limit nor children
+/// is matched and not limited, so its bare key's limit never applies to it.
+#[test]
+fn a_bare_placeholder_value_is_not_limited_by_its_bare_key() {
+    let imported = import(
+        "domain: allow
+descriptors:
+  - key: client
+    value: monitoring
+  - key: client
+    rate_limit: { unit: second, requests_per_unit: 2 }
+",
+    );
+    let (rules, _) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [
+            rule("allow", &["client=monitoring"], None),
+            rule("allow", &["client"], Some("allow.client"))
+        ]
+    );
+}
+
+#[test]
+fn policy_ids_are_valid_unique_and_deterministic() {
+    let long = "v".repeat(80);
+    let text = format!(
+        "domain: Ids
+descriptors:
+  - key: a
+    value: b
+    rate_limit: {{ unit: second, requests_per_unit: 1 }}
+  - key: a_b
+    rate_limit: {{ unit: second, requests_per_unit: 2 }}
+  - key: path
+    value: /Cart?x=1
+    rate_limit: {{ unit: second, requests_per_unit: 3 }}
+  - key: long
+    value: {long}
+    rate_limit: {{ unit: second, requests_per_unit: 4 }}
+"
+    );
+    let imported = import(&text);
+    let (rules, policies) = parsed(&imported);
+    let ids: Vec<String> = rules.iter().map(|rule| rule.policy.clone().unwrap()).collect();
+    for id in &ids {
+        assert!(shared_contract::PolicyId::new(id.as_str()).is_ok(), "{id:?}");
+        assert!(policies.contains_key(id), "{id:?}");
+    }
+    let mut unique = ids.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(unique.len(), 4, "{ids:?}");
+    // `Ids.a_b` twice (key a value b, key a_b) and lossy or long keys: a
+    // readable prefix and 8 hex digits.
+    let hashed = |id: &str, prefix: &str| {
+        id.len() == prefix.len() + 9
+            && id.starts_with(prefix)
+            && id.as_bytes()[prefix.len()] == b'-'
+            && id[prefix.len() + 1..].bytes().all(|b| b.is_ascii_hexdigit())
+    };
+    assert!(hashed(&ids[0], "ids.a_b"), "{ids:?}");
+    assert!(hashed(&ids[1], "ids.a_b"), "{ids:?}");
+    assert!(hashed(&ids[2], "ids.path_-cart-x-1"), "{ids:?}");
+    assert!(hashed(&ids[3], &format!("ids.long_{}", "v".repeat(46))), "{ids:?}");
+    assert_eq!(import(&text), imported, "the same input gives the same output");
+}
+
+#[test]
+fn a_limit_above_the_largest_is_lowered_to_it_with_a_warning() {
+    let imported = import(
+        "domain: big
+descriptors:
+  - key: k
+    rate_limit: { unit: second, requests_per_unit: 4000000000 }
+",
+    );
+    assert_eq!(
+        imported.warnings,
+        ["rl.yaml:3: big > k: requests_per_unit 4000000000 is above the largest limit, \
+          1000000000: converted as 1000000000"]
+    );
+    let (_, policies) = parsed(&imported);
+    assert_eq!(policy(&policies, "big.k"), fixed(1_000_000_000, "1s"));
+}
+
+#[test]
+fn quota_mode_is_enforced_with_a_warning() {
+    let imported = import(
+        "domain: q
+descriptors:
+  - key: k
+    quota_mode: true
+    rate_limit: { unit: hour, requests_per_unit: 8 }
+",
+    );
+    assert_eq!(imported.warnings.len(), 1, "{:?}", imported.warnings);
+    assert!(imported.warnings[0].starts_with("rl.yaml:3: q > k: quota_mode is not converted"));
+    let (_, policies) = parsed(&imported);
+    assert_eq!(policy(&policies, "q.k"), fixed(8, "1h"));
+}
+
+/// The printed TOML loads as it is, rules and policies.
+#[test]
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+fn the_printed_toml_loads_as_configuration() {
+    let imported = import(TEXTS);
+    Jail::expect_with(|jail| {
+        jail.create_file("app.toml", &imported.toml)?;
+        let config = AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
+            .unwrap_or_else(|error| panic!("{error}\n{}", imported.toml));
+        let policies = &config.capabilities.rate_limit.policies;
+        assert_eq!(
+            policies.keys().collect::<Vec<_>>(),
+            ["default", "sms.campaign_promo.phone", "sms.phone"]
+        );
+        assert_eq!(
+            policies["sms.phone"].algorithm(),
+            &Algorithm::FixedWindow { limit: 40, window: std::time::Duration::from_secs(86_400) }
+        );
+        let rules: Vec<(&str, &[String], &[String])> = config
+            .envoy_rls
+            .rules
+            .iter()
+            .map(|rule| {
+                (rule.domain.as_str(), rule.descriptor.as_slice(), rule.policies.as_slice())
+            })
+            .collect();
+        assert_eq!(
+            rules,
+            [
+                (
+                    "sms",
+                    &["campaign=promo".to_owned(), "phone".to_owned()][..],
+                    &["sms.campaign_promo.phone".to_owned()][..]
+                ),
+                ("sms", &["phone".to_owned()][..], &["sms.phone".to_owned()][..]),
+            ]
+        );
+        assert_eq!(config.envoy_rls.listen, None);
+        Ok(())
+    });
+}
+
+/// A value that holds a line break cannot end a comment and start a line
+/// of TOML: the comments escape it, the strings keep it.
+#[test]
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+fn a_line_break_in_a_value_stays_inside_its_comment_and_string() {
+    let imported = import(
+        "domain: inject
+descriptors:
+  - key: k
+    value: \"x\\n[server]\\nlisten = 1\"
+    rate_limit: { unit: second, requests_per_unit: 1 }
+",
+    );
+    assert!(imported.toml.contains("# inject: k=x\\n[server]\\nlisten = 1: 1 per second\n"));
+    let (rules, _) = parsed(&imported);
+    assert_eq!(rules[0].descriptor, ["k=x\n[server]\nlisten = 1"]);
+    Jail::expect_with(|jail| {
+        jail.create_file("app.toml", &imported.toml)?;
+        let config = AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
+            .unwrap_or_else(|error| panic!("{error}\n{}", imported.toml));
+        assert_eq!(config.envoy_rls.rules.len(), 1);
+        Ok(())
+    });
+}
+
+#[test]
+fn a_key_twice_in_one_path_is_refused() {
+    let problems = refused(
+        "domain: twice
+descriptors:
+  - key: header
+    descriptors:
+      - key: header
+        rate_limit: { unit: second, requests_per_unit: 1 }
+",
+    );
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].starts_with("rl.yaml:5: twice > header > header: key \"header\" appears twice")
+    );
+}
+
+/// Random descriptor trees: for every request descriptor, the first rule
+/// that matches gives what envoyproxy/ratelimit's lookup gives (its
+/// `GetLimit`: per entry the `key_value` node, else the bare `key` node,
+/// never back up; a limit only at the request's last entry).
+mod matches_envoy {
+    use proptest::prelude::*;
+
+    use super::{first_match, import, parsed};
+
+    #[derive(Debug, Clone, Copy)]
+    enum Limit {
+        Requests(u32),
+        Unlimited,
+    }
+
+    #[derive(Debug, Clone)]
+    struct Node {
+        key: String,
+        value: Option<String>,
+        limit: Option<Limit>,
+        children: Vec<Node>,
+    }
+
+    impl Node {
+        fn entry(&self) -> String {
+            match &self.value {
+                Some(value) => format!("{}={value}", self.key),
+                None => self.key.clone(),
+            }
+        }
+    }
+
+    /// Keys `k<depth><i>`, so no key repeats along a path; values `v0`, `v1`
+    /// (requests also send `v2`, which no descriptor names).
+    fn level(depth: usize) -> BoxedStrategy<Vec<Node>> {
+        let limit = prop_oneof![
+            1 => Just(None),
+            3 => (1u32..9).prop_map(|n| Some(Limit::Requests(n))),
+            1 => Just(Some(Limit::Unlimited)),
+        ];
+        let children = if depth < 2 { level(depth + 1) } else { Just(Vec::new()).boxed() };
+        let node = (0..2usize, prop::option::of(0..2usize), limit, children).prop_map(
+            move |(key, value, limit, children)| Node {
+                key: format!("k{depth}{key}"),
+                value: value.map(|value| format!("v{value}")),
+                limit,
+                children,
+            },
+        );
+        prop::collection::vec(node, 0..4)
+            .prop_map(|mut nodes| {
+                let mut seen = Vec::new();
+                nodes.retain(|node| {
+                    let id = (node.key.clone(), node.value.clone());
+                    let fresh = !seen.contains(&id);
+                    seen.push(id);
+                    fresh
+                });
+                nodes
+            })
+            .boxed()
+    }
+
+    fn yaml(nodes: &[Node], indent: usize, out: &mut String) {
+        let pad = " ".repeat(indent);
+        for node in nodes {
+            out.push_str(&format!("{pad}- key: {}\n", node.key));
+            if let Some(value) = &node.value {
+                out.push_str(&format!("{pad}  value: {value}\n"));
+            }
+            match node.limit {
+                Some(Limit::Requests(n)) => out.push_str(&format!(
+                    "{pad}  rate_limit: {{ unit: second, requests_per_unit: {n} }}\n"
+                )),
+                Some(Limit::Unlimited) => {
+                    out.push_str(&format!("{pad}  rate_limit: {{ unlimited: true }}\n"));
+                }
+                None => {}
+            }
+            if !node.children.is_empty() {
+                out.push_str(&format!("{pad}  descriptors:\n"));
+                yaml(&node.children, indent + 4, out);
+            }
+        }
+    }
+
+    /// envoyproxy/ratelimit's answer: the path of the limiting descriptor,
+    /// or `None` for OK (no match, no limit, or unlimited).
+    fn envoy(mut level: &[Node], request: &[(String, String)]) -> Option<Vec<String>> {
+        let mut path = Vec::new();
+        for (at, (key, value)) in request.iter().enumerate() {
+            let node = level
+                .iter()
+                .find(|node| node.key == *key && node.value.as_ref() == Some(value))
+                .or_else(|| level.iter().find(|node| node.key == *key && node.value.is_none()))?;
+            path.push(node.entry());
+            if at == request.len() - 1 {
+                return matches!(node.limit, Some(Limit::Requests(_))).then_some(path);
+            }
+            if node.children.is_empty() {
+                return None;
+            }
+            level = &node.children;
+        }
+        None
+    }
+
+    /// Every request of 1 to 3 entries over the keys and values above.
+    fn requests() -> Vec<Vec<(String, String)>> {
+        let mut all: Vec<Vec<(String, String)>> = vec![Vec::new()];
+        let mut out = Vec::new();
+        for depth in 0..3 {
+            let mut next = Vec::new();
+            for request in &all {
+                for key in 0..2 {
+                    for value in 0..3 {
+                        let mut longer = request.clone();
+                        longer.push((format!("k{depth}{key}"), format!("v{value}")));
+                        next.push(longer);
+                    }
+                }
+            }
+            out.extend(next.iter().cloned());
+            all = next;
+        }
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn the_first_matching_rule_answers_as_envoyproxy_ratelimit(tree in level(0)) {
+            let mut text = "domain: p\ndescriptors:\n".to_owned();
+            yaml(&tree, 2, &mut text);
+            let (rules, _) = parsed(&import(&text));
+            for request in requests() {
+                let pairs: Vec<(&str, &str)> =
+                    request.iter().map(|(key, value)| (key.as_str(), value.as_str())).collect();
+                let ours = first_match(&rules, "p", &pairs)
+                    .filter(|rule| rule.policy.is_some())
+                    .map(|rule| rule.descriptor.clone());
+                prop_assert_eq!(ours, envoy(&tree, &request), "request {:?}\n{}", request, text);
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! `ca-skeleton import envoy-ratelimit` as a user runs it: configurations
+//! shaped like those of envoyproxy/ratelimit's README (written here) turn
+//! into TOML that `ca-skeleton check-config` accepts as it is; what cannot
+//! be converted is a warning on stderr; bad YAML exits non-zero naming the
+//! file and line.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_ca-skeleton");
+
+fn ca_skeleton() -> Command {
+    let mut command = Command::new(BIN);
+    command.env_clear().env("RUST_LOG", "warn");
+    command
+}
+
+fn run(command: &mut Command) -> (Output, String, String) {
+    let output = command.output().expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stdout, stderr)
+}
+
+fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write the file");
+    path
+}
+
+/// Per-address limits with an exception, a nested route limit in shadow
+/// mode, an unlimited health check beside a limited bare key, and a
+/// fixed value that envoyproxy/ratelimit never lets fall back.
+const EDGE: &str = "\
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: second
+      requests_per_unit: 20
+  - key: remote_address
+    value: 198.51.100.4
+    rate_limit:
+      unit: second
+      requests_per_unit: 200
+  - key: generic_key
+    value: checkout
+    descriptors:
+      - key: remote_address
+        shadow_mode: true
+        rate_limit:
+          unit: minute
+          requests_per_unit: 30
+  - key: generic_key
+    value: health
+    rate_limit:
+      unlimited: true
+  - key: generic_key
+    rate_limit:
+      unit: hour
+      requests_per_unit: 5000
+    descriptors:
+      - key: remote_address
+        rate_limit:
+          unit: minute
+          requests_per_unit: 600
+";
+
+/// A second domain: month and year windows, a replaced limit, a metric key.
+const BILLING: &str = "\
+domain: billing
+descriptors:
+  - key: account
+    detailed_metric: true
+    rate_limit:
+      unit: month
+      requests_per_unit: 100000
+  - key: plan
+    value: free
+    descriptors:
+      - key: account
+        rate_limit:
+          name: free_yearly
+          unit: year
+          requests_per_unit: 500000
+  - key: plan
+    value: trial
+    descriptors:
+      - key: account
+        rate_limit:
+          replaces:
+            - name: free_yearly
+          unit: week
+          requests_per_unit: 700
+";
+
+#[test]
+fn the_printed_toml_passes_check_config_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = write(dir.path(), "edge.yaml", EDGE);
+    let billing = write(dir.path(), "billing.yaml", BILLING);
+    let (output, toml, stderr) =
+        run(ca_skeleton().arg("import").arg("envoy-ratelimit").arg(&edge).arg(&billing));
+    assert!(output.status.success(), "{stderr}");
+    // What cannot be converted is on stderr, one line each, with its line.
+    let warnings: Vec<&str> = stderr.lines().filter(|line| line.starts_with("warning: ")).collect();
+    assert_eq!(warnings.len(), 2, "{stderr}");
+    assert!(warnings[0].contains("billing.yaml:3: billing > account: detailed_metric"), "{stderr}");
+    assert!(
+        warnings[1].contains("billing.yaml:19: billing > plan=trial > account: replaces"),
+        "{stderr}"
+    );
+
+    let converted = write(dir.path(), "converted.toml", &toml);
+    let (output, resolved, stderr) =
+        run(ca_skeleton().arg("check-config").arg("--config").arg(&converted));
+    assert!(output.status.success(), "check-config refused the import:\n{stderr}\n{toml}");
+    assert!(stderr.contains("configuration is valid"), "{stderr}");
+
+    // check-config renders what it loaded: the rules, in envoyproxy/ratelimit's
+    // precedence, and the windows.
+    let resolved: toml::Table = toml::from_str(&resolved).unwrap();
+    let rules: Vec<(String, String)> = resolved["envoy-rls"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| {
+            let descriptor: Vec<&str> = rule["descriptor"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|entry| entry.as_str().unwrap())
+                .collect();
+            let policies = match &rule["policies"] {
+                toml::Value::String(one) => one.clone(),
+                toml::Value::Array(many) => many[0].as_str().unwrap().to_owned(),
+                other => panic!("policies {other}"),
+            };
+            (descriptor.join(" "), policies)
+        })
+        .collect();
+    let expected = [
+        ("remote_address=198.51.100.4", "edge.remote_address_198.51.100.4"),
+        ("remote_address", "edge.remote_address"),
+        ("generic_key=checkout remote_address", "edge.generic_key_checkout.remote_address"),
+        // Not under the bare generic_key's limits, as there.
+        ("generic_key=checkout", "unlimited"),
+        ("generic_key=health", "unlimited"),
+        ("generic_key=health remote_address", "unlimited"),
+        ("generic_key", "edge.generic_key"),
+        ("generic_key remote_address", "edge.generic_key.remote_address"),
+        ("account", "billing.account"),
+        ("plan=free account", "billing.plan_free.account"),
+        ("plan=trial account", "billing.plan_trial.account"),
+    ];
+    let expected: Vec<(String, String)> =
+        expected.iter().map(|(d, p)| ((*d).to_owned(), (*p).to_owned())).collect();
+    assert_eq!(rules, expected);
+    let policies = &resolved["capabilities"]["rate-limit"]["policies"];
+    let window = |id: &str| {
+        let text = policies[id]["window"].as_str().unwrap();
+        humantime_serde::re::humantime::parse_duration(text).unwrap().as_secs()
+    };
+    const DAY: u64 = 86_400;
+    assert_eq!(window("billing.account"), 30 * DAY);
+    assert_eq!(window("billing.plan_free.account"), 365 * DAY);
+    assert_eq!(window("billing.plan_trial.account"), 7 * DAY);
+    assert_eq!(window("edge.remote_address"), 1);
+    assert_eq!(
+        policies["edge.generic_key_checkout.remote_address"]["mode"].as_str(),
+        Some("shadow")
+    );
+    assert_eq!(policies["unlimited"]["mode"].as_str(), Some("shadow"));
+}
+
+#[test]
+fn bad_yaml_exits_non_zero_naming_the_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad =
+        write(dir.path(), "bad.yaml", "domain: edge\ndescriptors:\n  - key: a\n      value: b\n");
+    let (output, stdout, stderr) =
+        run(ca_skeleton().arg("import").arg("envoy-ratelimit").arg(&bad));
+    assert!(!output.status.success());
+    assert!(stdout.is_empty(), "nothing is printed: {stdout}");
+    assert!(stderr.contains("bad.yaml: ") && stderr.contains("line 4"), "{stderr}");
+}
