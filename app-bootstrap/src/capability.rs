@@ -122,14 +122,10 @@ fn degraded_port(
         .map(|policy| degraded::scaled(policy, mode.instances()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| wiring("the degraded mode", error))?;
-    let local = MemoryEdgeRateLimitAdapter::with_store(
-        mode.store().clone(),
-        local_policies,
-        Arc::clone(&clock),
-    )
-    .map_err(|error| wiring("the degraded mode", error))?
-    .with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after);
-    Ok(DegradedPort::new(redis, Arc::new(local), Arc::clone(mode), clock))
+    let local = MemoryEdgeRateLimitAdapter::with_store(mode.store().clone(), local_policies, clock)
+        .map_err(|error| wiring("the degraded mode", error))?
+        .with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after);
+    Ok(DegradedPort::new(redis, Arc::new(local), Arc::clone(mode)))
 }
 
 impl RateLimitCapability {
@@ -155,7 +151,8 @@ impl RateLimitCapability {
                         ProviderState::Redis { adapter: Arc::clone(&adapter), degraded: None };
                     return Ok(Self::Enabled { provider, port: adapter, upkeep: None, state });
                 };
-                let mode = Arc::new(DegradedMode::new(MemoryStore::new(), instances));
+                let mode =
+                    Arc::new(DegradedMode::new(MemoryStore::new(), instances, Arc::clone(&clock)));
                 let policies = config.rate_limit_policies();
                 let redis: Arc<dyn EdgeRateLimitPort> = Arc::clone(&adapter) as _;
                 let port = degraded_port(config, redis, &policies, &mode, Arc::clone(&clock))?;
