@@ -144,8 +144,9 @@ impl RateLimitCapability {
             ProviderKind::Redis => {
                 let adapter = Arc::new(redis_provider(config, Arc::clone(&clock))?);
                 let degraded = &config.capabilities.rate_limit.degraded;
-                // Validation refuses `enabled` with 0 instances.
-                let instances = NonZeroU32::new(degraded.instances).filter(|_| degraded.enabled);
+                // Validation refuses `enabled` with no or 0 instances.
+                let instances =
+                    degraded.instances.and_then(NonZeroU32::new).filter(|_| degraded.enabled);
                 let Some(instances) = instances else {
                     let state =
                         ProviderState::Redis { adapter: Arc::clone(&adapter), degraded: None };
