@@ -119,4 +119,65 @@ mod tests {
         gateway.ping(Duration::from_secs(2)).await.unwrap();
         assert_eq!(gateway.connection.generation(), 2);
     }
+
+    /// `n` pings at once, each with `timeout`; how many were not sent.
+    async fn burst(gateway: &Arc<StandaloneGateway>, n: usize, timeout: Duration) -> usize {
+        let pings: Vec<_> = (0..n)
+            .map(|_| {
+                let gateway = Arc::clone(gateway);
+                tokio::spawn(async move { gateway.ping(timeout).await })
+            })
+            .collect();
+        let mut not_sent = 0;
+        for ping in pings {
+            not_sent += usize::from(ping.await.unwrap() == Err(GatewayFailure::NotSent));
+        }
+        not_sent
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_down_redis_costs_one_connect_attempt_at_a_time_and_the_first_call_back_connects() {
+        use super::super::connection::AMBIGUOUS_FAILURES_BEFORE_RECONNECT;
+
+        let mut server = tokio::task::block_in_place(redis_fixture::RedisServer::start);
+        let gateway = Arc::new(
+            StandaloneGateway::new(&server.url(), None, None, Duration::from_millis(300)).unwrap(),
+        );
+        let attempts = || gateway.connection.connect_attempts();
+        gateway.ping(Duration::from_secs(2)).await.unwrap();
+        assert_eq!(attempts(), 1);
+
+        // Frozen (SIGSTOP): the connection goes after the run of timeouts;
+        // a connect then opens a socket the server never answers on.
+        server.pause();
+        for _ in 0..AMBIGUOUS_FAILURES_BEFORE_RECONNECT {
+            assert_eq!(
+                gateway.ping(Duration::from_millis(150)).await,
+                Err(GatewayFailure::TimedOut)
+            );
+        }
+        // A burst longer than the connect timeout: one attempt, whose
+        // waiters fail with it instead of each trying in turn.
+        assert_eq!(burst(&gateway, 32, Duration::from_secs(2)).await, 32);
+        assert_eq!(attempts(), 2, "one connect for the whole burst");
+        // Down now: the next burst starts one attempt and the others are
+        // refused while it is pending.
+        assert_eq!(burst(&gateway, 32, Duration::from_secs(2)).await, 32);
+        assert_eq!(attempts(), 3);
+        server.resume();
+        gateway.ping(Duration::from_secs(2)).await.unwrap();
+        assert_eq!(attempts(), 4, "the first call after SIGCONT connects");
+
+        // Killed: every call finds the port closed; each tries once, one at
+        // a time, and the first call after the restart connects.
+        tokio::task::block_in_place(|| server.crash());
+        assert_eq!(gateway.ping(Duration::from_secs(2)).await, Err(GatewayFailure::ConnectionLost));
+        for _ in 0..3 {
+            assert_eq!(gateway.ping(Duration::from_secs(2)).await, Err(GatewayFailure::NotSent));
+        }
+        assert_eq!(attempts(), 7);
+        tokio::task::block_in_place(|| server.restart());
+        gateway.ping(Duration::from_secs(2)).await.unwrap();
+        assert_eq!(attempts(), 8, "no back-off: the first call after the restart connects");
+    }
 }
