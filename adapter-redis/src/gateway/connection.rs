@@ -27,23 +27,10 @@
 //!
 //! Any other reply from the server, even an error reply, proves the
 //! connection works and ends the run.
-//!
-//! # While Redis cannot be reached
-//!
-//! At most one connect attempt is in flight. Callers that arrive while it
-//! is pending wait for it only while Redis has not failed a connect since
-//! it last connected (a first connect, a replacement): they share its
-//! connection. Once a connect has failed, a caller finding an attempt
-//! pending fails at once as not sent, and a caller whose awaited attempt
-//! failed does not start another: a down or frozen Redis costs one socket
-//! at a time, not one per request. Nothing waits between attempts, so the
-//! first call after Redis is back connects. The connect-failure `WARN`
-//! lines are at most one per [`CONNECT_WARN_EVERY`], each with how many
-//! were `suppressed` since the one before.
 
 use std::fmt::{self, Debug};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -56,49 +43,6 @@ use super::GatewayFailure;
 /// which a command may have run) that make the gateway replace its
 /// connection.
 pub(crate) const AMBIGUOUS_FAILURES_BEFORE_RECONNECT: u32 = 3;
-
-/// The most often a connection logs a failed connect attempt.
-pub(crate) const CONNECT_WARN_EVERY: Duration = Duration::from_secs(1);
-
-/// Lets one log line through per [`CONNECT_WARN_EVERY`] and counts the
-/// ones it holds back.
-struct Throttle {
-    origin: Instant,
-    /// Milliseconds from `origin` before which no line goes out.
-    next: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl Throttle {
-    fn new(origin: Instant) -> Self {
-        Self { origin, next: AtomicU64::new(0), suppressed: AtomicU64::new(0) }
-    }
-
-    /// `Some(lines held back since the last one)` when a line may go out
-    /// at `now`, else `None` (and the line is counted).
-    fn admit(&self, now: Instant) -> Option<u64> {
-        let at = u64::try_from(now.saturating_duration_since(self.origin).as_millis())
-            .unwrap_or(u64::MAX);
-        let next = self.next.load(Ordering::Acquire);
-        let every = u64::try_from(CONNECT_WARN_EVERY.as_millis()).unwrap_or(u64::MAX);
-        if at >= next
-            && self
-                .next
-                .compare_exchange(
-                    next,
-                    at.saturating_add(every),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
-        {
-            Some(self.suppressed.swap(0, Ordering::AcqRel))
-        } else {
-            self.suppressed.fetch_add(1, Ordering::AcqRel);
-            None
-        }
-    }
-}
 
 /// How a gateway opens its kind of connection.
 pub(crate) trait Connect: Send + Sync {
@@ -144,14 +88,6 @@ pub(crate) struct LazyConnection<C: Connect> {
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
     ambiguous_in_a_row: AtomicU32,
-    /// Connect attempts started (for tests and the rule above).
-    attempts: AtomicU64,
-    /// Connect attempts failed, ever: a waiter tells by it that the
-    /// attempt it waited for failed.
-    connect_failures: AtomicU64,
-    /// Whether the latest connect attempt failed.
-    down: AtomicBool,
-    warnings: Throttle,
 }
 
 impl<C: Connect> Debug for LazyConnection<C> {
@@ -176,17 +112,7 @@ impl<C: Connect> LazyConnection<C> {
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
             ambiguous_in_a_row: AtomicU32::new(0),
-            attempts: AtomicU64::new(0),
-            connect_failures: AtomicU64::new(0),
-            down: AtomicBool::new(false),
-            warnings: Throttle::new(Instant::now()),
         }
-    }
-
-    /// How many connect attempts were started so far.
-    #[cfg(test)]
-    pub(crate) fn connect_attempts(&self) -> u64 {
-        self.attempts.load(Ordering::Relaxed)
     }
 
     /// How many connections were opened so far.
@@ -233,23 +159,8 @@ impl<C: Connect> LazyConnection<C> {
         if let Some(cached) = self.cached() {
             return Ok(cached);
         }
-        let _turn = match self.connecting.try_lock() {
-            Ok(turn) => turn,
-            // Redis failed the last attempt: no queue behind this one.
-            Err(_) if self.down.load(Ordering::Acquire) => return Err(GatewayFailure::NotSent),
-            Err(_) => {
-                let failures = self.connect_failures.load(Ordering::Acquire);
-                let Ok(turn) = tokio::time::timeout_at(until, self.connecting.lock()).await else {
-                    return Err(GatewayFailure::NotSent);
-                };
-                // The attempt waited for failed: not another one per waiter.
-                if self.connect_failures.load(Ordering::Acquire) != failures
-                    && self.cached().is_none()
-                {
-                    return Err(GatewayFailure::NotSent);
-                }
-                turn
-            }
+        let Ok(_turn) = tokio::time::timeout_at(until, self.connecting.lock()).await else {
+            return Err(GatewayFailure::NotSent);
         };
         // Someone else may have connected while this task waited its turn.
         if let Some(cached) = self.cached() {
@@ -268,31 +179,17 @@ impl<C: Connect> LazyConnection<C> {
         // Read before: a mark that moves while connecting may be about this
         // very node, so the new connection must not outlive it.
         let mark = self.connector.mark();
-        self.attempts.fetch_add(1, Ordering::Relaxed);
-        let failed = match tokio::time::timeout_at(until, self.connector.connect()).await {
-            Ok(Ok(connection)) => {
-                if self.down.swap(false, Ordering::AcqRel) {
-                    tracing::info!(label = self.label, "redis connected again");
-                }
-                return Ok(self.install(connection, mark));
+        match tokio::time::timeout_at(until, self.connector.connect()).await {
+            Ok(Ok(connection)) => Ok(self.install(connection, mark)),
+            Ok(Err(error)) => {
+                tracing::warn!(kind = error.category(), label = self.label, "redis connect failed");
+                Err(GatewayFailure::NotSent)
             }
-            Ok(Err(error)) => Some(error),
-            Err(_) => None,
-        };
-        self.down.store(true, Ordering::Release);
-        self.connect_failures.fetch_add(1, Ordering::AcqRel);
-        if let Some(suppressed) = self.warnings.admit(Instant::now()) {
-            match failed {
-                Some(error) => tracing::warn!(
-                    kind = error.category(),
-                    label = self.label,
-                    suppressed,
-                    "redis connect failed"
-                ),
-                None => tracing::warn!(label = self.label, suppressed, "redis connect timed out"),
+            Err(_) => {
+                tracing::warn!(label = self.label, "redis connect timed out");
+                Err(GatewayFailure::NotSent)
             }
         }
-        Err(GatewayFailure::NotSent)
     }
 
     fn install(&self, connection: C::Connection, mark: u64) -> Opened<C::Connection> {
@@ -389,8 +286,6 @@ mod tests {
         connects: AtomicUsize,
         delay: Duration,
         mark: AtomicU64,
-        /// Every connect is refused (after `delay`) while set.
-        refuse: std::sync::atomic::AtomicBool,
     }
 
     impl Connect for Arc<Counting> {
@@ -400,10 +295,6 @@ mod tests {
             let counting = Arc::clone(self);
             async move {
                 tokio::time::sleep(counting.delay).await;
-                if counting.refuse.load(Ordering::Relaxed) {
-                    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
-                    return Err(RedisError::from(refused));
-                }
                 Ok(counting.connects.fetch_add(1, Ordering::Relaxed) + 1)
             }
         }
@@ -525,66 +416,5 @@ mod tests {
         let until = Instant::now() + Duration::from_millis(50);
         assert_eq!(lazy.get(until).await.map(|held| held.generation), Err(GatewayFailure::NotSent));
         assert_eq!(lazy.generation(), 0);
-    }
-
-    /// `n` callers of `get` at once, each with a second to spare.
-    async fn burst(lazy: &Arc<LazyConnection<Arc<Counting>>>, n: usize) -> Vec<Option<u64>> {
-        let callers: Vec<_> = (0..n)
-            .map(|_| {
-                let lazy = Arc::clone(lazy);
-                tokio::spawn(async move { lazy.get(soon()).await.ok().map(|held| held.generation) })
-            })
-            .collect();
-        let mut generations = Vec::new();
-        for caller in callers {
-            generations.push(caller.await.unwrap());
-        }
-        generations
-    }
-
-    #[tokio::test]
-    async fn the_waiters_of_a_failed_connect_fail_without_one_attempt_each() {
-        let (lazy, counting) = lazy(Duration::from_millis(50));
-        counting.refuse.store(true, Ordering::Relaxed);
-        let lazy = Arc::new(lazy);
-        assert_eq!(burst(&lazy, 16).await, [None; 16]);
-        assert_eq!(lazy.connect_attempts(), 1, "one attempt for the burst, not one per caller");
-        // Down now: an attempt in flight turns the others away at once.
-        assert_eq!(burst(&lazy, 16).await, [None; 16]);
-        assert_eq!(lazy.connect_attempts(), 2);
-    }
-
-    #[tokio::test]
-    async fn the_first_call_after_a_failed_connect_connects_again() {
-        let (lazy, counting) = lazy(Duration::ZERO);
-        counting.refuse.store(true, Ordering::Relaxed);
-        for attempt in 1..=3 {
-            assert_eq!(
-                lazy.get(soon()).await.map(|held| held.generation),
-                Err(GatewayFailure::NotSent)
-            );
-            assert_eq!(lazy.connect_attempts(), attempt, "no attempt skipped while down");
-        }
-        counting.refuse.store(false, Ordering::Relaxed);
-        assert_eq!(lazy.get(soon()).await.unwrap().generation, 1, "back at the first call");
-        // Up again: a burst shares one connect once more.
-        let lazy = Arc::new(lazy);
-        let held = lazy.get(soon()).await.unwrap();
-        lazy.failed(held.generation, GatewayFailure::ConnectionLost, Some(&dropped()));
-        assert_eq!(burst(&lazy, 8).await, [Some(2); 8]);
-    }
-
-    #[test]
-    fn connect_warnings_are_one_a_second_with_the_count_held_back() {
-        let origin = Instant::now();
-        let throttle = Throttle::new(origin);
-        let at = |millis| origin + Duration::from_millis(millis);
-        assert_eq!(throttle.admit(at(0)), Some(0));
-        for millis in [1, 10, 500, 999] {
-            assert_eq!(throttle.admit(at(millis)), None);
-        }
-        assert_eq!(throttle.admit(at(1000)), Some(4));
-        assert_eq!(throttle.admit(at(1500)), None);
-        assert_eq!(throttle.admit(at(60_000)), Some(1));
     }
 }
