@@ -123,21 +123,6 @@ impl MemoryStore {
             .sum()
     }
 
-    /// Removes every key, expired or not, and returns how many there were:
-    /// every budget starts whole again. Policy namespaces are kept, so
-    /// adapters built over the store stay valid.
-    pub fn clear(&self) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|shard| {
-                let mut shard = shard.0.lock();
-                // A fresh shard: the map's memory goes too.
-                std::mem::replace(&mut *shard, Shard::new()).map.len()
-            })
-            .sum()
-    }
-
     /// The namespace number of a policy revision in this store; the same
     /// (id, revision) always gets the same number.
     pub(crate) fn namespace(&self, id: &PolicyId, revision: u32) -> u32 {
@@ -468,23 +453,6 @@ mod tests {
         );
         assert_eq!(store.purge_expired(T0 + 3_000), 10);
         assert_eq!(store.live_entries(), 0);
-    }
-
-    #[test]
-    fn clear_removes_every_key_live_or_not_and_keeps_the_namespaces() {
-        let store = MemoryStore::with_shards(4);
-        let rules = rules();
-        for n in 0..100 {
-            touch(&store, &rules, n, T0);
-        }
-        let id = PolicyId::new("p").unwrap();
-        let namespace = store.namespace(&id, 1);
-        assert_eq!(store.clear(), 100, "nothing had expired: every key goes anyway");
-        assert_eq!(store.live_entries(), 0);
-        assert_eq!(store.purge_expired(u64::MAX), 0);
-        assert_eq!(store.namespace(&id, 1), namespace);
-        touch(&store, &rules, 7, T0);
-        assert_eq!(store.live_entries(), 1, "the store counts again after a clear");
     }
 
     #[test]

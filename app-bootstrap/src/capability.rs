@@ -125,14 +125,10 @@ fn degraded_port(
         .map(|policy| degraded::scaled(policy, mode.instances()))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|error| wiring("the degraded mode", error))?;
-    let local = MemoryEdgeRateLimitAdapter::with_store(
-        mode.store().clone(),
-        local_policies,
-        Arc::clone(&clock),
-    )
-    .map_err(|error| wiring("the degraded mode", error))?
-    .with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after);
-    Ok(DegradedPort::new(redis, Arc::new(local), Arc::clone(mode), clock))
+    let local = MemoryEdgeRateLimitAdapter::with_store(mode.store().clone(), local_policies, clock)
+        .map_err(|error| wiring("the degraded mode", error))?
+        .with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after);
+    Ok(DegradedPort::new(redis, Arc::new(local), Arc::clone(mode)))
 }
 
 impl RateLimitCapability {
@@ -151,14 +147,16 @@ impl RateLimitCapability {
             ProviderKind::Redis => {
                 let adapter = Arc::new(redis_provider(config, Arc::clone(&clock))?);
                 let degraded = &config.capabilities.rate_limit.degraded;
-                // Validation refuses `enabled` with 0 instances.
-                let instances = NonZeroU32::new(degraded.instances).filter(|_| degraded.enabled);
+                // Validation refuses `enabled` with no or 0 instances.
+                let instances =
+                    degraded.instances.and_then(NonZeroU32::new).filter(|_| degraded.enabled);
                 let Some(instances) = instances else {
                     let state =
                         ProviderState::Redis { adapter: Arc::clone(&adapter), degraded: None };
                     return Ok(Self::Enabled { provider, port: adapter, upkeep: None, state });
                 };
-                let mode = Arc::new(DegradedMode::new(MemoryStore::new(), instances));
+                let mode =
+                    Arc::new(DegradedMode::new(MemoryStore::new(), instances, Arc::clone(&clock)));
                 let policies = config.rate_limit_policies();
                 let redis: Arc<dyn EdgeRateLimitPort> = Arc::clone(&adapter) as _;
                 let port = degraded_port(config, redis, &policies, &mode, Arc::clone(&clock))?;

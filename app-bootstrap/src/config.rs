@@ -277,8 +277,10 @@ pub struct DegradedConfig {
     pub enabled: bool,
     /// `instances`: how many instances share the traffic while Redis is
     /// away; each holds `ceil(limit / instances)`. No default that could
-    /// be right for a fleet: 0, refused when `enabled`.
-    pub instances: u32,
+    /// be right for a fleet: required when `enabled` (missing is a
+    /// problem, and so is 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub instances: Option<u32>,
 }
 
 /// `pseudonymizer.*`.

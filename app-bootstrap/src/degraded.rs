@@ -6,13 +6,19 @@
 //!
 //! It lives at the composition root because it combines two providers, and
 //! adapters never import each other; it sees both only as
-//! `Arc<dyn EdgeRateLimitPort>`, plus the memory store it empties on
-//! leaving.
+//! `Arc<dyn EdgeRateLimitPort>`, plus the memory store the local counts
+//! live in.
+//!
+//! The local counts are never dropped when Redis answers again: they
+//! expire with their own windows (the memory store's rule; the upkeep
+//! purge frees them). A Redis that fails some calls and answers others
+//! therefore cannot hand a subject a fresh share at every flip: per window
+//! and per instance, the local limiter admits at most the share.
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use adapter_memory::MemoryStore;
 use async_trait::async_trait;
@@ -28,20 +34,46 @@ use shared_contract::{
 /// into `AdmissionRejected`, a 503, which degraded mode exists to avoid.
 pub const LOCAL_DEADLINE: Duration = Duration::from_millis(100);
 
-/// Whether this instance is degraded now, and the local counts it keeps
-/// while it is. One per process: every port a reload builds shares it, so
-/// entering and leaving are logged once however often the table changes.
+/// How long Redis must answer with no failure before an instance leaves
+/// degraded mode: a Redis failing some calls and answering others (a
+/// paused or saturated server, a dead Cluster shard, a skewed clock for
+/// one subject) is one outage, logged once entering and once leaving, not
+/// a pair of lines per flip. Redis' own answers are used as soon as they
+/// come, whether the instance is degraded or not.
+pub const LEAVE_AFTER: Duration = Duration::from_secs(1);
+
+/// Whether this instance is degraded now, and the local counts it keeps.
+/// One per process: every port a reload builds shares it, so entering and
+/// leaving are logged once however often the table changes.
 #[derive(Debug)]
 pub struct DegradedMode {
     store: MemoryStore,
     instances: NonZeroU32,
+    clock: Arc<dyn Clock>,
+    /// `clock.monotonic()` when the mode was built: the origin of
+    /// `last_failure`.
+    origin: Instant,
     on: AtomicBool,
+    /// Milliseconds from `origin` to the latest failure of Redis.
+    last_failure: AtomicU64,
+    /// How many times the instance entered degraded mode.
+    entered: AtomicU64,
 }
 
 impl DegradedMode {
-    /// A mode counting in `store`, for a fleet of `instances`.
-    pub fn new(store: MemoryStore, instances: NonZeroU32) -> Self {
-        Self { store, instances, on: AtomicBool::new(false) }
+    /// A mode counting in `store`, for a fleet of `instances`, timed by
+    /// `clock` (the one the ports are built with).
+    pub fn new(store: MemoryStore, instances: NonZeroU32, clock: Arc<dyn Clock>) -> Self {
+        let origin = clock.monotonic();
+        Self {
+            store,
+            instances,
+            clock,
+            origin,
+            on: AtomicBool::new(false),
+            last_failure: AtomicU64::new(0),
+            entered: AtomicU64::new(0),
+        }
     }
 
     /// The store the local limiter counts in.
@@ -54,18 +86,34 @@ impl DegradedMode {
         self.instances
     }
 
-    /// Whether the last answer came from the local limiter (until Redis
-    /// answers again).
+    /// Whether the instance is degraded: from a failure of Redis until
+    /// Redis has answered with no failure for [`LEAVE_AFTER`].
     pub fn is_degraded(&self) -> bool {
         self.on.load(Ordering::Relaxed)
     }
 
-    /// Redis could not decide: the first time since it last answered, one
-    /// log line.
+    /// How many times the instance entered degraded mode (and logged it).
+    pub fn times_entered(&self) -> u64 {
+        self.entered.load(Ordering::Relaxed)
+    }
+
+    /// Milliseconds since `origin` on the mode's clock.
+    fn now_millis(&self) -> u64 {
+        let elapsed = self.clock.monotonic().saturating_duration_since(self.origin);
+        u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Redis could not decide: noted, and the first time since the
+    /// instance left (or started), one log line.
     fn enter(&self, outcome: &RateLimitOutcome) {
-        // A load first: the common case while degraded is a read, not a
-        // write to a line every request shares.
+        // Loads first: the common case while degraded is a read, not a
+        // write to a line every request shares (at most one a millisecond).
+        let now = self.now_millis();
+        if self.last_failure.load(Ordering::Relaxed) < now {
+            self.last_failure.fetch_max(now, Ordering::AcqRel);
+        }
         if !self.on.load(Ordering::Relaxed) && !self.on.swap(true, Ordering::AcqRel) {
+            self.entered.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(
                 outcome = outcome.category_name(),
                 instances = self.instances.get(),
@@ -75,14 +123,22 @@ impl DegradedMode {
         }
     }
 
-    /// Redis answered: the first time since it could not, one log line,
-    /// and the local counts are dropped (the next time starts whole).
+    /// Redis answered: once it has answered with no failure for
+    /// [`LEAVE_AFTER`], one log line. The local counts stay until their
+    /// windows end. A failure racing this answer may see the mode still on
+    /// and not log; the next failure enters (and logs) again, and as the
+    /// counts are kept no share is given twice.
     fn leave(&self) {
-        if self.on.load(Ordering::Relaxed) && self.on.swap(false, Ordering::AcqRel) {
-            let dropped = self.store.clear();
+        if !self.on.load(Ordering::Relaxed) {
+            return;
+        }
+        let quiet = self.now_millis().saturating_sub(self.last_failure.load(Ordering::Acquire));
+        if Duration::from_millis(quiet) >= LEAVE_AFTER && self.on.swap(false, Ordering::AcqRel) {
             tracing::info!(
-                dropped,
-                "rate limit leaving degraded mode: Redis answers again; local counts dropped"
+                quiet_ms = quiet,
+                local_keys = self.store.live_entries(),
+                "rate limit leaving degraded mode: Redis has answered with no failure for \
+                 the hold time; local counts kept until their windows end"
             );
         }
     }
@@ -141,21 +197,19 @@ pub struct DegradedPort {
     primary: Arc<dyn EdgeRateLimitPort>,
     local: Arc<dyn EdgeRateLimitPort>,
     mode: Arc<DegradedMode>,
-    clock: Arc<dyn Clock>,
 }
 
 impl DegradedPort {
     /// `primary` (Redis) decides; when it answers `Unavailable` (any
     /// category, `ClockUnsafe` included) or `Indeterminate`, `local` (a
     /// memory provider over `mode`'s store with the [`scaled`] policies)
-    /// does. `clock` is the one both were built with.
+    /// does. `mode`'s clock is the one both were built with.
     pub fn new(
         primary: Arc<dyn EdgeRateLimitPort>,
         local: Arc<dyn EdgeRateLimitPort>,
         mode: Arc<DegradedMode>,
-        clock: Arc<dyn Clock>,
     ) -> Self {
-        Self { primary, local, mode, clock }
+        Self { primary, local, mode }
     }
 
     /// The local answer to a request Redis could not decide; `failed` is
@@ -167,7 +221,7 @@ impl DegradedPort {
         failed: RateLimitOutcome,
     ) -> RateLimitOutcome {
         self.mode.enter(&failed);
-        let now = self.clock.monotonic();
+        let now = self.mode.clock.monotonic();
         request.deadline = request.deadline.max(now + LOCAL_DEADLINE);
         match self.local.evaluate(request).await {
             RateLimitOutcome::Evaluated(set) => RateLimitOutcome::Evaluated(set.from_degraded()),
@@ -188,7 +242,9 @@ impl EdgeRateLimitPort for DegradedPort {
         match outcome {
             RateLimitOutcome::Evaluated(set) => {
                 match set.source() {
-                    // Redis itself answered: degraded mode ends here.
+                    // Redis itself answered: its answer stands, and
+                    // degraded mode ends once Redis has stopped failing
+                    // for the hold time.
                     DecisionSource::Store => self.mode.leave(),
                     // The denial cache answers without Redis, and a nested
                     // degraded answer is not Redis' either.
@@ -228,7 +284,7 @@ impl EdgeRateLimitPort for DegradedPort {
         self.primary.inspect(key).await
     }
 
-    /// Redis' budget; the local counts go at the end of degraded mode.
+    /// Redis' budget; the local counts expire with their windows.
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         self.primary.reset(key).await
     }

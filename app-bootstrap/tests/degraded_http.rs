@@ -6,11 +6,13 @@
 //! - while Redis is away each instance admits exactly ceil(limit / 2) of
 //!   one subject's requests in the window (the fleet: the limit), refusing
 //!   the rest with `Retry-After` and the `RateLimit` headers;
-//! - each instance is back on Redis before a deadline of 2 s after the
-//!   restart (polled), logs one line entering and one leaving per outage,
-//!   and counts its degraded decisions under `outcome="degraded"`;
-//! - the local counts are dropped on leaving: the second outage starts
-//!   with a whole share again.
+//! - each instance answers from Redis again before a deadline of 2 s after
+//!   the restart (polled), logs one line entering and one leaving per
+//!   outage (leaving once Redis has answered with no failure for
+//!   `LEAVE_AFTER`, polled), and counts its degraded decisions under
+//!   `outcome="degraded"`;
+//! - the local counts are kept on leaving: in the second outage, in the
+//!   same window, the subject whose share the first outage spent gets none.
 //!
 //! With degraded mode off, `redis_faults_http` is the fail-closed lane.
 
@@ -20,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use app_bootstrap::degraded::LEAVE_AFTER;
 use redis_fixture::RedisServer;
 use support::Serve;
 
@@ -136,15 +139,20 @@ fn load(bases: &[String], stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle
 }
 
 /// `PROBES` requests of the probe subject to `base` while Redis is away:
-/// exactly a share admitted, the rest refused with the headers.
-async fn probe_outage(client: &reqwest::Client, base: &str, outage: usize) {
+/// `share` admitted (the rest of the instance's share in the window), the
+/// rest refused with the headers.
+async fn probe_outage(client: &reqwest::Client, base: &str, outage: usize, share: u64) {
     let mut admitted = 0;
     for n in 0..PROBES {
         let answer = ask(client, base, "probe").await.unwrap();
         match answer.status {
             200 => {
                 admitted += 1;
-                assert_eq!(answer.remaining, Some(SHARE - admitted), "outage {outage}: {answer:?}");
+                assert!(
+                    admitted <= share,
+                    "outage {outage}: more than {share} admitted: {answer:?}"
+                );
+                assert_eq!(answer.remaining, Some(share - admitted), "outage {outage}: {answer:?}");
             }
             429 => {
                 assert_eq!(answer.remaining, Some(0), "outage {outage}: {answer:?}");
@@ -154,7 +162,7 @@ async fn probe_outage(client: &reqwest::Client, base: &str, outage: usize) {
             _ => panic!("outage {outage}, probe {n} on {base}: {answer:?} is neither 200 nor 429"),
         }
     }
-    assert_eq!(admitted, SHARE, "outage {outage}: ceil({LIMIT} / {INSTANCES}) admitted on {base}");
+    assert_eq!(admitted, share, "outage {outage}: {share} admitted on {base}");
 }
 
 /// Polls `base` until the probe's answer is Redis': a remaining the local
@@ -176,6 +184,17 @@ async fn back_on_redis(client: &reqwest::Client, base: &str, restarted: Instant)
 
 fn log_lines(serve: &Serve, message: &str) -> usize {
     serve.logs().iter().filter(|line| line.contains(message)).count()
+}
+
+/// Polls `serve`'s log until it has left degraded mode `times` times (the
+/// load keeps Redis answering). Fails past a deadline of `BACK_ON_REDIS`
+/// plus the hold after `restarted`.
+async fn left(serve: &Serve, times: usize, restarted: Instant) {
+    let deadline = BACK_ON_REDIS + LEAVE_AFTER;
+    while log_lines(serve, "leaving degraded mode") < times {
+        assert!(restarted.elapsed() < deadline, "not left {deadline:?} after the restart");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 async fn degraded_decisions(client: &reqwest::Client, base: &str) -> u64 {
@@ -210,8 +229,11 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
         // The outage's length under load, part of the fault schedule (as in
         // `redis_faults_http`), not a wait for some event.
         tokio::time::sleep(OUTAGE).await;
+        // The first outage spends each instance's share of the probe; the
+        // second, in the same window, has none left to give it.
+        let share = if outage == 1 { SHARE } else { 0 };
         for base in &bases {
-            probe_outage(&client, base, outage).await;
+            probe_outage(&client, base, outage, share).await;
         }
         for serve in &mut fleet {
             serve.assert_alive();
@@ -221,6 +243,10 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
         for base in &bases {
             let back = back_on_redis(&client, base, restarted).await;
             eprintln!("outage {outage}: {base} back on Redis {back:?} after the restart");
+        }
+        for serve in &fleet {
+            left(serve, outage, restarted).await;
+            eprintln!("outage {outage}: left {:?} after the restart", restarted.elapsed());
         }
     }
     stop.store(true, Ordering::SeqCst);
@@ -246,7 +272,7 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
     }
     eprintln!(
         "load: {} answers ({} refused), none 503; probes: {SHARE} of {PROBES} admitted per \
-         instance per outage",
+         instance in outage 1, 0 in outage 2",
         answers.len(),
         refused
     );

@@ -103,10 +103,7 @@ impl Reader<'_> {
         let edge: EdgeSettings = self.owned(dict, &path, &OWN);
         let operations = self.operations(operations, &path.child("operations"));
         let (policies, declared) = self.policies(policies, &path.child("policies"));
-        let degraded = self.table(degraded, path.child("degraded"));
-        let (degraded_dict, degraded_path) = (degraded.dict(), degraded.path().clone());
-        degraded.close_read();
-        let degraded: DegradedConfig = self.owned(degraded_dict, &degraded_path, &[]);
+        let degraded = self.degraded(degraded, path.child("degraded"));
 
         let config = RateLimitConfig {
             provider: provider.unwrap_or(ProviderKind::Memory),
@@ -117,6 +114,25 @@ impl Reader<'_> {
             degraded,
         };
         (config, declared)
+    }
+
+    /// `degraded.*`, each key read once: a bad `instances` is one problem
+    /// (its own), and `enabled = true` without it is "missing" (no default
+    /// can know a fleet's size).
+    fn degraded(&mut self, value: Option<&Value>, path: KeyPath) -> DegradedConfig {
+        let mut table = self.table(value, path);
+        let enabled = self.field(&mut table, "enabled", Self::bool);
+        let given = table.has("instances");
+        let instances = self.field(&mut table, "instances", Self::u32);
+        if enabled == Some(true) && !given {
+            self.problem(
+                &table.path().child("instances"),
+                "missing: required when degraded mode is enabled, how many instances share \
+                 the traffic while Redis is away (each admits ceil(limit / instances))",
+            );
+        }
+        self.close(table);
+        DegradedConfig { enabled: enabled.unwrap_or_default(), instances }
     }
 
     fn operations(

@@ -1314,7 +1314,7 @@ fn degraded_mode_is_off_by_default_and_reads_over_redis() {
         let config = load_file(jail, BASE).unwrap();
         assert_eq!(
             config.capabilities.rate_limit.degraded,
-            DegradedConfig { enabled: false, instances: 0 }
+            DegradedConfig { enabled: false, instances: None }
         );
         let file = format!(
             "{BASE}\n[capabilities.rate-limit.degraded]\nenabled = true\ninstances = 4\n\
@@ -1324,7 +1324,7 @@ fn degraded_mode_is_off_by_default_and_reads_over_redis() {
         let config = load_file(jail, &file).unwrap();
         assert_eq!(
             config.capabilities.rate_limit.degraded,
-            DegradedConfig { enabled: true, instances: 4 }
+            DegradedConfig { enabled: true, instances: Some(4) }
         );
         // check-config shows it.
         let rendered = config.to_redacted_toml().unwrap();
@@ -1426,12 +1426,13 @@ fn degraded_mode_without_redis_or_instances_stops_start_up_naming_both_keys() {
         assert_eq!(
             paths,
             [
+                // Read first, so reported first.
+                "capabilities.rate-limit.degraded.instances",
                 "capabilities.rate-limit.degraded.enabled",
-                "capabilities.rate-limit.degraded.instances"
             ]
         );
-        assert!(problems[0].1.contains("provider = \"memory\""), "{problems:?}");
-        assert!(problems[1].1.contains("at least 1"), "{problems:?}");
+        assert!(problems[0].1.starts_with("missing"), "{problems:?}");
+        assert!(problems[1].1.contains("provider = \"memory\""), "{problems:?}");
         // The same on `disabled`; and a bad value or an unknown key is named.
         let file = format!(
             "{BASE}\n[capabilities.rate-limit.degraded]\nenabled = true\ninstances = -2\nshare = 1\n"
@@ -1440,11 +1441,11 @@ fn degraded_mode_without_redis_or_instances_stops_start_up_naming_both_keys() {
         assert_eq!(
             self::paths(load_file(jail, &file)),
             [
-                // Read first, so reported first: the unknown key.
+                // Once each, in reading order: the bad value, the unknown
+                // key, then the rule.
+                "capabilities.rate-limit.degraded.instances",
                 "capabilities.rate-limit.degraded.share",
-                "capabilities.rate-limit.degraded.instances",
                 "capabilities.rate-limit.degraded.enabled",
-                "capabilities.rate-limit.degraded.instances",
             ]
         );
     });
@@ -1546,5 +1547,49 @@ fn the_envoy_rls_listener_never_takes_another_listeners_port() {
     jail(|jail| {
         let file = format!("{BASE}\n[envoy-rls]\nlisten = \"127.0.0.1:8080\"\n");
         assert_eq!(paths(load_file(jail, &file)), ["envoy-rls.listen"]);
+    });
+}
+
+/// `BASE` over Redis with degraded mode on and `instances` as given (none
+/// when `None`): nothing else in it is a problem.
+fn degraded_over_redis(instances: Option<&str>) -> String {
+    let instances = instances.map(|value| format!("instances = {value}\n")).unwrap_or_default();
+    format!(
+        "{BASE}\n[capabilities.rate-limit.degraded]\nenabled = true\n{instances}\
+         [pseudonymizer.keys]\n1 = \"{KEY}\"\n[redis]\nenabled = true\n"
+    )
+    .replace("default-policy", "provider = \"redis\"\ndefault-policy")
+}
+
+#[test]
+fn a_bad_instances_value_is_one_problem_and_a_missing_one_is_named_missing() {
+    const INSTANCES: &str = "capabilities.rate-limit.degraded.instances";
+    jail(|jail| {
+        assert!(load_file(jail, &degraded_over_redis(Some("4"))).is_ok());
+        for bad in ["-1", "4.5", "\"4\"", "4294967296"] {
+            let found = self::problems(load_file(jail, &degraded_over_redis(Some(bad))));
+            assert_eq!(found.len(), 1, "instances = {bad}: {found:?}");
+            assert_eq!(found[0].0, INSTANCES, "instances = {bad}: {found:?}");
+            assert!(!found[0].1.contains("at least 1"), "instances = {bad}: {found:?}");
+        }
+        // From the environment: the same single problem.
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__DEGRADED__INSTANCES", "abc");
+        let found = self::problems(load_file(jail, &degraded_over_redis(None)));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, INSTANCES);
+        assert!(found[0].1.contains("expected a whole number"), "{found:?}");
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__DEGRADED__INSTANCES", "3");
+        let config = load_file(jail, &degraded_over_redis(None)).unwrap();
+        assert_eq!(config.capabilities.rate_limit.degraded.instances, Some(3));
+        jail.clear_env();
+        // Enabled with no instances: required, so missing.
+        let found = self::problems(load_file(jail, &degraded_over_redis(None)));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, INSTANCES);
+        assert!(found[0].1.starts_with("missing"), "{found:?}");
+        // 0 is a number, but not a fleet.
+        let found = self::problems(load_file(jail, &degraded_over_redis(Some("0"))));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(found[0].1.contains("at least 1"), "{found:?}");
     });
 }

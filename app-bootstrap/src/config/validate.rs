@@ -291,7 +291,8 @@ fn degraded(config: &AppConfig, problems: &mut ConfigProblems) {
             ),
         ),
     }
-    if degraded.instances == 0 {
+    // Absent or unreadable: the reader named it.
+    if degraded.instances == Some(0) {
         problems.push(
             path.child("instances"),
             "must be at least 1 when degraded mode is enabled: how many instances share the \

@@ -68,19 +68,14 @@ fn fixture() -> Fixture {
         policies: vec![policy.clone()],
         outcome: Mutex::new(unavailable()),
     });
-    let mode = Arc::new(DegradedMode::new(MemoryStore::new(), four()));
+    let mode = Arc::new(DegradedMode::new(MemoryStore::new(), four(), Arc::new(clock.clone())));
     let local = MemoryEdgeRateLimitAdapter::with_store(
         mode.store().clone(),
         [scaled(&policy, four()).unwrap()],
         Arc::new(clock.clone()),
     )
     .unwrap();
-    let port = DegradedPort::new(
-        Arc::clone(&primary) as _,
-        Arc::new(local),
-        Arc::clone(&mode),
-        Arc::new(clock.clone()),
-    );
+    let port = DegradedPort::new(Arc::clone(&primary) as _, Arc::new(local), Arc::clone(&mode));
     Fixture { primary, mode, clock, port }
 }
 
@@ -218,22 +213,68 @@ async fn while_redis_cannot_decide_the_share_is_admitted_then_refused_with_decis
 }
 
 #[tokio::test]
-async fn the_first_answer_of_redis_ends_degraded_mode_and_drops_the_local_counts() {
+async fn redis_answers_stand_at_once_and_leaving_waits_for_the_hold_and_keeps_the_counts() {
     let fixture = fixture();
     for _ in 0..3 {
         assert!(degraded_set(fixture.ask().await).allowed());
     }
     assert!(!degraded_set(fixture.ask().await).allowed(), "the share is spent");
+    // Redis answers: its answer is used at once, but one answer is no
+    // end of the outage.
     fixture.primary_answers(redis_allows());
     assert_eq!(fixture.ask().await, redis_allows());
-    assert_eq!(fixture.ask().await.category_name(), "allowed");
-    assert!(!fixture.mode.is_degraded());
-    assert_eq!(fixture.mode.store().live_entries(), 0, "the local counts are gone");
-    // Redis away again: a whole share, not the spent one.
+    assert!(fixture.mode.is_degraded(), "Redis answered for less than {LEAVE_AFTER:?}");
+    fixture.clock.advance(LEAVE_AFTER - Duration::from_millis(1));
+    assert_eq!(fixture.ask().await, redis_allows());
+    assert!(fixture.mode.is_degraded(), "still within the hold");
+    fixture.clock.advance(Duration::from_millis(1));
+    assert_eq!(fixture.ask().await, redis_allows());
+    assert!(!fixture.mode.is_degraded(), "{LEAVE_AFTER:?} of answers and no failure");
+    assert_eq!(fixture.mode.times_entered(), 1);
+    assert_eq!(fixture.mode.store().live_entries(), 1, "the local count is kept");
+    // Redis away again in the same window: the spent share stays spent.
     fixture.primary_answers(unavailable());
     let again = degraded_set(fixture.ask().await);
-    assert!(again.allowed());
-    assert_eq!(again.decisions()[0].remaining, 2);
+    assert!(!again.allowed(), "no fresh share in the same window: {again:?}");
+    assert_eq!(fixture.mode.times_entered(), 2);
+    // The next window (60 s, following the clock) has a whole share.
+    fixture.clock.advance(Duration::from_secs(60));
+    let next = degraded_set(fixture.ask().await);
+    assert!(next.allowed());
+    assert_eq!(next.decisions()[0].remaining, 2);
+}
+
+#[tokio::test]
+async fn a_flapping_redis_gives_one_share_per_window_and_one_entering() {
+    let fixture = fixture();
+    // The outside pass's sequence: the subject's own calls fail (a skewed
+    // clock, a dead shard, a paused server) while Redis answers calls in
+    // between, a few milliseconds apart.
+    let mut admitted = 0;
+    for _ in 0..12 {
+        fixture.primary_answers(RateLimitOutcome::Unavailable {
+            category: UnavailableCategory::ClockUnsafe,
+            retry_after: Duration::from_secs(1),
+        });
+        admitted += u32::from(degraded_set(fixture.ask().await).allowed());
+        fixture.clock.advance(Duration::from_millis(5));
+        fixture.primary_answers(redis_allows());
+        assert_eq!(fixture.ask().await, redis_allows(), "Redis' answer stands while degraded");
+        fixture.clock.advance(Duration::from_millis(5));
+    }
+    assert_eq!(admitted, 3, "ceil(10 / 4) for the window, however often Redis answers");
+    assert_eq!(fixture.mode.times_entered(), 1, "one outage, one entering line");
+    assert!(fixture.mode.is_degraded());
+    // Flips a hold time apart are separate outages, and still one share.
+    for _ in 0..3 {
+        fixture.clock.advance(LEAVE_AFTER);
+        assert_eq!(fixture.ask().await, redis_allows());
+        assert!(!fixture.mode.is_degraded());
+        fixture.primary_answers(unavailable());
+        assert!(!degraded_set(fixture.ask().await).allowed(), "the window's share is spent");
+        fixture.primary_answers(redis_allows());
+    }
+    assert_eq!(fixture.mode.times_entered(), 4);
 }
 
 #[tokio::test]
