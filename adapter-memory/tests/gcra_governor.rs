@@ -41,9 +41,17 @@ impl Case {
 fn case() -> impl Strategy<Value = Case> {
     // Any whole-microsecond T (limit 1000 per T ms), or a limit that rarely
     // divides its period.
-    let rate = prop_oneof![(1..=200_000_u64).prop_map(|t| (1000, t)), (1..=50_u64, 1..=2_000_u64),];
-    (rate, 1..=8_u64).prop_flat_map(|((limit, period_ms), burst)| {
-        let interval_ms = (period_ms * 1000).div_ceil(limit).div_ceil(1000);
+    // The builder's GCRA rules (docs/algorithms.md#gcra): T rounded up by
+    // at most 1 % of the period, and a burst covering at least 1 ms of
+    // cells, so `b` runs from `ceil(1000 / T)` to 7 above it.
+    let rate = prop_oneof![(1..=200_000_u64).prop_map(|t| (1000, t)), (1..=50_u64, 1..=2_000_u64),]
+        .prop_filter("T rounds up by at most 1 %", |&(limit, period_ms)| {
+            (period_ms * 1000).div_ceil(limit) * limit * 100 <= period_ms * 1000 * 101
+        });
+    (rate, 0..=7_u64).prop_flat_map(|((limit, period_ms), extra)| {
+        let interval = (period_ms * 1000).div_ceil(limit);
+        let burst = 1000_u64.div_ceil(interval) + extra;
+        let interval_ms = interval.div_ceil(1000);
         // Gaps from none to a few intervals, mostly short: bursts, denials
         // and recoveries all come up.
         let gap = prop_oneof![2 => Just(0_u64), 3 => 0..=interval_ms * 3 + 2];

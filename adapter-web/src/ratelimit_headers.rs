@@ -97,6 +97,8 @@ mod tests {
         assert_eq!(policy_header([&gcra(10, 5)]).unwrap(), r#""orders.read";q=5;w=1"#);
         assert_eq!(policy_header([&gcra(3, 7)]).unwrap(), r#""orders.read";q=7;w=3"#);
         assert_eq!(policy_header([&gcra(1, 30)]).unwrap(), r#""orders.read";q=30;w=30"#);
+        // README's example: 3 x 333334 us is 1.000002 s, rounded up to 2.
+        assert_eq!(policy_header([&gcra(3, 3)]).unwrap(), r#""orders.read";q=3;w=2"#);
     }
 
     #[test]

@@ -134,8 +134,14 @@ fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
             })
             .boxed(),
         // Limits that rarely divide the period: T is rounded up to whole
-        // microseconds on both sides.
-        Shape::Gcra => (1..=8_u64, period_ms(), 1..=8_u64)
+        // microseconds on both sides (by under 1 %: 8 per 1 ms is 125 us).
+        // The burst covers at least 1 ms of cells, `ceil(1000 / T)`, the
+        // builder's rule (docs/algorithms.md#gcra).
+        Shape::Gcra => (1..=8_u64, period_ms())
+            .prop_flat_map(|(limit, period)| {
+                let least = 1000_u64.div_ceil((period * 1000).div_ceil(limit));
+                (Just(limit), Just(period), least..=least.max(8))
+            })
             .prop_map(|(limit, period, burst)| Algorithm::Gcra {
                 limit,
                 period: millis(period),

@@ -447,9 +447,12 @@ impl RateLimitPolicyBuilder {
             Algorithm::TokenBucket { .. } => (PolicyField::Capacity, PolicyField::RefillPeriod),
             Algorithm::Gcra { .. } => (PolicyField::Burst, PolicyField::Period),
         };
+        // GCRA's steady-rate limit; the others have no second count.
+        let mut rate_ok = true;
         if let Algorithm::Gcra { limit, .. } = self.algorithm {
             if let Some(problem) = check_count(limit) {
                 reject(PolicyField::Limit, problem);
+                rate_ok = false;
             }
         }
         let limit = self.algorithm.limit();
@@ -459,6 +462,16 @@ impl RateLimitPolicyBuilder {
         if let Algorithm::TokenBucket { refill_tokens, .. } = self.algorithm {
             if let Some(problem) = check_count(refill_tokens) {
                 reject(PolicyField::RefillTokens, problem);
+            }
+        }
+        if let (Algorithm::Gcra { limit: rate, period, burst }, Some(interval), true) =
+            (self.algorithm, self.algorithm.emission_interval_micros(), rate_ok && period_ok)
+        {
+            if let Some(problem) = gcra_rounding_problem(rate, millis(period), interval) {
+                reject(PolicyField::Limit, problem);
+            }
+            if let (true, Some(problem)) = (limit_ok, gcra_millisecond_problem(burst, interval)) {
+                reject(PolicyField::Burst, problem);
             }
         }
         if let (Some(interval), true, true) =
@@ -496,10 +509,14 @@ impl RateLimitPolicyBuilder {
             }
         }
         if self.maximum_cost == 0 || (limit_ok && self.maximum_cost > limit) {
-            reject(
-                PolicyField::MaximumCost,
-                format!("must be in 1..={limit}, got {}", self.maximum_cost),
-            );
+            // With the limit itself out of range the bound is unknown: name
+            // only the floor rather than an empty range such as `1..=0`.
+            let problem = if limit_ok {
+                format!("must be in 1..={limit}, got {}", self.maximum_cost)
+            } else {
+                format!("must be at least 1, got {}", self.maximum_cost)
+            };
+            reject(PolicyField::MaximumCost, problem);
         }
         if let Some(problem) = check_grace(self.cleanup_grace) {
             reject(PolicyField::CleanupGrace, problem);
@@ -531,6 +548,34 @@ impl RateLimitPolicyBuilder {
 /// millisecond view every provider counts in (validated durations fit).
 pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// GCRA's `T = ceil(1000 P / L)` µs may round up by less than 1 µs per
+/// cell; refused when that slows the steady rate by more than 1 %, i.e.
+/// when `T x L > 1.01 x 1000 P` (docs/algorithms.md#gcra).
+fn gcra_rounding_problem(limit: u64, period_ms: u64, interval: u64) -> Option<String> {
+    let granted = u128::from(interval) * u128::from(limit);
+    let asked = u128::from(period_ms) * 1000;
+    (granted * 100 > asked * 101).then(|| {
+        format!(
+            "period / limit rounds up to T = {interval} us, so {limit} cells take {granted} us \
+             instead of {asked} us (more than 1 % slower); choose a limit that divides \
+             1000 x period in ms, or at most 10 per ms of period"
+        )
+    })
+}
+
+/// The caller clock counts whole milliseconds, so a GCRA whose `burst x T`
+/// is under 1 ms admits at most `burst` a millisecond, below its rate:
+/// refused unless `burst >= ceil(1000 us / T)` (docs/algorithms.md#gcra).
+fn gcra_millisecond_problem(burst: u64, interval: u64) -> Option<String> {
+    let least = 1000_u64.div_ceil(interval.max(1));
+    (burst < least).then(|| {
+        format!(
+            "must cover at least 1 ms of cells, as the clock counts whole milliseconds: \
+             burst >= ceil(1000 us / T) = {least} with T = {interval} us, got {burst}"
+        )
+    })
 }
 
 fn check_count(value: u64) -> Option<String> {
@@ -766,5 +811,68 @@ mod tests {
             .build()
             .unwrap();
         assert_eq!(policy.ttl_slack_millis(), 900);
+    }
+
+    fn problems(result: Result<RateLimitPolicy, ContractError>) -> Vec<(PolicyField, String)> {
+        match result {
+            Ok(_) => Vec::new(),
+            Err(error) => error.violations().iter().map(|v| (v.field, v.problem.clone())).collect(),
+        }
+    }
+
+    #[test]
+    fn a_gcra_burst_must_cover_a_whole_millisecond_of_cells() {
+        // Issue 20's outside pass: 10000 per 1s is T = 100 us; the clock
+        // counts whole ms, so burst 1 admits 1 a ms where 10 are due.
+        let short = problems(RateLimitPolicy::builder("p", gcra(10_000, 1000, 1)).build());
+        assert_eq!(short.len(), 1, "{short:?}");
+        assert_eq!(short[0].0, PolicyField::Burst);
+        assert!(short[0].1.contains("1 ms") && short[0].1.contains("= 10"), "{short:?}");
+        let nine = RateLimitPolicy::builder("p", gcra(10_000, 1000, 9)).build();
+        assert_eq!(fields(nine), [PolicyField::Burst]);
+        assert!(RateLimitPolicy::builder("p", gcra(10_000, 1000, 10)).build().is_ok());
+        // T = 333334 us covers a ms on its own; T = 1 us needs 1000.
+        assert!(RateLimitPolicy::builder("p", gcra(3, 1000, 1)).build().is_ok());
+        let micro = RateLimitPolicy::builder("p", gcra(1000, 1, 999)).build();
+        assert_eq!(fields(micro), [PolicyField::Burst]);
+        assert!(RateLimitPolicy::builder("p", gcra(1000, 1, 1000)).build().is_ok());
+    }
+
+    #[test]
+    fn a_gcra_interval_rounded_up_by_more_than_one_percent_is_refused() {
+        // 2000 per 1 ms rounds T up to 1 us: 1000 a ms, half the rate.
+        let half = problems(RateLimitPolicy::builder("p", gcra(2000, 1, 2000)).build());
+        assert_eq!(half.len(), 1, "{half:?}");
+        assert_eq!(half[0].0, PolicyField::Limit);
+        assert!(half[0].1.contains("T = 1 us"), "{half:?}");
+        // 49 per 1 ms: T = 21 us, 1029 us for 49 cells (2.9 % slower).
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", gcra(49, 1, 49)).build()),
+            [PolicyField::Limit]
+        );
+        // 199 per 10 ms: T = 51 us, 10149 us (1.49 %); 101 per 10 ms:
+        // T = 100 us, 10100 us (exactly 1 %, kept); 3 per 1s: 0.0002 %.
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", gcra(199, 10, 199)).build()),
+            [PolicyField::Limit]
+        );
+        assert!(RateLimitPolicy::builder("p", gcra(101, 10, 101)).build().is_ok());
+        assert!(RateLimitPolicy::builder("p", gcra(3, 1000, 3)).build().is_ok());
+    }
+
+    #[test]
+    fn a_maximum_cost_beside_a_bad_limit_names_no_empty_range() {
+        let result = RateLimitPolicy::builder("p", gcra(10, 1000, 0)).maximum_cost(0).build();
+        let found = problems(result);
+        assert_eq!(
+            found,
+            [
+                (PolicyField::Burst, format!("must be in 1..={MAX_COUNT}, got 0")),
+                (PolicyField::MaximumCost, "must be at least 1, got 0".to_owned()),
+            ]
+        );
+        let fixed_zero =
+            problems(RateLimitPolicy::builder("p", fixed(0, 10)).maximum_cost(0).build());
+        assert!(fixed_zero.iter().all(|(_, problem)| !problem.contains("1..=0")), "{fixed_zero:?}");
     }
 }

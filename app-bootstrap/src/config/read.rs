@@ -286,6 +286,7 @@ impl Reader<'_> {
                 }
             }
         };
+        let table_has_burst = table.has("burst");
         self.close(table);
         let (algorithm, dedup) = (algorithm?, dedup?);
 
@@ -316,7 +317,15 @@ impl Reader<'_> {
         match builder.build() {
             Ok(policy) => Some(policy).filter(|_| all_read),
             Err(error) => {
-                for violation in error.violations() {
+                // A GCRA burst left out is the limit: it fails only when the
+                // limit does (docs/algorithms.md#gcra), whose problem is
+                // already listed on the key the user wrote.
+                let defaulted_burst = !table_has_burst;
+                for violation in error
+                    .violations()
+                    .iter()
+                    .filter(|violation| !(defaulted_burst && violation.field == PolicyField::Burst))
+                {
                     // A bad id is the policy table's own key.
                     let at = if violation.field == PolicyField::Id {
                         path.clone()

@@ -449,6 +449,36 @@ fn a_gcra_policy_reads_limit_period_and_burst_which_defaults_to_the_limit() {
 }
 
 #[test]
+fn a_gcra_problem_is_reported_once_on_the_key_written() {
+    jail(|jail| {
+        // Issue 20's outside pass: a left-out burst is the limit, so a bad
+        // limit also showed a `burst` problem the user never wrote; and a
+        // bad burst beside `maximum-cost = 0` said "must be in 1..=0".
+        let file = r#"
+            [capabilities.rate-limit]
+            default-policy = "nought"
+            [capabilities.rate-limit.policies.nought]
+            algorithm = "gcra"
+            limit = 0
+            period = "1s"
+            [capabilities.rate-limit.policies.both]
+            algorithm = "gcra"
+            limit = 10
+            period = "1s"
+            burst = 0
+            maximum-cost = 0
+        "#;
+        let mut found = problems(load_file(jail, file));
+        found.sort();
+        let at = |key: &str| format!("capabilities.rate-limit.policies.{key}");
+        let keys: Vec<_> = found.iter().map(|(path, _)| path.clone()).collect();
+        assert_eq!(keys, [at("both.burst"), at("both.maximum-cost"), at("nought.limit")]);
+        assert_eq!(found[1].1, "must be at least 1, got 0", "{found:#?}");
+        assert!(found.iter().all(|(_, message)| !message.contains("1..=0")), "{found:#?}");
+    });
+}
+
+#[test]
 fn the_redis_provider_needs_the_redis_switch() {
     jail(|jail| {
         let file =
