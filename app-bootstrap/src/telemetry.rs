@@ -49,6 +49,24 @@ const TRACES_PATH: &str = "/v1/traces";
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// The name of the tracer (the instrumentation scope) of every span.
 const SCOPE: &str = "ca-skeleton";
+/// The SDK's batch variables it takes as given: a zero queue panics the
+/// processor ("mpsc bounded channel requires buffer > 0"), a zero batch
+/// or concurrency never exports, a zero delay spins a core.
+const NONZERO_BATCH_VARIABLES: [&str; 4] = [
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
+    "OTEL_BSP_SCHEDULE_DELAY",
+];
+
+/// The variables of [`NONZERO_BATCH_VARIABLES`] that `lookup` sets to a
+/// number the SDK reads as zero (`0`, `00`, `+0`).
+fn zeroed_batch_variables(lookup: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
+    NONZERO_BATCH_VARIABLES
+        .into_iter()
+        .filter(|name| lookup(name).and_then(|value| value.parse::<u64>().ok()) == Some(0))
+        .collect()
+}
 
 /// The running trace pipeline; [`Tracing::shutdown`] flushes it.
 #[derive(Debug, Clone)]
@@ -62,6 +80,13 @@ impl Tracing {
     /// runs on it.
     pub fn start(otlp: &OtlpConfig) -> Result<Option<Self>, BootstrapError> {
         let Some(endpoint) = &otlp.endpoint else { return Ok(None) };
+        let zeroed = zeroed_batch_variables(|name| std::env::var(name).ok());
+        if !zeroed.is_empty() {
+            return Err(BootstrapError::Wiring {
+                component: "the OTLP batch span processor",
+                reason: format!("{} must be more than 0 (or unset)", zeroed.join(", ")),
+            });
+        }
         let headers: HashMap<String, String> = otlp
             .headers
             .iter()
@@ -329,5 +354,22 @@ where
             ),
             None => writer.write_str(&line),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::zeroed_batch_variables;
+
+    #[test]
+    fn a_batch_variable_read_as_zero_is_named_and_others_are_not() {
+        let zeroed = zeroed_batch_variables(|name| match name {
+            "OTEL_BSP_MAX_QUEUE_SIZE" => Some("0".to_owned()),
+            "OTEL_BSP_SCHEDULE_DELAY" => Some("+0".to_owned()),
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" => Some("16".to_owned()),
+            _ => Some("not a number".to_owned()),
+        });
+        assert_eq!(zeroed, ["OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_SCHEDULE_DELAY"]);
+        assert!(zeroed_batch_variables(|_| None).is_empty());
     }
 }

@@ -338,6 +338,27 @@ fn wait_for_failures(base: &str, at_least: u64) {
     }
 }
 
+/// `OTEL_BSP_MAX_QUEUE_SIZE=0` made the SDK panic in the batch processor
+/// (issue 21, D2): start-up now stops naming the variable.
+#[test]
+fn a_zero_batch_queue_from_the_environment_stops_start_up_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("otlp.toml");
+    std::fs::write(&path, config("memory", "http://127.0.0.1:4318", "")).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
+        .env_clear()
+        .env("RUST_LOG", "warn")
+        .env("OTEL_BSP_MAX_QUEUE_SIZE", "0")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "start-up must stop: {stderr}");
+    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    assert!(stderr.contains("OTEL_BSP_MAX_QUEUE_SIZE"), "names the variable: {stderr}");
+}
+
 #[test]
 fn with_the_receiver_down_requests_are_served_and_failures_are_counted_and_logged_once() {
     // A port nothing listens on any more: every export is refused.
