@@ -1298,3 +1298,53 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
         assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.sample-ratio"]);
     });
 }
+
+/// Issue 21, D3 and D9: a header the HTTP client frames itself, two names
+/// that differ only in case, and a value with a control byte each stop
+/// start-up naming `telemetry.otlp.headers.<name>`.
+#[test]
+fn framing_headers_case_twins_and_control_bytes_in_export_headers_are_refused() {
+    jail(|jail| {
+        for name in [
+            "content-length",
+            "Transfer-Encoding",
+            "host",
+            "content-type",
+            "connection",
+            "te",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+        ] {
+            let file = format!(
+                "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+                 headers = {{ {name} = \"1\" }}\n"
+            );
+            assert_eq!(
+                paths(load_file(jail, &file)),
+                [format!("telemetry.otlp.headers.{name}")],
+                "{name}"
+            );
+        }
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+             headers = {{ X-Api-Key = \"a\", x-api-key = \"b\" }}\n"
+        );
+        let named = paths(load_file(jail, &file));
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert!(named[0].starts_with("telemetry.otlp.headers."), "{named:?}");
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+             headers = {{ x-api-key = \"a\\tb\", x-team = \"caf\\u00e9\" }}\n"
+        );
+        let mut named = paths(load_file(jail, &file));
+        named.sort();
+        assert_eq!(named, ["telemetry.otlp.headers.x-api-key", "telemetry.otlp.headers.x-team"]);
+        // A space inside a value is visible ASCII and stays allowed.
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+             headers = {{ authorization = \"Bearer abc\" }}\n"
+        );
+        assert!(load_file(jail, &file).is_ok());
+    });
+}

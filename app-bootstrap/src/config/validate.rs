@@ -3,7 +3,7 @@
 //! the edge and Redis settings belong to their owners (`EdgeSettings`,
 //! `RedisSettings`); here their problems get their full key paths.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use adapter_redis::{RedisField, SettingsProblem};
@@ -238,16 +238,49 @@ fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     } else {
         at_most(at("timeout"), otlp.timeout, OtlpConfig::MAX_TIMEOUT, problems);
     }
+    // Lower-cased name -> the name as written, to find case twins.
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
     for (name, value) in &otlp.headers {
         let path = at("headers").child(name);
+        let lower = name.to_ascii_lowercase();
         if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
             problems.push(path.clone(), "is not a valid HTTP header name");
+        } else if FRAMING_HEADERS.contains(&lower.as_str()) {
+            problems.push(
+                path.clone(),
+                "is set by the exporter's HTTP client (message framing); it cannot be overridden",
+            );
         }
-        if axum::http::HeaderValue::from_str(value.expose()).is_err() {
-            problems.push(path, "the value is not a valid HTTP header value (visible ASCII)");
+        if !value.expose().bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
+            problems.push(path.clone(), "the value must be visible ASCII (spaces allowed)");
+        }
+        if let Some(first) = seen.get(&lower) {
+            problems.push(
+                path,
+                format!(
+                    "names the same header as telemetry.otlp.headers.{first} \
+                     (header names ignore case)"
+                ),
+            );
+        } else {
+            seen.insert(lower, name);
         }
     }
 }
+
+/// Headers the exporter's HTTP client writes to frame the request (or the
+/// connection): an export header of the same name would corrupt it.
+const FRAMING_HEADERS: [&str; 9] = [
+    "connection",
+    "content-length",
+    "content-type",
+    "host",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
 
 fn provider_switch(config: &AppConfig, problems: &mut ConfigProblems) {
     if config.capabilities.rate_limit.provider != ProviderKind::Redis {
