@@ -1348,3 +1348,42 @@ fn framing_headers_case_twins_and_control_bytes_in_export_headers_are_refused() 
         assert!(load_file(jail, &file).is_ok());
     });
 }
+
+/// Issue 21, D4: a wrong-scheme endpoint is named by its scheme; the URL
+/// (its user, password, host or query) is never printed.
+#[test]
+fn a_wrong_scheme_endpoint_names_the_scheme_and_never_prints_the_url() {
+    jail(|jail| {
+        for endpoint in [
+            "ftp://user:PASSW0RDSECRET@collector.example:4318/?token=QUERYSECRET",
+            "ftp://collector.example:4318/?token=QUERYSECRET",
+        ] {
+            let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
+            let error = load_file(jail, &file).unwrap_err().to_string();
+            assert!(error.contains("telemetry.otlp.endpoint"), "{error}");
+            assert!(error.contains("\"ftp\""), "names the scheme: {error}");
+            for secret in ["PASSW0RDSECRET", "QUERYSECRET", "collector.example", "user"] {
+                assert!(!error.contains(secret), "{secret} printed: {error}");
+            }
+        }
+    });
+}
+
+/// Issue 21, D6: an endpoint without a host, with port 0 or with a
+/// fragment stops start-up naming the key.
+#[test]
+fn an_endpoint_without_a_host_with_port_zero_or_a_fragment_is_refused() {
+    jail(|jail| {
+        for endpoint in [
+            "http://:14318",
+            "http://collector:0",
+            "http://collector:4318#frag",
+            "http://collector:4318/otlp#",
+        ] {
+            let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
+            assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");
+        }
+        let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318/otlp/\"\n");
+        assert!(load_file(jail, &file).is_ok());
+    });
+}

@@ -191,38 +191,8 @@ fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigP
 /// request can carry (a bad value is named by its key, never shown).
 fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     let at = |key: &str| KeyPath::root().dotted("telemetry.otlp").child(key);
-    if let Some(endpoint) = &otlp.endpoint {
-        match endpoint.parse::<axum::http::Uri>() {
-            Ok(uri) => {
-                let scheme = uri.scheme_str().unwrap_or_default();
-                if scheme == "https" {
-                    // The exporter's client is hyper's plain connector.
-                    problems.push(
-                        at("endpoint"),
-                        "this build has no TLS: use http:// to a collector on the host or \
-                         network (an OpenTelemetry Collector forwards over TLS)",
-                    );
-                } else if scheme != "http" || uri.host().is_none() {
-                    problems.push(
-                        at("endpoint"),
-                        format!(
-                            "must be an http:// URL with a host, like \
-                             \"http://127.0.0.1:4318\", got {endpoint:?}"
-                        ),
-                    );
-                } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@'))
-                {
-                    // It is logged at start; a credential goes in a header.
-                    problems.push(
-                        at("endpoint"),
-                        "must carry no user or password; put a credential in telemetry.otlp.headers",
-                    );
-                } else if uri.query().is_some() {
-                    problems.push(at("endpoint"), "must have no query; /v1/traces is appended");
-                }
-            }
-            Err(error) => problems.push(at("endpoint"), format!("not a URL: {error}")),
-        }
+    if let Some(problem) = otlp.endpoint.as_deref().and_then(endpoint_problem) {
+        problems.push(at("endpoint"), problem);
     }
     if !(0.0..=1.0).contains(&otlp.sample_ratio) {
         problems.push(
@@ -266,6 +236,40 @@ fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
             seen.insert(lower, name);
         }
     }
+}
+
+/// What is wrong with an OTLP endpoint, if anything. The URL is never
+/// quoted (it may hold a user, a password or a token in its query): only
+/// its scheme is named, like the `redis.urls` messages.
+fn endpoint_problem(endpoint: &str) -> Option<String> {
+    let uri = match endpoint.parse::<axum::http::Uri>() {
+        Ok(uri) => uri,
+        Err(error) => return Some(format!("not a URL: {error}")),
+    };
+    let scheme = uri.scheme_str().unwrap_or("none");
+    let problem = if scheme == "https" {
+        // The exporter's client is hyper's plain connector.
+        "this build has no TLS: use http:// to a collector on the host or network \
+         (an OpenTelemetry Collector forwards over TLS)"
+            .to_owned()
+    } else if scheme != "http" {
+        format!("must be an http:// URL, like \"http://127.0.0.1:4318\" (scheme {scheme:?})")
+    } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
+        // It is logged at start; a credential goes in a header.
+        "must carry no user or password; put a credential in telemetry.otlp.headers".to_owned()
+    } else if uri.host().is_none_or(str::is_empty) {
+        "must name a host, like \"http://127.0.0.1:4318\"".to_owned()
+    } else if uri.port_u16() == Some(0) {
+        "port 0 is no collector's port; name the port it listens on (OTLP/HTTP: 4318)".to_owned()
+    } else if uri.query().is_some() {
+        "must have no query; /v1/traces is appended".to_owned()
+    } else if endpoint.contains('#') {
+        // The URI parser drops a fragment; /v1/traces would land after it.
+        "must have no fragment (#); /v1/traces is appended".to_owned()
+    } else {
+        return None;
+    };
+    Some(problem)
 }
 
 /// Headers the exporter's HTTP client writes to frame the request (or the
