@@ -275,11 +275,11 @@ async fn request_span(
     let Some(parent) = sampling.traced(request.headers()) else {
         return next.run(request).await;
     };
-    let method = request.method().as_str().to_owned();
+    let (method, in_name) = span_method(request.method());
     let route = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_owned());
     let name = match &route {
-        Some(route) => format!("{method} {route}"),
-        None => method.clone(),
+        Some(route) => format!("{in_name} {route}"),
+        None => in_name.to_owned(),
     };
     let route = route.as_deref().unwrap_or_default();
     let span = match listener {
@@ -315,6 +315,28 @@ async fn request_span(
         span.record("otel.status_code", "ERROR");
     }
     response
+}
+
+/// The method as the OpenTelemetry HTTP conventions export it: a standard
+/// method as itself, any other as `http.request.method = "_OTHER"` in a
+/// span named `HTTP <route>`. A client picks an extension method freely
+/// (long, hostile), so its raw name is never exported (no
+/// `http.request.method_original`). Returns (attribute, name prefix).
+fn span_method(method: &axum::http::Method) -> (&'static str, &'static str) {
+    use axum::http::Method;
+    let known = match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => return ("_OTHER", "HTTP"),
+    };
+    (known, known)
 }
 
 /// The JSON log line format with the active span's `trace_id` and

@@ -466,3 +466,49 @@ fn at_ratio_zero_only_a_sampled_traceparent_is_traced() {
     assert_eq!(names, ["GET /api/hello", "rate_limit.decision"], "{spans:#?}");
     assert!(spans.iter().all(|span| span.trace_id == trace_id), "{spans:#?}");
 }
+
+/// Issue 21, D5: a method outside the standard ones is exported as
+/// `_OTHER` (OpenTelemetry HTTP conventions) in a span named
+/// `HTTP <route>`; the raw method, which a client chooses freely, is in no
+/// exported byte.
+#[test]
+fn an_extension_method_is_exported_as_other_and_never_raw() {
+    const METHOD: &str = "XHOSTILEMETHODNAME";
+    let (endpoint, received) = receiver();
+    let mut serve = Serve::start(&config("memory", &endpoint, ""), "info");
+    let base = serve.base.clone();
+    let status = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            let method = reqwest::Method::from_bytes(METHOD.as_bytes()).unwrap();
+            let reply = client
+                .request(method, format!("{base}/api/hello"))
+                .header("traceparent", format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"))
+                .send()
+                .await
+                .unwrap();
+            reply.status().as_u16()
+        })
+    })
+    .join()
+    .unwrap();
+    stop(&mut serve);
+
+    let trace_id = hex::decode(TRACE_ID).unwrap();
+    let spans = received.spans();
+    let request = spans
+        .iter()
+        .find(|span| {
+            span.trace_id == trace_id && span.parent_span_id == hex::decode(PARENT_SPAN_ID).unwrap()
+        })
+        .unwrap_or_else(|| panic!("no request span (status {status}): {spans:#?}"));
+    assert_eq!(request.name, "HTTP /api/hello");
+    let attrs = attributes(request);
+    assert_eq!(attrs.get("http.request.method"), Some(&string("_OTHER")), "{attrs:?}");
+    let bytes = received.bytes();
+    assert!(
+        !bytes.windows(METHOD.len()).any(|window| window == METHOD.as_bytes()),
+        "the raw method is in the exported bytes"
+    );
+}
