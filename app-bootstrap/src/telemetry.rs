@@ -143,7 +143,7 @@ impl Tracing {
     /// while it flushes, so that runs off the runtime's workers.
     pub async fn shutdown(self, budget: Duration) {
         let provider = self.provider;
-        let flush = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(budget));
+        let flush = tokio::task::spawn_blocking(move || drain_then_shut_down(&provider, budget));
         match tokio::time::timeout(budget, flush).await {
             Ok(Ok(Ok(()))) => tracing::debug!("pending spans flushed"),
             Ok(Ok(Err(error))) => tracing::warn!(%error, "pending spans not flushed"),
@@ -153,6 +153,33 @@ impl Tracing {
             }
         }
     }
+}
+
+/// How long to wait before asking a full queue again to flush.
+const FULL_QUEUE_RETRY: Duration = Duration::from_millis(20);
+
+/// Flushes, then shuts `provider` down, within `budget`. The SDK's batch
+/// processor takes its flush and shutdown messages on the span queue
+/// itself, with `try_send`: on a full queue (a slow collector) a plain
+/// shutdown fails at once and drops every pending span. So the flush is
+/// asked again while the queue is full, which the processor drains at the
+/// collector's pace, until it fits or the budget is spent. Blocking.
+fn drain_then_shut_down(provider: &SdkTracerProvider, budget: Duration) -> OTelSdkResult {
+    let deadline = Instant::now() + budget;
+    loop {
+        match provider.force_flush() {
+            // The SDK reports a full queue only in its error's text.
+            Err(error)
+                if error.to_string().contains("channel is full")
+                    && Instant::now() + FULL_QUEUE_RETRY < deadline =>
+            {
+                std::thread::sleep(FULL_QUEUE_RETRY);
+            }
+            // Flushed, or an export failed (counted): the shutdown says.
+            Ok(()) | Err(_) => break,
+        }
+    }
+    provider.shutdown_with_timeout(deadline.saturating_duration_since(Instant::now()))
 }
 
 /// The OTLP exporter, with each failed export counted and logged at most

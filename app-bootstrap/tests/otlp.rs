@@ -78,6 +78,12 @@ impl Received {
 /// thread: `POST /v1/traces` keeps the body and answers 200 with an empty
 /// `ExportTraceServiceResponse`.
 fn receiver() -> (String, Received) {
+    receiver_taking(Duration::ZERO)
+}
+
+/// [`receiver`], answering each export only after `delay` (a slow but
+/// alive collector).
+fn receiver_taking(delay: Duration) -> (String, Received) {
     let received = Received::default();
     let state = received.clone();
     let (bound, address) = std::sync::mpsc::channel();
@@ -89,7 +95,8 @@ fn receiver() -> (String, Received) {
             let app = axum::Router::new()
                 .route(
                     "/v1/traces",
-                    post(|State(received): State<Received>, body: Bytes| async move {
+                    post(move |State(received): State<Received>, body: Bytes| async move {
+                        tokio::time::sleep(delay).await;
                         received.bodies.lock().unwrap().push(body);
                         ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
                     }),
@@ -511,4 +518,23 @@ fn an_extension_method_is_exported_as_other_and_never_raw() {
         !bytes.windows(METHOD.len()).any(|window| window == METHOD.as_bytes()),
         "the raw method is in the exported bytes"
     );
+}
+
+/// Issue 21, D1: at SIGTERM with a slow but alive collector and a full
+/// queue, the SDK's shutdown message did not fit in the queue and every
+/// pending span was dropped at once although grace remained. The flush now
+/// keeps exporting until the queue is through (or the grace ends).
+#[test]
+fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
+    let (endpoint, received) = receiver_taking(Duration::from_millis(150));
+    // One span per export, a queue of 4: the queue is full at SIGTERM.
+    let env = [("OTEL_BSP_MAX_QUEUE_SIZE", "4"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+    for round in 0..5 {
+        assert_eq!(two_requests(&serve.base), [200, 200], "round {round}");
+    }
+    stop(&mut serve);
+    let exported = received.spans().len();
+    // The one in the collector's hands at SIGTERM and the 4 queued.
+    assert!(exported >= 5, "only {exported} spans exported; logs: {:#?}", serve.logs());
 }
