@@ -49,6 +49,24 @@ const TRACES_PATH: &str = "/v1/traces";
 const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
 /// The name of the tracer (the instrumentation scope) of every span.
 const SCOPE: &str = "ca-skeleton";
+/// The SDK's batch variables it takes as given: a zero queue panics the
+/// processor ("mpsc bounded channel requires buffer > 0"), a zero batch
+/// or concurrency never exports, a zero delay spins a core.
+const NONZERO_BATCH_VARIABLES: [&str; 4] = [
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
+    "OTEL_BSP_SCHEDULE_DELAY",
+];
+
+/// The variables of [`NONZERO_BATCH_VARIABLES`] that `lookup` sets to a
+/// number the SDK reads as zero (`0`, `00`, `+0`).
+fn zeroed_batch_variables(lookup: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
+    NONZERO_BATCH_VARIABLES
+        .into_iter()
+        .filter(|name| lookup(name).and_then(|value| value.parse::<u64>().ok()) == Some(0))
+        .collect()
+}
 
 /// The running trace pipeline; [`Tracing::shutdown`] flushes it.
 #[derive(Debug, Clone)]
@@ -62,6 +80,13 @@ impl Tracing {
     /// runs on it.
     pub fn start(otlp: &OtlpConfig) -> Result<Option<Self>, BootstrapError> {
         let Some(endpoint) = &otlp.endpoint else { return Ok(None) };
+        let zeroed = zeroed_batch_variables(|name| std::env::var(name).ok());
+        if !zeroed.is_empty() {
+            return Err(BootstrapError::Wiring {
+                component: "the OTLP batch span processor",
+                reason: format!("{} must be more than 0 (or unset)", zeroed.join(", ")),
+            });
+        }
         let headers: HashMap<String, String> = otlp
             .headers
             .iter()
@@ -118,7 +143,7 @@ impl Tracing {
     /// while it flushes, so that runs off the runtime's workers.
     pub async fn shutdown(self, budget: Duration) {
         let provider = self.provider;
-        let flush = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(budget));
+        let flush = tokio::task::spawn_blocking(move || drain_then_shut_down(&provider, budget));
         match tokio::time::timeout(budget, flush).await {
             Ok(Ok(Ok(()))) => tracing::debug!("pending spans flushed"),
             Ok(Ok(Err(error))) => tracing::warn!(%error, "pending spans not flushed"),
@@ -128,6 +153,33 @@ impl Tracing {
             }
         }
     }
+}
+
+/// How long to wait before asking a full queue again to flush.
+const FULL_QUEUE_RETRY: Duration = Duration::from_millis(20);
+
+/// Flushes, then shuts `provider` down, within `budget`. The SDK's batch
+/// processor takes its flush and shutdown messages on the span queue
+/// itself, with `try_send`: on a full queue (a slow collector) a plain
+/// shutdown fails at once and drops every pending span. So the flush is
+/// asked again while the queue is full, which the processor drains at the
+/// collector's pace, until it fits or the budget is spent. Blocking.
+fn drain_then_shut_down(provider: &SdkTracerProvider, budget: Duration) -> OTelSdkResult {
+    let deadline = Instant::now() + budget;
+    loop {
+        match provider.force_flush() {
+            // The SDK reports a full queue only in its error's text.
+            Err(error)
+                if error.to_string().contains("channel is full")
+                    && Instant::now() + FULL_QUEUE_RETRY < deadline =>
+            {
+                std::thread::sleep(FULL_QUEUE_RETRY);
+            }
+            // Flushed, or an export failed (counted): the shutdown says.
+            Ok(()) | Err(_) => break,
+        }
+    }
+    provider.shutdown_with_timeout(deadline.saturating_duration_since(Instant::now()))
 }
 
 /// The OTLP exporter, with each failed export counted and logged at most
@@ -250,11 +302,11 @@ async fn request_span(
     let Some(parent) = sampling.traced(request.headers()) else {
         return next.run(request).await;
     };
-    let method = request.method().as_str().to_owned();
+    let (method, in_name) = span_method(request.method());
     let route = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_owned());
     let name = match &route {
-        Some(route) => format!("{method} {route}"),
-        None => method.clone(),
+        Some(route) => format!("{in_name} {route}"),
+        None => in_name.to_owned(),
     };
     let route = route.as_deref().unwrap_or_default();
     let span = match listener {
@@ -290,6 +342,28 @@ async fn request_span(
         span.record("otel.status_code", "ERROR");
     }
     response
+}
+
+/// The method as the OpenTelemetry HTTP conventions export it: a standard
+/// method as itself, any other as `http.request.method = "_OTHER"` in a
+/// span named `HTTP <route>`. A client picks an extension method freely
+/// (long, hostile), so its raw name is never exported (no
+/// `http.request.method_original`). Returns (attribute, name prefix).
+fn span_method(method: &axum::http::Method) -> (&'static str, &'static str) {
+    use axum::http::Method;
+    let known = match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => return ("_OTHER", "HTTP"),
+    };
+    (known, known)
 }
 
 /// The JSON log line format with the active span's `trace_id` and
@@ -329,5 +403,22 @@ where
             ),
             None => writer.write_str(&line),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::zeroed_batch_variables;
+
+    #[test]
+    fn a_batch_variable_read_as_zero_is_named_and_others_are_not() {
+        let zeroed = zeroed_batch_variables(|name| match name {
+            "OTEL_BSP_MAX_QUEUE_SIZE" => Some("0".to_owned()),
+            "OTEL_BSP_SCHEDULE_DELAY" => Some("+0".to_owned()),
+            "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" => Some("16".to_owned()),
+            _ => Some("not a number".to_owned()),
+        });
+        assert_eq!(zeroed, ["OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_SCHEDULE_DELAY"]);
+        assert!(zeroed_batch_variables(|_| None).is_empty());
     }
 }

@@ -78,6 +78,12 @@ impl Received {
 /// thread: `POST /v1/traces` keeps the body and answers 200 with an empty
 /// `ExportTraceServiceResponse`.
 fn receiver() -> (String, Received) {
+    receiver_taking(Duration::ZERO)
+}
+
+/// [`receiver`], answering each export only after `delay` (a slow but
+/// alive collector).
+fn receiver_taking(delay: Duration) -> (String, Received) {
     let received = Received::default();
     let state = received.clone();
     let (bound, address) = std::sync::mpsc::channel();
@@ -89,7 +95,8 @@ fn receiver() -> (String, Received) {
             let app = axum::Router::new()
                 .route(
                     "/v1/traces",
-                    post(|State(received): State<Received>, body: Bytes| async move {
+                    post(move |State(received): State<Received>, body: Bytes| async move {
+                        tokio::time::sleep(delay).await;
                         received.bodies.lock().unwrap().push(body);
                         ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
                     }),
@@ -338,6 +345,27 @@ fn wait_for_failures(base: &str, at_least: u64) {
     }
 }
 
+/// `OTEL_BSP_MAX_QUEUE_SIZE=0` made the SDK panic in the batch processor
+/// (issue 21, D2): start-up now stops naming the variable.
+#[test]
+fn a_zero_batch_queue_from_the_environment_stops_start_up_naming_the_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("otlp.toml");
+    std::fs::write(&path, config("memory", "http://127.0.0.1:4318", "")).unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
+        .env_clear()
+        .env("RUST_LOG", "warn")
+        .env("OTEL_BSP_MAX_QUEUE_SIZE", "0")
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "start-up must stop: {stderr}");
+    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    assert!(stderr.contains("OTEL_BSP_MAX_QUEUE_SIZE"), "names the variable: {stderr}");
+}
+
 #[test]
 fn with_the_receiver_down_requests_are_served_and_failures_are_counted_and_logged_once() {
     // A port nothing listens on any more: every export is refused.
@@ -444,4 +472,69 @@ fn at_ratio_zero_only_a_sampled_traceparent_is_traced() {
     names.sort_unstable();
     assert_eq!(names, ["GET /api/hello", "rate_limit.decision"], "{spans:#?}");
     assert!(spans.iter().all(|span| span.trace_id == trace_id), "{spans:#?}");
+}
+
+/// Issue 21, D5: a method outside the standard ones is exported as
+/// `_OTHER` (OpenTelemetry HTTP conventions) in a span named
+/// `HTTP <route>`; the raw method, which a client chooses freely, is in no
+/// exported byte.
+#[test]
+fn an_extension_method_is_exported_as_other_and_never_raw() {
+    const METHOD: &str = "XHOSTILEMETHODNAME";
+    let (endpoint, received) = receiver();
+    let mut serve = Serve::start(&config("memory", &endpoint, ""), "info");
+    let base = serve.base.clone();
+    let status = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            let method = reqwest::Method::from_bytes(METHOD.as_bytes()).unwrap();
+            let reply = client
+                .request(method, format!("{base}/api/hello"))
+                .header("traceparent", format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"))
+                .send()
+                .await
+                .unwrap();
+            reply.status().as_u16()
+        })
+    })
+    .join()
+    .unwrap();
+    stop(&mut serve);
+
+    let trace_id = hex::decode(TRACE_ID).unwrap();
+    let spans = received.spans();
+    let request = spans
+        .iter()
+        .find(|span| {
+            span.trace_id == trace_id && span.parent_span_id == hex::decode(PARENT_SPAN_ID).unwrap()
+        })
+        .unwrap_or_else(|| panic!("no request span (status {status}): {spans:#?}"));
+    assert_eq!(request.name, "HTTP /api/hello");
+    let attrs = attributes(request);
+    assert_eq!(attrs.get("http.request.method"), Some(&string("_OTHER")), "{attrs:?}");
+    let bytes = received.bytes();
+    assert!(
+        !bytes.windows(METHOD.len()).any(|window| window == METHOD.as_bytes()),
+        "the raw method is in the exported bytes"
+    );
+}
+
+/// Issue 21, D1: at SIGTERM with a slow but alive collector and a full
+/// queue, the SDK's shutdown message did not fit in the queue and every
+/// pending span was dropped at once although grace remained. The flush now
+/// keeps exporting until the queue is through (or the grace ends).
+#[test]
+fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
+    let (endpoint, received) = receiver_taking(Duration::from_millis(150));
+    // One span per export, a queue of 4: the queue is full at SIGTERM.
+    let env = [("OTEL_BSP_MAX_QUEUE_SIZE", "4"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+    for round in 0..5 {
+        assert_eq!(two_requests(&serve.base), [200, 200], "round {round}");
+    }
+    stop(&mut serve);
+    let exported = received.spans().len();
+    // The one in the collector's hands at SIGTERM and the 4 queued.
+    assert!(exported >= 5, "only {exported} spans exported; logs: {:#?}", serve.logs());
 }

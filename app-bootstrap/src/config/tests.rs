@@ -1623,3 +1623,92 @@ fn a_bad_instances_value_is_one_problem_and_a_missing_one_is_named_missing() {
         assert!(found[0].1.contains("at least 1"), "{found:?}");
     });
 }
+
+/// Issue 21, D3 and D9: a header the HTTP client frames itself, two names
+/// that differ only in case, and a value with a control byte each stop
+/// start-up naming `telemetry.otlp.headers.<name>`.
+#[test]
+fn framing_headers_case_twins_and_control_bytes_in_export_headers_are_refused() {
+    jail(|jail| {
+        for name in [
+            "content-length",
+            "Transfer-Encoding",
+            "host",
+            "content-type",
+            "connection",
+            "te",
+            "upgrade",
+            "keep-alive",
+            "proxy-connection",
+        ] {
+            let file = format!(
+                "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+                 headers = {{ {name} = \"1\" }}\n"
+            );
+            assert_eq!(
+                paths(load_file(jail, &file)),
+                [format!("telemetry.otlp.headers.{name}")],
+                "{name}"
+            );
+        }
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+             headers = {{ X-Api-Key = \"a\", x-api-key = \"b\" }}\n"
+        );
+        let named = paths(load_file(jail, &file));
+        assert_eq!(named.len(), 1, "{named:?}");
+        assert!(named[0].starts_with("telemetry.otlp.headers."), "{named:?}");
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+             headers = {{ x-api-key = \"a\\tb\", x-team = \"caf\\u00e9\" }}\n"
+        );
+        let mut named = paths(load_file(jail, &file));
+        named.sort();
+        assert_eq!(named, ["telemetry.otlp.headers.x-api-key", "telemetry.otlp.headers.x-team"]);
+        // A space inside a value is visible ASCII and stays allowed.
+        let file = format!(
+            "{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318\"\n\
+             headers = {{ authorization = \"Bearer abc\" }}\n"
+        );
+        assert!(load_file(jail, &file).is_ok());
+    });
+}
+
+/// Issue 21, D4: a wrong-scheme endpoint is named by its scheme; the URL
+/// (its user, password, host or query) is never printed.
+#[test]
+fn a_wrong_scheme_endpoint_names_the_scheme_and_never_prints_the_url() {
+    jail(|jail| {
+        for endpoint in [
+            "ftp://user:PASSW0RDSECRET@collector.example:4318/?token=QUERYSECRET",
+            "ftp://collector.example:4318/?token=QUERYSECRET",
+        ] {
+            let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
+            let error = load_file(jail, &file).unwrap_err().to_string();
+            assert!(error.contains("telemetry.otlp.endpoint"), "{error}");
+            assert!(error.contains("\"ftp\""), "names the scheme: {error}");
+            for secret in ["PASSW0RDSECRET", "QUERYSECRET", "collector.example", "user"] {
+                assert!(!error.contains(secret), "{secret} printed: {error}");
+            }
+        }
+    });
+}
+
+/// Issue 21, D6: an endpoint without a host, with port 0 or with a
+/// fragment stops start-up naming the key.
+#[test]
+fn an_endpoint_without_a_host_with_port_zero_or_a_fragment_is_refused() {
+    jail(|jail| {
+        for endpoint in [
+            "http://:14318",
+            "http://collector:0",
+            "http://collector:4318#frag",
+            "http://collector:4318/otlp#",
+        ] {
+            let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
+            assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");
+        }
+        let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318/otlp/\"\n");
+        assert!(load_file(jail, &file).is_ok());
+    });
+}

@@ -3,7 +3,7 @@
 //! the edge and Redis settings belong to their owners (`EdgeSettings`,
 //! `RedisSettings`); here their problems get their full key paths.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use adapter_redis::{RedisField, SettingsProblem};
@@ -193,38 +193,8 @@ fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigP
 /// request can carry (a bad value is named by its key, never shown).
 fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     let at = |key: &str| KeyPath::root().dotted("telemetry.otlp").child(key);
-    if let Some(endpoint) = &otlp.endpoint {
-        match endpoint.parse::<axum::http::Uri>() {
-            Ok(uri) => {
-                let scheme = uri.scheme_str().unwrap_or_default();
-                if scheme == "https" {
-                    // The exporter's client is hyper's plain connector.
-                    problems.push(
-                        at("endpoint"),
-                        "this build has no TLS: use http:// to a collector on the host or \
-                         network (an OpenTelemetry Collector forwards over TLS)",
-                    );
-                } else if scheme != "http" || uri.host().is_none() {
-                    problems.push(
-                        at("endpoint"),
-                        format!(
-                            "must be an http:// URL with a host, like \
-                             \"http://127.0.0.1:4318\", got {endpoint:?}"
-                        ),
-                    );
-                } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@'))
-                {
-                    // It is logged at start; a credential goes in a header.
-                    problems.push(
-                        at("endpoint"),
-                        "must carry no user or password; put a credential in telemetry.otlp.headers",
-                    );
-                } else if uri.query().is_some() {
-                    problems.push(at("endpoint"), "must have no query; /v1/traces is appended");
-                }
-            }
-            Err(error) => problems.push(at("endpoint"), format!("not a URL: {error}")),
-        }
+    if let Some(problem) = otlp.endpoint.as_deref().and_then(endpoint_problem) {
+        problems.push(at("endpoint"), problem);
     }
     if !(0.0..=1.0).contains(&otlp.sample_ratio) {
         problems.push(
@@ -240,16 +210,83 @@ fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     } else {
         at_most(at("timeout"), otlp.timeout, OtlpConfig::MAX_TIMEOUT, problems);
     }
+    // Lower-cased name -> the name as written, to find case twins.
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
     for (name, value) in &otlp.headers {
         let path = at("headers").child(name);
+        let lower = name.to_ascii_lowercase();
         if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
             problems.push(path.clone(), "is not a valid HTTP header name");
+        } else if FRAMING_HEADERS.contains(&lower.as_str()) {
+            problems.push(
+                path.clone(),
+                "is set by the exporter's HTTP client (message framing); it cannot be overridden",
+            );
         }
-        if axum::http::HeaderValue::from_str(value.expose()).is_err() {
-            problems.push(path, "the value is not a valid HTTP header value (visible ASCII)");
+        if !value.expose().bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
+            problems.push(path.clone(), "the value must be visible ASCII (spaces allowed)");
+        }
+        if let Some(first) = seen.get(&lower) {
+            problems.push(
+                path,
+                format!(
+                    "names the same header as telemetry.otlp.headers.{first} \
+                     (header names ignore case)"
+                ),
+            );
+        } else {
+            seen.insert(lower, name);
         }
     }
 }
+
+/// What is wrong with an OTLP endpoint, if anything. The URL is never
+/// quoted (it may hold a user, a password or a token in its query): only
+/// its scheme is named, like the `redis.urls` messages.
+fn endpoint_problem(endpoint: &str) -> Option<String> {
+    let uri = match endpoint.parse::<axum::http::Uri>() {
+        Ok(uri) => uri,
+        Err(error) => return Some(format!("not a URL: {error}")),
+    };
+    let scheme = uri.scheme_str().unwrap_or("none");
+    let problem = if scheme == "https" {
+        // The exporter's client is hyper's plain connector.
+        "this build has no TLS: use http:// to a collector on the host or network \
+         (an OpenTelemetry Collector forwards over TLS)"
+            .to_owned()
+    } else if scheme != "http" {
+        format!("must be an http:// URL, like \"http://127.0.0.1:4318\" (scheme {scheme:?})")
+    } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
+        // It is logged at start; a credential goes in a header.
+        "must carry no user or password; put a credential in telemetry.otlp.headers".to_owned()
+    } else if uri.host().is_none_or(str::is_empty) {
+        "must name a host, like \"http://127.0.0.1:4318\"".to_owned()
+    } else if uri.port_u16() == Some(0) {
+        "port 0 is no collector's port; name the port it listens on (OTLP/HTTP: 4318)".to_owned()
+    } else if uri.query().is_some() {
+        "must have no query; /v1/traces is appended".to_owned()
+    } else if endpoint.contains('#') {
+        // The URI parser drops a fragment; /v1/traces would land after it.
+        "must have no fragment (#); /v1/traces is appended".to_owned()
+    } else {
+        return None;
+    };
+    Some(problem)
+}
+
+/// Headers the exporter's HTTP client writes to frame the request (or the
+/// connection): an export header of the same name would corrupt it.
+const FRAMING_HEADERS: [&str; 9] = [
+    "connection",
+    "content-length",
+    "content-type",
+    "host",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+];
 
 fn provider_switch(config: &AppConfig, problems: &mut ConfigProblems) {
     if config.capabilities.rate_limit.provider != ProviderKind::Redis {
