@@ -311,10 +311,22 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<An
     Ok(Some(Answer { allowed, decisions }))
 }
 
+/// Most descriptors one call may carry. Each subject is one atomic step
+/// (one Redis round trip), run in order: an unbounded list would let one
+/// call charge hundreds of budgets before its deadline ends it with an
+/// error. Envoy sends one descriptor per `rate_limits` action list.
+pub const MAX_DESCRIPTORS: usize = 64;
+
 /// The request's shape: descriptors, each with entries, each with a key.
 fn validate(request: &EnvoyRequest) -> Result<(), Status> {
     if request.descriptors.is_empty() {
         return Err(Status::invalid_argument("a rate limit request needs at least one descriptor"));
+    }
+    if request.descriptors.len() > MAX_DESCRIPTORS {
+        return Err(Status::invalid_argument(format!(
+            "{} descriptors: at most {MAX_DESCRIPTORS} in one call",
+            request.descriptors.len()
+        )));
     }
     for (index, descriptor) in request.descriptors.iter().enumerate() {
         let RateLimitDescriptor { entries, .. } = descriptor;

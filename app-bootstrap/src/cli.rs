@@ -226,6 +226,9 @@ async fn serve(
     if let Some(admin) = application.admin_addr() {
         tracing::info!(address = %admin, "admin listener on");
     }
+    if let Some(rls) = application.rls_addr() {
+        tracing::info!(address = %rls, "envoy rls listener on");
+    }
     if let Some(endpoint) = &config.telemetry.otlp.endpoint {
         tracing::info!(
             endpoint,
@@ -238,13 +241,31 @@ async fn serve(
     Ok(())
 }
 
+/// Largest file `import` reads: far above any real rate limit config, and
+/// it stops `/dev/zero` or a FIFO from taking the memory.
+const MAX_IMPORT_BYTES: u64 = 16 * 1024 * 1024;
+
+fn read_bounded(file: &std::path::Path) -> Result<String, String> {
+    use std::io::Read;
+    let opened = std::fs::File::open(file).map_err(|error| format!("cannot read: {error}"))?;
+    let mut bytes = Vec::new();
+    opened
+        .take(MAX_IMPORT_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| format!("cannot read: {error}"))?;
+    if bytes.len() as u64 > MAX_IMPORT_BYTES {
+        return Err(format!("larger than {} MiB: not a rate limit config", MAX_IMPORT_BYTES >> 20));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
+}
+
 fn import_envoy_ratelimit(files: &[PathBuf]) -> Result<(), BootstrapError> {
     let mut texts = Vec::with_capacity(files.len());
     let mut unread = Vec::new();
     for file in files {
-        match std::fs::read_to_string(file) {
+        match read_bounded(file) {
             Ok(text) => texts.push((file.display().to_string(), text)),
-            Err(error) => unread.push(format!("{}: cannot read: {error}", file.display())),
+            Err(problem) => unread.push(format!("{}: {problem}", file.display())),
         }
     }
     let sources: Vec<Source<'_>> = texts.iter().map(|(name, text)| Source { name, text }).collect();

@@ -184,3 +184,14 @@ fn bad_yaml_exits_non_zero_naming_the_file_and_line() {
     assert!(stdout.is_empty(), "nothing is printed: {stdout}");
     assert!(stderr.contains("bad.yaml: ") && stderr.contains("line 4"), "{stderr}");
 }
+
+/// An endless or huge input (`/dev/zero`, a FIFO, a wrong file) is refused
+/// after a bounded read, naming the file, instead of taking the memory.
+#[test]
+fn an_input_past_16_mib_is_refused_naming_the_file() {
+    let (output, stdout, stderr) =
+        run(ca_skeleton().arg("import").arg("envoy-ratelimit").arg("/dev/zero"));
+    assert!(!output.status.success());
+    assert!(stdout.is_empty(), "nothing is printed: {stdout}");
+    assert!(stderr.contains("/dev/zero: larger than 16 MiB"), "{stderr}");
+}

@@ -269,7 +269,12 @@ pub async fn shadow_policies_never_deny_and_never_show(factory: &PortFactory) {
 pub async fn malformed_requests_are_invalid_arguments(factory: &PortFactory) {
     let (mut rls, port) = start(factory).await;
     let empty_key = descriptor(&[("", "10.0.0.6")], None);
+    // One past the cap, each a different subject (one atomic step each).
+    let too_many = (0..=adapter_envoy_rls::MAX_DESCRIPTORS)
+        .map(|index| ip(&format!("10.1.{}.{}", index / 256, index % 256)))
+        .collect();
     for (bad, says) in [
+        (request("edge", too_many, 0), "at most 64 in one call"),
         (request("edge", vec![], 0), "at least one descriptor"),
         (request("edge", vec![ip("10.0.0.6"), empty_key], 0), "empty key"),
         (request("edge", vec![descriptor(&[], None)], 0), "no entry"),
