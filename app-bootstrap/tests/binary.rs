@@ -11,30 +11,9 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
+use support::{ca_skeleton, run, write};
 
-const BIN: &str = env!("CARGO_BIN_EXE_ca-skeleton");
 const KEY: &str = "binary-test-pseudonymizer-key-0123456789";
-
-/// The binary with no variable of the test machine (no stray
-/// `CA_SKELETON_*`), logs quiet unless asked.
-fn ca_skeleton() -> Command {
-    let mut command = Command::new(BIN);
-    command.env_clear().env("RUST_LOG", "warn");
-    command
-}
-
-fn run(command: &mut Command) -> (Output, String, String) {
-    let output = command.output().expect("the binary runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    (output, stdout, stderr)
-}
-
-fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).expect("write the file");
-    path
-}
 
 const BAD: &str = r#"
 [capabilities.rate-limit]

@@ -4,29 +4,9 @@
 //! be converted is a warning on stderr; bad YAML exits non-zero naming the
 //! file and line.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod support;
 
-const BIN: &str = env!("CARGO_BIN_EXE_ca-skeleton");
-
-fn ca_skeleton() -> Command {
-    let mut command = Command::new(BIN);
-    command.env_clear().env("RUST_LOG", "warn");
-    command
-}
-
-fn run(command: &mut Command) -> (Output, String, String) {
-    let output = command.output().expect("the binary runs");
-    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    (output, stdout, stderr)
-}
-
-fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, contents).expect("write the file");
-    path
-}
+use support::{ca_skeleton, run, write};
 
 /// Per-address limits with an exception, a nested route limit in shadow
 /// mode, an unlimited health check beside a limited bare key, and a

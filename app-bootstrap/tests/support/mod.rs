@@ -330,3 +330,29 @@ impl Drop for Serve {
         let _ = self.child.wait();
     }
 }
+
+/// The built `ca-skeleton` binary.
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_ca-skeleton");
+
+/// The binary with no variable of the test machine (no stray
+/// `CA_SKELETON_*`), logs quiet unless asked.
+pub(crate) fn ca_skeleton() -> std::process::Command {
+    let mut command = std::process::Command::new(BIN);
+    command.env_clear().env("RUST_LOG", "warn");
+    command
+}
+
+/// Runs `command` to its end: its output, stdout and stderr as text.
+pub(crate) fn run(command: &mut std::process::Command) -> (std::process::Output, String, String) {
+    let output = command.output().expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stdout, stderr)
+}
+
+/// Writes `contents` to `dir/name` and gives its path.
+pub(crate) fn write(dir: &std::path::Path, name: &str, contents: &str) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write the file");
+    path
+}
