@@ -27,11 +27,29 @@
 //!
 //! Any other reply from the server, even an error reply, proves the
 //! connection works and ends the run.
+//!
+//! # While Redis cannot be reached
+//!
+//! At most one connect attempt is in flight per connection: callers that
+//! find one pending wait for it (within their deadline) and share its
+//! connection, or fail with it as not sent; they never start one each.
+//! For [`RETRY_CONNECT_AFTER`] after a failed attempt, callers fail at once
+//! as not sent (nothing reached Redis, so never an ambiguous failure); the
+//! first caller after that starts the next attempt, so the first call after
+//! Redis is back connects at most that long later. The back-off ends early
+//! when the connector's mark moves (the sentinels name another master).
+//! The failing-fast path spends the task's cooperative budget: a caller
+//! looping on it still lets the runtime drive the pending connect and the
+//! timers (without, such a loop held a worker and hung the runtime).
+//! `WARN redis connect failed` / `redis connect timed out` go out at most
+//! once per [`CONNECT_WARN_EVERY`] per connection, with `suppressed`, the
+//! failed attempts not logged since the line before; `INFO redis connected
+//! again`, with `failed_attempts`, ends an outage.
 
 use std::fmt::{self, Debug};
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
@@ -43,6 +61,62 @@ use super::GatewayFailure;
 /// which a command may have run) that make the gateway replace its
 /// connection.
 pub(crate) const AMBIGUOUS_FAILURES_BEFORE_RECONNECT: u32 = 3;
+
+/// How long after a failed connect attempt calls fail at once as not sent
+/// rather than start another: short, so the first call after Redis is back
+/// still connects promptly, long enough that a down Redis costs a handful
+/// of sockets a second, not one per request.
+pub(crate) const RETRY_CONNECT_AFTER: Duration = Duration::from_millis(100);
+
+/// The most often one connection logs a failed connect attempt.
+pub(crate) const CONNECT_WARN_EVERY: Duration = Duration::from_secs(1);
+
+/// What one connection knows of its failed connect attempts.
+#[derive(Debug, Default)]
+struct Outage {
+    /// Failed attempts ever: a caller that waited for an attempt tells by
+    /// it whether that attempt failed.
+    failures: u64,
+    /// When the latest attempt failed and the connector's mark it was made
+    /// under; `None` once an attempt connected.
+    latest: Option<(Instant, u64)>,
+    /// Failed attempts since the last one that connected.
+    in_a_row: u64,
+    /// Before when no failure is logged.
+    quiet_until: Option<Instant>,
+    /// Failures not logged since the last line.
+    suppressed: u64,
+}
+
+impl Outage {
+    /// Whether a call at `now`, under `mark`, fails at once: within
+    /// [`RETRY_CONNECT_AFTER`] of a failed attempt under the same mark.
+    fn backing_off(&self, now: Instant, mark: u64) -> bool {
+        self.latest
+            .is_some_and(|(failed, under)| under == mark && now < failed + RETRY_CONNECT_AFTER)
+    }
+
+    /// Records an attempt under `mark` that failed at `now`. `Some(failures
+    /// held back since the last line)` when this one is to be logged.
+    fn failed(&mut self, now: Instant, mark: u64) -> Option<u64> {
+        self.failures += 1;
+        self.in_a_row += 1;
+        self.latest = Some((now, mark));
+        if self.quiet_until.is_some_and(|until| now < until) {
+            self.suppressed += 1;
+            return None;
+        }
+        self.quiet_until = Some(now + CONNECT_WARN_EVERY);
+        Some(std::mem::take(&mut self.suppressed))
+    }
+
+    /// Records an attempt that connected: `Some(failed attempts before it)`
+    /// when it ends an outage.
+    fn connected(&mut self) -> Option<u64> {
+        self.latest = None;
+        Some(std::mem::take(&mut self.in_a_row)).filter(|&failed| failed > 0)
+    }
+}
 
 /// How a gateway opens its kind of connection.
 pub(crate) trait Connect: Send + Sync {
@@ -88,6 +162,9 @@ pub(crate) struct LazyConnection<C: Connect> {
     connecting: tokio::sync::Mutex<()>,
     generation: AtomicU64,
     ambiguous_in_a_row: AtomicU32,
+    /// Connect attempts started, ever (tests count them).
+    attempts: AtomicU64,
+    outage: Mutex<Outage>,
 }
 
 impl<C: Connect> Debug for LazyConnection<C> {
@@ -97,6 +174,7 @@ impl<C: Connect> Debug for LazyConnection<C> {
             .field("label", &self.label)
             .field("connect_timeout", &self.connect_timeout)
             .field("generation", &self.generation())
+            .field("connect_attempts", &self.connect_attempts())
             .finish_non_exhaustive()
     }
 }
@@ -112,7 +190,18 @@ impl<C: Connect> LazyConnection<C> {
             connecting: tokio::sync::Mutex::new(()),
             generation: AtomicU64::new(0),
             ambiguous_in_a_row: AtomicU32::new(0),
+            attempts: AtomicU64::new(0),
+            outage: Mutex::new(Outage::default()),
         }
+    }
+
+    /// How many connect attempts were started so far.
+    pub(crate) fn connect_attempts(&self) -> u64 {
+        self.attempts.load(Ordering::Relaxed)
+    }
+
+    fn outage(&self) -> MutexGuard<'_, Outage> {
+        self.outage.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// How many connections were opened so far.
@@ -150,7 +239,9 @@ impl<C: Connect> LazyConnection<C> {
     }
 
     /// The cached connection, or a new one opened before `until` (and
-    /// within the connect timeout). Nothing was sent when this fails.
+    /// within the connect timeout), by the rule of "While Redis cannot be
+    /// reached" in the module documentation. Nothing was sent when this
+    /// fails.
     pub(crate) async fn get(
         &self,
         until: Instant,
@@ -159,12 +250,27 @@ impl<C: Connect> LazyConnection<C> {
         if let Some(cached) = self.cached() {
             return Ok(cached);
         }
+        let failures_before = {
+            let outage = self.outage();
+            (!outage.backing_off(Instant::now(), self.connector.mark())).then_some(outage.failures)
+        };
+        let Some(failures_before) = failures_before else {
+            // Nothing else here awaits: without this, a caller looping on
+            // the answer never yields (see the module documentation).
+            tokio::task::coop::consume_budget().await;
+            return Err(GatewayFailure::NotSent);
+        };
         let Ok(_turn) = tokio::time::timeout_at(until, self.connecting.lock()).await else {
             return Err(GatewayFailure::NotSent);
         };
         // Someone else may have connected while this task waited its turn.
         if let Some(cached) = self.cached() {
             return Ok(cached);
+        }
+        if self.outage().failures != failures_before {
+            // The attempt this caller waited for failed: it fails with it
+            // rather than make one more (one per waiter, before).
+            return Err(GatewayFailure::NotSent);
         }
         self.open(until.min(Instant::now() + self.connect_timeout)).await
     }
@@ -179,17 +285,31 @@ impl<C: Connect> LazyConnection<C> {
         // Read before: a mark that moves while connecting may be about this
         // very node, so the new connection must not outlive it.
         let mark = self.connector.mark();
-        match tokio::time::timeout_at(until, self.connector.connect()).await {
-            Ok(Ok(connection)) => Ok(self.install(connection, mark)),
-            Ok(Err(error)) => {
-                tracing::warn!(kind = error.category(), label = self.label, "redis connect failed");
-                Err(GatewayFailure::NotSent)
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        let error = match tokio::time::timeout_at(until, self.connector.connect()).await {
+            Ok(Ok(connection)) => {
+                if let Some(failed_attempts) = self.outage().connected() {
+                    tracing::info!(label = self.label, failed_attempts, "redis connected again");
+                }
+                return Ok(self.install(connection, mark));
             }
-            Err(_) => {
-                tracing::warn!(label = self.label, "redis connect timed out");
-                Err(GatewayFailure::NotSent)
+            Ok(Err(error)) => Some(error),
+            Err(_) => None,
+        };
+        let logged = self.outage().failed(Instant::now(), mark);
+        match (logged, error) {
+            (Some(suppressed), Some(error)) => tracing::warn!(
+                kind = error.category(),
+                label = self.label,
+                suppressed,
+                "redis connect failed"
+            ),
+            (Some(suppressed), None) => {
+                tracing::warn!(label = self.label, suppressed, "redis connect timed out");
             }
+            (None, _) => {}
         }
+        Err(GatewayFailure::NotSent)
     }
 
     fn install(&self, connection: C::Connection, mark: u64) -> Opened<C::Connection> {
@@ -275,7 +395,7 @@ impl<C: Connect> LazyConnection<C> {
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicBool, AtomicUsize};
 
     use super::*;
 
@@ -286,6 +406,11 @@ mod tests {
         connects: AtomicUsize,
         delay: Duration,
         mark: AtomicU64,
+        /// Every connect is refused (after `delay`) while set.
+        refuse: AtomicBool,
+        /// A connect moves the mark on while set, as the Sentinel connector
+        /// does when the node it reached is another master than before.
+        moves_mark: AtomicBool,
     }
 
     impl Connect for Arc<Counting> {
@@ -295,6 +420,13 @@ mod tests {
             let counting = Arc::clone(self);
             async move {
                 tokio::time::sleep(counting.delay).await;
+                if counting.refuse.load(Ordering::Relaxed) {
+                    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+                    return Err(RedisError::from(refused));
+                }
+                if counting.moves_mark.swap(false, Ordering::Relaxed) {
+                    counting.mark.fetch_add(1, Ordering::Relaxed);
+                }
                 Ok(counting.connects.fetch_add(1, Ordering::Relaxed) + 1)
             }
         }
@@ -416,5 +548,122 @@ mod tests {
         let until = Instant::now() + Duration::from_millis(50);
         assert_eq!(lazy.get(until).await.map(|held| held.generation), Err(GatewayFailure::NotSent));
         assert_eq!(lazy.generation(), 0);
+    }
+
+    /// `n` callers of `get` at once, each with a second to spare: the
+    /// generation each got, `None` for not sent.
+    async fn burst(lazy: &Arc<LazyConnection<Arc<Counting>>>, n: usize) -> Vec<Option<u64>> {
+        let callers: Vec<_> = (0..n)
+            .map(|_| {
+                let lazy = Arc::clone(lazy);
+                tokio::spawn(async move { lazy.get(soon()).await.ok().map(|held| held.generation) })
+            })
+            .collect();
+        let mut generations = Vec::new();
+        for caller in callers {
+            generations.push(caller.await.unwrap());
+        }
+        generations
+    }
+
+    #[tokio::test]
+    async fn the_callers_waiting_for_a_failed_connect_fail_with_it() {
+        let (lazy, counting) = lazy(Duration::from_millis(50));
+        counting.refuse.store(true, Ordering::Relaxed);
+        let lazy = Arc::new(lazy);
+        assert_eq!(burst(&lazy, 16).await, [None; 16]);
+        assert_eq!(lazy.connect_attempts(), 1, "one attempt for the burst, not one per caller");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn after_a_failed_connect_calls_fail_at_once_until_the_back_off_ends() {
+        let (lazy, counting) = lazy(Duration::ZERO);
+        counting.refuse.store(true, Ordering::Relaxed);
+        assert_eq!(
+            lazy.get(soon()).await.map(|held| held.generation),
+            Err(GatewayFailure::NotSent)
+        );
+        assert_eq!(lazy.connect_attempts(), 1);
+        tokio::time::advance(RETRY_CONNECT_AFTER - Duration::from_millis(1)).await;
+        for _ in 0..100 {
+            assert_eq!(lazy.get(soon()).await.map(|_| ()), Err(GatewayFailure::NotSent));
+        }
+        assert_eq!(lazy.connect_attempts(), 1, "no attempt within the back-off");
+        tokio::time::advance(Duration::from_millis(1)).await;
+        assert_eq!(lazy.get(soon()).await.map(|_| ()), Err(GatewayFailure::NotSent));
+        assert_eq!(lazy.connect_attempts(), 2, "the first call after it tries again");
+        // Redis is back: the first call after the back-off connects.
+        counting.refuse.store(false, Ordering::Relaxed);
+        tokio::time::advance(RETRY_CONNECT_AFTER).await;
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, 1);
+        assert_eq!(lazy.connect_attempts(), 3);
+        // Connected: a dropped connection is replaced by the very next call.
+        lazy.failed(1, GatewayFailure::ConnectionLost, Some(&dropped()));
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_moved_mark_ends_the_back_off() {
+        let (lazy, counting) = lazy(Duration::ZERO);
+        counting.refuse.store(true, Ordering::Relaxed);
+        assert!(lazy.get(soon()).await.is_err());
+        counting.refuse.store(false, Ordering::Relaxed);
+        assert!(lazy.get(soon()).await.is_err(), "backing off");
+        // The sentinels name another master: worth trying at once.
+        counting.mark.fetch_add(1, Ordering::Relaxed);
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, 1);
+        assert_eq!(lazy.connect_attempts(), 2);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_caller_looping_on_a_refused_call_lets_other_tasks_run() {
+        let (lazy, counting) = lazy(Duration::ZERO);
+        counting.refuse.store(true, Ordering::Relaxed);
+        assert!(lazy.get(soon()).await.is_err());
+        let ran = Arc::new(AtomicBool::new(false));
+        let other = Arc::clone(&ran);
+        let _other = tokio::spawn(async move { other.store(true, Ordering::Relaxed) });
+        // Paused time stands still: every call is within the back-off and
+        // fails at once. The other task only runs if this loop yields.
+        for _ in 0..1_000 {
+            assert!(lazy.get(soon()).await.is_err());
+        }
+        assert!(ran.load(Ordering::Relaxed), "the loop never let the runtime run another task");
+        assert_eq!(lazy.connect_attempts(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_connect_that_moves_the_mark_is_made_again_once_for_its_waiters() {
+        // The Sentinel connector moves the mark when it reaches another
+        // master: the connection it made is superseded on its next use. The
+        // callers that waited for it did not see a failure: one of them
+        // connects again and the others share that.
+        let (lazy, counting) = lazy(Duration::from_millis(50));
+        counting.moves_mark.store(true, Ordering::Relaxed);
+        let lazy = Arc::new(lazy);
+        let mut generations = burst(&lazy, 8).await;
+        generations.sort_unstable();
+        assert_eq!(
+            generations,
+            [Some(1), Some(2), Some(2), Some(2), Some(2), Some(2), Some(2), Some(2)]
+        );
+        assert_eq!(lazy.connect_attempts(), 2);
+    }
+
+    #[test]
+    fn failed_connects_are_logged_once_a_second_with_the_count_held_back() {
+        let origin = Instant::now();
+        let at = |millis| origin + Duration::from_millis(millis);
+        let mut outage = Outage::default();
+        assert_eq!(outage.failed(at(0), 0), Some(0));
+        for millis in [1, 10, 500, 999] {
+            assert_eq!(outage.failed(at(millis), 0), None);
+        }
+        assert_eq!(outage.failed(at(1_000), 0), Some(4));
+        assert_eq!(outage.failed(at(1_500), 0), None);
+        assert_eq!(outage.connected(), Some(7), "one line when connected again");
+        assert_eq!(outage.connected(), None, "and only one");
+        assert_eq!(outage.failed(at(60_000), 0), Some(1));
+        assert_eq!(outage.failures, 8);
     }
 }

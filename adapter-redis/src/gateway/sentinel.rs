@@ -475,4 +475,33 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         assert_eq!(gateway.generation(), 0);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_no_sentinel_answering_a_burst_of_calls_makes_one_connect_attempt() {
+        let sentinels = ["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
+        let gateway = Arc::new(
+            SentinelGateway::new(
+                &sentinels,
+                "mymaster",
+                Logins::default(),
+                Duration::from_secs(1),
+                Duration::from_millis(200),
+            )
+            .unwrap(),
+        );
+        let start = Arc::new(tokio::sync::Barrier::new(16));
+        let pings: Vec<_> = (0..16)
+            .map(|_| {
+                let (gateway, start) = (Arc::clone(&gateway), Arc::clone(&start));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    gateway.ping(Duration::from_secs(2)).await
+                })
+            })
+            .collect();
+        for ping in pings {
+            assert_eq!(ping.await.unwrap(), Err(GatewayFailure::NotSent));
+        }
+        assert_eq!(gateway.connection.connect_attempts(), 1, "not one attempt per caller");
+    }
 }
