@@ -32,7 +32,10 @@
 //!
 //! At most one connect attempt is in flight per connection: callers that
 //! find one pending wait for it (within their deadline) and share its
-//! connection, or fail with it as not sent; they never start one each.
+//! connection, or fail with it as not sent; they never start one each. The
+//! attempt is a task of its own, bounded by the connect timeout alone: a
+//! caller with little time left neither cuts it short for the others nor
+//! keeps its connection from the next callers.
 //! For [`RETRY_CONNECT_AFTER`] after a failed attempt, callers fail at once
 //! as not sent (nothing reached Redis, so never an ambiguous failure); the
 //! first caller after that starts the next attempt, so the first call after
@@ -50,6 +53,9 @@ use std::fmt::{self, Debug};
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::FutureExt;
+use futures::future::{BoxFuture, Shared};
 use std::time::Duration;
 
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
@@ -119,9 +125,9 @@ impl Outage {
 }
 
 /// How a gateway opens its kind of connection.
-pub(crate) trait Connect: Send + Sync {
+pub(crate) trait Connect: Send + Sync + 'static {
     /// A cheaply cloned handle to one open connection.
-    type Connection: Clone + Send + Sync;
+    type Connection: Clone + Send + Sync + 'static;
 
     /// Opens a new connection; the caller bounds the wait.
     fn connect(&self) -> impl Future<Output = RedisResult<Self::Connection>> + Send;
@@ -149,6 +155,10 @@ pub(crate) struct Opened<T> {
     mark: u64,
 }
 
+/// A connect attempt as its callers share it: the connection it opened, or
+/// `None` when it failed.
+type Attempt<T> = Shared<BoxFuture<'static, Option<Opened<T>>>>;
+
 /// A lazily opened, cached connection of kind `C`, replaced by the rule in
 /// the module documentation.
 pub(crate) struct LazyConnection<C: Connect> {
@@ -157,9 +167,16 @@ pub(crate) struct LazyConnection<C: Connect> {
     /// Names the topology in log lines.
     label: &'static str,
     connect_timeout: Duration,
-    current: Mutex<Option<Opened<C::Connection>>>,
-    // Serializes connection attempts so a burst makes one, not hundreds.
-    connecting: tokio::sync::Mutex<()>,
+    /// Shared with the connect attempt in flight, which outlives the
+    /// callers that gave up on it.
+    state: Arc<State<C::Connection>>,
+}
+
+/// What a connection and its connect attempt in flight share.
+struct State<T> {
+    current: Mutex<Option<Opened<T>>>,
+    /// The connect attempt in flight: a burst makes one, not hundreds.
+    pending: Mutex<Option<Attempt<T>>>,
     generation: AtomicU64,
     ambiguous_in_a_row: AtomicU32,
     /// Connect attempts started, ever (tests count them).
@@ -179,6 +196,12 @@ impl<C: Connect> Debug for LazyConnection<C> {
     }
 }
 
+/// `mutex`'s guard; a panic elsewhere while it was held left nothing
+/// half-written here.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 impl<C: Connect> LazyConnection<C> {
     /// Nothing is opened until the first [`Self::get`].
     pub(crate) fn new(connector: Arc<C>, connect_timeout: Duration, label: &'static str) -> Self {
@@ -186,27 +209,25 @@ impl<C: Connect> LazyConnection<C> {
             connector,
             label,
             connect_timeout,
-            current: Mutex::new(None),
-            connecting: tokio::sync::Mutex::new(()),
-            generation: AtomicU64::new(0),
-            ambiguous_in_a_row: AtomicU32::new(0),
-            attempts: AtomicU64::new(0),
-            outage: Mutex::new(Outage::default()),
+            state: Arc::new(State {
+                current: Mutex::new(None),
+                pending: Mutex::new(None),
+                generation: AtomicU64::new(0),
+                ambiguous_in_a_row: AtomicU32::new(0),
+                attempts: AtomicU64::new(0),
+                outage: Mutex::new(Outage::default()),
+            }),
         }
     }
 
     /// How many connect attempts were started so far.
     pub(crate) fn connect_attempts(&self) -> u64 {
-        self.attempts.load(Ordering::Relaxed)
-    }
-
-    fn outage(&self) -> MutexGuard<'_, Outage> {
-        self.outage.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state.attempts.load(Ordering::Relaxed)
     }
 
     /// How many connections were opened so far.
     pub(crate) fn generation(&self) -> u64 {
-        self.generation.load(Ordering::Relaxed)
+        self.state.generation.load(Ordering::Relaxed)
     }
 
     pub(crate) fn connect_timeout(&self) -> Duration {
@@ -227,7 +248,7 @@ impl<C: Connect> LazyConnection<C> {
     /// was opened (then it is dropped here).
     fn cached(&self) -> Option<Opened<C::Connection>> {
         let mark = self.connector.mark();
-        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut current = lock(&self.state.current);
         match &*current {
             Some(held) if held.mark != mark => {
                 tracing::warn!(label = self.label, "redis connection superseded; replacing it");
@@ -238,8 +259,9 @@ impl<C: Connect> LazyConnection<C> {
         }
     }
 
-    /// The cached connection, or a new one opened before `until` (and
-    /// within the connect timeout), by the rule of "While Redis cannot be
+    /// The cached connection, or the one the connect attempt in flight
+    /// opens before `until` (starting that attempt when none is in flight
+    /// and no failure is fresh), by the rule of "While Redis cannot be
     /// reached" in the module documentation. Nothing was sent when this
     /// fails.
     pub(crate) async fn get(
@@ -250,29 +272,64 @@ impl<C: Connect> LazyConnection<C> {
         if let Some(cached) = self.cached() {
             return Ok(cached);
         }
-        let failures_before = {
-            let outage = self.outage();
-            (!outage.backing_off(Instant::now(), self.connector.mark())).then_some(outage.failures)
+        let attempt = {
+            let mut pending = lock(&self.state.pending);
+            match &*pending {
+                Some(attempt) => Some(attempt.clone()),
+                None if lock(&self.state.outage)
+                    .backing_off(Instant::now(), self.connector.mark()) =>
+                {
+                    None
+                }
+                None => {
+                    // An attempt may have installed its connection and
+                    // ended since the look above.
+                    if let Some(cached) = self.cached() {
+                        return Ok(cached);
+                    }
+                    let attempt = self.start();
+                    *pending = Some(attempt.clone());
+                    Some(attempt)
+                }
+            }
         };
-        let Some(failures_before) = failures_before else {
+        let Some(attempt) = attempt else {
             // Nothing else here awaits: without this, a caller looping on
             // the answer never yields (see the module documentation).
             tokio::task::coop::consume_budget().await;
             return Err(GatewayFailure::NotSent);
         };
-        let Ok(_turn) = tokio::time::timeout_at(until, self.connecting.lock()).await else {
-            return Err(GatewayFailure::NotSent);
-        };
-        // Someone else may have connected while this task waited its turn.
-        if let Some(cached) = self.cached() {
-            return Ok(cached);
+        match tokio::time::timeout_at(until, attempt).await {
+            Ok(Some(opened)) => Ok(opened),
+            // The attempt failed (its callers fail with it), or this
+            // caller's time ran out first (the attempt goes on for the next).
+            Ok(None) | Err(_) => Err(GatewayFailure::NotSent),
         }
-        if self.outage().failures != failures_before {
-            // The attempt this caller waited for failed: it fails with it
-            // rather than make one more (one per waiter, before).
-            return Err(GatewayFailure::NotSent);
+    }
+
+    /// Starts the connect attempt every caller shares: a task of its own,
+    /// bounded by the connect timeout only, so a caller with little time
+    /// left neither cuts it short for the others nor loses its connection
+    /// for the next ones. It leaves the pending slot when it ends.
+    fn start(&self) -> Attempt<C::Connection> {
+        /// Empties the pending slot when the attempt ends, even cancelled
+        /// (its runtime shutting down), so the next call can start another.
+        struct Ended<T>(Arc<State<T>>);
+        impl<T> Drop for Ended<T> {
+            fn drop(&mut self) {
+                *lock(&self.0.pending) = None;
+            }
         }
-        self.open(until.min(Instant::now() + self.connect_timeout)).await
+        let connector = Arc::clone(&self.connector);
+        let ended = Ended(Arc::clone(&self.state));
+        let label = self.label;
+        let until = Instant::now() + self.connect_timeout;
+        let task = tokio::spawn(async move {
+            let opened = ended.0.attempt(&*connector, label, until).await.ok();
+            drop(ended);
+            opened
+        });
+        task.map(|joined| joined.ok().flatten()).boxed().shared()
     }
 
     /// Opens a new connection before `until` and caches it in place of the
@@ -282,53 +339,64 @@ impl<C: Connect> LazyConnection<C> {
         &self,
         until: Instant,
     ) -> Result<Opened<C::Connection>, GatewayFailure> {
+        self.state.attempt(&*self.connector, self.label, until).await
+    }
+}
+
+impl<T: Clone> State<T> {
+    /// One connect attempt by `connector` before `until`: the connection,
+    /// installed, or a failure recorded and logged by the rule.
+    async fn attempt<C: Connect<Connection = T>>(
+        &self,
+        connector: &C,
+        label: &'static str,
+        until: Instant,
+    ) -> Result<Opened<T>, GatewayFailure> {
         // Read before: a mark that moves while connecting may be about this
         // very node, so the new connection must not outlive it.
-        let mark = self.connector.mark();
+        let mark = connector.mark();
         self.attempts.fetch_add(1, Ordering::Relaxed);
-        let error = match tokio::time::timeout_at(until, self.connector.connect()).await {
+        let error = match tokio::time::timeout_at(until, connector.connect()).await {
             Ok(Ok(connection)) => {
-                if let Some(failed_attempts) = self.outage().connected() {
-                    tracing::info!(label = self.label, failed_attempts, "redis connected again");
+                if let Some(failed_attempts) = lock(&self.outage).connected() {
+                    tracing::info!(label, failed_attempts, "redis connected again");
                 }
                 return Ok(self.install(connection, mark));
             }
             Ok(Err(error)) => Some(error),
             Err(_) => None,
         };
-        let logged = self.outage().failed(Instant::now(), mark);
+        let logged = lock(&self.outage).failed(Instant::now(), mark);
         match (logged, error) {
-            (Some(suppressed), Some(error)) => tracing::warn!(
-                kind = error.category(),
-                label = self.label,
-                suppressed,
-                "redis connect failed"
-            ),
+            (Some(suppressed), Some(error)) => {
+                tracing::warn!(kind = error.category(), label, suppressed, "redis connect failed");
+            }
             (Some(suppressed), None) => {
-                tracing::warn!(label = self.label, suppressed, "redis connect timed out");
+                tracing::warn!(label, suppressed, "redis connect timed out");
             }
             (None, _) => {}
         }
         Err(GatewayFailure::NotSent)
     }
 
-    fn install(&self, connection: C::Connection, mark: u64) -> Opened<C::Connection> {
+    fn install(&self, connection: T, mark: u64) -> Opened<T> {
         let opened = Opened {
             generation: self.generation.fetch_add(1, Ordering::Relaxed) + 1,
             connection,
             opened_at: Instant::now(),
             mark,
         };
-        *self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
-            Some(opened.clone());
+        *lock(&self.current) = Some(opened.clone());
         self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
         opened
     }
+}
 
+impl<C: Connect> LazyConnection<C> {
     /// Drops the connection of `generation` (not a newer one) so the next
     /// call reconnects.
     fn discard(&self, generation: u64) {
-        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let mut current = lock(&self.state.current);
         if current.as_ref().is_some_and(|held| held.generation == generation) {
             *current = None;
         }
@@ -337,7 +405,7 @@ impl<C: Connect> LazyConnection<C> {
     /// The server answered (a reply, or an error reply): the run of
     /// ambiguous failures is over.
     pub(crate) fn answered(&self) {
-        self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
+        self.state.ambiguous_in_a_row.store(0, Ordering::Relaxed);
     }
 
     /// Records how a command sent on connection `generation` failed, and
@@ -355,7 +423,7 @@ impl<C: Connect> LazyConnection<C> {
                 if error.is_some_and(RedisError::is_connection_dropped) =>
             {
                 tracing::warn!(label = self.label, "redis connection dropped; replacing it");
-                self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
+                self.state.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                 self.discard(generation);
             }
             GatewayFailure::Refused
@@ -364,18 +432,18 @@ impl<C: Connect> LazyConnection<C> {
                 }) =>
             {
                 tracing::warn!(label = self.label, "redis node is a replica now; replacing it");
-                self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
+                self.state.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                 self.discard(generation);
             }
             GatewayFailure::TimedOut | GatewayFailure::ConnectionLost => {
-                let failures = self.ambiguous_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+                let failures = self.state.ambiguous_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
                 if failures >= AMBIGUOUS_FAILURES_BEFORE_RECONNECT {
                     tracing::warn!(
                         failures,
                         label = self.label,
                         "redis keeps timing out or losing the connection; replacing it"
                     );
-                    self.ambiguous_in_a_row.store(0, Ordering::Relaxed);
+                    self.state.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                     self.discard(generation);
                 }
             }
@@ -633,21 +701,30 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_connect_that_moves_the_mark_is_made_again_once_for_its_waiters() {
+    async fn a_connect_that_moves_the_mark_serves_its_waiters_and_is_replaced_once() {
         // The Sentinel connector moves the mark when it reaches another
-        // master: the connection it made is superseded on its next use. The
-        // callers that waited for it did not see a failure: one of them
-        // connects again and the others share that.
+        // master than before: the connection it made reaches the right
+        // node, so every caller that waited for it gets it, and the next
+        // call (seeing it under an older mark) opens one more, once.
         let (lazy, counting) = lazy(Duration::from_millis(50));
         counting.moves_mark.store(true, Ordering::Relaxed);
         let lazy = Arc::new(lazy);
-        let mut generations = burst(&lazy, 8).await;
-        generations.sort_unstable();
-        assert_eq!(
-            generations,
-            [Some(1), Some(2), Some(2), Some(2), Some(2), Some(2), Some(2), Some(2)]
-        );
+        assert_eq!(burst(&lazy, 8).await, [Some(1); 8]);
+        assert_eq!(burst(&lazy, 8).await, [Some(2); 8]);
         assert_eq!(lazy.connect_attempts(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connect_outlives_a_caller_that_gives_up_and_serves_the_next() {
+        let (lazy, counting) = lazy(Duration::from_millis(50));
+        // This caller's time runs out first: not sent, but the attempt goes
+        // on (bounded by the connect timeout only), not cut short for all.
+        let hurried = Instant::now() + Duration::from_millis(10);
+        assert_eq!(lazy.get(hurried).await.map(|_| ()), Err(GatewayFailure::NotSent));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(lazy.get(soon()).await.unwrap().generation, 1, "the attempt's connection");
+        assert_eq!(lazy.connect_attempts(), 1);
+        assert_eq!(counting.connects.load(Ordering::Relaxed), 1);
     }
 
     #[test]
