@@ -74,10 +74,7 @@ pub struct Application {
 pub struct Hangups {
     /// Set by every SIGHUP; what came before the reload loop listens.
     #[cfg(unix)]
-    caught: Option<Arc<std::sync::atomic::AtomicBool>>,
-    /// Once set, a SIGHUP takes its default action again.
-    #[cfg(unix)]
-    ends_process: Arc<std::sync::atomic::AtomicBool>,
+    caught: Caught,
 }
 
 impl Hangups {
@@ -87,14 +84,7 @@ impl Hangups {
     pub fn catch() -> Self {
         #[cfg(unix)]
         {
-            use signal_hook::{consts::SIGHUP, flag};
-            let ends_process = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            // Registered first, so a released process ends before the
-            // flag below would keep the signal.
-            let _ = flag::register_conditional_default(SIGHUP, Arc::clone(&ends_process));
-            let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let registered = flag::register(SIGHUP, Arc::clone(&caught));
-            Self { caught: registered.ok().map(|_| caught), ends_process }
+            Self { caught: Caught::catch(&[signal_hook::consts::SIGHUP]) }
         }
         #[cfg(not(unix))]
         Self {}
@@ -104,6 +94,39 @@ impl Hangups {
     /// process, as it would had nothing caught it.
     pub fn release(self) {
         #[cfg(unix)]
+        self.caught.release();
+    }
+}
+
+/// Signals caught from the moment this is made, each setting one flag,
+/// until released: then they take their default action again.
+#[cfg(unix)]
+#[derive(Debug)]
+struct Caught {
+    /// Set by every one of the signals; `None` when one could not be
+    /// registered (the runtime's signal streams are all there is then).
+    flag: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Once set, the signals take their default action again.
+    ends_process: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[cfg(unix)]
+impl Caught {
+    fn catch(signals: &[std::ffi::c_int]) -> Self {
+        use signal_hook::flag;
+        let ends_process = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut registered = true;
+        for &signal in signals {
+            // Registered first, so a released process ends before the
+            // flag below would keep the signal.
+            let _ = flag::register_conditional_default(signal, Arc::clone(&ends_process));
+            registered &= flag::register(signal, Arc::clone(&caught)).is_ok();
+        }
+        Self { flag: registered.then_some(caught), ends_process }
+    }
+
+    fn release(&self) {
         self.ends_process.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
@@ -122,10 +145,7 @@ impl Hangups {
 pub struct Terminations {
     /// Set by every SIGTERM and SIGINT.
     #[cfg(unix)]
-    caught: Option<Arc<std::sync::atomic::AtomicBool>>,
-    /// Once set, SIGTERM and SIGINT take their default action again.
-    #[cfg(unix)]
-    ends_process: Arc<std::sync::atomic::AtomicBool>,
+    caught: Caught,
 }
 
 impl Terminations {
@@ -134,16 +154,7 @@ impl Terminations {
         #[cfg(unix)]
         {
             use signal_hook::consts::{SIGINT, SIGTERM};
-            use signal_hook::flag;
-            let ends_process = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let mut registered = true;
-            for signal in [SIGTERM, SIGINT] {
-                // First, as for SIGHUP: a released process ends at once.
-                let _ = flag::register_conditional_default(signal, Arc::clone(&ends_process));
-                registered &= flag::register(signal, Arc::clone(&caught)).is_ok();
-            }
-            Self { caught: registered.then_some(caught), ends_process }
+            Self { caught: Caught::catch(&[SIGTERM, SIGINT]) }
         }
         #[cfg(not(unix))]
         Self {}
@@ -153,7 +164,7 @@ impl Terminations {
     /// from now on, as they would had nothing caught them.
     pub fn release(self) {
         #[cfg(unix)]
-        self.ends_process.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.caught.release();
     }
 
     /// Completes on SIGTERM or SIGINT, at once for one caught since
@@ -176,6 +187,7 @@ impl Terminations {
             // flag and the streams.
             let kept = self
                 .caught
+                .flag
                 .as_ref()
                 .is_some_and(|caught| caught.load(std::sync::atomic::Ordering::SeqCst));
             if !kept {
@@ -580,7 +592,7 @@ async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
             return;
         };
         // Checked once the stream listens, so none falls between the two.
-        let caught = hangups.and_then(|hangups| hangups.caught);
+        let caught = hangups.and_then(|hangups| hangups.caught.flag);
         if caught.is_some_and(|caught| caught.swap(false, std::sync::atomic::Ordering::SeqCst)) {
             tracing::info!("SIGHUP received during start-up; reloading the configuration");
             reloader.reload().await;
