@@ -53,11 +53,10 @@ use std::fmt::{self, Debug};
 use std::future::Future;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
-use std::time::Duration;
-
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use tokio::time::Instant;
 
