@@ -798,4 +798,33 @@ mod tests {
         assert_eq!(gateway.ping(Duration::from_millis(300)).await, Err(GatewayFailure::NotSent));
         assert!(started.elapsed() < Duration::from_secs(3));
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_no_node_reachable_a_burst_of_calls_makes_one_connect_attempt() {
+        let urls = ["redis://127.0.0.1:1".to_owned(), "redis://127.0.0.1:2".to_owned()];
+        let gateway = Arc::new(
+            ClusterGateway::new(
+                &urls,
+                None,
+                None,
+                Duration::from_secs(1),
+                Duration::from_millis(200),
+            )
+            .unwrap(),
+        );
+        let start = Arc::new(tokio::sync::Barrier::new(16));
+        let calls: Vec<_> = (0..16)
+            .map(|_| {
+                let (gateway, start) = (Arc::clone(&gateway), Arc::clone(&start));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    gateway.ping(Duration::from_secs(2)).await
+                })
+            })
+            .collect();
+        for call in calls {
+            assert_eq!(call.await.unwrap(), Err(GatewayFailure::NotSent));
+        }
+        assert_eq!(gateway.shared.connection.connect_attempts(), 1, "not one per caller");
+    }
 }
