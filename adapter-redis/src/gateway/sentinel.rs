@@ -489,19 +489,8 @@ mod tests {
             )
             .unwrap(),
         );
-        let start = Arc::new(tokio::sync::Barrier::new(16));
-        let pings: Vec<_> = (0..16)
-            .map(|_| {
-                let (gateway, start) = (Arc::clone(&gateway), Arc::clone(&start));
-                tokio::spawn(async move {
-                    start.wait().await;
-                    gateway.ping(Duration::from_secs(2)).await
-                })
-            })
-            .collect();
-        for ping in pings {
-            assert_eq!(ping.await.unwrap(), Err(GatewayFailure::NotSent));
-        }
+        let pings = super::super::tests::pings_at_once(&gateway, 16, Duration::from_secs(2)).await;
+        assert_eq!(pings, [Err(GatewayFailure::NotSent); 16]);
         assert_eq!(gateway.connection.connect_attempts(), 1, "not one attempt per caller");
     }
 }

@@ -120,24 +120,11 @@ mod tests {
         assert_eq!(gateway.connection.generation(), 2);
     }
 
-    /// `n` pings started together (a barrier), each with `timeout`: how
-    /// many were not sent.
+    /// `n` pings started together, each with `timeout`: how many were not
+    /// sent.
     async fn burst(gateway: &Arc<StandaloneGateway>, n: usize, timeout: Duration) -> usize {
-        let start = Arc::new(tokio::sync::Barrier::new(n));
-        let pings: Vec<_> = (0..n)
-            .map(|_| {
-                let (gateway, start) = (Arc::clone(gateway), Arc::clone(&start));
-                tokio::spawn(async move {
-                    start.wait().await;
-                    gateway.ping(timeout).await
-                })
-            })
-            .collect();
-        let mut not_sent = 0;
-        for ping in pings {
-            not_sent += usize::from(ping.await.unwrap() == Err(GatewayFailure::NotSent));
-        }
-        not_sent
+        let pings = super::super::tests::pings_at_once(gateway, n, timeout).await;
+        pings.iter().filter(|&&ping| ping == Err(GatewayFailure::NotSent)).count()
     }
 
     /// `total_connections_received` of the server at `url`, over a
