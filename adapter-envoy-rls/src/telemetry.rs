@@ -7,7 +7,8 @@ use std::sync::{Arc, LazyLock, OnceLock};
 
 use metrics::{Counter, SharedString};
 use shared_contract::{
-    DECISIONS_TOTAL, FRONT_ENVOY_RLS, PolicyMode, RateLimitOutcome, RateLimitPolicy, metric_name,
+    DECISIONS_TOTAL, DecisionSource, FRONT_ENVOY_RLS, PolicyMode, RateLimitOutcome,
+    RateLimitPolicy, metric_name,
 };
 
 /// Counter of descriptors that matched no rule (or named an unknown
@@ -20,9 +21,10 @@ pub const LIMIT_OVERRIDES_IGNORED_TOTAL: &str =
     metric_name!("envoy_rls_limit_overrides_ignored_total");
 
 /// Every `outcome` label a member is counted under (the outcome
-/// categories); its positions index the member's counters.
-static OUTCOMES: LazyLock<Box<[&'static str]>> =
-    LazyLock::new(|| RateLimitOutcome::category_names().collect());
+/// categories, and `degraded`); its positions index the member's counters.
+static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
+    RateLimitOutcome::category_names().chain([DecisionSource::Degraded.name()]).collect()
+});
 
 /// The metric handles of one policy of a rule.
 #[derive(Debug)]
@@ -73,6 +75,11 @@ impl MemberMetrics {
     /// failure's category.
     pub(crate) fn record(&self, outcome: &RateLimitOutcome, index: usize) {
         match outcome {
+            // As the HTTP edge counts it: a degraded set's decisions are
+            // `degraded`, whatever each said.
+            RateLimitOutcome::Evaluated(set) if set.source() == DecisionSource::Degraded => {
+                self.count(DecisionSource::Degraded.name(), false);
+            }
             RateLimitOutcome::Evaluated(set) => {
                 let allowed = set.decisions().get(index).is_some_and(|decision| decision.allowed);
                 self.count(if allowed { "allowed" } else { "denied" }, set.cached());

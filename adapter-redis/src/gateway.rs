@@ -236,6 +236,30 @@ pub(crate) fn classify(error: &RedisError) -> GatewayFailure {
 mod tests {
     use super::*;
 
+    /// `n` pings of `gateway` started together (a barrier), each with
+    /// `timeout`: how each went.
+    pub(super) async fn pings_at_once<G: RedisGateway + 'static>(
+        gateway: &Arc<G>,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<Result<(), GatewayFailure>> {
+        let start = Arc::new(tokio::sync::Barrier::new(n));
+        let pings: Vec<_> = (0..n)
+            .map(|_| {
+                let (gateway, start) = (Arc::clone(gateway), Arc::clone(&start));
+                tokio::spawn(async move {
+                    start.wait().await;
+                    gateway.ping(timeout).await
+                })
+            })
+            .collect();
+        let mut results = Vec::with_capacity(n);
+        for ping in pings {
+            results.push(ping.await.expect("a ping panicked"));
+        }
+        results
+    }
+
     fn server_error(code: &str) -> RedisError {
         redis::make_extension_error(code.to_owned(), Some("detail".to_owned()))
     }

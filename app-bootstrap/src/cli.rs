@@ -17,7 +17,7 @@ use crate::bench::{self, BenchOptions};
 use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderKind};
 use crate::error::BootstrapError;
 use crate::import::envoy_ratelimit::{self, Source};
-use crate::server::{Application, Hangups};
+use crate::server::{Application, Signals};
 use crate::telemetry::{Tracing, WithTraceIds};
 
 /// The edge rate limiter service skeleton.
@@ -149,12 +149,13 @@ impl Cli {
     }
 }
 
-/// Runs the chosen command; `serve` reloads on the SIGHUPs `hangups` has
-/// caught since before the runtime started (the binary's `main` catches
-/// them first thing; without them it catches from now).
+/// Runs the chosen command; `serve` reloads on the SIGHUPs and stops on the
+/// SIGTERMs and SIGINTs `signals` has caught since before the runtime
+/// started (the binary's `main` catches them first thing; without them it
+/// catches from now).
 /// Logging is installed here (once): `serve` first reads its
 /// configuration, which says whether spans are exported too.
-pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapError> {
+pub async fn run(cli: Cli, signals: Option<Signals>) -> Result<(), BootstrapError> {
     let sources = ConfigSources::new(cli.config);
     let command = cli.command.unwrap_or(Command::Serve);
     if !matches!(command, Command::Serve) {
@@ -162,7 +163,7 @@ pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapErro
     }
     match command {
         Command::Serve => {
-            serve(&sources, cli.log_format, hangups.unwrap_or_else(Hangups::catch)).await
+            serve(&sources, cli.log_format, signals.unwrap_or_else(Signals::catch)).await
         }
         Command::CheckConfig => check_config(&sources),
         Command::RedisAcl => {
@@ -197,7 +198,7 @@ pub async fn run(cli: Cli, hangups: Option<Hangups>) -> Result<(), BootstrapErro
 async fn serve(
     sources: &ConfigSources,
     log_format: LogFormat,
-    hangups: Hangups,
+    signals: Signals,
 ) -> Result<(), BootstrapError> {
     let config = match AppConfig::load(sources) {
         Ok(config) => config,
@@ -213,7 +214,8 @@ async fn serve(
     let application = Application::build(&config)
         .await?
         .reload_from(sources.clone())
-        .reload_on(hangups)
+        .reload_on(signals.hangups)
+        .stop_on(signals.terminations)
         .trace_with(tracing);
     tracing::info!(
         address = %application.local_addr(),

@@ -1,5 +1,5 @@
-//! `ca-skeleton`: the binary. It only catches SIGHUP for `serve` (first
-//! thing), parses the command line and hands over to the library, which
+//! `ca-skeleton`: the binary. It only catches SIGTERM, SIGINT and SIGHUP
+//! for `serve` (first thing), parses the command line and hands over to the library, which
 //! installs logging; any error is printed (with every configuration
 //! problem) and the exit code is non-zero.
 
@@ -9,21 +9,22 @@ use anyhow::Context;
 use clap::Parser;
 
 use app_bootstrap::cli::{Cli, run};
-use app_bootstrap::server::Hangups;
+use app_bootstrap::server::Signals;
 
 fn main() -> ExitCode {
     // Before the command line, the runtime, the configuration and the
-    // port: from here on a SIGHUP only asks `serve` to reload, whenever it
-    // comes (the other commands release it below).
-    let hangups = Hangups::catch();
+    // port: from here on a SIGHUP only asks `serve` to reload and a SIGTERM
+    // or SIGINT to stop, whenever they come (the other commands release
+    // them below).
+    let signals = Signals::catch();
     let cli = Cli::parse();
-    let hangups = if cli.serves() {
-        Some(hangups)
+    let signals = if cli.serves() {
+        Some(signals)
     } else {
-        hangups.release();
+        signals.release();
         None
     };
-    match start(cli, hangups) {
+    match start(cli, signals) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             // `{:#}` keeps the chain on one report without a backtrace.
@@ -33,11 +34,11 @@ fn main() -> ExitCode {
     }
 }
 
-fn start(cli: Cli, hangups: Option<Hangups>) -> anyhow::Result<()> {
+fn start(cli: Cli, signals: Option<Signals>) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    runtime.block_on(run(cli, hangups))?;
+    runtime.block_on(run(cli, signals))?;
     Ok(())
 }

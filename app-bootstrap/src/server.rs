@@ -49,6 +49,8 @@ pub struct Application {
     reloader: Option<Reloader>,
     /// SIGHUP, listened for since before the build ([`Hangups::listen`]).
     hangups: Option<Hangups>,
+    /// SIGTERM and SIGINT, caught since before the build ([`Self::stop_on`]).
+    terminations: Option<Terminations>,
     admin: Option<AdminListener>,
     /// The Envoy RLS gRPC listener (`envoy-rls.listen`).
     rls: Option<RlsListener>,
@@ -72,10 +74,7 @@ pub struct Application {
 pub struct Hangups {
     /// Set by every SIGHUP; what came before the reload loop listens.
     #[cfg(unix)]
-    caught: Option<Arc<std::sync::atomic::AtomicBool>>,
-    /// Once set, a SIGHUP takes its default action again.
-    #[cfg(unix)]
-    ends_process: Arc<std::sync::atomic::AtomicBool>,
+    caught: Caught,
 }
 
 impl Hangups {
@@ -85,14 +84,7 @@ impl Hangups {
     pub fn catch() -> Self {
         #[cfg(unix)]
         {
-            use signal_hook::{consts::SIGHUP, flag};
-            let ends_process = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            // Registered first, so a released process ends before the
-            // flag below would keep the signal.
-            let _ = flag::register_conditional_default(SIGHUP, Arc::clone(&ends_process));
-            let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let registered = flag::register(SIGHUP, Arc::clone(&caught));
-            Self { caught: registered.ok().map(|_| caught), ends_process }
+            Self { caught: Caught::catch(&[signal_hook::consts::SIGHUP]) }
         }
         #[cfg(not(unix))]
         Self {}
@@ -102,7 +94,140 @@ impl Hangups {
     /// process, as it would had nothing caught it.
     pub fn release(self) {
         #[cfg(unix)]
+        self.caught.release();
+    }
+}
+
+/// Signals caught from the moment this is made, each setting one flag,
+/// until released: then they take their default action again.
+#[cfg(unix)]
+#[derive(Debug)]
+struct Caught {
+    /// Set by every one of the signals; `None` when one could not be
+    /// registered (the runtime's signal streams are all there is then).
+    flag: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Once set, the signals take their default action again.
+    ends_process: Arc<std::sync::atomic::AtomicBool>,
+}
+
+#[cfg(unix)]
+impl Caught {
+    fn catch(signals: &[std::ffi::c_int]) -> Self {
+        use signal_hook::flag;
+        let ends_process = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let caught = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let mut registered = true;
+        for &signal in signals {
+            // Registered first, so a released process ends before the
+            // flag below would keep the signal.
+            let _ = flag::register_conditional_default(signal, Arc::clone(&ends_process));
+            registered &= flag::register(signal, Arc::clone(&caught)).is_ok();
+        }
+        Self { flag: registered.then_some(caught), ends_process }
+    }
+
+    fn release(&self) {
         self.ends_process.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// SIGTERM and SIGINT (ctrl-c), caught from the moment this is made. The
+/// binary's `main` makes it first thing (before [`Hangups`]), so a stop
+/// signal sent at any point of `serve`'s start-up is kept rather than
+/// lost: before, the handlers were installed only once the server served,
+/// and a signal in between either took the default action or fell between
+/// the runtime installing its handler and listening on it (it was then
+/// never seen, and the process served on until a second one). `serve`
+/// stops on a kept one as soon as it serves ([`Self::received`]). Another
+/// command [`release`](Self::release)s it and ends on them as any program
+/// does.
+#[derive(Debug)]
+pub struct Terminations {
+    /// Set by every SIGTERM and SIGINT.
+    #[cfg(unix)]
+    caught: Caught,
+}
+
+impl Terminations {
+    /// Catches SIGTERM and SIGINT from now on; needs no runtime.
+    pub fn catch() -> Self {
+        #[cfg(unix)]
+        {
+            use signal_hook::consts::{SIGINT, SIGTERM};
+            Self { caught: Caught::catch(&[SIGTERM, SIGINT]) }
+        }
+        #[cfg(not(unix))]
+        Self {}
+    }
+
+    /// For a command other than `serve`: SIGTERM and SIGINT end the process
+    /// from now on, as they would had nothing caught them.
+    pub fn release(self) {
+        #[cfg(unix)]
+        self.caught.release();
+    }
+
+    /// Completes on SIGTERM or SIGINT, at once for one caught since
+    /// [`Self::catch`].
+    pub async fn received(self) {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{Signal, SignalKind, signal};
+            async fn next(stream: std::io::Result<Signal>) {
+                match stream {
+                    Ok(mut stream) => {
+                        stream.recv().await;
+                    }
+                    Err(_) => std::future::pending::<()>().await,
+                }
+            }
+            let terminate = signal(SignalKind::terminate());
+            let interrupt = signal(SignalKind::interrupt());
+            // Checked once both streams listen, so none falls between the
+            // flag and the streams.
+            let kept = self
+                .caught
+                .flag
+                .as_ref()
+                .is_some_and(|caught| caught.load(std::sync::atomic::Ordering::SeqCst));
+            if !kept {
+                tokio::select! {
+                    () = next(terminate) => {}
+                    () = next(interrupt) => {}
+                }
+            }
+        }
+        #[cfg(not(unix))]
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+        tracing::info!("shutdown signal received; draining in-flight requests");
+    }
+}
+
+/// Every signal `serve` handles, caught from the moment this is made: the
+/// binary's `main` makes it first thing.
+#[derive(Debug)]
+pub struct Signals {
+    /// SIGHUP: reload.
+    pub hangups: Hangups,
+    /// SIGTERM and SIGINT: stop.
+    pub terminations: Terminations,
+}
+
+impl Signals {
+    /// Catches SIGTERM and SIGINT, then SIGHUP: once SIGHUP is caught (a
+    /// test can see it in `/proc`), so are the others.
+    pub fn catch() -> Self {
+        let terminations = Terminations::catch();
+        Self { hangups: Hangups::catch(), terminations }
+    }
+
+    /// For a command other than `serve`: every signal takes its default
+    /// action again.
+    pub fn release(self) {
+        self.hangups.release();
+        self.terminations.release();
     }
 }
 
@@ -216,6 +341,7 @@ impl Application {
             reload,
             reloader: None,
             hangups: None,
+            terminations: None,
             admin,
             rls,
             limits,
@@ -261,6 +387,15 @@ impl Application {
         self
     }
 
+    /// Stops on the SIGTERMs and SIGINTs `terminations` has caught (those
+    /// that came during the build included) as well as on those once it
+    /// runs, in [`Self::run_until_stopped`].
+    #[must_use]
+    pub fn stop_on(mut self, terminations: Terminations) -> Self {
+        self.terminations = Some(terminations);
+        self
+    }
+
     /// The reloader, once [`Self::reload_from`] has set one.
     pub fn reloader(&self) -> Option<&Reloader> {
         self.reloader.as_ref()
@@ -276,10 +411,12 @@ impl Application {
         self.address.port()
     }
 
-    /// Serves until SIGTERM or ctrl-c, then drains in-flight requests for
-    /// at most `server.shutdown-grace`.
-    pub async fn run_until_stopped(self) -> Result<(), BootstrapError> {
-        self.run_until(shutdown_signal()).await
+    /// Serves until SIGTERM or ctrl-c (one caught by [`Self::stop_on`]'s
+    /// before it ran included), then drains in-flight requests for at most
+    /// `server.shutdown-grace`.
+    pub async fn run_until_stopped(mut self) -> Result<(), BootstrapError> {
+        let terminations = self.terminations.take().unwrap_or_else(Terminations::catch);
+        self.run_until(terminations.received()).await
     }
 
     /// Serves until `shutdown` completes, then drains in-flight requests
@@ -455,7 +592,7 @@ async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
             return;
         };
         // Checked once the stream listens, so none falls between the two.
-        let caught = hangups.and_then(|hangups| hangups.caught);
+        let caught = hangups.and_then(|hangups| hangups.caught.flag);
         if caught.is_some_and(|caught| caught.swap(false, std::sync::atomic::Ordering::SeqCst)) {
             tracing::info!("SIGHUP received during start-up; reloading the configuration");
             reloader.reload().await;
@@ -467,30 +604,4 @@ async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
     }
     #[cfg(not(unix))]
     drop((reloader, hangups));
-}
-
-/// Completes on ctrl-c or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut stream) => {
-                stream.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
-    }
-    tracing::info!("shutdown signal received; draining in-flight requests");
 }

@@ -356,6 +356,65 @@ fn serve_is_the_default_and_stops_on_sigterm() {
     }
 }
 
+/// The signals process `pid` catches: `SigCgt` of `/proc/<pid>/status`,
+/// bit `n - 1` for signal `n`.
+fn caught_signals(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|mask| u64::from_str_radix(mask.trim(), 16).ok())
+        .unwrap_or(0)
+}
+
+/// A SIGTERM at any point of `serve`'s start-up stops it with exit 0: from
+/// the moment `main` caught SIGHUP (its first act; SIGTERM is caught just
+/// before it), through reading the configuration, building, binding, to
+/// serving. Before, SIGTERM was caught only once the server served: one
+/// sent earlier killed the process (signal 15, no graceful exit), and one
+/// falling between the runtime installing its handler and listening on it
+/// was lost (the process served on).
+#[test]
+fn a_sigterm_at_any_point_of_start_up_stops_serve() {
+    const SIGHUP_BIT: u64 = 1 << (1 - 1);
+    for round in 0..3 {
+        for after_main_ms in [0, 1, 2, 5, 10, 20, 40, 80] {
+            let mut child = ca_skeleton()
+                .env("CA_SKELETON_SERVER__LISTEN", "127.0.0.1:0")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("serve starts");
+            let pid = child.id();
+            // `main` runs once SIGHUP is caught (bounded: a few seconds).
+            let mut polls = 0;
+            while caught_signals(pid) & SIGHUP_BIT == 0 {
+                polls += 1;
+                assert!(polls < 5_000, "main never caught SIGHUP");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(after_main_ms));
+            let killed = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+            assert!(killed.unwrap().success());
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let exit = loop {
+                if let Some(exit) = child.try_wait().unwrap() {
+                    break exit;
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill();
+                    panic!("round {round}: SIGTERM {after_main_ms} ms after main was ignored");
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            };
+            assert!(
+                exit.success(),
+                "round {round}: SIGTERM {after_main_ms} ms after main: {exit}, not a clean stop"
+            );
+        }
+    }
+}
+
 /// `serve` on ephemeral public and admin ports with `server` keys added.
 fn serve_with(server: &str) -> support::Serve {
     let config = format!(

@@ -15,6 +15,22 @@
 //!   same window, the subject whose share the first outage spent gets none.
 //!
 //! With degraded mode off, `redis_faults_http` is the fail-closed lane.
+//!
+//! Beyond one standalone server and one fixed window, each through the real
+//! binary against real servers, with only 200/429 (or Envoy's `OK` /
+//! `OVER_LIMIT`) and exactly the instance's share admitted while Redis is
+//! away, then Redis' answers again:
+//! - a Redis Cluster with one shard down (master and replica killed): only
+//!   the subjects on that shard are decided locally; then the whole
+//!   cluster down;
+//! - a Sentinel group with no master reachable (both data nodes frozen);
+//! - GCRA and token bucket policies (their burst and capacity shared);
+//! - the Envoy RLS front end (`[envoy-rls]`), and with degraded mode off
+//!   its `UNAVAILABLE`.
+//!
+//! Waits for Redis to come back are polled with a bound that only guards a
+//! hang (a cluster must settle first); no assertion is on time, except the
+//! issue's 2 s in the standalone test.
 
 mod support;
 
@@ -23,13 +39,21 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use app_bootstrap::degraded::LEAVE_AFTER;
-use redis_fixture::RedisServer;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use redis_fixture::{MASTER_NAME, RedisServer};
+use redis_fixture::{RedisCluster, RedisSentinel};
 use support::Serve;
 
 const KEY: &str = "degraded-http-pseudonymizer-key-0123456789abcdef";
 /// The policy's limit, and how many instances share it while Redis is away.
 const LIMIT: u64 = 40;
 const INSTANCES: u64 = 2;
+/// `LIMIT` as Envoy's `limit_remaining` counts.
+const LIMIT_U32: u32 = 40;
 /// ceil(LIMIT / INSTANCES): what one instance admits per window alone.
 const SHARE: u64 = LIMIT.div_ceil(INSTANCES);
 /// Requests the probe sends to each instance per outage: more than a share.
@@ -43,11 +67,16 @@ const PER_LOAD_KEY: usize = 30;
 /// How long the load runs on the local limiters before the probes.
 const OUTAGE: Duration = Duration::from_millis(1500);
 
-/// An instance of the fleet against `redis`. The window is ten years long,
-/// so no window boundary passes during a run (the next one is 2030-01-01)
-/// and "per window" is the whole test.
-fn instance(redis: &RedisServer) -> Serve {
-    let config = format!(
+/// The bound on waiting for Redis to answer again after a cluster or a
+/// Sentinel group came back: a guard against a hang, not a measurement.
+const PATIENCE: Duration = Duration::from_secs(60);
+
+/// An instance's configuration: the `[redis]` lines `redis` (where Redis
+/// is), degraded mode `enabled` for `INSTANCES`, the `policies` tables
+/// (their default is `api`), and `extra` sections after `[redis]`. Redis
+/// calls get 250 ms, so a frozen server is given up on soon.
+fn config(redis: &str, enabled: bool, policies: &str, extra: &str) -> String {
+    format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
@@ -57,26 +86,41 @@ provider = "redis"
 default-policy = "api"
 
 [capabilities.rate-limit.degraded]
-enabled = true
+enabled = {enabled}
 instances = {INSTANCES}
 
-[capabilities.rate-limit.policies.api]
-algorithm = "fixed-window"
-limit = {LIMIT}
-window = "3650days"
-
+{policies}
 [pseudonymizer.keys]
 1 = "{KEY}"
 
 [redis]
 enabled = true
-urls = ["{}"]
+{redis}
 command-timeout = "250ms"
 connect-timeout = "250ms"
-"#,
-        redis.url()
-    );
-    Serve::start(&config, "info")
+{extra}"#
+    )
+}
+
+/// The policy `api`: `LIMIT` per window. The window is ten years long, so
+/// no window boundary passes during a run (the next one is 2030-01-01) and
+/// "per window" is the whole test.
+fn fixed_window() -> String {
+    format!(
+        "[capabilities.rate-limit.policies.api]\nalgorithm = \"fixed-window\"\n\
+         limit = {LIMIT}\nwindow = \"3650days\"\n"
+    )
+}
+
+/// The `[redis]` lines of a standalone server.
+fn standalone(redis: &RedisServer) -> String {
+    format!("urls = [\"{}\"]", redis.url())
+}
+
+/// An instance of the fleet against `redis`, degraded mode on, `api` a
+/// fixed window.
+fn instance(redis: &RedisServer) -> Serve {
+    Serve::start(&config(&standalone(redis), true, &fixed_window(), ""), "info")
 }
 
 /// One response: status, `Retry-After`, and `r` of the `RateLimit` header.
@@ -87,9 +131,19 @@ struct Answer {
     remaining: Option<u64>,
 }
 
+/// `GET /api/hello` on `base` as `api_key`.
 async fn ask(client: &reqwest::Client, base: &str, api_key: &str) -> Result<Answer, String> {
+    ask_at(client, &hello(base), api_key).await
+}
+
+fn hello(base: &str) -> String {
+    format!("{base}/api/hello")
+}
+
+/// `GET url` as `api_key`.
+async fn ask_at(client: &reqwest::Client, url: &str, api_key: &str) -> Result<Answer, String> {
     let response = client
-        .get(format!("{base}/api/hello"))
+        .get(url)
         .header("x-api-key", api_key)
         .send()
         .await
@@ -138,45 +192,55 @@ fn load(bases: &[String], stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle
     clients
 }
 
-/// `PROBES` requests of the probe subject to `base` while Redis is away:
-/// `share` admitted (the rest of the instance's share in the window), the
-/// rest refused with the headers.
-async fn probe_outage(client: &reqwest::Client, base: &str, outage: usize, share: u64) {
+/// `PROBES` requests of `subject` to `url` while Redis is away: `share`
+/// admitted (what is left of the instance's share in the window), the rest
+/// refused with the headers. `case` names the situation in failures.
+async fn probe_outage(client: &reqwest::Client, url: &str, subject: &str, case: &str, share: u64) {
     let mut admitted = 0;
     for n in 0..PROBES {
-        let answer = ask(client, base, "probe").await.unwrap();
+        let answer = ask_at(client, url, subject).await.unwrap();
         match answer.status {
             200 => {
                 admitted += 1;
-                assert!(
-                    admitted <= share,
-                    "outage {outage}: more than {share} admitted: {answer:?}"
-                );
-                assert_eq!(answer.remaining, Some(share - admitted), "outage {outage}: {answer:?}");
+                assert!(admitted <= share, "{case}: more than {share} admitted: {answer:?}");
+                assert_eq!(answer.remaining, Some(share - admitted), "{case}: {answer:?}");
             }
             429 => {
-                assert_eq!(answer.remaining, Some(0), "outage {outage}: {answer:?}");
+                assert_eq!(answer.remaining, Some(0), "{case}: {answer:?}");
                 let retry_after = answer.retry_after.expect("a 429 says when to retry");
-                assert!(retry_after >= 1, "outage {outage}: {answer:?}");
+                assert!(retry_after >= 1, "{case}: {answer:?}");
             }
-            _ => panic!("outage {outage}, probe {n} on {base}: {answer:?} is neither 200 nor 429"),
+            _ => panic!("{case}, probe {n} of {url}: {answer:?} is neither 200 nor 429"),
         }
     }
-    assert_eq!(admitted, share, "outage {outage}: {share} admitted on {base}");
+    assert_eq!(admitted, share, "{case}: {share} admitted of {url}");
 }
 
 /// Polls `base` until the probe's answer is Redis': a remaining the local
 /// share never shows. Fails past `BACK_ON_REDIS` after `restarted`.
 async fn back_on_redis(client: &reqwest::Client, base: &str, restarted: Instant) -> Duration {
+    back_on_redis_within(client, &hello(base), "probe", restarted, BACK_ON_REDIS).await
+}
+
+/// Polls `url` as `subject` until the answer is Redis': a remaining the
+/// local share never shows (every answer meanwhile a 200 or a 429). Fails
+/// past `patience` after `since`.
+async fn back_on_redis_within(
+    client: &reqwest::Client,
+    url: &str,
+    subject: &str,
+    since: Instant,
+    patience: Duration,
+) -> Duration {
     loop {
-        let answer = ask(client, base, "probe").await.unwrap();
+        let answer = ask_at(client, url, subject).await.unwrap();
         assert!(matches!(answer.status, 200 | 429), "{answer:?}");
         if answer.remaining.is_some_and(|remaining| remaining >= SHARE) {
-            return restarted.elapsed();
+            return since.elapsed();
         }
         assert!(
-            restarted.elapsed() < BACK_ON_REDIS,
-            "{base} not back on Redis {BACK_ON_REDIS:?} after the restart: {answer:?}"
+            since.elapsed() < patience,
+            "{url} not back on Redis after {patience:?}: {answer:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -197,13 +261,16 @@ async fn left(serve: &Serve, times: usize, restarted: Instant) {
     }
 }
 
-async fn degraded_decisions(client: &reqwest::Client, base: &str) -> u64 {
+/// The decisions `base`'s instance counted `outcome="degraded"` from the
+/// front end `front` (`http` or `envoy-rls`).
+async fn degraded_decisions(client: &reqwest::Client, base: &str, front: &str) -> u64 {
     let metrics = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     metrics
         .lines()
         .filter(|line| {
             line.starts_with("ca_skeleton_rate_limit_decisions_total")
                 && line.contains("outcome=\"degraded\"")
+                && line.contains(&format!("front=\"{front}\""))
         })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
@@ -224,8 +291,12 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
         assert_eq!(answer.status, 200);
         assert!(answer.remaining.unwrap() >= SHARE, "Redis' count: {answer:?}");
     }
+    // The connect-failure lines the rule allows: one a second per outage,
+    // plus the first (lengths as measured here: a bound, not a timing).
+    let mut connect_warnings_allowed = 0;
     for outage in 1..=2 {
         tokio::task::block_in_place(|| redis.crash());
+        let crashed = Instant::now();
         // The outage's length under load, part of the fault schedule (as in
         // `redis_faults_http`), not a wait for some event.
         tokio::time::sleep(OUTAGE).await;
@@ -233,13 +304,15 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
         // second, in the same window, has none left to give it.
         let share = if outage == 1 { SHARE } else { 0 };
         for base in &bases {
-            probe_outage(&client, base, outage, share).await;
+            let case = format!("outage {outage} on {base}");
+            probe_outage(&client, &hello(base), "probe", &case, share).await;
         }
         for serve in &mut fleet {
             serve.assert_alive();
         }
         tokio::task::block_in_place(|| redis.restart());
         let restarted = Instant::now();
+        connect_warnings_allowed += crashed.elapsed().as_secs() + 1;
         for base in &bases {
             let back = back_on_redis(&client, base, restarted).await;
             eprintln!("outage {outage}: {base} back on Redis {back:?} after the restart");
@@ -267,7 +340,17 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
         // One line entering and one leaving per outage.
         assert_eq!(log_lines(serve, "entering degraded mode"), 2, "{:#?}", serve.logs());
         assert_eq!(log_lines(serve, "leaving degraded mode"), 2, "{:#?}", serve.logs());
-        let degraded = degraded_decisions(&client, base).await;
+        // One connect attempt at a time, each failure logged at most once
+        // a second with how many were not (before: one line per request).
+        let warnings =
+            log_lines(serve, "redis connect failed") + log_lines(serve, "redis connect timed out");
+        assert!(warnings >= 2, "each outage logs its failed connects: {:#?}", serve.logs());
+        let allowed = usize::try_from(connect_warnings_allowed).unwrap();
+        assert!(warnings <= allowed, "{warnings} connect warnings, at most {allowed} allowed");
+        eprintln!("{base}: {warnings} connect warnings over both outages");
+        assert_eq!(log_lines(serve, "\"suppressed\":"), warnings, "each with `suppressed`");
+        assert_eq!(log_lines(serve, "redis connected again"), 2, "one line at each recovery");
+        let degraded = degraded_decisions(&client, base, "http").await;
         assert!(degraded >= PROBES * 2, "outcome=\"degraded\" counted {degraded}");
     }
     eprintln!(
@@ -276,4 +359,223 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
         answers.len(),
         refused
     );
+}
+
+/// The `[redis]` lines of `cluster`.
+fn cluster_lines(cluster: &RedisCluster) -> String {
+    let urls = cluster.urls().iter().map(|url| format!("\"{url}\"")).collect::<Vec<_>>().join(", ");
+    format!("topology = \"cluster\"\nurls = [{urls}]")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_shard_down_and_then_the_whole_cluster_down_are_answered_by_degraded_mode() {
+    let mut cluster = tokio::task::block_in_place(RedisCluster::start);
+    let serve = Serve::start(&config(&cluster_lines(&cluster), true, &fixed_window(), ""), "info");
+    let client = client();
+    let url = hello(&serve.base);
+
+    // One shard down: its master and its replica killed, so no failover.
+    let master = cluster.masters()[0].port;
+    let shard = [master, cluster.replica_of(master)];
+    tokio::task::block_in_place(|| shard.iter().for_each(|&port| cluster.kill_node(port)));
+    // Where a subject lives shows in its first answer: Redis counts down
+    // from the limit, the local limiter from the share.
+    let (mut on_redis, mut degraded) = (Vec::new(), Vec::new());
+    for n in 0..40 {
+        let subject = format!("shard-{n}");
+        let answer = ask_at(&client, &url, &subject).await.unwrap();
+        assert_eq!(answer.status, 200, "{subject}: {answer:?}");
+        match answer.remaining {
+            Some(remaining) if remaining == LIMIT - 1 => on_redis.push(subject),
+            Some(remaining) if remaining == SHARE - 1 => degraded.push(subject),
+            _ => panic!("{subject}: {answer:?} is neither Redis' count nor the share"),
+        }
+    }
+    // A third of the slots is down: 40 subjects all on one side would be
+    // about one chance in ten million.
+    assert!(!on_redis.is_empty(), "no subject on a live shard was answered by Redis");
+    assert!(!degraded.is_empty(), "no subject on the dead shard was answered locally");
+    let subject = &degraded[0];
+    probe_outage(&client, &url, subject, "one shard down", SHARE - 1).await;
+    tokio::task::block_in_place(|| {
+        shard.iter().for_each(|&port| cluster.start_node(port));
+        cluster.wait_until_settled(3);
+    });
+    let back = back_on_redis_within(&client, &url, subject, Instant::now(), PATIENCE).await;
+    eprintln!(
+        "one shard down: {} of 40 subjects local; back on Redis {back:?} after settling",
+        degraded.len()
+    );
+
+    // The whole cluster down: every subject is decided locally.
+    let ports = cluster.ports();
+    tokio::task::block_in_place(|| ports.iter().for_each(|&port| cluster.kill_node(port)));
+    probe_outage(&client, &url, "whole", "the whole cluster down", SHARE).await;
+    probe_outage(&client, &url, &on_redis[0], "the whole cluster down", SHARE).await;
+    tokio::task::block_in_place(|| {
+        ports.iter().for_each(|&port| cluster.start_node(port));
+        cluster.wait_until_settled(3);
+    });
+    let back = back_on_redis_within(&client, &url, "whole", Instant::now(), PATIENCE).await;
+    eprintln!("whole cluster down: back on Redis {back:?} after settling");
+    let degraded = degraded_decisions(&client, &serve.base, "http").await;
+    assert!(degraded >= 3 * PROBES, "outcome=\"degraded\" counted {degraded}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_no_sentinel_master_reachable_degraded_mode_answers_until_one_is() {
+    let mut group = tokio::task::block_in_place(RedisSentinel::start);
+    let sentinels =
+        group.sentinel_addresses().iter().map(|a| format!("\"{a}\"")).collect::<Vec<_>>();
+    let lines = format!(
+        "topology = \"sentinel\"\nsentinels = [{}]\nmaster-name = \"{MASTER_NAME}\"",
+        sentinels.join(", ")
+    );
+    let serve = Serve::start(&config(&lines, true, &fixed_window(), ""), "info");
+    let client = client();
+    let url = hello(&serve.base);
+    let first = ask_at(&client, &url, "probe").await.unwrap();
+    assert_eq!((first.status, first.remaining), (200, Some(LIMIT - 1)), "Redis decides first");
+
+    // Both data nodes frozen: the master times out, and the sentinels
+    // name a master that is down with no replica to promote.
+    let data = group.data_ports();
+    data.iter().for_each(|&port| group.pause(port));
+    probe_outage(&client, &url, "probe", "no master reachable", SHARE).await;
+    data.iter().for_each(|&port| group.resume(port));
+    let back = back_on_redis_within(&client, &url, "probe", Instant::now(), PATIENCE).await;
+    eprintln!("sentinel: back on Redis {back:?} after the data nodes resumed");
+    let degraded = degraded_decisions(&client, &serve.base, "http").await;
+    assert!(degraded >= PROBES, "outcome=\"degraded\" counted {degraded}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcra_and_token_bucket_policies_are_degraded_to_their_share_of_burst_and_capacity() {
+    // `api` (GET /api/hello) a GCRA whose burst is the limit, and
+    // GET /api/orders/{id} a token bucket; both refill once in ten years,
+    // so the burst and the capacity are all a window gives.
+    let policies = format!(
+        r#"[capabilities.rate-limit.operations]
+"GET /api/orders/{{id}}" = "bucket"
+
+[capabilities.rate-limit.policies.api]
+algorithm = "gcra"
+limit = {LIMIT}
+period = "3650days"
+burst = {LIMIT}
+
+[capabilities.rate-limit.policies.bucket]
+algorithm = "token-bucket"
+capacity = {LIMIT}
+refill-tokens = 1
+refill-period = "3650days"
+"#
+    );
+    let mut redis = RedisServer::start();
+    let serve = Serve::start(&config(&standalone(&redis), true, &policies, ""), "info");
+    let client = client();
+    let urls = [hello(&serve.base), format!("{}/api/orders/1", serve.base)];
+    for url in &urls {
+        let first = ask_at(&client, url, "probe").await.unwrap();
+        assert_eq!((first.status, first.remaining), (200, Some(LIMIT - 1)), "{url}: Redis first");
+    }
+    tokio::task::block_in_place(|| redis.crash());
+    for (url, case) in urls.iter().zip(["GCRA", "token bucket"]) {
+        // The shared burst (GCRA) and capacity (token bucket): SHARE.
+        probe_outage(&client, url, "probe", case, SHARE).await;
+    }
+    tokio::task::block_in_place(|| redis.restart());
+    let restarted = Instant::now();
+    for url in &urls {
+        back_on_redis_within(&client, url, "probe", restarted, PATIENCE).await;
+    }
+}
+
+/// An `[envoy-rls]` listener whose one rule limits each `remote_address`
+/// by `api`.
+const RLS: &str = r#"
+[envoy-rls]
+listen = "127.0.0.1:0"
+
+[[envoy-rls.rules]]
+domain = "edge"
+descriptor = ["remote_address"]
+policies = "api"
+"#;
+
+/// One `ShouldRateLimit` of `address` under the rule of [`RLS`]: the
+/// overall code and the remaining of its one status, or the gRPC error.
+async fn rls_ask(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    address: &str,
+) -> Result<(Code, u32), tonic::Status> {
+    let entry = Entry { key: "remote_address".to_owned(), value: address.to_owned() };
+    let request = RateLimitRequest {
+        domain: "edge".to_owned(),
+        descriptors: vec![RateLimitDescriptor { entries: vec![entry], ..Default::default() }],
+        hits_addend: 0,
+    };
+    let answer = client.should_rate_limit(request).await?.into_inner();
+    let remaining = answer.statuses.first().map_or(0, |status| status.limit_remaining);
+    Ok((Code::try_from(answer.overall_code).unwrap(), remaining))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_envoy_front_end_degrades_too_and_is_unavailable_with_degraded_mode_off() {
+    let mut redis = RedisServer::start();
+    let on = Serve::start(&config(&standalone(&redis), true, &fixed_window(), RLS), "info");
+    let off = Serve::start(&config(&standalone(&redis), false, &fixed_window(), RLS), "info");
+    let connect =
+        |serve: &Serve| RateLimitServiceClient::connect(format!("http://{}", serve.rls_address()));
+    let (mut on_rls, mut off_rls) = (connect(&on).await.unwrap(), connect(&off).await.unwrap());
+    // Redis decides on both (each instance its own address).
+    assert_eq!(rls_ask(&mut on_rls, "10.7.0.1").await.unwrap(), (Code::Ok, LIMIT_U32 - 1));
+    assert_eq!(rls_ask(&mut off_rls, "10.7.0.2").await.unwrap(), (Code::Ok, LIMIT_U32 - 1));
+
+    tokio::task::block_in_place(|| redis.crash());
+    let mut admitted = 0;
+    for n in 0..PROBES {
+        let answer = rls_ask(&mut on_rls, "10.7.0.1").await;
+        match answer {
+            Ok((Code::Ok, remaining)) => {
+                admitted += 1;
+                assert_eq!(u64::from(remaining), SHARE - admitted, "call {n}");
+            }
+            Ok((Code::OverLimit, remaining)) => assert_eq!(remaining, 0, "call {n}"),
+            other => panic!("call {n} with degraded mode on: {other:?}, not OK or OVER_LIMIT"),
+        }
+    }
+    assert_eq!(admitted, SHARE, "the instance's share of the limit");
+    for n in 0..5 {
+        let status = rls_ask(&mut off_rls, "10.7.0.2").await.expect_err("degraded mode is off");
+        assert_eq!(status.code(), tonic::Code::Unavailable, "call {n}: {status:?}");
+    }
+
+    tokio::task::block_in_place(|| redis.restart());
+    let restarted = Instant::now();
+    // Back on Redis (counting from its restart, empty): the limit again.
+    loop {
+        if let Ok((Code::Ok, remaining)) = rls_ask(&mut on_rls, "10.7.0.1").await {
+            if u64::from(remaining) >= SHARE {
+                break;
+            }
+        }
+        assert!(restarted.elapsed() < PATIENCE, "degraded-on instance not back on Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    loop {
+        match rls_ask(&mut off_rls, "10.7.0.2").await {
+            Ok(answer) => {
+                assert_eq!(answer.0, Code::Ok);
+                break;
+            }
+            Err(status) => assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}"),
+        }
+        assert!(restarted.elapsed() < PATIENCE, "degraded-off instance not back on Redis");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = client();
+    let degraded = degraded_decisions(&client, &on.base, "envoy-rls").await;
+    assert!(degraded >= PROBES, "outcome=\"degraded\" front=\"envoy-rls\" counted {degraded}");
+    assert_eq!(degraded_decisions(&client, &off.base, "envoy-rls").await, 0);
 }

@@ -798,4 +798,22 @@ mod tests {
         assert_eq!(gateway.ping(Duration::from_millis(300)).await, Err(GatewayFailure::NotSent));
         assert!(started.elapsed() < Duration::from_secs(3));
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_no_node_reachable_a_burst_of_calls_makes_one_connect_attempt() {
+        let urls = ["redis://127.0.0.1:1".to_owned(), "redis://127.0.0.1:2".to_owned()];
+        let gateway = Arc::new(
+            ClusterGateway::new(
+                &urls,
+                None,
+                None,
+                Duration::from_secs(1),
+                Duration::from_millis(200),
+            )
+            .unwrap(),
+        );
+        let pings = super::super::tests::pings_at_once(&gateway, 16, Duration::from_secs(2)).await;
+        assert_eq!(pings, [Err(GatewayFailure::NotSent); 16]);
+        assert_eq!(gateway.shared.connection.connect_attempts(), 1, "not one per caller");
+    }
 }

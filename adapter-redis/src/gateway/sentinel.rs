@@ -475,4 +475,22 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(2));
         assert_eq!(gateway.generation(), 0);
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_no_sentinel_answering_a_burst_of_calls_makes_one_connect_attempt() {
+        let sentinels = ["127.0.0.1:1".to_owned(), "127.0.0.1:2".to_owned()];
+        let gateway = Arc::new(
+            SentinelGateway::new(
+                &sentinels,
+                "mymaster",
+                Logins::default(),
+                Duration::from_secs(1),
+                Duration::from_millis(200),
+            )
+            .unwrap(),
+        );
+        let pings = super::super::tests::pings_at_once(&gateway, 16, Duration::from_secs(2)).await;
+        assert_eq!(pings, [Err(GatewayFailure::NotSent); 16]);
+        assert_eq!(gateway.connection.connect_attempts(), 1, "not one attempt per caller");
+    }
 }
