@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use shared_contract::{
-    DEDUP_RECORD_BYTES, KeyRules, KeyState, MAX_POLICY_SET, PolicyId, SetMember,
+    DEDUP_RECORD_BYTES, EvaluationId, HELD_LEASE_BYTES, KeyRules, KeyState, MAX_POLICY_SET,
+    PolicyId, SetMember,
 };
 
 use crate::entry::Entry;
@@ -88,19 +89,21 @@ impl MemoryStore {
         self.inner.shards.iter().map(|shard| shard.0.lock().map.len()).sum()
     }
 
-    /// Dedupe record bytes the keys hold, as `max-stored-bytes` counts them
-    /// ([`DEDUP_RECORD_BYTES`] a record), expired keys not swept yet
+    /// Dedupe record and lease bytes the keys hold, as `max-stored-bytes`
+    /// counts a record ([`DEDUP_RECORD_BYTES`]) and a Redis sorted set a
+    /// lease ([`HELD_LEASE_BYTES`]), expired keys and leases not swept yet
     /// included: with [`Self::live_entries`], the store's own account of
     /// what it keeps, for tests and soaks that must tell a leak from an
     /// allocator keeping freed pages.
     pub fn stored_bytes(&self) -> u64 {
-        let per_record = u64::from(DEDUP_RECORD_BYTES);
-        let records = |shard: &CachePadded<Mutex<Shard>>| -> u64 {
+        let (per_record, per_lease) = (u64::from(DEDUP_RECORD_BYTES), u64::from(HELD_LEASE_BYTES));
+        let bytes = |shard: &CachePadded<Mutex<Shard>>| -> u64 {
             let shard = shard.0.lock();
-            let held = shard.map.values().filter_map(Entry::state).map(|s| s.records.len());
-            held.map(|n| n as u64).sum()
+            let held = shard.map.values().filter_map(Entry::state);
+            held.map(|s| s.records.len() as u64 * per_record + s.leases.len() as u64 * per_lease)
+                .sum()
         };
-        self.inner.shards.iter().map(records).sum::<u64>() * per_record
+        self.inner.shards.iter().map(bytes).sum()
     }
 
     /// Sweeps every shard at `now_epoch_millis`, removing each key whose
@@ -252,6 +255,31 @@ impl MemoryStore {
         let shard = self.shard(subject_hash).lock();
         let entry = shard.map.get(&key as &dyn KeyView)?;
         (entry.expires_at > now).then(|| entry.state().cloned()).flatten()
+    }
+
+    /// Removes the lease `id` from the keys `slots` of `subject` (a
+    /// concurrency policy's keys), under the subject's shard lock, at caller
+    /// time `now`: true when a live lease was removed from at least one.
+    /// Nothing else moves: no mark, no expiry, no other lease.
+    pub(crate) fn release(
+        &self,
+        subject: &str,
+        slots: impl IntoIterator<Item = KeySlot>,
+        id: EvaluationId,
+        now: u64,
+    ) -> bool {
+        let subject_hash = self.inner.hasher.hash(subject);
+        let mut shard = self.shard(subject_hash).lock();
+        let mut released = false;
+        for slot in slots {
+            let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
+            if let Some(state) =
+                shard.map.get_mut(&key as &dyn KeyView).and_then(|entry| entry.live_state(now))
+            {
+                released |= state.leases.release(id, now);
+            }
+        }
+        released
     }
 
     /// Removes one key, state and dedupe records together (an operator's
@@ -408,6 +436,68 @@ mod tests {
     fn touch(store: &MemoryStore, rules: &KeyRules, n: u64, now: u64) {
         let outcome = evaluate(store, rules, n, now, id(0));
         assert!(outcome.is_allowed(), "{outcome:?}");
+    }
+
+    /// Two leases at once, each held 30 s; grace and regression 1 s: a key
+    /// whose latest lease was taken at `t` expires at `t + 30_000 + 1000`.
+    fn two_in_flight() -> KeyRules {
+        let algorithm = Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        };
+        KeyRules::of(&RateLimitPolicy::builder("c", algorithm).build().unwrap())
+    }
+
+    fn leases_of(store: &MemoryStore, n: u64) -> (Option<u64>, Vec<EvaluationId>, u64) {
+        store.inspect(SLOT, &subject(n), |entry| {
+            let entry = entry.expect("the key exists");
+            let state = entry.state().expect("the key holds state");
+            (
+                Some(state.mark),
+                state.leases.iter().map(|lease| lease.id).collect(),
+                entry.expires_at,
+            )
+        })
+    }
+
+    #[test]
+    fn a_release_removes_only_its_lease_and_moves_no_mark_or_expiry() {
+        let store = MemoryStore::with_shards(2);
+        let rules = two_in_flight();
+        assert!(evaluate(&store, &rules, 7, T0, id(1)).is_allowed());
+        assert!(evaluate(&store, &rules, 7, T0 + 10, id(2)).is_allowed());
+        assert!(evaluate(&store, &rules, 8, T0 + 10, id(1)).is_allowed());
+        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(1), id(2)], T0 + 31_010));
+        assert_eq!(store.stored_bytes(), 3 * u64::from(HELD_LEASE_BYTES));
+        assert!(store.release(&subject(7), [SLOT], id(1), T0 + 20));
+        assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 20), "released once");
+        assert!(!store.release(&subject(7), [SLOT], id(3), T0 + 20), "never held");
+        // Subject 8's lease of the same id, and subject 7's other lease, stay.
+        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(2)], T0 + 31_010));
+        assert_eq!(leases_of(&store, 8), (Some(T0 + 10), vec![id(1)], T0 + 31_010));
+        assert_eq!(store.stored_bytes(), 2 * u64::from(HELD_LEASE_BYTES));
+        // An absent key holds nothing to release.
+        assert!(!store.release(&subject(9), [SLOT], id(1), T0 + 20));
+        assert_eq!(store.live_entries(), 2);
+    }
+
+    #[test]
+    fn an_expired_lease_frees_nothing_and_its_key_is_swept_after_the_latest_lease() {
+        let store = MemoryStore::with_shards(1);
+        let rules = two_in_flight();
+        assert!(evaluate(&store, &rules, 7, T0, id(1)).is_allowed());
+        assert!(evaluate(&store, &rules, 7, T0 + 1_000, id(2)).is_allowed());
+        // Lease 1 is gone at T0 + 30 000: releasing it then frees nothing
+        // (and removes its id).
+        assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 30_000));
+        assert_eq!(leases_of(&store, 7).1, [id(2)]);
+        assert_eq!(store.stored_bytes(), u64::from(HELD_LEASE_BYTES));
+        // The key lives to lease 2's expiry plus the grace: T0 + 32 000.
+        assert_eq!(store.purge_expired(T0 + 31_999), 0);
+        assert_eq!(store.purge_expired(T0 + 32_000), 1);
+        assert_eq!((store.live_entries(), store.stored_bytes()), (0, 0));
+        assert!(!store.release(&subject(7), [SLOT], id(2), T0 + 32_000));
     }
 
     #[test]

@@ -149,7 +149,8 @@ pub struct RateLimitRequest {
 impl RateLimitRequest {
     /// Step 1 of docs/algorithms.md for the whole set, which reads no
     /// state: every policy must be known to `lookup`, and the cost must lie
-    /// in 1 ..= each policy's maximum. The entries come back in the set's
+    /// in 1 ..= each policy's maximum (a concurrency policy has none:
+    /// [`RateLimitPolicy::admits_cost`]). The entries come back in the set's
     /// order; the refusal is the outcome to answer, unknown policies first.
     #[allow(
         clippy::result_large_err,
@@ -167,7 +168,7 @@ impl RateLimitRequest {
             })?);
         }
         let entries = SetEntries { entries, len: self.policies.len().min(MAX_POLICY_SET) };
-        let fits = |entry: &&T| (1..=policy_of(entry).maximum_cost()).contains(&self.cost);
+        let fits = |entry: &&T| policy_of(entry).admits_cost(self.cost);
         if !entries.iter().all(|entry| fits(&entry)) {
             return Err(RateLimitOutcome::Incompatible {
                 category: IncompatibleCategory::CostExceedsMaximum,
@@ -210,6 +211,18 @@ mod tests {
         PolicyId::new(name).unwrap()
     }
 
+    /// A request of `cost` under the set `ids`.
+    fn request(ids: &[&str], cost: u64) -> RateLimitRequest {
+        RateLimitRequest {
+            policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
+            subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+            operation: OperationDigest::new("0123456789abcdef").unwrap(),
+            cost,
+            evaluation_id: EvaluationId::random(),
+            deadline: Instant::now(),
+        }
+    }
+
     #[test]
     fn a_set_holds_one_to_eight_distinct_policies_in_order() {
         let set = PolicySet::new([id("burst"), id("hourly")]).unwrap();
@@ -248,14 +261,6 @@ mod tests {
             .into_iter()
             .map(|p| (p.id().clone(), p))
             .collect();
-        let request = |ids: &[&str], cost| RateLimitRequest {
-            policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
-            subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
-            operation: OperationDigest::new("0123456789abcdef").unwrap(),
-            cost,
-            evaluation_id: EvaluationId::random(),
-            deadline: Instant::now(),
-        };
         let resolve = |ids: &[&str], cost| {
             let resolved = request(ids, cost).resolve(|id| held.get(id), |policy| policy);
             resolved
@@ -272,5 +277,36 @@ mod tests {
         assert_eq!(resolve(&["wide"], 0), Err("cost-exceeds-maximum"));
         // Unknown wins over a cost that fits nothing.
         assert_eq!(resolve(&["wide", "missing"], 9), Err("unknown-policy"));
+    }
+
+    #[test]
+    fn a_concurrency_policy_leaves_the_cost_check_to_the_rate_policies_of_its_set() {
+        use std::collections::HashMap;
+        use std::time::Duration;
+
+        let leases = crate::Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        };
+        let window = Duration::from_secs(1);
+        let rate = crate::Algorithm::FixedWindow { limit: 5, window };
+        let held: HashMap<PolicyId, RateLimitPolicy> = [
+            RateLimitPolicy::builder("exports", leases).build().unwrap(),
+            RateLimitPolicy::builder("rate", rate).maximum_cost(3).build().unwrap(),
+        ]
+        .into_iter()
+        .map(|p| (p.id().clone(), p))
+        .collect();
+        let fits = |ids: &[&str], cost| {
+            request(ids, cost)
+                .resolve(|id| held.get(id), |policy| policy)
+                .map(|_| ())
+                .map_err(|r| r.category_name())
+        };
+        assert_eq!(fits(&["exports"], 7), Ok(()), "a lease is one slot whatever the cost");
+        assert_eq!(fits(&["exports", "rate"], 3), Ok(()));
+        assert_eq!(fits(&["exports", "rate"], 4), Err("cost-exceeds-maximum"));
+        assert_eq!(fits(&["exports"], 0), Err("cost-exceeds-maximum"));
     }
 }
