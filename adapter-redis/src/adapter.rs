@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
-    EvaluationDedupPolicy, IncompatibleCategory, MAX_POLICY_SET, PolicyId, PolicyMode,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
-    SetEntries, SubjectDigest, UnavailableCategory, millis,
+    EvaluationDedupPolicy, IncompatibleCategory, Lease, MAX_POLICY_SET, PolicyId, PolicyMode,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
 };
 use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
@@ -68,6 +68,8 @@ struct PolicyEntry {
     script: ScriptKind,
     certainty: Certainty,
     dedup_enabled: bool,
+    /// A concurrency policy: an admitted request holds a lease in its key.
+    holds_leases: bool,
     /// The policy's ARGV block, built once (layout at the top of
     /// `lua/policy-set.lua`): kind, regression bound, TTL slack, dedupe
     /// TTL, record capacity, then the algorithm's parameters.
@@ -104,10 +106,18 @@ impl PolicyEntry {
             EvaluationDedupPolicy::Disabled => false,
             EvaluationDedupPolicy::Enabled { .. } => true,
         };
+        let holds_leases = match policy.algorithm() {
+            Algorithm::Concurrency { .. } => true,
+            Algorithm::FixedWindow { .. }
+            | Algorithm::SlidingCounter { .. }
+            | Algorithm::TokenBucket { .. }
+            | Algorithm::Gcra { .. } => false,
+        };
         Self {
             script: ScriptKind::of(policy.algorithm()),
             certainty: policy.algorithm().certainty(),
             dedup_enabled,
+            holds_leases,
             block,
             policy,
         }
@@ -460,7 +470,15 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 permit
             }
         };
-        let dedup_enabled = set.iter().any(|entry| entry.dedup_enabled);
+        // A retry with the same evaluation id is safe when it replays what
+        // the first attempt did: a dedupe record, or a lease (a live lease
+        // of this id replays the whole set, docs/algorithms.md), which an
+        // admitted set surely took under an enforced concurrency policy (a
+        // shadow one that refused took none).
+        let replays = set.iter().any(|entry| {
+            entry.dedup_enabled
+                || (entry.holds_leases && entry.policy.mode() == PolicyMode::Enforce)
+        });
         // The counter keys in the set's order (the KEYS layout of
         // `lua/policy-set.lua`); a key with dedupe on holds its records.
         let keys: Vec<String> = set
@@ -492,7 +510,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 // With WAIT on, a retry could only replay the charge, and a
                 // replay cannot be acknowledged (see `acknowledge`).
                 RateLimitOutcome::Indeterminate { .. }
-                    if dedup_enabled && self.wait.is_none() && Instant::now() < deadline =>
+                    if replays && self.wait.is_none() && Instant::now() < deadline =>
                 {
                     let retried = self.run_script(&set, kind, &keys, &args, deadline).await;
                     return (retried_or(retried, outcome), 2);
@@ -538,9 +556,14 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         self.forget_cached_denials(&key.subject);
         reset
     }
+
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        self.release_lease(lease).await
+    }
 }
 
 mod budget;
+mod release;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
