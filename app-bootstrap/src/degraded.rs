@@ -24,8 +24,8 @@ use adapter_memory::MemoryStore;
 use async_trait::async_trait;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource,
-    EdgeRateLimitPort, PolicyId, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    UnavailableCategory,
+    EdgeRateLimitPort, Lease, PolicyId, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, UnavailableCategory,
 };
 
 /// How long past the moment Redis gave up the local evaluation may still
@@ -177,6 +177,9 @@ pub fn scaled(
         Algorithm::Gcra { limit, period, burst } => {
             Algorithm::Gcra { limit: share(limit), period, burst: share(burst) }
         }
+        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
+            Algorithm::Concurrency { max_in_flight: share(max_in_flight), lease_ttl, retry_after }
+        }
     };
     let maximum_cost = policy.maximum_cost().min(algorithm.limit());
     RateLimitPolicy::builder(policy.id().as_str(), algorithm)
@@ -287,6 +290,13 @@ impl EdgeRateLimitPort for DegradedPort {
     /// Redis' budget; the local counts expire with their windows.
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         self.primary.reset(key).await
+    }
+
+    /// Placeholder until branch leases-web: the primary's lease only (a
+    /// lease the local limiter took is not released, and expires at its
+    /// TTL).
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        self.primary.release(lease).await
     }
 }
 

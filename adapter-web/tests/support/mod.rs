@@ -24,9 +24,9 @@ use http_body_util::BodyExt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use secrecy::SecretSlice;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock, PolicyId,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
-    SubjectDigest,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Lease, ManualClock, PolicyId,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    SetDecision, SubjectDigest,
 };
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -170,6 +170,13 @@ impl EdgeRateLimitPort for ScriptedPort {
         match &self.inner {
             Some(inner) => inner.reset(key).await,
             None => Err(BudgetFailure::Unavailable),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        match &self.inner {
+            Some(inner) => inner.release(lease).await,
+            None => ReleaseOutcome::NotHeld,
         }
     }
 }

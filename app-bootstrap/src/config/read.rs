@@ -285,6 +285,14 @@ impl Reader<'_> {
                     _ => None,
                 }
             }
+            Some(AlgorithmKind::Concurrency) => {
+                // Placeholder until branch leases-web reads its keys.
+                self.problem(
+                    &path.child(PolicyField::Algorithm.key()),
+                    "\"concurrency\" is not read by this configuration yet".to_owned(),
+                );
+                None
+            }
         };
         let table_has_burst = table.has("burst");
         self.close(table);

@@ -117,6 +117,11 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
             table.insert("period".into(), duration(period));
             table.insert("burst".into(), count(burst));
         }
+        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
+            table.insert(PolicyField::MaxInFlight.key().into(), count(max_in_flight));
+            table.insert(PolicyField::LeaseTtl.key().into(), duration(lease_ttl));
+            table.insert(PolicyField::RetryAfter.key().into(), duration(retry_after));
+        }
     }
     table.insert(PolicyField::Revision.key().into(), i64::from(policy.revision()).into());
     table.insert(PolicyField::MaximumCost.key().into(), count(policy.maximum_cost()));
