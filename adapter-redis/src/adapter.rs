@@ -106,18 +106,11 @@ impl PolicyEntry {
             EvaluationDedupPolicy::Disabled => false,
             EvaluationDedupPolicy::Enabled { .. } => true,
         };
-        let holds_leases = match policy.algorithm() {
-            Algorithm::Concurrency { .. } => true,
-            Algorithm::FixedWindow { .. }
-            | Algorithm::SlidingCounter { .. }
-            | Algorithm::TokenBucket { .. }
-            | Algorithm::Gcra { .. } => false,
-        };
         Self {
             script: ScriptKind::of(policy.algorithm()),
             certainty: policy.algorithm().certainty(),
             dedup_enabled,
-            holds_leases,
+            holds_leases: policy.algorithm().holds_leases(),
             block,
             policy,
         }

@@ -203,7 +203,8 @@ async fn leases_work_as(server: &redis_fixture::RedisServer, user: &str) -> bool
 #[tokio::test]
 async fn the_printed_rule_runs_leases_and_each_sorted_set_command_in_it_is_needed() {
     let rules = rate_limit_rules(Topology::Standalone);
-    let sorted_set = ["+zmscore", "+zcount", "+zadd", "+zremrangebyscore", "+zscore", "+zrem", "+zrange"];
+    let sorted_set =
+        ["+zmscore", "+zcount", "+zadd", "+zremrangebyscore", "+zscore", "+zrem", "+zrange"];
     let users: Vec<(String, Vec<&str>)> = sorted_set
         .iter()
         .map(|dropped| {

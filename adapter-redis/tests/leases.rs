@@ -60,8 +60,10 @@ async fn members(
 /// What `lua/concurrency.lua` stores: each lease id (its 16 bytes) scored
 /// by its `expires_at`, and the mark as the member `m` scored `-1 - mark`.
 fn stored(mark: u64, held: &[(u128, u64)]) -> BTreeMap<Vec<u8>, f64> {
-    let mut expected: BTreeMap<Vec<u8>, f64> =
-        held.iter().map(|&(n, expires_at)| (id(n).as_bytes().to_vec(), expires_at as f64)).collect();
+    let mut expected: BTreeMap<Vec<u8>, f64> = held
+        .iter()
+        .map(|&(n, expires_at)| (id(n).as_bytes().to_vec(), expires_at as f64))
+        .collect();
     expected.insert(b"m".to_vec(), -1.0 - mark as f64);
     expected
 }
@@ -114,7 +116,7 @@ async fn a_lease_key_is_a_sorted_set_of_binary_lease_ids_and_the_mark_under_the_
     let mut redis = inspector(&server).await;
     let keys: Vec<String> = redis.keys("*").await.unwrap();
     let key = adapter.keys().counter_key(&policy, &subject(1), &operation());
-    assert_eq!(keys, [key.clone()], "one key per (policy, revision, subject, operation)");
+    assert_eq!(keys, std::slice::from_ref(&key), "one key per (policy, revision, subject, operation)");
     assert!(key.contains(subject(1).as_str()), "the key names the pseudonym: {key}");
     let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut redis).await.unwrap();
     assert_eq!(kind, "zset");
@@ -200,7 +202,7 @@ async fn a_release_is_one_evalsha_that_removes_that_lease_and_nothing_else() {
     let (_, second) = take(&adapter, &clock, "exports", 2).await;
     clock.set_epoch_millis(T0 + 10 + LEASE_TTL);
     assert_eq!(adapter.release(&second).await, ReleaseOutcome::NotHeld);
-    assert!(!members(&mut redis, &key).await.contains_key(&id(2).as_bytes().to_vec()));
+    assert!(!members(&mut redis, &key).await.contains_key(id(2).as_bytes().as_slice()));
 }
 
 #[tokio::test]

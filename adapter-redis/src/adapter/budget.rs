@@ -22,10 +22,16 @@ const RESET: &str = include_str!("../../lua/reset.lua");
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Stored {
     Absent,
-    State { mark: u64, algorithm: AlgorithmState },
+    State {
+        mark: u64,
+        algorithm: AlgorithmState,
+    },
     /// A lease set (`lua/concurrency.lua`): its mark and every lease it
     /// holds, expired ones included (the step counts the live ones).
-    Leases { mark: u64, leases: Leases },
+    Leases {
+        mark: u64,
+        leases: Leases,
+    },
 }
 
 impl RedisEdgeRateLimitAdapter {
