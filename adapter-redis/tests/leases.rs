@@ -116,7 +116,11 @@ async fn a_lease_key_is_a_sorted_set_of_binary_lease_ids_and_the_mark_under_the_
     let mut redis = inspector(&server).await;
     let keys: Vec<String> = redis.keys("*").await.unwrap();
     let key = adapter.keys().counter_key(&policy, &subject(1), &operation());
-    assert_eq!(keys, std::slice::from_ref(&key), "one key per (policy, revision, subject, operation)");
+    assert_eq!(
+        keys,
+        std::slice::from_ref(&key),
+        "one key per (policy, revision, subject, operation)"
+    );
     assert!(key.contains(subject(1).as_str()), "the key names the pseudonym: {key}");
     let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut redis).await.unwrap();
     assert_eq!(kind, "zset");
