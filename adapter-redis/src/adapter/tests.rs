@@ -687,7 +687,9 @@ async fn an_indeterminate_under_a_shadow_concurrency_policy_alone_is_not_retried
 
 #[tokio::test]
 async fn a_release_sends_the_lease_keys_of_the_set_its_id_and_the_caller_time() {
-    let seen: Arc<Mutex<Vec<(Vec<String>, Vec<Vec<u8>>)>>> = Arc::default();
+    /// Each call's keys and arguments.
+    type Calls = Vec<(Vec<String>, Vec<Vec<u8>>)>;
+    let seen: Arc<Mutex<Calls>> = Arc::default();
     let mut gateway = MockRedisGateway::new();
     gateway.expect_script_load().times(1).returning(|source, _, _| {
         assert_eq!(source, ScriptKind::Release.source());
