@@ -13,7 +13,11 @@
 # 1,000 subjects, every request has a fresh evaluation id, nothing is ever
 # refused, and a lease is released before the next acquire of its key, as
 # under a service that is not overloaded: the key holds the mark and at
-# most one lease. Per case it prints, as medians over the rounds (the two
+# most one lease. A third case, `acquire`, sends the acquires alone, with
+# leases that live 1 ms: a key's next acquire (1,000 requests, so 1,000 ms
+# of caller time, later) sweeps the one it finds expired, so the key again
+# holds the mark and at most one lease, and a lease's cost splits into its
+# acquire and, by difference, its release. Per case it prints, as medians over the rounds (the two
 # cases alternating first), the server's CPU time (user + system, from
 # /proc, so time the server spent preempted on a shared machine does not
 # count) and INFO commandstats' usec_per_call of EVALSHA, per request
@@ -44,6 +48,7 @@ for script in F L R; do sha[$script]=$(rcli SCRIPT LOAD "$(cat "$work/$script.lu
 # and a concurrency policy that never refuse; leases live a minute.
 fixed="F 1000 1000 0 0 $big 60000"
 lease="C 1000 1000 0 0 10000 60000 1000"
+short="C 1000 1000 0 0 10000 1 1000"
 # resp <file> <commands, one a line, arguments space-separated>: the RESP
 # encoding redis-cli --pipe sends.
 resp() {
@@ -60,9 +65,13 @@ awk -v n="$requests" -v l="${sha[L]}" -v r="${sha[R]}" -v now="$now" -v block="$
         printf "EVALSHA %s 1 bench:{v1:%d}:c %016d %d\n", r, i % 1000, i, now + i
     }
 }' | resp "$work/lease.resp"
+awk -v n="$requests" -v l="${sha[L]}" -v now="$now" -v block="$short" 'BEGIN {
+    for (i = 1; i <= n; i++)
+        printf "EVALSHA %s 1 bench:{v1:%d}:c %d 1 %016d %s\n", l, i % 1000, now + i, i, block
+}' | resp "$work/acquire.resp"
 # The per-EVALSHA figures are per request for the fixed window; a lease's
 # request is two calls.
-declare -A calls_per=([fixed]=1 [lease]=2)
+declare -A calls_per=([fixed]=1 [lease]=2 [acquire]=1)
 usec() {
     rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {
         if ($10 != 0) {print "failed_calls=" $10 > "/dev/stderr"; exit 1}; print $6}'
@@ -108,20 +117,20 @@ if [ "$measure" = instructions ]; then
     }
 fi
 for round in $(seq "$rounds"); do
-    if [ $((round % 2)) = 1 ]; then order="fixed lease"; else order="lease fixed"; fi
+    if [ $((round % 2)) = 1 ]; then order="fixed lease acquire"; else order="acquire lease fixed"; fi
     for name in $order; do one "$name"; done
 done >"$work/runs"
 median() { awk -v c="$1" -v f="$2" '$1 == c {print $f}' "$work/runs" |
     sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 if [ "$measure" = instructions ]; then
     echo "case: instructions per request (ratio to fixed)"
-    for name in fixed lease; do
+    for name in fixed lease acquire; do
         echo "$name: $(median "$name" 3) ($(awk -v a="$(median "$name" 3)" \
             -v b="$(median fixed 3)" 'BEGIN {printf "%.2f", a / b}')x)"
     done
 else
     echo "case: usec_per_call, cpu_us per request (medians of $rounds; ratio to fixed)"
-    for name in fixed lease; do
+    for name in fixed lease acquire; do
         u=$(median "$name" 2) c=$(median "$name" 3)
         echo "$name: $u, $c ($(awk -v a="$u" -v b="$(median fixed 2)" -v x="$c" \
             -v y="$(median fixed 3)" 'BEGIN {printf "%.2fx, %.2fx", a / b, x / y}'))"
