@@ -72,13 +72,6 @@ awk -v n="$requests" -v l="${sha[L]}" -v now="$now" -v block="$short" 'BEGIN {
 # The per-EVALSHA figures are per request for the fixed window; a lease's
 # request is two calls.
 declare -A calls_per=([fixed]=1 [lease]=2 [acquire]=1)
-usec() {
-    rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {
-        if ($10 != 0) {print "failed_calls=" $10 > "/dev/stderr"; exit 1}; print $6}'
-}
-pid=$(rcli INFO server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')
-tick=$(getconf CLK_TCK)
-cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 one() {
     local name=$1 before after
     rcli FLUSHALL >/dev/null

@@ -521,6 +521,25 @@ fn numbered_id(number: usize) -> EvaluationId {
     EvaluationId::from_uuid(Uuid::from_u128(number as u128))
 }
 
+/// Fails the case unless both providers answered step `index` alike.
+fn agree<T: PartialEq + std::fmt::Debug>(
+    from_memory: &T,
+    from_redis: &T,
+    index: usize,
+    step: &Step,
+    pair: &Pair,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(
+        from_memory,
+        from_redis,
+        "step {} ({:?}) at t = T0 + {} ms: memory (left) and redis (right) disagree",
+        index,
+        step,
+        pair.elapsed()
+    );
+    Ok(())
+}
+
 async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseError> {
     let pair = Pair::new(&scenario.policies);
     let maximum_cost = cost_bound(&scenario.policies);
@@ -532,14 +551,7 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
             let Some(&id) = issued.iter().rev().nth(back) else { continue };
             let (from_memory, from_redis) =
                 pair.release(&subjects[step.subject], step.operation, id).await;
-            prop_assert_eq!(
-                from_memory,
-                from_redis,
-                "step {} ({:?}) at t = T0 + {} ms: memory (left) and redis (right) disagree",
-                index,
-                step,
-                pair.elapsed()
-            );
+            agree(&from_memory, &from_redis, index, step, &pair)?;
             prop_assert!(!from_memory.failed(), "step {index}: unexpected {from_memory:?}");
             tally.count_release(from_memory);
             continue;
@@ -555,14 +567,7 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
         });
         let (from_memory, from_redis) =
             pair.evaluate(&subjects[step.subject], step.operation, step.cost, evaluation_id).await;
-        prop_assert_eq!(
-            from_memory,
-            from_redis,
-            "step {} ({:?}) at t = T0 + {} ms: memory (left) and redis (right) disagree",
-            index,
-            step,
-            pair.elapsed()
-        );
+        agree(&from_memory, &from_redis, index, step, &pair)?;
         prop_assert!(expected_kind(&from_memory), "step {index}: unexpected {from_memory:?}");
         let cost_out_of_range =
             step.cost == 0 || maximum_cost.is_some_and(|maximum| step.cost > maximum);

@@ -303,21 +303,28 @@ async fn timeout_connection_loss_and_undecodable_replies_are_indeterminate() {
     }
 }
 
-#[tokio::test]
-async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_id() {
-    let seen: Arc<Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
+/// Each script call's arguments.
+type SentArgs = Arc<Mutex<Vec<Vec<Vec<u8>>>>>;
+
+/// A gateway whose first EVALSHA fails with `first` (the script may have
+/// run) and whose second answers `then`, noting each call's arguments.
+fn failing_once(first: GatewayFailure, then: Value) -> (MockRedisGateway, SentArgs) {
+    let seen = SentArgs::default();
     let mut gateway = MockRedisGateway::new();
     gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
     let sink = seen.clone();
     gateway.expect_evalsha().times(2).returning(move |_, _, args, _| {
         let mut calls = sink.lock().unwrap();
         calls.push(owned(args));
-        if calls.len() == 1 {
-            Err(GatewayFailure::ConnectionLost)
-        } else {
-            Ok(reply("allowed", &[[2, 2, 750, 0]]))
-        }
+        if calls.len() == 1 { Err(first) } else { Ok(then.clone()) }
     });
+    (gateway, seen)
+}
+
+#[tokio::test]
+async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_id() {
+    let (gateway, seen) =
+        failing_once(GatewayFailure::ConnectionLost, reply("allowed", &[[2, 2, 750, 0]]));
     let adapter = adapter(gateway, ON);
     let RateLimitOutcome::Evaluated(set) = evaluate_once(&adapter, 1).await else {
         panic!("expected the replayed decision");
@@ -650,19 +657,8 @@ fn set_request(ids: &[&str], id: EvaluationId) -> RateLimitRequest {
 async fn an_indeterminate_under_an_enforced_concurrency_policy_is_retried_once_with_its_id() {
     // An admitted first attempt took the lease, so the retry replays it:
     // no second charge of the fixed window beside it.
-    let seen: Arc<Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
-    let mut gateway = MockRedisGateway::new();
-    gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
-    let sink = seen.clone();
-    gateway.expect_evalsha().times(2).returning(move |_, _, args, _| {
-        let mut calls = sink.lock().unwrap();
-        calls.push(owned(args));
-        if calls.len() == 1 {
-            Err(GatewayFailure::TimedOut)
-        } else {
-            Ok(reply("allowed", &[[1, 2, 750, 0], [2, 1, 0, 0]]))
-        }
-    });
+    let (gateway, seen) =
+        failing_once(GatewayFailure::TimedOut, reply("allowed", &[[1, 2, 750, 0], [2, 1, 0, 0]]));
     let adapter = lease_adapter(gateway, RedisSettings::default());
     let outcome = adapter.evaluate(set_request(&["api.test", "leases"], EvaluationId::random()));
     let RateLimitOutcome::Evaluated(set) = outcome.await else {
