@@ -116,5 +116,6 @@ mod acknowledged {
         leases_inspect_and_reset_of_a_concurrency_budget,
         leases_of_a_shadow_policy_are_real_but_never_deny,
         leases_of_an_old_revision_are_not_released_through_a_new_one,
+        leases_release_leaves_every_other_lease_even_an_expired_one,
     );
 }
