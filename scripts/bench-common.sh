@@ -33,5 +33,16 @@ start_bench_redis() {
     "${pin_server[@]}" redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
         --daemonize yes --logfile "$work/redis.log" --dir "$work"
     for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    bench_pid=$(redis-cli -p "$port" INFO server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')
+    tick=$(getconf CLK_TCK)
 }
 rcli() { redis-cli -p "$port" "$@"; }
+# usec_per_call of EVALSHA since the last CONFIG RESETSTAT; a script that
+# failed any call measures nothing.
+usec() {
+    rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {
+        if ($10 != 0) {print "failed_calls=" $10 > "/dev/stderr"; exit 1}; print $6}'
+}
+# The bench server's CPU time so far (user + system), in clock ticks ($tick
+# a second).
+cpu() { awk '{print $14 + $15}' "/proc/$bench_pid/stat"; }

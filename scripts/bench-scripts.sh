@@ -31,15 +31,6 @@ mkdir "$work/base"
 for file in $(git ls-tree --name-only "$base" adapter-redis/lua/); do
     git show "$base:$file" >"$work/base/$(basename "$file")"
 done
-# usec_per_call of EVALSHA; a script that failed any call measures nothing.
-usec() {
-    rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {
-        if ($10 != 0) {print "failed_calls=" $10 > "/dev/stderr"; exit 1}; print $6}'
-}
-pid=$(rcli INFO server | tr -d '\r' | awk -F: '/^process_id:/ {print $2}')
-tick=$(getconf CLK_TCK)
-# The server's CPU time so far, in clock ticks.
-cpu() { awk '{print $14 + $15}' "/proc/$pid/stat"; }
 k1='bench:{v1:__rand_int__}:a'
 k2='bench:{v1:__rand_int__}:b'
 flood='bench:{v1:flood}:a'

@@ -1,6 +1,8 @@
 //! Measures, on a private redis-server, the `MEMORY USAGE` of one subject's
 //! key and the server CPU per decision (`INFO commandstats`, evalsha
-//! `usec_per_call`) for each algorithm with dedupe on and off.
+//! `usec_per_call`) for each algorithm with dedupe on and off (a
+//! concurrency policy has no dedupe: its leases, never released here, are
+//! its state).
 //!
 //! `cargo run -p adapter-redis --example redis_footprint`
 //! prints one markdown table.
@@ -54,9 +56,22 @@ async fn info_usec_per_call(redis: &mut redis::aio::MultiplexedConnection) -> (u
     (field("calls").parse().unwrap_or(0), field("usec_per_call").parse().unwrap_or(0.0))
 }
 
-/// The value length and `MEMORY USAGE` (all of it: `SAMPLES 0`) of a key.
+/// The state's size and `MEMORY USAGE` (all of it: `SAMPLES 0`) of a key:
+/// a string's length, a hash's state field's (its records beside it), a
+/// lease set's members (the mark and the leases).
 async fn footprint(redis: &mut redis::aio::MultiplexedConnection, key: &str) -> (usize, usize) {
-    let strlen: usize = redis::cmd("STRLEN").arg(key).query_async(redis).await.unwrap();
+    let kind: String = redis::cmd("TYPE").arg(key).query_async(redis).await.unwrap();
+    let mut state = match kind.as_str() {
+        "string" => redis::cmd("STRLEN"),
+        "hash" => redis::cmd("HSTRLEN"),
+        "zset" => redis::cmd("ZCARD"),
+        other => panic!("{key} is a {other}"),
+    };
+    state.arg(key);
+    if kind == "hash" {
+        state.arg("s");
+    }
+    let strlen: usize = state.query_async(redis).await.unwrap();
     let usage: usize = redis::cmd("MEMORY")
         .arg("USAGE")
         .arg(key)
@@ -82,8 +97,8 @@ async fn main() {
         "<!-- {version}, {CHARGED} charged evaluations per key; CPU over {DECISIONS} decisions, {TASKS} tasks, {SUBJECTS} subjects -->"
     );
     println!(
-        "| algorithm | dedupe | STRLEN after {CHARGED} | MEMORY USAGE after {CHARGED} | \
-         STRLEN after {FULL} | MEMORY USAGE after {FULL} | evalsha usec/call |"
+        "| algorithm | dedupe | state after {CHARGED} | MEMORY USAGE after {CHARGED} | \
+         state after {FULL} | MEMORY USAGE after {FULL} | evalsha usec/call |"
     );
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
     let window = Duration::from_secs(60);
@@ -96,12 +111,22 @@ async fn main() {
             refill_period: Duration::from_secs(1),
         },
         Algorithm::Gcra { limit: 1_000_000, period: window, burst: 1_000_000 },
+        Algorithm::Concurrency {
+            max_in_flight: shared_contract::MAX_IN_FLIGHT,
+            lease_ttl: window,
+            retry_after: Duration::from_secs(1),
+        },
     ];
     for algorithm in algorithms {
-        for (label, dedup) in [
-            ("off", EvaluationDedupPolicy::Disabled),
-            ("on (defaults)", EvaluationDedupPolicy::enabled_defaults()),
-        ] {
+        let dedupe: &[_] = if algorithm.holds_leases() {
+            &[("off", EvaluationDedupPolicy::Disabled)]
+        } else {
+            &[
+                ("off", EvaluationDedupPolicy::Disabled),
+                ("on (defaults)", EvaluationDedupPolicy::enabled_defaults()),
+            ]
+        };
+        for &(label, dedup) in dedupe {
             let id = format!("{}-{}", algorithm.name(), if label == "off" { "off" } else { "on" });
             let policy =
                 RateLimitPolicy::builder(&id, algorithm).evaluation_dedup(dedup).build().unwrap();

@@ -4,16 +4,18 @@
 --
 -- KEYS: the set's n counter keys in the set's order (1 to 8), all under
 -- one hash tag; a key whose policy has dedupe on holds its records too
--- (prelude.lua).
+-- (prelude.lua); a concurrency policy's key is its lease set
+-- (concurrency.lua).
 -- ARGV[1] caller time (epoch ms), ARGV[2] cost, ARGV[3] evaluation id
 -- (16 bytes); then one block per key, in KEYS order:
 --   +0 kind: the algorithm's tag, 'F' fixed window, 'S' sliding counter,
---      'B' token bucket, 'G' GCRA; in lower case ('f', 's', 'b', 'g') for
---      a shadow policy
+--      'B' token bucket, 'G' GCRA, 'C' concurrency; in lower case ('f',
+--      's', 'b', 'g', 'c') for a shadow policy
 --   +1 maximum clock regression (ms)   +2 TTL slack = max(grace, regression) (ms)
 --   +3 dedupe TTL (ms)                 +4 dedupe record capacity (0 = off)
 --   +5.. the algorithm: F, S: limit, window (ms); B: capacity, refill
---      tokens, refill period (ms); G: burst, emission interval (us)
+--      tokens, refill period (ms); G: burst, emission interval (us);
+--      C: max in flight, lease TTL (ms), retry-after (ms)
 -- Reply, a flat array led by the set's status:
 --   {'allowed' | 'denied', then per key: answer (0 denied, 1 allowed,
 --    2 replayed), remaining, reset_after (ms), retry_after (ms)}
@@ -54,13 +56,19 @@ local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
   nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
 -- The set's size, and where each key's ARGV block starts: five bounds,
--- then the algorithm's parameters (a token bucket three, the others two).
+-- then the algorithm's parameters (a token bucket and a concurrency policy
+-- three, the others two).
 local n, at = 0, 4
 while ARGV[at] do
   n = n + 1
   local s, kind = SLOTS * n - (SLOTS - 1), byte(ARGV[at])
   scratch[s + BLOCK], scratch[s + KIND] = at, kind
-  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW then at = at + 8 else at = at + 7 end
+  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW or kind == CONCURRENCY
+    or kind == CONCURRENCY + SHADOW then
+    at = at + 8
+  else
+    at = at + 7
+  end
 end
 
 -- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
@@ -73,6 +81,7 @@ local beyond, replay, failed, admitted = nil, false, nil, true
 -- algorithms are included where the first key of theirs is read, so
 -- their closures are created only by a set that uses them.
 local sliding_counter_run, token_bucket_run, gcra_run = nil, nil, nil
+local concurrency_run, lease_read_run, lease_store_run = nil, nil, nil
 for k = 1, n do
   local s = SLOTS * k - (SLOTS - 1)
   local b, tag = scratch[s + BLOCK], scratch[s + KIND]
@@ -88,16 +97,42 @@ for k = 1, n do
 -- #include sliding-counter.lua
       sliding_counter_run = sliding_counter
     end
-  elseif tag == GCRA and not gcra_run then
+  elseif tag == GCRA then
+    if not gcra_run then
 -- #include gcra.lua
-    gcra_run = gcra
+      gcra_run = gcra
+    end
+  elseif tag == CONCURRENCY and not concurrency_run then
+-- #include concurrency.lua
+    concurrency_run, lease_read_run, lease_store_run = concurrency, lease_read, lease_store
   end
   local t = now
   local capacity = ARGV[b + 4] + 0
-  local raw, record, hashed = load(KEYS[k], capacity)
-  local header = 0
-  local stored = tag
-  if raw then
+  local raw, record, hashed, header, stored = nil, nil, false, 0, tag
+  if tag == CONCURRENCY then
+    -- A lease key: RAW holds its live leases, HEADER whether it has a
+    -- mark (so an expiry), RECORD and RECORD_RESET the answer of this
+    -- evaluation's live lease (a replay; HASHED stays false, so step 4's
+    -- lookups leave it as it is).
+    local mark, lease, held, corrupt = lease_read_run(KEYS[k])
+    if corrupt then return {'corrupt', k} end
+    raw, header = held, mark ~= nil
+    if mark then
+      if mark > now then
+        local by = mark - now - ARGV[b + 1]
+        if by > 0 and (not beyond or by > beyond) then beyond = by end
+        t = mark
+      end
+      if lease and lease > t then
+        record = math.max(0, ARGV[b + 5] - held)
+        scratch[s + RECORD_RESET] = 0
+        replay = true
+      end
+    end
+  else
+    raw, record, hashed = load(KEYS[k], capacity)
+  end
+  if raw and tag ~= CONCURRENCY then
     header, stored = header_of(raw)
     if not header then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
@@ -131,6 +166,9 @@ for k = 1, n do
     elseif tag == GCRA then
       allowed, remaining, reset_after, retry_after, state, state_end =
         gcra_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
+    elseif tag == CONCURRENCY then
+      allowed, remaining, reset_after, retry_after, state, state_end =
+        concurrency_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0)
     else
       failed = k
     end
@@ -146,11 +184,12 @@ end
 if beyond then return {'clock_unsafe', beyond} end
 
 -- Step 4's lookups, once the clock bound holds everywhere: each record
--- came with its key's state; a live one replays.
+-- came with its key's state; a live one replays. (A lease key's replay
+-- was found with its leases.)
 for k = 1, n do
   local s = SLOTS * k - (SLOTS - 1)
   local record = scratch[s + RECORD]
-  if record then
+  if record and scratch[s + HASHED] then
     local remaining, reset_after, written_at, seq = struct.unpack('dddd', record)
     if written_at + ARGV[scratch[s + BLOCK] + 3] > scratch[s + TIME] then
       scratch[s + RECORD], scratch[s + RECORD_RESET] = remaining, reset_after
@@ -162,15 +201,18 @@ for k = 1, n do
 end
 
 -- Runs a key's algorithm spared (steps 4 and 6), given its ARGV block,
--- kind byte, value and effective time from its scratch (passed in, so the
--- closure captures no offsets); nil when the key holds another algorithm's
--- state.
+-- kind byte, value (a lease key's: its live leases) and effective time
+-- from its scratch (passed in, so the closure captures no offsets); nil
+-- when the key holds another algorithm's state.
 -- Only a replay, a failure or a refusal needs it, so an admitted set never
 -- creates this closure.
 local spared = nil
 if replay or failed or not admitted then
   spared = function(b, tag, raw, t)
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
+    if tag == CONCURRENCY then
+      return concurrency_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0)
+    end
     if raw and byte(raw, 1) ~= tag then return nil end
     if tag == FIXED_WINDOW then
       return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
@@ -240,7 +282,12 @@ for k = 1, n do
     local b = scratch[s + BLOCK]
     local r = 4 * k - 2
     local capacity = scratch[s + CAPACITY]
-    if capacity > 0 then
+    local kind = scratch[s + KIND]
+    if kind == CONCURRENCY or kind == CONCURRENCY + SHADOW then
+      -- Only a charge writes a lease key: its state is the new lease's
+      -- expiry.
+      lease_store_run(KEYS[k], scratch[s + TIME], state, ARGV[b + 2] + 0, scratch[s + HEADER])
+    elseif capacity > 0 then
       store(KEYS[k], state, scratch[s + STATE_END], scratch[s + RAW], scratch[s + HEADER],
         scratch[s + HASHED], scratch[s + TIME], ARGV[b + 2] + 0, ARGV[b + 3] + 0, capacity,
         admitted and reply[r] == 1, reply[r + 1], reply[r + 2], scratch[s + STALE])

@@ -31,11 +31,16 @@ local now = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
 local evaluation_id = ARGV[3]
 -- Tag bytes: 'F' fixed window, 'S' sliding counter, 'B' token bucket,
--- 'G' GCRA; a policy's kind argument is its tag, in lower case for a
--- shadow policy.
-local FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET, GCRA = 70, 83, 66, 71
+-- 'G' GCRA, 'C' concurrency; a policy's kind argument is its tag, in lower
+-- case for a shadow policy. A concurrency key is a sorted set, never a
+-- state header (concurrency.lua), so its tag names only its kind.
+local FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET, GCRA, CONCURRENCY = 70, 83, 66, 71, 67
 -- Lower case is upper case + 32; every kind byte from 97 ('a') on is shadow.
 local SHADOW, SHADOW_KINDS = 32, 97
+
+-- The member of a lease set (concurrency.lua) that holds its mark: one
+-- byte, so never a lease id (16 bytes).
+local LEASE_MARK = 'm'
 
 -- The records trailer a key with dedupe on keeps after its header.
 local TRAILER = 40

@@ -7,8 +7,11 @@
 //! against the caller's ACL too (so all stay limited to the key pattern):
 //! `GET` and `SET` on the counter keys of policies without dedupe, and
 //! `HMGET`, `HSET`, `HDEL`, `UNLINK` and `PEXPIRE` on those with dedupe
-//! records (a hash; docs/algorithms.md, "Stored state on Redis"), plus
-//! `TYPE` for an operator's inspect (`lua/inspect.lua`). `AUTH` is open to every user; the client's `CLIENT SETINFO`
+//! records (a hash; docs/algorithms.md, "Stored state on Redis"),
+//! `ZMSCORE`, `ZCOUNT`, `ZADD` and `ZREMRANGEBYSCORE` (and `PEXPIRE`) on a
+//! concurrency policy's lease set, `ZSCORE` and `ZREM` for a lease's
+//! release (`lua/release.lua`), plus `TYPE` and `ZRANGE` for an operator's
+//! inspect (`lua/inspect.lua`). `AUTH` is open to every user; the client's `CLIENT SETINFO`
 //! at connect is sent with its reply ignored, so denying it costs nothing.
 //! A cluster client also reads its slot map (`CLUSTER SLOTS`) and sends
 //! `ASKING` to follow an `ASK` redirect while a slot migrates (without it
@@ -27,7 +30,7 @@ use crate::settings::{RedisSettings, Topology};
 
 /// What every topology needs: the scripts, the probe and the commands the
 /// scripts call.
-const EVERY_TOPOLOGY: [&str; 11] = [
+const EVERY_TOPOLOGY: [&str; 18] = [
     "+evalsha",
     "+script|load",
     "+ping",
@@ -39,6 +42,13 @@ const EVERY_TOPOLOGY: [&str; 11] = [
     "+unlink",
     "+pexpire",
     "+type",
+    "+zmscore",
+    "+zcount",
+    "+zadd",
+    "+zremrangebyscore",
+    "+zscore",
+    "+zrem",
+    "+zrange",
 ];
 /// What a cluster client adds: the slot map and `ASK` redirects.
 const CLUSTER: [&str; 2] = ["+cluster|slots", "+asking"];
@@ -124,43 +134,25 @@ mod tests {
                 "+hdel",
                 "+unlink",
                 "+pexpire",
-                "+type"
+                "+type",
+                "+zmscore",
+                "+zcount",
+                "+zadd",
+                "+zremrangebyscore",
+                "+zscore",
+                "+zrem",
+                "+zrange"
             ]
         );
+        // The others: the standalone commands, then their own.
+        let standalone = required_commands(Topology::Standalone);
         assert_eq!(
             required_commands(Topology::Cluster),
-            [
-                "+evalsha",
-                "+script|load",
-                "+ping",
-                "+get",
-                "+set",
-                "+hmget",
-                "+hset",
-                "+hdel",
-                "+unlink",
-                "+pexpire",
-                "+type",
-                "+cluster|slots",
-                "+asking"
-            ]
+            [standalone.as_slice(), &["+cluster|slots", "+asking"]].concat()
         );
         assert_eq!(
             required_commands(Topology::Sentinel),
-            [
-                "+evalsha",
-                "+script|load",
-                "+ping",
-                "+get",
-                "+set",
-                "+hmget",
-                "+hset",
-                "+hdel",
-                "+unlink",
-                "+pexpire",
-                "+type",
-                "+role"
-            ]
+            [standalone.as_slice(), &["+role"]].concat()
         );
         for topology in Topology::ALL {
             assert!(!required_commands(topology).iter().any(|rule| rule.contains("eval|")));
@@ -179,7 +171,7 @@ mod tests {
         assert_eq!(
             user_rules("ca:rl:", Topology::Standalone).join(" "),
             "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
-             +unlink +pexpire +type"
+             +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange"
         );
     }
 
@@ -193,7 +185,8 @@ mod tests {
         assert_eq!(
             user_rules_for(&sentinel).join(" "),
             "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
-             +unlink +pexpire +type +role +wait"
+             +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange \
+             +role +wait"
         );
         let no_wait = RedisSettings { wait_replicas: 0, ..sentinel };
         assert_eq!(user_rules_for(&no_wait), user_rules("ca:rl:", Topology::Sentinel));

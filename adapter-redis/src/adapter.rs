@@ -68,6 +68,8 @@ struct PolicyEntry {
     script: ScriptKind,
     certainty: Certainty,
     dedup_enabled: bool,
+    /// A concurrency policy: an admitted request holds a lease in its key.
+    holds_leases: bool,
     /// The policy's ARGV block, built once (layout at the top of
     /// `lua/policy-set.lua`): kind, regression bound, TTL slack, dedupe
     /// TTL, record capacity, then the algorithm's parameters.
@@ -108,6 +110,7 @@ impl PolicyEntry {
             script: ScriptKind::of(policy.algorithm()),
             certainty: policy.algorithm().certainty(),
             dedup_enabled,
+            holds_leases: policy.algorithm().holds_leases(),
             block,
             policy,
         }
@@ -460,7 +463,15 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 permit
             }
         };
-        let dedup_enabled = set.iter().any(|entry| entry.dedup_enabled);
+        // A retry with the same evaluation id is safe when it replays what
+        // the first attempt did: a dedupe record, or a lease (a live lease
+        // of this id replays the whole set, docs/algorithms.md), which an
+        // admitted set surely took under an enforced concurrency policy (a
+        // shadow one that refused took none).
+        let replays = set.iter().any(|entry| {
+            entry.dedup_enabled
+                || (entry.holds_leases && entry.policy.mode() == PolicyMode::Enforce)
+        });
         // The counter keys in the set's order (the KEYS layout of
         // `lua/policy-set.lua`); a key with dedupe on holds its records.
         let keys: Vec<String> = set
@@ -492,7 +503,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 // With WAIT on, a retry could only replay the charge, and a
                 // replay cannot be acknowledged (see `acknowledge`).
                 RateLimitOutcome::Indeterminate { .. }
-                    if dedup_enabled && self.wait.is_none() && Instant::now() < deadline =>
+                    if replays && self.wait.is_none() && Instant::now() < deadline =>
                 {
                     let retried = self.run_script(&set, kind, &keys, &args, deadline).await;
                     return (retried_or(retried, outcome), 2);
@@ -539,14 +550,13 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         reset
     }
 
-    /// Placeholder until branch leases-redis: concurrency policies have no
-    /// Lua yet, so no lease is ever held here.
-    async fn release(&self, _: &Lease) -> ReleaseOutcome {
-        ReleaseOutcome::NotHeld
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        self.release_lease(lease).await
     }
 }
 
 mod budget;
+mod release;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

@@ -21,7 +21,8 @@ pub(crate) const fn tag(kind: AlgorithmKind) -> u8 {
 
 /// The algorithm's parameters in the order its Lua function takes them,
 /// durations in whole milliseconds (GCRA's emission interval in whole
-/// microseconds): the end of a policy's ARGV block.
+/// microseconds; a concurrency policy's at least 1, as the step reads
+/// them): the end of a policy's ARGV block.
 pub(crate) fn parameters(algorithm: &Algorithm) -> Vec<u64> {
     match *algorithm {
         Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
@@ -34,13 +35,15 @@ pub(crate) fn parameters(algorithm: &Algorithm) -> Vec<u64> {
             vec![burst, algorithm.emission_interval_micros().unwrap_or(1)]
         }
         Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
-            vec![max_in_flight, millis(lease_ttl), millis(retry_after)]
+            vec![max_in_flight, millis(lease_ttl).max(1), millis(retry_after).max(1)]
         }
     }
 }
 
 /// The state `lua/inspect.lua` read: its tag byte and the doubles after the
-/// mark (zero beyond the algorithm's own); `None` for an unknown tag.
+/// mark (zero beyond the algorithm's own); `None` for an unknown tag, and
+/// for the concurrency tag, which names no state header (a lease set is
+/// read as its leases).
 pub(crate) fn state(tag: u8, [a, b, c]: [u64; 3]) -> Option<AlgorithmState> {
     let kind = AlgorithmKind::ALL.into_iter().find(|&kind| self::tag(kind) == tag)?;
     Some(match kind {
@@ -50,7 +53,7 @@ pub(crate) fn state(tag: u8, [a, b, c]: [u64; 3]) -> Option<AlgorithmState> {
         }
         AlgorithmKind::TokenBucket => AlgorithmState::TokenBucket { tokens: a, updated_at: b },
         AlgorithmKind::Gcra => AlgorithmState::Gcra { tat: a },
-        AlgorithmKind::Concurrency => AlgorithmState::Concurrency,
+        AlgorithmKind::Concurrency => return None,
     })
 }
 
@@ -68,7 +71,8 @@ mod tests {
             assert!(!tags[..at].contains(t), "{t} twice");
         }
         for kind in AlgorithmKind::ALL {
-            assert!(state(tag(kind), [1, 2, 3]).is_some(), "{kind}");
+            let header = !matches!(kind, AlgorithmKind::Concurrency);
+            assert_eq!(state(tag(kind), [1, 2, 3]).is_some(), header, "{kind}");
         }
         assert_eq!(state(b'X', [1, 2, 3]), None);
         assert_eq!(state(b'f', [1, 2, 3]), None, "lower case is a kind argument, never a state");

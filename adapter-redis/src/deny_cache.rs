@@ -326,7 +326,9 @@ impl DenyCache {
 /// property test found it); its retry-after also grows with the cost, so a
 /// higher cost would be answered with too short a wait. A GCRA refusal
 /// writes nothing and stays true until its retry-after, but that wait
-/// grows with the cost just the same (docs/algorithms.md#gcra).
+/// grows with the cost just the same (docs/algorithms.md#gcra). A
+/// concurrency refusal lasts only until some lease is released, which can
+/// happen at any moment, on any instance.
 fn stays_refused_for<'p>(
     set: impl Iterator<Item = &'p RateLimitPolicy>,
     decision: &SetDecision,
@@ -343,10 +345,10 @@ fn stays_refused_for<'p>(
         }
         match *policy.algorithm() {
             Algorithm::FixedWindow { .. } => cut(decided.reset_after),
+            // A release may free a lease's slot at any time.
             Algorithm::TokenBucket { .. }
             | Algorithm::SlidingCounter { .. }
             | Algorithm::Gcra { .. }
-            // A release can free a slot at any time.
             | Algorithm::Concurrency { .. } => return None,
         }
         match policy.mode() {

@@ -2,11 +2,12 @@
 //!
 //! One script evaluates a whole policy set (`lua/policy-set.lua`); a set of
 //! one policy runs a script specialised to one key of its algorithm
-//! (`lua/single-policy.lua`), with the same arguments, reply and answers,
+//! (`lua/single-policy.lua`; a concurrency policy's lease set
+//! `lua/single-lease.lua`), with the same arguments, reply and answers,
 //! because a set of one must stay as cheap as the single-policy scripts
 //! were (docs/benchmarks.md). All are composed from the same files: the
 //! algorithms in `lua/<algorithm>.lua`, the shared half in
-//! `lua/prelude.lua`.
+//! `lua/prelude.lua`. A lease goes back through `lua/release.lua`.
 //!
 //! Scripts run with `EVALSHA` only. Plain `EVAL` is never sent: the
 //! least-privilege ACL user may not run it, and it would ship the whole
@@ -42,14 +43,25 @@ pub enum ScriptKind {
     TokenBucket,
     /// A set of one GCRA policy.
     Gcra,
+    /// A set of one concurrency policy.
+    Concurrency,
     /// A set of two or more policies, any algorithms.
     PolicySet,
+    /// The release of a lease under its set's concurrency policies.
+    Release,
 }
 
 impl ScriptKind {
     /// Every script, in registry order.
-    pub const ALL: [Self; 5] =
-        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::Gcra, Self::PolicySet];
+    pub const ALL: [Self; 7] = [
+        Self::FixedWindow,
+        Self::SlidingCounter,
+        Self::TokenBucket,
+        Self::Gcra,
+        Self::Concurrency,
+        Self::PolicySet,
+        Self::Release,
+    ];
 
     /// The script that runs a set of one policy of `algorithm`.
     pub const fn of(algorithm: &Algorithm) -> Self {
@@ -58,20 +70,21 @@ impl ScriptKind {
             Algorithm::SlidingCounter { .. } => Self::SlidingCounter,
             Algorithm::TokenBucket { .. } => Self::TokenBucket,
             Algorithm::Gcra { .. } => Self::Gcra,
-            // Placeholder until branch leases-redis gives leases their Lua.
-            Algorithm::Concurrency { .. } => Self::PolicySet,
+            Algorithm::Concurrency { .. } => Self::Concurrency,
         }
     }
 
     /// The script's name in spans: `fixed-window`, `sliding-counter`,
-    /// `token-bucket`, `gcra` or `policy-set`.
+    /// `token-bucket`, `gcra`, `concurrency`, `policy-set` or `release`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::FixedWindow => "fixed-window",
             Self::SlidingCounter => "sliding-counter",
             Self::TokenBucket => "token-bucket",
             Self::Gcra => "gcra",
+            Self::Concurrency => "concurrency",
             Self::PolicySet => "policy-set",
+            Self::Release => "release",
         }
     }
 
@@ -89,12 +102,15 @@ impl ScriptKind {
             Self::SlidingCounter => 1,
             Self::TokenBucket => 2,
             Self::Gcra => 3,
-            Self::PolicySet => 4,
+            Self::Concurrency => 4,
+            Self::PolicySet => 5,
+            Self::Release => 6,
         }
     }
 
-    /// The algorithm of a single-key script: its file's name and text,
-    /// and the name of the function the file defines.
+    /// The algorithm of a single-key script (and so a file an include line
+    /// may name): its file's name and text, and the name of the function
+    /// the file defines.
     const fn algorithm(self) -> Option<LuaAlgorithm> {
         match self {
             Self::FixedWindow => Some(("fixed-window.lua", FIXED_WINDOW, "fixed_window")),
@@ -103,15 +119,22 @@ impl ScriptKind {
             }
             Self::TokenBucket => Some(("token-bucket.lua", TOKEN_BUCKET, "token_bucket")),
             Self::Gcra => Some(("gcra.lua", GCRA, "gcra")),
-            Self::PolicySet => None,
+            Self::Concurrency => Some(("concurrency.lua", CONCURRENCY, "concurrency")),
+            Self::PolicySet | Self::Release => None,
         }
     }
 
     /// Composes the source from the embedded files.
     fn compose(self) -> String {
-        match self.algorithm() {
-            Some(algorithm) => compose(SINGLE_POLICY, Some(algorithm)),
-            None => compose(POLICY_SET, None),
+        match self {
+            // A lease key is a sorted set, not a state header: its own
+            // driver, which includes its file itself.
+            Self::Concurrency => compose(SINGLE_LEASE, None),
+            Self::PolicySet => compose(POLICY_SET, None),
+            Self::Release => RELEASE.to_owned(),
+            Self::FixedWindow | Self::SlidingCounter | Self::TokenBucket | Self::Gcra => {
+                compose(SINGLE_POLICY, self.algorithm())
+            }
         }
     }
 }
@@ -169,10 +192,15 @@ const FIXED_WINDOW: &str = include_str!("../lua/fixed-window.lua");
 const SLIDING_COUNTER: &str = include_str!("../lua/sliding-counter.lua");
 const TOKEN_BUCKET: &str = include_str!("../lua/token-bucket.lua");
 const GCRA: &str = include_str!("../lua/gcra.lua");
+const CONCURRENCY: &str = include_str!("../lua/concurrency.lua");
 /// The driver over up to 8 keys; its head documents ARGV and the reply.
 const POLICY_SET: &str = include_str!("../lua/policy-set.lua");
 /// The driver of a set of one.
 const SINGLE_POLICY: &str = include_str!("../lua/single-policy.lua");
+/// The driver of a set of one concurrency policy.
+const SINGLE_LEASE: &str = include_str!("../lua/single-lease.lua");
+/// A lease's release; stands alone.
+const RELEASE: &str = include_str!("../lua/release.lua");
 const INSPECT: &str = include_str!("../lua/inspect.lua");
 /// How a driver line names a file to put in its place.
 const INCLUDE: &str = "-- #include ";
@@ -303,13 +331,15 @@ mod tests {
         }
         // Composing puts every file in (an unknown include panics), and
         // each single-key script gets its own algorithm.
+        let drivers = [ScriptKind::PolicySet, ScriptKind::Release];
         for kind in ScriptKind::ALL {
-            assert_eq!(kind.algorithm().is_some(), kind != ScriptKind::PolicySet, "{kind:?}");
+            assert_eq!(kind.algorithm().is_some(), !drivers.contains(&kind), "{kind:?}");
             assert!(!kind.source().is_empty());
+            assert!(!kind.source().contains(INCLUDE), "{kind:?} left an include line");
         }
         assert!(!inspect_source().is_empty());
-        // One single-key script per algorithm, and the set script.
-        assert_eq!(ScriptKind::ALL.len(), AlgorithmKind::ALL.len() + 1);
+        // One single-key script per algorithm, the set script and the release.
+        assert_eq!(ScriptKind::ALL.len(), AlgorithmKind::ALL.len() + drivers.len());
     }
 
     #[test]
@@ -340,6 +370,14 @@ mod tests {
         assert_eq!(
             ScriptKind::of(&Algorithm::Gcra { limit: 1, period: window, burst: 1 }),
             ScriptKind::Gcra
+        );
+        assert_eq!(
+            ScriptKind::of(&Algorithm::Concurrency {
+                max_in_flight: 2,
+                lease_ttl: window,
+                retry_after: window
+            }),
+            ScriptKind::Concurrency
         );
     }
 }

@@ -1,9 +1,10 @@
 //! The least-privilege ACL lane on a real redis-server started from an ACL
 //! file: the default user is off, and the rate-limit user has exactly the
 //! rule `ca-skeleton redis-acl` prints (EVALSHA, SCRIPT LOAD, PING, and the
-//! scripts' own GET and SET, because Redis checks the commands a script
-//! calls against the caller's ACL; all on `ca:rl:*` only). A refused
-//! command is a typed `UnavailableBeforeSend`.
+//! scripts' own commands, because Redis checks the commands a script calls
+//! against the caller's ACL; all on `ca:rl:*` only). A refused command is a
+//! typed `UnavailableBeforeSend`; each sorted-set command of the rule is
+//! needed by some lease script.
 
 mod support;
 
@@ -12,12 +13,12 @@ use std::time::Duration;
 use adapter_redis::Topology;
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, RateLimitOutcome,
-    RateLimitPolicy, UnavailableCategory,
+    Algorithm, BudgetKey, EdgeRateLimitPort, EvaluationDedupPolicy, Lease, ManualClock, PolicyId,
+    RateLimitOutcome, RateLimitPolicy, ReleaseOutcome, UnavailableCategory,
 };
 use support::{
     ADMIN_PASSWORD, ADMIN_USER, RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, T0, acl_server, adapter,
-    connect_as, login, rate_limit_rules, request, subject,
+    connect_as, login, operation, rate_limit_rules, request, subject,
 };
 
 fn policy() -> RateLimitPolicy {
@@ -164,4 +165,58 @@ async fn users_without_a_needed_permission_get_unavailable_before_send() {
         panic!("the rate-limit user must get a decision");
     };
     assert_eq!(decision.decisions()[0].remaining, 2);
+}
+
+/// A concurrency policy: its key is a lease set (docs/algorithms.md,
+/// "Stored state on Redis").
+fn leases() -> RateLimitPolicy {
+    RateLimitPolicy::builder(
+        "p",
+        Algorithm::Concurrency {
+            max_in_flight: 3,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        },
+    )
+    .build()
+    .unwrap()
+}
+
+/// Whether `user` can take two leases, give one back, inspect the budget
+/// and reset it: every script a lease key meets, each call a definite
+/// answer.
+async fn leases_work_as(server: &redis_fixture::RedisServer, user: &str) -> bool {
+    let clock = ManualClock::new(T0);
+    let adapter = adapter(server, &clock, vec![leases()], login(user, RATE_LIMIT_PASSWORD));
+    let first = request(&clock, "p", &subject(3));
+    let lease = Lease::of(&first);
+    // A fresh key each time: the reset below drops it.
+    let taken = adapter.evaluate(first).await.is_allowed()
+        && adapter.evaluate(request(&clock, "p", &subject(3))).await.is_allowed();
+    let released = adapter.release(&lease).await == ReleaseOutcome::Released;
+    let budget = BudgetKey::new(subject(3), PolicyId::new("p").unwrap(), Some(operation()));
+    let inspected = adapter.inspect(&budget).await.is_ok_and(|state| state.remaining == 2);
+    let reset = adapter.reset(&budget).await.is_ok();
+    taken && released && inspected && reset
+}
+
+#[tokio::test]
+async fn the_printed_rule_runs_leases_and_each_sorted_set_command_in_it_is_needed() {
+    let rules = rate_limit_rules(Topology::Standalone);
+    let sorted_set =
+        ["+zmscore", "+zcount", "+zadd", "+zremrangebyscore", "+zscore", "+zrem", "+zrange"];
+    let users: Vec<(String, Vec<&str>)> = sorted_set
+        .iter()
+        .map(|dropped| {
+            let held = rules.iter().map(String::as_str).filter(|rule| rule != dropped).collect();
+            (format!("no-{}", &dropped[1..]), held)
+        })
+        .collect();
+    let extra: Vec<(&str, &[&str])> =
+        users.iter().map(|(name, held)| (name.as_str(), held.as_slice())).collect();
+    let server = acl_server(&extra);
+    assert!(leases_work_as(&server, RATE_LIMIT_USER).await, "the printed rule");
+    for (user, _) in &users {
+        assert!(!leases_work_as(&server, user).await, "{user} still runs every lease script");
+    }
 }

@@ -264,6 +264,11 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
             refill_period: Duration::from_secs(1),
         },
         Algorithm::Gcra { limit: 3, period: Duration::from_secs(1), burst: 3 },
+        Algorithm::Concurrency {
+            max_in_flight: 3,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        },
     ]
     .into_iter()
     .enumerate()
@@ -300,7 +305,9 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
 }
 
 /// Every script runs on every master, with dedupe on and off, and
-/// none answers `CROSSSLOT` (or any error): each evaluation is a decision.
+/// none answers `CROSSSLOT` (or any error): each evaluation is a decision,
+/// and each lease's release (`lua/release.lua`, over a set's two lease
+/// keys too) frees it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_script_raises_crossslot_on_any_master() {
     let cluster = cluster();
@@ -326,6 +333,16 @@ async fn no_script_raises_crossslot_on_any_master() {
                     .unwrap(),
             );
         }
+    }
+    // A concurrency policy takes no dedupe: the lease id is its own. Two of
+    // them, one subject-scoped, so a set's release spans two keys.
+    for (name, scope) in [("c", PolicyScope::Operation), ("cs", PolicyScope::Subject)] {
+        let leases = Algorithm::Concurrency {
+            max_in_flight: 100,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: window,
+        };
+        policies.push(RateLimitPolicy::builder(name, leases).scope(scope).build().unwrap());
     }
     let clock = ManualClock::new(1_800_000_000_000);
     let adapter = RedisEdgeRateLimitAdapter::new(
@@ -355,9 +372,38 @@ async fn no_script_raises_crossslot_on_any_master() {
                 evaluation_id: shared_contract::EvaluationId::random(),
                 deadline: shared_contract::Clock::monotonic(&clock) + Duration::from_secs(5),
             };
+            let lease = Lease::of(&request);
             let outcome = adapter.evaluate(request).await;
             assert!(outcome.is_allowed(), "{} subject {n}: {outcome:?}", policy.id());
+            let released = adapter.release(&lease).await;
+            let expected = if matches!(policy.algorithm(), Algorithm::Concurrency { .. }) {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotHeld
+            };
+            assert_eq!(released, expected, "{} subject {n}", policy.id());
         }
+    }
+    // The set of both lease policies and a fixed window: one policy-set
+    // script, one release over both lease keys, on every master.
+    for n in 0..24 {
+        let who = subject(n);
+        let set = shared_contract::PolicySet::new(
+            ["fw-off", "c", "cs"].map(|id| shared_contract::PolicyId::new(id).unwrap()),
+        )
+        .unwrap();
+        let request = RateLimitRequest {
+            policies: set,
+            subject: who,
+            operation: shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef")
+                .unwrap(),
+            cost: 1,
+            evaluation_id: shared_contract::EvaluationId::random(),
+            deadline: shared_contract::Clock::monotonic(&clock) + Duration::from_secs(5),
+        };
+        let lease = Lease::of(&request);
+        assert!(adapter.evaluate(request).await.is_allowed());
+        assert_eq!(adapter.release(&lease).await, ReleaseOutcome::Released);
     }
     assert_eq!(masters_hit.len(), 3, "the subjects did not reach every master");
 }

@@ -96,4 +96,26 @@ mod acknowledged {
         policy_set_shadow_never_blocks_and_is_charged_only_on_its_own_allow,
         concurrent_evaluations_admit_exactly_the_limit,
     );
+
+    // The lease checks that never repeat an evaluation id: a release sends
+    // no WAIT (a release a failover loses holds its slot until the TTL).
+    macro_rules! acknowledged_leases {
+        ($($check:ident),* $(,)?) => {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                contract_tests::checks::leases::$check(&SentinelFactory { wait: true }).await;
+            }
+        )*};
+    }
+
+    acknowledged_leases!(
+        leases_admit_exactly_max_in_flight_under_concurrent_evaluates,
+        leases_release_frees_a_slot_and_is_idempotent,
+        leases_unreleased_are_reclaimed_after_their_ttl,
+        leases_in_a_set_are_taken_atomically_with_rate_policies,
+        leases_inspect_and_reset_of_a_concurrency_budget,
+        leases_of_a_shadow_policy_are_real_but_never_deny,
+        leases_of_an_old_revision_are_not_released_through_a_new_one,
+        leases_release_leaves_every_other_lease_even_an_expired_one,
+    );
 }

@@ -173,6 +173,45 @@ async fn a_gcra_refusal_always_asks_redis() {
 }
 
 #[tokio::test]
+async fn a_concurrency_refusal_always_asks_redis_and_a_release_frees_the_slot_at_once() {
+    // A release on any instance frees a slot at any moment: no refusal of
+    // a set with a concurrency policy stays true for a stretch of time.
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let leases = RateLimitPolicy::builder(
+        "c",
+        Algorithm::Concurrency {
+            max_in_flight: 1,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_millis(700),
+        },
+    )
+    .build()
+    .unwrap();
+    let window = fixed("w", 1, 1, EvaluationDedupPolicy::Disabled);
+    let adapter = adapter(&server, &clock, vec![leases, window], |_| {});
+    let held = request(&clock, "c", &subject(1));
+    let lease = shared_contract::Lease::of(&held);
+    assert!(set(adapter.evaluate(held).await).allowed());
+    assert!(ask(&adapter, &clock, "w", 1, 1).await.allowed());
+    let both = PolicySet::new([PolicyId::new("w").unwrap(), PolicyId::new("c").unwrap()]).unwrap();
+    let calls = script_calls(&server).await;
+    for at in [0, 30, 60] {
+        clock.set_epoch_millis(T0 + at);
+        let refused = ask(&adapter, &clock, "c", 1, 1).await;
+        assert!(!refused.allowed() && !refused.cached());
+        assert_eq!(only(refused).retry_after, Duration::from_millis(700));
+        let mut in_set = request(&clock, "c", &subject(1));
+        in_set.policies = both.clone();
+        let refused = set(adapter.evaluate(in_set).await);
+        assert!(!refused.allowed() && !refused.cached());
+    }
+    assert_eq!(script_calls(&server).await, calls + 6);
+    assert_eq!(adapter.release(&lease).await, shared_contract::ReleaseOutcome::Released);
+    assert!(ask(&adapter, &clock, "c", 1, 1).await.allowed());
+}
+
+#[tokio::test]
 async fn a_new_revision_starts_afresh_and_never_meets_the_old_refusal() {
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
@@ -266,8 +305,9 @@ impl Steps {
 }
 
 /// The policies of the differential run: a fixed window and a token bucket
-/// with dedupe on, a sliding counter, a shadow fixed window, a GCRA (only
-/// sets of fixed windows are cached; the others must not be).
+/// with dedupe on, a sliding counter, a shadow fixed window, a GCRA, a
+/// concurrency policy whose leases expire (only sets of fixed windows are
+/// cached; the others must not be).
 fn mixed() -> Vec<RateLimitPolicy> {
     let window = Duration::from_millis(400);
     let build = |id: &str, algorithm, mode| {
@@ -297,11 +337,35 @@ fn mixed() -> Vec<RateLimitPolicy> {
             Algorithm::Gcra { limit: 7, period: Duration::from_millis(100), burst: 4 },
             PolicyMode::Enforce,
         ),
+        // No maximum cost: a lease is one slot whatever the cost.
+        RateLimitPolicy::builder(
+            "c",
+            Algorithm::Concurrency {
+                max_in_flight: 2,
+                lease_ttl: Duration::from_millis(150),
+                retry_after: Duration::from_millis(50),
+            },
+        )
+        .maximum_clock_regression(Duration::from_millis(200))
+        .cleanup_grace(Duration::from_secs(60))
+        .build()
+        .unwrap(),
     ]
 }
 
-const SETS: [&[&str]; 7] =
-    [&["fw"], &["tb"], &["fw", "sh"], &["tb", "fw"], &["sc", "fw"], &["sh", "fw"], &["fw", "g"]];
+// Fixed windows alone twice as often as any other set, so the run still
+// meets over 100 cached answers beside the concurrency set.
+const SETS: [&[&str]; 9] = [
+    &["fw"],
+    &["fw"],
+    &["tb"],
+    &["fw", "sh"],
+    &["tb", "fw"],
+    &["sc", "fw"],
+    &["sh", "fw"],
+    &["fw", "g"],
+    &["fw", "c"],
+];
 
 /// One step of a run: which instance asks, for whom, what and when.
 #[derive(Clone, Copy, Debug)]

@@ -2,7 +2,8 @@
 //! request with the same `RateLimitOutcome`, bit for bit, for random policies
 //! and random request sequences ("all providers return the
 //! same tuple for the same inputs"). The contract suite pins fixed scenarios;
-//! this explores random ones, clock regressions and dedupe replays included.
+//! this explores random ones, clock regressions, dedupe replays and lease
+//! releases included.
 //!
 //! Both providers live here because app-bootstrap is the one crate allowed to
 //! know both. Redis is a private `redis-server` on a free loopback port
@@ -20,9 +21,9 @@ use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, Certainty, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, EvaluationDedupPolicy,
-    EvaluationId, IncompatibleCategory, ManualClock, OperationDigest, PolicyMode, PolicyScope,
-    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
-    SubjectDigest, UnavailableCategory,
+    EvaluationId, IncompatibleCategory, Lease, ManualClock, OperationDigest, PolicyMode,
+    PolicyScope, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, SetDecision, SubjectDigest, UnavailableCategory,
 };
 use uuid::Uuid;
 
@@ -53,6 +54,7 @@ enum Shape {
     SlidingCounter,
     TokenBucket,
     Gcra,
+    Concurrency,
 }
 
 /// One random case: a policy set (one policy for the per-algorithm cases)
@@ -86,6 +88,10 @@ struct Step {
     operation: usize,
     cost: u64,
     id: IdChoice,
+    /// Instead of a request, the release of the lease of the k-th most
+    /// recent id (0 = the last) for this subject and operation, whether or
+    /// not that id took one.
+    release: Option<usize>,
 }
 
 /// Two operations, so subject-scoped keys are shared and operation-scoped
@@ -148,6 +154,15 @@ fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
                 burst,
             })
             .boxed(),
+        // Few slots, so requests are refused; leases that expire within a
+        // case, so a lease is reclaimed as well as released.
+        Shape::Concurrency => (1..=4_u64, period_ms(), 1..=100_u64)
+            .prop_map(|(max_in_flight, lease_ttl, retry_after)| Algorithm::Concurrency {
+                max_in_flight,
+                lease_ttl: millis(lease_ttl),
+                retry_after: millis(retry_after),
+            })
+            .boxed(),
     }
 }
 
@@ -194,15 +209,19 @@ fn policy_as(
             )
         })
         .prop_map(move |(algorithm, maximum_cost, regression, dedup, scope, mode)| {
-            RateLimitPolicy::builder(id, algorithm)
-                .maximum_cost(maximum_cost)
+            let builder = RateLimitPolicy::builder(id, algorithm)
                 .maximum_clock_regression(millis(regression))
                 .cleanup_grace(CLEANUP_GRACE)
-                .evaluation_dedup(dedup)
                 .scope(scope)
-                .mode(mode)
-                .build()
-                .expect("the strategy only builds valid policies")
+                .mode(mode);
+            // A concurrency policy takes neither: a lease is one slot
+            // whatever the cost, and its id is its dedupe.
+            let builder = if algorithm.holds_leases() {
+                builder
+            } else {
+                builder.maximum_cost(maximum_cost).evaluation_dedup(dedup)
+            };
+            builder.build().expect("the strategy only builds valid policies")
         })
 }
 
@@ -213,6 +232,7 @@ fn any_algorithm() -> BoxedStrategy<Algorithm> {
         algorithm(Shape::SlidingCounter),
         algorithm(Shape::TokenBucket),
         algorithm(Shape::Gcra),
+        algorithm(Shape::Concurrency),
     ]
     .boxed()
 }
@@ -232,17 +252,41 @@ fn policy_set() -> impl Strategy<Value = Vec<RateLimitPolicy>> {
 }
 
 /// A step; costs run from 0 to one above the maximum so both ends of
-/// `CostExceedsMaximum` come up.
-fn step(maximum_cost: u64) -> impl Strategy<Value = Step> {
+/// `CostExceedsMaximum` come up. With `releases`, one step in four
+/// releases a recent id's lease instead.
+fn step(maximum_cost: u64, releases: bool) -> impl Strategy<Value = Step> {
     let clock = prop_oneof![
         5 => (0..=40_u64).prop_map(ClockMove::Forward),
         1 => (0..=50_u64).prop_map(ClockMove::Back),
     ];
     let id =
         prop_oneof![3 => Just(IdChoice::Fresh), 1 => (0..RECENT_IDS).prop_map(IdChoice::Repeat)];
-    (clock, 0..SUBJECTS, 0..OPERATIONS.len(), 0..=maximum_cost + 1, id).prop_map(
-        |(clock, subject, operation, cost, id)| Step { clock, subject, operation, cost, id },
+    let release = if releases {
+        prop_oneof![3 => Just(None), 1 => (0..RECENT_IDS).prop_map(Some)].boxed()
+    } else {
+        Just(None).boxed()
+    };
+    (clock, 0..SUBJECTS, 0..OPERATIONS.len(), 0..=maximum_cost + 1, id, release).prop_map(
+        |(clock, subject, operation, cost, id, release)| Step {
+            clock,
+            subject,
+            operation,
+            cost,
+            id,
+            release,
+        },
     )
+}
+
+/// The most a request of `policies` may cost: the smallest maximum of its
+/// rate policies; `None` for a set of concurrency policies alone, which
+/// take any cost from 1 (a lease is one slot).
+fn cost_bound(policies: &[RateLimitPolicy]) -> Option<u64> {
+    policies
+        .iter()
+        .filter(|policy| !policy.algorithm().holds_leases())
+        .map(RateLimitPolicy::maximum_cost)
+        .min()
 }
 
 fn scenario(shape: Shape) -> impl Strategy<Value = Scenario> {
@@ -253,10 +297,13 @@ fn set_scenario() -> impl Strategy<Value = Scenario> {
     policy_set().prop_flat_map(steps_for)
 }
 
-/// Steps whose costs reach one above the smallest maximum of the set.
+/// Steps whose costs reach one above the smallest maximum of the set (2
+/// for concurrency policies alone), with releases when the set holds a
+/// concurrency policy.
 fn steps_for(policies: Vec<RateLimitPolicy>) -> impl Strategy<Value = Scenario> {
-    let maximum = policies.iter().map(RateLimitPolicy::maximum_cost).min().unwrap_or(1);
-    let steps = vec(step(maximum), 1..=60);
+    let maximum = cost_bound(&policies).unwrap_or(2);
+    let releases = policies.iter().any(|policy| policy.algorithm().holds_leases());
+    let steps = vec(step(maximum, releases), 1..=60);
     (Just(policies), steps).prop_map(|(policies, steps)| Scenario { policies, steps })
 }
 
@@ -293,6 +340,9 @@ struct Tally {
     spared: AtomicU64,
     /// Admitted sets in which some (shadow) policy denied.
     shadow_denied: AtomicU64,
+    /// Releases that freed a slot, and those that found no live lease.
+    released: AtomicU64,
+    not_held: AtomicU64,
 }
 
 impl Tally {
@@ -319,7 +369,17 @@ impl Tally {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn assert_covered(&self, what: &str, sets: bool) {
+    fn count_release(&self, outcome: ReleaseOutcome) {
+        let counter = match outcome {
+            ReleaseOutcome::Released => &self.released,
+            ReleaseOutcome::NotHeld => &self.not_held,
+            // `run_case` rejects them before they are counted.
+            ReleaseOutcome::Unavailable { .. } | ReleaseOutcome::Indeterminate => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn assert_covered(&self, what: &str, sets: bool, leases: bool) {
         let mut reached = vec![
             ("allowed", &self.allowed),
             ("denied", &self.denied),
@@ -330,6 +390,10 @@ impl Tally {
         if sets {
             reached.push(("refused set with a spared policy", &self.spared));
             reached.push(("admitted set with a denying shadow", &self.shadow_denied));
+        }
+        if leases {
+            reached.push(("release of a held lease", &self.released));
+            reached.push(("release of a lease not held", &self.not_held));
         }
         for (name, counter) in reached {
             assert!(
@@ -413,6 +477,22 @@ impl Pair {
         i128::from(self.memory_clock.epoch_millis()) - i128::from(T0)
     }
 
+    /// The same release to both providers: (memory, redis).
+    async fn release(
+        &self,
+        subject: &SubjectDigest,
+        operation: usize,
+        id: EvaluationId,
+    ) -> (ReleaseOutcome, ReleaseOutcome) {
+        let lease = Lease {
+            policies: self.policies.clone(),
+            subject: subject.clone(),
+            operation: OperationDigest::new(OPERATIONS[operation]).expect("a valid digest"),
+            id,
+        };
+        (self.memory.release(&lease).await, self.redis.release(&lease).await)
+    }
+
     /// The same request to both providers: (memory, redis).
     async fn evaluate(
         &self,
@@ -441,14 +521,41 @@ fn numbered_id(number: usize) -> EvaluationId {
     EvaluationId::from_uuid(Uuid::from_u128(number as u128))
 }
 
+/// Fails the case unless both providers answered step `index` alike.
+fn agree<T: PartialEq + std::fmt::Debug>(
+    from_memory: &T,
+    from_redis: &T,
+    index: usize,
+    step: &Step,
+    pair: &Pair,
+) -> Result<(), TestCaseError> {
+    prop_assert_eq!(
+        from_memory,
+        from_redis,
+        "step {} ({:?}) at t = T0 + {} ms: memory (left) and redis (right) disagree",
+        index,
+        step,
+        pair.elapsed()
+    );
+    Ok(())
+}
+
 async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseError> {
     let pair = Pair::new(&scenario.policies);
-    let maximum_cost =
-        scenario.policies.iter().map(RateLimitPolicy::maximum_cost).min().unwrap_or(1);
+    let maximum_cost = cost_bound(&scenario.policies);
     let subjects: Vec<SubjectDigest> = (0..SUBJECTS).map(subject).collect();
     let mut issued: Vec<EvaluationId> = Vec::new();
     for (index, step) in scenario.steps.iter().enumerate() {
         pair.move_clocks(step.clock);
+        if let Some(back) = step.release {
+            let Some(&id) = issued.iter().rev().nth(back) else { continue };
+            let (from_memory, from_redis) =
+                pair.release(&subjects[step.subject], step.operation, id).await;
+            agree(&from_memory, &from_redis, index, step, &pair)?;
+            prop_assert!(!from_memory.failed(), "step {index}: unexpected {from_memory:?}");
+            tally.count_release(from_memory);
+            continue;
+        }
         let repeated = match step.id {
             IdChoice::Fresh => None,
             IdChoice::Repeat(back) => issued.iter().rev().nth(back).copied(),
@@ -460,16 +567,10 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
         });
         let (from_memory, from_redis) =
             pair.evaluate(&subjects[step.subject], step.operation, step.cost, evaluation_id).await;
-        prop_assert_eq!(
-            from_memory,
-            from_redis,
-            "step {} ({:?}) at t = T0 + {} ms: memory (left) and redis (right) disagree",
-            index,
-            step,
-            pair.elapsed()
-        );
+        agree(&from_memory, &from_redis, index, step, &pair)?;
         prop_assert!(expected_kind(&from_memory), "step {index}: unexpected {from_memory:?}");
-        let cost_out_of_range = step.cost == 0 || step.cost > maximum_cost;
+        let cost_out_of_range =
+            step.cost == 0 || maximum_cost.is_some_and(|maximum| step.cost > maximum);
         prop_assert_eq!(
             matches!(
                 from_memory,
@@ -478,7 +579,7 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
                 }
             ),
             cost_out_of_range,
-            "step {}: cost {} against maximum {} gave {:?}",
+            "step {}: cost {} against maximum {:?} gave {:?}",
             index,
             step.cost,
             maximum_cost,
@@ -492,10 +593,26 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
 /// Runs `CASES` random scenarios of one algorithm; on a disagreement,
 /// proptest shrinks it and the panic shows the minimal scenario.
 fn providers_agree(shape: Shape) {
-    agree_on(&format!("{shape:?}"), scenario(shape), false, CASES);
+    let leases = matches!(shape, Shape::Concurrency);
+    agree_on(&format!("{shape:?}"), scenario(shape), Coverage { sets: false, leases }, CASES);
 }
 
-fn agree_on(what: &str, scenarios: impl Strategy<Value = Scenario>, sets: bool, cases: u32) {
+/// What a run's random cases must reach beside every outcome kind: the set
+/// answers ([`Tally::assert_covered`]) and lease releases of both kinds.
+#[derive(Debug, Clone, Copy)]
+struct Coverage {
+    sets: bool,
+    leases: bool,
+}
+
+const ONE_POLICY: Coverage = Coverage { sets: false, leases: false };
+
+fn agree_on(
+    what: &str,
+    scenarios: impl Strategy<Value = Scenario>,
+    coverage: Coverage,
+    cases: u32,
+) {
     let tally = Tally::default();
     // No persistence: a failing seed must not land in the repository unasked.
     // A generous shrink budget: a case runs in milliseconds, and only a
@@ -511,7 +628,7 @@ fn agree_on(what: &str, scenarios: impl Strategy<Value = Scenario>, sets: bool, 
         }
         Err(TestError::Abort(reason)) => panic!("{what}: proptest aborted: {reason}"),
     }
-    tally.assert_covered(what, sets);
+    tally.assert_covered(what, coverage.sets, coverage.leases);
 }
 
 #[test]
@@ -534,6 +651,14 @@ fn gcra_providers_agree_on_random_sequences() {
     providers_agree(Shape::Gcra);
 }
 
+/// Leases taken, replayed, refused, released, released twice, released
+/// after they expired, and reclaimed at their TTL, with clock steps back:
+/// both providers give the same answers and the same release outcomes.
+#[test]
+fn concurrency_providers_agree_on_random_sequences() {
+    providers_agree(Shape::Concurrency);
+}
+
 /// Fixed windows with room for many records, small clock steps and long
 /// runs, so the Redis records reach their cap and its sweep of expired
 /// records (at most 8 per write) runs often: both providers still give the
@@ -542,7 +667,7 @@ fn gcra_providers_agree_on_random_sequences() {
 fn many_dedupe_records_providers_agree() {
     // More cases than the others: a bug here shows only once a record a
     // sweep or an eviction decides about is asked for again.
-    agree_on("many records", many_records_scenario(), false, 4 * CASES);
+    agree_on("many records", many_records_scenario(), ONE_POLICY, 4 * CASES);
 }
 
 fn many_records_scenario() -> impl Strategy<Value = Scenario> {
@@ -579,7 +704,7 @@ fn many_records_scenario() -> impl Strategy<Value = Scenario> {
 /// come back. Both providers give the same answers throughout.
 #[test]
 fn a_token_bucket_refused_for_a_while_providers_agree() {
-    agree_on("refused token bucket", refused_bucket_scenario(), false, 2 * CASES);
+    agree_on("refused token bucket", refused_bucket_scenario(), ONE_POLICY, 2 * CASES);
 }
 
 fn refused_bucket_scenario() -> impl Strategy<Value = Scenario> {
@@ -611,7 +736,9 @@ fn refused_bucket_scenario() -> impl Strategy<Value = Scenario> {
 /// modes, over two operations: both providers give the same set answer.
 #[test]
 fn policy_sets_providers_agree_on_random_sequences() {
-    agree_on("policy sets", set_scenario(), true, CASES);
+    // Not every run draws a concurrency policy into a set, so releases are
+    // not required here; the concurrency run above requires them.
+    agree_on("policy sets", set_scenario(), Coverage { sets: true, leases: false }, CASES);
 }
 
 fn fixed_decision(
@@ -706,6 +833,57 @@ fn a_replay_leaves_an_expired_record_for_a_lagging_clock_to_replay() {
     ]);
 }
 
+/// The smallest disagreement the concurrency cases found, pinned with the
+/// numbers of docs/algorithms.md: a release removes its own lease only. A
+/// lease expired at the release's time but live at a lagging clock's
+/// (inside the bound: the release moved no mark) still counts.
+#[test]
+fn a_release_leaves_expired_leases_for_a_lagging_clock() {
+    // At most 1 in flight, leases live 50 ms, a refusal says 30 ms, the
+    // clock may lag 20 ms.
+    let policy = RateLimitPolicy::builder(
+        "diff.leases",
+        Algorithm::Concurrency { max_in_flight: 1, lease_ttl: millis(50), retry_after: millis(30) },
+    )
+    .maximum_clock_regression(millis(20))
+    .cleanup_grace(CLEANUP_GRACE)
+    .build()
+    .expect("a valid policy");
+    let decided = |allowed: bool, retry: u64| {
+        RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
+            allowed,
+            limit: 1,
+            remaining: 0,
+            retry_after: millis(retry),
+            reset_after: millis(0),
+            certainty: Certainty::Certain,
+            replayed: false,
+        }))
+    };
+    let subject = subject(0);
+    runtime().block_on(async {
+        let pair = Pair::new(&[policy]);
+        let both = |outcome: (RateLimitOutcome, RateLimitOutcome), want: RateLimitOutcome| {
+            assert!(
+                outcome.0 == want && outcome.1 == want,
+                "docs/algorithms.md wants {want:?}\n  memory gave {:?}\n  redis gave {:?}",
+                outcome.0,
+                outcome.1
+            );
+        };
+        // t = T0: lease 1 taken, expires at T0 + 50; mark T0.
+        both(pair.evaluate(&subject, 0, 1, numbered_id(1)).await, decided(true, 0));
+        // t = T0 + 60: a release of an id never taken frees nothing.
+        pair.move_clocks(ClockMove::Forward(60));
+        let released = pair.release(&subject, 0, numbered_id(9)).await;
+        assert_eq!(released, (ReleaseOutcome::NotHeld, ReleaseOutcome::NotHeld));
+        // t = T0 + 45 (behind the release, not behind the mark): lease 1 is
+        // live (T0 + 50 > t), so the one slot is taken.
+        pair.move_clocks(ClockMove::Back(15));
+        both(pair.evaluate(&subject, 0, 1, numbered_id(2)).await, decided(false, 30));
+    });
+}
+
 /// A long run of 100 to 200 requests against one policy, with clock moves
 /// from `clock`, ids repeated up to `RECENT_IDS_MANY` back and mostly a
 /// cost of 1 (the maximum), so most requests charge.
@@ -719,7 +897,14 @@ fn long_run_of_one(
     ];
     let cost = prop_oneof![8 => Just(1_u64), 1 => Just(0), 1 => Just(2)];
     let step = (clock, 0..SUBJECTS, 0..OPERATIONS.len(), cost, id).prop_map(
-        |(clock, subject, operation, cost, id)| Step { clock, subject, operation, cost, id },
+        |(clock, subject, operation, cost, id)| Step {
+            clock,
+            subject,
+            operation,
+            cost,
+            id,
+            release: None,
+        },
     );
     (policy, vec(step, 100..=200))
         .prop_map(|(policy, steps)| Scenario { policies: vec![policy], steps })

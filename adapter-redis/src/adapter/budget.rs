@@ -1,15 +1,16 @@
 //! An operator's inspect and reset of one budget on Redis: two small
-//! scripts, `lua/inspect.lua` (the key's type, then one read of the state)
-//! and `lua/reset.lua` (one `UNLINK` of the counter key, records and all),
-//! run with `EVALSHA` like the rate-limit scripts, so a Cluster routes both
-//! by the subject's hash tag and the least-privilege user needs only `TYPE`
-//! beyond what the rate-limit scripts call. The algorithm itself
-//! runs here, in `shared_contract::inspect_key`, over the decoded state.
+//! scripts, `lua/inspect.lua` (the key's type, then one read of the state,
+//! or of a lease set's members) and `lua/reset.lua` (one `UNLINK` of the
+//! counter key, records or leases and all), run with `EVALSHA` like the
+//! rate-limit scripts, so a Cluster routes both by the subject's hash tag
+//! and the least-privilege user needs only `TYPE` and `ZRANGE` beyond what
+//! the rate-limit scripts call. The algorithm itself runs here, in
+//! `shared_contract::inspect_key`, over the decoded state.
 
 use redis::Value;
 use shared_contract::{
-    AlgorithmState, BudgetFailure, BudgetKey, BudgetState, DedupRecords, KeyRules, KeyState,
-    Leases, inspect_key,
+    AlgorithmState, BudgetFailure, BudgetKey, BudgetState, DedupRecords, EvaluationId, HeldLease,
+    KeyRules, KeyState, Leases, inspect_key,
 };
 
 use super::{PolicyEntry, RedisEdgeRateLimitAdapter};
@@ -18,10 +19,19 @@ use crate::gateway::{GatewayFailure, LoadedScript};
 const RESET: &str = include_str!("../../lua/reset.lua");
 
 /// What `lua/inspect.lua` found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 enum Stored {
     Absent,
-    State { mark: u64, algorithm: AlgorithmState },
+    State {
+        mark: u64,
+        algorithm: AlgorithmState,
+    },
+    /// A lease set (`lua/concurrency.lua`): its mark and every lease it
+    /// holds, expired ones included (the step counts the live ones).
+    Leases {
+        mark: u64,
+        leases: Leases,
+    },
 }
 
 impl RedisEdgeRateLimitAdapter {
@@ -51,8 +61,16 @@ impl RedisEdgeRateLimitAdapter {
                     mark,
                     algorithm,
                     records: DedupRecords::default(),
-                    // Placeholder until branch leases-redis reads the zset.
                     leases: Leases::default(),
+                };
+                inspect_key(&rules, Some(&state), now)
+            }
+            Some(Stored::Leases { mark, leases }) => {
+                let state = KeyState {
+                    mark,
+                    algorithm: AlgorithmState::Concurrency,
+                    records: DedupRecords::default(),
+                    leases,
                 };
                 inspect_key(&rules, Some(&state), now)
             }
@@ -133,6 +151,23 @@ fn decode_inspect(reply: &Value) -> Option<Stored> {
             let algorithm = crate::algorithm::state(u8::try_from(number(1)?).ok()?, [a, b, c])?;
             Some(Stored::State { mark, algorithm })
         }
+        // The mark, then (lease id, expires_at) pairs.
+        Some(Value::BulkString(status)) if status == b"leases" && items.len() % 2 == 0 => {
+            let mark = number(1)?;
+            let leases = items[2..]
+                .chunks_exact(2)
+                .map(|pair| match pair {
+                    [Value::BulkString(id), Value::Int(expires_at)] => Some(HeldLease {
+                        id: EvaluationId::from_uuid(uuid::Uuid::from_bytes(
+                            id.as_slice().try_into().ok()?,
+                        )),
+                        expires_at: u64::try_from(*expires_at).ok()?,
+                    }),
+                    _ => None,
+                })
+                .collect::<Option<Leases>>()?;
+            Some(Stored::Leases { mark, leases })
+        }
         _ => None,
     }
 }
@@ -169,7 +204,32 @@ mod tests {
         );
         assert_eq!(decoded(b'B'), Some(AlgorithmState::TokenBucket { tokens: 1, updated_at: 2 }));
         assert_eq!(decoded(b'G'), Some(AlgorithmState::Gcra { tat: 1 }));
+        let id = |n: u8| Value::BulkString(vec![n; 16]);
+        let lease = |n: u8, expires_at| HeldLease {
+            id: EvaluationId::from_uuid(uuid::Uuid::from_bytes([n; 16])),
+            expires_at,
+        };
+        let leases = |items: Vec<Value>| {
+            decode_inspect(&Value::Array([vec![bulk("leases"), Value::Int(10)], items].concat()))
+        };
+        assert_eq!(
+            leases(vec![id(1), Value::Int(40), id(2), Value::Int(50)]),
+            Some(Stored::Leases {
+                mark: 10,
+                leases: [lease(1, 40), lease(2, 50)].into_iter().collect()
+            })
+        );
+        assert_eq!(leases(vec![]), Some(Stored::Leases { mark: 10, leases: Leases::default() }));
         for bad in [
+            vec![id(1)],
+            vec![id(1), Value::Int(-1)],
+            vec![Value::BulkString(vec![1; 15]), Value::Int(40)],
+            vec![Value::Int(40), id(1)],
+        ] {
+            assert_eq!(leases(bad.clone()), None, "{bad:?}");
+        }
+        for bad in [
+            state(b'C'),
             state(b'X'),
             Value::Array(vec![bulk("corrupt")]),
             Value::Array(vec![bulk("state"), Value::Int(70)]),

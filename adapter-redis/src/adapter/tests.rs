@@ -303,21 +303,28 @@ async fn timeout_connection_loss_and_undecodable_replies_are_indeterminate() {
     }
 }
 
-#[tokio::test]
-async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_id() {
-    let seen: Arc<Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
+/// Each script call's arguments.
+type SentArgs = Arc<Mutex<Vec<Vec<Vec<u8>>>>>;
+
+/// A gateway whose first EVALSHA fails with `first` (the script may have
+/// run) and whose second answers `then`, noting each call's arguments.
+fn failing_once(first: GatewayFailure, then: Value) -> (MockRedisGateway, SentArgs) {
+    let seen = SentArgs::default();
     let mut gateway = MockRedisGateway::new();
     gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
     let sink = seen.clone();
     gateway.expect_evalsha().times(2).returning(move |_, _, args, _| {
         let mut calls = sink.lock().unwrap();
         calls.push(owned(args));
-        if calls.len() == 1 {
-            Err(GatewayFailure::ConnectionLost)
-        } else {
-            Ok(reply("allowed", &[[2, 2, 750, 0]]))
-        }
+        if calls.len() == 1 { Err(first) } else { Ok(then.clone()) }
     });
+    (gateway, seen)
+}
+
+#[tokio::test]
+async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_id() {
+    let (gateway, seen) =
+        failing_once(GatewayFailure::ConnectionLost, reply("allowed", &[[2, 2, 750, 0]]));
     let adapter = adapter(gateway, ON);
     let RateLimitOutcome::Evaluated(set) = evaluate_once(&adapter, 1).await else {
         panic!("expected the replayed decision");
@@ -604,4 +611,182 @@ fn a_number_argument_is_its_decimal_text() {
         assert_eq!(&*number(n), text.as_bytes(), "{n}");
     }
     assert_eq!(&*number(u64::MAX), u64::MAX.to_string().as_bytes());
+}
+
+/// A concurrency policy `id` (operation-scoped), enforced or shadow.
+fn lease_policy(id: &str, mode: PolicyMode) -> RateLimitPolicy {
+    RateLimitPolicy::builder(
+        id,
+        Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_millis(500),
+        },
+    )
+    .mode(mode)
+    .build()
+    .unwrap()
+}
+
+/// An adapter holding `api.test` (a fixed window without dedupe), the
+/// concurrency policies `leases` and `shadow.leases`.
+fn lease_adapter(gateway: MockRedisGateway, settings: RedisSettings) -> RedisEdgeRateLimitAdapter {
+    RedisEdgeRateLimitAdapter::with_gateway(
+        settings,
+        [
+            fixed_policy(OFF),
+            lease_policy("leases", PolicyMode::Enforce),
+            lease_policy("shadow.leases", PolicyMode::Shadow),
+        ],
+        Arc::new(ManualClock::new(T0 + 250)),
+        Arc::new(gateway),
+    )
+    .unwrap()
+}
+
+/// A request for the set `ids`, in order.
+fn set_request(ids: &[&str], id: EvaluationId) -> RateLimitRequest {
+    RateLimitRequest {
+        policies: PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap(),
+        evaluation_id: id,
+        ..request(std::time::Instant::now(), 1, Duration::from_secs(5))
+    }
+}
+
+#[tokio::test]
+async fn an_indeterminate_under_an_enforced_concurrency_policy_is_retried_once_with_its_id() {
+    // An admitted first attempt took the lease, so the retry replays it:
+    // no second charge of the fixed window beside it.
+    let (gateway, seen) =
+        failing_once(GatewayFailure::TimedOut, reply("allowed", &[[1, 2, 750, 0], [2, 1, 0, 0]]));
+    let adapter = lease_adapter(gateway, RedisSettings::default());
+    let outcome = adapter.evaluate(set_request(&["api.test", "leases"], EvaluationId::random()));
+    let RateLimitOutcome::Evaluated(set) = outcome.await else {
+        panic!("expected the replayed decision");
+    };
+    assert!(set.allowed() && set.replayed());
+    let calls = seen.lock().unwrap();
+    assert_eq!(calls[0], calls[1], "the retry must resend the same evaluation");
+}
+
+#[tokio::test]
+async fn an_indeterminate_under_a_shadow_concurrency_policy_alone_is_not_retried() {
+    // A shadow policy that refused took no lease, so a retry could charge
+    // the fixed window twice.
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
+    gateway.expect_evalsha().times(1).returning(|_, _, _, _| Err(GatewayFailure::TimedOut));
+    let adapter = lease_adapter(gateway, RedisSettings::default());
+    let request = set_request(&["api.test", "shadow.leases"], EvaluationId::random());
+    assert_eq!(adapter.evaluate(request).await, indeterminate());
+}
+
+#[tokio::test]
+async fn a_release_sends_the_lease_keys_of_the_set_its_id_and_the_caller_time() {
+    /// Each call's keys and arguments.
+    type Calls = Vec<(Vec<String>, Vec<Vec<u8>>)>;
+    let seen: Arc<Mutex<Calls>> = Arc::default();
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|source, _, _| {
+        assert_eq!(source, ScriptKind::Release.source());
+        Ok("digest".to_owned())
+    });
+    let sink = seen.clone();
+    gateway.expect_evalsha().times(2).returning(move |_, keys, args, _| {
+        let mut calls = sink.lock().unwrap();
+        calls.push((keys.to_vec(), owned(args)));
+        Ok(Value::Int(if calls.len() == 1 { 2 } else { 0 }))
+    });
+    let adapter = lease_adapter(gateway, RedisSettings::default());
+    let id = EvaluationId::random();
+    let lease = Lease::of(&set_request(&["leases", "api.test", "shadow.leases"], id));
+    assert_eq!(adapter.release(&lease).await, ReleaseOutcome::Released);
+    assert_eq!(adapter.release(&lease).await, ReleaseOutcome::NotHeld);
+    let calls = seen.lock().unwrap();
+    // The rate policy's key is not among them.
+    let keys = vec![
+        key_of("leases", PolicyScope::Operation),
+        key_of("shadow.leases", PolicyScope::Operation),
+    ];
+    let args = vec![id.as_bytes().to_vec(), (T0 + 250).to_string().into_bytes()];
+    assert_eq!(calls[0], (keys, args));
+}
+
+#[tokio::test]
+async fn a_release_without_a_concurrency_policy_held_never_reaches_the_gateway() {
+    // The mock has no expectations: any call fails the test.
+    let adapter = lease_adapter(MockRedisGateway::new(), RedisSettings::default());
+    for ids in [&["api.test"][..], &["gone.leases"]] {
+        let lease = Lease {
+            policies: PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap(),
+            ..Lease::of(&request(std::time::Instant::now(), 1, Duration::from_secs(1)))
+        };
+        assert_eq!(adapter.release(&lease).await, ReleaseOutcome::NotHeld, "{ids:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_release_maps_each_gateway_failure_to_unavailable_or_indeterminate() {
+    let before_send =
+        ReleaseOutcome::Unavailable { category: UnavailableCategory::UnavailableBeforeSend };
+    let cases = [
+        (Err(GatewayFailure::NotSent), before_send),
+        (Err(GatewayFailure::Refused), before_send),
+        (Err(GatewayFailure::TimedOut), ReleaseOutcome::Indeterminate),
+        (Err(GatewayFailure::ConnectionLost), ReleaseOutcome::Indeterminate),
+        (Err(GatewayFailure::UnexpectedReply), ReleaseOutcome::Indeterminate),
+        (Err(GatewayFailure::ScriptError), ReleaseOutcome::Indeterminate),
+        (Err(GatewayFailure::WrongType), ReleaseOutcome::Indeterminate),
+        (Ok(Value::Int(3)), ReleaseOutcome::Indeterminate),
+        (Ok(Value::Nil), ReleaseOutcome::Indeterminate),
+    ];
+    for (answer, expected) in cases {
+        let mut gateway = MockRedisGateway::new();
+        gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest".to_owned()));
+        let sent = answer.clone();
+        gateway.expect_evalsha().times(1).returning(move |_, _, _, _| sent.clone());
+        let adapter = lease_adapter(gateway, RedisSettings::default());
+        let lease = Lease::of(&set_request(&["leases"], EvaluationId::random()));
+        assert_eq!(adapter.release(&lease).await, expected, "{answer:?}");
+    }
+    // NOSCRIPT twice: the script never ran.
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(2).returning(|_, _, _| Ok("digest".to_owned()));
+    gateway.expect_evalsha().times(2).returning(|_, _, _, _| Err(GatewayFailure::NoScript));
+    let adapter = lease_adapter(gateway, RedisSettings::default());
+    let lease = Lease::of(&set_request(&["leases"], EvaluationId::random()));
+    assert_eq!(adapter.release(&lease).await, before_send);
+}
+
+#[tokio::test]
+async fn a_release_that_finds_no_lane_permit_within_the_command_timeout_is_admission_rejected() {
+    let settings = RedisSettings {
+        script_lane: ScriptLaneSettings { max_in_flight: 1 },
+        command_timeout: Duration::from_millis(50),
+        ..RedisSettings::default()
+    };
+    let adapter = Arc::new(
+        RedisEdgeRateLimitAdapter::with_gateway(
+            settings,
+            [fixed_policy(OFF), lease_policy("leases", PolicyMode::Enforce)],
+            Arc::new(ManualClock::new(T0)),
+            Arc::new(StuckGateway),
+        )
+        .unwrap(),
+    );
+    let holder = {
+        let adapter = adapter.clone();
+        let request = set_request(&["api.test"], EvaluationId::random());
+        tokio::spawn(async move { adapter.evaluate(request).await })
+    };
+    // Let the holder take the only permit.
+    while adapter.lane.available_permits() > 0 {
+        tokio::task::yield_now().await;
+    }
+    let lease = Lease::of(&set_request(&["leases"], EvaluationId::random()));
+    assert_eq!(
+        adapter.release(&lease).await,
+        ReleaseOutcome::Unavailable { category: UnavailableCategory::AdmissionRejected }
+    );
+    holder.abort();
 }

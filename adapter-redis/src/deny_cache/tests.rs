@@ -250,14 +250,19 @@ fn a_set_is_cached_until_its_soonest_enforced_denial_or_window_end() {
 }
 
 #[test]
-fn a_set_with_a_token_bucket_or_a_gcra_is_not_cached() {
+fn a_set_with_a_token_bucket_a_gcra_or_a_concurrency_policy_is_not_cached() {
     let bucket = Algorithm::TokenBucket {
         capacity: 5,
         refill_tokens: 1,
         refill_period: Duration::from_millis(100),
     };
     let gcra = Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 5 };
-    for algorithm in [bucket, gcra] {
+    let leases = Algorithm::Concurrency {
+        max_in_flight: 2,
+        lease_ttl: Duration::from_secs(30),
+        retry_after: Duration::from_secs(1),
+    };
+    for algorithm in [bucket, gcra, leases] {
         let other = RateLimitPolicy::builder("b", algorithm)
             .evaluation_dedup(EvaluationDedupPolicy::Disabled)
             .build()

@@ -1,0 +1,29 @@
+-- A set of one concurrency policy: the fast path of `policy-set.lua` for a
+-- lease key (concurrency.lua), with the same ARGV and reply layout (see
+-- there) for exactly one key, and the same answers. Its record capacity
+-- (ARGV[8]) is always 0: a lease id is its own dedupe.
+-- #include prelude.lua
+-- #include concurrency.lua
+
+local key = KEYS[1]
+local mark, lease, held, corrupt = lease_read(key)
+if corrupt then return {'corrupt', 1} end
+local t = now
+if mark then
+  local by = mark - now - ARGV[5]
+  if by > 0 then return {'clock_unsafe', by} end
+  if mark > t then t = mark end
+end
+local max_in_flight = ARGV[9] + 0
+-- This evaluation's live lease: the same lease again, nothing added.
+if lease and lease > t then
+  return {'allowed', 2, math.max(0, max_in_flight - held), 0, 0}
+end
+local allowed, remaining, reset_after, retry_after, expires_at =
+  concurrency(held, t, true, max_in_flight, ARGV[10] + 0, ARGV[11] + 0)
+if expires_at then lease_store(key, t, expires_at, ARGV[6] + 0, mark ~= nil) end
+-- A shadow policy alone never blocks; its refusal takes no lease.
+if allowed or string.byte(ARGV[4]) >= SHADOW_KINDS then
+  return {'allowed', allowed and 1 or 0, remaining, reset_after, retry_after}
+end
+return {'denied', 0, remaining, reset_after, retry_after}
