@@ -1562,7 +1562,8 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
             "127.0.0.1:4318",
             "http://collector:4318/?a=b",
             "http://u:p@collector",
-            "https://collector:4318",
+            "https://collector:4318/?token=x",
+            "https://",
         ] {
             let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
             assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");
