@@ -294,10 +294,19 @@ impl Serve {
     /// The admin listener's address, from its start-up line (the server
     /// logs it once `admin.listen` is bound).
     pub(crate) fn admin_address(&self) -> SocketAddr {
+        self.logged_address("admin listener on")
+    }
+
+    /// The Envoy RLS listener's address, from its start-up line.
+    pub(crate) fn rls_address(&self) -> SocketAddr {
+        self.logged_address("envoy rls listener on")
+    }
+
+    fn logged_address(&self, message: &str) -> SocketAddr {
         for _ in 0..250 {
             let found = self.logs().iter().find_map(|line| {
                 let event: serde_json::Value = serde_json::from_str(line).ok()?;
-                (event["fields"]["message"] == "admin listener on")
+                (event["fields"]["message"] == message)
                     .then(|| event["fields"]["address"].as_str()?.parse().ok())?
             });
             if let Some(address) = found {
@@ -305,7 +314,7 @@ impl Serve {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("the admin listener logs its address: {:#?}", self.logs())
+        panic!("no {message:?} line with an address: {:#?}", self.logs())
     }
 
     /// Panics when the process has exited.
