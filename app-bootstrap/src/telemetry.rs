@@ -763,7 +763,89 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::zeroed_batch_variables;
+    use opentelemetry::propagation::{Extractor, TextMapPropagator};
+    use opentelemetry::trace::TraceContextExt;
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+
+    use super::{
+        CallerHeaders, Queue, header_variable_problems, max_queue_size, percent_decoded,
+        zeroed_batch_variables,
+    };
+
+    fn only(name: &'static str, value: &'static str) -> impl Fn(&str) -> Option<String> {
+        move |asked: &str| (asked == name).then(|| value.to_owned())
+    }
+
+    #[test]
+    fn the_header_variable_is_held_to_the_rules_of_the_configured_headers() {
+        const GENERAL: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+        let good = only(GENERAL, " x-team = blue , api-key=a%20b%3Dc ");
+        assert!(header_variable_problems(good, &[]).is_empty());
+        let bad = only(GENERAL, "novalue,=v,Host=h,x-a=1,X-A=2,x-b=%0A,x-c=caf\u{e9}");
+        let problems = header_variable_problems(bad, &[]);
+        assert_eq!(problems.len(), 6, "{problems:#?}");
+        assert!(problems.iter().all(|problem| problem.starts_with(GENERAL)), "{problems:#?}");
+        for named in ["entry 1 ", "entry 2 ", "\"Host\"", "\"X-A\"", "\"x-b\"", "\"x-c\""] {
+            assert!(problems.iter().any(|problem| problem.contains(named)), "{named}: {problems:#?}");
+        }
+        // A name the configuration has: which one wins would be a guess.
+        let twin = header_variable_problems(only(GENERAL, "X-Key=1"), &["x-key"]);
+        assert_eq!(twin.len(), 1, "{twin:#?}");
+    }
+
+    #[test]
+    fn the_traces_header_variable_wins_as_in_the_sdk_even_when_empty() {
+        let lookup = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS" => Some(String::new()),
+            "OTEL_EXPORTER_OTLP_HEADERS" => Some("host=h".to_owned()),
+            _ => None,
+        };
+        assert!(header_variable_problems(lookup, &[]).is_empty());
+        let traces = only("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "te=x");
+        let problems = header_variable_problems(traces, &[]);
+        assert!(problems[0].starts_with("OTEL_EXPORTER_OTLP_TRACES_HEADERS"), "{problems:#?}");
+    }
+
+    #[test]
+    fn percent_escapes_decode_like_the_sdk() {
+        assert_eq!(percent_decoded("a%20b%2c").as_deref(), Some(&b"a b,"[..]));
+        assert_eq!(percent_decoded("100%"), None);
+        assert_eq!(percent_decoded("%zz"), None);
+    }
+
+    #[test]
+    fn several_tracestate_lines_are_one_list_in_order() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap(),
+        );
+        headers.append("tracestate", "a=1".parse().unwrap());
+        headers.append("tracestate", " ".parse().unwrap());
+        headers.append("tracestate", "b=2,c=3".parse().unwrap());
+        let caller = CallerHeaders::new(&headers);
+        assert_eq!(caller.get("TraceState"), Some("a=1,b=2,c=3"));
+        let context = TraceContextPropagator::new().extract(&caller);
+        assert_eq!(context.span().span_context().trace_state().header(), "a=1,b=2,c=3");
+        // One line is read as it is.
+        headers.remove("tracestate");
+        headers.insert("tracestate", "a=1".parse().unwrap());
+        assert_eq!(CallerHeaders::new(&headers).get("tracestate"), Some("a=1"));
+    }
+
+    #[test]
+    fn the_queue_admits_up_to_its_capacity_and_frees_what_is_exported() {
+        let queue = Queue::new(2);
+        assert!(queue.admit() && queue.admit());
+        assert!(queue.is_full() && !queue.admit());
+        queue.release(1);
+        assert!(!queue.is_full() && queue.admit());
+        queue.release(5);
+        assert!(!queue.is_full());
+        assert_eq!(max_queue_size(|_| None), 2048);
+        assert_eq!(max_queue_size(only("OTEL_BSP_MAX_QUEUE_SIZE", "16")), 16);
+        assert_eq!(max_queue_size(only("OTEL_BSP_MAX_QUEUE_SIZE", "many")), 2048);
+    }
 
     #[test]
     fn a_batch_variable_read_as_zero_is_named_and_others_are_not() {
