@@ -214,6 +214,9 @@ async fn serve(
     let tracing = Tracing::start(&config.telemetry.otlp);
     init_logging(log_format, tracing.as_ref().ok().and_then(Option::as_ref));
     let tracing = tracing?;
+    if let Some(tracing) = &tracing {
+        tracing.log_variables();
+    }
     let rate_limit = &config.capabilities.rate_limit;
     let application = Application::build(&config)
         .await?

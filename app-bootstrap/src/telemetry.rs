@@ -76,6 +76,21 @@ const DEFAULT_MAX_QUEUE_SIZE: usize = 2048;
 /// one when it is set, else the general one (never both).
 const HEADER_VARIABLES: [&str; 2] =
     ["OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"];
+/// SDK variables this build obeys (docs/operations.md, "Traces"): those
+/// set are named at start, never with their values (a header may hold a
+/// key).
+const OBEYED_VARIABLES: [&str; 10] = [
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    "OTEL_SPAN_LINK_COUNT_LIMIT",
+];
 /// SDK variables this build does not obey, each with what decides
 /// instead: the configuration sets the value, so the SDK never reads the
 /// variable (or the feature is not built). One set is named in a warning
@@ -247,9 +262,6 @@ impl Tracing {
                 reason: problems.join("; "),
             });
         }
-        for (variable, instead) in overridden_variables(lookup) {
-            tracing::warn!(variable, instead, "an OpenTelemetry variable is set but not obeyed");
-        }
         let url = format!("{}{TRACES_PATH}", endpoint.trim_end_matches('/'));
         let uri = url.parse::<axum::http::Uri>().map_err(|_| BootstrapError::Wiring {
             component: "the OTLP span exporter",
@@ -293,6 +305,22 @@ impl Tracing {
             .with_resource(Resource::builder().with_service_name(otlp.service_name.clone()).build())
             .build();
         Ok(Some(Self { provider, queue }))
+    }
+
+    /// Logs the SDK variables that are set: those obeyed by name (never a
+    /// value), each of those not obeyed with what decides instead. Call it
+    /// once logging is installed (after [`Tracing::start`], whose layer it
+    /// needs).
+    pub fn log_variables(&self) {
+        let lookup = |name: &str| std::env::var_os(name).map(|_| String::new());
+        let obeyed: Vec<&str> =
+            OBEYED_VARIABLES.into_iter().filter(|name| lookup(name).is_some()).collect();
+        if !obeyed.is_empty() {
+            tracing::info!(variables = ?obeyed, "OpenTelemetry variables in effect");
+        }
+        for (variable, instead) in overridden_variables(lookup) {
+            tracing::warn!(variable, instead, "an OpenTelemetry variable is set but not obeyed");
+        }
     }
 
     /// Registers the pipeline's counters at 0, so `/metrics` shows them

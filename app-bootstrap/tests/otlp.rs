@@ -630,13 +630,28 @@ fn hang_up_and_wait_for_the_reload(serve: &Serve) {
     }
 }
 
-/// At ratio 1, a reload on SIGHUP is a trace of its own.
+/// At ratio 1, a reload on SIGHUP is a trace of its own. The SDK's
+/// variables: `OTEL_RESOURCE_ATTRIBUTES` is obeyed, an endpoint variable
+/// is not (the key decides) and is named in a warning.
 #[test]
 fn a_reload_on_sighup_is_a_root_span_at_ratio_one() {
     let (endpoint, received) = receiver();
-    let mut serve = Serve::start(&config("memory", &endpoint, ""), "info");
+    let env = [
+        ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=otlp-test"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+    ];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
     hang_up_and_wait_for_the_reload(&serve);
     stop(&mut serve);
+    let warned = serve.logs().into_iter().any(|line| {
+        line.contains("\"WARN\"")
+            && line.contains("not obeyed")
+            && line.contains("OTEL_EXPORTER_OTLP_ENDPOINT")
+    });
+    assert!(warned, "the endpoint variable is named: {:#?}", serve.logs());
+    let bytes = received.bytes();
+    let attribute = b"otlp-test";
+    assert!(bytes.windows(attribute.len()).any(|window| window == attribute), "resource attribute");
     let spans = received.spans();
     let reload = spans
         .iter()
