@@ -19,10 +19,10 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codegen::http::HeaderMap;
 use tonic::metadata::MetadataMap;
 use tonic::{Code, Request, Response, Status};
-use tracing::{Instrument, Span};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tracing::{Instrument, Span};
 
 use crate::engine::RlsEngine;
 use crate::error::RlsError;

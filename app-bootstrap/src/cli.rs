@@ -130,8 +130,8 @@ pub fn init_logging(format: LogFormat, tracing: Option<&Tracing>) {
                     "adapter_redis",
                     "adapter_memory",
                 ]
-                    .iter()
-                    .any(|crate_name| metadata.target().starts_with(crate_name))
+                .iter()
+                .any(|crate_name| metadata.target().starts_with(crate_name))
         });
         layers.push(tracing.layer().with_filter(ours).boxed());
     }

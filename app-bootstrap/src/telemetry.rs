@@ -632,10 +632,8 @@ struct CallerHeaders<'a> {
 impl<'a> CallerHeaders<'a> {
     fn new(headers: &'a axum::http::HeaderMap) -> Self {
         let headers = HeaderExtractor(headers);
-        let tracestate = headers
-            .get_all("tracestate")
-            .filter(|lines| lines.len() > 1)
-            .map(|lines| {
+        let tracestate =
+            headers.get_all("tracestate").filter(|lines| lines.len() > 1).map(|lines| {
                 let lines: Vec<&str> =
                     lines.into_iter().map(str::trim).filter(|line| !line.is_empty()).collect();
                 lines.join(",")
@@ -814,7 +812,10 @@ mod tests {
         assert_eq!(problems.len(), 6, "{problems:#?}");
         assert!(problems.iter().all(|problem| problem.starts_with(GENERAL)), "{problems:#?}");
         for named in ["entry 1 ", "entry 2 ", "\"Host\"", "\"X-A\"", "\"x-b\"", "\"x-c\""] {
-            assert!(problems.iter().any(|problem| problem.contains(named)), "{named}: {problems:#?}");
+            assert!(
+                problems.iter().any(|problem| problem.contains(named)),
+                "{named}: {problems:#?}"
+            );
         }
         // A name the configuration has: which one wins would be a guess.
         let twin = header_variable_problems(only(GENERAL, "X-Key=1"), &["x-key"]);

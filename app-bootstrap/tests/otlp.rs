@@ -94,10 +94,7 @@ fn tls_receiver(identity: &TlsIdentity) -> (String, Received) {
     spawn_receiver(Duration::ZERO, Some(identity.server_config()))
 }
 
-fn spawn_receiver(
-    delay: Duration,
-    tls: Option<Arc<rustls::ServerConfig>>,
-) -> (String, Received) {
+fn spawn_receiver(delay: Duration, tls: Option<Arc<rustls::ServerConfig>>) -> (String, Received) {
     let received = Received::default();
     let state = received.clone();
     let (bound, address) = std::sync::mpsc::channel();
@@ -786,11 +783,15 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
     let code = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
-            let mut client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+            let mut client =
+                RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
             let entry = Entry { key: "remote_address".to_owned(), value: ADDRESS.to_owned() };
             let mut call = tonic::Request::new(RateLimitRequest {
                 domain: DOMAIN.to_owned(),
-                descriptors: vec![RateLimitDescriptor { entries: vec![entry], ..Default::default() }],
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![entry],
+                    ..Default::default()
+                }],
                 hits_addend: 1,
             });
             let traceparent = format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01");

@@ -241,8 +241,9 @@ pub(crate) fn export_header_problems(name: &str, value: &str) -> Vec<&'static st
     if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
         problems.push("is not a valid HTTP header name");
     } else if FRAMING_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
-        problems
-            .push("is set by the exporter's HTTP client (message framing); it cannot be overridden");
+        problems.push(
+            "is set by the exporter's HTTP client (message framing); it cannot be overridden",
+        );
     }
     if !value.bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
         problems.push("the value must be visible ASCII (spaces allowed)");
