@@ -150,7 +150,9 @@ fn header_variable_problems(
     // value percent-decoded.
     for (at, entry) in text.split_terminator(',').map(str::trim).enumerate() {
         let entry_number = at + 1;
-        let Some((name, value)) = entry.split_once('=').map(|(n, v)| (n.trim(), v.trim())) else {
+        let Some((name, value)) =
+            entry.split_once('=').map(|(name, value)| (name.trim(), value.trim()))
+        else {
             problems.push(format!("{variable}: entry {entry_number} is not name=value"));
             continue;
         };

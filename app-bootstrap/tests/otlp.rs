@@ -323,6 +323,24 @@ fn checked_trace(received: &Received) -> (Span, Span, Vec<Span>) {
     (request, decision, trace)
 }
 
+/// The spans of the caller's trace (`TRACE_ID`).
+fn callers_trace(received: &Received) -> Vec<Span> {
+    let trace_id = hex::decode(TRACE_ID).unwrap();
+    received.spans().into_iter().filter(|span| span.trace_id == trace_id).collect()
+}
+
+/// The span named `name` in `trace`, checked to be a server span and the
+/// child of the caller's span.
+fn server_span_under_the_caller<'a>(trace: &'a [Span], name: &str) -> &'a Span {
+    let span = trace
+        .iter()
+        .find(|span| span.name == name)
+        .unwrap_or_else(|| panic!("no {name} span in the trace: {trace:#?}"));
+    assert_eq!(span.parent_span_id, hex::decode(PARENT_SPAN_ID).unwrap());
+    assert_eq!(span.kind, SpanKind::Server as i32);
+    span
+}
+
 /// Neither the API key nor the client's address, in any form a span could
 /// hold it, is in the bytes the collector received.
 fn assert_no_raw_subject(received: &Received) {
@@ -553,15 +571,8 @@ fn an_admin_call_and_the_reload_it_asks_for_have_their_own_spans() {
     let reloads = received.spans().into_iter().filter(|span| span.name == "config.reload").count();
     assert_eq!(reloads, 1, "only the sampled call's reload: {:#?}", received.spans());
 
-    let trace_id = hex::decode(TRACE_ID).unwrap();
-    let trace: Vec<Span> =
-        received.spans().into_iter().filter(|span| span.trace_id == trace_id).collect();
-    let call = trace
-        .iter()
-        .find(|span| span.name == "POST /admin/reload")
-        .unwrap_or_else(|| panic!("no admin span in the trace: {trace:#?}"));
-    assert_eq!(call.parent_span_id, hex::decode(PARENT_SPAN_ID).unwrap());
-    assert_eq!(call.kind, SpanKind::Server as i32);
+    let trace = callers_trace(&received);
+    let call = server_span_under_the_caller(&trace, "POST /admin/reload");
     assert_eq!(attributes(call).get("http.response.status_code"), Some(&AnyValue::IntValue(200)));
     let reload = trace
         .iter()
@@ -804,15 +815,11 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
     assert_eq!(code, 1, "OK (envoy's code 1)");
     stop(&mut serve);
 
-    let trace_id = hex::decode(TRACE_ID).unwrap();
-    let trace: Vec<Span> =
-        received.spans().into_iter().filter(|span| span.trace_id == trace_id).collect();
-    let call = trace
-        .iter()
-        .find(|span| span.name == "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit")
-        .unwrap_or_else(|| panic!("no call span in the trace: {trace:#?}"));
-    assert_eq!(call.parent_span_id, hex::decode(PARENT_SPAN_ID).unwrap());
-    assert_eq!(call.kind, SpanKind::Server as i32);
+    let trace = callers_trace(&received);
+    let call = server_span_under_the_caller(
+        &trace,
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
     let attrs = attributes(call);
     for (key, value) in [
         ("rpc.system", string("grpc")),
