@@ -458,9 +458,14 @@ fn wait_for_failures(base: &str, at_least: u64) {
 /// to stop at start-up; returns its stderr. One that serves instead is
 /// killed after 20 s and fails the test.
 fn start_up_refused(env: &[(&str, &str)]) -> String {
+    start_up_refused_at("http://127.0.0.1:4318", env)
+}
+
+/// [`start_up_refused`] exporting to `endpoint`.
+fn start_up_refused_at(endpoint: &str, env: &[(&str, &str)]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("otlp.toml");
-    std::fs::write(&path, config("memory", "http://127.0.0.1:4318", "")).unwrap();
+    std::fs::write(&path, config("memory", endpoint, "")).unwrap();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
         .env_clear()
         .env("RUST_LOG", "warn")
@@ -769,6 +774,16 @@ fn an_https_collector_gets_the_spans_and_an_untrusted_one_none() {
     wait_for_failures(&serve.base, 1);
     stop(&mut serve);
     assert!(received.spans().is_empty(), "an untrusted collector got spans");
+}
+
+/// An `https://` endpoint with no root certificate to trust (here
+/// `SSL_CERT_FILE` names a file that does not exist) stops start-up,
+/// naming where the roots come from.
+#[test]
+fn an_https_endpoint_without_roots_stops_start_up() {
+    let missing = [("SSL_CERT_FILE", "/nonexistent/otlp-test-ca.pem")];
+    let stderr = start_up_refused_at("https://127.0.0.1:4318", &missing);
+    assert!(stderr.contains("TLS roots"), "names the roots: {stderr}");
 }
 
 /// The Envoy front end: a `ShouldRateLimit` call with a W3C `traceparent`
