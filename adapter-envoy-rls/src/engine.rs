@@ -26,10 +26,12 @@ use shared_contract::{
     SubjectDigest, SubjectPseudonymizer,
 };
 use tonic::Status;
+use tracing::Instrument;
 
 use crate::error::RlsError;
 use crate::response::{Answer, Response};
 use crate::rules::{DESCRIPTOR_SUBJECT_KIND, Member, PreparedRule, RlsRule, Rules};
+use crate::service::{decision_span, record_decision};
 use crate::telemetry::FrontMetrics;
 
 /// What the engine runs with besides its rules.
@@ -245,8 +247,15 @@ async fn evaluate(
         evaluation_id: EvaluationId::random(),
         deadline,
     };
-    let outcome = port.evaluate(request).await;
+    let span = decision_span(&request);
+    let outcome = match &span {
+        Some(span) => port.evaluate(request).instrument(span.clone()).await,
+        None => port.evaluate(request).await,
+    };
     let outcome = checked(outcome, &step.members);
+    if let Some(span) = &span {
+        record_decision(span, &outcome, step.enforces());
+    }
     for (index, member) in step.members.iter().enumerate() {
         member.metrics.record(&outcome, index);
     }

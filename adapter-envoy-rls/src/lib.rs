@@ -29,6 +29,7 @@ pub use engine::{MAX_DESCRIPTORS, RlsEngine, RlsSettings};
 pub use error::RlsError;
 pub use rules::{DESCRIPTOR_SUBJECT_KIND, RlsRule, rule_operation};
 pub use service::{
-    EnvoyRateLimitService, ProviderHealth, RATE_LIMIT_SERVICE_NAME, RlsSwitch, grpc_timeout, serve,
+    CallTracing, EnvoyRateLimitService, ProviderHealth, RATE_LIMIT_SERVICE_NAME, RlsSwitch,
+    grpc_timeout, serve, serve_traced,
 };
 pub use telemetry::{LIMIT_OVERRIDES_IGNORED_TOTAL, UNMATCHED_DESCRIPTORS_TOTAL};

@@ -13,13 +13,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures::Stream;
+use shared_contract::{RateLimitOutcome, RateLimitRequest as PortRequest};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::codegen::http::HeaderMap;
 use tonic::metadata::MetadataMap;
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tracing::{Instrument, Span};
 
 use crate::engine::RlsEngine;
 use crate::error::RlsError;
@@ -50,16 +53,36 @@ impl RlsSwitch {
     }
 }
 
+/// Whether a call is traced, and how its span joins the caller's trace:
+/// supplied by the composition root, the one crate that knows a trace
+/// format. This crate makes plain `tracing` spans and never reads
+/// `traceparent` itself.
+pub trait CallTracing: Send + Sync + std::fmt::Debug {
+    /// The span `make` builds, joined to the trace the call's metadata
+    /// (`headers`) names; `None`, and no span made, when the call is not
+    /// traced.
+    fn call_span(&self, headers: &HeaderMap, make: &dyn Fn() -> Span) -> Option<Span>;
+}
+
 /// `ShouldRateLimit` over the engine in force.
 #[derive(Debug, Clone)]
 pub struct EnvoyRateLimitService {
     switch: RlsSwitch,
+    tracing: Option<Arc<dyn CallTracing>>,
 }
 
 impl EnvoyRateLimitService {
     /// The service over `switch`.
     pub fn new(switch: RlsSwitch) -> Self {
-        Self { switch }
+        Self { switch, tracing: None }
+    }
+
+    /// The service, each traced call in a span that `tracing` joins to the
+    /// caller's trace.
+    #[must_use]
+    pub fn traced_by(mut self, tracing: Option<Arc<dyn CallTracing>>) -> Self {
+        self.tracing = tracing;
+        self
     }
 }
 
@@ -71,8 +94,79 @@ impl RateLimitService for EnvoyRateLimitService {
     ) -> Result<Response<RateLimitResponse>, Status> {
         let timeout = grpc_timeout(request.metadata());
         let engine = self.switch.current();
-        engine.should_rate_limit(request.get_ref(), timeout).await.map(Response::new)
+        let span = self.tracing.as_ref().and_then(|tracing| {
+            tracing.call_span(request.metadata().as_ref(), &|| {
+                tracing::info_span!(
+                    "rls.call",
+                    otel.name = "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+                    otel.kind = "server",
+                    rpc.system = "grpc",
+                    rpc.service = RATE_LIMIT_SERVICE_NAME,
+                    rpc.method = "ShouldRateLimit",
+                    rpc.grpc.status_code = tracing::field::Empty,
+                    otel.status_code = tracing::field::Empty,
+                )
+            })
+        });
+        let Some(span) = span else {
+            return engine.should_rate_limit(request.get_ref(), timeout).await.map(Response::new);
+        };
+        let answer =
+            engine.should_rate_limit(request.get_ref(), timeout).instrument(span.clone()).await;
+        let code = answer.as_ref().map_or_else(Status::code, |_| Code::Ok);
+        span.record("rpc.grpc.status_code", code as i64);
+        // The gRPC conventions' server errors; a caller's mistake is not.
+        let server_error = matches!(
+            code,
+            Code::Unknown
+                | Code::DeadlineExceeded
+                | Code::Unimplemented
+                | Code::Internal
+                | Code::Unavailable
+                | Code::DataLoss
+        );
+        if server_error {
+            span.record("otel.status_code", "ERROR");
+        }
+        answer.map(Response::new)
     }
+}
+
+/// The `rate_limit.decision` span of one policy set's evaluation, as on
+/// HTTP: a child of the call's span, `None` when the call has none (it is
+/// not traced). The operation is the rule's digest and the subject its
+/// pseudonym: no raw descriptor value ever reaches a span.
+pub(crate) fn decision_span(request: &PortRequest) -> Option<Span> {
+    // `is_known` would be true for "no span" too: the id says there is one.
+    let traced =
+        tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
+    traced.then(|| {
+        let policies: Vec<&str> = request.policies.ids().iter().map(|id| id.as_str()).collect();
+        tracing::info_span!(
+            "rate_limit.decision",
+            rate_limit.operation = request.operation.as_str(),
+            rate_limit.policies = policies.join(","),
+            rate_limit.subject = request.subject.as_str(),
+            rate_limit.outcome = tracing::field::Empty,
+            rate_limit.admitted = tracing::field::Empty,
+            rate_limit.cached = tracing::field::Empty,
+        )
+    })
+}
+
+/// The decision's attributes: its outcome category, whether the
+/// descriptors pass (`enforces`: whether the set holds an enforced policy,
+/// without which a failure passes), and whether the denial cache answered.
+pub(crate) fn record_decision(span: &Span, outcome: &RateLimitOutcome, enforces: bool) {
+    let cached = match outcome {
+        RateLimitOutcome::Evaluated(set) => set.cached(),
+        RateLimitOutcome::Unavailable { .. }
+        | RateLimitOutcome::Incompatible { .. }
+        | RateLimitOutcome::Indeterminate { .. } => false,
+    };
+    span.record("rate_limit.outcome", outcome.category_name());
+    span.record("rate_limit.admitted", outcome.is_allowed() || !enforces);
+    span.record("rate_limit.cached", cached);
 }
 
 /// The `grpc-timeout` a call sent (`<1..8 digits><H|M|S|m|u|n>`), if it
@@ -161,8 +255,22 @@ pub async fn serve(
     switch: RlsSwitch,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RlsError> {
+    serve_traced(listener, switch, None, shutdown).await
+}
+
+/// [`serve`], each call traced as `tracing` decides (see [`CallTracing`]).
+///
+/// # Errors
+/// The transport's failure, as text.
+pub async fn serve_traced(
+    listener: TcpListener,
+    switch: RlsSwitch,
+    tracing: Option<Arc<dyn CallTracing>>,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), RlsError> {
+    let service = EnvoyRateLimitService::new(switch.clone()).traced_by(tracing);
     tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(switch.clone())))
+        .add_service(RateLimitServiceServer::new(service))
         .add_service(HealthServer::new(ProviderHealth::new(switch)))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

@@ -7,7 +7,6 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use humantime_serde::re::humantime;
-use tracing_subscriber::filter::FilterExt;
 use tracing_subscriber::layer::{Layer, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{EnvFilter, Registry};
@@ -108,11 +107,11 @@ fn bench_duration(text: &str) -> Result<Duration, String> {
 /// With `tracing`, spans are also exported and JSON lines carry the
 /// active span's `trace_id` and `span_id`. Only the first call installs.
 pub fn init_logging(format: LogFormat, tracing: Option<&Tracing>) {
+    // Spans too (they exist only when traces are exported): a JSON line
+    // written inside one names it and its fields under `span`, and the
+    // spans it runs in under `spans`, beside `trace_id` and `span_id`. No
+    // span holds a raw subject (docs/operations.md, "Traces").
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    // Log lines only: a span (the traces' own) is neither formatted nor
-    // printed with them; with traces on, `trace_id` and `span_id` join a
-    // line to its span.
-    let filter = filter.and(tracing_subscriber::filter::filter_fn(|metadata| !metadata.is_span()));
     // Colour codes only help a terminal; in files and log shippers they are noise.
     let lines = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
@@ -124,9 +123,15 @@ pub fn init_logging(format: LogFormat, tracing: Option<&Tracing>) {
         let ours = tracing_subscriber::filter::filter_fn(|metadata| {
             metadata.is_span()
                 && *metadata.level() <= tracing::Level::INFO
-                && ["app_bootstrap", "adapter_web", "adapter_redis", "adapter_memory"]
-                    .iter()
-                    .any(|crate_name| metadata.target().starts_with(crate_name))
+                && [
+                    "app_bootstrap",
+                    "adapter_web",
+                    "adapter_envoy_rls",
+                    "adapter_redis",
+                    "adapter_memory",
+                ]
+                .iter()
+                .any(|crate_name| metadata.target().starts_with(crate_name))
         });
         layers.push(tracing.layer().with_filter(ours).boxed());
     }
@@ -210,6 +215,9 @@ async fn serve(
     let tracing = Tracing::start(&config.telemetry.otlp);
     init_logging(log_format, tracing.as_ref().ok().and_then(Option::as_ref));
     let tracing = tracing?;
+    if let Some(tracing) = &tracing {
+        tracing.log_variables();
+    }
     let rate_limit = &config.capabilities.rate_limit;
     let application = Application::build(&config)
         .await?

@@ -12,7 +12,7 @@ mod secret;
 pub(crate) mod sources;
 #[cfg(test)]
 mod tests;
-mod validate;
+pub(crate) mod validate;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -66,8 +66,8 @@ pub struct TelemetryConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct OtlpConfig {
-    /// `endpoint`: the collector's OTLP/HTTP base URL (`http`: this
-    /// build has no TLS); spans go to `<endpoint>/v1/traces`. `None` (the default)
+    /// `endpoint`: the collector's OTLP/HTTP base URL, `http` or `https`
+    /// (rustls, trusting the OS store); spans go to `<endpoint>/v1/traces`. `None` (the default)
     /// exports nothing, and the edge makes no span at all.
     pub endpoint: Option<String>,
     /// `service-name`: the resource attribute `service.name`.

@@ -22,6 +22,7 @@ use crate::capability::{ProviderState, edge_settings, rls_engine};
 use crate::config::render::{self, Secrets};
 use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath, RateLimitConfig};
 use crate::error::BootstrapError;
+use crate::telemetry::Sampling;
 
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
@@ -143,8 +144,26 @@ impl Reloader {
 
     /// Reads the configuration again and applies it, or refuses it with
     /// every problem named; logs and counts the result either way. Runs in
-    /// a `config.reload` span (a child of the admin request that asked).
+    /// a `config.reload` span, a child of the request that asked, when
+    /// that request is traced (it runs in a span); otherwise in none, so
+    /// the reload follows its caller's sampling.
     pub async fn reload(&self) -> ReloadReport {
+        let traced =
+            tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
+        self.reload_traced(traced).await
+    }
+
+    /// [`Self::reload`] on a signal, which no caller traces: its
+    /// `config.reload` span is a trace of its own when `sampling` (`None`:
+    /// traces are off) keeps a new trace.
+    pub(crate) async fn reload_on_signal(&self, sampling: Option<Sampling>) -> ReloadReport {
+        self.reload_traced(sampling.is_some_and(Sampling::keeps_new_trace)).await
+    }
+
+    async fn reload_traced(&self, traced: bool) -> ReloadReport {
+        if !traced {
+            return self.reload_in_span().await;
+        }
         let span = tracing::info_span!("config.reload", result = tracing::field::Empty);
         let report = self.reload_in_span().instrument(span.clone()).await;
         span.record("result", report.result());

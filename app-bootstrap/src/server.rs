@@ -355,6 +355,9 @@ impl Application {
     /// drained.
     #[must_use]
     pub fn trace_with(mut self, tracing: Option<Tracing>) -> Self {
+        if let Some(tracing) = &tracing {
+            tracing.register_metrics();
+        }
         self.tracing = tracing;
         self
     }
@@ -444,13 +447,14 @@ impl Application {
         });
         let reloader = self.reloader;
         let hangups = self.hangups;
-        let hangup =
-            reloader.clone().map(|reloader| tokio::spawn(reload_on_hangup(reloader, hangups)));
+        let sampling = self.sampling;
+        let hangup = reloader
+            .clone()
+            .map(|reloader| tokio::spawn(reload_on_hangup(reloader, hangups, sampling)));
         // The admin listener stops with the public one: on the shutdown
         // signal, or when the public server ends (the sender is dropped).
         let (stop, stopped) = tokio::sync::watch::channel(());
         let limits = self.limits;
-        let sampling = self.sampling;
         let admin = self.admin.map(|admin| {
             let mut stopped = stopped.clone();
             let mut router = admin::router(admin.state.with_reloader(reloader));
@@ -476,7 +480,10 @@ impl Application {
                 let shutdown = async move {
                     let _ = stopped.changed().await;
                 };
-                let served = adapter_envoy_rls::serve(rls.listener, rls.switch, shutdown);
+                let tracing = sampling
+                    .map(|sampling| Arc::new(sampling) as Arc<dyn adapter_envoy_rls::CallTracing>);
+                let served =
+                    adapter_envoy_rls::serve_traced(rls.listener, rls.switch, tracing, shutdown);
                 if let Err(error) = served.await {
                     tracing::error!(%error, "the envoy rls listener stopped");
                 }
@@ -583,7 +590,11 @@ pub fn metrics_handle() -> Result<PrometheusHandle, BootstrapError> {
 
 /// Reloads on every SIGHUP, one at a time, for as long as the server runs,
 /// and once for those `hangups` caught before it ran.
-async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
+async fn reload_on_hangup(
+    reloader: Reloader,
+    hangups: Option<Hangups>,
+    sampling: Option<telemetry::Sampling>,
+) {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
@@ -595,13 +606,13 @@ async fn reload_on_hangup(reloader: Reloader, hangups: Option<Hangups>) {
         let caught = hangups.and_then(|hangups| hangups.caught.flag);
         if caught.is_some_and(|caught| caught.swap(false, std::sync::atomic::Ordering::SeqCst)) {
             tracing::info!("SIGHUP received during start-up; reloading the configuration");
-            reloader.reload().await;
+            reloader.reload_on_signal(sampling).await;
         }
         while signal.recv().await.is_some() {
             tracing::info!("SIGHUP received; reloading the configuration");
-            reloader.reload().await;
+            reloader.reload_on_signal(sampling).await;
         }
     }
     #[cfg(not(unix))]
-    drop((reloader, hangups));
+    drop((reloader, hangups, sampling));
 }

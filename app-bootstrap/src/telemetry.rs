@@ -12,14 +12,19 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use opentelemetry::propagation::TextMapPropagator;
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use opentelemetry::propagation::{Extractor, TextMapPropagator};
 use opentelemetry::trace::{TraceContextExt, TracerProvider as _};
+use opentelemetry_http::HeaderExtractor;
+use opentelemetry_http::hyper::HyperClient;
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -28,6 +33,7 @@ use opentelemetry_sdk::runtime::Tokio;
 use opentelemetry_sdk::trace::span_processor_with_async_runtime::BatchSpanProcessor;
 use opentelemetry_sdk::trace::{
     BatchConfigBuilder, Sampler, SdkTracer, SdkTracerProvider, SpanData, SpanExporter,
+    SpanProcessor,
 };
 use tracing::{Instrument, Subscriber};
 use tracing_opentelemetry::{OpenTelemetryLayer, OpenTelemetrySpanExt};
@@ -36,17 +42,22 @@ use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
 use crate::config::OtlpConfig;
+use crate::config::validate::export_header_problems;
 use crate::error::BootstrapError;
 
 /// Counter of span batches the collector did not take (unreachable,
 /// refused, timed out). Their spans are lost; requests are not affected.
 pub const TRACE_EXPORT_FAILURES_TOTAL: &str =
     adapter_web::metric_name!("trace_export_failures_total");
+/// Counter of finished spans dropped before export because the queue
+/// (`OTEL_BSP_MAX_QUEUE_SIZE` spans) was full: the collector takes spans
+/// slower than the traffic makes them.
+pub const TRACE_SPANS_DROPPED_TOTAL: &str = adapter_web::metric_name!("trace_spans_dropped_total");
 
 /// The path OTLP/HTTP takes traces at, below the configured endpoint.
 const TRACES_PATH: &str = "/v1/traces";
-/// At most one "export failed" log line per this long.
-const FAILURE_LOG_EVERY: Duration = Duration::from_secs(60);
+/// At most one "export failed" (or "spans dropped") log line per this long.
+const LOG_AT_MOST_EVERY: Duration = Duration::from_secs(60);
 /// The name of the tracer (the instrumentation scope) of every span.
 const SCOPE: &str = "ca-skeleton";
 /// The SDK's batch variables it takes as given: a zero queue panics the
@@ -58,6 +69,46 @@ const NONZERO_BATCH_VARIABLES: [&str; 4] = [
     "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
     "OTEL_BSP_SCHEDULE_DELAY",
 ];
+/// The queue's size when `OTEL_BSP_MAX_QUEUE_SIZE` is unset (the SDK's
+/// default, which the processor is then given explicitly).
+const DEFAULT_MAX_QUEUE_SIZE: usize = 2048;
+/// The variables the OTLP exporter adds export headers from: the traces
+/// one when it is set, else the general one (never both).
+const HEADER_VARIABLES: [&str; 2] =
+    ["OTEL_EXPORTER_OTLP_TRACES_HEADERS", "OTEL_EXPORTER_OTLP_HEADERS"];
+/// SDK variables this build obeys (docs/operations.md, "Traces"): those
+/// set are named at start, never with their values (a header may hold a
+/// key).
+const OBEYED_VARIABLES: [&str; 10] = [
+    "OTEL_BSP_SCHEDULE_DELAY",
+    "OTEL_BSP_MAX_QUEUE_SIZE",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
+    "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
+    "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+    "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_RESOURCE_ATTRIBUTES",
+    "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
+    "OTEL_SPAN_EVENT_COUNT_LIMIT",
+    "OTEL_SPAN_LINK_COUNT_LIMIT",
+];
+/// SDK variables this build does not obey, each with what decides
+/// instead: the configuration sets the value, so the SDK never reads the
+/// variable (or the feature is not built). One set is named in a warning
+/// at start, so an operator does not wonder why it has no effect.
+const OVERRIDDEN_VARIABLES: [(&str, &str); 12] = [
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "telemetry.otlp.endpoint"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "telemetry.otlp.endpoint"),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "telemetry.otlp.timeout"),
+    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "telemetry.otlp.timeout"),
+    ("OTEL_BSP_EXPORT_TIMEOUT", "telemetry.otlp.timeout"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "always http/protobuf"),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "always http/protobuf"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "no compression is built in"),
+    ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "no compression is built in"),
+    ("OTEL_SERVICE_NAME", "telemetry.otlp.service-name"),
+    ("OTEL_TRACES_SAMPLER", "telemetry.otlp.sample-ratio"),
+    ("OTEL_TRACES_SAMPLER_ARG", "telemetry.otlp.sample-ratio"),
+];
 
 /// The variables of [`NONZERO_BATCH_VARIABLES`] that `lookup` sets to a
 /// number the SDK reads as zero (`0`, `00`, `+0`).
@@ -68,10 +119,127 @@ fn zeroed_batch_variables(lookup: impl Fn(&str) -> Option<String>) -> Vec<&'stat
         .collect()
 }
 
+/// The queue size the SDK would read from `OTEL_BSP_MAX_QUEUE_SIZE` (an
+/// unreadable value is ignored, as the SDK ignores it).
+fn max_queue_size(lookup: impl Fn(&str) -> Option<String>) -> usize {
+    lookup("OTEL_BSP_MAX_QUEUE_SIZE")
+        .and_then(|value| value.parse::<usize>().ok())
+        .filter(|size| *size > 0)
+        .unwrap_or(DEFAULT_MAX_QUEUE_SIZE)
+}
+
+/// What is wrong with the export headers the SDK would add from
+/// [`HEADER_VARIABLES`], checked by the rules of `telemetry.otlp.headers`,
+/// each problem naming the variable: an entry that is not `name=value`
+/// (the SDK would skip it without a word), a bad name or value, two names
+/// that differ only in case, a name `configured` already has (which one
+/// wins would not be obvious). A value is never quoted.
+fn header_variable_problems(
+    lookup: impl Fn(&str) -> Option<String>,
+    configured: &[&str],
+) -> Vec<String> {
+    // The SDK reads the first variable that is set, even when it is empty.
+    let Some((variable, text)) =
+        HEADER_VARIABLES.into_iter().find_map(|name| Some((name, lookup(name)?)))
+    else {
+        return Vec::new();
+    };
+    let mut problems = Vec::new();
+    let mut seen: Vec<String> = configured.iter().map(|name| name.to_ascii_lowercase()).collect();
+    // The SDK's reading: comma-separated `name=value`, each trimmed, the
+    // value percent-decoded.
+    for (at, entry) in text.split_terminator(',').map(str::trim).enumerate() {
+        let entry_number = at + 1;
+        let Some((name, value)) =
+            entry.split_once('=').map(|(name, value)| (name.trim(), value.trim()))
+        else {
+            problems.push(format!("{variable}: entry {entry_number} is not name=value"));
+            continue;
+        };
+        if name.is_empty() || value.is_empty() {
+            problems.push(format!("{variable}: entry {entry_number} has an empty name or value"));
+            continue;
+        }
+        let value = percent_decoded(value).unwrap_or_else(|| value.as_bytes().to_vec());
+        let value = String::from_utf8_lossy(&value);
+        for problem in export_header_problems(name, &value) {
+            problems.push(format!("{variable}: header {name:?} {problem}"));
+        }
+        let lower = name.to_ascii_lowercase();
+        if seen.contains(&lower) {
+            problems.push(format!(
+                "{variable}: header {name:?} is already set (by telemetry.otlp.headers or earlier \
+                 in the variable; header names ignore case)"
+            ));
+        } else {
+            seen.push(lower);
+        }
+    }
+    problems
+}
+
+/// `value` with each `%XX` decoded, as the SDK decodes a header value;
+/// `None` when an escape is malformed (the SDK then keeps the raw value).
+fn percent_decoded(value: &str) -> Option<Vec<u8>> {
+    let mut bytes = value.bytes();
+    let mut decoded = Vec::with_capacity(value.len());
+    while let Some(byte) = bytes.next() {
+        if byte == b'%' {
+            let digits = [bytes.next()?, bytes.next()?];
+            let digits = std::str::from_utf8(&digits).ok()?;
+            decoded.push(u8::from_str_radix(digits, 16).ok()?);
+        } else {
+            decoded.push(byte);
+        }
+    }
+    Some(decoded)
+}
+
+/// The SDK variables that are set but not obeyed, each with what decides
+/// instead.
+fn overridden_variables(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Vec<(&'static str, &'static str)> {
+    OVERRIDDEN_VARIABLES.into_iter().filter(|(name, _)| lookup(name).is_some()).collect()
+}
+
+/// The exporter's HTTP client: hyper, with rustls for an `https` endpoint
+/// (ring for the crypto, no OpenSSL) trusting the OS's root store as
+/// rustls-native-certs reads it (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace
+/// it, so a private collector's CA can be named); plain TCP for `http`.
+fn http_client(
+    endpoint: &axum::http::Uri,
+    timeout: Duration,
+) -> Result<HyperClient<HttpsConnector<HttpConnector>>, BootstrapError> {
+    let provider = rustls::crypto::ring::default_provider();
+    let builder = HttpsConnectorBuilder::new();
+    let builder = if endpoint.scheme() == Some(&axum::http::uri::Scheme::HTTPS) {
+        builder.with_provider_and_native_roots(provider).map_err(|error| {
+            BootstrapError::Wiring {
+                component: "the OTLP exporter's TLS roots (the OS store, or SSL_CERT_FILE)",
+                reason: error.to_string(),
+            }
+        })?
+    } else {
+        // An http endpoint never starts TLS: no root is ever consulted.
+        let config = rustls::ClientConfig::builder_with_provider(provider.into())
+            .with_safe_default_protocol_versions()
+            .map_err(|error| BootstrapError::Wiring {
+                component: "the OTLP exporter's HTTP client",
+                reason: error.to_string(),
+            })?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth();
+        builder.with_tls_config(config)
+    };
+    Ok(HyperClient::new(builder.https_or_http().enable_http1().build(), timeout, None))
+}
+
 /// The running trace pipeline; [`Tracing::shutdown`] flushes it.
 #[derive(Debug, Clone)]
 pub struct Tracing {
     provider: SdkTracerProvider,
+    queue: Arc<Queue>,
 }
 
 impl Tracing {
@@ -80,13 +248,27 @@ impl Tracing {
     /// runs on it.
     pub fn start(otlp: &OtlpConfig) -> Result<Option<Self>, BootstrapError> {
         let Some(endpoint) = &otlp.endpoint else { return Ok(None) };
-        let zeroed = zeroed_batch_variables(|name| std::env::var(name).ok());
+        let lookup = |name: &str| std::env::var(name).ok();
+        let zeroed = zeroed_batch_variables(lookup);
         if !zeroed.is_empty() {
             return Err(BootstrapError::Wiring {
                 component: "the OTLP batch span processor",
                 reason: format!("{} must be more than 0 (or unset)", zeroed.join(", ")),
             });
         }
+        let configured: Vec<&str> = otlp.headers.keys().map(String::as_str).collect();
+        let problems = header_variable_problems(lookup, &configured);
+        if !problems.is_empty() {
+            return Err(BootstrapError::Wiring {
+                component: "the OTLP export headers",
+                reason: problems.join("; "),
+            });
+        }
+        let url = format!("{}{TRACES_PATH}", endpoint.trim_end_matches('/'));
+        let uri = url.parse::<axum::http::Uri>().map_err(|_| BootstrapError::Wiring {
+            component: "the OTLP span exporter",
+            reason: "telemetry.otlp.endpoint is not a URL".to_owned(),
+        })?;
         let headers: HashMap<String, String> = otlp
             .headers
             .iter()
@@ -94,8 +276,9 @@ impl Tracing {
             .collect();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
+            .with_http_client(http_client(&uri, otlp.timeout)?)
             .with_protocol(Protocol::HttpBinary)
-            .with_endpoint(format!("{}{TRACES_PATH}", endpoint.trim_end_matches('/')))
+            .with_endpoint(url)
             .with_timeout(otlp.timeout)
             .with_headers(headers)
             .build()
@@ -103,14 +286,17 @@ impl Tracing {
                 component: "the OTLP span exporter",
                 reason: error.to_string(),
             })?;
+        let queue = Arc::new(Queue::new(max_queue_size(lookup)));
         // The processor's own export deadline sits past the client's, so a
         // slow collector fails in the client and is counted.
         let batch = BatchConfigBuilder::default()
+            .with_max_queue_size(queue.capacity)
             .with_max_export_timeout(otlp.timeout + Duration::from_secs(1))
             .build();
-        let processor = BatchSpanProcessor::builder(Counted::new(exporter), Tokio)
-            .with_batch_config(batch)
-            .build();
+        let exporter = Counted::new(exporter, Arc::clone(&queue));
+        let processor =
+            BatchSpanProcessor::builder(exporter, Tokio).with_batch_config(batch).build();
+        let processor = Bounded { inner: processor, queue: Arc::clone(&queue) };
         // The ratio is applied at the edge, before any span is made
         // ([`Sampling`]); what reaches the SDK is kept, except under a
         // caller's span that is not sampled.
@@ -120,7 +306,31 @@ impl Tracing {
             .with_sampler(sampler)
             .with_resource(Resource::builder().with_service_name(otlp.service_name.clone()).build())
             .build();
-        Ok(Some(Self { provider }))
+        Ok(Some(Self { provider, queue }))
+    }
+
+    /// Logs the SDK variables that are set: those obeyed by name (never a
+    /// value), each of those not obeyed with what decides instead. Call it
+    /// once logging is installed (after [`Tracing::start`], whose layer it
+    /// needs).
+    pub fn log_variables(&self) {
+        let lookup = |name: &str| std::env::var_os(name).map(|_| String::new());
+        let obeyed: Vec<&str> =
+            OBEYED_VARIABLES.into_iter().filter(|name| lookup(name).is_some()).collect();
+        if !obeyed.is_empty() {
+            tracing::info!(variables = ?obeyed, "OpenTelemetry variables in effect");
+        }
+        for (variable, instead) in overridden_variables(lookup) {
+            tracing::warn!(variable, instead, "an OpenTelemetry variable is set but not obeyed");
+        }
+    }
+
+    /// Registers the pipeline's counters at 0, so `/metrics` shows them
+    /// before the first failure or drop. Call it once the metrics recorder
+    /// is installed.
+    pub(crate) fn register_metrics(&self) {
+        metrics::counter!(TRACE_EXPORT_FAILURES_TOTAL).increment(0);
+        metrics::counter!(TRACE_SPANS_DROPPED_TOTAL).increment(0);
     }
 
     /// The `tracing` layer that turns spans into OpenTelemetry spans of
@@ -142,8 +352,9 @@ impl Tracing {
     /// most `budget` (what is left of the shutdown grace). The SDK blocks
     /// while it flushes, so that runs off the runtime's workers.
     pub async fn shutdown(self, budget: Duration) {
-        let provider = self.provider;
-        let flush = tokio::task::spawn_blocking(move || drain_then_shut_down(&provider, budget));
+        let (provider, queue) = (self.provider, self.queue);
+        let flush =
+            tokio::task::spawn_blocking(move || drain_then_shut_down(&provider, &queue, budget));
         match tokio::time::timeout(budget, flush).await {
             Ok(Ok(Ok(()))) => tracing::debug!("pending spans flushed"),
             Ok(Ok(Err(error))) => tracing::warn!(%error, "pending spans not flushed"),
@@ -155,52 +366,156 @@ impl Tracing {
     }
 }
 
-/// How long to wait before asking a full queue again to flush.
+/// How long to wait before looking again whether a full queue has room
+/// for the flush.
 const FULL_QUEUE_RETRY: Duration = Duration::from_millis(20);
 
 /// Flushes, then shuts `provider` down, within `budget`. The SDK's batch
 /// processor takes its flush and shutdown messages on the span queue
 /// itself, with `try_send`: on a full queue (a slow collector) a plain
 /// shutdown fails at once and drops every pending span. So the flush is
-/// asked again while the queue is full, which the processor drains at the
-/// collector's pace, until it fits or the budget is spent. Blocking.
-fn drain_then_shut_down(provider: &SdkTracerProvider, budget: Duration) -> OTelSdkResult {
+/// asked only once [`Queue`] (which counts what the SDK's queue holds) has
+/// room, which the processor makes at the collector's pace, or the budget
+/// is spent. Blocking.
+fn drain_then_shut_down(
+    provider: &SdkTracerProvider,
+    queue: &Queue,
+    budget: Duration,
+) -> OTelSdkResult {
     let deadline = Instant::now() + budget;
     loop {
-        match provider.force_flush() {
-            // The SDK reports a full queue only in its error's text.
-            Err(error)
-                if error.to_string().contains("channel is full")
-                    && Instant::now() + FULL_QUEUE_RETRY < deadline =>
-            {
-                std::thread::sleep(FULL_QUEUE_RETRY);
-            }
-            // Flushed, or an export failed (counted): the shutdown says.
-            Ok(()) | Err(_) => break,
+        // A failure with room in the queue is not "full" (the pipeline is
+        // closed, or an export failed and was counted): the shutdown says.
+        if !queue.is_full() && (provider.force_flush().is_ok() || !queue.is_full()) {
+            break;
         }
+        if Instant::now() + FULL_QUEUE_RETRY >= deadline {
+            break;
+        }
+        std::thread::sleep(FULL_QUEUE_RETRY);
     }
     provider.shutdown_with_timeout(deadline.saturating_duration_since(Instant::now()))
 }
 
+/// A warning that is logged at most once per [`LOG_AT_MOST_EVERY`] (a
+/// collector that is down fails every few seconds).
+#[derive(Debug, Default)]
+struct Throttled(Mutex<Option<Instant>>);
+
+impl Throttled {
+    /// Whether a line may be logged now (and then not for a while).
+    fn due(&self) -> bool {
+        let now = Instant::now();
+        let mut last = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let due = last.is_none_or(|at| now.duration_since(at) >= LOG_AT_MOST_EVERY);
+        if due {
+            *last = Some(now);
+        }
+        due
+    }
+}
+
+/// The spans finished and not yet handed to the exporter, against the
+/// capacity of the SDK's queue. The SDK drops a span that does not fit
+/// without a count anyone can read (its own is private and logged only at
+/// shutdown), so [`Bounded`] drops it first, here, counted and logged.
+#[derive(Debug)]
+struct Queue {
+    queued: AtomicUsize,
+    capacity: usize,
+    drop_logged: Throttled,
+}
+
+impl Queue {
+    fn new(capacity: usize) -> Self {
+        Self { queued: AtomicUsize::new(0), capacity, drop_logged: Throttled::default() }
+    }
+
+    /// Takes a place for one span; `false` when the queue is full.
+    fn admit(&self) -> bool {
+        self.queued
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+                (queued < self.capacity).then_some(queued + 1)
+            })
+            .is_ok()
+    }
+
+    /// `spans` left the queue for the exporter.
+    fn release(&self, spans: usize) {
+        let _ = self.queued.fetch_update(Ordering::AcqRel, Ordering::Acquire, |queued| {
+            Some(queued.saturating_sub(spans))
+        });
+    }
+
+    fn is_full(&self) -> bool {
+        self.queued.load(Ordering::Acquire) >= self.capacity
+    }
+
+    fn dropped(&self) {
+        metrics::counter!(TRACE_SPANS_DROPPED_TOTAL).increment(1);
+        if self.drop_logged.due() {
+            tracing::warn!(
+                capacity = self.capacity,
+                "the span queue is full; finished spans are dropped (counted in \
+                 {TRACE_SPANS_DROPPED_TOTAL}, logged at most once a minute)"
+            );
+        }
+    }
+}
+
+/// The SDK's batch processor behind [`Queue`]: a sampled span that would
+/// not fit is dropped here, counted; the rest go on to the SDK, whose
+/// queue (of the same capacity) then always has room for them.
+#[derive(Debug)]
+struct Bounded<P> {
+    inner: P,
+    queue: Arc<Queue>,
+}
+
+impl<P: SpanProcessor> SpanProcessor for Bounded<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.inner.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        // The SDK ignores an unsampled span; only a sampled one is queued.
+        if !span.span_context.is_sampled() || self.queue.admit() {
+            self.inner.on_end(span);
+        } else {
+            self.queue.dropped();
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.inner.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.inner.shutdown_with_timeout(timeout)
+    }
+
+    fn set_resource(&mut self, resource: &Resource) {
+        self.inner.set_resource(resource);
+    }
+}
+
 /// The OTLP exporter, with each failed export counted and logged at most
-/// once a minute (a collector that is down fails every few seconds).
+/// once a minute, and each batch taken off [`Queue`]'s count.
 #[derive(Debug)]
 struct Counted<E> {
     inner: E,
-    last_logged: Mutex<Option<Instant>>,
+    queue: Arc<Queue>,
+    failure_logged: Throttled,
 }
 
 impl<E> Counted<E> {
-    fn new(inner: E) -> Self {
-        Self { inner, last_logged: Mutex::new(None) }
+    fn new(inner: E, queue: Arc<Queue>) -> Self {
+        Self { inner, queue, failure_logged: Throttled::default() }
     }
 
     fn failed(&self, spans: usize, error: &dyn fmt::Display) {
         metrics::counter!(TRACE_EXPORT_FAILURES_TOTAL).increment(1);
-        let now = Instant::now();
-        let mut last = self.last_logged.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if last.is_none_or(|at| now.duration_since(at) >= FAILURE_LOG_EVERY) {
-            *last = Some(now);
+        if self.failure_logged.due() {
             tracing::warn!(
                 %error, spans,
                 "trace export failed; spans are dropped (counted in {TRACE_EXPORT_FAILURES_TOTAL}, \
@@ -213,6 +528,8 @@ impl<E> Counted<E> {
 impl<E: SpanExporter> SpanExporter for Counted<E> {
     async fn export(&self, batch: Vec<SpanData>) -> OTelSdkResult {
         let spans = batch.len();
+        // Out of the queue from now, whatever the export does.
+        self.queue.release(spans);
         let result = self.inner.export(batch).await;
         if let Err(error) = &result {
             self.failed(spans, error);
@@ -260,15 +577,83 @@ impl Sampling {
     /// The caller's context when the request is traced, `None` when not.
     fn traced(self, headers: &axum::http::HeaderMap) -> Option<opentelemetry::Context> {
         if headers.contains_key("traceparent") {
-            let parent = TraceContextPropagator::new()
-                .extract(&opentelemetry_http::HeaderExtractor(headers));
+            let parent = TraceContextPropagator::new().extract(&CallerHeaders::new(headers));
             let ids = parent.span().span_context().clone();
             if ids.is_valid() {
                 return ids.is_sampled().then_some(parent);
             }
         }
-        let kept = self.ratio >= 1.0 || (self.ratio > 0.0 && rand::random::<f64>() < self.ratio);
-        kept.then(opentelemetry::Context::new)
+        self.keeps_new_trace().then(opentelemetry::Context::new)
+    }
+
+    /// Whether a trace that no caller started is kept (the ratio's draw).
+    pub(crate) fn keeps_new_trace(self) -> bool {
+        self.ratio >= 1.0 || (self.ratio > 0.0 && rand::random::<f64>() < self.ratio)
+    }
+
+    /// The span `make` builds, joined to the caller's trace that `headers`
+    /// name; `None`, and no span made at all, when the call is not traced.
+    pub(crate) fn span_for(
+        self,
+        headers: &axum::http::HeaderMap,
+        make: impl FnOnce() -> tracing::Span,
+    ) -> Option<tracing::Span> {
+        let parent = self.traced(headers)?;
+        let span = make();
+        if parent.span().span_context().is_valid() {
+            // Fails only when no OpenTelemetry layer is installed (a test's
+            // in-process server): the span then has no trace to join anyway.
+            let _ = span.set_parent(parent);
+        }
+        Some(span)
+    }
+}
+
+/// The Envoy front end's calls: the adapter makes the span, this decides
+/// whether there is one and joins it to the caller's trace (from the
+/// call's gRPC metadata, which are HTTP/2 headers).
+impl adapter_envoy_rls::CallTracing for Sampling {
+    fn call_span(
+        &self,
+        headers: &axum::http::HeaderMap,
+        make: &dyn Fn() -> tracing::Span,
+    ) -> Option<tracing::Span> {
+        self.span_for(headers, make)
+    }
+}
+
+/// A request's headers as the W3C propagator reads them, with its
+/// `tracestate` lines combined into one list in their order (W3C Trace
+/// Context: several `tracestate` headers are one list, as HTTP combines
+/// any list header); the SDK's extractor reads only the first line.
+struct CallerHeaders<'a> {
+    headers: HeaderExtractor<'a>,
+    tracestate: Option<String>,
+}
+
+impl<'a> CallerHeaders<'a> {
+    fn new(headers: &'a axum::http::HeaderMap) -> Self {
+        let headers = HeaderExtractor(headers);
+        let tracestate =
+            headers.get_all("tracestate").filter(|lines| lines.len() > 1).map(|lines| {
+                let lines: Vec<&str> =
+                    lines.into_iter().map(str::trim).filter(|line| !line.is_empty()).collect();
+                lines.join(",")
+            });
+        Self { headers, tracestate }
+    }
+}
+
+impl Extractor for CallerHeaders<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        match &self.tracestate {
+            Some(combined) if key.eq_ignore_ascii_case("tracestate") => Some(combined),
+            _ => self.headers.get(key),
+        }
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.headers.keys()
     }
 }
 
@@ -299,41 +684,39 @@ async fn request_span(
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(parent) = sampling.traced(request.headers()) else {
+    // Built only for a traced request: an untraced one costs no string.
+    let make = || {
+        let (method, in_name) = span_method(request.method());
+        let route = request.extensions().get::<MatchedPath>().map(MatchedPath::as_str);
+        let name = match route {
+            Some(route) => format!("{in_name} {route}"),
+            None => in_name.to_owned(),
+        };
+        let route = route.unwrap_or_default();
+        match listener {
+            Listener::Public => tracing::info_span!(
+                "http.request",
+                otel.name = name,
+                otel.kind = "server",
+                http.request.method = method,
+                http.route = route,
+                http.response.status_code = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+            ),
+            Listener::Admin => tracing::info_span!(
+                "admin.request",
+                otel.name = name,
+                otel.kind = "server",
+                http.request.method = method,
+                http.route = route,
+                http.response.status_code = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+            ),
+        }
+    };
+    let Some(span) = sampling.span_for(request.headers(), make) else {
         return next.run(request).await;
     };
-    let (method, in_name) = span_method(request.method());
-    let route = request.extensions().get::<MatchedPath>().map(|path| path.as_str().to_owned());
-    let name = match &route {
-        Some(route) => format!("{in_name} {route}"),
-        None => in_name.to_owned(),
-    };
-    let route = route.as_deref().unwrap_or_default();
-    let span = match listener {
-        Listener::Public => tracing::info_span!(
-            "http.request",
-            otel.name = name,
-            otel.kind = "server",
-            http.request.method = method,
-            http.route = route,
-            http.response.status_code = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        ),
-        Listener::Admin => tracing::info_span!(
-            "admin.request",
-            otel.name = name,
-            otel.kind = "server",
-            http.request.method = method,
-            http.route = route,
-            http.response.status_code = tracing::field::Empty,
-            otel.status_code = tracing::field::Empty,
-        ),
-    };
-    if parent.span().span_context().is_valid() {
-        // Fails only when no OpenTelemetry layer is installed (a test's
-        // in-process server): the span then has no trace to join anyway.
-        let _ = span.set_parent(parent);
-    }
     let response = next.run(request).instrument(span.clone()).await;
     let status = response.status();
     // Signed: the OpenTelemetry layer turns an unsigned value into text.
@@ -408,7 +791,92 @@ where
 
 #[cfg(test)]
 mod tests {
-    use super::zeroed_batch_variables;
+    use opentelemetry::propagation::{Extractor, TextMapPropagator};
+    use opentelemetry::trace::TraceContextExt;
+    use opentelemetry_sdk::propagation::TraceContextPropagator;
+
+    use super::{
+        CallerHeaders, Queue, header_variable_problems, max_queue_size, percent_decoded,
+        zeroed_batch_variables,
+    };
+
+    fn only(name: &'static str, value: &'static str) -> impl Fn(&str) -> Option<String> {
+        move |asked: &str| (asked == name).then(|| value.to_owned())
+    }
+
+    #[test]
+    fn the_header_variable_is_held_to_the_rules_of_the_configured_headers() {
+        const GENERAL: &str = "OTEL_EXPORTER_OTLP_HEADERS";
+        let good = only(GENERAL, " x-team = blue , api-key=a%20b%3Dc ");
+        assert!(header_variable_problems(good, &[]).is_empty());
+        let bad = only(GENERAL, "novalue,=v,Host=h,x-a=1,X-A=2,x-b=%0A,x-c=caf\u{e9}");
+        let problems = header_variable_problems(bad, &[]);
+        assert_eq!(problems.len(), 6, "{problems:#?}");
+        assert!(problems.iter().all(|problem| problem.starts_with(GENERAL)), "{problems:#?}");
+        for named in ["entry 1 ", "entry 2 ", "\"Host\"", "\"X-A\"", "\"x-b\"", "\"x-c\""] {
+            assert!(
+                problems.iter().any(|problem| problem.contains(named)),
+                "{named}: {problems:#?}"
+            );
+        }
+        // A name the configuration has: which one wins would be a guess.
+        let twin = header_variable_problems(only(GENERAL, "X-Key=1"), &["x-key"]);
+        assert_eq!(twin.len(), 1, "{twin:#?}");
+    }
+
+    #[test]
+    fn the_traces_header_variable_wins_as_in_the_sdk_even_when_empty() {
+        let lookup = |name: &str| match name {
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS" => Some(String::new()),
+            "OTEL_EXPORTER_OTLP_HEADERS" => Some("host=h".to_owned()),
+            _ => None,
+        };
+        assert!(header_variable_problems(lookup, &[]).is_empty());
+        let traces = only("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "te=x");
+        let problems = header_variable_problems(traces, &[]);
+        assert!(problems[0].starts_with("OTEL_EXPORTER_OTLP_TRACES_HEADERS"), "{problems:#?}");
+    }
+
+    #[test]
+    fn percent_escapes_decode_like_the_sdk() {
+        assert_eq!(percent_decoded("a%20b%2c").as_deref(), Some(&b"a b,"[..]));
+        assert_eq!(percent_decoded("100%"), None);
+        assert_eq!(percent_decoded("%zz"), None);
+    }
+
+    #[test]
+    fn several_tracestate_lines_are_one_list_in_order() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.insert(
+            "traceparent",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".parse().unwrap(),
+        );
+        headers.append("tracestate", "a=1".parse().unwrap());
+        headers.append("tracestate", " ".parse().unwrap());
+        headers.append("tracestate", "b=2,c=3".parse().unwrap());
+        let caller = CallerHeaders::new(&headers);
+        assert_eq!(caller.get("TraceState"), Some("a=1,b=2,c=3"));
+        let context = TraceContextPropagator::new().extract(&caller);
+        assert_eq!(context.span().span_context().trace_state().header(), "a=1,b=2,c=3");
+        // One line is read as it is.
+        headers.remove("tracestate");
+        headers.insert("tracestate", "a=1".parse().unwrap());
+        assert_eq!(CallerHeaders::new(&headers).get("tracestate"), Some("a=1"));
+    }
+
+    #[test]
+    fn the_queue_admits_up_to_its_capacity_and_frees_what_is_exported() {
+        let queue = Queue::new(2);
+        assert!(queue.admit() && queue.admit());
+        assert!(queue.is_full() && !queue.admit());
+        queue.release(1);
+        assert!(!queue.is_full() && queue.admit());
+        queue.release(5);
+        assert!(!queue.is_full());
+        assert_eq!(max_queue_size(|_| None), 2048);
+        assert_eq!(max_queue_size(only("OTEL_BSP_MAX_QUEUE_SIZE", "16")), 16);
+        assert_eq!(max_queue_size(only("OTEL_BSP_MAX_QUEUE_SIZE", "many")), 2048);
+    }
 
     #[test]
     fn a_batch_variable_read_as_zero_is_named_and_others_are_not() {

@@ -30,6 +30,8 @@ const POLICY: &str = "otlp-burst";
 /// The caller's trace and its span, as a W3C `traceparent` names them.
 const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_SPAN_ID: &str = "00f067aa0ba902b7";
+/// A trace a caller did not sample (flags `00`).
+const UNSAMPLED_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 
 /// Every export request the receiver took: the raw body, and decoded.
 #[derive(Debug, Default, Clone)]
@@ -84,9 +86,19 @@ fn receiver() -> (String, Received) {
 /// [`receiver`], answering each export only after `delay` (a slow but
 /// alive collector).
 fn receiver_taking(delay: Duration) -> (String, Received) {
+    spawn_receiver(delay, None)
+}
+
+/// [`receiver`] over TLS with `identity` (an `https://` endpoint).
+fn tls_receiver(identity: &TlsIdentity) -> (String, Received) {
+    spawn_receiver(Duration::ZERO, Some(identity.server_config()))
+}
+
+fn spawn_receiver(delay: Duration, tls: Option<Arc<rustls::ServerConfig>>) -> (String, Received) {
     let received = Received::default();
     let state = received.clone();
     let (bound, address) = std::sync::mpsc::channel();
+    let scheme = if tls.is_some() { "https" } else { "http" };
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async move {
@@ -102,10 +114,64 @@ fn receiver_taking(delay: Duration) -> (String, Received) {
                     }),
                 )
                 .with_state(state);
-            axum::serve(listener, app).await.unwrap();
+            let Some(tls) = tls else {
+                axum::serve(listener, app).await.unwrap();
+                return;
+            };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    // A client that does not trust the certificate ends here.
+                    let Ok(stream) = acceptor.accept(tcp).await else { return };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(io, service)
+                        .await;
+                });
+            }
         });
     });
-    (format!("http://{}", address.recv().unwrap()), received)
+    (format!("{scheme}://{}", address.recv().unwrap()), received)
+}
+
+/// A self-signed certificate for 127.0.0.1 and localhost, its key, and
+/// its PEM in a file (what `SSL_CERT_FILE` names for the binary).
+struct TlsIdentity {
+    certificate: rcgen::CertifiedKey<rcgen::KeyPair>,
+    _dir: tempfile::TempDir,
+    pem_file: std::path::PathBuf,
+}
+
+impl TlsIdentity {
+    fn new() -> Self {
+        let names = vec!["127.0.0.1".to_owned(), "localhost".to_owned()];
+        let certificate = rcgen::generate_simple_self_signed(names).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let pem_file = dir.path().join("collector-ca.pem");
+        std::fs::write(&pem_file, certificate.cert.pem()).unwrap();
+        Self { certificate, _dir: dir, pem_file }
+    }
+
+    fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let key = rustls::pki_types::PrivateKeyDer::Pkcs8(
+            self.certificate.signing_key.serialize_der().into(),
+        );
+        let config = rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![self.certificate.cert.der().clone()], key)
+            .unwrap();
+        Arc::new(config)
+    }
+
+    fn pem_file(&self) -> &str {
+        self.pem_file.to_str().unwrap()
+    }
 }
 
 fn config(provider: &str, endpoint: &str, extra: &str) -> String {
@@ -149,8 +215,13 @@ fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
 /// `v1:<hex>` of frame("api-key") ‖ frame(key) (docs/ARCHITECTURE.md,
 /// "Pseudonym framing").
 fn api_key_pseudonym(identity: &str) -> String {
+    pseudonym(&["api-key", identity])
+}
+
+/// `v1:<hex>` of the HMAC of `parts`, each a length-framed frame.
+fn pseudonym(parts: &[&str]) -> String {
     let mut message = Vec::new();
-    for part in ["api-key", identity] {
+    for part in parts {
         message.extend(u32::try_from(part.len()).unwrap().to_be_bytes());
         message.extend(part.as_bytes());
     }
@@ -170,7 +241,9 @@ fn two_requests(base: &str) -> Vec<u16> {
                 .get(format!("{base}/api/hello"))
                 .header("x-api-key", API_KEY)
                 .header("traceparent", format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"))
+                // Two lines of one list (W3C): the span carries both.
                 .header("tracestate", "vendor=opaque")
+                .header("tracestate", "other=two")
                 .send()
                 .await
                 .unwrap();
@@ -224,7 +297,7 @@ fn checked_trace(received: &Received) -> (Span, Span, Vec<Span>) {
     let request = trace.remove(at);
     assert_eq!(request.parent_span_id, hex::decode(PARENT_SPAN_ID).unwrap());
     assert_eq!(request.kind, SpanKind::Server as i32);
-    assert_eq!(request.trace_state, "vendor=opaque");
+    assert_eq!(request.trace_state, "vendor=opaque,other=two");
     let attrs = attributes(&request);
     assert_eq!(attrs.get("http.request.method"), Some(&string("GET")), "{attrs:?}");
     assert_eq!(attrs.get("http.route"), Some(&string("/api/hello")), "{attrs:?}");
@@ -250,6 +323,24 @@ fn checked_trace(received: &Received) -> (Span, Span, Vec<Span>) {
     (request, decision, trace)
 }
 
+/// The spans of the caller's trace (`TRACE_ID`).
+fn callers_trace(received: &Received) -> Vec<Span> {
+    let trace_id = hex::decode(TRACE_ID).unwrap();
+    received.spans().into_iter().filter(|span| span.trace_id == trace_id).collect()
+}
+
+/// The span named `name` in `trace`, checked to be a server span and the
+/// child of the caller's span.
+fn server_span_under_the_caller<'a>(trace: &'a [Span], name: &str) -> &'a Span {
+    let span = trace
+        .iter()
+        .find(|span| span.name == name)
+        .unwrap_or_else(|| panic!("no {name} span in the trace: {trace:#?}"));
+    assert_eq!(span.parent_span_id, hex::decode(PARENT_SPAN_ID).unwrap());
+    assert_eq!(span.kind, SpanKind::Server as i32);
+    span
+}
+
 /// Neither the API key nor the client's address, in any form a span could
 /// hold it, is in the bytes the collector received.
 fn assert_no_raw_subject(received: &Received) {
@@ -267,20 +358,30 @@ fn assert_no_raw_subject(received: &Received) {
 fn assert_log_lines_join(serve: &Serve, request: &Span) {
     let logs = serve.logs();
     let span_id = hex::encode(&request.span_id);
-    let joined = logs.iter().filter_map(|line| serde_json::from_str(line).ok()).any(
-        |event: serde_json::Value| {
+    let joined = logs.iter().filter_map(|line| serde_json::from_str(line).ok()).find(
+        |event: &serde_json::Value| {
             event["trace_id"] == TRACE_ID
                 && event["span_id"] == span_id.as_str()
                 && event["fields"]["message"] == "rate-limit decision"
         },
     );
-    assert!(joined, "no log line with trace_id {TRACE_ID} span_id {span_id}: {logs:#?}");
+    let Some(event) = joined else {
+        panic!("no log line with trace_id {TRACE_ID} span_id {span_id}: {logs:#?}")
+    };
+    // The span it was written in, by name and fields, and the spans it runs in.
+    assert_eq!(event["span"]["name"], "http.request", "{event}");
+    assert_eq!(event["span"]["http.route"], "/api/hello", "{event}");
+    assert_eq!(event["span"]["http.request.method"], "GET", "{event}");
+    assert_eq!(event["spans"][0]["name"], "http.request", "{event}");
 }
 
 #[test]
 fn memory_exports_the_request_and_decision_spans_of_the_callers_trace() {
     let (endpoint, received) = receiver();
     let mut serve = Serve::start(&config("memory", &endpoint, ""), "info,adapter_web=trace");
+    // Both counters are shown before anything failed or was dropped.
+    assert_eq!(metric(&serve.base, TRACE_EXPORT_FAILURES_TOTAL), Some(0));
+    assert_eq!(metric(&serve.base, TRACE_SPANS_DROPPED_TOTAL), Some(0));
     assert_eq!(two_requests(&serve.base), [200, 200]);
     stop(&mut serve);
 
@@ -325,7 +426,11 @@ fn redis_exports_the_script_span_under_the_decision_span() {
     assert_log_lines_join(&serve, &request);
 }
 
-fn export_failures(base: &str) -> u64 {
+const TRACE_EXPORT_FAILURES_TOTAL: &str = "ca_skeleton_trace_export_failures_total";
+const TRACE_SPANS_DROPPED_TOTAL: &str = "ca_skeleton_trace_spans_dropped_total";
+
+/// The value of the unlabelled counter `name` on `/metrics`, if shown.
+fn metric(base: &str, name: &str) -> Option<u64> {
     let url = format!("{base}/metrics");
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let body = runtime.block_on(async {
@@ -333,8 +438,12 @@ fn export_failures(base: &str) -> u64 {
         client.get(url).send().await.unwrap().text().await.unwrap()
     });
     body.lines()
-        .find_map(|line| line.strip_prefix("ca_skeleton_trace_export_failures_total "))
-        .map_or(0, |value| value.trim().parse().unwrap())
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .map(|value| value.trim().parse().unwrap())
+}
+
+fn export_failures(base: &str) -> u64 {
+    metric(base, TRACE_EXPORT_FAILURES_TOTAL).unwrap_or(0)
 }
 
 fn wait_for_failures(base: &str, at_least: u64) {
@@ -345,25 +454,67 @@ fn wait_for_failures(base: &str, at_least: u64) {
     }
 }
 
+/// Runs `ca-skeleton serve` with `env` and an OTLP endpoint, expecting it
+/// to stop at start-up; returns its stderr. One that serves instead is
+/// killed after 20 s and fails the test.
+fn start_up_refused(env: &[(&str, &str)]) -> String {
+    start_up_refused_at("http://127.0.0.1:4318", env)
+}
+
+/// [`start_up_refused`] exporting to `endpoint`.
+fn start_up_refused_at(endpoint: &str, env: &[(&str, &str)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("otlp.toml");
+    std::fs::write(&path, config("memory", endpoint, "")).unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
+        .env_clear()
+        .env("RUST_LOG", "warn")
+        .envs(env.iter().copied())
+        .arg("--config")
+        .arg(&path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            child.kill().unwrap();
+            let output = child.wait_with_output().unwrap();
+            panic!("start-up went on: {}", String::from_utf8_lossy(&output.stderr));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(!output.status.success(), "start-up must stop: {stderr}");
+    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    stderr
+}
+
 /// `OTEL_BSP_MAX_QUEUE_SIZE=0` made the SDK panic in the batch processor
 /// (issue 21, D2): start-up now stops naming the variable.
 #[test]
 fn a_zero_batch_queue_from_the_environment_stops_start_up_naming_the_variable() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("otlp.toml");
-    std::fs::write(&path, config("memory", "http://127.0.0.1:4318", "")).unwrap();
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_ca-skeleton"))
-        .env_clear()
-        .env("RUST_LOG", "warn")
-        .env("OTEL_BSP_MAX_QUEUE_SIZE", "0")
-        .arg("--config")
-        .arg(&path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(!output.status.success(), "start-up must stop: {stderr}");
-    assert!(!stderr.contains("panicked"), "no panic: {stderr}");
+    let stderr = start_up_refused(&[("OTEL_BSP_MAX_QUEUE_SIZE", "0")]);
     assert!(stderr.contains("OTEL_BSP_MAX_QUEUE_SIZE"), "names the variable: {stderr}");
+}
+
+/// The SDK adds export headers from `OTEL_EXPORTER_OTLP_HEADERS`; they
+/// went past the checks of `telemetry.otlp.headers` (a framing header, a
+/// line break decoded from `%0A`). They now stop start-up the same way,
+/// naming the variable and the header, never the value.
+#[test]
+fn a_header_variable_breaking_the_header_rules_stops_start_up_naming_it() {
+    let stderr = start_up_refused(&[(
+        "OTEL_EXPORTER_OTLP_HEADERS",
+        "x-team=blue,content-length=5,x-key=secret%0Avalue",
+    )]);
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_HEADERS"), "names the variable: {stderr}");
+    assert!(stderr.contains("\"content-length\""), "names the framing header: {stderr}");
+    assert!(stderr.contains("\"x-key\""), "names the header with a line break: {stderr}");
+    assert!(!stderr.contains("x-team"), "a good header is no problem: {stderr}");
+    assert!(!stderr.contains("secret"), "never the value: {stderr}");
 }
 
 #[test]
@@ -393,34 +544,40 @@ fn an_admin_call_and_the_reload_it_asks_for_have_their_own_spans() {
     let extra = format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n");
     let mut serve = Serve::start(&config("memory", &endpoint, &extra), "info");
     let admin = serve.admin_address();
-    let status = std::thread::spawn(move || {
+    // The caller's trace, sampled; then another that is not.
+    let traceparents = [
+        format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"),
+        format!("00-{UNSAMPLED_TRACE_ID}-b7ad6b7169203331-00"),
+    ];
+    let statuses = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
             let client = reqwest::Client::builder().no_proxy().build().unwrap();
-            let reply = client
-                .post(format!("http://{admin}/admin/reload"))
-                .bearer_auth(TOKEN)
-                .header("traceparent", format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"))
-                .send()
-                .await
-                .unwrap();
-            reply.status().as_u16()
+            let mut statuses = Vec::new();
+            for traceparent in traceparents {
+                let reply = client
+                    .post(format!("http://{admin}/admin/reload"))
+                    .bearer_auth(TOKEN)
+                    .header("traceparent", traceparent)
+                    .send()
+                    .await
+                    .unwrap();
+                statuses.push(reply.status().as_u16());
+            }
+            statuses
         })
     })
     .join()
     .unwrap();
-    assert_eq!(status, 200);
+    assert_eq!(statuses, [200, 200]);
     stop(&mut serve);
+    // The unsampled call's reload follows it: no span, not even a trace
+    // of its own (it was exported as a new root before).
+    let reloads = received.spans().into_iter().filter(|span| span.name == "config.reload").count();
+    assert_eq!(reloads, 1, "only the sampled call's reload: {:#?}", received.spans());
 
-    let trace_id = hex::decode(TRACE_ID).unwrap();
-    let trace: Vec<Span> =
-        received.spans().into_iter().filter(|span| span.trace_id == trace_id).collect();
-    let call = trace
-        .iter()
-        .find(|span| span.name == "POST /admin/reload")
-        .unwrap_or_else(|| panic!("no admin span in the trace: {trace:#?}"));
-    assert_eq!(call.parent_span_id, hex::decode(PARENT_SPAN_ID).unwrap());
-    assert_eq!(call.kind, SpanKind::Server as i32);
+    let trace = callers_trace(&received);
+    let call = server_span_under_the_caller(&trace, "POST /admin/reload");
     assert_eq!(attributes(call).get("http.response.status_code"), Some(&AnyValue::IntValue(200)));
     let reload = trace
         .iter()
@@ -456,14 +613,15 @@ fn requests_with(base: &str, traceparents: &[Option<String>]) -> Vec<u16> {
 fn at_ratio_zero_only_a_sampled_traceparent_is_traced() {
     let (endpoint, received) = receiver();
     let mut serve = Serve::start(&config("memory", &endpoint, "sample-ratio = 0.0\n"), "info");
-    let unsampled_trace = "0af7651916cd43dd8448eb211c80319c";
     let traceparents = [
         None,
-        Some(format!("00-{unsampled_trace}-b7ad6b7169203331-00")),
+        Some(format!("00-{UNSAMPLED_TRACE_ID}-b7ad6b7169203331-00")),
         Some(format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01")),
         None,
     ];
     assert_eq!(requests_with(&serve.base, &traceparents), [200; 4]);
+    // A reload on SIGHUP starts no trace at ratio 0 either.
+    hang_up_and_wait_for_the_reload(&serve);
     stop(&mut serve);
 
     let spans = received.spans();
@@ -472,6 +630,48 @@ fn at_ratio_zero_only_a_sampled_traceparent_is_traced() {
     names.sort_unstable();
     assert_eq!(names, ["GET /api/hello", "rate_limit.decision"], "{spans:#?}");
     assert!(spans.iter().all(|span| span.trace_id == trace_id), "{spans:#?}");
+}
+
+/// SIGHUP, then waits for the reload's result line.
+fn hang_up_and_wait_for_the_reload(serve: &Serve) {
+    let pid = serve.child.id().to_string();
+    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !serve.logs().iter().any(|line| line.contains("configuration reloaded")) {
+        assert!(Instant::now() < deadline, "no reload after SIGHUP: {:#?}", serve.logs());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// At ratio 1, a reload on SIGHUP is a trace of its own. The SDK's
+/// variables: `OTEL_RESOURCE_ATTRIBUTES` is obeyed, an endpoint variable
+/// is not (the key decides) and is named in a warning.
+#[test]
+fn a_reload_on_sighup_is_a_root_span_at_ratio_one() {
+    let (endpoint, received) = receiver();
+    let env = [
+        ("OTEL_RESOURCE_ATTRIBUTES", "deployment.environment.name=otlp-test"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9"),
+    ];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+    hang_up_and_wait_for_the_reload(&serve);
+    stop(&mut serve);
+    let warned = serve.logs().into_iter().any(|line| {
+        line.contains("\"WARN\"")
+            && line.contains("not obeyed")
+            && line.contains("OTEL_EXPORTER_OTLP_ENDPOINT")
+    });
+    assert!(warned, "the endpoint variable is named: {:#?}", serve.logs());
+    let bytes = received.bytes();
+    let attribute = b"otlp-test";
+    assert!(bytes.windows(attribute.len()).any(|window| window == attribute), "resource attribute");
+    let spans = received.spans();
+    let reload = spans
+        .iter()
+        .find(|span| span.name == "config.reload")
+        .unwrap_or_else(|| panic!("no reload span: {spans:#?}"));
+    assert!(reload.parent_span_id.is_empty(), "a root span: {reload:#?}");
+    assert_eq!(attributes(reload).get("result"), Some(&string("unchanged")));
 }
 
 /// Issue 21, D5: a method outside the standard ones is exported as
@@ -526,15 +726,158 @@ fn an_extension_method_is_exported_as_other_and_never_raw() {
 /// keeps exporting until the queue is through (or the grace ends).
 #[test]
 fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
-    let (endpoint, received) = receiver_taking(Duration::from_millis(150));
+    let (endpoint, received) = receiver_taking(Duration::from_millis(300));
     // One span per export, a queue of 4: the queue is full at SIGTERM.
     let env = [("OTEL_BSP_MAX_QUEUE_SIZE", "4"), ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "1")];
     let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
     for round in 0..5 {
         assert_eq!(two_requests(&serve.base), [200, 200], "round {round}");
     }
+    // 20 spans against a queue of 4 and one export every 300 ms: spans
+    // were dropped, counted, and logged once (they went unseen before).
+    let dropped = metric(&serve.base, TRACE_SPANS_DROPPED_TOTAL).unwrap_or(0);
+    assert!(dropped >= 1, "dropped spans are counted; logs: {:#?}", serve.logs());
     stop(&mut serve);
+    let warned: Vec<String> = serve
+        .logs()
+        .into_iter()
+        .filter(|line| line.contains("span queue is full") && line.contains("\"WARN\""))
+        .collect();
+    assert_eq!(warned.len(), 1, "logged once a minute at most: {warned:#?}");
     let exported = received.spans().len();
     // The one in the collector's hands at SIGTERM and the 4 queued.
     assert!(exported >= 5, "only {exported} spans exported; logs: {:#?}", serve.logs());
+}
+
+/// An `https://` endpoint: rustls under the exporter's hyper client,
+/// trusting what `SSL_CERT_FILE` names (it replaces the OS store). It was
+/// refused at start-up (no TLS in the build). A certificate the binary
+/// does not trust gets no span: each export fails and is counted.
+#[test]
+fn an_https_collector_gets_the_spans_and_an_untrusted_one_none() {
+    let collector = TlsIdentity::new();
+    let (endpoint, received) = tls_receiver(&collector);
+    assert!(endpoint.starts_with("https://"));
+    let trusted = [("SSL_CERT_FILE", collector.pem_file())];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &trusted);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    stop(&mut serve);
+    let (request, _decision, _) = checked_trace(&received);
+    assert_eq!(request.name, "GET /api/hello");
+    assert_no_raw_subject(&received);
+
+    let stranger = TlsIdentity::new();
+    let (endpoint, received) = tls_receiver(&collector);
+    let untrusted = [("SSL_CERT_FILE", stranger.pem_file()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &untrusted);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    wait_for_failures(&serve.base, 1);
+    stop(&mut serve);
+    assert!(received.spans().is_empty(), "an untrusted collector got spans");
+}
+
+/// An `https://` endpoint with no root certificate to trust (here
+/// `SSL_CERT_FILE` names a file that does not exist) stops start-up,
+/// naming where the roots come from.
+#[test]
+fn an_https_endpoint_without_roots_stops_start_up() {
+    let missing = [("SSL_CERT_FILE", "/nonexistent/otlp-test-ca.pem")];
+    let stderr = start_up_refused_at("https://127.0.0.1:4318", &missing);
+    assert!(stderr.contains("TLS roots"), "names the roots: {stderr}");
+}
+
+/// The Envoy front end: a `ShouldRateLimit` call with a W3C `traceparent`
+/// in its metadata gets a server span in the caller's trace (gRPC
+/// conventions), and its policy set's decision span under it with the
+/// attributes of the HTTP one; no descriptor value is exported.
+#[test]
+fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+    const DOMAIN: &str = "otlp-edge";
+    const ADDRESS: &str = "10.77.0.9";
+
+    let (endpoint, received) = receiver();
+    let rules = format!(
+        "[envoy-rls]\nlisten = \"127.0.0.1:0\"\n\n[[envoy-rls.rules]]\ndomain = \"{DOMAIN}\"\n\
+         descriptor = [\"remote_address\"]\npolicies = \"{POLICY}\"\n"
+    );
+    let mut serve = Serve::start(&config("memory", &endpoint, &rules), "info");
+    let rls = serve.rls_address();
+    let code = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let mut client =
+                RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+            let entry = Entry { key: "remote_address".to_owned(), value: ADDRESS.to_owned() };
+            let mut call = tonic::Request::new(RateLimitRequest {
+                domain: DOMAIN.to_owned(),
+                descriptors: vec![RateLimitDescriptor {
+                    entries: vec![entry],
+                    ..Default::default()
+                }],
+                hits_addend: 1,
+            });
+            let traceparent = format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01");
+            call.metadata_mut().insert("traceparent", traceparent.parse().unwrap());
+            client.should_rate_limit(call).await.unwrap().into_inner().overall_code
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(code, 1, "OK (envoy's code 1)");
+    stop(&mut serve);
+
+    let trace = callers_trace(&received);
+    let call = server_span_under_the_caller(
+        &trace,
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let attrs = attributes(call);
+    for (key, value) in [
+        ("rpc.system", string("grpc")),
+        ("rpc.service", string("envoy.service.ratelimit.v3.RateLimitService")),
+        ("rpc.method", string("ShouldRateLimit")),
+        ("rpc.grpc.status_code", AnyValue::IntValue(0)),
+    ] {
+        assert_eq!(attrs.get(key), Some(&value), "{key} in {attrs:?}");
+    }
+    let decision = trace
+        .iter()
+        .find(|span| span.name == "rate_limit.decision")
+        .unwrap_or_else(|| panic!("no decision span in the trace: {trace:#?}"));
+    assert_eq!(decision.parent_span_id, call.span_id);
+    let attrs = attributes(decision);
+    for (key, value) in [
+        ("rate_limit.policies", string(POLICY)),
+        ("rate_limit.operation", string(&rule_operation(DOMAIN, "remote_address"))),
+        ("rate_limit.outcome", string("allowed")),
+        ("rate_limit.admitted", AnyValue::BoolValue(true)),
+        ("rate_limit.cached", AnyValue::BoolValue(false)),
+        (
+            "rate_limit.subject",
+            string(&pseudonym(&["descriptor", DOMAIN, "remote_address", ADDRESS])),
+        ),
+    ] {
+        assert_eq!(attrs.get(key), Some(&value), "{key} in {attrs:?}");
+    }
+    let bytes = received.bytes();
+    assert!(
+        !bytes.windows(ADDRESS.len()).any(|window| window == ADDRESS.as_bytes()),
+        "a descriptor value is in the exported bytes"
+    );
+}
+
+/// A rule's operation digest as `rule_operation` documents it: SHA-256 over
+/// `envoy-rls`, the domain and each pattern entry, each length-framed;
+/// the first 128 bits in hex.
+fn rule_operation(domain: &str, entry: &str) -> String {
+    let mut hash = Sha256::new();
+    for part in ["envoy-rls", domain, entry] {
+        hash.update(u32::try_from(part.len()).unwrap().to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    hex::encode(&hash.finalize()[..16])
 }

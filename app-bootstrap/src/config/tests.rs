@@ -1444,6 +1444,10 @@ fn telemetry_otlp_is_off_by_default_and_read_with_secret_headers() {
         let printed = config.to_redacted_toml().unwrap();
         assert!(!printed.contains("hosted-collector-api-key"), "{printed}");
         assert!(printed.contains("[telemetry.otlp]"), "{printed}");
+        // TLS to a hosted collector (rustls).
+        let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"https://collector.example\"\n");
+        let config = load_file(jail, &file).unwrap();
+        assert_eq!(config.telemetry.otlp.endpoint.as_deref(), Some("https://collector.example"));
     });
 }
 
@@ -1562,7 +1566,8 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
             "127.0.0.1:4318",
             "http://collector:4318/?a=b",
             "http://u:p@collector",
-            "https://collector:4318",
+            "https://collector:4318/?token=x",
+            "https://",
         ] {
             let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
             assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");

@@ -188,7 +188,7 @@ fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigP
     }
 }
 
-/// `telemetry.otlp`: an `http` URL with a host (no TLS in this build), a ratio in
+/// `telemetry.otlp`: an `http` or `https` URL with a host, a ratio in
 /// `0..=1`, a service name, a timeout above zero, and headers an HTTP
 /// request can carry (a bad value is named by its key, never shown).
 fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
@@ -215,16 +215,8 @@ fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     for (name, value) in &otlp.headers {
         let path = at("headers").child(name);
         let lower = name.to_ascii_lowercase();
-        if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
-            problems.push(path.clone(), "is not a valid HTTP header name");
-        } else if FRAMING_HEADERS.contains(&lower.as_str()) {
-            problems.push(
-                path.clone(),
-                "is set by the exporter's HTTP client (message framing); it cannot be overridden",
-            );
-        }
-        if !value.expose().bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
-            problems.push(path.clone(), "the value must be visible ASCII (spaces allowed)");
+        for problem in export_header_problems(name, value.expose()) {
+            problems.push(path.clone(), problem);
         }
         if let Some(first) = seen.get(&lower) {
             problems.push(
@@ -240,6 +232,25 @@ fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     }
 }
 
+/// What is wrong with one export header (`telemetry.otlp.headers.<name>`,
+/// or an entry of `OTEL_EXPORTER_OTLP_HEADERS`): a name that is no HTTP
+/// header name or one the client frames the request with, a value that is
+/// not visible ASCII. The value is never quoted (it may be a key).
+pub(crate) fn export_header_problems(name: &str, value: &str) -> Vec<&'static str> {
+    let mut problems = Vec::new();
+    if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+        problems.push("is not a valid HTTP header name");
+    } else if FRAMING_HEADERS.contains(&name.to_ascii_lowercase().as_str()) {
+        problems.push(
+            "is set by the exporter's HTTP client (message framing); it cannot be overridden",
+        );
+    }
+    if !value.bytes().all(|byte| (b' '..=b'~').contains(&byte)) {
+        problems.push("the value must be visible ASCII (spaces allowed)");
+    }
+    problems
+}
+
 /// What is wrong with an OTLP endpoint, if anything. The URL is never
 /// quoted (it may hold a user, a password or a token in its query): only
 /// its scheme is named, like the `redis.urls` messages.
@@ -249,13 +260,10 @@ fn endpoint_problem(endpoint: &str) -> Option<String> {
         Err(error) => return Some(format!("not a URL: {error}")),
     };
     let scheme = uri.scheme_str().unwrap_or("none");
-    let problem = if scheme == "https" {
-        // The exporter's client is hyper's plain connector.
-        "this build has no TLS: use http:// to a collector on the host or network \
-         (an OpenTelemetry Collector forwards over TLS)"
-            .to_owned()
-    } else if scheme != "http" {
-        format!("must be an http:// URL, like \"http://127.0.0.1:4318\" (scheme {scheme:?})")
+    let problem = if scheme != "http" && scheme != "https" {
+        format!(
+            "must be an http:// or https:// URL, like \"http://127.0.0.1:4318\" (scheme {scheme:?})"
+        )
     } else if uri.authority().is_some_and(|authority| authority.as_str().contains('@')) {
         // It is logged at start; a credential goes in a header.
         "must carry no user or password; put a credential in telemetry.otlp.headers".to_owned()
