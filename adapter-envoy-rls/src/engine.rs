@@ -131,6 +131,14 @@ impl RlsEngine {
         self.port.as_ref()
     }
 
+    /// How long a call may take: the evaluation budget, or the call's
+    /// `grpc-timeout` when that is shorter.
+    pub fn evaluation_deadline(&self, timeout: Option<Duration>) -> Duration {
+        timeout.map_or(self.settings.evaluation_budget, |timeout| {
+            timeout.min(self.settings.evaluation_budget)
+        })
+    }
+
     /// Answers one `ShouldRateLimit`. `timeout` is the call's
     /// `grpc-timeout`, if it sent one.
     ///
@@ -150,9 +158,7 @@ impl RlsEngine {
             return Ok(Response::new(request.descriptors.len()).finish());
         };
         let now = self.clock.monotonic();
-        let budget = timeout.map_or(self.settings.evaluation_budget, |timeout| {
-            timeout.min(self.settings.evaluation_budget)
-        });
+        let budget = self.evaluation_deadline(timeout);
         // A budget too large for `Instant` fails closed (AdmissionRejected).
         let deadline = now.checked_add(budget).unwrap_or(now);
         let request_cost = u64::from(request.hits_addend.max(1));

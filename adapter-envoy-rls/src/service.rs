@@ -2,9 +2,10 @@
 //! the engine in force, `grpc.health.v1.Health` over the provider's
 //! readiness, and the listener that serves both until shutdown.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -14,12 +15,16 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures::Stream;
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
+use tonic::codegen::{Service, http};
 use tonic::metadata::MetadataMap;
+use tonic::server::NamedService;
 use tonic::{Request, Response, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tower::util::MapRequestLayer;
 
 use crate::engine::RlsEngine;
 use crate::error::RlsError;
@@ -75,18 +80,100 @@ impl RateLimitService for EnvoyRateLimitService {
     }
 }
 
-/// The `grpc-timeout` a call sent (`<1..8 digits><H|M|S|m|u|n>`), if it
-/// sent one that reads; a malformed one is ignored (the budget holds).
+/// When a call reached the server, stamped by [`stamp_arrival`].
+#[derive(Debug, Clone, Copy)]
+struct Arrival(Instant);
+
+/// Stamps the call's arrival. tonic's server runs its own `grpc-timeout`
+/// timer around every call (`GrpcTimeout`, outside any layer we add) and
+/// answers `CANCELLED "Timeout expired"` when it fires first. It starts
+/// that timer right after it hands the request to the layers inside it,
+/// so a stamp taken here is never later than tonic's start, and a
+/// deadline counted from it never ends after tonic's.
+fn stamp_arrival<B>(mut request: http::Request<B>) -> http::Request<B> {
+    request.extensions_mut().insert(Arrival(Instant::now()));
+    request
+}
+
+/// The rate limit service with its evaluation deadline counted from the
+/// call's arrival: from the request's first byte read to its answer, a
+/// call that outlives `min(budget, grpc-timeout)` is answered
+/// `UNAVAILABLE` by us (see [`answered_by`]), never `CANCELLED` by tonic.
+#[derive(Debug, Clone)]
+struct Deadlined<S> {
+    inner: S,
+    switch: RlsSwitch,
+}
+
+impl<S: NamedService> NamedService for Deadlined<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for Deadlined<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let arrival = request.extensions().get::<Arrival>().map_or_else(Instant::now, |at| at.0);
+        let timeout = grpc_timeout_header(request.headers());
+        let deadline = arrival + self.switch.current().evaluation_deadline(timeout);
+        Box::pin(answered_by(deadline, self.inner.call(request)))
+    }
+}
+
+/// `answer`, or, once `deadline` has passed, `UNAVAILABLE` with the
+/// category `indeterminate` (the provider may have charged). tonic polls
+/// the call before its own timer, so when that timer has fired this one's
+/// deadline (never later) has passed too, the check of the time below
+/// answers, and the client gets our status, not tonic's `CANCELLED`.
+async fn answered_by<E>(
+    deadline: Instant,
+    answer: impl Future<Output = Result<http::Response<tonic::body::Body>, E>>,
+) -> Result<http::Response<tonic::body::Body>, E> {
+    let mut answer = pin!(answer);
+    let mut timer = pin!(tokio::time::sleep_until(deadline));
+    poll_fn(|cx| {
+        if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+            return Poll::Ready(answer);
+        }
+        if Instant::now() >= deadline || timer.as_mut().poll(cx).is_ready() {
+            tracing::warn!(outcome = "indeterminate", "envoy rls deadline passed; failed closed");
+            let status = Status::unavailable("rate limit unavailable: indeterminate");
+            return Poll::Ready(Ok(status.into_http()));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// The `grpc-timeout` a call sent (`<1..8 digits><H|M|S|m|u|n>`), read as
+/// tonic's server reads it (its timer and this deadline must agree); one
+/// that does not read is ignored (the budget holds).
 pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
-    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    grpc_timeout_header(metadata.as_ref())
+}
+
+fn grpc_timeout_header(headers: &http::HeaderMap) -> Option<Duration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if digits.len() > 8 {
         return None;
     }
+    // `u64::from_str`, as tonic's: it takes a leading `+` too.
     let value: u64 = digits.parse().ok()?;
     Some(match unit {
-        "H" => Duration::from_secs(value.checked_mul(3600)?),
-        "M" => Duration::from_secs(value.checked_mul(60)?),
+        "H" => Duration::from_secs(value * 3600),
+        "M" => Duration::from_secs(value * 60),
         "S" => Duration::from_secs(value),
         "m" => Duration::from_millis(value),
         "u" => Duration::from_micros(value),
@@ -162,7 +249,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RlsError> {
     tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(EnvoyRateLimitService::new(switch.clone())))
+        .layer(MapRequestLayer::new(stamp_arrival))
+        .add_service(Deadlined {
+            inner: RateLimitServiceServer::new(EnvoyRateLimitService::new(switch.clone())),
+            switch: switch.clone(),
+        })
         .add_service(HealthServer::new(ProviderHealth::new(switch)))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
