@@ -2,7 +2,7 @@
 //! to policy sets, the port's answers and the response.
 //!
 //! 1. Each descriptor is matched to the first rule of its domain that fits;
-//!    one that matches none is not limited.
+//!    one that matches none, or an unlimited rule, is not limited.
 //! 2. Its subject is the pseudonym of the domain and the subject entries;
 //!    its cost the descriptor's `hits_addend`, else the request's (0 = 1).
 //! 3. Descriptors of one subject and one cost join one policy set, which
@@ -29,7 +29,7 @@ use tonic::Status;
 
 use crate::error::RlsError;
 use crate::response::{Answer, Response};
-use crate::rules::{DESCRIPTOR_SUBJECT_KIND, Member, PreparedRule, RlsRule, Rules};
+use crate::rules::{DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, RlsRule, Rules};
 use crate::telemetry::FrontMetrics;
 
 /// What the engine runs with besides its rules.
@@ -170,9 +170,16 @@ impl RlsEngine {
             }
             entries.clear();
             entries.extend(descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
-            let Some(rule) = self.rules.find(&request.domain, &entries) else {
-                self.metrics.unmatched.increment(1);
-                continue;
+            let rule = match self.rules.find(&request.domain, &entries) {
+                Some(Match::Limited(rule)) => rule,
+                Some(Match::Unlimited) => {
+                    self.metrics.unlimited.increment(1);
+                    continue;
+                }
+                None => {
+                    self.metrics.unmatched.increment(1);
+                    continue;
+                }
             };
             let cost = descriptor.hits_addend.as_ref().map_or(request_cost, |hits| hits.value);
             let resolved = Resolved { rule, subject: self.subject(rule, &entries), cost };

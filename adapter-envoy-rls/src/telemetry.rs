@@ -14,6 +14,9 @@ use shared_contract::{
 /// domain): answered `OK` without a provider call. No labels: a domain or
 /// a value a client sends never becomes a label.
 pub const UNMATCHED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unmatched_descriptors_total");
+/// Counter of descriptors that matched an `unlimited = true` rule:
+/// answered `OK` without a provider call. No labels, as unmatched.
+pub const UNLIMITED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unlimited_descriptors_total");
 /// Counter of descriptors that carried a `limit` override, which is
 /// ignored: a client does not choose its own limit.
 pub const LIMIT_OVERRIDES_IGNORED_TOTAL: &str =
@@ -96,6 +99,7 @@ impl MemberMetrics {
 #[derive(Debug)]
 pub(crate) struct FrontMetrics {
     pub(crate) unmatched: Counter,
+    pub(crate) unlimited: Counter,
     pub(crate) overrides: Counter,
 }
 
@@ -103,6 +107,7 @@ impl FrontMetrics {
     pub(crate) fn new() -> Self {
         Self {
             unmatched: metrics::counter!(UNMATCHED_DESCRIPTORS_TOTAL),
+            unlimited: metrics::counter!(UNLIMITED_DESCRIPTORS_TOTAL),
             overrides: metrics::counter!(LIMIT_OVERRIDES_IGNORED_TOTAL),
         }
     }

@@ -42,6 +42,11 @@ listen = "127.0.0.1:0"
 domain = "{domain}"
 descriptor = ["remote_address"]
 policies = "edge-ip"
+
+[[envoy-rls.rules]]
+domain = "{domain}"
+descriptor = ["generic_key=health"]
+unlimited = true
 "#
     )
 }
@@ -142,8 +147,16 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
         codes.push(Code::try_from(answer.overall_code).unwrap());
     }
     assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    // An unlimited rule's descriptor: OK, no limit, counted apart.
+    let mut health = ask("edge-2", "");
+    health.descriptors[0].entries =
+        vec![Entry { key: "generic_key".to_owned(), value: "health".to_owned() }];
+    let answer = client.should_rate_limit(health).await.unwrap().into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+    assert!(answer.statuses[0].current_limit.is_none());
     let metrics = web.get(format!("{http}/metrics")).send().await.unwrap().text().await.unwrap();
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unmatched_descriptors_total"), 1);
+    assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unlimited_descriptors_total"), 1);
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_limit_overrides_ignored_total"), 4);
 
     // Shutdown: the gRPC listener stops accepting and the server ends.

@@ -231,6 +231,41 @@ pub async fn unmatched_descriptors_pass_without_a_provider_call(factory: &PortFa
     assert_eq!(port.calls(), 1);
 }
 
+/// A descriptor of an `unlimited` rule is `OK` without a provider call,
+/// and a later rule it also fits is never reached; a descriptor the
+/// unlimited pattern does not fit goes on to that later rule.
+pub async fn unlimited_rules_pass_without_a_provider_call(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let rules = [
+        unlimited("edge", &["generic_key=internal", "remote_address"]),
+        rule("edge", &["generic_key", "remote_address"], Some(&["remote_address"]), &["per-ip"]),
+    ];
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &rules)).await;
+    let keyed =
+        |key: &str| descriptor(&[("generic_key", key), ("remote_address", "10.0.0.9")], None);
+    for _ in 0..4 {
+        let answer = rls.ok(request("edge", vec![keyed("internal")], 0)).await;
+        assert_eq!(overall(&answer), Code::Ok);
+        assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+        assert!(answer.response_headers_to_add.is_empty());
+    }
+    assert_eq!(port.calls(), 0);
+    // per-ip allows 2 a minute: the unlimited calls above charged none.
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        let answer = rls.ok(request("edge", vec![keyed("public")], 0)).await;
+        assert_eq!(overall(&answer), expected);
+    }
+    assert_eq!(port.calls(), 3);
+    // Beside a limited descriptor of the same subject, only that one is asked.
+    let both = rls.ok(request("edge", vec![keyed("internal"), keyed("public")], 0)).await;
+    assert_eq!(
+        summary(&both),
+        [(Code::Ok, 0, None), (Code::OverLimit, 0, Some("per-ip".to_owned()))]
+    );
+    assert_eq!(port.calls(), 4);
+}
+
 /// Different subjects are separate sets in request order; the first denied
 /// ends the call, so a later subject is not charged.
 pub async fn the_first_denied_set_stops_the_later_ones(factory: &PortFactory) {
@@ -328,6 +363,7 @@ pub async fn all(factory: &PortFactory) {
     two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
     hits_addend_zero_n_and_unset(factory).await;
     unmatched_descriptors_pass_without_a_provider_call(factory).await;
+    unlimited_rules_pass_without_a_provider_call(factory).await;
     the_first_denied_set_stops_the_later_ones(factory).await;
     shadow_policies_never_deny_and_never_show(factory).await;
     malformed_requests_are_invalid_arguments(factory).await;

@@ -11,9 +11,8 @@
 //! unlimited rule keeps the answer OK here too.
 //!
 //! An unlimited descriptor needs no rule unless a later limit would match
-//! it: no rule means OK without a provider call. One that must stay points
-//! at a shared shadow policy, which never denies and is never shown (an
-//! `unlimited = true` rule key, without the provider call, is proposed).
+//! it: no rule means OK without a provider call. One that must stay is an
+//! `unlimited = true` rule, answered OK without a provider call too.
 //!
 //! What the rules cannot say is a warning and a comment in the output, never
 //! dropped silently; what would make the result less strict than the source
@@ -417,8 +416,7 @@ impl Converter {
                     parts.as_ref().map(|(key, hash)| policy_id(key, *hash, hashed))
                 })
                 .collect();
-            let mut seen: HashMap<&str, usize> =
-                HashMap::from([(adapter_web::DEFAULT_POLICY, 1), (UNLIMITED_POLICY, 1)]);
+            let mut seen: HashMap<&str, usize> = HashMap::from([(adapter_web::DEFAULT_POLICY, 1)]);
             for id in ids.iter().flatten() {
                 *seen.entry(id).or_default() += 1;
             }
@@ -836,12 +834,6 @@ fn policy_id(key: &str, hash: [u8; 4], hashed: bool) -> String {
 // ---------------------------------------------------------------------------
 // The TOML.
 
-/// The shared policy of the unlimited rules that must stay: shadow, so it
-/// never denies and is never shown. An `unlimited = true` rule key, answered
-/// without a provider call, is proposed to the gRPC adapter; until then this
-/// costs one.
-const UNLIMITED_POLICY: &str = "unlimited";
-
 fn render(
     files: &[&str],
     rules: &[Rule],
@@ -888,11 +880,11 @@ fn render(
         let entries: Vec<String> =
             rule.pattern.iter().map(|entry| toml_string(&entry.to_string())).collect();
         let _ = writeln!(out, "descriptor = [{}]", entries.join(", "));
-        let id = match (&rule.target, id) {
-            (Target::Limit { .. }, Some(id)) => id.as_str(),
-            (Target::Unlimited, _) | (Target::Limit { .. }, None) => UNLIMITED_POLICY,
+        let _ = match (&rule.target, id) {
+            (Target::Limit { .. }, Some(id)) => writeln!(out, "policies = {}", toml_string(id)),
+            (Target::Unlimited, _) => writeln!(out, "unlimited = true"),
+            (Target::Limit { .. }, None) => unreachable!("policy_ids names every limited rule"),
         };
-        let _ = writeln!(out, "policies = {}", toml_string(id));
     }
     if !needless.is_empty() {
         out.push_str(concat!(
@@ -928,19 +920,6 @@ fn render(
         if *shadow {
             out.push_str("mode = \"shadow\"                     # shadow_mode\n");
         }
-    }
-
-    if rules.iter().any(|rule| matches!(rule.target, Target::Unlimited)) {
-        out.push_str(concat!(
-            "\n# The unlimited rules that keep a limit below from applying: a shadow\n",
-            "# policy never denies and is never shown, so they are answered OK (at\n",
-            "# the cost of a provider call; the limit is out of reach).\n",
-        ));
-        let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(UNLIMITED_POLICY));
-        let _ = writeln!(
-            out,
-            "algorithm = \"fixed-window\"\nlimit = {MAX_COUNT}\nwindow = \"1s\"\nmode = \"shadow\""
-        );
     }
 
     out.push_str(concat!(

@@ -30,8 +30,7 @@ fn refused(text: &str) -> Vec<String> {
 struct Out {
     domain: String,
     descriptor: Vec<String>,
-    /// The policy id, or `None` for the shared shadow policy of the
-    /// unlimited rules.
+    /// The policy id, or `None` for an `unlimited = true` rule.
     policy: Option<String>,
 }
 
@@ -55,8 +54,15 @@ fn parsed(imported: &Imported) -> (Vec<Out>, toml::Table) {
     let rules = rules
         .iter()
         .map(|rule| {
-            let policy = rule["policies"].as_str().unwrap();
-            let policy = (policy != "unlimited").then(|| policy.to_owned());
+            // A rule has one of the two keys, never both.
+            let policy = match (rule.get("policies"), rule.get("unlimited")) {
+                (Some(policy), None) => Some(policy.as_str().unwrap().to_owned()),
+                (None, Some(unlimited)) => {
+                    assert_eq!(unlimited.as_bool(), Some(true));
+                    None
+                }
+                (policies, unlimited) => panic!("policies {policies:?}, unlimited {unlimited:?}"),
+            };
             Out {
                 domain: rule["domain"].as_str().unwrap().to_owned(),
                 descriptor: rule["descriptor"]
@@ -309,7 +315,7 @@ descriptors:
 }
 
 /// An unlimited value of a limited bare key must stay a rule, or the bare
-/// key's limit would apply to it: its policy is shadow, never denying.
+/// key's limit would apply to it: an `unlimited = true` rule, no policy.
 #[test]
 fn unlimited_before_a_limit_it_shadows_is_a_never_denying_rule() {
     let imported = import(
@@ -330,12 +336,11 @@ descriptors:
             rule("internal", &["client"], Some("internal.client"))
         ]
     );
-    assert_eq!(
-        policy(&policies, "unlimited"),
-        ("fixed-window".to_owned(), 1_000_000_000, "1s".to_owned(), Some("shadow".to_owned()))
-    );
+    // No policy stands for the unlimited rule: the default and the limit.
+    assert_eq!(policies.keys().collect::<Vec<_>>(), ["default", "internal.client"]);
     assert!(imported.toml.contains(
-        "# internal: client=probe: unlimited\n# unlimited: answered OK\n[[envoy-rls.rules]]\n"
+        "# internal: client=probe: unlimited\n# unlimited: answered OK\n[[envoy-rls.rules]]\n\
+         domain = \"internal\"\ndescriptor = [\"client=probe\"]\nunlimited = true\n"
     ));
 }
 
