@@ -29,7 +29,8 @@ pub use engine::{MAX_DESCRIPTORS, RlsEngine, RlsSettings};
 pub use error::RlsError;
 pub use rules::{DESCRIPTOR_SUBJECT_KIND, RlsRule, RuleLimit, rule_operation};
 pub use service::{
-    EnvoyRateLimitService, ProviderHealth, RATE_LIMIT_SERVICE_NAME, RlsSwitch, grpc_timeout, serve,
+    EnvoyRateLimitService, ProviderHealth, RATE_LIMIT_SERVICE_NAME, READINESS_INTERVAL, RlsSwitch,
+    grpc_timeout, serve,
 };
 pub use telemetry::{
     LIMIT_OVERRIDES_IGNORED_TOTAL, UNLIMITED_DESCRIPTORS_TOTAL, UNMATCHED_DESCRIPTORS_TOTAL,

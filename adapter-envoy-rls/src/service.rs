@@ -24,6 +24,7 @@ use tonic::{Request, Response, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
 use tower::util::MapRequestLayer;
 
 use crate::engine::RlsEngine;
@@ -182,33 +183,71 @@ fn grpc_timeout_header(headers: &http::HeaderMap) -> Option<Duration> {
     })
 }
 
+/// How often the listener asks the provider whether it is ready, so a
+/// `Watch` sees a change without being asked: the interval of Envoy's
+/// own health checks or shorter, one `PING` a second on Redis.
+pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
+
 /// `grpc.health.v1.Health`: `SERVING` only while the provider of the
-/// engine in force is ready (the rule of `/readyz`), asked at each check.
+/// engine in force is ready (the rule of `/readyz`). `Check` asks the
+/// provider at each call; `Watch` streams the status as tonic-health's
+/// [`HealthReporter`] holds it, which every `Check` and the listener's
+/// readiness loop (every [`READINESS_INTERVAL`]) update, so a watcher gets
+/// a new message whenever readiness changes, and only then.
 /// The overall service (`""`) and [`RATE_LIMIT_SERVICE_NAME`] are known;
 /// any other name is `NOT_FOUND`.
 #[derive(Debug, Clone)]
 pub struct ProviderHealth {
     switch: RlsSwitch,
+    reporter: HealthReporter,
+    /// The status last given to `reporter`, `None` before the first; held
+    /// across the update, so two observers never set it out of order.
+    reported: Arc<tokio::sync::Mutex<Option<tonic_health::ServingStatus>>>,
 }
 
 impl ProviderHealth {
     /// Health over the provider of `switch`'s engine.
     pub fn new(switch: RlsSwitch) -> Self {
-        Self { switch }
+        let reported = Arc::new(tokio::sync::Mutex::new(None));
+        Self { switch, reporter: HealthReporter::new(), reported }
     }
 
-    async fn status(&self, service: &str) -> Result<HealthCheckResponse, Status> {
-        if !service.is_empty() && service != RATE_LIMIT_SERVICE_NAME {
-            return Err(Status::not_found("unknown service"));
-        }
-        // Off (`disabled`) is always ready, as `/readyz` says.
+    /// Asks the provider now and reports the answer to the watchers if it
+    /// changed. Off (`disabled`) is always ready, as `/readyz` says.
+    async fn observe(&self) -> tonic_health::ServingStatus {
+        use tonic_health::ServingStatus::{NotServing, Serving};
         let engine = self.switch.current();
         let ready = match engine.port() {
             Some(port) => port.is_ready().await,
             None => true,
         };
-        let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
-        Ok(HealthCheckResponse { status: status.into() })
+        let status = if ready { Serving } else { NotServing };
+        let mut reported = self.reported.lock().await;
+        if *reported != Some(status) {
+            for service in ["", RATE_LIMIT_SERVICE_NAME] {
+                self.reporter.set_service_status(service, status).await;
+            }
+            *reported = Some(status);
+        }
+        status
+    }
+
+    /// Observes readiness every [`READINESS_INTERVAL`], for ever.
+    async fn follow_readiness(&self) {
+        let mut interval = tokio::time::interval(READINESS_INTERVAL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            self.observe().await;
+        }
+    }
+
+    fn known(service: &str) -> Result<(), Status> {
+        if service.is_empty() || service == RATE_LIMIT_SERVICE_NAME {
+            Ok(())
+        } else {
+            Err(Status::not_found("unknown service"))
+        }
     }
 }
 
@@ -220,20 +259,24 @@ impl Health for ProviderHealth {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        self.status(&request.get_ref().service).await.map(Response::new)
+        Self::known(&request.get_ref().service)?;
+        let status = ServingStatus::from(self.observe().await);
+        Ok(Response::new(HealthCheckResponse { status: status.into() }))
     }
 
     type WatchStream = WatchStream;
 
-    /// The status now, once; the stream then ends and a client asks again
-    /// (what the protocol tells it to do on any end but `UNIMPLEMENTED`).
+    /// The status now, then each change, until the client ends the call.
     async fn watch(
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let status = self.status(&request.get_ref().service).await;
-        let stream: WatchStream = Box::pin(futures::stream::once(async move { status }));
-        Ok(Response::new(stream))
+        Self::known(&request.get_ref().service)?;
+        // The status the stream starts with is the provider's now.
+        self.observe().await;
+        let statuses = HealthService::from_health_reporter(self.reporter.clone());
+        let stream = statuses.watch(request).await?.into_inner();
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
@@ -248,13 +291,23 @@ pub async fn serve(
     switch: RlsSwitch,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RlsError> {
+    let health = ProviderHealth::new(switch.clone());
+    // Watchers are told of readiness while the listener serves; the loop
+    // ends with it.
+    let readiness = health.clone();
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = readiness.follow_readiness() => {}
+        }
+    };
     tonic::transport::Server::builder()
         .layer(MapRequestLayer::new(stamp_arrival))
         .add_service(Deadlined {
             inner: RateLimitServiceServer::new(EnvoyRateLimitService::new(switch.clone())),
             switch: switch.clone(),
         })
-        .add_service(HealthServer::new(ProviderHealth::new(switch)))
+        .add_service(HealthServer::new(health))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
         .map_err(|error| RlsError::Transport(error.to_string()))
