@@ -258,10 +258,14 @@ async fn evaluate(
         evaluation_id: EvaluationId::random(),
         deadline,
     };
+    // Wall time, not the injected clock: the histogram measures the port.
+    let started = Instant::now();
     let outcome = port.evaluate(request).await;
+    let elapsed = started.elapsed();
     let outcome = checked(outcome, &step.members);
     for (index, member) in step.members.iter().enumerate() {
         member.metrics.record(&outcome, index);
+        member.metrics.observe(elapsed);
     }
     match outcome {
         RateLimitOutcome::Evaluated(set) => {

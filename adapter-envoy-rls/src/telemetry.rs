@@ -1,13 +1,16 @@
 //! Decision metrics of the RLS front end: the HTTP edge's decision counter
-//! with `front="envoy-rls"`, each member's handles registered once and
+//! and evaluation histogram with `front="envoy-rls"`, each member's handles registered once and
 //! kept, so a request bumps counters without building labels; and two
 //! counters of its own.
 
 use std::sync::{Arc, LazyLock, OnceLock};
 
-use metrics::{Counter, SharedString};
+use std::time::Duration;
+
+use metrics::{Counter, Histogram, SharedString};
 use shared_contract::{
-    DECISIONS_TOTAL, FRONT_ENVOY_RLS, PolicyMode, RateLimitOutcome, RateLimitPolicy, metric_name,
+    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, PolicyMode, RateLimitOutcome,
+    RateLimitPolicy, metric_name,
 };
 
 /// Counter of descriptors that matched no rule (or named an unknown
@@ -36,6 +39,8 @@ pub(crate) struct MemberMetrics {
     /// Two per outcome (not cached, then cached), and one for a label
     /// missing from [`OUTCOMES`] (none is).
     decisions: Box<[OnceLock<Counter>]>,
+    /// The HTTP edge's evaluation histogram, `front="envoy-rls"`.
+    evaluation: OnceLock<Histogram>,
 }
 
 impl MemberMetrics {
@@ -45,6 +50,7 @@ impl MemberMetrics {
             algorithm: described.map_or("unknown", |policy| policy.algorithm().name()),
             mode: described.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name(),
             decisions: (0..=OUTCOMES.len() * 2).map(|_| OnceLock::new()).collect(),
+            evaluation: OnceLock::new(),
         }
     }
 
@@ -86,6 +92,20 @@ impl MemberMetrics {
                 self.count(outcome.category_name(), false);
             }
         }
+    }
+
+    /// Records how long the port took to evaluate this member's set.
+    pub(crate) fn observe(&self, elapsed: Duration) {
+        self.evaluation
+            .get_or_init(|| {
+                metrics::histogram!(
+                    EVALUATION_SECONDS,
+                    "policy" => self.policy.clone(),
+                    "algorithm" => self.algorithm,
+                    "front" => FRONT_ENVOY_RLS,
+                )
+            })
+            .record(elapsed.as_secs_f64());
     }
 
     /// Counts a look-only answer (`hits_addend` 0): `allowed` or `denied`.

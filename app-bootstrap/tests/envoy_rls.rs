@@ -120,6 +120,18 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
     assert_eq!(series("allowed", "envoy-rls"), 3, "{metrics}");
     assert_eq!(series("denied", "envoy-rls"), 1, "{metrics}");
     assert_eq!(series("allowed", "http"), 1, "{metrics}");
+    // One evaluation-time histogram, a series per front end: the RLS's 4
+    // evaluations, the HTTP edge's 1.
+    let evaluations = |front: &str| {
+        counter(
+            &metrics,
+            &format!(
+                r#"ca_skeleton_rate_limit_evaluation_seconds_count{{policy="edge-ip",algorithm="fixed-window",front="{front}"}}"#
+            ),
+        )
+    };
+    assert_eq!(evaluations("envoy-rls"), 4, "{metrics}");
+    assert_eq!(evaluations("http"), 1, "{metrics}");
 
     // A reload moves the rule to another domain: the old one is unmatched.
     std::fs::write(&path, file("edge-2")).unwrap();
