@@ -22,8 +22,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
-    MAX_POLICY_SET, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitRequest,
-    SubjectDigest, SubjectPseudonymizer,
+    MAX_POLICY_SET, OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome,
+    RateLimitRequest, SubjectDigest, SubjectPseudonymizer,
 };
 use tonic::Status;
 
@@ -50,6 +50,30 @@ pub struct RlsEngine {
     settings: RlsSettings,
     rules: Rules,
     metrics: FrontMetrics,
+}
+
+/// Where the budgets of one descriptor are kept, under the rules in force:
+/// what an operator looks up to inspect or reset them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DescriptorSubject {
+    /// The limited rule `rule` (its index in the configured list) matches
+    /// first: the budgets are kept under `subject`, an operation-scoped
+    /// policy's also under `operation`.
+    Limited {
+        /// The rule's index.
+        rule: usize,
+        /// The descriptor's subject, as a call carrying it is charged.
+        subject: SubjectDigest,
+        /// The rule's operation.
+        operation: OperationDigest,
+    },
+    /// An `unlimited = true` rule (its index) matches first: no budget.
+    Unlimited {
+        /// The rule's index.
+        rule: usize,
+    },
+    /// No rule matches (or rate limiting is off): no budget.
+    Unmatched,
 }
 
 /// One descriptor as resolved: its rule, subject and cost.
@@ -131,6 +155,27 @@ impl RlsEngine {
         self.port.as_ref()
     }
 
+    /// Where the budgets of the descriptor `entries` (key, value; all of
+    /// them, as Envoy sends them) of `domain` are kept: the rule a call
+    /// would match first and the subject it would be charged under.
+    pub fn descriptor_subject(&self, domain: &str, entries: &[(&str, &str)]) -> DescriptorSubject {
+        match self.rules.find(domain, entries) {
+            Some(Match::Limited(rule)) => DescriptorSubject::Limited {
+                rule: rule.index,
+                subject: self.subject(rule, entries),
+                operation: rule.operation.clone(),
+            },
+            Some(Match::Unlimited(rule)) => DescriptorSubject::Unlimited { rule },
+            None => DescriptorSubject::Unmatched,
+        }
+    }
+
+    /// The operation of the limited rule at `rule` (its index in the
+    /// configured list), under which its operation-scoped policies count.
+    pub fn rule_operation(&self, rule: usize) -> Option<OperationDigest> {
+        self.rules.limited(rule).map(|rule| rule.operation.clone())
+    }
+
     /// How long a call may take: the evaluation budget, or the call's
     /// `grpc-timeout` when that is shorter.
     pub fn evaluation_deadline(&self, timeout: Option<Duration>) -> Duration {
@@ -172,7 +217,7 @@ impl RlsEngine {
             entries.extend(descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
             let rule = match self.rules.find(&request.domain, &entries) {
                 Some(Match::Limited(rule)) => rule,
-                Some(Match::Unlimited) => {
+                Some(Match::Unlimited(_)) => {
                     self.metrics.unlimited.increment(1);
                     continue;
                 }

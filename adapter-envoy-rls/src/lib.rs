@@ -25,7 +25,7 @@ mod rules;
 mod service;
 mod telemetry;
 
-pub use engine::{MAX_DESCRIPTORS, RlsEngine, RlsSettings};
+pub use engine::{DescriptorSubject, MAX_DESCRIPTORS, RlsEngine, RlsSettings};
 pub use error::RlsError;
 pub use rules::{DESCRIPTOR_SUBJECT_KIND, RlsRule, RuleLimit, rule_operation};
 pub use service::{

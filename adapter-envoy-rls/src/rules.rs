@@ -112,16 +112,17 @@ pub(crate) struct PreparedRule {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Match<'r> {
     Limited(&'r PreparedRule),
-    /// A rule with [`RuleLimit::Unlimited`].
-    Unlimited,
+    /// A rule with [`RuleLimit::Unlimited`]: its index.
+    Unlimited(usize),
 }
 
 /// A rule of the table: limited (prepared with its members) or not.
 #[derive(Debug)]
 enum Entry {
     Limited(PreparedRule),
-    /// The pattern of an unlimited rule: its keys and fixed values.
+    /// An unlimited rule: its index, its keys and fixed values.
     Unlimited {
+        index: usize,
         keys: Box<[Box<str>]>,
         fixed: Box<[Option<Box<str>>]>,
     },
@@ -131,7 +132,7 @@ impl Entry {
     fn matches(&self, entries: &[(&str, &str)]) -> bool {
         let (keys, fixed) = match self {
             Self::Limited(rule) => (&rule.keys, &rule.fixed),
-            Self::Unlimited { keys, fixed } => (keys, fixed),
+            Self::Unlimited { keys, fixed, .. } => (keys, fixed),
         };
         fits(keys, fixed, entries)
     }
@@ -139,7 +140,7 @@ impl Entry {
     fn as_match(&self) -> Match<'_> {
         match self {
             Self::Limited(rule) => Match::Limited(rule),
-            Self::Unlimited { .. } => Match::Unlimited,
+            Self::Unlimited { index, .. } => Match::Unlimited(*index),
         }
     }
 }
@@ -192,7 +193,7 @@ impl Rules {
             let policies = match &rule.limit {
                 RuleLimit::Policies(policies) => policies,
                 RuleLimit::Unlimited => {
-                    let entry = Entry::Unlimited { keys, fixed };
+                    let entry = Entry::Unlimited { index, keys, fixed };
                     by_domain.entry(rule.domain.as_str().into()).or_default().push(entry);
                     continue;
                 }
@@ -223,6 +224,14 @@ impl Rules {
                 .push(Entry::Limited(prepared));
         }
         Ok(Self { by_domain })
+    }
+
+    /// The limited rule at `index` of the configured list, if that one is.
+    pub(crate) fn limited(&self, index: usize) -> Option<&PreparedRule> {
+        self.by_domain.values().flatten().find_map(|entry| match entry {
+            Entry::Limited(rule) if rule.index == index => Some(rule),
+            Entry::Limited(_) | Entry::Unlimited { .. } => None,
+        })
     }
 
     /// The first rule of `domain` whose pattern fits `entries`.

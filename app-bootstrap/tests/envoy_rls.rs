@@ -177,3 +177,93 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
     tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
     assert!(tokio::net::TcpStream::connect(rls).await.is_err(), "still accepting");
 }
+
+/// An operator finds an RLS rule's budget through the admin API as they
+/// find an HTTP subject's: the lookup answers the descriptor's pseudonym
+/// and rule (the raw values are never in the answer), and inspect / reset
+/// take `?rule=N` for the rule's operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_lookup_inspect_and_reset_know_descriptor_subjects() {
+    const TOKEN: &str = "admin-token-0123456789abcdef0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rls.toml");
+    let admin = format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n");
+    // A policy of its own: the other test counts edge-ip's series in the
+    // one recorder of the process.
+    std::fs::write(&path, file("edge").replace("edge-ip", "admin-ip") + &admin).unwrap();
+    let config = AppConfig::load(&ConfigSources::file_only(path)).unwrap();
+    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0 + 250));
+    let application =
+        Application::build_with(&config, app_bootstrap::routes::api(), clock).await.unwrap();
+    let rls = application.rls_addr().unwrap();
+    let admin = format!("http://{}/admin", application.admin_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        application.run_until(async { drop(stopped.await) }).await.unwrap();
+    });
+    let mut client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+    let web = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let answer = client.should_rate_limit(ask("edge", "10.9.1.1")).await.unwrap().into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+
+    let lookup = |body: serde_json::Value| {
+        web.post(format!("{admin}/pseudonym")).bearer_auth(TOKEN).json(&body).send()
+    };
+    let entries = |key: &str, value: &str| serde_json::json!([{ "key": key, "value": value }]);
+    let found = lookup(serde_json::json!({
+        "kind": "descriptor", "domain": "edge", "entries": entries("remote_address", "10.9.1.1"),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(found.status(), 200);
+    let found: serde_json::Value = found.json().await.unwrap();
+    assert_eq!((found["kind"].as_str(), found["rule"].as_u64()), (Some("descriptor"), Some(0)));
+    assert!(!found.to_string().contains("10.9.1.1"), "{found}");
+    let pseudonym = found["pseudonym"].as_str().unwrap().to_owned();
+
+    // admin-ip counts per (subject, rule): the rule names the operation.
+    let budget = format!("{admin}/subjects/{pseudonym}/policies/admin-ip?rule=0");
+    let held: serde_json::Value =
+        web.get(&budget).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+    assert_eq!((held["limit"].as_u64(), held["remaining"].as_u64()), (Some(3), Some(0)), "{held}");
+    let reset = web.delete(&budget).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(reset.status(), 204);
+    let answer = client.should_rate_limit(ask("edge", "10.9.1.1")).await.unwrap().into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+    assert_eq!(answer.statuses[0].limit_remaining, 2);
+
+    // No budget: an unlimited rule's descriptor, an unmatched one, a rule
+    // without policies; and a rule with an HTTP operation is refused.
+    let unlimited = lookup(serde_json::json!({
+        "kind": "descriptor", "domain": "edge", "entries": entries("generic_key", "health"),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(unlimited.status(), 404);
+    let unlimited = unlimited.text().await.unwrap();
+    assert!(unlimited.contains("envoy-rls.rules.1, which is unlimited"), "{unlimited}");
+    let unmatched = lookup(serde_json::json!({
+        "kind": "descriptor", "domain": "other", "entries": entries("remote_address", "10.9.1.1"),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(unmatched.status(), 404);
+    let no_rule = format!("{admin}/subjects/{pseudonym}/policies/admin-ip?rule=1");
+    assert_eq!(web.get(&no_rule).bearer_auth(TOKEN).send().await.unwrap().status(), 404);
+    let both = format!("{budget}&operation=GET%20/api/hello");
+    assert_eq!(web.get(&both).bearer_auth(TOKEN).send().await.unwrap().status(), 400);
+    let mixed = lookup(serde_json::json!({
+        "kind": "descriptor", "identity": "10.9.1.1", "domain": "edge", "entries": [],
+    }))
+    .await
+    .unwrap();
+    assert_eq!(mixed.status(), 400);
+
+    drop(client);
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
+}
