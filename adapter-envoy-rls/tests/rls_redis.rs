@@ -64,17 +64,11 @@ async fn every_scenario_on_redis_then_unavailable_once_redis_is_killed() {
 async fn a_health_watch_follows_redis_down_and_up() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
     let mut server = RedisServer::start();
     let clock = scenarios::clock();
     let redis = port(server.url(), scenarios::policies(), clock.clone());
     let rls = Rls::start(engine(redis, Arc::new(clock), &scenarios::rules())).await;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", rls.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
+    let mut health = rls.health().await;
     let mut watches = Vec::new();
     for service in ["", adapter_envoy_rls::RATE_LIMIT_SERVICE_NAME] {
         let request = HealthCheckRequest { service: service.to_owned() };

@@ -65,12 +65,19 @@ fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
     found.map(|header| header.value.as_str())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rls.toml");
-    std::fs::write(&path, file("edge")).unwrap();
-    let sources = ConfigSources::file_only(path.clone());
+/// The real server of the configuration at `path`, running until `stop`.
+struct Server {
+    http: String,
+    rls: std::net::SocketAddr,
+    admin: Option<std::net::SocketAddr>,
+    reloader: app_bootstrap::Reloader,
+    client: RateLimitServiceClient<tonic::transport::Channel>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start(path: &std::path::Path) -> Server {
+    let sources = ConfigSources::file_only(path.to_owned());
     let config = AppConfig::load(&sources).unwrap();
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0 + 250));
     let application = Application::build_with(&config, app_bootstrap::routes::api(), clock)
@@ -80,12 +87,22 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
     let reloader = application.reloader().unwrap().clone();
     let http = format!("http://{}", application.local_addr());
     let rls = application.rls_addr().expect("the RLS listener is bound");
-    assert_ne!(rls.port(), 0);
+    let admin = application.admin_addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         application.run_until(async { drop(stopped.await) }).await.unwrap();
     });
-    let mut client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+    let client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+    Server { http, rls, admin, reloader, client, stop, task }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rls.toml");
+    std::fs::write(&path, file("edge")).unwrap();
+    let Server { http, rls, reloader, mut client, stop, task, .. } = start(&path).await;
+    assert_ne!(rls.port(), 0);
     let web = reqwest::Client::builder().no_proxy().build().unwrap();
 
     // Three allowed, then over the limit: 3 a minute, as configured.
@@ -191,17 +208,8 @@ async fn admin_lookup_inspect_and_reset_know_descriptor_subjects() {
     // A policy of its own: the other test counts edge-ip's series in the
     // one recorder of the process.
     std::fs::write(&path, file("edge").replace("edge-ip", "admin-ip") + &admin).unwrap();
-    let config = AppConfig::load(&ConfigSources::file_only(path)).unwrap();
-    let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0 + 250));
-    let application =
-        Application::build_with(&config, app_bootstrap::routes::api(), clock).await.unwrap();
-    let rls = application.rls_addr().unwrap();
-    let admin = format!("http://{}/admin", application.admin_addr().unwrap());
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(async move {
-        application.run_until(async { drop(stopped.await) }).await.unwrap();
-    });
-    let mut client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+    let Server { admin, mut client, stop, task, .. } = start(&path).await;
+    let admin = format!("http://{}/admin", admin.expect("the admin listener is bound"));
     let web = reqwest::Client::builder().no_proxy().build().unwrap();
     let mut codes = Vec::new();
     for _ in 0..4 {

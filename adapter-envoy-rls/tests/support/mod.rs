@@ -101,6 +101,16 @@ impl Rls {
         self.ask(request).await.expect("an answer")
     }
 
+    /// A `grpc.health.v1` client on the listener.
+    pub async fn health(
+        &self,
+    ) -> tonic_health::pb::health_client::HealthClient<tonic::transport::Channel> {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr));
+        tonic_health::pb::health_client::HealthClient::new(
+            endpoint.unwrap().connect().await.unwrap(),
+        )
+    }
+
     pub fn stop(&mut self) {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());

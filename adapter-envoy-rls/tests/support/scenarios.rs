@@ -400,13 +400,7 @@ pub async fn a_limit_override_is_ignored(factory: &PortFactory) {
 pub async fn health_is_serving_while_the_provider_is_ready(rls: &Rls, serving: bool) {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", rls.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
+    let mut health = rls.health().await;
     let expected = if serving { ServingStatus::Serving } else { ServingStatus::NotServing };
     for service in ["", adapter_envoy_rls::RATE_LIMIT_SERVICE_NAME] {
         let answer = health
