@@ -127,7 +127,9 @@ where
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
         let arrival = request.extensions().get::<Arrival>().map_or_else(Instant::now, |at| at.0);
         let timeout = grpc_timeout_header(request.headers());
-        let deadline = arrival + self.switch.current().evaluation_deadline(timeout);
+        let budget = self.switch.current().evaluation_deadline(timeout);
+        // A budget too large for `Instant` fails closed, as the engine's.
+        let deadline = arrival.checked_add(budget).unwrap_or(arrival);
         Box::pin(answered_by(deadline, self.inner.call(request)))
     }
 }
@@ -200,15 +202,25 @@ pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 pub struct ProviderHealth {
     switch: RlsSwitch,
     reporter: HealthReporter,
-    /// The status last given to `reporter`, `None` before the first; held
-    /// across the update, so two observers never set it out of order.
-    reported: Arc<tokio::sync::Mutex<Option<tonic_health::ServingStatus>>>,
+    /// What `reporter` was last told; held across the update, so two
+    /// observers never set it out of order.
+    reported: Arc<tokio::sync::Mutex<Reported>>,
+}
+
+/// What the watchers were last told.
+#[derive(Debug, Default)]
+struct Reported {
+    /// `None` before the first observation.
+    status: Option<tonic_health::ServingStatus>,
+    /// The listener is shutting down: the watches have ended, and nothing
+    /// is reported any more.
+    closed: bool,
 }
 
 impl ProviderHealth {
     /// Health over the provider of `switch`'s engine.
     pub fn new(switch: RlsSwitch) -> Self {
-        let reported = Arc::new(tokio::sync::Mutex::new(None));
+        let reported = Arc::new(tokio::sync::Mutex::new(Reported::default()));
         Self { switch, reporter: HealthReporter::new(), reported }
     }
 
@@ -223,13 +235,31 @@ impl ProviderHealth {
         };
         let status = if ready { Serving } else { NotServing };
         let mut reported = self.reported.lock().await;
-        if *reported != Some(status) {
+        if reported.closed {
+            return NotServing;
+        }
+        if reported.status != Some(status) {
             for service in ["", RATE_LIMIT_SERVICE_NAME] {
                 self.reporter.set_service_status(service, status).await;
             }
-            *reported = Some(status);
+            reported.status = Some(status);
         }
         status
+    }
+
+    /// At shutdown: every watcher hears `NOT_SERVING`, then its stream
+    /// ends, so the drain does not wait on open watches; a later `Check`
+    /// answers `NOT_SERVING`.
+    async fn close(&self) {
+        let mut reported = self.reported.lock().await;
+        reported.closed = true;
+        let mut reporter = self.reporter.clone();
+        for service in ["", RATE_LIMIT_SERVICE_NAME] {
+            let status = tonic_health::ServingStatus::NotServing;
+            reporter.set_service_status(service, status).await;
+            // Dropping the sender ends the watches once they have read it.
+            reporter.clear_service_status(service).await;
+        }
     }
 
     /// Observes readiness every [`READINESS_INTERVAL`], for ever.
@@ -273,7 +303,11 @@ impl Health for ProviderHealth {
     ) -> Result<Response<Self::WatchStream>, Status> {
         Self::known(&request.get_ref().service)?;
         // The status the stream starts with is the provider's now.
-        self.observe().await;
+        if self.observe().await == tonic_health::ServingStatus::NotServing
+            && self.reported.lock().await.closed
+        {
+            return Err(Status::unavailable("the listener is shutting down"));
+        }
         let statuses = HealthService::from_health_reporter(self.reporter.clone());
         let stream = statuses.watch(request).await?.into_inner();
         Ok(Response::new(Box::pin(stream)))
@@ -300,6 +334,7 @@ pub async fn serve(
             () = shutdown => {}
             () = readiness.follow_readiness() => {}
         }
+        readiness.close().await;
     };
     tonic::transport::Server::builder()
         .layer(MapRequestLayer::new(stamp_arrival))

@@ -261,7 +261,18 @@ async fn the_listener_drains_and_stops_on_shutdown() {
     let port = memory(scenarios::policies(), clock.clone());
     let mut rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
     rls.ok(request("edge", vec![ip("10.1.0.6")], 0)).await;
+    // An open health watch hears NOT_SERVING, then ends: it does not hold
+    // the drain open.
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let watching = tonic_health::pb::HealthCheckRequest { service: String::new() };
+    let mut watch = rls.health().await.watch(watching).await.unwrap().into_inner();
+    let status = |message: Option<tonic_health::pb::HealthCheckResponse>| {
+        ServingStatus::try_from(message.expect("a status").status).unwrap()
+    };
+    assert_eq!(status(watch.message().await.unwrap()), ServingStatus::Serving);
     rls.stop();
+    assert_eq!(status(watch.message().await.unwrap()), ServingStatus::NotServing);
+    assert!(watch.message().await.unwrap().is_none(), "the watch ends");
     let served = (&mut rls.served).await.unwrap();
     assert_eq!(served, Ok(()));
     assert!(tokio::net::TcpStream::connect(rls.addr).await.is_err(), "still accepting");
