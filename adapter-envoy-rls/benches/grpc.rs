@@ -12,7 +12,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings, RlsSwitch};
+use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings, RlsSwitch, RuleLimit};
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use adapter_web::VersionedPseudonymizer;
@@ -50,7 +50,7 @@ fn engine(port: Option<Arc<dyn EdgeRateLimitPort>>) -> RlsEngine {
         domain: "edge".to_owned(),
         pattern: vec![("remote_address".to_owned(), None)],
         subject: None,
-        policies: PolicySet::single(PolicyId::new("bench").unwrap()),
+        limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("bench").unwrap())),
     };
     RlsEngine::new(port, pseudonymizer, clock, settings, &[rule]).unwrap()
 }

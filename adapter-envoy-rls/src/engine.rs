@@ -2,7 +2,7 @@
 //! to policy sets, the port's answers and the response.
 //!
 //! 1. Each descriptor is matched to the first rule of its domain that fits;
-//!    one that matches none is not limited.
+//!    one that matches none, or an unlimited rule, is not limited.
 //! 2. Its subject is the pseudonym of the domain and the subject entries;
 //!    its cost the descriptor's `hits_addend`, else the request's (0 = 1).
 //! 3. Descriptors of one subject and one cost join one policy set, which
@@ -22,15 +22,15 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
-    MAX_POLICY_SET, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitRequest,
-    SubjectDigest, SubjectPseudonymizer,
+    MAX_POLICY_SET, OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome,
+    RateLimitRequest, SubjectDigest, SubjectPseudonymizer,
 };
 use tonic::Status;
 use tracing::Instrument;
 
 use crate::error::RlsError;
 use crate::response::{Answer, Response};
-use crate::rules::{DESCRIPTOR_SUBJECT_KIND, Member, PreparedRule, RlsRule, Rules};
+use crate::rules::{DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, RlsRule, Rules};
 use crate::service::{decision_span, record_decision};
 use crate::telemetry::FrontMetrics;
 
@@ -52,6 +52,30 @@ pub struct RlsEngine {
     settings: RlsSettings,
     rules: Rules,
     metrics: FrontMetrics,
+}
+
+/// Where the budgets of one descriptor are kept, under the rules in force:
+/// what an operator looks up to inspect or reset them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DescriptorSubject {
+    /// The limited rule `rule` (its index in the configured list) matches
+    /// first: the budgets are kept under `subject`, an operation-scoped
+    /// policy's also under `operation`.
+    Limited {
+        /// The rule's index.
+        rule: usize,
+        /// The descriptor's subject, as a call carrying it is charged.
+        subject: SubjectDigest,
+        /// The rule's operation.
+        operation: OperationDigest,
+    },
+    /// An `unlimited = true` rule (its index) matches first: no budget.
+    Unlimited {
+        /// The rule's index.
+        rule: usize,
+    },
+    /// No rule matches (or rate limiting is off): no budget.
+    Unmatched,
 }
 
 /// One descriptor as resolved: its rule, subject and cost.
@@ -133,6 +157,35 @@ impl RlsEngine {
         self.port.as_ref()
     }
 
+    /// Where the budgets of the descriptor `entries` (key, value; all of
+    /// them, as Envoy sends them) of `domain` are kept: the rule a call
+    /// would match first and the subject it would be charged under.
+    pub fn descriptor_subject(&self, domain: &str, entries: &[(&str, &str)]) -> DescriptorSubject {
+        match self.rules.find(domain, entries) {
+            Some(Match::Limited(rule)) => DescriptorSubject::Limited {
+                rule: rule.index,
+                subject: self.subject(rule, entries),
+                operation: rule.operation.clone(),
+            },
+            Some(Match::Unlimited(rule)) => DescriptorSubject::Unlimited { rule },
+            None => DescriptorSubject::Unmatched,
+        }
+    }
+
+    /// The operation of the limited rule at `rule` (its index in the
+    /// configured list), under which its operation-scoped policies count.
+    pub fn rule_operation(&self, rule: usize) -> Option<OperationDigest> {
+        self.rules.limited(rule).map(|rule| rule.operation.clone())
+    }
+
+    /// How long a call may take: the evaluation budget, or the call's
+    /// `grpc-timeout` when that is shorter.
+    pub fn evaluation_deadline(&self, timeout: Option<Duration>) -> Duration {
+        timeout.map_or(self.settings.evaluation_budget, |timeout| {
+            timeout.min(self.settings.evaluation_budget)
+        })
+    }
+
     /// Answers one `ShouldRateLimit`. `timeout` is the call's
     /// `grpc-timeout`, if it sent one.
     ///
@@ -152,9 +205,7 @@ impl RlsEngine {
             return Ok(Response::new(request.descriptors.len()).finish());
         };
         let now = self.clock.monotonic();
-        let budget = timeout.map_or(self.settings.evaluation_budget, |timeout| {
-            timeout.min(self.settings.evaluation_budget)
-        });
+        let budget = self.evaluation_deadline(timeout);
         // A budget too large for `Instant` fails closed (AdmissionRejected).
         let deadline = now.checked_add(budget).unwrap_or(now);
         let request_cost = u64::from(request.hits_addend.max(1));
@@ -166,9 +217,16 @@ impl RlsEngine {
             }
             entries.clear();
             entries.extend(descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
-            let Some(rule) = self.rules.find(&request.domain, &entries) else {
-                self.metrics.unmatched.increment(1);
-                continue;
+            let rule = match self.rules.find(&request.domain, &entries) {
+                Some(Match::Limited(rule)) => rule,
+                Some(Match::Unlimited(_)) => {
+                    self.metrics.unlimited.increment(1);
+                    continue;
+                }
+                None => {
+                    self.metrics.unmatched.increment(1);
+                    continue;
+                }
             };
             let cost = descriptor.hits_addend.as_ref().map_or(request_cost, |hits| hits.value);
             let resolved = Resolved { rule, subject: self.subject(rule, &entries), cost };
@@ -248,16 +306,20 @@ async fn evaluate(
         deadline,
     };
     let span = decision_span(&request);
+    // Wall time, not the injected clock: the histogram measures the port.
+    let started = Instant::now();
     let outcome = match &span {
         Some(span) => port.evaluate(request).instrument(span.clone()).await,
         None => port.evaluate(request).await,
     };
+    let elapsed = started.elapsed();
     let outcome = checked(outcome, &step.members);
     if let Some(span) = &span {
         record_decision(span, &outcome, step.enforces());
     }
     for (index, member) in step.members.iter().enumerate() {
         member.metrics.record(&outcome, index);
+        member.metrics.observe(elapsed);
     }
     match outcome {
         RateLimitOutcome::Evaluated(set) => {

@@ -25,11 +25,13 @@ mod rules;
 mod service;
 mod telemetry;
 
-pub use engine::{MAX_DESCRIPTORS, RlsEngine, RlsSettings};
+pub use engine::{DescriptorSubject, MAX_DESCRIPTORS, RlsEngine, RlsSettings};
 pub use error::RlsError;
-pub use rules::{DESCRIPTOR_SUBJECT_KIND, RlsRule, rule_operation};
+pub use rules::{DESCRIPTOR_SUBJECT_KIND, RlsRule, RuleLimit, rule_operation};
 pub use service::{
-    CallTracing, EnvoyRateLimitService, ProviderHealth, RATE_LIMIT_SERVICE_NAME, RlsSwitch,
-    grpc_timeout, serve, serve_traced,
+    CallTracing, EnvoyRateLimitService, ProviderHealth, RATE_LIMIT_SERVICE_NAME,
+    READINESS_INTERVAL, RlsSwitch, grpc_timeout, serve, serve_traced,
 };
-pub use telemetry::{LIMIT_OVERRIDES_IGNORED_TOTAL, UNMATCHED_DESCRIPTORS_TOTAL};
+pub use telemetry::{
+    LIMIT_OVERRIDES_IGNORED_TOTAL, UNLIMITED_DESCRIPTORS_TOTAL, UNMATCHED_DESCRIPTORS_TOTAL,
+};

@@ -29,8 +29,19 @@ pub struct RlsRule {
     /// The keys whose values are the subject; `None` means every entry
     /// without a fixed value.
     pub subject: Option<Vec<String>>,
+    /// What a matching descriptor runs under.
+    pub limit: RuleLimit,
+}
+
+/// What a rule's matching descriptors run under.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RuleLimit {
     /// The policies, in configured order.
-    pub policies: PolicySet,
+    Policies(PolicySet),
+    /// None: envoyproxy/ratelimit's `unlimited`. A matching descriptor is
+    /// answered `OK` without a provider call, and a later rule it would
+    /// also fit is never reached (the first matching rule wins).
+    Unlimited,
 }
 
 /// The digest a rule's operation-scoped policies are keyed by: SHA-256 over
@@ -97,26 +108,66 @@ pub(crate) struct PreparedRule {
     pub(crate) operation_scoped: bool,
 }
 
-impl PreparedRule {
+/// What a descriptor matched: the first rule of its domain that fits.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Match<'r> {
+    Limited(&'r PreparedRule),
+    /// A rule with [`RuleLimit::Unlimited`]: its index.
+    Unlimited(usize),
+}
+
+/// A rule of the table: limited (prepared with its members) or not.
+#[derive(Debug)]
+enum Entry {
+    Limited(PreparedRule),
+    /// An unlimited rule: its index, its keys and fixed values.
+    Unlimited {
+        index: usize,
+        keys: Box<[Box<str>]>,
+        fixed: Box<[Option<Box<str>>]>,
+    },
+}
+
+impl Entry {
     fn matches(&self, entries: &[(&str, &str)]) -> bool {
-        self.keys.len() == entries.len()
-            && self.keys.iter().zip(&self.fixed).zip(entries).all(|((key, fixed), (k, v))| {
-                **key == **k && fixed.as_deref().is_none_or(|fixed| fixed == *v)
-            })
+        let (keys, fixed) = match self {
+            Self::Limited(rule) => (&rule.keys, &rule.fixed),
+            Self::Unlimited { keys, fixed, .. } => (keys, fixed),
+        };
+        fits(keys, fixed, entries)
     }
+
+    fn as_match(&self) -> Match<'_> {
+        match self {
+            Self::Limited(rule) => Match::Limited(rule),
+            Self::Unlimited { index, .. } => Match::Unlimited(*index),
+        }
+    }
+}
+
+/// Whether `entries` have the pattern's keys, in order, and its fixed values.
+fn fits(keys: &[Box<str>], fixed: &[Option<Box<str>>], entries: &[(&str, &str)]) -> bool {
+    keys.len() == entries.len()
+        && keys.iter().zip(fixed).zip(entries).all(|((key, fixed), (k, v))| {
+            **key == **k && fixed.as_deref().is_none_or(|fixed| fixed == *v)
+        })
 }
 
 /// Every rule, by domain, in configured order.
 #[derive(Debug, Default)]
 pub(crate) struct Rules {
-    by_domain: HashMap<Box<str>, Vec<PreparedRule>>,
+    by_domain: HashMap<Box<str>, Vec<Entry>>,
 }
 
 impl Rules {
     pub(crate) fn new(rules: &[RlsRule], port: &dyn EdgeRateLimitPort) -> Result<Self, RlsError> {
-        let mut by_domain: HashMap<Box<str>, Vec<PreparedRule>> = HashMap::new();
+        let mut by_domain: HashMap<Box<str>, Vec<Entry>> = HashMap::new();
         for (index, rule) in rules.iter().enumerate() {
             check(index, rule, rules)?;
+            let keys: Box<[Box<str>]> =
+                rule.pattern.iter().map(|(key, _)| key.as_str().into()).collect();
+            let fixed: Box<[Option<Box<str>>]> =
+                rule.pattern.iter().map(|(_, fixed)| fixed.as_deref().map(Into::into)).collect();
             let subject = match &rule.subject {
                 None => rule
                     .pattern
@@ -139,8 +190,15 @@ impl Rules {
                     .into_iter()
                     .collect(),
             };
-            let members: Box<[Member]> = rule
-                .policies
+            let policies = match &rule.limit {
+                RuleLimit::Policies(policies) => policies,
+                RuleLimit::Unlimited => {
+                    let entry = Entry::Unlimited { index, keys, fixed };
+                    by_domain.entry(rule.domain.as_str().into()).or_default().push(entry);
+                    continue;
+                }
+            };
+            let members: Box<[Member]> = policies
                 .ids()
                 .iter()
                 .map(|id| {
@@ -152,26 +210,34 @@ impl Rules {
             let prepared = PreparedRule {
                 index,
                 domain: rule.domain.as_str().into(),
-                keys: rule.pattern.iter().map(|(key, _)| key.as_str().into()).collect(),
-                fixed: rule
-                    .pattern
-                    .iter()
-                    .map(|(_, fixed)| fixed.as_deref().map(Into::into))
-                    .collect(),
+                keys,
+                fixed,
                 subject,
                 operation_scoped: members.iter().any(Member::operation_scoped),
                 members,
-                policies: rule.policies.clone(),
+                policies: policies.clone(),
                 operation: rule_operation(&rule.domain, &rule.pattern),
             };
-            by_domain.entry(rule.domain.as_str().into()).or_default().push(prepared);
+            by_domain
+                .entry(rule.domain.as_str().into())
+                .or_default()
+                .push(Entry::Limited(prepared));
         }
         Ok(Self { by_domain })
     }
 
+    /// The limited rule at `index` of the configured list, if that one is.
+    pub(crate) fn limited(&self, index: usize) -> Option<&PreparedRule> {
+        self.by_domain.values().flatten().find_map(|entry| match entry {
+            Entry::Limited(rule) if rule.index == index => Some(rule),
+            Entry::Limited(_) | Entry::Unlimited { .. } => None,
+        })
+    }
+
     /// The first rule of `domain` whose pattern fits `entries`.
-    pub(crate) fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Option<&PreparedRule> {
-        self.by_domain.get(domain)?.iter().find(|rule| rule.matches(entries))
+    pub(crate) fn find(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Match<'_>> {
+        let rules = self.by_domain.get(domain)?;
+        rules.iter().find(|rule| rule.matches(entries)).map(Entry::as_match)
     }
 }
 
@@ -208,7 +274,7 @@ mod tests {
             domain: domain.to_owned(),
             pattern: pattern.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect(),
             subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
-            policies: PolicySet::single(PolicyId::new("p").unwrap()),
+            limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("p").unwrap())),
         }
     }
 
@@ -252,7 +318,9 @@ mod tests {
         let fine =
             [rule("d", &ip, None), rule("d", &[("a", Some("x")), ("b", None)], Some(&["b"]))];
         let rules = Rules::new(&fine, &port).unwrap();
-        let second = rules.find("d", &[("a", "x"), ("b", "y")]).unwrap();
+        let Some(Match::Limited(second)) = rules.find("d", &[("a", "x"), ("b", "y")]) else {
+            panic!("the second rule matches");
+        };
         assert_eq!((second.index, &*second.subject), (1, &[1][..]));
         assert!(rules.find("d", &[("a", "z"), ("b", "y")]).is_none());
         assert!(rules.find("other", &[("remote_address", "y")]).is_none());

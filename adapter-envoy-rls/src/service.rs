@@ -2,9 +2,10 @@
 //! the engine in force, `grpc.health.v1.Health` over the provider's
 //! readiness, and the listener that serves both until shutdown.
 
-use std::future::Future;
-use std::pin::Pin;
+use std::future::{Future, poll_fn};
+use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -15,13 +16,18 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use futures::Stream;
 use shared_contract::{RateLimitOutcome, RateLimitRequest as PortRequest};
 use tokio::net::TcpListener;
+use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::codegen::http::HeaderMap;
+use tonic::codegen::{Service, http};
 use tonic::metadata::MetadataMap;
+use tonic::server::NamedService;
 use tonic::{Code, Request, Response, Status};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_server::{Health, HealthServer};
 use tonic_health::pb::{HealthCheckRequest, HealthCheckResponse};
+use tonic_health::server::{HealthReporter, HealthService};
+use tower::util::MapRequestLayer;
 use tracing::{Instrument, Span};
 
 use crate::engine::RlsEngine;
@@ -169,18 +175,102 @@ pub(crate) fn record_decision(span: &Span, outcome: &RateLimitOutcome, enforces:
     span.record("rate_limit.cached", cached);
 }
 
-/// The `grpc-timeout` a call sent (`<1..8 digits><H|M|S|m|u|n>`), if it
-/// sent one that reads; a malformed one is ignored (the budget holds).
+/// When a call reached the server, stamped by [`stamp_arrival`].
+#[derive(Debug, Clone, Copy)]
+struct Arrival(Instant);
+
+/// Stamps the call's arrival. tonic's server runs its own `grpc-timeout`
+/// timer around every call (`GrpcTimeout`, outside any layer we add) and
+/// answers `CANCELLED "Timeout expired"` when it fires first. It starts
+/// that timer right after it hands the request to the layers inside it,
+/// so a stamp taken here is never later than tonic's start, and a
+/// deadline counted from it never ends after tonic's.
+fn stamp_arrival<B>(mut request: http::Request<B>) -> http::Request<B> {
+    request.extensions_mut().insert(Arrival(Instant::now()));
+    request
+}
+
+/// The rate limit service with its evaluation deadline counted from the
+/// call's arrival: from the request's first byte read to its answer, a
+/// call that outlives `min(budget, grpc-timeout)` is answered
+/// `UNAVAILABLE` by us (see [`answered_by`]), never `CANCELLED` by tonic.
+#[derive(Debug, Clone)]
+struct Deadlined<S> {
+    inner: S,
+    switch: RlsSwitch,
+}
+
+impl<S: NamedService> NamedService for Deadlined<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> Service<http::Request<B>> for Deadlined<S>
+where
+    S: Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let arrival = request.extensions().get::<Arrival>().map_or_else(Instant::now, |at| at.0);
+        let timeout = grpc_timeout_header(request.headers());
+        let budget = self.switch.current().evaluation_deadline(timeout);
+        // A budget too large for `Instant` fails closed, as the engine's.
+        let deadline = arrival.checked_add(budget).unwrap_or(arrival);
+        Box::pin(answered_by(deadline, self.inner.call(request)))
+    }
+}
+
+/// `answer`, or, once `deadline` has passed, `UNAVAILABLE` with the
+/// category `indeterminate` (the provider may have charged). tonic polls
+/// the call before its own timer, so when that timer has fired this one's
+/// deadline (never later) has passed too, the check of the time below
+/// answers, and the client gets our status, not tonic's `CANCELLED`.
+async fn answered_by<E>(
+    deadline: Instant,
+    answer: impl Future<Output = Result<http::Response<tonic::body::Body>, E>>,
+) -> Result<http::Response<tonic::body::Body>, E> {
+    let mut answer = pin!(answer);
+    let mut timer = pin!(tokio::time::sleep_until(deadline));
+    poll_fn(|cx| {
+        if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+            return Poll::Ready(answer);
+        }
+        if Instant::now() >= deadline || timer.as_mut().poll(cx).is_ready() {
+            tracing::warn!(outcome = "indeterminate", "envoy rls deadline passed; failed closed");
+            let status = Status::unavailable("rate limit unavailable: indeterminate");
+            return Poll::Ready(Ok(status.into_http()));
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// The `grpc-timeout` a call sent (`<1..8 digits><H|M|S|m|u|n>`), read as
+/// tonic's server reads it (its timer and this deadline must agree); one
+/// that does not read is ignored (the budget holds).
 pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
-    let text = metadata.get("grpc-timeout")?.to_str().ok()?;
+    grpc_timeout_header(metadata.as_ref())
+}
+
+fn grpc_timeout_header(headers: &http::HeaderMap) -> Option<Duration> {
+    let text = headers.get("grpc-timeout")?.to_str().ok()?;
     let (digits, unit) = text.split_at(text.len().checked_sub(1)?);
-    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    if digits.len() > 8 {
         return None;
     }
+    // `u64::from_str`, as tonic's: it takes a leading `+` too.
     let value: u64 = digits.parse().ok()?;
     Some(match unit {
-        "H" => Duration::from_secs(value.checked_mul(3600)?),
-        "M" => Duration::from_secs(value.checked_mul(60)?),
+        "H" => Duration::from_secs(value * 3600),
+        "M" => Duration::from_secs(value * 60),
         "S" => Duration::from_secs(value),
         "m" => Duration::from_millis(value),
         "u" => Duration::from_micros(value),
@@ -189,33 +279,99 @@ pub fn grpc_timeout(metadata: &MetadataMap) -> Option<Duration> {
     })
 }
 
+/// How often the listener asks the provider whether it is ready, so a
+/// `Watch` sees a change without being asked: the interval of Envoy's
+/// own health checks or shorter, one `PING` a second on Redis.
+pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
+
 /// `grpc.health.v1.Health`: `SERVING` only while the provider of the
-/// engine in force is ready (the rule of `/readyz`), asked at each check.
+/// engine in force is ready (the rule of `/readyz`). `Check` asks the
+/// provider at each call; `Watch` streams the status as tonic-health's
+/// [`HealthReporter`] holds it, which every `Check` and the listener's
+/// readiness loop (every [`READINESS_INTERVAL`]) update, so a watcher gets
+/// a new message whenever readiness changes, and only then.
 /// The overall service (`""`) and [`RATE_LIMIT_SERVICE_NAME`] are known;
 /// any other name is `NOT_FOUND`.
 #[derive(Debug, Clone)]
 pub struct ProviderHealth {
     switch: RlsSwitch,
+    reporter: HealthReporter,
+    /// What `reporter` was last told; held across the update, so two
+    /// observers never set it out of order.
+    reported: Arc<tokio::sync::Mutex<Reported>>,
+}
+
+/// What the watchers were last told.
+#[derive(Debug, Default)]
+struct Reported {
+    /// `None` before the first observation.
+    status: Option<tonic_health::ServingStatus>,
+    /// The listener is shutting down: the watches have ended, and nothing
+    /// is reported any more.
+    closed: bool,
 }
 
 impl ProviderHealth {
     /// Health over the provider of `switch`'s engine.
     pub fn new(switch: RlsSwitch) -> Self {
-        Self { switch }
+        let reported = Arc::new(tokio::sync::Mutex::new(Reported::default()));
+        Self { switch, reporter: HealthReporter::new(), reported }
     }
 
-    async fn status(&self, service: &str) -> Result<HealthCheckResponse, Status> {
-        if !service.is_empty() && service != RATE_LIMIT_SERVICE_NAME {
-            return Err(Status::not_found("unknown service"));
-        }
-        // Off (`disabled`) is always ready, as `/readyz` says.
+    /// Asks the provider now and reports the answer to the watchers if it
+    /// changed. Off (`disabled`) is always ready, as `/readyz` says.
+    async fn observe(&self) -> tonic_health::ServingStatus {
+        use tonic_health::ServingStatus::{NotServing, Serving};
         let engine = self.switch.current();
         let ready = match engine.port() {
             Some(port) => port.is_ready().await,
             None => true,
         };
-        let status = if ready { ServingStatus::Serving } else { ServingStatus::NotServing };
-        Ok(HealthCheckResponse { status: status.into() })
+        let status = if ready { Serving } else { NotServing };
+        let mut reported = self.reported.lock().await;
+        if reported.closed {
+            return NotServing;
+        }
+        if reported.status != Some(status) {
+            for service in ["", RATE_LIMIT_SERVICE_NAME] {
+                self.reporter.set_service_status(service, status).await;
+            }
+            reported.status = Some(status);
+        }
+        status
+    }
+
+    /// At shutdown: every watcher hears `NOT_SERVING`, then its stream
+    /// ends, so the drain does not wait on open watches; a later `Check`
+    /// answers `NOT_SERVING`.
+    async fn close(&self) {
+        let mut reported = self.reported.lock().await;
+        reported.closed = true;
+        let mut reporter = self.reporter.clone();
+        for service in ["", RATE_LIMIT_SERVICE_NAME] {
+            let status = tonic_health::ServingStatus::NotServing;
+            reporter.set_service_status(service, status).await;
+            // Dropping the sender ends the watches once they have read it.
+            reporter.clear_service_status(service).await;
+        }
+    }
+
+    /// Observes readiness every [`READINESS_INTERVAL`], for ever.
+    async fn follow_readiness(&self) {
+        let mut interval = tokio::time::interval(READINESS_INTERVAL);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            self.observe().await;
+        }
+    }
+
+    fn known(service: &str) -> Result<(), Status> {
+        if service.is_empty() || service == RATE_LIMIT_SERVICE_NAME {
+            Ok(())
+        } else {
+            Err(Status::not_found("unknown service"))
+        }
     }
 }
 
@@ -227,20 +383,28 @@ impl Health for ProviderHealth {
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<HealthCheckResponse>, Status> {
-        self.status(&request.get_ref().service).await.map(Response::new)
+        Self::known(&request.get_ref().service)?;
+        let status = ServingStatus::from(self.observe().await);
+        Ok(Response::new(HealthCheckResponse { status: status.into() }))
     }
 
     type WatchStream = WatchStream;
 
-    /// The status now, once; the stream then ends and a client asks again
-    /// (what the protocol tells it to do on any end but `UNIMPLEMENTED`).
+    /// The status now, then each change, until the client ends the call.
     async fn watch(
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        let status = self.status(&request.get_ref().service).await;
-        let stream: WatchStream = Box::pin(futures::stream::once(async move { status }));
-        Ok(Response::new(stream))
+        Self::known(&request.get_ref().service)?;
+        // The status the stream starts with is the provider's now.
+        if self.observe().await == tonic_health::ServingStatus::NotServing
+            && self.reported.lock().await.closed
+        {
+            return Err(Status::unavailable("the listener is shutting down"));
+        }
+        let statuses = HealthService::from_health_reporter(self.reporter.clone());
+        let stream = statuses.watch(request).await?.into_inner();
+        Ok(Response::new(Box::pin(stream)))
     }
 }
 
@@ -268,10 +432,22 @@ pub async fn serve_traced(
     tracing: Option<Arc<dyn CallTracing>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), RlsError> {
+    let health = ProviderHealth::new(switch.clone());
+    // Watchers are told of readiness while the listener serves; the loop
+    // ends with it.
+    let readiness = health.clone();
+    let shutdown = async move {
+        tokio::select! {
+            () = shutdown => {}
+            () = readiness.follow_readiness() => {}
+        }
+        readiness.close().await;
+    };
     let service = EnvoyRateLimitService::new(switch.clone()).traced_by(tracing);
     tonic::transport::Server::builder()
-        .add_service(RateLimitServiceServer::new(service))
-        .add_service(HealthServer::new(ProviderHealth::new(switch)))
+        .layer(MapRequestLayer::new(stamp_arrival))
+        .add_service(Deadlined { inner: RateLimitServiceServer::new(service), switch })
+        .add_service(HealthServer::new(health))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
         .map_err(|error| RlsError::Transport(error.to_string()))

@@ -1,20 +1,25 @@
 //! Decision metrics of the RLS front end: the HTTP edge's decision counter
-//! with `front="envoy-rls"`, each member's handles registered once and
+//! and evaluation histogram with `front="envoy-rls"`, each member's handles registered once and
 //! kept, so a request bumps counters without building labels; and two
 //! counters of its own.
 
 use std::sync::{Arc, LazyLock, OnceLock};
 
-use metrics::{Counter, SharedString};
+use std::time::Duration;
+
+use metrics::{Counter, Histogram, SharedString};
 use shared_contract::{
-    DECISIONS_TOTAL, DecisionSource, FRONT_ENVOY_RLS, PolicyMode, RateLimitOutcome,
-    RateLimitPolicy, metric_name,
+    DECISIONS_TOTAL, DecisionSource, EVALUATION_SECONDS, FRONT_ENVOY_RLS, PolicyMode,
+    RateLimitOutcome, RateLimitPolicy, metric_name,
 };
 
 /// Counter of descriptors that matched no rule (or named an unknown
 /// domain): answered `OK` without a provider call. No labels: a domain or
 /// a value a client sends never becomes a label.
 pub const UNMATCHED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unmatched_descriptors_total");
+/// Counter of descriptors that matched an `unlimited = true` rule:
+/// answered `OK` without a provider call. No labels, as unmatched.
+pub const UNLIMITED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unlimited_descriptors_total");
 /// Counter of descriptors that carried a `limit` override, which is
 /// ignored: a client does not choose its own limit.
 pub const LIMIT_OVERRIDES_IGNORED_TOTAL: &str =
@@ -35,6 +40,8 @@ pub(crate) struct MemberMetrics {
     /// Two per outcome (not cached, then cached), and one for a label
     /// missing from [`OUTCOMES`] (none is).
     decisions: Box<[OnceLock<Counter>]>,
+    /// The HTTP edge's evaluation histogram, `front="envoy-rls"`.
+    evaluation: OnceLock<Histogram>,
 }
 
 impl MemberMetrics {
@@ -44,6 +51,7 @@ impl MemberMetrics {
             algorithm: described.map_or("unknown", |policy| policy.algorithm().name()),
             mode: described.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name(),
             decisions: (0..=OUTCOMES.len() * 2).map(|_| OnceLock::new()).collect(),
+            evaluation: OnceLock::new(),
         }
     }
 
@@ -92,6 +100,20 @@ impl MemberMetrics {
         }
     }
 
+    /// Records how long the port took to evaluate this member's set.
+    pub(crate) fn observe(&self, elapsed: Duration) {
+        self.evaluation
+            .get_or_init(|| {
+                metrics::histogram!(
+                    EVALUATION_SECONDS,
+                    "policy" => self.policy.clone(),
+                    "algorithm" => self.algorithm,
+                    "front" => FRONT_ENVOY_RLS,
+                )
+            })
+            .record(elapsed.as_secs_f64());
+    }
+
     /// Counts a look-only answer (`hits_addend` 0): `allowed` or `denied`.
     pub(crate) fn record_look(&self, allowed: bool) {
         self.count(if allowed { "allowed" } else { "denied" }, false);
@@ -103,6 +125,7 @@ impl MemberMetrics {
 #[derive(Debug)]
 pub(crate) struct FrontMetrics {
     pub(crate) unmatched: Counter,
+    pub(crate) unlimited: Counter,
     pub(crate) overrides: Counter,
 }
 
@@ -110,6 +133,7 @@ impl FrontMetrics {
     pub(crate) fn new() -> Self {
         Self {
             unmatched: metrics::counter!(UNMATCHED_DESCRIPTORS_TOTAL),
+            unlimited: metrics::counter!(UNLIMITED_DESCRIPTORS_TOTAL),
             overrides: metrics::counter!(LIMIT_OVERRIDES_IGNORED_TOTAL),
         }
     }

@@ -157,6 +157,86 @@ async fn the_deadline_is_the_budget_or_the_calls_timeout_whichever_is_shorter() 
     assert_eq!(port.deadline.lock().unwrap().unwrap() - now, BUDGET);
 }
 
+/// Never answers an evaluation: only a deadline ends the call.
+#[derive(Debug)]
+struct Hanging(Arc<dyn EdgeRateLimitPort>);
+
+#[async_trait]
+impl EdgeRateLimitPort for Hanging {
+    async fn evaluate(&self, _: RateLimitRequest) -> RateLimitOutcome {
+        std::future::pending().await
+    }
+    fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
+        self.0.policy(id)
+    }
+    async fn is_ready(&self) -> bool {
+        true
+    }
+    async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
+        std::future::pending().await
+    }
+    async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
+        std::future::pending().await
+    }
+    async fn release(&self, _: &Lease) -> ReleaseOutcome {
+        std::future::pending().await
+    }
+}
+
+/// One `ShouldRateLimit` over a bare HTTP/2 connection with the
+/// `grpc-timeout` header `timeout`: tonic's client would end the call on
+/// its own timer, which starts before the server's. The server's
+/// `grpc-status` and `grpc-message`.
+async fn call_with_timeout_header(
+    addr: std::net::SocketAddr,
+    request: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest,
+    timeout: &str,
+) -> (String, String) {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    let message = prost::Message::encode_to_vec(&request);
+    // The gRPC frame: not compressed, the length, the message.
+    let mut frame = vec![0];
+    frame.extend(u32::try_from(message.len()).unwrap().to_be_bytes());
+    frame.extend(message);
+    let call = http::Request::post(format!(
+        "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+    ))
+    .header("content-type", "application/grpc")
+    .header("te", "trailers")
+    .header("grpc-timeout", timeout)
+    .body(http_body_util::Full::new(std::io::Cursor::new(frame)))
+    .unwrap();
+    let response = sender.send_request(call).await.unwrap();
+    let (parts, body) = response.into_parts();
+    let trailers = body.collect().await.unwrap().trailers().cloned().unwrap_or_default();
+    let read = |name: &str| {
+        let value = parts.headers.get(name).or_else(|| trailers.get(name));
+        value.map(|value| value.to_str().unwrap().to_owned()).unwrap_or_default()
+    };
+    (read("grpc-status"), read("grpc-message"))
+}
+
+#[tokio::test]
+async fn a_grpc_timeout_that_ends_mid_call_answers_unavailable_with_the_category() {
+    let clock = scenarios::clock();
+    let port = Arc::new(Hanging(memory(scenarios::policies(), clock.clone())));
+    let rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
+    let look = descriptor(&[("remote_address", "10.1.0.7")], Some(0));
+    for (descriptors, timeout) in [(vec![ip("10.1.0.7")], "20m"), (vec![look], "3m")] {
+        let (status, message) =
+            call_with_timeout_header(rls.addr, request("edge", descriptors, 0), timeout).await;
+        // 14 = UNAVAILABLE; tonic's own timer would answer 1 = CANCELLED.
+        assert_eq!((status.as_str(), message.contains("indeterminate")), ("14", true), "{message}");
+    }
+}
+
 #[tokio::test]
 async fn a_reload_puts_new_rules_in_force_over_the_same_counters() {
     let clock = scenarios::clock();
@@ -187,7 +267,18 @@ async fn the_listener_drains_and_stops_on_shutdown() {
     let port = memory(scenarios::policies(), clock.clone());
     let mut rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
     rls.ok(request("edge", vec![ip("10.1.0.6")], 0)).await;
+    // An open health watch hears NOT_SERVING, then ends: it does not hold
+    // the drain open.
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let watching = tonic_health::pb::HealthCheckRequest { service: String::new() };
+    let mut watch = rls.health().await.watch(watching).await.unwrap().into_inner();
+    let status = |message: Option<tonic_health::pb::HealthCheckResponse>| {
+        ServingStatus::try_from(message.expect("a status").status).unwrap()
+    };
+    assert_eq!(status(watch.message().await.unwrap()), ServingStatus::Serving);
     rls.stop();
+    assert_eq!(status(watch.message().await.unwrap()), ServingStatus::NotServing);
+    assert!(watch.message().await.unwrap().is_none(), "the watch ends");
     let served = (&mut rls.served).await.unwrap();
     assert_eq!(served, Ok(()));
     assert!(tokio::net::TcpStream::connect(rls.addr).await.is_err(), "still accepting");
@@ -208,6 +299,8 @@ fn grpc_timeouts_read_every_unit_and_refuse_the_malformed() {
     assert_eq!(read("250m"), Some(Duration::from_millis(250)));
     assert_eq!(read("7u"), Some(Duration::from_micros(7)));
     assert_eq!(read("9n"), Some(Duration::from_nanos(9)));
+    // As tonic's server reads it: `u64::from_str` takes a leading `+`.
+    assert_eq!(read("+5m"), Some(Duration::from_millis(5)));
     for bad in ["", "m", "123456789m", "1x", "-1S", "1.5S"] {
         assert_eq!(read(bad), None, "{bad:?}");
     }

@@ -1,6 +1,7 @@
 //! The RLS through a real tonic client over TCP on the Redis provider,
 //! standalone, against a private `redis-server`: every scenario, then
-//! Redis killed (`UNAVAILABLE`, health `NOT_SERVING`).
+//! Redis killed (`UNAVAILABLE`, health `NOT_SERVING`), and a health `Watch`
+//! following Redis down and up again.
 
 mod support;
 
@@ -54,4 +55,41 @@ async fn every_scenario_on_redis_then_unavailable_once_redis_is_killed() {
     assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
     assert!(status.message().starts_with("rate limit unavailable: "), "{status:?}");
     scenarios::health_is_serving_while_the_provider_is_ready(&rls, false).await;
+}
+
+/// A `Watch` stays open and streams each change of readiness: `SERVING`,
+/// `NOT_SERVING` once Redis is killed, `SERVING` once it is back; only
+/// changes, in order (whenever the listener notices them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_health_watch_follows_redis_down_and_up() {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut server = RedisServer::start();
+    let clock = scenarios::clock();
+    let redis = port(server.url(), scenarios::policies(), clock.clone());
+    let rls = Rls::start(engine(redis, Arc::new(clock), &scenarios::rules())).await;
+    let mut health = rls.health().await;
+    let mut watches = Vec::new();
+    for service in ["", adapter_envoy_rls::RATE_LIMIT_SERVICE_NAME] {
+        let request = HealthCheckRequest { service: service.to_owned() };
+        watches.push(health.watch(request).await.unwrap().into_inner());
+    }
+    let next = async |watch: &mut tonic::Streaming<_>| -> ServingStatus {
+        let message: tonic_health::pb::HealthCheckResponse =
+            watch.message().await.unwrap().expect("the watch stays open");
+        ServingStatus::try_from(message.status).unwrap()
+    };
+    for watch in &mut watches {
+        assert_eq!(next(watch).await, ServingStatus::Serving);
+    }
+    server.crash();
+    for watch in &mut watches {
+        assert_eq!(next(watch).await, ServingStatus::NotServing);
+    }
+    server.restart();
+    for watch in &mut watches {
+        assert_eq!(next(watch).await, ServingStatus::Serving);
+    }
+    let unknown = health.watch(HealthCheckRequest { service: "other".to_owned() }).await;
+    assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
 }

@@ -15,16 +15,11 @@ use shared_contract::{DecisionSource, PolicyMode, RateLimitOutcome, RateLimitPol
 
 use crate::rejection::EdgeRejection;
 
-pub use shared_contract::{DECISIONS_TOTAL, FRONT_HTTP, metric_name};
+pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metric_name};
 
 /// The prefix every metric the service exports starts with, named for the
 /// service.
 pub const METRIC_PREFIX: &str = metric_name!("");
-
-/// Histogram of port evaluation time in seconds, one observation per policy
-/// of the set (the set is one evaluation, so each sees the same time):
-/// labels `policy`, `algorithm`.
-pub const EVALUATION_SECONDS: &str = metric_name!("rate_limit_evaluation_seconds");
 
 /// The `algorithm` label when the port does not hold the policy.
 const UNKNOWN_ALGORITHM: &str = "unknown";
@@ -109,6 +104,7 @@ impl MemberMetrics {
                     EVALUATION_SECONDS,
                     "policy" => self.policy.clone(),
                     "algorithm" => self.algorithm,
+                    "front" => FRONT_HTTP,
                 )
             })
             .record(elapsed.as_secs_f64());

@@ -420,7 +420,7 @@ fn metrics_carry_policy_algorithm_outcome_and_mode_but_no_subject() {
         histograms,
         [(
             EVALUATION_SECONDS.to_owned(),
-            pairs(&[("policy", "default"), ("algorithm", "fixed-window")])
+            pairs(&[("policy", "default"), ("algorithm", "fixed-window"), ("front", "http")])
         )]
     );
     for (_, labels, _) in &counters {

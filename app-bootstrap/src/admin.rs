@@ -2,13 +2,15 @@
 //! one, behind a bearer token. It answers "why is this customer blocked,
 //! and unblock them now" through the port's operator calls:
 //!
-//! - `GET /admin/subjects/{pseudonym}/policies/{policy}[?operation=METHOD%20/route]`:
-//!   the budget as the provider holds it now, without charging;
+//! - `GET /admin/subjects/{pseudonym}/policies/{policy}[?operation=METHOD%20/route | ?rule=N]`:
+//!   the budget as the provider holds it now, without charging (`rule`:
+//!   the operation of `envoy-rls.rules.N`);
 //! - `DELETE` on the same path: resets that budget (audited, one log line);
-//! - `POST /admin/pseudonym` `{"kind", "identity"}`: the pseudonym the edge
-//!   counts that subject under, so support staff can find a customer's
-//!   budget without the raw identity being stored (rate limited itself,
-//!   logged without the identity);
+//! - `POST /admin/pseudonym` `{"kind", "identity"}`, or `{"kind":
+//!   "descriptor", "domain", "entries"}`: the pseudonym the edge (or the
+//!   Envoy RLS) counts that subject under, so support staff can find a
+//!   customer's budget without the raw identity being stored (rate limited
+//!   itself, logged without the identity);
 //! - `POST /admin/reload`: reads the configuration again, as SIGHUP does,
 //!   and answers the [`ReloadReport`] (audited).
 //!
@@ -20,6 +22,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use adapter_envoy_rls::{DescriptorSubject, RlsSwitch};
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use adapter_web::{
     ApiKeyProblem, BridgeSwitch, EdgeSettings, IdentityProblem, SubjectKind,
@@ -121,6 +124,9 @@ pub struct AdminState {
     /// What `POST /admin/reload` runs; none for a server built without
     /// configuration sources to read again.
     reloader: Option<Reloader>,
+    /// The Envoy RLS engine in force (its rules and pseudonymizer), when
+    /// `envoy-rls.listen` is set: descriptor lookups and `?rule=N`.
+    rls: Option<RlsSwitch>,
 }
 
 impl AdminState {
@@ -138,7 +144,16 @@ impl AdminState {
             lookups: Arc::new(LookupLimiter::new(clock)?),
             served: Arc::new(served),
             reloader: None,
+            rls: None,
         })
+    }
+
+    /// This state with the Envoy RLS engine of `rls` for descriptor
+    /// subjects.
+    #[must_use]
+    pub fn with_rls(mut self, rls: Option<RlsSwitch>) -> Self {
+        self.rls = rls;
+        self
     }
 
     /// This state with `POST /admin/reload` running `reloader`.
@@ -201,6 +216,8 @@ fn bearer_token(credentials: &str) -> Option<&str> {
 #[derive(Debug, Deserialize)]
 struct OperationQuery {
     operation: Option<String>,
+    /// The index of an `envoy-rls.rules` entry: its operation.
+    rule: Option<usize>,
 }
 
 #[allow(
@@ -219,7 +236,9 @@ fn budget_route(
     let Path((pseudonym, policy)) =
         path.map_err(|_| bad("The pseudonym and the policy id are percent-encoded UTF-8."))?;
     let Query(query) =
-        query.map_err(|_| bad("The query is at most one operation=METHOD%20/route."))?;
+        query.map_err(|_| {
+            bad("The query is at most one operation=METHOD%20/route, or one rule=N (the index of an envoy-rls rule).")
+        })?;
     Ok((pseudonym, policy, query))
 }
 
@@ -232,7 +251,7 @@ async fn inspect(
         Ok(route) => route,
         Err(refusal) => return refusal,
     };
-    let (port, key, held) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {
+    let (port, key, held) = match budget(&state, &pseudonym, &policy, &query) {
         Ok(found) => found,
         Err(refusal) => return refusal,
     };
@@ -254,7 +273,7 @@ async fn reset(
         Ok(route) => route,
         Err(refusal) => return refusal,
     };
-    let (port, key, _) = match budget(&state, &pseudonym, &policy, query.operation.as_deref()) {
+    let (port, key, _) = match budget(&state, &pseudonym, &policy, &query) {
         Ok(found) => found,
         Err(refusal) => return refusal,
     };
@@ -270,6 +289,7 @@ async fn reset(
         pseudonym = %key.subject,
         policy = %key.policy,
         operation = query.operation.as_deref().unwrap_or(""),
+        rule = query.rule,
         caller = %caller,
         outcome,
         "admin budget reset"
@@ -304,9 +324,13 @@ fn budget(
     state: &AdminState,
     pseudonym: &str,
     policy: &str,
-    operation: Option<&str>,
+    query: &OperationQuery,
 ) -> Result<(Arc<dyn EdgeRateLimitPort>, BudgetKey, RateLimitPolicy), Response> {
     let bad = |detail: &str| problem(state, StatusCode::BAD_REQUEST, "invalid-request", detail);
+    let operation = query.operation.as_deref();
+    if operation.is_some() && query.rule.is_some() {
+        return Err(bad("Name an HTTP operation or an envoy-rls rule, not both."));
+    }
     let subject = SubjectDigest::parse(pseudonym)
         .map_err(|_| bad("The pseudonym is not of the form v<version>:<hex>."))?;
     let id = PolicyId::new(policy)
@@ -335,6 +359,10 @@ fn budget(
             Ok(charged_digest(text))
         })
         .transpose()?;
+    let operation = match query.rule {
+        Some(rule) => Some(rls_rule_operation(state, rule)?),
+        None => operation,
+    };
     let Some(port) = state.source.now().port else {
         return Err(problem(
             state,
@@ -348,6 +376,31 @@ fn budget(
         .cloned()
         .ok_or_else(|| failure_response(state, BudgetFailure::UnknownPolicy))?;
     Ok((port, BudgetKey::new(subject, id, operation), held))
+}
+
+#[allow(
+    clippy::result_large_err,
+    reason = "the refusal is the response answered as is, once per admin request"
+)]
+/// The operation of the limited rule `envoy-rls.rules.{rule}` in force,
+/// or the 404 that says there is none.
+fn rls_rule_operation(state: &AdminState, rule: usize) -> Result<OperationDigest, Response> {
+    let Some(rls) = &state.rls else {
+        return Err(rls_off(state));
+    };
+    rls.current().rule_operation(rule).ok_or_else(|| {
+        let detail = format!("envoy-rls.rules.{rule} is not a rule with policies in force.");
+        problem(state, StatusCode::NOT_FOUND, "unknown-rule", &detail)
+    })
+}
+
+fn rls_off(state: &AdminState) -> Response {
+    problem(
+        state,
+        StatusCode::NOT_FOUND,
+        "envoy-rls-off",
+        "The Envoy RLS listener is off (envoy-rls.listen): no descriptor has a budget.",
+    )
 }
 
 /// The JSON of an inspected budget.
@@ -405,7 +458,68 @@ async fn reload(
 #[serde(deny_unknown_fields)]
 struct LookupBody {
     kind: String,
-    identity: String,
+    /// An HTTP subject's identity.
+    identity: Option<String>,
+    /// A descriptor's domain.
+    domain: Option<String>,
+    /// A descriptor's entries, all of them, in order, as Envoy sends them.
+    entries: Option<Vec<LookupEntry>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LookupEntry {
+    key: String,
+    value: String,
+}
+
+/// What a lookup names: an HTTP subject, or an Envoy descriptor.
+enum Lookup {
+    Http(SubjectKind, String),
+    Descriptor(String, Vec<LookupEntry>),
+}
+
+const LOOKUP_SHAPE: &str = "The body is JSON {\"kind\": \"api-key\" | \"ip\" | \"principal\", \"identity\": \"...\"} or {\"kind\": \"descriptor\", \"domain\": \"...\", \"entries\": [{\"key\": \"...\", \"value\": \"...\"}, ...]}.";
+
+impl LookupBody {
+    /// The lookup, or what is wrong with the body, in the caller's terms.
+    fn lookup(self) -> Result<Lookup, String> {
+        let kind = match self.kind.as_str() {
+            "api-key" => Some(SubjectKind::ApiKey),
+            "ip" => Some(SubjectKind::ClientIp),
+            "principal" => Some(SubjectKind::Principal),
+            "descriptor" => None,
+            _ => {
+                return Err(
+                    "kind is one of \"api-key\", \"ip\", \"principal\", \"descriptor\".".to_owned()
+                );
+            }
+        };
+        let (lookup, bytes) = match (kind, self.identity, self.domain, self.entries) {
+            (Some(kind), Some(identity), None, None) => {
+                let bytes = identity.len();
+                (Lookup::Http(kind, identity), bytes)
+            }
+            (None, None, Some(domain), Some(entries)) => {
+                if entries.is_empty() || entries.iter().any(|entry| entry.key.is_empty()) {
+                    return Err(
+                        "entries is a non-empty list, each with a non-empty key.".to_owned()
+                    );
+                }
+                let bytes = domain.len()
+                    + entries
+                        .iter()
+                        .map(|entry| entry.key.len() + entry.value.len())
+                        .sum::<usize>();
+                (Lookup::Descriptor(domain, entries), bytes)
+            }
+            _ => return Err(LOOKUP_SHAPE.to_owned()),
+        };
+        if bytes > MAX_IDENTITY_BYTES {
+            return Err(format!("identity is at most {MAX_IDENTITY_BYTES} bytes."));
+        }
+        Ok(lookup)
+    }
 }
 
 async fn pseudonym(
@@ -414,39 +528,61 @@ async fn pseudonym(
     body: Result<Json<LookupBody>, JsonRejection>,
 ) -> Response {
     let bad = |detail: String| problem(&state, StatusCode::BAD_REQUEST, "invalid-request", &detail);
-    let Json(body) = match body {
-        Ok(body) => body,
-        Err(_) => {
-            return bad(
-                "The body is JSON {\"kind\": \"api-key\" | \"ip\" | \"principal\", \"identity\": \"...\"}."
-                    .to_owned(),
-            );
-        }
-    };
-    let kind = match body.kind.as_str() {
-        "api-key" => SubjectKind::ApiKey,
-        "ip" => SubjectKind::ClientIp,
-        "principal" => SubjectKind::Principal,
-        _ => return bad("kind is one of \"api-key\", \"ip\", \"principal\".".to_owned()),
-    };
-    if body.identity.len() > MAX_IDENTITY_BYTES {
-        return bad(format!("identity is at most {MAX_IDENTITY_BYTES} bytes."));
-    }
+    let lookup =
+        match body.map_err(|_| LOOKUP_SHAPE.to_owned()).and_then(|Json(body)| body.lookup()) {
+            Ok(lookup) => lookup,
+            Err(detail) => return bad(detail),
+        };
     if let Some(refusal) = state.lookups.admit(&state).await {
         return refusal;
     }
-    let now = state.source.now();
-    let identity = match canonical_identity(kind, &body.identity, &now.edge) {
-        Ok(identity) => identity,
-        Err(problem) => return bad(identity_detail(problem).to_owned()),
+    let (kind, pseudonym, rule) = match lookup {
+        Lookup::Http(kind, identity) => {
+            let now = state.source.now();
+            let identity = match canonical_identity(kind, &identity, &now.edge) {
+                Ok(identity) => identity,
+                Err(problem) => return bad(identity_detail(problem).to_owned()),
+            };
+            (kind.as_str(), now.pseudonymizer.pseudonymize(kind, &identity), None)
+        }
+        Lookup::Descriptor(domain, entries) => {
+            let Some(rls) = &state.rls else {
+                return rls_off(&state);
+            };
+            let entries: Vec<(&str, &str)> =
+                entries.iter().map(|entry| (entry.key.as_str(), entry.value.as_str())).collect();
+            // The rule a call with this descriptor matches, and the subject
+            // it is charged under, exactly as the RLS computes them.
+            match rls.current().descriptor_subject(&domain, &entries) {
+                DescriptorSubject::Limited { rule, subject, .. } => {
+                    (DESCRIPTOR_KIND, subject, Some(rule))
+                }
+                DescriptorSubject::Unlimited { rule } => {
+                    let detail = format!(
+                        "The descriptor matches envoy-rls.rules.{rule}, which is unlimited: it has no budget."
+                    );
+                    return problem(&state, StatusCode::NOT_FOUND, "not-limited", &detail);
+                }
+                DescriptorSubject::Unmatched => {
+                    let detail = "No envoy-rls rule matches the descriptor: it has no budget.";
+                    return problem(&state, StatusCode::NOT_FOUND, "not-limited", detail);
+                }
+            }
+        }
     };
-    let pseudonym = now.pseudonymizer.pseudonymize(kind, &identity);
     // Never the identity: only that a lookup happened, of which kind, by whom.
-    tracing::info!(target: "audit", kind = kind.as_str(), caller = %caller, "admin pseudonym lookup");
+    tracing::info!(target: "audit", kind, caller = %caller, "admin pseudonym lookup");
+    let mut answer = serde_json::json!({ "kind": kind, "pseudonym": pseudonym.as_str() });
+    if let Some(rule) = rule {
+        // The rule whose operation `?rule=N` names, for its operation-scoped policies.
+        answer["rule"] = rule.into();
+    }
     let headers = [(header::CACHE_CONTROL, "no-store")];
-    (headers, Json(serde_json::json!({ "kind": kind.as_str(), "pseudonym": pseudonym.as_str() })))
-        .into_response()
+    (headers, Json(answer)).into_response()
 }
+
+/// The `kind` of a descriptor lookup: the subject kind the RLS frames.
+const DESCRIPTOR_KIND: &str = adapter_envoy_rls::DESCRIPTOR_SUBJECT_KIND;
 
 const fn identity_detail(problem: IdentityProblem) -> &'static str {
     match problem {

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
 
-use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings};
+use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings, RuleLimit};
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
@@ -278,18 +278,23 @@ pub fn rls_engine(
     };
     let mut rules = Vec::with_capacity(config.envoy_rls.rules.len());
     for rule in &config.envoy_rls.rules {
-        let ids = rule.policies.iter().map(|id| PolicyId::new(id.as_str()));
-        let policies = ids
-            .collect::<Result<Vec<_>, _>>()
-            .and_then(PolicySet::new)
-            .map_err(|error| wiring("the envoy rls rules", error))?;
+        let limit = if rule.unlimited {
+            RuleLimit::Unlimited
+        } else {
+            let ids = rule.policies.iter().map(|id| PolicyId::new(id.as_str()));
+            let policies = ids
+                .collect::<Result<Vec<_>, _>>()
+                .and_then(PolicySet::new)
+                .map_err(|error| wiring("the envoy rls rules", error))?;
+            RuleLimit::Policies(policies)
+        };
         let pattern =
             rule.entries().map(|(key, value)| (key.to_owned(), value.map(str::to_owned))).collect();
         rules.push(RlsRule {
             domain: rule.domain.clone(),
             pattern,
             subject: rule.subject.clone(),
-            policies,
+            limit,
         });
     }
     RlsEngine::new(port, pseudonymizer, clock, settings, &rules)

@@ -275,7 +275,11 @@ fn import_envoy_ratelimit(files: &[PathBuf]) -> Result<(), BootstrapError> {
     for file in files {
         match read_bounded(file) {
             Ok(text) => texts.push((file.display().to_string(), text)),
-            Err(problem) => unread.push(format!("{}: {problem}", file.display())),
+            Err(problem) => {
+                // The name as given, its control characters escaped like every message.
+                let name = envoy_ratelimit::printable(&file.display().to_string());
+                unread.push(format!("{name}: {problem}"));
+            }
         }
     }
     let sources: Vec<Source<'_>> = texts.iter().map(|(name, text)| Source { name, text }).collect();

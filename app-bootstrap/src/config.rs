@@ -128,8 +128,13 @@ pub struct RlsRuleConfig {
     /// `subject`: the entries whose values are the subject (one key or a
     /// list); `None` means every entry without a fixed value.
     pub subject: Option<Vec<String>>,
-    /// `policies`: one policy id or a list of up to 8, as operations take.
+    /// `policies`: one policy id or a list of up to 8, as operations take;
+    /// empty when `unlimited`.
     pub policies: Vec<String>,
+    /// `unlimited`: `true` answers the rule's descriptors `OK` without a
+    /// provider call (envoyproxy/ratelimit's `unlimited`); a rule has
+    /// either this or `policies`.
+    pub unlimited: bool,
 }
 
 impl RlsRuleConfig {

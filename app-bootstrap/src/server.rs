@@ -278,24 +278,6 @@ impl Application {
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let upkeep = capability.upkeep().cloned();
         let layer = capability.layer(config, Arc::clone(&clock))?;
-        let admin = match (config.admin.listen, &config.admin.token) {
-            (Some(address), Some(token)) => {
-                // The edge's bridge in force (its port, pseudonymizer and
-                // settings), so the admin routes follow every reload.
-                let source = match layer.switch() {
-                    Some(switch) => AdminSource::Edge(switch.clone()),
-                    None => AdminSource::Disabled {
-                        pseudonymizer: Arc::new(capability::pseudonymizer(config)?),
-                        edge: Arc::new(capability::edge_settings(config)?),
-                    },
-                };
-                let state = AdminState::new(source, token, served.clone(), Arc::clone(&clock))?;
-                let (listener, address) = bind(address).await?;
-                Some(AdminListener { listener, state, address })
-            }
-            // Off; validation refuses a listener without a token.
-            (Some(_), None) | (None, _) => None,
-        };
         let rls = match config.envoy_rls.listen {
             Some(address) => {
                 // The edge's pseudonymizer, so one subject kind never
@@ -311,6 +293,25 @@ impl Application {
                 Some(RlsListener { listener, switch: RlsSwitch::new(engine), address })
             }
             None => None,
+        };
+        let admin = match (config.admin.listen, &config.admin.token) {
+            (Some(address), Some(token)) => {
+                // The edge's bridge in force (its port, pseudonymizer and
+                // settings), so the admin routes follow every reload.
+                let source = match layer.switch() {
+                    Some(switch) => AdminSource::Edge(switch.clone()),
+                    None => AdminSource::Disabled {
+                        pseudonymizer: Arc::new(capability::pseudonymizer(config)?),
+                        edge: Arc::new(capability::edge_settings(config)?),
+                    },
+                };
+                let state = AdminState::new(source, token, served.clone(), Arc::clone(&clock))?
+                    .with_rls(rls.as_ref().map(|rls| rls.switch.clone()));
+                let (listener, address) = bind(address).await?;
+                Some(AdminListener { listener, state, address })
+            }
+            // Off; validation refuses a listener without a token.
+            (Some(_), None) | (None, _) => None,
         };
         let target = capability.state().zip(layer.switch()).map(|(state, switch)| ReloadTarget {
             switch: switch.clone(),

@@ -42,6 +42,11 @@ listen = "127.0.0.1:0"
 domain = "{domain}"
 descriptor = ["remote_address"]
 policies = "edge-ip"
+
+[[envoy-rls.rules]]
+domain = "{domain}"
+descriptor = ["generic_key=health"]
+unlimited = true
 "#
     )
 }
@@ -60,12 +65,19 @@ fn header<'a>(response: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
     found.map(|header| header.value.as_str())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("rls.toml");
-    std::fs::write(&path, file("edge")).unwrap();
-    let sources = ConfigSources::file_only(path.clone());
+/// The real server of the configuration at `path`, running until `stop`.
+struct Server {
+    http: String,
+    rls: std::net::SocketAddr,
+    admin: Option<std::net::SocketAddr>,
+    reloader: app_bootstrap::Reloader,
+    client: RateLimitServiceClient<tonic::transport::Channel>,
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+async fn start(path: &std::path::Path) -> Server {
+    let sources = ConfigSources::file_only(path.to_owned());
     let config = AppConfig::load(&sources).unwrap();
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(T0 + 250));
     let application = Application::build_with(&config, app_bootstrap::routes::api(), clock)
@@ -75,12 +87,22 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
     let reloader = application.reloader().unwrap().clone();
     let http = format!("http://{}", application.local_addr());
     let rls = application.rls_addr().expect("the RLS listener is bound");
-    assert_ne!(rls.port(), 0);
+    let admin = application.admin_addr();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(async move {
         application.run_until(async { drop(stopped.await) }).await.unwrap();
     });
-    let mut client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+    let client = RateLimitServiceClient::connect(format!("http://{rls}")).await.unwrap();
+    Server { http, rls, admin, reloader, client, stop, task }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rls.toml");
+    std::fs::write(&path, file("edge")).unwrap();
+    let Server { http, rls, reloader, mut client, stop, task, .. } = start(&path).await;
+    assert_ne!(rls.port(), 0);
     let web = reqwest::Client::builder().no_proxy().build().unwrap();
 
     // Three allowed, then over the limit: 3 a minute, as configured.
@@ -115,6 +137,18 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
     assert_eq!(series("allowed", "envoy-rls"), 3, "{metrics}");
     assert_eq!(series("denied", "envoy-rls"), 1, "{metrics}");
     assert_eq!(series("allowed", "http"), 1, "{metrics}");
+    // One evaluation-time histogram, a series per front end: the RLS's 4
+    // evaluations, the HTTP edge's 1.
+    let evaluations = |front: &str| {
+        counter(
+            &metrics,
+            &format!(
+                r#"ca_skeleton_rate_limit_evaluation_seconds_count{{policy="edge-ip",algorithm="fixed-window",front="{front}"}}"#
+            ),
+        )
+    };
+    assert_eq!(evaluations("envoy-rls"), 4, "{metrics}");
+    assert_eq!(evaluations("http"), 1, "{metrics}");
 
     // A reload moves the rule to another domain: the old one is unmatched.
     std::fs::write(&path, file("edge-2")).unwrap();
@@ -142,8 +176,16 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
         codes.push(Code::try_from(answer.overall_code).unwrap());
     }
     assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    // An unlimited rule's descriptor: OK, no limit, counted apart.
+    let mut health = ask("edge-2", "");
+    health.descriptors[0].entries =
+        vec![Entry { key: "generic_key".to_owned(), value: "health".to_owned() }];
+    let answer = client.should_rate_limit(health).await.unwrap().into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+    assert!(answer.statuses[0].current_limit.is_none());
     let metrics = web.get(format!("{http}/metrics")).send().await.unwrap().text().await.unwrap();
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unmatched_descriptors_total"), 1);
+    assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unlimited_descriptors_total"), 1);
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_limit_overrides_ignored_total"), 4);
 
     // Shutdown: the gRPC listener stops accepting and the server ends.
@@ -151,4 +193,85 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
     assert!(tokio::net::TcpStream::connect(rls).await.is_err(), "still accepting");
+}
+
+/// An operator finds an RLS rule's budget through the admin API as they
+/// find an HTTP subject's: the lookup answers the descriptor's pseudonym
+/// and rule (the raw values are never in the answer), and inspect / reset
+/// take `?rule=N` for the rule's operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_lookup_inspect_and_reset_know_descriptor_subjects() {
+    const TOKEN: &str = "admin-token-0123456789abcdef0123456789";
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rls.toml");
+    let admin = format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n");
+    // A policy of its own: the other test counts edge-ip's series in the
+    // one recorder of the process.
+    std::fs::write(&path, file("edge").replace("edge-ip", "admin-ip") + &admin).unwrap();
+    let Server { admin, mut client, stop, task, .. } = start(&path).await;
+    let admin = format!("http://{}/admin", admin.expect("the admin listener is bound"));
+    let web = reqwest::Client::builder().no_proxy().build().unwrap();
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let answer = client.should_rate_limit(ask("edge", "10.9.1.1")).await.unwrap().into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+
+    let lookup = |body: serde_json::Value| {
+        web.post(format!("{admin}/pseudonym")).bearer_auth(TOKEN).json(&body).send()
+    };
+    let entries = |key: &str, value: &str| serde_json::json!([{ "key": key, "value": value }]);
+    let found = lookup(serde_json::json!({
+        "kind": "descriptor", "domain": "edge", "entries": entries("remote_address", "10.9.1.1"),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(found.status(), 200);
+    let found: serde_json::Value = found.json().await.unwrap();
+    assert_eq!((found["kind"].as_str(), found["rule"].as_u64()), (Some("descriptor"), Some(0)));
+    assert!(!found.to_string().contains("10.9.1.1"), "{found}");
+    let pseudonym = found["pseudonym"].as_str().unwrap().to_owned();
+
+    // admin-ip counts per (subject, rule): the rule names the operation.
+    let budget = format!("{admin}/subjects/{pseudonym}/policies/admin-ip?rule=0");
+    let held: serde_json::Value =
+        web.get(&budget).bearer_auth(TOKEN).send().await.unwrap().json().await.unwrap();
+    assert_eq!((held["limit"].as_u64(), held["remaining"].as_u64()), (Some(3), Some(0)), "{held}");
+    let reset = web.delete(&budget).bearer_auth(TOKEN).send().await.unwrap();
+    assert_eq!(reset.status(), 204);
+    let answer = client.should_rate_limit(ask("edge", "10.9.1.1")).await.unwrap().into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
+    assert_eq!(answer.statuses[0].limit_remaining, 2);
+
+    // No budget: an unlimited rule's descriptor, an unmatched one, a rule
+    // without policies; and a rule with an HTTP operation is refused.
+    let unlimited = lookup(serde_json::json!({
+        "kind": "descriptor", "domain": "edge", "entries": entries("generic_key", "health"),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(unlimited.status(), 404);
+    let unlimited = unlimited.text().await.unwrap();
+    assert!(unlimited.contains("envoy-rls.rules.1, which is unlimited"), "{unlimited}");
+    let unmatched = lookup(serde_json::json!({
+        "kind": "descriptor", "domain": "other", "entries": entries("remote_address", "10.9.1.1"),
+    }))
+    .await
+    .unwrap();
+    assert_eq!(unmatched.status(), 404);
+    let no_rule = format!("{admin}/subjects/{pseudonym}/policies/admin-ip?rule=1");
+    assert_eq!(web.get(&no_rule).bearer_auth(TOKEN).send().await.unwrap().status(), 404);
+    let both = format!("{budget}&operation=GET%20/api/hello");
+    assert_eq!(web.get(&both).bearer_auth(TOKEN).send().await.unwrap().status(), 400);
+    let mixed = lookup(serde_json::json!({
+        "kind": "descriptor", "identity": "10.9.1.1", "domain": "edge", "entries": [],
+    }))
+    .await
+    .unwrap();
+    assert_eq!(mixed.status(), 400);
+
+    drop(client);
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
 }

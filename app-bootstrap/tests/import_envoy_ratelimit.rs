@@ -111,10 +111,11 @@ fn the_printed_toml_passes_check_config_as_it_is() {
                 .iter()
                 .map(|entry| entry.as_str().unwrap())
                 .collect();
-            let policies = match &rule["policies"] {
-                toml::Value::String(one) => one.clone(),
-                toml::Value::Array(many) => many[0].as_str().unwrap().to_owned(),
-                other => panic!("policies {other}"),
+            let policies = match (rule.get("policies"), rule.get("unlimited")) {
+                (Some(toml::Value::String(one)), None) => one.clone(),
+                (Some(toml::Value::Array(many)), None) => many[0].as_str().unwrap().to_owned(),
+                (None, Some(toml::Value::Boolean(true))) => "unlimited = true".to_owned(),
+                (policies, unlimited) => panic!("policies {policies:?}, unlimited {unlimited:?}"),
             };
             (descriptor.join(" "), policies)
         })
@@ -124,9 +125,9 @@ fn the_printed_toml_passes_check_config_as_it_is() {
         ("remote_address", "edge.remote_address"),
         ("generic_key=checkout remote_address", "edge.generic_key_checkout.remote_address"),
         // Not under the bare generic_key's limits, as there.
-        ("generic_key=checkout", "unlimited"),
-        ("generic_key=health", "unlimited"),
-        ("generic_key=health remote_address", "unlimited"),
+        ("generic_key=checkout", "unlimited = true"),
+        ("generic_key=health", "unlimited = true"),
+        ("generic_key=health remote_address", "unlimited = true"),
         ("generic_key", "edge.generic_key"),
         ("generic_key remote_address", "edge.generic_key.remote_address"),
         ("account", "billing.account"),
@@ -150,7 +151,8 @@ fn the_printed_toml_passes_check_config_as_it_is() {
         policies["edge.generic_key_checkout.remote_address"]["mode"].as_str(),
         Some("shadow")
     );
-    assert_eq!(policies["unlimited"]["mode"].as_str(), Some("shadow"));
+    // The unlimited rules need no policy.
+    assert!(policies.get("unlimited").is_none());
 }
 
 #[test]

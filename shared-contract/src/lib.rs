@@ -36,7 +36,9 @@ pub use headers::{
     SF_INTEGER_MAX, quota_window, whole_seconds_up, write_limit_field, write_policy_field,
 };
 pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
-pub use name::{DECISIONS_TOTAL, FRONT_ENVOY_RLS, FRONT_HTTP, UnknownName, parse_name};
+pub use name::{
+    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, FRONT_HTTP, UnknownName, parse_name,
+};
 pub use outcome::{
     Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory,
     RateLimitDecision, RateLimitOutcome, SetDecision, UnavailableCategory,

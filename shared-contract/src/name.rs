@@ -78,6 +78,11 @@ macro_rules! metric_name {
 /// counts `outcome="degraded"` for each policy, admitted or not.
 pub const DECISIONS_TOTAL: &str = metric_name!("rate_limit_decisions_total");
 
+/// Histogram of port evaluation time in seconds, one observation per policy
+/// of the set (the set is one evaluation, so each sees the same time):
+/// labels `policy`, `algorithm` and `front`, as [`DECISIONS_TOTAL`].
+pub const EVALUATION_SECONDS: &str = metric_name!("rate_limit_evaluation_seconds");
+
 /// The `front` label of a decision the HTTP edge asked for.
 pub const FRONT_HTTP: &str = "http";
 /// The `front` label of a decision Envoy's Rate Limit Service asked for.

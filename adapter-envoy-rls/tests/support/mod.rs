@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings, RlsSwitch};
+use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings, RlsSwitch, RuleLimit};
 use adapter_web::VersionedPseudonymizer;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
@@ -49,8 +49,13 @@ pub fn rule(domain: &str, pattern: &[&str], subject: Option<&[&str]>, ids: &[&st
             })
             .collect(),
         subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
-        policies: set(ids),
+        limit: RuleLimit::Policies(set(ids)),
     }
+}
+
+/// An `unlimited = true` rule from `"key"` / `"key=value"` entries.
+pub fn unlimited(domain: &str, pattern: &[&str]) -> RlsRule {
+    RlsRule { limit: RuleLimit::Unlimited, ..rule(domain, pattern, None, &["unused"]) }
 }
 
 pub fn engine(
@@ -94,6 +99,16 @@ impl Rls {
 
     pub async fn ok(&mut self, request: RateLimitRequest) -> RateLimitResponse {
         self.ask(request).await.expect("an answer")
+    }
+
+    /// A `grpc.health.v1` client on the listener.
+    pub async fn health(
+        &self,
+    ) -> tonic_health::pb::health_client::HealthClient<tonic::transport::Channel> {
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", self.addr));
+        tonic_health::pb::health_client::HealthClient::new(
+            endpoint.unwrap().connect().await.unwrap(),
+        )
     }
 
     pub fn stop(&mut self) {

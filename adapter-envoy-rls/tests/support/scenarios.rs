@@ -234,6 +234,103 @@ pub async fn unmatched_descriptors_pass_without_a_provider_call(factory: &PortFa
     assert_eq!(port.calls(), 1);
 }
 
+/// A descriptor of an `unlimited` rule is `OK` without a provider call,
+/// and a later rule it also fits is never reached; a descriptor the
+/// unlimited pattern does not fit goes on to that later rule.
+pub async fn unlimited_rules_pass_without_a_provider_call(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let rules = [
+        unlimited("edge", &["generic_key=internal", "remote_address"]),
+        rule("edge", &["generic_key", "remote_address"], Some(&["remote_address"]), &["per-ip"]),
+    ];
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &rules)).await;
+    let keyed =
+        |key: &str| descriptor(&[("generic_key", key), ("remote_address", "10.0.0.9")], None);
+    for _ in 0..4 {
+        let answer = rls.ok(request("edge", vec![keyed("internal")], 0)).await;
+        assert_eq!(overall(&answer), Code::Ok);
+        assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+        assert!(answer.response_headers_to_add.is_empty());
+    }
+    assert_eq!(port.calls(), 0);
+    // per-ip allows 2 a minute: the unlimited calls above charged none.
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        let answer = rls.ok(request("edge", vec![keyed("public")], 0)).await;
+        assert_eq!(overall(&answer), expected);
+    }
+    assert_eq!(port.calls(), 3);
+    // Beside a limited descriptor of the same subject, only that one is asked.
+    let both = rls.ok(request("edge", vec![keyed("internal"), keyed("public")], 0)).await;
+    assert_eq!(
+        summary(&both),
+        [(Code::Ok, 0, None), (Code::OverLimit, 0, Some("per-ip".to_owned()))]
+    );
+    assert_eq!(port.calls(), 4);
+}
+
+/// A GCRA policy through the RLS, as docs/envoy-rls.md and
+/// docs/algorithms.md say: `current_limit` is its burst `b` per `b x T`
+/// (`SECOND` when that is one second, else `UNKNOWN`), `limit_remaining`
+/// the cells that conform now, `duration_until_reset` when the next cell
+/// beyond them conforms; the headers are the HTTP edge's for GCRA.
+pub async fn gcra_statuses_and_headers(factory: &PortFactory) {
+    use std::time::Duration;
+    let gcra = |id: &str, limit: u64, burst: u64| {
+        let period = Duration::from_secs(1);
+        let algorithm = shared_contract::Algorithm::Gcra { limit, period, burst };
+        RateLimitPolicy::builder(id, algorithm).build().unwrap()
+    };
+    let clock = clock();
+    let mut policies = policies();
+    // 10 a second, T = 100 ms, 5 at once: b x T = 500 ms. 2 a second,
+    // T = 500 ms, 2 at once: b x T = 1 s.
+    policies.extend([gcra("gcra-burst", 10, 5), gcra("gcra-second", 2, 2)]);
+    let port = Counting::new(factory(policies, clock.clone()));
+    let rules = [
+        rule("gcra", &["user"], None, &["gcra-burst"]),
+        rule("gcra", &["team"], None, &["gcra-second"]),
+    ];
+    let mut rls = Rls::start(engine(port, Arc::new(clock.clone()), &rules)).await;
+    let user = || request("gcra", vec![descriptor(&[("user", "u1")], None)], 0);
+    let until_reset = |answer: &RateLimitResponse| {
+        let reset = answer.statuses[0].duration_until_reset.unwrap();
+        Duration::new(reset.seconds.try_into().unwrap(), reset.nanos.try_into().unwrap())
+    };
+    // The burst of 5 at one instant: each cell leaves one less, and the
+    // next cell beyond them conforms T = 100 ms later.
+    for remaining in [4, 3, 2, 1, 0] {
+        let answer = rls.ok(user()).await;
+        assert_eq!(overall(&answer), Code::Ok);
+        assert_eq!(summary(&answer), [(Code::Ok, remaining, Some("gcra-burst".to_owned()))]);
+        let limit = answer.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!((limit.requests_per_unit, limit.unit), (5, Unit::Unknown as i32));
+        assert_eq!(until_reset(&answer), Duration::from_millis(100));
+        // q = b, w = b x T = 0.5 s rounded up; t = 100 ms rounded up.
+        assert_eq!(header(&answer, "ratelimit-policy"), Some(r#""gcra-burst";q=5;w=1"#));
+        let expected = format!(r#""gcra-burst";r={remaining};t=1"#);
+        assert_eq!(header(&answer, "ratelimit"), Some(expected.as_str()));
+        assert_eq!(header(&answer, "retry-after"), None);
+    }
+    // The sixth does not conform: OVER_LIMIT until T has passed.
+    let refused = rls.ok(user()).await;
+    assert_eq!(overall(&refused), Code::OverLimit);
+    assert_eq!(summary(&refused), [(Code::OverLimit, 0, Some("gcra-burst".to_owned()))]);
+    assert_eq!(until_reset(&refused), Duration::from_millis(100));
+    assert_eq!(header(&refused, "retry-after"), Some("1"));
+    assert_eq!(header(&refused, "ratelimit"), Some(r#""gcra-burst";r=0;t=1"#));
+    clock.advance(Duration::from_millis(100));
+    assert_eq!(summary(&rls.ok(user()).await), [(Code::Ok, 0, Some("gcra-burst".to_owned()))]);
+    assert_eq!(overall(&rls.ok(user()).await), Code::OverLimit);
+    // b x T of exactly one second is reported as SECOND.
+    let team = rls.ok(request("gcra", vec![descriptor(&[("team", "t1")], None)], 0)).await;
+    assert_eq!(summary(&team), [(Code::Ok, 1, Some("gcra-second".to_owned()))]);
+    let limit = team.statuses[0].current_limit.as_ref().unwrap();
+    assert_eq!((limit.requests_per_unit, limit.unit), (2, Unit::Second as i32));
+    assert_eq!(until_reset(&team), Duration::from_millis(500));
+    assert_eq!(header(&team, "ratelimit-policy"), Some(r#""gcra-second";q=2;w=1"#));
+}
+
 /// Different subjects are separate sets in request order; the first denied
 /// ends the call, so a later subject is not charged.
 pub async fn the_first_denied_set_stops_the_later_ones(factory: &PortFactory) {
@@ -306,13 +403,7 @@ pub async fn a_limit_override_is_ignored(factory: &PortFactory) {
 pub async fn health_is_serving_while_the_provider_is_ready(rls: &Rls, serving: bool) {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_check_response::ServingStatus;
-    use tonic_health::pb::health_client::HealthClient;
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", rls.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = HealthClient::new(channel);
+    let mut health = rls.health().await;
     let expected = if serving { ServingStatus::Serving } else { ServingStatus::NotServing };
     for service in ["", adapter_envoy_rls::RATE_LIMIT_SERVICE_NAME] {
         let answer = health
@@ -331,6 +422,8 @@ pub async fn all(factory: &PortFactory) {
     two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
     hits_addend_zero_n_and_unset(factory).await;
     unmatched_descriptors_pass_without_a_provider_call(factory).await;
+    unlimited_rules_pass_without_a_provider_call(factory).await;
+    gcra_statuses_and_headers(factory).await;
     the_first_denied_set_stops_the_later_ones(factory).await;
     shadow_policies_never_deny_and_never_show(factory).await;
     malformed_requests_are_invalid_arguments(factory).await;

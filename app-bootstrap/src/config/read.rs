@@ -533,6 +533,7 @@ impl Reader<'_> {
         let domain = self.field(&mut table, "domain", Self::string);
         let descriptor = self.field(&mut table, "descriptor", Self::string_list);
         let subject = self.field(&mut table, "subject", Self::string_list);
+        let unlimited = self.field(&mut table, "unlimited", Self::bool);
         let policies_value = table.get("policies");
         let path = table.path().clone();
         let policies = match policies_value {
@@ -540,19 +541,36 @@ impl Reader<'_> {
             Some(value) => self.policy_list(value, &path.child("policies")),
         };
         // A present key that did not read has its own problem already.
-        for (key, read) in [
-            ("domain", domain.is_some()),
-            ("descriptor", descriptor.is_some()),
-            ("policies", policies.is_some()),
-        ] {
+        for (key, read) in [("domain", domain.is_some()), ("descriptor", descriptor.is_some())] {
             if !read && !table.has(key) {
                 self.problem(&path.child(key), "missing: every rule needs it");
             }
         }
+        // A rule limits (`policies`) or does not (`unlimited = true`):
+        // exactly one of the two.
+        let limit = match (unlimited, table.has("policies")) {
+            (Some(true), true) => {
+                self.problem(
+                    &path.child("policies"),
+                    "an `unlimited = true` rule has no policies: remove one of the two keys",
+                );
+                None
+            }
+            (Some(true), false) => Some(Vec::new()),
+            (Some(false) | None, false) if !table.has("unlimited") || unlimited.is_some() => {
+                self.problem(
+                    &path.child("policies"),
+                    "missing: every rule needs `policies`, or `unlimited = true`",
+                );
+                None
+            }
+            (_, _) => policies,
+        };
         let subject_ok = subject.is_some() || !table.has("subject");
         self.close(table);
-        let (domain, descriptor, policies) = (domain?, descriptor?, policies?);
-        subject_ok.then_some(RlsRuleConfig { domain, descriptor, subject, policies })
+        let (domain, descriptor, policies) = (domain?, descriptor?, limit?);
+        let unlimited = unlimited.unwrap_or(false);
+        subject_ok.then_some(RlsRuleConfig { domain, descriptor, subject, policies, unlimited })
     }
 
     /// `[redis]`: the switch and the two passwords are the application's;

@@ -90,7 +90,11 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
         if let Some(subject) = &rule.subject {
             table.insert("subject".into(), policy_set(subject));
         }
-        table.insert("policies".into(), policy_set(&rule.policies));
+        if rule.unlimited {
+            table.insert("unlimited".into(), true.into());
+        } else {
+            table.insert("policies".into(), policy_set(&rule.policies));
+        }
         Value::Table(table)
     });
     rls.insert("rules".into(), Value::Array(rules.collect()));

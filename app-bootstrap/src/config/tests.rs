@@ -1541,6 +1541,43 @@ polices = "api"
 }
 
 #[test]
+fn an_unlimited_rule_has_no_policies_and_a_rule_has_one_of_the_two() {
+    jail(|jail| {
+        let rule = |body: &str| {
+            format!(
+                "{BASE}[[envoy-rls.rules]]\ndomain = \"edge\"\n\
+                 descriptor = [\"generic_key=health\", \"remote_address\"]\n{body}"
+            )
+        };
+        let config = load_file(jail, &rule("unlimited = true\n")).unwrap();
+        let read = &config.envoy_rls.rules[0];
+        assert!(read.unlimited);
+        assert!(read.policies.is_empty());
+        // check-config renders it, and it loads back the same.
+        let rendered = config.to_redacted_toml().unwrap();
+        assert!(rendered.contains("unlimited = true"), "{rendered}");
+        assert_eq!(load_file(jail, &rendered).unwrap().envoy_rls, config.envoy_rls);
+        let limited = load_file(jail, &rule("unlimited = false\npolicies = \"api\"\n")).unwrap();
+        assert!(!limited.envoy_rls.rules[0].unlimited);
+        for (body, message) in [
+            ("unlimited = true\npolicies = \"api\"\n", "has no policies"),
+            ("unlimited = false\n", "`policies`, or `unlimited = true`"),
+            ("", "`policies`, or `unlimited = true`"),
+        ] {
+            let found = problems(load_file(jail, &rule(body)));
+            assert_eq!(found.len(), 1, "{body}: {found:?}");
+            assert_eq!(found[0].0, "envoy-rls.rules.0.policies", "{body}");
+            assert!(found[0].1.contains(message), "{body}: {found:?}");
+        }
+        // A value that does not read is named once, under its own key.
+        assert_eq!(
+            paths(load_file(jail, &rule("unlimited = \"yes\"\n"))),
+            ["envoy-rls.rules.0.unlimited"]
+        );
+    });
+}
+
+#[test]
 fn bad_telemetry_values_are_each_named_by_their_key() {
     jail(|jail| {
         let file = format!(

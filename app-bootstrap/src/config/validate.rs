@@ -484,7 +484,7 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
                 }
             }
         }
-        if let Some(ids) = &declared.policy_ids {
+        if let Some(ids) = declared.policy_ids.as_ref().filter(|_| !rule.unlimited) {
             policy_set(&rule.policies, ids, path.child("policies"), problems);
         }
         match seen.iter().find(|(domain, pattern, _)| {

@@ -11,9 +11,8 @@
 //! unlimited rule keeps the answer OK here too.
 //!
 //! An unlimited descriptor needs no rule unless a later limit would match
-//! it: no rule means OK without a provider call. One that must stay points
-//! at a shared shadow policy, which never denies and is never shown (an
-//! `unlimited = true` rule key, without the provider call, is proposed).
+//! it: no rule means OK without a provider call. One that must stay is an
+//! `unlimited = true` rule, answered OK without a provider call too.
 //!
 //! What the rules cannot say is a warning and a comment in the output, never
 //! dropped silently; what would make the result less strict than the source
@@ -95,15 +94,15 @@ struct YamlDescriptor {
     #[serde(default, deserialize_with = "null_as_empty")]
     descriptors: Vec<Spanned<YamlDescriptor>>,
     #[serde(default)]
-    shadow_mode: bool,
+    shadow_mode: Flag,
     #[serde(default)]
-    quota_mode: bool,
+    quota_mode: Flag,
     #[serde(default)]
-    detailed_metric: bool,
+    detailed_metric: Flag,
     #[serde(default)]
-    value_to_metric: bool,
+    value_to_metric: Flag,
     #[serde(default)]
-    share_threshold: bool,
+    share_threshold: Flag,
     /// Free-form; only its presence matters here (it cannot be converted).
     #[serde(default)]
     metadata: Option<IgnoredAny>,
@@ -115,9 +114,9 @@ struct YamlRateLimit {
     #[serde(default)]
     unit: Option<Text>,
     #[serde(default)]
-    requests_per_unit: Option<u32>,
+    requests_per_unit: Option<Count>,
     #[serde(default)]
-    unlimited: bool,
+    unlimited: Flag,
     #[serde(default)]
     name: Option<Text>,
     #[serde(default, deserialize_with = "null_as_empty")]
@@ -161,6 +160,78 @@ impl<'de> Deserialize<'de> for Text {
             }
         }
         deserializer.deserialize_str(TextVisitor)
+    }
+}
+
+/// A `true` / `false` key; anything else is refused in the user's terms
+/// (the reader's own message is "invalid boolean").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Flag(bool);
+
+impl<'de> Deserialize<'de> for Flag {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FlagVisitor;
+        impl Visitor<'_> for FlagVisitor {
+            type Value = Flag;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("true or false")
+            }
+            fn visit_bool<E: de::Error>(self, value: bool) -> Result<Flag, E> {
+                Ok(Flag(value))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Flag, E> {
+                Err(E::custom(format!("expected true or false, found {text:?}")))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Flag, E> {
+                Err(E::custom(format!("expected true or false, found {value}")))
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Flag, E> {
+                Err(E::custom(format!("expected true or false, found {value}")))
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Flag, E> {
+                Err(E::custom(format!("expected true or false, found {value}")))
+            }
+        }
+        deserializer.deserialize_any(FlagVisitor)
+    }
+}
+
+/// `requests_per_unit`: envoyproxy/ratelimit's `uint32`, refused in the
+/// user's terms (the reader's own message is "invalid u32").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Count(u32);
+
+impl<'de> Deserialize<'de> for Count {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct CountVisitor;
+        fn refused<E: de::Error>(found: impl fmt::Display) -> E {
+            E::custom(format!(
+                "requests_per_unit must be a whole number from 0 to {}, found {found}",
+                u32::MAX
+            ))
+        }
+        impl Visitor<'_> for CountVisitor {
+            type Value = Count;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number")
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Count, E> {
+                u32::try_from(value).map(Count).map_err(|_| refused(value))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Count, E> {
+                u32::try_from(value).map(Count).map_err(|_| refused(value))
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Count, E> {
+                Err(refused(value))
+            }
+            fn visit_bool<E: de::Error>(self, value: bool) -> Result<Count, E> {
+                Err(refused(value))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Count, E> {
+                Err(refused(format_args!("{text:?}")))
+            }
+        }
+        deserializer.deserialize_any(CountVisitor)
     }
 }
 
@@ -301,14 +372,16 @@ impl Converter {
     }
 
     /// Moves the current file's messages to the lists, in line order
-    /// (the walk visits a bare key after its fixed values).
+    /// (the walk visits a bare key after its fixed values), each with its
+    /// control characters escaped: a file name, key or value from the YAML
+    /// must not move a terminal's cursor or end a line on stderr.
     fn end_file(&mut self) {
         for (messages, into) in [
             (&mut self.file_problems, &mut self.problems),
             (&mut self.file_warnings, &mut self.warnings),
         ] {
             messages.sort_by_key(|(line, _)| *line);
-            into.extend(messages.drain(..).map(|(_, message)| message));
+            into.extend(messages.drain(..).map(|(_, message)| printable(&message)));
         }
     }
 
@@ -331,9 +404,11 @@ impl Converter {
     /// The typed model, warning about each key it does not know.
     fn parse(&mut self, source: &Source<'_>) -> Option<YamlRoot> {
         let mut unknown = Vec::new();
-        let parsed = serde_saphyr::with_deserializer_from_str(source.text, |deserializer| {
-            serde_ignored::deserialize(deserializer, |path| unknown.extend(key_path(&path)))
-        });
+        let options = yaml_options(MAX_YAML_NODES);
+        let parsed =
+            serde_saphyr::with_deserializer_from_str_with_options(source.text, options, |yaml| {
+                serde_ignored::deserialize(yaml, |path| unknown.extend(key_path(&path)))
+            });
         match parsed {
             Ok(root) => {
                 for path in unknown {
@@ -346,9 +421,8 @@ impl Converter {
                 Some(root)
             }
             Err(error) => {
-                // The message names the line and column itself.
                 let line = error.location().map_or(0, |at| at.line());
-                let message = format!("{}: {}", source.name, error.without_snippet());
+                let message = format!("{}: {}", source.name, yaml_problem(&error));
                 self.file_problems.push((line, message));
                 None
             }
@@ -417,8 +491,7 @@ impl Converter {
                     parts.as_ref().map(|(key, hash)| policy_id(key, *hash, hashed))
                 })
                 .collect();
-            let mut seen: HashMap<&str, usize> =
-                HashMap::from([(adapter_web::DEFAULT_POLICY, 1), (UNLIMITED_POLICY, 1)]);
+            let mut seen: HashMap<&str, usize> = HashMap::from([(adapter_web::DEFAULT_POLICY, 1)]);
             for id in ids.iter().flatten() {
                 *seen.entry(id).or_default() += 1;
             }
@@ -610,16 +683,16 @@ impl Level<'_, '_> {
     /// Warnings for the metric options, which change only envoyproxy/ratelimit's
     /// statistics.
     fn metric_notes(&mut self, line: u64, pattern: &[Entry], descriptor: &YamlDescriptor) {
-        if descriptor.detailed_metric {
+        if descriptor.detailed_metric.0 {
             self.warning(line, pattern, "detailed_metric is not converted: decision metrics here carry the policy id, never a descriptor value".into());
         }
-        if descriptor.value_to_metric {
+        if descriptor.value_to_metric.0 {
             self.warning(line, pattern, "value_to_metric is not converted: decision metrics here carry the policy id, never a descriptor value".into());
         }
         if descriptor.metadata.is_some() {
             self.warning(line, pattern, "metadata is not converted: it has no equivalent".into());
         }
-        if descriptor.share_threshold {
+        if descriptor.share_threshold.0 {
             // envoyproxy/ratelimit refuses it without a wildcard value, and a
             // wildcard value already stopped the import.
             self.problem(line, pattern, "share_threshold needs a wildcard value".into());
@@ -635,7 +708,7 @@ impl Level<'_, '_> {
     ) -> Option<Rule> {
         let mut notes = Vec::new();
         let unit = limit.unit.as_ref().map(|unit| (unit, Unit::parse(&unit.0)));
-        let target = if limit.unlimited {
+        let target = if limit.unlimited.0 {
             if let Some((text, Some(_))) = unit {
                 let message = format!("an unlimited rate_limit sets unit {:?}", text.0);
                 self.problem(line, pattern, message);
@@ -661,7 +734,7 @@ impl Level<'_, '_> {
                     return None;
                 }
             };
-            let requests = match limit.requests_per_unit {
+            let requests = match limit.requests_per_unit.map(|count| count.0) {
                 None | Some(0) => {
                     self.problem(
                         line,
@@ -682,17 +755,17 @@ impl Level<'_, '_> {
                 }
                 Some(requests) => u64::from(requests),
             };
-            if descriptor.shadow_mode {
+            if descriptor.shadow_mode.0 {
                 notes.push("shadow_mode: evaluated and counted, never denies".to_owned());
             }
-            if descriptor.quota_mode {
+            if descriptor.quota_mode.0 {
                 let message = "quota_mode is not converted: enforced as an ordinary limit, \
                                so it denies even when another quota descriptor passes"
                     .to_owned();
                 notes.push(message.clone());
                 self.warning(line, pattern, message);
             }
-            Target::Limit { requests, unit, shadow: descriptor.shadow_mode }
+            Target::Limit { requests, unit, shadow: descriptor.shadow_mode.0 }
         };
         let name = limit.name.as_ref().map(|name| name.0.as_str()).filter(|name| !name.is_empty());
         if let Some(name) = name {
@@ -784,6 +857,65 @@ fn stops_fallback(
     stops
 }
 
+/// Most YAML nodes (each key, value, list and map counts one) a file may
+/// hold: about 200,000 descriptors with a `rate_limit` each, well past a
+/// real configuration, and a bound on what a hostile file costs.
+pub const MAX_YAML_NODES: usize = 1_000_000;
+
+/// Deepest nesting of lists and maps a file may hold: 30 levels of
+/// `descriptors`, each a list of maps.
+pub const MAX_YAML_DEPTH: usize = 64;
+
+/// The reader's limits: `max_nodes` nodes (events, each node's start and
+/// end, are bounded well above them), [`MAX_YAML_DEPTH`] levels.
+fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
+    serde_saphyr::options! {
+        budget: serde_saphyr::budget! {
+            max_nodes: max_nodes,
+            max_events: max_nodes * 4,
+            max_depth: MAX_YAML_DEPTH,
+        },
+        with_snippet: false,
+    }
+}
+
+/// A YAML error in the user's terms: where (line and column), then what
+/// is wrong, without the reader's internals (its budget structs, its Rust
+/// type names).
+fn yaml_problem(error: &serde_saphyr::Error) -> String {
+    use serde_saphyr::budget::BudgetBreach;
+    use serde_saphyr::{Error, MessageFormatter, UserMessageFormatter};
+    let error = error.without_snippet();
+    let what = match error {
+        Error::Budget {
+            breach: BudgetBreach::Nodes { .. } | BudgetBreach::Events { .. }, ..
+        } => {
+            format!(
+                "more than {MAX_YAML_NODES} YAML nodes (keys, values, lists and maps), the most \
+                 one file may hold: split the domain's descriptors over several files"
+            )
+        }
+        Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => {
+            format!("nested deeper than {MAX_YAML_DEPTH} levels of lists and maps")
+        }
+        Error::Budget { .. } => {
+            "too many aliases, anchors or documents, or too much text, for a configuration"
+                .to_owned()
+        }
+        Error::Unexpected { expected, .. } => match *expected {
+            "sequence start" => "expected a list (`- ` items)".to_owned(),
+            "mapping start" => "expected keys and values".to_owned(),
+            "string scalar" => "expected a single value, not a list or keys and values".to_owned(),
+            other => format!("expected {other}"),
+        },
+        other => UserMessageFormatter.format_message(other).into_owned(),
+    };
+    match error.location() {
+        Some(at) => format!("line {}, column {}: {what}", at.line(), at.column()),
+        None => what,
+    }
+}
+
 /// envoyproxy/ratelimit's key for a descriptor (`domain.key_value.key`)
 /// and a hash of the exact path, length-framed so no two paths share it.
 fn id_parts(domain: &str, pattern: &[Entry]) -> (String, [u8; 4]) {
@@ -836,12 +968,6 @@ fn policy_id(key: &str, hash: [u8; 4], hashed: bool) -> String {
 // ---------------------------------------------------------------------------
 // The TOML.
 
-/// The shared policy of the unlimited rules that must stay: shadow, so it
-/// never denies and is never shown. An `unlimited = true` rule key, answered
-/// without a provider call, is proposed to the gRPC adapter; until then this
-/// costs one.
-const UNLIMITED_POLICY: &str = "unlimited";
-
 fn render(
     files: &[&str],
     rules: &[Rule],
@@ -853,7 +979,7 @@ fn render(
     let _ = writeln!(
         out,
         "# Converted by `ca-skeleton import envoy-ratelimit` from {}.",
-        comment(&files.join(", "))
+        printable(&files.join(", "))
     );
     out.push_str(concat!(
         "# Each rate_limit is a fixed-window policy of its own (windows aligned to\n",
@@ -868,7 +994,7 @@ fn render(
     } else {
         out.push_str("#\n# Not converted (also printed as warnings):\n");
         for warning in warnings {
-            let _ = writeln!(out, "# - {}", comment(warning));
+            let _ = writeln!(out, "# - {}", printable(warning));
         }
     }
     out.push_str(concat!(
@@ -879,20 +1005,20 @@ fn render(
 
     for (rule, id) in rules.iter().zip(ids) {
         out.push('\n');
-        let _ = writeln!(out, "# {}", comment(&describe(rule)));
+        let _ = writeln!(out, "# {}", printable(&describe(rule)));
         for note in &rule.notes {
-            let _ = writeln!(out, "# {}", comment(note));
+            let _ = writeln!(out, "# {}", printable(note));
         }
         out.push_str("[[envoy-rls.rules]]\n");
         let _ = writeln!(out, "domain = {}", toml_string(&rule.domain));
         let entries: Vec<String> =
             rule.pattern.iter().map(|entry| toml_string(&entry.to_string())).collect();
         let _ = writeln!(out, "descriptor = [{}]", entries.join(", "));
-        let id = match (&rule.target, id) {
-            (Target::Limit { .. }, Some(id)) => id.as_str(),
-            (Target::Unlimited, _) | (Target::Limit { .. }, None) => UNLIMITED_POLICY,
+        let _ = match (&rule.target, id) {
+            (Target::Limit { .. }, Some(id)) => writeln!(out, "policies = {}", toml_string(id)),
+            (Target::Unlimited, _) => writeln!(out, "unlimited = true"),
+            (Target::Limit { .. }, None) => unreachable!("policy_ids names every limited rule"),
         };
-        let _ = writeln!(out, "policies = {}", toml_string(id));
     }
     if !needless.is_empty() {
         out.push_str(concat!(
@@ -900,7 +1026,7 @@ fn render(
             "# answered OK without a provider call.\n",
         ));
         for rule in needless {
-            let _ = writeln!(out, "# - {}", comment(&describe(rule)));
+            let _ = writeln!(out, "# - {}", printable(&describe(rule)));
         }
     }
 
@@ -909,7 +1035,7 @@ fn render(
             continue;
         };
         out.push('\n');
-        let _ = writeln!(out, "# {}", comment(&describe(rule)));
+        let _ = writeln!(out, "# {}", printable(&describe(rule)));
         let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(id));
         out.push_str("algorithm = \"fixed-window\"\n");
         let _ = writeln!(out, "limit = {requests}");
@@ -928,19 +1054,6 @@ fn render(
         if *shadow {
             out.push_str("mode = \"shadow\"                     # shadow_mode\n");
         }
-    }
-
-    if rules.iter().any(|rule| matches!(rule.target, Target::Unlimited)) {
-        out.push_str(concat!(
-            "\n# The unlimited rules that keep a limit below from applying: a shadow\n",
-            "# policy never denies and is never shown, so they are answered OK (at\n",
-            "# the cost of a provider call; the limit is out of reach).\n",
-        ));
-        let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(UNLIMITED_POLICY));
-        let _ = writeln!(
-            out,
-            "algorithm = \"fixed-window\"\nlimit = {MAX_COUNT}\nwindow = \"1s\"\nmode = \"shadow\""
-        );
     }
 
     out.push_str(concat!(
@@ -1000,10 +1113,11 @@ fn describe(rule: &Rule) -> String {
     format!("{}: {}: {what}", rule.domain, path.join(" > "))
 }
 
-/// `text` safe on one comment line: a control character (a newline in a
-/// descriptor value, say) is escaped, so no value ends the comment and
-/// starts a line of TOML.
-fn comment(text: &str) -> String {
+/// `text` safe on one line of a TOML comment or of stderr: a control
+/// character (a newline or an escape in a descriptor value, say) is
+/// escaped, so no value ends the comment and starts a line of TOML, or
+/// drives the terminal.
+pub(crate) fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             let escape = c.is_control() && c != '\t';

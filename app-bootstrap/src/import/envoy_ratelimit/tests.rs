@@ -30,8 +30,7 @@ fn refused(text: &str) -> Vec<String> {
 struct Out {
     domain: String,
     descriptor: Vec<String>,
-    /// The policy id, or `None` for the shared shadow policy of the
-    /// unlimited rules.
+    /// The policy id, or `None` for an `unlimited = true` rule.
     policy: Option<String>,
 }
 
@@ -55,8 +54,15 @@ fn parsed(imported: &Imported) -> (Vec<Out>, toml::Table) {
     let rules = rules
         .iter()
         .map(|rule| {
-            let policy = rule["policies"].as_str().unwrap();
-            let policy = (policy != "unlimited").then(|| policy.to_owned());
+            // A rule has one of the two keys, never both.
+            let policy = match (rule.get("policies"), rule.get("unlimited")) {
+                (Some(policy), None) => Some(policy.as_str().unwrap().to_owned()),
+                (None, Some(unlimited)) => {
+                    assert_eq!(unlimited.as_bool(), Some(true));
+                    None
+                }
+                (policies, unlimited) => panic!("policies {policies:?}, unlimited {unlimited:?}"),
+            };
             Out {
                 domain: rule["domain"].as_str().unwrap().to_owned(),
                 descriptor: rule["descriptor"]
@@ -309,7 +315,7 @@ descriptors:
 }
 
 /// An unlimited value of a limited bare key must stay a rule, or the bare
-/// key's limit would apply to it: its policy is shadow, never denying.
+/// key's limit would apply to it: an `unlimited = true` rule, no policy.
 #[test]
 fn unlimited_before_a_limit_it_shadows_is_a_never_denying_rule() {
     let imported = import(
@@ -330,12 +336,11 @@ descriptors:
             rule("internal", &["client"], Some("internal.client"))
         ]
     );
-    assert_eq!(
-        policy(&policies, "unlimited"),
-        ("fixed-window".to_owned(), 1_000_000_000, "1s".to_owned(), Some("shadow".to_owned()))
-    );
+    // No policy stands for the unlimited rule: the default and the limit.
+    assert_eq!(policies.keys().collect::<Vec<_>>(), ["default", "internal.client"]);
     assert!(imported.toml.contains(
-        "# internal: client=probe: unlimited\n# unlimited: answered OK\n[[envoy-rls.rules]]\n"
+        "# internal: client=probe: unlimited\n# unlimited: answered OK\n[[envoy-rls.rules]]\n\
+         domain = \"internal\"\ndescriptor = [\"client=probe\"]\nunlimited = true\n"
     ));
 }
 
@@ -556,6 +561,110 @@ descriptors:
     );
     assert_eq!(problems.len(), 1, "{problems:?}");
     assert!(problems[0].contains("line 6, column 26"), "{problems:?}");
+}
+
+/// What a user reads: the line and column, then what is wrong in the
+/// terms of the file (its keys, its values), never the YAML reader's
+/// internals ("invalid u32", "budget breached: Nodes { .. }").
+#[test]
+fn yaml_errors_say_what_is_wrong_in_the_users_terms() {
+    let limit = |value: &str| {
+        format!(
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: {{ unit: second, requests_per_unit: {value} }}\n"
+        )
+    };
+    let number = |found: &str| {
+        format!(
+            "rl.yaml: line 4, column 52: requests_per_unit must be a whole number from 0 to \
+             4294967295, found {found}"
+        )
+    };
+    let cases = [
+        (limit("-4"), number("-4")),
+        (limit("99999999999"), number("99999999999")),
+        (limit("lots"), number("\"lots\"")),
+        (limit("1.5"), number("1.5")),
+        (
+            "domain: edge\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n".to_owned(),
+            "rl.yaml: line 4, column 18: expected true or false, found \"maybe\"".to_owned(),
+        ),
+        (
+            "domain: edge\ndescriptors: 5\n".to_owned(),
+            "rl.yaml: line 2, column 14: expected a list (`- ` items)".to_owned(),
+        ),
+        (
+            "domain: [1, 2]\n".to_owned(),
+            "rl.yaml: line 1, column 9: expected a single value, not a list or keys and values"
+                .to_owned(),
+        ),
+    ];
+    for (text, expected) in cases {
+        assert_eq!(refused(&text), [expected], "{text}");
+    }
+}
+
+/// A file past the reader's node budget is refused naming the limit,
+/// [`MAX_YAML_NODES`], and what to do; one nested too deep names its own.
+#[test]
+fn a_file_past_the_node_budget_is_refused_naming_the_limit() {
+    // The reader's own error at a small budget (a million nodes take a
+    // debug build most of a minute to read), in the words `convert` uses.
+    let text = format!("domain: edge\ndescriptors: [{}]\n", "{},".repeat(20));
+    let error = serde_saphyr::from_str_with_options::<IgnoredAny>(&text, yaml_options(10))
+        .expect_err("past 10 nodes");
+    // Node 11: the root map, two keys, two values (the list), then the
+    // sixth `{}`, at column 15 + 5 * 3.
+    assert_eq!(
+        yaml_problem(&error),
+        "line 2, column 30: more than 1000000 YAML nodes (keys, values, lists and maps), the \
+         most one file may hold: split the domain's descriptors over several files"
+    );
+    // Nesting past the depth limit, through `convert`.
+    let mut deep = "domain: edge\ndescriptors:\n".to_owned();
+    for level in 0..40 {
+        let pad = "  ".repeat(level * 2);
+        deep.push_str(&format!("{pad}- key: k{level}\n{pad}  descriptors:\n"));
+    }
+    let problems = refused(&deep);
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0].ends_with(": nested deeper than 64 levels of lists and maps"),
+        "{problems:?}"
+    );
+}
+
+/// Control characters of the YAML (an escape sequence in a key, a value, a
+/// domain, an unknown key, the file name) are escaped in every problem and
+/// warning, as they are in the TOML's comments: stderr gets no raw one.
+#[test]
+fn control_characters_are_escaped_in_every_problem_and_warning() {
+    let text = "domain: \"ed\\e[31mge\"
+descriptors:
+  - key: \"a\\a\"
+    value: \"\\e]0;title\\a\"
+    detailed_metric: true
+    \"odd\\ekey\": 1
+    rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: \"b\\e\"
+    rate_limit: { unit: \"sec\\eond\", requests_per_unit: 1 }
+";
+    let result = convert(&[Source { name: "r\u{1b}l.yaml", text }]);
+    let Err(BootstrapError::Import { problems }) = result else {
+        panic!("expected problems, got {result:?}");
+    };
+    let mut converter = Converter::default();
+    converter.file(&Source { name: "r\u{1b}l.yaml", text }, &mut HashMap::new());
+    converter.end_file();
+    let warnings = converter.warnings;
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    for message in problems.iter().chain(&warnings) {
+        assert!(!message.chars().any(char::is_control), "{message:?}");
+        assert!(message.starts_with("r\\u{1b}l.yaml"), "{message}");
+    }
+    assert!(problems[0].contains("ed\\u{1b}[31mge > b\\u{1b}: "), "{problems:?}");
+    assert!(warnings.iter().any(|w| w.contains("odd\\u{1b}key")), "{warnings:?}");
+    assert!(warnings.iter().any(|w| w.contains("a\\u{7}=\\u{1b}]0;title\\u{7}")), "{warnings:?}");
 }
 
 #[test]
