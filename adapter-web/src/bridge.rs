@@ -2,15 +2,16 @@
 //! `RateLimitRequest` over the operation's policy set, and the port's
 //! answer.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use http::request::Parts;
+use metrics::Counter;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, PolicyId, PolicyMode, PolicySet,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, Lease, PolicyId, PolicyMode,
+    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest,
 };
 use tracing::{Instrument, Span};
 
@@ -21,7 +22,8 @@ use crate::ratelimit_headers::policy_header;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::subject::resolve_subject;
-use crate::telemetry::{self, MemberMetrics};
+use crate::lease::LeaseGuard;
+use crate::telemetry::{self, MemberMetrics, PolicyIds};
 
 /// What the bridge learned about one request: the policy set it ran under,
 /// each policy as the port holds it, and the port's answer.
@@ -109,6 +111,10 @@ struct PreparedSet {
     metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
     policy_header: Option<HeaderValue>,
+    /// Whether a member is a concurrency policy (enforced or shadow: both
+    /// take a real lease), so an admitted request holds a lease to give
+    /// back. Only these sets pay for a guard.
+    holds_leases: bool,
 }
 
 impl PreparedSet {
@@ -125,7 +131,9 @@ impl PreparedSet {
         let enforced =
             described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce);
         let policy_header = policy_header(enforced);
-        Self { policies: policies.clone(), metrics, described, policy_header }
+        let holds_leases =
+            described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
+        Self { policies: policies.clone(), metrics, described, policy_header, holds_leases }
     }
 }
 
@@ -140,6 +148,8 @@ pub struct TransportBridge {
     /// The configured operations' sets, as [`crate::operation::Operation::set`] indexes them.
     sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
+    /// [`crate::telemetry::LEASE_RELEASE_FAILURES_TOTAL`], registered here.
+    release_failures: Counter,
 }
 
 impl TransportBridge {
@@ -159,7 +169,17 @@ impl TransportBridge {
         );
         let sets = configured.iter().map(|(_, set)| PreparedSet::new(set, &*port)).collect();
         let default_set = PreparedSet::new(&settings.default_policies, &*port);
-        Self { port, pseudonymizer, clock, settings, operations, sets, default_set }
+        let release_failures = telemetry::lease_release_failures();
+        Self {
+            port,
+            pseudonymizer,
+            clock,
+            settings,
+            operations,
+            sets,
+            default_set,
+            release_failures,
+        }
     }
 
     /// The settings the bridge runs with.
@@ -205,7 +225,7 @@ impl TransportBridge {
             Err(rejection) => {
                 telemetry::record_rejection(&prepared.metrics, rejection.outcome_label());
                 tracing::debug!(
-                    operation, policies = %Ids(policies.ids()), reason = rejection.category_name(),
+                    operation, policies = %PolicyIds(policies.ids()), reason = rejection.category_name(),
                     "request refused before rate-limit evaluation"
                 );
                 return Err(rejection);
@@ -231,6 +251,10 @@ impl TransportBridge {
             evaluation_id: EvaluationId::random(),
             deadline,
         };
+        let lease = prepared.holds_leases.then(|| {
+            let failures = self.release_failures.clone();
+            LeaseGuard::new(Arc::clone(&self.port), Lease::of(&request), failures)
+        });
         // Wall time for the histogram only; decisions use the injected clock.
         let started = Instant::now();
         let outcome = match &span {
@@ -238,6 +262,14 @@ impl TransportBridge {
             None => self.port.evaluate(request).await,
         };
         let elapsed = started.elapsed();
+        let lease = lease.and_then(|lease| {
+            if may_hold_lease(&outcome) {
+                Some(lease)
+            } else {
+                lease.disarm();
+                None
+            }
+        });
         let outcome = checked(outcome, &described, operation);
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let policy_header = prepared.policy_header.clone();
@@ -246,7 +278,19 @@ impl TransportBridge {
             record_decision(&span, &evaluation);
         }
         log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed);
-        Ok(evaluation)
+        Ok((evaluation, lease))
+    }
+}
+
+/// Whether the port's own answer (before [`checked`]) leaves a lease
+/// behind: an admitted set holds one, and an `Indeterminate` answer may
+/// have taken one. A refused set writes nothing (docs/algorithms.md,
+/// "Policy sets"), and `Unavailable` and `Incompatible` touch no state.
+fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
+    match outcome {
+        RateLimitOutcome::Evaluated(set) => set.allowed(),
+        RateLimitOutcome::Indeterminate { .. } => true,
+        RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Incompatible { .. } => false,
     }
 }
 
@@ -262,7 +306,7 @@ fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) 
         tracing::info_span!(
             "rate_limit.decision",
             rate_limit.operation = operation,
-            rate_limit.policies = %Ids(policies.ids()),
+            rate_limit.policies = %PolicyIds(policies.ids()),
             rate_limit.subject = digest.as_str(),
             rate_limit.outcome = tracing::field::Empty,
             rate_limit.admitted = tracing::field::Empty,
@@ -321,7 +365,7 @@ fn log_outcome(
     shadow_subject: Option<&SubjectDigest>,
     elapsed: Duration,
 ) {
-    let policies = Ids(evaluation.policies.ids());
+    let policies = PolicyIds(evaluation.policies.ids());
     let outcome = &evaluation.outcome;
     let category = outcome.category_name();
     match outcome {
@@ -354,20 +398,5 @@ fn log_outcome(
                 );
             }
         }
-    }
-}
-
-/// Policy ids joined with commas, formatted only when a log line is kept.
-struct Ids<'a>(&'a [PolicyId]);
-
-impl fmt::Display for Ids<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, id) in self.0.iter().enumerate() {
-            if index > 0 {
-                f.write_str(",")?;
-            }
-            f.write_str(id.as_str())?;
-        }
-        Ok(())
     }
 }

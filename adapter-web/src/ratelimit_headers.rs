@@ -12,13 +12,16 @@ use shared_contract::{
 pub(crate) use shared_contract::whole_seconds_up;
 
 /// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in the
-/// order given (GCRA: `q=<burst>;w=<burst x T>`, T its emission interval); `None` for no policy (the header is then left out).
+/// order given (GCRA: `q=<burst>;w=<burst x T>`, T its emission interval;
+/// concurrency: `q=<max-in-flight>` and no `w`, as it has no window);
+/// `None` for no policy (the header is then left out).
 pub(crate) fn policy_header<'a>(
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
 ) -> Option<HeaderValue> {
     list(policies.into_iter().map(|policy| {
-        let window = quota_window(policy.algorithm());
-        (policy.id(), [("q", policy.limit()), ("w", whole_seconds_up(window))])
+        let quota = ("q", policy.limit());
+        let window = quota_window(policy.algorithm()).map(|window| ("w", whole_seconds_up(window)));
+        (policy.id(), [Some(quota), window].into_iter().flatten())
     }))
 }
 
@@ -46,8 +49,8 @@ pub(crate) fn limit_header<'a>(
 /// A structured-field List of string items with integer parameters
 /// (RFC 9651): `sfv` quotes and escapes each id, so no policy id can break
 /// the header. `None` for an empty list or an unserializable id.
-fn list<'a, const N: usize>(
-    entries: impl Iterator<Item = (&'a PolicyId, [(&'static str, u64); N])>,
+fn list<'a, P: IntoIterator<Item = (&'static str, u64)>>(
+    entries: impl Iterator<Item = (&'a PolicyId, P)>,
 ) -> Option<HeaderValue> {
     let mut list = ListSerializer::new();
     for (policy_id, parameters) in entries {

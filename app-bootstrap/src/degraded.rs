@@ -24,8 +24,8 @@ use adapter_memory::MemoryStore;
 use async_trait::async_trait;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource,
-    EdgeRateLimitPort, PolicyId, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    UnavailableCategory,
+    EdgeRateLimitPort, Lease, PolicyId, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, UnavailableCategory,
 };
 
 /// How long past the moment Redis gave up the local evaluation may still
@@ -145,7 +145,8 @@ impl DegradedMode {
 }
 
 /// `policy` as the local limiter holds it for a fleet of `instances`: every
-/// count (limit, capacity, refill tokens, burst) at `ceil(count / instances)`,
+/// count (limit, capacity, refill tokens, burst, max-in-flight) at
+/// `ceil(count / instances)`,
 /// the maximum cost at most the new count, everything else as configured.
 /// A count is at least 1, and so is its ceiling: a policy of limit 1 stays
 /// 1 on every instance, so the fleet may admit `instances` such requests
@@ -176,6 +177,11 @@ pub fn scaled(
         // cells `instances` times further apart.
         Algorithm::Gcra { limit, period, burst } => {
             Algorithm::Gcra { limit: share(limit), period, burst: share(burst) }
+        }
+        // Each instance holds its share of the slots; the TTL and what a
+        // refusal tells clients stay.
+        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
+            Algorithm::Concurrency { max_in_flight: share(max_in_flight), lease_ttl, retry_after }
         }
     };
     let maximum_cost = policy.maximum_cost().min(algorithm.limit());
@@ -287,6 +293,27 @@ impl EdgeRateLimitPort for DegradedPort {
     /// Redis' budget; the local counts expire with their windows.
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         self.primary.reset(key).await
+    }
+
+    /// The local limiter first: a lease taken there (while Redis could not
+    /// decide) is held only there, and giving it back asks nothing of a
+    /// Redis that may still be away. A lease it does not hold was taken
+    /// on Redis.
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        let local = self.local.release(lease).await;
+        match local {
+            ReleaseOutcome::Released => local,
+            ReleaseOutcome::NotHeld
+            | ReleaseOutcome::Unavailable { .. }
+            | ReleaseOutcome::Indeterminate => match self.primary.release(lease).await {
+                // Held nowhere: a local failure (the memory provider has
+                // none) would still be the one to report.
+                ReleaseOutcome::NotHeld => local,
+                redis @ (ReleaseOutcome::Released
+                | ReleaseOutcome::Unavailable { .. }
+                | ReleaseOutcome::Indeterminate) => redis,
+            },
+        }
     }
 }
 

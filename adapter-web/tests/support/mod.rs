@@ -384,3 +384,36 @@ impl Harness {
         }
     }
 }
+
+/// Every log line of the code run while [`CapturedLogs::subscriber`] is
+/// the default, as text.
+#[derive(Debug, Clone, Default)]
+pub struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLogs {
+    /// A subscriber writing every event, at every level, here.
+    pub fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
+    /// The lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).lines().map(str::to_owned).collect()
+    }
+}
