@@ -125,7 +125,8 @@ fn status(
 /// The policy as Envoy's `RateLimit`: exact when its window is one second,
 /// minute, hour, day or week; otherwise `UNKNOWN` with the limit.
 fn current_limit(policy: &RateLimitPolicy) -> RateLimit {
-    let unit = match quota_window(policy.algorithm()).as_millis() {
+    // A concurrency policy has no window (and no Envoy rule may list one).
+    let unit = match quota_window(policy.algorithm()).map_or(0, |window| window.as_millis()) {
         1_000 => Unit::Second,
         60_000 => Unit::Minute,
         3_600_000 => Unit::Hour,

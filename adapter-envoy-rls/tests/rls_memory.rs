@@ -11,8 +11,8 @@ use adapter_memory::MemoryEdgeRateLimitAdapter;
 use async_trait::async_trait;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock, PolicyId,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, UnavailableCategory,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Lease, ManualClock, PolicyId,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, UnavailableCategory,
 };
 use support::scenarios::{self, Counting, PortFactory};
 use support::*;
@@ -52,6 +52,9 @@ impl EdgeRateLimitPort for Failing {
     }
     async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
         Err(BudgetFailure::Unavailable)
+    }
+    async fn release(&self, _: &Lease) -> ReleaseOutcome {
+        ReleaseOutcome::Unavailable { category: UnavailableCategory::UnavailableBeforeSend }
     }
 }
 

@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, DEFAULT_FAILURE_RETRY_AFTER, EdgeRateLimitPort,
-    KeyRules, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyScope, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, UnavailableCategory, evaluate_set, inspect_key,
+    KeyRules, Lease, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyScope, RateLimitOutcome,
+    RateLimitPolicy, RateLimitRequest, ReleaseOutcome, UnavailableCategory, evaluate_set,
+    inspect_key,
 };
 
 use crate::error::MemoryAdapterError;
@@ -231,6 +232,32 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
         let (_, at) = self.budget_slot(key)?;
         self.store.remove(at, key.subject.as_str());
         Ok(())
+    }
+
+    /// Under the subject's shard lock, the lease is removed from the key of
+    /// each concurrency policy of its set this adapter holds (a policy
+    /// removed by a reload, or now at another revision, has no key here).
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        let operation = operation_number(&lease.operation);
+        let slots = lease
+            .policies
+            .ids()
+            .iter()
+            .filter_map(|id| self.policies.get(id))
+            .filter(|slot| slot.rules.holds_leases())
+            .map(|slot| {
+                let operation = match slot.policy.scope() {
+                    PolicyScope::Operation => operation,
+                    PolicyScope::Subject => 0,
+                };
+                KeySlot { namespace: slot.namespace, operation }
+            });
+        let now = self.clock.epoch_millis();
+        if self.store.release(lease.subject.as_str(), slots, lease.id, now) {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotHeld
+        }
     }
 }
 

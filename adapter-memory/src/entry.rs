@@ -4,7 +4,8 @@
 use shared_contract::{KeyState, KeyWrite};
 
 /// Everything the store holds for one key. Its size is constant except for
-/// the dedupe records, which are bounded by the policy's record capacity.
+/// the dedupe records, bounded by the policy's record capacity, and a
+/// concurrency key's leases, bounded by its `max-in-flight`.
 #[derive(Debug)]
 pub(crate) struct Entry {
     /// Absolute expiry (epoch ms): from then on the key counts as absent.
@@ -43,6 +44,15 @@ impl Entry {
         }
     }
 
+    /// The state held at caller time `now`, to change in place (a
+    /// release); `None` when absent or past its expiry.
+    pub(crate) fn live_state(&mut self, now: u64) -> Option<&mut KeyState> {
+        if self.expires_at <= now {
+            return None;
+        }
+        self.state.as_mut()
+    }
+
     /// The state held, without moving it (an operator's inspect).
     pub(crate) fn state(&self) -> Option<&KeyState> {
         self.state.as_ref()
@@ -64,10 +74,11 @@ mod tests {
 
     #[test]
     fn an_entry_is_small_and_fixed_size() {
-        // Expiry, mark, the largest state (three counts and a tag) and one
-        // pointer to the records: a map slot stays small whatever a
-        // subject's history, so more keys fit in cache.
-        assert!(std::mem::size_of::<Entry>() <= 56, "{}", std::mem::size_of::<Entry>());
+        // Expiry, mark, the largest state (three counts and a tag), one
+        // pointer to the records and one to a concurrency key's leases: a
+        // map slot stays small whatever a subject's history, so more keys
+        // fit in cache.
+        assert!(std::mem::size_of::<Entry>() <= 64, "{}", std::mem::size_of::<Entry>());
     }
 
     #[test]

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use shared_contract::{
-    DEDUP_RECORD_BYTES, KeyRules, KeyState, MAX_POLICY_SET, PolicyId, SetMember,
+    DEDUP_RECORD_BYTES, EvaluationId, HELD_LEASE_BYTES, KeyRules, KeyState, MAX_POLICY_SET,
+    PolicyId, SetMember,
 };
 
 use crate::entry::Entry;
@@ -88,19 +89,21 @@ impl MemoryStore {
         self.inner.shards.iter().map(|shard| shard.0.lock().map.len()).sum()
     }
 
-    /// Dedupe record bytes the keys hold, as `max-stored-bytes` counts them
-    /// ([`DEDUP_RECORD_BYTES`] a record), expired keys not swept yet
+    /// Dedupe record and lease bytes the keys hold, as `max-stored-bytes`
+    /// counts a record ([`DEDUP_RECORD_BYTES`]) and a Redis sorted set a
+    /// lease ([`HELD_LEASE_BYTES`]), expired keys and leases not swept yet
     /// included: with [`Self::live_entries`], the store's own account of
     /// what it keeps, for tests and soaks that must tell a leak from an
     /// allocator keeping freed pages.
     pub fn stored_bytes(&self) -> u64 {
-        let per_record = u64::from(DEDUP_RECORD_BYTES);
-        let records = |shard: &CachePadded<Mutex<Shard>>| -> u64 {
+        let (per_record, per_lease) = (u64::from(DEDUP_RECORD_BYTES), u64::from(HELD_LEASE_BYTES));
+        let bytes = |shard: &CachePadded<Mutex<Shard>>| -> u64 {
             let shard = shard.0.lock();
-            let held = shard.map.values().filter_map(Entry::state).map(|s| s.records.len());
-            held.map(|n| n as u64).sum()
+            let held = shard.map.values().filter_map(Entry::state);
+            held.map(|s| s.records.len() as u64 * per_record + s.leases.len() as u64 * per_lease)
+                .sum()
         };
-        self.inner.shards.iter().map(records).sum::<u64>() * per_record
+        self.inner.shards.iter().map(bytes).sum()
     }
 
     /// Sweeps every shard at `now_epoch_millis`, removing each key whose
@@ -252,6 +255,32 @@ impl MemoryStore {
         let shard = self.shard(subject_hash).lock();
         let entry = shard.map.get(&key as &dyn KeyView)?;
         (entry.expires_at > now).then(|| entry.state().cloned()).flatten()
+    }
+
+    /// Removes the lease `id` from the keys `slots` of `subject` (a
+    /// concurrency policy's keys), under the subject's shard lock, at caller
+    /// time `now`: true when a live lease was removed from at least one.
+    /// Nothing else moves: no mark, no expiry, no other lease (expired ones
+    /// are dropped on the way).
+    pub(crate) fn release(
+        &self,
+        subject: &str,
+        slots: impl IntoIterator<Item = KeySlot>,
+        id: EvaluationId,
+        now: u64,
+    ) -> bool {
+        let subject_hash = self.inner.hasher.hash(subject);
+        let mut shard = self.shard(subject_hash).lock();
+        let mut released = false;
+        for slot in slots {
+            let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
+            if let Some(state) =
+                shard.map.get_mut(&key as &dyn KeyView).and_then(|entry| entry.live_state(now))
+            {
+                released |= state.leases.release(id, now);
+            }
+        }
+        released
     }
 
     /// Removes one key, state and dedupe records together (an operator's

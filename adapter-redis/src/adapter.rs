@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
-    EvaluationDedupPolicy, IncompatibleCategory, MAX_POLICY_SET, PolicyId, PolicyMode,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
-    SetEntries, SubjectDigest, UnavailableCategory, millis,
+    EvaluationDedupPolicy, IncompatibleCategory, Lease, MAX_POLICY_SET, PolicyId, PolicyMode,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
 };
 use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
@@ -537,6 +537,12 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         // next request only asks Redis).
         self.forget_cached_denials(&key.subject);
         reset
+    }
+
+    /// Placeholder until branch leases-redis: concurrency policies have no
+    /// Lua yet, so no lease is ever held here.
+    async fn release(&self, _: &Lease) -> ReleaseOutcome {
+        ReleaseOutcome::NotHeld
     }
 }
 

@@ -15,6 +15,7 @@ pub(crate) const fn tag(kind: AlgorithmKind) -> u8 {
         AlgorithmKind::SlidingCounter => b'S',
         AlgorithmKind::TokenBucket => b'B',
         AlgorithmKind::Gcra => b'G',
+        AlgorithmKind::Concurrency => b'C',
     }
 }
 
@@ -32,6 +33,9 @@ pub(crate) fn parameters(algorithm: &Algorithm) -> Vec<u64> {
         Algorithm::Gcra { burst, .. } => {
             vec![burst, algorithm.emission_interval_micros().unwrap_or(1)]
         }
+        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
+            vec![max_in_flight, millis(lease_ttl), millis(retry_after)]
+        }
     }
 }
 
@@ -46,6 +50,7 @@ pub(crate) fn state(tag: u8, [a, b, c]: [u64; 3]) -> Option<AlgorithmState> {
         }
         AlgorithmKind::TokenBucket => AlgorithmState::TokenBucket { tokens: a, updated_at: b },
         AlgorithmKind::Gcra => AlgorithmState::Gcra { tat: a },
+        AlgorithmKind::Concurrency => AlgorithmState::Concurrency,
     })
 }
 

@@ -345,7 +345,9 @@ fn stays_refused_for<'p>(
             Algorithm::FixedWindow { .. } => cut(decided.reset_after),
             Algorithm::TokenBucket { .. }
             | Algorithm::SlidingCounter { .. }
-            | Algorithm::Gcra { .. } => return None,
+            | Algorithm::Gcra { .. }
+            // A release can free a slot at any time.
+            | Algorithm::Concurrency { .. } => return None,
         }
         match policy.mode() {
             PolicyMode::Enforce if !decided.allowed => cut(decided.retry_after),

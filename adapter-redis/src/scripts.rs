@@ -58,6 +58,8 @@ impl ScriptKind {
             Algorithm::SlidingCounter { .. } => Self::SlidingCounter,
             Algorithm::TokenBucket { .. } => Self::TokenBucket,
             Algorithm::Gcra { .. } => Self::Gcra,
+            // Placeholder until branch leases-redis gives leases their Lua.
+            Algorithm::Concurrency { .. } => Self::PolicySet,
         }
     }
 

@@ -20,8 +20,8 @@ use contract_tests::{ProviderFactory, StoreScope};
 use redis_fixture::RedisCluster;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, EvaluationDedupPolicy,
-    ManualClock, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest,
+    Lease, ManualClock, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, SubjectDigest,
 };
 
 fn cluster() -> &'static RedisCluster {
@@ -154,6 +154,11 @@ impl EdgeRateLimitPort for ScopedSubjects {
         let key = BudgetKey { subject: self.pseudonym(&key.subject), ..key.clone() };
         self.inner.reset(&key).await
     }
+
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        let lease = Lease { subject: self.pseudonym(&lease.subject), ..lease.clone() };
+        self.inner.release(&lease).await
+    }
 }
 
 /// Passes every call through and notes the key each evaluation touches.
@@ -190,6 +195,10 @@ impl EdgeRateLimitPort for KeyRecorder {
 
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         self.adapter.reset(key).await
+    }
+
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        self.adapter.release(lease).await
     }
 }
 

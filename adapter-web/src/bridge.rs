@@ -11,7 +11,7 @@ use metrics::Counter;
 use shared_contract::{
     Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, Lease, PolicyId, PolicyMode,
     PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest,
+    SubjectDigest, quota_window,
 };
 use tracing::{Instrument, Span};
 
@@ -71,9 +71,18 @@ impl BridgeEvaluation {
         self.enforced().collect()
     }
 
-    /// [`Self::enforced_decisions`] without collecting them (the headers
-    /// of every allowed request are made from it).
+    /// [`Self::enforced_decisions`] without collecting them.
     pub(crate) fn enforced(&self) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision)> {
+        self.enforced_limits().map(|(id, decision, _)| (id, decision))
+    }
+
+    /// The enforced members as the `RateLimit` header lists them (every
+    /// allowed request's headers are made from it): id, decision, and
+    /// whether the policy has a reset time to announce (`t`); a
+    /// concurrency policy has none.
+    pub(crate) fn enforced_limits(
+        &self,
+    ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
         let decisions = match &self.outcome {
             RateLimitOutcome::Evaluated(set) => set.decisions(),
             RateLimitOutcome::Unavailable { .. }
@@ -86,7 +95,12 @@ impl BridgeEvaluation {
             .zip(decisions)
             .enumerate()
             .filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce)
-            .map(|(_, member)| member)
+            .map(|(index, (id, decision))| {
+                let policy = self.described.get(index).and_then(Option::as_ref);
+                let resets =
+                    policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some());
+                (id, decision, resets)
+            })
     }
 
     /// The enforced policies that denied the request, in the set's order:
@@ -214,7 +228,25 @@ impl TransportBridge {
     /// evaluation id is fresh and server-made: no client header, not even
     /// `Idempotency-Key`, reaches it. `deadline = clock.monotonic() +
     /// evaluation_budget`.
+    ///
+    /// An in-flight lease the request took under a concurrency policy of
+    /// its set is given back before this returns: the request is done when
+    /// its caller has the answer. The layer instead holds it until the
+    /// response body has been sent or dropped.
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
+        self.evaluate_holding(parts).await.map(|(evaluation, _lease)| evaluation)
+    }
+
+    /// [`Self::evaluate`], and the guard of the lease the request may hold
+    /// (`None` when its set has no concurrency policy, or the port's answer
+    /// says nothing was written): dropping it gives the lease back. The
+    /// guard exists before the port is asked, so a request dropped while
+    /// the port works (a client gone, a Redis round trip cut short) gives
+    /// back whatever it may have taken; a release is idempotent.
+    pub(crate) async fn evaluate_holding(
+        &self,
+        parts: &Parts,
+    ) -> Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection> {
         let found = self.operations.find(parts);
         let prepared = found.set.map_or(&self.default_set, |index| &self.sets[index]);
         let operation = &*found.id;

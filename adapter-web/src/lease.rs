@@ -136,7 +136,7 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = self.project();
+        let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
         let sent = match &frame {
             None | Some(Err(_)) => true,

@@ -34,8 +34,9 @@ use shared_contract::{
     UnavailableCategory,
 };
 use support::{ScriptedPort, UNTRUSTED_PEER, pseudonymizer};
-use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use std::io::Write;
+
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
@@ -87,7 +88,7 @@ async fn hold(State(handlers): State<Handlers>) -> &'static str {
     unreachable!("a held request never answers")
 }
 
-async fn stream(State(handlers): State<Handlers>) -> Response<Body> {
+async fn streamed(State(handlers): State<Handlers>) -> Response<Body> {
     let body = handlers.stream.lock().unwrap().take().expect("a body to stream");
     Response::new(Body::new(body))
 }
@@ -126,7 +127,7 @@ impl Leases {
         let router = Router::new()
             .route("/quick", get(quick))
             .route("/hold", get(hold))
-            .route("/stream", get(stream))
+            .route("/stream", get(streamed))
             .route("/panic", get(panics))
             .with_state(handlers)
             .layer(RateLimitLayer::new(Arc::new(bridge)));
@@ -302,8 +303,10 @@ async fn a_client_gone_mid_request_gives_the_slot_back() {
     let app = leases.router.clone().into_make_service_with_connect_info::<SocketAddr>();
     let server = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
-    let mut client = TcpStream::connect(address).await.unwrap();
-    client.write_all(b"GET /hold HTTP/1.1\r\nhost: test\r\n\r\n").await.unwrap();
+    // A plain socket: the kernel takes the connection and the bytes at
+    // once, whatever the server task is doing.
+    let mut client = std::net::TcpStream::connect(address).unwrap();
+    client.write_all(b"GET /hold HTTP/1.1\r\nhost: test\r\n\r\n").unwrap();
     leases.entered().await;
     // Over TCP the peer is 127.0.0.1, another subject than the in-process one.
     let tcp_subject = pseudonymizer().pseudonymize(SubjectKind::ClientIp, "127.0.0.1/32");

@@ -17,9 +17,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, KeyRules, KeyState,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, KeyRules, KeyState, Lease,
     ManualClock, OperationDigest, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, SetMember, SubjectDigest, UnavailableCategory, evaluate_set, inspect_key,
+    RateLimitRequest, ReleaseOutcome, SetMember, SubjectDigest, UnavailableCategory, evaluate_set,
+    inspect_key,
 };
 
 // ---- The store: what a real backend gives you --------------------------
@@ -50,8 +51,17 @@ impl CasStore {
     /// The key's version and state. A key past its expiry at `now` reads as
     /// absent but keeps its version, so a write over it is still checked.
     fn get(&self, key: &str, now: u64) -> (u64, Option<KeyState>) {
+        let (version, live) = self.get_with_expiry(key, now);
+        (version, live.map(|(state, _)| state))
+    }
+
+    /// [`Self::get`] with the key's expiry, for a write that must keep it
+    /// (a release).
+    fn get_with_expiry(&self, key: &str, now: u64) -> (u64, Option<(KeyState, u64)>) {
         match self.keys().get(key) {
-            Some(stored) if stored.expires_at > now => (stored.version, Some(stored.state.clone())),
+            Some(stored) if stored.expires_at > now => {
+                (stored.version, Some((stored.state.clone(), stored.expires_at)))
+            }
             Some(stored) => (stored.version, None),
             None => (0, None),
         }
@@ -249,6 +259,35 @@ impl EdgeRateLimitPort for CasProvider {
         self.store.reset(&key);
         Ok(())
     }
+
+    /// For each concurrency policy of the lease's set held now: load its
+    /// key, drop the lease from `KeyState::leases`, and compare-and-set the
+    /// key at the version it was loaded at, keeping its expiry; on a
+    /// conflict, load again.
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        let now = self.clock.epoch_millis();
+        let mut released = false;
+        let slots = lease.policies.ids().iter().filter_map(|id| self.policies.get(id));
+        for slot in slots.filter(|slot| slot.rules.holds_leases()) {
+            let operation = match slot.policy.scope() {
+                PolicyScope::Subject => None,
+                PolicyScope::Operation => Some(&lease.operation),
+            };
+            let key = Self::key_of(&slot.policy, &lease.subject, operation);
+            loop {
+                let (version, live) = self.store.get_with_expiry(&key, now);
+                let Some((mut state, expires_at)) = live else { break };
+                if !state.leases.release(lease.id, now) {
+                    break;
+                }
+                if self.store.compare_and_set(&key, version, state, expires_at) {
+                    released = true;
+                    break;
+                }
+            }
+        }
+        if released { ReleaseOutcome::Released } else { ReleaseOutcome::NotHeld }
+    }
 }
 
 // ---- The contract suite -------------------------------------------------
@@ -282,13 +321,14 @@ contract_tests::contract_suite!(CasFactory::default());
 /// at a stale version must be refused, and an expired key keeps its version.
 #[test]
 fn the_store_refuses_a_write_at_a_stale_version() {
-    use shared_contract::{AlgorithmState, DedupRecords};
+    use shared_contract::{AlgorithmState, DedupRecords, Leases};
 
     let store = CasStore::default();
     let state = |count| KeyState {
         mark: 10,
         algorithm: AlgorithmState::FixedWindow { window_start: 0, count },
         records: DedupRecords::default(),
+        leases: Leases::default(),
     };
     assert_eq!(store.get("k", 10), (0, None));
     assert!(store.compare_and_set("k", 0, state(1), 100));

@@ -79,6 +79,12 @@ pub enum PolicyField {
     Period,
     /// How many requests a GCRA policy lets arrive at once.
     Burst,
+    /// Leases a concurrency policy's key may hold at once.
+    MaxInFlight,
+    /// The longest a concurrency lease is held if never released.
+    LeaseTtl,
+    /// What a concurrency policy's refusal tells clients to wait.
+    RetryAfter,
     /// The largest cost one request may carry.
     MaximumCost,
     /// Extra key lifetime after state stops mattering.
@@ -118,6 +124,9 @@ impl PolicyField {
             Self::RefillPeriod => "refill-period",
             Self::Period => "period",
             Self::Burst => "burst",
+            Self::MaxInFlight => "max-in-flight",
+            Self::LeaseTtl => "lease-ttl",
+            Self::RetryAfter => "retry-after",
             Self::MaximumCost => "maximum-cost",
             Self::CleanupGrace => "cleanup-grace",
             Self::MaximumClockRegression => "maximum-clock-regression",

@@ -16,14 +16,18 @@ use crate::policy::{Algorithm, PolicyId, RateLimitPolicy};
 pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// Appends `"<policy id>";q=<limit>;w=<window seconds>` for each policy,
-/// comma-separated, in the order given. Nothing for no policy.
+/// comma-separated, in the order given; a concurrency policy has no window
+/// and no `w` (`q` is its `max-in-flight`). Nothing for no policy.
 pub fn write_policy_field<'a>(
     text: &mut Vec<u8>,
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
 ) {
     for policy in policies {
-        let window = whole_seconds_up(quota_window(policy.algorithm()));
-        item(text, policy.id(), [(b";q=", policy.limit()), (b";w=", window)]);
+        let quota = (b";q=", policy.limit());
+        match quota_window(policy.algorithm()) {
+            Some(window) => item(text, policy.id(), [quota, (b";w=", whole_seconds_up(window))]),
+            None => item(text, policy.id(), [quota]),
+        }
     }
 }
 
@@ -34,12 +38,35 @@ pub fn write_limit_field<'a>(
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
 ) {
     for (policy_id, decision) in decisions {
-        let reset = whole_seconds_up(decision.reset_after);
-        item(text, policy_id, [(b";r=", decision.remaining), (b";t=", reset)]);
+        write_limit_item(text, policy_id, decision, true);
     }
 }
 
-fn item(text: &mut Vec<u8>, policy_id: &PolicyId, parameters: [(&[u8; 3], u64); 2]) {
+/// Appends one item of the `RateLimit` field, after a comma when `text`
+/// holds one already: `"<policy id>";r=<remaining>`, then
+/// `;t=<seconds until whole>` when `resets`. The draft makes `t`
+/// optional; a concurrency policy has no reset time (a slot frees when a
+/// request ends), so it writes none rather than a `t=0` that would read
+/// "whole now".
+pub fn write_limit_item(
+    text: &mut Vec<u8>,
+    policy_id: &PolicyId,
+    decision: &RateLimitDecision,
+    resets: bool,
+) {
+    let remaining = (b";r=", decision.remaining);
+    if resets {
+        item(text, policy_id, [remaining, (b";t=", whole_seconds_up(decision.reset_after))]);
+    } else {
+        item(text, policy_id, [remaining]);
+    }
+}
+
+fn item<const N: usize>(
+    text: &mut Vec<u8>,
+    policy_id: &PolicyId,
+    parameters: [(&[u8; 3], u64); N],
+) {
     if !text.is_empty() {
         text.extend_from_slice(b", ");
     }
@@ -56,18 +83,22 @@ fn item(text: &mut Vec<u8>, policy_id: &PolicyId, parameters: [(&[u8; 3], u64); 
 
 /// The time over which a policy grants its limit: the window, or for a
 /// token bucket the time an empty bucket takes to fill
-/// (`ceil(capacity / refill_tokens) * refill_period`).
-pub fn quota_window(algorithm: &Algorithm) -> Duration {
+/// (`ceil(capacity / refill_tokens) * refill_period`); `None` for a
+/// concurrency policy, whose limit holds at every instant, over no window.
+pub fn quota_window(algorithm: &Algorithm) -> Option<Duration> {
     match *algorithm {
-        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingCounter { window, .. } => window,
+        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingCounter { window, .. } => {
+            Some(window)
+        }
         Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
             let periods = capacity.div_ceil(refill_tokens.max(1));
-            refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX))
+            Some(refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX)))
         }
         Algorithm::Gcra { burst, .. } => {
             let interval = algorithm.emission_interval_micros().unwrap_or(1);
-            Duration::from_micros(burst.saturating_mul(interval))
+            Some(Duration::from_micros(burst.saturating_mul(interval)))
         }
+        Algorithm::Concurrency { .. } => None,
     }
 }
 
@@ -100,9 +131,19 @@ mod tests {
         )
         .build()
         .unwrap();
+        let exports = RateLimitPolicy::builder(
+            "exports",
+            Algorithm::Concurrency {
+                max_in_flight: 2,
+                lease_ttl: Duration::from_secs(30),
+                retry_after: Duration::from_secs(1),
+            },
+        )
+        .build()
+        .unwrap();
         let mut text = Vec::new();
-        write_policy_field(&mut text, [&burst, &bucket]);
-        assert_eq!(text, br#""orders-burst";q=10;w=2, "b";q=5;w=1"#);
+        write_policy_field(&mut text, [&burst, &exports, &bucket]);
+        assert_eq!(text, br#""orders-burst";q=10;w=2, "exports";q=2, "b";q=5;w=1"#);
         let decision = RateLimitDecision {
             allowed: true,
             limit: 10,

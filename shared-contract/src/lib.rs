@@ -19,6 +19,7 @@ mod clock;
 mod dedup;
 mod error;
 mod headers;
+mod lease;
 mod name;
 mod outcome;
 mod policy;
@@ -32,23 +33,26 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
 pub use headers::{
-    SF_INTEGER_MAX, quota_window, whole_seconds_up, write_limit_field, write_policy_field,
+    SF_INTEGER_MAX, quota_window, whole_seconds_up, write_limit_field, write_limit_item,
+    write_policy_field,
 };
+pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
 pub use name::{DECISIONS_TOTAL, FRONT_ENVOY_RLS, FRONT_HTTP, UnknownName, parse_name};
 pub use outcome::{
     Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory,
     RateLimitDecision, RateLimitOutcome, SetDecision, UnavailableCategory,
 };
 pub use policy::{
-    Algorithm, AlgorithmKind, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_PERIOD,
-    PolicyId, PolicyMode, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder, millis,
+    Algorithm, AlgorithmKind, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE,
+    MAX_IN_FLIGHT, MAX_LEASE_TTL, MAX_PERIOD, PolicyId, PolicyMode, PolicyScope, RateLimitPolicy,
+    RateLimitPolicyBuilder, millis,
 };
 pub use port::EdgeRateLimitPort;
 pub use request::{
     EvaluationId, MAX_POLICY_SET, OperationDigest, PolicySet, RateLimitRequest, SetEntries,
 };
 pub use step::{
-    AlgorithmState, DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict,
-    evaluate_set, inspect_key,
+    AlgorithmState, DedupRecord, DedupRecords, HeldLease, KeyRules, KeyState, KeyWrite, Leases,
+    SetMember, SetVerdict, evaluate_set, inspect_key,
 };
 pub use subject::{SubjectDigest, SubjectPseudonymizer};

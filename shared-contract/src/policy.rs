@@ -13,6 +13,11 @@ pub const MAX_COUNT: u64 = 1_000_000_000;
 pub const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Largest cleanup grace or clock-regression bound: one hour.
 pub const MAX_GRACE: Duration = Duration::from_secs(3600);
+/// Largest `max-in-flight` of a concurrency policy: its lease set is held
+/// whole in one key (a Redis sorted set, a memory store's entry).
+pub const MAX_IN_FLIGHT: u64 = 10_000;
+/// Longest `lease-ttl` of a concurrency policy: a day.
+pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// `limit x window` (sliding counter) and `capacity x refill period` (token
 /// bucket) must stay below 2^53 so every provider, Lua's doubles included,
 /// does the algorithm's arithmetic exactly.
@@ -94,6 +99,19 @@ pub enum Algorithm {
         /// How many may arrive at once (the configuration's default: `limit`).
         burst: u64,
     },
+    /// In-flight leases: at most `max_in_flight` requests of a key hold a
+    /// lease at once; a lease is released when its response is done, or
+    /// expires `lease_ttl` after it was taken (docs/algorithms.md
+    /// "Concurrency (in-flight leases)").
+    Concurrency {
+        /// Leases a key may hold at once.
+        max_in_flight: u64,
+        /// The longest a lease is held if never released, whole milliseconds.
+        lease_ttl: Duration,
+        /// What a refusal tells clients to wait (no window gives one), whole
+        /// milliseconds.
+        retry_after: Duration,
+    },
 }
 
 /// Which algorithm, without its parameters: what a configuration's
@@ -108,21 +126,24 @@ pub enum AlgorithmKind {
     TokenBucket,
     /// [`Algorithm::Gcra`].
     Gcra,
+    /// [`Algorithm::Concurrency`].
+    Concurrency,
 }
 
 impl AlgorithmKind {
     /// Every kind, in declaration order.
-    pub const ALL: [Self; 4] =
-        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::Gcra];
+    pub const ALL: [Self; 5] =
+        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::Gcra, Self::Concurrency];
 
     /// The configuration name: `fixed-window`, `sliding-counter`,
-    /// `token-bucket` or `gcra`.
+    /// `token-bucket`, `gcra` or `concurrency`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::FixedWindow => "fixed-window",
             Self::SlidingCounter => "sliding-counter",
             Self::TokenBucket => "token-bucket",
             Self::Gcra => "gcra",
+            Self::Concurrency => "concurrency",
         }
     }
 
@@ -135,6 +156,20 @@ impl AlgorithmKind {
                 &[PolicyField::Capacity, PolicyField::RefillTokens, PolicyField::RefillPeriod]
             }
             Self::Gcra => &[PolicyField::Limit, PolicyField::Period, PolicyField::Burst],
+            Self::Concurrency => {
+                &[PolicyField::MaxInFlight, PolicyField::LeaseTtl, PolicyField::RetryAfter]
+            }
+        }
+    }
+
+    /// The policy keys common to every algorithm that this one refuses: a
+    /// concurrency policy takes no `maximum-cost` (a lease is one slot
+    /// whatever the cost) and no `evaluation-dedup` (the lease id is its
+    /// dedupe). The configuration refuses them beside it, naming the key.
+    pub const fn refused_common_keys(self) -> &'static [PolicyField] {
+        match self {
+            Self::FixedWindow | Self::SlidingCounter | Self::TokenBucket | Self::Gcra => &[],
+            Self::Concurrency => &[PolicyField::MaximumCost, PolicyField::EvaluationDedup],
         }
     }
 }
@@ -155,6 +190,7 @@ impl Algorithm {
             Self::SlidingCounter { .. } => AlgorithmKind::SlidingCounter,
             Self::TokenBucket { .. } => AlgorithmKind::TokenBucket,
             Self::Gcra { .. } => AlgorithmKind::Gcra,
+            Self::Concurrency { .. } => AlgorithmKind::Concurrency,
         }
     }
 
@@ -163,22 +199,37 @@ impl Algorithm {
         self.kind().name()
     }
 
-    /// The limit, capacity or burst: most units a subject can spend at once.
+    /// The limit, capacity, burst or `max_in_flight`: most units (leases) a
+    /// subject can hold at once.
     pub const fn limit(&self) -> u64 {
         match *self {
             Self::FixedWindow { limit, .. } | Self::SlidingCounter { limit, .. } => limit,
             Self::TokenBucket { capacity, .. } => capacity,
             Self::Gcra { burst, .. } => burst,
+            Self::Concurrency { max_in_flight, .. } => max_in_flight,
         }
     }
 
-    /// The window, refill period or GCRA period, the time unit of the
-    /// algorithm.
+    /// The window, refill period, GCRA period or lease TTL, the time unit
+    /// of the algorithm.
     pub const fn period(&self) -> Duration {
         match *self {
             Self::FixedWindow { window, .. } | Self::SlidingCounter { window, .. } => window,
             Self::TokenBucket { refill_period, .. } => refill_period,
             Self::Gcra { period, .. } => period,
+            Self::Concurrency { lease_ttl, .. } => lease_ttl,
+        }
+    }
+
+    /// Whether this is a concurrency policy: its admitted requests hold a
+    /// lease the caller releases through `EdgeRateLimitPort::release`.
+    pub const fn holds_leases(&self) -> bool {
+        match self {
+            Self::Concurrency { .. } => true,
+            Self::FixedWindow { .. }
+            | Self::SlidingCounter { .. }
+            | Self::TokenBucket { .. }
+            | Self::Gcra { .. } => false,
         }
     }
 
@@ -189,9 +240,10 @@ impl Algorithm {
             Self::Gcra { limit, period, .. } => {
                 Some(millis(period).saturating_mul(1000).div_ceil(limit.max(1)).max(1))
             }
-            Self::FixedWindow { .. } | Self::SlidingCounter { .. } | Self::TokenBucket { .. } => {
-                None
-            }
+            Self::FixedWindow { .. }
+            | Self::SlidingCounter { .. }
+            | Self::TokenBucket { .. }
+            | Self::Concurrency { .. } => None,
         }
     }
 
@@ -200,9 +252,10 @@ impl Algorithm {
     pub const fn certainty(&self) -> crate::Certainty {
         match self {
             Self::SlidingCounter { .. } => crate::Certainty::ApproximateAlgorithm,
-            Self::FixedWindow { .. } | Self::TokenBucket { .. } | Self::Gcra { .. } => {
-                crate::Certainty::Certain
-            }
+            Self::FixedWindow { .. }
+            | Self::TokenBucket { .. }
+            | Self::Gcra { .. }
+            | Self::Concurrency { .. } => crate::Certainty::Certain,
         }
     }
 }
@@ -301,9 +354,15 @@ pub struct RateLimitPolicy {
 impl RateLimitPolicy {
     /// Starts a policy with the defaults: revision 1, maximum cost 1,
     /// fail-closed, cleanup grace and clock-regression bound of one second,
-    /// [`EvaluationDedupPolicy::enabled_defaults`], operation scope and
-    /// enforce mode.
+    /// [`EvaluationDedupPolicy::enabled_defaults`] (disabled for a
+    /// concurrency policy, whose lease id is its dedupe), operation scope
+    /// and enforce mode.
     pub fn builder(id: impl Into<String>, algorithm: Algorithm) -> RateLimitPolicyBuilder {
+        let evaluation_dedup = if algorithm.holds_leases() {
+            EvaluationDedupPolicy::Disabled
+        } else {
+            EvaluationDedupPolicy::enabled_defaults()
+        };
         RateLimitPolicyBuilder {
             id: id.into(),
             revision: 1,
@@ -312,7 +371,7 @@ impl RateLimitPolicy {
             failure_policy: FailurePolicy::FailClosed,
             cleanup_grace: Duration::from_secs(1),
             maximum_clock_regression: Duration::from_secs(1),
-            evaluation_dedup: EvaluationDedupPolicy::enabled_defaults(),
+            evaluation_dedup,
             scope: PolicyScope::Operation,
             mode: PolicyMode::Enforce,
         }
@@ -334,9 +393,17 @@ impl RateLimitPolicy {
     pub fn limit(&self) -> u64 {
         self.algorithm.limit()
     }
-    /// The largest cost one request may carry.
+    /// The largest cost one request may carry (1 for a concurrency policy,
+    /// which does not check cost: see [`Self::admits_cost`]).
     pub fn maximum_cost(&self) -> u64 {
         self.maximum_cost
+    }
+    /// Whether a request of `cost` may be evaluated under this policy: 1 ..=
+    /// the maximum cost; any cost from 1 for a concurrency policy (a lease
+    /// is one slot whatever the cost, so a set's cost is checked against
+    /// its rate policies only).
+    pub fn admits_cost(&self, cost: u64) -> bool {
+        cost >= 1 && (self.algorithm.holds_leases() || cost <= self.maximum_cost)
     }
     /// What happens when no decision can be made.
     pub fn failure_policy(&self) -> FailurePolicy {
@@ -440,12 +507,21 @@ impl RateLimitPolicyBuilder {
         if self.revision == 0 {
             reject(PolicyField::Revision, "must be at least 1".into());
         }
-        let (count_field, period_field) = match self.algorithm {
+        // The count field checked is `limit()`'s, the period field
+        // `period()`'s, each against its algorithm's upper bound.
+        let (count_field, most, period_field, longest) = match self.algorithm {
             Algorithm::FixedWindow { .. } | Algorithm::SlidingCounter { .. } => {
-                (PolicyField::Limit, PolicyField::Window)
+                (PolicyField::Limit, MAX_COUNT, PolicyField::Window, MAX_PERIOD)
             }
-            Algorithm::TokenBucket { .. } => (PolicyField::Capacity, PolicyField::RefillPeriod),
-            Algorithm::Gcra { .. } => (PolicyField::Burst, PolicyField::Period),
+            Algorithm::TokenBucket { .. } => {
+                (PolicyField::Capacity, MAX_COUNT, PolicyField::RefillPeriod, MAX_PERIOD)
+            }
+            Algorithm::Gcra { .. } => {
+                (PolicyField::Burst, MAX_COUNT, PolicyField::Period, MAX_PERIOD)
+            }
+            Algorithm::Concurrency { .. } => {
+                (PolicyField::MaxInFlight, MAX_IN_FLIGHT, PolicyField::LeaseTtl, MAX_LEASE_TTL)
+            }
         };
         // GCRA's steady-rate limit; the others have no second count.
         let mut rate_ok = true;
@@ -456,9 +532,15 @@ impl RateLimitPolicyBuilder {
             }
         }
         let limit = self.algorithm.limit();
-        let limit_ok = check_count(limit).map(|p| reject(count_field, p)).is_none();
+        let limit_ok = check_count_up_to(limit, most).map(|p| reject(count_field, p)).is_none();
         let period = self.algorithm.period();
-        let period_ok = check_period(period).map(|p| reject(period_field, p)).is_none();
+        let period_ok =
+            check_period_up_to(period, longest).map(|p| reject(period_field, p)).is_none();
+        if let Algorithm::Concurrency { retry_after, .. } = self.algorithm {
+            if let Some(problem) = check_period_up_to(retry_after, MAX_GRACE) {
+                reject(PolicyField::RetryAfter, problem);
+            }
+        }
         if let Algorithm::TokenBucket { refill_tokens, .. } = self.algorithm {
             if let Some(problem) = check_count(refill_tokens) {
                 reject(PolicyField::RefillTokens, problem);
@@ -508,7 +590,28 @@ impl RateLimitPolicyBuilder {
                 );
             }
         }
-        if self.maximum_cost == 0 || (limit_ok && self.maximum_cost > limit) {
+        if self.algorithm.holds_leases() {
+            // A lease is one slot whatever the cost; the lease id is the
+            // dedupe. Neither key applies, so a value set is a mistake.
+            if self.maximum_cost != 1 {
+                reject(
+                    PolicyField::MaximumCost,
+                    format!(
+                        "does not apply to a concurrency policy (a lease is one slot whatever \
+                         the cost): leave it unset, got {}",
+                        self.maximum_cost
+                    ),
+                );
+            }
+            if self.evaluation_dedup != EvaluationDedupPolicy::Disabled {
+                reject(
+                    PolicyField::EvaluationDedup,
+                    "does not apply to a concurrency policy (its lease id is its dedupe): \
+                     leave it unset"
+                        .into(),
+                );
+            }
+        } else if self.maximum_cost == 0 || (limit_ok && self.maximum_cost > limit) {
             // With the limit itself out of range the bound is unknown: name
             // only the floor rather than an empty range such as `1..=0`.
             let problem = if limit_ok {
@@ -524,7 +627,9 @@ impl RateLimitPolicyBuilder {
         if let Some(problem) = check_grace(self.maximum_clock_regression) {
             reject(PolicyField::MaximumClockRegression, problem);
         }
-        violations.extend(self.evaluation_dedup.violations());
+        if !self.algorithm.holds_leases() {
+            violations.extend(self.evaluation_dedup.violations());
+        }
 
         if !violations.is_empty() {
             return Err(ContractError::InvalidPolicy(violations));
@@ -579,7 +684,11 @@ fn gcra_millisecond_problem(burst: u64, interval: u64) -> Option<String> {
 }
 
 fn check_count(value: u64) -> Option<String> {
-    (!(1..=MAX_COUNT).contains(&value)).then(|| format!("must be in 1..={MAX_COUNT}, got {value}"))
+    check_count_up_to(value, MAX_COUNT)
+}
+
+fn check_count_up_to(value: u64, most: u64) -> Option<String> {
+    (!(1..=most).contains(&value)).then(|| format!("must be in 1..={most}, got {value}"))
 }
 
 pub(crate) fn whole_millis_problem(duration: Duration) -> Option<String> {
@@ -587,9 +696,9 @@ pub(crate) fn whole_millis_problem(duration: Duration) -> Option<String> {
         .then(|| format!("must be whole milliseconds, got {duration:?}"))
 }
 
-fn check_period(period: Duration) -> Option<String> {
-    if period < Duration::from_millis(1) || period > MAX_PERIOD {
-        return Some(format!("must be between 1ms and {MAX_PERIOD:?}, got {period:?}"));
+fn check_period_up_to(period: Duration, longest: Duration) -> Option<String> {
+    if period < Duration::from_millis(1) || period > longest {
+        return Some(format!("must be between 1ms and {longest:?}, got {period:?}"));
     }
     whole_millis_problem(period)
 }
@@ -625,7 +734,8 @@ mod tests {
                 Some(AlgorithmKind::FixedWindow) => Some(AlgorithmKind::SlidingCounter),
                 Some(AlgorithmKind::SlidingCounter) => Some(AlgorithmKind::TokenBucket),
                 Some(AlgorithmKind::TokenBucket) => Some(AlgorithmKind::Gcra),
-                Some(AlgorithmKind::Gcra) => None,
+                Some(AlgorithmKind::Gcra) => Some(AlgorithmKind::Concurrency),
+                Some(AlgorithmKind::Concurrency) => None,
             }
         }
         let chained: Vec<_> =
@@ -636,7 +746,10 @@ mod tests {
         }
         assert_eq!(fixed(1, 1).name(), "fixed-window");
         let names: Vec<_> = AlgorithmKind::ALL.iter().map(|kind| kind.name()).collect();
-        assert_eq!(names, ["fixed-window", "sliding-counter", "token-bucket", "gcra"]);
+        assert_eq!(
+            names,
+            ["fixed-window", "sliding-counter", "token-bucket", "gcra", "concurrency"]
+        );
         assert!("leaky-bucket".parse::<AlgorithmKind>().is_err());
     }
 
@@ -858,6 +971,72 @@ mod tests {
         );
         assert!(RateLimitPolicy::builder("p", gcra(101, 10, 101)).build().is_ok());
         assert!(RateLimitPolicy::builder("p", gcra(3, 1000, 3)).build().is_ok());
+    }
+
+    fn concurrency(max_in_flight: u64, lease_ttl_ms: u64, retry_after_ms: u64) -> Algorithm {
+        Algorithm::Concurrency {
+            max_in_flight,
+            lease_ttl: Duration::from_millis(lease_ttl_ms),
+            retry_after: Duration::from_millis(retry_after_ms),
+        }
+    }
+
+    #[test]
+    fn a_concurrency_policy_bounds_each_of_its_keys_and_names_it() {
+        let ok = RateLimitPolicy::builder("exports", concurrency(2, 30_000, 1000)).build().unwrap();
+        assert_eq!((ok.limit(), ok.algorithm().name()), (2, "concurrency"));
+        assert_eq!(*ok.evaluation_dedup(), EvaluationDedupPolicy::Disabled, "no dedupe by default");
+        assert_eq!(ok.algorithm().certainty(), crate::Certainty::Certain);
+        // The extremes of each range pass: 1..=10000, 1 ms..=24 h, 1 ms..=1 h.
+        assert!(RateLimitPolicy::builder("p", concurrency(1, 1, 1)).build().is_ok());
+        let day = 24 * 3600 * 1000;
+        assert!(RateLimitPolicy::builder("p", concurrency(10_000, day, 3_600_000)).build().is_ok());
+        let over = RateLimitPolicy::builder("p", concurrency(10_001, day + 1, 3_600_001)).build();
+        let found = problems(over);
+        let keys: Vec<_> = found.iter().map(|(field, _)| field.key()).collect();
+        assert_eq!(keys, ["max-in-flight", "lease-ttl", "retry-after"], "{found:?}");
+        assert!(found[0].1.contains("1..=10000"), "{found:?}");
+        let zero = RateLimitPolicy::builder("p", concurrency(0, 0, 0)).build();
+        assert_eq!(
+            fields(zero),
+            [PolicyField::MaxInFlight, PolicyField::LeaseTtl, PolicyField::RetryAfter]
+        );
+        let fraction = Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_micros(1500),
+            retry_after: Duration::from_micros(2500),
+        };
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", fraction).build()),
+            [PolicyField::LeaseTtl, PolicyField::RetryAfter]
+        );
+    }
+
+    #[test]
+    fn a_concurrency_policy_takes_no_maximum_cost_and_no_dedupe() {
+        let both = RateLimitPolicy::builder("p", concurrency(2, 30_000, 1000))
+            .maximum_cost(2)
+            .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
+            .build();
+        let found = problems(both);
+        assert_eq!(
+            found.iter().map(|(field, _)| *field).collect::<Vec<_>>(),
+            [PolicyField::MaximumCost, PolicyField::EvaluationDedup]
+        );
+        assert!(found.iter().all(|(_, problem)| problem.contains("does not apply")), "{found:?}");
+        assert_eq!(
+            AlgorithmKind::Concurrency.refused_common_keys(),
+            [PolicyField::MaximumCost, PolicyField::EvaluationDedup]
+        );
+        assert_eq!(
+            AlgorithmKind::Concurrency.parameters(),
+            [PolicyField::MaxInFlight, PolicyField::LeaseTtl, PolicyField::RetryAfter]
+        );
+        // Any cost from 1 is admitted: a lease is one slot whatever the cost.
+        let policy = RateLimitPolicy::builder("p", concurrency(2, 30_000, 1000)).build().unwrap();
+        assert!(policy.admits_cost(1) && policy.admits_cost(MAX_COUNT) && !policy.admits_cost(0));
+        let fixed = RateLimitPolicy::builder("f", fixed(3, 10)).maximum_cost(2).build().unwrap();
+        assert!(fixed.admits_cost(2) && !fixed.admits_cost(3) && !fixed.admits_cost(0));
     }
 
     #[test]

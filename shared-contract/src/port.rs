@@ -5,6 +5,7 @@ use std::fmt::Debug;
 use async_trait::async_trait;
 
 use crate::budget::{BudgetFailure, BudgetKey, BudgetState};
+use crate::lease::{Lease, ReleaseOutcome};
 use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
@@ -25,6 +26,9 @@ use crate::request::RateLimitRequest;
 ///   them, so every provider gives the same answer for the same inputs.
 /// - It MUST answer `Indeterminate` rather than a guess when a charge may or
 ///   may not have happened.
+/// - An admitted request whose set holds a concurrency policy holds a lease
+///   under each such policy's key until [`Self::release`] or its
+///   `lease-ttl`; a refused one holds none.
 #[async_trait]
 pub trait EdgeRateLimitPort: Send + Sync + Debug {
     /// Evaluates one request.
@@ -64,4 +68,24 @@ pub trait EdgeRateLimitPort: Send + Sync + Debug {
     /// As [`Self::inspect`]; `Indeterminate` means the reset may or may not
     /// have happened, and asking again is safe.
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure>;
+
+    /// Gives back the in-flight lease an admitted request took
+    /// (docs/algorithms.md "Concurrency (in-flight leases)"), so another
+    /// request can take its slot. The contract every implementation keeps:
+    /// - It MUST remove only the lease of id `lease.id`, and only under the
+    ///   keys of `lease`'s subject and operation for the concurrency
+    ///   policies of `lease.policies` it holds now (at their current
+    ///   revision); rate policies, other subjects, operations, revisions
+    ///   and other leases are untouched, and no key's mark or lifetime
+    ///   moves.
+    /// - It MUST be idempotent: releasing a lease that is not held (released
+    ///   before, expired, never taken, or its policy removed or
+    ///   re-revisioned by a reload) answers [`ReleaseOutcome::NotHeld`] and
+    ///   changes nothing; `Released` means a slot was freed now.
+    /// - It MUST NOT panic and has no error type: a store that does not
+    ///   answer is [`ReleaseOutcome::Unavailable`] when provably nothing
+    ///   ran and [`ReleaseOutcome::Indeterminate`] when the removal may or
+    ///   may not have happened (releasing again is safe). A lease whose
+    ///   release failed expires at its `lease-ttl`.
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome;
 }

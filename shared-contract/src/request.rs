@@ -149,7 +149,8 @@ pub struct RateLimitRequest {
 impl RateLimitRequest {
     /// Step 1 of docs/algorithms.md for the whole set, which reads no
     /// state: every policy must be known to `lookup`, and the cost must lie
-    /// in 1 ..= each policy's maximum. The entries come back in the set's
+    /// in 1 ..= each policy's maximum (a concurrency policy has none:
+    /// [`RateLimitPolicy::admits_cost`]). The entries come back in the set's
     /// order; the refusal is the outcome to answer, unknown policies first.
     #[allow(
         clippy::result_large_err,
@@ -167,7 +168,7 @@ impl RateLimitRequest {
             })?);
         }
         let entries = SetEntries { entries, len: self.policies.len().min(MAX_POLICY_SET) };
-        let fits = |entry: &&T| (1..=policy_of(entry).maximum_cost()).contains(&self.cost);
+        let fits = |entry: &&T| policy_of(entry).admits_cost(self.cost);
         if !entries.iter().all(|entry| fits(&entry)) {
             return Err(RateLimitOutcome::Incompatible {
                 category: IncompatibleCategory::CostExceedsMaximum,

@@ -11,11 +11,13 @@
 //! [`KeyWrite`], and on a conflict start again from the load.
 
 mod algorithm;
+mod leases;
 mod records;
 
 use std::time::Duration;
 
 pub use algorithm::AlgorithmState;
+pub use leases::{HeldLease, Leases};
 pub use records::{DedupRecord, DedupRecords};
 
 use crate::budget::{BudgetFailure, BudgetState};
@@ -37,6 +39,9 @@ pub struct KeyState {
     pub algorithm: AlgorithmState,
     /// Dedupe records, oldest first; empty when dedupe is off.
     pub records: DedupRecords,
+    /// The in-flight leases of a concurrency key; empty for every other
+    /// algorithm.
+    pub leases: Leases,
 }
 
 /// A policy compiled to milliseconds for the step, built once per policy so
@@ -81,6 +86,39 @@ impl KeyRules {
             certainty: self.certainty,
             replayed,
         }
+    }
+
+    /// Whether the policy is a concurrency policy, whose admitted requests
+    /// hold a lease in its key.
+    pub fn holds_leases(&self) -> bool {
+        self.params.lease_ttl().is_some()
+    }
+
+    /// This evaluation's replay under this member at effective time `t`:
+    /// its live dedupe record, or for a concurrency key its live lease (the
+    /// lease id is the concurrency policy's dedupe: the same lease, never
+    /// a second one).
+    fn replay(
+        &self,
+        state: Option<&KeyState>,
+        evaluation_id: EvaluationId,
+        t: u64,
+    ) -> Option<RateLimitDecision> {
+        if let Some(record) = self.live_record(state, evaluation_id, t) {
+            return Some(self.replayed(record));
+        }
+        self.params.lease_ttl()?;
+        let leases = &state?.leases;
+        leases.find_live(evaluation_id, t)?;
+        Some(RateLimitDecision {
+            allowed: true,
+            limit: self.params.limit(),
+            remaining: self.params.limit().saturating_sub(leases.live(t)),
+            retry_after: Duration::ZERO,
+            reset_after: Duration::ZERO,
+            certainty: self.certainty,
+            replayed: true,
+        })
     }
 
     fn replayed(&self, record: &DedupRecord) -> RateLimitDecision {
@@ -242,24 +280,22 @@ fn evaluate_members<const N: usize>(
         return SetVerdict::ClockUnsafe { retry_after: Duration::from_millis(by) };
     }
 
-    // Step 4: a live record of this evaluation in any key replays the whole
-    // set, and nothing is written anywhere.
-    let replay = members.iter().zip(&times).any(|(member, &t)| {
-        member.rules.live_record(member.state.as_ref(), evaluation_id, t).is_some()
-    });
+    // Step 4: a live record (or lease) of this evaluation in any key
+    // replays the whole set, and nothing is written anywhere.
+    let replay = members
+        .iter()
+        .zip(&times)
+        .any(|(member, &t)| member.rules.replay(member.state.as_ref(), evaluation_id, t).is_some());
     let mut decisions = [RateLimitDecision::UNUSED; N];
     if replay {
         for ((member, &t), decision) in members.iter().zip(&times).zip(&mut decisions) {
             let rules = member.rules;
-            *decision = match rules.live_record(member.state.as_ref(), evaluation_id, t) {
-                Some(record) => rules.replayed(record),
-                None => {
-                    let counters = member.state.as_ref().map(|held| &held.algorithm);
-                    match algorithm::run(&rules.params, counters, t, cost, Charge::Spare) {
-                        Ok(step) => rules.decided(&step, false),
-                        Err(StateMismatch) => return SetVerdict::StateMismatch,
-                    }
-                }
+            *decision = match rules.replay(member.state.as_ref(), evaluation_id, t) {
+                Some(replayed) => replayed,
+                None => match run_member(member, t, cost, Charge::Spare) {
+                    Ok(step) => rules.decided(&step, false),
+                    Err(StateMismatch) => return SetVerdict::StateMismatch,
+                },
             };
         }
         return SetVerdict::Decided(SetDecision::new(true, &decisions[..members.len()]));
@@ -268,8 +304,7 @@ fn evaluate_members<const N: usize>(
     // Step 5: every algorithm, charging; step 6: the set's verdict.
     let mut steps = [None; N];
     for ((member, &t), step) in members.iter().zip(&times).zip(&mut steps) {
-        let counters = member.state.as_ref().map(|held| &held.algorithm);
-        match algorithm::run(&member.rules.params, counters, t, cost, Charge::Take) {
+        match run_member(member, t, cost, Charge::Take) {
             Ok(run) => *step = Some(run),
             Err(StateMismatch) => return SetVerdict::StateMismatch,
         }
@@ -281,8 +316,7 @@ fn evaluate_members<const N: usize>(
         // Nothing is charged anywhere: an allowing member runs spared.
         for ((member, &t), step) in members.iter().zip(&times).zip(&mut steps) {
             if step.is_some_and(|s| s.allowed) {
-                let counters = member.state.as_ref().map(|held| &held.algorithm);
-                *step = algorithm::run(&member.rules.params, counters, t, cost, Charge::Spare).ok();
+                *step = run_member(member, t, cost, Charge::Spare).ok();
             }
         }
     }
@@ -297,6 +331,19 @@ fn evaluate_members<const N: usize>(
         commit(member, now, t, step, charged, evaluation_id);
     }
     SetVerdict::Decided(SetDecision::new(admitted, &decisions[..members.len()]))
+}
+
+/// One member's algorithm over its loaded key at effective time `t`.
+fn run_member(
+    member: &SetMember<'_>,
+    t: u64,
+    cost: u64,
+    charge: Charge,
+) -> Result<Step, StateMismatch> {
+    let state = member.state.as_ref();
+    let counters = state.map(|held| &held.algorithm);
+    let leases = state.map_or(&Leases::NONE, |held| &held.leases);
+    algorithm::run(&member.rules.params, counters, leases, t, cost, charge)
 }
 
 /// A key's budget now, for an operator: the policy's algorithm run spared
@@ -315,8 +362,9 @@ pub fn inspect_key(
     let mark = state.map(|held| held.mark);
     let t = mark.map_or(now, |mark| now.max(mark));
     let counters = state.map(|held| &held.algorithm);
+    let leases = state.map_or(&Leases::NONE, |held| &held.leases);
     // Cost 1: the smallest request, so `retry_after` says when anything passes.
-    let step = algorithm::run(&rules.params, counters, t, 1, Charge::Spare)
+    let step = algorithm::run(&rules.params, counters, leases, t, 1, Charge::Spare)
         .map_err(|StateMismatch| BudgetFailure::StateIncompatible)?;
     let retry_after = if step.allowed { 0 } else { step.retry_after.max(1) };
     Ok(BudgetState {
@@ -342,7 +390,14 @@ fn commit(
 ) {
     let Some((counters, state_end)) = step.write else { return };
     let rules = member.rules;
-    let mut records = member.state.take().map(|held| held.records).unwrap_or_default();
+    let (mut records, mut leases) =
+        member.state.take().map(|held| (held.records, held.leases)).unwrap_or_default();
+    if let (Some(lease_ttl), true) = (rules.params.lease_ttl(), charged) {
+        // The lease this admitted request holds until it is released; the
+        // step counted a free slot among the live ones.
+        leases.drop_expired(t);
+        leases.push(HeldLease { id: evaluation_id, expires_at: t.saturating_add(lease_ttl) });
+    }
     let mut end = state_end;
     if rules.record_capacity > 0 {
         records.drop_expired(t, rules.dedup_ttl);
@@ -364,7 +419,7 @@ fn commit(
         records.clear();
     }
     let expires_at = end.saturating_add(rules.slack);
-    member.state = Some(KeyState { mark: t, algorithm: counters, records });
+    member.state = Some(KeyState { mark: t, algorithm: counters, records, leases });
     member.write = Some(KeyWrite { expires_at, lifetime: expires_at.saturating_sub(now) });
 }
 

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, ManualClock, PolicyId, PolicyMode,
-    PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, Lease, ManualClock, PolicyId,
+    PolicyMode, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
 };
 
 use super::*;
@@ -54,6 +54,9 @@ impl EdgeRateLimitPort for Counting {
     }
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         self.inner.reset(key).await
+    }
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        self.inner.release(lease).await
     }
 }
 

@@ -9,7 +9,7 @@
 use redis::Value;
 use shared_contract::{
     AlgorithmState, BudgetFailure, BudgetKey, BudgetState, DedupRecords, KeyRules, KeyState,
-    inspect_key,
+    Leases, inspect_key,
 };
 
 use super::{PolicyEntry, RedisEdgeRateLimitAdapter};
@@ -47,7 +47,13 @@ impl RedisEdgeRateLimitAdapter {
             Some(Stored::Absent) => inspect_key(&rules, None, now),
             Some(Stored::State { mark, algorithm }) => {
                 // Records play no part in a budget's numbers.
-                let state = KeyState { mark, algorithm, records: DedupRecords::default() };
+                let state = KeyState {
+                    mark,
+                    algorithm,
+                    records: DedupRecords::default(),
+                    // Placeholder until branch leases-redis reads the zset.
+                    leases: Leases::default(),
+                };
                 inspect_key(&rules, Some(&state), now)
             }
             None => {

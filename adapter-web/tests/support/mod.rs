@@ -24,9 +24,9 @@ use http_body_util::BodyExt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use secrecy::SecretSlice;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, ManualClock, PolicyId,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
-    SubjectDigest,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Lease, ManualClock, PolicyId,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    SetDecision, SubjectDigest,
 };
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -50,6 +50,10 @@ pub struct ScriptedPort {
     inner: Option<Arc<dyn EdgeRateLimitPort>>,
     requests: Mutex<Vec<RateLimitRequest>>,
     gate: Option<Gate>,
+    /// What every release answers; `None` forwards (or `NotHeld` without
+    /// a provider behind).
+    release_answer: Mutex<Option<ReleaseOutcome>>,
+    releases: Mutex<Vec<Lease>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +97,15 @@ impl ScriptedPort {
         policies: Vec<RateLimitPolicy>,
         inner: Option<Arc<dyn EdgeRateLimitPort>>,
     ) -> Self {
-        Self { answer: Mutex::new(answer), policies, inner, requests: Mutex::default(), gate: None }
+        Self {
+            answer: Mutex::new(answer),
+            policies,
+            inner,
+            requests: Mutex::default(),
+            gate: None,
+            release_answer: Mutex::default(),
+            releases: Mutex::default(),
+        }
     }
 
     /// Holds every evaluation until [`ScriptedPort::open`] lets it through.
@@ -115,6 +127,18 @@ impl ScriptedPort {
     /// Answers `outcome` from now on.
     pub fn answer(&self, outcome: RateLimitOutcome) {
         *self.answer.lock().unwrap() = Answer::Outcome(outcome);
+    }
+
+    /// Answers `outcome` to every release from now on (a store gone
+    /// away, which a real provider cannot be asked to be), after asking
+    /// the wrapped provider, so its slot is still freed.
+    pub fn answer_release(&self, outcome: ReleaseOutcome) {
+        *self.release_answer.lock().unwrap() = Some(outcome);
+    }
+
+    /// The leases given back through this port, in order.
+    pub fn releases(&self) -> Vec<Lease> {
+        self.releases.lock().unwrap().clone()
     }
 
     pub fn requests(&self) -> Vec<RateLimitRequest> {
@@ -171,6 +195,15 @@ impl EdgeRateLimitPort for ScriptedPort {
             Some(inner) => inner.reset(key).await,
             None => Err(BudgetFailure::Unavailable),
         }
+    }
+
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        self.releases.lock().unwrap().push(lease.clone());
+        let answered = match &self.inner {
+            Some(inner) => inner.release(lease).await,
+            None => ReleaseOutcome::NotHeld,
+        };
+        self.release_answer.lock().unwrap().unwrap_or(answered)
     }
 }
 

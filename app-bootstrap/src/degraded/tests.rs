@@ -4,8 +4,8 @@ use std::sync::Mutex;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use shared_contract::{
-    Certainty, EvaluationId, IncompatibleCategory, ManualClock, OperationDigest, PolicySet,
-    RateLimitDecision, SetDecision, SubjectDigest,
+    Certainty, EvaluationId, IncompatibleCategory, Lease, ManualClock, OperationDigest, PolicySet,
+    RateLimitDecision, ReleaseOutcome, SetDecision, SubjectDigest,
 };
 
 use super::*;
@@ -40,6 +40,10 @@ impl EdgeRateLimitPort for ScriptedPort {
 
     async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
         Err(BudgetFailure::Unavailable)
+    }
+
+    async fn release(&self, _: &Lease) -> ReleaseOutcome {
+        ReleaseOutcome::NotHeld
     }
 }
 

@@ -981,6 +981,11 @@ fn policy_body(policy: &RateLimitPolicy) -> String {
             key(PolicyField::Period, toml_string(&duration(period)));
             key(PolicyField::Burst, burst.to_string());
         }
+        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
+            key(PolicyField::MaxInFlight, max_in_flight.to_string());
+            key(PolicyField::LeaseTtl, toml_string(&duration(lease_ttl)));
+            key(PolicyField::RetryAfter, toml_string(&duration(retry_after)));
+        }
     }
     body
 }

@@ -5,8 +5,10 @@
 //! All arithmetic saturates or widens: caller times come from an injected
 //! clock and may be anything, and a provider's `evaluate` must never panic.
 
+use super::leases::Leases;
 use crate::policy::{Algorithm, millis};
 
+mod concurrency;
 mod fixed_window;
 mod gcra;
 mod sliding_counter;
@@ -45,6 +47,9 @@ pub enum AlgorithmState {
         /// When the key's backlog of cells is spent, epoch **microseconds**.
         tat: u64,
     },
+    /// A concurrency key: its leases are heap data, held beside the state
+    /// in [`super::KeyState::leases`]; this says whose they are.
+    Concurrency,
 }
 
 /// A policy's algorithm with every duration in whole milliseconds, so the
@@ -68,6 +73,11 @@ pub(crate) enum Params {
     Gcra {
         burst: u64,
         interval: u64,
+    },
+    Concurrency {
+        max_in_flight: u64,
+        lease_ttl: u64,
+        retry_after: u64,
     },
 }
 
@@ -94,6 +104,11 @@ impl Params {
             Algorithm::Gcra { burst, .. } => {
                 Self::Gcra { burst, interval: algorithm.emission_interval_micros().unwrap_or(1) }
             }
+            Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => Self::Concurrency {
+                max_in_flight,
+                lease_ttl: ms(lease_ttl),
+                retry_after: ms(retry_after),
+            },
         }
     }
 
@@ -103,6 +118,18 @@ impl Params {
             Self::FixedWindow { limit, .. } | Self::SlidingCounter { limit, .. } => limit,
             Self::TokenBucket { capacity, .. } => capacity,
             Self::Gcra { burst, .. } => burst,
+            Self::Concurrency { max_in_flight, .. } => max_in_flight,
+        }
+    }
+
+    /// A concurrency policy's lease TTL in ms; `None` for a rate policy.
+    pub(crate) fn lease_ttl(&self) -> Option<u64> {
+        match *self {
+            Self::Concurrency { lease_ttl, .. } => Some(lease_ttl),
+            Self::FixedWindow { .. }
+            | Self::SlidingCounter { .. }
+            | Self::TokenBucket { .. }
+            | Self::Gcra { .. } => None,
         }
     }
 }
@@ -148,10 +175,13 @@ pub(crate) enum Charge {
     Spare,
 }
 
-/// Runs the policy's algorithm at effective time `t` for `cost` units.
+/// Runs the policy's algorithm at effective time `t` for `cost` units over
+/// the key's state and, for a concurrency key, its leases (a lease is one
+/// slot whatever the cost).
 pub(crate) fn run(
     params: &Params,
     state: Option<&AlgorithmState>,
+    leases: &Leases,
     t: u64,
     cost: u64,
     charge: Charge,
@@ -167,6 +197,10 @@ pub(crate) fn run(
             token_bucket::step(capacity, refill_tokens, period, state, t, cost, charge)
         }
         Params::Gcra { burst, interval } => gcra::step(burst, interval, state, t, cost, charge),
+        Params::Concurrency { max_in_flight, lease_ttl, retry_after } => {
+            let limits = concurrency::Limits { max_in_flight, lease_ttl, retry_after };
+            concurrency::step(limits, state, leases, t, charge)
+        }
     }
 }
 
@@ -183,7 +217,7 @@ mod tests {
         t: u64,
         cost: u64,
     ) -> Step {
-        let step = run(params, state.as_ref(), t, cost, Charge::Take).unwrap();
+        let step = run(params, state.as_ref(), &Leases::NONE, t, cost, Charge::Take).unwrap();
         if let Some((written, _)) = step.write {
             *state = Some(written);
         }
@@ -194,17 +228,43 @@ mod tests {
     fn state_of_another_algorithm_is_a_mismatch() {
         let bucket = AlgorithmState::TokenBucket { tokens: 1, updated_at: T0 };
         let fixed = Params::FixedWindow { limit: 3, window: 1000 };
-        assert_eq!(run(&fixed, Some(&bucket), T0, 1, Charge::Take), Err(StateMismatch));
+        assert_eq!(
+            run(&fixed, Some(&bucket), &Leases::NONE, T0, 1, Charge::Take),
+            Err(StateMismatch)
+        );
         let sliding = Params::SlidingCounter { limit: 3, window: 1000 };
-        assert_eq!(run(&sliding, Some(&bucket), T0, 1, Charge::Take), Err(StateMismatch));
+        assert_eq!(
+            run(&sliding, Some(&bucket), &Leases::NONE, T0, 1, Charge::Take),
+            Err(StateMismatch)
+        );
         let window = AlgorithmState::FixedWindow { window_start: T0, count: 1 };
         let tb = Params::TokenBucket { capacity: 1, refill_tokens: 1, period: 1 };
-        assert_eq!(run(&tb, Some(&window), T0, 1, Charge::Take), Err(StateMismatch));
+        assert_eq!(run(&tb, Some(&window), &Leases::NONE, T0, 1, Charge::Take), Err(StateMismatch));
         let gcra = Params::Gcra { burst: 1, interval: 1000 };
-        assert_eq!(run(&gcra, Some(&bucket), T0, 1, Charge::Take), Err(StateMismatch));
+        assert_eq!(
+            run(&gcra, Some(&bucket), &Leases::NONE, T0, 1, Charge::Take),
+            Err(StateMismatch)
+        );
         let cells = AlgorithmState::Gcra { tat: T0 * 1000 };
         for other in [fixed, sliding, tb] {
-            assert_eq!(run(&other, Some(&cells), T0, 1, Charge::Take), Err(StateMismatch));
+            assert_eq!(
+                run(&other, Some(&cells), &Leases::NONE, T0, 1, Charge::Take),
+                Err(StateMismatch)
+            );
+        }
+        let leases = Params::Concurrency { max_in_flight: 2, lease_ttl: 1000, retry_after: 100 };
+        for other in [bucket, window, cells] {
+            assert_eq!(
+                run(&leases, Some(&other), &Leases::NONE, T0, 1, Charge::Take),
+                Err(StateMismatch)
+            );
+        }
+        for other in [fixed, sliding, tb, gcra] {
+            let held = AlgorithmState::Concurrency;
+            assert_eq!(
+                run(&other, Some(&held), &Leases::NONE, T0, 1, Charge::Take),
+                Err(StateMismatch)
+            );
         }
     }
 
@@ -216,6 +276,8 @@ mod tests {
             Params::TokenBucket { capacity: 1, refill_tokens: 1, period: 7 },
             Params::Gcra { burst: 1, interval: 7 },
             Params::Gcra { burst: 3, interval: u64::MAX / 2 },
+            Params::Concurrency { max_in_flight: 1, lease_ttl: 7, retry_after: 1 },
+            Params::Concurrency { max_in_flight: 3, lease_ttl: u64::MAX, retry_after: 1 },
         ];
         for params in all {
             let mut state = None;
@@ -231,21 +293,24 @@ mod tests {
         let fixed = Params::FixedWindow { limit: 3, window: 1000 };
         let mut state = None;
         apply(&fixed, &mut state, T0 + 250, 1);
-        let spared = run(&fixed, state.as_ref(), T0 + 300, 1, Charge::Spare).unwrap();
+        let spared =
+            run(&fixed, state.as_ref(), &Leases::NONE, T0 + 300, 1, Charge::Spare).unwrap();
         assert!(spared.allowed);
         assert_eq!((spared.remaining, spared.reset_after, spared.write), (2, 700, None));
 
         let sliding = Params::SlidingCounter { limit: 10, window: 1000 };
         let mut state = None;
         apply(&sliding, &mut state, T0, 4);
-        let spared = run(&sliding, state.as_ref(), T0 + 500, 1, Charge::Spare).unwrap();
+        let spared =
+            run(&sliding, state.as_ref(), &Leases::NONE, T0 + 500, 1, Charge::Spare).unwrap();
         assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 6, None));
 
         // Capacity 5, 1 token per 100 ms: 2 left at T0, 3 at T0 + 100 (refilled).
         let bucket = Params::TokenBucket { capacity: 5, refill_tokens: 1, period: 100 };
         let mut state = None;
         apply(&bucket, &mut state, T0, 3);
-        let spared = run(&bucket, state.as_ref(), T0 + 100, 1, Charge::Spare).unwrap();
+        let spared =
+            run(&bucket, state.as_ref(), &Leases::NONE, T0 + 100, 1, Charge::Spare).unwrap();
         assert_eq!((spared.allowed, spared.remaining), (true, 3));
         let written = AlgorithmState::TokenBucket { tokens: 3, updated_at: T0 + 100 };
         assert_eq!(spared.write, Some((written, T0 + 100 + 200)));
@@ -254,7 +319,7 @@ mod tests {
         let gcra = Params::Gcra { burst: 5, interval: 100_000 };
         let mut state = None;
         apply(&gcra, &mut state, T0, 3);
-        let spared = run(&gcra, state.as_ref(), T0 + 100, 1, Charge::Spare).unwrap();
+        let spared = run(&gcra, state.as_ref(), &Leases::NONE, T0 + 100, 1, Charge::Spare).unwrap();
         assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 3, None));
     }
 }

@@ -19,7 +19,8 @@ pub(super) fn step(
         Some(
             AlgorithmState::SlidingCounter { .. }
             | AlgorithmState::TokenBucket { .. }
-            | AlgorithmState::Gcra { .. },
+            | AlgorithmState::Gcra { .. }
+            | AlgorithmState::Concurrency,
         ) => {
             return Err(StateMismatch);
         }

@@ -21,7 +21,8 @@ pub(super) fn step(
         Some(
             AlgorithmState::FixedWindow { .. }
             | AlgorithmState::SlidingCounter { .. }
-            | AlgorithmState::TokenBucket { .. },
+            | AlgorithmState::TokenBucket { .. }
+            | AlgorithmState::Concurrency,
         ) => return Err(StateMismatch),
     };
     let a = tat.max(u);
@@ -122,6 +123,7 @@ mod tests {
     }
 
     fn run(params: &Params, state: Option<&AlgorithmState>, t: u64, cost: u64) -> Step {
-        super::super::run(params, state, t, cost, Charge::Take).unwrap()
+        super::super::run(params, state, &super::super::Leases::NONE, t, cost, Charge::Take)
+            .unwrap()
     }
 }

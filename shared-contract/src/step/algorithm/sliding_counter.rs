@@ -30,7 +30,8 @@ pub(super) fn step(
         Some(
             AlgorithmState::FixedWindow { .. }
             | AlgorithmState::TokenBucket { .. }
-            | AlgorithmState::Gcra { .. },
+            | AlgorithmState::Gcra { .. }
+            | AlgorithmState::Concurrency,
         ) => {
             return Err(StateMismatch);
         }

@@ -20,7 +20,8 @@ pub(super) fn step(
         Some(
             AlgorithmState::FixedWindow { .. }
             | AlgorithmState::SlidingCounter { .. }
-            | AlgorithmState::Gcra { .. },
+            | AlgorithmState::Gcra { .. }
+            | AlgorithmState::Concurrency,
         ) => {
             return Err(StateMismatch);
         }

@@ -1,0 +1,131 @@
+//! In-flight leases as the port speaks them: which lease to give back
+//! ([`Lease`]) and what giving it back did ([`ReleaseOutcome`]). The
+//! lease set a key holds is the step's ([`crate::Leases`]).
+
+use crate::outcome::UnavailableCategory;
+use crate::request::{EvaluationId, OperationDigest, PolicySet, RateLimitRequest};
+use crate::subject::SubjectDigest;
+
+/// Payload bytes one held lease counts in a store's account, the same for
+/// every provider: what the Redis provider stores for it in the key's
+/// sorted set, the 16-byte lease id and its 8-byte expiry score.
+pub const HELD_LEASE_BYTES: u32 = 16 + 8;
+
+/// What a release needs: the keys an admitted request took its leases
+/// under (its set's concurrency policies, for its subject and operation)
+/// and the lease id, which is the request's [`EvaluationId`].
+///
+/// A provider releases under each concurrency policy of `policies` that it
+/// holds now, at its current revision: a policy a reload removed or gave a
+/// new revision finds nothing ([`ReleaseOutcome::NotHeld`]), and the old
+/// lease expires at its `lease-ttl`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The admitted request's policy set (a shared `Arc`; rate policies in
+    /// it are ignored).
+    pub policies: PolicySet,
+    /// The subject's pseudonym.
+    pub subject: SubjectDigest,
+    /// The operation, for the keys of operation-scoped policies.
+    pub operation: OperationDigest,
+    /// The lease id: the evaluation that took it.
+    pub id: EvaluationId,
+}
+
+impl Lease {
+    /// The lease `request` holds once it is admitted.
+    pub fn of(request: &RateLimitRequest) -> Self {
+        Self {
+            policies: request.policies.clone(),
+            subject: request.subject.clone(),
+            operation: request.operation.clone(),
+            id: request.evaluation_id,
+        }
+    }
+}
+
+/// What [`crate::EdgeRateLimitPort::release`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ReleaseOutcome {
+    /// The lease was held under at least one key and is gone: a slot is free.
+    Released,
+    /// No key held the lease: released before, expired, never taken (a
+    /// refused request, a set without a concurrency policy) or its policy
+    /// was removed or re-revisioned by a reload. Not a failure.
+    NotHeld,
+    /// The store did not answer and provably nothing ran; the lease stays
+    /// until released again or until it expires at its TTL.
+    Unavailable {
+        /// Why.
+        category: UnavailableCategory,
+    },
+    /// The release may or may not have run (a timeout after sending).
+    /// Releasing again is safe.
+    Indeterminate,
+}
+
+impl ReleaseOutcome {
+    /// Every kind of outcome's name, for a metric label: `released`,
+    /// `not-held`, `unavailable`, `indeterminate`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Released => "released",
+            Self::NotHeld => "not-held",
+            Self::Unavailable { .. } => "unavailable",
+            Self::Indeterminate => "indeterminate",
+        }
+    }
+
+    /// Whether the release failed (the lease may still be held until its
+    /// TTL): `Unavailable` and `Indeterminate`. `NotHeld` is not a failure.
+    pub const fn failed(self) -> bool {
+        match self {
+            Self::Released | Self::NotHeld => false,
+            Self::Unavailable { .. } | Self::Indeterminate => true,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use super::*;
+    use crate::policy::PolicyId;
+
+    #[test]
+    fn a_lease_names_the_request_it_was_taken_by() {
+        let request = RateLimitRequest {
+            policies: PolicySet::single(PolicyId::new("exports").unwrap()),
+            subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+            operation: OperationDigest::new("0123456789abcdef").unwrap(),
+            cost: 3,
+            evaluation_id: EvaluationId::random(),
+            deadline: Instant::now() + Duration::from_secs(1),
+        };
+        let lease = Lease::of(&request);
+        assert_eq!(lease.id, request.evaluation_id);
+        assert_eq!(lease.policies, request.policies);
+        assert_eq!(lease.subject, request.subject);
+        assert_eq!(lease.operation, request.operation);
+    }
+
+    #[test]
+    fn only_unavailable_and_indeterminate_are_failures() {
+        use ReleaseOutcome::{Indeterminate, NotHeld, Released, Unavailable};
+        let unavailable = Unavailable { category: UnavailableCategory::UnavailableBeforeSend };
+        let failed: Vec<_> = [Released, NotHeld, unavailable, Indeterminate]
+            .into_iter()
+            .map(|outcome| (outcome.name(), outcome.failed()))
+            .collect();
+        assert_eq!(
+            failed,
+            [
+                ("released", false),
+                ("not-held", false),
+                ("unavailable", true),
+                ("indeterminate", true)
+            ]
+        );
+    }
+}
