@@ -16,13 +16,13 @@ use shared_contract::{
 use tracing::{Instrument, Span};
 
 use crate::cost::RateLimitCost;
+use crate::lease::LeaseGuard;
 use crate::operation::Operations;
 use crate::pseudonymizer::VersionedPseudonymizer;
 use crate::ratelimit_headers::policy_header;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::subject::resolve_subject;
-use crate::lease::LeaseGuard;
 use crate::telemetry::{self, MemberMetrics, PolicyIds};
 
 /// What the bridge learned about one request: the policy set it ran under,
@@ -97,8 +97,7 @@ impl BridgeEvaluation {
             .filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce)
             .map(|(index, (id, decision))| {
                 let policy = self.described.get(index).and_then(Option::as_ref);
-                let resets =
-                    policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some());
+                let resets = policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some());
                 (id, decision, resets)
             })
     }

@@ -138,7 +138,9 @@ where
                 StateProj::Running { future, headers, lease } => {
                     let response = ready!(future.poll(cx))?;
                     let mut response = match lease.take() {
-                        Some(lease) => response.map(|body| Body::new(ReleasingBody::new(body, lease))),
+                        Some(lease) => {
+                            response.map(|body| Body::new(ReleasingBody::new(body, lease)))
+                        }
                         None => response.map(Body::new),
                     };
                     // Ours replace any the handler set.

@@ -29,12 +29,11 @@ use http_body::Frame;
 use http_body_util::BodyExt;
 use serde_json::json;
 use shared_contract::{
-    Algorithm, BudgetKey, Clock, EdgeRateLimitPort, ManualClock, PolicyId,
-    PolicyScope, PolicySet, RateLimitOutcome, RateLimitPolicy, ReleaseOutcome, SubjectDigest,
-    UnavailableCategory,
+    Algorithm, BudgetKey, Clock, EdgeRateLimitPort, ManualClock, PolicyId, PolicyScope, PolicySet,
+    RateLimitOutcome, RateLimitPolicy, ReleaseOutcome, SubjectDigest, UnavailableCategory,
 };
-use support::{ScriptedPort, UNTRUSTED_PEER, pseudonymizer};
 use std::io::Write;
+use support::{ScriptedPort, UNTRUSTED_PEER, pseudonymizer};
 
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -115,10 +114,8 @@ impl Leases {
         };
         let pseudonymizer = pseudonymizer();
         let peer: SocketAddr = UNTRUSTED_PEER.parse().unwrap();
-        let subject = pseudonymizer.pseudonymize(
-            SubjectKind::ClientIp,
-            &support::network_at_defaults(peer.ip()),
-        );
+        let subject = pseudonymizer
+            .pseudonymize(SubjectKind::ClientIp, &support::network_at_defaults(peer.ip()));
         let shared: Arc<dyn Clock> = Arc::new(clock);
         let bridge = TransportBridge::new(Arc::clone(&port), pseudonymizer, shared, settings);
         let (entered_tx, entered) = mpsc::unbounded_channel();
@@ -138,8 +135,7 @@ impl Leases {
     fn memory(max_in_flight: u64) -> Self {
         let clock = ManualClock::new(T0);
         let shared: Arc<dyn Clock> = Arc::new(clock.clone());
-        let provider =
-            MemoryEdgeRateLimitAdapter::new([exports(max_in_flight)], shared).unwrap();
+        let provider = MemoryEdgeRateLimitAdapter::new([exports(max_in_flight)], shared).unwrap();
         Self::over(Arc::new(provider), clock)
     }
 
