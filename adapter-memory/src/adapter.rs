@@ -16,7 +16,7 @@ use shared_contract::{
 use crate::error::MemoryAdapterError;
 use crate::store::{KeySlot, MemoryStore};
 
-/// The embedded rate-limit provider: the three algorithms over a sharded
+/// The embedded rate-limit provider: every algorithm (in-flight leases too) over a sharded
 /// in-process [`MemoryStore`], with the same clock-regression and dedupe
 /// semantics as every other provider. Never blocks on I/O; a decision holds
 /// one shard lock (its subject's), only while it reads, decides and writes

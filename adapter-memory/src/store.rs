@@ -439,6 +439,68 @@ mod tests {
         assert!(outcome.is_allowed(), "{outcome:?}");
     }
 
+    /// Two leases at once, each held 30 s; grace and regression 1 s: a key
+    /// whose latest lease was taken at `t` expires at `t + 30_000 + 1000`.
+    fn two_in_flight() -> KeyRules {
+        let algorithm = Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        };
+        KeyRules::of(&RateLimitPolicy::builder("c", algorithm).build().unwrap())
+    }
+
+    fn leases_of(store: &MemoryStore, n: u64) -> (Option<u64>, Vec<EvaluationId>, u64) {
+        store.inspect(SLOT, &subject(n), |entry| {
+            let entry = entry.expect("the key exists");
+            let state = entry.state().expect("the key holds state");
+            (
+                Some(state.mark),
+                state.leases.iter().map(|lease| lease.id).collect(),
+                entry.expires_at,
+            )
+        })
+    }
+
+    #[test]
+    fn a_release_removes_only_its_lease_and_moves_no_mark_or_expiry() {
+        let store = MemoryStore::with_shards(2);
+        let rules = two_in_flight();
+        assert!(evaluate(&store, &rules, 7, T0, id(1)).is_allowed());
+        assert!(evaluate(&store, &rules, 7, T0 + 10, id(2)).is_allowed());
+        assert!(evaluate(&store, &rules, 8, T0 + 10, id(1)).is_allowed());
+        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(1), id(2)], T0 + 31_010));
+        assert_eq!(store.stored_bytes(), 3 * u64::from(HELD_LEASE_BYTES));
+        assert!(store.release(&subject(7), [SLOT], id(1), T0 + 20));
+        assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 20), "released once");
+        assert!(!store.release(&subject(7), [SLOT], id(3), T0 + 20), "never held");
+        // Subject 8's lease of the same id, and subject 7's other lease, stay.
+        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(2)], T0 + 31_010));
+        assert_eq!(leases_of(&store, 8), (Some(T0 + 10), vec![id(1)], T0 + 31_010));
+        assert_eq!(store.stored_bytes(), 2 * u64::from(HELD_LEASE_BYTES));
+        // An absent key holds nothing to release.
+        assert!(!store.release(&subject(9), [SLOT], id(1), T0 + 20));
+        assert_eq!(store.live_entries(), 2);
+    }
+
+    #[test]
+    fn an_expired_lease_frees_nothing_and_its_key_is_swept_after_the_latest_lease() {
+        let store = MemoryStore::with_shards(1);
+        let rules = two_in_flight();
+        assert!(evaluate(&store, &rules, 7, T0, id(1)).is_allowed());
+        assert!(evaluate(&store, &rules, 7, T0 + 1_000, id(2)).is_allowed());
+        // Lease 1 is gone at T0 + 30 000: releasing it then frees nothing,
+        // and drops it from the key.
+        assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 30_000));
+        assert_eq!(leases_of(&store, 7).1, [id(2)]);
+        assert_eq!(store.stored_bytes(), u64::from(HELD_LEASE_BYTES));
+        // The key lives to lease 2's expiry plus the grace: T0 + 32 000.
+        assert_eq!(store.purge_expired(T0 + 31_999), 0);
+        assert_eq!(store.purge_expired(T0 + 32_000), 1);
+        assert_eq!((store.live_entries(), store.stored_bytes()), (0, 0));
+        assert!(!store.release(&subject(7), [SLOT], id(2), T0 + 32_000));
+    }
+
     #[test]
     fn shard_counts_round_up_to_a_power_of_two_within_bounds() {
         for (asked, got) in [(0, 1), (1, 1), (3, 4), (16, 16), (17, 32), (usize::MAX, MAX_SHARDS)] {

@@ -99,6 +99,24 @@ pub(crate) fn gcra(id: &str, limit: u64, period_ms: u64, burst: u64) -> RateLimi
     with_check_defaults(id, Algorithm::Gcra { limit, period: ms(period_ms), burst })
 }
 
+/// A concurrency policy with the check defaults: `max_in_flight` leases at
+/// once, each held at most `lease_ttl_ms`, a refusal telling `retry_ms`.
+pub(crate) fn concurrency(
+    id: &str,
+    max_in_flight: u64,
+    lease_ttl_ms: u64,
+    retry_ms: u64,
+) -> RateLimitPolicyBuilder {
+    with_check_defaults(
+        id,
+        Algorithm::Concurrency {
+            max_in_flight,
+            lease_ttl: ms(lease_ttl_ms),
+            retry_after: ms(retry_ms),
+        },
+    )
+}
+
 fn with_check_defaults(id: &str, algorithm: Algorithm) -> RateLimitPolicyBuilder {
     RateLimitPolicy::builder(id, algorithm).cleanup_grace(CHECK_GRACE)
 }

@@ -15,7 +15,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     }
     let number = |at: usize| u64::from_le_bytes(data[at..at + 8].try_into().unwrap());
-    let (kind, limit, window) = (data[0] % 4, number(1), number(9));
+    let (kind, limit, window) = (data[0] % 5, number(1), number(9));
     let Ok(id) = std::str::from_utf8(&data[17..]) else { return };
     // Small limits so denials come too; any window the builder accepts.
     let limit = limit % 4 + 1;
@@ -24,6 +24,13 @@ fuzz_target!(|data: &[u8]| {
         0 => Algorithm::FixedWindow { limit, window },
         1 => Algorithm::SlidingCounter { limit, window },
         2 => Algorithm::TokenBucket { capacity: limit, refill_tokens: 1, refill_period: window },
+        // No window: `RateLimit-Policy` without `w`; the lease TTL and the
+        // retry-after from the same number, each in its own range.
+        3 => Algorithm::Concurrency {
+            max_in_flight: limit,
+            lease_ttl: window,
+            retry_after: Duration::from_millis(number(9) % 3_700_000),
+        },
         // The burst from the first byte's high bits: below, at or above the limit.
         _ => Algorithm::Gcra { limit, period: window, burst: u64::from(data[0] >> 6) + 1 },
     };

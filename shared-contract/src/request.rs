@@ -274,4 +274,43 @@ mod tests {
         // Unknown wins over a cost that fits nothing.
         assert_eq!(resolve(&["wide", "missing"], 9), Err("unknown-policy"));
     }
+
+    #[test]
+    fn a_concurrency_policy_leaves_the_cost_check_to_the_rate_policies_of_its_set() {
+        use std::collections::HashMap;
+        use std::time::Duration;
+
+        let leases = crate::Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        };
+        let window = Duration::from_secs(1);
+        let rate = crate::Algorithm::FixedWindow { limit: 5, window };
+        let held: HashMap<PolicyId, RateLimitPolicy> = [
+            RateLimitPolicy::builder("exports", leases).build().unwrap(),
+            RateLimitPolicy::builder("rate", rate).maximum_cost(3).build().unwrap(),
+        ]
+        .into_iter()
+        .map(|p| (p.id().clone(), p))
+        .collect();
+        let fits = |ids: &[&str], cost| {
+            let request = RateLimitRequest {
+                policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
+                subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+                operation: OperationDigest::new("0123456789abcdef").unwrap(),
+                cost,
+                evaluation_id: EvaluationId::random(),
+                deadline: Instant::now(),
+            };
+            request
+                .resolve(|id| held.get(id), |policy| policy)
+                .map(|_| ())
+                .map_err(|r| r.category_name())
+        };
+        assert_eq!(fits(&["exports"], 7), Ok(()), "a lease is one slot whatever the cost");
+        assert_eq!(fits(&["exports", "rate"], 3), Ok(()));
+        assert_eq!(fits(&["exports", "rate"], 4), Err("cost-exceeds-maximum"));
+        assert_eq!(fits(&["exports"], 0), Err("cost-exceeds-maximum"));
+    }
 }

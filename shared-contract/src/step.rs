@@ -838,4 +838,205 @@ mod tests {
             Some(AlgorithmState::TokenBucket { tokens: 4, updated_at: T0 + 250 })
         );
     }
+
+    // ---- Concurrency (docs/algorithms.md "Concurrency (in-flight leases)") ----
+
+    /// max-in-flight 2, lease-ttl 30 s, retry-after 1 s: the design's example.
+    fn two_in_flight() -> Algorithm {
+        Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        }
+    }
+
+    fn lease_id(n: u128) -> EvaluationId {
+        EvaluationId::from_uuid(uuid::Uuid::from_u128(n))
+    }
+
+    /// The ids of the leases a key holds, in the order taken.
+    fn lease_ids(key: &Key) -> Vec<EvaluationId> {
+        key.state.iter().flat_map(|state| state.leases.iter().map(|lease| lease.id)).collect()
+    }
+
+    fn only(set: SetDecision) -> (bool, u64, u64, u64, bool) {
+        let d = set.decisions()[0];
+        (d.allowed, d.remaining, millis(d.retry_after), millis(d.reset_after), d.replayed)
+    }
+
+    #[test]
+    fn two_in_flight_hold_two_leases_refuse_the_third_and_replay_the_first() {
+        let mut set = Set::of(vec![with_mode(two_in_flight(), PolicyMode::Enforce)]);
+        let (first, written) = set.evaluate(T0, 1, 1);
+        assert_eq!(only(set_decision(first)), (true, 1, 0, 0, false));
+        assert_eq!(written, [true]);
+        // The key lives until its lease expires, plus the slack (grace 1 s).
+        assert_eq!(set.keys[0].expires_at, T0 + 30_000 + 1000);
+        // Cost is not a lease count: cost 5 takes one slot.
+        assert_eq!(only(set_decision(set.evaluate(T0 + 10, 5, 2).0)), (true, 0, 0, 0, false));
+        assert_eq!(set.keys[0].expires_at, T0 + 30_010 + 1000);
+        let (third, written) = set.evaluate(T0 + 20, 1, 3);
+        assert_eq!(only(set_decision(third)), (false, 0, 1000, 0, false));
+        assert_eq!(written, [false], "a refusal writes nothing");
+        // The same evaluation id again: the same lease, no second slot.
+        let (replay, written) = set.evaluate(T0 + 30, 1, 1);
+        assert_eq!(only(set_decision(replay)), (true, 0, 0, 0, true));
+        assert_eq!(written, [false]);
+        assert_eq!(lease_ids(&set.keys[0]), [lease_id(1), lease_id(2)]);
+    }
+
+    #[test]
+    fn a_lease_is_gone_at_its_expiry_and_a_released_one_frees_its_slot() {
+        let mut set = Set::of(vec![with_mode(two_in_flight(), PolicyMode::Enforce)]);
+        set.evaluate(T0, 1, 1);
+        set.evaluate(T0 + 10, 1, 2);
+        // At T0 + 30 000 lease 1 has expired (expires_at <= t): a slot is free,
+        // and the admitted request drops the expired lease as it adds its own.
+        assert_eq!(only(set_decision(set.evaluate(T0 + 30_000, 1, 4).0)), (true, 0, 0, 0, false));
+        assert_eq!(lease_ids(&set.keys[0]), [lease_id(2), lease_id(4)]);
+        // An expired lease's id is no replay: it asks for a slot again.
+        assert!(!only(set_decision(set.evaluate(T0 + 30_001, 1, 1).0)).0);
+        // A release frees a slot at once; a second release finds nothing.
+        let state = set.keys[0].state.as_mut().unwrap();
+        assert!(state.leases.release(lease_id(2), T0 + 30_002));
+        assert!(!state.leases.release(lease_id(2), T0 + 30_002));
+        assert_eq!(only(set_decision(set.evaluate(T0 + 30_003, 1, 5).0)), (true, 0, 0, 0, false));
+        assert_eq!(lease_ids(&set.keys[0]), [lease_id(4), lease_id(5)]);
+    }
+
+    #[test]
+    fn a_request_refused_by_a_rate_policy_holds_no_lease() {
+        let mut set = Set::of(vec![
+            with_mode(fixed(1), PolicyMode::Enforce),
+            with_mode(two_in_flight(), PolicyMode::Enforce),
+        ]);
+        assert!(set_decision(set.evaluate(T0, 1, 1).0).allowed());
+        let (verdict, written) = set.evaluate(T0 + 100, 1, 2);
+        let refused = set_decision(verdict);
+        assert!(!refused.allowed());
+        assert_eq!(written, [false, false]);
+        // The concurrency member allows, spared: one slot of two still free.
+        let lease = refused.decisions()[1];
+        assert_eq!((lease.allowed, lease.remaining), (true, 1));
+        assert_eq!(lease_ids(&set.keys[1]), [lease_id(1)]);
+    }
+
+    #[test]
+    fn a_request_refused_for_lack_of_a_lease_charges_no_rate_policy() {
+        let one_in_flight = Algorithm::Concurrency {
+            max_in_flight: 1,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_millis(250),
+        };
+        let mut set = Set::of(vec![
+            with_mode(fixed(10), PolicyMode::Enforce),
+            with_mode(one_in_flight, PolicyMode::Enforce),
+        ]);
+        assert!(set_decision(set.evaluate(T0, 1, 1).0).allowed());
+        let (verdict, written) = set.evaluate(T0 + 100, 1, 2);
+        let refused = set_decision(verdict);
+        assert!(!refused.allowed());
+        assert_eq!(written, [false, false], "no charge, no lease");
+        let [rate, lease] = [refused.decisions()[0], refused.decisions()[1]];
+        assert_eq!((rate.allowed, rate.remaining), (true, 9));
+        assert_eq!((lease.allowed, lease.remaining, millis(lease.retry_after)), (false, 0, 250));
+        // Released, the next request takes the slot and the rate's 2nd unit.
+        set.keys[1].state.as_mut().unwrap().leases.release(lease_id(1), T0 + 200);
+        let admitted = set_decision(set.evaluate(T0 + 300, 1, 3).0);
+        assert!(admitted.allowed());
+        assert_eq!(admitted.decisions()[0].remaining, 8);
+    }
+
+    #[test]
+    fn a_dedupe_replay_returns_the_same_lease_and_a_lease_replays_the_whole_set() {
+        for dedup in [EvaluationDedupPolicy::enabled_defaults(), EvaluationDedupPolicy::Disabled] {
+            let rate = RateLimitPolicy::builder("r", fixed(10))
+                .maximum_clock_regression(Duration::from_millis(500))
+                .evaluation_dedup(dedup)
+                .build()
+                .unwrap();
+            let mut set =
+                Set::of(vec![KeyRules::of(&rate), with_mode(two_in_flight(), PolicyMode::Enforce)]);
+            assert!(set_decision(set.evaluate(T0, 1, 1).0).allowed());
+            let (verdict, written) = set.evaluate(T0 + 50, 1, 1);
+            let replay = set_decision(verdict);
+            assert!(replay.allowed() && replay.replayed(), "{dedup:?}");
+            assert_eq!(written, [false, false], "{dedup:?}");
+            // Whether the rate's record or the lease replayed the set, the
+            // rate was charged once and one slot is taken.
+            assert_eq!(replay.decisions()[0].remaining, 9, "{dedup:?}");
+            let lease = replay.decisions()[1];
+            assert_eq!((lease.allowed, lease.remaining, lease.replayed), (true, 1, true));
+            assert_eq!(lease_ids(&set.keys[1]), [lease_id(1)], "{dedup:?}");
+            let next = set_decision(set.evaluate(T0 + 60, 1, 2).0);
+            assert_eq!(
+                (next.decisions()[0].remaining, next.decisions()[1].remaining),
+                (8, 0),
+                "{dedup:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_shadow_concurrency_policy_takes_real_leases_but_never_denies() {
+        let one_in_flight = Algorithm::Concurrency {
+            max_in_flight: 1,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        };
+        let mut set = Set::of(vec![
+            with_mode(fixed(10), PolicyMode::Enforce),
+            with_mode(one_in_flight, PolicyMode::Shadow),
+        ]);
+        let first = set_decision(set.evaluate(T0, 1, 1).0);
+        assert!(first.allowed());
+        assert_eq!(lease_ids(&set.keys[1]), [lease_id(1)], "a real lease");
+        let (verdict, written) = set.evaluate(T0 + 10, 1, 2);
+        let second = set_decision(verdict);
+        assert!(second.allowed(), "a shadow policy never denies");
+        assert_eq!((second.decisions()[1].allowed, second.decisions()[0].remaining), (false, 8));
+        // Its would-be denial takes no lease: it never holds more than its limit.
+        assert_eq!(written, [true, false]);
+        assert_eq!(lease_ids(&set.keys[1]), [lease_id(1)]);
+    }
+
+    #[test]
+    fn leases_keep_the_clock_bound_and_expire_at_the_effective_time() {
+        let mut set = Set::of(vec![with_mode(two_in_flight(), PolicyMode::Enforce)]);
+        set.evaluate(T0 + 1000, 1, 1);
+        // 1000 ms behind the mark, bound 500 ms: refused, nothing changes.
+        let before = set.keys[0].state.clone();
+        let (verdict, written) = set.evaluate(T0, 1, 2);
+        assert_eq!(verdict, SetVerdict::ClockUnsafe { retry_after: Duration::from_millis(500) });
+        assert_eq!((written, set.keys[0].state.clone()), (vec![false], before));
+        // 400 ms behind: evaluated at the mark, so the lease runs from T0 + 1000.
+        assert!(set_decision(set.evaluate(T0 + 600, 1, 3).0).allowed());
+        let expiries: Vec<u64> =
+            set.keys[0].state.iter().flat_map(|s| s.leases.iter().map(|l| l.expires_at)).collect();
+        assert_eq!(expiries, [T0 + 31_000, T0 + 31_000]);
+    }
+
+    #[test]
+    fn inspecting_a_concurrency_budget_counts_its_live_leases() {
+        let rules = with_mode(two_in_flight(), PolicyMode::Enforce);
+        let fresh = inspect_key(&rules, None, T0).unwrap();
+        assert_eq!((fresh.limit, fresh.remaining, fresh.retry_after), (2, 2, Duration::ZERO));
+        let mut set = Set::of(vec![rules.clone()]);
+        set.evaluate(T0, 1, 1);
+        set.evaluate(T0 + 10, 1, 2);
+        let state = set.keys[0].state.as_ref();
+        let full = inspect_key(&rules, state, T0 + 20).unwrap();
+        assert_eq!(
+            (full.remaining, full.retry_after, full.reset_after, full.mark),
+            (0, Duration::from_secs(1), Duration::ZERO, Some(T0 + 10))
+        );
+        // Lease 1 expired at T0 + 30 000: one slot free, nothing written.
+        let later = inspect_key(&rules, state, T0 + 30_000).unwrap();
+        assert_eq!((later.remaining, later.retry_after), (1, Duration::ZERO));
+        // A concurrency key read as a rate policy's is another algorithm's state.
+        assert_eq!(
+            inspect_key(&with_mode(fixed(3), PolicyMode::Enforce), state, T0),
+            Err(BudgetFailure::StateIncompatible)
+        );
+    }
 }

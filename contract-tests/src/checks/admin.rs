@@ -16,7 +16,7 @@ use crate::rig::{
 
 /// The budget of `who` under `policy`, under the checks' default operation
 /// when the policy is operation-scoped.
-fn budget(policy: &CheckPolicy, who: &str) -> BudgetKey {
+pub(crate) fn budget(policy: &CheckPolicy, who: &str) -> BudgetKey {
     let on = match policy.policy().scope() {
         PolicyScope::Operation => Some(operation(DEFAULT_OPERATION)),
         PolicyScope::Subject => None,
@@ -26,7 +26,7 @@ fn budget(policy: &CheckPolicy, who: &str) -> BudgetKey {
 
 /// What `inspect` must answer: the numbers of the next evaluation of cost
 /// 1, without its charge.
-fn state(
+pub(crate) fn state(
     policy: &CheckPolicy,
     remaining: u64,
     retry_ms: u64,
@@ -44,12 +44,12 @@ fn state(
 }
 
 impl Rig<'_> {
-    async fn expect_inspect(&self, what: &str, key: &BudgetKey, expected: BudgetState) {
+    pub(crate) async fn expect_inspect(&self, what: &str, key: &BudgetKey, expected: BudgetState) {
         let actual = self.port().inspect(key).await;
         assert_eq!(actual, Ok(expected), "{what}: inspect {key:?} at {}", self.now());
     }
 
-    async fn expect_reset(&self, what: &str, key: &BudgetKey) {
+    pub(crate) async fn expect_reset(&self, what: &str, key: &BudgetKey) {
         let actual = self.port().reset(key).await;
         assert_eq!(actual, Ok(()), "{what}: reset {key:?} at {}", self.now());
     }

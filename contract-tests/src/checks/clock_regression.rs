@@ -8,7 +8,9 @@ use std::time::Duration;
 use shared_contract::{EvaluationId, RateLimitOutcome, UnavailableCategory};
 
 use crate::factory::ProviderFactory;
-use crate::rig::{CheckPolicy, Rig, fixed_window, gcra, ms, sliding_counter, token_bucket};
+use crate::rig::{
+    CheckPolicy, Rig, concurrency, fixed_window, gcra, ms, sliding_counter, token_bucket,
+};
 
 const BOUND: Duration = Duration::from_millis(500);
 
@@ -49,8 +51,11 @@ pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000).maximum_clock_regression(BOUND));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100).maximum_clock_regression(BOUND));
     let g = CheckPolicy::new(gcra("g", 10, 1000, 5).maximum_clock_regression(BOUND));
-    let rig = Rig::start(factory, &[&sc, &tb, &g]).await;
+    let cc = CheckPolicy::new(concurrency("cc", 3, 1000, 400).maximum_clock_regression(BOUND));
+    let rig = Rig::start(factory, &[&sc, &tb, &g, &cc]).await;
     rig.at(1100);
+    // cc: a lease until T0 + 2100.
+    rig.expect("cc at 1100", &cc, "alice", 1, cc.allowed(2, 0)).await;
     // g: T = 100 ms; tat := T0 + 1200: remaining 4, reset 100.
     rig.expect("g at 1100", &g, "alice", 1, g.allowed(4, 100)).await;
     // sc: p = 0, est 0 -> 1: remaining 9, reset 2000 - 1100 = 900.
@@ -64,6 +69,8 @@ pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     rig.expect("tb 200 ms behind", &tb, "alice", 1, tb.allowed(3, 200)).await;
     // g: t := T0 + 1100, d = 100000 -> 200000: remaining 3, reset 100.
     rig.expect("g 200 ms behind", &g, "alice", 1, g.allowed(3, 100)).await;
+    // cc: t := T0 + 1100, so this lease too lasts until T0 + 2100, not 1900.
+    rig.expect("cc 200 ms behind", &cc, "alice", 1, cc.allowed(1, 0)).await;
     rig.at(1150);
     // sc: est = 0 + 2 -> 3: remaining 7, reset 850.
     rig.expect("sc ahead again", &sc, "alice", 1, sc.allowed(7, 850)).await;
@@ -71,6 +78,13 @@ pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     rig.expect("tb ahead again", &tb, "alice", 1, tb.allowed(2, 250)).await;
     // g: d = 1300 - 1150 = 150 ms -> 250 ms: remaining 2, reset 250 - 200 = 50.
     rig.expect("g ahead again", &g, "alice", 1, g.allowed(2, 50)).await;
+    // cc: a third lease until T0 + 2150.
+    rig.expect("cc ahead again", &cc, "alice", 1, cc.allowed(0, 0)).await;
+    rig.at(2099);
+    rig.expect("cc: every lease still held", &cc, "alice", 1, cc.denied(0, 400, 0)).await;
+    rig.at(2100);
+    // The two leases of t = T0 + 1100 are gone; the one of T0 + 1150 is not.
+    rig.expect("cc: two expired", &cc, "alice", 1, cc.allowed(1, 0)).await;
 }
 
 /// Beyond the bound every algorithm answers `ClockUnsafe` with the wait
@@ -83,14 +97,17 @@ pub async fn clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothi
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000).maximum_clock_regression(BOUND));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100).maximum_clock_regression(BOUND));
     let g = CheckPolicy::new(gcra("g", 10, 1000, 5).maximum_clock_regression(BOUND));
-    let policies = [&fw, &sc, &tb, &g];
+    let cc = CheckPolicy::new(concurrency("cc", 3, 30_000, 1000).maximum_clock_regression(BOUND));
+    let policies = [&fw, &sc, &tb, &g, &cc];
     let rig = Rig::start(factory, &policies).await;
     rig.at(1100);
+    rig.expect("cc at 1100", &cc, "alice", 1, cc.allowed(2, 0)).await;
     rig.expect("fw at 1100", &fw, "alice", 1, fw.allowed(2, 900)).await;
     rig.expect("sc at 1100", &sc, "alice", 1, sc.allowed(9, 900)).await;
     rig.expect("tb at 1100", &tb, "alice", 1, tb.allowed(4, 100)).await;
     rig.expect("g at 1100", &g, "alice", 1, g.allowed(4, 100)).await;
     let ids = [
+        EvaluationId::random(),
         EvaluationId::random(),
         EvaluationId::random(),
         EvaluationId::random(),
@@ -110,11 +127,13 @@ pub async fn clock_regression_beyond_the_bound_is_clock_unsafe_and_mutates_nothi
     // Unchanged state, and the ids were never recorded, so they charge:
     // fw n = 2; sc est 1 -> 2; tb k = 0, tokens 4 -> 3, reset 200; g d =
     // 100 ms -> 200 ms, remaining 3, reset 100.
-    let [fw_id, sc_id, tb_id, g_id] = ids;
+    let [fw_id, sc_id, tb_id, g_id, cc_id] = ids;
     rig.expect_id("fw back", &fw, "alice", 1, fw_id, fw.allowed(1, 900)).await;
     rig.expect_id("sc back", &sc, "alice", 1, sc_id, sc.allowed(8, 900)).await;
     rig.expect_id("tb back", &tb, "alice", 1, tb_id, tb.allowed(3, 200)).await;
     rig.expect_id("g back", &g, "alice", 1, g_id, g.allowed(3, 100)).await;
+    // cc: still one lease held, and the id took none: a second one now.
+    rig.expect_id("cc back", &cc, "alice", 1, cc_id, cc.allowed(1, 0)).await;
 }
 
 /// The clock bound is checked before the dedupe records are read: a repeat

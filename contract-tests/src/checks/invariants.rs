@@ -9,7 +9,8 @@ use shared_contract::{Certainty, EvaluationId, RateLimitDecision, RateLimitOutco
 
 use crate::factory::ProviderFactory;
 use crate::rig::{
-    CheckPolicy, Rig, fixed_window, gcra, ms, one_decision, sliding_counter, token_bucket,
+    CheckPolicy, Rig, concurrency, fixed_window, gcra, ms, one_decision, sliding_counter,
+    token_bucket,
 };
 
 /// Allowed, denied and replayed decisions all carry the policy's limit and
@@ -20,13 +21,17 @@ pub async fn decisions_report_limit_and_certainty(factory: &dyn ProviderFactory)
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
     // A GCRA decision's limit is its burst, not its steady-rate limit.
     let g = CheckPolicy::new(gcra("g", 10, 1000, 4));
-    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g]).await;
+    // A concurrency decision's limit is its max-in-flight; its lease id
+    // replays without a dedupe policy.
+    let cc = CheckPolicy::new(concurrency("cc", 2, 30_000, 1000));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g, &cc]).await;
     rig.at(0);
     let cases = [
         (&fw, 3, Certainty::Certain),
         (&sc, 10, Certainty::ApproximateAlgorithm),
         (&tb, 5, Certainty::Certain),
         (&g, 4, Certainty::Certain),
+        (&cc, 2, Certainty::Certain),
     ];
     for (policy, limit, certainty) in cases {
         let id = EvaluationId::random();

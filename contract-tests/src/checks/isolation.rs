@@ -4,7 +4,9 @@
 use shared_contract::{IncompatibleCategory, RateLimitOutcome};
 
 use crate::factory::ProviderFactory;
-use crate::rig::{CheckPolicy, Rig, fixed_window, gcra, sliding_counter, token_bucket};
+use crate::rig::{
+    CheckPolicy, Rig, concurrency, fixed_window, gcra, sliding_counter, token_bucket,
+};
 
 /// Exhausting one subject leaves every other subject's budget whole, for
 /// every algorithm.
@@ -13,8 +15,10 @@ pub async fn subjects_are_isolated(factory: &dyn ProviderFactory) {
     let sc = CheckPolicy::new(sliding_counter("sc", 10, 1000));
     let tb = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
     let g = CheckPolicy::new(gcra("g", 10, 1000, 5));
-    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g]).await;
+    let cc = CheckPolicy::new(concurrency("cc", 2, 30_000, 700));
+    let rig = Rig::start(factory, &[&fw, &sc, &tb, &g, &cc]).await;
     rig.at(0);
+    rig.drain(&cc, "alice", 2).await;
     rig.drain(&fw, "alice", 3).await;
     rig.drain(&sc, "alice", 10).await;
     rig.drain(&tb, "alice", 5).await;
@@ -24,6 +28,7 @@ pub async fn subjects_are_isolated(factory: &dyn ProviderFactory) {
     rig.expect("bob", &sc, "bob", 1, sc.allowed(9, 1000)).await;
     rig.expect("bob", &tb, "bob", 1, tb.allowed(4, 100)).await;
     rig.expect("bob", &g, "bob", 1, g.allowed(4, 100)).await;
+    rig.expect("bob", &cc, "bob", 1, cc.allowed(1, 0)).await;
     // Alice stays exhausted: fw retry = reset = 1000; sc next window
     // x' = 1000 - floor(9999 / 10) = 1, retry 1001; tb retry 100, reset 500.
     rig.expect("alice", &fw, "alice", 1, fw.denied(0, 1000, 1000)).await;
@@ -31,6 +36,8 @@ pub async fn subjects_are_isolated(factory: &dyn ProviderFactory) {
     rig.expect("alice", &tb, "alice", 1, tb.denied(0, 100, 500)).await;
     // g: d = 500000, the next cell 100 ms on.
     rig.expect("alice", &g, "alice", 1, g.denied(0, 100, 100)).await;
+    // cc: both of alice's leases held, the configured retry-after.
+    rig.expect("alice", &cc, "alice", 1, cc.denied(0, 700, 0)).await;
 }
 
 /// Two policies with the same parameters keep separate budgets for the same
@@ -94,7 +101,13 @@ pub async fn algorithm_change_without_a_new_revision_is_state_incompatible(
     rig.expect("gcra for a new subject", &cells, "carol", 1, cells.allowed(4, 100)).await;
     rig.rebuild(&[&bucket]).await;
     rig.expect("bucket meets gcra state", &bucket, "carol", 1, STATE_INCOMPATIBLE).await;
+    let leases = CheckPolicy::new(concurrency("p", 2, 30_000, 1000));
+    rig.rebuild(&[&leases]).await;
+    rig.expect("leases meet fixed-window state", &leases, "alice", 1, STATE_INCOMPATIBLE).await;
+    rig.expect("leases meet gcra state", &leases, "carol", 1, STATE_INCOMPATIBLE).await;
+    rig.expect("leases for a new subject", &leases, "dave", 1, leases.allowed(1, 0)).await;
     rig.rebuild(&[&fixed]).await;
     // The fixed window kept its one charge: n = 2, remaining 1.
     rig.expect("fixed window untouched", &fixed, "alice", 1, fixed.allowed(1, 1000)).await;
+    rig.expect("fixed window meets leases", &fixed, "dave", 1, STATE_INCOMPATIBLE).await;
 }

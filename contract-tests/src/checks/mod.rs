@@ -12,6 +12,7 @@ pub mod fixed_window;
 pub mod gcra;
 pub mod invariants;
 pub mod isolation;
+pub mod leases;
 pub mod lifetime;
 pub mod policy_sets;
 pub mod rejection;
