@@ -107,8 +107,14 @@ struct Leases {
 impl Leases {
     /// The layer over `port`, every route under the set `exports`.
     fn over(port: Arc<dyn EdgeRateLimitPort>, clock: ManualClock) -> Self {
+        Self::over_set(port, clock, &["exports"])
+    }
+
+    /// The layer over `port`, every route under the set `set`.
+    fn over_set(port: Arc<dyn EdgeRateLimitPort>, clock: ManualClock, set: &[&str]) -> Self {
+        let set = PolicySet::new(set.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
         let settings = EdgeSettings {
-            default_policies: PolicySet::single(PolicyId::new("exports").unwrap()),
+            default_policies: set,
             operations: HashMap::new(),
             ..EdgeSettings::default()
         };
@@ -395,4 +401,35 @@ async fn an_indeterminate_answer_gives_back_what_it_may_have_taken_and_unavailab
     });
     assert_eq!(leases.send("/quick").await.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(port.releases().len(), 1);
+}
+
+/// A set without a concurrency policy gives nothing back (the bridge makes
+/// no guard for it), and a request a rate policy refuses holds no lease.
+#[tokio::test]
+async fn only_an_admitted_request_of_a_set_with_a_concurrency_policy_gives_a_lease_back() {
+    let once = Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) };
+    let policies = || [exports(2), RateLimitPolicy::builder("once", once).build().unwrap()];
+    let clock = ManualClock::new(T0);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let memory = MemoryEdgeRateLimitAdapter::new(policies(), shared).unwrap();
+    let port = Arc::new(ScriptedPort::forwarding(Arc::new(memory)));
+    let rate_only = Leases::over_set(Arc::clone(&port) as _, clock, &["once"]);
+    assert_eq!(rate_only.quick_status().await, StatusCode::OK);
+    assert_eq!(rate_only.quick_status().await, StatusCode::TOO_MANY_REQUESTS);
+    assert!(port.releases().is_empty(), "{:?}", port.releases());
+
+    let clock = ManualClock::new(T0);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let memory = MemoryEdgeRateLimitAdapter::new(policies(), shared).unwrap();
+    let port = Arc::new(ScriptedPort::forwarding(Arc::new(memory)));
+    let both = Leases::over_set(Arc::clone(&port) as _, clock, &["exports", "once"]);
+    assert_eq!(both.quick_status().await, StatusCode::OK);
+    assert_eq!(port.releases().len(), 1, "the admitted one gives its lease back");
+    // Refused by `once`: no lease taken, none given back.
+    let refused = both.send("/quick").await;
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(refused.headers()["ratelimit"], r#""exports";r=2, "once";r=0;t=60"#);
+    drop(refused);
+    assert_eq!(port.releases().len(), 1);
+    assert_eq!(both.held().await, 0);
 }
