@@ -7,7 +7,7 @@ mod support;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use support::{Serve, TEST_KEY, counter};
+use support::{Reply, Serve, TEST_KEY, counter};
 
 fn config() -> String {
     format!(
@@ -36,18 +36,6 @@ retry-after = "2s"
 1 = "{TEST_KEY}"
 "#
     )
-}
-
-struct Reply {
-    status: StatusCode,
-    headers: reqwest::header::HeaderMap,
-    body: String,
-}
-
-impl Reply {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|value| value.to_str().ok())
-    }
 }
 
 async fn get(client: &reqwest::Client, url: String) -> Reply {

@@ -1713,22 +1713,23 @@ fn an_endpoint_without_a_host_with_port_zero_or_a_fragment_is_refused() {
     });
 }
 
+/// A concurrency policy `exports` of 2 in flight.
+const EXPORTS: &str = r#"
+[capabilities.rate-limit.policies.exports]
+algorithm = "concurrency"
+max-in-flight = 2
+lease-ttl = "30s"
+retry-after = "1500ms"
+"#;
+
 /// Issue 20 section 2: `algorithm = "concurrency"` with its three keys,
 /// `check-config` printing exactly those (no `maximum-cost`, no
 /// `evaluation-dedup`, which it refuses), and the print loading back.
 #[test]
 fn a_concurrency_policy_reads_its_three_keys_and_prints_them_alone() {
     jail(|jail| {
-        let file = r#"
-            [capabilities.rate-limit]
-            default-policy = "exports"
-            [capabilities.rate-limit.policies.exports]
-            algorithm = "concurrency"
-            max-in-flight = 2
-            lease-ttl = "30s"
-            retry-after = "1500ms"
-        "#;
-        let config = load_file(jail, file).unwrap();
+        let file = format!("[capabilities.rate-limit]\ndefault-policy = \"exports\"\n{EXPORTS}");
+        let config = load_file(jail, &file).unwrap();
         let policy = &config.capabilities.rate_limit.policies["exports"];
         assert_eq!(
             *policy.algorithm(),
@@ -1842,18 +1843,7 @@ fn every_concurrency_problem_is_named_by_its_key_at_once() {
 #[test]
 fn an_envoy_rls_rule_naming_a_concurrency_policy_stops_start_up() {
     jail(|jail| {
-        let file = r#"
-            [capabilities.rate-limit]
-            default-policy = "api"
-            [capabilities.rate-limit.policies.api]
-            algorithm = "fixed-window"
-            limit = 10
-            window = "60s"
-            [capabilities.rate-limit.policies.exports]
-            algorithm = "concurrency"
-            max-in-flight = 2
-            lease-ttl = "30s"
-            retry-after = "1s"
+        let rules = r#"
             [[envoy-rls.rules]]
             domain = "edge"
             descriptor = ["remote_address"]
@@ -1863,7 +1853,8 @@ fn an_envoy_rls_rule_naming_a_concurrency_policy_stops_start_up() {
             descriptor = ["generic_key=export", "remote_address"]
             policies = ["api", "exports"]
         "#;
-        let found = problems(load_file(jail, file));
+        let file = format!("{BASE}{EXPORTS}{rules}");
+        let found = problems(load_file(jail, &file));
         assert_eq!(found.len(), 1, "{found:#?}");
         assert_eq!(found[0].0, "envoy-rls.rules.1.policies");
         assert!(found[0].1.starts_with("\"exports\" is a concurrency policy"), "{found:#?}");

@@ -76,9 +76,13 @@ struct Fixture {
 /// The fleet's policy `api` (10 per minute, maximum cost 10) over four
 /// instances: 3 per minute here while Redis is away.
 fn fixture() -> Fixture {
-    let policy = fixed_window(10, 10);
+    fixture_over(fixed_window(10, 10), ReleaseOutcome::NotHeld)
+}
+
+/// `policy` over four instances, Redis answering each release `release`.
+fn fixture_over(policy: RateLimitPolicy, release: ReleaseOutcome) -> Fixture {
     let clock = ManualClock::new(T0);
-    let primary = Arc::new(ScriptedPort::new(vec![policy.clone()], ReleaseOutcome::NotHeld));
+    let primary = Arc::new(ScriptedPort::new(vec![policy.clone()], release));
     let mode = Arc::new(DegradedMode::new(MemoryStore::new(), four(), Arc::new(clock.clone())));
     let local = MemoryEdgeRateLimitAdapter::with_store(
         mode.store().clone(),
@@ -213,17 +217,7 @@ async fn a_lease_is_released_where_it_was_taken_local_first_then_redis() {
         retry_after: Duration::from_secs(2),
     };
     let policy = RateLimitPolicy::builder("api", exports).build().unwrap();
-    let clock = ManualClock::new(T0);
-    let primary = Arc::new(ScriptedPort::new(vec![policy.clone()], ReleaseOutcome::Released));
-    let mode = Arc::new(DegradedMode::new(MemoryStore::new(), four(), Arc::new(clock.clone())));
-    let local = MemoryEdgeRateLimitAdapter::with_store(
-        mode.store().clone(),
-        [scaled(&policy, four()).unwrap()],
-        Arc::new(clock.clone()),
-    )
-    .unwrap();
-    let port = DegradedPort::new(Arc::clone(&primary) as _, Arc::new(local), Arc::clone(&mode));
-    let fixture = Fixture { primary, mode, clock, port };
+    let fixture = fixture_over(policy, ReleaseOutcome::Released);
 
     // Redis away: ceil(4 / 4) = 1 slot here, taken, so the next is refused.
     let taken = fixture.request(1);
