@@ -11,6 +11,9 @@
 //!
 //! `port-floor` asks for a policy the adapter does not hold: the cost of the
 //! request, the boxed future and the policy lookup without the store.
+//! `concurrency+release` takes an in-flight lease and gives it back
+//! (`EdgeRateLimitPort::release`) in each iteration: what a request under a
+//! concurrency policy costs the provider, both calls.
 //!
 //! Two threads: `iter_custom` splits the iterations over two std threads and
 //! reports the wall time, so the figure is nanoseconds per decision of the
@@ -29,8 +32,9 @@ use adapter_memory::MemoryEdgeRateLimitAdapter;
 use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, OperationDigest, PolicyId,
-    PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, Lease, OperationDigest,
+    PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    SubjectDigest, SystemClock,
 };
 use uuid::Uuid;
 
@@ -90,16 +94,19 @@ fn policy(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> RateLimitPolicy
         .expect("valid policy")
 }
 
-/// The provider's future never waits: one poll with a no-op waker answers.
+/// The provider's futures never wait: one poll with a no-op waker answers.
+fn now<T>(future: impl Future<Output = T>) -> T {
+    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(answer) => answer,
+        Poll::Pending => panic!("the memory provider never waits"),
+    }
+}
+
 fn evaluate_now(
     adapter: &MemoryEdgeRateLimitAdapter,
     request: RateLimitRequest,
 ) -> RateLimitOutcome {
-    let mut future = pin!(adapter.evaluate(request));
-    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(outcome) => outcome,
-        Poll::Pending => panic!("the memory provider never waits"),
-    }
+    now(adapter.evaluate(request))
 }
 
 /// One contender: decides for subject `index` and says whether it allowed.
@@ -118,17 +125,36 @@ struct Ours {
     deadline: Instant,
 }
 
-impl Contender for Ours {
-    fn decide(&self, index: usize, evaluation: u128) -> bool {
-        let request = RateLimitRequest {
+impl Ours {
+    fn request(&self, index: usize, evaluation: u128) -> RateLimitRequest {
+        RateLimitRequest {
             policies: self.policy.clone(),
             subject: self.subjects[index % self.hot].clone(),
             operation: self.operation.clone(),
             cost: 1,
             evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(evaluation)),
             deadline: self.deadline,
-        };
-        evaluate_now(&self.adapter, request).is_allowed()
+        }
+    }
+}
+
+impl Contender for Ours {
+    fn decide(&self, index: usize, evaluation: u128) -> bool {
+        evaluate_now(&self.adapter, self.request(index, evaluation)).is_allowed()
+    }
+}
+
+/// A concurrency policy: each decision takes a lease and releases it.
+struct Leasing(Ours);
+
+impl Contender for Leasing {
+    fn decide(&self, index: usize, evaluation: u128) -> bool {
+        let request = self.0.request(index, evaluation);
+        let lease = Lease::of(&request);
+        let allowed = evaluate_now(&self.0.adapter, request).is_allowed();
+        let released = now(self.0.adapter.release(&lease));
+        assert_eq!(released == ReleaseOutcome::Released, allowed, "an admitted lease is released");
+        allowed
     }
 }
 
@@ -217,7 +243,7 @@ fn run(contender: &dyn Contender, mix: &Mix, iters: u64, threads: u64) -> Durati
 type Build = fn() -> Box<dyn Contender>;
 
 fn decisions(c: &mut Criterion) {
-    let contenders: [(&str, Build); 9] = [
+    let contenders: [(&str, Build); 10] = [
         ("governor-keyed", || Box::new(governor())),
         ("port-floor", || Box::new(port_floor())),
         ("fixed-window", || {
@@ -254,6 +280,17 @@ fn decisions(c: &mut Criterion) {
                 Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
                 EvaluationDedupPolicy::enabled_defaults(),
             ))
+        }),
+        // 100 in flight per subject, each released at once: never refused.
+        ("concurrency+release", || {
+            Box::new(Leasing(ours(
+                Algorithm::Concurrency {
+                    max_in_flight: PER_SECOND,
+                    lease_ttl: Duration::from_secs(30),
+                    retry_after: WINDOW,
+                },
+                EvaluationDedupPolicy::Disabled,
+            )))
         }),
         ("hot-at-cap", || Box::new(hot(EvaluationDedupPolicy::Disabled))),
         ("hot-at-cap+dedupe", || Box::new(hot(EvaluationDedupPolicy::enabled_defaults()))),

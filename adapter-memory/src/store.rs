@@ -260,8 +260,7 @@ impl MemoryStore {
     /// Removes the lease `id` from the keys `slots` of `subject` (a
     /// concurrency policy's keys), under the subject's shard lock, at caller
     /// time `now`: true when a live lease was removed from at least one.
-    /// Nothing else moves: no mark, no expiry, no other lease (expired ones
-    /// are dropped on the way).
+    /// Nothing else moves: no mark, no expiry, no other lease.
     pub(crate) fn release(
         &self,
         subject: &str,
@@ -489,8 +488,8 @@ mod tests {
         let rules = two_in_flight();
         assert!(evaluate(&store, &rules, 7, T0, id(1)).is_allowed());
         assert!(evaluate(&store, &rules, 7, T0 + 1_000, id(2)).is_allowed());
-        // Lease 1 is gone at T0 + 30 000: releasing it then frees nothing,
-        // and drops it from the key.
+        // Lease 1 is gone at T0 + 30 000: releasing it then frees nothing
+        // (and removes its id).
         assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 30_000));
         assert_eq!(leases_of(&store, 7).1, [id(2)]);
         assert_eq!(store.stored_bytes(), u64::from(HELD_LEASE_BYTES));

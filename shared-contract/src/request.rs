@@ -211,6 +211,18 @@ mod tests {
         PolicyId::new(name).unwrap()
     }
 
+    /// A request of `cost` under the set `ids`.
+    fn request(ids: &[&str], cost: u64) -> RateLimitRequest {
+        RateLimitRequest {
+            policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
+            subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+            operation: OperationDigest::new("0123456789abcdef").unwrap(),
+            cost,
+            evaluation_id: EvaluationId::random(),
+            deadline: Instant::now(),
+        }
+    }
+
     #[test]
     fn a_set_holds_one_to_eight_distinct_policies_in_order() {
         let set = PolicySet::new([id("burst"), id("hourly")]).unwrap();
@@ -249,14 +261,6 @@ mod tests {
             .into_iter()
             .map(|p| (p.id().clone(), p))
             .collect();
-        let request = |ids: &[&str], cost| RateLimitRequest {
-            policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
-            subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
-            operation: OperationDigest::new("0123456789abcdef").unwrap(),
-            cost,
-            evaluation_id: EvaluationId::random(),
-            deadline: Instant::now(),
-        };
         let resolve = |ids: &[&str], cost| {
             let resolved = request(ids, cost).resolve(|id| held.get(id), |policy| policy);
             resolved
@@ -295,15 +299,7 @@ mod tests {
         .map(|p| (p.id().clone(), p))
         .collect();
         let fits = |ids: &[&str], cost| {
-            let request = RateLimitRequest {
-                policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
-                subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
-                operation: OperationDigest::new("0123456789abcdef").unwrap(),
-                cost,
-                evaluation_id: EvaluationId::random(),
-                deadline: Instant::now(),
-            };
-            request
+            request(ids, cost)
                 .resolve(|id| held.get(id), |policy| policy)
                 .map(|_| ())
                 .map_err(|r| r.category_name())

@@ -841,13 +841,18 @@ mod tests {
 
     // ---- Concurrency (docs/algorithms.md "Concurrency (in-flight leases)") ----
 
+    /// `max_in_flight` leases of 30 s, a refusal telling `retry_ms`.
+    fn in_flight(max_in_flight: u64, retry_ms: u64) -> Algorithm {
+        Algorithm::Concurrency {
+            max_in_flight,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_millis(retry_ms),
+        }
+    }
+
     /// max-in-flight 2, lease-ttl 30 s, retry-after 1 s: the design's example.
     fn two_in_flight() -> Algorithm {
-        Algorithm::Concurrency {
-            max_in_flight: 2,
-            lease_ttl: Duration::from_secs(30),
-            retry_after: Duration::from_secs(1),
-        }
+        in_flight(2, 1000)
     }
 
     fn lease_id(n: u128) -> EvaluationId {
@@ -923,11 +928,7 @@ mod tests {
 
     #[test]
     fn a_request_refused_for_lack_of_a_lease_charges_no_rate_policy() {
-        let one_in_flight = Algorithm::Concurrency {
-            max_in_flight: 1,
-            lease_ttl: Duration::from_secs(30),
-            retry_after: Duration::from_millis(250),
-        };
+        let one_in_flight = in_flight(1, 250);
         let mut set = Set::of(vec![
             with_mode(fixed(10), PolicyMode::Enforce),
             with_mode(one_in_flight, PolicyMode::Enforce),
@@ -979,11 +980,7 @@ mod tests {
 
     #[test]
     fn a_shadow_concurrency_policy_takes_real_leases_but_never_denies() {
-        let one_in_flight = Algorithm::Concurrency {
-            max_in_flight: 1,
-            lease_ttl: Duration::from_secs(30),
-            retry_after: Duration::from_secs(1),
-        };
+        let one_in_flight = in_flight(1, 1000);
         let mut set = Set::of(vec![
             with_mode(fixed(10), PolicyMode::Enforce),
             with_mode(one_in_flight, PolicyMode::Shadow),

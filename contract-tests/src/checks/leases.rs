@@ -10,7 +10,7 @@ use shared_contract::{EvaluationId, Lease, PolicyMode, RateLimitRequest, Release
 use crate::checks::admin::{budget, state};
 use crate::factory::ProviderFactory;
 use crate::rig::{
-    CheckPolicy, DEFAULT_OPERATION, Rig, concurrency, fixed_window, set_outcome, tally,
+    CheckPolicy, DEFAULT_OPERATION, Rig, concurrency, fixed_window, ms, set_outcome, tally,
 };
 
 impl Rig<'_> {
@@ -113,6 +113,26 @@ pub async fn leases_unreleased_are_reclaimed_after_their_ttl(factory: &dyn Provi
     rig.expect_request("b at a's expiry", &b, cc.allowed(0, 0)).await;
     rig.expect_release("a, expired", &a, ReleaseOutcome::NotHeld).await;
     rig.expect_release("b", &b, ReleaseOutcome::Released).await;
+}
+
+/// A release removes its own lease only, and moves no mark: a lease
+/// expired at the release's clock is still live for a caller whose clock
+/// lags inside the bound, and still counts.
+pub async fn leases_release_leaves_every_other_lease_even_an_expired_one(
+    factory: &dyn ProviderFactory,
+) {
+    let cc = CheckPolicy::new(concurrency("cc", 2, 50, 30).maximum_clock_regression(ms(20)));
+    let rig = Rig::start(factory, &[&cc]).await;
+    rig.at(0);
+    rig.expect_request("a, until 50", &rig.fresh(&cc, "alice"), cc.allowed(1, 0)).await;
+    rig.at(45);
+    let b = rig.fresh(&cc, "alice");
+    rig.expect_request("b, until 95; mark 45", &b, cc.allowed(0, 0)).await;
+    rig.at(60);
+    rig.expect_release("b, when a has expired", &b, ReleaseOutcome::Released).await;
+    // 5 ms behind the mark: t := 45, where a is live (50 > 45): one slot.
+    rig.at(40);
+    rig.expect_request("c at the mark", &rig.fresh(&cc, "alice"), cc.allowed(0, 0)).await;
 }
 
 /// In a set with a rate policy the lease is taken in the same atomic step:
