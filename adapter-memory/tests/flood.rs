@@ -6,7 +6,9 @@ mod support;
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
-use shared_contract::{EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock};
+use shared_contract::{
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, HELD_LEASE_BYTES, ManualClock,
+};
 use support::{T0, adapter, fixed, id, policy, request, subject};
 
 const FLOOD: u64 = 1_000_000;
@@ -54,4 +56,37 @@ async fn ordinary_traffic_alone_reclaims_a_million_expired_subjects() {
         assert!(outcome.is_allowed(), "{outcome:?}");
     }
     assert_eq!(adapter.store().live_entries(), 4_000);
+}
+
+/// Leases never released (an instance that crashed mid-request) hold no
+/// memory past their TTL: 100,000 subjects take one lease each of 1 s, and
+/// one subject asks 10,000 times for 4 slots; the store holds exactly the
+/// leases in flight, and nothing once the keys have expired.
+#[tokio::test]
+async fn unreleased_leases_are_bounded_and_reclaimed_after_their_ttl() {
+    const SUBJECTS: u64 = 100_000;
+    let leases = Algorithm::Concurrency {
+        max_in_flight: 4,
+        lease_ttl: Duration::from_millis(1_000),
+        retry_after: Duration::from_millis(100),
+    };
+    let (adapter, clock) = adapter(vec![policy("leases", leases, EvaluationDedupPolicy::Disabled)]);
+    let policy = id("leases");
+    for n in 0..SUBJECTS {
+        let outcome = adapter.evaluate(request(&clock, &policy, subject(n), u128::from(n))).await;
+        assert!(outcome.is_allowed(), "{outcome:?}");
+    }
+    let hot = subject(SUBJECTS);
+    let mut admitted = 0;
+    for n in 0..10_000 {
+        let request = request(&clock, &policy, hot.clone(), u128::from(SUBJECTS + n));
+        admitted += u64::from(adapter.evaluate(request).await.is_allowed());
+    }
+    assert_eq!(admitted, 4, "4 in flight, the rest refused");
+    let per_lease = u64::from(HELD_LEASE_BYTES);
+    assert_eq!(adapter.store().stored_bytes(), (SUBJECTS + 4) * per_lease);
+    // Each key lives to its lease's expiry plus the 1 s grace: T0 + 2000.
+    assert_eq!(adapter.store().purge_expired(T0 + 1_999), 0);
+    assert_eq!(adapter.store().purge_expired(T0 + 2_000), 100_001);
+    assert_eq!((adapter.store().live_entries(), adapter.store().stored_bytes()), (0, 0));
 }
