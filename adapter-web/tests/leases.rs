@@ -162,6 +162,15 @@ impl Leases {
         state.limit - state.remaining
     }
 
+    /// The admitted response of `/stream` and the sender of its body.
+    async fn stream(&self) -> (mpsc::UnboundedSender<Bytes>, Response<Body>) {
+        let (chunks, body) = mpsc::unbounded_channel();
+        *self.stream.lock().unwrap() = Some(ChannelBody(body));
+        let response = self.send("/stream").await;
+        assert_eq!(response.status(), StatusCode::OK);
+        (chunks, response)
+    }
+
     /// Waits until a `/hold` handler runs.
     async fn entered(&mut self) {
         self.entered.recv().await.unwrap();
@@ -236,10 +245,7 @@ async fn a_full_subject_is_refused_with_the_configured_retry_after_and_holds_not
 #[tokio::test]
 async fn a_streamed_body_gives_the_slot_back_at_its_end_before_it_is_dropped() {
     let leases = Leases::memory(1);
-    let (chunks, body) = mpsc::unbounded_channel();
-    *leases.stream.lock().unwrap() = Some(ChannelBody(body));
-    let response = leases.send("/stream").await;
-    assert_eq!(response.status(), StatusCode::OK);
+    let (chunks, response) = leases.stream().await;
     let mut body = response.into_body();
     chunks.send(Bytes::from_static(b"part one")).unwrap();
     let frame = body.frame().await.unwrap().unwrap();
@@ -259,10 +265,7 @@ async fn a_streamed_body_gives_the_slot_back_at_its_end_before_it_is_dropped() {
 #[tokio::test]
 async fn a_body_dropped_unread_gives_the_slot_back() {
     let leases = Leases::memory(1);
-    let (chunks, body) = mpsc::unbounded_channel();
-    *leases.stream.lock().unwrap() = Some(ChannelBody(body));
-    let response = leases.send("/stream").await;
-    assert_eq!(response.status(), StatusCode::OK);
+    let (chunks, response) = leases.stream().await;
     assert_eq!(leases.held().await, 1);
     // The client went away before the body: the server drops it.
     drop(response);
