@@ -19,7 +19,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
-use adapter_web::{EdgeSettings, RateLimitLayer, SubjectKind, TransportBridge};
+use adapter_web::{BridgeSwitch, EdgeSettings, RateLimitLayer, SubjectKind, TransportBridge};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, State};
@@ -99,6 +99,8 @@ async fn panics() -> &'static str {
 struct Leases {
     provider: Arc<dyn EdgeRateLimitPort>,
     router: Router,
+    /// The bridge in force, to reload.
+    switch: BridgeSwitch,
     entered: mpsc::UnboundedReceiver<()>,
     stream: Arc<Mutex<Option<ChannelBody>>>,
     subject: SubjectDigest,
@@ -127,14 +129,16 @@ impl Leases {
         let (entered_tx, entered) = mpsc::unbounded_channel();
         let stream = Arc::new(Mutex::new(None));
         let handlers = Handlers { entered: entered_tx, stream: Arc::clone(&stream) };
+        let layer = RateLimitLayer::new(Arc::new(bridge));
+        let switch = layer.switch().expect("an enabled layer").clone();
         let router = Router::new()
             .route("/quick", get(quick))
             .route("/hold", get(hold))
             .route("/stream", get(streamed))
             .route("/panic", get(panics))
             .with_state(handlers)
-            .layer(RateLimitLayer::new(Arc::new(bridge)));
-        Self { provider: port, router, entered, stream, subject }
+            .layer(layer);
+        Self { provider: port, router, switch, entered, stream, subject }
     }
 
     /// The layer over a memory provider holding `exports(max_in_flight)`.
@@ -435,4 +439,38 @@ async fn only_an_admitted_request_of_a_set_with_a_concurrency_policy_gives_a_lea
     drop(refused);
     assert_eq!(port.releases().len(), 1);
     assert_eq!(both.held().await, 0);
+}
+
+/// A reload while a request is in flight: the new table (a higher
+/// `max-in-flight`, the same revision, so the same lease set) counts the
+/// lease it holds, and the request gives it back through the provider it
+/// was admitted by, into the store both share.
+#[tokio::test]
+async fn a_request_admitted_before_a_reload_gives_its_lease_back_after_it() {
+    let clock = ManualClock::new(T0);
+    let shared: Arc<dyn Clock> = Arc::new(clock.clone());
+    let first = MemoryEdgeRateLimitAdapter::new([exports(1)], Arc::clone(&shared)).unwrap();
+    let store = first.store().clone();
+    let mut leases = Leases::over(Arc::new(first), clock);
+    let mut pending = Box::pin(leases.router.clone().oneshot(Leases::request("/hold")));
+    tokio::select! {
+        _ = &mut pending => panic!("a held request never answers"),
+        () = leases.entered() => {}
+    }
+    // The reloaded table, over the same store.
+    let reloaded: Arc<dyn EdgeRateLimitPort> = Arc::new(
+        MemoryEdgeRateLimitAdapter::with_store(store, [exports(3)], Arc::clone(&shared)).unwrap(),
+    );
+    let settings = leases.switch.current().settings().clone();
+    let bridge = TransportBridge::new(Arc::clone(&reloaded), pseudonymizer(), shared, settings);
+    leases.switch.replace(Arc::new(bridge));
+    let reloaded = Leases { provider: reloaded, ..leases };
+    assert_eq!(reloaded.held().await, 1, "the new table counts the held lease");
+    let response = reloaded.send("/quick").await;
+    assert_eq!(response.headers()["ratelimit-policy"], r#""exports";q=3"#);
+    assert_eq!(response.headers()["ratelimit"], r#""exports";r=1"#);
+    drop(response);
+    assert_eq!(reloaded.held().await, 1);
+    drop(pending);
+    assert_eq!(reloaded.held().await, 0, "released through the provider it was admitted by");
 }
