@@ -2,26 +2,28 @@
 //! `RateLimitRequest` over the operation's policy set, and the port's
 //! answer.
 
-use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use http::request::Parts;
+use metrics::Counter;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, PolicyId, PolicyMode, PolicySet,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, Lease, PolicyId, PolicyMode,
+    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest, quota_window,
 };
 use tracing::{Instrument, Span};
 
 use crate::cost::RateLimitCost;
+use crate::lease::LeaseGuard;
 use crate::operation::Operations;
 use crate::pseudonymizer::VersionedPseudonymizer;
 use crate::ratelimit_headers::policy_header;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::subject::resolve_subject;
-use crate::telemetry::{self, MemberMetrics};
+use crate::telemetry::{self, MemberMetrics, PolicyIds};
 
 /// What the bridge learned about one request: the policy set it ran under,
 /// each policy as the port holds it, and the port's answer.
@@ -69,9 +71,18 @@ impl BridgeEvaluation {
         self.enforced().collect()
     }
 
-    /// [`Self::enforced_decisions`] without collecting them (the headers
-    /// of every allowed request are made from it).
+    /// [`Self::enforced_decisions`] without collecting them.
     pub(crate) fn enforced(&self) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision)> {
+        self.enforced_limits().map(|(id, decision, _)| (id, decision))
+    }
+
+    /// The enforced members as the `RateLimit` header lists them (every
+    /// allowed request's headers are made from it): id, decision, and
+    /// whether the policy has a reset time to announce (`t`); a
+    /// concurrency policy has none.
+    pub(crate) fn enforced_limits(
+        &self,
+    ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
         let decisions = match &self.outcome {
             RateLimitOutcome::Evaluated(set) => set.decisions(),
             RateLimitOutcome::Unavailable { .. }
@@ -84,7 +95,11 @@ impl BridgeEvaluation {
             .zip(decisions)
             .enumerate()
             .filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce)
-            .map(|(_, member)| member)
+            .map(|(index, (id, decision))| {
+                let policy = self.described.get(index).and_then(Option::as_ref);
+                let resets = policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some());
+                (id, decision, resets)
+            })
     }
 
     /// The enforced policies that denied the request, in the set's order:
@@ -109,6 +124,10 @@ struct PreparedSet {
     metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
     policy_header: Option<HeaderValue>,
+    /// Whether a member is a concurrency policy (enforced or shadow: both
+    /// take a real lease), so an admitted request holds a lease to give
+    /// back. Only these sets pay for a guard.
+    holds_leases: bool,
 }
 
 impl PreparedSet {
@@ -125,7 +144,9 @@ impl PreparedSet {
         let enforced =
             described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce);
         let policy_header = policy_header(enforced);
-        Self { policies: policies.clone(), metrics, described, policy_header }
+        let holds_leases =
+            described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
+        Self { policies: policies.clone(), metrics, described, policy_header, holds_leases }
     }
 }
 
@@ -140,6 +161,8 @@ pub struct TransportBridge {
     /// The configured operations' sets, as [`crate::operation::Operation::set`] indexes them.
     sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
+    /// [`crate::telemetry::LEASE_RELEASE_FAILURES_TOTAL`], registered here.
+    release_failures: Counter,
 }
 
 impl TransportBridge {
@@ -159,7 +182,17 @@ impl TransportBridge {
         );
         let sets = configured.iter().map(|(_, set)| PreparedSet::new(set, &*port)).collect();
         let default_set = PreparedSet::new(&settings.default_policies, &*port);
-        Self { port, pseudonymizer, clock, settings, operations, sets, default_set }
+        let release_failures = telemetry::lease_release_failures();
+        Self {
+            port,
+            pseudonymizer,
+            clock,
+            settings,
+            operations,
+            sets,
+            default_set,
+            release_failures,
+        }
     }
 
     /// The settings the bridge runs with.
@@ -194,7 +227,25 @@ impl TransportBridge {
     /// evaluation id is fresh and server-made: no client header, not even
     /// `Idempotency-Key`, reaches it. `deadline = clock.monotonic() +
     /// evaluation_budget`.
+    ///
+    /// An in-flight lease the request took under a concurrency policy of
+    /// its set is given back before this returns: the request is done when
+    /// its caller has the answer. The layer instead holds it until the
+    /// response body has been sent or dropped.
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
+        self.evaluate_holding(parts).await.map(|(evaluation, _lease)| evaluation)
+    }
+
+    /// [`Self::evaluate`], and the guard of the lease the request may hold
+    /// (`None` when its set has no concurrency policy, or the port's answer
+    /// says nothing was written): dropping it gives the lease back. The
+    /// guard exists before the port is asked, so a request dropped while
+    /// the port works (a client gone, a Redis round trip cut short) gives
+    /// back whatever it may have taken; a release is idempotent.
+    pub(crate) async fn evaluate_holding(
+        &self,
+        parts: &Parts,
+    ) -> Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection> {
         let found = self.operations.find(parts);
         let prepared = found.set.map_or(&self.default_set, |index| &self.sets[index]);
         let operation = &*found.id;
@@ -205,7 +256,7 @@ impl TransportBridge {
             Err(rejection) => {
                 telemetry::record_rejection(&prepared.metrics, rejection.outcome_label());
                 tracing::debug!(
-                    operation, policies = %Ids(policies.ids()), reason = rejection.category_name(),
+                    operation, policies = %PolicyIds(policies.ids()), reason = rejection.category_name(),
                     "request refused before rate-limit evaluation"
                 );
                 return Err(rejection);
@@ -231,6 +282,10 @@ impl TransportBridge {
             evaluation_id: EvaluationId::random(),
             deadline,
         };
+        let lease = prepared.holds_leases.then(|| {
+            let failures = self.release_failures.clone();
+            LeaseGuard::new(Arc::clone(&self.port), Lease::of(&request), failures)
+        });
         // Wall time for the histogram only; decisions use the injected clock.
         let started = Instant::now();
         let outcome = match &span {
@@ -238,6 +293,14 @@ impl TransportBridge {
             None => self.port.evaluate(request).await,
         };
         let elapsed = started.elapsed();
+        let lease = lease.and_then(|lease| {
+            if may_hold_lease(&outcome) {
+                Some(lease)
+            } else {
+                lease.disarm();
+                None
+            }
+        });
         let outcome = checked(outcome, &described, operation);
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let policy_header = prepared.policy_header.clone();
@@ -246,7 +309,19 @@ impl TransportBridge {
             record_decision(&span, &evaluation);
         }
         log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed);
-        Ok(evaluation)
+        Ok((evaluation, lease))
+    }
+}
+
+/// Whether the port's own answer (before [`checked`]) leaves a lease
+/// behind: an admitted set holds one, and an `Indeterminate` answer may
+/// have taken one. A refused set writes nothing (docs/algorithms.md,
+/// "Policy sets"), and `Unavailable` and `Incompatible` touch no state.
+fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
+    match outcome {
+        RateLimitOutcome::Evaluated(set) => set.allowed(),
+        RateLimitOutcome::Indeterminate { .. } => true,
+        RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Incompatible { .. } => false,
     }
 }
 
@@ -262,7 +337,7 @@ fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) 
         tracing::info_span!(
             "rate_limit.decision",
             rate_limit.operation = operation,
-            rate_limit.policies = %Ids(policies.ids()),
+            rate_limit.policies = %PolicyIds(policies.ids()),
             rate_limit.subject = digest.as_str(),
             rate_limit.outcome = tracing::field::Empty,
             rate_limit.admitted = tracing::field::Empty,
@@ -321,7 +396,7 @@ fn log_outcome(
     shadow_subject: Option<&SubjectDigest>,
     elapsed: Duration,
 ) {
-    let policies = Ids(evaluation.policies.ids());
+    let policies = PolicyIds(evaluation.policies.ids());
     let outcome = &evaluation.outcome;
     let category = outcome.category_name();
     match outcome {
@@ -354,20 +429,5 @@ fn log_outcome(
                 );
             }
         }
-    }
-}
-
-/// Policy ids joined with commas, formatted only when a log line is kept.
-struct Ids<'a>(&'a [PolicyId]);
-
-impl fmt::Display for Ids<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, id) in self.0.iter().enumerate() {
-            if index > 0 {
-                f.write_str(",")?;
-            }
-            f.write_str(id.as_str())?;
-        }
-        Ok(())
     }
 }

@@ -15,20 +15,19 @@ use pin_project_lite::pin_project;
 use tower::Service;
 
 use crate::bridge::{BridgeEvaluation, TransportBridge};
+use crate::lease::{LeaseGuard, ReleasingBody};
 use crate::limiter::Limiter;
 use crate::mapping::{DecisionHeaders, decision_headers, refusal, rejection_response};
 use crate::refusal::{Refusal, RefusalShaper};
 use crate::rejection::EdgeRejection;
 
+/// The bridge's answer and the guard of the lease the request may hold.
+type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection>;
+
 /// The bridge's answer, with the request parts and the bridge handed back:
 /// the future owns the one reference the request takes, so no second
 /// count is bumped on the bridge every request shares.
-type Evaluation = Pin<
-    Box<
-        dyn Future<Output = (Parts, Arc<TransportBridge>, Result<BridgeEvaluation, EdgeRejection>)>
-            + Send,
-    >,
->;
+type Evaluation = Pin<Box<dyn Future<Output = (Parts, Arc<TransportBridge>, Answer)> + Send>>;
 
 pin_project! {
     /// The response future of [`crate::RateLimitService`].
@@ -55,11 +54,15 @@ pin_project! {
             body: Option<ReqBody>,
         },
         // Allowed (or limiting disabled): the inner service runs, and its
-        // response gets these headers.
+        // response gets these headers. The lease, if the request holds
+        // one, goes to the response body; dropped here with the future
+        // (no response yet: client gone, handler cancelled or panicked, an
+        // error), it is given back.
         Running {
             #[pin]
             future: S::Future,
             headers: Option<DecisionHeaders>,
+            lease: Option<LeaseGuard>,
         },
         // Refused: this response replaces the inner service's.
         Refused {
@@ -76,7 +79,7 @@ where
         let (parts, body) = request.into_parts();
         let Limiter { bridge, shaper } = limiter;
         let evaluation: Evaluation = Box::pin(async move {
-            let result = bridge.evaluate(&parts).await;
+            let result = bridge.evaluate_holding(&parts).await;
             (parts, bridge, result)
         });
         let state = State::Evaluating { evaluation, shaper, inner: Some(inner), body: Some(body) };
@@ -84,7 +87,7 @@ where
     }
 
     pub(crate) fn pass_through(future: S::Future) -> Self {
-        Self { state: State::Running { future, headers: None } }
+        Self { state: State::Running { future, headers: None, lease: None } }
     }
 }
 
@@ -101,21 +104,27 @@ where
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Evaluating { evaluation, shaper, inner, body } => {
-                    let (parts, bridge, result) = ready!(evaluation.as_mut().poll(cx));
+                    let (parts, bridge, mut result) = ready!(evaluation.as_mut().poll(cx));
                     let settings = bridge.settings();
-                    let (reason, response) = match &result {
+                    let (reason, response) = match &mut result {
                         Err(rejection) => {
                             (Refusal::Rejected(rejection), rejection_response(rejection, settings))
                         }
-                        Ok(evaluation) => match refusal(evaluation, settings) {
-                            Some(response) => (Refusal::Outcome(evaluation), response),
+                        Ok((evaluation, lease)) => match refusal(evaluation, settings) {
+                            Some(response) => {
+                                // Refused, yet maybe holding a lease (an
+                                // `Indeterminate` answer): given back now.
+                                drop(lease.take());
+                                (Refusal::Outcome(evaluation), response)
+                            }
                             None => {
                                 let (mut inner, body) = inner.take().zip(body.take()).expect(
                                     "the inner service and body are taken only when leaving this state",
                                 );
                                 let future = inner.call(Request::from_parts(parts, body));
                                 let headers = Some(decision_headers(evaluation));
-                                this.state.set(State::Running { future, headers });
+                                let lease = lease.take();
+                                this.state.set(State::Running { future, headers, lease });
                                 continue;
                             }
                         },
@@ -126,8 +135,14 @@ where
                     };
                     State::Refused { response: Some(response) }
                 }
-                StateProj::Running { future, headers } => {
-                    let mut response = ready!(future.poll(cx))?.map(Body::new);
+                StateProj::Running { future, headers, lease } => {
+                    let response = ready!(future.poll(cx))?;
+                    let mut response = match lease.take() {
+                        Some(lease) => {
+                            response.map(|body| Body::new(ReleasingBody::new(body, lease)))
+                        }
+                        None => response.map(Body::new),
+                    };
                     // Ours replace any the handler set.
                     if let Some(headers) = headers.take() {
                         headers.apply(response.headers_mut());

@@ -17,6 +17,7 @@ mod cost;
 mod error;
 mod future;
 mod layer;
+mod lease;
 mod limiter;
 mod mapping;
 mod operation;
@@ -45,4 +46,7 @@ pub use service::RateLimitService;
 pub use settings::{DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 pub use subject::{AuthenticatedPrincipal, IdentityProblem, SubjectKind, canonical_identity};
 pub use switch::BridgeSwitch;
-pub use telemetry::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, METRIC_PREFIX, metric_name};
+pub use telemetry::{
+    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, LEASE_RELEASE_FAILURES_TOTAL, METRIC_PREFIX,
+    metric_name,
+};

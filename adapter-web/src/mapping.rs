@@ -39,7 +39,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 /// failures, which carry no decision, and for a set without an enforced
 /// policy.
 pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> DecisionHeaders {
-    let mut enforced = evaluation.enforced().peekable();
+    let mut enforced = evaluation.enforced_limits().peekable();
     if enforced.peek().is_none() {
         return DecisionHeaders::default();
     }

@@ -6,7 +6,7 @@ use axum::body::Bytes;
 use http::HeaderValue;
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 use shared_contract::{
-    PolicyId, RateLimitDecision, RateLimitPolicy, quota_window, write_limit_field,
+    PolicyId, RateLimitDecision, RateLimitPolicy, quota_window, write_limit_item,
 };
 
 pub(crate) use shared_contract::whole_seconds_up;
@@ -26,19 +26,23 @@ pub(crate) fn policy_header<'a>(
 
 /// `"<policy id>";r=<remaining>;t=<seconds until the budget is whole>` for
 /// each policy, in the order given (GCRA: until the next cell beyond the
-/// remaining ones conforms, docs/algorithms.md#gcra); `None` for no policy.
+/// remaining ones conforms, docs/algorithms.md#gcra); no `t` for a policy
+/// that does not reset (`resets` false: concurrency, whose slot frees when
+/// a request ends); `None` for no policy.
 ///
-/// Written by hand (`shared_contract::write_limit_field`, which every
+/// Written by hand (`shared_contract::write_limit_item`, which every
 /// front end shares), not through `sfv` as the policy header is: this one
 /// is made per request (the serializer's checks and copies cost about a
 /// fifth of the layer; docs/benchmarks.md), and a policy id is validated
 /// to `[a-z0-9._-]`, which an sf-string holds without escapes. The output
 /// is exactly what `sfv` writes (a test compares them).
 pub(crate) fn limit_header<'a>(
-    decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
+    decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
 ) -> Option<HeaderValue> {
     let mut text = Vec::with_capacity(64);
-    write_limit_field(&mut text, decisions);
+    for (policy_id, decision, resets) in decisions {
+        write_limit_item(&mut text, policy_id, decision, resets);
+    }
     if text.is_empty() {
         return None;
     }
@@ -115,9 +119,35 @@ mod tests {
             replayed: false,
         };
         let id = PolicyId::new("orders.read").unwrap();
-        assert_eq!(limit_header([(&id, &decision)]).unwrap(), r#""orders.read";r=7;t=2"#);
+        assert_eq!(limit_header([(&id, &decision, true)]).unwrap(), r#""orders.read";r=7;t=2"#);
         let full = RateLimitDecision { reset_after: Duration::ZERO, ..decision };
-        assert_eq!(limit_header([(&id, &full)]).unwrap(), r#""orders.read";r=7;t=0"#);
+        assert_eq!(limit_header([(&id, &full, true)]).unwrap(), r#""orders.read";r=7;t=0"#);
+    }
+
+    #[test]
+    fn a_concurrency_policy_shows_its_slots_without_a_window_or_a_reset() {
+        let exports = policy(Algorithm::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        });
+        assert_eq!(policy_header([&exports]).unwrap(), r#""orders.read";q=2"#);
+        // One slot of two taken; no reset time, not even `t=0` ("whole now").
+        let held = RateLimitDecision {
+            allowed: true,
+            limit: 2,
+            remaining: 1,
+            retry_after: Duration::ZERO,
+            reset_after: Duration::ZERO,
+            certainty: Certainty::Certain,
+            replayed: false,
+        };
+        let window = RateLimitDecision { reset_after: Duration::from_secs(60), ..held };
+        let hourly = PolicyId::new("hourly").unwrap();
+        assert_eq!(
+            limit_header([(exports.id(), &held, false), (&hourly, &window, true)]).unwrap(),
+            r#""orders.read";r=1, "hourly";r=1;t=60"#
+        );
     }
 
     #[test]
@@ -150,7 +180,7 @@ mod tests {
         };
         let (first, second) = (decision(10, 9, 1), decision(1000, 999, 3540));
         assert_eq!(
-            limit_header([(burst.id(), &first), (hourly.id(), &second)]).unwrap(),
+            limit_header([(burst.id(), &first, true), (hourly.id(), &second, true)]).unwrap(),
             r#""orders-burst";r=9;t=1, "orders-hourly";r=999;t=3540"#
         );
         assert_eq!(policy_header([]), None);
@@ -159,10 +189,11 @@ mod tests {
 
     /// The `sfv` serialization the hand-written header must equal.
     fn limit_header_by_sfv<'a>(
-        decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
+        decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
     ) -> Option<HeaderValue> {
-        list(decisions.into_iter().map(|(policy_id, decision)| {
-            (policy_id, [("r", decision.remaining), ("t", whole_seconds_up(decision.reset_after))])
+        list(decisions.into_iter().map(|(policy_id, decision, resets)| {
+            let reset = resets.then(|| ("t", whole_seconds_up(decision.reset_after)));
+            (policy_id, [Some(("r", decision.remaining)), reset].into_iter().flatten())
         }))
     }
 
@@ -215,7 +246,8 @@ mod tests {
                 let set: Vec<_> = ids[..len]
                     .iter()
                     .enumerate()
-                    .map(|(i, id)| (id, &decisions[(start + i) % decisions.len()]))
+                    // Every third member has no reset (a concurrency policy).
+                    .map(|(i, id)| (id, &decisions[(start + i) % decisions.len()], i % 3 != 1))
                     .collect();
                 let by_hand = limit_header(set.iter().copied());
                 assert_eq!(by_hand, limit_header_by_sfv(set.iter().copied()), "{set:?}");

@@ -7,11 +7,12 @@
 //! building a label list and looking the series up by name (about 0.7 us
 //! per request under the Prometheus recorder; docs/benchmarks.md).
 
+use std::fmt;
 use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString};
-use shared_contract::{DecisionSource, PolicyMode, RateLimitOutcome, RateLimitPolicy};
+use shared_contract::{DecisionSource, PolicyId, PolicyMode, RateLimitOutcome, RateLimitPolicy};
 
 use crate::rejection::EdgeRejection;
 
@@ -20,6 +21,19 @@ pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metri
 /// The prefix every metric the service exports starts with, named for the
 /// service.
 pub const METRIC_PREFIX: &str = metric_name!("");
+
+/// Counter of in-flight lease releases that failed (`Unavailable` or
+/// `Indeterminate`: the lease stays until its `lease-ttl`), no labels.
+/// Registered at 0 when a bridge is built, so a dashboard sees the series
+/// before the first failure. A lease not held (`NotHeld`) is no failure.
+pub const LEASE_RELEASE_FAILURES_TOTAL: &str =
+    metric_name!("rate_limit_lease_release_failures_total");
+
+/// The handle of [`LEASE_RELEASE_FAILURES_TOTAL`], registered with the
+/// recorder installed now.
+pub(crate) fn lease_release_failures() -> Counter {
+    metrics::counter!(LEASE_RELEASE_FAILURES_TOTAL)
+}
 
 /// The `algorithm` label when the port does not hold the policy.
 const UNKNOWN_ALGORITHM: &str = "unknown";
@@ -148,5 +162,20 @@ pub(crate) fn record_evaluation(
 pub(crate) fn record_rejection(members: &[MemberMetrics], outcome: &'static str) {
     for member in members {
         member.count_decision(outcome, false);
+    }
+}
+
+/// Policy ids joined with commas, formatted only when a log line is kept.
+pub(crate) struct PolicyIds<'a>(pub(crate) &'a [PolicyId]);
+
+impl fmt::Display for PolicyIds<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (index, id) in self.0.iter().enumerate() {
+            if index > 0 {
+                f.write_str(",")?;
+            }
+            f.write_str(id.as_str())?;
+        }
+        Ok(())
     }
 }

@@ -1,6 +1,9 @@
 //! `ca-skeleton bench`: drives the configured provider through the port
 //! with N concurrent callers over M subjects for a while, and reports one
 //! JSON line (docs/benchmarks.md). It measures the provider, not HTTP.
+//! Under a concurrency policy each admitted decision's lease is released
+//! before the caller's next decision, as a request of no duration would
+//! (the release is not in the latency).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -9,8 +12,8 @@ use std::time::{Duration, Instant};
 use rand::RngCore;
 use serde::Serialize;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, OperationDigest, PolicyId, PolicySet, RateLimitOutcome,
-    RateLimitRequest, SubjectDigest, SystemClock,
+    Clock, EdgeRateLimitPort, EvaluationId, Lease, OperationDigest, PolicyId, PolicySet,
+    RateLimitOutcome, RateLimitRequest, SubjectDigest, SystemClock,
 };
 
 use crate::capability::RateLimitCapability;
@@ -85,6 +88,7 @@ pub async fn run(
     };
     let mut ids = Vec::with_capacity(names.len());
     let mut algorithms = Vec::with_capacity(names.len());
+    let mut holds_leases = false;
     for name in &names {
         let id = PolicyId::new(name.as_str())
             .map_err(|error| BootstrapError::Usage(format!("--policy {name:?}: {error}")))?;
@@ -95,6 +99,7 @@ pub async fn run(
             )));
         };
         algorithms.push(policy.algorithm().name());
+        holds_leases |= policy.algorithm().holds_leases();
         ids.push(id);
     }
     let policies = PolicySet::new(ids)
@@ -118,6 +123,7 @@ pub async fn run(
             stride: options.concurrency,
             budget: rate_limit.edge.evaluation_budget,
             end,
+            holds_leases,
         };
         callers.push(tokio::spawn(job.run()));
     }
@@ -176,6 +182,9 @@ struct Caller {
     stride: usize,
     budget: Duration,
     end: Instant,
+    /// A policy of the set is a concurrency policy: admitted decisions
+    /// hold a lease to give back.
+    holds_leases: bool,
 }
 
 impl Caller {
@@ -193,10 +202,14 @@ impl Caller {
                 evaluation_id: EvaluationId::random(),
                 deadline: self.clock.monotonic() + self.budget,
             };
+            let lease = self.holds_leases.then(|| Lease::of(&request));
             let asked = Instant::now();
             let outcome = self.port.evaluate(request).await;
             tally.latency.record(u64::try_from(asked.elapsed().as_nanos()).unwrap_or(u64::MAX));
             tally.count(&outcome);
+            if let Some(lease) = lease.filter(|_| outcome.is_allowed()) {
+                self.port.release(&lease).await;
+            }
             next = (next + self.stride) % self.subjects.len();
         }
         tally

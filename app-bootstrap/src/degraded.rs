@@ -145,7 +145,8 @@ impl DegradedMode {
 }
 
 /// `policy` as the local limiter holds it for a fleet of `instances`: every
-/// count (limit, capacity, refill tokens, burst) at `ceil(count / instances)`,
+/// count (limit, capacity, refill tokens, burst, max-in-flight) at
+/// `ceil(count / instances)`,
 /// the maximum cost at most the new count, everything else as configured.
 /// A count is at least 1, and so is its ceiling: a policy of limit 1 stays
 /// 1 on every instance, so the fleet may admit `instances` such requests
@@ -177,6 +178,8 @@ pub fn scaled(
         Algorithm::Gcra { limit, period, burst } => {
             Algorithm::Gcra { limit: share(limit), period, burst: share(burst) }
         }
+        // Each instance holds its share of the slots; the TTL and what a
+        // refusal tells clients stay.
         Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
             Algorithm::Concurrency { max_in_flight: share(max_in_flight), lease_ttl, retry_after }
         }
@@ -292,11 +295,25 @@ impl EdgeRateLimitPort for DegradedPort {
         self.primary.reset(key).await
     }
 
-    /// Placeholder until branch leases-web: the primary's lease only (a
-    /// lease the local limiter took is not released, and expires at its
-    /// TTL).
+    /// The local limiter first: a lease taken there (while Redis could not
+    /// decide) is held only there, and giving it back asks nothing of a
+    /// Redis that may still be away. A lease it does not hold was taken
+    /// on Redis.
     async fn release(&self, lease: &Lease) -> ReleaseOutcome {
-        self.primary.release(lease).await
+        let local = self.local.release(lease).await;
+        match local {
+            ReleaseOutcome::Released => local,
+            ReleaseOutcome::NotHeld
+            | ReleaseOutcome::Unavailable { .. }
+            | ReleaseOutcome::Indeterminate => match self.primary.release(lease).await {
+                // Held nowhere: a local failure (the memory provider has
+                // none) would still be the one to report.
+                ReleaseOutcome::NotHeld => local,
+                redis @ (ReleaseOutcome::Released
+                | ReleaseOutcome::Unavailable { .. }
+                | ReleaseOutcome::Indeterminate) => redis,
+            },
+        }
     }
 }
 

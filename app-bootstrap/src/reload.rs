@@ -376,7 +376,16 @@ fn revision_rules(
             );
             continue;
         }
-        let altered = altered_parameters(old, new);
+        let mut altered = altered_parameters(old, new);
+        // A lease set means the same whatever a concurrency policy's
+        // parameters (`max-in-flight`, `lease-ttl`, `retry-after`): they
+        // change in place, and the leases held count against the new
+        // maximum. A new revision would forget them, letting the old and
+        // the new maximum run at once.
+        if new.algorithm().holds_leases() {
+            let in_place = new.algorithm().kind().parameters();
+            altered.retain(|key| in_place.iter().all(|field| field.key() != key.as_str()));
+        }
         if !altered.is_empty() {
             problems.push(
                 path.child("revision"),
@@ -561,6 +570,37 @@ refill-period = "1s"
         assert!(
             listed[0].starts_with(
                 "capabilities.rate-limit.policies.g.revision: burst changed but revision is still 1"
+            ),
+            "{listed:?}"
+        );
+    }
+
+    #[test]
+    fn a_concurrency_policy_changes_its_parameters_in_place_but_not_its_scope() {
+        let exports = |keys: &str| {
+            load(&format!(
+                "[capabilities.rate-limit]\ndefault-policy = \"exports\"\n\
+                 [capabilities.rate-limit.policies.exports]\nalgorithm = \"concurrency\"\n{keys}"
+            ))
+        };
+        let running = exports("max-in-flight = 2\nlease-ttl = \"30s\"\nretry-after = \"1s\"\n");
+        let old = &running.capabilities.rate_limit.policies;
+        let raised = exports("max-in-flight = 5\nlease-ttl = \"1m\"\nretry-after = \"2s\"\n");
+        let mut problems = ConfigProblems::default();
+        revision_rules(old, old, &raised.capabilities.rate_limit.policies, &mut problems);
+        assert!(problems.is_empty(), "{problems:?}");
+        // Another key still needs a revision, as for every algorithm.
+        let scoped = exports(
+            "max-in-flight = 2\nlease-ttl = \"30s\"\nretry-after = \"1s\"\nscope = \"subject\"\n",
+        );
+        let mut problems = ConfigProblems::default();
+        revision_rules(old, old, &scoped.capabilities.rate_limit.policies, &mut problems);
+        let listed: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(listed.len(), 1, "{listed:?}");
+        assert!(
+            listed[0].starts_with(
+                "capabilities.rate-limit.policies.exports.revision: scope changed but revision is \
+                 still 1"
             ),
             "{listed:?}"
         );

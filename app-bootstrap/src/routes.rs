@@ -5,12 +5,17 @@
 //! stops start-up. Probes and metrics live in `server`, never rate limited.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Path;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query};
 use axum::handler::Handler;
 use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, on};
+use problem_details::ProblemDetails;
+use serde::Deserialize;
 use serde_json::json;
 
 /// An API router plus the operations it serves (`"GET /api/orders/{id}"`,
@@ -103,6 +108,7 @@ pub fn api() -> ApiRoutes {
         .get("/api/hello", hello)
         .get("/api/orders/{id}", order)
         .post("/api/orders", create_order)
+        .get("/api/work", work)
 }
 
 async fn hello() -> axum::Json<serde_json::Value> {
@@ -118,6 +124,48 @@ async fn create_order() -> (StatusCode, axum::Json<serde_json::Value>) {
     (StatusCode::CREATED, axum::Json(json!({ "id": id, "status": "created" })))
 }
 
+/// The longest `GET /api/work` waits: `ms` above it is a 400.
+pub const MAX_WORK_MS: u64 = 5000;
+/// What `GET /api/work` waits when `ms` is left out.
+pub const DEFAULT_WORK_MS: u64 = 200;
+
+/// The query of `GET /api/work`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WorkQuery {
+    /// Milliseconds to wait, `0..=MAX_WORK_MS`.
+    ms: Option<u64>,
+}
+
+/// `GET /api/work?ms=N`: waits N ms (default [`DEFAULT_WORK_MS`], at most
+/// [`MAX_WORK_MS`]) and answers, so a request stays in flight long enough
+/// to show an in-flight (concurrency) limit. A query that is not one whole
+/// `ms` in range is a 400 problem+json, never a 500.
+async fn work(query: Result<Query<WorkQuery>, QueryRejection>) -> Response {
+    let Some(ms) = work_ms(query) else {
+        return bad_work_query();
+    };
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+    axum::Json(json!({ "worked-ms": ms })).into_response()
+}
+
+/// The milliseconds `GET /api/work` was asked to wait; `None` for a query
+/// it cannot take.
+fn work_ms(query: Result<Query<WorkQuery>, QueryRejection>) -> Option<u64> {
+    let Query(WorkQuery { ms }) = query.ok()?;
+    Some(ms.unwrap_or(DEFAULT_WORK_MS)).filter(|ms| *ms <= MAX_WORK_MS)
+}
+
+fn bad_work_query() -> Response {
+    ProblemDetails::from_status_code(StatusCode::BAD_REQUEST)
+        .with_title("Invalid Query")
+        .with_detail(format!(
+            "The only query parameter is ms, a whole number of milliseconds from 0 to \
+             {MAX_WORK_MS} (default {DEFAULT_WORK_MS})."
+        ))
+        .into_response()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -130,8 +178,10 @@ mod tests {
             [
                 "GET /api/hello",
                 "GET /api/orders/{id}",
+                "GET /api/work",
                 "HEAD /api/hello",
                 "HEAD /api/orders/{id}",
+                "HEAD /api/work",
                 "POST /api/orders"
             ]
         );
@@ -142,5 +192,54 @@ mod tests {
         let routes = ApiRoutes::new().post("/x", || async {}).delete("/x", || async {});
         assert_eq!(routes.operations().len(), 2);
         assert!(routes.operations().contains("DELETE /x"));
+    }
+
+    async fn get(uri: &str) -> (StatusCode, Option<String>, serde_json::Value) {
+        use tower::ServiceExt;
+        let request = axum::http::Request::get(uri).body(axum::body::Body::empty()).unwrap();
+        let response = api().into_router().oneshot(request).await.unwrap();
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get(axum::http::header::CONTENT_TYPE)
+            .map(|value| value.to_str().unwrap().to_owned());
+        let body = axum::body::to_bytes(response.into_body(), 1 << 16).await.unwrap();
+        (status, content_type, serde_json::from_slice(&body).unwrap())
+    }
+
+    #[tokio::test]
+    async fn work_waits_the_ms_asked_and_defaults_to_200() {
+        let (status, _, body) = get("/api/work?ms=0").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(body, json!({ "worked-ms": 0 }));
+        let (status, _, body) = get("/api/work").await;
+        assert_eq!((status, body), (StatusCode::OK, json!({ "worked-ms": 200 })));
+        // The longest wait is taken, one more is not (read, not waited).
+        let query = |text: &str| {
+            let uri: axum::http::Uri = format!("/api/work?{text}").parse().unwrap();
+            Query::<WorkQuery>::try_from_uri(&uri)
+        };
+        assert_eq!(work_ms(query("ms=5000")), Some(MAX_WORK_MS));
+        assert_eq!(work_ms(query("ms=5001")), None);
+    }
+
+    #[tokio::test]
+    async fn a_bad_work_query_is_a_400_problem_never_a_500() {
+        for query in [
+            "ms=5001",
+            "ms=abc",
+            "ms=-1",
+            "ms=1.5",
+            "ms=",
+            "ms=99999999999999999999999",
+            "ms=1&ms=2",
+            "ms=1&other=2",
+            "%ff=1",
+        ] {
+            let (status, content_type, body) = get(&format!("/api/work?{query}")).await;
+            assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
+            assert_eq!(content_type.as_deref(), Some("application/problem+json"), "{query}");
+            assert_eq!(body["status"], 400, "{query}");
+        }
     }
 }

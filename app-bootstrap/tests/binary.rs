@@ -214,6 +214,36 @@ fn bench_prints_exactly_one_parseable_json_line() {
     }
 }
 
+/// One caller, one subject, one slot: only a lease given back after each
+/// decision lets the next one in.
+#[test]
+fn bench_gives_back_each_lease_it_takes() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write(
+        dir.path(),
+        "bench.toml",
+        "[capabilities.rate-limit]\ndefault-policy = \"one\"\n\
+         [capabilities.rate-limit.policies.one]\nalgorithm = \"concurrency\"\n\
+         max-in-flight = 1\nlease-ttl = \"1h\"\nretry-after = \"1s\"\n",
+    );
+    let (output, stdout, stderr) = run(ca_skeleton().arg("--config").arg(&config).args([
+        "bench",
+        "--duration",
+        "1s",
+        "--concurrency",
+        "1",
+        "--subjects",
+        "1",
+    ]));
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(report["algorithm"], "concurrency");
+    let decisions = report["decisions"].as_u64().unwrap();
+    assert!(decisions > 1, "{report}");
+    assert_eq!(report["allowed"].as_u64(), Some(decisions), "{report}");
+    assert_eq!(report["denied"].as_u64(), Some(0), "{report}");
+}
+
 #[test]
 fn bench_refuses_an_unknown_policy() {
     let (output, _, stderr) =

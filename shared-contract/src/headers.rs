@@ -38,8 +38,27 @@ pub fn write_limit_field<'a>(
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
 ) {
     for (policy_id, decision) in decisions {
-        let reset = whole_seconds_up(decision.reset_after);
-        item(text, policy_id, [(b";r=", decision.remaining), (b";t=", reset)]);
+        write_limit_item(text, policy_id, decision, true);
+    }
+}
+
+/// Appends one item of the `RateLimit` field, after a comma when `text`
+/// holds one already: `"<policy id>";r=<remaining>`, then
+/// `;t=<seconds until whole>` when `resets`. The draft makes `t`
+/// optional; a concurrency policy has no reset time (a slot frees when a
+/// request ends), so it writes none rather than a `t=0` that would read
+/// "whole now".
+pub fn write_limit_item(
+    text: &mut Vec<u8>,
+    policy_id: &PolicyId,
+    decision: &RateLimitDecision,
+    resets: bool,
+) {
+    let remaining = (b";r=", decision.remaining);
+    if resets {
+        item(text, policy_id, [remaining, (b";t=", whole_seconds_up(decision.reset_after))]);
+    } else {
+        item(text, policy_id, [remaining]);
     }
 }
 

@@ -33,7 +33,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
 pub use headers::{
-    SF_INTEGER_MAX, quota_window, whole_seconds_up, write_limit_field, write_policy_field,
+    SF_INTEGER_MAX, quota_window, whole_seconds_up, write_limit_field, write_limit_item,
+    write_policy_field,
 };
 pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
 pub use name::{

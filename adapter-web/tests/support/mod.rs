@@ -50,6 +50,10 @@ pub struct ScriptedPort {
     inner: Option<Arc<dyn EdgeRateLimitPort>>,
     requests: Mutex<Vec<RateLimitRequest>>,
     gate: Option<Gate>,
+    /// What every release answers; `None` forwards (or `NotHeld` without
+    /// a provider behind).
+    release_answer: Mutex<Option<ReleaseOutcome>>,
+    releases: Mutex<Vec<Lease>>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -93,7 +97,15 @@ impl ScriptedPort {
         policies: Vec<RateLimitPolicy>,
         inner: Option<Arc<dyn EdgeRateLimitPort>>,
     ) -> Self {
-        Self { answer: Mutex::new(answer), policies, inner, requests: Mutex::default(), gate: None }
+        Self {
+            answer: Mutex::new(answer),
+            policies,
+            inner,
+            requests: Mutex::default(),
+            gate: None,
+            release_answer: Mutex::default(),
+            releases: Mutex::default(),
+        }
     }
 
     /// Holds every evaluation until [`ScriptedPort::open`] lets it through.
@@ -115,6 +127,18 @@ impl ScriptedPort {
     /// Answers `outcome` from now on.
     pub fn answer(&self, outcome: RateLimitOutcome) {
         *self.answer.lock().unwrap() = Answer::Outcome(outcome);
+    }
+
+    /// Answers `outcome` to every release from now on (a store gone
+    /// away, which a real provider cannot be asked to be), after asking
+    /// the wrapped provider, so its slot is still freed.
+    pub fn answer_release(&self, outcome: ReleaseOutcome) {
+        *self.release_answer.lock().unwrap() = Some(outcome);
+    }
+
+    /// The leases given back through this port, in order.
+    pub fn releases(&self) -> Vec<Lease> {
+        self.releases.lock().unwrap().clone()
     }
 
     pub fn requests(&self) -> Vec<RateLimitRequest> {
@@ -174,10 +198,12 @@ impl EdgeRateLimitPort for ScriptedPort {
     }
 
     async fn release(&self, lease: &Lease) -> ReleaseOutcome {
-        match &self.inner {
+        self.releases.lock().unwrap().push(lease.clone());
+        let answered = match &self.inner {
             Some(inner) => inner.release(lease).await,
             None => ReleaseOutcome::NotHeld,
-        }
+        };
+        self.release_answer.lock().unwrap().unwrap_or(answered)
     }
 }
 
@@ -389,5 +415,38 @@ impl Harness {
                 Reply { status, headers, body }
             }
         }
+    }
+}
+
+/// Every log line of the code run while [`CapturedLogs::subscriber`] is
+/// the default, as text.
+#[derive(Debug, Clone, Default)]
+pub struct CapturedLogs(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for CapturedLogs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl CapturedLogs {
+    /// A subscriber writing every event, at every level, here.
+    pub fn subscriber(&self) -> impl tracing::Subscriber + Send + Sync + 'static {
+        let writer = self.clone();
+        tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::TRACE)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish()
+    }
+
+    /// The lines so far.
+    pub fn lines(&self) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).lines().map(str::to_owned).collect()
     }
 }

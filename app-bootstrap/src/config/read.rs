@@ -205,6 +205,9 @@ impl Reader<'_> {
         let refill_period = self.field(&mut table, PolicyField::RefillPeriod.key(), Self::duration);
         let period = self.field(&mut table, PolicyField::Period.key(), Self::duration);
         let burst = self.field(&mut table, PolicyField::Burst.key(), Self::u64);
+        let max_in_flight = self.field(&mut table, PolicyField::MaxInFlight.key(), Self::u64);
+        let lease_ttl = self.field(&mut table, PolicyField::LeaseTtl.key(), Self::duration);
+        let retry_after = self.field(&mut table, PolicyField::RetryAfter.key(), Self::duration);
         let revision = self.field(&mut table, PolicyField::Revision.key(), Self::u32);
         let maximum_cost = self.field(&mut table, PolicyField::MaximumCost.key(), Self::u64);
         let failure_policy =
@@ -229,7 +232,10 @@ impl Reader<'_> {
         ]
         .iter()
         .all(|(key, read)| *read || !table.has(key));
-        let dedup = self.dedup(dedup_value, path.child(PolicyField::EvaluationDedup.key()));
+        // Left out, the builder's default for the algorithm holds (none for
+        // a concurrency policy); given, it must read whole.
+        let dedup = dedup_value
+            .map(|value| self.dedup(Some(value), path.child(PolicyField::EvaluationDedup.key())));
 
         let algorithm = match kind {
             None => {
@@ -285,24 +291,41 @@ impl Reader<'_> {
                     _ => None,
                 }
             }
-            Some(AlgorithmKind::Concurrency) => {
-                // Placeholder until branch leases-web reads its keys.
-                self.problem(
-                    &path.child(PolicyField::Algorithm.key()),
-                    "\"concurrency\" is not read by this configuration yet".to_owned(),
-                );
-                None
+            Some(kind @ AlgorithmKind::Concurrency) => {
+                self.not_for(&table, kind);
+                let max_in_flight =
+                    self.required(max_in_flight, &table, PolicyField::MaxInFlight.key(), kind);
+                let lease_ttl = self.required(lease_ttl, &table, PolicyField::LeaseTtl.key(), kind);
+                let retry_after =
+                    self.required(retry_after, &table, PolicyField::RetryAfter.key(), kind);
+                match (max_in_flight, lease_ttl, retry_after) {
+                    (Some(max_in_flight), Some(lease_ttl), Some(retry_after)) => {
+                        Some(Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after })
+                    }
+                    _ => None,
+                }
             }
         };
         let table_has_burst = table.has("burst");
         self.close(table);
-        let (algorithm, dedup) = (algorithm?, dedup?);
+        let algorithm = algorithm?;
+        // A key the algorithm refuses has its problem from `not_for`; it
+        // is not handed to the builder to be refused a second time.
+        let refused = algorithm.kind().refused_common_keys();
+        let applies = |field: PolicyField| !refused.contains(&field);
 
-        let mut builder = RateLimitPolicy::builder(id, algorithm).evaluation_dedup(dedup);
+        let mut builder = RateLimitPolicy::builder(id, algorithm);
+        match dedup {
+            Some(None) => return None,
+            Some(Some(dedup)) if applies(PolicyField::EvaluationDedup) => {
+                builder = builder.evaluation_dedup(dedup);
+            }
+            Some(Some(_)) | None => {}
+        }
         if let Some(revision) = revision {
             builder = builder.revision(revision);
         }
-        if let Some(maximum_cost) = maximum_cost {
+        if let Some(maximum_cost) = maximum_cost.filter(|_| applies(PolicyField::MaximumCost)) {
             builder = builder.maximum_cost(maximum_cost);
         }
         if let Some(failure_policy) = failure_policy {
@@ -365,7 +388,9 @@ impl Reader<'_> {
         value
     }
 
-    /// Every other algorithm's parameter the table sets is a problem.
+    /// Every other algorithm's parameter the table sets is a problem, and
+    /// so is a common key the algorithm refuses (a concurrency policy's
+    /// `maximum-cost` and `evaluation-dedup`).
     fn not_for(&mut self, table: &Table<'_>, algorithm: AlgorithmKind) {
         let own = algorithm.parameters();
         let mut foreign: Vec<PolicyField> = Vec::new();
@@ -378,6 +403,16 @@ impl Reader<'_> {
             self.problem(
                 &table.path().child(key),
                 format!("does not apply to {algorithm}; remove it"),
+            );
+        }
+        let refused = algorithm.refused_common_keys().iter().map(|field| field.key());
+        for key in refused.filter(|key| table.has(key)) {
+            self.problem(
+                &table.path().child(key),
+                format!(
+                    "does not apply to {algorithm} (docs/algorithms.md: a lease is one slot \
+                     whatever the cost, and its id is its dedupe); remove it"
+                ),
             );
         }
     }

@@ -127,8 +127,13 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
             table.insert(PolicyField::RetryAfter.key().into(), duration(retry_after));
         }
     }
+    // The common keys the algorithm refuses are left out, so the printed
+    // configuration loads again.
+    let refused = policy.algorithm().kind().refused_common_keys();
     table.insert(PolicyField::Revision.key().into(), i64::from(policy.revision()).into());
-    table.insert(PolicyField::MaximumCost.key().into(), count(policy.maximum_cost()));
+    if !refused.contains(&PolicyField::MaximumCost) {
+        table.insert(PolicyField::MaximumCost.key().into(), count(policy.maximum_cost()));
+    }
     table.insert(PolicyField::FailurePolicy.key().into(), policy.failure_policy().name().into());
     table.insert(PolicyField::CleanupGrace.key().into(), duration(policy.cleanup_grace()));
     table.insert(
@@ -152,7 +157,9 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
             );
         }
     }
-    table.insert(PolicyField::EvaluationDedup.key().into(), dedup.into());
+    if !refused.contains(&PolicyField::EvaluationDedup) {
+        table.insert(PolicyField::EvaluationDedup.key().into(), dedup.into());
+    }
     table.into()
 }
 

@@ -1754,3 +1754,151 @@ fn an_endpoint_without_a_host_with_port_zero_or_a_fragment_is_refused() {
         assert!(load_file(jail, &file).is_ok());
     });
 }
+
+/// A concurrency policy `exports` of 2 in flight.
+const EXPORTS: &str = r#"
+[capabilities.rate-limit.policies.exports]
+algorithm = "concurrency"
+max-in-flight = 2
+lease-ttl = "30s"
+retry-after = "1500ms"
+"#;
+
+/// Issue 20 section 2: `algorithm = "concurrency"` with its three keys,
+/// `check-config` printing exactly those (no `maximum-cost`, no
+/// `evaluation-dedup`, which it refuses), and the print loading back.
+#[test]
+fn a_concurrency_policy_reads_its_three_keys_and_prints_them_alone() {
+    jail(|jail| {
+        let file = format!("[capabilities.rate-limit]\ndefault-policy = \"exports\"\n{EXPORTS}");
+        let config = load_file(jail, &file).unwrap();
+        let policy = &config.capabilities.rate_limit.policies["exports"];
+        assert_eq!(
+            *policy.algorithm(),
+            Algorithm::Concurrency {
+                max_in_flight: 2,
+                lease_ttl: Duration::from_secs(30),
+                retry_after: Duration::from_millis(1500),
+            }
+        );
+        assert_eq!(*policy.evaluation_dedup(), EvaluationDedupPolicy::Disabled);
+        let rendered = config.to_redacted_toml().unwrap();
+        let table: toml::Table = rendered.parse().unwrap();
+        let printed =
+            table["capabilities"]["rate-limit"]["policies"]["exports"].as_table().unwrap();
+        let keys: Vec<&str> = printed.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [
+                "algorithm",
+                "cleanup-grace",
+                "failure-policy",
+                "lease-ttl",
+                "max-in-flight",
+                "maximum-clock-regression",
+                "mode",
+                "retry-after",
+                "revision",
+                "scope"
+            ],
+            "{rendered}"
+        );
+        assert_eq!(printed["retry-after"].as_str(), Some("1s 500ms"));
+        let again = load_file(jail, &rendered).unwrap();
+        assert_eq!(again.capabilities.rate_limit.policies["exports"], *policy);
+    });
+}
+
+#[test]
+fn every_concurrency_problem_is_named_by_its_key_at_once() {
+    jail(|jail| {
+        let file = r#"
+            [capabilities.rate-limit]
+            default-policy = "bare"
+            [capabilities.rate-limit.policies.bare]
+            algorithm = "concurrency"
+            [capabilities.rate-limit.policies.wide]
+            algorithm = "concurrency"
+            max-in-flight = 0
+            lease-ttl = "25h"
+            retry-after = "2h"
+            limit = 5
+            window = "1s"
+            maximum-cost = 1
+            evaluation-dedup = { enabled = false }
+            [capabilities.rate-limit.policies.odd]
+            algorithm = "concurrency"
+            max-in-flight = 10001
+            lease-ttl = "1500us"
+            retry-after = "1s"
+            [capabilities.rate-limit.policies.bare-number]
+            algorithm = "concurrency"
+            max-in-flight = 2
+            lease-ttl = "30s"
+            retry-after = 5
+            [capabilities.rate-limit.policies.window]
+            algorithm = "fixed-window"
+            limit = 5
+            window = "1s"
+            max-in-flight = 2
+            retry-after = "1s"
+        "#;
+        let mut found = problems(load_file(jail, file));
+        found.sort();
+        let at = |key: &str| format!("capabilities.rate-limit.policies.{key}");
+        let keys: Vec<_> = found.iter().map(|(path, _)| path.clone()).collect();
+        assert_eq!(
+            keys,
+            [
+                at("bare-number.retry-after"),
+                at("bare.lease-ttl"),
+                at("bare.max-in-flight"),
+                at("bare.retry-after"),
+                at("odd.lease-ttl"),
+                at("odd.max-in-flight"),
+                at("wide.evaluation-dedup"),
+                at("wide.lease-ttl"),
+                at("wide.limit"),
+                at("wide.max-in-flight"),
+                at("wide.maximum-cost"),
+                at("wide.retry-after"),
+                at("wide.window"),
+                at("window.max-in-flight"),
+                at("window.retry-after"),
+            ],
+            "{found:#?}"
+        );
+        let message = |key: &str| &found.iter().find(|(path, _)| *path == at(key)).unwrap().1;
+        assert_eq!(message("bare.max-in-flight"), "missing: concurrency needs it");
+        assert!(message("wide.maximum-cost").starts_with("does not apply to concurrency"));
+        assert!(message("wide.evaluation-dedup").starts_with("does not apply to concurrency"));
+        assert!(message("wide.max-in-flight").contains("1..=10000"), "{found:#?}");
+        assert!(message("odd.max-in-flight").contains("10001"), "{found:#?}");
+        assert!(message("odd.lease-ttl").contains("whole milliseconds"), "{found:#?}");
+        assert!(message("bare-number.retry-after").contains("no unit"), "{found:#?}");
+        assert!(message("window.retry-after").starts_with("does not apply to fixed-window"));
+    });
+}
+
+/// Envoy's rate limit API has no call that ends a request, so a lease
+/// taken through it could never be released.
+#[test]
+fn an_envoy_rls_rule_naming_a_concurrency_policy_stops_start_up() {
+    jail(|jail| {
+        let rules = r#"
+            [[envoy-rls.rules]]
+            domain = "edge"
+            descriptor = ["remote_address"]
+            policies = "api"
+            [[envoy-rls.rules]]
+            domain = "edge"
+            descriptor = ["generic_key=export", "remote_address"]
+            policies = ["api", "exports"]
+        "#;
+        let file = format!("{BASE}{EXPORTS}{rules}");
+        let found = problems(load_file(jail, &file));
+        assert_eq!(found.len(), 1, "{found:#?}");
+        assert_eq!(found[0].0, "envoy-rls.rules.1.policies");
+        assert!(found[0].1.starts_with("\"exports\" is a concurrency policy"), "{found:#?}");
+    });
+}

@@ -487,6 +487,21 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
         if let Some(ids) = declared.policy_ids.as_ref().filter(|_| !rule.unlimited) {
             policy_set(&rule.policies, ids, path.child("policies"), problems);
         }
+        // Envoy's API has no call that ends a request, so a lease taken
+        // through it could never be given back.
+        let policies = &config.capabilities.rate_limit.policies;
+        for id in &rule.policies {
+            if policies.get(id).is_some_and(|policy| policy.algorithm().holds_leases()) {
+                problems.push(
+                    path.child("policies"),
+                    format!(
+                        "{id:?} is a concurrency policy: Envoy's rate limit API has no call \
+                         that ends a request, so its lease could never be released; limit \
+                         in-flight requests on the HTTP edge instead"
+                    ),
+                );
+            }
+        }
         match seen.iter().find(|(domain, pattern, _)| {
             *domain == rule.domain && *pattern == rule.descriptor.as_slice()
         }) {

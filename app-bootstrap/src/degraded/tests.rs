@@ -18,6 +18,15 @@ const T0: u64 = 1_700_000_040_000;
 struct ScriptedPort {
     policies: Vec<RateLimitPolicy>,
     outcome: Mutex<RateLimitOutcome>,
+    /// The ids of the leases released through it, and what it answers.
+    released: Mutex<Vec<EvaluationId>>,
+    release: ReleaseOutcome,
+}
+
+impl ScriptedPort {
+    fn new(policies: Vec<RateLimitPolicy>, release: ReleaseOutcome) -> Self {
+        Self { policies, outcome: Mutex::new(unavailable()), released: Mutex::default(), release }
+    }
 }
 
 #[async_trait]
@@ -42,8 +51,9 @@ impl EdgeRateLimitPort for ScriptedPort {
         Err(BudgetFailure::Unavailable)
     }
 
-    async fn release(&self, _: &Lease) -> ReleaseOutcome {
-        ReleaseOutcome::NotHeld
+    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+        self.released.lock().unwrap().push(lease.id);
+        self.release
     }
 }
 
@@ -66,12 +76,13 @@ struct Fixture {
 /// The fleet's policy `api` (10 per minute, maximum cost 10) over four
 /// instances: 3 per minute here while Redis is away.
 fn fixture() -> Fixture {
-    let policy = fixed_window(10, 10);
+    fixture_over(fixed_window(10, 10), ReleaseOutcome::NotHeld)
+}
+
+/// `policy` over four instances, Redis answering each release `release`.
+fn fixture_over(policy: RateLimitPolicy, release: ReleaseOutcome) -> Fixture {
     let clock = ManualClock::new(T0);
-    let primary = Arc::new(ScriptedPort {
-        policies: vec![policy.clone()],
-        outcome: Mutex::new(unavailable()),
-    });
+    let primary = Arc::new(ScriptedPort::new(vec![policy.clone()], release));
     let mode = Arc::new(DegradedMode::new(MemoryStore::new(), four(), Arc::new(clock.clone())));
     let local = MemoryEdgeRateLimitAdapter::with_store(
         mode.store().clone(),
@@ -182,6 +193,47 @@ fn every_count_is_scaled_to_its_ceiling_share_and_never_to_zero() {
     );
     // A maximum cost above the share is cut to it.
     assert_eq!(scaled(&fixed_window(10, 10), four()).unwrap().maximum_cost(), 3);
+}
+
+#[test]
+fn a_concurrency_policy_holds_its_share_of_the_slots() {
+    let exports = |max_in_flight| Algorithm::Concurrency {
+        max_in_flight,
+        lease_ttl: Duration::from_secs(30),
+        retry_after: Duration::from_secs(2),
+    };
+    for (max_in_flight, share) in [(10, 3), (4, 1), (1, 1), (13, 4)] {
+        let policy = RateLimitPolicy::builder("exports", exports(max_in_flight)).build().unwrap();
+        let local = scaled(&policy, four()).unwrap();
+        assert_eq!(*local.algorithm(), exports(share), "{max_in_flight}");
+    }
+}
+
+#[tokio::test]
+async fn a_lease_is_released_where_it_was_taken_local_first_then_redis() {
+    let exports = Algorithm::Concurrency {
+        max_in_flight: 4,
+        lease_ttl: Duration::from_secs(30),
+        retry_after: Duration::from_secs(2),
+    };
+    let policy = RateLimitPolicy::builder("api", exports).build().unwrap();
+    let fixture = fixture_over(policy, ReleaseOutcome::Released);
+
+    // Redis away: ceil(4 / 4) = 1 slot here, taken, so the next is refused.
+    let taken = fixture.request(1);
+    assert!(degraded_set(fixture.port.evaluate(taken.clone()).await).allowed());
+    assert!(!degraded_set(fixture.ask().await).allowed(), "the local slot is taken");
+    // Given back locally, without asking Redis (which may still be away).
+    assert_eq!(fixture.port.release(&Lease::of(&taken)).await, ReleaseOutcome::Released);
+    assert!(fixture.primary.released.lock().unwrap().is_empty());
+    assert!(degraded_set(fixture.ask().await).allowed(), "the slot is free again");
+
+    // A lease Redis admitted is not held locally: Redis releases it.
+    fixture.primary_answers(redis_allows());
+    let on_redis = fixture.request(1);
+    assert_eq!(fixture.port.evaluate(on_redis.clone()).await, redis_allows());
+    assert_eq!(fixture.port.release(&Lease::of(&on_redis)).await, ReleaseOutcome::Released);
+    assert_eq!(*fixture.primary.released.lock().unwrap(), [on_redis.evaluation_id]);
 }
 
 #[tokio::test]

@@ -1,0 +1,159 @@
+//! In-flight leases at the edge: a request admitted under a set with a
+//! concurrency policy holds a [`LeaseGuard`], and the lease goes back to
+//! the port when the guard is dropped: with the response body once it has
+//! been sent or dropped ([`ReleasingBody`]), or with the request's future
+//! when that is dropped before a response exists (client gone, handler
+//! cancelled, a panic unwinding through the layer).
+//!
+//! Only such sets pay: the bridge makes a guard for them alone, and every
+//! other response keeps its body as it was.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker, ready};
+
+use axum::body::{Bytes, HttpBody};
+use http_body::{Frame, SizeHint};
+use metrics::Counter;
+use pin_project_lite::pin_project;
+use shared_contract::{EdgeRateLimitPort, Lease, ReleaseOutcome};
+
+use crate::telemetry::PolicyIds;
+
+/// Holds an admitted request's lease; dropping it gives the lease back.
+#[derive(Debug)]
+pub(crate) struct LeaseGuard {
+    /// `None` once the lease is known not to be held (disarmed).
+    release: Option<Release>,
+}
+
+/// What giving a lease back needs.
+#[derive(Debug)]
+struct Release {
+    port: Arc<dyn EdgeRateLimitPort>,
+    lease: Lease,
+    failures: Counter,
+}
+
+impl LeaseGuard {
+    /// A guard for `lease`, taken (or maybe taken) through `port`; a
+    /// release that fails is counted in `failures`.
+    pub(crate) fn new(port: Arc<dyn EdgeRateLimitPort>, lease: Lease, failures: Counter) -> Self {
+        Self { release: Some(Release { port, lease, failures }) }
+    }
+
+    /// The port's answer says nothing was written (a refusal, a failure
+    /// before sending): there is no lease to give back.
+    pub(crate) fn disarm(mut self) {
+        self.release = None;
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if let Some(release) = self.release.take() {
+            release.run();
+        }
+    }
+}
+
+impl Release {
+    /// Gives the lease back on the runtime the request ran on. The release
+    /// is polled once here first: a provider that answers without waiting
+    /// (the memory provider) has freed the slot before the response's last
+    /// bytes leave, so a client's next request finds it free. Whatever
+    /// still waits (a Redis round trip) runs as a task. Not polled here
+    /// while a panic unwinds: nothing more runs on that stack than must.
+    fn run(self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // A guard dropped after the runtime shut down: nothing can ask
+            // the store any more, and the lease expires at its lease-ttl.
+            tracing::debug!(
+                policies = %PolicyIds(self.lease.policies.ids()),
+                "no runtime left to release an in-flight lease; it expires at its lease-ttl"
+            );
+            return;
+        };
+        let Self { port, lease, failures } = self;
+        let mut release: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
+            let outcome = port.release(&lease).await;
+            record(outcome, &lease, &failures);
+        });
+        if !std::thread::panicking()
+            && release.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready()
+        {
+            return;
+        }
+        // The task polls it again at once, with its own waker.
+        drop(runtime.spawn(release));
+    }
+}
+
+/// Counts and logs a failed release; the lease then stays until its
+/// lease-ttl. The log names the policies and the subject's pseudonym,
+/// never the raw subject (the port never sees it).
+fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
+    match outcome {
+        ReleaseOutcome::Released | ReleaseOutcome::NotHeld => {}
+        ReleaseOutcome::Unavailable { .. } | ReleaseOutcome::Indeterminate => {
+            failures.increment(1);
+            tracing::warn!(
+                policies = %PolicyIds(lease.policies.ids()),
+                subject = lease.subject.as_str(),
+                outcome = outcome.name(),
+                "in-flight lease release failed; the slot stays taken until its lease-ttl"
+            );
+        }
+    }
+}
+
+pin_project! {
+    /// A response body that gives its request's lease back once it has
+    /// been sent (its last frame handed out, or an error) or dropped,
+    /// whichever comes first.
+    pub(crate) struct ReleasingBody<B> {
+        #[pin]
+        inner: B,
+        lease: Option<LeaseGuard>,
+    }
+}
+
+impl<B> ReleasingBody<B> {
+    pub(crate) fn new(inner: B, lease: LeaseGuard) -> Self {
+        Self { inner, lease: Some(lease) }
+    }
+}
+
+impl<B> HttpBody for ReleasingBody<B>
+where
+    B: HttpBody<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let mut this = self.project();
+        let frame = ready!(this.inner.as_mut().poll_frame(cx));
+        let sent = match &frame {
+            None | Some(Err(_)) => true,
+            Some(Ok(_)) => this.inner.is_end_stream(),
+        };
+        if sent {
+            // Dropping the guard gives the lease back.
+            this.lease.take();
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
