@@ -6,8 +6,8 @@ mod support;
 
 use reqwest::StatusCode;
 use support::{
-    GCRA_ORDERS, Running, counter, fixed_window_config, gcra_burst_then_429, load,
-    three_allowed_then_429,
+    GCRA_ORDERS, IN_FLIGHT_WORK, Running, counter, fixed_window_config, gcra_burst_then_429, load,
+    three_allowed_then_429, two_in_flight_then_429,
 };
 
 #[tokio::test]
@@ -98,6 +98,14 @@ async fn a_gcra_policy_limits_its_route_through_the_layer() {
     gcra_burst_then_429(&server).await;
     // The default policy is untouched.
     assert_eq!(server.get("/api/hello").await.status, StatusCode::OK);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_flight_limit_holds_its_route_through_the_layer() {
+    let config = load(&fixed_window_config("e2e-default", "memory", IN_FLIGHT_WORK));
+    let server = Running::start(&config).await;
+    two_in_flight_then_429(&server).await;
     server.stop().await;
 }
 

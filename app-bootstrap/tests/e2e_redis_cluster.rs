@@ -8,7 +8,8 @@ use app_bootstrap::acl::acl_rules;
 use redis_fixture::RedisCluster;
 use reqwest::StatusCode;
 use support::{
-    GCRA_ORDERS, Running, fixed_window_config, gcra_burst_then_429, load, three_allowed_then_429,
+    GCRA_ORDERS, IN_FLIGHT_WORK, Running, fixed_window_config, gcra_burst_then_429, load,
+    three_allowed_then_429, two_in_flight_then_429,
 };
 
 const USER: &str = "e2e-cluster-acl";
@@ -37,6 +38,13 @@ async fn a_cluster_limits_every_route_and_the_acl_rule_suffices_on_every_node() 
     let config = load(&format!("{}{GCRA_ORDERS}", cluster_config("e2e-cluster-g", &cluster, "")));
     let server = Running::start(&config).await;
     gcra_burst_then_429(&server).await;
+    server.stop().await;
+
+    // An in-flight limit on the cluster, through the layer.
+    let config =
+        load(&format!("{}{IN_FLIGHT_WORK}", cluster_config("e2e-cluster-l", &cluster, "")));
+    let server = Running::start(&config).await;
+    two_in_flight_then_429(&server).await;
     server.stop().await;
 
     // As the least-privilege user, the rule applied to every node.

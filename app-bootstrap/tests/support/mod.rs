@@ -227,6 +227,67 @@ pub(crate) async fn gcra_burst_then_429(server: &Running) {
     assert_eq!(reply.header("ratelimit"), Some(r#""e2e-gcra";r=0;t=10"#));
 }
 
+/// A concurrency policy on `GET /api/work`: two requests in flight at once
+/// (README, "Limit requests in flight").
+pub(crate) const IN_FLIGHT_WORK: &str = r#"
+[capabilities.rate-limit.operations]
+"GET /api/work" = "e2e-in-flight"
+
+[capabilities.rate-limit.policies.e2e-in-flight]
+algorithm = "concurrency"
+max-in-flight = 2
+lease-ttl = "30s"
+retry-after = "2s"
+"#;
+
+/// Under [`IN_FLIGHT_WORK`]: of three requests held in flight at once, two
+/// pass and the third is refused at once with the policy's retry-after and
+/// `q=2` without a window. Once the two have finished, their leases are
+/// given back: each request after them finds a slot (`r=1`, its own lease
+/// taken). A release runs after the response's last bytes, so a request
+/// may come before it lands: a 429 is asked again, a bounded number of
+/// times, never a 429 for good.
+pub(crate) async fn two_in_flight_then_429(server: &Running) {
+    let (a, b, c) = tokio::join!(
+        server.get("/api/work?ms=1500"),
+        server.get("/api/work?ms=1500"),
+        server.get("/api/work?ms=1500")
+    );
+    let mut replies = [a, b, c];
+    replies.sort_by_key(|reply| reply.status);
+    let statuses: Vec<_> = replies.iter().map(|reply| reply.status).collect();
+    assert_eq!(statuses, [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS]);
+    let mut remaining: Vec<_> =
+        replies[..2].iter().map(|reply| reply.header("ratelimit")).collect();
+    remaining.sort_unstable();
+    assert_eq!(
+        remaining,
+        [Some(r#""e2e-in-flight";r=0"#), Some(r#""e2e-in-flight";r=1"#)],
+        "each admitted request counts the leases held with its own"
+    );
+    let refused = &replies[2];
+    assert_eq!(refused.header("retry-after"), Some("2"), "{}", refused.body);
+    assert_eq!(refused.header("ratelimit-policy"), Some(r#""e2e-in-flight";q=2"#));
+    assert_eq!(refused.header("ratelimit"), Some(r#""e2e-in-flight";r=0"#));
+    for _ in 0..3 {
+        let mut reply = server.get("/api/work?ms=0").await;
+        for _ in 0..100 {
+            if reply.status != StatusCode::TOO_MANY_REQUESTS {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            reply = server.get("/api/work?ms=0").await;
+        }
+        assert_eq!(
+            reply.status,
+            StatusCode::OK,
+            "a finished request's slot is free: {}",
+            reply.body
+        );
+        assert_eq!(reply.header("ratelimit"), Some(r#""e2e-in-flight";r=1"#));
+    }
+}
+
 /// The real `ca-skeleton serve` binary, started with the TOML `config` and
 /// `RUST_LOG=rust_log`, JSON logs; its address comes from the "listening"
 /// line, and every log line is kept (read on a thread, so a full pipe never
