@@ -1737,21 +1737,33 @@ fn a_wrong_scheme_endpoint_names_the_scheme_and_never_prints_the_url() {
 }
 
 /// Issue 21, D6: an endpoint without a host, with port 0 or with a
-/// fragment stops start-up naming the key.
+/// fragment stops start-up naming the key; so does a port past 65535 or
+/// an empty one (the URI parser reads no port, and the client would dial
+/// port 80 or 443 instead: issue 21, F6).
 #[test]
 fn an_endpoint_without_a_host_with_port_zero_or_a_fragment_is_refused() {
     jail(|jail| {
         for endpoint in [
             "http://:14318",
             "http://collector:0",
+            "http://127.0.0.1:99999",
+            "https://[::1]:65536",
+            "http://collector:",
             "http://collector:4318#frag",
             "http://collector:4318/otlp#",
         ] {
             let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
             assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");
         }
-        let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318/otlp/\"\n");
-        assert!(load_file(jail, &file).is_ok());
+        let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"http://127.0.0.1:99999\"\n");
+        let error = load_file(jail, &file).unwrap_err().to_string();
+        assert!(error.contains("\"99999\" is not a port number"), "{error}");
+        for good in
+            ["http://collector:4318/otlp/", "https://[::1]:4318", "http://[::1]", "http://c:65535"]
+        {
+            let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{good}\"\n");
+            assert!(load_file(jail, &file).is_ok(), "{good}");
+        }
     });
 }
 
