@@ -79,13 +79,15 @@ const HEADER_VARIABLES: [&str; 2] =
 /// SDK variables this build obeys (docs/operations.md, "Traces"): those
 /// set are named at start, never with their values (a header may hold a
 /// key).
-const OBEYED_VARIABLES: [&str; 10] = [
+const OBEYED_VARIABLES: [&str; 12] = [
     "OTEL_BSP_SCHEDULE_DELAY",
     "OTEL_BSP_MAX_QUEUE_SIZE",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
     "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
     "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
     "OTEL_SPAN_EVENT_COUNT_LIMIT",
@@ -203,35 +205,103 @@ fn overridden_variables(
     OVERRIDDEN_VARIABLES.into_iter().filter(|(name, _)| lookup(name).is_some()).collect()
 }
 
+/// The variables naming a PEM file of CA certificates that replaces every
+/// other root for the collector (the OTLP exporter's standard ones): the
+/// traces one when it is set, else the general one.
+const CERTIFICATE_VARIABLES: [&str; 2] =
+    ["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"];
+/// The variables (read as OpenSSL reads them) that replace the OS store
+/// for the whole process: the file and the directories, together.
+const SSL_CERT_VARIABLES: [&str; 2] = ["SSL_CERT_FILE", "SSL_CERT_DIR"];
+
+/// The roots an `https` collector is checked against. A certificate
+/// variable ([`CERTIFICATE_VARIABLES`]) pins its file's CAs alone;
+/// otherwise the OS store as rustls-native-certs reads it, which
+/// `SSL_CERT_FILE` / `SSL_CERT_DIR` replace (both are read when both are
+/// set). A named file or directory that cannot be read, a named file with
+/// no certificate, or no root at all is an error in the user's terms,
+/// naming the variable.
+fn trusted_roots(lookup: impl Fn(&str) -> Option<String>) -> Result<rustls::RootCertStore, String> {
+    // An empty variable is an unset one (the OpenTelemetry convention).
+    let lookup = |name: &str| lookup(name).filter(|value| !value.is_empty());
+    if let Some((variable, path)) =
+        CERTIFICATE_VARIABLES.into_iter().find_map(|name| Some((name, lookup(name)?)))
+    {
+        return pem_roots(&path).map_err(|problem| format!("{variable} ({path}) {problem}"));
+    }
+    let named: Vec<&str> =
+        SSL_CERT_VARIABLES.into_iter().filter(|name| lookup(name).is_some()).collect();
+    if let Some(path) = lookup("SSL_CERT_FILE") {
+        // Read alone first: the directories would hide a file with no
+        // certificate in it (a typo, /dev/null).
+        pem_roots(&path).map_err(|problem| format!("SSL_CERT_FILE ({path}) {problem}"))?;
+    }
+    let found = rustls_native_certs::load_native_certs();
+    if !named.is_empty() && !found.errors.is_empty() {
+        let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
+        return Err(format!("{}: {}", named.join(" / "), errors.join("; ")));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        let place = if named.is_empty() {
+            "the OS certificate store".to_owned()
+        } else {
+            named.join(" / ")
+        };
+        return Err(format!("no root certificate found in {place}"));
+    }
+    Ok(roots)
+}
+
+/// The CA certificates of the PEM file at `path`, or what is wrong with
+/// it (said after the file's name).
+fn pem_roots(path: &str) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let pem = std::fs::read(path).map_err(|error| format!("cannot be read: {error}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for (at, certificate) in CertificateDer::pem_slice_iter(&pem).enumerate() {
+        let number = at + 1;
+        let certificate = certificate
+            .map_err(|error| format!("has a broken PEM certificate (number {number}): {error}"))?;
+        roots.add(certificate).map_err(|error| {
+            format!("has a certificate (number {number}) that is no usable CA: {error}")
+        })?;
+    }
+    if roots.is_empty() {
+        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".to_owned());
+    }
+    Ok(roots)
+}
+
 /// The exporter's HTTP client: hyper, with rustls for an `https` endpoint
-/// (ring for the crypto, no OpenSSL) trusting the OS's root store as
-/// rustls-native-certs reads it (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace
-/// it, so a private collector's CA can be named); plain TCP for `http`.
+/// (ring for the crypto, no OpenSSL) trusting [`trusted_roots`]; plain TCP
+/// for `http`.
 fn http_client(
     endpoint: &axum::http::Uri,
     timeout: Duration,
+    lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<HyperClient<HttpsConnector<HttpConnector>>, BootstrapError> {
     let provider = rustls::crypto::ring::default_provider();
-    let builder = HttpsConnectorBuilder::new();
-    let builder = if endpoint.scheme() == Some(&axum::http::uri::Scheme::HTTPS) {
-        builder.with_provider_and_native_roots(provider).map_err(|error| {
-            BootstrapError::Wiring {
-                component: "the OTLP exporter's TLS roots (the OS store, or SSL_CERT_FILE)",
-                reason: error.to_string(),
-            }
+    // An http endpoint never starts TLS: no root is ever consulted.
+    let roots = if endpoint.scheme() == Some(&axum::http::uri::Scheme::HTTPS) {
+        trusted_roots(lookup).map_err(|reason| BootstrapError::Wiring {
+            component: "the OTLP exporter's TLS roots",
+            reason,
         })?
     } else {
-        // An http endpoint never starts TLS: no root is ever consulted.
-        let config = rustls::ClientConfig::builder_with_provider(provider.into())
-            .with_safe_default_protocol_versions()
-            .map_err(|error| BootstrapError::Wiring {
-                component: "the OTLP exporter's HTTP client",
-                reason: error.to_string(),
-            })?
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
-        builder.with_tls_config(config)
+        rustls::RootCertStore::empty()
     };
+    let config = rustls::ClientConfig::builder_with_provider(provider.into())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| BootstrapError::Wiring {
+            component: "the OTLP exporter's HTTP client",
+            reason: error.to_string(),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let builder = HttpsConnectorBuilder::new().with_tls_config(config);
     Ok(HyperClient::new(builder.https_or_http().enable_http1().build(), timeout, None))
 }
 
@@ -276,7 +346,7 @@ impl Tracing {
             .collect();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_http_client(http_client(&uri, otlp.timeout)?)
+            .with_http_client(http_client(&uri, otlp.timeout, lookup)?)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(url)
             .with_timeout(otlp.timeout)

@@ -786,6 +786,80 @@ fn an_https_endpoint_without_roots_stops_start_up() {
     assert!(stderr.contains("TLS roots"), "names the roots: {stderr}");
 }
 
+/// Issue 21, F2: `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` (else
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE`) names a PEM file of CAs that replaces
+/// every other root: its collector gets the spans, and a collector only
+/// `SSL_CERT_FILE` trusts gets none (the variables were ignored).
+#[test]
+fn a_pinned_ca_trusts_its_collector_and_refuses_another() {
+    let collector = TlsIdentity::new();
+    let (endpoint, received) = tls_receiver(&collector);
+    let pinned = [("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", collector.pem_file())];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &pinned);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    stop(&mut serve);
+    let (request, _decision, _) = checked_trace(&received);
+    assert_eq!(request.name, "GET /api/hello");
+
+    let stranger = TlsIdentity::new();
+    let (endpoint, received) = tls_receiver(&stranger);
+    let env = [
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", collector.pem_file()),
+        ("SSL_CERT_FILE", stranger.pem_file()),
+        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
+    ];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    wait_for_failures(&serve.base, 1);
+    stop(&mut serve);
+    assert!(received.spans().is_empty(), "a collector outside the pinned CA got spans");
+}
+
+/// What a refusal of the TLS roots must not print: Rust's Debug output.
+fn assert_no_debug_output(stderr: &str) {
+    for internal in ["Error {", "kind:", "Os {", "inner:"] {
+        assert!(!stderr.contains(internal), "Debug output ({internal}): {stderr}");
+    }
+}
+
+/// Issue 21, F2: a pinned CA file that is missing or holds no certificate
+/// stops start-up naming the variable and what is wrong, in words; so
+/// does an `SSL_CERT_FILE` with no certificate although `SSL_CERT_DIR`
+/// holds some (the directory hid it: `/dev/null` started and trusted the
+/// directory's roots), and an `SSL_CERT_DIR` that does not exist.
+#[test]
+fn a_bad_ca_file_stops_start_up_naming_the_variable() {
+    const HTTPS: &str = "https://127.0.0.1:4318";
+    let collector = TlsIdentity::new();
+    let directory = collector.pem_file.parent().unwrap().to_str().unwrap().to_owned();
+    let not_pem = collector.pem_file.with_file_name("not-a-certificate.txt");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+
+    let missing = "/nonexistent/otlp-test-ca.pem";
+    let stderr = start_up_refused_at(HTTPS, &[("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", missing)]);
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"), "{stderr}");
+    assert!(stderr.contains(missing) && stderr.contains("cannot be read"), "{stderr}");
+    assert_no_debug_output(&stderr);
+
+    let stderr = start_up_refused_at(HTTPS, &[("OTEL_EXPORTER_OTLP_CERTIFICATE", not_pem)]);
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "{stderr}");
+    assert!(stderr.contains("holds no PEM certificate"), "{stderr}");
+    assert_no_debug_output(&stderr);
+
+    for file in ["/dev/null", not_pem] {
+        let env = [("SSL_CERT_FILE", file), ("SSL_CERT_DIR", directory.as_str())];
+        let stderr = start_up_refused_at(HTTPS, &env);
+        assert!(stderr.contains("SSL_CERT_FILE") && stderr.contains(file), "{stderr}");
+        assert!(stderr.contains("holds no PEM certificate"), "{stderr}");
+        assert_no_debug_output(&stderr);
+    }
+
+    let stderr = start_up_refused_at(HTTPS, &[("SSL_CERT_DIR", "/nonexistent/otlp-certs")]);
+    assert!(stderr.contains("SSL_CERT_DIR") && stderr.contains("/nonexistent"), "{stderr}");
+    assert_no_debug_output(&stderr);
+}
+
 /// The Envoy front end: a `ShouldRateLimit` call with a W3C `traceparent`
 /// in its metadata gets a server span in the caller's trace (gRPC
 /// conventions), and its policy set's decision span under it with the
