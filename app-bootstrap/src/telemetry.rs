@@ -79,7 +79,9 @@ const HEADER_VARIABLES: [&str; 2] =
 /// SDK variables this build obeys (docs/operations.md, "Traces"): those
 /// set are named at start, never with their values (a header may hold a
 /// key).
-const OBEYED_VARIABLES: [&str; 12] = [
+const OBEYED_VARIABLES: [&str; 14] = [
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
     "OTEL_BSP_SCHEDULE_DELAY",
     "OTEL_BSP_MAX_QUEUE_SIZE",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
@@ -97,7 +99,7 @@ const OBEYED_VARIABLES: [&str; 12] = [
 /// instead: the configuration sets the value, so the SDK never reads the
 /// variable (or the feature is not built). One set is named in a warning
 /// at start, so an operator does not wonder why it has no effect.
-const OVERRIDDEN_VARIABLES: [(&str, &str); 12] = [
+const OVERRIDDEN_VARIABLES: [(&str, &str); 17] = [
     ("OTEL_EXPORTER_OTLP_ENDPOINT", "telemetry.otlp.endpoint"),
     ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "telemetry.otlp.endpoint"),
     ("OTEL_EXPORTER_OTLP_TIMEOUT", "telemetry.otlp.timeout"),
@@ -110,15 +112,68 @@ const OVERRIDDEN_VARIABLES: [(&str, &str); 12] = [
     ("OTEL_SERVICE_NAME", "telemetry.otlp.service-name"),
     ("OTEL_TRACES_SAMPLER", "telemetry.otlp.sample-ratio"),
     ("OTEL_TRACES_SAMPLER_ARG", "telemetry.otlp.sample-ratio"),
+    ("OTEL_PROPAGATORS", "always tracecontext (W3C traceparent and tracestate)"),
+    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "no client certificate (mTLS) is built in"),
+    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "no client certificate (mTLS) is built in"),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "no client certificate (mTLS) is built in"),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "no client certificate (mTLS) is built in"),
 ];
 
-/// The variables of [`NONZERO_BATCH_VARIABLES`] that `lookup` sets to a
-/// number the SDK reads as zero (`0`, `00`, `+0`).
-fn zeroed_batch_variables(lookup: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
+/// What is wrong with the batch variables of [`NONZERO_BATCH_VARIABLES`]
+/// that `lookup` sets, each naming its variable: a value the SDK cannot
+/// read as a whole number (it would drop it without a word and use its
+/// default), or one it reads as zero (`0`, `00`, `+0`).
+fn batch_variable_problems(lookup: impl Fn(&str) -> Option<String>) -> Vec<String> {
     NONZERO_BATCH_VARIABLES
         .into_iter()
-        .filter(|name| lookup(name).and_then(|value| value.parse::<u64>().ok()) == Some(0))
+        .filter_map(|name| {
+            let value = lookup(name)?;
+            match value.parse::<u64>() {
+                Ok(0) => Some(format!("{name} must be more than 0 (or unset)")),
+                Ok(_) => None,
+                Err(_) => Some(format!("{name} must be a whole number above 0, got {value:?}")),
+            }
+        })
         .collect()
+}
+
+/// The variable that switches trace export off although an endpoint is
+/// configured, if any: `OTEL_SDK_DISABLED=true` (the SDK's kill switch) or
+/// `OTEL_TRACES_EXPORTER=none`. A value that is neither of theirs stops
+/// start-up naming the variable, like a bad batch variable: a kill switch
+/// misread either way is a surprise.
+fn export_switched_off(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<&'static str>, String> {
+    let disabled = lookup("OTEL_SDK_DISABLED").unwrap_or_default();
+    let disabled = match disabled.trim().to_ascii_lowercase().as_str() {
+        "true" => true,
+        "false" | "" => false,
+        _ => return Err(format!("OTEL_SDK_DISABLED must be true or false, got {disabled:?}")),
+    };
+    let exporter = lookup("OTEL_TRACES_EXPORTER").unwrap_or_default();
+    let exporter = match exporter.trim().to_ascii_lowercase().as_str() {
+        "none" => true,
+        "otlp" | "" => false,
+        _ => {
+            return Err(format!(
+                "OTEL_TRACES_EXPORTER must be otlp or none (no other exporter is built), \
+                 got {exporter:?}"
+            ));
+        }
+    };
+    Ok(match (disabled, exporter) {
+        (true, _) => Some("OTEL_SDK_DISABLED"),
+        (false, true) => Some("OTEL_TRACES_EXPORTER"),
+        (false, false) => None,
+    })
+}
+
+/// The variable that switched trace export off (see
+/// [`export_switched_off`]), for the start-up warning; `None` when export
+/// is on or the variables are refused (start-up then stops anyway).
+pub fn export_switched_off_by() -> Option<&'static str> {
+    export_switched_off(|name| std::env::var(name).ok()).ok().flatten()
 }
 
 /// The queue size the SDK would read from `OTEL_BSP_MAX_QUEUE_SIZE` (an
@@ -319,11 +374,19 @@ impl Tracing {
     pub fn start(otlp: &OtlpConfig) -> Result<Option<Self>, BootstrapError> {
         let Some(endpoint) = &otlp.endpoint else { return Ok(None) };
         let lookup = |name: &str| std::env::var(name).ok();
-        let zeroed = zeroed_batch_variables(lookup);
-        if !zeroed.is_empty() {
+        let switched_off = export_switched_off(lookup).map_err(|reason| {
+            BootstrapError::Wiring { component: "the OTLP span exporter", reason }
+        })?;
+        if switched_off.is_some() {
+            // Named in a warning once logging is installed
+            // ([`export_switched_off_by`]).
+            return Ok(None);
+        }
+        let batch_problems = batch_variable_problems(lookup);
+        if !batch_problems.is_empty() {
             return Err(BootstrapError::Wiring {
                 component: "the OTLP batch span processor",
-                reason: format!("{} must be more than 0 (or unset)", zeroed.join(", ")),
+                reason: batch_problems.join("; "),
             });
         }
         let configured: Vec<&str> = otlp.headers.keys().map(String::as_str).collect();
@@ -866,8 +929,8 @@ mod tests {
     use opentelemetry_sdk::propagation::TraceContextPropagator;
 
     use super::{
-        CallerHeaders, Queue, header_variable_problems, max_queue_size, percent_decoded,
-        zeroed_batch_variables,
+        CallerHeaders, Queue, batch_variable_problems, export_switched_off,
+        header_variable_problems, max_queue_size, percent_decoded,
     };
 
     fn only(name: &'static str, value: &'static str) -> impl Fn(&str) -> Option<String> {
@@ -949,14 +1012,42 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_variable_read_as_zero_is_named_and_others_are_not() {
-        let zeroed = zeroed_batch_variables(|name| match name {
+    fn a_batch_variable_read_as_zero_or_unreadable_is_named_and_others_are_not() {
+        let problems = batch_variable_problems(|name| match name {
             "OTEL_BSP_MAX_QUEUE_SIZE" => Some("0".to_owned()),
             "OTEL_BSP_SCHEDULE_DELAY" => Some("+0".to_owned()),
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" => Some("16".to_owned()),
-            _ => Some("not a number".to_owned()),
+            _ => Some("-5".to_owned()),
         });
-        assert_eq!(zeroed, ["OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_SCHEDULE_DELAY"]);
-        assert!(zeroed_batch_variables(|_| None).is_empty());
+        assert_eq!(
+            problems,
+            [
+                "OTEL_BSP_MAX_QUEUE_SIZE must be more than 0 (or unset)",
+                "OTEL_BSP_MAX_CONCURRENT_EXPORTS must be a whole number above 0, got \"-5\"",
+                "OTEL_BSP_SCHEDULE_DELAY must be more than 0 (or unset)",
+            ]
+        );
+        assert!(batch_variable_problems(|_| None).is_empty());
+    }
+
+    #[test]
+    fn the_kill_switches_turn_export_off_and_other_values_are_refused() {
+        let both = |disabled: &'static str, exporter: &'static str| {
+            move |name: &str| match name {
+                "OTEL_SDK_DISABLED" => Some(disabled.to_owned()),
+                "OTEL_TRACES_EXPORTER" => Some(exporter.to_owned()),
+                _ => None,
+            }
+        };
+        assert_eq!(export_switched_off(|_| None), Ok(None));
+        assert_eq!(export_switched_off(both("false", "otlp")), Ok(None));
+        assert_eq!(export_switched_off(both("", "")), Ok(None));
+        assert_eq!(export_switched_off(both("TRUE", "otlp")), Ok(Some("OTEL_SDK_DISABLED")));
+        assert_eq!(export_switched_off(both("true", "none")), Ok(Some("OTEL_SDK_DISABLED")));
+        assert_eq!(export_switched_off(both("false", " none")), Ok(Some("OTEL_TRACES_EXPORTER")));
+        let refused = export_switched_off(both("yes", "otlp")).unwrap_err();
+        assert!(refused.starts_with("OTEL_SDK_DISABLED "), "{refused}");
+        let refused = export_switched_off(both("false", "zipkin")).unwrap_err();
+        assert!(refused.starts_with("OTEL_TRACES_EXPORTER "), "{refused}");
     }
 }

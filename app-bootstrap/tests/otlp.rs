@@ -860,6 +860,69 @@ fn a_bad_ca_file_stops_start_up_naming_the_variable() {
     assert_no_debug_output(&stderr);
 }
 
+/// Issue 21, F3: the SDK's kill switches were ignored. With
+/// `OTEL_SDK_DISABLED=true`, or `OTEL_TRACES_EXPORTER=none`, and an
+/// endpoint configured, requests are served, no span reaches the
+/// collector, and a warning names the variable.
+#[test]
+fn the_sdk_kill_switches_turn_export_off_with_a_warning() {
+    for switch in [("OTEL_SDK_DISABLED", "true"), ("OTEL_TRACES_EXPORTER", "none")] {
+        let (endpoint, received) = receiver();
+        let env = [switch, ("OTEL_BSP_SCHEDULE_DELAY", "50")];
+        let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+        assert_eq!(two_requests(&serve.base), [200, 200], "{switch:?}");
+        stop(&mut serve);
+        assert!(received.spans().is_empty(), "{switch:?}: spans were exported");
+        let warned = serve.logs().into_iter().any(|line| {
+            line.contains("\"WARN\"")
+                && line.contains("traces are not exported")
+                && line.contains(switch.0)
+        });
+        assert!(warned, "{switch:?}: no warning naming it: {:#?}", serve.logs());
+    }
+}
+
+/// Issue 21, F3: a kill switch or batch variable the SDK cannot read was
+/// dropped without a word (`OTEL_BSP_SCHEDULE_DELAY=-5` ran at the
+/// default, while `0` was refused); each now stops start-up naming it.
+#[test]
+fn an_unreadable_sdk_variable_stops_start_up_naming_it() {
+    for (variable, value) in [
+        ("OTEL_BSP_SCHEDULE_DELAY", "-5"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "abc"),
+        ("OTEL_SDK_DISABLED", "yes"),
+        ("OTEL_TRACES_EXPORTER", "zipkin"),
+    ] {
+        let stderr = start_up_refused(&[(variable, value)]);
+        assert!(stderr.contains(variable), "names {variable}: {stderr}");
+    }
+}
+
+/// Issue 21, F3: `OTEL_PROPAGATORS` and the mTLS client variables are
+/// not obeyed (W3C trace context only, no client certificate built): one
+/// that is set is named in the start-up warning, not ignored silently.
+#[test]
+fn sdk_variables_not_obeyed_are_named_in_a_warning() {
+    let (endpoint, _received) = receiver();
+    let env = [
+        ("OTEL_PROPAGATORS", "b3"),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/run/secrets/client.key"),
+        ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "/run/secrets/client.pem"),
+    ];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+    stop(&mut serve);
+    let warnings: Vec<String> = serve
+        .logs()
+        .into_iter()
+        .filter(|line| line.contains("\"WARN\"") && line.contains("set but not obeyed"))
+        .collect();
+    for (variable, _) in env {
+        let named = warnings.iter().any(|line| line.contains(&format!("\"{variable}\"")));
+        assert!(named, "{variable} not named: {warnings:#?}");
+    }
+    assert!(!warnings.iter().any(|line| line.contains("/run/secrets")), "{warnings:#?}");
+}
+
 /// The Envoy front end: a `ShouldRateLimit` call with a W3C `traceparent`
 /// in its metadata gets a server span in the caller's trace (gRPC
 /// conventions), and its policy set's decision span under it with the
