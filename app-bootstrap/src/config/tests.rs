@@ -1614,6 +1614,25 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
     });
 }
 
+/// Issue 21: a `sample-ratio` that is no number said `expected f64`; it
+/// now says what the key takes. An integer 0 or 1 is a ratio too.
+#[test]
+fn a_sample_ratio_that_is_no_number_says_what_the_key_takes() {
+    jail(|jail| {
+        for ratio in ["\"0.5\"", "true", "[0.5]"] {
+            let file = format!("{BASE}[telemetry.otlp]\nsample-ratio = {ratio}\n");
+            let error = load_file(jail, &file).unwrap_err().to_string();
+            assert!(error.contains("telemetry.otlp.sample-ratio"), "{error}");
+            assert!(error.contains("expected a number from 0.0 to 1.0"), "{ratio}: {error}");
+            assert!(!error.contains("f64"), "{error}");
+        }
+        for (ratio, read) in [("0", 0.0), ("1", 1.0), ("0.25", 0.25)] {
+            let file = format!("{BASE}[telemetry.otlp]\nsample-ratio = {ratio}\n");
+            assert_eq!(load_file(jail, &file).unwrap().telemetry.otlp.sample_ratio, read);
+        }
+    });
+}
+
 #[test]
 fn the_envoy_rls_listener_never_takes_another_listeners_port() {
     jail(|jail| {
