@@ -72,6 +72,10 @@ pub struct OtlpConfig {
     /// `None` (the default) exports nothing, and the edge makes no span at
     /// all.
     pub endpoint: Option<String>,
+    /// `ca-file`: a PEM file of the CA certificates an `https` collector is
+    /// checked against, replacing every other root (a private collector's
+    /// CA). Read when the configuration is checked and at start.
+    pub ca_file: Option<String>,
     /// `service-name`: the resource attribute `service.name`.
     pub service_name: String,
     /// `sample-ratio`: the share of new traces kept, `0.0..=1.0`. Parent
@@ -123,6 +127,7 @@ impl Default for OtlpConfig {
     fn default() -> Self {
         Self {
             endpoint: None,
+            ca_file: None,
             service_name: "ca-skeleton".to_owned(),
             sample_ratio: 1.0,
             timeout: Duration::from_secs(2),

@@ -269,20 +269,36 @@ const CERTIFICATE_VARIABLES: [&str; 2] =
 /// for the whole process: the file and the directories, together.
 const SSL_CERT_VARIABLES: [&str; 2] = ["SSL_CERT_FILE", "SSL_CERT_DIR"];
 
-/// The roots an `https` collector is checked against. A certificate
-/// variable ([`CERTIFICATE_VARIABLES`]) pins its file's CAs alone;
+/// The roots an `https` collector is checked against. `ca_file`
+/// (`telemetry.otlp.ca-file`) or else a certificate variable
+/// ([`CERTIFICATE_VARIABLES`]) pins its file's CAs alone (both set is an
+/// error: which one wins would be a guess);
 /// otherwise the OS store as rustls-native-certs reads it, which
 /// `SSL_CERT_FILE` / `SSL_CERT_DIR` replace (both are read when both are
 /// set). A named file or directory that cannot be read, a named file with
 /// no certificate, or no root at all is an error in the user's terms,
 /// naming the variable.
-fn trusted_roots(lookup: impl Fn(&str) -> Option<String>) -> Result<rustls::RootCertStore, String> {
+fn trusted_roots(
+    ca_file: Option<&str>,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<rustls::RootCertStore, String> {
     // An empty variable is an unset one (the OpenTelemetry convention).
     let lookup = |name: &str| lookup(name).filter(|value| !value.is_empty());
-    if let Some((variable, path)) =
-        CERTIFICATE_VARIABLES.into_iter().find_map(|name| Some((name, lookup(name)?)))
-    {
-        return pem_roots(&path).map_err(|problem| format!("{variable} ({path}) {problem}"));
+    let variable = CERTIFICATE_VARIABLES.into_iter().find_map(|name| Some((name, lookup(name)?)));
+    match (ca_file, variable) {
+        (Some(_), Some((variable, _))) => {
+            return Err(format!(
+                "telemetry.otlp.ca-file and {variable} both name the collector's CA file; keep one"
+            ));
+        }
+        (Some(path), None) => {
+            return pem_roots(path)
+                .map_err(|problem| format!("telemetry.otlp.ca-file ({path}) {problem}"));
+        }
+        (None, Some((variable, path))) => {
+            return pem_roots(&path).map_err(|problem| format!("{variable} ({path}) {problem}"));
+        }
+        (None, None) => {}
     }
     let named: Vec<&str> =
         SSL_CERT_VARIABLES.into_iter().filter(|name| lookup(name).is_some()).collect();
@@ -311,7 +327,7 @@ fn trusted_roots(lookup: impl Fn(&str) -> Option<String>) -> Result<rustls::Root
 
 /// The CA certificates of the PEM file at `path`, or what is wrong with
 /// it (said after the file's name).
-fn pem_roots(path: &str) -> Result<rustls::RootCertStore, String> {
+pub(crate) fn pem_roots(path: &str) -> Result<rustls::RootCertStore, String> {
     use rustls::pki_types::CertificateDer;
     use rustls::pki_types::pem::PemObject;
     let pem = std::fs::read(path).map_err(|error| format!("cannot be read: {error}"))?;
@@ -335,13 +351,13 @@ fn pem_roots(path: &str) -> Result<rustls::RootCertStore, String> {
 /// for `http`.
 fn http_client(
     endpoint: &axum::http::Uri,
-    timeout: Duration,
+    otlp: &OtlpConfig,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<HyperClient<HttpsConnector<HttpConnector>>, BootstrapError> {
     let provider = rustls::crypto::ring::default_provider();
     // An http endpoint never starts TLS: no root is ever consulted.
     let roots = if endpoint.scheme() == Some(&axum::http::uri::Scheme::HTTPS) {
-        trusted_roots(lookup).map_err(|reason| BootstrapError::Wiring {
+        trusted_roots(otlp.ca_file.as_deref(), lookup).map_err(|reason| BootstrapError::Wiring {
             component: "the OTLP exporter's TLS roots",
             reason,
         })?
@@ -357,7 +373,7 @@ fn http_client(
         .with_root_certificates(roots)
         .with_no_client_auth();
     let builder = HttpsConnectorBuilder::new().with_tls_config(config);
-    Ok(HyperClient::new(builder.https_or_http().enable_http1().build(), timeout, None))
+    Ok(HyperClient::new(builder.https_or_http().enable_http1().build(), otlp.timeout, None))
 }
 
 /// The running trace pipeline; [`Tracing::shutdown`] flushes it.
@@ -409,7 +425,7 @@ impl Tracing {
             .collect();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_http_client(http_client(&uri, otlp.timeout, lookup)?)
+            .with_http_client(http_client(&uri, otlp, lookup)?)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(url)
             .with_timeout(otlp.timeout)
@@ -930,7 +946,7 @@ mod tests {
 
     use super::{
         CallerHeaders, Queue, batch_variable_problems, export_switched_off,
-        header_variable_problems, max_queue_size, percent_decoded,
+        header_variable_problems, max_queue_size, percent_decoded, trusted_roots,
     };
 
     fn only(name: &'static str, value: &'static str) -> impl Fn(&str) -> Option<String> {
@@ -1049,5 +1065,20 @@ mod tests {
         assert!(refused.starts_with("OTEL_SDK_DISABLED "), "{refused}");
         let refused = export_switched_off(both("false", "zipkin")).unwrap_err();
         assert!(refused.starts_with("OTEL_TRACES_EXPORTER "), "{refused}");
+    }
+
+    #[test]
+    fn the_ca_file_key_and_a_certificate_variable_together_are_refused_naming_both() {
+        let lookup = only("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/collector-ca.pem");
+        let refused = trusted_roots(Some("/etc/other-ca.pem"), lookup).unwrap_err();
+        assert!(refused.contains("telemetry.otlp.ca-file"), "{refused}");
+        assert!(refused.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "{refused}");
+        // An empty variable is an unset one: the key alone decides.
+        let empty = only("OTEL_EXPORTER_OTLP_CERTIFICATE", "");
+        let missing = trusted_roots(Some("/nonexistent/ca.pem"), empty).unwrap_err();
+        assert!(
+            missing.starts_with("telemetry.otlp.ca-file (/nonexistent/ca.pem) cannot be read"),
+            "{missing}"
+        );
     }
 }

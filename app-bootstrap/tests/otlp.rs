@@ -815,6 +815,30 @@ fn a_pinned_ca_trusts_its_collector_and_refuses_another() {
     assert!(received.spans().is_empty(), "a collector outside the pinned CA got spans");
 }
 
+/// Issue 21, F2: `telemetry.otlp.ca-file` pins a CA the same way, and
+/// beats `SSL_CERT_FILE`: its collector gets the spans, another that only
+/// `SSL_CERT_FILE` trusts gets none.
+#[test]
+fn a_ca_file_key_trusts_its_collector_and_refuses_another() {
+    let collector = TlsIdentity::new();
+    let pinned = format!("ca-file = {:?}", collector.pem_file());
+    let (endpoint, received) = tls_receiver(&collector);
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, &pinned), "info", &[]);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    stop(&mut serve);
+    let (request, _decision, _) = checked_trace(&received);
+    assert_eq!(request.name, "GET /api/hello");
+
+    let stranger = TlsIdentity::new();
+    let (endpoint, received) = tls_receiver(&stranger);
+    let env = [("SSL_CERT_FILE", stranger.pem_file()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, &pinned), "info", &env);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    wait_for_failures(&serve.base, 1);
+    stop(&mut serve);
+    assert!(received.spans().is_empty(), "a collector outside the pinned CA got spans");
+}
+
 /// What a refusal of the TLS roots must not print: Rust's Debug output.
 fn assert_no_debug_output(stderr: &str) {
     for internal in ["Error {", "kind:", "Os {", "inner:"] {

@@ -1614,6 +1614,34 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
     });
 }
 
+/// Issue 21, F2: `telemetry.otlp.ca-file` pins the collector's CA; a file
+/// that is missing or holds no certificate is refused naming the key and
+/// saying what is wrong (check-config catches a typo).
+#[test]
+fn a_ca_file_that_is_missing_or_holds_no_certificate_is_named_by_its_key() {
+    jail(|jail| {
+        let ca = rcgen::generate_simple_self_signed(vec!["collector".to_owned()]).unwrap();
+        jail.create_file("ca.pem", &ca.cert.pem()).unwrap();
+        jail.create_file("not-pem.txt", "not a certificate\n").unwrap();
+        let with = |file: &str| {
+            format!(
+                "{BASE}[telemetry.otlp]\nendpoint = \"https://collector:4318\"\n\
+                 ca-file = \"{file}\"\n"
+            )
+        };
+        let config = load_file(jail, &with("ca.pem")).unwrap();
+        assert_eq!(config.telemetry.otlp.ca_file.as_deref(), Some("ca.pem"));
+        for (file, what) in
+            [("missing.pem", "cannot be read"), ("not-pem.txt", "holds no PEM certificate")]
+        {
+            let named = problems(load_file(jail, &with(file)));
+            assert_eq!(named.len(), 1, "{named:?}");
+            assert_eq!(named[0].0, "telemetry.otlp.ca-file");
+            assert!(named[0].1.contains(file) && named[0].1.contains(what), "{named:?}");
+        }
+    });
+}
+
 /// Issue 21: a `sample-ratio` that is no number said `expected f64`; it
 /// now says what the key takes. An integer 0 or 1 is a ratio too.
 #[test]

@@ -188,13 +188,19 @@ fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigP
     }
 }
 
-/// `telemetry.otlp`: an `http` or `https` URL with a host, a ratio in
+/// `telemetry.otlp`: an `http` or `https` URL with a host, a CA file with
+/// a certificate in it, a ratio in
 /// `0..=1`, a service name, a timeout above zero, and headers an HTTP
 /// request can carry (a bad value is named by its key, never shown).
 fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     let at = |key: &str| KeyPath::root().dotted("telemetry.otlp").child(key);
     if let Some(problem) = otlp.endpoint.as_deref().and_then(endpoint_problem) {
         problems.push(at("endpoint"), problem);
+    }
+    if let Some(file) = &otlp.ca_file {
+        if let Err(problem) = crate::telemetry::pem_roots(file) {
+            problems.push(at("ca-file"), format!("{file:?} {problem}"));
+        }
     }
     if !(0.0..=1.0).contains(&otlp.sample_ratio) {
         problems.push(
