@@ -749,6 +749,33 @@ fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
     assert!(exported >= 5, "only {exported} spans exported; logs: {:#?}", serve.logs());
 }
 
+/// Serves two requests exporting to `collector` over TLS with the extra
+/// `telemetry.otlp` lines `extra` and the variables `env`; asserts the
+/// collector got the caller's trace, and returns what it received.
+fn spans_reach(collector: &TlsIdentity, extra: &str, env: &[(&str, &str)]) -> Received {
+    let (endpoint, received) = tls_receiver(collector);
+    assert!(endpoint.starts_with("https://"));
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, extra), "info", env);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    stop(&mut serve);
+    let (request, _decision, _) = checked_trace(&received);
+    assert_eq!(request.name, "GET /api/hello");
+    received
+}
+
+/// [`spans_reach`] to a collector the binary must not trust: each export
+/// fails and is counted, and the collector gets no span.
+fn no_span_reaches(collector: &TlsIdentity, extra: &str, env: &[(&str, &str)]) {
+    let (endpoint, received) = tls_receiver(collector);
+    let mut env = env.to_vec();
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "50"));
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, extra), "info", &env);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    wait_for_failures(&serve.base, 1);
+    stop(&mut serve);
+    assert!(received.spans().is_empty(), "an untrusted collector got spans");
+}
+
 /// An `https://` endpoint: rustls under the exporter's hyper client,
 /// trusting what `SSL_CERT_FILE` names (it replaces the OS store). It was
 /// refused at start-up (no TLS in the build). A certificate the binary
@@ -756,24 +783,10 @@ fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
 #[test]
 fn an_https_collector_gets_the_spans_and_an_untrusted_one_none() {
     let collector = TlsIdentity::new();
-    let (endpoint, received) = tls_receiver(&collector);
-    assert!(endpoint.starts_with("https://"));
-    let trusted = [("SSL_CERT_FILE", collector.pem_file())];
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &trusted);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    stop(&mut serve);
-    let (request, _decision, _) = checked_trace(&received);
-    assert_eq!(request.name, "GET /api/hello");
+    let received = spans_reach(&collector, "", &[("SSL_CERT_FILE", collector.pem_file())]);
     assert_no_raw_subject(&received);
-
     let stranger = TlsIdentity::new();
-    let (endpoint, received) = tls_receiver(&collector);
-    let untrusted = [("SSL_CERT_FILE", stranger.pem_file()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &untrusted);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    wait_for_failures(&serve.base, 1);
-    stop(&mut serve);
-    assert!(received.spans().is_empty(), "an untrusted collector got spans");
+    no_span_reaches(&collector, "", &[("SSL_CERT_FILE", stranger.pem_file())]);
 }
 
 /// An `https://` endpoint with no root certificate to trust (here
@@ -793,26 +806,13 @@ fn an_https_endpoint_without_roots_stops_start_up() {
 #[test]
 fn a_pinned_ca_trusts_its_collector_and_refuses_another() {
     let collector = TlsIdentity::new();
-    let (endpoint, received) = tls_receiver(&collector);
-    let pinned = [("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", collector.pem_file())];
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &pinned);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    stop(&mut serve);
-    let (request, _decision, _) = checked_trace(&received);
-    assert_eq!(request.name, "GET /api/hello");
-
+    spans_reach(&collector, "", &[("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", collector.pem_file())]);
     let stranger = TlsIdentity::new();
-    let (endpoint, received) = tls_receiver(&stranger);
     let env = [
         ("OTEL_EXPORTER_OTLP_CERTIFICATE", collector.pem_file()),
         ("SSL_CERT_FILE", stranger.pem_file()),
-        ("OTEL_BSP_SCHEDULE_DELAY", "50"),
     ];
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    wait_for_failures(&serve.base, 1);
-    stop(&mut serve);
-    assert!(received.spans().is_empty(), "a collector outside the pinned CA got spans");
+    no_span_reaches(&stranger, "", &env);
 }
 
 /// Issue 21, F2: `telemetry.otlp.ca-file` pins a CA the same way, and
@@ -822,21 +822,9 @@ fn a_pinned_ca_trusts_its_collector_and_refuses_another() {
 fn a_ca_file_key_trusts_its_collector_and_refuses_another() {
     let collector = TlsIdentity::new();
     let pinned = format!("ca-file = {:?}", collector.pem_file());
-    let (endpoint, received) = tls_receiver(&collector);
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, &pinned), "info", &[]);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    stop(&mut serve);
-    let (request, _decision, _) = checked_trace(&received);
-    assert_eq!(request.name, "GET /api/hello");
-
+    spans_reach(&collector, &pinned, &[]);
     let stranger = TlsIdentity::new();
-    let (endpoint, received) = tls_receiver(&stranger);
-    let env = [("SSL_CERT_FILE", stranger.pem_file()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, &pinned), "info", &env);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    wait_for_failures(&serve.base, 1);
-    stop(&mut serve);
-    assert!(received.spans().is_empty(), "a collector outside the pinned CA got spans");
+    no_span_reaches(&stranger, &pinned, &[("SSL_CERT_FILE", stranger.pem_file())]);
 }
 
 /// What a refusal of the TLS roots must not print: Rust's Debug output.
