@@ -215,8 +215,18 @@ async fn serve(
     let tracing = Tracing::start(&config.telemetry.otlp);
     init_logging(log_format, tracing.as_ref().ok().and_then(Option::as_ref));
     let tracing = tracing?;
-    if let Some(tracing) = &tracing {
-        tracing.log_variables();
+    match &tracing {
+        Some(tracing) => tracing.log_variables(),
+        None if config.telemetry.otlp.endpoint.is_some() => {
+            if let Some(variable) = crate::telemetry::export_switched_off_by() {
+                tracing::warn!(
+                    variable,
+                    "traces are not exported although telemetry.otlp.endpoint is set: the \
+                     variable switches export off"
+                );
+            }
+        }
+        None => {}
     }
     let rate_limit = &config.capabilities.rate_limit;
     let application = Application::build(&config)

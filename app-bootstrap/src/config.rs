@@ -67,14 +67,21 @@ pub struct TelemetryConfig {
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct OtlpConfig {
     /// `endpoint`: the collector's OTLP/HTTP base URL, `http` or `https`
-    /// (rustls, trusting the OS store); spans go to `<endpoint>/v1/traces`. `None` (the default)
-    /// exports nothing, and the edge makes no span at all.
+    /// (rustls, trusting a pinned CA file or the OS store: see
+    /// `telemetry::trusted_roots`); spans go to `<endpoint>/v1/traces`.
+    /// `None` (the default) exports nothing, and the edge makes no span at
+    /// all.
     pub endpoint: Option<String>,
+    /// `ca-file`: a PEM file of the CA certificates an `https` collector is
+    /// checked against, replacing every other root (a private collector's
+    /// CA). Read when the configuration is checked and at start.
+    pub ca_file: Option<String>,
     /// `service-name`: the resource attribute `service.name`.
     pub service_name: String,
     /// `sample-ratio`: the share of new traces kept, `0.0..=1.0`. Parent
     /// based: a request whose `traceparent` is sampled is always kept, one
     /// whose `traceparent` is not sampled never.
+    #[serde(deserialize_with = "ratio")]
     pub sample_ratio: f64,
     /// `timeout`: how long one export may take before it counts as failed.
     #[serde(with = "humantime_serde")]
@@ -85,11 +92,42 @@ pub struct OtlpConfig {
     pub headers: BTreeMap<String, SecretValue>,
 }
 
+/// Reads a ratio (`telemetry.otlp.sample-ratio`) as a number, integer or
+/// not, so that a value of another type is refused saying what the key
+/// takes ("expected a number from 0.0 to 1.0") rather than Rust's `f64`.
+/// The range itself is checked with the other values (`validate`).
+fn ratio<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    struct Ratio;
+    impl serde::de::Visitor<'_> for Ratio {
+        type Value = f64;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str("a number from 0.0 to 1.0")
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, value: f64) -> Result<f64, E> {
+            Ok(value)
+        }
+
+        #[allow(clippy::cast_precision_loss)] // Any integer but 0 and 1 is refused anyway.
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<f64, E> {
+            Ok(value as f64)
+        }
+
+        #[allow(clippy::cast_precision_loss)] // Any integer but 0 and 1 is refused anyway.
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<f64, E> {
+            Ok(value as f64)
+        }
+    }
+    deserializer.deserialize_f64(Ratio)
+}
+
 impl Default for OtlpConfig {
     /// No export; `ca-skeleton`, every trace kept, 2 s per export.
     fn default() -> Self {
         Self {
             endpoint: None,
+            ca_file: None,
             service_name: "ca-skeleton".to_owned(),
             sample_ratio: 1.0,
             timeout: Duration::from_secs(2),

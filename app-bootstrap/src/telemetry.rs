@@ -79,13 +79,17 @@ const HEADER_VARIABLES: [&str; 2] =
 /// SDK variables this build obeys (docs/operations.md, "Traces"): those
 /// set are named at start, never with their values (a header may hold a
 /// key).
-const OBEYED_VARIABLES: [&str; 10] = [
+const OBEYED_VARIABLES: [&str; 14] = [
+    "OTEL_SDK_DISABLED",
+    "OTEL_TRACES_EXPORTER",
     "OTEL_BSP_SCHEDULE_DELAY",
     "OTEL_BSP_MAX_QUEUE_SIZE",
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE",
     "OTEL_BSP_MAX_CONCURRENT_EXPORTS",
     "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
     "OTEL_EXPORTER_OTLP_HEADERS",
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
     "OTEL_RESOURCE_ATTRIBUTES",
     "OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT",
     "OTEL_SPAN_EVENT_COUNT_LIMIT",
@@ -95,7 +99,7 @@ const OBEYED_VARIABLES: [&str; 10] = [
 /// instead: the configuration sets the value, so the SDK never reads the
 /// variable (or the feature is not built). One set is named in a warning
 /// at start, so an operator does not wonder why it has no effect.
-const OVERRIDDEN_VARIABLES: [(&str, &str); 12] = [
+const OVERRIDDEN_VARIABLES: [(&str, &str); 17] = [
     ("OTEL_EXPORTER_OTLP_ENDPOINT", "telemetry.otlp.endpoint"),
     ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "telemetry.otlp.endpoint"),
     ("OTEL_EXPORTER_OTLP_TIMEOUT", "telemetry.otlp.timeout"),
@@ -108,15 +112,68 @@ const OVERRIDDEN_VARIABLES: [(&str, &str); 12] = [
     ("OTEL_SERVICE_NAME", "telemetry.otlp.service-name"),
     ("OTEL_TRACES_SAMPLER", "telemetry.otlp.sample-ratio"),
     ("OTEL_TRACES_SAMPLER_ARG", "telemetry.otlp.sample-ratio"),
+    ("OTEL_PROPAGATORS", "always tracecontext (W3C traceparent and tracestate)"),
+    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "no client certificate (mTLS) is built in"),
+    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "no client certificate (mTLS) is built in"),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "no client certificate (mTLS) is built in"),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "no client certificate (mTLS) is built in"),
 ];
 
-/// The variables of [`NONZERO_BATCH_VARIABLES`] that `lookup` sets to a
-/// number the SDK reads as zero (`0`, `00`, `+0`).
-fn zeroed_batch_variables(lookup: impl Fn(&str) -> Option<String>) -> Vec<&'static str> {
+/// What is wrong with the batch variables of [`NONZERO_BATCH_VARIABLES`]
+/// that `lookup` sets, each naming its variable: a value the SDK cannot
+/// read as a whole number (it would drop it without a word and use its
+/// default), or one it reads as zero (`0`, `00`, `+0`).
+fn batch_variable_problems(lookup: impl Fn(&str) -> Option<String>) -> Vec<String> {
     NONZERO_BATCH_VARIABLES
         .into_iter()
-        .filter(|name| lookup(name).and_then(|value| value.parse::<u64>().ok()) == Some(0))
+        .filter_map(|name| {
+            let value = lookup(name)?;
+            match value.parse::<u64>() {
+                Ok(0) => Some(format!("{name} must be more than 0 (or unset)")),
+                Ok(_) => None,
+                Err(_) => Some(format!("{name} must be a whole number above 0, got {value:?}")),
+            }
+        })
         .collect()
+}
+
+/// The variable that switches trace export off although an endpoint is
+/// configured, if any: `OTEL_SDK_DISABLED=true` (the SDK's kill switch) or
+/// `OTEL_TRACES_EXPORTER=none`. A value that is neither of theirs stops
+/// start-up naming the variable, like a bad batch variable: a kill switch
+/// misread either way is a surprise.
+fn export_switched_off(
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<Option<&'static str>, String> {
+    let disabled = lookup("OTEL_SDK_DISABLED").unwrap_or_default();
+    let disabled = match disabled.trim().to_ascii_lowercase().as_str() {
+        "true" => true,
+        "false" | "" => false,
+        _ => return Err(format!("OTEL_SDK_DISABLED must be true or false, got {disabled:?}")),
+    };
+    let exporter = lookup("OTEL_TRACES_EXPORTER").unwrap_or_default();
+    let exporter = match exporter.trim().to_ascii_lowercase().as_str() {
+        "none" => true,
+        "otlp" | "" => false,
+        _ => {
+            return Err(format!(
+                "OTEL_TRACES_EXPORTER must be otlp or none (no other exporter is built), \
+                 got {exporter:?}"
+            ));
+        }
+    };
+    Ok(match (disabled, exporter) {
+        (true, _) => Some("OTEL_SDK_DISABLED"),
+        (false, true) => Some("OTEL_TRACES_EXPORTER"),
+        (false, false) => None,
+    })
+}
+
+/// The variable that switched trace export off (see
+/// [`export_switched_off`]), for the start-up warning; `None` when export
+/// is on or the variables are refused (start-up then stops anyway).
+pub fn export_switched_off_by() -> Option<&'static str> {
+    export_switched_off(|name| std::env::var(name).ok()).ok().flatten()
 }
 
 /// The queue size the SDK would read from `OTEL_BSP_MAX_QUEUE_SIZE` (an
@@ -203,36 +260,120 @@ fn overridden_variables(
     OVERRIDDEN_VARIABLES.into_iter().filter(|(name, _)| lookup(name).is_some()).collect()
 }
 
+/// The variables naming a PEM file of CA certificates that replaces every
+/// other root for the collector (the OTLP exporter's standard ones): the
+/// traces one when it is set, else the general one.
+const CERTIFICATE_VARIABLES: [&str; 2] =
+    ["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "OTEL_EXPORTER_OTLP_CERTIFICATE"];
+/// The variables (read as OpenSSL reads them) that replace the OS store
+/// for the whole process: the file and the directories, together.
+const SSL_CERT_VARIABLES: [&str; 2] = ["SSL_CERT_FILE", "SSL_CERT_DIR"];
+
+/// The roots an `https` collector is checked against. `ca_file`
+/// (`telemetry.otlp.ca-file`) or else a certificate variable
+/// ([`CERTIFICATE_VARIABLES`]) pins its file's CAs alone (both set is an
+/// error: which one wins would be a guess);
+/// otherwise the OS store as rustls-native-certs reads it, which
+/// `SSL_CERT_FILE` / `SSL_CERT_DIR` replace (both are read when both are
+/// set). A named file or directory that cannot be read, a named file with
+/// no certificate, or no root at all is an error in the user's terms,
+/// naming the variable.
+fn trusted_roots(
+    ca_file: Option<&str>,
+    lookup: impl Fn(&str) -> Option<String>,
+) -> Result<rustls::RootCertStore, String> {
+    // An empty variable is an unset one (the OpenTelemetry convention).
+    let lookup = |name: &str| lookup(name).filter(|value| !value.is_empty());
+    let variable = CERTIFICATE_VARIABLES.into_iter().find_map(|name| Some((name, lookup(name)?)));
+    match (ca_file, variable) {
+        (Some(_), Some((variable, _))) => {
+            return Err(format!(
+                "telemetry.otlp.ca-file and {variable} both name the collector's CA file; keep one"
+            ));
+        }
+        (Some(path), None) => {
+            return pem_roots(path)
+                .map_err(|problem| format!("telemetry.otlp.ca-file ({path}) {problem}"));
+        }
+        (None, Some((variable, path))) => {
+            return pem_roots(&path).map_err(|problem| format!("{variable} ({path}) {problem}"));
+        }
+        (None, None) => {}
+    }
+    let named: Vec<&str> =
+        SSL_CERT_VARIABLES.into_iter().filter(|name| lookup(name).is_some()).collect();
+    if let Some(path) = lookup("SSL_CERT_FILE") {
+        // Read alone first: the directories would hide a file with no
+        // certificate in it (a typo, /dev/null).
+        pem_roots(&path).map_err(|problem| format!("SSL_CERT_FILE ({path}) {problem}"))?;
+    }
+    let found = rustls_native_certs::load_native_certs();
+    if !named.is_empty() && !found.errors.is_empty() {
+        let errors: Vec<String> = found.errors.iter().map(ToString::to_string).collect();
+        return Err(format!("{}: {}", named.join(" / "), errors.join("; ")));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add_parsable_certificates(found.certs);
+    if roots.is_empty() {
+        let place = if named.is_empty() {
+            "the OS certificate store".to_owned()
+        } else {
+            named.join(" / ")
+        };
+        return Err(format!("no root certificate found in {place}"));
+    }
+    Ok(roots)
+}
+
+/// The CA certificates of the PEM file at `path`, or what is wrong with
+/// it (said after the file's name).
+pub(crate) fn pem_roots(path: &str) -> Result<rustls::RootCertStore, String> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let pem = std::fs::read(path).map_err(|error| format!("cannot be read: {error}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for (at, certificate) in CertificateDer::pem_slice_iter(&pem).enumerate() {
+        let number = at + 1;
+        let certificate = certificate
+            .map_err(|error| format!("has a broken PEM certificate (number {number}): {error}"))?;
+        roots.add(certificate).map_err(|error| {
+            format!("has a certificate (number {number}) that is no usable CA: {error}")
+        })?;
+    }
+    if roots.is_empty() {
+        return Err("holds no PEM certificate (-----BEGIN CERTIFICATE-----)".to_owned());
+    }
+    Ok(roots)
+}
+
 /// The exporter's HTTP client: hyper, with rustls for an `https` endpoint
-/// (ring for the crypto, no OpenSSL) trusting the OS's root store as
-/// rustls-native-certs reads it (`SSL_CERT_FILE` / `SSL_CERT_DIR` replace
-/// it, so a private collector's CA can be named); plain TCP for `http`.
+/// (ring for the crypto, no OpenSSL) trusting [`trusted_roots`]; plain TCP
+/// for `http`.
 fn http_client(
     endpoint: &axum::http::Uri,
-    timeout: Duration,
+    otlp: &OtlpConfig,
+    lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<HyperClient<HttpsConnector<HttpConnector>>, BootstrapError> {
     let provider = rustls::crypto::ring::default_provider();
-    let builder = HttpsConnectorBuilder::new();
-    let builder = if endpoint.scheme() == Some(&axum::http::uri::Scheme::HTTPS) {
-        builder.with_provider_and_native_roots(provider).map_err(|error| {
-            BootstrapError::Wiring {
-                component: "the OTLP exporter's TLS roots (the OS store, or SSL_CERT_FILE)",
-                reason: error.to_string(),
-            }
+    // An http endpoint never starts TLS: no root is ever consulted.
+    let roots = if endpoint.scheme() == Some(&axum::http::uri::Scheme::HTTPS) {
+        trusted_roots(otlp.ca_file.as_deref(), lookup).map_err(|reason| BootstrapError::Wiring {
+            component: "the OTLP exporter's TLS roots",
+            reason,
         })?
     } else {
-        // An http endpoint never starts TLS: no root is ever consulted.
-        let config = rustls::ClientConfig::builder_with_provider(provider.into())
-            .with_safe_default_protocol_versions()
-            .map_err(|error| BootstrapError::Wiring {
-                component: "the OTLP exporter's HTTP client",
-                reason: error.to_string(),
-            })?
-            .with_root_certificates(rustls::RootCertStore::empty())
-            .with_no_client_auth();
-        builder.with_tls_config(config)
+        rustls::RootCertStore::empty()
     };
-    Ok(HyperClient::new(builder.https_or_http().enable_http1().build(), timeout, None))
+    let config = rustls::ClientConfig::builder_with_provider(provider.into())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| BootstrapError::Wiring {
+            component: "the OTLP exporter's HTTP client",
+            reason: error.to_string(),
+        })?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let builder = HttpsConnectorBuilder::new().with_tls_config(config);
+    Ok(HyperClient::new(builder.https_or_http().enable_http1().build(), otlp.timeout, None))
 }
 
 /// The running trace pipeline; [`Tracing::shutdown`] flushes it.
@@ -249,11 +390,19 @@ impl Tracing {
     pub fn start(otlp: &OtlpConfig) -> Result<Option<Self>, BootstrapError> {
         let Some(endpoint) = &otlp.endpoint else { return Ok(None) };
         let lookup = |name: &str| std::env::var(name).ok();
-        let zeroed = zeroed_batch_variables(lookup);
-        if !zeroed.is_empty() {
+        let switched_off = export_switched_off(lookup).map_err(|reason| {
+            BootstrapError::Wiring { component: "the OTLP span exporter", reason }
+        })?;
+        if switched_off.is_some() {
+            // Named in a warning once logging is installed
+            // ([`export_switched_off_by`]).
+            return Ok(None);
+        }
+        let batch_problems = batch_variable_problems(lookup);
+        if !batch_problems.is_empty() {
             return Err(BootstrapError::Wiring {
                 component: "the OTLP batch span processor",
-                reason: format!("{} must be more than 0 (or unset)", zeroed.join(", ")),
+                reason: batch_problems.join("; "),
             });
         }
         let configured: Vec<&str> = otlp.headers.keys().map(String::as_str).collect();
@@ -276,7 +425,7 @@ impl Tracing {
             .collect();
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_http_client(http_client(&uri, otlp.timeout)?)
+            .with_http_client(http_client(&uri, otlp, lookup)?)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(url)
             .with_timeout(otlp.timeout)
@@ -796,8 +945,8 @@ mod tests {
     use opentelemetry_sdk::propagation::TraceContextPropagator;
 
     use super::{
-        CallerHeaders, Queue, header_variable_problems, max_queue_size, percent_decoded,
-        zeroed_batch_variables,
+        CallerHeaders, Queue, batch_variable_problems, export_switched_off,
+        header_variable_problems, max_queue_size, percent_decoded, trusted_roots,
     };
 
     fn only(name: &'static str, value: &'static str) -> impl Fn(&str) -> Option<String> {
@@ -879,14 +1028,57 @@ mod tests {
     }
 
     #[test]
-    fn a_batch_variable_read_as_zero_is_named_and_others_are_not() {
-        let zeroed = zeroed_batch_variables(|name| match name {
+    fn a_batch_variable_read_as_zero_or_unreadable_is_named_and_others_are_not() {
+        let problems = batch_variable_problems(|name| match name {
             "OTEL_BSP_MAX_QUEUE_SIZE" => Some("0".to_owned()),
             "OTEL_BSP_SCHEDULE_DELAY" => Some("+0".to_owned()),
             "OTEL_BSP_MAX_EXPORT_BATCH_SIZE" => Some("16".to_owned()),
-            _ => Some("not a number".to_owned()),
+            _ => Some("-5".to_owned()),
         });
-        assert_eq!(zeroed, ["OTEL_BSP_MAX_QUEUE_SIZE", "OTEL_BSP_SCHEDULE_DELAY"]);
-        assert!(zeroed_batch_variables(|_| None).is_empty());
+        assert_eq!(
+            problems,
+            [
+                "OTEL_BSP_MAX_QUEUE_SIZE must be more than 0 (or unset)",
+                "OTEL_BSP_MAX_CONCURRENT_EXPORTS must be a whole number above 0, got \"-5\"",
+                "OTEL_BSP_SCHEDULE_DELAY must be more than 0 (or unset)",
+            ]
+        );
+        assert!(batch_variable_problems(|_| None).is_empty());
+    }
+
+    #[test]
+    fn the_kill_switches_turn_export_off_and_other_values_are_refused() {
+        let both = |disabled: &'static str, exporter: &'static str| {
+            move |name: &str| match name {
+                "OTEL_SDK_DISABLED" => Some(disabled.to_owned()),
+                "OTEL_TRACES_EXPORTER" => Some(exporter.to_owned()),
+                _ => None,
+            }
+        };
+        assert_eq!(export_switched_off(|_| None), Ok(None));
+        assert_eq!(export_switched_off(both("false", "otlp")), Ok(None));
+        assert_eq!(export_switched_off(both("", "")), Ok(None));
+        assert_eq!(export_switched_off(both("TRUE", "otlp")), Ok(Some("OTEL_SDK_DISABLED")));
+        assert_eq!(export_switched_off(both("true", "none")), Ok(Some("OTEL_SDK_DISABLED")));
+        assert_eq!(export_switched_off(both("false", " none")), Ok(Some("OTEL_TRACES_EXPORTER")));
+        let refused = export_switched_off(both("yes", "otlp")).unwrap_err();
+        assert!(refused.starts_with("OTEL_SDK_DISABLED "), "{refused}");
+        let refused = export_switched_off(both("false", "zipkin")).unwrap_err();
+        assert!(refused.starts_with("OTEL_TRACES_EXPORTER "), "{refused}");
+    }
+
+    #[test]
+    fn the_ca_file_key_and_a_certificate_variable_together_are_refused_naming_both() {
+        let lookup = only("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/collector-ca.pem");
+        let refused = trusted_roots(Some("/etc/other-ca.pem"), lookup).unwrap_err();
+        assert!(refused.contains("telemetry.otlp.ca-file"), "{refused}");
+        assert!(refused.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "{refused}");
+        // An empty variable is an unset one: the key alone decides.
+        let empty = only("OTEL_EXPORTER_OTLP_CERTIFICATE", "");
+        let missing = trusted_roots(Some("/nonexistent/ca.pem"), empty).unwrap_err();
+        assert!(
+            missing.starts_with("telemetry.otlp.ca-file (/nonexistent/ca.pem) cannot be read"),
+            "{missing}"
+        );
     }
 }

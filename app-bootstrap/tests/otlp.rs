@@ -749,6 +749,33 @@ fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
     assert!(exported >= 5, "only {exported} spans exported; logs: {:#?}", serve.logs());
 }
 
+/// Serves two requests exporting to `collector` over TLS with the extra
+/// `telemetry.otlp` lines `extra` and the variables `env`; asserts the
+/// collector got the caller's trace, and returns what it received.
+fn spans_reach(collector: &TlsIdentity, extra: &str, env: &[(&str, &str)]) -> Received {
+    let (endpoint, received) = tls_receiver(collector);
+    assert!(endpoint.starts_with("https://"));
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, extra), "info", env);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    stop(&mut serve);
+    let (request, _decision, _) = checked_trace(&received);
+    assert_eq!(request.name, "GET /api/hello");
+    received
+}
+
+/// [`spans_reach`] to a collector the binary must not trust: each export
+/// fails and is counted, and the collector gets no span.
+fn no_span_reaches(collector: &TlsIdentity, extra: &str, env: &[(&str, &str)]) {
+    let (endpoint, received) = tls_receiver(collector);
+    let mut env = env.to_vec();
+    env.push(("OTEL_BSP_SCHEDULE_DELAY", "50"));
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, extra), "info", &env);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    wait_for_failures(&serve.base, 1);
+    stop(&mut serve);
+    assert!(received.spans().is_empty(), "an untrusted collector got spans");
+}
+
 /// An `https://` endpoint: rustls under the exporter's hyper client,
 /// trusting what `SSL_CERT_FILE` names (it replaces the OS store). It was
 /// refused at start-up (no TLS in the build). A certificate the binary
@@ -756,24 +783,10 @@ fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
 #[test]
 fn an_https_collector_gets_the_spans_and_an_untrusted_one_none() {
     let collector = TlsIdentity::new();
-    let (endpoint, received) = tls_receiver(&collector);
-    assert!(endpoint.starts_with("https://"));
-    let trusted = [("SSL_CERT_FILE", collector.pem_file())];
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &trusted);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    stop(&mut serve);
-    let (request, _decision, _) = checked_trace(&received);
-    assert_eq!(request.name, "GET /api/hello");
+    let received = spans_reach(&collector, "", &[("SSL_CERT_FILE", collector.pem_file())]);
     assert_no_raw_subject(&received);
-
     let stranger = TlsIdentity::new();
-    let (endpoint, received) = tls_receiver(&collector);
-    let untrusted = [("SSL_CERT_FILE", stranger.pem_file()), ("OTEL_BSP_SCHEDULE_DELAY", "50")];
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &untrusted);
-    assert_eq!(two_requests(&serve.base), [200, 200]);
-    wait_for_failures(&serve.base, 1);
-    stop(&mut serve);
-    assert!(received.spans().is_empty(), "an untrusted collector got spans");
+    no_span_reaches(&collector, "", &[("SSL_CERT_FILE", stranger.pem_file())]);
 }
 
 /// An `https://` endpoint with no root certificate to trust (here
@@ -784,6 +797,142 @@ fn an_https_endpoint_without_roots_stops_start_up() {
     let missing = [("SSL_CERT_FILE", "/nonexistent/otlp-test-ca.pem")];
     let stderr = start_up_refused_at("https://127.0.0.1:4318", &missing);
     assert!(stderr.contains("TLS roots"), "names the roots: {stderr}");
+}
+
+/// Issue 21, F2: `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` (else
+/// `OTEL_EXPORTER_OTLP_CERTIFICATE`) names a PEM file of CAs that replaces
+/// every other root: its collector gets the spans, and a collector only
+/// `SSL_CERT_FILE` trusts gets none (the variables were ignored).
+#[test]
+fn a_pinned_ca_trusts_its_collector_and_refuses_another() {
+    let collector = TlsIdentity::new();
+    spans_reach(&collector, "", &[("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", collector.pem_file())]);
+    let stranger = TlsIdentity::new();
+    let env = [
+        ("OTEL_EXPORTER_OTLP_CERTIFICATE", collector.pem_file()),
+        ("SSL_CERT_FILE", stranger.pem_file()),
+    ];
+    no_span_reaches(&stranger, "", &env);
+}
+
+/// Issue 21, F2: `telemetry.otlp.ca-file` pins a CA the same way, and
+/// beats `SSL_CERT_FILE`: its collector gets the spans, another that only
+/// `SSL_CERT_FILE` trusts gets none.
+#[test]
+fn a_ca_file_key_trusts_its_collector_and_refuses_another() {
+    let collector = TlsIdentity::new();
+    let pinned = format!("ca-file = {:?}", collector.pem_file());
+    spans_reach(&collector, &pinned, &[]);
+    let stranger = TlsIdentity::new();
+    no_span_reaches(&stranger, &pinned, &[("SSL_CERT_FILE", stranger.pem_file())]);
+}
+
+/// What a refusal of the TLS roots must not print: Rust's Debug output.
+fn assert_no_debug_output(stderr: &str) {
+    for internal in ["Error {", "kind:", "Os {", "inner:"] {
+        assert!(!stderr.contains(internal), "Debug output ({internal}): {stderr}");
+    }
+}
+
+/// Issue 21, F2: a pinned CA file that is missing or holds no certificate
+/// stops start-up naming the variable and what is wrong, in words; so
+/// does an `SSL_CERT_FILE` with no certificate although `SSL_CERT_DIR`
+/// holds some (the directory hid it: `/dev/null` started and trusted the
+/// directory's roots), and an `SSL_CERT_DIR` that does not exist.
+#[test]
+fn a_bad_ca_file_stops_start_up_naming_the_variable() {
+    const HTTPS: &str = "https://127.0.0.1:4318";
+    let collector = TlsIdentity::new();
+    let directory = collector.pem_file.parent().unwrap().to_str().unwrap().to_owned();
+    let not_pem = collector.pem_file.with_file_name("not-a-certificate.txt");
+    std::fs::write(&not_pem, "not a certificate\n").unwrap();
+    let not_pem = not_pem.to_str().unwrap();
+
+    let missing = "/nonexistent/otlp-test-ca.pem";
+    let stderr = start_up_refused_at(HTTPS, &[("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", missing)]);
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"), "{stderr}");
+    assert!(stderr.contains(missing) && stderr.contains("cannot be read"), "{stderr}");
+    assert_no_debug_output(&stderr);
+
+    let stderr = start_up_refused_at(HTTPS, &[("OTEL_EXPORTER_OTLP_CERTIFICATE", not_pem)]);
+    assert!(stderr.contains("OTEL_EXPORTER_OTLP_CERTIFICATE"), "{stderr}");
+    assert!(stderr.contains("holds no PEM certificate"), "{stderr}");
+    assert_no_debug_output(&stderr);
+
+    for file in ["/dev/null", not_pem] {
+        let env = [("SSL_CERT_FILE", file), ("SSL_CERT_DIR", directory.as_str())];
+        let stderr = start_up_refused_at(HTTPS, &env);
+        assert!(stderr.contains("SSL_CERT_FILE") && stderr.contains(file), "{stderr}");
+        assert!(stderr.contains("holds no PEM certificate"), "{stderr}");
+        assert_no_debug_output(&stderr);
+    }
+
+    let stderr = start_up_refused_at(HTTPS, &[("SSL_CERT_DIR", "/nonexistent/otlp-certs")]);
+    assert!(stderr.contains("SSL_CERT_DIR") && stderr.contains("/nonexistent"), "{stderr}");
+    assert_no_debug_output(&stderr);
+}
+
+/// Issue 21, F3: the SDK's kill switches were ignored. With
+/// `OTEL_SDK_DISABLED=true`, or `OTEL_TRACES_EXPORTER=none`, and an
+/// endpoint configured, requests are served, no span reaches the
+/// collector, and a warning names the variable.
+#[test]
+fn the_sdk_kill_switches_turn_export_off_with_a_warning() {
+    for switch in [("OTEL_SDK_DISABLED", "true"), ("OTEL_TRACES_EXPORTER", "none")] {
+        let (endpoint, received) = receiver();
+        let env = [switch, ("OTEL_BSP_SCHEDULE_DELAY", "50")];
+        let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+        assert_eq!(two_requests(&serve.base), [200, 200], "{switch:?}");
+        stop(&mut serve);
+        assert!(received.spans().is_empty(), "{switch:?}: spans were exported");
+        let warned = serve.logs().into_iter().any(|line| {
+            line.contains("\"WARN\"")
+                && line.contains("traces are not exported")
+                && line.contains(switch.0)
+        });
+        assert!(warned, "{switch:?}: no warning naming it: {:#?}", serve.logs());
+    }
+}
+
+/// Issue 21, F3: a kill switch or batch variable the SDK cannot read was
+/// dropped without a word (`OTEL_BSP_SCHEDULE_DELAY=-5` ran at the
+/// default, while `0` was refused); each now stops start-up naming it.
+#[test]
+fn an_unreadable_sdk_variable_stops_start_up_naming_it() {
+    for (variable, value) in [
+        ("OTEL_BSP_SCHEDULE_DELAY", "-5"),
+        ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "abc"),
+        ("OTEL_SDK_DISABLED", "yes"),
+        ("OTEL_TRACES_EXPORTER", "zipkin"),
+    ] {
+        let stderr = start_up_refused(&[(variable, value)]);
+        assert!(stderr.contains(variable), "names {variable}: {stderr}");
+    }
+}
+
+/// Issue 21, F3: `OTEL_PROPAGATORS` and the mTLS client variables are
+/// not obeyed (W3C trace context only, no client certificate built): one
+/// that is set is named in the start-up warning, not ignored silently.
+#[test]
+fn sdk_variables_not_obeyed_are_named_in_a_warning() {
+    let (endpoint, _received) = receiver();
+    let env = [
+        ("OTEL_PROPAGATORS", "b3"),
+        ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/run/secrets/client.key"),
+        ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "/run/secrets/client.pem"),
+    ];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, ""), "info", &env);
+    stop(&mut serve);
+    let warnings: Vec<String> = serve
+        .logs()
+        .into_iter()
+        .filter(|line| line.contains("\"WARN\"") && line.contains("set but not obeyed"))
+        .collect();
+    for (variable, _) in env {
+        let named = warnings.iter().any(|line| line.contains(&format!("\"{variable}\"")));
+        assert!(named, "{variable} not named: {warnings:#?}");
+    }
+    assert!(!warnings.iter().any(|line| line.contains("/run/secrets")), "{warnings:#?}");
 }
 
 /// The Envoy front end: a `ShouldRateLimit` call with a W3C `traceparent`

@@ -1614,6 +1614,53 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
     });
 }
 
+/// Issue 21, F2: `telemetry.otlp.ca-file` pins the collector's CA; a file
+/// that is missing or holds no certificate is refused naming the key and
+/// saying what is wrong (check-config catches a typo).
+#[test]
+fn a_ca_file_that_is_missing_or_holds_no_certificate_is_named_by_its_key() {
+    jail(|jail| {
+        let ca = rcgen::generate_simple_self_signed(vec!["collector".to_owned()]).unwrap();
+        jail.create_file("ca.pem", &ca.cert.pem()).unwrap();
+        jail.create_file("not-pem.txt", "not a certificate\n").unwrap();
+        let with = |file: &str| {
+            format!(
+                "{BASE}[telemetry.otlp]\nendpoint = \"https://collector:4318\"\n\
+                 ca-file = \"{file}\"\n"
+            )
+        };
+        let config = load_file(jail, &with("ca.pem")).unwrap();
+        assert_eq!(config.telemetry.otlp.ca_file.as_deref(), Some("ca.pem"));
+        for (file, what) in
+            [("missing.pem", "cannot be read"), ("not-pem.txt", "holds no PEM certificate")]
+        {
+            let named = problems(load_file(jail, &with(file)));
+            assert_eq!(named.len(), 1, "{named:?}");
+            assert_eq!(named[0].0, "telemetry.otlp.ca-file");
+            assert!(named[0].1.contains(file) && named[0].1.contains(what), "{named:?}");
+        }
+    });
+}
+
+/// Issue 21: a `sample-ratio` that is no number said `expected f64`; it
+/// now says what the key takes. An integer 0 or 1 is a ratio too.
+#[test]
+fn a_sample_ratio_that_is_no_number_says_what_the_key_takes() {
+    jail(|jail| {
+        for ratio in ["\"0.5\"", "true", "[0.5]"] {
+            let file = format!("{BASE}[telemetry.otlp]\nsample-ratio = {ratio}\n");
+            let error = load_file(jail, &file).unwrap_err().to_string();
+            assert!(error.contains("telemetry.otlp.sample-ratio"), "{error}");
+            assert!(error.contains("expected a number from 0.0 to 1.0"), "{ratio}: {error}");
+            assert!(!error.contains("f64"), "{error}");
+        }
+        for (ratio, read) in [("0", 0.0), ("1", 1.0), ("0.25", 0.25)] {
+            let file = format!("{BASE}[telemetry.otlp]\nsample-ratio = {ratio}\n");
+            assert_eq!(load_file(jail, &file).unwrap().telemetry.otlp.sample_ratio, read);
+        }
+    });
+}
+
 #[test]
 fn the_envoy_rls_listener_never_takes_another_listeners_port() {
     jail(|jail| {
@@ -1737,21 +1784,33 @@ fn a_wrong_scheme_endpoint_names_the_scheme_and_never_prints_the_url() {
 }
 
 /// Issue 21, D6: an endpoint without a host, with port 0 or with a
-/// fragment stops start-up naming the key.
+/// fragment stops start-up naming the key; so does a port past 65535 or
+/// an empty one (the URI parser reads no port, and the client would dial
+/// port 80 or 443 instead: issue 21, F6).
 #[test]
 fn an_endpoint_without_a_host_with_port_zero_or_a_fragment_is_refused() {
     jail(|jail| {
         for endpoint in [
             "http://:14318",
             "http://collector:0",
+            "http://127.0.0.1:99999",
+            "https://[::1]:65536",
+            "http://collector:",
             "http://collector:4318#frag",
             "http://collector:4318/otlp#",
         ] {
             let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{endpoint}\"\n");
             assert_eq!(paths(load_file(jail, &file)), ["telemetry.otlp.endpoint"], "{endpoint}");
         }
-        let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"http://collector:4318/otlp/\"\n");
-        assert!(load_file(jail, &file).is_ok());
+        let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"http://127.0.0.1:99999\"\n");
+        let error = load_file(jail, &file).unwrap_err().to_string();
+        assert!(error.contains("\"99999\" is not a port number"), "{error}");
+        for good in
+            ["http://collector:4318/otlp/", "https://[::1]:4318", "http://[::1]", "http://c:65535"]
+        {
+            let file = format!("{BASE}[telemetry.otlp]\nendpoint = \"{good}\"\n");
+            assert!(load_file(jail, &file).is_ok(), "{good}");
+        }
     });
 }
 

@@ -188,13 +188,19 @@ fn at_most(path: KeyPath, value: Duration, max: Duration, problems: &mut ConfigP
     }
 }
 
-/// `telemetry.otlp`: an `http` or `https` URL with a host, a ratio in
+/// `telemetry.otlp`: an `http` or `https` URL with a host, a CA file with
+/// a certificate in it, a ratio in
 /// `0..=1`, a service name, a timeout above zero, and headers an HTTP
 /// request can carry (a bad value is named by its key, never shown).
 fn otlp(otlp: &OtlpConfig, problems: &mut ConfigProblems) {
     let at = |key: &str| KeyPath::root().dotted("telemetry.otlp").child(key);
     if let Some(problem) = otlp.endpoint.as_deref().and_then(endpoint_problem) {
         problems.push(at("endpoint"), problem);
+    }
+    if let Some(file) = &otlp.ca_file {
+        if let Err(problem) = crate::telemetry::pem_roots(file) {
+            problems.push(at("ca-file"), format!("{file:?} {problem}"));
+        }
     }
     if !(0.0..=1.0).contains(&otlp.sample_ratio) {
         problems.push(
@@ -269,6 +275,10 @@ fn endpoint_problem(endpoint: &str) -> Option<String> {
         "must carry no user or password; put a credential in telemetry.otlp.headers".to_owned()
     } else if uri.host().is_none_or(str::is_empty) {
         "must name a host, like \"http://127.0.0.1:4318\"".to_owned()
+    } else if let Some(port) = written_port(&uri).filter(|port| port.parse::<u16>().is_err()) {
+        // The URI parser takes any digits and then reports no port at all:
+        // the client would dial the scheme's default port instead.
+        format!("port {port:?} is not a port number (1 to 65535; OTLP/HTTP listens on 4318)")
     } else if uri.port_u16() == Some(0) {
         "port 0 is no collector's port; name the port it listens on (OTLP/HTTP: 4318)".to_owned()
     } else if uri.query().is_some() {
@@ -280,6 +290,13 @@ fn endpoint_problem(endpoint: &str) -> Option<String> {
         return None;
     };
     Some(problem)
+}
+
+/// The port as written after the host (`""` for a bare `:`), if any; the
+/// host may be an IPv6 literal in brackets, whose colons are not a port's.
+fn written_port(uri: &axum::http::Uri) -> Option<&str> {
+    let (_, port) = uri.authority()?.as_str().rsplit_once(':')?;
+    (!port.contains(']')).then_some(port)
 }
 
 /// Headers the exporter's HTTP client writes to frame the request (or the
