@@ -225,16 +225,49 @@ async fn call_with_timeout_header(
 
 #[tokio::test]
 async fn a_grpc_timeout_that_ends_mid_call_answers_unavailable_with_the_category() {
+    // The test's runtime has one thread: the server's tasks count into
+    // this recorder too.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _recording = metrics::set_default_local_recorder(&recorder);
     let clock = scenarios::clock();
     let port = Arc::new(Hanging(memory(scenarios::policies(), clock.clone())));
-    let rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
     let look = descriptor(&[("remote_address", "10.1.0.7")], Some(0));
-    for (descriptors, timeout) in [(vec![ip("10.1.0.7")], "20m"), (vec![look], "3m")] {
+    // Long enough for each call to reach the provider before it ends; a
+    // server each: on this one-thread runtime a second call to the server
+    // whose call the deadline ended did not reach the service in 20 ms.
+    for (descriptors, timeout) in [(vec![ip("10.1.0.7")], "20m"), (vec![look], "20m")] {
+        let engine = engine(port.clone(), Arc::new(clock.clone()), &scenarios::rules());
+        let rls = Rls::start(engine).await;
         let (status, message) =
             call_with_timeout_header(rls.addr, request("edge", descriptors, 0), timeout).await;
         // 14 = UNAVAILABLE; tonic's own timer would answer 1 = CANCELLED.
         assert_eq!((status.as_str(), message.contains("indeterminate")), ("14", true), "{message}");
     }
+    // Each ended call is a decision of its category (the provider may
+    // have charged): the evaluation and the look, both of per-ip.
+    let text = metrics.render();
+    let sample = |prefix: &str, labels: &[&str]| {
+        text.lines()
+            .filter(|line| line.starts_with(prefix))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    let indeterminate = [
+        "policy=\"per-ip\"",
+        "outcome=\"indeterminate\"",
+        "cached=\"false\"",
+        "front=\"envoy-rls\"",
+    ];
+    assert_eq!(sample("ca_skeleton_rate_limit_decisions_total{", &indeterminate), 2.0, "{text}");
+    // The evaluation's time is observed; a look is no evaluation.
+    let evaluated = ["policy=\"per-ip\"", "front=\"envoy-rls\""];
+    assert_eq!(
+        sample("ca_skeleton_rate_limit_evaluation_seconds_count{", &evaluated),
+        1.0,
+        "{text}"
+    );
 }
 
 #[tokio::test]
