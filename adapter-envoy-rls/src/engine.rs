@@ -178,6 +178,12 @@ impl RlsEngine {
         self.rules.limited(rule).map(|rule| rule.operation.clone())
     }
 
+    /// Whether the limited rule at `rule` lists `policy`: only then is a
+    /// call of the rule ever charged under it.
+    pub fn rule_lists(&self, rule: usize, policy: &PolicyId) -> bool {
+        self.rules.limited(rule).is_some_and(|rule| rule.policies.ids().contains(policy))
+    }
+
     /// How long a call may take: the evaluation budget, or the call's
     /// `grpc-timeout` when that is shorter.
     pub fn evaluation_deadline(&self, timeout: Option<Duration>) -> Duration {
