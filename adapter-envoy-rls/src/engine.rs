@@ -117,6 +117,13 @@ impl Step<'_> {
         self.members.iter().any(|member| member.id == *id)
     }
 
+    /// The budget `member` is kept under in this step: the subject, and
+    /// for an operation-scoped policy the rule's operation.
+    pub(crate) fn budget_of(&self, member: &Member) -> (SubjectDigest, Option<OperationDigest>) {
+        let operation = member.operation_scoped().then(|| self.rule.operation.clone());
+        (self.subject.clone(), operation)
+    }
+
     fn enforces(&self) -> bool {
         self.members.iter().any(|member| member.enforced())
     }
@@ -397,8 +404,8 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<An
             decisions.push(RateLimitDecision::UNUSED);
             continue;
         }
-        let operation = member.operation_scoped().then(|| step.rule.operation.clone());
-        let key = BudgetKey::new(step.subject.clone(), member.id.clone(), operation);
+        let (subject, operation) = step.budget_of(member);
+        let key = BudgetKey::new(subject, member.id.clone(), operation);
         let mut pending = UnrecordedLook(Some(member));
         let state = port.inspect(&key).await.map_err(|failure| {
             tracing::warn!(failure = failure.name(), "envoy rls look failed closed");
