@@ -1116,16 +1116,35 @@ fn describe(rule: &Rule) -> String {
 /// `text` safe on one line of a TOML comment or of stderr: a control
 /// character (a newline or an escape in a descriptor value, say) is
 /// escaped, so no value ends the comment and starts a line of TOML, or
-/// drives the terminal.
+/// drives the terminal; so is an invisible format or separator character,
+/// so no value reorders (bidi overrides), hides (zero-width) or breaks
+/// (line and paragraph separators) the line a reader sees.
 pub(crate) fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
-            let escape = c.is_control() && c != '\t';
+            let escape = (c.is_control() && c != '\t') || is_invisible_format(c);
             let (plain, escaped) =
                 if escape { (None, Some(c.escape_default())) } else { (Some(c), None) };
             plain.into_iter().chain(escaped.into_iter().flatten())
         })
         .collect()
+}
+
+/// The format and separator characters a terminal or an editor does not
+/// show as themselves: the bidi marks, embeddings, overrides and isolates
+/// (U+061C, U+200E/U+200F, U+202A..U+202E, U+2066..U+2069), the zero-width
+/// ones (U+200B..U+200D, U+2060, U+FEFF) and the line and paragraph
+/// separators (U+2028, U+2029).
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 /// A TOML basic string, escaped by the toml crate.

@@ -667,6 +667,52 @@ descriptors:
     assert!(warnings.iter().any(|w| w.contains("a\\u{7}=\\u{1b}]0;title\\u{7}")), "{warnings:?}");
 }
 
+/// The invisible format and separator characters (bidi overrides and
+/// isolates, zero-width ones, line and paragraph separators, the BOM) are
+/// escaped as control characters are: in every problem, every warning and
+/// every comment of the TOML.
+#[test]
+fn invisible_format_characters_are_escaped_in_problems_warnings_and_comments() {
+    const INVISIBLE: [char; 17] = [
+        '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}', '\u{2067}',
+        '\u{2068}', '\u{2069}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{200e}', '\u{200f}',
+        '\u{2028}', '\u{2029}', '\u{feff}',
+    ];
+    let shown = |text: &str| !text.chars().any(|c| INVISIBLE.contains(&c));
+    let every: String = INVISIBLE.iter().collect();
+    // A value holding each, a detailed_metric warning that names it.
+    let good = format!(
+        "domain: \"ed\u{202e}ge\"\ndescriptors:\n  - key: k\n    value: \"v{every}\"\n    \
+         detailed_metric: true\n    rate_limit: {{ unit: second, requests_per_unit: 1 }}\n"
+    );
+    let imported = convert(&[Source { name: "r\u{2067}l.yaml", text: &good }]).unwrap();
+    assert!(!imported.warnings.is_empty());
+    for warning in &imported.warnings {
+        assert!(shown(warning), "{warning:?}");
+    }
+    let comments: Vec<&str> =
+        imported.toml.lines().filter(|line| line.trim_start().starts_with('#')).collect();
+    assert!(comments.iter().any(|line| line.contains("ed\\u{202e}ge")), "{comments:#?}");
+    assert!(
+        comments.iter().any(|line| line.contains("\\u{2028}\\u{2029}\\u{feff}")),
+        "{comments:#?}"
+    );
+    for line in comments {
+        assert!(shown(line), "{line:?}");
+    }
+    // A problem names the file, the domain and the unit as they are, escaped.
+    let bad = "domain: \"ed\u{202e}ge\"\ndescriptors:\n  - key: \"b\u{200b}\"\n    \
+               rate_limit: { unit: \"sec\u{2028}ond\", requests_per_unit: 1 }\n";
+    let result = convert(&[Source { name: "r\u{2067}l.yaml", text: bad }]);
+    let Err(BootstrapError::Import { problems }) = result else {
+        panic!("expected problems, got {result:?}");
+    };
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(shown(&problems[0]), "{problems:?}");
+    assert!(problems[0].starts_with("r\\u{2067}l.yaml"), "{problems:?}");
+    assert!(problems[0].contains("ed\\u{202e}ge > b\\u{200b}"), "{problems:?}");
+}
+
 #[test]
 fn every_problem_of_every_file_is_reported_at_once() {
     let first = "domain: many
