@@ -14,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use shared_contract::{RateLimitOutcome, RateLimitRequest as PortRequest};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -363,7 +363,7 @@ pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 /// readiness loop (every [`READINESS_INTERVAL`]) update, so a watcher gets
 /// a new message whenever readiness changes, and only then.
 /// The overall service (`""`) and [`RATE_LIMIT_SERVICE_NAME`] are known;
-/// any other name is `NOT_FOUND`.
+/// `Check` answers any other name `NOT_FOUND`, `Watch` `SERVICE_UNKNOWN`.
 #[derive(Debug, Clone)]
 pub struct ProviderHealth {
     switch: RlsSwitch,
@@ -463,11 +463,14 @@ impl Health for ProviderHealth {
     type WatchStream = WatchStream;
 
     /// The status now, then each change, until the client ends the call.
+    /// An unknown service gets `SERVICE_UNKNOWN` and the stream stays
+    /// open (the health protocol: the service may be added later; here it
+    /// never is), ending at shutdown with the others.
     async fn watch(
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Self::known(&request.get_ref().service)?;
+        let known = Self::known(&request.get_ref().service).is_ok();
         // The status the stream starts with is the provider's now.
         if self.observe().await == tonic_health::ServingStatus::NotServing
             && self.reported.lock().await.closed
@@ -475,7 +478,16 @@ impl Health for ProviderHealth {
             return Err(Status::unavailable("the listener is shutting down"));
         }
         let statuses = HealthService::from_health_reporter(self.reporter.clone());
-        let stream = statuses.watch(request).await?.into_inner();
+        if known {
+            let stream = statuses.watch(request).await?.into_inner();
+            return Ok(Response::new(Box::pin(stream)));
+        }
+        // The overall status's stream, of which only the end is kept.
+        let overall = HealthCheckRequest { service: String::new() };
+        let until_shutdown = statuses.watch(Request::new(overall)).await?.into_inner();
+        let unknown = HealthCheckResponse { status: ServingStatus::ServiceUnknown.into() };
+        let stream = futures::stream::once(std::future::ready(Ok(unknown)))
+            .chain(until_shutdown.filter_map(|_| std::future::ready(None)));
         Ok(Response::new(Box::pin(stream)))
     }
 }

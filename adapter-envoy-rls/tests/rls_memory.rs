@@ -309,9 +309,22 @@ async fn the_listener_drains_and_stops_on_shutdown() {
         ServingStatus::try_from(message.expect("a status").status).unwrap()
     };
     assert_eq!(status(watch.message().await.unwrap()), ServingStatus::Serving);
+    // An unknown service: SERVICE_UNKNOWN, and the stream stays open (the
+    // gRPC health protocol), where Check answers NOT_FOUND.
+    let mut health = rls.health().await;
+    let unknown = tonic_health::pb::HealthCheckRequest { service: "other".to_owned() };
+    let mut unknown_watch = health.watch(unknown.clone()).await.unwrap().into_inner();
+    assert_eq!(status(unknown_watch.message().await.unwrap()), ServingStatus::ServiceUnknown);
+    let checked = health.check(unknown).await.unwrap_err();
+    assert_eq!(checked.code(), tonic::Code::NotFound);
+    // The Check's answer came after anything the watch was sent on the
+    // same connection: no end of the stream had come.
+    use futures::FutureExt;
+    assert!(unknown_watch.message().now_or_never().is_none(), "the watch ended");
     rls.stop();
     assert_eq!(status(watch.message().await.unwrap()), ServingStatus::NotServing);
     assert!(watch.message().await.unwrap().is_none(), "the watch ends");
+    assert!(unknown_watch.message().await.unwrap().is_none(), "the unknown watch ends");
     let served = (&mut rls.served).await.unwrap();
     assert_eq!(served, Ok(()));
     assert!(tokio::net::TcpStream::connect(rls.addr).await.is_err(), "still accepting");
