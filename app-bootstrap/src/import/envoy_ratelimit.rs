@@ -222,7 +222,8 @@ impl<'de> Deserialize<'de> for Count {
                 u32::try_from(value).map(Count).map_err(|_| refused(value))
             }
             fn visit_f64<E: de::Error>(self, value: f64) -> Result<Count, E> {
-                Err(refused(value))
+                // `Debug`, so a float reads as one: `1.0`, not `1`.
+                Err(refused(format_args!("{value:?}")))
             }
             fn visit_bool<E: de::Error>(self, value: bool) -> Result<Count, E> {
                 Err(refused(value))
@@ -874,6 +875,9 @@ fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
             max_nodes: max_nodes,
             max_events: max_nodes * 4,
             max_depth: MAX_YAML_DEPTH,
+            // What aliases repeat counts against the same limit as the
+            // nodes written out.
+            max_recorded_anchor_events: max_nodes,
         },
         with_snippet: false,
     }
@@ -884,9 +888,18 @@ fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
 /// type names).
 fn yaml_problem(error: &serde_saphyr::Error) -> String {
     use serde_saphyr::budget::BudgetBreach;
+    use serde_saphyr::granit_parser::ErrorKind;
+    use serde_saphyr::localizer::ExternalMessageSource;
     use serde_saphyr::{Error, MessageFormatter, UserMessageFormatter};
     let error = error.without_snippet();
-    let what = match error {
+    // The reader's own error, under the alias locations it may carry (the
+    // location said is the outer one: where the alias is used).
+    let mut cause = error;
+    while let Error::AliasError { error, .. } | Error::WithSnippet { error, .. } = cause {
+        cause = error;
+    }
+    let depth = || format!("nested deeper than {MAX_YAML_DEPTH} levels of lists and maps");
+    let what = match cause {
         Error::Budget {
             breach: BudgetBreach::Nodes { .. } | BudgetBreach::Events { .. }, ..
         } => {
@@ -895,8 +908,30 @@ fn yaml_problem(error: &serde_saphyr::Error) -> String {
                  one file may hold: split the domain's descriptors over several files"
             )
         }
-        Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => {
-            format!("nested deeper than {MAX_YAML_DEPTH} levels of lists and maps")
+        Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => depth(),
+        Error::Budget { breach: BudgetBreach::RecordedAnchorEvents { .. }, .. } => {
+            format!(
+                "aliases (`*name`) repeat more than {MAX_YAML_NODES} YAML nodes (keys, values, \
+                 lists and maps), the most one file may hold: write the descriptors out"
+            )
+        }
+        // The parser's own bound on `[`/`{` nesting, past the depth limit.
+        Error::ExternalMessage { source, .. }
+            if matches!(
+                &**source,
+                ExternalMessageSource::Parser(scan)
+                    if matches!(scan.kind(), ErrorKind::RecursionLimitExceeded)
+            ) =>
+        {
+            depth()
+        }
+        Error::TaggedScalarCannotDeserializeIntoString { .. } => {
+            "a tagged value (`!!int`, `!!str`, ...) where plain text is expected: remove the tag"
+                .to_owned()
+        }
+        Error::RecursiveReferencesRequireWeakTypes { .. } => {
+            "an alias (`*name`) inside the list or map it names: it would repeat for ever"
+                .to_owned()
         }
         Error::Budget { .. } => {
             "too many aliases, anchors or documents, or too much text, for a configuration"

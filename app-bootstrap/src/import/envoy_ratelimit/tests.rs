@@ -584,6 +584,25 @@ fn yaml_errors_say_what_is_wrong_in_the_users_terms() {
         (limit("99999999999"), number("99999999999")),
         (limit("lots"), number("\"lots\"")),
         (limit("1.5"), number("1.5")),
+        // A float that is whole still reads as a float.
+        (
+            limit("!!float 1.0"),
+            number("1.0").replace("column 52", "column 60"), // past the tag
+        ),
+        (limit("1e3"), number("1000.0")),
+        (
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: { unit: !!int 3, requests_per_unit: 1 }\n"
+                .to_owned(),
+            "rl.yaml: line 4, column 31: a tagged value (`!!int`, `!!str`, ...) where plain text \
+             is expected: remove the tag"
+                .to_owned(),
+        ),
+        (
+            "domain: edge\ndescriptors:\n  - &a\n    key: k\n    descriptors: [*a]\n".to_owned(),
+            "rl.yaml: line 5, column 19: an alias (`*name`) inside the list or map it names: it \
+             would repeat for ever"
+                .to_owned(),
+        ),
         (
             "domain: edge\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n".to_owned(),
             "rl.yaml: line 4, column 18: expected true or false, found \"maybe\"".to_owned(),
@@ -600,6 +619,27 @@ fn yaml_errors_say_what_is_wrong_in_the_users_terms() {
     ];
     for (text, expected) in cases {
         assert_eq!(refused(&text), [expected], "{text}");
+    }
+    // Past the reader's limits, where the reader says where.
+    let ten = |item: &str| vec![item; 10].join(",");
+    let mut bomb = format!("domain: edge\na0: &a0 [{}]\n", ten("\"x\""));
+    for level in 1..12 {
+        bomb.push_str(&format!("a{level}: &a{level} [{}]\n", ten(&format!("*a{}", level - 1))));
+    }
+    bomb.push_str("descriptors: *a11\n");
+    let deep = format!("domain: edge\ndescriptors: {}{}\n", "[".repeat(5000), "]".repeat(5000));
+    for (text, what) in [
+        (
+            bomb,
+            "aliases (`*name`) repeat more than 1000000 YAML nodes (keys, values, lists and \
+             maps), the most one file may hold: write the descriptors out",
+        ),
+        (deep, "nested deeper than 64 levels of lists and maps"),
+    ] {
+        let problems = refused(&text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("rl.yaml: line "), "{problems:?}");
+        assert!(problems[0].ends_with(&format!(": {what}")), "{problems:?}");
     }
 }
 
