@@ -621,7 +621,7 @@ fn yaml_errors_say_what_is_wrong_in_the_users_terms() {
         assert_eq!(refused(&text), [expected], "{text}");
     }
     // Past the reader's limits, where the reader says where.
-    let ten = |item: &str| vec![item; 10].join(",");
+    let ten = |item: &str| [item; 10].join(",");
     let mut bomb = format!("domain: edge\na0: &a0 [{}]\n", ten("\"x\""));
     for level in 1..12 {
         bomb.push_str(&format!("a{level}: &a{level} [{}]\n", ten(&format!("*a{}", level - 1))));
