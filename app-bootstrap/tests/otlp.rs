@@ -830,12 +830,8 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
     assert_eq!(code, 1, "OK (envoy's code 1)");
     stop(&mut serve);
 
-    let trace = callers_trace(&received);
-    let call = server_span_under_the_caller(
-        &trace,
-        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-    );
-    let attrs = attributes(call);
+    let (call, decision) = rls_call_and_decision(&received);
+    let attrs = attributes(&call);
     for (key, value) in [
         ("rpc.system", string("grpc")),
         ("rpc.service", string("envoy.service.ratelimit.v3.RateLimitService")),
@@ -844,12 +840,7 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
     ] {
         assert_eq!(attrs.get(key), Some(&value), "{key} in {attrs:?}");
     }
-    let decision = trace
-        .iter()
-        .find(|span| span.name == "rate_limit.decision")
-        .unwrap_or_else(|| panic!("no decision span in the trace: {trace:#?}"));
-    assert_eq!(decision.parent_span_id, call.span_id);
-    let attrs = attributes(decision);
+    let attrs = attributes(&decision);
     for (key, value) in [
         ("rate_limit.policies", string(POLICY)),
         ("rate_limit.operation", string(&rule_operation(DOMAIN, "remote_address"))),
@@ -868,6 +859,22 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
         !bytes.windows(ADDRESS.len()).any(|window| window == ADDRESS.as_bytes()),
         "a descriptor value is in the exported bytes"
     );
+}
+
+/// The RLS call's server span under the caller's span, and its policy
+/// set's decision span under it.
+fn rls_call_and_decision(received: &Received) -> (Span, Span) {
+    let trace = callers_trace(received);
+    let call = server_span_under_the_caller(
+        &trace,
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let decision = trace
+        .iter()
+        .find(|span| span.name == "rate_limit.decision")
+        .unwrap_or_else(|| panic!("no decision span in the trace: {trace:#?}"));
+    assert_eq!(decision.parent_span_id, call.span_id);
+    (call.clone(), decision.clone())
 }
 
 /// A call its `grpc-timeout` ends while the provider (a paused Redis)
@@ -944,21 +951,12 @@ fn an_envoy_call_its_deadline_ends_is_an_error_span_with_an_indeterminate_decisi
     redis.resume();
     stop(&mut serve);
 
-    let trace = callers_trace(&received);
-    let call = server_span_under_the_caller(
-        &trace,
-        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-    );
-    let attrs = attributes(call);
+    let (call, decision) = rls_call_and_decision(&received);
+    let attrs = attributes(&call);
     assert_eq!(attrs.get("rpc.grpc.status_code"), Some(&AnyValue::IntValue(14)), "{attrs:?}");
     let status = call.status.as_ref().map(|status| status.code);
     assert_eq!(status, Some(StatusCode::Error as i32), "{call:?}");
-    let decision = trace
-        .iter()
-        .find(|span| span.name == "rate_limit.decision")
-        .unwrap_or_else(|| panic!("no decision span in the trace: {trace:#?}"));
-    assert_eq!(decision.parent_span_id, call.span_id);
-    let attrs = attributes(decision);
+    let attrs = attributes(&decision);
     assert_eq!(attrs.get("rate_limit.outcome"), Some(&string("indeterminate")), "{attrs:?}");
     assert_eq!(attrs.get("rate_limit.admitted"), Some(&AnyValue::BoolValue(false)), "{attrs:?}");
     let span_id = hex::encode(&call.span_id);
