@@ -906,6 +906,8 @@ fn an_envoy_call_its_deadline_ends_is_an_error_span_with_an_indeterminate_decisi
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
             let stream = tokio::net::TcpStream::connect(rls).await.unwrap();
+            // The body leaves when sent, not held by Nagle's algorithm.
+            stream.set_nodelay(true).unwrap();
             let (mut sender, connection) =
                 hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
                     .await
