@@ -117,6 +117,13 @@ impl Step<'_> {
         self.members.iter().any(|member| member.id == *id)
     }
 
+    /// The budget `member` is kept under in this step: the subject, and
+    /// for an operation-scoped policy the rule's operation.
+    pub(crate) fn budget_of(&self, member: &Member) -> (SubjectDigest, Option<OperationDigest>) {
+        let operation = member.operation_scoped().then(|| self.rule.operation.clone());
+        (self.subject.clone(), operation)
+    }
+
     fn enforces(&self) -> bool {
         self.members.iter().any(|member| member.enforced())
     }
@@ -176,6 +183,12 @@ impl RlsEngine {
     /// configured list), under which its operation-scoped policies count.
     pub fn rule_operation(&self, rule: usize) -> Option<OperationDigest> {
         self.rules.limited(rule).map(|rule| rule.operation.clone())
+    }
+
+    /// Whether the limited rule at `rule` lists `policy`: only then is a
+    /// call of the rule ever charged under it.
+    pub fn rule_lists(&self, rule: usize, policy: &PolicyId) -> bool {
+        self.rules.limited(rule).is_some_and(|rule| rule.policies.ids().contains(policy))
     }
 
     /// How long a call may take: the evaluation budget, or the call's
@@ -305,22 +318,13 @@ async fn evaluate(
         evaluation_id: EvaluationId::random(),
         deadline,
     };
-    let span = decision_span(&request);
-    // Wall time, not the injected clock: the histogram measures the port.
-    let started = Instant::now();
-    let outcome = match &span {
+    let mut pending = Unrecorded::new(step, decision_span(&request));
+    let outcome = match &pending.span {
         Some(span) => port.evaluate(request).instrument(span.clone()).await,
         None => port.evaluate(request).await,
     };
-    let elapsed = started.elapsed();
     let outcome = checked(outcome, &step.members);
-    if let Some(span) = &span {
-        record_decision(span, &outcome, step.enforces());
-    }
-    for (index, member) in step.members.iter().enumerate() {
-        member.metrics.record(&outcome, index);
-        member.metrics.observe(elapsed);
-    }
+    pending.record(&outcome);
     match outcome {
         RateLimitOutcome::Evaluated(set) => {
             Ok(Some(Answer { allowed: set.allowed(), decisions: set.decisions().to_vec() }))
@@ -350,6 +354,46 @@ async fn evaluate(
     }
 }
 
+/// One evaluation whose outcome is not recorded yet. A `grpc-timeout`
+/// that ends the call drops the evaluation mid-way (the answer is given
+/// outside it, see `answered_by`); the provider may have charged, so the
+/// drop records `Indeterminate`: counted under its category, observed in
+/// the histogram and written on the decision span, as an answered failure.
+struct Unrecorded<'s, 'e> {
+    step: &'s Step<'e>,
+    span: Option<tracing::Span>,
+    /// Wall time, not the injected clock: the histogram measures the port.
+    started: Instant,
+    recorded: bool,
+}
+
+impl<'s, 'e> Unrecorded<'s, 'e> {
+    fn new(step: &'s Step<'e>, span: Option<tracing::Span>) -> Self {
+        Self { step, span, started: Instant::now(), recorded: false }
+    }
+
+    /// Records `outcome` in the metrics and the decision span, once.
+    fn record(&mut self, outcome: &RateLimitOutcome) {
+        if std::mem::replace(&mut self.recorded, true) {
+            return;
+        }
+        let elapsed = self.started.elapsed();
+        if let Some(span) = &self.span {
+            record_decision(span, outcome, self.step.enforces());
+        }
+        for (index, member) in self.step.members.iter().enumerate() {
+            member.metrics.record(outcome, index);
+            member.metrics.observe(elapsed);
+        }
+    }
+}
+
+impl Drop for Unrecorded<'_, '_> {
+    fn drop(&mut self) {
+        self.record(&RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO });
+    }
+}
+
 /// A look (`hits_addend` 0): each enforced policy's budget as it stands,
 /// charging nothing. Denied when a request of cost 1 would not pass.
 async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<Answer>, Status> {
@@ -360,12 +404,16 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<An
             decisions.push(RateLimitDecision::UNUSED);
             continue;
         }
-        let operation = member.operation_scoped().then(|| step.rule.operation.clone());
-        let key = BudgetKey::new(step.subject.clone(), member.id.clone(), operation);
+        let (subject, operation) = step.budget_of(member);
+        let key = BudgetKey::new(subject, member.id.clone(), operation);
+        let mut pending = UnrecordedLook(Some(member));
         let state = port.inspect(&key).await.map_err(|failure| {
             tracing::warn!(failure = failure.name(), "envoy rls look failed closed");
             look_status(failure)
-        })?;
+        });
+        // Answered, so not dropped mid-way: the guard has nothing to count.
+        pending.0 = None;
+        let state = state?;
         let passes = state.retry_after.is_zero() && state.remaining > 0;
         member.metrics.record_look(passes);
         allowed &= passes;
@@ -380,6 +428,20 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<An
         });
     }
     Ok(Some(Answer { allowed, decisions }))
+}
+
+/// A look at `.0`'s budget not answered yet: dropped mid-way (the call's
+/// `grpc-timeout` ended it), the look is counted `indeterminate`, as an
+/// evaluation dropped mid-way (see [`Unrecorded`]).
+struct UnrecordedLook<'m>(Option<&'m Member>);
+
+impl Drop for UnrecordedLook<'_> {
+    fn drop(&mut self) {
+        if let Some(member) = self.0 {
+            let outcome = RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO };
+            member.metrics.record(&outcome, 0);
+        }
+    }
 }
 
 /// Most descriptors one call may carry. Each subject is one atomic step

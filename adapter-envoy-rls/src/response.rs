@@ -13,8 +13,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use shared_contract::{
-    RateLimitDecision, RateLimitPolicy, quota_window, whole_seconds_up, write_limit_field,
-    write_policy_field,
+    OperationDigest, RateLimitDecision, RateLimitPolicy, SubjectDigest, quota_window,
+    whole_seconds_up, write_limit_field, write_policy_field,
 };
 
 use crate::engine::Step;
@@ -34,7 +34,14 @@ pub(crate) struct Response<'e> {
     over: bool,
     /// The enforced policies of the answered steps with their decisions,
     /// each id once, in order: what the headers list.
-    shown: Vec<(&'e Member, RateLimitDecision)>,
+    shown: Vec<Shown<'e>>,
+}
+
+/// A policy the headers list, the budget it describes and its state.
+struct Shown<'e> {
+    member: &'e Member,
+    budget: (SubjectDigest, Option<OperationDigest>),
+    decision: RateLimitDecision,
 }
 
 impl<'e> Response<'e> {
@@ -56,8 +63,19 @@ impl<'e> Response<'e> {
             self.statuses[index] = status(rule, decided);
         }
         for (member, decision) in step.members.iter().zip(&answer.decisions) {
-            if member.enforced() && !self.shown.iter().any(|(shown, _)| shown.id == member.id) {
-                self.shown.push((member, *decision));
+            if !member.enforced() {
+                continue;
+            }
+            let budget = step.budget_of(member);
+            match self.shown.iter_mut().find(|shown| shown.member.id == member.id) {
+                // The same budget again (a look and a charge of it): the
+                // later step saw it after the earlier one, so its state
+                // is the call's result.
+                Some(shown) if shown.budget == budget => shown.decision = *decision,
+                // Another subject's budget of the policy: the header lists
+                // a policy once, the first.
+                Some(_) => {}
+                None => self.shown.push(Shown { member, budget, decision: *decision }),
             }
         }
         if !answer.allowed {
@@ -69,18 +87,20 @@ impl<'e> Response<'e> {
     pub(crate) fn finish(self) -> RateLimitResponse {
         let overall = if self.over { Code::OverLimit } else { Code::Ok };
         let mut headers = Vec::new();
-        let policies = self.shown.iter().filter_map(|(member, _)| member.policy.as_ref());
+        let policies = self.shown.iter().filter_map(|shown| shown.member.policy.as_ref());
         let mut policy = Vec::with_capacity(64);
         write_policy_field(&mut policy, policies);
         if !policy.is_empty() {
             headers.push(header("ratelimit-policy", policy));
             let mut limit = Vec::with_capacity(64);
-            write_limit_field(&mut limit, self.shown.iter().map(|(member, d)| (&member.id, d)));
+            let decisions = self.shown.iter().map(|shown| (&shown.member.id, &shown.decision));
+            write_limit_field(&mut limit, decisions);
             headers.push(header("ratelimit", limit));
         }
         if self.over {
             // The request passes only once every denying policy allows it.
-            let wait = self.shown.iter().filter(|(_, d)| !d.allowed).map(|(_, d)| d.retry_after);
+            let decisions = self.shown.iter().map(|shown| shown.decision);
+            let wait = decisions.filter(|d| !d.allowed).map(|d| d.retry_after);
             let seconds = whole_seconds_up(wait.max().unwrap_or(Duration::from_secs(1))).max(1);
             headers.push(header(
                 "retry-after",

@@ -5,6 +5,7 @@
 use std::future::{Future, poll_fn};
 use std::pin::{Pin, pin};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -13,7 +14,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use shared_contract::{RateLimitOutcome, RateLimitRequest as PortRequest};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
@@ -114,27 +115,83 @@ impl RateLimitService for EnvoyRateLimitService {
                 )
             })
         });
+        let watch = request.extensions().get::<DeadlineWatch>().cloned();
+        let mut unanswered = Unanswered { span: span.clone(), watch };
         let Some(span) = span else {
-            return engine.should_rate_limit(request.get_ref(), timeout).await.map(Response::new);
+            let answer = engine.should_rate_limit(request.get_ref(), timeout).await;
+            unanswered.watch = None;
+            return answer.map(Response::new);
         };
         let answer =
             engine.should_rate_limit(request.get_ref(), timeout).instrument(span.clone()).await;
-        let code = answer.as_ref().map_or_else(Status::code, |_| Code::Ok);
-        span.record("rpc.grpc.status_code", code as i64);
-        // The gRPC conventions' server errors; a caller's mistake is not.
-        let server_error = matches!(
-            code,
-            Code::Unknown
-                | Code::DeadlineExceeded
-                | Code::Unimplemented
-                | Code::Internal
-                | Code::Unavailable
-                | Code::DataLoss
-        );
-        if server_error {
-            span.record("otel.status_code", "ERROR");
-        }
+        unanswered.watch = None;
+        record_status(&span, answer.as_ref().map_or_else(Status::code, |_| Code::Ok));
         answer.map(Response::new)
+    }
+}
+
+/// The call's gRPC status on its span, and `ERROR` for the gRPC
+/// conventions' server errors (a caller's mistake is not one).
+fn record_status(span: &Span, code: Code) {
+    span.record("rpc.grpc.status_code", code as i64);
+    let server_error = matches!(
+        code,
+        Code::Unknown
+            | Code::DeadlineExceeded
+            | Code::Unimplemented
+            | Code::Internal
+            | Code::Unavailable
+            | Code::DataLoss
+    );
+    if server_error {
+        span.record("otel.status_code", "ERROR");
+    }
+}
+
+/// A call whose answer is not given yet. Dropped unanswered, it was ended
+/// from outside: by its deadline ([`answered_by`] answers `UNAVAILABLE`
+/// then), whose status and warning it writes on and in the call's span so
+/// the log line joins the trace; or by the client going away (`CANCELLED`).
+struct Unanswered {
+    /// The call's span, if it is traced.
+    span: Option<Span>,
+    /// `None` once answered (or when no [`Deadlined`] serves the call).
+    watch: Option<DeadlineWatch>,
+}
+
+impl Drop for Unanswered {
+    fn drop(&mut self) {
+        let Some(watch) = self.watch.take() else { return };
+        let span = self.span.take().unwrap_or_else(Span::none);
+        if !watch.passed() {
+            // The client went away: no answer is sent, nothing failed here.
+            record_status(&span, Code::Cancelled);
+            return;
+        }
+        record_status(&span, Code::Unavailable);
+        span.in_scope(warn_deadline_passed);
+        watch.0.warned.store(true, Ordering::Release);
+    }
+}
+
+fn warn_deadline_passed() {
+    tracing::warn!(outcome = "indeterminate", "envoy rls deadline passed; failed closed");
+}
+
+/// Shared by [`Deadlined`] and the call it serves: whether the deadline
+/// ended the call, and whether the call (in its span) said so already.
+#[derive(Debug, Clone, Default)]
+struct DeadlineWatch(Arc<DeadlineState>);
+
+#[derive(Debug, Default)]
+struct DeadlineState {
+    passed: AtomicBool,
+    warned: AtomicBool,
+}
+
+impl DeadlineWatch {
+    fn passed(&self) -> bool {
+        self.0.passed.load(Ordering::Acquire)
     }
 }
 
@@ -218,13 +275,15 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
         let arrival = request.extensions().get::<Arrival>().map_or_else(Instant::now, |at| at.0);
         let timeout = grpc_timeout_header(request.headers());
         let budget = self.switch.current().evaluation_deadline(timeout);
         // A budget too large for `Instant` fails closed, as the engine's.
         let deadline = arrival.checked_add(budget).unwrap_or(arrival);
-        Box::pin(answered_by(deadline, self.inner.call(request)))
+        let watch = DeadlineWatch::default();
+        request.extensions_mut().insert(watch.clone());
+        Box::pin(answered_by(deadline, watch, self.inner.call(request)))
     }
 }
 
@@ -233,18 +292,31 @@ where
 /// the call before its own timer, so when that timer has fired this one's
 /// deadline (never later) has passed too, the check of the time below
 /// answers, and the client gets our status, not tonic's `CANCELLED`.
+///
+/// The call is dropped before the answer is returned, so what it records
+/// when dropped (the decision counted `indeterminate`, the call span's
+/// status and warning, see `Unanswered`) is in place when the client reads
+/// the answer. A call that never reached the service (its request still
+/// being read) warns here instead, outside any span.
 async fn answered_by<E>(
     deadline: Instant,
+    watch: DeadlineWatch,
     answer: impl Future<Output = Result<http::Response<tonic::body::Body>, E>>,
 ) -> Result<http::Response<tonic::body::Body>, E> {
-    let mut answer = pin!(answer);
+    let mut answer = pin!(Some(answer));
     let mut timer = pin!(tokio::time::sleep_until(deadline));
     poll_fn(|cx| {
-        if let Poll::Ready(answer) = answer.as_mut().poll(cx) {
+        if let Some(call) = answer.as_mut().as_pin_mut()
+            && let Poll::Ready(answer) = call.poll(cx)
+        {
             return Poll::Ready(answer);
         }
         if Instant::now() >= deadline || timer.as_mut().poll(cx).is_ready() {
-            tracing::warn!(outcome = "indeterminate", "envoy rls deadline passed; failed closed");
+            watch.0.passed.store(true, Ordering::Release);
+            answer.set(None);
+            if !watch.0.warned.load(Ordering::Acquire) {
+                warn_deadline_passed();
+            }
             let status = Status::unavailable("rate limit unavailable: indeterminate");
             return Poll::Ready(Ok(status.into_http()));
         }
@@ -291,7 +363,7 @@ pub const READINESS_INTERVAL: Duration = Duration::from_secs(1);
 /// readiness loop (every [`READINESS_INTERVAL`]) update, so a watcher gets
 /// a new message whenever readiness changes, and only then.
 /// The overall service (`""`) and [`RATE_LIMIT_SERVICE_NAME`] are known;
-/// any other name is `NOT_FOUND`.
+/// `Check` answers any other name `NOT_FOUND`, `Watch` `SERVICE_UNKNOWN`.
 #[derive(Debug, Clone)]
 pub struct ProviderHealth {
     switch: RlsSwitch,
@@ -391,11 +463,14 @@ impl Health for ProviderHealth {
     type WatchStream = WatchStream;
 
     /// The status now, then each change, until the client ends the call.
+    /// An unknown service gets `SERVICE_UNKNOWN` and the stream stays
+    /// open (the health protocol: the service may be added later; here it
+    /// never is), ending at shutdown with the others.
     async fn watch(
         &self,
         request: Request<HealthCheckRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
-        Self::known(&request.get_ref().service)?;
+        let known = Self::known(&request.get_ref().service).is_ok();
         // The status the stream starts with is the provider's now.
         if self.observe().await == tonic_health::ServingStatus::NotServing
             && self.reported.lock().await.closed
@@ -403,7 +478,16 @@ impl Health for ProviderHealth {
             return Err(Status::unavailable("the listener is shutting down"));
         }
         let statuses = HealthService::from_health_reporter(self.reporter.clone());
-        let stream = statuses.watch(request).await?.into_inner();
+        if known {
+            let stream = statuses.watch(request).await?.into_inner();
+            return Ok(Response::new(Box::pin(stream)));
+        }
+        // The overall status's stream, of which only the end is kept.
+        let overall = HealthCheckRequest { service: String::new() };
+        let until_shutdown = statuses.watch(Request::new(overall)).await?.into_inner();
+        let unknown = HealthCheckResponse { status: ServingStatus::ServiceUnknown.into() };
+        let stream = futures::stream::once(std::future::ready(Ok(unknown)))
+            .chain(until_shutdown.filter_map(|_| std::future::ready(None)));
         Ok(Response::new(Box::pin(stream)))
     }
 }

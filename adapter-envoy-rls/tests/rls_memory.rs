@@ -195,6 +195,10 @@ async fn call_with_timeout_header(
     use http_body_util::BodyExt;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    // The body goes out at once, not held by Nagle's algorithm until the
+    // server's delayed ACK of the headers (some 40 ms, past a short
+    // deadline), as Envoy's own upstream connections do.
+    stream.set_nodelay(true).unwrap();
     let (mut sender, connection) =
         hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
             .await
@@ -225,16 +229,46 @@ async fn call_with_timeout_header(
 
 #[tokio::test]
 async fn a_grpc_timeout_that_ends_mid_call_answers_unavailable_with_the_category() {
+    // The test's runtime has one thread: the server's tasks count into
+    // this recorder too.
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _recording = metrics::set_default_local_recorder(&recorder);
     let clock = scenarios::clock();
     let port = Arc::new(Hanging(memory(scenarios::policies(), clock.clone())));
-    let rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
     let look = descriptor(&[("remote_address", "10.1.0.7")], Some(0));
-    for (descriptors, timeout) in [(vec![ip("10.1.0.7")], "20m"), (vec![look], "3m")] {
+    let rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
+    // Long enough for each call to reach the provider before it ends.
+    for (descriptors, timeout) in [(vec![ip("10.1.0.7")], "20m"), (vec![look], "20m")] {
         let (status, message) =
             call_with_timeout_header(rls.addr, request("edge", descriptors, 0), timeout).await;
         // 14 = UNAVAILABLE; tonic's own timer would answer 1 = CANCELLED.
         assert_eq!((status.as_str(), message.contains("indeterminate")), ("14", true), "{message}");
     }
+    // Each ended call is a decision of its category (the provider may
+    // have charged): the evaluation and the look, both of per-ip.
+    let text = metrics.render();
+    let sample = |prefix: &str, labels: &[&str]| {
+        text.lines()
+            .filter(|line| line.starts_with(prefix))
+            .filter(|line| labels.iter().all(|label| line.contains(label)))
+            .map(|line| line.rsplit(' ').next().unwrap().parse::<f64>().unwrap())
+            .sum::<f64>()
+    };
+    let indeterminate = [
+        "policy=\"per-ip\"",
+        "outcome=\"indeterminate\"",
+        "cached=\"false\"",
+        "front=\"envoy-rls\"",
+    ];
+    assert_eq!(sample("ca_skeleton_rate_limit_decisions_total{", &indeterminate), 2.0, "{text}");
+    // The evaluation's time is observed; a look is no evaluation.
+    let evaluated = ["policy=\"per-ip\"", "front=\"envoy-rls\""];
+    assert_eq!(
+        sample("ca_skeleton_rate_limit_evaluation_seconds_count{", &evaluated),
+        1.0,
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -276,9 +310,22 @@ async fn the_listener_drains_and_stops_on_shutdown() {
         ServingStatus::try_from(message.expect("a status").status).unwrap()
     };
     assert_eq!(status(watch.message().await.unwrap()), ServingStatus::Serving);
+    // An unknown service: SERVICE_UNKNOWN, and the stream stays open (the
+    // gRPC health protocol), where Check answers NOT_FOUND.
+    let mut health = rls.health().await;
+    let unknown = tonic_health::pb::HealthCheckRequest { service: "other".to_owned() };
+    let mut unknown_watch = health.watch(unknown.clone()).await.unwrap().into_inner();
+    assert_eq!(status(unknown_watch.message().await.unwrap()), ServingStatus::ServiceUnknown);
+    let checked = health.check(unknown).await.unwrap_err();
+    assert_eq!(checked.code(), tonic::Code::NotFound);
+    // The Check's answer came after anything the watch was sent on the
+    // same connection: no end of the stream had come.
+    use futures::FutureExt;
+    assert!(unknown_watch.message().now_or_never().is_none(), "the watch ended");
     rls.stop();
     assert_eq!(status(watch.message().await.unwrap()), ServingStatus::NotServing);
     assert!(watch.message().await.unwrap().is_none(), "the watch ends");
+    assert!(unknown_watch.message().await.unwrap().is_none(), "the unknown watch ends");
     let served = (&mut rls.served).await.unwrap();
     assert_eq!(served, Ok(()));
     assert!(tokio::net::TcpStream::connect(rls.addr).await.is_err(), "still accepting");

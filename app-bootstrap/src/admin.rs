@@ -360,7 +360,7 @@ fn budget(
         })
         .transpose()?;
     let operation = match query.rule {
-        Some(rule) => Some(rls_rule_operation(state, rule)?),
+        Some(rule) => Some(rls_rule_operation(state, rule, &id)?),
         None => operation,
     };
     let Some(port) = state.source.now().port else {
@@ -383,15 +383,30 @@ fn budget(
     reason = "the refusal is the response answered as is, once per admin request"
 )]
 /// The operation of the limited rule `envoy-rls.rules.{rule}` in force,
-/// or the 404 that says there is none.
-fn rls_rule_operation(state: &AdminState, rule: usize) -> Result<OperationDigest, Response> {
+/// or the 404 that says there is none, or that the rule does not list
+/// `policy` (no call is ever charged under that budget, so a reset of it
+/// would change nothing).
+fn rls_rule_operation(
+    state: &AdminState,
+    rule: usize,
+    policy: &PolicyId,
+) -> Result<OperationDigest, Response> {
     let Some(rls) = &state.rls else {
         return Err(rls_off(state));
     };
-    rls.current().rule_operation(rule).ok_or_else(|| {
+    let engine = rls.current();
+    let Some(operation) = engine.rule_operation(rule) else {
         let detail = format!("envoy-rls.rules.{rule} is not a rule with policies in force.");
-        problem(state, StatusCode::NOT_FOUND, "unknown-rule", &detail)
-    })
+        return Err(problem(state, StatusCode::NOT_FOUND, "unknown-rule", &detail));
+    };
+    if !engine.rule_lists(rule, policy) {
+        let detail = format!(
+            "envoy-rls.rules.{rule} does not list the policy {}: no call is charged under this budget.",
+            policy.as_str()
+        );
+        return Err(problem(state, StatusCode::NOT_FOUND, "unknown-rule", &detail));
+    }
+    Ok(operation)
 }
 
 fn rls_off(state: &AdminState) -> Response {

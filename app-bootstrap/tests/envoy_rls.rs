@@ -204,7 +204,12 @@ async fn admin_lookup_inspect_and_reset_know_descriptor_subjects() {
     const TOKEN: &str = "admin-token-0123456789abcdef0123456789";
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rls.toml");
-    let admin = format!("\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n");
+    // admin-other is held, but no envoy-rls rule lists it.
+    let admin = format!(
+        "\n[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n\n\
+         [capabilities.rate-limit.policies.admin-other]\nalgorithm = \"fixed-window\"\n\
+         limit = 3\nwindow = \"60s\"\n"
+    );
     // A policy of its own: the other test counts edge-ip's series in the
     // one recorder of the process.
     std::fs::write(&path, file("edge").replace("edge-ip", "admin-ip") + &admin).unwrap();
@@ -262,6 +267,16 @@ async fn admin_lookup_inspect_and_reset_know_descriptor_subjects() {
     assert_eq!(unmatched.status(), 404);
     let no_rule = format!("{admin}/subjects/{pseudonym}/policies/admin-ip?rule=1");
     assert_eq!(web.get(&no_rule).bearer_auth(TOKEN).send().await.unwrap().status(), 404);
+    // A rule that does not list the policy: no call is charged under that
+    // budget, so there is nothing to inspect or reset.
+    let unlisted = format!("{admin}/subjects/{pseudonym}/policies/admin-other?rule=0");
+    for method in [reqwest::Method::GET, reqwest::Method::DELETE] {
+        let refused = web.request(method, &unlisted).bearer_auth(TOKEN).send().await.unwrap();
+        assert_eq!(refused.status(), 404);
+        let refused: serde_json::Value = refused.json().await.unwrap();
+        assert!(refused["type"].as_str().unwrap().ends_with("admin/unknown-rule"), "{refused}");
+        assert!(refused["detail"].as_str().unwrap().contains("admin-other"), "{refused}");
+    }
     let both = format!("{budget}&operation=GET%20/api/hello");
     assert_eq!(web.get(&both).bearer_auth(TOKEN).send().await.unwrap().status(), 400);
     let mixed = lookup(serde_json::json!({

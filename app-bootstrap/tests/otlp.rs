@@ -979,12 +979,8 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
     assert_eq!(code, 1, "OK (envoy's code 1)");
     stop(&mut serve);
 
-    let trace = callers_trace(&received);
-    let call = server_span_under_the_caller(
-        &trace,
-        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
-    );
-    let attrs = attributes(call);
+    let (call, decision) = rls_call_and_decision(&received);
+    let attrs = attributes(&call);
     for (key, value) in [
         ("rpc.system", string("grpc")),
         ("rpc.service", string("envoy.service.ratelimit.v3.RateLimitService")),
@@ -993,12 +989,7 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
     ] {
         assert_eq!(attrs.get(key), Some(&value), "{key} in {attrs:?}");
     }
-    let decision = trace
-        .iter()
-        .find(|span| span.name == "rate_limit.decision")
-        .unwrap_or_else(|| panic!("no decision span in the trace: {trace:#?}"));
-    assert_eq!(decision.parent_span_id, call.span_id);
-    let attrs = attributes(decision);
+    let attrs = attributes(&decision);
     for (key, value) in [
         ("rate_limit.policies", string(POLICY)),
         ("rate_limit.operation", string(&rule_operation(DOMAIN, "remote_address"))),
@@ -1017,6 +1008,118 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
         !bytes.windows(ADDRESS.len()).any(|window| window == ADDRESS.as_bytes()),
         "a descriptor value is in the exported bytes"
     );
+}
+
+/// The RLS call's server span under the caller's span, and its policy
+/// set's decision span under it.
+fn rls_call_and_decision(received: &Received) -> (Span, Span) {
+    let trace = callers_trace(received);
+    let call = server_span_under_the_caller(
+        &trace,
+        "envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+    );
+    let decision = trace
+        .iter()
+        .find(|span| span.name == "rate_limit.decision")
+        .unwrap_or_else(|| panic!("no decision span in the trace: {trace:#?}"));
+    assert_eq!(decision.parent_span_id, call.span_id);
+    (call.clone(), decision.clone())
+}
+
+/// A call its `grpc-timeout` ends while the provider (a paused Redis)
+/// holds it: the call span carries status 14 and `ERROR`, its decision
+/// span the outcome `indeterminate` (not admitted), and the warning joins
+/// the trace (docs/operations.md "Traces").
+#[test]
+fn an_envoy_call_its_deadline_ends_is_an_error_span_with_an_indeterminate_decision() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use http_body_util::BodyExt;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+    const DOMAIN: &str = "otlp-edge";
+
+    let mut redis = RedisServer::start();
+    let (endpoint, received) = receiver();
+    let extra = format!(
+        "[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"otlp:\"\n\n\
+         [envoy-rls]\nlisten = \"127.0.0.1:0\"\n\n[[envoy-rls.rules]]\ndomain = \"{DOMAIN}\"\n\
+         descriptor = [\"remote_address\"]\npolicies = \"{POLICY}\"\n",
+        redis.url()
+    );
+    let mut serve = Serve::start(&config("redis", &endpoint, &extra), "info");
+    let rls = serve.rls_address();
+    redis.pause();
+    let status = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let stream = tokio::net::TcpStream::connect(rls).await.unwrap();
+            // The body leaves when sent, not held by Nagle's algorithm.
+            stream.set_nodelay(true).unwrap();
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            let entry = Entry { key: "remote_address".to_owned(), value: "10.77.0.10".to_owned() };
+            let descriptors =
+                vec![RateLimitDescriptor { entries: vec![entry], ..Default::default() }];
+            let message =
+                RateLimitRequest { domain: DOMAIN.to_owned(), descriptors, hits_addend: 1 }
+                    .encode_to_vec();
+            // The gRPC frame: not compressed, the length, the message.
+            let mut frame = vec![0];
+            frame.extend(u32::try_from(message.len()).unwrap().to_be_bytes());
+            frame.extend(message);
+            let (mut body, channel) = http_body_util::Channel::<Bytes>::new(1);
+            let call = axum::http::Request::post(format!(
+                "http://{rls}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .header("grpc-timeout", "300m")
+            .header("traceparent", format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"))
+            .body(channel)
+            .unwrap();
+            let answer = tokio::spawn(sender.send_request(call));
+            // The call's deadline counts from its headers, the provider's
+            // from its body: sent later, the body makes sure the call's
+            // deadline ends the call while the provider still waits.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            body.send_data(Bytes::from(frame)).await.unwrap();
+            drop(body);
+            let (parts, body) = answer.await.unwrap().unwrap().into_parts();
+            let trailers = body.collect().await.unwrap().trailers().cloned().unwrap_or_default();
+            let status = parts.headers.get("grpc-status").or_else(|| trailers.get("grpc-status"));
+            status.map(|value| value.to_str().unwrap().to_owned())
+        })
+    })
+    .join()
+    .unwrap();
+    // 14 = UNAVAILABLE, Envoy's `failure_mode_deny` decides.
+    assert_eq!(status.as_deref(), Some("14"));
+    redis.resume();
+    stop(&mut serve);
+
+    let (call, decision) = rls_call_and_decision(&received);
+    let attrs = attributes(&call);
+    assert_eq!(attrs.get("rpc.grpc.status_code"), Some(&AnyValue::IntValue(14)), "{attrs:?}");
+    let status = call.status.as_ref().map(|status| status.code);
+    assert_eq!(status, Some(StatusCode::Error as i32), "{call:?}");
+    let attrs = attributes(&decision);
+    assert_eq!(attrs.get("rate_limit.outcome"), Some(&string("indeterminate")), "{attrs:?}");
+    assert_eq!(attrs.get("rate_limit.admitted"), Some(&AnyValue::BoolValue(false)), "{attrs:?}");
+    let span_id = hex::encode(&call.span_id);
+    let logs = serve.logs();
+    let warned = logs.iter().filter_map(|line| serde_json::from_str(line).ok()).any(
+        |event: serde_json::Value| {
+            event["trace_id"] == TRACE_ID
+                && event["span_id"] == span_id.as_str()
+                && event["fields"]["message"] == "envoy rls deadline passed; failed closed"
+        },
+    );
+    assert!(warned, "no deadline warning in the call's span: {logs:#?}");
 }
 
 /// A rule's operation digest as `rule_operation` documents it: SHA-256 over

@@ -200,6 +200,30 @@ pub async fn hits_addend_zero_n_and_unset(factory: &PortFactory) {
     assert!(status.message().contains("cost-exceeds-maximum"), "{status:?}");
 }
 
+/// A call that looks at a budget (`hits_addend` 0) and charges it: each
+/// status is its descriptor's view, the headers the state after the call,
+/// whichever comes first.
+pub async fn a_look_and_a_charge_of_one_budget_show_the_state_after_the_call(
+    factory: &PortFactory,
+) {
+    let (mut rls, _) = start(factory).await;
+    let (look, charge) = (checkout("10.0.0.9", Some(0)), checkout("10.0.0.9", None));
+    let first = rls.ok(request("edge", vec![look.clone(), charge.clone()], 0)).await;
+    assert_eq!(
+        summary(&first),
+        [(Code::Ok, 5, Some("checkout".to_owned())), (Code::Ok, 4, Some("checkout".to_owned()))]
+    );
+    let limit = header(&first, "ratelimit").unwrap();
+    assert!(limit.starts_with(r#""checkout";r=4;t="#), "{limit}");
+    let second = rls.ok(request("edge", vec![charge, look], 0)).await;
+    assert_eq!(
+        summary(&second),
+        [(Code::Ok, 3, Some("checkout".to_owned())), (Code::Ok, 3, Some("checkout".to_owned()))]
+    );
+    let limit = header(&second, "ratelimit").unwrap();
+    assert!(limit.starts_with(r#""checkout";r=3;t="#), "{limit}");
+}
+
 /// Unknown domains, unknown patterns and unmatched fixed values are not
 /// limited: `OK`, no limit, no provider call.
 pub async fn unmatched_descriptors_pass_without_a_provider_call(factory: &PortFactory) {
@@ -421,6 +445,7 @@ pub async fn health_is_serving_while_the_provider_is_ready(rls: &Rls, serving: b
 pub async fn all(factory: &PortFactory) {
     two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
     hits_addend_zero_n_and_unset(factory).await;
+    a_look_and_a_charge_of_one_budget_show_the_state_after_the_call(factory).await;
     unmatched_descriptors_pass_without_a_provider_call(factory).await;
     unlimited_rules_pass_without_a_provider_call(factory).await;
     gcra_statuses_and_headers(factory).await;

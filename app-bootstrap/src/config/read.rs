@@ -601,7 +601,15 @@ impl Reader<'_> {
             }
             (_, _) => policies,
         };
-        let subject_ok = subject.is_some() || !table.has("subject");
+        let mut subject_ok = subject.is_some() || !table.has("subject");
+        // An unlimited rule charges nothing, so a subject names nothing.
+        if unlimited == Some(true) && table.has("subject") {
+            self.problem(
+                &path.child("subject"),
+                "an `unlimited = true` rule charges no subject: remove the key",
+            );
+            subject_ok = false;
+        }
         self.close(table);
         let (domain, descriptor, policies) = (domain?, descriptor?, limit?);
         let unlimited = unlimited.unwrap_or(false);

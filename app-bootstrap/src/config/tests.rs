@@ -1574,6 +1574,12 @@ fn an_unlimited_rule_has_no_policies_and_a_rule_has_one_of_the_two() {
             paths(load_file(jail, &rule("unlimited = \"yes\"\n"))),
             ["envoy-rls.rules.0.unlimited"]
         );
+        // An unlimited rule charges nothing: a subject has no meaning there.
+        let subject = "unlimited = true\nsubject = [\"remote_address\"]\n";
+        let found = problems(load_file(jail, &rule(subject)));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "envoy-rls.rules.0.subject");
+        assert!(found[0].1.contains("`unlimited = true`"), "{found:?}");
     });
 }
 

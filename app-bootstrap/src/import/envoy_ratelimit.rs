@@ -222,7 +222,8 @@ impl<'de> Deserialize<'de> for Count {
                 u32::try_from(value).map(Count).map_err(|_| refused(value))
             }
             fn visit_f64<E: de::Error>(self, value: f64) -> Result<Count, E> {
-                Err(refused(value))
+                // `Debug`, so a float reads as one: `1.0`, not `1`.
+                Err(refused(format_args!("{value:?}")))
             }
             fn visit_bool<E: de::Error>(self, value: bool) -> Result<Count, E> {
                 Err(refused(value))
@@ -874,6 +875,9 @@ fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
             max_nodes: max_nodes,
             max_events: max_nodes * 4,
             max_depth: MAX_YAML_DEPTH,
+            // What aliases repeat counts against the same limit as the
+            // nodes written out.
+            max_recorded_anchor_events: max_nodes,
         },
         with_snippet: false,
     }
@@ -884,9 +888,18 @@ fn yaml_options(max_nodes: usize) -> serde_saphyr::Options {
 /// type names).
 fn yaml_problem(error: &serde_saphyr::Error) -> String {
     use serde_saphyr::budget::BudgetBreach;
+    use serde_saphyr::granit_parser::ErrorKind;
+    use serde_saphyr::localizer::ExternalMessageSource;
     use serde_saphyr::{Error, MessageFormatter, UserMessageFormatter};
     let error = error.without_snippet();
-    let what = match error {
+    // The reader's own error, under the alias locations it may carry (the
+    // location said is the outer one: where the alias is used).
+    let mut cause = error;
+    while let Error::AliasError { error, .. } | Error::WithSnippet { error, .. } = cause {
+        cause = error;
+    }
+    let depth = || format!("nested deeper than {MAX_YAML_DEPTH} levels of lists and maps");
+    let what = match cause {
         Error::Budget {
             breach: BudgetBreach::Nodes { .. } | BudgetBreach::Events { .. }, ..
         } => {
@@ -895,8 +908,30 @@ fn yaml_problem(error: &serde_saphyr::Error) -> String {
                  one file may hold: split the domain's descriptors over several files"
             )
         }
-        Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => {
-            format!("nested deeper than {MAX_YAML_DEPTH} levels of lists and maps")
+        Error::Budget { breach: BudgetBreach::Depth { .. }, .. } => depth(),
+        Error::Budget { breach: BudgetBreach::RecordedAnchorEvents { .. }, .. } => {
+            format!(
+                "aliases (`*name`) repeat more than {MAX_YAML_NODES} YAML nodes (keys, values, \
+                 lists and maps), the most one file may hold: write the descriptors out"
+            )
+        }
+        // The parser's own bound on `[`/`{` nesting, past the depth limit.
+        Error::ExternalMessage { source, .. }
+            if matches!(
+                &**source,
+                ExternalMessageSource::Parser(scan)
+                    if matches!(scan.kind(), ErrorKind::RecursionLimitExceeded)
+            ) =>
+        {
+            depth()
+        }
+        Error::TaggedScalarCannotDeserializeIntoString { .. } => {
+            "a tagged value (`!!int`, `!!str`, ...) where plain text is expected: remove the tag"
+                .to_owned()
+        }
+        Error::RecursiveReferencesRequireWeakTypes { .. } => {
+            "an alias (`*name`) inside the list or map it names: it would repeat for ever"
+                .to_owned()
         }
         Error::Budget { .. } => {
             "too many aliases, anchors or documents, or too much text, for a configuration"
@@ -1116,16 +1151,35 @@ fn describe(rule: &Rule) -> String {
 /// `text` safe on one line of a TOML comment or of stderr: a control
 /// character (a newline or an escape in a descriptor value, say) is
 /// escaped, so no value ends the comment and starts a line of TOML, or
-/// drives the terminal.
+/// drives the terminal; so is an invisible format or separator character,
+/// so no value reorders (bidi overrides), hides (zero-width) or breaks
+/// (line and paragraph separators) the line a reader sees.
 pub(crate) fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
-            let escape = c.is_control() && c != '\t';
+            let escape = (c.is_control() && c != '\t') || is_invisible_format(c);
             let (plain, escaped) =
                 if escape { (None, Some(c.escape_default())) } else { (Some(c), None) };
             plain.into_iter().chain(escaped.into_iter().flatten())
         })
         .collect()
+}
+
+/// The format and separator characters a terminal or an editor does not
+/// show as themselves: the bidi marks, embeddings, overrides and isolates
+/// (U+061C, U+200E/U+200F, U+202A..U+202E, U+2066..U+2069), the zero-width
+/// ones (U+200B..U+200D, U+2060, U+FEFF) and the line and paragraph
+/// separators (U+2028, U+2029).
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061c}'
+            | '\u{200b}'..='\u{200f}'
+            | '\u{2028}'..='\u{202e}'
+            | '\u{2060}'
+            | '\u{2066}'..='\u{2069}'
+            | '\u{feff}'
+    )
 }
 
 /// A TOML basic string, escaped by the toml crate.

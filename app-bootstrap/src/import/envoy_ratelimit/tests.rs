@@ -584,6 +584,25 @@ fn yaml_errors_say_what_is_wrong_in_the_users_terms() {
         (limit("99999999999"), number("99999999999")),
         (limit("lots"), number("\"lots\"")),
         (limit("1.5"), number("1.5")),
+        // A float that is whole still reads as a float.
+        (
+            limit("!!float 1.0"),
+            number("1.0").replace("column 52", "column 60"), // past the tag
+        ),
+        (limit("1e3"), number("1000.0")),
+        (
+            "domain: edge\ndescriptors:\n  - key: a\n    rate_limit: { unit: !!int 3, requests_per_unit: 1 }\n"
+                .to_owned(),
+            "rl.yaml: line 4, column 31: a tagged value (`!!int`, `!!str`, ...) where plain text \
+             is expected: remove the tag"
+                .to_owned(),
+        ),
+        (
+            "domain: edge\ndescriptors:\n  - &a\n    key: k\n    descriptors: [*a]\n".to_owned(),
+            "rl.yaml: line 5, column 19: an alias (`*name`) inside the list or map it names: it \
+             would repeat for ever"
+                .to_owned(),
+        ),
         (
             "domain: edge\ndescriptors:\n  - key: a\n    shadow_mode: maybe\n".to_owned(),
             "rl.yaml: line 4, column 18: expected true or false, found \"maybe\"".to_owned(),
@@ -600,6 +619,27 @@ fn yaml_errors_say_what_is_wrong_in_the_users_terms() {
     ];
     for (text, expected) in cases {
         assert_eq!(refused(&text), [expected], "{text}");
+    }
+    // Past the reader's limits, where the reader says where.
+    let ten = |item: &str| [item; 10].join(",");
+    let mut bomb = format!("domain: edge\na0: &a0 [{}]\n", ten("\"x\""));
+    for level in 1..12 {
+        bomb.push_str(&format!("a{level}: &a{level} [{}]\n", ten(&format!("*a{}", level - 1))));
+    }
+    bomb.push_str("descriptors: *a11\n");
+    let deep = format!("domain: edge\ndescriptors: {}{}\n", "[".repeat(5000), "]".repeat(5000));
+    for (text, what) in [
+        (
+            bomb,
+            "aliases (`*name`) repeat more than 1000000 YAML nodes (keys, values, lists and \
+             maps), the most one file may hold: write the descriptors out",
+        ),
+        (deep, "nested deeper than 64 levels of lists and maps"),
+    ] {
+        let problems = refused(&text);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].starts_with("rl.yaml: line "), "{problems:?}");
+        assert!(problems[0].ends_with(&format!(": {what}")), "{problems:?}");
     }
 }
 
@@ -665,6 +705,52 @@ descriptors:
     assert!(problems[0].contains("ed\\u{1b}[31mge > b\\u{1b}: "), "{problems:?}");
     assert!(warnings.iter().any(|w| w.contains("odd\\u{1b}key")), "{warnings:?}");
     assert!(warnings.iter().any(|w| w.contains("a\\u{7}=\\u{1b}]0;title\\u{7}")), "{warnings:?}");
+}
+
+/// The invisible format and separator characters (bidi overrides and
+/// isolates, zero-width ones, line and paragraph separators, the BOM) are
+/// escaped as control characters are: in every problem, every warning and
+/// every comment of the TOML.
+#[test]
+fn invisible_format_characters_are_escaped_in_problems_warnings_and_comments() {
+    const INVISIBLE: [char; 17] = [
+        '\u{202a}', '\u{202b}', '\u{202c}', '\u{202d}', '\u{202e}', '\u{2066}', '\u{2067}',
+        '\u{2068}', '\u{2069}', '\u{200b}', '\u{200c}', '\u{200d}', '\u{200e}', '\u{200f}',
+        '\u{2028}', '\u{2029}', '\u{feff}',
+    ];
+    let shown = |text: &str| !text.chars().any(|c| INVISIBLE.contains(&c));
+    let every: String = INVISIBLE.iter().collect();
+    // A value holding each, a detailed_metric warning that names it.
+    let good = format!(
+        "domain: \"ed\u{202e}ge\"\ndescriptors:\n  - key: k\n    value: \"v{every}\"\n    \
+         detailed_metric: true\n    rate_limit: {{ unit: second, requests_per_unit: 1 }}\n"
+    );
+    let imported = convert(&[Source { name: "r\u{2067}l.yaml", text: &good }]).unwrap();
+    assert!(!imported.warnings.is_empty());
+    for warning in &imported.warnings {
+        assert!(shown(warning), "{warning:?}");
+    }
+    let comments: Vec<&str> =
+        imported.toml.lines().filter(|line| line.trim_start().starts_with('#')).collect();
+    assert!(comments.iter().any(|line| line.contains("ed\\u{202e}ge")), "{comments:#?}");
+    assert!(
+        comments.iter().any(|line| line.contains("\\u{2028}\\u{2029}\\u{feff}")),
+        "{comments:#?}"
+    );
+    for line in comments {
+        assert!(shown(line), "{line:?}");
+    }
+    // A problem names the file, the domain and the unit as they are, escaped.
+    let bad = "domain: \"ed\u{202e}ge\"\ndescriptors:\n  - key: \"b\u{200b}\"\n    \
+               rate_limit: { unit: \"sec\u{2028}ond\", requests_per_unit: 1 }\n";
+    let result = convert(&[Source { name: "r\u{2067}l.yaml", text: bad }]);
+    let Err(BootstrapError::Import { problems }) = result else {
+        panic!("expected problems, got {result:?}");
+    };
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(shown(&problems[0]), "{problems:?}");
+    assert!(problems[0].starts_with("r\\u{2067}l.yaml"), "{problems:?}");
+    assert!(problems[0].contains("ed\\u{202e}ge > b\\u{200b}"), "{problems:?}");
 }
 
 #[test]
