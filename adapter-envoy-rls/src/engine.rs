@@ -22,8 +22,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
-    MAX_POLICY_SET, OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome,
-    RateLimitRequest, SubjectDigest, SubjectPseudonymizer,
+    LOG_LINE_EVERY, LogThrottle, MAX_POLICY_SET, OperationDigest, PolicyId, PolicySet,
+    RateLimitDecision, RateLimitOutcome, RateLimitRequest, SubjectDigest, SubjectPseudonymizer,
 };
 use tonic::Status;
 use tracing::Instrument;
@@ -337,11 +337,23 @@ async fn evaluate(
             Ok(None)
         }
         RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. } => {
-            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    outcome = outcome.category_name(),
+                    suppressed,
+                    "envoy rls failed closed"
+                );
+            }
             Err(Status::unavailable(format!("rate limit unavailable: {}", outcome.category_name())))
         }
         RateLimitOutcome::Incompatible { .. } => {
-            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    outcome = outcome.category_name(),
+                    suppressed,
+                    "envoy rls failed closed"
+                );
+            }
             Err(Status::failed_precondition(format!(
                 "rate limit incompatible: {}",
                 outcome.category_name()
@@ -349,6 +361,11 @@ async fn evaluate(
         }
     }
 }
+
+/// Holds this front's failed-closed lines to one a second: while the
+/// provider is down every call fails alike (the metrics count each one).
+/// One per process, as the front is.
+static FAILED_CLOSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
 
 /// A look (`hits_addend` 0): each enforced policy's budget as it stands,
 /// charging nothing. Denied when a request of cost 1 would not pass.
@@ -363,7 +380,13 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<An
         let operation = member.operation_scoped().then(|| step.rule.operation.clone());
         let key = BudgetKey::new(step.subject.clone(), member.id.clone(), operation);
         let state = port.inspect(&key).await.map_err(|failure| {
-            tracing::warn!(failure = failure.name(), "envoy rls look failed closed");
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    failure = failure.name(),
+                    suppressed,
+                    "envoy rls look failed closed"
+                );
+            }
             look_status(failure)
         })?;
         let passes = state.retry_after.is_zero() && state.remaining > 0;
