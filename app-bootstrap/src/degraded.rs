@@ -285,9 +285,24 @@ impl EdgeRateLimitPort for DegradedPort {
         self.primary.is_ready().await || self.local.is_ready().await
     }
 
-    /// Redis' budget: the operator looks at the fleet's count.
+    /// Redis' budget, the fleet's count; when Redis cannot answer, the
+    /// local limiter's (this instance's count at its share), as a request
+    /// would be decided then: an Envoy look-only descriptor (`hits_addend`
+    /// 0) is a look, and degraded mode answers it like a charge. A local
+    /// failure (none for the memory provider) leaves Redis' standing.
     async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
-        self.primary.inspect(key).await
+        match self.primary.inspect(key).await {
+            Err(failed @ (BudgetFailure::Unavailable | BudgetFailure::Indeterminate)) => {
+                self.local.inspect(key).await.map_err(|_| failed)
+            }
+            answer @ (Ok(_)
+            | Err(
+                BudgetFailure::UnknownPolicy
+                | BudgetFailure::OperationRequired
+                | BudgetFailure::OperationNotApplicable
+                | BudgetFailure::StateIncompatible,
+            )) => answer,
+        }
     }
 
     /// Redis' budget; the local counts expire with their windows.
