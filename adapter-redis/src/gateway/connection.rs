@@ -46,8 +46,8 @@
 //! timers (without, such a loop held a worker and hung the runtime).
 //! `WARN redis connect failed` / `redis connect timed out` go out at most
 //! once per [`CONNECT_WARN_EVERY`] per connection, with `suppressed`, the
-//! failed attempts not logged since the line before; `INFO redis connected
-//! again`, with `failed_attempts`, ends an outage.
+//! failed attempts of this outage not logged since the line before;
+//! `INFO redis connected again`, with `failed_attempts`, ends an outage.
 
 use std::fmt::{self, Debug};
 use std::future::Future;
@@ -116,9 +116,11 @@ impl Outage {
     }
 
     /// Records an attempt that connected: `Some(failed attempts before it)`
-    /// when it ends an outage.
+    /// when it ends an outage. The attempts held back since the last line
+    /// are among those, so the next outage's first line starts from none.
     fn connected(&mut self) -> Option<u64> {
         self.latest = None;
+        self.suppressed = 0;
         Some(std::mem::take(&mut self.in_a_row)).filter(|&failed| failed > 0)
     }
 }
@@ -739,7 +741,21 @@ mod tests {
         assert_eq!(outage.failed(at(1_500), 0), None);
         assert_eq!(outage.connected(), Some(7), "one line when connected again");
         assert_eq!(outage.connected(), None, "and only one");
-        assert_eq!(outage.failed(at(60_000), 0), Some(1));
+        assert_eq!(outage.failed(at(60_000), 0), Some(0));
         assert_eq!(outage.failures, 8);
+    }
+
+    /// The attempts held back at the end of one outage are counted in its
+    /// `failed_attempts`; the next outage's first line starts from none.
+    #[test]
+    fn connecting_clears_the_count_held_back() {
+        let origin = Instant::now();
+        let at = |millis| origin + Duration::from_millis(millis);
+        let mut outage = Outage::default();
+        assert_eq!(outage.failed(at(0), 0), Some(0));
+        assert_eq!(outage.failed(at(200), 0), None);
+        assert_eq!(outage.failed(at(400), 0), None);
+        assert_eq!(outage.connected(), Some(3));
+        assert_eq!(outage.failed(at(5_000), 0), Some(0), "no tail of the outage before");
     }
 }
