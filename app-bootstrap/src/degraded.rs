@@ -132,6 +132,9 @@ impl DegradedMode {
         if !self.on.load(Ordering::Relaxed) {
             return;
         }
+        // The time since Redis' last failure (logged as `quiet_ms`), not
+        // how long it has been answering: with few requests the first
+        // answer past the hold time comes later.
         let quiet = self.now_millis().saturating_sub(self.last_failure.load(Ordering::Acquire));
         if Duration::from_millis(quiet) >= LEAVE_AFTER && self.on.swap(false, Ordering::AcqRel) {
             tracing::info!(
