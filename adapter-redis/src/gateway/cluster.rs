@@ -152,8 +152,11 @@ impl ClusterGateway {
         if let Some(password) = password {
             builder = builder.password(password);
         }
-        let connection =
-            LazyConnection::new(Arc::new(Cluster(builder.build()?)), connect_timeout, "cluster");
+        let connection = LazyConnection::new(
+            Arc::new(Cluster(builder.build()?)),
+            connect_timeout,
+            "cluster".into(),
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 connection,
