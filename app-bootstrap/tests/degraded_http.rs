@@ -510,15 +510,7 @@ async fn rls_ask(
     client: &mut RateLimitServiceClient<tonic::transport::Channel>,
     address: &str,
 ) -> Result<(Code, u32), tonic::Status> {
-    let entry = Entry { key: "remote_address".to_owned(), value: address.to_owned() };
-    let request = RateLimitRequest {
-        domain: "edge".to_owned(),
-        descriptors: vec![RateLimitDescriptor { entries: vec![entry], ..Default::default() }],
-        hits_addend: 0,
-    };
-    let answer = client.should_rate_limit(request).await?.into_inner();
-    let remaining = answer.statuses.first().map_or(0, |status| status.limit_remaining);
-    Ok((Code::try_from(answer.overall_code).unwrap(), remaining))
+    rls_call(client, address, None).await
 }
 
 /// [`rls_ask`] with the descriptor's own `hits_addend` 0: a look, which
@@ -527,16 +519,25 @@ async fn rls_look(
     client: &mut RateLimitServiceClient<tonic::transport::Channel>,
     address: &str,
 ) -> Result<(Code, u32), tonic::Status> {
+    rls_call(client, address, Some(0)).await
+}
+
+/// [`rls_ask`] with the descriptor's `hits_addend` set to `hits`, if any.
+async fn rls_call(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    address: &str,
+    hits: Option<u64>,
+) -> Result<(Code, u32), tonic::Status> {
     let entry = Entry { key: "remote_address".to_owned(), value: address.to_owned() };
     let descriptor = RateLimitDescriptor {
         entries: vec![entry],
-        hits_addend: Some(UInt64Value { value: 0 }),
+        hits_addend: hits.map(|value| UInt64Value { value }),
         ..Default::default()
     };
     let request = RateLimitRequest {
         domain: "edge".to_owned(),
         descriptors: vec![descriptor],
-        hits_addend: 1,
+        hits_addend: 0,
     };
     let answer = client.should_rate_limit(request).await?.into_inner();
     let remaining = answer.statuses.first().map_or(0, |status| status.limit_remaining);
