@@ -22,8 +22,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
-    MAX_POLICY_SET, OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome,
-    RateLimitRequest, SubjectDigest, SubjectPseudonymizer,
+    LOG_LINE_EVERY, LogThrottle, MAX_POLICY_SET, OperationDigest, PolicyId, PolicySet,
+    RateLimitDecision, RateLimitOutcome, RateLimitRequest, SubjectDigest, SubjectPseudonymizer,
 };
 use tonic::Status;
 use tracing::Instrument;
@@ -341,11 +341,23 @@ async fn evaluate(
             Ok(None)
         }
         RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. } => {
-            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    outcome = outcome.category_name(),
+                    suppressed,
+                    "envoy rls failed closed"
+                );
+            }
             Err(Status::unavailable(format!("rate limit unavailable: {}", outcome.category_name())))
         }
         RateLimitOutcome::Incompatible { .. } => {
-            tracing::warn!(outcome = outcome.category_name(), "envoy rls failed closed");
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    outcome = outcome.category_name(),
+                    suppressed,
+                    "envoy rls failed closed"
+                );
+            }
             Err(Status::failed_precondition(format!(
                 "rate limit incompatible: {}",
                 outcome.category_name()
@@ -394,6 +406,11 @@ impl Drop for Unrecorded<'_, '_> {
     }
 }
 
+/// Holds this front's failed-closed lines to one a second: while the
+/// provider is down every call fails alike (the metrics count each one).
+/// One per process, as the front is.
+static FAILED_CLOSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
+
 /// A look (`hits_addend` 0): each enforced policy's budget as it stands,
 /// charging nothing. Denied when a request of cost 1 would not pass.
 async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<Answer>, Status> {
@@ -408,7 +425,13 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<An
         let key = BudgetKey::new(subject, member.id.clone(), operation);
         let mut pending = UnrecordedLook(Some(member));
         let state = port.inspect(&key).await.map_err(|failure| {
-            tracing::warn!(failure = failure.name(), "envoy rls look failed closed");
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    failure = failure.name(),
+                    suppressed,
+                    "envoy rls look failed closed"
+                );
+            }
             look_status(failure)
         });
         // Answered, so not dropped mid-way: the guard has nothing to count.

@@ -9,8 +9,8 @@ use http::HeaderValue;
 use http::request::Parts;
 use metrics::Counter;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, Lease, PolicyId, PolicyMode,
-    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, Lease, LogThrottle, PolicyId,
+    PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
     SubjectDigest, quota_window,
 };
 use tracing::{Instrument, Span};
@@ -163,6 +163,9 @@ pub struct TransportBridge {
     default_set: PreparedSet,
     /// [`crate::telemetry::LEASE_RELEASE_FAILURES_TOTAL`], registered here.
     release_failures: Counter,
+    /// Holds the failure lines to one a second: while the provider is down
+    /// every request fails alike (the metrics count each one).
+    failures_logged: LogThrottle,
 }
 
 impl TransportBridge {
@@ -192,6 +195,7 @@ impl TransportBridge {
             sets,
             default_set,
             release_failures,
+            failures_logged: LogThrottle::default(),
         }
     }
 
@@ -308,7 +312,8 @@ impl TransportBridge {
         if let Some(span) = span {
             record_decision(&span, &evaluation);
         }
-        log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed);
+        let failure_line = || self.failures_logged.admit(self.clock.monotonic());
+        log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
         Ok((evaluation, lease))
     }
 }
@@ -395,6 +400,7 @@ fn log_outcome(
     evaluation: &BridgeEvaluation,
     shadow_subject: Option<&SubjectDigest>,
     elapsed: Duration,
+    failure_line: impl FnOnce() -> Option<u64>,
 ) {
     let policies = PolicyIds(evaluation.policies.ids());
     let outcome = &evaluation.outcome;
@@ -420,11 +426,16 @@ fn log_outcome(
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Incompatible { .. }
         | RateLimitOutcome::Indeterminate { .. } => {
+            // `suppressed`: the failures not logged since the line before.
+            let Some(suppressed) = failure_line() else { return };
             if evaluation.enforces() {
-                tracing::warn!(operation, %policies, outcome = category, "rate limit failed closed");
+                tracing::warn!(
+                    operation, %policies, outcome = category, suppressed,
+                    "rate limit failed closed"
+                );
             } else {
                 tracing::warn!(
-                    operation, %policies, outcome = category,
+                    operation, %policies, outcome = category, suppressed,
                     "rate limit failed; the set is shadow only, so the request passes"
                 );
             }

@@ -551,6 +551,35 @@ fn a_shadow_policy_that_would_deny_logs_one_line_with_the_pseudonym_only() {
     }
 }
 
+/// A provider down fails every request closed: one WARN a second, not
+/// one a request, the next one saying how many were held back.
+#[test]
+fn failing_closed_logs_one_line_a_second_with_the_count_held_back() {
+    let subscriber = CollectingSubscriber::default();
+    let lines = Arc::clone(&subscriber.lines);
+    let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let fixture = fixture(mapped(&["burst"]));
+            fixture.answer(RateLimitOutcome::Unavailable {
+                category: UnavailableCategory::UnavailableBeforeSend,
+                retry_after: Duration::from_secs(1),
+            });
+            for _ in 0..5 {
+                assert!(!fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
+            }
+            fixture.clock.advance(Duration::from_secs(1));
+            assert!(!fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
+        })
+    });
+    let lines = lines.lock().unwrap().clone();
+    let failed: Vec<_> =
+        lines.iter().filter(|line| line.contains("rate limit failed closed")).collect();
+    assert_eq!(failed.len(), 2, "{lines:?}");
+    assert!(failed[0].starts_with("WARN") && failed[0].contains("suppressed=0"), "{}", failed[0]);
+    assert!(failed[1].contains("suppressed=4"), "{}", failed[1]);
+}
+
 /// One span made: its name, its parent's name, its fields as text.
 type MadeSpan = (String, Option<String>, String);
 

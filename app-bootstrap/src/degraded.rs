@@ -132,6 +132,9 @@ impl DegradedMode {
         if !self.on.load(Ordering::Relaxed) {
             return;
         }
+        // The time since Redis' last failure (logged as `quiet_ms`), not
+        // how long it has been answering: with few requests the first
+        // answer past the hold time comes later.
         let quiet = self.now_millis().saturating_sub(self.last_failure.load(Ordering::Acquire));
         if Duration::from_millis(quiet) >= LEAVE_AFTER && self.on.swap(false, Ordering::AcqRel) {
             tracing::info!(
@@ -285,9 +288,24 @@ impl EdgeRateLimitPort for DegradedPort {
         self.primary.is_ready().await || self.local.is_ready().await
     }
 
-    /// Redis' budget: the operator looks at the fleet's count.
+    /// Redis' budget, the fleet's count; when Redis cannot answer, the
+    /// local limiter's (this instance's count at its share), as a request
+    /// would be decided then: an Envoy look-only descriptor (`hits_addend`
+    /// 0) is a look, and degraded mode answers it like a charge. A local
+    /// failure (none for the memory provider) leaves Redis' standing.
     async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
-        self.primary.inspect(key).await
+        match self.primary.inspect(key).await {
+            Err(failed @ (BudgetFailure::Unavailable | BudgetFailure::Indeterminate)) => {
+                self.local.inspect(key).await.map_err(|_| failed)
+            }
+            answer @ (Ok(_)
+            | Err(
+                BudgetFailure::UnknownPolicy
+                | BudgetFailure::OperationRequired
+                | BudgetFailure::OperationNotApplicable
+                | BudgetFailure::StateIncompatible,
+            )) => answer,
+        }
     }
 
     /// Redis' budget; the local counts expire with their windows.

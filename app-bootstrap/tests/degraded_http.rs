@@ -44,6 +44,7 @@ use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descri
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::google::protobuf::UInt64Value;
 use redis_fixture::{MASTER_NAME, RedisServer};
 use redis_fixture::{RedisCluster, RedisSentinel};
 use support::Serve;
@@ -509,10 +510,33 @@ async fn rls_ask(
     client: &mut RateLimitServiceClient<tonic::transport::Channel>,
     address: &str,
 ) -> Result<(Code, u32), tonic::Status> {
+    rls_call(client, address, None).await
+}
+
+/// [`rls_ask`] with the descriptor's own `hits_addend` 0: a look, which
+/// charges nothing.
+async fn rls_look(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    address: &str,
+) -> Result<(Code, u32), tonic::Status> {
+    rls_call(client, address, Some(0)).await
+}
+
+/// [`rls_ask`] with the descriptor's `hits_addend` set to `hits`, if any.
+async fn rls_call(
+    client: &mut RateLimitServiceClient<tonic::transport::Channel>,
+    address: &str,
+    hits: Option<u64>,
+) -> Result<(Code, u32), tonic::Status> {
     let entry = Entry { key: "remote_address".to_owned(), value: address.to_owned() };
+    let descriptor = RateLimitDescriptor {
+        entries: vec![entry],
+        hits_addend: hits.map(|value| UInt64Value { value }),
+        ..Default::default()
+    };
     let request = RateLimitRequest {
         domain: "edge".to_owned(),
-        descriptors: vec![RateLimitDescriptor { entries: vec![entry], ..Default::default() }],
+        descriptors: vec![descriptor],
         hits_addend: 0,
     };
     let answer = client.should_rate_limit(request).await?.into_inner();
@@ -546,10 +570,19 @@ async fn the_envoy_front_end_degrades_too_and_is_unavailable_with_degraded_mode_
         }
     }
     assert_eq!(admitted, SHARE, "the instance's share of the limit");
+    // A look-only descriptor is answered by the local limiter too: the
+    // share spent, and a fresh subject's whole share, charging nothing.
+    assert_eq!(rls_look(&mut on_rls, "10.7.0.1").await.unwrap(), (Code::OverLimit, 0));
+    for _ in 0..2 {
+        let fresh = rls_look(&mut on_rls, "10.7.0.3").await.unwrap();
+        assert_eq!(fresh, (Code::Ok, u32::try_from(SHARE).unwrap()));
+    }
     for n in 0..5 {
         let status = rls_ask(&mut off_rls, "10.7.0.2").await.expect_err("degraded mode is off");
         assert_eq!(status.code(), tonic::Code::Unavailable, "call {n}: {status:?}");
     }
+    let status = rls_look(&mut off_rls, "10.7.0.2").await.expect_err("degraded mode is off");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
 
     tokio::task::block_in_place(|| redis.restart());
     let restarted = Instant::now();

@@ -20,6 +20,7 @@ mod dedup;
 mod error;
 mod headers;
 mod lease;
+mod log_throttle;
 mod name;
 mod outcome;
 mod policy;
@@ -37,6 +38,7 @@ pub use headers::{
     write_policy_field,
 };
 pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
+pub use log_throttle::{LOG_LINE_EVERY, LogThrottle};
 pub use name::{
     DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, FRONT_HTTP, UnknownName, parse_name,
 };

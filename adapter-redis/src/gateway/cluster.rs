@@ -141,6 +141,13 @@ impl ClusterGateway {
         connect_timeout: Duration,
         command_timeout: Duration,
     ) -> Result<Self, RedisError> {
+        // What the client does per node once built is its own: with a
+        // shard's master dead, each request to its slots refreshes the slot
+        // map and reconnects to the dead node, logging at WARN under the
+        // target `redis::cluster_handling`. Nothing here bounds that:
+        // `retries(0)` already, and `max_connection_attempts` bounds only
+        // the client's background reconnect loop (docs/operations.md says
+        // how to quiet the lines).
         let mut builder = ClusterClientBuilder::new(urls.iter().map(String::as_str))
             .connection_timeout(connect_timeout)
             .response_timeout(command_timeout)
@@ -152,8 +159,11 @@ impl ClusterGateway {
         if let Some(password) = password {
             builder = builder.password(password);
         }
-        let connection =
-            LazyConnection::new(Arc::new(Cluster(builder.build()?)), connect_timeout, "cluster");
+        let connection = LazyConnection::new(
+            Arc::new(Cluster(builder.build()?)),
+            connect_timeout,
+            "cluster".into(),
+        );
         Ok(Self {
             shared: Arc::new(Shared {
                 connection,

@@ -46,8 +46,8 @@
 //! timers (without, such a loop held a worker and hung the runtime).
 //! `WARN redis connect failed` / `redis connect timed out` go out at most
 //! once per [`CONNECT_WARN_EVERY`] per connection, with `suppressed`, the
-//! failed attempts not logged since the line before; `INFO redis connected
-//! again`, with `failed_attempts`, ends an outage.
+//! failed attempts of this outage not logged since the line before;
+//! `INFO redis connected again`, with `failed_attempts`, ends an outage.
 
 use std::fmt::{self, Debug};
 use std::future::Future;
@@ -58,6 +58,7 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 use redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
+use shared_contract::LogThrottle;
 use tokio::time::Instant;
 
 use super::GatewayFailure;
@@ -116,9 +117,11 @@ impl Outage {
     }
 
     /// Records an attempt that connected: `Some(failed attempts before it)`
-    /// when it ends an outage.
+    /// when it ends an outage. The attempts held back since the last line
+    /// are among those, so the next outage's first line starts from none.
     fn connected(&mut self) -> Option<u64> {
         self.latest = None;
+        self.suppressed = 0;
         Some(std::mem::take(&mut self.in_a_row)).filter(|&failed| failed > 0)
     }
 }
@@ -163,8 +166,12 @@ type Attempt<T> = Shared<BoxFuture<'static, Option<Opened<T>>>>;
 pub(crate) struct LazyConnection<C: Connect> {
     /// Shared by every connection of one gateway (a pool's too).
     connector: Arc<C>,
-    /// Names the topology in log lines.
-    label: &'static str,
+    /// Names the topology (and a `WAIT` connection's number) in log lines.
+    label: Arc<str>,
+    /// Holds `redis keeps timing out or losing the connection` to one a
+    /// second: the calls in flight on a failing connection all see the run
+    /// of failures and would each log it.
+    replacing_logged: LogThrottle,
     connect_timeout: Duration,
     /// Shared with the connect attempt in flight, which outlives the
     /// callers that gave up on it.
@@ -187,7 +194,7 @@ impl<C: Connect> Debug for LazyConnection<C> {
     // The connector may hold a password: print none of it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("LazyConnection")
-            .field("label", &self.label)
+            .field("label", &&*self.label)
             .field("connect_timeout", &self.connect_timeout)
             .field("generation", &self.generation())
             .field("connect_attempts", &self.connect_attempts())
@@ -203,10 +210,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 
 impl<C: Connect> LazyConnection<C> {
     /// Nothing is opened until the first [`Self::get`].
-    pub(crate) fn new(connector: Arc<C>, connect_timeout: Duration, label: &'static str) -> Self {
+    pub(crate) fn new(connector: Arc<C>, connect_timeout: Duration, label: Arc<str>) -> Self {
         Self {
             connector,
             label,
+            replacing_logged: LogThrottle::new(CONNECT_WARN_EVERY),
             connect_timeout,
             state: Arc::new(State {
                 current: Mutex::new(None),
@@ -234,8 +242,8 @@ impl<C: Connect> LazyConnection<C> {
     }
 
     /// The topology it connects to, as log lines name it.
-    pub(crate) fn label(&self) -> &'static str {
-        self.label
+    pub(crate) fn label(&self) -> &str {
+        &self.label
     }
 
     /// The connector every connection of this one is opened by.
@@ -250,7 +258,7 @@ impl<C: Connect> LazyConnection<C> {
         let mut current = lock(&self.state.current);
         match &*current {
             Some(held) if held.mark != mark => {
-                tracing::warn!(label = self.label, "redis connection superseded; replacing it");
+                tracing::warn!(label = &*self.label, "redis connection superseded; replacing it");
                 *current = None;
                 None
             }
@@ -321,10 +329,10 @@ impl<C: Connect> LazyConnection<C> {
         }
         let connector = Arc::clone(&self.connector);
         let ended = Ended(Arc::clone(&self.state));
-        let label = self.label;
+        let label = Arc::clone(&self.label);
         let until = Instant::now() + self.connect_timeout;
         let task = tokio::spawn(async move {
-            let opened = ended.0.attempt(&*connector, label, until).await.ok();
+            let opened = ended.0.attempt(&*connector, &label, until).await.ok();
             drop(ended);
             opened
         });
@@ -338,7 +346,7 @@ impl<C: Connect> LazyConnection<C> {
         &self,
         until: Instant,
     ) -> Result<Opened<C::Connection>, GatewayFailure> {
-        self.state.attempt(&*self.connector, self.label, until).await
+        self.state.attempt(&*self.connector, &self.label, until).await
     }
 }
 
@@ -348,7 +356,7 @@ impl<T: Clone> State<T> {
     async fn attempt<C: Connect<Connection = T>>(
         &self,
         connector: &C,
-        label: &'static str,
+        label: &str,
         until: Instant,
     ) -> Result<Opened<T>, GatewayFailure> {
         // Read before: a mark that moves while connecting may be about this
@@ -421,7 +429,7 @@ impl<C: Connect> LazyConnection<C> {
             GatewayFailure::ConnectionLost
                 if error.is_some_and(RedisError::is_connection_dropped) =>
             {
-                tracing::warn!(label = self.label, "redis connection dropped; replacing it");
+                tracing::warn!(label = &*self.label, "redis connection dropped; replacing it");
                 self.state.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                 self.discard(generation);
             }
@@ -430,18 +438,22 @@ impl<C: Connect> LazyConnection<C> {
                     error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
                 }) =>
             {
-                tracing::warn!(label = self.label, "redis node is a replica now; replacing it");
+                tracing::warn!(label = &*self.label, "redis node is a replica now; replacing it");
                 self.state.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                 self.discard(generation);
             }
             GatewayFailure::TimedOut | GatewayFailure::ConnectionLost => {
                 let failures = self.state.ambiguous_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
                 if failures >= AMBIGUOUS_FAILURES_BEFORE_RECONNECT {
-                    tracing::warn!(
-                        failures,
-                        label = self.label,
-                        "redis keeps timing out or losing the connection; replacing it"
-                    );
+                    let now = Instant::now().into_std();
+                    if let Some(suppressed) = self.replacing_logged.admit(now) {
+                        tracing::warn!(
+                            failures,
+                            label = &*self.label,
+                            suppressed,
+                            "redis keeps timing out or losing the connection; replacing it"
+                        );
+                    }
                     self.state.ambiguous_in_a_row.store(0, Ordering::Relaxed);
                     self.discard(generation);
                 }
@@ -506,7 +518,7 @@ mod tests {
     fn lazy(delay: Duration) -> (LazyConnection<Arc<Counting>>, Arc<Counting>) {
         let counting = Arc::new(Counting { delay, ..Counting::default() });
         let connector = Arc::new(Arc::clone(&counting));
-        (LazyConnection::new(connector, Duration::from_secs(1), "test"), counting)
+        (LazyConnection::new(connector, Duration::from_secs(1), "test".into()), counting)
     }
 
     fn soon() -> Instant {
@@ -739,7 +751,78 @@ mod tests {
         assert_eq!(outage.failed(at(1_500), 0), None);
         assert_eq!(outage.connected(), Some(7), "one line when connected again");
         assert_eq!(outage.connected(), None, "and only one");
-        assert_eq!(outage.failed(at(60_000), 0), Some(1));
+        assert_eq!(outage.failed(at(60_000), 0), Some(0));
         assert_eq!(outage.failures, 8);
+    }
+
+    /// Counts the events whose message is `message`.
+    struct LinesOf {
+        message: &'static str,
+        seen: Arc<AtomicUsize>,
+    }
+
+    struct MessageIs<'a>(&'static str, &'a mut bool);
+
+    impl tracing::field::Visit for MessageIs<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn Debug) {
+            if field.name() == "message" && format!("{value:?}") == self.0 {
+                *self.1 = true;
+            }
+        }
+    }
+
+    impl tracing::Subscriber for LinesOf {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, event: &tracing::Event<'_>) {
+            let mut matches = false;
+            event.record(&mut MessageIs(self.message, &mut matches));
+            if matches {
+                self.seen.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    /// The calls in flight on a failing connection all fail: the
+    /// replacement is logged once a second, not once per run of
+    /// [`AMBIGUOUS_FAILURES_BEFORE_RECONNECT`] failures.
+    #[test]
+    fn replacing_a_failing_connection_is_logged_once_a_second() {
+        let seen = Arc::new(AtomicUsize::new(0));
+        let message = "redis keeps timing out or losing the connection; replacing it";
+        let subscriber = LinesOf { message, seen: Arc::clone(&seen) };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        tracing::subscriber::with_default(subscriber, || {
+            runtime.block_on(async {
+                let (lazy, _) = lazy(Duration::ZERO);
+                let held = lazy.get(soon()).await.unwrap();
+                for _ in 0..4 * AMBIGUOUS_FAILURES_BEFORE_RECONNECT {
+                    lazy.failed(held.generation, GatewayFailure::TimedOut, None);
+                }
+            });
+        });
+        assert_eq!(seen.load(Ordering::Relaxed), 1);
+    }
+
+    /// The attempts held back at the end of one outage are counted in its
+    /// `failed_attempts`; the next outage's first line starts from none.
+    #[test]
+    fn connecting_clears_the_count_held_back() {
+        let origin = Instant::now();
+        let at = |millis| origin + Duration::from_millis(millis);
+        let mut outage = Outage::default();
+        assert_eq!(outage.failed(at(0), 0), Some(0));
+        assert_eq!(outage.failed(at(200), 0), None);
+        assert_eq!(outage.failed(at(400), 0), None);
+        assert_eq!(outage.connected(), Some(3));
+        assert_eq!(outage.failed(at(5_000), 0), Some(0), "no tail of the outage before");
     }
 }

@@ -35,17 +35,22 @@ pub(crate) struct Lent<'a, C: Connect> {
 }
 
 impl<C: Connect> WaitPool<C> {
-    /// `size` connections (at least one), each opened lazily by `connector`.
+    /// `size` connections (at least one), each opened lazily by `connector`
+    /// and named `<label>-wait-<n>` (from 1) in log lines: each logs its
+    /// own connect failures, and they must not read as one connection's.
     pub(crate) fn new(
         connector: &Arc<C>,
         size: usize,
         connect_timeout: Duration,
-        label: &'static str,
+        label: &str,
     ) -> Self {
         let size = size.max(1);
         Self {
-            connections: (0..size)
-                .map(|_| LazyConnection::new(Arc::clone(connector), connect_timeout, label))
+            connections: (1..=size)
+                .map(|number| {
+                    let label = format!("{label}-wait-{number}").into();
+                    LazyConnection::new(Arc::clone(connector), connect_timeout, label)
+                })
                 .collect(),
             turns: Turns::new(size),
         }
@@ -151,6 +156,13 @@ mod tests {
         drop(first);
         assert_eq!(pool.lend(soon()).await.unwrap().turn.index, index);
         assert_eq!(pool.size(), 2);
+    }
+
+    #[test]
+    fn each_wait_connection_has_its_own_label() {
+        let pool = WaitPool::new(&Arc::new(Nothing), 3, Duration::from_secs(1), "standalone");
+        let labels: Vec<_> = (0..pool.size()).map(|index| pool.connection(index).label()).collect();
+        assert_eq!(labels, ["standalone-wait-1", "standalone-wait-2", "standalone-wait-3"]);
     }
 
     #[test]

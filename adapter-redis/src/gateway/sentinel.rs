@@ -390,7 +390,7 @@ impl MultiplexedGateway<Discovered> {
             me: me.clone(),
         });
         Ok(Self {
-            connection: LazyConnection::new(connector, connect_timeout, "sentinel"),
+            connection: LazyConnection::new(connector, connect_timeout, "sentinel".into()),
             waiting: None,
         })
     }

@@ -51,7 +51,7 @@ impl MultiplexedGateway<Standalone> {
             .set_response_timeout(None);
         let connector = Arc::new(Standalone { client: Client::open(info)?, config });
         Ok(Self {
-            connection: LazyConnection::new(connector, connect_timeout, "standalone"),
+            connection: LazyConnection::new(connector, connect_timeout, "standalone".into()),
             waiting: None,
         })
     }

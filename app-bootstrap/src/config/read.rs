@@ -123,7 +123,7 @@ impl Reader<'_> {
         let mut table = self.table(value, path);
         let enabled = self.field(&mut table, "enabled", Self::bool);
         let given = table.has("instances");
-        let instances = self.field(&mut table, "instances", Self::u32);
+        let instances = self.field(&mut table, "instances", Self::instances);
         if enabled == Some(true) && !given {
             self.problem(
                 &table.path().child("instances"),

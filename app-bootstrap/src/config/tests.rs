@@ -1697,6 +1697,16 @@ fn a_bad_instances_value_is_one_problem_and_a_missing_one_is_named_missing() {
             assert_eq!(found[0].0, INSTANCES, "instances = {bad}: {found:?}");
             assert!(!found[0].1.contains("at least 1"), "instances = {bad}: {found:?}");
         }
+        // A number out of range names the range accepted (the docs' 1 to
+        // 4294967295), from a file or the environment.
+        let range = "must be a whole number from 1 to 4294967295";
+        for bad in ["-1", "2.5", "4294967296"] {
+            let found = self::problems(load_file(jail, &degraded_over_redis(Some(bad))));
+            assert_eq!(found, [(INSTANCES.to_owned(), range.to_owned())], "instances = {bad}");
+        }
+        jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__DEGRADED__INSTANCES", "3.0");
+        let found = self::problems(load_file(jail, &degraded_over_redis(None)));
+        assert_eq!(found, [(INSTANCES.to_owned(), range.to_owned())], "env 3.0");
         // From the environment: the same single problem.
         jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__DEGRADED__INSTANCES", "abc");
         let found = self::problems(load_file(jail, &degraded_over_redis(None)));

@@ -119,11 +119,22 @@ impl Reader<'_> {
     }
 
     pub(super) fn u64(&mut self, value: &Value, path: &KeyPath) -> Option<u64> {
+        self.whole(value, path, || format!("must be a whole number from 0 to {}", u64::MAX))
+    }
+
+    /// A whole number that fits `T`; `out_of_range` is the problem of one
+    /// that does not (a negative or fractional number, or too large).
+    fn whole<T: TryFrom<u128>>(
+        &mut self,
+        value: &Value,
+        path: &KeyPath,
+        out_of_range: impl FnOnce() -> String,
+    ) -> Option<T> {
         match value {
             Value::Num(_, number) => {
-                let whole = number.to_u128_lossy().and_then(|n| u64::try_from(n).ok());
+                let whole = number.to_u128_lossy().and_then(|n| T::try_from(n).ok());
                 if whole.is_none() {
-                    self.problem(path, format!("must be a whole number from 0 to {}", u64::MAX));
+                    self.problem(path, out_of_range());
                 }
                 whole
             }
@@ -141,6 +152,13 @@ impl Reader<'_> {
             self.problem(path, format!("must be at most {}, got {number}", u32::MAX));
         }
         narrowed
+    }
+
+    /// `degraded.instances`: read as a `u32`, but a number out of range
+    /// names the range the key accepts, 1 to `u32::MAX` (0 reads, and
+    /// validation says why it is no fleet when the mode is enabled).
+    pub(super) fn instances(&mut self, value: &Value, path: &KeyPath) -> Option<u32> {
+        self.whole(value, path, || format!("must be a whole number from 1 to {}", u32::MAX))
     }
 
     pub(super) fn bool(&mut self, value: &Value, path: &KeyPath) -> Option<bool> {
