@@ -1,6 +1,7 @@
 //! In-flight leases end to end: the real `ca-skeleton serve` binary with the
-//! memory provider, `GET /api/work?ms=N` under a concurrency policy of
-//! `max-in-flight = 2` (README, "Limit requests in flight").
+//! memory provider (and on Redis for the shutdown),
+//! `GET /api/work?ms=N` under a concurrency policy of `max-in-flight = 2`
+//! (README, "Limit requests in flight").
 
 mod support;
 
@@ -108,4 +109,90 @@ async fn two_requests_in_flight_pass_the_third_is_refused_and_a_finished_one_fre
         metrics.lines().any(|line| line == "ca_skeleton_rate_limit_lease_release_failures_total 0"),
         "{metrics}"
     );
+}
+
+/// `redis-cli` against the fixture's server, its trimmed answer.
+fn redis_cli(redis: &redis_fixture::RedisServer, args: &[&str]) -> String {
+    let output = std::process::Command::new("redis-cli")
+        .args(["-p", &redis.port().to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// SIGTERM while two requests hold their leases on Redis, with a shutdown
+/// grace shorter than their work: the grace elapses, their connections are
+/// cut, and the process waits for the two releases before it ends, so the
+/// lease set holds its clock mark only (before, the runtime ended first and
+/// both leases stayed until they expired).
+#[test]
+fn leases_of_connections_cut_at_shutdown_are_given_back() {
+    use std::io::Write;
+    let redis = redis_fixture::RedisServer::start();
+    let config = format!(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+shutdown-grace = "1s"
+
+[redis]
+enabled = true
+urls = ["{url}"]
+key-prefix = "cut:"
+
+[capabilities.rate-limit]
+provider = "redis"
+default-policy = "e2e-api"
+
+[capabilities.rate-limit.operations]
+"GET /api/work" = "e2e-work"
+
+[capabilities.rate-limit.policies.e2e-api]
+algorithm = "fixed-window"
+limit = 1000
+window = "60s"
+
+[capabilities.rate-limit.policies.e2e-work]
+algorithm = "concurrency"
+max-in-flight = 2
+lease-ttl = "30s"
+retry-after = "2s"
+
+[pseudonymizer.keys]
+1 = "{TEST_KEY}"
+"#,
+        url = redis.url()
+    );
+    let mut serve = Serve::start(&config, "info");
+    let public = serve.base.trim_start_matches("http://").to_owned();
+    // Two requests that work 5 s each, far past the grace.
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&public).expect("the listener accepts");
+            stream.write_all(b"GET /api/work?ms=5000 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            stream
+        })
+        .collect();
+    // Both leases are taken: the set holds them and its mark.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let key = loop {
+        assert!(std::time::Instant::now() < deadline, "the two leases were never taken");
+        let keys = redis_cli(&redis, &["--scan", "--pattern", "cut:*e2e-work*"]);
+        if let Some(key) = keys.lines().next() {
+            if redis_cli(&redis, &["ZCARD", key]) == "3" {
+                break key.to_owned();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &serve.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let exit = serve.child.wait().expect("serve exits");
+    assert!(exit.success(), "{exit}");
+    assert_eq!(redis_cli(&redis, &["ZCARD", &key]), "1", "the mark only: {key}");
+    drop(held);
 }
