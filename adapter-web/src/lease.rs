@@ -115,10 +115,10 @@ impl Release {
     fn run(self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // A guard dropped after the runtime shut down: nothing can ask
-            // the store any more, and the lease expires at its lease-ttl.
+            // the store any more, and the lease expires on its own.
             tracing::debug!(
                 policies = %PolicyIds(self.lease.policies.ids()),
-                "no runtime left to release an in-flight lease; it expires at its lease-ttl"
+                "no runtime left to release an in-flight lease; it expires on its own"
             );
             return;
         };
@@ -140,8 +140,10 @@ impl Release {
     }
 }
 
-/// Counts and logs a failed release; the lease then stays until its
-/// lease-ttl. The log names the policies and the subject's pseudonym,
+/// Counts and logs a failed release; the lease then may stay until it
+/// expires (`lease-ttl + maximum-clock-regression` after it was taken):
+/// "may", since an `Indeterminate` removal may still have run, queued
+/// behind a stalled server. The log names the policies and the subject's pseudonym,
 /// never the raw subject (the port never sees it).
 fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
     match outcome {
@@ -152,7 +154,7 @@ fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
                 policies = %PolicyIds(lease.policies.ids()),
                 subject = lease.subject.as_str(),
                 outcome = outcome.name(),
-                "in-flight lease release failed; the slot stays taken until its lease-ttl"
+                "in-flight lease release failed; the slot may stay taken until the lease expires"
             );
         }
     }
