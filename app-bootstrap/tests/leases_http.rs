@@ -8,15 +8,22 @@ mod support;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use support::{Reply, Serve, TEST_KEY, counter};
+use support::{Reply, Serve, TEST_KEY, counter, redis_cli};
 
 fn config() -> String {
+    config_with("", "memory", "")
+}
+
+/// The demo route under `max-in-flight = 2` on `provider`, with `server`
+/// keys added and `sections` appended.
+fn config_with(server: &str, provider: &str, sections: &str) -> String {
     format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
-
+{server}
 [capabilities.rate-limit]
+provider = "{provider}"
 default-policy = "e2e-api"
 
 [capabilities.rate-limit.operations]
@@ -35,6 +42,7 @@ retry-after = "2s"
 
 [pseudonymizer.keys]
 1 = "{TEST_KEY}"
+{sections}
 "#
     )
 }
@@ -111,16 +119,6 @@ async fn two_requests_in_flight_pass_the_third_is_refused_and_a_finished_one_fre
     );
 }
 
-/// `redis-cli` against the fixture's server, its trimmed answer.
-fn redis_cli(redis: &redis_fixture::RedisServer, args: &[&str]) -> String {
-    let output = std::process::Command::new("redis-cli")
-        .args(["-p", &redis.port().to_string()])
-        .args(args)
-        .output()
-        .expect("redis-cli runs");
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
 /// SIGTERM while two requests hold their leases on Redis, with a shutdown
 /// grace shorter than their work: the grace elapses, their connections are
 /// cut, and the process waits for the two releases before it ends, so the
@@ -130,40 +128,9 @@ fn redis_cli(redis: &redis_fixture::RedisServer, args: &[&str]) -> String {
 fn leases_of_connections_cut_at_shutdown_are_given_back() {
     use std::io::Write;
     let redis = redis_fixture::RedisServer::start();
-    let config = format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-shutdown-grace = "1s"
-
-[redis]
-enabled = true
-urls = ["{url}"]
-key-prefix = "cut:"
-
-[capabilities.rate-limit]
-provider = "redis"
-default-policy = "e2e-api"
-
-[capabilities.rate-limit.operations]
-"GET /api/work" = "e2e-work"
-
-[capabilities.rate-limit.policies.e2e-api]
-algorithm = "fixed-window"
-limit = 1000
-window = "60s"
-
-[capabilities.rate-limit.policies.e2e-work]
-algorithm = "concurrency"
-max-in-flight = 2
-lease-ttl = "30s"
-retry-after = "2s"
-
-[pseudonymizer.keys]
-1 = "{TEST_KEY}"
-"#,
-        url = redis.url()
-    );
+    let redis_section =
+        format!("[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"cut:\"\n", redis.url());
+    let config = config_with("shutdown-grace = \"1s\"", "redis", &redis_section);
     let mut serve = Serve::start(&config, "info");
     let public = serve.base.trim_start_matches("http://").to_owned();
     // Two requests that work 5 s each, far past the grace.
@@ -178,9 +145,9 @@ retry-after = "2s"
     let deadline = std::time::Instant::now() + Duration::from_secs(15);
     let key = loop {
         assert!(std::time::Instant::now() < deadline, "the two leases were never taken");
-        let keys = redis_cli(&redis, &["--scan", "--pattern", "cut:*e2e-work*"]);
+        let keys = redis_cli(redis.port(), &["--scan", "--pattern", "cut:*e2e-work*"]);
         if let Some(key) = keys.lines().next() {
-            if redis_cli(&redis, &["ZCARD", key]) == "3" {
+            if redis_cli(redis.port(), &["ZCARD", key]) == "3" {
                 break key.to_owned();
             }
         }
@@ -193,6 +160,6 @@ retry-after = "2s"
     assert!(killed.success());
     let exit = serve.child.wait().expect("serve exits");
     assert!(exit.success(), "{exit}");
-    assert_eq!(redis_cli(&redis, &["ZCARD", &key]), "1", "the mark only: {key}");
+    assert_eq!(redis_cli(redis.port(), &["ZCARD", &key]), "1", "the mark only: {key}");
     drop(held);
 }
