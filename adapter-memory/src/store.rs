@@ -438,8 +438,9 @@ mod tests {
         assert!(outcome.is_allowed(), "{outcome:?}");
     }
 
-    /// Two leases at once, each held 30 s; grace and regression 1 s: a key
-    /// whose latest lease was taken at `t` expires at `t + 30_000 + 1000`.
+    /// Two leases at once, each held 30 s; grace and regression 1 s: a lease
+    /// taken at `t` counts until `t + 30_000 + 1000` (lease-ttl + regression)
+    /// and a key whose latest lease it is expires 1000 (the grace) later.
     fn two_in_flight() -> KeyRules {
         let algorithm = Algorithm::Concurrency {
             max_in_flight: 2,
@@ -468,14 +469,14 @@ mod tests {
         assert!(evaluate(&store, &rules, 7, T0, id(1)).is_allowed());
         assert!(evaluate(&store, &rules, 7, T0 + 10, id(2)).is_allowed());
         assert!(evaluate(&store, &rules, 8, T0 + 10, id(1)).is_allowed());
-        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(1), id(2)], T0 + 31_010));
+        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(1), id(2)], T0 + 32_010));
         assert_eq!(store.stored_bytes(), 3 * u64::from(HELD_LEASE_BYTES));
         assert!(store.release(&subject(7), [SLOT], id(1), T0 + 20));
         assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 20), "released once");
         assert!(!store.release(&subject(7), [SLOT], id(3), T0 + 20), "never held");
         // Subject 8's lease of the same id, and subject 7's other lease, stay.
-        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(2)], T0 + 31_010));
-        assert_eq!(leases_of(&store, 8), (Some(T0 + 10), vec![id(1)], T0 + 31_010));
+        assert_eq!(leases_of(&store, 7), (Some(T0 + 10), vec![id(2)], T0 + 32_010));
+        assert_eq!(leases_of(&store, 8), (Some(T0 + 10), vec![id(1)], T0 + 32_010));
         assert_eq!(store.stored_bytes(), 2 * u64::from(HELD_LEASE_BYTES));
         // An absent key holds nothing to release.
         assert!(!store.release(&subject(9), [SLOT], id(1), T0 + 20));
@@ -488,16 +489,16 @@ mod tests {
         let rules = two_in_flight();
         assert!(evaluate(&store, &rules, 7, T0, id(1)).is_allowed());
         assert!(evaluate(&store, &rules, 7, T0 + 1_000, id(2)).is_allowed());
-        // Lease 1 is gone at T0 + 30 000: releasing it then frees nothing
+        // Lease 1 is gone at T0 + 31 000: releasing it then frees nothing
         // (and removes its id).
-        assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 30_000));
+        assert!(!store.release(&subject(7), [SLOT], id(1), T0 + 31_000));
         assert_eq!(leases_of(&store, 7).1, [id(2)]);
         assert_eq!(store.stored_bytes(), u64::from(HELD_LEASE_BYTES));
-        // The key lives to lease 2's expiry plus the grace: T0 + 32 000.
-        assert_eq!(store.purge_expired(T0 + 31_999), 0);
-        assert_eq!(store.purge_expired(T0 + 32_000), 1);
+        // The key lives to lease 2's expiry plus the grace: T0 + 33 000.
+        assert_eq!(store.purge_expired(T0 + 32_999), 0);
+        assert_eq!(store.purge_expired(T0 + 33_000), 1);
         assert_eq!((store.live_entries(), store.stored_bytes()), (0, 0));
-        assert!(!store.release(&subject(7), [SLOT], id(2), T0 + 32_000));
+        assert!(!store.release(&subject(7), [SLOT], id(2), T0 + 33_000));
     }
 
     #[test]

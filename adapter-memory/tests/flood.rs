@@ -59,7 +59,7 @@ async fn ordinary_traffic_alone_reclaims_a_million_expired_subjects() {
 }
 
 /// Leases never released (an instance that crashed mid-request) hold no
-/// memory past their TTL: 100,000 subjects take one lease each of 1 s, and
+/// memory past their TTL (+ the clock-regression bound): 100,000 subjects take one lease each of 1 s, and
 /// one subject asks 10,000 times for 4 slots; the store holds exactly the
 /// leases in flight, and nothing once the keys have expired.
 #[tokio::test]
@@ -85,8 +85,9 @@ async fn unreleased_leases_are_bounded_and_reclaimed_after_their_ttl() {
     assert_eq!(admitted, 4, "4 in flight, the rest refused");
     let per_lease = u64::from(HELD_LEASE_BYTES);
     assert_eq!(adapter.store().stored_bytes(), (SUBJECTS + 4) * per_lease);
-    // Each key lives to its lease's expiry plus the 1 s grace: T0 + 2000.
-    assert_eq!(adapter.store().purge_expired(T0 + 1_999), 0);
-    assert_eq!(adapter.store().purge_expired(T0 + 2_000), 100_001);
+    // Each key lives to its lease's expiry (lease-ttl 1 s + the default
+    // maximum-clock-regression 1 s) plus the 1 s grace: T0 + 3000.
+    assert_eq!(adapter.store().purge_expired(T0 + 2_999), 0);
+    assert_eq!(adapter.store().purge_expired(T0 + 3_000), 100_001);
     assert_eq!((adapter.store().live_entries(), adapter.store().stored_bytes()), (0, 0));
 }

@@ -36,13 +36,15 @@ end
 -- slot). Returns allowed, remaining, reset_after (always 0: no window),
 -- retry_after (the policy's retry-after on a refusal) and, for a charging
 -- run that allows, the new lease's expires_at as both the state to write
--- and its end.
-local function concurrency(held, t, charge, max_in_flight, lease_ttl, retry_after)
+-- and its end. The lease counts for lease_ttl + regression (the policy's
+-- maximum clock regression): a clock ahead of the taker's by up to the
+-- bound must never drop a lease the taker still holds.
+local function concurrency(held, t, charge, max_in_flight, lease_ttl, retry_after, regression)
   if held + 1 > max_in_flight then
     return false, math.max(0, max_in_flight - held), 0, math.max(1, retry_after)
   end
   if not charge then return true, max_in_flight - held, 0, 0 end
-  local expires_at = t + lease_ttl
+  local expires_at = t + lease_ttl + regression
   return true, max_in_flight - held - 1, 0, 0, expires_at, expires_at
 end
 

@@ -168,7 +168,8 @@ for k = 1, n do
         gcra_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
     elseif tag == CONCURRENCY then
       allowed, remaining, reset_after, retry_after, state, state_end =
-        concurrency_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0)
+        concurrency_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0,
+          ARGV[b + 1] + 0)
     else
       failed = k
     end
@@ -211,7 +212,8 @@ if replay or failed or not admitted then
   spared = function(b, tag, raw, t)
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
     if tag == CONCURRENCY then
-      return concurrency_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0)
+      return concurrency_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0,
+        ARGV[b + 1] + 0)
     end
     if raw and byte(raw, 1) ~= tag then return nil end
     if tag == FIXED_WINDOW then

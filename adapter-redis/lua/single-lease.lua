@@ -20,7 +20,7 @@ if lease and lease > t then
   return {'allowed', 2, math.max(0, max_in_flight - held), 0, 0}
 end
 local allowed, remaining, reset_after, retry_after, expires_at =
-  concurrency(held, t, true, max_in_flight, ARGV[10] + 0, ARGV[11] + 0)
+  concurrency(held, t, true, max_in_flight, ARGV[10] + 0, ARGV[11] + 0, ARGV[5] + 0)
 if expires_at then lease_store(key, t, expires_at, ARGV[6] + 0, mark ~= nil) end
 -- A shadow policy alone never blocks; its refusal takes no lease.
 if allowed or string.byte(ARGV[4]) >= SHADOW_KINDS then

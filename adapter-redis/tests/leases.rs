@@ -22,6 +22,9 @@ use support::{T0, adapter, inspector, operation, request, request_with, subject}
 /// beyond a test's real duration, so Redis's own expiry never interferes.
 const LEASE_TTL: u64 = 1_000;
 const GRACE: Duration = Duration::from_secs(600);
+/// How long a lease counts from its taking: its TTL plus the policy's
+/// maximum clock regression (the default 1 s).
+const LEASE_LIFE: u64 = LEASE_TTL + 1_000;
 
 fn leases(id: &str, max_in_flight: u64) -> RateLimitPolicy {
     RateLimitPolicy::builder(
@@ -128,12 +131,12 @@ async fn a_lease_key_is_a_sorted_set_of_binary_lease_ids_and_the_mark_under_the_
     // the second acquire's time.
     assert_eq!(
         members(&mut redis, &key).await,
-        stored(T0 + 10, &[(1, T0 + LEASE_TTL), (2, T0 + 10 + LEASE_TTL)])
+        stored(T0 + 10, &[(1, T0 + LEASE_LIFE), (2, T0 + 10 + LEASE_LIFE)])
     );
     // The key lives until its latest lease expires plus the slack, counted
     // from the caller's time (here the lease's own time): at most that.
     let ttl: i64 = redis.pttl(&key).await.unwrap();
-    let longest = i64::try_from(LEASE_TTL + shared_contract::millis(GRACE)).unwrap();
+    let longest = i64::try_from(LEASE_LIFE + shared_contract::millis(GRACE)).unwrap();
     assert!(0 < ttl && ttl <= longest, "PTTL {ttl}");
 }
 
@@ -148,15 +151,15 @@ async fn the_acquire_script_removes_the_leases_expired_at_its_time() {
     take(&adapter, &clock, "exports", 1).await;
     clock.set_epoch_millis(T0 + 400);
     take(&adapter, &clock, "exports", 2).await;
-    // At T0 + 1000 lease 1 has expired (expires_at <= t), lease 2 lives.
-    clock.set_epoch_millis(T0 + LEASE_TTL);
+    // At T0 + 2000 lease 1 has expired (expires_at <= t), lease 2 lives.
+    clock.set_epoch_millis(T0 + LEASE_LIFE);
     assert_eq!(members(&mut redis, &key).await.len(), 3, "nothing removes a lease by itself");
     let (third, _) = take(&adapter, &clock, "exports", 3).await;
     // Two live after the acquire: one left of three.
     assert_eq!(remaining(&third), 1);
     assert_eq!(
         members(&mut redis, &key).await,
-        stored(T0 + LEASE_TTL, &[(2, T0 + 400 + LEASE_TTL), (3, T0 + 2 * LEASE_TTL)])
+        stored(T0 + LEASE_LIFE, &[(2, T0 + 400 + LEASE_LIFE), (3, T0 + 2 * LEASE_LIFE)])
     );
     // A refusal writes nothing, expired leases included: fill the key, let
     // one expire, and be refused by the other policy of a set.
@@ -169,7 +172,7 @@ async fn the_acquire_script_removes_the_leases_expired_at_its_time() {
         ..request_with(&clock, "exports", &subject(1), id(n), Duration::from_secs(5))
     };
     assert!(both.evaluate(ask(4)).await.is_allowed());
-    clock.set_epoch_millis(T0 + 1400);
+    clock.set_epoch_millis(T0 + 400 + LEASE_LIFE);
     let before = members(&mut redis, &key).await;
     assert!(!both.evaluate(ask(5)).await.is_allowed(), "the window refuses");
     assert_eq!(members(&mut redis, &key).await, before);
@@ -195,7 +198,7 @@ async fn a_release_is_one_evalsha_that_removes_that_lease_and_nothing_else() {
     assert_eq!(calls(&server, "evalsha").await, scripts + 1, "one script call");
     assert_eq!(calls(&server, "eval").await, 0, "never EVAL");
     // Lease 2 and the mark stay, and the expiry does not move.
-    assert_eq!(members(&mut redis, &key).await, stored(T0 + 10, &[(2, T0 + 10 + LEASE_TTL)]));
+    assert_eq!(members(&mut redis, &key).await, stored(T0 + 10, &[(2, T0 + 10 + LEASE_LIFE)]));
     let after: i64 = redis.pttl(&key).await.unwrap();
     assert!(0 < after && after <= ttl, "PTTL {ttl} then {after}");
     // Idempotent: nothing is held any more.
@@ -204,7 +207,7 @@ async fn a_release_is_one_evalsha_that_removes_that_lease_and_nothing_else() {
     // A lease past its expiry is not held: its release frees nothing, and
     // the lease is gone from the key.
     let (_, second) = take(&adapter, &clock, "exports", 2).await;
-    clock.set_epoch_millis(T0 + 10 + LEASE_TTL);
+    clock.set_epoch_millis(T0 + 10 + LEASE_LIFE);
     assert_eq!(adapter.release(&second).await, ReleaseOutcome::NotHeld);
     assert!(!members(&mut redis, &key).await.contains_key(id(2).as_bytes().as_slice()));
 }

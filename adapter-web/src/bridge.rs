@@ -7,7 +7,6 @@ use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use http::request::Parts;
-use metrics::Counter;
 use shared_contract::{
     Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, Lease, LogThrottle, PolicyId,
     PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
@@ -16,7 +15,7 @@ use shared_contract::{
 use tracing::{Instrument, Span};
 
 use crate::cost::RateLimitCost;
-use crate::lease::LeaseGuard;
+use crate::lease::{LeaseGuard, LeaseReleases};
 use crate::operation::Operations;
 use crate::pseudonymizer::VersionedPseudonymizer;
 use crate::ratelimit_headers::policy_header;
@@ -161,8 +160,8 @@ pub struct TransportBridge {
     /// The configured operations' sets, as [`crate::operation::Operation::set`] indexes them.
     sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
-    /// [`crate::telemetry::LEASE_RELEASE_FAILURES_TOTAL`], registered here.
-    release_failures: Counter,
+    /// The in-flight leases' releases, and their failure counter.
+    releases: LeaseReleases,
     /// Holds the failure lines to one a second: while the provider is down
     /// every request fails alike (the metrics count each one).
     failures_logged: LogThrottle,
@@ -185,7 +184,7 @@ impl TransportBridge {
         );
         let sets = configured.iter().map(|(_, set)| PreparedSet::new(set, &*port)).collect();
         let default_set = PreparedSet::new(&settings.default_policies, &*port);
-        let release_failures = telemetry::lease_release_failures();
+        let releases = LeaseReleases::default();
         Self {
             port,
             pseudonymizer,
@@ -194,9 +193,23 @@ impl TransportBridge {
             operations,
             sets,
             default_set,
-            release_failures,
+            releases,
             failures_logged: LogThrottle::default(),
         }
+    }
+
+    /// The bridge whose leases' releases run tracked by `releases`: a
+    /// reload's new bridge takes the current one's, so the server's
+    /// shutdown waits for them all.
+    #[must_use]
+    pub fn with_lease_releases(mut self, releases: LeaseReleases) -> Self {
+        self.releases = releases;
+        self
+    }
+
+    /// The releases of the leases this bridge's requests hold.
+    pub fn lease_releases(&self) -> &LeaseReleases {
+        &self.releases
     }
 
     /// The settings the bridge runs with.
@@ -287,8 +300,7 @@ impl TransportBridge {
             deadline,
         };
         let lease = prepared.holds_leases.then(|| {
-            let failures = self.release_failures.clone();
-            LeaseGuard::new(Arc::clone(&self.port), Lease::of(&request), failures)
+            LeaseGuard::new(Arc::clone(&self.port), Lease::of(&request), self.releases.clone())
         });
         // Wall time for the histogram only; decisions use the injected clock.
         let started = Instant::now();

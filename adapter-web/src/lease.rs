@@ -12,14 +12,57 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker, ready};
+use std::time::Duration;
 
 use axum::body::{Bytes, HttpBody};
 use http_body::{Frame, SizeHint};
 use metrics::Counter;
 use pin_project_lite::pin_project;
 use shared_contract::{EdgeRateLimitPort, Lease, ReleaseOutcome};
+use tokio_util::task::TaskTracker;
 
-use crate::telemetry::PolicyIds;
+use crate::telemetry::{self, PolicyIds};
+
+/// The edge's releases still running, which a shutdown waits for: without
+/// it the guards of the connections a shutdown cuts drop, their releases
+/// are spawned, and the runtime ends before they run, leaving each lease
+/// taken until it expires, uncounted. One per process: a reload's new
+/// bridge takes the current one's ([`crate::TransportBridge::with_lease_releases`]).
+#[derive(Debug, Clone)]
+pub struct LeaseReleases {
+    running: TaskTracker,
+    /// [`crate::telemetry::LEASE_RELEASE_FAILURES_TOTAL`].
+    failures: Counter,
+}
+
+impl Default for LeaseReleases {
+    fn default() -> Self {
+        Self { running: TaskTracker::new(), failures: telemetry::lease_release_failures() }
+    }
+}
+
+impl LeaseReleases {
+    /// Waits at most `bound` for the releases still running (call it once
+    /// the connections are closed, so no guard is left to drop); those
+    /// that did not finish are counted as release failures and logged once.
+    /// Returns how many did not finish.
+    pub async fn finish_within(&self, bound: Duration) -> usize {
+        self.running.close();
+        if tokio::time::timeout(bound, self.running.wait()).await.is_ok() {
+            return 0;
+        }
+        let unfinished = self.running.len();
+        if unfinished > 0 {
+            self.failures.increment(unfinished as u64);
+            tracing::warn!(
+                unfinished,
+                ?bound,
+                "in-flight lease releases still running at shutdown; their slots may stay taken until their leases expire"
+            );
+        }
+        unfinished
+    }
+}
 
 /// Holds an admitted request's lease; dropping it gives the lease back.
 #[derive(Debug)]
@@ -33,14 +76,18 @@ pub(crate) struct LeaseGuard {
 struct Release {
     port: Arc<dyn EdgeRateLimitPort>,
     lease: Lease,
-    failures: Counter,
+    releases: LeaseReleases,
 }
 
 impl LeaseGuard {
-    /// A guard for `lease`, taken (or maybe taken) through `port`; a
-    /// release that fails is counted in `failures`.
-    pub(crate) fn new(port: Arc<dyn EdgeRateLimitPort>, lease: Lease, failures: Counter) -> Self {
-        Self { release: Some(Release { port, lease, failures }) }
+    /// A guard for `lease`, taken (or maybe taken) through `port`; its
+    /// release runs tracked by `releases`, which counts one that fails.
+    pub(crate) fn new(
+        port: Arc<dyn EdgeRateLimitPort>,
+        lease: Lease,
+        releases: LeaseReleases,
+    ) -> Self {
+        Self { release: Some(Release { port, lease, releases }) }
     }
 
     /// The port's answer says nothing was written (a refusal, a failure
@@ -68,18 +115,21 @@ impl Release {
     fn run(self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // A guard dropped after the runtime shut down: nothing can ask
-            // the store any more, and the lease expires at its lease-ttl.
+            // the store any more, and the lease expires on its own.
             tracing::debug!(
                 policies = %PolicyIds(self.lease.policies.ids()),
-                "no runtime left to release an in-flight lease; it expires at its lease-ttl"
+                "no runtime left to release an in-flight lease; it expires on its own"
             );
             return;
         };
-        let Self { port, lease, failures } = self;
-        let mut release: Pin<Box<dyn Future<Output = ()> + Send>> = Box::pin(async move {
-            let outcome = port.release(&lease).await;
-            record(outcome, &lease, &failures);
-        });
+        let Self { port, lease, releases } = self;
+        let failures = releases.failures.clone();
+        // Tracked until it ends, so a shutdown can wait for it.
+        let mut release: Pin<Box<dyn Future<Output = ()> + Send>> =
+            Box::pin(releases.running.track_future(async move {
+                let outcome = port.release(&lease).await;
+                record(outcome, &lease, &failures);
+            }));
         if !std::thread::panicking()
             && release.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready()
         {
@@ -90,8 +140,10 @@ impl Release {
     }
 }
 
-/// Counts and logs a failed release; the lease then stays until its
-/// lease-ttl. The log names the policies and the subject's pseudonym,
+/// Counts and logs a failed release; the lease then may stay until it
+/// expires (`lease-ttl + maximum-clock-regression` after it was taken):
+/// "may", since an `Indeterminate` removal may still have run, queued
+/// behind a stalled server. The log names the policies and the subject's pseudonym,
 /// never the raw subject (the port never sees it).
 fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
     match outcome {
@@ -102,7 +154,7 @@ fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
                 policies = %PolicyIds(lease.policies.ids()),
                 subject = lease.subject.as_str(),
                 outcome = outcome.name(),
-                "in-flight lease release failed; the slot stays taken until its lease-ttl"
+                "in-flight lease release failed; the slot may stay taken until the lease expires"
             );
         }
     }

@@ -37,6 +37,7 @@ pub use cost::RateLimitCost;
 pub use error::WebError;
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
+pub use lease::LeaseReleases;
 pub use mapping::{RATELIMIT, RATELIMIT_POLICY};
 pub use operation::{METHODS, UNMATCHED_ROUTE, charged_digest, operation_digest};
 pub use pseudonymizer::{MIN_KEY_BYTES, VersionedPseudonymizer};

@@ -23,7 +23,9 @@ pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metri
 pub const METRIC_PREFIX: &str = metric_name!("");
 
 /// Counter of in-flight lease releases that failed (`Unavailable` or
-/// `Indeterminate`: the lease stays until its `lease-ttl`), no labels.
+/// `Indeterminate`: the lease may stay until it expires, `lease-ttl +
+/// maximum-clock-regression` after it was taken), or that were still
+/// running when the server shut down; no labels.
 /// Registered at 0 when a bridge is built, so a dashboard sees the series
 /// before the first failure. A lease not held (`NotHeld`) is no failure.
 pub const LEASE_RELEASE_FAILURES_TOTAL: &str =

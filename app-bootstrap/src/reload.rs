@@ -242,7 +242,10 @@ impl Reloader {
             }
             None => None,
         };
-        let bridge = TransportBridge::new(port, pseudonymizer, clock, settings);
+        // The same releases as before: the shutdown waits for them all.
+        let releases = current.lease_releases().clone();
+        let bridge = TransportBridge::new(port, pseudonymizer, clock, settings)
+            .with_lease_releases(releases);
         target.switch.replace(Arc::new(bridge));
         if let Some((rls, engine)) = rls {
             rls.replace(engine);

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use adapter_envoy_rls::RlsSwitch;
-use adapter_web::{EVALUATION_SECONDS, RateLimitLayer};
+use adapter_web::{EVALUATION_SECONDS, LeaseReleases, RateLimitLayer};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -61,6 +61,11 @@ pub struct Application {
     sampling: Option<telemetry::Sampling>,
     /// The trace pipeline, flushed at shutdown ([`Self::trace_with`]).
     tracing: Option<Tracing>,
+    /// The edge's in-flight lease releases, which the shutdown waits for
+    /// once the connections are closed, for at most the bound: the Redis
+    /// `command-timeout`, the longest a release takes in all (the memory
+    /// provider's never wait).
+    lease_releases: Option<(LeaseReleases, Duration)>,
 }
 
 /// SIGHUP, caught from the moment this is made. The binary's `main` makes
@@ -278,6 +283,9 @@ impl Application {
         let capability = RateLimitCapability::build(config, Arc::clone(&clock))?;
         let upkeep = capability.upkeep().cloned();
         let layer = capability.layer(config, Arc::clone(&clock))?;
+        let lease_releases = layer.switch().map(|switch| {
+            (switch.current().lease_releases().clone(), config.redis.settings.command_timeout)
+        });
         let rls = match config.envoy_rls.listen {
             Some(address) => {
                 // The edge's pseudonymizer, so one subject kind never
@@ -348,6 +356,7 @@ impl Application {
             limits,
             sampling,
             tracing: None,
+            lease_releases,
         })
     }
 
@@ -496,6 +505,11 @@ impl Application {
             let _ = stop.send(());
         };
         listener::serve(self.listener, self.router, limits, shutdown, "public").await;
+        // The connections are closed (drained or cut), so every lease guard
+        // has dropped; the releases they spawned still need the runtime.
+        if let Some((releases, bound)) = &self.lease_releases {
+            releases.finish_within(*bound).await;
+        }
         if let Some(mut rls) = rls {
             // The public drain took its share of the grace already; what is
             // still open past one more grace is cut.

@@ -11,7 +11,7 @@ use redis_fixture::RedisServer;
 use reqwest::StatusCode;
 use support::{
     GCRA_ORDERS, IN_FLIGHT_WORK, Running, TEST_KEY, counter, fixed_window_config,
-    gcra_burst_then_429, load, three_allowed_then_429, two_in_flight_then_429,
+    gcra_burst_then_429, load, redis_cli, three_allowed_then_429, two_in_flight_then_429,
 };
 
 fn redis_config(id: &str, redis: &RedisServer) -> String {
@@ -62,14 +62,7 @@ async fn an_in_flight_limit_holds_its_route_on_redis() {
     two_in_flight_then_429(&server).await;
     server.stop().await;
     // Every lease was given back: the lease set holds its clock mark only.
-    let cli = |args: &[&str]| {
-        let output = std::process::Command::new("redis-cli")
-            .args(["-p", &redis.port().to_string()])
-            .args(args)
-            .output()
-            .expect("redis-cli runs");
-        String::from_utf8_lossy(&output.stdout).trim().to_owned()
-    };
+    let cli = |args: &[&str]| redis_cli(redis.port(), args);
     let keys = cli(&["--scan", "--pattern", "e2e:*e2e-in-flight*"]);
     let key = keys.lines().next().expect("the in-flight policy's key");
     assert_eq!(cli(&["ZCARD", key]), "1", "{key}");

@@ -1,21 +1,29 @@
 //! In-flight leases end to end: the real `ca-skeleton serve` binary with the
-//! memory provider, `GET /api/work?ms=N` under a concurrency policy of
-//! `max-in-flight = 2` (README, "Limit requests in flight").
+//! memory provider (and on Redis for the shutdown),
+//! `GET /api/work?ms=N` under a concurrency policy of `max-in-flight = 2`
+//! (README, "Limit requests in flight").
 
 mod support;
 
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use support::{Reply, Serve, TEST_KEY, counter};
+use support::{Reply, Serve, TEST_KEY, counter, redis_cli};
 
 fn config() -> String {
+    config_with("", "memory", "")
+}
+
+/// The demo route under `max-in-flight = 2` on `provider`, with `server`
+/// keys added and `sections` appended.
+fn config_with(server: &str, provider: &str, sections: &str) -> String {
     format!(
         r#"
 [server]
 listen = "127.0.0.1:0"
-
+{server}
 [capabilities.rate-limit]
+provider = "{provider}"
 default-policy = "e2e-api"
 
 [capabilities.rate-limit.operations]
@@ -34,6 +42,7 @@ retry-after = "2s"
 
 [pseudonymizer.keys]
 1 = "{TEST_KEY}"
+{sections}
 "#
     )
 }
@@ -108,4 +117,49 @@ async fn two_requests_in_flight_pass_the_third_is_refused_and_a_finished_one_fre
         metrics.lines().any(|line| line == "ca_skeleton_rate_limit_lease_release_failures_total 0"),
         "{metrics}"
     );
+}
+
+/// SIGTERM while two requests hold their leases on Redis, with a shutdown
+/// grace shorter than their work: the grace elapses, their connections are
+/// cut, and the process waits for the two releases before it ends, so the
+/// lease set holds its clock mark only (before, the runtime ended first and
+/// both leases stayed until they expired).
+#[test]
+fn leases_of_connections_cut_at_shutdown_are_given_back() {
+    use std::io::Write;
+    let redis = redis_fixture::RedisServer::start();
+    let redis_section =
+        format!("[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"cut:\"\n", redis.url());
+    let config = config_with("shutdown-grace = \"1s\"", "redis", &redis_section);
+    let mut serve = Serve::start(&config, "info");
+    let public = serve.base.trim_start_matches("http://").to_owned();
+    // Two requests that work 5 s each, far past the grace.
+    let held: Vec<std::net::TcpStream> = (0..2)
+        .map(|_| {
+            let mut stream = std::net::TcpStream::connect(&public).expect("the listener accepts");
+            stream.write_all(b"GET /api/work?ms=5000 HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+            stream
+        })
+        .collect();
+    // Both leases are taken: the set holds them and its mark.
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let key = loop {
+        assert!(std::time::Instant::now() < deadline, "the two leases were never taken");
+        let keys = redis_cli(redis.port(), &["--scan", "--pattern", "cut:*e2e-work*"]);
+        if let Some(key) = keys.lines().next() {
+            if redis_cli(redis.port(), &["ZCARD", key]) == "3" {
+                break key.to_owned();
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &serve.child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(killed.success());
+    let exit = serve.child.wait().expect("serve exits");
+    assert!(exit.success(), "{exit}");
+    assert_eq!(redis_cli(redis.port(), &["ZCARD", &key]), "1", "the mark only: {key}");
+    drop(held);
 }

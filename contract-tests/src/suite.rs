@@ -78,6 +78,7 @@ macro_rules! __contract_checks {
             leases::leases_release_frees_a_slot_and_is_idempotent,
             leases::leases_unreleased_are_reclaimed_after_their_ttl,
             leases::leases_release_leaves_every_other_lease_even_an_expired_one,
+            leases::leases_hold_against_a_clock_ahead_inside_the_bound,
             leases::leases_in_a_set_are_taken_atomically_with_rate_policies,
             leases::leases_replay_of_an_evaluation_returns_the_same_lease,
             leases::leases_inspect_and_reset_of_a_concurrency_budget,

@@ -65,11 +65,12 @@ impl KeyRules {
     /// Compiles a validated policy.
     pub fn of(policy: &RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
+        let regression = millis(policy.maximum_clock_regression());
         Self {
-            params: Params::of(policy.algorithm()),
+            params: Params::of(policy.algorithm(), regression),
             certainty: policy.algorithm().certainty(),
             mode: policy.mode(),
-            regression: millis(policy.maximum_clock_regression()),
+            regression,
             slack: policy.ttl_slack_millis(),
             dedup_ttl: dedup.ttl_millis(),
             record_capacity: usize::try_from(dedup.record_capacity()).unwrap_or(usize::MAX),
@@ -91,7 +92,7 @@ impl KeyRules {
     /// Whether the policy is a concurrency policy, whose admitted requests
     /// hold a lease in its key.
     pub fn holds_leases(&self) -> bool {
-        self.params.lease_ttl().is_some()
+        self.params.lease_life().is_some()
     }
 
     /// This evaluation's replay under this member at effective time `t`:
@@ -107,7 +108,7 @@ impl KeyRules {
         if let Some(record) = self.live_record(state, evaluation_id, t) {
             return Some(self.replayed(record));
         }
-        self.params.lease_ttl()?;
+        self.params.lease_life()?;
         let leases = &state?.leases;
         leases.find_live(evaluation_id, t)?;
         Some(RateLimitDecision {
@@ -392,11 +393,12 @@ fn commit(
     let rules = member.rules;
     let (mut records, mut leases) =
         member.state.take().map(|held| (held.records, held.leases)).unwrap_or_default();
-    if let (Some(lease_ttl), true) = (rules.params.lease_ttl(), charged) {
+    if let (Some(lease_life), true) = (rules.params.lease_life(), charged) {
         // The lease this admitted request holds until it is released; the
-        // step counted a free slot among the live ones.
+        // step counted a free slot among the live ones. It counts for
+        // lease-ttl + R, so no clock ahead by up to R drops it early.
         leases.drop_expired(t);
-        leases.push(HeldLease { id: evaluation_id, expires_at: t.saturating_add(lease_ttl) });
+        leases.push(HeldLease { id: evaluation_id, expires_at: t.saturating_add(lease_life) });
     }
     let mut end = state_end;
     if rules.record_capacity > 0 {
@@ -875,11 +877,12 @@ mod tests {
         let (first, written) = set.evaluate(T0, 1, 1);
         assert_eq!(only(set_decision(first)), (true, 1, 0, 0, false));
         assert_eq!(written, [true]);
-        // The key lives until its lease expires, plus the slack (grace 1 s).
-        assert_eq!(set.keys[0].expires_at, T0 + 30_000 + 1000);
+        // The lease counts for lease-ttl + R (30 s + 500 ms); the key lives
+        // until it expires, plus the slack (grace 1 s).
+        assert_eq!(set.keys[0].expires_at, T0 + 30_500 + 1000);
         // Cost is not a lease count: cost 5 takes one slot.
         assert_eq!(only(set_decision(set.evaluate(T0 + 10, 5, 2).0)), (true, 0, 0, 0, false));
-        assert_eq!(set.keys[0].expires_at, T0 + 30_010 + 1000);
+        assert_eq!(set.keys[0].expires_at, T0 + 30_510 + 1000);
         let (third, written) = set.evaluate(T0 + 20, 1, 3);
         assert_eq!(only(set_decision(third)), (false, 0, 1000, 0, false));
         assert_eq!(written, [false], "a refusal writes nothing");
@@ -895,17 +898,19 @@ mod tests {
         let mut set = Set::of(vec![with_mode(two_in_flight(), PolicyMode::Enforce)]);
         set.evaluate(T0, 1, 1);
         set.evaluate(T0 + 10, 1, 2);
-        // At T0 + 30 000 lease 1 has expired (expires_at <= t): a slot is free,
-        // and the admitted request drops the expired lease as it adds its own.
-        assert_eq!(only(set_decision(set.evaluate(T0 + 30_000, 1, 4).0)), (true, 0, 0, 0, false));
+        // At T0 + 30 500 (lease-ttl + R) lease 1 has expired (expires_at <= t):
+        // a slot is free, and the admitted request drops the expired lease as
+        // it adds its own.
+        assert!(!only(set_decision(set.evaluate(T0 + 30_499, 1, 3).0)).0);
+        assert_eq!(only(set_decision(set.evaluate(T0 + 30_500, 1, 4).0)), (true, 0, 0, 0, false));
         assert_eq!(lease_ids(&set.keys[0]), [lease_id(2), lease_id(4)]);
         // An expired lease's id is no replay: it asks for a slot again.
-        assert!(!only(set_decision(set.evaluate(T0 + 30_001, 1, 1).0)).0);
+        assert!(!only(set_decision(set.evaluate(T0 + 30_501, 1, 1).0)).0);
         // A release frees a slot at once; a second release finds nothing.
         let state = set.keys[0].state.as_mut().unwrap();
-        assert!(state.leases.release(lease_id(2), T0 + 30_002));
-        assert!(!state.leases.release(lease_id(2), T0 + 30_002));
-        assert_eq!(only(set_decision(set.evaluate(T0 + 30_003, 1, 5).0)), (true, 0, 0, 0, false));
+        assert!(state.leases.release(lease_id(2), T0 + 30_502));
+        assert!(!state.leases.release(lease_id(2), T0 + 30_502));
+        assert_eq!(only(set_decision(set.evaluate(T0 + 30_503, 1, 5).0)), (true, 0, 0, 0, false));
         assert_eq!(lease_ids(&set.keys[0]), [lease_id(4), lease_id(5)]);
     }
 
@@ -1006,11 +1011,12 @@ mod tests {
         let (verdict, written) = set.evaluate(T0, 1, 2);
         assert_eq!(verdict, SetVerdict::ClockUnsafe { retry_after: Duration::from_millis(500) });
         assert_eq!((written, set.keys[0].state.clone()), (vec![false], before));
-        // 400 ms behind: evaluated at the mark, so the lease runs from T0 + 1000.
+        // 400 ms behind: evaluated at the mark, so the lease runs from T0 + 1000
+        // for lease-ttl + R (30 s + 500 ms).
         assert!(set_decision(set.evaluate(T0 + 600, 1, 3).0).allowed());
         let expiries: Vec<u64> =
             set.keys[0].state.iter().flat_map(|s| s.leases.iter().map(|l| l.expires_at)).collect();
-        assert_eq!(expiries, [T0 + 31_000, T0 + 31_000]);
+        assert_eq!(expiries, [T0 + 31_500, T0 + 31_500]);
     }
 
     #[test]
@@ -1027,8 +1033,9 @@ mod tests {
             (full.remaining, full.retry_after, full.reset_after, full.mark),
             (0, Duration::from_secs(1), Duration::ZERO, Some(T0 + 10))
         );
-        // Lease 1 expired at T0 + 30 000: one slot free, nothing written.
-        let later = inspect_key(&rules, state, T0 + 30_000).unwrap();
+        // Lease 1 expired at T0 + 30 500 (lease-ttl + R): one slot free,
+        // nothing written.
+        let later = inspect_key(&rules, state, T0 + 30_500).unwrap();
         assert_eq!((later.remaining, later.retry_after), (1, Duration::ZERO));
         // A concurrency key read as a rate policy's is another algorithm's state.
         assert_eq!(

@@ -428,3 +428,13 @@ pub(crate) fn write(dir: &std::path::Path, name: &str, contents: &str) -> std::p
     std::fs::write(&path, contents).expect("write the file");
     path
 }
+
+/// `redis-cli` against the Redis on `port` (a fixture's), its trimmed answer.
+pub(crate) fn redis_cli(port: u16, args: &[&str]) -> String {
+    let output = std::process::Command::new("redis-cli")
+        .args(["-p", &port.to_string()])
+        .args(args)
+        .output()
+        .expect("redis-cli runs");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}

@@ -54,7 +54,7 @@ pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     let cc = CheckPolicy::new(concurrency("cc", 3, 1000, 400).maximum_clock_regression(BOUND));
     let rig = Rig::start(factory, &[&sc, &tb, &g, &cc]).await;
     rig.at(1100);
-    // cc: a lease until T0 + 2100.
+    // cc: a lease until T0 + 1100 + 1000 + 500 (lease-ttl + R) = T0 + 2600.
     rig.expect("cc at 1100", &cc, "alice", 1, cc.allowed(2, 0)).await;
     // g: T = 100 ms; tat := T0 + 1200: remaining 4, reset 100.
     rig.expect("g at 1100", &g, "alice", 1, g.allowed(4, 100)).await;
@@ -69,7 +69,7 @@ pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     rig.expect("tb 200 ms behind", &tb, "alice", 1, tb.allowed(3, 200)).await;
     // g: t := T0 + 1100, d = 100000 -> 200000: remaining 3, reset 100.
     rig.expect("g 200 ms behind", &g, "alice", 1, g.allowed(3, 100)).await;
-    // cc: t := T0 + 1100, so this lease too lasts until T0 + 2100, not 1900.
+    // cc: t := T0 + 1100, so this lease too lasts until T0 + 2600, not 2400.
     rig.expect("cc 200 ms behind", &cc, "alice", 1, cc.allowed(1, 0)).await;
     rig.at(1150);
     // sc: est = 0 + 2 -> 3: remaining 7, reset 850.
@@ -78,11 +78,11 @@ pub async fn clock_regression_within_the_bound_applies_to_every_algorithm(
     rig.expect("tb ahead again", &tb, "alice", 1, tb.allowed(2, 250)).await;
     // g: d = 1300 - 1150 = 150 ms -> 250 ms: remaining 2, reset 250 - 200 = 50.
     rig.expect("g ahead again", &g, "alice", 1, g.allowed(2, 50)).await;
-    // cc: a third lease until T0 + 2150.
+    // cc: a third lease until T0 + 2650.
     rig.expect("cc ahead again", &cc, "alice", 1, cc.allowed(0, 0)).await;
-    rig.at(2099);
+    rig.at(2599);
     rig.expect("cc: every lease still held", &cc, "alice", 1, cc.denied(0, 400, 0)).await;
-    rig.at(2100);
+    rig.at(2600);
     // The two leases of t = T0 + 1100 are gone; the one of T0 + 1150 is not.
     rig.expect("cc: two expired", &cc, "alice", 1, cc.allowed(1, 0)).await;
 }

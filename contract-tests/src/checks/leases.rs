@@ -96,7 +96,8 @@ pub async fn leases_release_frees_a_slot_and_is_idempotent(factory: &dyn Provide
         .await;
 }
 
-/// A lease never released is gone at `t + lease-ttl`: the slot is free
+/// A lease never released is gone at `t + lease-ttl +
+/// maximum-clock-regression` (1 s + the default 1 s here): the slot is free
 /// from then on, and releasing it then finds nothing.
 pub async fn leases_unreleased_are_reclaimed_after_their_ttl(factory: &dyn ProviderFactory) {
     let cc = CheckPolicy::new(concurrency("cc", 1, 1000, 250));
@@ -104,15 +105,44 @@ pub async fn leases_unreleased_are_reclaimed_after_their_ttl(factory: &dyn Provi
     rig.at(0);
     let a = rig.fresh(&cc, "alice");
     rig.expect_request("a", &a, cc.allowed(0, 0)).await;
-    rig.at(999);
+    rig.at(1999);
     rig.expect_request("1 ms before a expires", &rig.fresh(&cc, "alice"), cc.denied(0, 250, 0))
         .await;
-    rig.at(1000);
+    rig.at(2000);
     rig.expect_inspect("a expired", &budget(&cc, "alice"), state(&cc, 1, 0, 0, Some(0))).await;
     let b = rig.fresh(&cc, "alice");
     rig.expect_request("b at a's expiry", &b, cc.allowed(0, 0)).await;
     rig.expect_release("a, expired", &a, ReleaseOutcome::NotHeld).await;
     rig.expect_release("b", &b, ReleaseOutcome::Released).await;
+}
+
+/// Two instances on one store whose clocks differ by less than
+/// `maximum-clock-regression`: A's clock reads 0 when it takes both slots
+/// (lease-ttl 1 s, bound 1 s); B's clock runs 900 ms ahead, so 300 ms later
+/// it reads 1200, past `t_A + lease-ttl`, while A still holds both. A lease
+/// counts until `lease-ttl + maximum-clock-regression` after it was taken
+/// (2000 here), so a clock ahead by up to the bound never drops a lease
+/// another instance still holds: B is refused, then admitted into the slot
+/// A gives back, and an unreleased lease is reclaimed at 2000.
+pub async fn leases_hold_against_a_clock_ahead_inside_the_bound(factory: &dyn ProviderFactory) {
+    let cc = CheckPolicy::new(concurrency("cc", 2, 1000, 100).maximum_clock_regression(ms(1000)));
+    let rig = Rig::start(factory, &[&cc]).await;
+    rig.at(0);
+    let (a1, a2) = (rig.fresh(&cc, "alice"), rig.fresh(&cc, "alice"));
+    rig.expect_request("A's first, clock 0", &a1, cc.allowed(1, 0)).await;
+    rig.expect_request("A's second, clock 0", &a2, cc.allowed(0, 0)).await;
+    rig.at(1200);
+    rig.expect_request("B, clock 900 ms ahead", &rig.fresh(&cc, "alice"), cc.denied(0, 100, 0))
+        .await;
+    rig.at(400);
+    rig.expect_release("A gives its first back, clock 400", &a1, ReleaseOutcome::Released).await;
+    rig.at(1300);
+    let b = rig.fresh(&cc, "alice");
+    rig.expect_request("B into the freed slot", &b, cc.allowed(0, 0)).await;
+    rig.at(1999);
+    rig.expect_request("a2 held until 2000", &rig.fresh(&cc, "alice"), cc.denied(0, 100, 0)).await;
+    rig.at(2000);
+    rig.expect_request("a2 reclaimed at 2000", &rig.fresh(&cc, "alice"), cc.allowed(0, 0)).await;
 }
 
 /// A release removes its own lease only, and moves no mark: a lease
@@ -124,13 +154,13 @@ pub async fn leases_release_leaves_every_other_lease_even_an_expired_one(
     let cc = CheckPolicy::new(concurrency("cc", 2, 50, 30).maximum_clock_regression(ms(20)));
     let rig = Rig::start(factory, &[&cc]).await;
     rig.at(0);
-    rig.expect_request("a, until 50", &rig.fresh(&cc, "alice"), cc.allowed(1, 0)).await;
+    rig.expect_request("a, until 50 + 20 = 70", &rig.fresh(&cc, "alice"), cc.allowed(1, 0)).await;
     rig.at(45);
     let b = rig.fresh(&cc, "alice");
-    rig.expect_request("b, until 95; mark 45", &b, cc.allowed(0, 0)).await;
-    rig.at(60);
+    rig.expect_request("b, until 115; mark 45", &b, cc.allowed(0, 0)).await;
+    rig.at(75);
     rig.expect_release("b, when a has expired", &b, ReleaseOutcome::Released).await;
-    // 5 ms behind the mark: t := 45, where a is live (50 > 45): one slot.
+    // 5 ms behind the mark: t := 45, where a is live (70 > 45): one slot.
     rig.at(40);
     rig.expect_request("c at the mark", &rig.fresh(&cc, "alice"), cc.allowed(0, 0)).await;
 }
@@ -220,7 +250,8 @@ pub async fn leases_inspect_and_reset_of_a_concurrency_budget(factory: &dyn Prov
     rig.expect_release("a after reset", &a, ReleaseOutcome::NotHeld).await;
     let c = rig.fresh(&cc, "alice");
     rig.expect_request("c", &c, cc.allowed(1, 0)).await;
-    rig.at(30_100);
+    // lease-ttl 30 s + maximum-clock-regression 1 s (the default) after 100.
+    rig.at(31_100);
     rig.expect_inspect("c expired", &key, state(&cc, 2, 0, 0, Some(100))).await;
 }
 

@@ -74,16 +74,20 @@ pub(crate) enum Params {
         burst: u64,
         interval: u64,
     },
+    /// `lease_life` is the lease TTL plus the maximum clock regression:
+    /// how long a lease counts from its taking, so a clock ahead of the
+    /// taker's by up to the bound never drops a lease it still holds.
     Concurrency {
         max_in_flight: u64,
-        lease_ttl: u64,
+        lease_life: u64,
         retry_after: u64,
     },
 }
 
 impl Params {
-    /// Converts a validated policy algorithm (windows and periods >= 1 ms).
-    pub(crate) fn of(algorithm: &Algorithm) -> Self {
+    /// Converts a validated policy algorithm (windows and periods >= 1 ms);
+    /// `regression` is the policy's maximum clock regression in ms.
+    pub(crate) fn of(algorithm: &Algorithm, regression: u64) -> Self {
         // Validation keeps periods between 1 ms and ten years; max(1) only
         // guards the division should that ever change.
         let ms = |d| millis(d).max(1);
@@ -106,7 +110,7 @@ impl Params {
             }
             Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => Self::Concurrency {
                 max_in_flight,
-                lease_ttl: ms(lease_ttl),
+                lease_life: ms(lease_ttl).saturating_add(regression),
                 retry_after: ms(retry_after),
             },
         }
@@ -122,10 +126,11 @@ impl Params {
         }
     }
 
-    /// A concurrency policy's lease TTL in ms; `None` for a rate policy.
-    pub(crate) fn lease_ttl(&self) -> Option<u64> {
+    /// How long a concurrency policy's lease counts from its taking, in ms
+    /// (lease TTL + maximum clock regression); `None` for a rate policy.
+    pub(crate) fn lease_life(&self) -> Option<u64> {
         match *self {
-            Self::Concurrency { lease_ttl, .. } => Some(lease_ttl),
+            Self::Concurrency { lease_life, .. } => Some(lease_life),
             Self::FixedWindow { .. }
             | Self::SlidingCounter { .. }
             | Self::TokenBucket { .. }
@@ -197,8 +202,8 @@ pub(crate) fn run(
             token_bucket::step(capacity, refill_tokens, period, state, t, cost, charge)
         }
         Params::Gcra { burst, interval } => gcra::step(burst, interval, state, t, cost, charge),
-        Params::Concurrency { max_in_flight, lease_ttl, retry_after } => {
-            let limits = concurrency::Limits { max_in_flight, lease_ttl, retry_after };
+        Params::Concurrency { max_in_flight, lease_life, retry_after } => {
+            let limits = concurrency::Limits { max_in_flight, lease_life, retry_after };
             concurrency::step(limits, state, leases, t, charge)
         }
     }
@@ -252,7 +257,7 @@ mod tests {
                 Err(StateMismatch)
             );
         }
-        let leases = Params::Concurrency { max_in_flight: 2, lease_ttl: 1000, retry_after: 100 };
+        let leases = Params::Concurrency { max_in_flight: 2, lease_life: 1000, retry_after: 100 };
         for other in [bucket, window, cells] {
             assert_eq!(
                 run(&leases, Some(&other), &Leases::NONE, T0, 1, Charge::Take),
@@ -276,8 +281,8 @@ mod tests {
             Params::TokenBucket { capacity: 1, refill_tokens: 1, period: 7 },
             Params::Gcra { burst: 1, interval: 7 },
             Params::Gcra { burst: 3, interval: u64::MAX / 2 },
-            Params::Concurrency { max_in_flight: 1, lease_ttl: 7, retry_after: 1 },
-            Params::Concurrency { max_in_flight: 3, lease_ttl: u64::MAX, retry_after: 1 },
+            Params::Concurrency { max_in_flight: 1, lease_life: 7, retry_after: 1 },
+            Params::Concurrency { max_in_flight: 3, lease_life: u64::MAX, retry_after: 1 },
         ];
         for params in all {
             let mut state = None;

@@ -5,11 +5,14 @@
 
 use super::{AlgorithmState, Charge, Leases, StateMismatch, Step};
 
-/// A concurrency policy's parameters in milliseconds.
+/// A concurrency policy's parameters in milliseconds. `lease_life` is the
+/// lease TTL plus the maximum clock regression `R`: another instance's
+/// clock may run up to `R` ahead of the taker's, and must not see a lease
+/// expire that its taker still holds.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Limits {
     pub(super) max_in_flight: u64,
-    pub(super) lease_ttl: u64,
+    pub(super) lease_life: u64,
     pub(super) retry_after: u64,
 }
 
@@ -34,7 +37,7 @@ pub(super) fn step(
             | AlgorithmState::Gcra { .. },
         ) => return Err(StateMismatch),
     }
-    let Limits { max_in_flight, lease_ttl, retry_after } = limits;
+    let Limits { max_in_flight, lease_life, retry_after } = limits;
     let held = leases.live(t);
     if held >= max_in_flight {
         // A reload may have lowered the limit below what is held.
@@ -44,7 +47,7 @@ pub(super) fn step(
     if charge == Charge::Spare {
         return Ok(Step::spared(free, 0));
     }
-    let expires_at = t.saturating_add(lease_ttl);
+    let expires_at = t.saturating_add(lease_life);
     let end = leases.latest_live_expiry(t).map_or(expires_at, |latest| latest.max(expires_at));
     Ok(Step {
         allowed: true,
@@ -62,7 +65,7 @@ mod tests {
     use crate::request::EvaluationId;
     use crate::step::HeldLease;
 
-    const LIMITS: Limits = Limits { max_in_flight: 2, lease_ttl: 30_000, retry_after: 1000 };
+    const LIMITS: Limits = Limits { max_in_flight: 2, lease_life: 30_000, retry_after: 1000 };
 
     fn lease(n: u128, expires_at: u64) -> HeldLease {
         HeldLease { id: EvaluationId::from_uuid(uuid::Uuid::from_u128(n)), expires_at }
