@@ -3,8 +3,9 @@
 //! anchor), on one thread and on two.
 //!
 //! Ours goes through the public port (`EdgeRateLimitPort::evaluate`), so a
-//! decision includes what a caller pays: building the request (two string
-//! clones), the boxed async-trait future and two clock reads. The future
+//! decision includes what a caller pays: building the request (the subject
+//! digest copied inline, two shared handles cloned), the boxed async-trait
+//! future and one clock read (`Clock::read_both`). The future
 //! never waits, so it is polled once with a no-op waker instead of a runtime.
 //! Policies allow 100 units per subject per second (limits, not latency, set
 //! the allowed fraction); the run prints the fraction it saw.

@@ -97,7 +97,9 @@ impl MemoryEdgeRateLimitAdapter {
             Ok(slots) => slots,
             Err(refusal) => return refusal,
         };
-        if self.clock.monotonic() >= request.deadline {
+        // One clock read for both the deadline and the algorithms' time.
+        let (monotonic, now) = self.clock.read_both();
+        if monotonic >= request.deadline {
             return RateLimitOutcome::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: self.failure_retry_after,
@@ -121,9 +123,8 @@ impl MemoryEdgeRateLimitAdapter {
         for (key, slot) in keys.iter_mut().zip(slots.iter()) {
             *key = (key_of(slot), &slot.rules);
         }
-        let now = self.clock.epoch_millis();
         self.store
-            .with_set(request.subject.as_str(), &keys[..slots.len()], now, |members| {
+            .with_set(request.subject.as_bytes(), &keys[..slots.len()], now, |members| {
                 evaluate_set(members, now, request.cost, request.evaluation_id)
             })
             .into()
@@ -224,13 +225,13 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
         let (slot, at) = self.budget_slot(key)?;
         let now = self.clock.epoch_millis();
-        let state = self.store.peek(at, key.subject.as_str(), now);
+        let state = self.store.peek(at, key.subject.as_bytes(), now);
         inspect_key(&slot.rules, state.as_ref(), now)
     }
 
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         let (_, at) = self.budget_slot(key)?;
-        self.store.remove(at, key.subject.as_str());
+        self.store.remove(at, key.subject.as_bytes());
         Ok(())
     }
 
@@ -253,7 +254,7 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
                 KeySlot { namespace: slot.namespace, operation }
             });
         let now = self.clock.epoch_millis();
-        if self.store.release(lease.subject.as_str(), slots, lease.id, now) {
+        if self.store.release(lease.subject.as_bytes(), slots, lease.id, now) {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld

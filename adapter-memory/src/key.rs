@@ -6,7 +6,7 @@
 //! policy of a set) lives under one lock, and each key's map hash is mixed
 //! from it cheaply and reused as-is by the shard's map (a pass-through
 //! hasher), so a decision hashes the subject only once. A
-//! lookup borrows the caller's `&str` through [`KeyView`]. Digests of the
+//! lookup borrows the caller's bytes through [`KeyView`]. Digests of the
 //! usual length (`v<version>:` plus 64 hex digits) are stored inline in the
 //! map slot: no allocation per key, and no second cache miss to compare it.
 
@@ -32,8 +32,7 @@ enum Subject {
 }
 
 impl Subject {
-    fn new(subject: &str) -> Self {
-        let source = subject.as_bytes();
+    fn new(source: &[u8]) -> Self {
         match u8::try_from(source.len()) {
             Ok(len) if source.len() <= INLINE => {
                 let mut bytes = [0; INLINE];
@@ -67,14 +66,19 @@ pub(crate) struct LookupKey<'a> {
     pub(crate) hash: u64,
     pub(crate) namespace: u32,
     pub(crate) operation: u64,
-    pub(crate) subject: &'a str,
+    pub(crate) subject: &'a [u8],
 }
 
 impl<'a> LookupKey<'a> {
     /// The key of (namespace, operation) for a subject whose store hash is
     /// `subject_hash`. The mix is a bijection of the subject hash for fixed
     /// namespace and operation, so distinct subjects keep distinct hashes.
-    pub(crate) fn new(subject_hash: u64, namespace: u32, operation: u64, subject: &'a str) -> Self {
+    pub(crate) fn new(
+        subject_hash: u64,
+        namespace: u32,
+        operation: u64,
+        subject: &'a [u8],
+    ) -> Self {
         let salt = u64::from(namespace).wrapping_mul(0x9e37_79b9_7f4a_7c15)
             ^ operation.wrapping_mul(0xc2b2_ae3d_27d4_eb4f);
         let mixed = (subject_hash ^ salt).wrapping_mul(0xff51_afd7_ed55_8ccd);
@@ -117,7 +121,7 @@ impl KeyView for LookupKey<'_> {
         self.operation
     }
     fn subject(&self) -> &[u8] {
-        self.subject.as_bytes()
+        self.subject
     }
 }
 
@@ -201,7 +205,7 @@ impl SubjectHasher {
         Self::default()
     }
 
-    pub(crate) fn hash(&self, subject: &str) -> u64 {
+    pub(crate) fn hash(&self, subject: &[u8]) -> u64 {
         self.0.hash_one(subject)
     }
 }
@@ -223,7 +227,8 @@ mod tests {
     fn a_borrowed_key_finds_the_stored_one() {
         let mut map: HashMap<StoredKey, u8, BuildPrehashed> = HashMap::default();
         let subject = String::from("v1:00112233445566778899aabbccddeeff");
-        let lookup = LookupKey { hash: 42, namespace: 7, operation: 0, subject: &subject };
+        let lookup =
+            LookupKey { hash: 42, namespace: 7, operation: 0, subject: subject.as_bytes() };
         map.insert(lookup.to_stored(), 1);
         assert_eq!(map.get(&lookup as &dyn KeyView), Some(&1));
         // Same hash, other namespace or subject: a different key.
@@ -231,7 +236,7 @@ mod tests {
         assert_eq!(map.get(&other_ns as &dyn KeyView), None);
         let other_operation = LookupKey { operation: 1, ..lookup };
         assert_eq!(map.get(&other_operation as &dyn KeyView), None);
-        let other_subject = LookupKey { subject: "v1:ffffffffffffffffffffffffffffffff", ..lookup };
+        let other_subject = LookupKey { subject: b"v1:ffffffffffffffffffffffffffffffff", ..lookup };
         assert_eq!(map.get(&other_subject as &dyn KeyView), None);
     }
 
@@ -240,18 +245,18 @@ mod tests {
         let mut map: HashMap<StoredKey, u8, BuildPrehashed> = HashMap::default();
         let usual = format!("v1:{}", "ab".repeat(32));
         let long = format!("v1234567890:{}", "cd".repeat(64));
-        for (n, subject) in [usual.as_str(), long.as_str()].into_iter().enumerate() {
+        for (n, subject) in [usual.as_bytes(), long.as_bytes()].into_iter().enumerate() {
             let lookup = LookupKey { hash: 9, namespace: 0, operation: 0, subject };
             map.insert(lookup.to_stored(), u8::try_from(n).unwrap());
         }
-        assert!(matches!(Subject::new(&usual), Subject::Inline { .. }));
-        assert!(matches!(Subject::new(&long), Subject::Heap(_)));
-        let find = |subject| {
+        assert!(matches!(Subject::new(usual.as_bytes()), Subject::Inline { .. }));
+        assert!(matches!(Subject::new(long.as_bytes()), Subject::Heap(_)));
+        let find = |subject: &[u8]| {
             map.get(&LookupKey { hash: 9, namespace: 0, operation: 0, subject } as &dyn KeyView)
         };
-        assert_eq!((find(&usual), find(&long)), (Some(&0), Some(&1)));
+        assert_eq!((find(usual.as_bytes()), find(long.as_bytes())), (Some(&0), Some(&1)));
         // A prefix of an inline subject is another key.
-        assert_eq!(find(&usual[..66]), None);
+        assert_eq!(find(&usual.as_bytes()[..66]), None);
     }
 
     #[test]
@@ -260,12 +265,17 @@ mod tests {
         let usual = format!("v1:{}", "ab".repeat(32));
         let subjects =
             ["", "a", "a\0", "ab", &usual, &usual[..66], "v1:0123456789abcdef0123456789abcdef"];
-        let mut hashes: Vec<u64> = subjects.iter().map(|s| hasher.hash(s)).collect();
+        let mut hashes: Vec<u64> = subjects.iter().map(|s| hasher.hash(s.as_bytes())).collect();
         hashes.sort_unstable();
         hashes.dedup();
         assert_eq!(hashes.len(), subjects.len());
-        assert_eq!(hasher.hash(&usual), hasher.clone().hash(&usual), "deterministic");
-        assert_ne!(hasher.hash(&usual), SubjectHasher::random().hash(&usual), "seeded");
+        assert_eq!(
+            hasher.hash(usual.as_bytes()),
+            hasher.clone().hash(usual.as_bytes()),
+            "deterministic"
+        );
+        let random = SubjectHasher::random();
+        assert_ne!(hasher.hash(usual.as_bytes()), random.hash(usual.as_bytes()), "seeded");
     }
 
     #[test]
@@ -274,7 +284,7 @@ mod tests {
         let hashes: Vec<u64> = [(0, 0), (1, 0), (0, 1), (1, 1)]
             .iter()
             .map(|&(namespace, operation)| {
-                LookupKey::new(subject_hash, namespace, operation, "s").hash
+                LookupKey::new(subject_hash, namespace, operation, b"s").hash
             })
             .collect();
         let mut distinct = hashes.clone();

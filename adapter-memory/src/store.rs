@@ -142,7 +142,7 @@ impl MemoryStore {
     /// [`MAX_POLICY_SET`] keys.
     pub(crate) fn with_set<R>(
         &self,
-        subject: &str,
+        subject: &[u8],
         keys: &[(KeySlot, &KeyRules)],
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
@@ -159,7 +159,7 @@ impl MemoryStore {
     /// is held across the step instead of being looked up again.
     fn with_one<R>(
         &self,
-        subject: &str,
+        subject: &[u8],
         (slot, rules): (KeySlot, &KeyRules),
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
@@ -200,7 +200,7 @@ impl MemoryStore {
     /// count repeat the last key and are never used.
     fn with_keys<const N: usize, R>(
         &self,
-        subject: &str,
+        subject: &[u8],
         keys: &[(KeySlot, &KeyRules)],
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
@@ -249,7 +249,7 @@ impl MemoryStore {
     /// A copy of one key's state at caller time `now` (`None` when absent
     /// or past its expiry), for an operator's inspect: nothing is moved,
     /// written or counted as an operation.
-    pub(crate) fn peek(&self, slot: KeySlot, subject: &str, now: u64) -> Option<KeyState> {
+    pub(crate) fn peek(&self, slot: KeySlot, subject: &[u8], now: u64) -> Option<KeyState> {
         let subject_hash = self.inner.hasher.hash(subject);
         let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
         let shard = self.shard(subject_hash).lock();
@@ -263,7 +263,7 @@ impl MemoryStore {
     /// Nothing else moves: no mark, no expiry, no other lease.
     pub(crate) fn release(
         &self,
-        subject: &str,
+        subject: &[u8],
         slots: impl IntoIterator<Item = KeySlot>,
         id: EvaluationId,
         now: u64,
@@ -284,7 +284,7 @@ impl MemoryStore {
 
     /// Removes one key, state and dedupe records together (an operator's
     /// reset); an absent key is left absent.
-    pub(crate) fn remove(&self, slot: KeySlot, subject: &str) {
+    pub(crate) fn remove(&self, slot: KeySlot, subject: &[u8]) {
         let subject_hash = self.inner.hasher.hash(subject);
         let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
         self.shard(subject_hash).lock().map.remove(&key as &dyn KeyView);
@@ -306,7 +306,7 @@ impl MemoryStore {
     pub(crate) fn inspect<R>(
         &self,
         slot: KeySlot,
-        subject: &str,
+        subject: &[u8],
         look: impl FnOnce(Option<&Entry>) -> R,
     ) -> R {
         let subject_hash = self.inner.hasher.hash(subject);
@@ -412,8 +412,8 @@ mod tests {
         EvaluationId::from_uuid(uuid::Uuid::from_u128(n))
     }
 
-    fn subject(n: u64) -> String {
-        format!("v1:{n:032x}")
+    fn subject(n: u64) -> Vec<u8> {
+        format!("v1:{n:032x}").into_bytes()
     }
 
     const SLOT: KeySlot = KeySlot { namespace: 0, operation: 0 };

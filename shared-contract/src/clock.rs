@@ -1,8 +1,8 @@
 //! `Clock`: where providers and the edge read time, so tests can drive it.
 
 use std::fmt::Debug;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Two readings of time: wall-clock epoch milliseconds, which the
@@ -13,6 +13,13 @@ pub trait Clock: Send + Sync + Debug {
     fn epoch_millis(&self) -> u64;
     /// A monotonic instant for deadlines.
     fn monotonic(&self) -> Instant;
+
+    /// Both readings at once, for a decision that checks its deadline and
+    /// counts in wall-clock time: `(monotonic, epoch_millis)`. A clock may
+    /// read the operating system once for both ([`SystemClock`] does).
+    fn read_both(&self) -> (Instant, u64) {
+        (self.monotonic(), self.epoch_millis())
+    }
 }
 
 /// The operating system's clocks.
@@ -27,6 +34,62 @@ impl Clock for SystemClock {
     fn monotonic(&self) -> Instant {
         Instant::now()
     }
+
+    /// One read of the monotonic clock; the wall clock is derived from it
+    /// by an offset re-read from the system at most [`ANCHOR_REFRESH_MICROS`]
+    /// apart, so a step of the wall clock (NTP) shows within a millisecond
+    /// and a decision pays one clock read, not two.
+    fn read_both(&self) -> (Instant, u64) {
+        let anchor = ANCHOR.get_or_init(Anchor::new);
+        let monotonic = Instant::now();
+        let micros = anchor.micros_at(monotonic);
+        let refreshed = anchor.refreshed_at.load(Ordering::Relaxed);
+        let offset = if micros.saturating_sub(refreshed) < ANCHOR_REFRESH_MICROS {
+            anchor.offset.load(Ordering::Relaxed)
+        } else {
+            // Racing refreshes each store a valid offset of their own.
+            let offset = epoch_micros().wrapping_sub(micros);
+            anchor.offset.store(offset, Ordering::Relaxed);
+            anchor.refreshed_at.store(micros, Ordering::Relaxed);
+            offset
+        };
+        (monotonic, micros.wrapping_add(offset) / 1_000)
+    }
+}
+
+/// Longest a [`SystemClock::read_both`] goes without re-reading the wall
+/// clock, in microseconds of the monotonic clock.
+const ANCHOR_REFRESH_MICROS: u64 = 1_000;
+
+/// The wall clock as an offset from the monotonic one, shared by every
+/// [`SystemClock`]: epoch microseconds = monotonic microseconds since
+/// `origin` + `offset` (wrapping).
+#[derive(Debug)]
+struct Anchor {
+    origin: Instant,
+    offset: AtomicU64,
+    /// Monotonic microseconds since `origin` when `offset` was last read.
+    refreshed_at: AtomicU64,
+}
+
+static ANCHOR: OnceLock<Anchor> = OnceLock::new();
+
+impl Anchor {
+    fn new() -> Self {
+        let origin = Instant::now();
+        Self { origin, offset: AtomicU64::new(epoch_micros()), refreshed_at: AtomicU64::new(0) }
+    }
+
+    fn micros_at(&self, instant: Instant) -> u64 {
+        let since = instant.saturating_duration_since(self.origin);
+        since.as_secs().saturating_mul(1_000_000).saturating_add(u64::from(since.subsec_micros()))
+    }
+}
+
+fn epoch_micros() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX))
 }
 
 /// A clock that moves only when told; clones share one time. `advance`
@@ -102,5 +165,21 @@ mod tests {
     fn system_clock_reads_a_plausible_epoch() {
         // 2020-01-01 in epoch milliseconds: any real clock is past it.
         assert!(SystemClock.epoch_millis() > 1_577_836_800_000);
+    }
+
+    #[test]
+    fn both_readings_at_once_agree_with_each_alone() {
+        for _ in 0..3 {
+            let before = (Instant::now(), SystemClock.epoch_millis());
+            let (monotonic, epoch) = SystemClock.read_both();
+            let after = (Instant::now(), SystemClock.epoch_millis());
+            assert!(before.0 <= monotonic && monotonic <= after.0);
+            // Derived from an offset at most a millisecond old: within a
+            // few milliseconds of the wall clock read around it.
+            assert!(before.1 <= epoch + 2 && epoch <= after.1 + 2, "{before:?} {epoch} {after:?}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let manual = ManualClock::new(5_000);
+        assert_eq!(manual.read_both(), (manual.monotonic(), 5_000));
     }
 }
