@@ -3,11 +3,13 @@
 //! output per figure, each line a space-separated record that
 //! `scripts/bench.sh` reads:
 //!
-//! - `decisions <contender> <subjects> <per_sec> <p50_ns> <p99_ns> <allowed_pct>`:
+//! - `decisions <contender> <subjects> <per_sec> <p50_ns> <p99_ns> <allowed_pct> <per_cpu_sec>`:
 //!   one thread deciding over 1,000 / 100,000 / 1,000,000 subjects in a
 //!   fixed pseudo-random order, after a warm-up that decides once for every
 //!   subject (so the store already holds them all). Decisions/s is the count
-//!   over the wall time. The latency is sampled: each batch of 64 decisions
+//!   over the wall time; per CPU second is the count over the thread's time
+//!   on a CPU (`/proc/thread-self/schedstat`), which other processes'
+//!   load does not move. The latency is sampled: each batch of 64 decisions
 //!   is timed with `Instant` and its mean recorded, so p50/p99 are
 //!   percentiles of 64-decision means (one clock read per 64 decisions keeps
 //!   the timer out of the figure; a lone slow decision shows diluted 64x).
@@ -206,6 +208,12 @@ fn warm(contender: &dyn Contender, count: usize, ids: &mut Ids) {
     }
 }
 
+/// Nanoseconds this thread has run on a CPU (schedstat's first field).
+fn thread_cpu_ns() -> u64 {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat (Linux)");
+    stat.split_whitespace().next().and_then(|v| v.parse().ok()).expect("schedstat's run time")
+}
+
 fn decisions(name: &str, count: usize, secs: u64) {
     let contender = build(name, count);
     let mut ids = Ids(0);
@@ -213,6 +221,7 @@ fn decisions(name: &str, count: usize, secs: u64) {
     let mut state = 0x2545_f491_4f6c_dd1d_u64;
     let mut means = Vec::with_capacity(1 << 20);
     let (mut allowed, mut total) = (0_u64, 0_u64);
+    let cpu_started = thread_cpu_ns();
     let started = Instant::now();
     let end = started + Duration::from_secs(secs);
     loop {
@@ -228,14 +237,16 @@ fn decisions(name: &str, count: usize, secs: u64) {
         total += u64::from(BATCH);
     }
     let elapsed = started.elapsed().as_secs_f64();
+    let on_cpu = thread_cpu_ns().saturating_sub(cpu_started).max(1) as f64 / 1e9;
     means.sort_unstable();
     let at = |q: f64| means[((means.len() as f64 * q) as usize).min(means.len() - 1)];
     let percent = 100.0 * allowed as f64 / total as f64;
     println!(
-        "decisions {name} {count} {:.0} {} {} {percent:.1}",
+        "decisions {name} {count} {:.0} {} {} {percent:.1} {:.0}",
         total as f64 / elapsed,
         at(0.50),
-        at(0.99)
+        at(0.99),
+        total as f64 / on_cpu
     );
 }
 
