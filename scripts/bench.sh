@@ -341,7 +341,7 @@ scale_round() {
     SCALE_PART=decisions SCALE_SECS=$duration SCALE_SUBJECTS=$scale_subjects \
         "${client_pin[@]}" "$scale_bin" >"$work/scale.out" 2>"$work/scale.log" || {
         cat "$work/scale.log" >&2
-        echo "bench.sh: the scale bench failed" >&2
+        echo "bench.sh: FAILED: the scale bench" >&2
         exit 1
     }
     awk '$1 == "decisions" {c = "scale:" $2 ":" $3
@@ -362,15 +362,16 @@ done
 # Envoy RLS bench, which alternates its own rounds.
 echo "bench.sh: resident memory per subject, $memory_subjects subjects" >&2
 SCALE_PART=rss SCALE_RSS_SUBJECTS=$memory_subjects "${client_pin[@]}" "$scale_bin" \
-    >"$work/rss.out" 2>"$work/rss.log" || { cat "$work/rss.log" >&2; exit 1; }
+    >"$work/rss.out" 2>"$work/rss.log" ||
+    { cat "$work/rss.log" >&2; echo "bench.sh: FAILED: the RSS part of the scale bench" >&2; exit 1; }
 cat "$work/rss.out" >&2
 echo "bench.sh: Redis used_memory per subject, $memory_subjects subjects" >&2
 REDIS_SCALE_SUBJECTS=$memory_subjects "$redis_scale" >"$work/redis-mem.out" 2>"$work/redis-mem.log" ||
-    { cat "$work/redis-mem.log" >&2; exit 1; }
+    { cat "$work/redis-mem.log" >&2; echo "bench.sh: FAILED: $redis_scale" >&2; exit 1; }
 cat "$work/redis-mem.out" >&2
 echo "bench.sh: Envoy RLS over gRPC, $rounds rounds" >&2
 SECS=$duration ROUNDS=$rounds REDIS=1 "$grpc_bin" >"$work/grpc.out" 2>"$work/grpc.log" ||
-    { cat "$work/grpc.log" >&2; exit 1; }
+    { cat "$work/grpc.log" >&2; echo "bench.sh: FAILED: the Envoy RLS bench" >&2; exit 1; }
 # "round <r> c=64: disabled <n>/s p50 <a> us p99 <b> us | memory ... | memory/disabled <x>"
 # and "round <r> c=64: redis <n>/s p50 <a> us p99 <b> us".
 awk '$1 == "round" {for (i = 4; i <= NF; i++) if ($i ~ /^(disabled|memory|redis)$/ && $(i + 1) ~ /\/s$/) {
@@ -383,7 +384,8 @@ criterion=""
 if [ "${SKIP_CRITERION:-}" != 1 ]; then
     echo "bench.sh: criterion memory-provider bench" >&2
     "${client_pin[@]}" cargo bench --locked -p adapter-memory --bench decisions -- \
-        "${criterion_times[@]}" >"$work/criterion" 2>&1 || { cat "$work/criterion" >&2; exit 1; }
+        "${criterion_times[@]}" >"$work/criterion" 2>&1 ||
+        { cat "$work/criterion" >&2; echo "bench.sh: FAILED: the criterion bench" >&2; exit 1; }
     # "<group>/<n>-thread  time: [low mid high]", the id sometimes on a line of its own.
     criterion=$(awk '/^[a-z+-]+\/[0-9]-thread/ {id = $1}
         /time:/ {print id, $(NF-3), $(NF-2)}' "$work/criterion")
@@ -580,9 +582,9 @@ limit=$(med rb-off rps)
     echo "Scale: one thread deciding over N subjects in a fixed pseudo-random order, after one"
     echo "decision for each (\`SCALE_SECS=$duration SCALE_SUBJECTS=$scale_subjects cargo bench -p"
     echo "adapter-memory --bench scale\`, pinned to CPU 1, medians of $rounds rounds). Subjects shaped"
-    echo "like the edge's pseudonyms (\`v1:\` + 64 hex), 100 per second per subject (a 1 s fixed"
-    echo "window; GCRA 100/s with a burst of 100, governor the same quota keyed by the pseudonym's"
-    echo "\`String\`), so most decisions at 1,000 subjects are denials. p99 is sampled: each batch"
+    echo "like the edge's pseudonyms (\`v1:\` + 64 hex), 100 per second per subject (8,640,000 in a"
+    echo "one-day fixed window, so the store holds every subject for the run as governor does; GCRA"
+    echo "100/s with a burst of 100; governor the same quota keyed by the pseudonym's \`String\`). p99 is sampled: each batch"
     echo "of 64 decisions is timed and its mean recorded; p99 is of those means (a lone slow"
     echo "decision shows diluted 64x; time the thread waits for a CPU counts, so under load p99"
     echo "shows the load). Per CPU s divides by the thread's time on a CPU"
@@ -622,7 +624,7 @@ limit=$(med rb-off rps)
     echo
     echo "Redis: \`INFO memory\` used_memory growth over the fill through the adapter"
     echo "(\`REDIS_SCALE_SUBJECTS=$memory_subjects cargo run --release -p adapter-redis --example"
-    echo "redis_scale\`, a private $(redis-server --version | awk '{print $3}'), 600 s windows); the floor is"
+    echo "redis_scale\`, a private $(redis-server --version | awk '{print $3}'), one-day windows); the floor is"
     echo "a plain \`SET key value PX ttl\` of the same key names (the fixed window's), the value as"
     echo "long as its state and the TTL its \`PTTL\` after the fill:"
     echo

@@ -22,8 +22,18 @@
 //!
 //! Ours goes through the public port as `benches/decisions.rs` does:
 //! pseudonyms shaped like the edge's (`v1:` and 64 hex digits), 100 units
-//! per subject per second, a 1 s fixed window; governor has the same quota
-//! (a burst of 100) keyed by the pseudonym's `String`.
+//! per subject per second; governor has the same quota (a burst of 100)
+//! keyed by the pseudonym's `String`. Our windows are a day (8,640,000
+//! units in a fixed window, GCRA's 100/s with a burst of 100, leases
+//! living a day; fixed windows end at multiples of their length since the
+//! epoch, so a shorter one could end mid-run): governor never forgets a
+//! key, and with a 1 s window the store
+//! would sweep subjects not seen for a second, so at 1,000,000 subjects it
+//! would hold a fraction of them (a first RSS run showed 46 bytes per
+//! subject from exactly that). GCRA's state lives only until its
+//! theoretical arrival time, a moment after a decision at 100/s, so the
+//! RSS child measures GCRA at one unit per day with a burst of 100: the
+//! same state, held for the whole run.
 //!
 //! `cargo bench -p adapter-memory --bench scale`; env: `SCALE_SECS` (seconds
 //! per case, 3), `SCALE_SUBJECTS` (comma-separated counts,
@@ -133,8 +143,10 @@ impl Contender for Governor {
     }
 }
 
-fn build(name: &str, count: usize) -> Box<dyn Contender> {
-    let window = Duration::from_secs(1);
+/// `held`: GCRA at one unit per window, so its state outlives the fill.
+fn build(name: &str, count: usize, held: bool) -> Box<dyn Contender> {
+    let window = Duration::from_secs(24 * 3600);
+    let limit = PER_SECOND * window.as_secs();
     let (algorithm, dedup) = match name {
         "governor-keyed" => {
             let burst = NonZeroU32::new(u32::try_from(PER_SECOND).expect("fits")).expect("> 0");
@@ -145,23 +157,26 @@ fn build(name: &str, count: usize) -> Box<dyn Contender> {
             });
         }
         "fixed-window" => {
-            (Algorithm::FixedWindow { limit: PER_SECOND, window }, EvaluationDedupPolicy::Disabled)
+            (Algorithm::FixedWindow { limit, window }, EvaluationDedupPolicy::Disabled)
         }
-        "fixed-window+dedupe" => (
-            Algorithm::FixedWindow { limit: PER_SECOND, window },
-            EvaluationDedupPolicy::enabled_defaults(),
-        ),
+        "fixed-window+dedupe" => {
+            (Algorithm::FixedWindow { limit, window }, EvaluationDedupPolicy::enabled_defaults())
+        }
         // The same quota as governor's: 100 per second, a burst of 100.
         "gcra" => (
-            Algorithm::Gcra { limit: PER_SECOND, period: window, burst: PER_SECOND },
+            Algorithm::Gcra {
+                limit: if held { 1 } else { limit },
+                period: window,
+                burst: PER_SECOND,
+            },
             EvaluationDedupPolicy::Disabled,
         ),
         // 100 in flight per subject, each released at once: never refused.
         "concurrency+release" => (
             Algorithm::Concurrency {
                 max_in_flight: PER_SECOND,
-                lease_ttl: Duration::from_secs(30),
-                retry_after: window,
+                lease_ttl: window,
+                retry_after: Duration::from_secs(1),
             },
             EvaluationDedupPolicy::Disabled,
         ),
@@ -215,7 +230,7 @@ fn thread_cpu_ns() -> u64 {
 }
 
 fn decisions(name: &str, count: usize, secs: u64) {
-    let contender = build(name, count);
+    let contender = build(name, count, false);
     let mut ids = Ids(0);
     warm(contender.as_ref(), count, &mut ids);
     let mut state = 0x2545_f491_4f6c_dd1d_u64;
@@ -260,7 +275,7 @@ fn resident_bytes() -> u64 {
 }
 
 fn rss_child(name: &str, count: usize) {
-    let contender = build(name, count);
+    let contender = build(name, count, true);
     let mut ids = Ids(0);
     let before = resident_bytes();
     warm(contender.as_ref(), count, &mut ids);

@@ -15,7 +15,9 @@
 //! charged 256 times (the default cap) beside the same key with one record.
 //!
 //! Subjects are shaped like the edge's pseudonyms (`v1:` and 64 hex
-//! digits); windows are 600 s so nothing expires while a million fill.
+//! digits); windows are a day so nothing expires while a million fill
+//! (GCRA at one unit per day with a burst of 100, for its key lives only
+//! until the theoretical arrival time).
 //!
 //! `cargo run --release -p adapter-redis --example redis_scale` prints
 //! space-separated records that `scripts/bench.sh` reads:
@@ -37,7 +39,9 @@ use shared_contract::{
 const TASKS: usize = 64;
 /// Keys per pipeline when writing the floor.
 const PIPELINE: usize = 1_000;
-const WINDOW: Duration = Duration::from_secs(600);
+/// A day: fixed windows end at multiples of their length since the epoch,
+/// so a shorter one can end mid-fill and drop the first keys.
+const WINDOW: Duration = Duration::from_secs(24 * 3600);
 
 fn subject(n: usize) -> SubjectDigest {
     let mixed = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -86,6 +90,9 @@ async fn flush(redis: &mut MultiplexedConnection) {
 /// sorted set's members), `PTTL` and `MEMORY USAGE ... SAMPLES 0`.
 async fn look(redis: &mut MultiplexedConnection, key: &str) -> (String, usize, i64, usize) {
     let kind: String = redis::cmd("TYPE").arg(key).query_async(redis).await.unwrap();
+    if kind == "none" {
+        return (kind, 0, -2, 0);
+    }
     let mut state = match kind.as_str() {
         "string" => redis::cmd("STRLEN"),
         "hash" => redis::cmd("HSTRLEN"),
@@ -194,6 +201,8 @@ async fn main() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
+    // FLUSHALL SYNC of a million keys outlasts the client's default timeout.
+    redis.set_response_timeout(Duration::from_secs(120));
     let version: String = redis::cmd("INFO").arg("server").query_async(&mut redis).await.unwrap();
     let version = version.lines().find(|l| l.starts_with("redis_version:")).unwrap_or_default();
     println!("# {version}, {subjects} subjects, one decision each, {TASKS} tasks");
@@ -203,9 +212,11 @@ async fn main() {
     // Same id for dedupe off and on: the keys have the same length.
     let off = policy("fixed", fixed, EvaluationDedupPolicy::Disabled);
     let on = policy("fixed", fixed, EvaluationDedupPolicy::enabled_defaults());
+    // GCRA's key lives until its theoretical arrival time: one unit per
+    // window (a burst of 100) keeps it for the whole fill.
     let gcra = policy(
         "fixed",
-        Algorithm::Gcra { limit: 600_000_000, period: WINDOW, burst: 1_000 },
+        Algorithm::Gcra { limit: 1, period: WINDOW, burst: 100 },
         EvaluationDedupPolicy::Disabled,
     );
     let leases = policy(
@@ -225,14 +236,18 @@ async fn main() {
     print("gcra", subjects, &fill(&server, &mut redis, &gcra, subjects).await);
     print("lease-acquire-release", subjects, &fill(&server, &mut redis, &leases, subjects).await);
 
-    // Dedupe on at its bound: one key charged up to its record cap.
+    // Dedupe on at its bound: one key charged once, then up to its record
+    // cap (on a flushed server: the last case left a lease set there).
+    flush(&mut redis).await;
     let cap = on.evaluation_dedup().record_capacity() as usize;
     let adapter_on = adapter(&server, &on);
+    decide(&adapter_on, &on, subject(0)).await;
+    let (_, _, _, at_one) = look(&mut redis, &filled_on.key).await;
     for _ in 1..cap {
         decide(&adapter_on, &on, subject(0)).await;
     }
     let (_, _, _, at_cap) = look(&mut redis, &filled_on.key).await;
-    println!("redis-cap dedupe-on 1 {}", filled_on.usage);
+    println!("redis-cap dedupe-on 1 {at_one}");
     println!("redis-cap dedupe-on {cap} {at_cap}");
 
     // The floor: the dedupe-off keys, written as plain strings.
