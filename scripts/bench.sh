@@ -49,7 +49,7 @@ if [ "${QUICK:-}" = 1 ]; then
     requests=${REQUESTS:-20000}
     scale_subjects=${SUBJECTS:-1000,100000}
     memory_subjects=${MEMORY_SUBJECTS:-100000}
-    criterion_times=(--warm-up-time 0.2 --measurement-time 0.5)
+    criterion_times=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 10)
 else
     rounds=${ROUNDS:-3}
     duration=${DURATION:-5}
