@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every figure of issue 11 in one run: builds the release binary once,
+# Every figure of issues 11 and 22 in one run: builds the release binary once,
 # starts a private redis-server on a free loopback port (never 6379), and
 # measures side by side, ROUNDS times, alternating:
 #   - the limit: redis-benchmark EVALSHA of our own single-key fixed-window
@@ -7,25 +7,57 @@
 #     (INFO commandstats usec_per_call) with dedupe off, on with sparse
 #     records, on at the record cap, under a deny flood, and a replay;
 #   - `ca-skeleton bench` through the Redis provider: dedupe off and on at
-#     c=64, dedupe off at c=1, and a deny flood (one subject) with
-#     redis.deny-cache.enabled true and false when the binary knows that key;
-#     each with usec_per_call and client CPU (user+sys) per decision, beside
-#     a bare redis crate client (examples/bare_client.rs) at c=64 and c=1;
+#     c=64, GCRA and a lease acquire+release at c=64, dedupe off at c=1, and
+#     a deny flood (one subject) with redis.deny-cache.enabled true and false
+#     when the binary knows that key; each with usec_per_call and client CPU
+#     (user+sys) per decision, beside a bare redis crate client
+#     (examples/bare_client.rs) at c=64 and c=1;
 #   - HTTP under wrk: the same server with the limiter disabled, on the
-#     memory provider and on Redis (requests/s, p50, p99);
-# then once the criterion memory-provider bench, and writes the medians as a
-# dated table between the bench.sh markers of docs/benchmarks.md (replaced on
-# every run). redis-server is pinned to CPU 0 and every client to CPU 1 when
-# there are at least two CPUs (HTTP runs unpinned but for redis-server).
+#     memory provider and on Redis (requests/s, p50, p99), and, when
+#     adapter-web/examples/governor_edge.rs exists, axum + tower_governor
+#     beside the same server without the governor layer;
+#   - scale (adapter-memory/benches/scale.rs): decisions/s and p99 of the
+#     memory provider (fixed window with dedupe off and on, GCRA, a lease
+#     acquire+release) beside governor's keyed limiter at 1,000 / 100,000 /
+#     1,000,000 subjects;
+# then once: the resident memory per subject at 1,000,000 subjects (ours
+# and governor's, one process each), Redis used_memory per subject at
+# 1,000,000 subjects (adapter-redis/examples/redis_scale.rs: dedupe off and
+# on, GCRA, a lease, and the floor of a plain SET with the same key length
+# and TTL), the Envoy RLS over gRPC (adapter-envoy-rls/benches/grpc.rs, its
+# own ROUNDS), and the criterion memory-provider bench; and writes the
+# medians as a dated table between the bench.sh markers of
+# docs/benchmarks.md (replaced on every run). redis-server is pinned to
+# CPU 0 and every client to CPU 1 when there are at least two CPUs (HTTP,
+# Envoy and the Redis memory fill run unpinned but for redis-server).
 #
 # Usage: scripts/bench.sh          Env: ROUNDS (3), DURATION (seconds per
-# run, 5), REQUESTS (redis-benchmark calls per run, 200000), SKIP_CRITERION=1,
-# DOC (the file to write, docs/benchmarks.md; DOC=- prints the table only).
-set -euo pipefail
+# run, 5), REQUESTS (redis-benchmark calls per run, 200000), SUBJECTS
+# (the scale counts, 1000,100000,1000000), MEMORY_SUBJECTS (the memory
+# figures' subjects, 1000000), SKIP_CRITERION=1, DOC (the file to write,
+# docs/benchmarks.md; DOC=- prints the table only). QUICK=1: one short round
+# of everything (1 s runs, 100,000 subjects at most, criterion cut short), to
+# check the script end to end in a few minutes; its figures are not to quote.
+# Any failing step stops the run with its line and command, and a figure
+# missing at the end fails it: no table is written from a partial run.
+set -Eeuo pipefail
+trap 'echo "bench.sh: FAILED at line $LINENO: $BASH_COMMAND (exit $?)" >&2' ERR
 cd "$(dirname "$0")/.."
-rounds=${ROUNDS:-3}
-duration=${DURATION:-5}
-requests=${REQUESTS:-200000}
+if [ "${QUICK:-}" = 1 ]; then
+    rounds=${ROUNDS:-1}
+    duration=${DURATION:-1}
+    requests=${REQUESTS:-20000}
+    scale_subjects=${SUBJECTS:-1000,100000}
+    memory_subjects=${MEMORY_SUBJECTS:-100000}
+    criterion_times=(--warm-up-time 0.2 --measurement-time 0.5 --sample-size 10)
+else
+    rounds=${ROUNDS:-3}
+    duration=${DURATION:-5}
+    requests=${REQUESTS:-200000}
+    scale_subjects=${SUBJECTS:-1000,100000,1000000}
+    memory_subjects=${MEMORY_SUBJECTS:-1000000}
+    criterion_times=(--warm-up-time 1 --measurement-time 3)
+fi
 doc=${DOC:-docs/benchmarks.md}
 
 need() { # need <tool> <how to install>
@@ -61,9 +93,30 @@ free_port() { # a port nothing listens on, away from 6379
 
 echo "bench.sh: building the release binary" >&2
 cargo build --release --locked -p app-bootstrap >&2
-cargo build --release --locked -p adapter-redis --example bare_client >&2
+cargo build --release --locked -p adapter-redis --example bare_client --example redis_scale >&2
+cargo bench --locked -p adapter-memory --bench scale --no-run >&2
+cargo bench --locked -p adapter-envoy-rls --bench grpc --no-run >&2
 bin=target/release/ca-skeleton
 bare=target/release/examples/bare_client
+redis_scale=target/release/examples/redis_scale
+# bench_exe <crate> <bench>: the bench binary cargo built (run directly, so
+# pinning and timing cover it alone, not cargo).
+bench_exe() {
+    local exe
+    exe=$(cargo bench --locked -p "$1" --bench "$2" --no-run 2>&1 |
+        sed -n 's/.*Executable .*(\(.*\)).*/\1/p' | tail -1)
+    [ -x "$exe" ] || { echo "bench.sh: no bench binary for $1 --bench $2" >&2; exit 1; }
+    echo "$exe"
+}
+scale_bin=$(bench_exe adapter-memory scale)
+grpc_bin=$(bench_exe adapter-envoy-rls grpc)
+# The tower_governor pair comes with lane edge's example; until it exists
+# the HTTP table has no such rows.
+governor_edge=""
+if [ -f adapter-web/examples/governor_edge.rs ]; then
+    cargo build --release --locked -p adapter-web --example governor_edge >&2
+    governor_edge=target/release/examples/governor_edge
+fi
 
 work=$(mktemp -d)
 port=$(free_port)
@@ -201,6 +254,8 @@ client_round() {
     bare_run bare-c1 1
     cs cs-off fixed-nodedupe 64 1000
     cs cs-on fixed 64 1000
+    cs cs-gcra gcra 64 1000
+    cs cs-leases leases 64 1000
     cs cs-off-c1 fixed-nodedupe 1 1000
     if [ "$deny_cache" = yes ]; then
         cs cs-flood-cache flood 64 1 CA_SKELETON_REDIS__DENY_CACHE__ENABLED=true
@@ -242,21 +297,95 @@ http() { # http <provider>
     wait "$pid" || true
 }
 
-http_round() { for provider in disabled memory redis; do http "$provider"; done; }
+# http_governor <governor|plain>: lane edge's axum + tower_governor example,
+# keyed by the same x-api-key header, with and without the governor layer.
+# Its command line: governor_edge <listen address> <governor|plain>.
+http_governor() {
+    local mode=$1 pid up=no
+    http_port=$(free_port)
+    "$governor_edge" "127.0.0.1:$http_port" "$mode" >/dev/null 2>"$work/governor.log" &
+    pid=$!
+    for _ in $(seq 200); do
+        curl -sf -H 'x-api-key: bench-key-1' "http://127.0.0.1:$http_port/api/hello" >/dev/null &&
+            { up=yes; break; }
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ "$up" != yes ]; then
+        echo "bench.sh: governor_edge ($mode) did not answer on port $http_port:" >&2
+        cat "$work/governor.log" >&2
+        kill -TERM "$pid" 2>/dev/null || true
+        exit 1
+    fi
+    wrk -t1 -c32 -d"${duration}s" -s scripts/bench-http.lua --latency "http://127.0.0.1:$http_port" |
+        awk -v c="http-tower-$mode" '
+            function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; return v * 1e6 }
+            /Requests\/sec/ {print c, "rps", $2} / 50%/ {print c, "p50_us", us($2)}
+            / 99%/ {print c, "p99_us", us($2)} /Non-2xx/ {bad = $5}
+            END {print c, "non_2xx", bad + 0}'
+    kill -TERM "$pid" 2>/dev/null || true
+    wait "$pid" || true
+}
+
+http_round() {
+    for provider in disabled memory redis; do http "$provider"; done
+    if [ -n "$governor_edge" ]; then
+        http_governor plain
+        http_governor governor
+    fi
+}
+
+# --- scale: the memory provider and governor over more and more subjects ----
+# One line per contender and count: "scale:<contender>:<subjects> <figure> <v>".
+scale_round() {
+    SCALE_PART=decisions SCALE_SECS=$duration SCALE_SUBJECTS=$scale_subjects \
+        "${client_pin[@]}" "$scale_bin" >"$work/scale.out" 2>"$work/scale.log" || {
+        cat "$work/scale.log" >&2
+        echo "bench.sh: FAILED: the scale bench" >&2
+        exit 1
+    }
+    awk '$1 == "decisions" {c = "scale:" $2 ":" $3
+        print c, "rps", $4; print c, "p50_ns", $5; print c, "p99_ns", $6; print c, "allowed_pct", $7
+        print c, "cpu_rps", $8}' \
+        "$work/scale.out"
+}
 
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 load_start=$(cut -d' ' -f1-3 /proc/loadavg)
 for round in $(seq "$rounds"); do
     echo "bench.sh: round $round of $rounds" >&2
-    { limit_round; client_round; http_round; } | sed "s/^/$round /" | tee -a "$work/rounds" >&2
+    { limit_round; client_round; http_round; scale_round; } | sed "s/^/$round /" |
+        tee -a "$work/rounds" >&2
 done
+
+# Once: memory per subject (deterministic enough for one run), then the
+# Envoy RLS bench, which alternates its own rounds.
+echo "bench.sh: resident memory per subject, $memory_subjects subjects" >&2
+SCALE_PART=rss SCALE_RSS_SUBJECTS=$memory_subjects "${client_pin[@]}" "$scale_bin" \
+    >"$work/rss.out" 2>"$work/rss.log" ||
+    { cat "$work/rss.log" >&2; echo "bench.sh: FAILED: the RSS part of the scale bench" >&2; exit 1; }
+cat "$work/rss.out" >&2
+echo "bench.sh: Redis used_memory per subject, $memory_subjects subjects" >&2
+REDIS_SCALE_SUBJECTS=$memory_subjects "$redis_scale" >"$work/redis-mem.out" 2>"$work/redis-mem.log" ||
+    { cat "$work/redis-mem.log" >&2; echo "bench.sh: FAILED: $redis_scale" >&2; exit 1; }
+cat "$work/redis-mem.out" >&2
+echo "bench.sh: Envoy RLS over gRPC, $rounds rounds" >&2
+SECS=$duration ROUNDS=$rounds REDIS=1 "$grpc_bin" >"$work/grpc.out" 2>"$work/grpc.log" ||
+    { cat "$work/grpc.log" >&2; echo "bench.sh: FAILED: the Envoy RLS bench" >&2; exit 1; }
+# "round <r> c=64: disabled <n>/s p50 <a> us p99 <b> us | memory ... | memory/disabled <x>"
+# and "round <r> c=64: redis <n>/s p50 <a> us p99 <b> us".
+awk '$1 == "round" {for (i = 4; i <= NF; i++) if ($i ~ /^(disabled|memory|redis)$/ && $(i + 1) ~ /\/s$/) {
+        c = "envoy-" $i; v = $(i + 1); sub(/\/s$/, "", v)
+        print $2, c, "rps", v; print $2, c, "p50_us", $(i + 3); print $2, c, "p99_us", $(i + 6)
+    }}' "$work/grpc.out" | tee -a "$work/rounds" >&2
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 criterion=""
 if [ "${SKIP_CRITERION:-}" != 1 ]; then
     echo "bench.sh: criterion memory-provider bench" >&2
     "${client_pin[@]}" cargo bench --locked -p adapter-memory --bench decisions -- \
-        --warm-up-time 1 --measurement-time 3 >"$work/criterion" 2>&1
+        "${criterion_times[@]}" >"$work/criterion" 2>&1 ||
+        { cat "$work/criterion" >&2; echo "bench.sh: FAILED: the criterion bench" >&2; exit 1; }
     # "<group>/<n>-thread  time: [low mid high]", the id sometimes on a line of its own.
     criterion=$(awk '/^[a-z+-]+\/[0-9]-thread/ {id = $1}
         /time:/ {print id, $(NF-3), $(NF-2)}' "$work/criterion")
@@ -292,12 +421,57 @@ rr() {
 dec() { awk -v a="$1" 'BEGIN {if (a == "") print "—"; else printf "%.1f", a}'; }
 int() { awk -v a="$1" 'BEGIN {if (a == "") print "—"; else printf "%d", a + 0.5}'; }
 
+# Every figure must be there: a step that printed nothing fails the run.
+missing=""
+expect() { [ -n "$(med "$1" "$2")" ] || missing="$missing $1/$2"; }
+for c in rb-off rb-off-c1 rb-on-sparse rb-on-cap rb-on-flood rb-off-flood rb-on-replay \
+    bare bare-c1 cs-off cs-on cs-gcra cs-leases cs-off-c1 cs-flood-nocache; do
+    expect "$c" rps
+    expect "$c" usec
+done
+[ "$deny_cache" = no ] || expect cs-flood-cache rps
+http_cases="http-disabled http-memory http-redis"
+[ -z "$governor_edge" ] || http_cases="$http_cases http-tower-plain http-tower-governor"
+for c in $http_cases envoy-disabled envoy-memory envoy-redis; do
+    expect "$c" rps
+    expect "$c" p99_us
+done
+scale_contenders="governor-keyed fixed-window fixed-window+dedupe gcra concurrency+release"
+for n in ${scale_subjects//,/ }; do
+    for c in $scale_contenders; do
+        expect "scale:$c:$n" rps
+        expect "scale:$c:$n" p99_ns
+        expect "scale:$c:$n" cpu_rps
+    done
+done
+for c in $scale_contenders; do
+    grep -q "^rss $c $memory_subjects " "$work/rss.out" || missing="$missing rss/$c"
+done
+for c in dedupe-off dedupe-on gcra lease-acquire-release floor-set; do
+    grep -q "^redis-mem $c $memory_subjects " "$work/redis-mem.out" || missing="$missing redis-mem/$c"
+done
+if [ -n "$missing" ]; then
+    echo "bench.sh: FAILED: figures missing from this run:$missing" >&2
+    exit 1
+fi
+rss() { awk -v c="$1" '$1 == "rss" && $2 == c {print $4}' "$work/rss.out"; }
+# rmem <case> <column>: a column of a redis-mem line (4 bytes per subject,
+# 5 key length, 6 type, 7 state length, 8 PTTL ms, 9 MEMORY USAGE).
+rmem() { awk -v c="$1" -v k="$2" '$1 == "redis-mem" && $2 == c {print $k}' "$work/redis-mem.out"; }
+rcap() { awk -v r="$1" '$1 == "redis-cap" && $3 == r {print $4}' "$work/redis-mem.out"; }
+thousands() { awk -v a="$1" 'BEGIN {s = sprintf("%d", a + 0.5); o = ""
+    while (length(s) > 3) {o = "," substr(s, length(s) - 2) o; s = substr(s, 1, length(s) - 3)}
+    print s o}'; }
+
 limit=$(med rb-off rps)
 {
     echo "<!-- bench.sh:begin (generated by scripts/bench.sh; replaced on every run) -->"
-    echo "## All figures of issue 11 in one run (\`scripts/bench.sh\`)"
+    echo "## All figures of issues 11 and 22 in one run (\`scripts/bench.sh\`)"
     echo
-    echo "Run $started, \`ROUNDS=$rounds DURATION=$duration REQUESTS=$requests scripts/bench.sh\`;"
+    [ "${QUICK:-}" != 1 ] || echo "**QUICK=1: one short round, a check of the script; not figures to quote.**"
+    echo
+    echo "Run $started, \`ROUNDS=$rounds DURATION=$duration REQUESTS=$requests SUBJECTS=$scale_subjects"
+    echo "MEMORY_SUBJECTS=$memory_subjects scripts/bench.sh\`;"
     echo "$cpus CPUs ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'));"
     echo "load average $load_start at the start, $load_end at the end;"
     echo "$(redis-server --version | awk '{print $1, $2, $3}'); redis-server pinned to CPU 0"
@@ -322,7 +496,9 @@ limit=$(med rb-off rps)
     echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"
     echo "| limit: redis-benchmark c=64 -P 16, dedupe off ($(all rb-off rps)) | $(int "$limit") | 1.00x | | | $(med rb-off usec) | |"
     echo "| bare \`redis\` crate MultiplexedConnection + Script, c=64, dedupe off ($(all bare rps)) | $(int "$(med bare rps)") | $(ratio "$(med bare rps)" "$limit") | | | $(med bare usec) | $(med bare cpu_us) |"
-    for c in cs-off:"bench c=64, dedupe off" cs-on:"bench c=64, dedupe on (defaults)"; do
+    for c in cs-off:"bench c=64, dedupe off" cs-on:"bench c=64, dedupe on (defaults)" \
+        cs-gcra:"bench c=64, GCRA (\`--policy gcra\`)" \
+        cs-leases:"bench c=64, a lease acquire+release (\`--policy leases\`)"; do
         local_case=${c%%:*}
         echo "| ${c#*:} ($(all "$local_case" rps)) | $(int "$(med "$local_case" rps)") | $(ratio "$(med "$local_case" rps)" "$limit") | $(dec "$(med "$local_case" p50_us)") | $(dec "$(med "$local_case" p99_us)") | $(med "$local_case" usec) | $(med "$local_case" cpu_us) |"
     done
@@ -378,10 +554,94 @@ limit=$(med rb-off rps)
     for provider in disabled memory redis; do
         echo "| $provider | $(int "$(med "http-$provider" rps)") ($(all "http-$provider" rps)) | $(rr "http-$provider" http-disabled rps) | $(med "http-$provider" p50_us) | $(med "http-$provider" p99_us) | $(med "http-$provider" non_2xx) |"
     done
+    if [ -n "$governor_edge" ]; then
+        echo
+        echo "axum + tower_governor (\`adapter-web/examples/governor_edge.rs\`, keyed by the same"
+        echo "\`x-api-key\`), under the same wrk, beside the same server without the governor layer:"
+        echo
+        echo "| server | requests/s (rounds) | vs its own server | p50 µs | p99 µs | non-2xx |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: |"
+        for mode in plain governor; do
+            echo "| $mode | $(int "$(med "http-tower-$mode" rps)") ($(all "http-tower-$mode" rps)) | $(rr "http-tower-$mode" http-tower-plain rps) | $(med "http-tower-$mode" p50_us) | $(med "http-tower-$mode" p99_us) | $(med "http-tower-$mode" non_2xx) |"
+        done
+        echo
+        echo "- ours on the memory provider / disabled: $(rr http-memory http-disabled rps) (target ≥ 0.9x);"
+        echo "  tower_governor / its own server: $(rr http-tower-governor http-tower-plain rps)."
+    fi
+    echo
+    echo "Envoy RLS over gRPC: \`SECS=$duration ROUNDS=$rounds REDIS=1 cargo bench -p adapter-envoy-rls"
+    echo "--bench grpc\` (a tonic client at c=64 over 4 connections, 1,000 subjects, the allowed"
+    echo "path; client and server in one process, unpinned; the bench alternates its own rounds):"
+    echo
+    echo "| limiter | decisions/s (rounds) | vs disabled | p50 µs | p99 µs |"
+    echo "| --- | ---: | ---: | ---: | ---: |"
+    for provider in disabled memory redis; do
+        echo "| $provider | $(int "$(med "envoy-$provider" rps)") ($(all "envoy-$provider" rps)) | $(rr "envoy-$provider" envoy-disabled rps) | $(med "envoy-$provider" p50_us) | $(med "envoy-$provider" p99_us) |"
+    done
+    echo
+    echo "Scale: one thread deciding over N subjects in a fixed pseudo-random order, after one"
+    echo "decision for each (\`SCALE_SECS=$duration SCALE_SUBJECTS=$scale_subjects cargo bench -p"
+    echo "adapter-memory --bench scale\`, pinned to CPU 1, medians of $rounds rounds). Subjects shaped"
+    echo "like the edge's pseudonyms (\`v1:\` + 64 hex), 100 per second per subject (8,640,000 in a"
+    echo "one-day fixed window, so the store holds every subject for the run as governor does; GCRA"
+    echo "100/s with a burst of 100; governor the same quota keyed by the pseudonym's \`String\`). p99 is sampled: each batch"
+    echo "of 64 decisions is timed and its mean recorded; p99 is of those means (a lone slow"
+    echo "decision shows diluted 64x; time the thread waits for a CPU counts, so under load p99"
+    echo "shows the load). Per CPU s divides by the thread's time on a CPU"
+    echo "(\`/proc/thread-self/schedstat\`), which other processes do not move."
+    echo
+    printf '| contender |'
+    for n in ${scale_subjects//,/ }; do
+        printf ' %s: decisions/s | per CPU s | p99 ns | allowed |' "$(thousands "$n")"
+    done
+    echo
+    printf '| --- |'
+    for n in ${scale_subjects//,/ }; do printf ' ---: | ---: | ---: | ---: |'; done
+    echo
+    for c in $scale_contenders; do
+        printf '| %s |' "$c"
+        for n in ${scale_subjects//,/ }; do
+            printf ' %s | %s | %s | %s %% |' "$(int "$(med "scale:$c:$n" rps)")" \
+                "$(int "$(med "scale:$c:$n" cpu_rps)")" "$(med "scale:$c:$n" p99_ns)" \
+                "$(med "scale:$c:$n" allowed_pct)"
+        done
+        echo
+    done
+    echo
+    for n in ${scale_subjects//,/ }; do
+        echo "- $(thousands "$n") subjects, per CPU second, fixed window / governor: $(rr "scale:fixed-window:$n" "scale:governor-keyed:$n" cpu_rps); dedupe on / off: $(rr "scale:fixed-window+dedupe:$n" "scale:fixed-window:$n" cpu_rps)."
+    done
+    echo
+    echo "Memory per subject at $(thousands "$memory_subjects") subjects, one decision each. In process:"
+    echo "resident set growth (\`/proc/self/statm\`) over the fill, one process per contender"
+    echo "(\`SCALE_PART=rss SCALE_RSS_SUBJECTS=$memory_subjects cargo bench -p adapter-memory --bench scale\`):"
+    echo
+    echo "| contender | bytes per subject | vs governor |"
+    echo "| --- | ---: | ---: |"
+    for c in $scale_contenders; do
+        echo "| $c | $(rss "$c") | $(ratio "$(rss "$c")" "$(rss governor-keyed)") |"
+    done
+    echo
+    echo "Redis: \`INFO memory\` used_memory growth over the fill through the adapter"
+    echo "(\`REDIS_SCALE_SUBJECTS=$memory_subjects cargo run --release -p adapter-redis --example"
+    echo "redis_scale\`, a private $(redis-server --version | awk '{print $3}'), one-day windows); the floor is"
+    echo "a plain \`SET key value PX ttl\` of the same key names (the fixed window's), the value as"
+    echo "long as its state and the TTL its \`PTTL\` after the fill:"
+    echo
+    echo "| case | bytes per subject | vs floor | key length | type | state length | PTTL ms | MEMORY USAGE of one key |"
+    echo "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |"
+    for c in dedupe-off dedupe-on gcra lease-acquire-release floor-set; do
+        echo "| $c | $(rmem "$c" 4) | $(ratio "$(rmem "$c" 4)" "$(rmem floor-set 4)") | $(rmem "$c" 5) | $(rmem "$c" 6) | $(rmem "$c" 7) | $(rmem "$c" 8) | $(rmem "$c" 9) |"
+    done
+    echo
+    echo "- dedupe off / the floor: $(ratio "$(rmem dedupe-off 4)" "$(rmem floor-set 4)") (target ≤ 2x)."
+    echo "- dedupe on holds one record per key here; its bound is the record cap: \`MEMORY USAGE\` of"
+    echo "  one key with 1 record $(rcap 1) bytes, at the cap ($(awk '$1 == "redis-cap" && $3 != 1 {print $3}' \
+        "$work/redis-mem.out") records) $(awk '$1 == "redis-cap" && $3 != 1 {print $4}' "$work/redis-mem.out") bytes."
     if [ -n "$criterion" ]; then
         echo
         echo "Memory provider, one keyed decision: \`cargo bench -p adapter-memory --bench decisions --"
-        echo "--warm-up-time 1 --measurement-time 3\` (pinned to CPU 1, so the 2-thread cases share one"
+        echo "${criterion_times[*]}\` (pinned to CPU 1, so the 2-thread cases share one"
         echo "CPU and show contention, not scaling; criterion's median, one run):"
         echo
         echo "| case | median |"
