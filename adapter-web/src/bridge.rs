@@ -3,7 +3,7 @@
 //! answer.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http::HeaderValue;
 use http::request::Parts;
@@ -127,6 +127,9 @@ struct PreparedSet {
     /// take a real lease), so an admitted request holds a lease to give
     /// back. Only these sets pay for a guard.
     holds_leases: bool,
+    /// Whether a member is a shadow policy, whose would-be denials are
+    /// logged under the request's pseudonym.
+    has_shadow: bool,
 }
 
 impl PreparedSet {
@@ -145,7 +148,16 @@ impl PreparedSet {
         let policy_header = policy_header(enforced);
         let holds_leases =
             described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
-        Self { policies: policies.clone(), metrics, described, policy_header, holds_leases }
+        let has_shadow =
+            described.iter().any(|policy| mode_of(policy.as_ref()) == PolicyMode::Shadow);
+        Self {
+            policies: policies.clone(),
+            metrics,
+            described,
+            policy_header,
+            holds_leases,
+            has_shadow,
+        }
     }
 }
 
@@ -283,13 +295,12 @@ impl TransportBridge {
         let span = decision_span(operation, &policies, &digest);
         // Kept only when a shadow policy may need to log whose request it
         // would have denied; the pseudonym, never the raw subject.
-        let has_shadow =
-            described.iter().any(|policy| mode_of(policy.as_ref()) == PolicyMode::Shadow);
-        let shadow_subject = has_shadow.then(|| digest.clone());
-        let now = self.clock.monotonic();
+        let shadow_subject = prepared.has_shadow.then(|| digest.clone());
+        // One reading for the deadline and the histogram's start.
+        let started = self.clock.monotonic();
         // A budget too large for `Instant` can only be a configuration slip;
         // the present as deadline fails closed (AdmissionRejected).
-        let deadline = now.checked_add(self.settings.evaluation_budget).unwrap_or(now);
+        let deadline = started.checked_add(self.settings.evaluation_budget).unwrap_or(started);
         let cost = parts.extensions.get::<RateLimitCost>().copied().unwrap_or_default().0;
         let request = RateLimitRequest {
             policies: policies.clone(),
@@ -302,13 +313,14 @@ impl TransportBridge {
         let lease = prepared.holds_leases.then(|| {
             LeaseGuard::new(Arc::clone(&self.port), Lease::of(&request), self.releases.clone())
         });
-        // Wall time for the histogram only; decisions use the injected clock.
-        let started = Instant::now();
         let outcome = match &span {
             Some(span) => self.port.evaluate(request).instrument(span.clone()).await,
             None => self.port.evaluate(request).await,
         };
-        let elapsed = started.elapsed();
+        // The injected clock times the histogram too: the system's in
+        // production, and a test's manual one reads what it was set to.
+        let ended = self.clock.monotonic();
+        let elapsed = ended.saturating_duration_since(started);
         let lease = lease.and_then(|lease| {
             if may_hold_lease(&outcome) {
                 Some(lease)
@@ -324,7 +336,7 @@ impl TransportBridge {
         if let Some(span) = span {
             record_decision(&span, &evaluation);
         }
-        let failure_line = || self.failures_logged.admit(self.clock.monotonic());
+        let failure_line = || self.failures_logged.admit(ended);
         log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
         Ok((evaluation, lease))
     }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
 use axum::BoxError;
 use axum::body::{Body, Bytes, HttpBody};
@@ -73,22 +73,85 @@ pin_project! {
 
 impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
-    S: Service<Request<ReqBody>>,
+    S: Service<Request<ReqBody>> + Clone,
 {
-    pub(crate) fn evaluating(limiter: Limiter, inner: S, request: Request<ReqBody>) -> Self {
+    /// Asks the bridge at once: a provider that answers without waiting
+    /// (the memory provider) is done here, and an admitted request goes
+    /// straight to `ready`, the instance `poll_ready` readied, with no
+    /// clone of it and no second poll. Only a provider that waits leaves
+    /// the evaluation to the future, with a clone of `ready` left behind.
+    pub(crate) fn evaluating(limiter: Limiter, ready: &mut S, request: Request<ReqBody>) -> Self {
         let (parts, body) = request.into_parts();
         let Limiter { bridge, shaper } = limiter;
-        let evaluation: Evaluation = Box::pin(async move {
+        let mut evaluation: Evaluation = Box::pin(async move {
             let result = bridge.evaluate_holding(&parts).await;
             (parts, bridge, result)
         });
-        let state = State::Evaluating { evaluation, shaper, inner: Some(inner), body: Some(body) };
+        // A no-op waker: if the evaluation waits, the future polls it
+        // again with the task's own waker before anything can be lost.
+        let state = match evaluation.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready((parts, bridge, result)) => {
+                answered(parts, &bridge, result, shaper.as_ref(), |parts| {
+                    ready.call(Request::from_parts(parts, body))
+                })
+            }
+            Poll::Pending => {
+                // The readied instance must be the one called, later, once
+                // the evaluation allows it; a clone stays behind.
+                let clone = ready.clone();
+                let inner = Some(std::mem::replace(ready, clone));
+                State::Evaluating { evaluation, shaper, inner, body: Some(body) }
+            }
+        };
         Self { state }
     }
+}
 
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
     pub(crate) fn pass_through(future: S::Future) -> Self {
         Self { state: State::Running { future, headers: None, lease: None } }
     }
+}
+
+/// The state the bridge's answer leads to: the inner service running
+/// (`call` makes its future from the request parts) with the decision
+/// headers and the lease to give back after the response, or the refusal
+/// that replaces its response.
+fn answered<S, ReqBody>(
+    parts: Parts,
+    bridge: &TransportBridge,
+    mut result: Answer,
+    shaper: Option<&RefusalShaper>,
+    call: impl FnOnce(Parts) -> S::Future,
+) -> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let settings = bridge.settings();
+    let (reason, response) = match &mut result {
+        Err(rejection) => (Refusal::Rejected(rejection), rejection_response(rejection, settings)),
+        Ok((evaluation, lease)) => match refusal(evaluation, settings) {
+            Some(response) => {
+                // Refused, yet maybe holding a lease (an `Indeterminate`
+                // answer): given back now.
+                drop(lease.take());
+                (Refusal::Outcome(evaluation), response)
+            }
+            None => {
+                let future = call(parts);
+                let headers = Some(decision_headers(evaluation));
+                return State::Running { future, headers, lease: lease.take() };
+            }
+        },
+    };
+    let response = match shaper {
+        Some(shaper) => shaper.shape(reason, response),
+        None => response,
+    };
+    State::Refused { response: Some(response) }
 }
 
 impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
@@ -104,36 +167,13 @@ where
         loop {
             let next = match this.state.as_mut().project() {
                 StateProj::Evaluating { evaluation, shaper, inner, body } => {
-                    let (parts, bridge, mut result) = ready!(evaluation.as_mut().poll(cx));
-                    let settings = bridge.settings();
-                    let (reason, response) = match &mut result {
-                        Err(rejection) => {
-                            (Refusal::Rejected(rejection), rejection_response(rejection, settings))
-                        }
-                        Ok((evaluation, lease)) => match refusal(evaluation, settings) {
-                            Some(response) => {
-                                // Refused, yet maybe holding a lease (an
-                                // `Indeterminate` answer): given back now.
-                                drop(lease.take());
-                                (Refusal::Outcome(evaluation), response)
-                            }
-                            None => {
-                                let (mut inner, body) = inner.take().zip(body.take()).expect(
-                                    "the inner service and body are taken only when leaving this state",
-                                );
-                                let future = inner.call(Request::from_parts(parts, body));
-                                let headers = Some(decision_headers(evaluation));
-                                let lease = lease.take();
-                                this.state.set(State::Running { future, headers, lease });
-                                continue;
-                            }
-                        },
-                    };
-                    let response = match shaper {
-                        Some(shaper) => shaper.shape(reason, response),
-                        None => response,
-                    };
-                    State::Refused { response: Some(response) }
+                    let (parts, bridge, result) = ready!(evaluation.as_mut().poll(cx));
+                    answered(parts, &bridge, result, shaper.as_ref(), |parts| {
+                        let (mut inner, body) = inner.take().zip(body.take()).expect(
+                            "the inner service and body are taken only when leaving this state",
+                        );
+                        inner.call(Request::from_parts(parts, body))
+                    })
                 }
                 StateProj::Running { future, headers, lease } => {
                     let response = ready!(future.poll(cx))?;

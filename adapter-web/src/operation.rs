@@ -51,12 +51,17 @@ impl Operation {
 /// further ones are computed per request instead of kept.
 #[derive(Debug)]
 pub(crate) struct Operations {
-    configured: [HashMap<Box<str>, Operation>; METHODS.len()],
+    configured: [Routes<Operation>; METHODS.len()],
     seen: RwLock<Seen>,
 }
 
 /// The unconfigured operations seen so far, by method, and how many.
-type Seen = ([HashMap<Box<str>, Arc<Operation>>; METHODS.len()], usize);
+type Seen = ([Routes<Arc<Operation>>; METHODS.len()], usize);
+
+/// Operations of one method by route template. foldhash, not SipHash:
+/// every request looks its route up once or twice, and the keys are the
+/// router's templates, never a client's text.
+type Routes<T> = HashMap<Box<str>, T, foldhash::fast::RandomState>;
 
 /// How many unconfigured operations are kept at most.
 const MAX_SEEN_OPERATIONS: usize = 4096;
@@ -84,7 +89,7 @@ impl Operations {
     /// the index of each one's set. An id no request can have (an unknown
     /// method name, no route) is left out: no request would ever find it.
     pub(crate) fn new<'a>(configured: impl IntoIterator<Item = (&'a str, usize)>) -> Self {
-        let mut table: [HashMap<Box<str>, Operation>; METHODS.len()] = Default::default();
+        let mut table: [Routes<Operation>; METHODS.len()] = Default::default();
         for (id, set) in configured {
             let Some((method, route)) = id.split_once(' ') else { continue };
             if let Some(index) = METHODS.iter().position(|known| *known == method) {

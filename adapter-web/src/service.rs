@@ -43,10 +43,6 @@ where
         let Some(limiter) = &self.limiter else {
             return ResponseFuture::pass_through(self.inner.call(request));
         };
-        // The instance `poll_ready` readied is the one that must be called,
-        // later, once the evaluation allows it; a clone stays behind.
-        let clone = self.inner.clone();
-        let ready = std::mem::replace(&mut self.inner, clone);
-        ResponseFuture::evaluating(limiter.current(), ready, request)
+        ResponseFuture::evaluating(limiter.current(), &mut self.inner, request)
     }
 }
