@@ -299,11 +299,11 @@ http() { # http <provider>
 
 # http_governor <governor|plain>: lane edge's axum + tower_governor example,
 # keyed by the same x-api-key header, with and without the governor layer.
-# Its command line: governor_edge <listen address> <governor|plain>.
+# Its command line: governor_edge <governor|plain> <listen address>.
 http_governor() {
     local mode=$1 pid up=no
     http_port=$(free_port)
-    "$governor_edge" "127.0.0.1:$http_port" "$mode" >/dev/null 2>"$work/governor.log" &
+    "$governor_edge" "$mode" "127.0.0.1:$http_port" >/dev/null 2>"$work/governor.log" &
     pid=$!
     for _ in $(seq 200); do
         curl -sf -H 'x-api-key: bench-key-1' "http://127.0.0.1:$http_port/api/hello" >/dev/null &&
