@@ -4,26 +4,58 @@
 //! `redis::Script`, with none of the adapter around it: no request, no
 //! port, no lane, no deadline, no reply decoding.
 //!
-//! `bare_client <redis url> <concurrency> <subjects> <seconds>` prints one
-//! JSON line with the decisions made and the median call's latency;
-//! `scripts/bench.sh` runs it under `time` beside `ca-skeleton bench`, at
-//! c=64 for client CPU and at c=1 for latency.
+//! `bare_client <redis url> <concurrency> <subjects> <seconds> [flavor]`
+//! prints one JSON line with the decisions made and the median call's
+//! latency; `scripts/bench.sh` runs it under `time` beside `ca-skeleton
+//! bench`, at c=64 for client CPU and at c=1 for latency. `flavor` is the
+//! tokio runtime's: `multi-thread` (the default, as `ca-skeleton` runs) or
+//! `current-thread`, so the runtime's share of the client CPU shows apart
+//! from the client's own (issue 22 item 4).
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use adapter_redis::ScriptKind;
 
-#[tokio::main]
-async fn main() -> redis::RedisResult<()> {
+fn main() -> redis::RedisResult<()> {
     let args: Vec<String> = std::env::args().collect();
-    let [_, url, concurrency, subjects, seconds] = &args[..] else {
-        eprintln!("usage: bare_client <redis url> <concurrency> <subjects> <seconds>");
-        std::process::exit(2);
+    let (url, concurrency, subjects, seconds, flavor) = match &args[..] {
+        [_, url, concurrency, subjects, seconds] => {
+            (url, concurrency, subjects, seconds, "multi-thread")
+        }
+        [_, url, concurrency, subjects, seconds, flavor] => {
+            (url, concurrency, subjects, seconds, flavor.as_str())
+        }
+        _ => {
+            eprintln!(
+                "usage: bare_client <redis url> <concurrency> <subjects> <seconds> \
+                 [multi-thread|current-thread]"
+            );
+            std::process::exit(2);
+        }
     };
+    let mut runtime = match flavor {
+        "multi-thread" => tokio::runtime::Builder::new_multi_thread(),
+        "current-thread" => tokio::runtime::Builder::new_current_thread(),
+        other => {
+            eprintln!("bare_client: unknown runtime flavor {other:?}");
+            std::process::exit(2);
+        }
+    };
+    let runtime = runtime.enable_all().build()?;
+    runtime.block_on(run(url, concurrency, subjects, seconds, flavor))
+}
+
+async fn run(
+    url: &str,
+    concurrency: &str,
+    subjects: &str,
+    seconds: &str,
+    flavor: &str,
+) -> redis::RedisResult<()> {
     let concurrency: usize = concurrency.parse().expect("a concurrency");
     let subjects: usize = subjects.parse().expect("a subject count");
     let duration = Duration::from_secs(seconds.parse().expect("whole seconds"));
-    let connection = redis::Client::open(url.as_str())?.get_multiplexed_async_connection().await?;
+    let connection = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
     let script = redis::Script::new(ScriptKind::FixedWindow.source());
     // A fresh prefix per run, so a second run starts from empty counters.
     let salt = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_nanos());
@@ -78,7 +110,7 @@ async fn main() -> redis::RedisResult<()> {
     latencies.sort_unstable();
     let p50 = f64::from(latencies.get(latencies.len() / 2).copied().unwrap_or(0)) / 1e3;
     println!(
-        "{{\"decisions\":{decisions},\"decisions_per_sec\":{:.1},\"p50_us\":{p50:.1}}}",
+        "{{\"runtime\":\"{flavor}\",\"decisions\":{decisions},\"decisions_per_sec\":{:.1},\"p50_us\":{p50:.1}}}",
         decisions as f64 / elapsed
     );
     Ok(())
