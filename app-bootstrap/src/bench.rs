@@ -31,6 +31,8 @@ pub struct BenchOptions {
     pub duration: Duration,
     /// The policy to evaluate; `None` means the default policy set.
     pub policy: Option<String>,
+    /// The runtime flavor it runs on (reported as given).
+    pub runtime: &'static str,
 }
 
 /// The one JSON line `bench` prints.
@@ -38,6 +40,8 @@ pub struct BenchOptions {
 pub struct BenchReport {
     /// `memory` or `redis`.
     pub provider: &'static str,
+    /// The tokio runtime flavor: `multi-thread` or `current-thread`.
+    pub runtime: &'static str,
     /// The algorithms of the policies evaluated, joined by `+`.
     pub algorithm: String,
     /// Concurrent callers.
@@ -139,6 +143,7 @@ pub async fn run(
     let decisions = total.latency.count();
     Ok(BenchReport {
         provider: provider.name(),
+        runtime: options.runtime,
         algorithm,
         concurrency: options.concurrency,
         subjects: options.subjects,

@@ -88,6 +88,30 @@ pub struct BenchArgs {
     /// Policy to evaluate (default: capabilities.rate-limit.default-policy).
     #[arg(long)]
     pub policy: Option<String>,
+    /// The async runtime the callers and the provider run on:
+    /// `multi-thread` as `serve` runs, or `current-thread`, so the runtime's
+    /// share of client CPU shows apart from the provider's.
+    #[arg(long, value_enum, default_value_t = RuntimeFlavor::MultiThread)]
+    pub runtime: RuntimeFlavor,
+}
+
+/// A tokio runtime flavor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum RuntimeFlavor {
+    /// A worker thread per CPU (what every command but `bench --runtime` uses).
+    MultiThread,
+    /// Everything on the thread that runs the command.
+    CurrentThread,
+}
+
+impl RuntimeFlavor {
+    /// Kebab-case name, as the option spells it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::MultiThread => "multi-thread",
+            Self::CurrentThread => "current-thread",
+        }
+    }
 }
 
 /// The longest `bench --duration`; a longer one would overflow the run's
@@ -152,6 +176,18 @@ impl Cli {
     pub fn serves(&self) -> bool {
         matches!(self.command, None | Some(Command::Serve))
     }
+
+    /// The runtime the command runs on: multi-thread but for `bench
+    /// --runtime current-thread`.
+    pub fn runtime_flavor(&self) -> RuntimeFlavor {
+        match &self.command {
+            Some(Command::Bench(args)) => args.runtime,
+            None
+            | Some(
+                Command::Serve | Command::CheckConfig | Command::RedisAcl | Command::Import(_),
+            ) => RuntimeFlavor::MultiThread,
+        }
+    }
 }
 
 /// Runs the chosen command; `serve` reloads on the SIGHUPs and stops on the
@@ -189,6 +225,7 @@ pub async fn run(cli: Cli, signals: Option<Signals>) -> Result<(), BootstrapErro
                 subjects: args.subjects,
                 duration: args.duration,
                 policy: args.policy,
+                runtime: args.runtime.name(),
             };
             let report = bench::run(&config, &options).await?;
             let line = serde_json::to_string(&report).map_err(|error| {

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 
-use app_bootstrap::cli::{Cli, run};
+use app_bootstrap::cli::{Cli, RuntimeFlavor, run};
 use app_bootstrap::server::Signals;
 
 fn main() -> ExitCode {
@@ -35,10 +35,11 @@ fn main() -> ExitCode {
 }
 
 fn start(cli: Cli, signals: Option<Signals>) -> anyhow::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("cannot start the async runtime")?;
+    let mut builder = match cli.runtime_flavor() {
+        RuntimeFlavor::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+        RuntimeFlavor::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+    };
+    let runtime = builder.enable_all().build().context("cannot start the async runtime")?;
     runtime.block_on(run(cli, signals))?;
     Ok(())
 }
