@@ -197,6 +197,7 @@ fn bench_prints_exactly_one_parseable_json_line() {
     assert_eq!(lines.len(), 1, "{stdout}");
     let report: serde_json::Value = serde_json::from_str(lines[0]).expect("one JSON object");
     assert_eq!(report["provider"], "memory");
+    assert_eq!(report["runtime"], "multi-thread");
     assert_eq!(report["algorithm"], "fixed-window");
     assert_eq!(report["concurrency"], 4);
     assert_eq!(report["subjects"], 50);
@@ -212,6 +213,27 @@ fn bench_prints_exactly_one_parseable_json_line() {
     for field in ["decisions_per_sec", "p50_us", "p99_us"] {
         assert!(report[field].as_f64().is_some_and(|v| v > 0.0), "{field}: {report}");
     }
+}
+
+#[test]
+fn bench_runs_on_the_current_thread_runtime_when_asked() {
+    let (output, stdout, stderr) = run(ca_skeleton().args([
+        "bench",
+        "--duration",
+        "1s",
+        "--concurrency",
+        "4",
+        "--runtime",
+        "current-thread",
+    ]));
+    assert!(output.status.success(), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(report["runtime"], "current-thread");
+    assert!(report["decisions"].as_u64().is_some_and(|n| n > 0), "{report}");
+
+    let (output, stdout, stderr) = run(ca_skeleton().args(["bench", "--runtime", "single"]));
+    assert!(!output.status.success() && stdout.is_empty());
+    assert!(stderr.contains("multi-thread") && stderr.contains("current-thread"), "{stderr}");
 }
 
 /// One caller, one subject, one slot: only a lease given back after each
