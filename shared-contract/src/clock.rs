@@ -47,15 +47,26 @@ impl Clock for SystemClock {
         let offset = if micros.saturating_sub(refreshed) < ANCHOR_REFRESH_MICROS {
             anchor.offset.load(Ordering::Relaxed)
         } else {
-            // Racing refreshes each store a valid offset of their own.
-            let offset = epoch_micros().wrapping_sub(micros);
-            anchor.offset.store(offset, Ordering::Relaxed);
-            anchor.refreshed_at.store(micros, Ordering::Relaxed);
-            offset
+            // Racing refreshes each store a valid offset of their own. A
+            // reading the thread was preempted in keeps the old offset (and
+            // the next call tries again): stored, it would put derived time
+            // ahead by the preemption until the next refresh set it back.
+            match anchor.measure_offset() {
+                Some(offset) => {
+                    anchor.offset.store(offset, Ordering::Relaxed);
+                    anchor.refreshed_at.store(micros, Ordering::Relaxed);
+                    offset
+                }
+                None => anchor.offset.load(Ordering::Relaxed),
+            }
         };
         (monotonic, micros.wrapping_add(offset) / 1_000)
     }
 }
+
+/// Widest monotonic bracket around a wall-clock reading that still gives
+/// its offset: the offset is off by at most half of it.
+const ANCHOR_MAX_BRACKET_MICROS: u64 = 50;
 
 /// Longest a [`SystemClock::read_both`] goes without re-reading the wall
 /// clock, in microseconds of the monotonic clock.
@@ -76,14 +87,39 @@ static ANCHOR: OnceLock<Anchor> = OnceLock::new();
 
 impl Anchor {
     fn new() -> Self {
-        let origin = Instant::now();
-        Self { origin, offset: AtomicU64::new(epoch_micros()), refreshed_at: AtomicU64::new(0) }
+        let mut anchor = Self {
+            origin: Instant::now(),
+            offset: AtomicU64::new(epoch_micros()),
+            refreshed_at: AtomicU64::new(0),
+        };
+        // A few tries for a reading not preempted; the plain one otherwise.
+        if let Some(offset) = (0..8).find_map(|_| anchor.measure_offset()) {
+            *anchor.offset.get_mut() = offset;
+        }
+        anchor
+    }
+
+    /// Epoch microseconds minus monotonic microseconds since `origin`, from
+    /// a wall-clock reading between two monotonic ones (their midpoint);
+    /// `None` when the two are more than [`ANCHOR_MAX_BRACKET_MICROS`] apart.
+    fn measure_offset(&self) -> Option<u64> {
+        let before = self.micros_at(Instant::now());
+        let epoch = epoch_micros();
+        let after = self.micros_at(Instant::now());
+        offset_between(before, epoch, after)
     }
 
     fn micros_at(&self, instant: Instant) -> u64 {
         let since = instant.saturating_duration_since(self.origin);
         since.as_secs().saturating_mul(1_000_000).saturating_add(u64::from(since.subsec_micros()))
     }
+}
+
+/// The offset of a wall-clock reading `epoch` taken between the monotonic
+/// readings `before` and `after`, or `None` when they are too far apart.
+fn offset_between(before: u64, epoch: u64, after: u64) -> Option<u64> {
+    let bracket = after.saturating_sub(before);
+    (bracket <= ANCHOR_MAX_BRACKET_MICROS).then(|| epoch.wrapping_sub(before + bracket / 2))
 }
 
 fn epoch_micros() -> u64 {
@@ -165,6 +201,14 @@ mod tests {
     fn system_clock_reads_a_plausible_epoch() {
         // 2020-01-01 in epoch milliseconds: any real clock is past it.
         assert!(SystemClock.epoch_millis() > 1_577_836_800_000);
+    }
+
+    #[test]
+    fn an_offset_comes_from_a_tight_bracket_only() {
+        // Read at 1,000 and 1,040 µs: the wall clock's 5,000,020 belongs to
+        // their midpoint, 1,020.
+        assert_eq!(offset_between(1_000, 5_000_020, 1_040), Some(4_999_000));
+        assert_eq!(offset_between(1_000, 5_000_020, 1_000 + ANCHOR_MAX_BRACKET_MICROS + 1), None);
     }
 
     #[test]
