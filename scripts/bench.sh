@@ -266,29 +266,30 @@ client_round() {
 }
 
 # --- HTTP under wrk ---------------------------------------------------------
-http() { # http <provider>
-    local provider=$1 pid up=no
-    rcli FLUSHALL >/dev/null
-    # A fresh port per server: nothing else may have taken the last one.
-    http_port=$(free_port)
-    CA_SKELETON_SERVER__LISTEN=127.0.0.1:$http_port \
-    CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDER="$provider" \
-        "$bin" --config config/bench.toml serve >/dev/null 2>"$work/serve.log" &
+# wrk_server <case> <probe path> <server command...>: starts the server (it
+# must listen on $http_port), waits until the probe answers, runs wrk
+# against it and prints the case's figures, then stops it. The probe sends
+# the same x-api-key as the load, so a keyed route answers it too.
+wrk_server() {
+    local case=$1 probe=$2 pid up=no
+    shift 2
+    "$@" >/dev/null 2>"$work/server.log" &
     pid=$!
     for _ in $(seq 200); do
-        curl -sf "http://127.0.0.1:$http_port/healthz" >/dev/null && { up=yes; break; }
+        curl -sf -H 'x-api-key: bench-key-1' "http://127.0.0.1:$http_port$probe" >/dev/null &&
+            { up=yes; break; }
         kill -0 "$pid" 2>/dev/null || break
         sleep 0.1
     done
     if [ "$up" != yes ]; then
-        echo "bench.sh: ca-skeleton serve ($provider) did not come up on port $http_port:" >&2
-        cat "$work/serve.log" >&2
+        echo "bench.sh: $case did not come up on port $http_port:" >&2
+        cat "$work/server.log" >&2
         kill -TERM "$pid" 2>/dev/null || true
         exit 1
     fi
     # Non-2xx must stay 0: a 429 or 503 would measure the refusal path.
     wrk -t1 -c32 -d"${duration}s" -s scripts/bench-http.lua --latency "http://127.0.0.1:$http_port" |
-        awk -v c="http-$provider" '
+        awk -v c="$case" '
             function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; return v * 1e6 }
             /Requests\/sec/ {print c, "rps", $2} / 50%/ {print c, "p50_us", us($2)}
             / 99%/ {print c, "p99_us", us($2)} /Non-2xx/ {bad = $5}
@@ -297,34 +298,23 @@ http() { # http <provider>
     wait "$pid" || true
 }
 
-# http_governor <governor|plain>: lane edge's axum + tower_governor example,
-# keyed by the same x-api-key header, with and without the governor layer.
-# Its command line: governor_edge <governor|plain> <listen address>.
-http_governor() {
-    local mode=$1 pid up=no
+http() { # http <provider>
+    local provider=$1
+    rcli FLUSHALL >/dev/null
+    # A fresh port per server: nothing else may have taken the last one.
     http_port=$(free_port)
-    "$governor_edge" "$mode" "127.0.0.1:$http_port" >/dev/null 2>"$work/governor.log" &
-    pid=$!
-    for _ in $(seq 200); do
-        curl -sf -H 'x-api-key: bench-key-1' "http://127.0.0.1:$http_port/api/hello" >/dev/null &&
-            { up=yes; break; }
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    if [ "$up" != yes ]; then
-        echo "bench.sh: governor_edge ($mode) did not answer on port $http_port:" >&2
-        cat "$work/governor.log" >&2
-        kill -TERM "$pid" 2>/dev/null || true
-        exit 1
-    fi
-    wrk -t1 -c32 -d"${duration}s" -s scripts/bench-http.lua --latency "http://127.0.0.1:$http_port" |
-        awk -v c="http-tower-$mode" '
-            function us(v) { if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; return v * 1e6 }
-            /Requests\/sec/ {print c, "rps", $2} / 50%/ {print c, "p50_us", us($2)}
-            / 99%/ {print c, "p99_us", us($2)} /Non-2xx/ {bad = $5}
-            END {print c, "non_2xx", bad + 0}'
-    kill -TERM "$pid" 2>/dev/null || true
-    wait "$pid" || true
+    wrk_server "http-$provider" /healthz env CA_SKELETON_SERVER__LISTEN="127.0.0.1:$http_port" \
+        CA_SKELETON_CAPABILITIES__RATE_LIMIT__PROVIDER="$provider" \
+        "$bin" --config config/bench.toml serve
+}
+
+# http_governor <governor|plain>: axum + tower_governor
+# (adapter-web/examples/governor_edge.rs), keyed by the same x-api-key
+# header, with and without the governor layer.
+http_governor() {
+    local mode=$1
+    http_port=$(free_port)
+    wrk_server "http-tower-$mode" /api/hello "$governor_edge" "$mode" "127.0.0.1:$http_port"
 }
 
 http_round() {
