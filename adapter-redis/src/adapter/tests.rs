@@ -774,19 +774,13 @@ async fn a_release_that_finds_no_lane_permit_within_the_command_timeout_is_admis
         )
         .unwrap(),
     );
-    let holder = {
-        let adapter = adapter.clone();
-        let request = set_request(&["api.test"], EvaluationId::random());
-        tokio::spawn(async move { adapter.evaluate(request).await })
-    };
-    // Let the holder take the only permit.
-    while adapter.lane.available_permits() > 0 {
-        tokio::task::yield_now().await;
-    }
+    // The only permit, held for the whole release: a call holding it would
+    // give it back at its own command timeout, racing the release's wait.
+    let held = Arc::clone(&adapter.lane).try_acquire_owned().unwrap();
     let lease = Lease::of(&set_request(&["leases"], EvaluationId::random()));
     assert_eq!(
         adapter.release(&lease).await,
         ReleaseOutcome::Unavailable { category: UnavailableCategory::AdmissionRejected }
     );
-    holder.abort();
+    drop(held);
 }
