@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Redis cost of an in-flight lease (issue 20): an acquire (the single-key
+# Redis cost of an in-flight lease: an acquire (the single-key
 # concurrency script, lua/single-lease.lua) and its release (lua/release.lua)
 # beside one fixed-window decision (lua/single-policy.lua), each composed as
 # adapter-redis/src/scripts.rs composes it, on one redis-server on a free

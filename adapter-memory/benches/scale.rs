@@ -1,5 +1,5 @@
 //! How the memory provider's cost grows with the subjects it holds, beside
-//! `governor`'s keyed limiter (issue 22, item 5). Two parts, one line of
+//! `governor`'s keyed limiter. Two parts, one line of
 //! output per figure, each line a space-separated record that
 //! `scripts/bench.sh` reads:
 //!

@@ -10,7 +10,7 @@
 //! bench`, at c=64 for client CPU and at c=1 for latency. `flavor` is the
 //! tokio runtime's: `multi-thread` (the default, as `ca-skeleton` runs) or
 //! `current-thread`, so the runtime's share of the client CPU shows apart
-//! from the client's own (issue 22 item 4).
+//! from the client's own.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 

@@ -1,4 +1,4 @@
-//! Redis memory per subject at scale (issue 22, item 5): on a private
+//! Redis memory per subject at scale: on a private
 //! redis-server (a free loopback port, never 6379), `INFO memory`
 //! `used_memory` before and after one decision for each of N subjects
 //! (1,000,000 unless `REDIS_SCALE_SUBJECTS` says otherwise) through the real

@@ -1,4 +1,4 @@
-//! The yardstick of issue 22's edge figure: axum with the `tower_governor`
+//! The yardstick of the edge benchmark: axum with the `tower_governor`
 //! layer keyed by the API-key header `scripts/bench-http.lua` sends, and
 //! the same server without the layer, so `wrk` measures what a stock
 //! keyed limiter costs its own server in the run that measures ours.

@@ -152,7 +152,7 @@ mod tests {
 
     #[test]
     fn a_set_is_one_list_in_the_order_given_and_no_policy_is_no_header() {
-        // The burst + sustained pair of issue 10, with its expected values.
+        // The burst + sustained pair of docs/algorithms.md, with its expected values.
         let burst = RateLimitPolicy::builder(
             "orders-burst",
             Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) },

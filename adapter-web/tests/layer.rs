@@ -31,7 +31,7 @@ fn policies() -> Vec<RateLimitPolicy> {
     vec![
         fixed_window("orders", 10, 60, PolicyMode::Enforce),
         RateLimitPolicy::builder("default", default).build().unwrap(),
-        // The burst + sustained pair of issue 10, and shadow policies.
+        // The burst + sustained pair, and shadow policies.
         fixed_window("orders-burst", 10, 1, PolicyMode::Enforce),
         fixed_window("orders-hourly", 1000, 3600, PolicyMode::Enforce),
         fixed_window("orders-trial", 5, 60, PolicyMode::Shadow),
@@ -304,7 +304,7 @@ async fn a_refusal_shaper_reshapes_but_never_admits(via: Via) {
 async fn a_set_lists_every_enforced_policy_in_configured_order(via: Via) {
     let settings = settings_with(&["orders-burst", "orders-trial", "orders-hourly"]);
     let (harness, port) = harness(allowed(), settings, via).await;
-    // The values of issue 10: the burst window ends in 1 s, the hour in 3540 s.
+    // The burst + sustained values: the burst window ends in 1 s, the hour in 3540 s.
     port.answer(set_outcome(
         true,
         &[

@@ -146,7 +146,7 @@ fn toml_snippets() -> Vec<(String, String)> {
 }
 
 /// Every configuration snippet of the docs loads as written, by itself,
-/// with the routes `serve` serves (issue 23 item 17).
+/// with the routes `serve` serves.
 #[test]
 fn every_toml_snippet_of_the_docs_passes_check_config() {
     let snippets = toml_snippets();

@@ -492,8 +492,8 @@ fn start_up_refused_at(endpoint: &str, env: &[(&str, &str)]) -> String {
     stderr
 }
 
-/// `OTEL_BSP_MAX_QUEUE_SIZE=0` made the SDK panic in the batch processor
-/// (issue 21, D2): start-up now stops naming the variable.
+/// `OTEL_BSP_MAX_QUEUE_SIZE=0` would make the SDK panic in the batch
+/// processor: start-up stops instead, naming the variable.
 #[test]
 fn a_zero_batch_queue_from_the_environment_stops_start_up_naming_the_variable() {
     let stderr = start_up_refused(&[("OTEL_BSP_MAX_QUEUE_SIZE", "0")]);

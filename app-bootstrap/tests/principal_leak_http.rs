@@ -1,4 +1,4 @@
-//! No raw principal leaves the edge (issue 12, item 6, the part the binary
+//! No raw principal leaves the edge (the part the binary
 //! cannot show: the demo has no auth layer). The real router
 //! (`server::router`) on the redis provider over a private redis-server,
 //! wrapped in a test-only outer layer standing in for an auth layer: it

@@ -8,7 +8,7 @@
 //! are printed.
 //!
 //! By default the load is 30,000 distinct subjects, one request each;
-//! `SOAK_SECONDS=60` loads for 60 s over all 100,000 (issue 12), and
+//! `SOAK_SECONDS=60` loads for 60 s over all 100,000, and
 //! `SOAK_AFTER_REQUESTS` sets the traffic after expiry (default 4,000).
 //!
 //! A key of the soak policy lives until its window ends or its dedupe
@@ -102,7 +102,7 @@ async fn drive(base: &str, prefix: &str, modulo: u64, count: u64, until: Instant
 async fn memory_after_expiry_stays_within_an_absolute_margin_of_before_the_flood() {
     // By default a fixed count of distinct subjects, so the run does not
     // depend on how fast this machine is today; `SOAK_SECONDS` instead
-    // loads for that long over all 100,000 subjects (issue 12: 60 s).
+    // loads for that long over all 100,000 subjects.
     let seconds: Option<u64> = std::env::var("SOAK_SECONDS").ok().and_then(|s| s.parse().ok());
     let (count, load_for) = match seconds {
         Some(seconds) => (u64::MAX, Duration::from_secs(seconds)),

@@ -44,7 +44,7 @@ impl ConfigSources {
     /// alone, whatever variables the process has. For tests, which could
     /// otherwise only shut the machine's variables out by clearing the
     /// process environment, and that is global: it hid `PATH` from tests
-    /// running at the same time (issue 12, item 8).
+    /// running at the same time.
     pub fn file_only(file: PathBuf) -> Self {
         Self { file: Some(file), environment: false }
     }

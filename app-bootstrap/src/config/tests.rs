@@ -1128,7 +1128,7 @@ fn the_listeners_timeouts_default_to_10s_and_must_be_above_zero_and_bounded() {
 }
 
 /// The example files show a default as a comment, never as a value that
-/// could drift from its owner's default (issue 18, item 2).
+/// could drift from its owner's default.
 #[test]
 fn the_example_files_set_no_key_to_its_default() {
     jail(|_| {
@@ -1206,8 +1206,7 @@ fn redis_keys_read_from_the_environment_and_each_bad_one_is_named() {
 
 /// The provider names each broken rule by its field; the key that field
 /// gives is a key of the `[redis]` table as it is read and rendered, so a
-/// problem is never reported at a key no file can hold (issue 18 item 2:
-/// `script-lane-max-in-flight` was).
+/// problem is never reported at a key no file can hold.
 #[test]
 fn every_redis_field_names_a_key_of_the_redis_table() {
     use adapter_redis::RedisField;
@@ -1799,10 +1798,10 @@ fn a_wrong_scheme_endpoint_names_the_scheme_and_never_prints_the_url() {
     });
 }
 
-/// Issue 21, D6: an endpoint without a host, with port 0 or with a
+/// An endpoint without a host, with port 0 or with a
 /// fragment stops start-up naming the key; so does a port past 65535 or
 /// an empty one (the URI parser reads no port, and the client would dial
-/// port 80 or 443 instead: issue 21, F6).
+/// port 80 or 443 instead).
 #[test]
 fn an_endpoint_without_a_host_with_port_zero_or_a_fragment_is_refused() {
     jail(|jail| {

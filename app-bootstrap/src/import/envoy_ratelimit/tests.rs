@@ -1,6 +1,6 @@
 //! The converter on configurations shaped like the examples of
 //! envoyproxy/ratelimit's README (written here), with the TOML expected
-//! from the mapping rules of issue 19.
+//! from the mapping rules of docs/envoy-rls.md.
 
 use std::path::PathBuf;
 
@@ -95,7 +95,7 @@ fn fixed(limit: i64, window: &str) -> (String, i64, String, Option<String>) {
 }
 
 /// What the first matching rule answers for a request descriptor, as the
-/// rules section of issue 19 matches: same keys in the same order, equal
+/// rules section of docs/envoy-rls.md matches: same keys in the same order, equal
 /// fixed values. `None`: no rule, not limited.
 fn first_match<'r>(rules: &'r [Out], domain: &str, request: &[(&str, &str)]) -> Option<&'r Out> {
     rules.iter().find(|rule| {
