@@ -1,4 +1,4 @@
-//! Degraded mode (issue 20, part 3) through two real `ca-skeleton serve`
+//! Degraded mode through two real `ca-skeleton serve`
 //! binaries sharing one redis-server, which is killed (SIGKILL) under load
 //! and restarted on the same port, twice. With
 //! `[capabilities.rate-limit.degraded] enabled = true, instances = 2`:
@@ -11,6 +11,10 @@
 //!   outage (leaving once Redis has answered with no failure for
 //!   `LEAVE_AFTER`, polled), and counts its degraded decisions under
 //!   `outcome="degraded"`;
+//! - what each instance admitted locally is written back to Redis (which
+//!   restarted empty) with its next decision of the subject: once both
+//!   have decided the probe subject, Redis refuses it for the rest of the
+//!   window (the fleet's local admissions are the limit);
 //! - the local counts are kept on leaving: in the second outage, in the
 //!   same window, the subject whose share the first outage spent gets none.
 //!
@@ -217,15 +221,26 @@ async fn probe_outage(client: &reqwest::Client, url: &str, subject: &str, case: 
     assert_eq!(admitted, share, "{case}: {share} admitted of {url}");
 }
 
-/// Polls `base` until the probe's answer is Redis': a remaining the local
-/// share never shows. Fails past `BACK_ON_REDIS` after `restarted`.
+/// Polls `base` until an answer is Redis': each poll a fresh subject, so
+/// Redis' first count (`LIMIT - 1`) shows a remaining the local share
+/// never does. Fails past `BACK_ON_REDIS` after `restarted`.
 async fn back_on_redis(client: &reqwest::Client, base: &str, restarted: Instant) -> Duration {
-    back_on_redis_within(client, &hello(base), "probe", restarted, BACK_ON_REDIS).await
+    for n in 0.. {
+        let answer = ask(client, base, &format!("returned-{n}")).await.unwrap();
+        assert!(matches!(answer.status, 200 | 429), "{answer:?}");
+        if answer.remaining.is_some_and(|remaining| remaining >= SHARE) {
+            break;
+        }
+        assert!(restarted.elapsed() < BACK_ON_REDIS, "{base} not back on Redis: {answer:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    restarted.elapsed()
 }
 
-/// Polls `url` as `subject` until the answer is Redis': a remaining the
-/// local share never shows (every answer meanwhile a 200 or a 429). Fails
-/// past `patience` after `since`.
+/// Polls `url` as `subject`, whose local share is spent, until the answer
+/// is Redis': a 200, which the local limiter no longer gives it (Redis,
+/// given the share back, still has room: `LIMIT` is twice `SHARE`); every
+/// answer meanwhile a 429. Fails past `patience` after `since`.
 async fn back_on_redis_within(
     client: &reqwest::Client,
     url: &str,
@@ -236,7 +251,7 @@ async fn back_on_redis_within(
     loop {
         let answer = ask_at(client, url, subject).await.unwrap();
         assert!(matches!(answer.status, 200 | 429), "{answer:?}");
-        if answer.remaining.is_some_and(|remaining| remaining >= SHARE) {
+        if answer.status == 200 {
             return since.elapsed();
         }
         assert!(
@@ -317,6 +332,24 @@ async fn killing_redis_under_load_with_degraded_mode_admits_a_share_per_instance
         for base in &bases {
             let back = back_on_redis(&client, base, restarted).await;
             eprintln!("outage {outage}: {base} back on Redis {back:?} after the restart");
+        }
+        if outage == 1 {
+            // Each instance writes its share of the probe back with its
+            // first Redis decision of it: Redis admits at most the first
+            // instance's (before the other's share is in), then is full.
+            let mut admitted = 0;
+            for round in 0..3 {
+                for base in &bases {
+                    let answer = ask(&client, base, "probe").await.unwrap();
+                    assert!(matches!(answer.status, 200 | 429), "{answer:?}");
+                    if answer.status == 200 {
+                        admitted += 1;
+                        assert_eq!(round, 0, "Redis full once both wrote back: {answer:?}");
+                    }
+                }
+            }
+            assert!(admitted <= 1, "{admitted} admitted by Redis after both shares");
+            eprintln!("outage 1: the probe written back; {admitted} admitted by Redis after");
         }
         for serve in &fleet {
             left(serve, outage, restarted).await;
@@ -586,12 +619,12 @@ async fn the_envoy_front_end_degrades_too_and_is_unavailable_with_degraded_mode_
 
     tokio::task::block_in_place(|| redis.restart());
     let restarted = Instant::now();
-    // Back on Redis (counting from its restart, empty): the limit again.
+    // Back on Redis (restarted empty, given the share back): an `OK`,
+    // which the local limiter no longer gives that address.
     loop {
         if let Ok((Code::Ok, remaining)) = rls_ask(&mut on_rls, "10.7.0.1").await {
-            if u64::from(remaining) >= SHARE {
-                break;
-            }
+            assert_eq!(u64::from(remaining), LIMIT - SHARE - 1, "the share written back");
+            break;
         }
         assert!(restarted.elapsed() < PATIENCE, "degraded-on instance not back on Redis");
         tokio::time::sleep(Duration::from_millis(20)).await;

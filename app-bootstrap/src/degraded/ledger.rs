@@ -95,7 +95,8 @@ pub(super) struct Job {
     /// Whether the account's budget is gone (policy removed, or the key no
     /// longer fits it): the account is dropped.
     pub(super) drop: bool,
-    /// Whether the comparison with Redis' count was done.
+    /// Whether Redis is known to hold `acked` as of `failure_mark` (it was
+    /// compared, or the write-back completed).
     pub(super) verified: bool,
 }
 
@@ -106,15 +107,29 @@ impl Job {
     }
 }
 
-/// What each policy of an admitted set charged, for [`Ledger::record`].
-#[derive(Debug, Clone, Copy)]
+/// What one policy of an admitted set charged, for [`Ledger::record`].
+#[derive(Debug, Clone)]
 pub(super) struct Charge {
+    /// The fleet's policy.
+    pub(super) policy: PolicyId,
+    /// Its key's shape, or `None` for a policy that holds leases (given
+    /// back, not written back) or that Redis no longer holds.
+    pub(super) shape: Option<Shape>,
     /// Milliseconds (the mode's clock) until the state this charge wrote
     /// is whole again.
     pub(super) until: u64,
     /// Whether Redis counted it (a mirror of Redis' admission) or only the
     /// local limiter did (owed to Redis).
     pub(super) on_redis: bool,
+}
+
+/// What an account needs to know of its policy.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Shape {
+    /// The key holds the operation (an operation-scoped policy).
+    pub(super) scoped: bool,
+    /// The policy counts per window ([`windowed`]).
+    pub(super) windowed: bool,
 }
 
 /// The ledger of one process (shared by every port a reload builds).
@@ -210,9 +225,8 @@ impl Ledger {
         self.publish(&map);
     }
 
-    /// Records what an admitted set charged for `subject`: `charges[i]` for
-    /// the policy `policies[i]` (`None` for one that holds leases, which
-    /// are given back, not written back). A local admission opens the
+    /// Records what an admitted set charged for `subject`, one charge per
+    /// policy. A local admission opens the
     /// account; Redis' admission is counted only in an account already
     /// open (a subject decided locally in the window), as admitted and
     /// acknowledged at once. Returns whether any account was touched.
@@ -223,17 +237,17 @@ impl Ledger {
         cost: u64,
         now: u64,
         failure: u64,
-        charges: &[(PolicyId, Option<(bool, bool)>, Charge)],
+        charges: &[Charge],
     ) -> bool {
         let mut map = self.lock();
-        let on_redis = charges.iter().all(|(_, _, charge)| charge.on_redis);
+        let on_redis = charges.iter().all(|charge| charge.on_redis);
         if on_redis && !map.contains_key(subject) {
             return false;
         }
         let accounts = map.entry(subject.clone()).or_default();
         let mut touched = false;
-        for (policy, shape, charge) in charges {
-            let Some((scoped, windowed)) = *shape else { continue };
+        for charge in charges {
+            let (policy, Some(shape)) = (&charge.policy, charge.shape) else { continue };
             let index = accounts.iter().position(|account| account.matches(policy, operation));
             let account = match index {
                 Some(index) => &mut accounts[index],
@@ -242,8 +256,8 @@ impl Ledger {
                     accounts.push(Account {
                         policy: policy.clone(),
                         operation: operation.clone(),
-                        scoped,
-                        windowed,
+                        scoped: shape.scoped,
+                        windowed: shape.windowed,
                         until: 0,
                         admitted: 0,
                         acked: 0,
