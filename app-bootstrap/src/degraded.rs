@@ -34,8 +34,9 @@ use adapter_memory::MemoryStore;
 use async_trait::async_trait;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource,
-    EdgeRateLimitPort, EvaluationId, Lease, PolicyId, PolicyScope, PolicySet, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, ReleaseOutcome, SetDecision, UnavailableCategory,
+    EdgeRateLimitPort, EvaluationId, Lease, OperationDigest, PolicyId, PolicyScope, PolicySet,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, SetDecision,
+    SubjectDigest, UnavailableCategory,
 };
 
 pub use self::ledger::MAX_SUBJECTS;
@@ -281,7 +282,8 @@ impl DegradedPort {
         let (policies, cost) = (request.policies.clone(), request.cost);
         match self.local.evaluate(request).await {
             RateLimitOutcome::Evaluated(set) => {
-                if set.allowed() {
+                // A replay charged nothing.
+                if set.allowed() && !set.replayed() {
                     self.record(&subject, &operation, &policies, cost, &set, false);
                 }
                 RateLimitOutcome::Evaluated(set.from_degraded())
@@ -298,8 +300,8 @@ impl DegradedPort {
     /// the window). Whether any account was touched.
     fn record(
         &self,
-        subject: &shared_contract::SubjectDigest,
-        operation: &shared_contract::OperationDigest,
+        subject: &SubjectDigest,
+        operation: &OperationDigest,
         policies: &PolicySet,
         cost: u64,
         set: &SetDecision,
@@ -496,6 +498,7 @@ impl EdgeRateLimitPort for DegradedPort {
                         self.mode.leave();
                         if tracking
                             && set.allowed()
+                            && !set.replayed()
                             && !self.holds_leases(&kept.policies)
                             && self.record(
                                 &kept.subject,
