@@ -442,5 +442,3 @@ async fn the_fleet_policy_describes_and_the_instance_stays_ready() {
     assert!(!fixture.primary.is_ready().await);
     assert!(fixture.port.is_ready().await, "the local limiter answers while Redis does not");
 }
-
-mod redis;
