@@ -12,8 +12,18 @@
 //! The local counts are never dropped when Redis answers again: they
 //! expire with their own windows (the memory store's rule; the upkeep
 //! purge frees them). A Redis that fails some calls and answers others
-//! therefore cannot hand a subject a fresh share at every flip: per window
-//! and per instance, the local limiter admits at most the share.
+//! therefore cannot hand a subject a fresh share at every flip.
+//!
+//! Both ways, each side sees the other (the [`ledger`]): what the instance
+//! admitted locally is written back to Redis, as ordinary charges on the
+//! subject's key, before (or with) that subject's next Redis decision, so
+//! the window Redis returns in counts it; and once a subject has been
+//! decided locally in a window, Redis' later admissions of it are charged
+//! to the local limiter too, so a Redis coming and going cannot add its
+//! admissions to a whole local share. See [`DegradedPort::write_back`] for
+//! what a write-back achieves per algorithm.
+
+mod ledger;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -24,9 +34,13 @@ use adapter_memory::MemoryStore;
 use async_trait::async_trait;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource,
-    EdgeRateLimitPort, Lease, PolicyId, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    ReleaseOutcome, UnavailableCategory,
+    EdgeRateLimitPort, EvaluationId, Lease, OperationDigest, PolicyId, PolicyScope, PolicySet,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, SetDecision,
+    SubjectDigest, UnavailableCategory,
 };
+
+pub use self::ledger::MAX_SUBJECTS;
+use self::ledger::{Charge, Job, Ledger, Shape};
 
 /// How long past the moment Redis gave up the local evaluation may still
 /// start. The memory step takes microseconds; this only keeps a deadline
@@ -58,6 +72,8 @@ pub struct DegradedMode {
     last_failure: AtomicU64,
     /// How many times the instance entered degraded mode.
     entered: AtomicU64,
+    /// What was admitted locally and is (or may be) missing from Redis.
+    ledger: Ledger,
 }
 
 impl DegradedMode {
@@ -73,6 +89,7 @@ impl DegradedMode {
             on: AtomicBool::new(false),
             last_failure: AtomicU64::new(0),
             entered: AtomicU64::new(0),
+            ledger: Ledger::default(),
         }
     }
 
@@ -95,6 +112,22 @@ impl DegradedMode {
     /// How many times the instance entered degraded mode (and logged it).
     pub fn times_entered(&self) -> u64 {
         self.entered.load(Ordering::Relaxed)
+    }
+
+    /// How many subjects have local admissions Redis has not been given
+    /// yet (written back at their next Redis decision).
+    pub fn owing_subjects(&self) -> usize {
+        self.ledger.owing()
+    }
+
+    /// Whether a decision must look at the ledger: while degraded, or while
+    /// some subject is still tracked. Otherwise one atomic load each.
+    fn tracking(&self) -> bool {
+        self.is_degraded() || !self.ledger.is_empty()
+    }
+
+    fn last_failure(&self) -> u64 {
+        self.last_failure.load(Ordering::Acquire)
     }
 
     /// Milliseconds since `origin` on the mode's clock.
@@ -140,6 +173,7 @@ impl DegradedMode {
             tracing::info!(
                 quiet_ms = quiet,
                 local_keys = self.store.live_entries(),
+                owing_subjects = self.ledger.owing(),
                 "rate limit leaving degraded mode: Redis has answered with no failure for \
                  the hold time; local counts kept until their windows end"
             );
@@ -208,6 +242,11 @@ pub struct DegradedPort {
     mode: Arc<DegradedMode>,
 }
 
+/// The retry-after of a Redis failure met while comparing counts, which
+/// stands only when the local limiter cannot decide either (a cost above
+/// the share).
+const COMPARE_RETRY_AFTER: Duration = Duration::from_secs(1);
+
 impl DegradedPort {
     /// `primary` (Redis) decides; when it answers `Unavailable` (any
     /// category, `ClockUnsafe` included) or `Indeterminate`, `local` (a
@@ -223,21 +262,211 @@ impl DegradedPort {
 
     /// The local answer to a request Redis could not decide; `failed` is
     /// Redis' answer, which stands when the local limiter cannot decide
-    /// either (a cost above a policy's scaled limit), so that fails closed.
+    /// either (a cost above a policy's scaled limit, or no room left in
+    /// the ledger for one more subject), so that fails closed. What the
+    /// local limiter admits is recorded as owed to Redis.
     async fn degraded(
         &self,
         mut request: RateLimitRequest,
         failed: RateLimitOutcome,
     ) -> RateLimitOutcome {
         self.mode.enter(&failed);
+        let failure = self.mode.last_failure();
+        if !self.mode.ledger.has_room(&request.subject, self.mode.now_millis(), true, failure) {
+            return failed;
+        }
         let now = self.mode.clock.monotonic();
         request.deadline = request.deadline.max(now + LOCAL_DEADLINE);
+        // Kept for the ledger (the set and operation are shared pointers).
+        let (subject, operation) = (request.subject.clone(), request.operation.clone());
+        let (policies, cost) = (request.policies.clone(), request.cost);
         match self.local.evaluate(request).await {
-            RateLimitOutcome::Evaluated(set) => RateLimitOutcome::Evaluated(set.from_degraded()),
+            RateLimitOutcome::Evaluated(set) => {
+                // A replay charged nothing.
+                if set.allowed() && !set.replayed() {
+                    self.record(&subject, &operation, &policies, cost, &set, false);
+                }
+                RateLimitOutcome::Evaluated(set.from_degraded())
+            }
             RateLimitOutcome::Unavailable { .. }
             | RateLimitOutcome::Incompatible { .. }
             | RateLimitOutcome::Indeterminate { .. } => failed,
         }
+    }
+
+    /// Records in the ledger what the admitted `set` charged: owed to
+    /// Redis when the local limiter decided, acknowledged at once when
+    /// Redis did (counted only for a subject already decided locally in
+    /// the window). Whether any account was touched.
+    fn record(
+        &self,
+        subject: &SubjectDigest,
+        operation: &OperationDigest,
+        policies: &PolicySet,
+        cost: u64,
+        set: &SetDecision,
+        on_redis: bool,
+    ) -> bool {
+        let now = self.mode.now_millis();
+        let charges: Vec<_> = policies
+            .ids()
+            .iter()
+            .zip(set.decisions())
+            .map(|(id, decision)| {
+                let shape = self.primary.policy(id).filter(|p| !p.algorithm().holds_leases()).map(
+                    |policy| Shape {
+                        scoped: policy.scope() == PolicyScope::Operation,
+                        windowed: ledger::windowed(policy.algorithm()),
+                    },
+                );
+                let until = now.saturating_add(shared_contract::millis(decision.reset_after));
+                Charge { policy: id.clone(), shape, until, on_redis }
+            })
+            .collect();
+        let failure = self.mode.last_failure();
+        self.mode.ledger.record(subject, operation, cost, now, failure, &charges)
+    }
+
+    /// Whether a policy of `policies` holds leases (or is unknown here).
+    fn holds_leases(&self, policies: &PolicySet) -> bool {
+        policies.ids().iter().any(|id| {
+            self.primary.policy(id).is_none_or(|policy| policy.algorithm().holds_leases())
+        })
+    }
+
+    /// Settles what `request`'s subject owes Redis before Redis decides the
+    /// request (see [`Self::write_back`]). `Some` is Redis' failure when
+    /// it did not answer: what is owed stays owed, for the next decision,
+    /// and the request is decided locally without asking Redis again.
+    async fn settle(&self, request: &RateLimitRequest) -> Option<RateLimitOutcome> {
+        let now = self.mode.now_millis();
+        let failure = self.mode.last_failure();
+        self.mode.ledger.purge(now, self.mode.is_degraded(), failure);
+        let jobs = self.mode.ledger.take(&request.subject, now, failure);
+        let mut failed = None;
+        for mut job in jobs {
+            if failed.is_none() {
+                failed = self.write_back(request, &mut job).await;
+            }
+            self.mode.ledger.finish(&request.subject, &job);
+        }
+        failed
+    }
+
+    /// Writes one account back to Redis through the port, as ordinary
+    /// charges on the subject's key: pieces of at most the policy's
+    /// `maximum-cost`, each with its own evaluation id, kept across a
+    /// failure so a retry after an `Indeterminate` answer replays (with
+    /// dedupe on) rather than charging twice. Each piece Redis takes is
+    /// acknowledged at once, so an instance whose Redis flips up and down
+    /// writes each local admission back once; a piece Redis does not
+    /// answer stays owed (retried at the subject's next decision). A piece
+    /// Redis refuses because it does not fit is followed by one of the
+    /// size Redis says still fits (its `remaining`), until nothing does:
+    /// the budget is then full in Redis, which refuses what follows.
+    ///
+    /// Per algorithm, what this achieves:
+    /// - fixed window: Redis' count in the window is what it would have
+    ///   been had Redis decided the local admissions (capped at the
+    ///   limit), so the window Redis returns in stays at the limit;
+    /// - sliding counter: the same for the current window; admissions of
+    ///   the previous window are not written back (the account ends with
+    ///   its window), so the weighted estimate lacks their share;
+    /// - token bucket and GCRA: the tokens (cells) are taken at the time of
+    ///   the write-back with no refill credit for the time since, which
+    ///   errs towards refusing; an account ends once the local state has
+    ///   refilled (its `reset_after`), after which nothing would remain;
+    /// - concurrency: nothing is written back: a lease goes back where it
+    ///   was taken (locally) and ends at its `lease-ttl`.
+    ///
+    /// A Redis that restarted empty (or lost keys) in between lost what it
+    /// was given: for a windowed policy, after any failure of Redis since
+    /// its count was last compared, the account compares first
+    /// (`inspect`, which charges nothing) and writes back again what is
+    /// missing of its own acknowledged admissions. Redis' count also holds
+    /// other instances' admissions, so the comparison never writes twice
+    /// what a Redis that kept its data holds.
+    async fn write_back(
+        &self,
+        request: &RateLimitRequest,
+        job: &mut Job,
+    ) -> Option<RateLimitOutcome> {
+        let Some(policy) = self.primary.policy(&job.policy) else {
+            job.drop = true;
+            return None;
+        };
+        if job.verify {
+            let operation = job.scoped.then(|| job.operation.clone());
+            let key = BudgetKey::new(request.subject.clone(), job.policy.clone(), operation);
+            match self.primary.inspect(&key).await {
+                Ok(state) => {
+                    job.acked = job.acked.min(state.limit.saturating_sub(state.remaining));
+                    job.verified = true;
+                }
+                Err(BudgetFailure::Unavailable) => {
+                    return Some(RateLimitOutcome::Unavailable {
+                        category: UnavailableCategory::UnavailableBeforeSend,
+                        retry_after: COMPARE_RETRY_AFTER,
+                    });
+                }
+                Err(BudgetFailure::Indeterminate) => {
+                    return Some(RateLimitOutcome::Indeterminate {
+                        retry_after: COMPARE_RETRY_AFTER,
+                    });
+                }
+                Err(
+                    BudgetFailure::UnknownPolicy
+                    | BudgetFailure::OperationRequired
+                    | BudgetFailure::OperationNotApplicable
+                    | BudgetFailure::StateIncompatible,
+                ) => {
+                    job.drop = true;
+                    return None;
+                }
+            }
+        }
+        let mut most = policy.maximum_cost();
+        while job.owed() > 0 {
+            let cost = job.owed().min(most);
+            let piece = RateLimitRequest {
+                policies: PolicySet::single(job.policy.clone()),
+                subject: request.subject.clone(),
+                operation: job.operation.clone(),
+                cost,
+                evaluation_id: job.piece,
+                deadline: request.deadline,
+            };
+            match self.primary.evaluate(piece).await {
+                RateLimitOutcome::Evaluated(set) if !set.allowed() => {
+                    job.piece = EvaluationId::random();
+                    let room = set.decisions().first().map_or(0, |decision| decision.remaining);
+                    if room > 0 && room < cost {
+                        most = room;
+                    } else {
+                        // Full in Redis: it refuses the rest of the window.
+                        job.acked = job.admitted;
+                    }
+                }
+                RateLimitOutcome::Evaluated(set) if set.source() == DecisionSource::Store => {
+                    job.piece = EvaluationId::random();
+                    job.acked += cost;
+                    most = policy.maximum_cost();
+                }
+                // An admission Redis did not make is no charge there: the
+                // rest stays owed, for a later decision.
+                RateLimitOutcome::Evaluated(_) => return None,
+                failed @ (RateLimitOutcome::Unavailable { .. }
+                | RateLimitOutcome::Indeterminate { .. }) => return Some(failed),
+                RateLimitOutcome::Incompatible { .. } => {
+                    job.drop = true;
+                    return None;
+                }
+            }
+        }
+        // Redis answered since the failure the job started after, and holds
+        // what it was given: nothing to compare until the next failure.
+        job.verified = true;
+        None
     }
 }
 
@@ -247,14 +476,46 @@ impl EdgeRateLimitPort for DegradedPort {
         // Kept for the local limiter: the pseudonym is the one copy made
         // (the policy set and the operation are shared pointers).
         let kept = request.clone();
+        // Outside outages, one atomic load: nothing is owed or followed.
+        let tracking = self.mode.tracking();
+        if tracking {
+            if let Some(failed) = self.settle(&request).await {
+                return self.degraded(kept, failed).await;
+            }
+        }
         let outcome = self.primary.evaluate(request).await;
         match outcome {
             RateLimitOutcome::Evaluated(set) => {
                 match set.source() {
                     // Redis itself answered: its answer stands, and
                     // degraded mode ends once Redis has stopped failing
-                    // for the hold time.
-                    DecisionSource::Store => self.mode.leave(),
+                    // for the hold time. An admission of a subject this
+                    // instance decided locally in the window is charged
+                    // to the local limiter too (what fits the share), so
+                    // a Redis coming and going cannot add its admissions
+                    // to a whole local share.
+                    DecisionSource::Store => {
+                        self.mode.leave();
+                        if tracking
+                            && set.allowed()
+                            && !set.replayed()
+                            && !self.holds_leases(&kept.policies)
+                            && self.record(
+                                &kept.subject,
+                                &kept.operation,
+                                &kept.policies,
+                                kept.cost,
+                                &set,
+                                true,
+                            )
+                        {
+                            let mut mirror = kept;
+                            let now = self.mode.clock.monotonic();
+                            mirror.deadline = mirror.deadline.max(now + LOCAL_DEADLINE);
+                            // Its answer is not the request's: Redis' stands.
+                            let _ = self.local.evaluate(mirror).await;
+                        }
+                    }
                     // The denial cache answers without Redis, and a nested
                     // degraded answer is not Redis' either.
                     DecisionSource::LocalCache | DecisionSource::Degraded => {}
@@ -308,9 +569,15 @@ impl EdgeRateLimitPort for DegradedPort {
         }
     }
 
-    /// Redis' budget; the local counts expire with their windows.
+    /// Redis' budget; the local counts expire with their windows. What
+    /// the instance still owed Redis for it is forgotten: writing it back
+    /// would undo the reset.
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
-        self.primary.reset(key).await
+        let reset = self.primary.reset(key).await;
+        if reset.is_ok() {
+            self.mode.ledger.forget(&key.subject, &key.policy);
+        }
+        reset
     }
 
     /// The local limiter first: a lease taken there (while Redis could not

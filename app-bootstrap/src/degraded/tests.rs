@@ -21,18 +21,30 @@ struct ScriptedPort {
     /// The ids of the leases released through it, and what it answers.
     released: Mutex<Vec<EvaluationId>>,
     release: ReleaseOutcome,
+    /// The cost of every evaluation it admitted: its count.
+    charged: Mutex<u64>,
 }
 
 impl ScriptedPort {
     fn new(policies: Vec<RateLimitPolicy>, release: ReleaseOutcome) -> Self {
-        Self { policies, outcome: Mutex::new(unavailable()), released: Mutex::default(), release }
+        Self {
+            policies,
+            outcome: Mutex::new(unavailable()),
+            released: Mutex::default(),
+            release,
+            charged: Mutex::default(),
+        }
     }
 }
 
 #[async_trait]
 impl EdgeRateLimitPort for ScriptedPort {
-    async fn evaluate(&self, _: RateLimitRequest) -> RateLimitOutcome {
-        *self.outcome.lock().unwrap()
+    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        let outcome = *self.outcome.lock().unwrap();
+        if outcome.is_allowed() {
+            *self.charged.lock().unwrap() += request.cost;
+        }
+        outcome
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -43,8 +55,25 @@ impl EdgeRateLimitPort for ScriptedPort {
         false
     }
 
+    /// Answers while its evaluations do, with its count.
     async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
-        Err(BudgetFailure::Unavailable)
+        match *self.outcome.lock().unwrap() {
+            RateLimitOutcome::Evaluated(set) => {
+                let decision = set.decisions()[0];
+                let charged = *self.charged.lock().unwrap();
+                Ok(BudgetState {
+                    limit: decision.limit,
+                    remaining: decision.limit.saturating_sub(charged),
+                    reset_after: decision.reset_after,
+                    retry_after: decision.retry_after,
+                    mark: Some(T0),
+                    certainty: decision.certainty,
+                })
+            }
+            RateLimitOutcome::Unavailable { .. }
+            | RateLimitOutcome::Incompatible { .. }
+            | RateLimitOutcome::Indeterminate { .. } => Err(BudgetFailure::Unavailable),
+        }
     }
 
     async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
@@ -318,7 +347,10 @@ async fn a_flapping_redis_gives_one_share_per_window_and_one_entering() {
         assert_eq!(fixture.ask().await, redis_allows(), "Redis' answer stands while degraded");
         fixture.clock.advance(Duration::from_millis(5));
     }
-    assert_eq!(admitted, 3, "ceil(10 / 4) for the window, however often Redis answers");
+    // ceil(10 / 4) = 3 for the window, however often Redis answers: once
+    // the subject is decided locally, Redis' admissions of it count there
+    // too (the first flip's), so two local admissions spend the share.
+    assert_eq!(admitted, 2, "the share, counting Redis' admission in between");
     assert_eq!(fixture.mode.times_entered(), 1, "one outage, one entering line");
     assert!(fixture.mode.is_degraded());
     // Flips a hold time apart are separate outages, and still one share.
@@ -331,6 +363,40 @@ async fn a_flapping_redis_gives_one_share_per_window_and_one_entering() {
         fixture.primary_answers(redis_allows());
     }
     assert_eq!(fixture.mode.times_entered(), 4);
+}
+
+#[tokio::test]
+async fn each_local_admission_is_written_back_once_however_often_redis_flips() {
+    let fixture = fixture();
+    for _ in 0..3 {
+        assert!(degraded_set(fixture.ask().await).allowed());
+    }
+    for _ in 0..5 {
+        fixture.primary_answers(redis_allows());
+        assert_eq!(fixture.ask().await, redis_allows());
+        fixture.primary_answers(unavailable());
+        assert!(!degraded_set(fixture.ask().await).allowed(), "the share is spent");
+    }
+    // The three local admissions (one piece: the maximum cost is 10) and
+    // the five requests Redis decided: nothing twice.
+    assert_eq!(*fixture.primary.charged.lock().unwrap(), 3 + 5);
+    assert_eq!(fixture.mode.owing_subjects(), 0);
+}
+
+#[tokio::test]
+async fn a_write_back_redis_does_not_answer_stays_owed_for_the_next_decision() {
+    let fixture = fixture();
+    assert!(degraded_set(fixture.ask().await).allowed());
+    // Redis answers nothing (the piece included): decided locally, owed.
+    fixture
+        .primary_answers(RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) });
+    assert!(degraded_set(fixture.ask().await).allowed());
+    assert_eq!(fixture.mode.owing_subjects(), 1);
+    assert_eq!(*fixture.primary.charged.lock().unwrap(), 0);
+    fixture.primary_answers(redis_allows());
+    assert_eq!(fixture.ask().await, redis_allows());
+    assert_eq!(*fixture.primary.charged.lock().unwrap(), 2 + 1, "both written back, then one");
+    assert_eq!(fixture.mode.owing_subjects(), 0);
 }
 
 #[tokio::test]
