@@ -1231,6 +1231,7 @@ fn every_redis_field_names_a_key_of_the_redis_table() {
             RedisField::WaitTimeout,
             RedisField::WaitConnections,
             RedisField::DenyCacheMaxEntries,
+            RedisField::DenyCacheMaxAge,
         ] {
             // Exhaustive: a new field fails to compile until it is listed.
             match field {
@@ -1248,7 +1249,8 @@ fn every_redis_field_names_a_key_of_the_redis_table() {
                 | RedisField::SentinelPassword
                 | RedisField::WaitTimeout
                 | RedisField::WaitConnections
-                | RedisField::DenyCacheMaxEntries => {}
+                | RedisField::DenyCacheMaxEntries
+                | RedisField::DenyCacheMaxAge => {}
             }
             let (tables, leaf) =
                 field.key().rsplit_once('.').map_or((None, field.key()), |(t, l)| (Some(t), l));
