@@ -5,7 +5,9 @@
 //! denied: the scripts (`EVALSHA`, `SCRIPT LOAD`), the readiness probe
 //! (`PING`), `INFO` (read on each new connection: whether
 //! `maxmemory-policy` can evict counters, `crate::eviction`; `CONFIG GET`
-//! is never needed), and the commands the scripts call, because Redis checks those
+//! is never needed), `TIME` (the scripts read Redis's clock to tell which
+//! caller clock is wrong, docs/algorithms.md step 3), and the commands the
+//! scripts call, because Redis checks those
 //! against the caller's ACL too (so all stay limited to the key pattern):
 //! `GET` and `SET` on the counter keys of policies without dedupe, and
 //! `HMGET`, `HSET`, `HDEL`, `UNLINK` and `PEXPIRE` on those with dedupe
@@ -32,11 +34,12 @@ use crate::settings::{RedisSettings, Topology};
 
 /// What every topology needs: the scripts, the probe and the commands the
 /// scripts call.
-const EVERY_TOPOLOGY: [&str; 19] = [
+const EVERY_TOPOLOGY: [&str; 20] = [
     "+evalsha",
     "+script|load",
     "+ping",
     "+info",
+    "+time",
     "+get",
     "+set",
     "+hmget",
@@ -131,6 +134,7 @@ mod tests {
                 "+script|load",
                 "+ping",
                 "+info",
+                "+time",
                 "+get",
                 "+set",
                 "+hmget",
@@ -174,7 +178,7 @@ mod tests {
     fn the_rules_hold_the_pattern_then_nothing_but_the_commands() {
         assert_eq!(
             user_rules("ca:rl:", Topology::Standalone).join(" "),
-            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +info +get +set +hmget +hset +hdel \
+            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +info +time +get +set +hmget +hset +hdel \
              +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange"
         );
     }
@@ -188,7 +192,7 @@ mod tests {
         };
         assert_eq!(
             user_rules_for(&sentinel).join(" "),
-            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +info +get +set +hmget +hset +hdel \
+            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +info +time +get +set +hmget +hset +hdel \
              +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange \
              +role +wait"
         );
