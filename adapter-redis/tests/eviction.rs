@@ -156,3 +156,36 @@ async fn a_reconnect_reads_the_policy_again() {
     lines.wait_for(WARNING, 1).await;
     assert!(lines.text().contains("maxmemory_policy=\"allkeys-lfu\""), "{}", lines.text());
 }
+
+/// On a cluster `INFO` goes to every master: the one that can evict is
+/// named, the others are not.
+#[tokio::test]
+async fn each_cluster_master_is_checked() {
+    let lines = Lines::default();
+    let _capture = lines.capture();
+    let cluster = redis_fixture::RedisCluster::start();
+    let masters = cluster.masters();
+    assert!(masters.len() >= 2, "{}", cluster.logs());
+    let evicting = masters[0].port;
+    let set = cluster.cli(evicting, &["CONFIG", "SET", "maxmemory-policy", "volatile-lfu"]);
+    assert_eq!(set.trim(), "OK");
+    let clock = ManualClock::new(T0);
+    let adapter = adapter_redis::RedisEdgeRateLimitAdapter::new(
+        adapter_redis::RedisSettings {
+            topology: adapter_redis::Topology::Cluster,
+            urls: cluster.urls(),
+            command_timeout: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(2),
+            ..adapter_redis::RedisSettings::default()
+        },
+        vec![policy()],
+        Arc::new(clock.clone()),
+    )
+    .unwrap();
+    assert!(adapter.is_ready().await);
+    lines.wait_for(SAFE, masters.len() - 1).await;
+    lines.wait_for(WARNING, 1).await;
+    let text = lines.text();
+    assert!(text.contains("maxmemory_policy=\"volatile-lfu\""), "{text}");
+    assert_eq!(lines.count(WARNING), 1, "{text}");
+}
