@@ -701,7 +701,7 @@ sentinel-password = { env = "EVERY_KEY_SENTINEL_PASSWORD" }
 wait-replicas = 2
 wait-timeout = "40ms"
 wait-connections = 4
-deny-cache = { enabled = false, max-entries = 500 }
+deny-cache = { enabled = false, max-entries = 500, max-age = "250ms" }
 
 [admin]
 listen = "127.0.0.1:9091"
