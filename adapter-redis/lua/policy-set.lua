@@ -1,6 +1,8 @@
 -- Policy set (docs/algorithms.md "Policy sets"): one request against every
--- key of its set, atomically, in one EVALSHA. Scripts never call TIME:
--- caller time comes in ARGV. Numbers in ARGV are decimal integers.
+-- key of its set, atomically, in one EVALSHA. Caller time comes in ARGV
+-- and every decision is made at it; Redis's TIME is read only to judge
+-- which caller clock is wrong (prelude.lua `redis_now`). Numbers in ARGV
+-- are decimal integers.
 --
 -- KEYS: the set's n counter keys in the set's order (1 to 8), all under
 -- one hash tag; a key whose policy has dedupe on holds its records too
@@ -136,7 +138,7 @@ for k = 1, n do
         end
       end
       if lease and lease > t then
-        record = math.max(0, ARGV[b + 5] - held)
+        record = math.max(0, ARGV[b + 5] - raw)
         scratch[s + RECORD_RESET] = 0
         replay = true
       end
