@@ -31,6 +31,18 @@ local function lease_read(key)
   return mark, lease, redis.call('ZCOUNT', key, t + 1, '+inf'), false
 end
 
+-- The live leases at the caller's time when the key's mark is set aside
+-- (prelude.lua `unreachable`): only those a taker on Redis's time could
+-- have given, expiring after `now` and no later than `now + lease_ttl + 3 *
+-- regression` (such a taker's clock, and the mark it was evaluated at, are
+-- each within the bound of Redis's clock, which is within it of this
+-- caller's). Returns their count and that latest expiry; the write sweeps
+-- the leases beyond it, a writer ahead of time's.
+local function lease_held_on_time(key, lease_ttl, regression)
+  local latest = now + lease_ttl + 3 * regression
+  return redis.call('ZCOUNT', key, now + 1, latest), latest
+end
+
 -- The run, as `fixed-window.lua`'s, over the `held` live leases at t:
 -- admitted iff held + 1 <= max_in_flight, whatever the cost (a lease is one
 -- slot). Returns allowed, remaining, reset_after (always 0: no window),
@@ -54,10 +66,13 @@ end
 -- the lifetime: the lease's expiry plus the slack, counted from the
 -- caller's time. `existed` says the key held a mark, so it has an expiry
 -- that GT may only move later (prelude.lua `store` says why); a new key
--- has none, which GT would read as endless.
-local function lease_store(key, t, expires_at, slack, existed)
+-- has none, which GT would read as endless. `aside` (nil unless the key's
+-- mark was set aside) is the latest expiry a taker on time gives: the
+-- leases beyond it go with the mark they came with.
+local function lease_store(key, t, expires_at, slack, existed, aside)
   redis.call('ZADD', key, -1 - t, LEASE_MARK, expires_at, evaluation_id)
   redis.call('ZREMRANGEBYSCORE', key, 0, t)
+  if aside then redis.call('ZREMRANGEBYSCORE', key, aside + 1, '+inf') end
   local lifetime = expires_at + slack - now
   if lifetime < 1 then lifetime = 1 end
   if existed then

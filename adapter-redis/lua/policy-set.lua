@@ -1,6 +1,8 @@
 -- Policy set (docs/algorithms.md "Policy sets"): one request against every
--- key of its set, atomically, in one EVALSHA. Scripts never call TIME:
--- caller time comes in ARGV. Numbers in ARGV are decimal integers.
+-- key of its set, atomically, in one EVALSHA. Caller time comes in ARGV
+-- and every decision is made at it; Redis's TIME is read only to judge
+-- which caller clock is wrong (prelude.lua `redis_now`). Numbers in ARGV
+-- are decimal integers.
 --
 -- KEYS: the set's n counter keys in the set's order (1 to 8), all under
 -- one hash tag; a key whose policy has dedupe on holds its records too
@@ -47,13 +49,16 @@ local reply = {'allowed', nil, nil, nil, nil, nil, nil, nil, nil}
 -- record as read with the state: RECORD the packed record, replaced by a
 -- live record's remaining (nil for none), RECORD_RESET that record's
 -- reset_after, STALE the seq of an expired one (nil for none); HASHED
--- whether the key is a hash (prelude.lua `load`); last, KIND its kind
--- byte, read once.
-local SLOTS = 12
+-- whether the key is a hash (prelude.lua `load`); KIND its kind
+-- byte, read once; MARK its mark as kept (nil when absent or set aside:
+-- prelude.lua `unreachable`); last, ASIDE, for a lease key whose mark was
+-- set aside, the latest expiry a taker on Redis's time could have given
+-- (the leases beyond it are swept at the write).
+local SLOTS = 14
 local BLOCK, TIME, RAW, HEADER, CAPACITY, STATE, STATE_END, RECORD, RECORD_RESET, STALE, HASHED,
-  KIND = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11
-local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
-  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
+  KIND, MARK, ASIDE = 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13
+local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil,
+  nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
 -- The set's size, and where each key's ARGV block starts: five bounds,
 -- then the algorithm's parameters (a token bucket and a concurrency policy
@@ -82,6 +87,7 @@ local beyond, replay, failed, admitted = nil, false, nil, true
 -- their closures are created only by a set that uses them.
 local sliding_counter_run, token_bucket_run, gcra_run = nil, nil, nil
 local concurrency_run, lease_read_run, lease_store_run = nil, nil, nil
+local lease_held_on_time_run = nil
 for k = 1, n do
   local s = SLOTS * k - (SLOTS - 1)
   local b, tag = scratch[s + BLOCK], scratch[s + KIND]
@@ -105,10 +111,11 @@ for k = 1, n do
   elseif tag == CONCURRENCY and not concurrency_run then
 -- #include concurrency.lua
     concurrency_run, lease_read_run, lease_store_run = concurrency, lease_read, lease_store
+    lease_held_on_time_run = lease_held_on_time
   end
   local t = now
   local capacity = ARGV[b + 4] + 0
-  local raw, record, hashed, header, stored = nil, nil, false, 0, tag
+  local raw, record, hashed, header, stored, kept = nil, nil, false, 0, tag, nil
   if tag == CONCURRENCY then
     -- A lease key: RAW holds its live leases, HEADER whether it has a
     -- mark (so an expiry), RECORD and RECORD_RESET the answer of this
@@ -116,15 +123,22 @@ for k = 1, n do
     -- lookups leave it as it is).
     local mark, lease, held, corrupt = lease_read_run(KEYS[k])
     if corrupt then return {'corrupt', k} end
-    raw, header = held, mark ~= nil
+    raw, header, kept = held, mark ~= nil, mark
     if mark then
       if mark > now then
         local by = mark - now - ARGV[b + 1]
-        if by > 0 and (not beyond or by > beyond) then beyond = by end
-        t = mark
+        if by > 0 and unreachable(mark, ARGV[b + 1] + 0) then
+          -- Set aside: only the leases a taker on time could hold count.
+          raw, scratch[s + ASIDE] = lease_held_on_time_run(KEYS[k], ARGV[b + 6] + 0,
+            ARGV[b + 1] + 0)
+          kept = nil
+        else
+          if by > 0 and (not beyond or by > beyond) then beyond = by end
+          t = mark
+        end
       end
       if lease and lease > t then
-        record = math.max(0, ARGV[b + 5] - held)
+        record = math.max(0, ARGV[b + 5] - raw)
         scratch[s + RECORD_RESET] = 0
         replay = true
       end
@@ -136,17 +150,24 @@ for k = 1, n do
     header, stored = header_of(raw)
     if not header then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
+    kept = mark
     -- The bound is never negative, so only a mark ahead of the caller can
     -- break it: the usual key (mark behind) never converts it.
     if mark > now then
       local by = mark - now - ARGV[b + 1]
-      if by > 0 and (not beyond or by > beyond) then beyond = by end
-      t = mark
+      if by > 0 and unreachable(mark, ARGV[b + 1] + 0) then
+        -- A mark no clock on Redis's time reaches: the state is set aside
+        -- and the key decided afresh at this caller's time (records stay).
+        raw, header, stored, kept = false, 0, tag, nil
+      else
+        if by > 0 and (not beyond or by > beyond) then beyond = by end
+        t = mark
+      end
     end
   end
   scratch[s + TIME], scratch[s + RAW], scratch[s + HEADER], scratch[s + CAPACITY] =
     t, raw, header, capacity
-  scratch[s + RECORD], scratch[s + HASHED] = record, hashed
+  scratch[s + RECORD], scratch[s + HASHED], scratch[s + MARK] = record, hashed, kept
   -- A key of another algorithm (or of an unknown kind) fails the set at
   -- its run, the first in key order; `spared` below tells which way.
   if stored ~= tag then
@@ -275,6 +296,17 @@ if not admitted then
   end
 end
 
+-- Before step 7: a write that would move a key's mark beyond Redis's
+-- clock, from a caller whose clock ran ahead of it, is refused (prelude.lua
+-- `ahead_of_redis`) and nothing is written anywhere.
+for k = 1, n do
+  local s = SLOTS * k - (SLOTS - 1)
+  if scratch[s + STATE] and scratch[s + MARK] then
+    local by = ahead_of_redis(scratch[s + MARK], ARGV[scratch[s + BLOCK] + 1] + 0)
+    if by then return {'clock_unsafe', by} end
+  end
+end
+
 -- Step 7: write each key whose run wrote state; a charged key of an
 -- admitted set keeps this evaluation's record.
 for k = 1, n do
@@ -288,7 +320,8 @@ for k = 1, n do
     if kind == CONCURRENCY or kind == CONCURRENCY + SHADOW then
       -- Only a charge writes a lease key: its state is the new lease's
       -- expiry.
-      lease_store_run(KEYS[k], scratch[s + TIME], state, ARGV[b + 2] + 0, scratch[s + HEADER])
+      lease_store_run(KEYS[k], scratch[s + TIME], state, ARGV[b + 2] + 0, scratch[s + HEADER],
+        scratch[s + ASIDE])
     elseif capacity > 0 then
       store(KEYS[k], state, scratch[s + STATE_END], scratch[s + RAW], scratch[s + HEADER],
         scratch[s + HASHED], scratch[s + TIME], ARGV[b + 2] + 0, ARGV[b + 3] + 0, capacity,

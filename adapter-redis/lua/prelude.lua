@@ -45,6 +45,49 @@ local LEASE_MARK = 'm'
 -- The records trailer a key with dedupe on keeps after its header.
 local TRAILER = 40
 
+-- Redis's own clock (epoch ms), the arbiter of which caller clock is wrong
+-- (docs/algorithms.md step 3): read at most once per call, and only when a
+-- clock must be judged (a mark beyond a caller's bound, or a write that
+-- moves a key's mark forward). nil when this user may not run TIME (a rule
+-- printed before it was needed): clocks are then judged only against each
+-- other, as the marks alone do.
+local redis_ms = false
+local function redis_now()
+  if redis_ms == false then
+    local time = redis.pcall('TIME')
+    if time.err then
+      redis_ms = nil
+    else
+      redis_ms = time[1] * 1000 + math.floor(time[2] / 1000)
+    end
+  end
+  return redis_ms
+end
+
+-- Whether `mark`, beyond this caller's bound, is one no clock on Redis's
+-- time can reach: this caller is within `regression` of Redis's clock and
+-- the mark is further than that ahead of it. Only a writer whose clock ran
+-- ahead put it there; its state is set aside rather than lock the key for
+-- everyone on time until its window ends.
+local function unreachable(mark, regression)
+  local server = redis_now()
+  return server ~= nil and now - server <= regression and server - now <= regression
+    and mark > server + regression
+end
+
+-- How far beyond its bound this caller's clock is ahead of Redis's, when
+-- writing would move `mark` (within reach of Redis's clock) to a time no
+-- clock on Redis's time reaches; nil when the write may go ahead. The
+-- caller is then the wrong clock: it is refused and writes nothing.
+local function ahead_of_redis(mark, regression)
+  if now <= mark then return nil end
+  local server = redis_now()
+  if server == nil or mark > server + regression then return nil end
+  local by = now - server - regression
+  if by > 0 then return by end
+  return nil
+end
+
 -- The header length and tag of a stored value (`raw`, not false): when
 -- its tag is an algorithm's and it is that algorithm's header alone (a
 -- string) or with the records trailer (a hash's state field); nil for any

@@ -14,17 +14,23 @@ local key = KEYS[1]
 local t = now
 local capacity = ARGV[8] + 0
 local raw, record, hashed = load(key, capacity)
-local header, stored = 0, nil
+local header, stored, mark = 0, nil, nil
+local tag = string.byte(ARGV[4])
+if tag >= SHADOW_KINDS then tag = tag - SHADOW end
 if raw then
   header, stored = header_of(raw)
   if not header then return {'corrupt', 1} end
-  local mark = struct.unpack('d', raw, 2)
+  mark = struct.unpack('d', raw, 2)
   local by = mark - now - ARGV[5]
-  if by > 0 then return {'clock_unsafe', by} end
-  if mark > t then t = mark end
+  if by > 0 then
+    if not unreachable(mark, ARGV[5] + 0) then return {'clock_unsafe', by} end
+    -- A mark no clock on Redis's time reaches: its state is set aside and
+    -- the key decided afresh at this caller's time (its records stay).
+    raw, header, stored, mark = false, 0, tag, nil
+  elseif mark > t then
+    t = mark
+  end
 end
-local tag = string.byte(ARGV[4])
-if tag >= SHADOW_KINDS then tag = tag - SHADOW end
 local ttl = ARGV[7] + 0
 -- This evaluation's record, read with the state: a live one replays.
 local stale = nil
@@ -38,6 +44,10 @@ local allowed, remaining, reset_after, retry_after, state, state_end =
   algorithm(raw, t, true, ARGV[9] + 0, ARGV[10] + 0, tonumber(ARGV[11]))
 -- A shadow policy alone never blocks; its denial charges nothing.
 local admitted = allowed or tag ~= string.byte(ARGV[4])
+if state and mark then
+  local by = ahead_of_redis(mark, ARGV[5] + 0)
+  if by then return {'clock_unsafe', by} end
+end
 if state then
   store(key, state, state_end, raw, header, hashed, t, ARGV[6] + 0, ttl, capacity, allowed,
     remaining, reset_after, stale)

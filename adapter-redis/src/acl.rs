@@ -3,7 +3,11 @@
 //!
 //! The commands were found against real servers with everything else
 //! denied: the scripts (`EVALSHA`, `SCRIPT LOAD`), the readiness probe
-//! (`PING`), and the commands the scripts call, because Redis checks those
+//! (`PING`), `INFO` (read on each new connection: whether
+//! `maxmemory-policy` can evict counters, `crate::eviction`; `CONFIG GET`
+//! is never needed), `TIME` (the scripts read Redis's clock to tell which
+//! caller clock is wrong, docs/algorithms.md step 3), and the commands the
+//! scripts call, because Redis checks those
 //! against the caller's ACL too (so all stay limited to the key pattern):
 //! `GET` and `SET` on the counter keys of policies without dedupe, and
 //! `HMGET`, `HSET`, `HDEL`, `UNLINK` and `PEXPIRE` on those with dedupe
@@ -30,10 +34,12 @@ use crate::settings::{RedisSettings, Topology};
 
 /// What every topology needs: the scripts, the probe and the commands the
 /// scripts call.
-const EVERY_TOPOLOGY: [&str; 18] = [
+const EVERY_TOPOLOGY: [&str; 20] = [
     "+evalsha",
     "+script|load",
     "+ping",
+    "+info",
+    "+time",
     "+get",
     "+set",
     "+hmget",
@@ -127,6 +133,8 @@ mod tests {
                 "+evalsha",
                 "+script|load",
                 "+ping",
+                "+info",
+                "+time",
                 "+get",
                 "+set",
                 "+hmget",
@@ -170,7 +178,7 @@ mod tests {
     fn the_rules_hold_the_pattern_then_nothing_but_the_commands() {
         assert_eq!(
             user_rules("ca:rl:", Topology::Standalone).join(" "),
-            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
+            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +info +time +get +set +hmget +hset +hdel \
              +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange"
         );
     }
@@ -184,7 +192,7 @@ mod tests {
         };
         assert_eq!(
             user_rules_for(&sentinel).join(" "),
-            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel \
+            "~ca:rl:* resetchannels -@all +evalsha +script|load +ping +info +time +get +set +hmget +hset +hdel \
              +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange \
              +role +wait"
         );

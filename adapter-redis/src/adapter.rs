@@ -228,10 +228,9 @@ impl RedisEdgeRateLimitAdapter {
                 replicas: settings.wait_replicas,
                 timeout_ms: u64::try_from(settings.wait_timeout.as_millis()).unwrap_or(u64::MAX),
             }),
-            deny_cache: settings
-                .deny_cache
-                .enabled
-                .then(|| DenyCache::new(settings.deny_cache.max_entries)),
+            deny_cache: settings.deny_cache.enabled.then(|| {
+                DenyCache::new(settings.deny_cache.max_entries, settings.deny_cache.max_age)
+            }),
         })
     }
 
@@ -264,7 +263,8 @@ impl RedisEdgeRateLimitAdapter {
 
     /// Forgets this instance's cached refusals of `subject`, so its next
     /// request asks Redis (after an admin reset of its budget; other
-    /// instances' cached refusals run out by their retry-after). Returns
+    /// instances' cached refusals run out by their retry-after or
+    /// `deny-cache.max-age`, whichever is sooner). Returns
     /// how many were dropped; 0 when the cache is off.
     pub fn forget_cached_denials(&self, subject: &SubjectDigest) -> usize {
         self.deny_cache.as_ref().map_or(0, |cache| cache.forget(subject))

@@ -5,9 +5,12 @@
 //! After Redis refuses a set of fixed windows, the same subject's same set
 //! (policy ids and revisions, and the operation when a policy of the set is
 //! operation-scoped) at the same or a higher cost is refused here, without a
-//! Redis call, until the soonest moment Redis could answer otherwise. The
-//! answer is the stored one with `retry_after` and `reset_after` shrunk by
-//! the time passed on the same clock the decision used.
+//! Redis call, until the soonest moment Redis could answer otherwise or the
+//! refusal is `max_age` old, whichever comes first: an admin reset through
+//! another instance never reaches this cache, so no refusal is trusted
+//! longer than that, whatever its window. The answer is the stored one with
+//! `retry_after` and `reset_after` shrunk by the time passed on the same
+//! clock the decision used.
 //!
 //! Bounded: at most `max_entries` denials over a few shards, each a
 //! mutex-guarded map keyed by a SipHash of the request's key parts; a lookup
@@ -37,6 +40,9 @@ const SHARDS: usize = 16;
 pub(crate) struct DenyCache {
     /// As configured (`redis.deny-cache.max-entries`).
     max_entries: usize,
+    /// As configured (`redis.deny-cache.max-age`), in ms: the longest a
+    /// refusal is served after Redis gave it.
+    max_age: u64,
     shards: Box<[Mutex<Shard>]>,
     /// Entries per shard; `max_entries` split evenly, at least 1.
     per_shard: usize,
@@ -96,7 +102,8 @@ struct Denial {
     cost: u64,
     /// The caller time (epoch ms) the refusal was decided at.
     decided_at: u64,
-    /// The first caller time at which Redis might answer otherwise.
+    /// The first caller time at which Redis is asked again: when it might
+    /// answer otherwise, or at the max age, whichever is sooner.
     until: u64,
     decision: SetDecision,
     /// Whether any policy of the set keeps dedupe records.
@@ -142,11 +149,13 @@ impl<'r> Parts<'r> {
 }
 
 impl DenyCache {
-    /// A cache of at most `max_entries` denials (at least one per shard).
-    pub(crate) fn new(max_entries: usize) -> Self {
+    /// A cache of at most `max_entries` denials (at least one per shard),
+    /// each served at most `max_age` after Redis gave it.
+    pub(crate) fn new(max_entries: usize, max_age: Duration) -> Self {
         let shards = SHARDS.min(max_entries.max(1));
         Self {
             max_entries,
+            max_age: millis(max_age).max(1),
             shards: (0..shards).map(|_| Mutex::new(Shard::default())).collect(),
             per_shard: max_entries.div_ceil(shards).max(1),
             hasher: RandomState::default(),
@@ -265,7 +274,7 @@ impl DenyCache {
             operation: parts.operation.cloned(),
             cost: request.cost,
             decided_at: now,
-            until: now.saturating_add(millis(lasts)),
+            until: now.saturating_add(millis(lasts).min(self.max_age)),
             decision: *decision,
             dedupe,
         };
@@ -282,13 +291,13 @@ impl DenyCache {
         shard.insert(fingerprint, denial);
     }
 
-    /// Forgets every cached refusal of `subject` (after an admin reset of
-    /// its budget on this instance). Returns how many were dropped.
-    /// An empty cache of the same size.
+    /// An empty cache of the same size and max age.
     pub(crate) fn emptied(&self) -> Self {
-        Self::new(self.max_entries)
+        Self::new(self.max_entries, Duration::from_millis(self.max_age))
     }
 
+    /// Forgets every cached refusal of `subject` (after an admin reset of
+    /// its budget on this instance). Returns how many were dropped.
     pub(crate) fn forget(&self, subject: &SubjectDigest) -> usize {
         self.shards
             .iter()

@@ -28,6 +28,7 @@ mod adapter;
 mod algorithm;
 mod deny_cache;
 mod error;
+mod eviction;
 mod gateway;
 mod keys;
 mod reply;
@@ -45,8 +46,9 @@ pub use error::RedisAdapterError;
 pub use keys::RateLimitKeys;
 pub use scripts::ScriptKind;
 pub use settings::{
-    DenyCacheSettings, MAX_DENY_CACHE_ENTRIES, MAX_KEY_PREFIX_BYTES, MAX_SCRIPT_LANE,
-    MAX_WAIT_CONNECTIONS, RedisField, RedisSettings, ScriptLaneSettings, SettingsProblem, Topology,
+    DenyCacheSettings, MAX_DENY_CACHE_ENTRIES, MAX_DENY_CACHE_MAX_AGE, MAX_KEY_PREFIX_BYTES,
+    MAX_SCRIPT_LANE, MAX_WAIT_CONNECTIONS, RedisField, RedisSettings, ScriptLaneSettings,
+    SettingsProblem, Topology,
 };
 
 /// Fuzzing hook (feature `fuzzing`, used by the `fuzz/` crate only; not an

@@ -24,6 +24,9 @@ pub(crate) const DEFAULT_MASTER_NAME: &str = "mymaster";
 pub const MAX_WAIT_CONNECTIONS: usize = 256;
 /// Most refusals the local denial cache may hold.
 pub const MAX_DENY_CACHE_ENTRIES: usize = 1_000_000;
+/// Longest a cached refusal may be served before Redis is asked again: an
+/// admin reset through another instance reaches this one within it.
+pub const MAX_DENY_CACHE_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// How the Redis deployment is laid out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -104,6 +107,8 @@ pub enum RedisField {
     WaitConnections,
     /// [`DenyCacheSettings::max_entries`].
     DenyCacheMaxEntries,
+    /// [`DenyCacheSettings::max_age`].
+    DenyCacheMaxAge,
 }
 
 impl RedisField {
@@ -124,6 +129,7 @@ impl RedisField {
             Self::WaitTimeout => "wait-timeout",
             Self::WaitConnections => "wait-connections",
             Self::DenyCacheMaxEntries => "deny-cache.max-entries",
+            Self::DenyCacheMaxAge => "deny-cache.max-age",
         }
     }
 
@@ -142,7 +148,8 @@ impl RedisField {
             | Self::SentinelPassword
             | Self::WaitTimeout
             | Self::WaitConnections
-            | Self::DenyCacheMaxEntries => None,
+            | Self::DenyCacheMaxEntries
+            | Self::DenyCacheMaxAge => None,
         }
     }
 }
@@ -222,7 +229,8 @@ pub struct RedisSettings {
 /// The local denial cache (docs/algorithms.md, "Local denial cache"): after
 /// Redis refuses a set of fixed windows with retry-after R, the same
 /// subject's same policy set at the same or a higher cost is refused in
-/// process, without a Redis call, until R has passed.
+/// process, without a Redis call, until R has passed or the refusal is
+/// `max_age` old, whichever comes first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct DenyCacheSettings {
@@ -232,6 +240,12 @@ pub struct DenyCacheSettings {
     /// [`MAX_DENY_CACHE_ENTRIES`]); beyond it the one that runs out soonest
     /// makes room. About 200 bytes each.
     pub max_entries: usize,
+    /// Longest a refusal is answered from the cache after Redis gave it
+    /// (default 1 s, 1 ms to [`MAX_DENY_CACHE_MAX_AGE`]); then Redis is
+    /// asked again. An admin reset through another instance, which cannot
+    /// reach this cache, takes effect here within it, whatever the window.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
 }
 
 /// The SCRIPT lane: how many script calls may be in flight at once.
@@ -252,7 +266,7 @@ impl Default for ScriptLaneSettings {
 
 impl Default for DenyCacheSettings {
     fn default() -> Self {
-        Self { enabled: true, max_entries: 10_000 }
+        Self { enabled: true, max_entries: 10_000, max_age: Duration::from_secs(1) }
     }
 }
 
@@ -403,6 +417,13 @@ impl RedisSettings {
                 ),
             );
         }
+        let max_age = self.deny_cache.max_age;
+        if max_age < Duration::from_millis(1) || max_age > MAX_DENY_CACHE_MAX_AGE {
+            reject(
+                RedisField::DenyCacheMaxAge,
+                format!("must be from 1ms to {MAX_DENY_CACHE_MAX_AGE:?}, got {max_age:?}"),
+            );
+        }
         problems
     }
 
@@ -494,17 +515,31 @@ mod tests {
         assert_eq!(settings.command_timeout, Duration::from_millis(250));
         assert_eq!(settings.script_lane.max_in_flight, 256);
         assert_eq!(settings.failure_retry_after, Duration::from_secs(1));
-        assert_eq!(settings.deny_cache, DenyCacheSettings { enabled: true, max_entries: 10_000 });
+        assert_eq!(
+            settings.deny_cache,
+            DenyCacheSettings {
+                enabled: true,
+                max_entries: 10_000,
+                max_age: Duration::from_secs(1)
+            }
+        );
     }
 
     #[test]
     fn each_bad_field_is_named() {
         let base = RedisSettings::default();
-        let no_room = DenyCacheSettings { enabled: true, max_entries: 0 };
+        let no_room = DenyCacheSettings { max_entries: 0, ..DenyCacheSettings::default() };
         let too_many = DenyCacheSettings { max_entries: MAX_DENY_CACHE_ENTRIES + 1, ..no_room };
-        let cases: [(RedisSettings, &str); 8] = [
+        let no_age = DenyCacheSettings { max_age: Duration::ZERO, ..DenyCacheSettings::default() };
+        let too_old = DenyCacheSettings {
+            max_age: MAX_DENY_CACHE_MAX_AGE * 2,
+            ..DenyCacheSettings::default()
+        };
+        let cases: [(RedisSettings, &str); 10] = [
             (RedisSettings { deny_cache: no_room, ..base.clone() }, "deny-cache.max-entries"),
             (RedisSettings { deny_cache: too_many, ..base.clone() }, "deny-cache.max-entries"),
+            (RedisSettings { deny_cache: no_age, ..base.clone() }, "deny-cache.max-age"),
+            (RedisSettings { deny_cache: too_old, ..base.clone() }, "deny-cache.max-age"),
             (RedisSettings { urls: vec![], ..base.clone() }, "urls"),
             (RedisSettings { urls: vec!["http://x".into()], ..base.clone() }, "urls"),
             (RedisSettings { key_prefix: "a{b".into(), ..base.clone() }, "key-prefix"),

@@ -220,3 +220,26 @@ async fn the_printed_rule_runs_leases_and_each_sorted_set_command_in_it_is_neede
         assert!(!leases_work_as(&server, user).await, "{user} still runs every lease script");
     }
 }
+
+/// A rule printed before the scripts read Redis's clock has no `+time`:
+/// the scripts then judge clocks against each other only, and every
+/// evaluation still decides (a second write moves the key's mark, the
+/// moment the scripts ask for `TIME`).
+#[tokio::test]
+async fn a_user_without_time_still_evaluates() {
+    let rules = rate_limit_rules(Topology::Standalone);
+    let no_time: Vec<&str> =
+        rules.iter().map(String::as_str).filter(|rule| *rule != "+time").collect();
+    let server = acl_server(&[("no-time", &no_time)]);
+    let clock = ManualClock::new(T0);
+    for policy in [policy(), policy_without_dedupe(), leases()] {
+        let adapter = adapter(&server, &clock, vec![policy], login("no-time", RATE_LIMIT_PASSWORD));
+        for at in [T0, T0 + 5, T0 + 10] {
+            clock.set_epoch_millis(at);
+            let outcome = adapter.evaluate(request(&clock, "p", &subject(9))).await;
+            assert!(outcome.is_allowed(), "{outcome:?}");
+        }
+        let budget = BudgetKey::new(subject(9), PolicyId::new("p").unwrap(), Some(operation()));
+        adapter.reset(&budget).await.unwrap();
+    }
+}

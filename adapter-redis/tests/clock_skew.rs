@@ -208,3 +208,97 @@ async fn a_slower_writer_keeps_the_key_until_its_own_window_ends() {
     }
     assert_eq!(admitted, LIMIT, "a window of {LIMIT} admitted {admitted}");
 }
+
+/// Redis's own clock (epoch ms, `TIME`): the healthy fleet's clocks follow it.
+async fn redis_now(server: &RedisServer) -> u64 {
+    let mut redis = support::inspector(server).await;
+    let (seconds, micros): (u64, u64) = redis::cmd("TIME").query_async(&mut redis).await.unwrap();
+    seconds * 1_000 + micros / 1_000
+}
+
+fn fixed(id: &str, limit: u64, window: Duration, dedupe: bool) -> RateLimitPolicy {
+    let dedup = if dedupe {
+        EvaluationDedupPolicy::enabled_defaults()
+    } else {
+        EvaluationDedupPolicy::Disabled
+    };
+    RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit, window })
+        .maximum_clock_regression(BOUND)
+        .evaluation_dedup(dedup)
+        .build()
+        .unwrap()
+}
+
+fn outcome_set(outcome: &RateLimitOutcome) -> &shared_contract::SetDecision {
+    match outcome {
+        RateLimitOutcome::Evaluated(set) => set,
+        other => panic!("expected a decision, got {other:?}"),
+    }
+}
+
+/// An instance whose clock ran an hour ahead of Redis's serves two requests
+/// of a subject and stops: an instance on Redis's time decides that subject
+/// at once (the outlier's mark is one no healthy clock reaches, so its state
+/// is set aside, never a lock for the rest of its window), and the outlier,
+/// back again, is refused as clock-unsafe and writes nothing. Each script
+/// path: one fixed window with dedupe on and off (10 s and 24 h), a set of
+/// two, and a concurrency policy's lease key.
+#[tokio::test]
+async fn a_writer_ahead_of_redis_never_locks_a_subject_for_the_fleet_on_redis_time() {
+    const HOUR: u64 = 3_600_000;
+    let server = RedisServer::start();
+    let leases = RateLimitPolicy::builder(
+        "leases",
+        Algorithm::Concurrency {
+            max_in_flight: 3,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        },
+    )
+    .maximum_clock_regression(BOUND)
+    .build()
+    .unwrap();
+    let day = Duration::from_secs(86_400);
+    let ten = Duration::from_secs(10);
+    let cases: [(&str, Vec<RateLimitPolicy>, u64); 6] = [
+        ("10 s, dedupe on", vec![fixed("a", 1_000, ten, true)], 999),
+        ("10 s, dedupe off", vec![fixed("a", 1_000, ten, false)], 999),
+        ("24 h, dedupe on", vec![fixed("a", 1_000, day, true)], 999),
+        ("24 h, dedupe off", vec![fixed("a", 1_000, day, false)], 999),
+        ("a set of two", vec![fixed("a", 1_000, ten, true), fixed("b", 500, day, false)], 999),
+        ("a lease", vec![leases], 2),
+    ];
+    for (n, (case, policies, remaining)) in cases.into_iter().enumerate() {
+        let who = subject(40 + u8::try_from(n).unwrap());
+        let ids: Vec<PolicyId> = policies.iter().map(|policy| policy.id().clone()).collect();
+        let ask = |clock: &ManualClock| {
+            let mut asked = request(clock, &who);
+            asked.policies = PolicySet::new(ids.iter().cloned()).unwrap();
+            asked
+        };
+        let healthy_clock = ManualClock::new(redis_now(&server).await);
+        let outlier_clock = ManualClock::new(healthy_clock.epoch_millis() + HOUR);
+        let healthy = adapter(&server, &healthy_clock, policies.clone(), |_| {});
+        let outlier = adapter(&server, &outlier_clock, policies, |_| {});
+        for _ in 0..2 {
+            assert_eq!(allowed(&outlier.evaluate(ask(&outlier_clock)).await), Some(true), "{case}");
+        }
+        // The outlier is gone: the fleet on Redis's time decides.
+        let decided = healthy.evaluate(ask(&healthy_clock)).await;
+        let set = outcome_set(&decided);
+        assert!(set.allowed(), "{case}: {decided:?}");
+        assert_eq!(set.decisions()[0].remaining, remaining, "{case}");
+        // Back again, the outlier is refused, blamed on its own clock, and
+        // writes nothing: the healthy instance's next answer follows its own.
+        let refused = outlier.evaluate(ask(&outlier_clock)).await;
+        assert!(
+            matches!(
+                refused,
+                RateLimitOutcome::Unavailable { category: UnavailableCategory::ClockUnsafe, .. }
+            ),
+            "{case}: {refused:?}"
+        );
+        let next = healthy.evaluate(ask(&healthy_clock)).await;
+        assert_eq!(outcome_set(&next).decisions()[0].remaining, remaining - 1, "{case}");
+    }
+}

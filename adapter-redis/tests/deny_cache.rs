@@ -14,10 +14,11 @@ use std::time::Duration;
 use adapter_redis::RedisEdgeRateLimitAdapter;
 use redis_fixture::RedisServer;
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock, PolicyId,
-    PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, SetDecision,
+    Algorithm, BudgetKey, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
+    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
+    SetDecision,
 };
-use support::{T0, adapter, inspector, request, request_with, subject};
+use support::{T0, adapter, inspector, operation, request, request_with, subject};
 use uuid::Uuid;
 
 fn fixed(id: &str, limit: u64, revision: u32, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
@@ -537,4 +538,68 @@ async fn a_reloaded_policy_table_starts_with_an_empty_cache() {
     let after = before.with_policies([shadow]).unwrap();
     let decision = ask(&after, &clock, "p", 1, 1).await;
     assert!(decision.allowed() && !decision.cached(), "a shadow policy never blocks");
+}
+
+/// Two instances over one Redis, 3 an hour and 3 a day: after a reset
+/// through one instance, the other's cached refusal of the subject is
+/// served at most `deny-cache.max-age` (1 s by default) after Redis decided
+/// it, then Redis is asked again and admits; until then the cache still
+/// answers in process (its benefit for a subject over its limit).
+#[tokio::test]
+async fn a_reset_through_another_instance_reaches_this_ones_cache_within_its_max_age() {
+    let server = RedisServer::start();
+    for (n, window) in [(1_u8, 3_600), (2, 86_400)] {
+        let clock = ManualClock::new(T0 + 250);
+        let policy = RateLimitPolicy::builder(
+            "w",
+            Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(window) },
+        )
+        .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+        .build()
+        .unwrap();
+        let resetting = adapter(&server, &clock, vec![policy.clone()], |_| {});
+        let caching = adapter(&server, &clock, vec![policy], |_| {});
+        for _ in 0..3 {
+            assert!(ask(&caching, &clock, "w", n, 1).await.allowed());
+        }
+        let refused = ask(&caching, &clock, "w", n, 1).await;
+        assert!(!refused.allowed() && !refused.cached());
+        let budget = BudgetKey::new(subject(n), PolicyId::new("w").unwrap(), Some(operation()));
+        resetting.reset(&budget).await.unwrap();
+        let calls = script_calls(&server).await;
+        clock.set_epoch_millis(T0 + 250 + 999);
+        let cached = ask(&caching, &clock, "w", n, 1).await;
+        assert!(!cached.allowed() && cached.cached(), "served in process within the max age");
+        assert_eq!(script_calls(&server).await, calls);
+        clock.set_epoch_millis(T0 + 250 + 1_000);
+        let fresh = ask(&caching, &clock, "w", n, 1).await;
+        assert!(fresh.allowed() && !fresh.cached(), "{window} s window: the reset reached it");
+        assert_eq!(only(fresh).remaining, 2);
+    }
+}
+/// A shorter `deny-cache.max-age` cuts a cached refusal sooner.
+#[tokio::test]
+async fn the_max_age_is_configurable() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(T0);
+    let policy = RateLimitPolicy::builder(
+        "w",
+        Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(3_600) },
+    )
+    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+    .build()
+    .unwrap();
+    let caching = adapter(&server, &clock, vec![policy], |settings| {
+        settings.deny_cache.max_age = Duration::from_millis(200);
+    });
+    assert!(ask(&caching, &clock, "w", 1, 1).await.allowed());
+    assert!(!ask(&caching, &clock, "w", 1, 1).await.cached());
+    clock.set_epoch_millis(T0 + 199);
+    assert!(ask(&caching, &clock, "w", 1, 1).await.cached());
+    let calls = script_calls(&server).await;
+    clock.set_epoch_millis(T0 + 200);
+    let asked = ask(&caching, &clock, "w", 1, 1).await;
+    assert!(!asked.allowed() && !asked.cached(), "Redis asked again, and still refuses");
+    assert_eq!(only(asked).retry_after, Duration::from_millis(3_600_000 - 200));
+    assert_eq!(script_calls(&server).await, calls + 1);
 }

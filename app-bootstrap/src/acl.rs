@@ -34,7 +34,7 @@ pub struct AclRules {
 pub fn acl_rules(redis: &RedisConfig) -> AclRules {
     let user = redis.settings.username.as_deref().unwrap_or(DEFAULT_ACL_USER);
     let mut notes = vec![format!(
-        "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, and the scripts' own GET/SET (counters without dedupe), HMGET/HSET/HDEL/UNLINK/PEXPIRE (counters with dedupe records), ZMSCORE/ZCOUNT/ZADD/ZREMRANGEBYSCORE/ZSCORE/ZREM (lease sets), TYPE/ZRANGE (an operator's inspect) on keys {}* only; no EVAL",
+        "# user {user:?}: EVALSHA, SCRIPT LOAD, PING, INFO (whether maxmemory-policy can evict counters), and the scripts' own TIME (which caller clock is wrong), own GET/SET (counters without dedupe), HMGET/HSET/HDEL/UNLINK/PEXPIRE (counters with dedupe records), ZMSCORE/ZCOUNT/ZADD/ZREMRANGEBYSCORE/ZSCORE/ZREM (lease sets), TYPE/ZRANGE (an operator's inspect) on keys {}* only; no EVAL",
         redis.settings.key_prefix
     )];
     let password = login(redis.password.as_ref(), "redis.password", "<password>", &mut notes);
@@ -125,7 +125,7 @@ mod tests {
         assert_eq!(
             rules.commands,
             ["ACL SETUSER ca-rate-limit reset on ><password> ~ca:rl:* resetchannels -@all \
-              +evalsha +script|load +ping +get +set +hmget +hset +hdel +unlink +pexpire +type \
+              +evalsha +script|load +ping +info +time +get +set +hmget +hset +hdel +unlink +pexpire +type \
               +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange"]
         );
         assert!(rules.notes.iter().any(|note| note.contains("<password>")));
@@ -149,7 +149,7 @@ mod tests {
         );
         assert!(
             rule.ends_with(
-                "+ping +get +set +hmget +hset +hdel +unlink +pexpire +type +zmscore +zcount +zadd \
+                "+ping +info +time +get +set +hmget +hset +hdel +unlink +pexpire +type +zmscore +zcount +zadd \
                  +zremrangebyscore +zscore +zrem +zrange +cluster|slots +asking"
             ),
             "{rule}"
@@ -172,7 +172,7 @@ mod tests {
             rules.commands,
             [
                 "ACL SETUSER ca-rate-limit reset on ><password> ~ca:rl:* resetchannels -@all \
-                 +evalsha +script|load +ping +get +set +hmget +hset +hdel +unlink +pexpire +type \
+                 +evalsha +script|load +ping +info +time +get +set +hmget +hset +hdel +unlink +pexpire +type \
                  +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange +role +wait"
                     .to_owned(),
                 format!(

@@ -49,6 +49,14 @@ impl RedisServer {
         Self::start_with(|_, _| Vec::new())
     }
 
+    /// Like [`Self::start`], with `args` appended to the command line (e.g.
+    /// `["--maxmemory-policy", "allkeys-lru"]`); they hold across
+    /// [`Self::restart`].
+    pub fn start_with_args(args: &[&str]) -> Self {
+        let args: Vec<String> = args.iter().map(|arg| (*arg).to_owned()).collect();
+        Self::start_with(move |_, _| args.clone())
+    }
+
     /// Like [`Self::start`], with its users read from an ACL file holding
     /// `users`, one `user <name> <rules>...` line each (e.g.
     /// `user default off` to disable the default user). The server counts

@@ -10,6 +10,9 @@ use super::*;
 
 use crate::T0;
 
+/// The default `deny-cache.max-age`; the windows here are shorter.
+const MAX_AGE: Duration = Duration::from_secs(1);
+
 fn fixed(id: &str, revision: u32) -> RateLimitPolicy {
     RateLimitPolicy::builder(
         id,
@@ -64,7 +67,7 @@ fn only(decision: SetDecision) -> RateLimitDecision {
 
 #[test]
 fn a_refusal_answers_with_shrinking_waits_until_its_retry_after() {
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let p = [fixed("p", 1)];
     let denied = request(&["p"], 1, 1, 1);
     // Refused at T0 + 250: 0 left, retry and reset 750 ms.
@@ -82,7 +85,7 @@ fn a_refusal_answers_with_shrinking_waits_until_its_retry_after() {
 
 #[test]
 fn a_higher_cost_is_refused_and_a_lower_one_asks_redis() {
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let p = [fixed("p", 1)];
     cache.learn(&request(&["p"], 1, 2, 1), p.iter(), T0, &refused(&[decided(false, 1, 900, 900)]));
     assert!(cache.lookup(&request(&["p"], 1, 3, 2), p.iter(), T0 + 10).is_some());
@@ -93,7 +96,7 @@ fn a_higher_cost_is_refused_and_a_lower_one_asks_redis() {
 
 #[test]
 fn another_subject_set_revision_or_scoped_operation_is_another_key() {
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let p = [fixed("p", 1)];
     let q = [fixed("p", 1), fixed("q", 1)];
     let denial = refused(&[decided(false, 0, 900, 900)]);
@@ -128,7 +131,7 @@ fn elsewhere_for(subject: u8) -> RateLimitRequest {
 
 #[test]
 fn a_clock_behind_the_refusal_drops_it() {
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let p = [fixed("p", 1)];
     let refusal = |retry| refused(&[decided(false, 0, retry, retry)]);
     cache.learn(&request(&["p"], 1, 1, 1), p.iter(), T0 + 500, &refusal(500));
@@ -141,7 +144,7 @@ fn a_clock_behind_the_refusal_drops_it() {
 
 #[test]
 fn behind_the_latest_time_seen_nothing_is_answered_or_stored() {
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let p = [fixed("p", 1)];
     let refusal = |retry| refused(&[decided(false, 0, retry, retry)]);
     cache.learn(&request(&["p"], 1, 1, 1), p.iter(), T0 + 300, &refusal(700));
@@ -171,7 +174,7 @@ fn an_admission_drops_the_refusal_and_an_admitted_id_always_asks_redis() {
     .build()
     .unwrap()];
     assert!(dedupe[0].evaluation_dedup().record_capacity() > 0);
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let denial = refused(&[decided(false, 0, 900, 900)]);
     // Id 7 admitted at cost 1, then a cost-2 request refused.
     cache.learn(&request(&["p"], 1, 1, 7), dedupe.iter(), T0, &admitted());
@@ -187,7 +190,7 @@ fn an_admission_drops_the_refusal_and_an_admitted_id_always_asks_redis() {
 
 #[test]
 fn only_certain_refusals_are_cached() {
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let p = [fixed("p", 1)];
     let sliding = [RateLimitPolicy::builder(
         "p",
@@ -235,7 +238,7 @@ fn a_set_is_cached_until_its_soonest_enforced_denial_or_window_end() {
         window("q", 100, PolicyMode::Enforce),
         window("s", 1000, PolicyMode::Shadow),
     ];
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     // p refuses for 600 ms; q allows and its window ends in 40 ms; the
     // shadow policy's own denial decides nothing.
     let answer = refused(&[
@@ -267,7 +270,7 @@ fn a_set_with_a_token_bucket_a_gcra_or_a_concurrency_policy_is_not_cached() {
             .evaluation_dedup(EvaluationDedupPolicy::Disabled)
             .build()
             .unwrap();
-        let cache = DenyCache::new(100);
+        let cache = DenyCache::new(100, MAX_AGE);
         for set in [vec![other.clone()], vec![fixed("p", 1), other]] {
             let ids: Vec<&str> = set.iter().map(|policy| policy.id().as_str()).collect();
             let denials = vec![decided(false, 0, 100, 500); set.len()];
@@ -279,7 +282,7 @@ fn a_set_with_a_token_bucket_a_gcra_or_a_concurrency_policy_is_not_cached() {
 
 #[test]
 fn the_cache_stays_within_max_entries_and_evicts_the_soonest_to_run_out() {
-    let cache = DenyCache::new(16);
+    let cache = DenyCache::new(16, MAX_AGE);
     let p = [fixed("p", 1)];
     for subject in 0..200u8 {
         let retry = 100 + u64::from(subject);
@@ -293,7 +296,7 @@ fn the_cache_stays_within_max_entries_and_evicts_the_soonest_to_run_out() {
 
 #[test]
 fn forget_drops_every_refusal_of_a_subject_only() {
-    let cache = DenyCache::new(100);
+    let cache = DenyCache::new(100, MAX_AGE);
     let p = [fixed("p", 1)];
     let q = [fixed("q", 1)];
     let denial = refused(&[decided(false, 0, 900, 900)]);
@@ -305,4 +308,24 @@ fn forget_drops_every_refusal_of_a_subject_only() {
     assert_eq!(cache.forget(&one), 2);
     assert_eq!(cache.lookup(&request(&["p"], 1, 1, 2), p.iter(), T0), None);
     assert!(cache.lookup(&request(&["q"], 2, 1, 2), q.iter(), T0).is_some());
+}
+
+#[test]
+fn a_refusal_is_served_at_most_its_max_age_whatever_its_retry_after() {
+    let cache = DenyCache::new(100, Duration::from_millis(300));
+    let hourly = [RateLimitPolicy::builder(
+        "h",
+        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(3_600) },
+    )
+    .scope(PolicyScope::Subject)
+    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+    .build()
+    .unwrap()];
+    let denied = request(&["h"], 1, 1, 1);
+    let hour = 3_600_000;
+    cache.learn(&denied, hourly.iter(), T0, &refused(&[decided(false, 0, hour, hour)]));
+    let served = cache.lookup(&denied, hourly.iter(), T0 + 299).unwrap();
+    assert_eq!(only(served).retry_after, Duration::from_millis(hour - 299));
+    assert!(cache.lookup(&denied, hourly.iter(), T0 + 300).is_none(), "Redis is asked again");
+    assert_eq!(cache.len(), 0, "and the entry is gone");
 }

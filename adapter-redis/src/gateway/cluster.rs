@@ -106,6 +106,11 @@ impl Connect for Cluster {
     fn connect(&self) -> impl Future<Output = RedisResult<ClusterConnection>> + Send {
         self.0.get_async_connection()
     }
+
+    /// `INFO` goes to every master: each one's policy is read.
+    fn opened(&self, connection: &ClusterConnection, label: &Arc<str>, timeout: Duration) {
+        crate::eviction::check(connection.clone(), Arc::clone(label), timeout);
+    }
 }
 
 impl Debug for ClusterGateway {
@@ -159,7 +164,7 @@ impl ClusterGateway {
         if let Some(password) = password {
             builder = builder.password(password);
         }
-        let connection = LazyConnection::new(
+        let connection = LazyConnection::checking_each_connection(
             Arc::new(Cluster(builder.build()?)),
             connect_timeout,
             "cluster".into(),

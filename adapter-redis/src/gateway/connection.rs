@@ -143,6 +143,11 @@ pub(crate) trait Connect: Send + Sync + 'static {
 
     /// Called once per call that takes a connection, before it does.
     fn used(&self) {}
+
+    /// Called with each connection a gateway's main connection opens
+    /// (start-up and every reconnect; not `WAIT` ones, which reach the same
+    /// server), to check the server on a task of its own within `timeout`.
+    fn opened(&self, _connection: &Self::Connection, _label: &Arc<str>, _timeout: Duration) {}
 }
 
 /// One open connection as handed out: clone it, send on it, and report how
@@ -188,6 +193,9 @@ struct State<T> {
     /// Connect attempts started, ever (tests count them).
     attempts: AtomicU64,
     outage: Mutex<Outage>,
+    /// `Some(timeout)` when each new connection is handed to
+    /// [`Connect::opened`] (see [`LazyConnection::checking_each_connection`]).
+    check: Option<Duration>,
 }
 
 impl<C: Connect> Debug for LazyConnection<C> {
@@ -223,8 +231,24 @@ impl<C: Connect> LazyConnection<C> {
                 ambiguous_in_a_row: AtomicU32::new(0),
                 attempts: AtomicU64::new(0),
                 outage: Mutex::new(Outage::default()),
+                check: None,
             }),
         }
+    }
+
+    /// Like [`Self::new`], handing each connection it opens to
+    /// [`Connect::opened`] (within the connect timeout): for a gateway's
+    /// main connection only.
+    pub(crate) fn checking_each_connection(
+        connector: Arc<C>,
+        connect_timeout: Duration,
+        label: Arc<str>,
+    ) -> Self {
+        let mut connection = Self::new(connector, connect_timeout, label);
+        if let Some(state) = Arc::get_mut(&mut connection.state) {
+            state.check = Some(connect_timeout);
+        }
+        connection
     }
 
     /// How many connect attempts were started so far.
@@ -367,6 +391,9 @@ impl<T: Clone> State<T> {
             Ok(Ok(connection)) => {
                 if let Some(failed_attempts) = lock(&self.outage).connected() {
                     tracing::info!(label, failed_attempts, "redis connected again");
+                }
+                if let Some(timeout) = self.check {
+                    connector.opened(&connection, &Arc::from(label), timeout);
                 }
                 return Ok(self.install(connection, mark));
             }

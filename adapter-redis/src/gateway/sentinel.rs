@@ -140,6 +140,10 @@ impl Connect for Discovered {
             self.used.store(true, Ordering::Relaxed);
         }
     }
+
+    fn opened(&self, connection: &MultiplexedConnection, label: &Arc<str>, timeout: Duration) {
+        crate::eviction::check(connection.clone(), Arc::clone(label), timeout);
+    }
 }
 
 fn no_master(why: &'static str) -> RedisError {
@@ -390,7 +394,11 @@ impl MultiplexedGateway<Discovered> {
             me: me.clone(),
         });
         Ok(Self {
-            connection: LazyConnection::new(connector, connect_timeout, "sentinel".into()),
+            connection: LazyConnection::checking_each_connection(
+                connector,
+                connect_timeout,
+                "sentinel".into(),
+            ),
             waiting: None,
         })
     }

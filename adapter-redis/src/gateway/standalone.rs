@@ -26,6 +26,10 @@ impl Connect for Standalone {
     fn connect(&self) -> impl Future<Output = RedisResult<MultiplexedConnection>> + Send {
         self.client.get_multiplexed_async_connection_with_config(&self.config)
     }
+
+    fn opened(&self, connection: &MultiplexedConnection, label: &Arc<str>, timeout: Duration) {
+        crate::eviction::check(connection.clone(), Arc::clone(label), timeout);
+    }
 }
 
 impl MultiplexedGateway<Standalone> {
@@ -51,7 +55,11 @@ impl MultiplexedGateway<Standalone> {
             .set_response_timeout(None);
         let connector = Arc::new(Standalone { client: Client::open(info)?, config });
         Ok(Self {
-            connection: LazyConnection::new(connector, connect_timeout, "standalone".into()),
+            connection: LazyConnection::checking_each_connection(
+                connector,
+                connect_timeout,
+                "standalone".into(),
+            ),
             waiting: None,
         })
     }

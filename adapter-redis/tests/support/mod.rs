@@ -74,7 +74,7 @@ pub async fn inspector(server: &RedisServer) -> redis::aio::MultiplexedConnectio
 /// [`adapter_redis::acl::user_rules`]) for the default key prefix:
 ///
 /// ```text
-/// ACL SETUSER ca-rate-limit reset on >PASSWORD ~ca:rl:* resetchannels -@all +evalsha +script|load +ping +get +set +hmget +hset +hdel +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange
+/// ACL SETUSER ca-rate-limit reset on >PASSWORD ~ca:rl:* resetchannels -@all +evalsha +script|load +ping +info +time +get +set +hmget +hset +hdel +unlink +pexpire +type +zmscore +zcount +zadd +zremrangebyscore +zscore +zrem +zrange
 /// ```
 ///
 /// The ACL lane proves the printed rule, not a look-alike.

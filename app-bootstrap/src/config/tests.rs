@@ -701,7 +701,7 @@ sentinel-password = { env = "EVERY_KEY_SENTINEL_PASSWORD" }
 wait-replicas = 2
 wait-timeout = "40ms"
 wait-connections = 4
-deny-cache = { enabled = false, max-entries = 500 }
+deny-cache = { enabled = false, max-entries = 500, max-age = "250ms" }
 
 [admin]
 listen = "127.0.0.1:9091"
@@ -1230,6 +1230,7 @@ fn every_redis_field_names_a_key_of_the_redis_table() {
             RedisField::WaitTimeout,
             RedisField::WaitConnections,
             RedisField::DenyCacheMaxEntries,
+            RedisField::DenyCacheMaxAge,
         ] {
             // Exhaustive: a new field fails to compile until it is listed.
             match field {
@@ -1247,7 +1248,8 @@ fn every_redis_field_names_a_key_of_the_redis_table() {
                 | RedisField::SentinelPassword
                 | RedisField::WaitTimeout
                 | RedisField::WaitConnections
-                | RedisField::DenyCacheMaxEntries => {}
+                | RedisField::DenyCacheMaxEntries
+                | RedisField::DenyCacheMaxAge => {}
             }
             let (tables, leaf) =
                 field.key().rsplit_once('.').map_or((None, field.key()), |(t, l)| (Some(t), l));
