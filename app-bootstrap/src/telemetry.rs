@@ -711,48 +711,83 @@ pub(crate) enum Listener {
 /// The head-sampling decision of `telemetry.otlp.sample-ratio`, made per
 /// request before any span exists, so an unsampled request costs a header
 /// look-up and a random number, and no span at all (nor a decision or
-/// script span under it). Parent-based: a caller's `traceparent` decides
-/// by its sampled flag; without one, the ratio does.
+/// script span under it). A caller's `traceparent` decides by its sampled
+/// flag, and the span joins its trace (its `tracestate` with it), only
+/// when `telemetry.otlp.trust-remote-parent` is on; otherwise the ratio
+/// decides and a traced request starts a trace of its own, linked to the
+/// caller's span by its ids alone: at a public edge any client writes
+/// those headers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sampling {
     ratio: f64,
+    trust_remote_parent: bool,
+}
+
+/// How a traced request's span relates to the caller's trace.
+enum Traced {
+    /// A child of the caller's span (a trusted caller, or none: an empty
+    /// context makes a root).
+    Child(opentelemetry::Context),
+    /// A root span with a link to the untrusted caller's span: its trace
+    /// and span ids, sampled flag and `tracestate` left out.
+    LinkedRoot(opentelemetry::trace::SpanContext),
 }
 
 impl Sampling {
-    pub(crate) fn new(ratio: f64) -> Self {
-        Self { ratio }
+    pub(crate) fn new(otlp: &OtlpConfig) -> Self {
+        Self { ratio: otlp.sample_ratio, trust_remote_parent: otlp.trust_remote_parent }
     }
 
-    /// The caller's context when the request is traced, `None` when not.
-    fn traced(self, headers: &axum::http::HeaderMap) -> Option<opentelemetry::Context> {
-        if headers.contains_key("traceparent") {
-            let parent = TraceContextPropagator::new().extract(&CallerHeaders::new(headers));
-            let ids = parent.span().span_context().clone();
-            if ids.is_valid() {
-                return ids.is_sampled().then_some(parent);
+    /// How the request is traced, `None` when it is not.
+    fn traced(self, headers: &axum::http::HeaderMap) -> Option<Traced> {
+        let caller = headers
+            .contains_key("traceparent")
+            .then(|| TraceContextPropagator::new().extract(&CallerHeaders::new(headers)))
+            .filter(|parent| parent.span().span_context().is_valid());
+        match caller {
+            Some(parent) if self.trust_remote_parent => {
+                parent.span().span_context().is_sampled().then_some(Traced::Child(parent))
             }
+            Some(parent) => self.keeps_new_trace().then(|| {
+                let ids = parent.span().span_context().clone();
+                Traced::LinkedRoot(opentelemetry::trace::SpanContext::new(
+                    ids.trace_id(),
+                    ids.span_id(),
+                    opentelemetry::trace::TraceFlags::default(),
+                    true,
+                    opentelemetry::trace::TraceState::NONE,
+                ))
+            }),
+            None => self.keeps_new_trace().then(|| Traced::Child(opentelemetry::Context::new())),
         }
-        self.keeps_new_trace().then(opentelemetry::Context::new)
     }
 
-    /// Whether a trace that no caller started is kept (the ratio's draw).
+    /// Whether a trace that no trusted caller started is kept (the ratio's
+    /// draw).
     pub(crate) fn keeps_new_trace(self) -> bool {
         self.ratio >= 1.0 || (self.ratio > 0.0 && rand::random::<f64>() < self.ratio)
     }
 
-    /// The span `make` builds, joined to the caller's trace that `headers`
-    /// name; `None`, and no span made at all, when the call is not traced.
+    /// The span `make` builds, joined to (or, untrusted, linked to) the
+    /// caller's trace that `headers` name; `None`, and no span made at
+    /// all, when the call is not traced.
     pub(crate) fn span_for(
         self,
         headers: &axum::http::HeaderMap,
         make: impl FnOnce() -> tracing::Span,
     ) -> Option<tracing::Span> {
-        let parent = self.traced(headers)?;
+        let traced = self.traced(headers)?;
         let span = make();
-        if parent.span().span_context().is_valid() {
-            // Fails only when no OpenTelemetry layer is installed (a test's
-            // in-process server): the span then has no trace to join anyway.
-            let _ = span.set_parent(parent);
+        match traced {
+            Traced::Child(parent) => {
+                if parent.span().span_context().is_valid() {
+                    // Fails only when no OpenTelemetry layer is installed (a
+                    // test's in-process server): the span then has no trace
+                    // to join anyway.
+                    let _ = span.set_parent(parent);
+                }
+            }
+            Traced::LinkedRoot(caller) => span.add_link(caller),
         }
         Some(span)
     }
