@@ -48,10 +48,14 @@ esac
 # The service reads every <PREFIX>_* variable as a configuration key, so
 # the prefix must start no variable its own files name as a secret's
 # source (RATE_LIMIT_ADMIN_TOKEN, REDIS_PASSWORD) nor one that toolchains,
-# runtimes and locales set in every environment.
+# runtimes and locales set in every environment, nor one of a well-known
+# family the service or its platform reads itself: OpenTelemetry's
+# (OTEL_*), TLS roots (SSL_CERT_*), proxies (HTTP_PROXY, NO_PROXY, ...) and
+# what Kubernetes sets in every pod.
 template_vars=$(git -C "$(cd "$(dirname "$0")/.." && pwd -P)" grep -ohE 'env = "[A-Z][A-Z0-9_]*"' 2>/dev/null \
     | sed -E 's/env = "(.*)"/\1/' | sort -u || true)
-for variable in $template_vars RUST_LOG CARGO_HOME LC_ALL TOKIO_WORKER_THREADS XDG_CONFIG_HOME; do
+for variable in $template_vars RUST_LOG CARGO_HOME LC_ALL TOKIO_WORKER_THREADS XDG_CONFIG_HOME \
+    OTEL_SDK_DISABLED SSL_CERT_FILE HTTP_PROXY HTTPS_PROXY NO_PROXY ALL_PROXY KUBERNETES_SERVICE_HOST; do
     case "$variable" in
         "${upper}_"*) die "NAME '$name' gives the variable prefix ${upper}_, which would read $variable as a configuration key; pick another" ;;
     esac

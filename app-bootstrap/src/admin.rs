@@ -182,13 +182,20 @@ pub fn router(state: AdminState) -> Router {
 /// Lets a request through only with `Authorization: Bearer <token>`, the
 /// scheme in any case (RFC 7235 section 2.1). The presented token's digest
 /// is compared with the configured one's in constant time, so neither a
-/// prefix nor the length leaks through timing.
+/// prefix nor the length leaks through timing. A request with more than one `Authorization` header is a `400`: which of
+/// two credentials counts is never guessed.
 async fn authorize(State(state): State<AdminState>, request: Request, next: Next) -> Response {
-    let presented = request
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(bearer_token);
+    let mut credentials = request.headers().get_all(header::AUTHORIZATION).iter();
+    let first = credentials.next();
+    if credentials.next().is_some() {
+        return problem(
+            &state,
+            StatusCode::BAD_REQUEST,
+            "duplicate-authorization",
+            "Send one `Authorization: Bearer <token>` header, not several.",
+        );
+    }
+    let presented = first.and_then(|value| value.to_str().ok()).and_then(bearer_token);
     let valid = presented.is_some_and(|token| {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         bool::from(digest.ct_eq(&state.token))

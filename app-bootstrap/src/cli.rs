@@ -290,6 +290,7 @@ async fn serve(
         tracing::info!(
             endpoint,
             sample_ratio = config.telemetry.otlp.sample_ratio,
+            trust_remote_parent = config.telemetry.otlp.trust_remote_parent,
             "exporting traces over OTLP/HTTP"
         );
     }

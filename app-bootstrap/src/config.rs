@@ -79,10 +79,18 @@ pub struct OtlpConfig {
     /// `service-name`: the resource attribute `service.name`.
     pub service_name: String,
     /// `sample-ratio`: the share of new traces kept, `0.0..=1.0`. Parent
-    /// based: a request whose `traceparent` is sampled is always kept, one
-    /// whose `traceparent` is not sampled never.
+    /// based only with `trust-remote-parent`: then a request whose
+    /// `traceparent` is sampled is always kept, one whose `traceparent` is
+    /// not sampled never.
     #[serde(deserialize_with = "ratio")]
     pub sample_ratio: f64,
+    /// `trust-remote-parent`: whether a caller's `traceparent` and
+    /// `tracestate` are trusted (off by default: at a public edge any
+    /// client writes them). On, a request joins the caller's trace, keeps
+    /// its `tracestate` and is traced as its sampled flag says; off, the
+    /// ratio decides and a traced request is a trace of its own with a
+    /// link to the caller's span ids.
+    pub trust_remote_parent: bool,
     /// `timeout`: how long one export may take before it counts as failed.
     #[serde(with = "humantime_serde")]
     pub timeout: Duration,
@@ -130,6 +138,7 @@ impl Default for OtlpConfig {
             ca_file: None,
             service_name: "ca-skeleton".to_owned(),
             sample_ratio: 1.0,
+            trust_remote_parent: false,
             timeout: Duration::from_secs(2),
             headers: BTreeMap::new(),
         }

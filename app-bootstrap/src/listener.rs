@@ -43,6 +43,10 @@ pub(crate) async fn serve(
     let mut http = http1::Builder::new();
     // Without a timer hyper enforces no header-read timeout at all.
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
+    // A client may shut down its sending side once its request is sent
+    // (`shutdown(SHUT_WR)`) and still read the answer: without this hyper
+    // takes the read side's end for the client gone and closes unanswered.
+    http.half_close(true);
     let (stop, stopping) = watch::channel(false);
     let mut connections = JoinSet::new();
     let mut shutdown = std::pin::pin!(shutdown);

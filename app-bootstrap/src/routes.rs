@@ -3,18 +3,23 @@
 //! applies it to the whole router it is given), and [`ApiRoutes`] knows the
 //! operations it serves, so a configured operation that names no route
 //! stops start-up. Probes and metrics live in `server`, never rate limited.
+//! The API's own problems (a bad query, no route, a method the route does
+//! not take) are problem+json of type `<problem-type-base><category>`, as
+//! the edge's are ([`ProblemBase`]).
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use axum::Router;
+use adapter_web::{BridgeSwitch, DEFAULT_PROBLEM_TYPE_BASE};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query};
 use axum::handler::Handler;
-use axum::http::{Method, StatusCode};
+use axum::http::{Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, on};
-use problem_details::ProblemDetails;
+use axum::{Extension, Router};
+use problem_details::{ProblemDetails, ProblemType};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -141,9 +146,12 @@ struct WorkQuery {
 /// [`MAX_WORK_MS`]) and answers, so a request stays in flight long enough
 /// to show an in-flight (concurrency) limit. A query that is not one whole
 /// `ms` in range is a 400 problem+json, never a 500.
-async fn work(query: Result<Query<WorkQuery>, QueryRejection>) -> Response {
+async fn work(
+    base: Option<Extension<ProblemBase>>,
+    query: Result<Query<WorkQuery>, QueryRejection>,
+) -> Response {
     let Some(ms) = work_ms(query) else {
-        return bad_work_query();
+        return bad_work_query(base);
     };
     tokio::time::sleep(Duration::from_millis(ms)).await;
     axum::Json(json!({ "worked-ms": ms })).into_response()
@@ -156,14 +164,78 @@ fn work_ms(query: Result<Query<WorkQuery>, QueryRejection>) -> Option<u64> {
     Some(ms.unwrap_or(DEFAULT_WORK_MS)).filter(|ms| *ms <= MAX_WORK_MS)
 }
 
-fn bad_work_query() -> Response {
-    ProblemDetails::from_status_code(StatusCode::BAD_REQUEST)
-        .with_title("Invalid Query")
-        .with_detail(format!(
+fn bad_work_query(base: Option<Extension<ProblemBase>>) -> Response {
+    problem(
+        base,
+        StatusCode::BAD_REQUEST,
+        "invalid-query",
+        &format!(
             "The only query parameter is ms, a whole number of milliseconds from 0 to \
              {MAX_WORK_MS} (default {DEFAULT_WORK_MS})."
-        ))
-        .into_response()
+        ),
+    )
+}
+
+/// Where the API's own problem types start: `problem-type-base` as the
+/// edge in force has it (so a reload that changes it applies here too), or
+/// as configured when nothing limits. The server puts it on every request
+/// as an extension; a router served without it (a unit test) answers with
+/// [`DEFAULT_PROBLEM_TYPE_BASE`].
+#[derive(Debug, Clone)]
+pub enum ProblemBase {
+    /// The edge's settings in force.
+    Edge(BridgeSwitch),
+    /// A base fixed at start-up.
+    Fixed(Arc<str>),
+}
+
+impl ProblemBase {
+    /// `<base><category>` as a problem type; the default base's when the
+    /// configured one does not form a URI with it (validation refuses
+    /// such a base at start-up).
+    pub fn problem_type(&self, category: &str) -> Option<ProblemType> {
+        let of =
+            |base: &str| format!("{base}{category}").parse::<Uri>().ok().map(ProblemType::from);
+        let configured = match self {
+            Self::Edge(switch) => of(&switch.current().settings().problem_type_base),
+            Self::Fixed(base) => of(base),
+        };
+        configured.or_else(|| of(DEFAULT_PROBLEM_TYPE_BASE))
+    }
+}
+
+/// A problem+json answer of type `<problem-type-base><category>`.
+fn problem(
+    base: Option<Extension<ProblemBase>>,
+    status: StatusCode,
+    category: &str,
+    detail: &str,
+) -> Response {
+    let base = base.map_or_else(
+        || ProblemBase::Fixed(Arc::from(DEFAULT_PROBLEM_TYPE_BASE)),
+        |Extension(base)| base,
+    );
+    let mut problem = ProblemDetails::from_status_code(status).with_detail(detail);
+    problem.r#type = base.problem_type(category);
+    problem.into_response()
+}
+
+/// The API's answer to a path no route serves: `404` problem+json. The
+/// server puts it behind the rate-limit layer, so such a request is
+/// charged as `"<METHOD> <unmatched>"`.
+pub async fn not_found(base: Option<Extension<ProblemBase>>) -> Response {
+    problem(base, StatusCode::NOT_FOUND, "not-found", "No route serves this path.")
+}
+
+/// The API's answer to a method a route does not take: `405`
+/// problem+json (axum adds the `Allow` header).
+pub async fn method_not_allowed(base: Option<Extension<ProblemBase>>) -> Response {
+    problem(
+        base,
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method-not-allowed",
+        "This route does not take this method; see the Allow header.",
+    )
 }
 
 #[cfg(test)]
@@ -240,6 +312,8 @@ mod tests {
             assert_eq!(status, StatusCode::BAD_REQUEST, "{query}");
             assert_eq!(content_type.as_deref(), Some("application/problem+json"), "{query}");
             assert_eq!(body["status"], 400, "{query}");
+            let expected = format!("{DEFAULT_PROBLEM_TYPE_BASE}invalid-query");
+            assert_eq!(body["type"], expected.as_str(), "{query}");
         }
     }
 }

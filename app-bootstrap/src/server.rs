@@ -328,8 +328,14 @@ impl Application {
         });
         let reload = (config.clone(), served, target);
         let otlp = &config.telemetry.otlp;
-        let sampling = otlp.endpoint.as_ref().map(|_| telemetry::Sampling::new(otlp.sample_ratio));
-        let mut router = router(api, capability, layer, metrics.clone());
+        let sampling = otlp.endpoint.as_ref().map(|_| telemetry::Sampling::new(otlp));
+        let base = match layer.switch() {
+            Some(switch) => routes::ProblemBase::Edge(switch.clone()),
+            None => routes::ProblemBase::Fixed(Arc::from(
+                capability::edge_settings(config)?.problem_type_base,
+            )),
+        };
+        let mut router = router_with(api, capability, layer, metrics.clone(), base);
         if let Some(sampling) = sampling {
             // Outside every route's layers, so the rate-limit decision is
             // a child of the request span.
@@ -552,19 +558,47 @@ async fn bind(address: SocketAddr) -> Result<(TcpListener, SocketAddr), Bootstra
 
 /// The whole router: every route of `api` behind `layer`; `/healthz`,
 /// `/readyz` and `/metrics` beside it, so probes are never rate limited.
-/// The layer wraps `api` as a whole, so no API route can end up outside it.
+/// The layer wraps `api` as a whole, its fallback included, so no API route
+/// can end up outside it, and a path no route serves is charged as
+/// `"<METHOD> <unmatched>"`. Problem types start with the layer's
+/// `problem-type-base` in force (the default one when the layer is
+/// disabled; [`Application::build`] passes the configured one).
 pub fn router(
     api: Router,
     capability: RateLimitCapability,
     layer: RateLimitLayer,
     metrics: PrometheusHandle,
 ) -> Router {
+    let base = match layer.switch() {
+        Some(switch) => routes::ProblemBase::Edge(switch.clone()),
+        None => routes::ProblemBase::Fixed(Arc::from(adapter_web::DEFAULT_PROBLEM_TYPE_BASE)),
+    };
+    router_with(api, capability, layer, metrics, base)
+}
+
+/// [`router`] with the problem types starting at `base`. The fallback is
+/// set on `api` before the layer: a merge keeps the one fallback set, so
+/// the probes' unlimited default one never answers an API path.
+fn router_with(
+    api: Router,
+    capability: RateLimitCapability,
+    layer: RateLimitLayer,
+    metrics: PrometheusHandle,
+    base: routes::ProblemBase,
+) -> Router {
+    let problem_base = axum::Extension(base);
     let probes = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(render_metrics))
+        .method_not_allowed_fallback(routes::method_not_allowed)
+        .layer(problem_base.clone())
         .with_state(Probes { capability, metrics });
-    api.layer(layer).merge(probes)
+    api.method_not_allowed_fallback(routes::method_not_allowed)
+        .fallback(routes::not_found)
+        .layer(problem_base)
+        .layer(layer)
+        .merge(probes)
 }
 
 async fn healthz() -> &'static str {

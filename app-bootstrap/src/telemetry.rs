@@ -711,48 +711,104 @@ pub(crate) enum Listener {
 /// The head-sampling decision of `telemetry.otlp.sample-ratio`, made per
 /// request before any span exists, so an unsampled request costs a header
 /// look-up and a random number, and no span at all (nor a decision or
-/// script span under it). Parent-based: a caller's `traceparent` decides
-/// by its sampled flag; without one, the ratio does.
+/// script span under it). A caller's `traceparent` decides by its sampled
+/// flag, and the span joins its trace (its `tracestate` with it), only
+/// when `telemetry.otlp.trust-remote-parent` is on; otherwise the ratio
+/// decides and a traced request starts a trace of its own, linked to the
+/// caller's span by its ids alone: at a public edge any client writes
+/// those headers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Sampling {
     ratio: f64,
+    trust_remote_parent: bool,
+}
+
+/// The longest trusted `tracestate` exported (W3C Trace Context asks
+/// that at least 512 characters be passed on); a longer one is dropped
+/// whole.
+const MAX_TRACESTATE_BYTES: usize = 512;
+
+/// How a traced request's span relates to the caller's trace.
+enum Traced {
+    /// A child of the caller's span (a trusted caller, or none: an empty
+    /// context makes a root).
+    Child(opentelemetry::Context),
+    /// A root span with a link to the untrusted caller's span: its trace
+    /// and span ids, sampled flag and `tracestate` left out.
+    LinkedRoot(opentelemetry::trace::SpanContext),
 }
 
 impl Sampling {
-    pub(crate) fn new(ratio: f64) -> Self {
-        Self { ratio }
+    pub(crate) fn new(otlp: &OtlpConfig) -> Self {
+        Self { ratio: otlp.sample_ratio, trust_remote_parent: otlp.trust_remote_parent }
     }
 
-    /// The caller's context when the request is traced, `None` when not.
-    fn traced(self, headers: &axum::http::HeaderMap) -> Option<opentelemetry::Context> {
-        if headers.contains_key("traceparent") {
-            let parent = TraceContextPropagator::new().extract(&CallerHeaders::new(headers));
-            let ids = parent.span().span_context().clone();
-            if ids.is_valid() {
-                return ids.is_sampled().then_some(parent);
+    /// How the request is traced, `None` when it is not.
+    fn traced(self, headers: &axum::http::HeaderMap) -> Option<Traced> {
+        let caller = headers
+            .contains_key("traceparent")
+            .then(|| TraceContextPropagator::new().extract(&CallerHeaders::new(headers)))
+            .filter(|parent| parent.span().span_context().is_valid());
+        match caller {
+            Some(parent) if self.trust_remote_parent => {
+                let ids = parent.span().span_context().clone();
+                if !ids.is_sampled() {
+                    return None;
+                }
+                if ids.trace_state().header().len() <= MAX_TRACESTATE_BYTES {
+                    return Some(Traced::Child(parent));
+                }
+                // Joined without the state: a trusted hop can still relay a
+                // client's oversized list, and every span would carry it.
+                let bare = opentelemetry::trace::SpanContext::new(
+                    ids.trace_id(),
+                    ids.span_id(),
+                    ids.trace_flags(),
+                    true,
+                    opentelemetry::trace::TraceState::NONE,
+                );
+                Some(Traced::Child(opentelemetry::Context::new().with_remote_span_context(bare)))
             }
+            Some(parent) => self.keeps_new_trace().then(|| {
+                let ids = parent.span().span_context().clone();
+                Traced::LinkedRoot(opentelemetry::trace::SpanContext::new(
+                    ids.trace_id(),
+                    ids.span_id(),
+                    opentelemetry::trace::TraceFlags::default(),
+                    true,
+                    opentelemetry::trace::TraceState::NONE,
+                ))
+            }),
+            None => self.keeps_new_trace().then(|| Traced::Child(opentelemetry::Context::new())),
         }
-        self.keeps_new_trace().then(opentelemetry::Context::new)
     }
 
-    /// Whether a trace that no caller started is kept (the ratio's draw).
+    /// Whether a trace that no trusted caller started is kept (the ratio's
+    /// draw).
     pub(crate) fn keeps_new_trace(self) -> bool {
         self.ratio >= 1.0 || (self.ratio > 0.0 && rand::random::<f64>() < self.ratio)
     }
 
-    /// The span `make` builds, joined to the caller's trace that `headers`
-    /// name; `None`, and no span made at all, when the call is not traced.
+    /// The span `make` builds, joined to (or, untrusted, linked to) the
+    /// caller's trace that `headers` name; `None`, and no span made at
+    /// all, when the call is not traced.
     pub(crate) fn span_for(
         self,
         headers: &axum::http::HeaderMap,
         make: impl FnOnce() -> tracing::Span,
     ) -> Option<tracing::Span> {
-        let parent = self.traced(headers)?;
+        let traced = self.traced(headers)?;
         let span = make();
-        if parent.span().span_context().is_valid() {
-            // Fails only when no OpenTelemetry layer is installed (a test's
-            // in-process server): the span then has no trace to join anyway.
-            let _ = span.set_parent(parent);
+        match traced {
+            Traced::Child(parent) => {
+                if parent.span().span_context().is_valid() {
+                    // Fails only when no OpenTelemetry layer is installed (a
+                    // test's in-process server): the span then has no trace
+                    // to join anyway.
+                    let _ = span.set_parent(parent);
+                }
+            }
+            Traced::LinkedRoot(caller) => span.add_link(caller),
         }
         Some(span)
     }
@@ -945,9 +1001,58 @@ mod tests {
     use opentelemetry_sdk::propagation::TraceContextPropagator;
 
     use super::{
-        CallerHeaders, Queue, batch_variable_problems, export_switched_off,
+        CallerHeaders, Queue, Sampling, Traced, batch_variable_problems, export_switched_off,
         header_variable_problems, max_queue_size, percent_decoded, trusted_roots,
     };
+    use crate::config::OtlpConfig;
+
+    fn sampling(sample_ratio: f64, trust_remote_parent: bool) -> Sampling {
+        Sampling::new(&OtlpConfig { sample_ratio, trust_remote_parent, ..OtlpConfig::default() })
+    }
+
+    fn caller(flags: &str, tracestate: &str) -> axum::http::HeaderMap {
+        let mut headers = axum::http::HeaderMap::new();
+        let parent = format!("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-{flags}");
+        headers.insert("traceparent", parent.parse().unwrap());
+        headers.insert("tracestate", tracestate.parse().unwrap());
+        headers
+    }
+
+    #[test]
+    fn an_untrusted_caller_forces_nothing_and_is_linked_without_its_state() {
+        let sampled = caller("01", "vendor=opaque");
+        assert!(sampling(0.0, false).traced(&sampled).is_none());
+        let Some(Traced::LinkedRoot(link)) = sampling(1.0, false).traced(&sampled) else {
+            panic!("a root span linked to the caller");
+        };
+        assert_eq!(link.trace_id().to_string(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(link.span_id().to_string(), "00f067aa0ba902b7");
+        assert_eq!(link.trace_state().header(), "");
+        // Unsampled by the caller: the ratio still decides.
+        assert!(matches!(
+            sampling(1.0, false).traced(&caller("00", "a=1")),
+            Some(Traced::LinkedRoot(_))
+        ));
+    }
+
+    #[test]
+    fn a_trusted_caller_decides_and_an_oversized_state_is_dropped() {
+        assert!(sampling(1.0, true).traced(&caller("00", "a=1")).is_none());
+        let joined = |tracestate: &str| match sampling(0.0, true).traced(&caller("01", tracestate))
+        {
+            Some(Traced::Child(parent)) => {
+                parent.span().span_context().trace_state().header().clone()
+            }
+            _ => panic!("a child of the trusted caller's span"),
+        };
+        assert_eq!(joined("vendor=opaque"), "vendor=opaque");
+        // Two members the SDK takes (a value is at most 256 bytes): 512
+        // bytes in all are kept, 513 dropped.
+        let at_bound = format!("a={},b={}", "x".repeat(254), "y".repeat(253));
+        assert_eq!(at_bound.len(), 512);
+        assert_eq!(joined(&at_bound), at_bound);
+        assert_eq!(joined(&format!("a={},b={}", "x".repeat(254), "y".repeat(254))), "");
+    }
 
     fn only(name: &'static str, value: &'static str) -> impl Fn(&str) -> Option<String> {
         move |asked: &str| (asked == name).then(|| value.to_owned())

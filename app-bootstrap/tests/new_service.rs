@@ -152,6 +152,13 @@ fn bad_names_and_a_used_destination_are_refused() {
         "redis",
         "rate-limit",
         "rust",
+        // ... or OpenTelemetry's, the TLS roots', the proxies' or
+        // Kubernetes' own variables.
+        "otel",
+        "ssl",
+        "http",
+        "no",
+        "kubernetes",
     ] {
         let dest = dir.path().join("refused");
         let output = generate(name, &dest);

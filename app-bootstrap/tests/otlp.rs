@@ -32,6 +32,9 @@ const TRACE_ID: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT_SPAN_ID: &str = "00f067aa0ba902b7";
 /// A trace a caller did not sample (flags `00`).
 const UNSAMPLED_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
+/// The key that lets a caller's `traceparent` decide and be joined (off by
+/// default): what the tests of the caller's trace set.
+const TRUSTED: &str = "trust-remote-parent = true\n";
 
 /// Every export request the receiver took: the raw body, and decoded.
 #[derive(Debug, Default, Clone)]
@@ -378,7 +381,7 @@ fn assert_log_lines_join(serve: &Serve, request: &Span) {
 #[test]
 fn memory_exports_the_request_and_decision_spans_of_the_callers_trace() {
     let (endpoint, received) = receiver();
-    let mut serve = Serve::start(&config("memory", &endpoint, ""), "info,adapter_web=trace");
+    let mut serve = Serve::start(&config("memory", &endpoint, TRUSTED), "info,adapter_web=trace");
     // Both counters are shown before anything failed or was dropped.
     assert_eq!(metric(&serve.base, TRACE_EXPORT_FAILURES_TOTAL), Some(0));
     assert_eq!(metric(&serve.base, TRACE_SPANS_DROPPED_TOTAL), Some(0));
@@ -400,8 +403,10 @@ fn memory_exports_the_request_and_decision_spans_of_the_callers_trace() {
 #[test]
 fn redis_exports_the_script_span_under_the_decision_span() {
     let redis = RedisServer::start();
-    let extra =
-        format!("[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"otlp:\"\n", redis.url());
+    let extra = format!(
+        "{TRUSTED}[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"otlp:\"\n",
+        redis.url()
+    );
     let (endpoint, received) = receiver();
     let mut serve = Serve::start(&config("redis", &endpoint, &extra), "info,adapter_web=trace");
     assert_eq!(two_requests(&serve.base), [200, 200]);
@@ -541,7 +546,7 @@ fn with_the_receiver_down_requests_are_served_and_failures_are_counted_and_logge
 fn an_admin_call_and_the_reload_it_asks_for_have_their_own_spans() {
     const TOKEN: &str = "otlp-test-admin-token-0123456789abcdef";
     let (endpoint, received) = receiver();
-    let extra = format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n");
+    let extra = format!("{TRUSTED}[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n");
     let mut serve = Serve::start(&config("memory", &endpoint, &extra), "info");
     let admin = serve.admin_address();
     // The caller's trace, sampled; then another that is not.
@@ -610,9 +615,10 @@ fn requests_with(base: &str, traceparents: &[Option<String>]) -> Vec<u16> {
 }
 
 #[test]
-fn at_ratio_zero_only_a_sampled_traceparent_is_traced() {
+fn at_ratio_zero_only_a_trusted_sampled_traceparent_is_traced() {
     let (endpoint, received) = receiver();
-    let mut serve = Serve::start(&config("memory", &endpoint, "sample-ratio = 0.0\n"), "info");
+    let extra = format!("sample-ratio = 0.0\n{TRUSTED}");
+    let mut serve = Serve::start(&config("memory", &endpoint, &extra), "info");
     let traceparents = [
         None,
         Some(format!("00-{UNSAMPLED_TRACE_ID}-b7ad6b7169203331-00")),
@@ -630,6 +636,72 @@ fn at_ratio_zero_only_a_sampled_traceparent_is_traced() {
     names.sort_unstable();
     assert_eq!(names, ["GET /api/hello", "rate_limit.decision"], "{spans:#?}");
     assert!(spans.iter().all(|span| span.trace_id == trace_id), "{spans:#?}");
+}
+
+/// At a public edge (the default, `trust-remote-parent` off) a client's
+/// sampled `traceparent` does not force a trace: at ratio 0 nothing is
+/// traced, whatever the client sends.
+#[test]
+fn at_ratio_zero_an_untrusted_sampled_traceparent_is_not_traced() {
+    let (endpoint, received) = receiver();
+    let mut serve = Serve::start(&config("memory", &endpoint, "sample-ratio = 0.0\n"), "info");
+    let traceparents = [
+        Some(format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01")),
+        None,
+        Some(format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01")),
+    ];
+    assert_eq!(requests_with(&serve.base, &traceparents), [200; 3]);
+    stop(&mut serve);
+    let spans = received.spans();
+    assert!(spans.is_empty(), "nothing traced at ratio 0: {spans:#?}");
+}
+
+/// Untrusted (the default), a traced request is a trace of its own: the
+/// caller's span is a link carrying its two ids and nothing else, and the
+/// caller's `tracestate` is in no exported byte.
+#[test]
+fn an_untrusted_callers_trace_is_linked_not_joined_and_its_tracestate_not_exported() {
+    const STATE: &str = "hostile=client-written-state";
+    let (endpoint, received) = receiver();
+    let mut serve = Serve::start(&config("memory", &endpoint, ""), "info");
+    let base = serve.base.clone();
+    let status = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            let reply = client
+                .get(format!("{base}/api/hello"))
+                .header("traceparent", format!("00-{TRACE_ID}-{PARENT_SPAN_ID}-01"))
+                .header("tracestate", STATE)
+                .send()
+                .await
+                .unwrap();
+            reply.status().as_u16()
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(status, 200);
+    stop(&mut serve);
+
+    let spans = received.spans();
+    let request = spans
+        .iter()
+        .find(|span| span.name == "GET /api/hello")
+        .unwrap_or_else(|| panic!("no request span: {spans:#?}"));
+    let trace_id = hex::decode(TRACE_ID).unwrap();
+    assert_ne!(request.trace_id, trace_id, "a trace of its own: {request:#?}");
+    assert!(request.parent_span_id.is_empty(), "a root span: {request:#?}");
+    assert!(request.trace_state.is_empty(), "{request:#?}");
+    assert_eq!(request.links.len(), 1, "{request:#?}");
+    let link = &request.links[0];
+    assert_eq!(link.trace_id, trace_id);
+    assert_eq!(link.span_id, hex::decode(PARENT_SPAN_ID).unwrap());
+    assert!(link.trace_state.is_empty(), "{link:#?}");
+    assert!(link.attributes.is_empty(), "{link:#?}");
+    assert!(spans.iter().all(|span| span.trace_id != trace_id), "no span joins: {spans:#?}");
+    let bytes = received.bytes();
+    assert!(!bytes.windows(STATE.len()).any(|window| window == STATE.as_bytes()));
 }
 
 /// SIGHUP, then waits for the reload's result line.
@@ -682,7 +754,7 @@ fn a_reload_on_sighup_is_a_root_span_at_ratio_one() {
 fn an_extension_method_is_exported_as_other_and_never_raw() {
     const METHOD: &str = "XHOSTILEMETHODNAME";
     let (endpoint, received) = receiver();
-    let mut serve = Serve::start(&config("memory", &endpoint, ""), "info");
+    let mut serve = Serve::start(&config("memory", &endpoint, TRUSTED), "info");
     let base = serve.base.clone();
     let status = std::thread::spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -755,7 +827,8 @@ fn a_full_queue_is_still_exported_at_shutdown_to_a_slow_collector() {
 fn spans_reach(collector: &TlsIdentity, extra: &str, env: &[(&str, &str)]) -> Received {
     let (endpoint, received) = tls_receiver(collector);
     assert!(endpoint.starts_with("https://"));
-    let mut serve = Serve::start_with_env(&config("memory", &endpoint, extra), "info", env);
+    let extra = format!("{TRUSTED}{extra}");
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, &extra), "info", env);
     assert_eq!(two_requests(&serve.base), [200, 200]);
     stop(&mut serve);
     let (request, _decision, _) = checked_trace(&received);
@@ -950,7 +1023,7 @@ fn an_envoy_call_is_a_grpc_span_in_the_callers_trace_with_its_decision_span() {
 
     let (endpoint, received) = receiver();
     let rules = format!(
-        "[envoy-rls]\nlisten = \"127.0.0.1:0\"\n\n[[envoy-rls.rules]]\ndomain = \"{DOMAIN}\"\n\
+        "{TRUSTED}[envoy-rls]\nlisten = \"127.0.0.1:0\"\n\n[[envoy-rls.rules]]\ndomain = \"{DOMAIN}\"\n\
          descriptor = [\"remote_address\"]\npolicies = \"{POLICY}\"\n"
     );
     let mut serve = Serve::start(&config("memory", &endpoint, &rules), "info");
@@ -1043,7 +1116,7 @@ fn an_envoy_call_its_deadline_ends_is_an_error_span_with_an_indeterminate_decisi
     let mut redis = RedisServer::start();
     let (endpoint, received) = receiver();
     let extra = format!(
-        "[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"otlp:\"\n\n\
+        "{TRUSTED}[redis]\nenabled = true\nurls = [\"{}\"]\nkey-prefix = \"otlp:\"\n\n\
          [envoy-rls]\nlisten = \"127.0.0.1:0\"\n\n[[envoy-rls.rules]]\ndomain = \"{DOMAIN}\"\n\
          descriptor = [\"remote_address\"]\npolicies = \"{POLICY}\"\n",
         redis.url()

@@ -82,7 +82,45 @@ impl ConfigSources {
 /// `CA_SKELETON_A__B_C=v` -> `a.b-c = v`: `__` separates levels and `_`
 /// inside a level stands for `-`, because variable names cannot hold `-`.
 fn environment() -> Env {
-    Env::prefixed(ENV_PREFIX)
-        .ignore(&["config"])
-        .map(|key| key.as_str().replace("__", ".").replace('_', "-").into())
+    Env::raw().filter_map(|name| configuration_key(name.as_str()).map(Into::into))
+}
+
+/// The key path a variable sets, or `None` for one that sets none: another
+/// prefix, [`CONFIG_FILE_ENV`], or a name with a lower-case letter. Only
+/// upper case is read (figment would match any case), so
+/// `ca_skeleton_redis__urls` set by a shell or a tool that lower-cases
+/// names is never taken for configuration.
+fn configuration_key(name: &str) -> Option<String> {
+    let path = name.strip_prefix(ENV_PREFIX)?;
+    if path.is_empty() || name == CONFIG_FILE_ENV || path.bytes().any(|b| b.is_ascii_lowercase()) {
+        return None;
+    }
+    Some(path.to_ascii_lowercase().replace("__", ".").replace('_', "-"))
+}
+
+#[cfg(test)]
+mod tests {
+    use figment::Jail;
+
+    use super::*;
+
+    #[test]
+    #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+    fn only_upper_case_variables_are_configuration() {
+        Jail::expect_with(|jail| {
+            // Built from the prefix, so a service made from this template
+            // tests its own.
+            let lower = ENV_PREFIX.to_ascii_lowercase();
+            let mixed = format!("{}{}", &lower[..1], &ENV_PREFIX[1..]);
+            jail.set_env(format!("{lower}capabilities__rate_limit__provider"), "redis");
+            jail.set_env(format!("{mixed}REDIS__ENABLED"), "true");
+            jail.set_env(format!("{ENV_PREFIX}redis__topology"), "cluster");
+            jail.set_env(format!("{ENV_PREFIX}SERVER__HEADER_READ_TIMEOUT"), "3s");
+            jail.set_env(format!("{lower}config"), "ignored.toml");
+            let tree = ConfigSources::new(None).merged_tree().expect("the environment reads");
+            let json = serde_json::to_value(&tree).expect("a tree");
+            assert_eq!(json, serde_json::json!({ "server": { "header-read-timeout": "3s" } }));
+            Ok(())
+        });
+    }
 }

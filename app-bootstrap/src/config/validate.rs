@@ -118,9 +118,22 @@ fn policy_set(
         if policies[..index].contains(policy) {
             problems.push(path.clone(), format!("{policy:?} is listed twice"));
         } else if !ids.contains(policy) {
+            // The built-in policy is there only while none is defined, so a
+            // file that defines its own loses it: say so, or the missing
+            // `default` reads like a typo.
+            use adapter_web::DEFAULT_POLICY;
+            let built_in = if policy == DEFAULT_POLICY {
+                format!(
+                    "; the built-in {DEFAULT_POLICY:?} policy applies only while no policy is \
+                     defined, and defining any replaces it: set default-policy to one of \
+                     yours or define {DEFAULT_POLICY:?}"
+                )
+            } else {
+                String::new()
+            };
             problems.push(
                 path.clone(),
-                format!("{policy:?} is not a policy in capabilities.rate-limit.policies (defined: {defined})"),
+                format!("{policy:?} is not a policy in capabilities.rate-limit.policies (defined: {defined}){built_in}"),
             );
         }
     }
