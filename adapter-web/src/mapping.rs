@@ -183,7 +183,7 @@ const fn unavailable_detail(category: UnavailableCategory) -> &'static str {
         }
         UnavailableCategory::UnavailableBeforeSend => "The rate limit store could not be reached.",
         UnavailableCategory::ClockUnsafe => {
-            "The server clock is behind the stored rate limit state; the request was not counted."
+            "This server's clock disagrees with the rate limit store beyond the allowed skew; the request was not counted."
         }
     }
 }
