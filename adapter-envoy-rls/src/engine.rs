@@ -12,11 +12,15 @@
 //!    set of its own. A descriptor with `hits_addend` 0 is only looked at.
 //! 4. The steps run in request order; the first one denied ends the call,
 //!    so later steps are not charged.
+//!
+//! What a client's request alone decides never becomes an error status,
+//! which Envoy's default (`failure_mode_deny: false`) would let through: a
+//! cost above what an enforced policy admits, or more descriptors than
+//! [`MAX_DESCRIPTORS`], is `OVER_LIMIT` before any provider call.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest as EnvoyRequest, RateLimitResponse,
 };
@@ -78,11 +82,14 @@ pub enum DescriptorSubject {
     Unmatched,
 }
 
-/// One descriptor as resolved: its rule, subject and cost.
+/// One descriptor as resolved: its rule, subject and cost, and the
+/// members of its rule that take part (a shadow policy that cannot admit
+/// the cost is left out: it never denies).
 struct Resolved<'e> {
     rule: &'e PreparedRule,
     subject: SubjectDigest,
     cost: u64,
+    members: Vec<&'e Member>,
 }
 
 /// One atomic step: a policy set of one subject, or one look.
@@ -109,7 +116,7 @@ impl Step<'_> {
         if rule.operation_scoped && self.operation_bound && rule.index != self.rule.index {
             return false;
         }
-        let added = rule.members.iter().filter(|member| !self.holds(&member.id)).count();
+        let added = resolved.members.iter().filter(|member| !self.holds(&member.id)).count();
         self.members.len() + added <= MAX_POLICY_SET
     }
 
@@ -203,11 +210,12 @@ impl RlsEngine {
     /// `grpc-timeout`, if it sent one.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` for no descriptor, a descriptor without entries
-    /// or an entry without a key; `UNAVAILABLE` when the provider gave no decision
+    /// `INVALID_ARGUMENT` for no descriptor (nothing to limit);
+    /// `UNAVAILABLE` when the provider gave no decision
     /// (`Unavailable`, `Indeterminate`, `ClockUnsafe`: Envoy's
     /// `failure_mode_deny` decides); `FAILED_PRECONDITION` for
-    /// `Incompatible`.
+    /// `Incompatible` other than a cost above a policy's maximum (which is
+    /// `OVER_LIMIT`: the client chose the cost).
     pub async fn should_rate_limit(
         &self,
         request: &EnvoyRequest,
@@ -217,12 +225,24 @@ impl RlsEngine {
         let Some(port) = &self.port else {
             return Ok(Response::new(request.descriptors.len()).finish());
         };
+        if request.descriptors.len() > MAX_DESCRIPTORS {
+            if let Some(suppressed) = REFUSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    descriptors = request.descriptors.len(),
+                    suppressed,
+                    "envoy rls call with more descriptors than MAX_DESCRIPTORS; answered OVER_LIMIT"
+                );
+            }
+            return Ok(Response::refused(request.descriptors.len()).finish());
+        }
         let now = self.clock.monotonic();
         let budget = self.evaluation_deadline(timeout);
         // A budget too large for `Instant` fails closed (AdmissionRejected).
         let deadline = now.checked_add(budget).unwrap_or(now);
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut steps: Vec<Step<'_>> = Vec::new();
+        let mut response = Response::new(request.descriptors.len());
+        let mut refused = false;
         let mut entries = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             if descriptor.limit.is_some() {
@@ -242,14 +262,26 @@ impl RlsEngine {
                 }
             };
             let cost = descriptor.hits_addend.as_ref().map_or(request_cost, |hits| hits.value);
-            let resolved = Resolved { rule, subject: self.subject(rule, &entries), cost };
+            let members = match admitting(rule, cost) {
+                Ok(members) => members,
+                Err(()) => {
+                    refused = true;
+                    response.refuse_cost(index, rule, cost);
+                    continue;
+                }
+            };
+            if members.is_empty() {
+                // Shadow policies only, none of which can take the cost.
+                continue;
+            }
+            let resolved = Resolved { rule, subject: self.subject(rule, &entries), cost, members };
             match steps.iter_mut().find(|step| step.admits(&resolved)) {
                 Some(step) => {
                     step.operation_bound |= resolved.rule.operation_scoped;
                     if resolved.rule.operation_scoped {
                         step.rule = resolved.rule;
                     }
-                    for member in resolved.rule.members.iter() {
+                    for member in resolved.members {
                         if !step.holds(&member.id) {
                             step.members.push(member);
                         }
@@ -261,21 +293,40 @@ impl RlsEngine {
                     cost: resolved.cost,
                     rule: resolved.rule,
                     operation_bound: resolved.rule.operation_scoped,
-                    members: resolved.rule.members.iter().collect(),
+                    members: resolved.members,
                     descriptors: vec![(index, resolved.rule)],
                 }),
             }
         }
-        let mut response = Response::new(request.descriptors.len());
+        if refused {
+            // Known before any set runs: the call is refused, nothing charged.
+            if let Some(suppressed) = REFUSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    suppressed,
+                    "envoy rls hits_addend above a policy's maximum-cost; answered OVER_LIMIT"
+                );
+            }
+            return Ok(response.finish());
+        }
         for step in &steps {
-            let answer = if step.cost == 0 {
+            let evaluated = if step.cost == 0 {
                 look(&**port, step).await?
             } else {
                 evaluate(&**port, step, deadline).await?
             };
-            let Some(answer) = answer else { continue };
-            if !response.add(step, &answer) {
-                break;
+            match evaluated {
+                Evaluated::Passed => {}
+                Evaluated::CostRefused => {
+                    for &(index, rule) in &step.descriptors {
+                        response.refuse_cost(index, rule, step.cost);
+                    }
+                    break;
+                }
+                Evaluated::Answer(answer) => {
+                    if !response.add(step, &answer) {
+                        break;
+                    }
+                }
             }
         }
         Ok(response.finish())
@@ -293,13 +344,51 @@ impl RlsEngine {
     }
 }
 
-/// One policy set through the port. `None`: a failure of a set that holds
-/// no enforced policy, which passes (as on HTTP).
+/// The members of `rule` that take part in a charge of `cost`, or `Err`
+/// when an enforced one cannot admit it (its `maximum-cost` is below):
+/// such a descriptor can never pass. A shadow member that cannot admit it
+/// is left out, counted `cost-exceeds-maximum`; so is each enforced one
+/// that refuses. A policy the port does not hold stays in: the port
+/// answers `UnknownPolicy`, which fails closed.
+fn admitting(rule: &PreparedRule, cost: u64) -> Result<Vec<&Member>, ()> {
+    if cost == 0 {
+        // A look charges nothing: every member is read.
+        return Ok(rule.members.iter().collect());
+    }
+    let admits = |member: &Member| member.policy.as_ref().is_none_or(|p| p.admits_cost(cost));
+    let outcome =
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum };
+    let mut members = Vec::with_capacity(rule.members.len());
+    let mut refused = false;
+    for member in rule.members.iter() {
+        if admits(member) {
+            members.push(member);
+        } else {
+            member.metrics.record(&outcome, 0);
+            refused |= member.enforced();
+        }
+    }
+    if refused { Err(()) } else { Ok(members) }
+}
+
+/// What a step's evaluation gave.
+enum Evaluated {
+    /// The decisions.
+    Answer(Answer),
+    /// A failure of a set that holds no enforced policy: it passes (as on
+    /// HTTP).
+    Passed,
+    /// The port refused the cost (its policy is not the one the rules were
+    /// prepared with): refused as the rules' own check refuses it.
+    CostRefused,
+}
+
+/// One policy set through the port.
 async fn evaluate(
     port: &dyn EdgeRateLimitPort,
     step: &Step<'_>,
     deadline: Instant,
-) -> Result<Option<Answer>, Status> {
+) -> Result<Evaluated, Status> {
     // The common case, one rule's policies: its prepared set, not a copy.
     let own = step.rule.policies.ids();
     let policies = if own.len() == step.members.len()
@@ -326,9 +415,10 @@ async fn evaluate(
     let outcome = checked(outcome, &step.members);
     pending.record(&outcome);
     match outcome {
-        RateLimitOutcome::Evaluated(set) => {
-            Ok(Some(Answer { allowed: set.allowed(), decisions: set.decisions().to_vec() }))
-        }
+        RateLimitOutcome::Evaluated(set) => Ok(Evaluated::Answer(Answer {
+            allowed: set.allowed(),
+            decisions: set.decisions().to_vec(),
+        })),
         RateLimitOutcome::Unavailable { .. }
         | RateLimitOutcome::Indeterminate { .. }
         | RateLimitOutcome::Incompatible { .. }
@@ -338,7 +428,16 @@ async fn evaluate(
                 outcome = outcome.category_name(),
                 "rate limit failed; the set is shadow only, so the descriptors pass"
             );
-            Ok(None)
+            Ok(Evaluated::Passed)
+        }
+        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum } => {
+            if let Some(suppressed) = REFUSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    suppressed,
+                    "envoy rls hits_addend above a policy's maximum-cost; answered OVER_LIMIT"
+                );
+            }
+            Ok(Evaluated::CostRefused)
         }
         RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. } => {
             if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
@@ -411,9 +510,14 @@ impl Drop for Unrecorded<'_, '_> {
 /// One per process, as the front is.
 static FAILED_CLOSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
 
+/// Holds the lines of calls refused for their shape (a cost no policy of
+/// the rule admits, too many descriptors) to one a second: an Envoy that
+/// sends them sends them on every request.
+static REFUSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
+
 /// A look (`hits_addend` 0): each enforced policy's budget as it stands,
 /// charging nothing. Denied when a request of cost 1 would not pass.
-async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<Answer>, Status> {
+async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Evaluated, Status> {
     let mut decisions = Vec::with_capacity(step.members.len());
     let mut allowed = true;
     for member in &step.members {
@@ -450,7 +554,7 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Option<An
             replayed: false,
         });
     }
-    Ok(Some(Answer { allowed, decisions }))
+    Ok(Evaluated::Answer(Answer { allowed, decisions }))
 }
 
 /// A look at `.0`'s budget not answered yet: dropped mid-way (the call's
@@ -469,31 +573,20 @@ impl Drop for UnrecordedLook<'_> {
 
 /// Most descriptors one call may carry. Each subject is one atomic step
 /// (one Redis round trip), run in order: an unbounded list would let one
-/// call charge hundreds of budgets before its deadline ends it with an
-/// error. Envoy sends one descriptor per `rate_limits` action list.
+/// call charge hundreds of budgets before its deadline ends it. A call
+/// past it is `OVER_LIMIT`, every descriptor, with no provider call (an
+/// error status would let the request through at Envoy's default). Envoy
+/// sends one descriptor per `rate_limits` action list.
 pub const MAX_DESCRIPTORS: usize = 64;
 
-/// The request's shape: descriptors, each with entries, each with a key.
+/// A call with no descriptor has nothing to limit: `INVALID_ARGUMENT`
+/// (whatever Envoy then does, no limit is passed). A descriptor without
+/// entries, or with an empty key, needs no check: no rule can have either,
+/// so it matches none and is not limited, while the call's other
+/// descriptors still are.
 fn validate(request: &EnvoyRequest) -> Result<(), Status> {
     if request.descriptors.is_empty() {
         return Err(Status::invalid_argument("a rate limit request needs at least one descriptor"));
-    }
-    if request.descriptors.len() > MAX_DESCRIPTORS {
-        return Err(Status::invalid_argument(format!(
-            "{} descriptors: at most {MAX_DESCRIPTORS} in one call",
-            request.descriptors.len()
-        )));
-    }
-    for (index, descriptor) in request.descriptors.iter().enumerate() {
-        let RateLimitDescriptor { entries, .. } = descriptor;
-        if entries.is_empty() {
-            return Err(Status::invalid_argument(format!("descriptor {index} has no entry")));
-        }
-        if let Some(entry) = entries.iter().position(|entry| entry.key.is_empty()) {
-            return Err(Status::invalid_argument(format!(
-                "descriptor {index}: entry {entry} has an empty key"
-            )));
-        }
     }
     Ok(())
 }

@@ -31,7 +31,12 @@ pub(crate) struct Answer {
 /// The response being built.
 pub(crate) struct Response<'e> {
     statuses: Vec<DescriptorStatus>,
+    /// A step was denied: a wait lets it pass (`Retry-After`).
     over: bool,
+    /// A descriptor was refused for what the call itself carries (a cost
+    /// no policy of its rule admits, too many descriptors): no wait lets
+    /// it pass, so no `Retry-After`.
+    refused: bool,
     /// The enforced policies of the answered steps with their decisions,
     /// each id once, in order: what the headers list.
     shown: Vec<Shown<'e>>,
@@ -49,7 +54,35 @@ impl<'e> Response<'e> {
     /// unmatched ones, shadow-only ones and those after a denial stay so.
     pub(crate) fn new(descriptors: usize) -> Self {
         let ok = DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
-        Self { statuses: vec![ok; descriptors], over: false, shown: Vec::new() }
+        Self { statuses: vec![ok; descriptors], over: false, refused: false, shown: Vec::new() }
+    }
+
+    /// Every descriptor `OVER_LIMIT` without a limit: a call past
+    /// `MAX_DESCRIPTORS`, which no provider call answers.
+    pub(crate) fn refused(descriptors: usize) -> Self {
+        let over = DescriptorStatus { code: Code::OverLimit.into(), ..DescriptorStatus::default() };
+        Self { statuses: vec![over; descriptors], over: false, refused: true, shown: Vec::new() }
+    }
+
+    /// The descriptor at `index` of `rule` carries a `cost` that an
+    /// enforced policy of the rule cannot admit: `OVER_LIMIT`, nothing
+    /// charged. Its limit is that policy (the one with the lowest maximum
+    /// cost) with `limit_remaining` 0, as envoyproxy/ratelimit reports hits
+    /// above a limit, and no `duration_until_reset`: no wait lets it pass.
+    pub(crate) fn refuse_cost(&mut self, index: usize, rule: &PreparedRule, cost: u64) {
+        let refusing = rule
+            .members
+            .iter()
+            .filter(|member| member.enforced())
+            .filter_map(|member| member.policy.as_ref())
+            .filter(|policy| !policy.admits_cost(cost))
+            .min_by_key(|policy| policy.maximum_cost());
+        self.statuses[index] = DescriptorStatus {
+            code: Code::OverLimit.into(),
+            current_limit: refusing.map(current_limit),
+            ..DescriptorStatus::default()
+        };
+        self.refused = true;
     }
 
     /// Takes in a step's answer; false when it was denied (nothing after
@@ -85,7 +118,7 @@ impl<'e> Response<'e> {
     }
 
     pub(crate) fn finish(self) -> RateLimitResponse {
-        let overall = if self.over { Code::OverLimit } else { Code::Ok };
+        let overall = if self.over || self.refused { Code::OverLimit } else { Code::Ok };
         let mut headers = Vec::new();
         let policies = self.shown.iter().filter_map(|shown| shown.member.policy.as_ref());
         let mut policy = Vec::with_capacity(64);

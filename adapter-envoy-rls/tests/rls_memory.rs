@@ -353,3 +353,45 @@ fn grpc_timeouts_read_every_unit_and_refuse_the_malformed() {
     }
     assert_eq!(grpc_timeout(&MetadataMap::new()), None);
 }
+
+/// A shadow policy whose `maximum-cost` is below the cost is left out of the
+/// set (it could never admit it; counted `cost-exceeds-maximum`), and the
+/// enforced policies beside it decide: the descriptor is neither failed nor
+/// refused because of a policy that never denies.
+#[tokio::test]
+async fn a_shadow_policy_that_cannot_take_the_cost_does_not_decide() {
+    let clock = scenarios::clock();
+    let port = memory(scenarios::policies(), clock.clone());
+    let mut rules = scenarios::rules();
+    rules.push(rule(
+        "edge",
+        &["generic_key=mixed", "remote_address"],
+        Some(&["remote_address"]),
+        &["bulk", "trial"],
+    ));
+    let mut rls = Rls::start(engine(port, Arc::new(clock), &rules)).await;
+    let mixed =
+        |hits| descriptor(&[("generic_key", "mixed"), ("remote_address", "10.2.0.1")], Some(hits));
+    let answer = rls.ok(request("edge", vec![mixed(5)], 0)).await;
+    assert_eq!(overall(&answer), Code::Ok);
+    assert_eq!(summary(&answer), [(Code::Ok, 5, Some("bulk".to_owned()))]);
+    // bulk's own maximum-cost still refuses, charging nothing.
+    let refused = rls.ok(request("edge", vec![mixed(11)], 0)).await;
+    assert_eq!(summary(&refused), [(Code::OverLimit, 0, Some("bulk".to_owned()))]);
+    assert_eq!(summary(&rls.ok(request("edge", vec![mixed(5)], 0)).await)[0].1, 0);
+}
+
+/// A provider that answers `cost-exceeds-maximum` (its policy differs from
+/// the one the rules were prepared with) refuses the descriptor as the
+/// rules' own check does: `OVER_LIMIT`, never an error status. Which policy
+/// refused it the rules cannot tell, so the status names none.
+#[tokio::test]
+async fn a_providers_cost_refusal_is_over_limit() {
+    use shared_contract::IncompatibleCategory;
+    let category = IncompatibleCategory::CostExceedsMaximum;
+    let mut rls = failing(RateLimitOutcome::Incompatible { category }, true).await;
+    let answer = rls.ok(request("edge", vec![ip("10.1.0.2")], 0)).await;
+    assert_eq!(overall(&answer), Code::OverLimit);
+    assert_eq!(summary(&answer), [(Code::OverLimit, 0, None)]);
+    assert_eq!(header(&answer, "retry-after"), None);
+}

@@ -194,10 +194,52 @@ pub async fn hits_addend_zero_n_and_unset(factory: &PortFactory) {
     let refused = rls.ok(request("edge", vec![bulk(10)], 0)).await;
     assert_eq!(summary(&refused), [(Code::OverLimit, 9, Some("bulk".to_owned()))]);
     assert_eq!(summary(&rls.ok(request("edge", vec![bulk(9)], 0)).await)[0].1, 0);
-    // Above the policy's maximum cost: the request and the provider do not fit.
-    let status = rls.ask(request("edge", vec![bulk(11)], 0)).await.unwrap_err();
-    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
-    assert!(status.message().contains("cost-exceeds-maximum"), "{status:?}");
+}
+
+/// A descriptor whose `hits_addend` is above what a policy of its rule
+/// admits (its `maximum-cost`, here the limit) is `OVER_LIMIT` and charges
+/// nothing, as envoyproxy/ratelimit refuses hits above the limit: an error
+/// status would let the request through at Envoy's default
+/// `failure_mode_deny: false`. No other descriptor of the call is charged
+/// either, and no wait makes it pass, so no `Retry-After`.
+pub async fn a_cost_above_what_a_policy_admits_is_over_limit_and_charges_nothing(
+    factory: &PortFactory,
+) {
+    let (mut rls, port) = start(factory).await;
+    let bulk =
+        |hits| descriptor(&[("generic_key", "bulk"), ("remote_address", "10.0.0.10")], Some(hits));
+    for hits in [11, 12, u64::from(u32::MAX) + 1, u64::MAX] {
+        let refused = rls.ok(request("edge", vec![bulk(hits)], 0)).await;
+        assert_eq!(overall(&refused), Code::OverLimit, "{hits}");
+        assert_eq!(summary(&refused), [(Code::OverLimit, 0, Some("bulk".to_owned()))]);
+        let limit = refused.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, Unit::try_from(limit.unit).unwrap()),
+            (10, Unit::Minute)
+        );
+        assert_eq!(refused.statuses[0].duration_until_reset, None);
+        assert_eq!(header(&refused, "retry-after"), None);
+    }
+    // The request's own hits_addend counts the same way.
+    let request_hits =
+        descriptor(&[("generic_key", "bulk"), ("remote_address", "10.0.0.10")], None);
+    let refused = rls.ok(request("edge", vec![request_hits], 11)).await;
+    assert_eq!(summary(&refused), [(Code::OverLimit, 0, Some("bulk".to_owned()))]);
+    assert_eq!(port.calls(), 0, "refused before any provider call");
+    // Nothing was charged: the whole budget is there.
+    let after = rls.ok(request("edge", vec![bulk(1)], 0)).await;
+    assert_eq!(summary(&after), [(Code::Ok, 9, Some("bulk".to_owned()))]);
+    // Beside another subject's descriptor, the call is refused before either
+    // is charged.
+    let mixed = rls.ok(request("edge", vec![ip("10.0.0.11"), bulk(11)], 0)).await;
+    assert_eq!(overall(&mixed), Code::OverLimit);
+    assert_eq!(
+        summary(&mixed),
+        [(Code::Ok, 0, None), (Code::OverLimit, 0, Some("bulk".to_owned()))]
+    );
+    let alone = rls.ok(request("edge", vec![ip("10.0.0.11")], 0)).await;
+    assert_eq!(summary(&alone), [(Code::Ok, 1, Some("per-ip".to_owned()))]);
+    assert_eq!(port.calls(), 2);
 }
 
 /// A call that looks at a budget (`hits_addend` 0) and charges it: each
@@ -389,25 +431,38 @@ pub async fn shadow_policies_never_deny_and_never_show(factory: &PortFactory) {
     assert_eq!(port.calls(), 3, "a shadow policy is still evaluated");
 }
 
-/// Malformed requests are `INVALID_ARGUMENT`, before any provider call.
-pub async fn malformed_requests_are_invalid_arguments(factory: &PortFactory) {
+/// What the request's shape alone decides, before any provider call. No
+/// descriptor at all is `INVALID_ARGUMENT`: nothing could be limited. More
+/// than the cap is `OVER_LIMIT` for every descriptor, never an error that
+/// Envoy's default lets through. A descriptor without entries, or with an
+/// empty key, matches no rule (none can have either), so it is `OK` and
+/// the others of the call are still limited.
+pub async fn malformed_requests_never_pass_a_limited_descriptor(factory: &PortFactory) {
     let (mut rls, port) = start(factory).await;
-    let empty_key = descriptor(&[("", "10.0.0.6")], None);
+    let status = rls.ask(request("edge", vec![], 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("at least one descriptor"), "{status:?}");
     // One past the cap, each a different subject (one atomic step each).
-    let too_many = (0..=adapter_envoy_rls::MAX_DESCRIPTORS)
+    let too_many: Vec<_> = (0..=adapter_envoy_rls::MAX_DESCRIPTORS)
         .map(|index| ip(&format!("10.1.{}.{}", index / 256, index % 256)))
         .collect();
-    for (bad, says) in [
-        (request("edge", too_many, 0), "at most 64 in one call"),
-        (request("edge", vec![], 0), "at least one descriptor"),
-        (request("edge", vec![ip("10.0.0.6"), empty_key], 0), "empty key"),
-        (request("edge", vec![descriptor(&[], None)], 0), "no entry"),
-    ] {
-        let status = rls.ask(bad).await.unwrap_err();
-        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
-        assert!(status.message().contains(says), "{status:?}");
-    }
+    let refused = rls.ok(request("edge", too_many, 0)).await;
+    assert_eq!(overall(&refused), Code::OverLimit);
+    assert_eq!(refused.statuses.len(), adapter_envoy_rls::MAX_DESCRIPTORS + 1);
+    assert!(refused.statuses.iter().all(|status| code(status) == Code::OverLimit));
+    assert_eq!(header(&refused, "retry-after"), None);
     assert_eq!(port.calls(), 0);
+    // per-ip allows 2 a minute: a malformed neighbour does not let a third through.
+    let empty_key = descriptor(&[("", "10.0.0.6")], None);
+    let no_entry = descriptor(&[], None);
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        let answer = rls
+            .ok(request("edge", vec![ip("10.0.0.6"), empty_key.clone(), no_entry.clone()], 0))
+            .await;
+        assert_eq!(overall(&answer), expected);
+        assert_eq!(&summary(&answer)[1..], [(Code::Ok, 0, None), (Code::Ok, 0, None)]);
+    }
+    assert_eq!(port.calls(), 3);
 }
 
 /// A descriptor's `limit` override does not change the configured limit.
@@ -451,7 +506,8 @@ pub async fn all(factory: &PortFactory) {
     gcra_statuses_and_headers(factory).await;
     the_first_denied_set_stops_the_later_ones(factory).await;
     shadow_policies_never_deny_and_never_show(factory).await;
-    malformed_requests_are_invalid_arguments(factory).await;
+    a_cost_above_what_a_policy_admits_is_over_limit_and_charges_nothing(factory).await;
+    malformed_requests_never_pass_a_limited_descriptor(factory).await;
     a_limit_override_is_ignored(factory).await;
     let (rls, _) = start(factory).await;
     health_is_serving_while_the_provider_is_ready(&rls, true).await;

@@ -16,16 +16,19 @@
 //!
 //! What the rules cannot say is a warning and a comment in the output, never
 //! dropped silently; what would make the result less strict than the source
-//! (a wildcard value, a limit of 0) stops the import instead.
+//! (a wildcard value, a limit of 0) stops the import instead. So does a key
+//! the import does not read where it stands, unless it cannot carry or
+//! change a limit: envoyproxy/ratelimit refuses a key it does not know,
+//! and one it knows but ignores there would take a limit with it.
 
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
 
 use serde::Deserialize;
-use serde::de::{self, Deserializer, IgnoredAny, Visitor};
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 use sha2::{Digest, Sha256};
-use shared_contract::{Algorithm, MAX_COUNT, PolicyField, RateLimitPolicy};
+use shared_contract::{Algorithm, MAX_COUNT, MAX_PERIOD, PolicyField, RateLimitPolicy};
 
 use crate::error::BootstrapError;
 
@@ -115,6 +118,8 @@ struct YamlRateLimit {
     unit: Option<Text>,
     #[serde(default)]
     requests_per_unit: Option<Count>,
+    #[serde(default)]
+    unit_multiplier: Option<Multiplier>,
     #[serde(default)]
     unlimited: Flag,
     #[serde(default)]
@@ -236,6 +241,45 @@ impl<'de> Deserialize<'de> for Count {
     }
 }
 
+/// `unit_multiplier`: how many units make the window, a `uint32` as in
+/// envoyproxy/ratelimit's proposal for it; refused in the user's terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Multiplier(u32);
+
+impl<'de> Deserialize<'de> for Multiplier {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MultiplierVisitor;
+        fn refused<E: de::Error>(found: impl fmt::Display) -> E {
+            E::custom(format!(
+                "unit_multiplier must be a whole number from 1 to {}, found {found}",
+                u32::MAX
+            ))
+        }
+        impl Visitor<'_> for MultiplierVisitor {
+            type Value = Multiplier;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a whole number")
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Multiplier, E> {
+                u32::try_from(value).map(Multiplier).map_err(|_| refused(value))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Multiplier, E> {
+                u32::try_from(value).map(Multiplier).map_err(|_| refused(value))
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Multiplier, E> {
+                Err(refused(format_args!("{value:?}")))
+            }
+            fn visit_bool<E: de::Error>(self, value: bool) -> Result<Multiplier, E> {
+                Err(refused(value))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Multiplier, E> {
+                Err(refused(format_args!("{text:?}")))
+            }
+        }
+        deserializer.deserialize_any(MultiplierVisitor)
+    }
+}
+
 /// `descriptors:` with nothing after it is an empty list, as Go reads it.
 fn null_as_empty<'de, D, T>(deserializer: D) -> Result<Vec<T>, D::Error>
 where
@@ -288,6 +332,37 @@ impl Unit {
         }
     }
 
+    /// The unit in seconds (a month 30 days, a year 365).
+    const fn seconds(self) -> u64 {
+        match self {
+            Self::Second => 1,
+            Self::Minute => 60,
+            Self::Hour => 3_600,
+            Self::Day => 86_400,
+            Self::Week => 7 * 86_400,
+            Self::Month => 30 * 86_400,
+            Self::Year => 365 * 86_400,
+        }
+    }
+
+    /// `times` units as a duration the configuration reads: the unit's
+    /// own suffix where there is one, else days.
+    fn windows(self, times: u32) -> String {
+        if times == 1 {
+            return self.window().to_owned();
+        }
+        let times = u64::from(times);
+        match self {
+            Self::Second => format!("{times}s"),
+            Self::Minute => format!("{times}m"),
+            Self::Hour => format!("{times}h"),
+            Self::Day => format!("{times}d"),
+            Self::Week | Self::Month | Self::Year => {
+                format!("{}d", times * self.seconds() / 86_400)
+            }
+        }
+    }
+
     /// Case-insensitive, as envoyproxy/ratelimit reads it.
     fn parse(text: &str) -> Option<Self> {
         Self::ALL.into_iter().find(|unit| unit.name().eq_ignore_ascii_case(text))
@@ -325,8 +400,8 @@ struct Rule {
 
 #[derive(Debug, Clone)]
 enum Target {
-    /// A fixed-window policy of its own.
-    Limit { requests: u64, unit: Unit, shadow: bool },
+    /// A fixed-window policy of its own, of `times` units.
+    Limit { requests: u64, unit: Unit, times: u32, shadow: bool },
     /// Answered OK without a provider call.
     Unlimited,
 }
@@ -402,23 +477,19 @@ impl Converter {
         self.rules.extend(rules);
     }
 
-    /// The typed model, warning about each key it does not know.
+    /// The typed model, once every key of the file is one the import reads
+    /// where it stands (see [`Converter::check_keys`]).
     fn parse(&mut self, source: &Source<'_>) -> Option<YamlRoot> {
-        let mut unknown = Vec::new();
-        let options = yaml_options(MAX_YAML_NODES);
-        let parsed =
-            serde_saphyr::with_deserializer_from_str_with_options(source.text, options, |yaml| {
-                serde_ignored::deserialize(yaml, |path| unknown.extend(key_path(&path)))
+        let options = || yaml_options(MAX_YAML_NODES);
+        let parsed = serde_saphyr::from_str_with_options::<YamlRoot>(source.text, options())
+            .and_then(|root| {
+                let keys = serde_saphyr::from_str_with_options::<Node>(source.text, options())?;
+                Ok((root, keys))
             });
         match parsed {
-            Ok(root) => {
-                for path in unknown {
-                    let message = format!(
-                        "{}: {path}: unknown key, ignored (envoyproxy/ratelimit refuses it too)",
-                        source.name
-                    );
-                    self.file_warnings.push((0, message));
-                }
+            Ok((root, keys)) => {
+                let domain = root.domain.as_ref().map(|domain| domain.value.0.as_str());
+                self.check_keys(source.name, domain.unwrap_or_default(), &keys);
                 Some(root)
             }
             Err(error) => {
@@ -430,6 +501,17 @@ impl Converter {
         }
     }
 
+    /// Every key of the file that the import does not read where it
+    /// stands: a problem, naming its line and key, unless it is one of
+    /// envoyproxy/ratelimit's keys that cannot carry or change a limit
+    /// ([`HARMLESS_KEYS`]), which is a warning. envoyproxy/ratelimit refuses
+    /// a key it does not know; one it knows it ignores where it does not
+    /// read it (a `requests_per_unit` beside `rate_limit`, not in it), which
+    /// would drop a limit without a word.
+    fn check_keys(&mut self, file: &str, domain: &str, root: &Node) {
+        let mut check = KeyCheck { file, domain, converter: self };
+        check.map(Place::Root, &[], "", root);
+    }
     fn domain(&mut self, source: &Source<'_>, root: &YamlRoot) -> Option<String> {
         match &root.domain {
             Some(domain) if !domain.value.0.is_empty() => Some(domain.value.0.clone()),
@@ -515,60 +597,243 @@ impl Converter {
     }
 }
 
-/// A dotted path of keys from serde_ignored, or `None` for the fields
-/// serde-saphyr's `Spanned` reads itself. A `Spanned` item of a list shows
-/// as `N.value`; no key of the user's sits there, as a descriptor's own
-/// `value` is a scalar.
-fn key_path(path: &serde_ignored::Path<'_>) -> Option<String> {
-    use serde_ignored::Path;
-    let mut parts = Vec::new();
-    let mut at = path;
-    loop {
-        match at {
-            Path::Root => break,
-            Path::Seq { parent, index } => {
-                parts.push(index.to_string());
-                at = parent;
-            }
-            Path::Map { parent, key } => {
-                if key.starts_with("__serde_saphyr") {
-                    return None;
-                }
-                let spanned_item = key == "value" && matches!(unwrapped(parent), Path::Seq { .. });
-                if !spanned_item {
-                    parts.push(key.clone());
-                }
-                at = parent;
-            }
-            Path::Some { parent }
-            | Path::NewtypeStruct { parent }
-            | Path::NewtypeVariant { parent } => {
-                at = parent;
-            }
-        }
-    }
-    parts.reverse();
-    // A descriptor's `metadata` is read as ignored on purpose; its warning
-    // comes with its line from the walk.
-    if let [.., list, index, last] = parts.as_slice() {
-        let descriptor = list == "descriptors" && index.bytes().all(|b| b.is_ascii_digit());
-        if descriptor && last == "metadata" {
-            return None;
-        }
-    }
-    Some(parts.join("."))
+/// A YAML node as read for its keys: each key of a map with its line, the
+/// text of a scalar (a descriptor's `key` and `value` name it in messages).
+#[derive(Debug)]
+enum Node {
+    Map(Vec<(Spanned<String>, Node)>),
+    Seq(Vec<Node>),
+    Scalar(Option<String>),
 }
 
-/// `path` without the `Some` and newtype steps around it.
-fn unwrapped<'p>(mut path: &'p serde_ignored::Path<'p>) -> &'p serde_ignored::Path<'p> {
-    use serde_ignored::Path;
-    while let Path::Some { parent }
-    | Path::NewtypeStruct { parent }
-    | Path::NewtypeVariant { parent } = path
-    {
-        path = parent;
+impl<'de> Deserialize<'de> for Node {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct NodeVisitor;
+        impl<'de> Visitor<'de> for NodeVisitor {
+            type Value = Node;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("any YAML node")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Node, A::Error> {
+                let mut entries = Vec::new();
+                while let Some(key) = map.next_key::<Spanned<String>>()? {
+                    entries.push((key, map.next_value::<Node>()?));
+                }
+                Ok(Node::Map(entries))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Node, A::Error> {
+                let mut items = Vec::new();
+                while let Some(item) = seq.next_element::<Node>()? {
+                    items.push(item);
+                }
+                Ok(Node::Seq(items))
+            }
+            fn visit_str<E: de::Error>(self, text: &str) -> Result<Node, E> {
+                Ok(Node::Scalar(Some(text.to_owned())))
+            }
+            fn visit_bool<E: de::Error>(self, value: bool) -> Result<Node, E> {
+                Ok(Node::Scalar(Some(value.to_string())))
+            }
+            fn visit_i64<E: de::Error>(self, value: i64) -> Result<Node, E> {
+                Ok(Node::Scalar(Some(value.to_string())))
+            }
+            fn visit_u64<E: de::Error>(self, value: u64) -> Result<Node, E> {
+                Ok(Node::Scalar(Some(value.to_string())))
+            }
+            fn visit_f64<E: de::Error>(self, value: f64) -> Result<Node, E> {
+                Ok(Node::Scalar(Some(value.to_string())))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Node, E> {
+                Ok(Node::Scalar(None))
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Node, E> {
+                Ok(Node::Scalar(None))
+            }
+            fn visit_some<D: Deserializer<'de>>(self, inner: D) -> Result<Node, D::Error> {
+                Node::deserialize(inner)
+            }
+        }
+        deserializer.deserialize_any(NodeVisitor)
     }
-    path
+}
+
+/// Where a map stands in the file, and the keys the import reads there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Place {
+    Root,
+    Descriptor,
+    RateLimit,
+    Replaces,
+}
+
+impl Place {
+    /// Each place, in the order a misplaced key is said to belong.
+    const ALL: [Self; 4] = [Self::Descriptor, Self::RateLimit, Self::Root, Self::Replaces];
+
+    const fn keys(self) -> &'static [&'static str] {
+        match self {
+            Self::Root => &["domain", "descriptors"],
+            Self::Descriptor => &[
+                "key",
+                "value",
+                "rate_limit",
+                "descriptors",
+                "shadow_mode",
+                "quota_mode",
+                "detailed_metric",
+                "value_to_metric",
+                "share_threshold",
+                "metadata",
+            ],
+            Self::RateLimit => {
+                &["unit", "requests_per_unit", "unit_multiplier", "unlimited", "name", "replaces"]
+            }
+            Self::Replaces => &["name"],
+        }
+    }
+
+    const fn name(self) -> &'static str {
+        match self {
+            Self::Root => "the top of the file",
+            Self::Descriptor => "a descriptor",
+            Self::RateLimit => "a rate_limit",
+            Self::Replaces => "a replaces entry",
+        }
+    }
+}
+
+/// envoyproxy/ratelimit's keys that cannot carry or change a limit: where
+/// it ignores one, so may the import, with a warning.
+const HARMLESS_KEYS: [&str; 4] = ["name", "detailed_metric", "value_to_metric", "metadata"];
+
+/// The walk of one file's keys.
+struct KeyCheck<'a, 'c> {
+    file: &'a str,
+    domain: &'a str,
+    converter: &'c mut Converter,
+}
+
+impl KeyCheck<'_, '_> {
+    /// The keys of `node`, a map at `place` of the descriptor `pattern`;
+    /// `within` names the keys above it inside that descriptor.
+    fn map(&mut self, place: Place, pattern: &[Entry], within: &str, node: &Node) {
+        // Another shape is the typed reader's to refuse.
+        let Node::Map(entries) = node else { return };
+        for (key, value) in entries {
+            let name = key.value.as_str();
+            if place == Place::Descriptor && name == "metadata" {
+                // Free-form: envoyproxy/ratelimit reads none of its keys.
+                continue;
+            }
+            if !place.keys().contains(&name) {
+                self.misplaced(place, pattern, &format!("{within}{name}"), key);
+                continue;
+            }
+            match (place, name) {
+                (Place::Root | Place::Descriptor, "descriptors") => {
+                    let Node::Seq(items) = value else { continue };
+                    for item in items {
+                        let mut below = pattern.to_vec();
+                        below.push(entry_of(item));
+                        self.map(Place::Descriptor, &below, "", item);
+                    }
+                }
+                (Place::Descriptor, "rate_limit") => {
+                    self.map(Place::RateLimit, pattern, "rate_limit.", value);
+                }
+                (Place::RateLimit, "replaces") => {
+                    let Node::Seq(items) = value else { continue };
+                    for (index, item) in items.iter().enumerate() {
+                        let within = format!("{within}replaces.{index}.");
+                        self.map(Place::Replaces, pattern, &within, item);
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
+    fn misplaced(&mut self, place: Place, pattern: &[Entry], path: &str, key: &Spanned<String>) {
+        let line = key.referenced.line();
+        let at = at(self.domain, pattern);
+        let name = key.value.as_str();
+        let home =
+            Place::ALL.into_iter().find(|home| *home != place && home.keys().contains(&name));
+        let (message, harmless) = match home {
+            Some(home) if HARMLESS_KEYS.contains(&name) => (
+                format!(
+                    "{at}key {path:?} belongs in {}: ignored here, as envoyproxy/ratelimit \
+                     ignores it",
+                    home.name()
+                ),
+                true,
+            ),
+            Some(home) => (
+                format!(
+                    "{at}key {path:?} belongs in {}: envoyproxy/ratelimit ignores it here, \
+                     and a limit with it",
+                    home.name()
+                ),
+                false,
+            ),
+            None => {
+                let guess = place.keys().iter().find(|known| alike(known, name));
+                let hint = guess.map(|known| format!(" (did you mean {known:?}?)"));
+                let hint = hint.unwrap_or_default();
+                (
+                    format!("{at}unknown key {path:?}{hint}: envoyproxy/ratelimit refuses it too"),
+                    false,
+                )
+            }
+        };
+        if harmless {
+            self.converter.warning(self.file, line, message);
+        } else {
+            self.converter.problem(self.file, line, message);
+        }
+    }
+}
+
+/// The entry a descriptor map stands for, for messages: its `key` and
+/// `value` as written (none when missing or not text).
+fn entry_of(node: &Node) -> Entry {
+    let text = |name: &str| match node {
+        Node::Map(entries) => {
+            entries.iter().find(|(key, _)| key.value == name).and_then(|(_, value)| match value {
+                Node::Scalar(text) => text.clone(),
+                Node::Map(_) | Node::Seq(_) => None,
+            })
+        }
+        Node::Seq(_) | Node::Scalar(_) => None,
+    };
+    Entry {
+        key: text("key").unwrap_or_default(),
+        value: text("value").filter(|value| !value.is_empty()),
+    }
+}
+
+/// Whether `typed` looks like a misspelling of `known`: the same letters
+/// and digits, case, separators and a plural `s` aside (`ratelimit`,
+/// `requestsPerUnit`, `descriptor`).
+fn alike(known: &str, typed: &str) -> bool {
+    let letters = |text: &str| -> String {
+        let letters: String = text
+            .chars()
+            .filter(char::is_ascii_alphanumeric)
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        letters.strip_suffix('s').map_or(letters.clone(), str::to_owned)
+    };
+    letters(known) == letters(typed)
+}
+
+/// `domain > entry > entry: ` for a message.
+fn at(domain: &str, pattern: &[Entry]) -> String {
+    let mut at = domain.to_owned();
+    for entry in pattern {
+        let _ = write!(at, " > {entry}");
+    }
+    at + ": "
 }
 
 /// The walk of one file's tree.
@@ -766,7 +1031,27 @@ impl Level<'_, '_> {
                 notes.push(message.clone());
                 self.warning(line, pattern, message);
             }
-            Target::Limit { requests, unit, shadow: descriptor.shadow_mode.0 }
+            let times = match limit.unit_multiplier.map(|times| times.0) {
+                None => 1,
+                Some(0) => {
+                    let message = "unit_multiplier 0 makes an empty window (envoyproxy/ratelimit's \
+                                   proposal for it refuses it too)";
+                    self.problem(line, pattern, message.into());
+                    return None;
+                }
+                Some(times) if u64::from(times) * unit.seconds() > MAX_PERIOD.as_secs() => {
+                    let message = format!(
+                        "unit_multiplier {times} x {} is longer than the longest window a policy \
+                         holds, {} days",
+                        unit.name(),
+                        MAX_PERIOD.as_secs() / 86_400
+                    );
+                    self.problem(line, pattern, message);
+                    return None;
+                }
+                Some(times) => times,
+            };
+            Target::Limit { requests, unit, times, shadow: descriptor.shadow_mode.0 }
         };
         let name = limit.name.as_ref().map(|name| name.0.as_str()).filter(|name| !name.is_empty());
         if let Some(name) = name {
@@ -809,11 +1094,7 @@ impl Level<'_, '_> {
 
     /// `domain > entry > entry: ` for a message.
     fn at(&self, pattern: &[Entry]) -> String {
-        let mut at = self.domain.to_owned();
-        for entry in pattern {
-            let _ = write!(at, " > {entry}");
-        }
-        at + ": "
+        at(self.domain, pattern)
     }
 }
 
@@ -1066,7 +1347,7 @@ fn render(
     }
 
     for (rule, id) in rules.iter().zip(ids) {
-        let (Target::Limit { requests, unit, shadow }, Some(id)) = (&rule.target, id) else {
+        let (Target::Limit { requests, unit, times, shadow }, Some(id)) = (&rule.target, id) else {
             continue;
         };
         out.push('\n');
@@ -1074,8 +1355,16 @@ fn render(
         let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(id));
         out.push_str("algorithm = \"fixed-window\"\n");
         let _ = writeln!(out, "limit = {requests}");
-        let window = format!("window = {}", toml_string(unit.window()));
+        let window = format!("window = {}", toml_string(&unit.windows(*times)));
         let _ = match unit {
+            _ if *times > 1 => {
+                let days = match unit {
+                    Unit::Month => " (a month: 30 days)",
+                    Unit::Year => " (a year: 365 days)",
+                    _ => "",
+                };
+                writeln!(out, "{window:<36}# unit_multiplier {times} x {}{days}", unit.name())
+            }
             Unit::Month => {
                 writeln!(out, "{window:<36}# month: 30 days, as envoyproxy/ratelimit counts it")
             }
@@ -1086,6 +1375,9 @@ fn render(
                 writeln!(out, "{window:<36}# {}", unit.name())
             }
         };
+        // envoyproxy/ratelimit admits any hits_addend up to what is left.
+        let cost = format!("maximum-cost = {requests}");
+        let _ = writeln!(out, "{cost:<36}# a hits_addend up to the limit, as there");
         if *shadow {
             out.push_str("mode = \"shadow\"                     # shadow_mode\n");
         }
@@ -1142,7 +1434,10 @@ fn policy_body(policy: &RateLimitPolicy) -> String {
 fn describe(rule: &Rule) -> String {
     let path: Vec<String> = rule.pattern.iter().map(Entry::to_string).collect();
     let what = match rule.target {
-        Target::Limit { requests, unit, .. } => format!("{requests} per {}", unit.name()),
+        Target::Limit { requests, unit, times: 1, .. } => format!("{requests} per {}", unit.name()),
+        Target::Limit { requests, unit, times, .. } => {
+            format!("{requests} per {times} {}s", unit.name())
+        }
         Target::Unlimited => "unlimited".to_owned(),
     };
     format!("{}: {}: {what}", rule.domain, path.join(" > "))

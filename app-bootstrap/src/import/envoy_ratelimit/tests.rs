@@ -1,6 +1,6 @@
 //! The converter on configurations shaped like the examples of
 //! envoyproxy/ratelimit's README (written here), with the TOML expected
-//! from the mapping rules of docs/envoy-rls.md.
+//! from the mapping rules of docs/operations.md.
 
 use std::path::PathBuf;
 
@@ -176,12 +176,14 @@ policies = \"sms.phone\"
 algorithm = \"fixed-window\"
 limit = 3
 window = \"1d\"                       # day
+maximum-cost = 3                    # a hits_addend up to the limit, as there
 
 # sms: phone: 40 per day
 [capabilities.rate-limit.policies.\"sms.phone\"]
 algorithm = \"fixed-window\"
 limit = 40
 window = \"1d\"                       # day
+maximum-cost = 40                   # a hits_addend up to the limit, as there
 {DEFAULT_POLICY}"
     );
     assert_eq!(imported.toml, expected);
@@ -510,10 +512,47 @@ fn every_unit_is_a_fixed_window_with_month_30_days_and_year_365() {
     ));
 }
 
+/// envoyproxy/ratelimit's own `test/config/misspelled_key.yaml` and
+/// `misspelled_key2.yaml`: it refuses an unknown key, and so does the
+/// import, naming file, line and key, rather than lose the limit behind it.
 #[test]
-fn unknown_keys_are_warnings_with_their_path() {
-    let imported = import(
+fn unknown_keys_are_refused_naming_file_line_and_key() {
+    let misspelled = "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    ratelimit:
+      unit: day
+      requests_per_unit: 5
+";
+    assert_eq!(
+        refused(misspelled),
+        ["rl.yaml:5: test-domain > key1=value1: unknown key \"ratelimit\" (did you mean \
+          \"rate_limit\"?): envoyproxy/ratelimit refuses it too"]
+    );
+    let misspelled2 = "domain: test-domain
+descriptors:
+  - key: key1
+    value: value1
+    rate_limit:
+      unit: day
+      requestsperunit: 5
+";
+    let problems = refused(misspelled2);
+    assert!(
+        problems.contains(
+            &"rl.yaml:7: test-domain > key1=value1: unknown key \
+              \"rate_limit.requestsperunit\" (did you mean \"requests_per_unit\"?): \
+              envoyproxy/ratelimit refuses it too"
+                .to_owned()
+        ),
+        "{problems:?}"
+    );
+    let problems = refused(
         "domain: typo
+descriptor:
+  - key: user
+    rate_limit: { unit: second, requests_per_unit: 3 }
 descriptors:
   - key: user
     shadowmode: true
@@ -524,14 +563,158 @@ descriptors:
 ",
     );
     assert_eq!(
+        problems,
+        [
+            "rl.yaml:2: typo: unknown key \"descriptor\" (did you mean \"descriptors\"?): \
+             envoyproxy/ratelimit refuses it too",
+            "rl.yaml:7: typo > user: unknown key \"shadowmode\" (did you mean \
+             \"shadow_mode\"?): envoyproxy/ratelimit refuses it too",
+            "rl.yaml:11: typo > user: unknown key \"rate_limit.burst\": envoyproxy/ratelimit \
+             refuses it too",
+        ]
+    );
+}
+
+/// A key envoyproxy/ratelimit knows, where it does not read it, is dropped
+/// there without a word: the import refuses one that may carry or change
+/// a limit, and warns about one that cannot (a name, a metric option).
+#[test]
+fn a_misplaced_key_is_refused_when_it_may_hold_a_limit_else_a_warning() {
+    let problems = refused(
+        "domain: moved
+descriptors:
+  - key: user
+    requests_per_unit: 5
+    unit: second
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      shadow_mode: true
+",
+    );
+    assert_eq!(
+        problems,
+        [
+            "rl.yaml:4: moved > user: key \"requests_per_unit\" belongs in a rate_limit: \
+             envoyproxy/ratelimit ignores it here, and a limit with it",
+            "rl.yaml:5: moved > user: key \"unit\" belongs in a rate_limit: \
+             envoyproxy/ratelimit ignores it here, and a limit with it",
+            "rl.yaml:9: moved > user: key \"rate_limit.shadow_mode\" belongs in a descriptor: \
+             envoyproxy/ratelimit ignores it here, and a limit with it",
+        ]
+    );
+    let imported = import(
+        "domain: moved
+descriptors:
+  - key: user
+    name: per-user
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      detailed_metric: true
+",
+    );
+    assert_eq!(
         imported.warnings,
         [
-            "rl.yaml: descriptors.0.shadowmode: unknown key, ignored (envoyproxy/ratelimit refuses it too)",
-            "rl.yaml: descriptors.0.rate_limit.burst: unknown key, ignored (envoyproxy/ratelimit refuses it too)",
+            "rl.yaml:4: moved > user: key \"name\" belongs in a rate_limit: ignored here, as \
+             envoyproxy/ratelimit ignores it",
+            "rl.yaml:8: moved > user: key \"rate_limit.detailed_metric\" belongs in a \
+             descriptor: ignored here, as envoyproxy/ratelimit ignores it",
         ]
     );
     let (_, policies) = parsed(&imported);
-    assert_eq!(policy(&policies, "typo.user"), fixed(3, "1s"));
+    assert_eq!(policy(&policies, "moved.user"), fixed(10, "1m"));
+}
+
+/// `unit_multiplier` (the window is that many units) is honoured: 5 a
+/// minute written as 60 x second stays 5 a minute, never 5 a second.
+#[test]
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+fn unit_multiplier_is_the_number_of_units_in_the_window() {
+    let imported = import(
+        "domain: um
+descriptors:
+  - key: user
+    rate_limit: { unit: second, unit_multiplier: 60, requests_per_unit: 5 }
+  - key: team
+    rate_limit: { unit: day, unit_multiplier: 3, requests_per_unit: 7 }
+  - key: org
+    rate_limit: { unit: month, unit_multiplier: 2, requests_per_unit: 9 }
+  - key: app
+    rate_limit: { unit: hour, unit_multiplier: 1, requests_per_unit: 4 }
+",
+    );
+    assert_eq!(imported.warnings, Vec::<String>::new());
+    let (_, policies) = parsed(&imported);
+    assert_eq!(policy(&policies, "um.user"), fixed(5, "60s"));
+    assert_eq!(policy(&policies, "um.team"), fixed(7, "3d"));
+    assert_eq!(policy(&policies, "um.org"), fixed(9, "60d"));
+    assert_eq!(policy(&policies, "um.app"), fixed(4, "1h"));
+    assert!(imported.toml.contains("# um: user: 5 per 60 seconds\n"), "{}", imported.toml);
+    Jail::expect_with(|jail| {
+        jail.create_file("app.toml", &imported.toml)?;
+        let config = AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
+            .unwrap_or_else(|error| panic!("{error}\n{}", imported.toml));
+        let policies = &config.capabilities.rate_limit.policies;
+        assert_eq!(
+            policies["um.user"].algorithm(),
+            &Algorithm::FixedWindow { limit: 5, window: std::time::Duration::from_secs(60) }
+        );
+        Ok(())
+    });
+}
+
+/// A multiplier of 0 (envoyproxy/ratelimit's proposal refuses it too) or one
+/// that makes a window longer than a policy can hold stops the import.
+#[test]
+fn a_unit_multiplier_no_window_can_hold_is_refused() {
+    let problems = refused(
+        "domain: um
+descriptors:
+  - key: user
+    rate_limit: { unit: second, unit_multiplier: 0, requests_per_unit: 5 }
+  - key: team
+    rate_limit: { unit: year, unit_multiplier: 11, requests_per_unit: 5 }
+",
+    );
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert!(problems[0].starts_with("rl.yaml:3: um > user: unit_multiplier 0"), "{problems:?}");
+    assert!(
+        problems[1].starts_with("rl.yaml:5: um > team: unit_multiplier 11 x year is longer than"),
+        "{problems:?}"
+    );
+}
+
+/// envoyproxy/ratelimit admits any `hits_addend` up to what is left of the
+/// limit: each imported policy's `maximum-cost` is its limit, so a charge
+/// of more than 1 is evaluated, not refused.
+#[test]
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+fn each_policy_takes_a_hits_addend_up_to_its_limit() {
+    // The "messaging" example of envoyproxy/ratelimit's README: 5 a day.
+    let imported = import(
+        "domain: messaging
+descriptors:
+  - key: message_type
+    value: marketing
+    descriptors:
+      - key: to_number
+        rate_limit:
+          unit: day
+          requests_per_unit: 5
+",
+    );
+    Jail::expect_with(|jail| {
+        jail.create_file("app.toml", &imported.toml)?;
+        let config = AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
+            .unwrap_or_else(|error| panic!("{error}\n{}", imported.toml));
+        let policy =
+            &config.capabilities.rate_limit.policies["messaging.message_type_marketing.to_number"];
+        assert_eq!(policy.maximum_cost(), 5);
+        assert!(policy.admits_cost(2) && policy.admits_cost(5) && !policy.admits_cost(6));
+        Ok(())
+    });
 }
 
 #[test]
@@ -696,14 +879,14 @@ descriptors:
     converter.file(&Source { name: "r\u{1b}l.yaml", text }, &mut HashMap::new());
     converter.end_file();
     let warnings = converter.warnings;
-    assert_eq!(problems.len(), 1, "{problems:?}");
-    assert_eq!(warnings.len(), 2, "{warnings:?}");
+    assert_eq!(problems.len(), 2, "{problems:?}");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
     for message in problems.iter().chain(&warnings) {
         assert!(!message.chars().any(char::is_control), "{message:?}");
         assert!(message.starts_with("r\\u{1b}l.yaml"), "{message}");
     }
-    assert!(problems[0].contains("ed\\u{1b}[31mge > b\\u{1b}: "), "{problems:?}");
-    assert!(warnings.iter().any(|w| w.contains("odd\\u{1b}key")), "{warnings:?}");
+    assert!(problems.iter().any(|p| p.contains("ed\\u{1b}[31mge > b\\u{1b}: ")), "{problems:?}");
+    assert!(problems.iter().any(|p| p.contains("odd\\u{1b}key")), "{problems:?}");
     assert!(warnings.iter().any(|w| w.contains("a\\u{7}=\\u{1b}]0;title\\u{7}")), "{warnings:?}");
 }
 
