@@ -84,7 +84,12 @@ async fn run(steps: Vec<Step>) {
         Arc::new(MemoryEdgeRateLimitAdapter::new(policies(), Arc::clone(&shared)).unwrap());
     let rls_port: Arc<dyn EdgeRateLimitPort> =
         Arc::new(MemoryEdgeRateLimitAdapter::new(policies(), Arc::clone(&shared)).unwrap());
-    let settings = EdgeSettings { default_policies: set(&SET), ..EdgeSettings::default() };
+    // The key names the subject at the edge, as the descriptor does at the RLS.
+    let settings = EdgeSettings {
+        default_policies: set(&SET),
+        api_key_header: Some(http::HeaderName::from_static("x-api-key")),
+        ..EdgeSettings::default()
+    };
     settings.validate().unwrap();
     let bridge = TransportBridge::new(http_port, pseudonymizer(), Arc::clone(&shared), settings);
     let router = Router::new()

@@ -77,7 +77,10 @@ fn bridge_of(policies: Vec<RateLimitPolicy>) -> TransportBridge {
     let ids: Vec<PolicyId> = policies.iter().map(|policy| policy.id().clone()).collect();
     let port = MemoryEdgeRateLimitAdapter::new(policies, Arc::clone(&clock)).expect("policies");
     let set = PolicySet::new(ids).expect("a set");
-    let settings = EdgeSettings { default_policies: set, ..EdgeSettings::default() };
+    // One subject per key, as behind a layer that verified them.
+    let api_key_header = Some(http::HeaderName::from_static("x-api-key"));
+    let settings =
+        EdgeSettings { default_policies: set, api_key_header, ..EdgeSettings::default() };
     TransportBridge::new(Arc::new(port), pseudonymizer(), clock, settings)
 }
 

@@ -46,4 +46,12 @@ pub enum WebError {
     /// `client_ipv6_prefix` is outside `1..=128`.
     #[error("the client IPv6 prefix must be 1 to 128 bits, got {0}")]
     ClientIpv6PrefixOutOfRange(u8),
+    /// `trusted_proxies` covers every address of a family (`0.0.0.0/0`,
+    /// `::/0`, or networks that add up to one): any client of it could
+    /// write its own address into the forwarding header.
+    #[error(
+        "the trusted proxies cover every address ({0}), so any client could name its own \
+         address in a forwarding header: list only the networks your proxies connect from"
+    )]
+    TrustedProxiesCoverEveryAddress(ipnet::IpNet),
 }

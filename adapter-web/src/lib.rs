@@ -44,7 +44,7 @@ pub use pseudonymizer::{MIN_KEY_BYTES, VersionedPseudonymizer};
 pub use refusal::Refusal;
 pub use rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
 pub use service::RateLimitService;
-pub use settings::{DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
+pub use settings::{ClientIpHeader, DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 pub use subject::{AuthenticatedPrincipal, IdentityProblem, SubjectKind, canonical_identity};
 pub use switch::BridgeSwitch;
 pub use telemetry::{

@@ -27,13 +27,21 @@ pub struct EdgeSettings {
     /// `Retry-After` of every `503`, rounded up to whole seconds. Default 1 s.
     #[serde(with = "humantime_serde")]
     pub failure_retry_after: Duration,
-    /// Header that carries an API key. Default `x-api-key`.
-    #[serde(with = "header_name")]
-    pub api_key_header: HeaderName,
-    /// Socket peers whose forwarding headers are believed: CIDRs, or bare
-    /// addresses (one host). Default: none.
+    /// Header that carries an API key. Default: none, and no header names
+    /// a subject: a request counts against its authenticated principal,
+    /// else its client IP. Set, the key in it is the subject, so it must
+    /// have been verified before this layer: an unchecked key lets a client
+    /// pick a fresh budget for every request.
+    #[serde(with = "optional_header_name")]
+    pub api_key_header: Option<HeaderName>,
+    /// Socket peers whose forwarding header is believed: CIDRs, or bare
+    /// addresses (one host). Default: none. A list that covers every IPv4
+    /// or every IPv6 address is refused.
     #[serde(with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
+    /// The one forwarding header the trusted proxies write; the other is
+    /// never read. Default `x-forwarded-for`.
+    pub client_ip_header: ClientIpHeader,
     /// Policy set of every operation not in `operations`. Default: the set
     /// of the one policy [`DEFAULT_POLICY`].
     #[serde(skip)]
@@ -61,8 +69,9 @@ impl Default for EdgeSettings {
         Self {
             evaluation_budget: Duration::from_millis(750),
             failure_retry_after: DEFAULT_FAILURE_RETRY_AFTER,
-            api_key_header: HeaderName::from_static("x-api-key"),
+            api_key_header: None,
             trusted_proxies: Vec::new(),
+            client_ip_header: ClientIpHeader::XForwardedFor,
             default_policies: PolicySet::single(
                 PolicyId::new(DEFAULT_POLICY).expect("DEFAULT_POLICY is a valid policy id"),
             ),
@@ -71,6 +80,52 @@ impl Default for EdgeSettings {
             client_ipv6_prefix: 64,
             problem_type_base: DEFAULT_PROBLEM_TYPE_BASE.to_owned(),
         }
+    }
+}
+
+/// The forwarding header a trusted proxy writes the client's address
+/// into, as `client-ip-header` names it. A proxy appends to the one it
+/// writes and passes the other through as the client sent it, so only one
+/// is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClientIpHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`, written by nginx,
+    /// HAProxy, AWS ALB and Envoy by default: `x-forwarded-for`.
+    #[default]
+    XForwardedFor,
+    /// RFC 7239 `Forwarded: for=client, for=proxy1`: `forwarded`.
+    Forwarded,
+}
+
+impl ClientIpHeader {
+    /// The header's name, as configured: `x-forwarded-for` or `forwarded`.
+    pub const fn name(self) -> HeaderName {
+        match self {
+            Self::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            Self::Forwarded => http::header::FORWARDED,
+        }
+    }
+}
+
+impl Serialize for ClientIpHeader {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name().as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for ClientIpHeader {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(d)?;
+        // Header names are case-insensitive.
+        [Self::XForwardedFor, Self::Forwarded]
+            .into_iter()
+            .find(|header| text.eq_ignore_ascii_case(header.name().as_str()))
+            .ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "{text:?} is not a header the edge reads a client address from: \
+                     \"x-forwarded-for\" or \"forwarded\", the one your trusted proxies write"
+                ))
+            })
     }
 }
 
@@ -89,7 +144,8 @@ const IPV6_PREFIXES: RangeInclusive<u8> = 1..=128;
 
 impl EdgeSettings {
     /// Every rule the types cannot hold, broken: a budget and a failure
-    /// retry-after of at least 1 ms, client prefixes in range, and a
+    /// retry-after of at least 1 ms, client prefixes in range, trusted
+    /// proxies that leave some address of each family untrusted, and a
     /// non-empty problem type base that forms a URI with every category
     /// name. Empty when the settings can work. Problem responses fall back to the default base per response
     /// when an unvalidated base does not form a URI.
@@ -106,6 +162,9 @@ impl EdgeSettings {
         }
         if !IPV6_PREFIXES.contains(&self.client_ipv6_prefix) {
             problems.push(WebError::ClientIpv6PrefixOutOfRange(self.client_ipv6_prefix));
+        }
+        if let Some(everything) = covering_everything(&self.trusted_proxies) {
+            problems.push(WebError::TrustedProxiesCoverEveryAddress(everything));
         }
         let base = &self.problem_type_base;
         let unusable = if base.is_empty() {
@@ -137,19 +196,35 @@ impl EdgeSettings {
     }
 }
 
-/// `HeaderName` as its text.
-mod header_name {
+/// The whole address space of a family (`0.0.0.0/0` or `::/0`) when
+/// `trusted` adds up to it. Peers are matched as IPv4 when they are
+/// IPv4-mapped, so each family is its own space.
+fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
+    IpNet::aggregate(&trusted.to_vec()).into_iter().find(|net| net.prefix_len() == 0)
+}
+
+/// An optional `HeaderName` as its text.
+mod optional_header_name {
     use http::HeaderName;
     use serde::de::Error;
     use serde::{Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(name: &HeaderName, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(name.as_str())
+    pub(super) fn serialize<S: Serializer>(
+        name: &Option<HeaderName>,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        match name {
+            Some(name) => s.serialize_some(name.as_str()),
+            None => s.serialize_none(),
+        }
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<HeaderName, D::Error> {
-        let text = String::deserialize(d)?;
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<HeaderName>, D::Error> {
+        let Some(text) = Option::<String>::deserialize(d)? else { return Ok(None) };
         HeaderName::from_bytes(text.as_bytes())
+            .map(Some)
             .map_err(|_| D::Error::custom(format!("{text:?} is not a valid HTTP header name")))
     }
 }
@@ -192,8 +267,9 @@ mod tests {
         let settings = EdgeSettings::default();
         assert_eq!(settings.evaluation_budget, Duration::from_millis(750));
         assert_eq!(settings.failure_retry_after, Duration::from_secs(1));
-        assert_eq!(settings.api_key_header, "x-api-key");
+        assert_eq!(settings.api_key_header, None);
         assert!(settings.trusted_proxies.is_empty());
+        assert_eq!(settings.client_ip_header, ClientIpHeader::XForwardedFor);
         assert_eq!(settings.default_policies.ids(), [PolicyId::new("default").unwrap()]);
         assert!(settings.operations.is_empty());
         assert_eq!((settings.client_ipv4_prefix, settings.client_ipv6_prefix), (32, 64));
@@ -209,6 +285,31 @@ mod tests {
         assert!(matches!(bad_base.validate(), Err(WebError::InvalidProblemTypeBase { .. })));
         let empty = EdgeSettings { problem_type_base: String::new(), ..EdgeSettings::default() };
         assert!(matches!(empty.validate(), Err(WebError::InvalidProblemTypeBase { .. })));
+    }
+
+    #[test]
+    fn a_proxy_list_that_trusts_every_address_is_refused() {
+        let with = |nets: &[&str]| EdgeSettings {
+            trusted_proxies: nets.iter().map(|net| net.parse().unwrap()).collect(),
+            ..EdgeSettings::default()
+        };
+        for (everyone, family) in [
+            (&["0.0.0.0/0"][..], "0.0.0.0/0"),
+            (&["::/0"], "::/0"),
+            (&["10.0.0.0/8", "::/0"], "::/0"),
+            (&["0.0.0.0/1", "128.0.0.0/1"], "0.0.0.0/0"),
+            (&["::/1", "8000::/1", "10.0.0.0/8"], "::/0"),
+        ] {
+            let family: IpNet = family.parse().unwrap();
+            assert_eq!(
+                with(everyone).problems(),
+                [WebError::TrustedProxiesCoverEveryAddress(family)],
+                "{everyone:?}"
+            );
+        }
+        for some in [&["0.0.0.0/1"][..], &["10.0.0.0/8", "2000::/3"], &["::ffff:0:0/96"], &[]] {
+            assert_eq!(with(some).problems(), [], "{some:?}");
+        }
     }
 
     #[test]
@@ -259,11 +360,13 @@ mod tests {
             "evaluation-budget": "300ms",
             "api-key-header": "x-client-key",
             "trusted-proxies": ["10.0.0.0/8", "192.168.1.1", "::1"],
+            "client-ip-header": "Forwarded",
             "client-ipv4-prefix": 24,
         }))
         .unwrap();
         assert_eq!(read.evaluation_budget, Duration::from_millis(300));
-        assert_eq!(read.api_key_header, "x-client-key");
+        assert_eq!(read.api_key_header, Some(HeaderName::from_static("x-client-key")));
+        assert_eq!(read.client_ip_header, ClientIpHeader::Forwarded);
         let proxies: Vec<String> = read.trusted_proxies.iter().map(ToString::to_string).collect();
         // A bare address is the network of that one host.
         assert_eq!(proxies, ["10.0.0.0/8", "192.168.1.1/32", "::1/128"]);
@@ -281,6 +384,9 @@ mod tests {
         assert!(header.contains("\"x key\" is not a valid HTTP header name"), "{header}");
         let proxy = read(serde_json::json!({ "trusted-proxies": ["10.0.0.0/33"] }));
         assert!(proxy.contains("\"10.0.0.0/33\" is not a CIDR"), "{proxy}");
+        let source = read(serde_json::json!({ "client-ip-header": "x-real-ip" }));
+        assert!(source.contains("\"x-real-ip\" is not a header"), "{source}");
+        assert!(source.contains("\"x-forwarded-for\" or \"forwarded\""), "{source}");
         // The policy sets are the application's to fill in, not keys here.
         assert!(read(serde_json::json!({ "default-policies": "api" })).contains("unknown field"));
     }

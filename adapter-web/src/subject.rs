@@ -1,5 +1,6 @@
 //! Who a request counts against: an authenticated principal, else an API
-//! key, else the client IP, in that order.
+//! key (only when a header is configured for one), else the client IP, in
+//! that order.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -67,7 +68,9 @@ impl fmt::Debug for RawSubject<'_> {
 }
 
 /// Resolves the subject of a request by precedence: principal extension,
-/// then the API key header, then the client IP (see [`client_ip`]).
+/// then the API key header when one is configured, then the client IP (see
+/// [`client_ip`]). Without `api_key_header` no header is read for a key:
+/// an unverified key would let a client pick a fresh budget per request.
 pub(crate) fn resolve_subject<'a>(
     parts: &'a Parts,
     settings: &EdgeSettings,
@@ -75,18 +78,21 @@ pub(crate) fn resolve_subject<'a>(
     if let Some(AuthenticatedPrincipal(principal)) = parts.extensions.get() {
         return Ok(RawSubject { kind: SubjectKind::Principal, identity: Cow::Borrowed(principal) });
     }
-    let mut keys = parts.headers.get_all(&settings.api_key_header).iter();
-    if let Some(key) = keys.next() {
-        if keys.next().is_some() {
-            return Err(EdgeRejection::InvalidApiKey(ApiKeyProblem::Repeated));
+    if let Some(header) = &settings.api_key_header {
+        let mut keys = parts.headers.get_all(header).iter();
+        if let Some(key) = keys.next() {
+            if keys.next().is_some() {
+                return Err(EdgeRejection::InvalidApiKey(ApiKeyProblem::Repeated));
+            }
+            let key = validate_api_key(key.as_bytes())?;
+            return Ok(RawSubject { kind: SubjectKind::ApiKey, identity: Cow::Borrowed(key) });
         }
-        let key = validate_api_key(key.as_bytes())?;
-        return Ok(RawSubject { kind: SubjectKind::ApiKey, identity: Cow::Borrowed(key) });
     }
     let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() else {
         return Err(EdgeRejection::MissingPeerAddress);
     };
-    let ip = client_ip(peer.ip(), &parts.headers, &settings.trusted_proxies);
+    let ip =
+        client_ip(peer.ip(), &parts.headers, settings.client_ip_header, &settings.trusted_proxies);
     Ok(RawSubject {
         kind: SubjectKind::ClientIp,
         identity: Cow::Owned(client_network(ip, settings).to_string()),
@@ -184,11 +190,30 @@ mod tests {
         request.into_parts().0
     }
 
-    fn resolve(build: impl FnOnce(&mut Request<()>)) -> Result<RawSubject<'static>, EdgeRejection> {
-        resolve_subject(&parts(build), &EdgeSettings::default()).map(|subject| RawSubject {
+    fn resolve_with(
+        settings: &EdgeSettings,
+        build: impl FnOnce(&mut Request<()>),
+    ) -> Result<RawSubject<'static>, EdgeRejection> {
+        resolve_subject(&parts(build), settings).map(|subject| RawSubject {
             kind: subject.kind,
             identity: Cow::Owned(subject.identity.into_owned()),
         })
+    }
+
+    /// At the defaults: no API key header.
+    fn resolve(build: impl FnOnce(&mut Request<()>)) -> Result<RawSubject<'static>, EdgeRejection> {
+        resolve_with(&EdgeSettings::default(), build)
+    }
+
+    /// With `api-key-header = "x-api-key"`.
+    fn resolve_keyed(
+        build: impl FnOnce(&mut Request<()>),
+    ) -> Result<RawSubject<'static>, EdgeRejection> {
+        let settings = EdgeSettings {
+            api_key_header: Some(http::HeaderName::from_static("x-api-key")),
+            ..EdgeSettings::default()
+        };
+        resolve_with(&settings, build)
     }
 
     fn subject(kind: SubjectKind, identity: &str) -> RawSubject<'static> {
@@ -197,7 +222,7 @@ mod tests {
 
     #[test]
     fn principal_wins_over_api_key_and_ip() {
-        let resolved = resolve(|r| {
+        let resolved = resolve_keyed(|r| {
             r.extensions_mut().insert(AuthenticatedPrincipal("alice".into()));
             r.headers_mut().insert("x-api-key", HeaderValue::from_static("key-1"));
         });
@@ -206,13 +231,13 @@ mod tests {
 
     #[test]
     fn api_key_wins_over_ip_and_the_header_name_is_configurable() {
-        let resolved = resolve(|r| {
+        let resolved = resolve_keyed(|r| {
             r.headers_mut().insert("x-api-key", HeaderValue::from_static("key-1"));
         });
         assert_eq!(resolved.unwrap(), subject(SubjectKind::ApiKey, "key-1"));
 
         let settings = EdgeSettings {
-            api_key_header: http::HeaderName::from_static("x-client-token"),
+            api_key_header: Some(http::HeaderName::from_static("x-client-token")),
             ..EdgeSettings::default()
         };
         let request = parts(|r| {
@@ -221,6 +246,25 @@ mod tests {
         });
         let resolved = resolve_subject(&request, &settings).unwrap();
         assert_eq!(resolved, subject(SubjectKind::ApiKey, "token-9"));
+    }
+
+    #[test]
+    fn by_default_no_header_names_the_subject_and_a_key_is_ignored() {
+        let resolved = resolve(|r| {
+            r.headers_mut().insert("x-api-key", HeaderValue::from_static("made-up"));
+        });
+        assert_eq!(resolved.unwrap(), subject(SubjectKind::ClientIp, "198.51.100.7/32"));
+        // Not even a malformed key is looked at.
+        let resolved = resolve(|r| {
+            r.headers_mut().append("x-api-key", HeaderValue::from_static("a"));
+            r.headers_mut().append("x-api-key", HeaderValue::from_static("b c"));
+        });
+        assert_eq!(resolved.unwrap(), subject(SubjectKind::ClientIp, "198.51.100.7/32"));
+        // A principal set by a layer before this one still counts first.
+        let resolved = resolve(|r| {
+            r.extensions_mut().insert(AuthenticatedPrincipal("alice".into()));
+        });
+        assert_eq!(resolved.unwrap(), subject(SubjectKind::Principal, "alice"));
     }
 
     #[test]
@@ -266,7 +310,7 @@ mod tests {
     fn bad_api_keys_are_rejected_with_their_reason() {
         let with_key = |value: &[u8]| {
             let value = HeaderValue::from_bytes(value).unwrap();
-            resolve(move |r| {
+            resolve_keyed(move |r| {
                 r.headers_mut().insert("x-api-key", value);
             })
         };
@@ -278,7 +322,7 @@ mod tests {
         assert_eq!(with_key(b""), rejected(ApiKeyProblem::Empty));
         let exactly_256 = with_key(&[b'k'; 256]).unwrap();
         assert_eq!(exactly_256.identity.len(), 256);
-        let twice = resolve(|r| {
+        let twice = resolve_keyed(|r| {
             r.headers_mut().append("x-api-key", HeaderValue::from_static("a"));
             r.headers_mut().append("x-api-key", HeaderValue::from_static("b"));
         });

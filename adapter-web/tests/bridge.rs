@@ -59,6 +59,8 @@ fn fixed_window(id: &str, mode: PolicyMode) -> RateLimitPolicy {
     RateLimitPolicy::builder(id, algorithm).maximum_cost(5).mode(mode).build().unwrap()
 }
 
+const API_KEY_HEADER: http::HeaderName = http::HeaderName::from_static("x-api-key");
+
 fn fixture(settings: EdgeSettings) -> Fixture {
     let policies = vec![
         fixed_window("default", PolicyMode::Enforce),
@@ -71,6 +73,8 @@ fn fixture(settings: EdgeSettings) -> Fixture {
     let clock = ManualClock::new(1_700_000_000_000);
     let key = SecretSlice::from(vec![0x5a; 32]);
     let pseudonymizer = Arc::new(VersionedPseudonymizer::new([(1, key)], 1).unwrap());
+    // These requests come from behind a layer that verified their API keys.
+    let settings = EdgeSettings { api_key_header: Some(API_KEY_HEADER), ..settings };
     let bridge = TransportBridge::new(
         port.clone(),
         Arc::clone(&pseudonymizer),

@@ -14,19 +14,25 @@
 //!   them.
 //! - `forwarding_headers_from_a_trusted_peer_name_the_peer_or_a_written_address`:
 //!   from a trusted proxy the same headers still give 200, and the subject
-//!   is the peer or an address written in those headers, nothing else.
+//!   is the peer or an address written in the one header the edge reads
+//!   (`client-ip-header`), nothing else.
 //! - `well_formed_x_forwarded_for_is_walked_from_the_right` and
 //!   `well_formed_forwarded_is_walked_from_the_right`: behind a trusted
 //!   proxy the client is the rightmost hop that is not itself trusted; a
 //!   hop that names no address (`unknown`, an obfuscated node, no `for`)
-//!   stops the walk at the peer; when every hop is trusted the leftmost
-//!   counts; `Forwarded` wins over `X-Forwarded-For` (RFC 7239
+//!   stops the walk at the trusted hop right of it (the peer when it is the
+//!   rightmost); when every hop is trusted the leftmost counts; the header
+//!   the edge is not configured to read is never consulted (RFC 7239
 //!   grammar, `client_ip` docs).
-//! - `api_keys_are_refused_with_400_exactly_when_invalid`: exactly one
-//!   `x-api-key` of 1..=256 visible ASCII bytes (0x21..=0x7E) is the
-//!   subject; an empty, longer, non-visible or repeated key is a 400
-//!   problem+json that charges nothing and never runs the handler
-//!   (`subject.rs`).
+//! - `junk_left_of_the_client_changes_nothing`: whatever a client writes
+//!   left of the address its first trusted proxy appended (bytes, broken
+//!   syntax, unbalanced quotes, lines of its own) leaves that address the
+//!   subject, for either header.
+//! - `api_keys_are_refused_with_400_exactly_when_invalid`: with
+//!   `api-key-header = "x-api-key"`, exactly one `x-api-key` of 1..=256
+//!   visible ASCII bytes (0x21..=0x7E) is the subject; an empty, longer,
+//!   non-visible or repeated key is a 400 problem+json that charges nothing
+//!   and never runs the handler (`subject.rs`).
 //! - `any_id_segment_shares_the_bucket_of_orders_1`: the operation is the
 //!   route template, so `/api/orders/<anything>` has the policy set, the
 //!   pseudonym and the operation digest of `/api/orders/1`, for every
@@ -45,8 +51,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use adapter_web::{
-    DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings, RateLimitLayer, SubjectKind, TransportBridge,
-    UNMATCHED_ROUTE, VersionedPseudonymizer, charged_digest, operation_digest,
+    ClientIpHeader, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings, RateLimitLayer, SubjectKind,
+    TransportBridge, UNMATCHED_ROUTE, VersionedPseudonymizer, charged_digest, operation_digest,
 };
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -146,13 +152,22 @@ struct Seen {
 }
 
 impl Edge {
+    /// Behind proxies that write `X-Forwarded-For`, the default.
     fn new() -> Self {
+        Self::behind(ClientIpHeader::XForwardedFor)
+    }
+
+    /// Behind trusted proxies that write `header`, taking API keys in
+    /// `x-api-key` (as a layer before this one verified them).
+    fn behind(header: ClientIpHeader) -> Self {
         let port = Arc::new(ScriptedPort::new(allowed(), policies()));
         let pseudonymizer = support::pseudonymizer();
         let mut operations = HashMap::new();
         operations.insert(ORDER_OPERATION.to_owned(), single("orders"));
         let settings = EdgeSettings {
             trusted_proxies: trusted_proxies(),
+            client_ip_header: header,
+            api_key_header: Some(API_KEY),
             operations,
             ..EdgeSettings::default()
         };
@@ -375,20 +390,18 @@ fn hostile_forwarding() -> impl Strategy<Value = Vec<(HeaderName, Vec<u8>)>> {
     prop_oneof![2 => vec(line.clone(), 1..=1), 1 => vec(line, 2..=4)]
 }
 
-/// Every address the forwarding lines could name, read leniently: quoted
+/// Every address the lines of `name` could name, read leniently: quoted
 /// pairs undone, the text cut at every delimiter of either grammar, each
 /// piece read as an address, `v4:port`, `[v6]` or `[v6]:port`. A superset
-/// of what a correct parser of either header can extract.
-fn addresses_written_in(headers: &[(HeaderName, Vec<u8>)]) -> Vec<IpAddr> {
+/// of what a correct parser of that header can extract.
+fn addresses_written_in(headers: &[(HeaderName, Vec<u8>)], name: &HeaderName) -> Vec<IpAddr> {
     let mut found = Vec::new();
-    for name in [FORWARDED, X_FORWARDED_FOR] {
-        // Repeated lines mean one comma-joined list (RFC 9110 section 5.3).
-        let lines: Vec<&[u8]> =
-            headers.iter().filter(|(n, _)| *n == name).map(|(_, v)| v.as_slice()).collect();
-        let text = without_quoted_pairs(&String::from_utf8_lossy(&lines.join(&b","[..])));
-        for piece in text.split([',', ';', '=', ' ', '\t', '"']) {
-            found.extend(read_address(piece));
-        }
+    // Repeated lines mean one comma-joined list (RFC 9110 section 5.3).
+    let lines: Vec<&[u8]> =
+        headers.iter().filter(|(n, _)| n == name).map(|(_, v)| v.as_slice()).collect();
+    let text = without_quoted_pairs(&String::from_utf8_lossy(&lines.join(&b","[..])));
+    for piece in text.split([',', ';', '=', ' ', '\t', '"']) {
+        found.extend(read_address(piece));
     }
     found
 }
@@ -436,26 +449,27 @@ enum Hop {
 /// The client behind `peer` per the spec: a peer outside the trusted
 /// proxies is the client; otherwise walk from the right past trusted hops,
 /// the first untrusted address is the client, a hop without an address
-/// stops the walk at the peer, and all-trusted means the leftmost hop.
+/// stops the walk at the farthest trusted address reached (the peer when
+/// it is the rightmost hop), and all-trusted means the leftmost hop.
 fn expected_client(peer: IpAddr, hops: &[Hop]) -> IpAddr {
     let peer = peer.to_canonical();
     if !is_trusted(peer) {
         return peer;
     }
-    let mut leftmost_trusted = None;
+    let mut farthest_trusted = peer;
     for hop in hops.iter().rev() {
         match *hop {
-            Hop::NoAddress => return peer,
+            Hop::NoAddress => break,
             Hop::Address(ip) => {
                 let ip = ip.to_canonical();
                 if !is_trusted(ip) {
                     return ip;
                 }
-                leftmost_trusted = Some(ip);
+                farthest_trusted = ip;
             }
         }
     }
-    leftmost_trusted.unwrap_or(peer)
+    farthest_trusted
 }
 
 /// Optional whitespace around list elements (RFC 9110 `OWS`).
@@ -683,7 +697,7 @@ fn request_to(method: &Method, path_and_query: &str) -> Request<Body> {
 /// found first.
 #[test]
 fn a_port_on_an_unknown_or_obfuscated_node_keeps_the_chain_well_formed() {
-    let edge = Edge::new();
+    let edge = Edge::behind(ClientIpHeader::Forwarded);
     let proxy: SocketAddr = "10.0.0.2:443".parse().unwrap();
     let client: IpAddr = "203.0.113.9".parse().unwrap();
     for value in [r#"for="unknown:0", for=203.0.113.9"#, r#"for="_hidden:_port", for=203.0.113.9"#]
@@ -715,13 +729,14 @@ proptest! {
     fn forwarding_headers_from_a_trusted_peer_name_the_peer_or_a_written_address(
         peer in trusted_peer(),
         headers in hostile_forwarding(),
+        source in select(vec![ClientIpHeader::XForwardedFor, ClientIpHeader::Forwarded]),
     ) {
-        let edge = Edge::new();
+        let edge = Edge::behind(source);
         let seen = edge.send(peer, orders_request(&headers));
         prop_assert_eq!(seen.status, StatusCode::OK);
         prop_assert_eq!(seen.handler_runs, 1);
         let subject = only_subject(&seen)?;
-        let mut candidates = addresses_written_in(&headers);
+        let mut candidates = addresses_written_in(&headers, &source.name());
         candidates.push(peer.ip());
         prop_assert!(
             candidates.iter().any(|ip| &edge.ip_digest(*ip) == subject),
@@ -734,9 +749,12 @@ proptest! {
         peer in prop_oneof![3 => trusted_peer(), 1 => untrusted_peer()],
         entries in vec(x_forwarded_for_entry(), 1..12),
         breaks in vec(prop::bool::weighted(0.3), 1..12),
+        decoy in option::of(address()),
     ) {
         let (hops, texts): (Vec<Hop>, Vec<String>) = entries.into_iter().unzip();
-        let headers = into_lines(&X_FORWARDED_FOR, &texts, &breaks);
+        let mut headers = into_lines(&X_FORWARDED_FOR, &texts, &breaks);
+        // Beside an `X-Forwarded-For`, a client's `Forwarded` is never read.
+        headers.extend(decoy.map(|ip| (FORWARDED, format!("for=\"{ip}\"").into_bytes())));
         let edge = Edge::new();
         let seen = edge.send(peer, orders_request(&headers));
         prop_assert_eq!(seen.status, StatusCode::OK);
@@ -757,14 +775,45 @@ proptest! {
             .map(|((hop, text), left, right)| (hop, format!("{left}{text}{right}")))
             .unzip();
         let mut headers = into_lines(&FORWARDED, &texts, &breaks);
-        // Beside a `Forwarded`, an `X-Forwarded-For` is never consulted.
+        // Behind proxies that write `Forwarded`, an `X-Forwarded-For` is
+        // never consulted.
         headers.extend(decoy.map(|ip| (X_FORWARDED_FOR, ip.to_string().into_bytes())));
-        let edge = Edge::new();
+        let edge = Edge::behind(ClientIpHeader::Forwarded);
         let seen = edge.send(peer, orders_request(&headers));
         prop_assert_eq!(seen.status, StatusCode::OK);
         let expected = expected_client(peer.ip(), &hops);
         prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(expected),
             "expected client {}", expected);
+    }
+
+    #[test]
+    fn junk_left_of_the_client_changes_nothing(
+        peer in trusted_peer(),
+        client in address().prop_filter("an untrusted client", |ip| !is_trusted(*ip)),
+        proxies in vec(address().prop_filter("a trusted proxy", |ip| is_trusted(*ip)), 0..4),
+        junk in hostile_value(),
+        own_line in any::<bool>(),
+        source in select(vec![ClientIpHeader::XForwardedFor, ClientIpHeader::Forwarded]),
+    ) {
+        // What the proxies appended: the client, then each proxy after it.
+        let hop = |ip: IpAddr| match source {
+            ClientIpHeader::XForwardedFor => ip.to_string(),
+            ClientIpHeader::Forwarded => format!("for=\"{}\"", SocketAddr::new(ip, 443)),
+        };
+        let appended: Vec<String> = std::iter::once(client).chain(proxies).map(hop).collect();
+        let appended = appended.join(", ").into_bytes();
+        // The client's junk, on a line of its own or where the first proxy
+        // appended to it.
+        let name = source.name();
+        let headers = if own_line {
+            vec![(name.clone(), junk), (name, appended)]
+        } else {
+            vec![(name, [junk, b", ".to_vec(), appended].concat())]
+        };
+        let edge = Edge::behind(source);
+        let seen = edge.send(peer, orders_request(&headers));
+        prop_assert_eq!(seen.status, StatusCode::OK);
+        prop_assert_eq!(only_subject(&seen)?, &edge.ip_digest(client), "expected {}", client);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_web::{EdgeSettings, Refusal, SubjectKind, operation_digest};
+use adapter_web::{ClientIpHeader, EdgeSettings, Refusal, SubjectKind, operation_digest};
 use axum::body::Body;
 use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
@@ -49,6 +49,8 @@ fn settings_with(ids: &[&str]) -> EdgeSettings {
     EdgeSettings {
         failure_retry_after: Duration::from_millis(2500),
         operations,
+        // A layer before this one verified the keys these tests send.
+        api_key_header: Some(http::HeaderName::from_static("x-api-key")),
         ..EdgeSettings::default()
     }
 }
@@ -229,17 +231,33 @@ async fn forwarding_from_a_trusted_proxy_is_honoured(via: Via) {
         Via::Tcp => (Via::Tcp, "127.0.0.1/32".parse().unwrap()),
     };
     let settings = EdgeSettings { trusted_proxies: vec![trusted], ..settings() };
+    let forwarded =
+        EdgeSettings { client_ip_header: ClientIpHeader::Forwarded, ..settings.clone() };
     let (harness, port) = harness(allowed(), settings, via).await;
     harness.get("/api/orders/1", &[("x-forwarded-for", "203.0.113.9")]).await;
     // The client-written left part is ignored; the proxy's entry counts.
     harness.get("/api/orders/1", &[("x-forwarded-for", "6.6.6.6, 203.0.113.9")]).await;
+    harness.get("/api/orders/1", &[("x-forwarded-for", "not-an-address, 203.0.113.9")]).await;
+    // Proxies that write X-Forwarded-For pass a client's Forwarded through.
     harness.get("/api/orders/1", &[("forwarded", r#"for="[2001:db8::9]:5000""#)]).await;
     // Malformed from a trusted proxy: the proxy itself is the subject.
     harness.get("/api/orders/1", &[("x-forwarded-for", "not-an-address")]).await;
     let client = harness.network_digest("203.0.113.9/32");
+    let proxy = harness.ip_digest(&harness.peer_ip());
+    assert_eq!(port.subjects(), [client.clone(), client.clone(), client, proxy.clone(), proxy]);
+
+    // Behind proxies that write Forwarded, it is the one header read.
+    let (harness, port) = self::harness(allowed(), forwarded, via).await;
+    harness
+        .get(
+            "/api/orders/1",
+            &[("forwarded", r#"for="[2001:db8::9]:5000""#), ("x-forwarded-for", "203.0.113.9")],
+        )
+        .await;
+    harness.get("/api/orders/1", &[("x-forwarded-for", "203.0.113.9")]).await;
     let v6 = harness.network_digest("2001:db8::/64");
     let proxy = harness.ip_digest(&harness.peer_ip());
-    assert_eq!(port.subjects(), [client.clone(), client, v6, proxy]);
+    assert_eq!(port.subjects(), [v6, proxy]);
 }
 
 async fn an_oversized_api_key_is_refused_with_400(via: Via) {

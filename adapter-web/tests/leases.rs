@@ -118,6 +118,7 @@ impl Leases {
         let settings = EdgeSettings {
             default_policies: set,
             operations: HashMap::new(),
+            api_key_header: Some(http::HeaderName::from_static("x-api-key")),
             ..EdgeSettings::default()
         };
         let pseudonymizer = pseudonymizer();

@@ -28,7 +28,11 @@ async fn a_fixed_window_allows_two_then_denies(via: Via) {
     let policy = RateLimitPolicy::builder("default", algorithm).build().unwrap();
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let provider = Arc::new(MemoryEdgeRateLimitAdapter::new([policy], shared).unwrap());
-    let harness = Harness::build(provider, clock, EdgeSettings::default(), via, enabled).await;
+    let keyed = EdgeSettings {
+        api_key_header: Some(http::HeaderName::from_static("x-api-key")),
+        ..EdgeSettings::default()
+    };
+    let harness = Harness::build(provider, clock, keyed, via, enabled).await;
 
     // ws = T0, reset_after = T0 + 60000 - (T0 + 250) = 59750 ms -> t=60.
     for remaining in [1, 0] {

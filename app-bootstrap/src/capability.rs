@@ -504,7 +504,8 @@ mod tests {
              window = \"60s\"\n",
         );
         let settings = edge_settings(&config).unwrap();
-        assert_eq!(settings.api_key_header, "x-client-key");
+        let header = settings.api_key_header.as_ref().map(axum::http::HeaderName::as_str);
+        assert_eq!(header, Some("x-client-key"));
         assert_eq!(settings.evaluation_budget, std::time::Duration::from_millis(300));
         assert_eq!(settings.trusted_proxies, ["10.0.0.0/8".parse::<ipnet::IpNet>().unwrap()]);
         assert_eq!(settings.operations["GET /api/hello"].ids()[0].as_str(), "demo");

@@ -447,6 +447,7 @@ default-policy = ["demo", "extra"]
 evaluation-budget = "300ms"
 api-key-header = "x-other-key"
 trusted-proxies = ["10.0.0.0/8"]
+client-ip-header = "forwarded"
 problem-type-base = "https://errors.example/"
 client-ipv4-prefix = 24
 client-ipv6-prefix = 48
@@ -472,10 +473,11 @@ refill-period = "1s"
         assert!(restart.is_empty(), "{restart:?}");
         let keys: BTreeSet<&str> =
             changed.iter().map(|path| path.split('.').nth(2).unwrap()).collect();
-        let table = render::to_table(&running, Secrets::Redacted);
-        let rate_limit = table["capabilities"]["rate-limit"].as_table().unwrap();
-        let listed = rate_limit
-            .keys()
+        // A key unset by default (`api-key-header`) renders only where set.
+        let tables = [&running, &loaded].map(|config| render::to_table(config, Secrets::Redacted));
+        let listed = tables
+            .iter()
+            .flat_map(|table| table["capabilities"]["rate-limit"].as_table().unwrap().keys())
             .map(String::as_str)
             .filter(|k| !RESTART_ONLY.contains(&format!("capabilities.rate-limit.{k}").as_str()))
             .collect();

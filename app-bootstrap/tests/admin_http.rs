@@ -25,8 +25,13 @@ fn admin_section() -> String {
     format!("[admin]\nlisten = \"127.0.0.1:0\"\ntoken = \"{TOKEN}\"\n")
 }
 
+/// The API key these tests send names the subject.
 fn memory_config() -> String {
-    fixed_window_config(POLICY, "memory", &admin_section())
+    fixed_window_config(POLICY, "memory", &admin_section()).replacen(
+        "[capabilities.rate-limit]\n",
+        "[capabilities.rate-limit]\napi-key-header = \"x-api-key\"\n",
+        1,
+    )
 }
 
 fn redis_config(redis: &RedisServer) -> String {

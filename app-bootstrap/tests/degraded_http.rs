@@ -92,6 +92,7 @@ listen = "127.0.0.1:0"
 [capabilities.rate-limit]
 provider = "redis"
 default-policy = "api"
+api-key-header = "x-api-key"
 
 [capabilities.rate-limit.degraded]
 enabled = {enabled}

@@ -186,6 +186,7 @@ listen = "127.0.0.1:0"
 [capabilities.rate-limit]
 provider = "{provider}"
 default-policy = "{POLICY}"
+api-key-header = "x-api-key"
 
 [capabilities.rate-limit.policies.{POLICY}]
 algorithm = "fixed-window"

@@ -46,6 +46,7 @@ listen = "127.0.0.1:0"
 [capabilities.rate-limit]
 provider = "redis"
 default-policy = ["p-burst", "p-daily", "p-shadow"]
+api-key-header = "x-api-key"
 
 [capabilities.rate-limit.policies.p-burst]
 algorithm = "fixed-window"

@@ -47,6 +47,7 @@ listen = "127.0.0.1:0"
 [capabilities.rate-limit]
 provider = "redis"
 default-policy = "api"
+api-key-header = "x-api-key"
 
 # Ten years: windows align to multiples of their length since the epoch,
 # so the next boundary is 2030-01-01. With "60s" a minute boundary passing

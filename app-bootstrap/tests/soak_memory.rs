@@ -47,6 +47,7 @@ listen = "127.0.0.1:0"
 [capabilities.rate-limit]
 provider = "memory"
 default-policy = "soak"
+api-key-header = "x-api-key"
 
 [capabilities.rate-limit.policies.soak]
 algorithm = "fixed-window"

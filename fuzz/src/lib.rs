@@ -11,7 +11,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
-use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
+use adapter_web::{
+    ClientIpHeader, EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer,
+};
 use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
@@ -40,12 +42,19 @@ pub fn pseudonymizer() -> Arc<VersionedPseudonymizer> {
 }
 
 /// `GET /` behind the rate-limit layer over the memory provider with
-/// `policy` as the default, trusting proxies in 10.0.0.0/8.
+/// `policy` as the default, trusting proxies in 10.0.0.0/8 that write
+/// `X-Forwarded-For`.
 pub fn router(policy: RateLimitPolicy) -> Router {
+    router_behind(policy, ClientIpHeader::XForwardedFor)
+}
+
+/// [`router`] behind trusted proxies that write `header`.
+pub fn router_behind(policy: RateLimitPolicy, header: ClientIpHeader) -> Router {
     let clock: Arc<dyn Clock> = Arc::new(ManualClock::new(1_800_000_000_000));
     let settings = EdgeSettings {
         default_policies: PolicySet::single(policy.id().clone()),
         trusted_proxies: vec!["10.0.0.0/8".parse().expect("a CIDR")],
+        client_ip_header: header,
         ..EdgeSettings::default()
     };
     let port = MemoryEdgeRateLimitAdapter::new([policy], Arc::clone(&clock)).expect("one policy");

@@ -66,7 +66,10 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         assert_eq!(rate_limit.default_policy, [edge.default_policies.ids()[0].as_str()]);
         assert_eq!(rate_limit.default_policy, [adapter_web::DEFAULT_POLICY]);
         assert_eq!(rate_limit.edge.evaluation_budget, Duration::from_millis(750));
-        assert_eq!(rate_limit.edge.api_key_header, "x-api-key");
+        // No header names an API key unless configured: an unchecked key
+        // would let a client pick its own budget.
+        assert_eq!(rate_limit.edge.api_key_header, None);
+        assert_eq!(rate_limit.edge.client_ip_header, adapter_web::ClientIpHeader::XForwardedFor);
         let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
         assert_eq!(
             *demo.algorithm(),
@@ -655,6 +658,7 @@ evaluation-budget = "400ms"
 failure-retry-after = "3s"
 api-key-header = "x-client-key"
 trusted-proxies = ["10.0.0.0/8"]
+client-ip-header = "forwarded"
 problem-type-base = "https://errors.example.com/rate-limit/"
 client-ipv4-prefix = 24
 client-ipv6-prefix = 56
@@ -781,6 +785,7 @@ fn unset_keys_take_the_owners_defaults() {
         assert_eq!(rate_limit.edge.evaluation_budget, edge.evaluation_budget);
         assert_eq!(rate_limit.edge.failure_retry_after, edge.failure_retry_after);
         assert_eq!(rate_limit.edge.api_key_header, edge.api_key_header);
+        assert_eq!(rate_limit.edge.client_ip_header, edge.client_ip_header);
         assert_eq!(rate_limit.edge.problem_type_base, edge.problem_type_base);
         let settings = config.redis.provider_settings(edge.failure_retry_after);
         let owner = adapter_redis::RedisSettings::default();
@@ -1319,6 +1324,49 @@ fn the_pseudonymizer_table_defaults_to_version_1_and_names_each_problem() {
         let mut found = paths(load_file(jail, &file));
         found.sort();
         assert_eq!(found, ["pseudonymizer.active-version", "pseudonymizer.active-versoin"]);
+    });
+}
+
+#[test]
+fn trusted_proxies_that_trust_every_address_are_refused_by_key() {
+    jail(|jail| {
+        for list in
+            [r#"["0.0.0.0/0"]"#, r#"["::/0", "10.0.0.0/8"]"#, r#"["0.0.0.0/1", "128.0.0.0/1"]"#]
+        {
+            let file = BASE
+                .replace("default-policy", &format!("trusted-proxies = {list}\ndefault-policy"));
+            let found = problems(load_file(jail, &file));
+            assert_eq!(found.len(), 1, "{list}: {found:?}");
+            assert_eq!(found[0].0, "capabilities.rate-limit.trusted-proxies", "{list}");
+            assert!(found[0].1.contains("cover every address"), "{list}: {}", found[0].1);
+        }
+        // Half of the IPv4 space is a (wide) list of proxies, not everyone.
+        let file =
+            BASE.replace("default-policy", "trusted-proxies = [\"0.0.0.0/1\"]\ndefault-policy");
+        assert!(load_file(jail, &file).is_ok());
+    });
+}
+
+#[test]
+fn the_client_ip_header_is_one_of_two_named_by_its_key() {
+    jail(|jail| {
+        for (value, expected) in [
+            ("x-forwarded-for", adapter_web::ClientIpHeader::XForwardedFor),
+            ("Forwarded", adapter_web::ClientIpHeader::Forwarded),
+        ] {
+            let file = BASE.replace(
+                "default-policy",
+                &format!("client-ip-header = \"{value}\"\ndefault-policy"),
+            );
+            let config = load_file(jail, &file).unwrap();
+            assert_eq!(config.capabilities.rate_limit.edge.client_ip_header, expected);
+        }
+        let file =
+            BASE.replace("default-policy", "client-ip-header = \"x-real-ip\"\ndefault-policy");
+        let found = problems(load_file(jail, &file));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "capabilities.rate-limit.client-ip-header");
+        assert!(found[0].1.contains("\"x-forwarded-for\" or \"forwarded\""), "{}", found[0].1);
     });
 }
 
