@@ -344,6 +344,8 @@ fn serve_is_the_default_and_stops_on_sigterm() {
         // Our crates at their most verbose: still no subject in any line.
         .env("RUST_LOG", "info,app_bootstrap=trace,adapter_web=trace,adapter_memory=trace")
         .env("CA_SKELETON_SERVER__LISTEN", "127.0.0.1:0")
+        // The key is a subject only where a header is configured to carry one.
+        .env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__API_KEY_HEADER", "x-api-key")
         .args(["--log-format", "json"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
