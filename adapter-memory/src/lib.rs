@@ -27,4 +27,4 @@ const T0: u64 = 1_800_000_000_000;
 
 pub use adapter::MemoryEdgeRateLimitAdapter;
 pub use error::MemoryAdapterError;
-pub use store::{MAX_SHARDS, MemoryStore};
+pub use store::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryStore};

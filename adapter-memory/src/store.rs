@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -25,6 +26,12 @@ const SWEEP_MIN_OPS: usize = 1024;
 /// A swept map whose capacity exceeds four times its length (and this many
 /// slots) is shrunk, so memory really falls after a flood.
 const SHRINK_MIN_CAPACITY: usize = 64;
+/// Keys a store holds at most unless told otherwise (`memory.max-keys`):
+/// about 340 bytes each with dedupe off and 470 with one dedupe record
+/// (docs/benchmarks.md), so a flood of distinct subjects leaves the
+/// process at a few hundred MB at worst.
+pub const DEFAULT_MAX_KEYS: usize = 500_000;
+const DEFAULT_MAX_KEYS_NONZERO: NonZeroUsize = NonZeroUsize::new(DEFAULT_MAX_KEYS).expect("not 0");
 
 /// Shared in-process state of the memory provider. Cloning gives a handle to
 /// the same store: adapters built over one store see the same counters, so a
@@ -42,6 +49,8 @@ struct StoreInner {
     hasher: SubjectHasher,
     /// (policy id, revision) -> namespace number used in keys.
     namespaces: Mutex<HashMap<(PolicyId, u32), u32>>,
+    /// Keys one shard holds at most: the store's bound over its shards.
+    shard_cap: usize,
 }
 
 /// Keeps each shard's lock on its own cache lines, so two cores working on
@@ -55,28 +64,61 @@ struct Shard {
     len_after_sweep: usize,
     /// A lower bound of every entry's expiry; no sweep before it.
     earliest_expiry: u64,
+    /// Requests refused because their key would have been new here.
+    refused: u64,
 }
 
 impl MemoryStore {
-    /// A store with the default shard count: a power of two near four times
-    /// the available parallelism, at least 16.
+    /// A store with the default shard count (a power of two near four
+    /// times the available parallelism, at least 16) holding at most
+    /// [`DEFAULT_MAX_KEYS`] keys.
     pub fn new() -> Self {
-        let cores = std::thread::available_parallelism().map_or(4, std::num::NonZero::get);
-        Self::with_shards(cores.saturating_mul(4).max(16))
+        Self::with_max_keys(DEFAULT_MAX_KEYS_NONZERO)
+    }
+
+    /// A store with the default shard count holding at most `max_keys`
+    /// keys ([`Self::max_keys`] says how many exactly).
+    pub fn with_max_keys(max_keys: NonZeroUsize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
+        Self::with_shards_and_max_keys(cores.saturating_mul(4).max(16), max_keys)
     }
 
     /// A store with `shards` shards, rounded up to a power of two, at least
-    /// 1 and at most [`MAX_SHARDS`].
+    /// 1 and at most [`MAX_SHARDS`], holding at most [`DEFAULT_MAX_KEYS`].
     pub fn with_shards(shards: usize) -> Self {
+        Self::with_shards_and_max_keys(shards, DEFAULT_MAX_KEYS_NONZERO)
+    }
+
+    /// A store with `shards` shards (as [`Self::with_shards`], and never
+    /// more than `max_keys`), holding at most `max_keys` keys: each shard
+    /// holds `max_keys / shards` (the subject's random-seeded hash picks
+    /// the shard, so a flood fills them evenly).
+    pub fn with_shards_and_max_keys(shards: usize, max_keys: NonZeroUsize) -> Self {
         let count = shards.max(1).checked_next_power_of_two().unwrap_or(MAX_SHARDS).min(MAX_SHARDS);
+        // At least one key per shard: a power of two no larger than the bound.
+        let fitting = 1 << max_keys.get().ilog2();
+        let count = count.min(fitting);
         let shards = (0..count).map(|_| CachePadded(Mutex::new(Shard::new()))).collect();
         Self {
             inner: Arc::new(StoreInner {
                 shards,
                 hasher: SubjectHasher::random(),
                 namespaces: Mutex::new(HashMap::new()),
+                shard_cap: max_keys.get() / count,
             }),
         }
+    }
+
+    /// The most keys the store holds: the bound asked for, rounded down to
+    /// a multiple of the shard count.
+    pub fn max_keys(&self) -> usize {
+        self.inner.shard_cap * self.shard_count()
+    }
+
+    /// How many times a request was refused because its key would have
+    /// been new and the store was full, since the store was built.
+    pub fn refused_keys(&self) -> u64 {
+        self.inner.shards.iter().map(|shard| shard.0.lock().refused).sum()
     }
 
     /// The number of shards.
@@ -342,6 +384,7 @@ impl Shard {
             ops_since_sweep: 0,
             len_after_sweep: 0,
             earliest_expiry: u64::MAX,
+            refused: 0,
         }
     }
 
