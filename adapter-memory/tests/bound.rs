@@ -205,7 +205,8 @@ async fn a_flood_of_distinct_subjects_never_holds_more_keys_than_the_bound() {
         lease_ttl: Duration::from_secs(30),
         retry_after: Duration::from_secs(1),
     };
-    let policies = vec![five_a_minute("rate"), policy("leases", leases, EvaluationDedupPolicy::Disabled)];
+    let policies =
+        vec![five_a_minute("rate"), policy("leases", leases, EvaluationDedupPolicy::Disabled)];
     let (adapter, clock) = bounded(16, MAX_KEYS, policies);
     let store = adapter.store().clone();
     assert_eq!(store.max_keys(), MAX_KEYS, "16 shards of 1,250");
