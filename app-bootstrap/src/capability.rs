@@ -486,6 +486,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
     fn memory_max_keys_of_0_stops_start_up_naming_the_key() {
         let mut problem = None;
         figment::Jail::expect_with(|jail| {
