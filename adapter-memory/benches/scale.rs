@@ -42,14 +42,14 @@
 
 use std::future::Future;
 use std::hint::black_box;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::pin::pin;
 use std::process::Command;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use adapter_memory::MemoryEdgeRateLimitAdapter;
+use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, Lease, OperationDigest,
@@ -186,8 +186,11 @@ fn build(name: &str, count: usize, held: bool) -> Box<dyn Contender> {
         .evaluation_dedup(dedup)
         .build()
         .expect("valid policy");
-    let adapter =
-        MemoryEdgeRateLimitAdapter::new([policy], Arc::new(SystemClock)).expect("adapter builds");
+    // A bound that holds every subject: this measures decisions, not
+    // refusals of a full store.
+    let store = MemoryStore::with_max_keys(NonZeroUsize::new(count.max(1)).expect("at least 1"));
+    let adapter = MemoryEdgeRateLimitAdapter::with_store(store, [policy], Arc::new(SystemClock))
+        .expect("adapter builds");
     Box::new(Ours {
         adapter,
         policy: PolicySet::single(PolicyId::new("bench").expect("valid id")),

@@ -14,7 +14,7 @@ use shared_contract::{
 };
 
 use crate::error::MemoryAdapterError;
-use crate::store::{KeySlot, MemoryStore};
+use crate::store::{KeySlot, MemoryStore, StoreFull};
 
 /// The embedded rate-limit provider: every algorithm (in-flight leases too) over a sharded
 /// in-process [`MemoryStore`], with the same clock-regression and dedupe
@@ -66,7 +66,8 @@ impl MemoryEdgeRateLimitAdapter {
                     return Err(MemoryAdapterError::DuplicatePolicy(taken.key().clone()));
                 }
                 MapEntry::Vacant(free) => {
-                    let namespace = store.namespace(policy.id(), policy.revision());
+                    let namespace =
+                        store.namespace(policy.id(), policy.revision(), policy.ttl_slack_millis());
                     let rules = KeyRules::of(&policy);
                     free.insert(PolicySlot { policy, namespace, rules });
                 }
@@ -123,11 +124,20 @@ impl MemoryEdgeRateLimitAdapter {
         for (key, slot) in keys.iter_mut().zip(slots.iter()) {
             *key = (key_of(slot), &slot.rules);
         }
-        self.store
-            .with_set(request.subject.as_bytes(), &keys[..slots.len()], now, |members| {
+        let decided =
+            self.store.with_set(request.subject.as_bytes(), &keys[..slots.len()], now, |members| {
                 evaluate_set(members, now, request.cost, request.evaluation_id)
-            })
-            .into()
+            });
+        match decided {
+            Ok(verdict) => verdict.into(),
+            // Full, and every key held is in use: no slot for this
+            // subject's new key, and nothing charged. Fail-closed, as an
+            // evaluation that could not be admitted in time.
+            Err(StoreFull) => RateLimitOutcome::Unavailable {
+                category: UnavailableCategory::AdmissionRejected,
+                retry_after: self.failure_retry_after,
+            },
+        }
     }
 }
 

@@ -8,8 +8,12 @@
 //! This crate imports `shared-contract` only: never redis, axum, tokio (a
 //! dev-dependency for tests alone) or another adapter. Expired keys are
 //! reclaimed by amortized sweeps during evaluation and by
-//! [`MemoryStore::purge_expired`], so a flood of distinct subjects cannot
-//! grow memory without bound.
+//! [`MemoryStore::purge_expired`]. That alone does not bound memory (a
+//! 24 h window keeps each subject a day): the store holds at most
+//! `max_keys` keys ([`DEFAULT_MAX_KEYS`] unless told otherwise). Full, it
+//! drops the keys that are expired or whole again, then refuses a request
+//! needing a new key (`Unavailable(AdmissionRejected)`, fail-closed); a key
+//! in use is never dropped, so an exhausted subject stays refused.
 
 #![forbid(unsafe_code)]
 
@@ -27,4 +31,4 @@ const T0: u64 = 1_800_000_000_000;
 
 pub use adapter::MemoryEdgeRateLimitAdapter;
 pub use error::MemoryAdapterError;
-pub use store::{MAX_SHARDS, MemoryStore};
+pub use store::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryStore};

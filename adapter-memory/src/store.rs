@@ -1,9 +1,18 @@
 //! `MemoryStore`: the sharded in-process map of keys, with amortized
-//! reclamation of expired entries.
+//! reclamation of expired entries and a hard bound on the keys it holds.
+//!
+//! The bound: each shard holds at most its share of `max_keys`. A request
+//! whose key is new to a full shard first makes the shard drop every key
+//! that is expired or whole again (from `expires_at - slack` on, absence
+//! means the same as the key's state, so nothing is lost), and is refused
+//! ([`StoreFull`]) when that frees no slot. A key in use is never dropped
+//! to make room: an exhausted subject keeps its refusal through any flood.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::Mutex;
 use shared_contract::{
@@ -25,6 +34,16 @@ const SWEEP_MIN_OPS: usize = 1024;
 /// A swept map whose capacity exceeds four times its length (and this many
 /// slots) is shrunk, so memory really falls after a flood.
 const SHRINK_MIN_CAPACITY: usize = 64;
+/// Keys a store holds at most unless told otherwise (`memory.max-keys`):
+/// about 340 bytes each with dedupe off and 470 with one dedupe record
+/// (docs/benchmarks.md), so a flood of distinct subjects leaves the
+/// process at a few hundred MB at worst.
+pub const DEFAULT_MAX_KEYS: usize = 500_000;
+/// A full shard drops whole keys at most once per this share of its keys
+/// in operations (and on every purge): a scan of the shard is paid by at
+/// least len / 8 requests, so a flood at the bound costs O(1) each.
+const RECLAIM_SHARE: usize = 8;
+const DEFAULT_MAX_KEYS_NONZERO: NonZeroUsize = NonZeroUsize::new(DEFAULT_MAX_KEYS).expect("not 0");
 
 /// Shared in-process state of the memory provider. Cloning gives a handle to
 /// the same store: adapters built over one store see the same counters, so a
@@ -40,9 +59,29 @@ struct StoreInner {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
     /// Random-seeded: shard and bucket placement must not be predictable.
     hasher: SubjectHasher,
-    /// (policy id, revision) -> namespace number used in keys.
-    namespaces: Mutex<HashMap<(PolicyId, u32), u32>>,
+    namespaces: Mutex<Namespaces>,
+    /// Keys one shard holds at most: the store's bound over its shards.
+    shard_cap: usize,
+    /// The largest slack of a namespace: no key is whole before the
+    /// earliest expiry less this.
+    max_slack: AtomicU64,
 }
+
+/// The policy revisions the store has numbered.
+#[derive(Default)]
+struct Namespaces {
+    /// (policy id, revision) -> namespace number used in keys.
+    numbers: HashMap<(PolicyId, u32), u32>,
+    /// By namespace number: how long its keys live past the moment their
+    /// absence means the same as their state (the policy's
+    /// `ttl_slack_millis`; the smallest given, should two differ).
+    slack: Vec<u64>,
+}
+
+/// A request needed a new key and the store is full: nothing was read,
+/// charged or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct StoreFull;
 
 /// Keeps each shard's lock on its own cache lines, so two cores working on
 /// neighbouring shards do not contend on one line.
@@ -55,28 +94,62 @@ struct Shard {
     len_after_sweep: usize,
     /// A lower bound of every entry's expiry; no sweep before it.
     earliest_expiry: u64,
+    /// Requests refused because their key would have been new here.
+    refused: u64,
 }
 
 impl MemoryStore {
-    /// A store with the default shard count: a power of two near four times
-    /// the available parallelism, at least 16.
+    /// A store with the default shard count (a power of two near four
+    /// times the available parallelism, at least 16) holding at most
+    /// [`DEFAULT_MAX_KEYS`] keys.
     pub fn new() -> Self {
-        let cores = std::thread::available_parallelism().map_or(4, std::num::NonZero::get);
-        Self::with_shards(cores.saturating_mul(4).max(16))
+        Self::with_max_keys(DEFAULT_MAX_KEYS_NONZERO)
+    }
+
+    /// A store with the default shard count holding at most `max_keys`
+    /// keys ([`Self::max_keys`] says how many exactly).
+    pub fn with_max_keys(max_keys: NonZeroUsize) -> Self {
+        let cores = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
+        Self::with_shards_and_max_keys(cores.saturating_mul(4).max(16), max_keys)
     }
 
     /// A store with `shards` shards, rounded up to a power of two, at least
-    /// 1 and at most [`MAX_SHARDS`].
+    /// 1 and at most [`MAX_SHARDS`], holding at most [`DEFAULT_MAX_KEYS`].
     pub fn with_shards(shards: usize) -> Self {
+        Self::with_shards_and_max_keys(shards, DEFAULT_MAX_KEYS_NONZERO)
+    }
+
+    /// A store with `shards` shards (as [`Self::with_shards`], and never
+    /// more than `max_keys`), holding at most `max_keys` keys: each shard
+    /// holds `max_keys / shards` (the subject's random-seeded hash picks
+    /// the shard, so a flood fills them evenly).
+    pub fn with_shards_and_max_keys(shards: usize, max_keys: NonZeroUsize) -> Self {
         let count = shards.max(1).checked_next_power_of_two().unwrap_or(MAX_SHARDS).min(MAX_SHARDS);
+        // At least one key per shard: a power of two no larger than the bound.
+        let fitting = 1 << max_keys.get().ilog2();
+        let count = count.min(fitting);
         let shards = (0..count).map(|_| CachePadded(Mutex::new(Shard::new()))).collect();
         Self {
             inner: Arc::new(StoreInner {
                 shards,
                 hasher: SubjectHasher::random(),
-                namespaces: Mutex::new(HashMap::new()),
+                namespaces: Mutex::new(Namespaces::default()),
+                shard_cap: max_keys.get() / count,
+                max_slack: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// The most keys the store holds: the bound asked for, rounded down to
+    /// a multiple of the shard count.
+    pub fn max_keys(&self) -> usize {
+        self.inner.shard_cap * self.shard_count()
+    }
+
+    /// How many times a request was refused because its key would have
+    /// been new and the store was full, since the store was built.
+    pub fn refused_keys(&self) -> u64 {
+        self.inner.shards.iter().map(|shard| shard.0.lock().refused).sum()
     }
 
     /// The number of shards.
@@ -107,31 +180,83 @@ impl MemoryStore {
     }
 
     /// Sweeps every shard at `now_epoch_millis`, removing each key whose
-    /// expiry has passed, and shrinks maps left mostly empty. Returns the
-    /// number of keys removed.
+    /// expiry has passed (in a full shard, each key whole again too), and
+    /// shrinks maps left mostly empty. Returns the number of keys removed.
     pub fn purge_expired(&self, now_epoch_millis: u64) -> usize {
         self.inner
             .shards
             .iter()
             .map(|shard| {
                 let mut shard = shard.0.lock();
-                // Nothing in a shard expires before its earliest expiry, so a
-                // periodic purge costs one lock per shard until then.
-                if now_epoch_millis < shard.earliest_expiry {
+                if shard.map.len() >= self.inner.shard_cap {
+                    let before = shard.map.len();
+                    self.reclaim(&mut shard, now_epoch_millis);
+                    before - shard.map.len()
+                } else if now_epoch_millis < shard.earliest_expiry {
+                    // Nothing in a shard expires before its earliest
+                    // expiry, so a periodic purge costs one lock per shard
+                    // until then.
                     0
                 } else {
-                    shard.sweep(now_epoch_millis)
+                    shard.sweep(now_epoch_millis, None)
                 }
             })
             .sum()
     }
 
     /// The namespace number of a policy revision in this store; the same
-    /// (id, revision) always gets the same number.
-    pub(crate) fn namespace(&self, id: &PolicyId, revision: u32) -> u32 {
+    /// (id, revision) always gets the same number. `slack` is the policy's
+    /// `ttl_slack_millis`.
+    pub(crate) fn namespace(&self, id: &PolicyId, revision: u32, slack: u64) -> u32 {
         let mut names = self.inner.namespaces.lock();
-        let next = u32::try_from(names.len()).unwrap_or(u32::MAX);
-        *names.entry((id.clone(), revision)).or_insert(next)
+        let next = u32::try_from(names.numbers.len()).unwrap_or(u32::MAX);
+        let number = *names.numbers.entry((id.clone(), revision)).or_insert(next);
+        let at = usize::try_from(number).unwrap_or(usize::MAX);
+        if let Some(known) = names.slack.get_mut(at) {
+            *known = (*known).min(slack);
+        } else if at == names.slack.len() {
+            names.slack.push(slack);
+        }
+        self.inner.max_slack.fetch_max(slack, Ordering::Relaxed);
+        number
+    }
+
+    /// Makes room in a full `shard` at `now`: drops every key expired or
+    /// whole again, when one may be (no key is whole before the earliest
+    /// expiry less the largest slack) and a reclaim is due (amortized over
+    /// [`RECLAIM_SHARE`]). Keys in use stay, whatever it costs the caller.
+    fn reclaim(&self, shard: &mut Shard, now: u64) {
+        let max_slack = self.inner.max_slack.load(Ordering::Relaxed);
+        if now.saturating_add(max_slack) < shard.earliest_expiry {
+            return;
+        }
+        // Copied out, so no other lock is held over the scan.
+        let slack = self.inner.namespaces.lock().slack.clone();
+        shard.sweep(now, Some(&slack));
+    }
+
+    /// Whether a full `shard` may reclaim now: once per
+    /// `len / RECLAIM_SHARE` of its operations.
+    fn reclaim_due(shard: &Shard) -> bool {
+        shard.ops_since_sweep >= shard.map.len() / RECLAIM_SHARE
+    }
+
+    /// Whether `shard` has a slot for each of `missing` new keys, after
+    /// making room if it is due; counts a refusal when it has not.
+    fn has_room(&self, shard: &mut Shard, now: u64, missing: impl Fn(&Shard) -> usize) -> bool {
+        let cap = self.inner.shard_cap;
+        if shard.map.len() + missing(shard) <= cap {
+            return true;
+        }
+        if Self::reclaim_due(shard) {
+            self.reclaim(shard, now);
+            if shard.map.len() + missing(shard) <= cap {
+                return true;
+            }
+        }
+        shard.refused += 1;
+        shard.after_op(now, None);
+        false
     }
 
     /// Runs `step` over the keys of one subject's policy set, atomically
@@ -140,15 +265,20 @@ impl MemoryStore {
     /// members, and each state moves back with its new expiry. A key that
     /// did not exist is inserted only if the step wrote it. At most
     /// [`MAX_POLICY_SET`] keys.
+    ///
+    /// # Errors
+    /// [`StoreFull`] when a key of the set is new and the subject's shard
+    /// has no slot for it, even after dropping what is expired or whole:
+    /// `step` does not run.
     pub(crate) fn with_set<R>(
         &self,
         subject: &[u8],
         keys: &[(KeySlot, &KeyRules)],
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
-    ) -> R {
+    ) -> Result<R, StoreFull> {
         match keys {
-            [] => step(&mut []),
+            [] => Ok(step(&mut [])),
             [key] => self.with_one(subject, *key, now, step),
             _ => self.with_keys::<MAX_POLICY_SET, R>(subject, keys, now, step),
         }
@@ -163,7 +293,7 @@ impl MemoryStore {
         (slot, rules): (KeySlot, &KeyRules),
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
-    ) -> R {
+    ) -> Result<R, StoreFull> {
         let subject_hash = self.inner.hasher.hash(subject);
         let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
         let mut members = [SetMember::new(rules, None)];
@@ -178,6 +308,10 @@ impl MemoryStore {
                 (result, Some(entry.expires_at))
             }
             None => {
+                // A full shard is the only cost on this path: one compare.
+                if shard.map.len() >= self.inner.shard_cap && !self.has_room(shard, now, |_| 1) {
+                    return Err(StoreFull);
+                }
                 let result = step(&mut members);
                 let [member] = members;
                 // A key that did not exist is inserted only if the step wrote it.
@@ -192,7 +326,7 @@ impl MemoryStore {
             }
         };
         shard.after_op(now, expiry);
-        result
+        Ok(result)
     }
 
     /// [`Self::with_set`] over fixed arrays of `N` (no allocation per
@@ -204,7 +338,7 @@ impl MemoryStore {
         keys: &[(KeySlot, &KeyRules)],
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
-    ) -> R {
+    ) -> Result<R, StoreFull> {
         let n = keys.len().min(N);
         let last = n.saturating_sub(1);
         let subject_hash = self.inner.hasher.hash(subject);
@@ -216,6 +350,17 @@ impl MemoryStore {
             std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
         let mut guard = self.shard(subject_hash).lock();
         let shard = &mut *guard;
+        // Counted only when the shard is nearly full: room for every key of
+        // the set, before any state moves out.
+        if shard.map.len() + n > self.inner.shard_cap {
+            let missing = |shard: &Shard| {
+                let held = |key: &LookupKey<'_>| shard.map.contains_key(key as &dyn KeyView);
+                lookups[..n].iter().filter(|key| !held(key)).count()
+            };
+            if !self.has_room(shard, now, missing) {
+                return Err(StoreFull);
+            }
+        }
         for (member, key) in members[..n].iter_mut().zip(&lookups) {
             member.state = shard.map.get_mut(key as &dyn KeyView).and_then(|entry| entry.take(now));
         }
@@ -243,7 +388,7 @@ impl MemoryStore {
             };
         }
         shard.after_op(now, earliest);
-        result
+        Ok(result)
     }
 
     /// A copy of one key's state at caller time `now` (`None` when absent
@@ -342,6 +487,7 @@ impl Shard {
             ops_since_sweep: 0,
             len_after_sweep: 0,
             earliest_expiry: u64::MAX,
+            refused: 0,
         }
     }
 
@@ -355,17 +501,24 @@ impl Shard {
         let due = self.ops_since_sweep >= SWEEP_MIN_OPS.max(self.len_after_sweep / 4)
             || self.map.len() >= SWEEP_MIN_OPS.max(self.len_after_sweep.saturating_mul(2));
         if due && now >= self.earliest_expiry {
-            self.sweep(now);
+            self.sweep(now, None);
         }
     }
 
-    /// Removes entries expired at `now`, recomputes the earliest expiry and
-    /// shrinks a map left far below its capacity. Returns the removed count.
-    fn sweep(&mut self, now: u64) -> usize {
+    /// Removes entries expired at `now` (with `slack` by namespace, also
+    /// those whole again: expiry less their slack passed), recomputes the
+    /// earliest expiry and shrinks a map left far below its capacity.
+    /// Returns the removed count.
+    fn sweep(&mut self, now: u64, slack: Option<&[u64]>) -> usize {
         let before = self.map.len();
         let mut earliest = u64::MAX;
-        self.map.retain(|_, entry| {
-            let keep = entry.expires_at > now;
+        self.map.retain(|key, entry| {
+            // A namespace never numbered has no slack to subtract.
+            let slack = slack.and_then(|slack| {
+                slack.get(usize::try_from(key.namespace()).unwrap_or(usize::MAX))
+            });
+            let whole_at = entry.expires_at.saturating_sub(slack.copied().unwrap_or(0));
+            let keep = whole_at > now;
             if keep {
                 earliest = earliest.min(entry.expires_at);
             }
@@ -430,6 +583,7 @@ mod tests {
             .with_set(&subject(n), &[(SLOT, rules)], now, |members| {
                 evaluate_set(members, now, 1, id)
             })
+            .expect("the store has room")
             .into()
     }
 
@@ -515,10 +669,10 @@ mod tests {
         let store = MemoryStore::with_shards(1);
         let a = PolicyId::new("a").unwrap();
         let b = PolicyId::new("b").unwrap();
-        let a1 = store.namespace(&a, 1);
-        assert_eq!(store.clone().namespace(&a, 1), a1);
-        assert_ne!(store.namespace(&a, 2), a1);
-        assert_ne!(store.namespace(&b, 1), a1);
+        let a1 = store.namespace(&a, 1, 0);
+        assert_eq!(store.clone().namespace(&a, 1, 0), a1);
+        assert_ne!(store.namespace(&a, 2, 0), a1);
+        assert_ne!(store.namespace(&b, 1, 0), a1);
     }
 
     #[test]
@@ -544,6 +698,39 @@ mod tests {
         );
         assert_eq!(store.purge_expired(T0 + 3_000), 10);
         assert_eq!(store.live_entries(), 0);
+    }
+
+    #[test]
+    fn a_purge_drops_keys_whole_again_only_from_a_full_shard() {
+        // Slack 1 s: keys charged at T0 are whole at T0 + 1000 (window
+        // end) and expire at T0 + 2000.
+        let rules = rules();
+        let ns = |store: &MemoryStore| store.namespace(&PolicyId::new("p").unwrap(), 1, 1_000);
+        let full = MemoryStore::with_shards_and_max_keys(1, NonZeroUsize::new(2).unwrap());
+        let roomy = MemoryStore::with_shards_and_max_keys(1, NonZeroUsize::new(3).unwrap());
+        for store in [&full, &roomy] {
+            assert_eq!(ns(store), SLOT.namespace);
+            touch(store, &rules, 1, T0);
+            touch(store, &rules, 2, T0);
+        }
+        assert_eq!((full.purge_expired(T0 + 999), roomy.purge_expired(T0 + 999)), (0, 0));
+        // Whole, not expired: only the full store lets them go.
+        assert_eq!((full.purge_expired(T0 + 1_000), roomy.purge_expired(T0 + 1_000)), (2, 0));
+        assert_eq!(roomy.purge_expired(T0 + 2_000), 2);
+    }
+
+    #[test]
+    fn the_bound_is_a_multiple_of_the_shards_and_never_below_one_key_a_shard() {
+        let bounded = |shards, keys| {
+            let store =
+                MemoryStore::with_shards_and_max_keys(shards, NonZeroUsize::new(keys).unwrap());
+            (store.shard_count(), store.max_keys())
+        };
+        assert_eq!(bounded(16, 20_000), (16, 20_000));
+        assert_eq!(bounded(16, 1_001), (16, 992));
+        assert_eq!(bounded(64, 10), (8, 8));
+        assert_eq!(bounded(4, 1), (1, 1));
+        assert!(MemoryStore::new().max_keys() <= DEFAULT_MAX_KEYS);
     }
 
     #[test]
@@ -637,7 +824,8 @@ mod tests {
         ];
         let now = T0;
         let verdict = store
-            .with_set(&subject(3), &slots, now, |members| evaluate_set(members, now, 1, id(1)));
+            .with_set(&subject(3), &slots, now, |members| evaluate_set(members, now, 1, id(1)))
+            .expect("the store has room");
         assert!(RateLimitOutcome::from(verdict).is_allowed());
         // Three keys, all in the subject's shard.
         let shard_of = |store: &MemoryStore| {

@@ -1,11 +1,15 @@
-//! A flood of one-shot subjects must not grow memory without bound: once
-//! their keys expire, both `purge_expired` and ordinary traffic reclaim them.
+//! A flood of one-shot subjects in a store sized to hold them all: once
+//! their keys expire, both `purge_expired` and ordinary traffic reclaim
+//! them. (A store too small for a flood refuses it: `tests/bound.rs`.)
 
 mod support;
 
 use std::time::Duration;
 
-use adapter_memory::MemoryEdgeRateLimitAdapter;
+use std::num::NonZeroUsize;
+use std::sync::Arc;
+
+use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, HELD_LEASE_BYTES, ManualClock,
 };
@@ -19,7 +23,14 @@ const FLOOD: u64 = 1_000_000;
 const LIFETIME_MS: u64 = 2_000;
 
 fn flood_adapter() -> (MemoryEdgeRateLimitAdapter, ManualClock) {
-    adapter(vec![policy("flood", fixed(10, 1_000), EvaluationDedupPolicy::Disabled)])
+    let clock = ManualClock::new(T0);
+    let flood = policy("flood", fixed(10, 1_000), EvaluationDedupPolicy::Disabled);
+    // Room for the whole flood and the fresh subjects after it.
+    let room = NonZeroUsize::new(2 * FLOOD as usize).expect("not 0");
+    let store = MemoryStore::with_max_keys(room);
+    let adapter = MemoryEdgeRateLimitAdapter::with_store(store, [flood], Arc::new(clock.clone()))
+        .expect("adapter builds");
+    (adapter, clock)
 }
 
 async fn flood(adapter: &MemoryEdgeRateLimitAdapter, clock: &ManualClock) {

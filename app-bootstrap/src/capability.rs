@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings, RuleLimit};
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
@@ -44,22 +45,54 @@ pub enum RateLimitCapability {
     Disabled,
 }
 
+/// Counter of requests refused because the in-process store (the memory
+/// provider's, or degraded mode's local counts) was full at
+/// `memory.max-keys` and their key would have been new; no labels.
+/// Counted by the upkeep, so within [`Upkeep::EVERY`] of the refusal.
+pub const MEMORY_KEYS_REFUSED_TOTAL: &str =
+    adapter_web::metric_name!("rate_limit_memory_keys_refused_total");
+
 /// The memory provider's periodic purge. Traffic sweeps a busy shard, but
 /// an instance gone quiet after a flood would keep the expired state until
-/// traffic came back: the server runs this every [`Upkeep::EVERY`].
+/// traffic came back: the server runs this every [`Upkeep::EVERY`]. It
+/// also counts and logs the requests a full store refused, so that line
+/// comes at most once per run.
 #[derive(Debug, Clone)]
 pub struct Upkeep {
     store: MemoryStore,
     clock: Arc<dyn Clock>,
+    /// The store's refusals already counted and logged.
+    reported: Arc<AtomicU64>,
 }
 
 impl Upkeep {
     /// How often the server runs it.
     pub const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
-    /// Removes every key expired at the clock's now; returns how many.
+    fn new(store: MemoryStore, clock: Arc<dyn Clock>) -> Self {
+        Self { store, clock, reported: Arc::new(AtomicU64::new(0)) }
+    }
+
+    /// Removes every key expired at the clock's now (in a full store, every
+    /// key whole again too); returns how many. Counts the requests the full
+    /// store refused since the last run in [`MEMORY_KEYS_REFUSED_TOTAL`],
+    /// with one warning when there were any.
     pub fn run(&self) -> usize {
-        self.store.purge_expired(self.clock.epoch_millis())
+        let purged = self.store.purge_expired(self.clock.epoch_millis());
+        let refused = self.store.refused_keys();
+        let new = refused.saturating_sub(self.reported.swap(refused, Ordering::Relaxed));
+        // Incremented by 0 too: the series exists before the first refusal.
+        metrics::counter!(MEMORY_KEYS_REFUSED_TOTAL).increment(new);
+        if new > 0 {
+            tracing::warn!(
+                refused = new,
+                max_keys = self.store.max_keys(),
+                "the in-process rate-limit store is full: requests needing a new key (a new \
+                 subject) were refused with 503 until keys expire or are whole again; \
+                 memory.max-keys sizes it (docs/operations.md)"
+            );
+        }
+        purged
     }
 }
 
@@ -141,7 +174,7 @@ impl RateLimitCapability {
             ProviderKind::Memory => {
                 let adapter = memory_provider(config, Arc::clone(&clock))?;
                 let store = adapter.store().clone();
-                let upkeep = Upkeep { store: store.clone(), clock };
+                let upkeep = Upkeep::new(store.clone(), clock);
                 (Arc::new(adapter), Some(upkeep), ProviderState::Memory(store))
             }
             ProviderKind::Redis => {
@@ -155,13 +188,13 @@ impl RateLimitCapability {
                         ProviderState::Redis { adapter: Arc::clone(&adapter), degraded: None };
                     return Ok(Self::Enabled { provider, port: adapter, upkeep: None, state });
                 };
-                let mode =
-                    Arc::new(DegradedMode::new(MemoryStore::new(), instances, Arc::clone(&clock)));
+                let store = MemoryStore::with_max_keys(config.memory.max_keys());
+                let mode = Arc::new(DegradedMode::new(store, instances, Arc::clone(&clock)));
                 let policies = config.rate_limit_policies();
                 let redis: Arc<dyn EdgeRateLimitPort> = Arc::clone(&adapter) as _;
                 let port = degraded_port(config, redis, &policies, &mode, Arc::clone(&clock))?;
                 // The local counts expire as the memory provider's do.
-                let upkeep = Upkeep { store: mode.store().clone(), clock };
+                let upkeep = Upkeep::new(mode.store().clone(), clock);
                 let state = ProviderState::Redis { adapter, degraded: Some(mode) };
                 (Arc::new(port) as _, Some(upkeep), state)
             }
@@ -222,8 +255,10 @@ fn memory_provider(
     config: &AppConfig,
     clock: Arc<dyn Clock>,
 ) -> Result<MemoryEdgeRateLimitAdapter, BootstrapError> {
-    let adapter = MemoryEdgeRateLimitAdapter::new(config.rate_limit_policies(), clock)
-        .map_err(|error| wiring("the memory provider", error))?;
+    let store = MemoryStore::with_max_keys(config.memory.max_keys());
+    let adapter =
+        MemoryEdgeRateLimitAdapter::with_store(store, config.rate_limit_policies(), clock)
+            .map_err(|error| wiring("the memory provider", error))?;
     Ok(adapter.with_failure_retry_after(config.capabilities.rate_limit.edge.failure_retry_after))
 }
 
@@ -397,6 +432,75 @@ mod tests {
         assert_eq!(upkeep.run(), 1);
     }
 
+    /// A request of the demo policy for subject `n`.
+    fn demo_request(clock: &ManualClock, n: u8) -> shared_contract::RateLimitRequest {
+        shared_contract::RateLimitRequest {
+            policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()),
+            subject: shared_contract::SubjectDigest::parse(format!("v1:{}", hex::encode([n; 16])))
+                .unwrap(),
+            operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
+            cost: 1,
+            evaluation_id: shared_contract::EvaluationId::random(),
+            deadline: clock.monotonic() + std::time::Duration::from_secs(5),
+        }
+    }
+
+    #[tokio::test]
+    async fn memory_max_keys_bounds_the_store_and_the_upkeep_counts_its_refusals() {
+        assert_eq!(MEMORY_KEYS_REFUSED_TOTAL, "ca_skeleton_rate_limit_memory_keys_refused_total");
+        let manual = ManualClock::new(1_700_000_000_000);
+        // One key: one shard of one (a larger bound is split over shards).
+        let config = config("[memory]\nmax-keys = 1\n");
+        assert_eq!(config.memory.max_keys, 1);
+        let capability = RateLimitCapability::build(&config, Arc::new(manual.clone())).unwrap();
+        let (Some(port), Some(upkeep)) = (capability.port(), capability.upkeep()) else {
+            panic!("memory has a port and an upkeep");
+        };
+        assert_eq!(upkeep.store.max_keys(), 1);
+        // One subject fills it; another is refused fail-closed, twice.
+        assert!(port.evaluate(demo_request(&manual, 1)).await.is_allowed());
+        for _ in 0..2 {
+            let refused = port.evaluate(demo_request(&manual, 3)).await;
+            assert!(
+                matches!(
+                    refused,
+                    shared_contract::RateLimitOutcome::Unavailable {
+                        category: shared_contract::UnavailableCategory::AdmissionRejected,
+                        ..
+                    }
+                ),
+                "{refused:?}"
+            );
+        }
+        // The held subjects are decided as before.
+        assert!(port.evaluate(demo_request(&manual, 1)).await.is_allowed());
+        assert_eq!(upkeep.store.refused_keys(), 2);
+        upkeep.run();
+        assert_eq!(upkeep.reported.load(Ordering::Relaxed), 2, "counted once");
+        upkeep.run();
+        assert_eq!(upkeep.reported.load(Ordering::Relaxed), 2);
+        // The default when the table is absent.
+        let default = RateLimitCapability::build(&self::config(""), clock()).unwrap();
+        let bound = default.upkeep().map(|upkeep| upkeep.store.max_keys());
+        assert!(bound.is_some_and(|keys| keys <= adapter_memory::DEFAULT_MAX_KEYS));
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+    fn memory_max_keys_of_0_stops_start_up_naming_the_key() {
+        let mut problem = None;
+        figment::Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("c.toml", "[memory]\nmax-keys = 0\n")?;
+            problem = AppConfig::load(&ConfigSources::new(Some("c.toml".into())))
+                .err()
+                .map(|error| error.to_string());
+            Ok(())
+        });
+        let problem = problem.expect("refused");
+        assert!(problem.contains("memory.max-keys: must be at least 1"), "{problem}");
+    }
+
     #[tokio::test]
     async fn disabled_has_no_port_and_a_pass_through_layer() {
         let config = config("[capabilities.rate-limit]\nprovider = \"disabled\"\n");
@@ -483,6 +587,22 @@ mod tests {
         let reloaded = state.port_with_policies(&raised, Arc::clone(&clock)).unwrap();
         assert_eq!(reloaded.policy(&PolicyId::new("api").unwrap()).unwrap().limit(), 20);
         assert_eq!(admitted_of(&*reloaded, &manual, 7).await, 5);
+    }
+
+    #[tokio::test]
+    async fn degraded_mode_counts_in_a_store_of_memory_max_keys() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let config = config(&format!(
+            "[capabilities.rate-limit]\nprovider = \"redis\"\n\
+             [capabilities.rate-limit.degraded]\nenabled = true\ninstances = 2\n\
+             [memory]\nmax-keys = 4\n[pseudonymizer.keys]\n1 = \"{KEY}\"\n\
+             [redis]\nenabled = true\nurls = [\"redis://{closed}\"]\n"
+        ));
+        let capability = RateLimitCapability::build(&config, clock()).unwrap();
+        let Some(ProviderState::Redis { degraded: Some(mode), .. }) = capability.state() else {
+            panic!("redis with degraded mode");
+        };
+        assert_eq!(mode.store().max_keys(), 4);
     }
 
     #[test]

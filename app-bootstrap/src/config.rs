@@ -43,6 +43,9 @@ pub struct AppConfig {
     pub pseudonymizer: PseudonymizerConfig,
     /// `redis.*`: the Redis connection, used by the `redis` provider.
     pub redis: RedisConfig,
+    /// `memory.*`: the in-process store of the `memory` provider and of
+    /// degraded mode.
+    pub memory: MemoryConfig,
     /// `admin.*`: the operator listener, off unless `admin.listen` is set.
     pub admin: AdminConfig,
     /// `envoy-rls.*`: Envoy's Rate Limit Service over gRPC, off unless
@@ -333,6 +336,33 @@ pub struct DegradedConfig {
     /// problem, and so is 0).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub instances: Option<u32>,
+}
+
+/// `memory.*`: the in-process store the `memory` provider counts in, and
+/// degraded mode's local counts. Its serde names are the keys, its
+/// `Default` the defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
+pub struct MemoryConfig {
+    /// `max-keys`: the most keys (one per subject, policy and operation)
+    /// the store holds, at least 1. Full, it drops keys that are expired
+    /// or whole again, then refuses a request needing a new key (503,
+    /// fail-closed); a key in use is never dropped.
+    pub max_keys: usize,
+}
+
+impl Default for MemoryConfig {
+    /// [`adapter_memory::DEFAULT_MAX_KEYS`].
+    fn default() -> Self {
+        Self { max_keys: adapter_memory::DEFAULT_MAX_KEYS }
+    }
+}
+
+impl MemoryConfig {
+    /// `max-keys` as the store takes it; validation refuses 0.
+    pub fn max_keys(&self) -> std::num::NonZeroUsize {
+        std::num::NonZeroUsize::new(self.max_keys).unwrap_or(std::num::NonZeroUsize::MIN)
+    }
 }
 
 /// `pseudonymizer.*`.

@@ -25,9 +25,9 @@ mod values;
 use self::values::{Table, kind, quoted};
 use super::problems::{ConfigProblems, KeyPath};
 use super::{
-    AdminConfig, AppConfig, CapabilitiesConfig, DegradedConfig, EnvoyRlsConfig, OtlpConfig,
-    ProviderKind, PseudonymizerConfig, RateLimitConfig, RedisConfig, RlsRuleConfig, ServerConfig,
-    TelemetryConfig,
+    AdminConfig, AppConfig, CapabilitiesConfig, DegradedConfig, EnvoyRlsConfig, MemoryConfig,
+    OtlpConfig, ProviderKind, PseudonymizerConfig, RateLimitConfig, RedisConfig, RlsRuleConfig,
+    ServerConfig, TelemetryConfig,
 };
 
 /// What the reader saw that validation needs beyond the typed model.
@@ -48,6 +48,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
     let capabilities = root.get("capabilities");
     let pseudonymizer = root.get("pseudonymizer");
     let redis = root.get("redis");
+    let memory = root.get("memory");
     let admin = root.get("admin");
     let telemetry = root.get("telemetry");
     let envoy_rls = root.get("envoy-rls");
@@ -65,6 +66,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
 
     let pseudonymizer = reader.pseudonymizer(pseudonymizer);
     let redis = reader.redis(redis);
+    let memory = reader.memory(memory);
     let admin = reader.admin(admin);
     let telemetry = reader.telemetry(telemetry);
     let envoy_rls = reader.envoy_rls(envoy_rls);
@@ -74,6 +76,7 @@ pub(crate) fn read_config(tree: &Dict, problems: &mut ConfigProblems) -> (AppCon
         capabilities: CapabilitiesConfig { rate_limit },
         pseudonymizer,
         redis,
+        memory,
         admin,
         telemetry,
         envoy_rls,
@@ -486,6 +489,14 @@ impl Reader<'_> {
             ),
         }
         PseudonymizerConfig { active_version, keys }
+    }
+
+    /// `[memory]`: every key is [`MemoryConfig`]'s own.
+    fn memory(&mut self, value: Option<&Value>) -> MemoryConfig {
+        let table = self.table(value, KeyPath::root().child("memory"));
+        let (dict, path) = (table.dict(), table.path().clone());
+        table.close_read();
+        self.owned(dict, &path, &[])
     }
 
     /// `[admin]`: the token is read with its source, as every secret is;

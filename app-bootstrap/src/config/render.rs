@@ -73,6 +73,7 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
     });
     redis.insert(RedisField::Urls.key().into(), Value::Array(urls.collect()));
     root.insert("redis".into(), redis.into());
+    root.insert("memory".into(), owned(&config.memory));
 
     root.insert("admin".into(), owned(&config.admin));
 

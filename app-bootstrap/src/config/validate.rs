@@ -42,6 +42,7 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     );
     provider_switch(config, problems);
     degraded(config, problems);
+    memory(config, problems);
     pseudonymizer(config, problems);
     admin(config, problems);
     otlp(&config.telemetry.otlp, problems);
@@ -542,6 +543,17 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
             ),
             None => seen.push((&rule.domain, &rule.descriptor, index)),
         }
+    }
+}
+
+/// `memory.max-keys`: 0 would refuse every subject.
+fn memory(config: &AppConfig, problems: &mut ConfigProblems) {
+    if config.memory.max_keys == 0 {
+        problems.push(
+            KeyPath::root().child("memory").child("max-keys"),
+            "must be at least 1: the most keys (subject, policy, operation) the in-process \
+             store holds",
+        );
     }
 }
 
