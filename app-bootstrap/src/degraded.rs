@@ -126,10 +126,6 @@ impl DegradedMode {
         self.is_degraded() || !self.ledger.is_empty()
     }
 
-    fn last_failure(&self) -> u64 {
-        self.last_failure.load(Ordering::Acquire)
-    }
-
     /// Milliseconds since `origin` on the mode's clock.
     fn now_millis(&self) -> u64 {
         let elapsed = self.clock.monotonic().saturating_duration_since(self.origin);
@@ -271,8 +267,7 @@ impl DegradedPort {
         failed: RateLimitOutcome,
     ) -> RateLimitOutcome {
         self.mode.enter(&failed);
-        let failure = self.mode.last_failure();
-        if !self.mode.ledger.has_room(&request.subject, self.mode.now_millis(), true, failure) {
+        if !self.mode.ledger.has_room(&request.subject, self.mode.now_millis(), true) {
             return failed;
         }
         let now = self.mode.clock.monotonic();
@@ -323,8 +318,7 @@ impl DegradedPort {
                 Charge { policy: id.clone(), shape, until, on_redis }
             })
             .collect();
-        let failure = self.mode.last_failure();
-        self.mode.ledger.record(subject, operation, cost, now, failure, &charges)
+        self.mode.ledger.record(subject, operation, cost, now, &charges)
     }
 
     /// Whether a policy of `policies` holds leases (or is unknown here).
@@ -340,9 +334,8 @@ impl DegradedPort {
     /// and the request is decided locally without asking Redis again.
     async fn settle(&self, request: &RateLimitRequest) -> Option<RateLimitOutcome> {
         let now = self.mode.now_millis();
-        let failure = self.mode.last_failure();
-        self.mode.ledger.purge(now, self.mode.is_degraded(), failure);
-        let jobs = self.mode.ledger.take(&request.subject, now, failure);
+        self.mode.ledger.purge(now, self.mode.is_degraded());
+        let jobs = self.mode.ledger.take(&request.subject, now);
         let mut failed = None;
         for mut job in jobs {
             if failed.is_none() {
@@ -401,7 +394,6 @@ impl DegradedPort {
             match self.primary.inspect(&key).await {
                 Ok(state) => {
                     job.acked = job.acked.min(state.limit.saturating_sub(state.remaining));
-                    job.verified = true;
                 }
                 Err(BudgetFailure::Unavailable) => {
                     return Some(RateLimitOutcome::Unavailable {
@@ -437,7 +429,9 @@ impl DegradedPort {
                 deadline: request.deadline,
             };
             match self.primary.evaluate(piece).await {
-                RateLimitOutcome::Evaluated(set) if !set.allowed() => {
+                RateLimitOutcome::Evaluated(set)
+                    if !set.allowed() && set.source() == DecisionSource::Store =>
+                {
                     job.piece = EvaluationId::random();
                     let room = set.decisions().first().map_or(0, |decision| decision.remaining);
                     if room > 0 && room < cost {
@@ -452,8 +446,10 @@ impl DegradedPort {
                     job.acked += cost;
                     most = policy.maximum_cost();
                 }
-                // An admission Redis did not make is no charge there: the
-                // rest stays owed, for a later decision.
+                // An answer Redis' store did not make is no charge there,
+                // and a cached refusal says nothing of a Redis that has
+                // restarted empty since: the rest stays owed, for a later
+                // decision.
                 RateLimitOutcome::Evaluated(_) => return None,
                 failed @ (RateLimitOutcome::Unavailable { .. }
                 | RateLimitOutcome::Indeterminate { .. }) => return Some(failed),
@@ -463,9 +459,6 @@ impl DegradedPort {
                 }
             }
         }
-        // Redis answered since the failure the job started after, and holds
-        // what it was given: nothing to compare until the next failure.
-        job.verified = true;
         None
     }
 }

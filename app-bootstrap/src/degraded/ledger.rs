@@ -46,9 +46,6 @@ struct Account {
     admitted: u64,
     /// How much of `admitted` Redis is known to count.
     acked: u64,
-    /// The mode's `last_failure` when Redis' count was last compared with
-    /// `acked`: a failure since may have been a restart that lost it.
-    verified_at: u64,
     /// The id of the next write-back piece; kept across an answer that may
     /// or may not have charged, so the retry replays (with dedupe on)
     /// instead of charging twice.
@@ -62,8 +59,14 @@ impl Account {
         self.admitted > self.acked
     }
 
-    fn unverified(&self, last_failure: u64) -> bool {
-        self.windowed && self.acked > 0 && self.verified_at < last_failure
+    /// Whether Redis' count must be compared with `acked` before Redis
+    /// decides for this budget again: for a windowed budget Redis holds
+    /// something of, always, while the account lasts (its window). A Redis
+    /// that restarted empty loses what it was given, and this instance
+    /// need not have seen it fail: its denial cache may have answered
+    /// every request of the subject while Redis was away.
+    fn compares(&self) -> bool {
+        self.windowed && self.acked > 0
     }
 
     fn matches(&self, policy: &PolicyId, operation: &OperationDigest) -> bool {
@@ -83,8 +86,6 @@ pub(super) struct Job {
     pub(super) scoped: bool,
     /// Compare Redis' count with `acked` first (a restart may have lost it).
     pub(super) verify: bool,
-    /// The mode's `last_failure` when the job was taken.
-    pub(super) failure_mark: u64,
     /// `admitted` when taken: what to bring `acked` up to.
     pub(super) admitted: u64,
     /// `acked` when taken; the job moves it.
@@ -95,9 +96,6 @@ pub(super) struct Job {
     /// Whether the account's budget is gone (policy removed, or the key no
     /// longer fits it): the account is dropped.
     pub(super) drop: bool,
-    /// Whether Redis is known to hold `acked` as of `failure_mark` (it was
-    /// compared, or the write-back completed).
-    pub(super) verified: bool,
 }
 
 impl Job {
@@ -178,27 +176,21 @@ impl Ledger {
 
     /// Whether `subject` has an account (or, if not, room for one), purging
     /// first when the map is full and a purge is due.
-    pub(super) fn has_room(
-        &self,
-        subject: &SubjectDigest,
-        now: u64,
-        on: bool,
-        failure: u64,
-    ) -> bool {
+    pub(super) fn has_room(&self, subject: &SubjectDigest, now: u64, on: bool) -> bool {
         if self.subjects() < MAX_SUBJECTS {
             return true;
         }
-        self.purge(now, on, failure);
+        self.purge(now, on);
         let map = self.lock();
         map.contains_key(subject) || map.len() < MAX_SUBJECTS
     }
 
     /// Drops what no longer matters, at most once every
     /// [`PURGE_EVERY_MILLIS`]: accounts past their `until`; and once the
-    /// mode is off, accounts that owe nothing and whose count was checked
-    /// since the last failure (they are only needed to follow a subject
-    /// while Redis comes and goes).
-    pub(super) fn purge(&self, now: u64, on: bool, failure: u64) {
+    /// mode is off, accounts that owe nothing and have nothing to compare
+    /// (they are only needed to follow a subject while Redis comes and
+    /// goes).
+    pub(super) fn purge(&self, now: u64, on: bool) {
         let due = self.next_purge.load(Ordering::Relaxed);
         if now < due
             || self
@@ -217,8 +209,7 @@ impl Ledger {
         map.retain(|_, accounts| {
             accounts.retain(|account| {
                 account.busy
-                    || (account.until > now
-                        && (on || account.owes() || account.unverified(failure)))
+                    || (account.until > now && (on || account.owes() || account.compares()))
             });
             !accounts.is_empty()
         });
@@ -236,7 +227,6 @@ impl Ledger {
         operation: &OperationDigest,
         cost: u64,
         now: u64,
-        failure: u64,
         charges: &[Charge],
     ) -> bool {
         let mut map = self.lock();
@@ -261,7 +251,6 @@ impl Ledger {
                         until: 0,
                         admitted: 0,
                         acked: 0,
-                        verified_at: failure,
                         piece: EvaluationId::random(),
                         busy: false,
                     });
@@ -290,7 +279,7 @@ impl Ledger {
     /// Takes the write-backs `subject` needs now: accounts that owe Redis
     /// something, or whose Redis count must be checked after a failure,
     /// and that no other request is writing back. Marks them busy.
-    pub(super) fn take(&self, subject: &SubjectDigest, now: u64, failure: u64) -> Vec<Job> {
+    pub(super) fn take(&self, subject: &SubjectDigest, now: u64) -> Vec<Job> {
         let mut map = self.lock();
         let Some(accounts) = map.get_mut(subject) else { return Vec::new() };
         let mut jobs = Vec::new();
@@ -298,7 +287,7 @@ impl Ledger {
             if account.busy || account.until <= now {
                 continue;
             }
-            let verify = account.unverified(failure);
+            let verify = account.compares();
             if !account.owes() && !verify {
                 continue;
             }
@@ -308,13 +297,11 @@ impl Ledger {
                 operation: account.operation.clone(),
                 scoped: account.scoped,
                 verify,
-                failure_mark: failure,
                 admitted: account.admitted,
                 acked: account.acked,
                 acked_at_take: account.acked,
                 piece: account.piece,
                 drop: false,
-                verified: false,
             });
         }
         jobs
@@ -344,9 +331,6 @@ impl Ledger {
                 account.acked.saturating_sub(job.acked_at_take - job.acked)
             };
             account.acked = acked.min(account.admitted);
-            if job.verified {
-                account.verified_at = account.verified_at.max(job.failure_mark);
-            }
         }
         if accounts.is_empty() {
             map.remove(subject);
