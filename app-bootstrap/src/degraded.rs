@@ -56,6 +56,13 @@ pub const LOCAL_DEADLINE: Duration = Duration::from_millis(100);
 /// come, whether the instance is degraded or not.
 pub const LEAVE_AFTER: Duration = Duration::from_secs(1);
 
+/// How long after Redis' last failure this instance saw it still compares
+/// Redis' count before deciding a subject it decided locally: a Redis that
+/// restarts empty while the denial cache answers (at most its `max-age`, a
+/// second by default) shows no failure to this instance, but one that
+/// keeps coming and going shows one at least that often.
+pub const COMPARE_AFTER: Duration = Duration::from_secs(10);
+
 /// Whether this instance is degraded now, and the local counts it keeps.
 /// One per process: every port a reload builds shares it, so entering and
 /// leaving are logged once however often the table changes.
@@ -334,7 +341,9 @@ impl DegradedPort {
     /// and the request is decided locally without asking Redis again.
     async fn settle(&self, request: &RateLimitRequest) -> Option<RateLimitOutcome> {
         let now = self.mode.now_millis();
-        self.mode.ledger.purge(now, self.mode.is_degraded());
+        let quiet = now.saturating_sub(self.mode.last_failure.load(Ordering::Acquire));
+        let comparing = Duration::from_millis(quiet) < COMPARE_AFTER;
+        self.mode.ledger.purge(now, self.mode.is_degraded(), comparing);
         let jobs = self.mode.ledger.take(&request.subject, now);
         let mut failed = None;
         for mut job in jobs {

@@ -180,17 +180,19 @@ impl Ledger {
         if self.subjects() < MAX_SUBJECTS {
             return true;
         }
-        self.purge(now, on);
+        self.purge(now, on, on);
         let map = self.lock();
         map.contains_key(subject) || map.len() < MAX_SUBJECTS
     }
 
     /// Drops what no longer matters, at most once every
     /// [`PURGE_EVERY_MILLIS`]: accounts past their `until`; and once the
-    /// mode is off, accounts that owe nothing and have nothing to compare
-    /// (they are only needed to follow a subject while Redis comes and
-    /// goes).
-    pub(super) fn purge(&self, now: u64, on: bool) {
+    /// mode is off, accounts that owe nothing and, unless `comparing`
+    /// (Redis failed recently), those that only compare (they are only
+    /// needed to follow a subject while Redis comes and goes). Every
+    /// decision looks the ledger up while it holds anything, so it must
+    /// empty soon after an outage, not at the end of a day's window.
+    pub(super) fn purge(&self, now: u64, on: bool, comparing: bool) {
         let due = self.next_purge.load(Ordering::Relaxed);
         if now < due
             || self
@@ -209,7 +211,8 @@ impl Ledger {
         map.retain(|_, accounts| {
             accounts.retain(|account| {
                 account.busy
-                    || (account.until > now && (on || account.owes() || account.compares()))
+                    || (account.until > now
+                        && (on || account.owes() || (comparing && account.compares())))
             });
             !accounts.is_empty()
         });
