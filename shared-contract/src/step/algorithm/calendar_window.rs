@@ -384,6 +384,37 @@ mod tests {
     }
 
     #[test]
+    fn periods_tile_the_time_line_across_every_change() {
+        // Zones with midnight gaps, a skipped date, half-hour DST and none.
+        let zones = [
+            "Europe/Berlin",
+            "America/Santiago",
+            "Asia/Beirut",
+            "America/Sao_Paulo",
+            "Pacific/Apia",
+            "Australia/Lord_Howe",
+            "Asia/Kolkata",
+        ];
+        let hour = 3_600_000;
+        for name in zones {
+            let zone = zone(name);
+            for period in [CalendarPeriod::Day, CalendarPeriod::Week, CalendarPeriod::Month] {
+                // From 2000 to 2040, each period starts where the last ended
+                // and holds every time inside it.
+                let (mut start, mut end) = bounds(946_684_800_000, period, &zone);
+                while start < 2_208_988_800_000 {
+                    assert!(end - start >= 22 * hour, "{name} {period:?} {start}..{end}");
+                    assert_eq!(bounds(start + (end - start) / 2, period, &zone), (start, end));
+                    assert_eq!(bounds(end - 1, period, &zone), (start, end));
+                    let next = bounds(end, period, &zone);
+                    assert_eq!(next.0, end, "{name} {period:?}");
+                    (start, end) = next;
+                }
+            }
+        }
+    }
+
+    #[test]
     fn utc_is_the_default_and_names_are_checked() {
         assert_eq!(CalendarZone::default().name(), "UTC");
         assert_eq!(bounds(0, CalendarPeriod::Year, &CalendarZone::default()), (0, 31_536_000_000));
