@@ -331,13 +331,16 @@ impl Reader<'_> {
             }
         }
         let mut all_read = true;
+        let Some(kind) = kind else { return (own, all_read) };
         for (key, value) in own.iter().filter(|(_, value)| !matches!(value, Value::Empty(..))) {
             let alone = Value::from(Dict::from([(key.clone(), value.clone())]));
-            let Some(Err(error)) = kind.map(|kind| kind.deserialize(&alone)) else { continue };
             // Alone, the algorithm's other keys are missing: not this key's problem.
-            if !matches!(error.kind, figment::error::Kind::MissingField(_)) {
-                self.problem(&table.path().child(key), error.kind.to_string());
-                all_read = false;
+            match kind.deserialize(&alone) {
+                Err(error) if !matches!(error.kind, figment::error::Kind::MissingField(_)) => {
+                    self.problem(&table.path().child(key), error.kind.to_string());
+                    all_read = false;
+                }
+                Ok(_) | Err(_) => {}
             }
         }
         (own, all_read)

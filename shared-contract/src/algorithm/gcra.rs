@@ -71,6 +71,7 @@ impl RateAlgorithm for Gcra {
     type State = GcraState;
 
     /// The burst: the most spent at once.
+    #[allow(clippy::misnamed_getters, reason = "a GCRA's limit in this sense is its burst")]
     fn limit(&self) -> u64 {
         self.burst
     }
