@@ -132,8 +132,10 @@ async fn main() {
         };
         for &(label, dedup) in dedupe {
             let id = format!("{}-{}", algorithm.name(), if label == "off" { "off" } else { "on" });
-            let policy =
-                RateLimitPolicy::builder(&id, algorithm).evaluation_dedup(dedup).build().unwrap();
+            let policy = RateLimitPolicy::builder(&id, algorithm.clone())
+                .evaluation_dedup(dedup)
+                .build()
+                .unwrap();
             let settings = RedisSettings {
                 urls: vec![server.url()],
                 command_timeout: Duration::from_secs(2),

@@ -210,7 +210,7 @@ async fn main() {
     let limit = 1_000_000_000;
     let fixed = Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window: WINDOW });
     // Same id for dedupe off and on: the keys have the same length.
-    let off = policy("fixed", fixed, EvaluationDedupPolicy::Disabled);
+    let off = policy("fixed", fixed.clone(), EvaluationDedupPolicy::Disabled);
     let on = policy("fixed", fixed, EvaluationDedupPolicy::enabled_defaults());
     // GCRA's key lives until its theoretical arrival time: one unit per
     // window (a burst of 100) keeps it for the whole fill.

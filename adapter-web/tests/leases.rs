@@ -422,7 +422,7 @@ async fn only_an_admitted_request_of_a_set_with_a_concurrency_policy_gives_a_lea
         limit: 1,
         window: Duration::from_secs(60),
     });
-    let policies = || [exports(2), RateLimitPolicy::builder("once", once).build().unwrap()];
+    let policies = || [exports(2), RateLimitPolicy::builder("once", once.clone()).build().unwrap()];
     let clock = ManualClock::new(T0);
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let memory = MemoryEdgeRateLimitAdapter::new(policies(), shared).unwrap();

@@ -211,16 +211,11 @@ fn policy_as(
 ) -> impl Strategy<Value = RateLimitPolicy> {
     algorithm
         .prop_flat_map(move |algorithm| {
-            (
-                Just(algorithm),
-                1..=algorithm.limit(),
-                0..=30_u64,
-                dedup(),
-                scope.clone(),
-                mode.clone(),
-            )
+            let limit = algorithm.limit();
+            (Just(algorithm), 1..=limit, 0..=30_u64, dedup(), scope.clone(), mode.clone())
         })
         .prop_map(move |(algorithm, maximum_cost, regression, dedup, scope, mode)| {
+            let holds_leases = algorithm.holds_leases();
             let builder = RateLimitPolicy::builder(id, algorithm)
                 .maximum_clock_regression(millis(regression))
                 .cleanup_grace(CLEANUP_GRACE)
@@ -228,7 +223,7 @@ fn policy_as(
                 .mode(mode);
             // A concurrency policy takes neither: a lease is one slot
             // whatever the cost, and its id is its dedupe.
-            let builder = if algorithm.holds_leases() {
+            let builder = if holds_leases {
                 builder
             } else {
                 builder.maximum_cost(maximum_cost).evaluation_dedup(dedup)

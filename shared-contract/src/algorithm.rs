@@ -22,8 +22,12 @@ use crate::step::Leases;
 
 /// One counting algorithm: a type holding its parameters, with everything
 /// each layer needs from it. Register it in the [`algorithms!`] line.
+///
+/// Its parameters need only be `Clone`: a parameter that owns heap data
+/// (a time zone, say) is fine; a policy's algorithm is cloned when the
+/// policy is compiled, never per decision.
 pub trait RateAlgorithm:
-    Copy + fmt::Debug + PartialEq + Eq + Send + Sync + Serialize + DeserializeOwned + 'static
+    Clone + fmt::Debug + PartialEq + Eq + Send + Sync + Serialize + DeserializeOwned + 'static
 {
     /// The configuration name (`algorithm = "fixed-window"`), kebab-case.
     const NAME: &'static str;
@@ -346,7 +350,7 @@ macro_rules! algorithms {
         )+
 
         /// The counting algorithm of a policy and its parameters.
-        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        #[derive(Debug, Clone, PartialEq, Eq)]
         pub enum Algorithm {
             $(
                 #[doc = concat!("[`", stringify!($name), "`].")]
@@ -689,7 +693,7 @@ mod tests {
         for algorithm in every {
             let mut state = None;
             for t in [0, u64::MAX, 0, u64::MAX - 1] {
-                let step = apply(algorithm, &mut state, t, 1);
+                let step = apply(algorithm.clone(), &mut state, t, 1);
                 assert!(step.allowed || step.retry_after >= 1);
             }
         }
@@ -699,14 +703,14 @@ mod tests {
     fn a_spared_run_reports_the_budget_as_it_stands_and_writes_what_a_denial_writes() {
         let fixed = Algorithm::from(FixedWindow { limit: 3, window: d(1000) });
         let mut state = None;
-        apply(fixed, &mut state, T0 + 250, 1);
+        apply(fixed.clone(), &mut state, T0 + 250, 1);
         let spared = fixed.run(state.as_ref(), &spare(T0 + 300, 1)).unwrap();
         assert!(spared.allowed);
         assert_eq!((spared.remaining, spared.reset_after, spared.write), (2, 700, None));
 
         let sliding = Algorithm::from(SlidingCounter { limit: 10, window: d(1000) });
         let mut state = None;
-        apply(sliding, &mut state, T0, 4);
+        apply(sliding.clone(), &mut state, T0, 4);
         let spared = sliding.run(state.as_ref(), &spare(T0 + 500, 1)).unwrap();
         assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 6, None));
 
@@ -714,7 +718,7 @@ mod tests {
         let bucket =
             Algorithm::from(TokenBucket { capacity: 5, refill_tokens: 1, refill_period: d(100) });
         let mut state = None;
-        apply(bucket, &mut state, T0, 3);
+        apply(bucket.clone(), &mut state, T0, 3);
         let spared = bucket.run(state.as_ref(), &spare(T0 + 100, 1)).unwrap();
         assert_eq!((spared.allowed, spared.remaining), (true, 3));
         let written =
@@ -724,7 +728,7 @@ mod tests {
         // GCRA b = 5, T = 100 ms: 3 cells at T0 leave 2, spared at T0 + 100 3.
         let gcra = Algorithm::from(Gcra { limit: 10, period: d(1000), burst: 5 });
         let mut state = None;
-        apply(gcra, &mut state, T0, 3);
+        apply(gcra.clone(), &mut state, T0, 3);
         let spared = gcra.run(state.as_ref(), &spare(T0 + 100, 1)).unwrap();
         assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 3, None));
     }

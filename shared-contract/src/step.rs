@@ -65,7 +65,7 @@ impl KeyRules {
         let dedup = policy.evaluation_dedup();
         let regression = millis(policy.maximum_clock_regression());
         Self {
-            algorithm: *policy.algorithm(),
+            algorithm: policy.algorithm().clone(),
             certainty: policy.algorithm().certainty(),
             mode: policy.mode(),
             regression,
@@ -637,7 +637,7 @@ mod tests {
         ];
         for (algorithm, certainty) in cases {
             assert_eq!(algorithm.certainty(), certainty, "{}", algorithm.name());
-            let rules = rules(algorithm, EvaluationDedupPolicy::Disabled);
+            let rules = rules(algorithm.clone(), EvaluationDedupPolicy::Disabled);
             let decided = decision(Key::default().evaluate(&rules, T0, 1, 1));
             assert_eq!(decided.certainty, certainty, "{}", algorithm.name());
         }

@@ -285,7 +285,7 @@ fn a_set_with_a_token_bucket_a_gcra_or_a_concurrency_policy_is_not_cached() {
         retry_after: Duration::from_secs(1),
     });
     for algorithm in [bucket, gcra, leases] {
-        let other = RateLimitPolicy::builder("b", algorithm)
+        let other = RateLimitPolicy::builder("b", algorithm.clone())
             .evaluation_dedup(EvaluationDedupPolicy::Disabled)
             .build()
             .unwrap();

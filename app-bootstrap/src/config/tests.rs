@@ -799,7 +799,7 @@ fn unset_keys_take_the_owners_defaults() {
         assert_eq!(format!("{settings:?}"), format!("{owner:?}"));
         let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
         let builder_default =
-            RateLimitPolicy::builder(adapter_web::DEFAULT_POLICY, *demo.algorithm())
+            RateLimitPolicy::builder(adapter_web::DEFAULT_POLICY, demo.algorithm().clone())
                 .build()
                 .unwrap();
         assert_eq!(*demo, builder_default);
