@@ -84,7 +84,7 @@ fn number(n: u64) -> Arc<[u8]> {
 /// ARGV before the first policy block: caller time, cost, evaluation id.
 const SET_ARGS: usize = 3;
 /// The most arguments an algorithm adds to its block.
-const ARGUMENTS: usize = 4;
+const ARGUMENTS: usize = shared_contract::Arguments::MAX;
 
 impl PolicyEntry {
     fn new(policy: RateLimitPolicy) -> Self {

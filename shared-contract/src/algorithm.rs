@@ -128,18 +128,27 @@ pub struct Lua {
     pub header: usize,
 }
 
-/// The parameters an algorithm's Lua function takes, at most four.
+/// The parameters an algorithm's Lua function takes, at most
+/// [`Arguments::MAX`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arguments {
-    values: [u64; 4],
+    values: [u64; Arguments::MAX],
     len: usize,
 }
 
 impl Arguments {
-    /// Up to four values, in order.
+    /// The most an algorithm takes.
+    pub const MAX: usize = 4;
+
+    /// Up to [`Self::MAX`] values, in order.
+    ///
+    /// # Panics
+    /// With more: an algorithm declares its arity once, so this is a
+    /// mistake in its module that its first test finds.
     pub fn of(values: &[u64]) -> Self {
-        let mut held = [0; 4];
-        let len = values.len().min(4);
+        assert!(values.len() <= Self::MAX, "an algorithm takes at most {} arguments", Self::MAX);
+        let mut held = [0; Self::MAX];
+        let len = values.len();
         held[..len].copy_from_slice(&values[..len]);
         Self { values: held, len }
     }
@@ -681,6 +690,14 @@ mod tests {
             None,
             "lower case is a kind argument, never a state"
         );
+    }
+
+    #[test]
+    fn each_algorithm_sends_as_many_arguments_as_its_lua_function_takes() {
+        for algorithm in all() {
+            let sent = algorithm.arguments(T0).as_slice().len();
+            assert_eq!(sent, algorithm.kind().lua().arity, "{algorithm:?}");
+        }
     }
 
     #[test]
