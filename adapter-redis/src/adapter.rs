@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
+    Arguments, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
     EvaluationDedupPolicy, IncompatibleCategory, Lease, MAX_POLICY_SET, PolicyId, PolicyMode,
     RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
     SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
@@ -73,6 +73,23 @@ struct PolicyEntry {
     /// of `lua/policy-set.lua`): kind, regression bound, TTL slack, dedupe
     /// TTL, record capacity; the algorithm's arguments follow at each call.
     block: Vec<Arc<[u8]>>,
+    /// The algorithm's arguments as computed when the entry was built, and
+    /// their text: sent as they are while a call's arguments equal them
+    /// (always, for an algorithm whose arguments do not move with time).
+    arguments: (Arguments, Vec<Arc<[u8]>>),
+}
+
+impl PolicyEntry {
+    /// Appends the algorithm's arguments at caller time `now` to `args`.
+    fn push_arguments(&self, now: u64, args: &mut Vec<Arc<[u8]>>) {
+        let arguments = self.policy.algorithm().arguments(now);
+        let (built, text) = &self.arguments;
+        if arguments == *built {
+            args.extend(text.iter().cloned());
+        } else {
+            args.extend(arguments.as_slice().iter().map(|&n| number(n)));
+        }
+    }
 }
 
 /// The decimal text of `n` as a script argument, in one allocation (a
@@ -84,7 +101,7 @@ fn number(n: u64) -> Arc<[u8]> {
 /// ARGV before the first policy block: caller time, cost, evaluation id.
 const SET_ARGS: usize = 3;
 /// The most arguments an algorithm adds to its block.
-const ARGUMENTS: usize = shared_contract::Arguments::MAX;
+const ARGUMENTS: usize = Arguments::MAX;
 
 impl PolicyEntry {
     fn new(policy: RateLimitPolicy) -> Self {
@@ -106,7 +123,10 @@ impl PolicyEntry {
             EvaluationDedupPolicy::Disabled => false,
             EvaluationDedupPolicy::Enabled { .. } => true,
         };
+        let built = policy.algorithm().arguments(0);
+        let text = built.as_slice().iter().map(|&n| number(n)).collect();
         Self {
+            arguments: (built, text),
             script: ScriptKind::of(policy.algorithm()),
             certainty: policy.algorithm().certainty(),
             dedup_enabled,
@@ -491,8 +511,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             args.extend(entry.block.iter().cloned());
             // The algorithm's own arguments, at this call's time: a window
             // may move with it.
-            let arguments = entry.policy.algorithm().arguments(now_millis);
-            args.extend(arguments.as_slice().iter().map(|&n| number(n)));
+            entry.push_arguments(now_millis, &mut args);
         }
         let kind = match set.iter().next() {
             Some(only) if set.len() == 1 => only.script,
