@@ -903,7 +903,10 @@ mod tests {
         for (count, (slot, subject)) in keys.iter().enumerate() {
             let charged = store.inspect(*slot, subject, |entry| {
                 match entry.and_then(Entry::state).map(|state| state.algorithm) {
-                    Some(AlgorithmState::FixedWindow { count, .. }) => count,
+                    Some(AlgorithmState::FixedWindow(shared_contract::FixedWindowState {
+                        count,
+                        ..
+                    })) => count,
                     other => panic!("{other:?}"),
                 }
             });
