@@ -75,6 +75,13 @@ impl VersionedPseudonymizer {
         self.active_version
     }
 
+    /// Whether `digest` has the form this pseudonymizer makes: a configured
+    /// key version and a tag of HMAC-SHA-256's 32 bytes. Any other names a
+    /// budget no request is ever charged under.
+    pub fn could_make(&self, digest: &SubjectDigest) -> bool {
+        self.keys.contains_key(&digest.version()) && digest.tag().len() == 32
+    }
+
     /// The pseudonym under the active key.
     pub fn pseudonymize(&self, kind: SubjectKind, identity: &str) -> SubjectDigest {
         let key = &self.keys[&self.active_version];

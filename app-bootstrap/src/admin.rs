@@ -340,6 +340,15 @@ fn budget(
     }
     let subject = SubjectDigest::parse(pseudonym)
         .map_err(|_| bad("The pseudonym is not of the form v<version>:<hex>."))?;
+    let now = state.source.now();
+    // A digest the edge cannot make (a truncated paste, an unknown key
+    // version) names a budget no request is charged under: inspecting it
+    // would show a fresh budget and resetting it would change nothing.
+    if !now.pseudonymizer.could_make(&subject) {
+        return Err(bad(
+            "The server makes no such pseudonym: v<a configured key version>:<64 hex digits>.",
+        ));
+    }
     let id = PolicyId::new(policy)
         .map_err(|_| bad("The policy id is not 1 to 64 characters of [a-z0-9._-]."))?;
     let operation = operation
@@ -370,7 +379,7 @@ fn budget(
         Some(rule) => Some(rls_rule_operation(state, rule, &id)?),
         None => operation,
     };
-    let Some(port) = state.source.now().port else {
+    let Some(port) = now.port else {
         return Err(problem(
             state,
             StatusCode::NOT_FOUND,

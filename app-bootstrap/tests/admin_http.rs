@@ -276,6 +276,19 @@ async fn bad_input_is_400_and_an_unknown_policy_404() {
     get(format!("/admin/subjects/{pseudonym}/policies/Bad%20Id?operation={HELLO}"))
         .await
         .assert_problem(StatusCode::BAD_REQUEST, "invalid-request");
+    // Well formed, but no pseudonym this server makes: a truncated paste,
+    // a padded one, a key version it has no key for.
+    let text = pseudonym.to_string();
+    let (version, tag) = text.split_once(':').unwrap();
+    for made_up in [
+        format!("{version}:{}", &tag[..32]),
+        format!("{version}:{tag}00"),
+        format!("v{}:{tag}", version[1..].parse::<u32>().unwrap() + 1),
+    ] {
+        get(format!("/admin/subjects/{made_up}/policies/{POLICY}?operation={HELLO}"))
+            .await
+            .assert_problem(StatusCode::BAD_REQUEST, "invalid-request");
+    }
     get(format!("/admin/subjects/{pseudonym}/policies/{POLICY}?operation=hello"))
         .await
         .assert_problem(StatusCode::BAD_REQUEST, "invalid-request");

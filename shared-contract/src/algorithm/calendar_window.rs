@@ -35,7 +35,7 @@ pub struct CalendarWindow {
 
 /// The calendar period a count lives for: `period = "day" | "week" |
 /// "month" | "year"` in the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum CalendarPeriod {
     /// From local midnight to the next (23 or 25 hours across a DST change).
@@ -69,7 +69,7 @@ impl FromStr for CalendarPeriod {
             "week" => Ok(Self::Week),
             "month" => Ok(Self::Month),
             "year" => Ok(Self::Year),
-            _ => Err(CalendarError::UnknownPeriod(name.to_owned())),
+            _ => Err(CalendarError::UnknownPeriod(shown(name))),
         }
     }
 }
@@ -86,6 +86,15 @@ pub enum CalendarError {
         "unknown time zone {0:?}: expected an IANA time zone name such as \"Europe/Berlin\" or \"UTC\""
     )]
     UnknownTimeZone(String),
+}
+
+/// A configured value as an error shows it: whole up to 64 characters
+/// (the longest IANA name is 32), cut beyond.
+fn shown(value: &str) -> String {
+    match value.char_indices().nth(64) {
+        Some((at, _)) => format!("{}...", &value[..at]),
+        None => value.to_owned(),
+    }
 }
 
 /// The time zone a calendar window's periods are counted in: `time-zone`
@@ -120,7 +129,7 @@ impl FromStr for CalendarZone {
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         match TimeZone::get(name) {
             Ok(zone) if !zone.is_unknown() => Ok(Self(zone)),
-            _ => Err(CalendarError::UnknownTimeZone(name.to_owned())),
+            _ => Err(CalendarError::UnknownTimeZone(shown(name))),
         }
     }
 }
@@ -128,6 +137,13 @@ impl FromStr for CalendarZone {
 impl Serialize for CalendarZone {
     fn serialize<S: Serializer>(&self, to: S) -> Result<S::Ok, S::Error> {
         to.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for CalendarPeriod {
+    fn deserialize<D: Deserializer<'de>>(from: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(from)?;
+        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -508,6 +524,9 @@ mod tests {
         assert!(bad.to_string().contains("\"Europe/Berlim\""), "{bad}");
         assert!("Etc/Unknown".parse::<CalendarZone>().is_err());
         assert!("".parse::<CalendarZone>().is_err());
+        // A long value is cut in the message, not echoed whole.
+        let long = "x".repeat(10_000).parse::<CalendarZone>().unwrap_err().to_string();
+        assert!(long.len() < 200 && long.contains(&format!("\"{}...\"", "x".repeat(64))), "{long}");
         for period in
             [CalendarPeriod::Day, CalendarPeriod::Week, CalendarPeriod::Month, CalendarPeriod::Year]
         {

@@ -48,7 +48,14 @@ impl Reader<'_> {
                 Some(near) => format!("did you mean `{near}`? "),
                 None => String::new(),
             };
-            let expected = known.join(", ");
+            // Several algorithms share a key name (`limit`): list each once.
+            let mut expected: Vec<&str> = Vec::with_capacity(known.len());
+            for name in known {
+                if !expected.contains(name) {
+                    expected.push(name);
+                }
+            }
+            let expected = expected.join(", ");
             self.problem(
                 &path.child(key),
                 format!("unknown key ({hint}expected one of: {expected})"),
