@@ -34,8 +34,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, Lease, OperationDigest,
-    PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
-    SubjectDigest, SystemClock,
+    PolicyId, PolicySet, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, SubjectDigest, SystemClock,
 };
 use uuid::Uuid;
 

@@ -53,8 +53,8 @@ use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, Lease, OperationDigest,
-    PolicyId, PolicySet, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, SubjectDigest,
-    SystemClock,
+    PolicyId, PolicySet, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    SubjectDigest, SystemClock,
 };
 use uuid::Uuid;
 
