@@ -65,7 +65,7 @@ impl BridgeEvaluation {
     }
 
     /// The enforced policies of the set with their decisions, in the set's
-    /// order; empty unless the outcome is `Evaluated`. These are the
+    /// order; empty unless the outcome is a decision. These are the
     /// policies a client sees in the `RateLimit` headers.
     pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
         self.enforced().collect()

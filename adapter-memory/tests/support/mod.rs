@@ -73,7 +73,7 @@ pub(crate) fn adapter(policies: Vec<RateLimitPolicy>) -> (MemoryEdgeRateLimitAda
     (adapter, clock)
 }
 
-/// The decision of an `Evaluated` outcome; anything else fails the test.
+/// The decision of a decided outcome; anything else fails the test.
 pub(crate) fn decision(outcome: RateLimitOutcome) -> RateLimitDecision {
     match outcome {
         Ok(set) => match set.decisions() {
