@@ -108,22 +108,31 @@ impl SetDecision {
     /// policy's mode, in the set's order (at most [`MAX_POLICY_SET`]; a
     /// `PolicySet` holds no more). A set with no member is refused.
     pub fn of_members(members: impl IntoIterator<Item = (PolicyMode, RateLimitDecision)>) -> Self {
-        let mut held = [EMPTY; MAX_POLICY_SET];
-        let mut len = 0;
+        let mut members = members.into_iter();
         let mut replayed = false;
         let mut enforced_allow = true;
-        for ((mode, decision), slot) in members.into_iter().zip(&mut held) {
+        let mut count = |(mode, decision): (PolicyMode, RateLimitDecision)| {
             replayed |= decision.replayed;
             enforced_allow &= decision.allowed || mode == PolicyMode::Shadow;
-            *slot = decision;
-            len += 1;
-        }
-        let decisions = match held[..len] {
-            [one] => Decisions::One(one),
-            ref many => Decisions::Many(Box::from(many)),
+            decision
         };
-        let allowed = len > 0 && (replayed || enforced_allow);
-        Self { decisions, allowed, source: DecisionSource::Store }
+        let Some(first) = members.next().map(&mut count) else {
+            let decisions = Decisions::Many(Box::default());
+            return Self { decisions, allowed: false, source: DecisionSource::Store };
+        };
+        // A set of one, the common case, stays inline; a larger one takes
+        // one allocation of its exact length (the iterators providers pass
+        // know it).
+        let decisions = match members.next().map(&mut count) {
+            None => Decisions::One(first),
+            Some(second) => {
+                let mut many = Vec::with_capacity(2 + members.size_hint().0);
+                many.extend([first, second]);
+                many.extend(members.take(MAX_POLICY_SET - 2).map(&mut count));
+                Decisions::Many(many.into_boxed_slice())
+            }
+        };
+        Self { decisions, allowed: replayed || enforced_allow, source: DecisionSource::Store }
     }
 
     /// The answer of a set of one enforced policy (its decision decides).
@@ -197,15 +206,6 @@ impl SetDecision {
         self.decisions().iter().any(|decision| decision.replayed)
     }
 }
-
-/// Fills the slots of the working array a set does not use; never kept.
-const EMPTY: RateLimitDecision = RateLimitDecision {
-    remaining: 0,
-    retry_after_ms: 0,
-    reset_after_ms: 0,
-    allowed: false,
-    replayed: false,
-};
 
 impl fmt::Debug for SetDecision {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
