@@ -128,8 +128,8 @@ impl Step<'_> {
     /// The budget `member` is kept under in this step: the subject, and
     /// for an operation-scoped policy the rule's operation.
     pub(crate) fn budget_of(&self, member: &Member) -> (SubjectDigest, Option<OperationDigest>) {
-        let operation = member.operation_scoped().then(|| self.rule.operation.clone());
-        (self.subject.clone(), operation)
+        let operation = member.operation_scoped().then_some(self.rule.operation);
+        (self.subject, operation)
     }
 
     fn enforces(&self) -> bool {
@@ -180,7 +180,7 @@ impl RlsEngine {
             Some(Match::Limited(rule)) => DescriptorSubject::Limited {
                 rule: rule.index,
                 subject: self.subject(rule, entries),
-                operation: rule.operation.clone(),
+                operation: rule.operation,
             },
             Some(Match::Unlimited(rule)) => DescriptorSubject::Unlimited { rule },
             None => DescriptorSubject::Unmatched,
@@ -190,7 +190,7 @@ impl RlsEngine {
     /// The operation of the limited rule at `rule` (its index in the
     /// configured list), under which its operation-scoped policies count.
     pub fn rule_operation(&self, rule: usize) -> Option<OperationDigest> {
-        self.rules.limited(rule).map(|rule| rule.operation.clone())
+        self.rules.limited(rule).map(|rule| rule.operation)
     }
 
     /// Whether the limited rule at `rule` lists `policy`: only then is a
@@ -402,8 +402,8 @@ async fn evaluate(
     };
     let request = RateLimitRequest {
         policies,
-        subject: step.subject.clone(),
-        operation: step.rule.operation.clone(),
+        subject: step.subject,
+        operation: step.rule.operation,
         cost: step.cost,
         evaluation_id: EvaluationId::random(),
         deadline,

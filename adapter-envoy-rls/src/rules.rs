@@ -46,8 +46,9 @@ pub enum RuleLimit {
 
 /// The digest a rule's operation-scoped policies are keyed by: SHA-256 over
 /// `envoy-rls`, the domain and each pattern entry as written (`key` or
-/// `key=value`), each length-framed; 128 bits in hex. No raw descriptor
-/// value a client sends reaches it, only the configured pattern.
+/// `key=value`), each length-framed; its first 16 bytes as a big-endian
+/// 128-bit number (32 hex digits in a key). No raw descriptor value a
+/// client sends reaches it, only the configured pattern.
 pub fn rule_operation(domain: &str, pattern: &[(String, Option<String>)]) -> OperationDigest {
     let mut hash = Sha256::new();
     let mut frame = |part: &[u8]| {
@@ -62,8 +63,9 @@ pub fn rule_operation(domain: &str, pattern: &[(String, Option<String>)]) -> Ope
             None => frame(key.as_bytes()),
         }
     }
-    let digest = hash.finalize();
-    OperationDigest::new(hex::encode(&digest[..16])).expect("32 lowercase hex digits")
+    let digest: [u8; 32] = hash.finalize().into();
+    let (first, _) = digest.split_first_chunk::<16>().unwrap_or((&[0; 16], &[]));
+    OperationDigest::from_u128(u128::from_be_bytes(*first))
 }
 
 /// One policy of a rule as the port holds it, with its metric handles.
@@ -335,6 +337,6 @@ mod tests {
         assert_eq!(checkout, rule_operation("edge", &pattern(Some("checkout"))));
         assert_ne!(checkout, rule_operation("edge", &pattern(None)));
         assert_ne!(checkout, rule_operation("edge2", &pattern(Some("checkout"))));
-        assert_eq!(checkout.as_str().len(), 32);
+        assert_eq!(checkout.to_string().len(), 32);
     }
 }

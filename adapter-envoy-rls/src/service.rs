@@ -207,11 +207,12 @@ pub(crate) fn decision_span(request: &PortRequest) -> Option<Span> {
         tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
     traced.then(|| {
         let policies: Vec<&str> = request.policies.ids().iter().map(|id| id.as_str()).collect();
+        let (operation, subject) = (request.operation.to_string(), request.subject.to_string());
         tracing::info_span!(
             "rate_limit.decision",
-            rate_limit.operation = request.operation.as_str(),
+            rate_limit.operation = operation.as_str(),
             rate_limit.policies = policies.join(","),
-            rate_limit.subject = request.subject.as_str(),
+            rate_limit.subject = subject.as_str(),
             rate_limit.outcome = tracing::field::Empty,
             rate_limit.admitted = tracing::field::Empty,
             rate_limit.cached = tracing::field::Empty,

@@ -124,8 +124,8 @@ impl Ours {
     fn request(&self, index: usize, evaluation: u128) -> RateLimitRequest {
         RateLimitRequest {
             policies: self.policy.clone(),
-            subject: self.subjects[index % self.hot].clone(),
-            operation: self.operation.clone(),
+            subject: self.subjects[index % self.hot],
+            operation: self.operation,
             cost: 1,
             evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(evaluation)),
             deadline: self.deadline,
@@ -171,7 +171,7 @@ fn ours(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> Ours {
     Ours {
         adapter,
         policy: PolicySet::single(PolicyId::new("bench").expect("valid id")),
-        operation: OperationDigest::new("00000000000000aa").expect("valid digest"),
+        operation: OperationDigest::from_u64(0x0000_0000_0000_00aa),
         subjects: subjects(),
         hot: SUBJECTS,
         deadline: Instant::now() + Duration::from_secs(24 * 3600),
@@ -207,7 +207,7 @@ fn governor() -> Governor {
     let burst = NonZeroU32::new(u32::try_from(PER_SECOND).expect("fits")).expect("non-zero");
     Governor {
         limiter: RateLimiter::keyed(Quota::per_second(burst)),
-        keys: subjects().iter().map(|s| s.as_str().to_owned()).collect(),
+        keys: subjects().iter().map(ToString::to_string).collect(),
     }
 }
 

@@ -109,8 +109,8 @@ impl Contender for Ours {
     fn decide(&self, index: usize, evaluation: u128) -> bool {
         let request = RateLimitRequest {
             policies: self.policy.clone(),
-            subject: self.subjects[index].clone(),
-            operation: self.operation.clone(),
+            subject: self.subjects[index],
+            operation: self.operation,
             cost: 1,
             evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(evaluation)),
             deadline: self.deadline,
@@ -188,7 +188,7 @@ fn build(name: &str, count: usize, held: bool) -> Box<dyn Contender> {
     Box::new(Ours {
         adapter,
         policy: PolicySet::single(PolicyId::new("bench").expect("valid id")),
-        operation: OperationDigest::new("00000000000000aa").expect("valid digest"),
+        operation: OperationDigest::from_u64(0x0000_0000_0000_00aa),
         subjects: subjects(count),
         deadline: Instant::now() + Duration::from_secs(24 * 3600),
         leasing: name == "concurrency+release",

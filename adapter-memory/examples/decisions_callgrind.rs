@@ -40,7 +40,7 @@ fn main() {
         .expect("one policy");
     let asked = if mode == "floor" { "other" } else { "bench" };
     let policies = PolicySet::single(PolicyId::new(asked).expect("valid id"));
-    let operation = OperationDigest::new("00000000000000aa").expect("valid digest");
+    let operation = OperationDigest::from_u64(0xaa);
     let subjects: Vec<SubjectDigest> = (0..SUBJECTS)
         .map(|n| SubjectDigest::parse(format!("v1:{n:032x}")).expect("valid digest"))
         .collect();
@@ -49,8 +49,8 @@ fn main() {
     for (n, index) in (0..SUBJECTS).chain(0..decisions).enumerate() {
         let request = RateLimitRequest {
             policies: policies.clone(),
-            subject: subjects[index % SUBJECTS].clone(),
-            operation: operation.clone(),
+            subject: subjects[index % SUBJECTS],
+            operation,
             cost: 1,
             evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(n as u128)),
             deadline,

@@ -8,9 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, DEFAULT_FAILURE_RETRY_AFTER, EdgeRateLimitPort,
-    Evaluation, KeyRules, Lease, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyScope,
-    RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
-    Releasing, UnavailableCategory, evaluate_set, inspect_key,
+    Evaluation, KeyRules, Lease, MAX_POLICY_SET, PolicyId, PolicyScope, RateLimitFailure,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, Releasing,
+    UnavailableCategory, evaluate_set, inspect_key,
 };
 
 use crate::error::MemoryAdapterError;
@@ -103,14 +103,10 @@ impl MemoryEdgeRateLimitAdapter {
                 retry_after: self.failure_retry_after,
             });
         }
-        // Parsed only if a policy of the set is operation-scoped.
-        let mut operation = None;
-        let mut key_of = |slot: &'_ PolicySlot| {
+        let key_of = |slot: &'_ PolicySlot| {
             let operation = match slot.policy.scope() {
-                PolicyScope::Operation => {
-                    *operation.get_or_insert_with(|| operation_number(&request.operation))
-                }
-                PolicyScope::Subject => 0,
+                PolicyScope::Operation => Some(request.operation),
+                PolicyScope::Subject => None,
             };
             KeySlot { namespace: slot.namespace, operation }
         };
@@ -121,10 +117,9 @@ impl MemoryEdgeRateLimitAdapter {
         for (key, slot) in keys.iter_mut().zip(slots.iter()) {
             *key = (key_of(slot), &slot.rules);
         }
-        let decided =
-            self.store.with_set(request.subject.as_bytes(), &keys[..slots.len()], now, |members| {
-                evaluate_set(members, now, request.cost, request.evaluation_id)
-            });
+        let decided = self.store.with_set(&request.subject, &keys[..slots.len()], now, |members| {
+            evaluate_set(members, now, request.cost, request.evaluation_id)
+        });
         match decided {
             Ok(verdict) => verdict.into(),
             // Full, and every key held is in use: no slot for this
@@ -143,35 +138,9 @@ impl MemoryEdgeRateLimitAdapter {
     /// charges for that subject, policy and operation.
     fn budget_slot(&self, key: &BudgetKey) -> Result<(&PolicySlot, KeySlot), BudgetFailure> {
         let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
-        let operation = key.operation_for(&slot.policy)?.map_or(0, operation_number);
+        let operation = key.operation_for(&slot.policy)?.copied();
         Ok((slot, KeySlot { namespace: slot.namespace, operation }))
     }
-}
-
-/// The operation as a key part: the digest's hex read as a number, 64
-/// bits at a time and folded (the edge's digests are exactly 64 bits, so
-/// this is exact for them). A subject-scoped key uses 0 in its own
-/// namespace, so the two never meet.
-fn operation_number(digest: &OperationDigest) -> u64 {
-    digest
-        .as_str()
-        .as_bytes()
-        .chunks(16)
-        .fold(0, |folded, chunk| folded.rotate_left(1) ^ hex_number(chunk))
-}
-
-/// Up to 16 lowercase hex digits as a number, by hand: `from_str_radix`
-/// (with its UTF-8 check) was a tenth of a decision. A digest is validated
-/// lowercase hex, so the 0 of a stray byte never happens.
-fn hex_number(digits: &[u8]) -> u64 {
-    digits.iter().fold(0, |number, &digit| {
-        let value = match digit {
-            b'0'..=b'9' => digit - b'0',
-            b'a'..=b'f' => digit - b'a' + 10,
-            _ => return 0,
-        };
-        (number << 4) | u64::from(value)
-    })
 }
 
 /// The adapter's policies by id. A handful are scanned, comparing ids
@@ -233,13 +202,13 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
         let (slot, at) = self.budget_slot(key)?;
         let now = self.clock.epoch_millis();
-        let state = self.store.peek(at, key.subject.as_bytes(), now);
+        let state = self.store.peek(at, &key.subject, now);
         inspect_key(&slot.rules, state.as_ref(), now)
     }
 
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         let (_, at) = self.budget_slot(key)?;
-        self.store.remove(at, key.subject.as_bytes());
+        self.store.remove(at, &key.subject);
         Ok(())
     }
 
@@ -247,7 +216,6 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     /// each concurrency policy of its set this adapter holds (a policy
     /// removed by a reload, or now at another revision, has no key here).
     fn release(&self, lease: &Lease) -> Releasing {
-        let operation = operation_number(&lease.operation);
         let slots = lease
             .policies
             .ids()
@@ -256,13 +224,13 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
             .filter(|slot| slot.rules.holds_leases())
             .map(|slot| {
                 let operation = match slot.policy.scope() {
-                    PolicyScope::Operation => operation,
-                    PolicyScope::Subject => 0,
+                    PolicyScope::Operation => Some(lease.operation),
+                    PolicyScope::Subject => None,
                 };
                 KeySlot { namespace: slot.namespace, operation }
             });
         let now = self.clock.epoch_millis();
-        Releasing::ready(if self.store.release(lease.subject.as_bytes(), slots, lease.id, now) {
+        Releasing::ready(if self.store.release(&lease.subject, slots, lease.id, now) {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
@@ -275,16 +243,6 @@ mod tests {
     use shared_contract::{Algorithm, SystemClock};
 
     use super::*;
-
-    #[test]
-    fn operation_numbers_read_the_hex_digits_and_fold_longer_digests() {
-        let digest = |hex: &str| OperationDigest::new(hex).unwrap();
-        assert_eq!(operation_number(&digest("6979b49c614fd4c4")), 0x6979_b49c_614f_d4c4);
-        assert_eq!(operation_number(&digest("ffffffffffffffff")), u64::MAX);
-        // 32 digits: the first 64 bits rotated by one, then the second.
-        let folded = 0x0123_4567_89ab_cdef_u64.rotate_left(1) ^ 0xfedc_ba98_7654_3210;
-        assert_eq!(operation_number(&digest("0123456789abcdeffedcba9876543210")), folded);
-    }
 
     #[test]
     fn the_policy_table_finds_every_policy_scanned_or_hashed() {

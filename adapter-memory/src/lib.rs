@@ -20,7 +20,6 @@
 mod adapter;
 mod entry;
 mod error;
-mod key;
 mod store;
 
 /// Every unit test's clock starts here (epoch ms), a multiple of every

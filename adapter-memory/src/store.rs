@@ -14,17 +14,19 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use std::hash::BuildHasher;
+
+use foldhash::fast::RandomState;
 use parking_lot::Mutex;
 use shared_contract::{
     DEDUP_RECORD_BYTES, EvaluationId, HELD_LEASE_BYTES, KeyRules, KeyState, MAX_POLICY_SET,
-    PolicyId, SetMember,
+    OperationDigest, PolicyId, SetMember, SubjectDigest,
 };
 
 use crate::entry::Entry;
-use crate::key::{BuildPrehashed, KeyView, LookupKey, StoredKey, SubjectHasher};
 
 /// Most shards a store uses; `with_shards` caps there. The shard index comes
-/// from hash bits 32..48, which the shard's own map does not rely on.
+/// from bits 32..48 of the subject's hash.
 pub const MAX_SHARDS: usize = 1 << 16;
 /// A shard sweeps at most once per this many operations, or per a quarter of
 /// its size after the last sweep, whichever is larger; growth to twice that
@@ -57,8 +59,12 @@ pub struct MemoryStore {
 
 struct StoreInner {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
-    /// Random-seeded: shard and bucket placement must not be predictable.
-    hasher: SubjectHasher,
+    /// Picks a subject's shard, and every shard's map hashes its keys with
+    /// it: foldhash (hashbrown's default), seeded per store. Subjects reach
+    /// the store as keyed HMAC pseudonyms, which no client can choose; the
+    /// seed still keeps shard and bucket placement unpredictable to a
+    /// caller that could.
+    hasher: RandomState,
     namespaces: Mutex<Namespaces>,
     /// Keys one shard holds at most: the store's bound over its shards.
     shard_cap: usize,
@@ -89,7 +95,7 @@ pub(crate) struct StoreFull;
 struct CachePadded<T>(T);
 
 struct Shard {
-    map: HashMap<StoredKey, Entry, BuildPrehashed>,
+    map: HashMap<Key, Entry, RandomState>,
     ops_since_sweep: usize,
     len_after_sweep: usize,
     /// A lower bound of every entry's expiry; no sweep before it.
@@ -128,11 +134,13 @@ impl MemoryStore {
         // At least one key per shard: a power of two no larger than the bound.
         let fitting = 1 << max_keys.get().ilog2();
         let count = count.min(fitting);
-        let shards = (0..count).map(|_| CachePadded(Mutex::new(Shard::new()))).collect();
+        let hasher = RandomState::default();
+        let shards =
+            (0..count).map(|_| CachePadded(Mutex::new(Shard::new(hasher.clone())))).collect();
         Self {
             inner: Arc::new(StoreInner {
                 shards,
-                hasher: SubjectHasher::random(),
+                hasher,
                 namespaces: Mutex::new(Namespaces::default()),
                 shard_cap: max_keys.get() / count,
                 max_slack: AtomicU64::new(0),
@@ -272,7 +280,7 @@ impl MemoryStore {
     /// `step` does not run.
     pub(crate) fn with_set<R>(
         &self,
-        subject: &[u8],
+        subject: &SubjectDigest,
         keys: &[(KeySlot, &KeyRules)],
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
@@ -289,17 +297,16 @@ impl MemoryStore {
     /// is held across the step instead of being looked up again.
     fn with_one<R>(
         &self,
-        subject: &[u8],
+        subject: &SubjectDigest,
         (slot, rules): (KeySlot, &KeyRules),
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
     ) -> Result<R, StoreFull> {
-        let subject_hash = self.inner.hasher.hash(subject);
-        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
+        let key = Key::new(slot, subject);
         let mut members = [SetMember::new(rules, None)];
-        let mut guard = self.shard(subject_hash).lock();
+        let mut guard = self.shard(subject).lock();
         let shard = &mut *guard;
-        let (result, expiry) = match shard.map.get_mut(&key as &dyn KeyView) {
+        let (result, expiry) = match shard.map.get_mut(&key) {
             Some(entry) => {
                 members[0].state = entry.take(now);
                 let result = step(&mut members);
@@ -319,7 +326,7 @@ impl MemoryStore {
                     let mut entry = Entry::blank();
                     entry.put(member.state, member.write);
                     let expiry = entry.expires_at;
-                    shard.map.insert(key.to_stored(), entry);
+                    shard.map.insert(key, entry);
                     expiry
                 });
                 (result, expiry)
@@ -334,27 +341,23 @@ impl MemoryStore {
     /// count repeat the last key and are never used.
     fn with_keys<const N: usize, R>(
         &self,
-        subject: &[u8],
+        subject: &SubjectDigest,
         keys: &[(KeySlot, &KeyRules)],
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
     ) -> Result<R, StoreFull> {
         let n = keys.len().min(N);
         let last = n.saturating_sub(1);
-        let subject_hash = self.inner.hasher.hash(subject);
-        let lookups: [LookupKey<'_>; N] = std::array::from_fn(|i| {
-            let (slot, _) = keys[i.min(last)];
-            LookupKey::new(subject_hash, slot.namespace, slot.operation, subject)
-        });
+        let lookups: [Key; N] = std::array::from_fn(|i| Key::new(keys[i.min(last)].0, subject));
         let mut members: [SetMember<'_>; N] =
             std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
-        let mut guard = self.shard(subject_hash).lock();
+        let mut guard = self.shard(subject).lock();
         let shard = &mut *guard;
         // Counted only when the shard is nearly full: room for every key of
         // the set, before any state moves out.
         if shard.map.len() + n > self.inner.shard_cap {
             let missing = |shard: &Shard| {
-                let held = |key: &LookupKey<'_>| shard.map.contains_key(key as &dyn KeyView);
+                let held = |key: &Key| shard.map.contains_key(key);
                 lookups[..n].iter().filter(|key| !held(key)).count()
             };
             if !self.has_room(shard, now, missing) {
@@ -362,13 +365,13 @@ impl MemoryStore {
             }
         }
         for (member, key) in members[..n].iter_mut().zip(&lookups) {
-            member.state = shard.map.get_mut(key as &dyn KeyView).and_then(|entry| entry.take(now));
+            member.state = shard.map.get_mut(key).and_then(|entry| entry.take(now));
         }
         let result = step(&mut members[..n]);
         let mut earliest: Option<u64> = None;
         for (member, key) in members[..n].iter_mut().zip(&lookups) {
             let (state, write) = (member.state.take(), member.write);
-            let expiry = match shard.map.get_mut(key as &dyn KeyView) {
+            let expiry = match shard.map.get_mut(key) {
                 Some(entry) => {
                     entry.put(state, write);
                     Some(entry.expires_at)
@@ -377,7 +380,7 @@ impl MemoryStore {
                     let mut entry = Entry::blank();
                     entry.put(state, write);
                     let expiry = entry.expires_at;
-                    shard.map.insert(key.to_stored(), entry);
+                    shard.map.insert(*key, entry);
                     Some(expiry)
                 }
                 None => None,
@@ -394,11 +397,14 @@ impl MemoryStore {
     /// A copy of one key's state at caller time `now` (`None` when absent
     /// or past its expiry), for an operator's inspect: nothing is moved,
     /// written or counted as an operation.
-    pub(crate) fn peek(&self, slot: KeySlot, subject: &[u8], now: u64) -> Option<KeyState> {
-        let subject_hash = self.inner.hasher.hash(subject);
-        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
-        let shard = self.shard(subject_hash).lock();
-        let entry = shard.map.get(&key as &dyn KeyView)?;
+    pub(crate) fn peek(
+        &self,
+        slot: KeySlot,
+        subject: &SubjectDigest,
+        now: u64,
+    ) -> Option<KeyState> {
+        let shard = self.shard(subject).lock();
+        let entry = shard.map.get(&Key::new(slot, subject))?;
         (entry.expires_at > now).then(|| entry.state().cloned()).flatten()
     }
 
@@ -408,19 +414,16 @@ impl MemoryStore {
     /// Nothing else moves: no mark, no expiry, no other lease.
     pub(crate) fn release(
         &self,
-        subject: &[u8],
+        subject: &SubjectDigest,
         slots: impl IntoIterator<Item = KeySlot>,
         id: EvaluationId,
         now: u64,
     ) -> bool {
-        let subject_hash = self.inner.hasher.hash(subject);
-        let mut shard = self.shard(subject_hash).lock();
+        let mut shard = self.shard(subject).lock();
         let mut released = false;
         for slot in slots {
-            let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
-            if let Some(state) =
-                shard.map.get_mut(&key as &dyn KeyView).and_then(|entry| entry.live_state(now))
-            {
+            let key = Key::new(slot, subject);
+            if let Some(state) = shard.map.get_mut(&key).and_then(|entry| entry.live_state(now)) {
                 released |= state.leases.release(id, now);
             }
         }
@@ -429,13 +432,13 @@ impl MemoryStore {
 
     /// Removes one key, state and dedupe records together (an operator's
     /// reset); an absent key is left absent.
-    pub(crate) fn remove(&self, slot: KeySlot, subject: &[u8]) {
-        let subject_hash = self.inner.hasher.hash(subject);
-        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
-        self.shard(subject_hash).lock().map.remove(&key as &dyn KeyView);
+    pub(crate) fn remove(&self, slot: KeySlot, subject: &SubjectDigest) {
+        self.shard(subject).lock().map.remove(&Key::new(slot, subject));
     }
 
-    fn shard(&self, hash: u64) -> &Mutex<Shard> {
+    /// The shard of every key of `subject`.
+    fn shard(&self, subject: &SubjectDigest) -> &Mutex<Shard> {
+        let hash = self.inner.hasher.hash_one(subject);
         // The mask keeps the index below the (power of two) shard count.
         let index = usize::try_from(hash >> 32).unwrap_or(0) & (self.inner.shards.len() - 1);
         &self.inner.shards[index].0
@@ -451,21 +454,35 @@ impl MemoryStore {
     pub(crate) fn inspect<R>(
         &self,
         slot: KeySlot,
-        subject: &[u8],
+        subject: &SubjectDigest,
         look: impl FnOnce(Option<&Entry>) -> R,
     ) -> R {
-        let subject_hash = self.inner.hasher.hash(subject);
-        let key = LookupKey::new(subject_hash, slot.namespace, slot.operation, subject);
-        look(self.shard(subject_hash).lock().map.get(&key as &dyn KeyView))
+        look(self.shard(subject).lock().map.get(&Key::new(slot, subject)))
     }
 }
 
 /// What a policy contributes to its keys: its revision's namespace number,
-/// and for an operation-scoped policy the operation (0 for subject scope).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// and for an operation-scoped policy the operation (`None` for subject
+/// scope).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct KeySlot {
     pub(crate) namespace: u32,
-    pub(crate) operation: u64,
+    pub(crate) operation: Option<OperationDigest>,
+}
+
+/// A key of a shard's map, held whole in the map's slot (the digests are
+/// bytes and numbers: no allocation per key) and hashed by the map's own
+/// hasher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    slot: KeySlot,
+    subject: SubjectDigest,
+}
+
+impl Key {
+    fn new(slot: KeySlot, subject: &SubjectDigest) -> Self {
+        Self { slot, subject: *subject }
+    }
 }
 
 impl Default for MemoryStore {
@@ -481,9 +498,9 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl Shard {
-    fn new() -> Self {
+    fn new(hasher: RandomState) -> Self {
         Self {
-            map: HashMap::default(),
+            map: HashMap::with_hasher(hasher),
             ops_since_sweep: 0,
             len_after_sweep: 0,
             earliest_expiry: u64::MAX,
@@ -515,7 +532,7 @@ impl Shard {
         self.map.retain(|key, entry| {
             // A namespace never numbered has no slack to subtract.
             let slack = slack.and_then(|slack| {
-                slack.get(usize::try_from(key.namespace()).unwrap_or(usize::MAX))
+                slack.get(usize::try_from(key.slot.namespace).unwrap_or(usize::MAX))
             });
             let whole_at = entry.expires_at.saturating_sub(slack.copied().unwrap_or(0));
             let keep = whole_at > now;
@@ -565,11 +582,11 @@ mod tests {
         EvaluationId::from_uuid(uuid::Uuid::from_u128(n))
     }
 
-    fn subject(n: u64) -> Vec<u8> {
-        format!("v1:{n:032x}").into_bytes()
+    fn subject(n: u64) -> SubjectDigest {
+        SubjectDigest::parse(format!("v1:{n:032x}")).unwrap()
     }
 
-    const SLOT: KeySlot = KeySlot { namespace: 0, operation: 0 };
+    const SLOT: KeySlot = KeySlot { namespace: 0, operation: None };
 
     /// One evaluation of one key, as the adapter makes it for a set of one.
     fn evaluate(
@@ -818,9 +835,9 @@ mod tests {
         let store = MemoryStore::with_shards(64);
         let rules = rules();
         let slots = [
-            (KeySlot { namespace: 0, operation: 0 }, &rules),
-            (KeySlot { namespace: 1, operation: 0 }, &rules),
-            (KeySlot { namespace: 1, operation: 42 }, &rules),
+            (KeySlot { namespace: 0, operation: None }, &rules),
+            (KeySlot { namespace: 1, operation: None }, &rules),
+            (KeySlot { namespace: 1, operation: Some(OperationDigest::from_u64(42)) }, &rules),
         ];
         let now = T0;
         let verdict = store
@@ -842,6 +859,43 @@ mod tests {
                 }
             });
             assert_eq!(remaining, 1);
+        }
+    }
+
+    #[test]
+    fn a_key_is_its_namespace_operation_and_subject_whole() {
+        let store = MemoryStore::with_shards(4);
+        let rules = rules();
+        let narrow = Some(OperationDigest::from_u64(0xaa));
+        let wide = Some(OperationDigest::from_u128(0xaa));
+        let keys = [
+            (KeySlot { namespace: 0, operation: None }, subject(1)),
+            (KeySlot { namespace: 1, operation: None }, subject(1)),
+            (KeySlot { namespace: 1, operation: narrow }, subject(1)),
+            (KeySlot { namespace: 1, operation: wide }, subject(1)),
+            (KeySlot { namespace: 1, operation: narrow }, subject(2)),
+            // The same tag under another key version, or one byte longer.
+            (SLOT, SubjectDigest::from_tag(2, &[0; 16]).unwrap()),
+            (SLOT, SubjectDigest::from_tag(1, &[0; 16]).unwrap()),
+            (SLOT, SubjectDigest::from_tag(1, &[0; 17]).unwrap()),
+        ];
+        for (count, (slot, subject)) in keys.iter().enumerate() {
+            let now = T0;
+            store
+                .with_set(subject, &[(*slot, &rules)], now, |members| {
+                    evaluate_set(members, now, u64::try_from(count + 1).unwrap(), id(0))
+                })
+                .expect("the store has room");
+        }
+        assert_eq!(store.live_entries(), keys.len());
+        for (count, (slot, subject)) in keys.iter().enumerate() {
+            let charged = store.inspect(*slot, subject, |entry| {
+                match entry.and_then(Entry::state).map(|state| state.algorithm) {
+                    Some(AlgorithmState::FixedWindow { count, .. }) => count,
+                    other => panic!("{other:?}"),
+                }
+            });
+            assert_eq!(charged, u64::try_from(count + 1).unwrap(), "{slot:?} {subject}");
         }
     }
 }

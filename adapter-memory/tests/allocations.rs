@@ -37,7 +37,7 @@ fn decisions_allocate(policy: RateLimitPolicy, subjects: u64, warm: u64) -> u64 
     let (adapter, clock) = adapter(vec![policy]);
     let subjects: Vec<SubjectDigest> = (0..subjects).map(subject).collect();
     let requests = |ids: std::ops::Range<u64>| -> Vec<RateLimitRequest> {
-        let who = |n: u64| subjects[usize::try_from(n).unwrap() % subjects.len()].clone();
+        let who = |n: u64| subjects[usize::try_from(n).unwrap() % subjects.len()];
         ids.map(|n| request(&clock, &id, who(n), u128::from(n))).collect()
     };
     let warm = warm * subjects.len() as u64;

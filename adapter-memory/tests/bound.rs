@@ -149,7 +149,7 @@ async fn new_subjects_are_refused_fail_closed_and_existing_ones_decided_as_befor
     }
     assert_eq!(adapter.store().refused_keys(), 7);
     // A refused subject was not charged: nothing of it is held.
-    let operation = shared_contract::OperationDigest::new("00000000000000aa").unwrap();
+    let operation = shared_contract::OperationDigest::from_u64(0x0000_0000_0000_00aa);
     let key = shared_contract::BudgetKey::new(subject(3), p.clone(), Some(operation));
     assert_eq!(adapter.inspect(&key).await.unwrap().remaining, 5);
     // The three held subjects spend the rest of their budget as usual.

@@ -91,7 +91,7 @@ async fn unreleased_leases_are_bounded_and_reclaimed_after_their_ttl() {
     let hot = subject(SUBJECTS);
     let mut admitted = 0;
     for n in 0..10_000 {
-        let request = request(&clock, &policy, hot.clone(), u128::from(SUBJECTS + n));
+        let request = request(&clock, &policy, hot, u128::from(SUBJECTS + n));
         admitted += u64::from(adapter.evaluate(request).await.is_allowed());
     }
     assert_eq!(admitted, 4, "4 in flight, the rest refused");

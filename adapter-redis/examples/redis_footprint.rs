@@ -30,7 +30,7 @@ fn subject(n: usize) -> SubjectDigest {
 
 /// The operation of every request (a digest, never a route).
 fn operation() -> OperationDigest {
-    OperationDigest::new("0123456789abcdef0123456789abcdef").expect("valid digest")
+    OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef)
 }
 
 fn request(policy: &str, subject: SubjectDigest) -> RateLimitRequest {
@@ -141,12 +141,12 @@ async fn main() {
             );
             let who = subject(0);
             for _ in 0..CHARGED {
-                assert!(adapter.evaluate(request(&id, who.clone())).await.is_allowed());
+                assert!(adapter.evaluate(request(&id, who)).await.is_allowed());
             }
             let key = adapter.keys().counter_key(&policy, &who, &operation());
             let (strlen, usage) = footprint(&mut redis, &key).await;
             for _ in CHARGED..FULL {
-                assert!(adapter.evaluate(request(&id, who.clone())).await.is_allowed());
+                assert!(adapter.evaluate(request(&id, who)).await.is_allowed());
             }
             let (full_strlen, full_usage) = footprint(&mut redis, &key).await;
 

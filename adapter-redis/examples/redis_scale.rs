@@ -49,7 +49,7 @@ fn subject(n: usize) -> SubjectDigest {
 }
 
 fn operation() -> OperationDigest {
-    OperationDigest::new("00000000000000aa").expect("valid digest")
+    OperationDigest::from_u64(0x0000_0000_0000_00aa)
 }
 
 fn request(policy: &PolicyId, subject: SubjectDigest) -> RateLimitRequest {

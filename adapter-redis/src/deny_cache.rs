@@ -178,12 +178,12 @@ impl DenyCache {
 
     fn fingerprint(&self, parts: &Parts<'_>) -> u64 {
         let mut hasher = self.hasher.build_hasher();
-        parts.subject.as_str().hash(&mut hasher);
+        parts.subject.hash(&mut hasher);
         for id in parts.policies.ids() {
             id.as_str().hash(&mut hasher);
         }
         parts.revisions.hash(&mut hasher);
-        parts.operation.map(OperationDigest::as_str).hash(&mut hasher);
+        parts.operation.hash(&mut hasher);
         hasher.finish()
     }
 
@@ -263,7 +263,7 @@ impl DenyCache {
         }
         let Some(lasts) = stays_refused_for(set, decision) else { return };
         let denial = Denial {
-            subject: request.subject.clone(),
+            subject: request.subject,
             policies: request.policies.clone(),
             revisions: parts.revisions,
             operation: parts.operation.cloned(),

@@ -32,7 +32,7 @@ impl RateLimitKeys {
     /// The hash tag of a subject, braces included: the same for every
     /// policy and operation.
     pub fn hash_tag(subject: &SubjectDigest) -> String {
-        format!("{{{}}}", subject.as_str())
+        format!("{{{subject}}}")
     }
 
     /// The counter key that holds state, mark and dedupe records of
@@ -62,21 +62,13 @@ impl RateLimitKeys {
         subject: &SubjectDigest,
         operation: Option<&OperationDigest>,
     ) -> String {
-        let mut key = String::with_capacity(
-            self.prefix.len() + subject.as_str().len() + policy.id().as_str().len() + 80,
-        );
-        key.push_str(&self.prefix);
-        key.push('{');
-        key.push_str(subject.as_str());
-        key.push_str("}:");
-        key.push_str(policy.id().as_str());
-        key.push(':');
-        key.push_str(itoa::Buffer::new().format(policy.revision()));
-        if let Some(operation) = operation {
-            key.push(':');
-            key.push_str(operation.as_str());
+        // The digests print as `v<version>:<hex>` and hex: the texts keys
+        // have always held, so stored state keeps its keys.
+        let (prefix, id, revision) = (&self.prefix, policy.id().as_str(), policy.revision());
+        match operation {
+            Some(operation) => format!("{prefix}{{{subject}}}:{id}:{revision}:{operation}"),
+            None => format!("{prefix}{{{subject}}}:{id}:{revision}"),
         }
-        key
     }
 }
 
@@ -108,7 +100,7 @@ mod tests {
     #[test]
     fn key_is_prefix_braced_pseudonym_policy_revision_and_the_operation_when_scoped_to_it() {
         let subject = SubjectDigest::parse(format!("v2:{}", "0f".repeat(16))).unwrap();
-        let operation = OperationDigest::new("0123456789abcdef").unwrap();
+        let operation = OperationDigest::from_u64(0x0123_4567_89ab_cdef);
         let keys = RateLimitKeys::default();
         let scoped =
             keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &operation);
@@ -119,8 +111,19 @@ mod tests {
         let shared =
             keys.counter_key(&policy("api.daily", PolicyScope::Subject), &subject, &operation);
         assert_eq!(shared, format!("ca:rl:{{v2:{}}}:api.daily:7", "0f".repeat(16)));
+        // An Envoy RLS rule's 128-bit operation and the edge's 256-bit
+        // pseudonym keep their whole texts.
+        let rule = OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff);
+        let edge = SubjectDigest::parse(format!("v12:{}", "a5".repeat(32))).unwrap();
+        assert_eq!(
+            keys.counter_key(&policy("api.orders", PolicyScope::Operation), &edge, &rule),
+            format!(
+                "ca:rl:{{v12:{}}}:api.orders:7:00112233445566778899aabbccddeeff",
+                "a5".repeat(32)
+            )
+        );
         // Another operation: its own operation-scoped key, the same subject-scoped one.
-        let other = OperationDigest::new("fedcba9876543210").unwrap();
+        let other = OperationDigest::from_u64(0xfedc_ba98_7654_3210);
         assert_ne!(
             keys.counter_key(&policy("api.orders", PolicyScope::Operation), &subject, &other),
             scoped

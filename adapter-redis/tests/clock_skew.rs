@@ -27,8 +27,8 @@ const BOUND: Duration = Duration::from_secs(1);
 fn request(clock: &ManualClock, subject: &SubjectDigest) -> RateLimitRequest {
     RateLimitRequest {
         policies: PolicySet::single(PolicyId::new("skew").unwrap()),
-        subject: subject.clone(),
-        operation: OperationDigest::new("00000000000000f1").unwrap(),
+        subject: *subject,
+        operation: OperationDigest::from_u64(0x0000_0000_0000_00f1),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),
@@ -173,7 +173,7 @@ async fn a_slower_writer_keeps_the_key_until_its_own_window_ends() {
     let (leader, leader_clock) = instance(T0 + 1_100);
     let (slower, slower_clock) = instance(T0 + 100);
     let who = subject(30);
-    let operation = OperationDigest::new("00000000000000f1").unwrap();
+    let operation = OperationDigest::from_u64(0x0000_0000_0000_00f1);
     let key = leader.keys().counter_key(&policy, &who, &operation);
     let mut redis = support::inspector(&server).await;
     let mut admitted = 0;

@@ -63,7 +63,7 @@ async fn a_killed_master_fails_over_and_its_slots_serve_again_without_rebuilding
         traffic.adapter.keys().counter_key(
             &traffic.policy,
             who,
-            &shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+            &shared_contract::OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
         )
     };
 
@@ -87,7 +87,7 @@ async fn a_killed_master_fails_over_and_its_slots_serve_again_without_rebuilding
     let stop = Arc::new(AtomicBool::new(false));
     let hammers: Vec<_> = (0..HAMMERS)
         .map(|_| {
-            let (traffic, stop, victim) = (traffic.clone(), stop.clone(), victim.clone());
+            let (traffic, stop, victim) = (traffic.clone(), stop.clone(), victim);
             tokio::spawn(async move {
                 let mut tally = Tally::default();
                 while !stop.load(Ordering::Relaxed) {

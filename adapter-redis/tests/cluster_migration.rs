@@ -97,7 +97,7 @@ async fn remaining(
 ) -> u64 {
     let request = RateLimitRequest {
         policies: shared_contract::PolicySet::single(policy.id().clone()),
-        subject: who.clone(),
+        subject: *who,
         operation: support::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),
@@ -234,7 +234,7 @@ async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
     let (who, _, _) = subject_on(&adapter, &policy, masters[1], 200);
     let request = RateLimitRequest {
         policies: shared_contract::PolicySet::single(policy.id().clone()),
-        subject: who.clone(),
+        subject: who,
         operation: support::operation(),
         cost: 1,
         evaluation_id: EvaluationId::random(),

@@ -40,7 +40,7 @@ fn subject(n: u8) -> SubjectDigest {
 }
 
 fn operation() -> OperationDigest {
-    OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap()
+    OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef)
 }
 
 fn policy() -> RateLimitPolicy {
@@ -146,7 +146,7 @@ async fn a_frozen_replica_holds_its_own_master_s_connections_only() {
         let calls: Vec<_> = subjects
             .iter()
             .map(|who| {
-                let (adapter, clock, who) = (adapter.clone(), clock.clone(), who.clone());
+                let (adapter, clock, who) = (adapter.clone(), clock.clone(), *who);
                 tokio::spawn(async move {
                     let mut tally = Tally::default();
                     let started = Instant::now();
@@ -244,8 +244,7 @@ async fn crash_after_a_replication_gap(
     let stop = Arc::new(AtomicBool::new(false));
     let hammers: Vec<_> = (0..HAMMERS)
         .map(|_| {
-            let (adapter, clock, who, stop) =
-                (adapter.clone(), clock.clone(), who.clone(), stop.clone());
+            let (adapter, clock, who, stop) = (adapter.clone(), clock.clone(), who, stop.clone());
             tokio::spawn(async move {
                 let mut tally = Tally::default();
                 while !stop.load(Ordering::Relaxed) {

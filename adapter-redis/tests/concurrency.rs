@@ -27,7 +27,6 @@ async fn admitted(algorithm: Algorithm) -> (usize, usize) {
         .map(|_| {
             let adapter = adapter.clone();
             let clock = clock.clone();
-            let who = who.clone();
             tokio::spawn(async move {
                 let mut outcomes = Vec::with_capacity(PER_TASK);
                 for _ in 0..PER_TASK {

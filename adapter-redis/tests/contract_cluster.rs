@@ -119,7 +119,8 @@ impl ScopedSubjects {
     /// reproduces on every toolchain.
     fn pseudonym(&self, subject: &SubjectDigest) -> SubjectDigest {
         let fnv = |basis: u64| {
-            let input = self.scope.bytes().chain([0]).chain(subject.as_str().bytes());
+            let text = subject.to_string();
+            let input = self.scope.bytes().chain([0]).chain(text.bytes());
             input.fold(basis, |hash, byte| {
                 (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
             })
@@ -279,7 +280,7 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
         let counter = keys.counter_key(
             &policy,
             &who,
-            &shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+            &shared_contract::OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
         );
         let slot = cluster.keyslot(&counter);
         // The tag alone, another prefix, and a would-be auxiliary key.
@@ -297,7 +298,7 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
             .build()
             .unwrap()
     };
-    let operation = shared_contract::OperationDigest::new("0123456789abcdef").unwrap();
+    let operation = shared_contract::OperationDigest::from_u64(0x0123_4567_89ab_cdef);
     let slot = cluster.keyslot(&RateLimitKeys::hash_tag(&who));
     for policy in [scoped("a", PolicyScope::Operation), scoped("b", PolicyScope::Subject)] {
         assert_eq!(cluster.keyslot(&keys.counter_key(&policy, &who, &operation)), slot);
@@ -358,16 +359,17 @@ async fn no_script_raises_crossslot_on_any_master() {
             let key = adapter.keys().counter_key(
                 policy,
                 &who,
-                &shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+                &shared_contract::OperationDigest::from_u128(
+                    0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
+                ),
             );
             masters_hit.insert(cluster.owner_of_slot(cluster.keyslot(&key)));
             let request = RateLimitRequest {
                 policies: shared_contract::PolicySet::single(policy.id().clone()),
                 subject: who,
-                operation: shared_contract::OperationDigest::new(
-                    "0123456789abcdef0123456789abcdef",
-                )
-                .unwrap(),
+                operation: shared_contract::OperationDigest::from_u128(
+                    0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
+                ),
                 cost: 1,
                 evaluation_id: shared_contract::EvaluationId::random(),
                 deadline: shared_contract::Clock::monotonic(&clock) + Duration::from_secs(5),
@@ -395,8 +397,9 @@ async fn no_script_raises_crossslot_on_any_master() {
         let request = RateLimitRequest {
             policies: set,
             subject: who,
-            operation: shared_contract::OperationDigest::new("0123456789abcdef0123456789abcdef")
-                .unwrap(),
+            operation: shared_contract::OperationDigest::from_u128(
+                0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
+            ),
             cost: 1,
             evaluation_id: shared_contract::EvaluationId::random(),
             deadline: shared_contract::Clock::monotonic(&clock) + Duration::from_secs(5),

@@ -40,7 +40,7 @@ fn request(
 ) -> RateLimitRequest {
     RateLimitRequest {
         policies: PolicySet::single(PolicyId::new(policy).unwrap()),
-        subject: subject.clone(),
+        subject: *subject,
         operation: operation(),
         cost: 1,
         evaluation_id,
@@ -50,7 +50,7 @@ fn request(
 
 /// The one operation every request here is for.
 fn operation() -> OperationDigest {
-    OperationDigest::new("00000000000000f1").unwrap()
+    OperationDigest::from_u64(0x0000_0000_0000_00f1)
 }
 
 fn decision(outcome: &RateLimitOutcome) -> Option<RateLimitDecision> {

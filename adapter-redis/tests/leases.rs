@@ -124,7 +124,7 @@ async fn a_lease_key_is_a_sorted_set_of_binary_lease_ids_and_the_mark_under_the_
         std::slice::from_ref(&key),
         "one key per (policy, revision, subject, operation)"
     );
-    assert!(key.contains(subject(1).as_str()), "the key names the pseudonym: {key}");
+    assert!(key.contains(&subject(1).to_string()), "the key names the pseudonym: {key}");
     let kind: String = redis::cmd("TYPE").arg(&key).query_async(&mut redis).await.unwrap();
     assert_eq!(kind, "zset");
     // Lease ids are evaluation ids, stored as their 16 bytes; the mark is

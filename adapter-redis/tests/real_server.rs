@@ -278,14 +278,14 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     keys.sort_unstable();
     // The subject alone in the hash tag; the operation digest only on the
     // operation-scoped policy's key (docs/operations.md#key-layout-and-the-slot-rule).
-    let scoped = format!("ca:rl:{{{}}}:api.orders:3:{}", who.as_str(), support::OPERATION);
-    let shared = format!("ca:rl:{{{}}}:api.daily:1", who.as_str());
+    let scoped = format!("ca:rl:{{{who}}}:api.orders:3:{}", support::OPERATION);
+    let shared = format!("ca:rl:{{{who}}}:api.daily:1");
     // Nothing else: with dedupe on (the default) each key holds its
     // records.
     assert_eq!(keys, [shared.clone(), scoped.clone()]);
     assert_eq!(adapter.keys().counter_key(&orders, &who, &support::operation()), scoped);
     assert_eq!(adapter.keys().counter_key(&daily, &who, &support::operation()), shared);
-    assert_eq!(RateLimitKeys::hash_tag(&who), format!("{{{}}}", who.as_str()));
+    assert_eq!(RateLimitKeys::hash_tag(&who), format!("{{{who}}}"));
     // The values hold numbers and evaluation ids only, not the pseudonym.
     for key in [&scoped, &shared] {
         let records: Vec<Vec<u8>> =
@@ -293,7 +293,8 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
         // The state and one record: its id field and its seq field.
         assert_eq!(records.len(), 2 * 3, "{key}");
         for item in records {
-            assert!(!item.windows(who.as_str().len()).any(|w| w == who.as_str().as_bytes()));
+            let pseudonym = who.to_string();
+            assert!(!item.windows(pseudonym.len()).any(|w| w == pseudonym.as_bytes()));
         }
     }
 }
@@ -435,7 +436,7 @@ async fn reset_deletes_the_counter_key_with_its_records_and_inspect_writes_nothi
     };
     assert_eq!(exists(vec![key.clone()]).await, 1);
 
-    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
+    let budget = BudgetKey::new(who, policy.id().clone(), Some(support::operation()));
     let hash = |redis: &mut redis::aio::MultiplexedConnection| {
         let mut redis = redis.clone();
         let key = key.clone();
@@ -477,7 +478,7 @@ async fn inspect_and_reset_failures_are_typed() {
     let key = adapter.keys().counter_key(&policy, &who, &support::operation());
     let mut redis = inspector(&server).await;
     let _: () = redis.rpush(&key, "v").await.unwrap();
-    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
+    let budget = BudgetKey::new(who, policy.id().clone(), Some(support::operation()));
     assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
     assert_eq!(adapter.reset(&budget).await, Ok(()));
     assert_eq!(adapter.inspect(&budget).await.map(|state| state.remaining), Ok(3));
@@ -656,7 +657,7 @@ async fn a_header_with_a_24_byte_trailer_is_corrupt_state() {
             "{}",
             policy.id()
         );
-        let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
+        let budget = BudgetKey::new(who, policy.id().clone(), Some(support::operation()));
         assert_eq!(adapter.inspect(&budget).await, Err(BudgetFailure::StateIncompatible));
         let kept: Vec<u8> = redis.get(&key).await.unwrap();
         assert_eq!(kept, value, "{}", policy.id());
@@ -802,8 +803,7 @@ async fn inspect_raises_no_error_on_the_server_whatever_the_key_s_type() {
     let before = error_counts(&mut redis).await;
     for policy in [&on, &off] {
         for subject in [&who, &nobody] {
-            let budget =
-                BudgetKey::new(subject.clone(), policy.id().clone(), Some(support::operation()));
+            let budget = BudgetKey::new(*subject, policy.id().clone(), Some(support::operation()));
             let seen = adapter.inspect(&budget).await.unwrap();
             assert_eq!(seen.remaining, if subject == &who { 2 } else { 3 });
         }
@@ -830,7 +830,7 @@ async fn reset_unlinks_the_key() {
             .map_or(0, |rest| rest.split(',').next().unwrap().parse::<u64>().unwrap())
     };
     let _: () = redis::cmd("CONFIG").arg("RESETSTAT").query_async(&mut redis).await.unwrap();
-    let budget = BudgetKey::new(who.clone(), policy.id().clone(), Some(support::operation()));
+    let budget = BudgetKey::new(who, policy.id().clone(), Some(support::operation()));
     adapter.reset(&budget).await.unwrap();
     let info: String =
         redis::cmd("INFO").arg("commandstats").query_async(&mut redis).await.unwrap();

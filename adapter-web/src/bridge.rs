@@ -301,7 +301,7 @@ impl TransportBridge {
         let span = decision_span(operation, &policies, &digest);
         // Kept only when a shadow policy may need to log whose request it
         // would have denied; the pseudonym, never the raw subject.
-        let shadow_subject = prepared.has_shadow.then(|| digest.clone());
+        let shadow_subject = prepared.has_shadow.then_some(digest);
         // One reading for the deadline and the histogram's start.
         let started = self.clock.monotonic();
         // A budget too large for `Instant` can only be a configuration slip;
@@ -311,7 +311,7 @@ impl TransportBridge {
         let request = RateLimitRequest {
             policies: policies.clone(),
             subject: digest,
-            operation: found.digest.clone(),
+            operation: found.digest,
             cost,
             evaluation_id: EvaluationId::random(),
             deadline,
@@ -457,11 +457,12 @@ fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) 
     let traced =
         tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
     traced.then(|| {
+        let subject = digest.to_string();
         tracing::info_span!(
             "rate_limit.decision",
             rate_limit.operation = operation,
             rate_limit.policies = %PolicyIds(policies.ids()),
-            rate_limit.subject = digest.as_str(),
+            rate_limit.subject = subject.as_str(),
             rate_limit.outcome = tracing::field::Empty,
             rate_limit.admitted = tracing::field::Empty,
             rate_limit.cached = tracing::field::Empty,
@@ -497,8 +498,9 @@ fn log_outcome(
                     // The one line a shadow rollout is watched by: who (as
                     // a pseudonym an operator can look up) would have been
                     // refused, where and by which policy.
+                    let subject = shadow_subject.map(ToString::to_string);
                     tracing::info!(
-                        subject = shadow_subject.map(SubjectDigest::as_str),
+                        subject = subject.as_deref(),
                         policy = %policy,
                         operation,
                         "shadow policy would deny"

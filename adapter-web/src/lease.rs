@@ -153,9 +153,10 @@ fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
         ReleaseOutcome::Released | ReleaseOutcome::NotHeld => {}
         ReleaseOutcome::Unavailable { .. } | ReleaseOutcome::Indeterminate => {
             failures.increment(1);
+            let subject = lease.subject.to_string();
             tracing::warn!(
                 policies = %PolicyIds(lease.policies.ids()),
-                subject = lease.subject.as_str(),
+                subject = subject.as_str(),
                 outcome = outcome.name(),
                 "in-flight lease release failed; the slot may stay taken until the lease expires"
             );

@@ -21,8 +21,8 @@ pub const MIN_KEY_BYTES: usize = 32;
 /// The message is two frames, kind and canonical identity, each a 4-byte
 /// big-endian byte length followed by the UTF-8 bytes. The length prefix
 /// makes the framing unambiguous: `("ab", "c")` and `("a", "bc")` are
-/// different messages. The output is `v<version>:<64 lowercase hex digits>`
-/// (the full 256-bit tag).
+/// different messages. The output is the version and the full 256-bit tag,
+/// printed `v<version>:<64 lowercase hex digits>`.
 ///
 /// The pseudonym depends on the subject alone, not the operation: it is
 /// the Redis Cluster hash tag every key of the subject shares, so one
@@ -185,12 +185,12 @@ mod tests {
             ),
         ];
         for (kind, identity, expected) in vectors {
-            assert_eq!(pseudonymizer.pseudonymize(kind, identity).as_str(), expected);
+            assert_eq!(pseudonymizer.pseudonymize(kind, identity).to_string(), expected);
         }
         let under_two =
             pseudonymizer.pseudonymize_with(2, SubjectKind::ClientIp, "203.0.113.7/32").unwrap();
         assert_eq!(
-            under_two.as_str(),
+            under_two.to_string(),
             "v2:76ce83273386b8b902fa0475cae0af0f91840fcbcfc63c5b9ecfeb563b380555"
         );
     }
@@ -226,7 +226,7 @@ mod tests {
         let descriptor = sequential.pseudonymize_frames(
             &mut ["descriptor", "edge", "remote_address", "10.0.0.1"].into_iter(),
         );
-        assert_eq!(descriptor.as_str(), PYTHON_DESCRIPTOR_VECTOR);
+        assert_eq!(descriptor.to_string(), PYTHON_DESCRIPTOR_VECTOR);
         assert_ne!(
             descriptor,
             sequential.pseudonymize_frames(
@@ -238,8 +238,10 @@ mod tests {
     #[test]
     fn output_carries_the_version_and_256_bits() {
         let digest = single(7, 0x01).pseudonymize(SubjectKind::ClientIp, "192.0.2.1/32");
-        let hex = digest.as_str().strip_prefix("v7:").expect("version prefix");
+        let text = digest.to_string();
+        let hex = text.strip_prefix("v7:").expect("version prefix");
         assert_eq!(hex.len(), 64);
+        assert_eq!((digest.version(), digest.tag().len()), (7, 32));
     }
 
     #[test]
@@ -250,7 +252,7 @@ mod tests {
         assert_ne!(old, new);
         assert_eq!(both.active_version(), 2);
         assert_eq!(both.pseudonymize(SubjectKind::Principal, "alice"), new);
-        assert!(old.as_str().starts_with("v1:") && new.as_str().starts_with("v2:"));
+        assert!(old.to_string().starts_with("v1:") && new.to_string().starts_with("v2:"));
         // The same key under the same version gives the same pseudonym in
         // another instance: versions, not instances, define buckets.
         assert_eq!(single(1, 0x11).pseudonymize(SubjectKind::Principal, "alice"), old);

@@ -134,7 +134,7 @@ async fn no_raw_subject_crosses_the_port() {
         (SubjectKind::Principal, raw_principal),
     ]
     .map(|(kind, identity)| fixture.pseudonymizer.pseudonymize(kind, identity));
-    let subjects: Vec<_> = requests.iter().map(|r| r.subject.clone()).collect();
+    let subjects: Vec<_> = requests.iter().map(|r| r.subject).collect();
     assert_eq!(subjects, expected);
 }
 
@@ -176,9 +176,8 @@ async fn an_idempotency_key_changes_nothing() {
         assert_eq!(request.evaluation_id.as_uuid().get_version_num(), 4);
     }
     // Everything else is what the request without the headers produced.
-    let without_id = |r: &RateLimitRequest| {
-        (r.policies.clone(), r.subject.clone(), r.operation.clone(), r.cost, r.deadline)
-    };
+    let without_id =
+        |r: &RateLimitRequest| (r.policies.clone(), r.subject, r.operation, r.cost, r.deadline);
     assert_eq!(without_id(&requests[0]), without_id(&requests[2]));
     assert_eq!(without_id(&requests[1]), without_id(&requests[2]));
 }
@@ -519,7 +518,7 @@ fn a_shadow_policy_that_would_deny_logs_one_line_with_the_pseudonym_only() {
     let line = shadow[0];
     assert!(line.starts_with("INFO"), "{line}");
     for expected in [
-        format!("subject={:?}", pseudonym.as_str()),
+        format!("subject={:?}", pseudonym.to_string()),
         "policy=trial".to_owned(),
         r#"operation="GET <unmatched>""#.to_owned(),
     ] {
@@ -616,7 +615,10 @@ fn a_decision_span_is_made_only_inside_a_span_and_names_the_pseudonym() {
         [("http.request", None), ("rate_limit.decision", Some("http.request".to_owned()))]
     );
     let fields = &spans[1].2;
-    assert!(fields.contains(&format!("rate_limit.subject={:?}", pseudonym.as_str())), "{fields}");
+    assert!(
+        fields.contains(&format!("rate_limit.subject={:?}", pseudonym.to_string())),
+        "{fields}"
+    );
     assert!(fields.contains("rate_limit.policies=burst"), "{fields}");
     assert!(!fields.contains("raw-key-never-in-a-span") && !fields.contains("203.0.113.77"));
 }

@@ -201,11 +201,11 @@ async fn the_route_template_not_the_raw_path_names_the_bucket(via: Via) {
     assert_eq!(fallback.status, StatusCode::NOT_FOUND);
     // One subject whatever the route: the pseudonym holds no operation.
     let peer = harness.ip_digest(&harness.peer_ip());
-    assert_eq!(port.subjects(), [peer.clone(), peer.clone(), peer.clone(), peer]);
+    assert_eq!(port.subjects(), [peer, peer, peer, peer]);
     let orders = operation_digest(ORDER_OPERATION);
     let unmatched = operation_digest("GET <unmatched>");
     let operations: Vec<_> = port.requests().into_iter().map(|r| r.operation).collect();
-    assert_eq!(operations, [orders.clone(), orders, unmatched.clone(), unmatched]);
+    assert_eq!(operations, [orders, orders, unmatched, unmatched]);
     let sets: Vec<_> = port.requests().into_iter().map(|r| r.policies).collect();
     assert_eq!(sets, [set(&["orders"]), set(&["orders"]), set(&["default"]), set(&["default"])]);
 }
@@ -216,7 +216,7 @@ async fn spoofed_forwarding_from_an_untrusted_peer_changes_nothing(via: Via) {
     harness.get("/api/orders/1", &[("x-forwarded-for", "203.0.113.9")]).await;
     harness.get("/api/orders/1", &[("forwarded", "for=203.0.113.9")]).await;
     let own = harness.ip_digest(&harness.peer_ip());
-    assert_eq!(port.subjects(), [own.clone(), own.clone(), own]);
+    assert_eq!(port.subjects(), [own, own, own]);
 }
 
 async fn forwarding_from_a_trusted_proxy_is_honoured(via: Via) {
@@ -241,7 +241,7 @@ async fn forwarding_from_a_trusted_proxy_is_honoured(via: Via) {
     harness.get("/api/orders/1", &[("x-forwarded-for", "not-an-address")]).await;
     let client = harness.network_digest("203.0.113.9/32");
     let proxy = harness.ip_digest(&harness.peer_ip());
-    assert_eq!(port.subjects(), [client.clone(), client.clone(), client, proxy.clone(), proxy]);
+    assert_eq!(port.subjects(), [client, client, client, proxy, proxy]);
 
     // Behind proxies that write Forwarded, it is the one header read.
     let (harness, port) = self::harness(allowed(), forwarded, via).await;
@@ -481,7 +481,7 @@ async fn ipv6_clients_count_per_network_and_mapped_ipv4_as_ipv4(via: Via) {
     let same_64 = harness.network_digest("2001:db8:1:2::/64");
     let next_64 = harness.network_digest("2001:db8:1:3::/64");
     let v4 = harness.network_digest("203.0.113.9/32");
-    assert_eq!(port.subjects(), [same_64.clone(), same_64, next_64, v4.clone(), v4]);
+    assert_eq!(port.subjects(), [same_64, same_64, next_64, v4, v4]);
 
     // Wider prefixes: a /56 holds both /64s, a /24 the IPv4 neighbours.
     let wide = EdgeSettings {
@@ -496,7 +496,7 @@ async fn ipv6_clients_count_per_network_and_mapped_ipv4_as_ipv4(via: Via) {
     }
     let v6 = harness.network_digest("2001:db8:1::/56");
     let v4 = harness.network_digest("203.0.113.0/24");
-    assert_eq!(port.subjects(), [v6.clone(), v6, v4.clone(), v4]);
+    assert_eq!(port.subjects(), [v6, v6, v4, v4]);
 }
 
 macro_rules! over_both_transports {

@@ -162,7 +162,7 @@ impl Leases {
 
     /// The leases the subject holds now, as the provider counts them.
     async fn held(&self) -> u64 {
-        let key = BudgetKey::new(self.subject.clone(), PolicyId::new("exports").unwrap(), None);
+        let key = BudgetKey::new(self.subject, PolicyId::new("exports").unwrap(), None);
         let state = self.provider.inspect(&key).await.unwrap();
         state.limit - state.remaining
     }

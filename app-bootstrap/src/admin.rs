@@ -434,11 +434,11 @@ fn describe(
 ) -> serde_json::Value {
     let millis = |duration: Duration| u64::try_from(duration.as_millis()).unwrap_or(u64::MAX);
     serde_json::json!({
-        "pseudonym": key.subject.as_str(),
+        "pseudonym": key.subject.to_string(),
         "policy": key.policy.as_str(),
         "revision": policy.revision(),
         "operation": operation,
-        "operation-digest": key.operation.as_ref().map(OperationDigest::as_str),
+        "operation-digest": key.operation.as_ref().map(OperationDigest::to_string),
         "algorithm": policy.algorithm().name(),
         "limit": budget.limit,
         "remaining": budget.remaining,
@@ -594,7 +594,7 @@ async fn pseudonym(
     };
     // Never the identity: only that a lookup happened, of which kind, by whom.
     tracing::info!(target: "audit", kind, caller = %caller, "admin pseudonym lookup");
-    let mut answer = serde_json::json!({ "kind": kind, "pseudonym": pseudonym.as_str() });
+    let mut answer = serde_json::json!({ "kind": kind, "pseudonym": pseudonym.to_string() });
     if let Some(rule) = rule {
         // The rule whose operation `?rule=N` names, for its operation-scoped policies.
         answer["rule"] = rule.into();
@@ -645,8 +645,7 @@ impl LookupLimiter {
         let provider = MemoryEdgeRateLimitAdapter::new([policy], Arc::clone(&clock))
             .map_err(|error| wiring(&error))?;
         // One budget for every caller: the token holder is one operator.
-        let subject = SubjectDigest::parse(format!("v0:{}", "0".repeat(32)))
-            .map_err(|error| wiring(&error))?;
+        let subject = SubjectDigest::from_tag(0, &[0; 16]).map_err(|error| wiring(&error))?;
         Ok(Self {
             provider,
             clock,
@@ -660,8 +659,8 @@ impl LookupLimiter {
     async fn admit(&self, state: &AdminState) -> Option<Response> {
         let request = RateLimitRequest {
             policies: self.policies.clone(),
-            subject: self.subject.clone(),
-            operation: self.operation.clone(),
+            subject: self.subject,
+            operation: self.operation,
             cost: 1,
             evaluation_id: EvaluationId::random(),
             deadline: self.clock.monotonic() + Duration::from_secs(1),

@@ -110,7 +110,7 @@ pub async fn run(
         .map_err(|error| BootstrapError::Usage(format!("the policy set: {error}")))?;
     let algorithm = algorithms.join("+");
     // Every decision names one operation, as one route's traffic would.
-    let operation = OperationDigest::new(BENCH_OPERATION).expect("a valid digest");
+    let operation = OperationDigest::from_u64(BENCH_OPERATION);
     let subjects = Arc::new(subjects(options.subjects));
 
     let started = Instant::now();
@@ -121,7 +121,7 @@ pub async fn run(
             port: Arc::clone(&port),
             clock: Arc::clone(&clock),
             policies: policies.clone(),
-            operation: operation.clone(),
+            operation,
             subjects: Arc::clone(&subjects),
             first_subject: caller,
             stride: options.concurrency,
@@ -158,7 +158,7 @@ pub async fn run(
 }
 
 /// The operation digest every bench decision carries.
-const BENCH_OPERATION: &str = "0000000000000bec";
+const BENCH_OPERATION: u64 = 0xbec;
 
 /// Synthetic pseudonyms with a per-run salt, so a second run against the
 /// same Redis starts from fresh counters.
@@ -202,8 +202,8 @@ impl Caller {
         while Instant::now() < self.end {
             let request = RateLimitRequest {
                 policies: self.policies.clone(),
-                subject: self.subjects[next].clone(),
-                operation: self.operation.clone(),
+                subject: self.subjects[next],
+                operation: self.operation,
                 cost: 1,
                 evaluation_id: EvaluationId::random(),
                 deadline: self.clock.monotonic() + self.budget,

@@ -419,7 +419,7 @@ mod tests {
             policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()),
             subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16)))
                 .unwrap(),
-            operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
+            operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_00c1),
             cost: 1,
             evaluation_id: shared_contract::EvaluationId::random(),
             deadline: manual.monotonic() + std::time::Duration::from_secs(5),
@@ -438,7 +438,7 @@ mod tests {
             policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()),
             subject: shared_contract::SubjectDigest::parse(format!("v1:{}", hex::encode([n; 16])))
                 .unwrap(),
-            operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
+            operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_00c1),
             cost: 1,
             evaluation_id: shared_contract::EvaluationId::random(),
             deadline: clock.monotonic() + std::time::Duration::from_secs(5),
@@ -550,7 +550,7 @@ mod tests {
                 policies: PolicySet::single(PolicyId::new("api").unwrap()),
                 subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "cd".repeat(16)))
                     .unwrap(),
-                operation: shared_contract::OperationDigest::new("00000000000000c1").unwrap(),
+                operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_00c1),
                 cost: 1,
                 evaluation_id: shared_contract::EvaluationId::random(),
                 deadline: clock.monotonic() + std::time::Duration::from_secs(1),

@@ -515,8 +515,8 @@ impl DegradedPort {
             return None;
         };
         if job.verify {
-            let operation = job.scoped.then(|| job.operation.clone());
-            let key = BudgetKey::new(request.subject.clone(), job.policy.clone(), operation);
+            let operation = job.scoped.then_some(job.operation);
+            let key = BudgetKey::new(request.subject, job.policy.clone(), operation);
             match self.primary.inspect(&key).await {
                 Ok(state) => {
                     job.acked = job.acked.min(state.limit.saturating_sub(state.remaining));
@@ -548,8 +548,8 @@ impl DegradedPort {
             let cost = job.owed().min(most);
             let piece = RateLimitRequest {
                 policies: PolicySet::single(job.policy.clone()),
-                subject: request.subject.clone(),
-                operation: job.operation.clone(),
+                subject: request.subject,
+                operation: job.operation,
                 cost,
                 evaluation_id: job.piece,
                 deadline: request.deadline,

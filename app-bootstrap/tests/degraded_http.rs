@@ -726,7 +726,7 @@ mod window_redis_returns_in {
             let request = RateLimitRequest {
                 policies: PolicySet::single(PolicyId::new("api").unwrap()),
                 subject: SubjectDigest::parse(format!("v1:{}", "cd".repeat(16))).unwrap(),
-                operation: OperationDigest::new("00000000000000c1").unwrap(),
+                operation: OperationDigest::from_u64(0x0000_0000_0000_00c1),
                 cost: 1,
                 evaluation_id: EvaluationId::random(),
                 deadline: self.clock.monotonic() + Duration::from_millis(750),

@@ -96,7 +96,7 @@ struct Step {
 
 /// Two operations, so subject-scoped keys are shared and operation-scoped
 /// ones are not.
-const OPERATIONS: [&str; 2] = ["00000000000000a1", "00000000000000b2"];
+const OPERATIONS: [u64; 2] = [0xa1, 0xb2];
 
 #[derive(Debug, Clone, Copy)]
 enum ClockMove {
@@ -486,8 +486,8 @@ impl Pair {
     ) -> (ReleaseOutcome, ReleaseOutcome) {
         let lease = Lease {
             policies: self.policies.clone(),
-            subject: subject.clone(),
-            operation: OperationDigest::new(OPERATIONS[operation]).expect("a valid digest"),
+            subject: *subject,
+            operation: OperationDigest::from_u64(OPERATIONS[operation]),
             id,
         };
         (self.memory.release(&lease).await, self.redis.release(&lease).await)
@@ -501,11 +501,11 @@ impl Pair {
         cost: u64,
         evaluation_id: EvaluationId,
     ) -> (RateLimitOutcome, RateLimitOutcome) {
-        let operation = OperationDigest::new(OPERATIONS[operation]).expect("a valid digest");
+        let operation = OperationDigest::from_u64(OPERATIONS[operation]);
         let request = |clock: &ManualClock| RateLimitRequest {
             policies: self.policies.clone(),
-            subject: subject.clone(),
-            operation: operation.clone(),
+            subject: *subject,
+            operation,
             cost,
             evaluation_id,
             deadline: clock.monotonic() + DEADLINE,

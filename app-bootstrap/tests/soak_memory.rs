@@ -153,7 +153,7 @@ fn request(
             shared_contract::PolicyId::new("soak").unwrap(),
         ),
         subject: shared_contract::SubjectDigest::parse(format!("v1:{subject:032x}")).unwrap(),
-        operation: shared_contract::OperationDigest::new("00000000000050a4").unwrap(),
+        operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_50a4),
         cost: 1,
         evaluation_id: shared_contract::EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),

@@ -29,29 +29,27 @@ const DEADLINE_BUDGET: Duration = Duration::from_secs(5);
 /// same as its state.
 const CHECK_GRACE: Duration = Duration::from_secs(60);
 
-/// A subject digest `v1:<32 hex>` derived from a readable name (FNV-1a,
-/// 128 bit), so checks talk about "alice" and providers see a pseudonym.
+/// A subject digest (version 1, a 16-byte tag, `v1:<32 hex>`) derived
+/// from a readable name (FNV-1a, 128 bit), so checks talk about "alice"
+/// and providers see a pseudonym.
 pub(crate) fn subject(name: &str) -> SubjectDigest {
     const OFFSET: u128 = 0x6c62_272e_07bb_0142_62b8_2175_6295_c58d;
     const PRIME: u128 = 0x0000_0000_0100_0000_0000_0000_0000_013b;
     let hash =
         name.bytes().fold(OFFSET, |hash, byte| (hash ^ u128::from(byte)).wrapping_mul(PRIME));
-    match SubjectDigest::parse(format!("v1:{hash:032x}")) {
+    match SubjectDigest::from_tag(1, &hash.to_be_bytes()) {
         Ok(digest) => digest,
-        Err(error) => panic!("a 32-hex-digit digest is valid by construction: {error}"),
+        Err(error) => panic!("a 16-byte tag is valid by construction: {error}"),
     }
 }
 
 /// The operation of every request a check makes unless it names one: a
-/// digest as the edge would compute it (16 hex digits).
+/// 64-bit digest, as the edge computes one (16 hex digits in a key).
 pub(crate) fn operation(name: &str) -> OperationDigest {
     let hash = name.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
     });
-    match OperationDigest::new(format!("{hash:016x}")) {
-        Ok(digest) => digest,
-        Err(error) => panic!("a 16-hex-digit digest is valid by construction: {error}"),
-    }
+    OperationDigest::from_u64(hash)
 }
 
 /// The operation single-policy checks run under.
@@ -439,7 +437,7 @@ mod tests {
     #[test]
     fn subject_of_the_empty_name_is_the_fnv_offset_basis() {
         // FNV-1a of no bytes is the offset basis itself.
-        assert_eq!(subject("").as_str(), "v1:6c62272e07bb014262b821756295c58d");
+        assert_eq!(subject("").to_string(), "v1:6c62272e07bb014262b821756295c58d");
     }
 
     #[test]

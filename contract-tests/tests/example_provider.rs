@@ -367,7 +367,7 @@ async fn a_reload_keeps_every_budget() {
     let request = |id: &str| RateLimitRequest {
         policies: PolicySet::single(PolicyId::new(id).expect("a valid id")),
         subject: SubjectDigest::parse(format!("v1:{:032x}", 7)).expect("a valid digest"),
-        operation: OperationDigest::new("0123456789abcdef").expect("a valid digest"),
+        operation: OperationDigest::from_u64(0x0123_4567_89ab_cdef),
         cost: 1,
         evaluation_id: EvaluationId::random(),
         deadline: clock.monotonic() + Duration::from_secs(5),

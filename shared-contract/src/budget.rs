@@ -138,11 +138,11 @@ mod tests {
         .unwrap()
     }
 
-    fn key(operation: Option<&str>) -> BudgetKey {
+    fn key(operation: Option<u64>) -> BudgetKey {
         BudgetKey::new(
             SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
             PolicyId::new("p").unwrap(),
-            operation.map(|hex| OperationDigest::new(hex).unwrap()),
+            operation.map(OperationDigest::from_u64),
         )
     }
 
@@ -150,7 +150,7 @@ mod tests {
     fn the_operation_must_match_the_policy_scope() {
         let scoped = policy(PolicyScope::Operation);
         let shared = policy(PolicyScope::Subject);
-        let with = key(Some("0123456789abcdef"));
+        let with = key(Some(0x0123_4567_89ab_cdef));
         let without = key(None);
         assert_eq!(with.operation_for(&scoped), Ok(with.operation.as_ref()));
         assert_eq!(without.operation_for(&scoped), Err(BudgetFailure::OperationRequired));

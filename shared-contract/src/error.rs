@@ -14,9 +14,6 @@ pub enum ContractError {
     /// A subject digest that is not `v<version>:<hex>` of at least 128 bits.
     #[error("invalid subject digest: {0}")]
     InvalidSubjectDigest(String),
-    /// An operation digest that is not 16 to 64 lowercase hex digits.
-    #[error("invalid operation digest: {0}")]
-    InvalidOperationDigest(String),
     /// A policy set that is empty, too long or names a policy twice.
     #[error("invalid policy set: {0}")]
     InvalidPolicySet(String),
@@ -29,7 +26,6 @@ impl ContractError {
             Self::InvalidPolicy(violations) => violations,
             Self::InvalidPolicyId(_)
             | Self::InvalidSubjectDigest(_)
-            | Self::InvalidOperationDigest(_)
             | Self::InvalidPolicySet(_) => &[],
         }
     }

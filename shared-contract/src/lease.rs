@@ -37,8 +37,8 @@ impl Lease {
     pub fn of(request: &RateLimitRequest) -> Self {
         Self {
             policies: request.policies.clone(),
-            subject: request.subject.clone(),
-            operation: request.operation.clone(),
+            subject: request.subject,
+            operation: request.operation,
             id: request.evaluation_id,
         }
     }
@@ -98,7 +98,7 @@ mod tests {
         let request = RateLimitRequest {
             policies: PolicySet::single(PolicyId::new("exports").unwrap()),
             subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
-            operation: OperationDigest::new("0123456789abcdef").unwrap(),
+            operation: OperationDigest::from_u64(0x0123_4567_89ab_cdef),
             cost: 3,
             evaluation_id: EvaluationId::random(),
             deadline: Instant::now() + Duration::from_secs(1),

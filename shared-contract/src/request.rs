@@ -96,36 +96,45 @@ impl PolicySet {
 }
 
 /// A digest of the operation (method and route template), the part of an
-/// operation-scoped policy's key that tells operations apart: 16 to 64
-/// lowercase hex digits, so no route or path ever reaches a key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct OperationDigest(Arc<str>);
+/// operation-scoped policy's key that tells operations apart: a number, so
+/// no route or path ever reaches a key. It prints (in a storage key, a log
+/// line, the admin API) as lowercase hex of its width: 16 digits for 64
+/// bits (the HTTP edge's), 32 for 128 (an Envoy RLS rule's).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OperationDigest(Bits);
+
+/// The width is part of the digest: it prints as that many digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+enum Bits {
+    Narrow(u64),
+    Wide { high: u64, low: u64 },
+}
 
 impl OperationDigest {
-    /// Validates the hex form.
-    pub fn new(hex: impl Into<String>) -> Result<Self, ContractError> {
-        let hex = hex.into();
-        if !(16..=64).contains(&hex.len()) {
-            return Err(ContractError::InvalidOperationDigest(format!(
-                "must be 16 to 64 hex digits, got {}",
-                hex.len()
-            )));
-        }
-        if !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-            return Err(ContractError::InvalidOperationDigest("must be lowercase hex".to_owned()));
-        }
-        Ok(Self(hex.into()))
+    /// A 64-bit digest, printed as 16 hex digits.
+    pub const fn from_u64(bits: u64) -> Self {
+        Self(Bits::Narrow(bits))
     }
 
-    /// The digest as text, as it appears in a storage key.
-    pub fn as_str(&self) -> &str {
-        &self.0
+    /// A 128-bit digest, printed as 32 hex digits.
+    pub const fn from_u128(bits: u128) -> Self {
+        // The halves of a u128: the casts keep exactly 64 bits each.
+        Self(Bits::Wide { high: (bits >> 64) as u64, low: bits as u64 })
     }
 }
 
 impl fmt::Display for OperationDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        match self.0 {
+            Bits::Narrow(bits) => write!(f, "{bits:016x}"),
+            Bits::Wide { high, low } => write!(f, "{high:016x}{low:016x}"),
+        }
+    }
+}
+
+impl fmt::Debug for OperationDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OperationDigest({self})")
     }
 }
 
@@ -212,7 +221,7 @@ mod tests {
         RateLimitRequest {
             policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
             subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
-            operation: OperationDigest::new("0123456789abcdef").unwrap(),
+            operation: OperationDigest::from_u64(0x0123_4567_89ab_cdef),
             cost,
             evaluation_id: EvaluationId::random(),
             deadline: Instant::now(),
@@ -233,12 +242,18 @@ mod tests {
     }
 
     #[test]
-    fn operation_digests_are_lowercase_hex() {
-        assert!(OperationDigest::new("0123456789abcdef").is_ok());
-        for bad in ["0123456789abcde", "0123456789ABCDEF", "GET /api/orders/{id}", ""] {
-            assert!(OperationDigest::new(bad).is_err(), "{bad}");
-        }
-        assert!(OperationDigest::new("a".repeat(65)).is_err());
+    fn operation_digests_print_as_lowercase_hex_of_their_width() {
+        assert_eq!(
+            OperationDigest::from_u64(0x0123_4567_89ab_cdef).to_string(),
+            "0123456789abcdef"
+        );
+        assert_eq!(OperationDigest::from_u64(0xaa).to_string(), "00000000000000aa");
+        let wide = OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff);
+        assert_eq!(wide.to_string(), "00112233445566778899aabbccddeeff");
+        assert_eq!(OperationDigest::from_u128(0xaa).to_string(), format!("{}aa", "0".repeat(30)));
+        assert_eq!(format!("{wide:?}"), "OperationDigest(00112233445566778899aabbccddeeff)");
+        // One number at two widths: two operations (two key texts).
+        assert_ne!(OperationDigest::from_u64(0xaa), OperationDigest::from_u128(0xaa));
     }
 
     #[test]

@@ -2,80 +2,46 @@
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 use crate::error::ContractError;
 
-/// An opaque pseudonym `v<version>:<hex>` of at least 128 bits. The raw
-/// identity (IP, API key, principal) never enters this crate's types, so it
-/// cannot reach a provider, a key or a log line through the port.
+/// Fewest bytes of a digest's tag: 128 bits.
+const MIN_TAG: usize = 16;
+/// Most bytes of a digest's tag: 512 bits.
+const MAX_TAG: usize = 64;
+
+/// An opaque pseudonym: the version of the key that made it and the keyed
+/// hash's output, 16 to 64 bytes. The raw identity (IP, API key, principal)
+/// never enters this crate's types, so it cannot reach a provider, a key or
+/// a log line through the port.
 ///
-/// Every request carries one, so the usual digests (`v` + up to 4 version
-/// digits + `:` + 64 hex) are held inline: making or cloning one allocates
-/// nothing. Longer ones are shared on the heap.
-#[derive(Clone)]
-pub struct SubjectDigest(Text);
-
-/// Longest digest held inline: `v` + 4 version digits + `:` + 64 hex.
-const INLINE: usize = 70;
-
-#[derive(Clone)]
-enum Text {
-    Inline { len: u8, bytes: [u8; INLINE] },
-    Shared(Arc<str>),
+/// Held as bytes, inline and `Copy`: making one per request allocates
+/// nothing, and a store hashes and compares it as it is. It prints (in a
+/// storage key, a log line, the admin API) as `v<version>:<tag in lowercase
+/// hex>`, the form [`Self::parse`] reads back.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct SubjectDigest {
+    version: u32,
+    len: u8,
+    /// The tag, then zeros: equal digests are equal arrays.
+    tag: [u8; MAX_TAG],
 }
 
-impl Text {
-    fn new(text: &str) -> Self {
-        match u8::try_from(text.len()) {
-            Ok(len) if text.len() <= INLINE => {
-                let mut bytes = [0; INLINE];
-                bytes[..text.len()].copy_from_slice(text.as_bytes());
-                Self::Inline { len, bytes }
-            }
-            Ok(_) | Err(_) => Self::Shared(text.into()),
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        match self {
-            Self::Inline { len, bytes } => &bytes[..usize::from(*len)],
-            Self::Shared(text) => text.as_bytes(),
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            // Only ASCII is ever written inline (`SubjectDigest::parse` and
-            // `from_tag` check or make it), so this never fails.
-            Self::Inline { len, bytes } => {
-                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
-            Self::Shared(text) => text,
-        }
-    }
-}
-
-impl PartialEq for SubjectDigest {
-    fn eq(&self, other: &Self) -> bool {
-        self.as_bytes() == other.as_bytes()
-    }
-}
-
-impl Eq for SubjectDigest {}
-
-// As a `String` of the same text hashes, so maps keyed by it are unchanged.
+// Only the tag's own bytes: the zeros after it say nothing.
 impl Hash for SubjectDigest {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.as_str().hash(state);
+        state.write_u32(self.version);
+        self.tag().hash(state);
     }
 }
 
 impl SubjectDigest {
-    /// Validates the `v<version>:<hex>` form: a decimal version of 1 to 10
-    /// digits and 32 to 128 lowercase hex digits.
-    pub fn parse(digest: impl Into<String>) -> Result<Self, ContractError> {
-        let digest: String = digest.into();
+    /// Reads the printed form `v<version>:<hex>`: the version in decimal (a
+    /// 32-bit number, no leading zero) and 32 to 128 lowercase hex digits,
+    /// an even count (16 to 64 bytes). Exactly the texts a digest prints
+    /// as, so a parsed digest prints back as the text it was read from.
+    pub fn parse(digest: impl AsRef<str>) -> Result<Self, ContractError> {
+        let digest = digest.as_ref();
         let invalid = |why: &str| Err(ContractError::InvalidSubjectDigest(why.to_owned()));
         let Some(rest) = digest.strip_prefix('v') else {
             return invalid("must start with 'v'");
@@ -83,58 +49,52 @@ impl SubjectDigest {
         let Some((version, hex)) = rest.split_once(':') else {
             return invalid("must be v<version>:<hex>");
         };
-        if version.is_empty() || version.len() > 10 || !version.bytes().all(|b| b.is_ascii_digit())
-        {
-            return invalid("version must be 1 to 10 decimal digits");
+        // `u32::from_str` alone would take a sign and leading zeros, which
+        // would print back as another text.
+        let canonical = version.bytes().all(|b| b.is_ascii_digit())
+            && (version == "0" || !version.starts_with('0'));
+        let Some(version) = version.parse::<u32>().ok().filter(|_| canonical) else {
+            return invalid("version must be a decimal 32-bit number without leading zeros");
+        };
+        if !(2 * MIN_TAG..=2 * MAX_TAG).contains(&hex.len()) || hex.len() % 2 != 0 {
+            return invalid(
+                "digest must be an even count of 32 to 128 hex digits (16 to 64 bytes)",
+            );
         }
-        if !(32..=128).contains(&hex.len()) {
-            return invalid("digest must be 32 to 128 hex digits (128 to 512 bits)");
-        }
-        if !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        // The `hex` crate reads either case; the printed form is lowercase.
+        if hex.bytes().any(|b| b.is_ascii_uppercase()) {
             return invalid("digest must be lowercase hex");
         }
-        Ok(Self(Text::new(&digest)))
+        let mut tag = [0; MAX_TAG];
+        if hex::decode_to_slice(hex, &mut tag[..hex.len() / 2]).is_err() {
+            return invalid("digest must be lowercase hex");
+        }
+        Self::from_tag(version, &tag[..hex.len() / 2])
     }
 
-    /// The digest `v<version>:<tag in lowercase hex>` of a keyed hash's
-    /// output (16 to 64 bytes). Valid by construction, so unlike
-    /// [`Self::parse`] nothing is checked character by character: the edge
-    /// makes one per request.
+    /// The digest of a keyed hash's output `tag` (16 to 64 bytes) under the
+    /// key of `version`.
     pub fn from_tag(version: u32, tag: &[u8]) -> Result<Self, ContractError> {
-        if !(16..=64).contains(&tag.len()) {
-            return Err(ContractError::InvalidSubjectDigest(
+        match u8::try_from(tag.len()) {
+            Ok(len) if (MIN_TAG..=MAX_TAG).contains(&tag.len()) => {
+                let mut bytes = [0; MAX_TAG];
+                bytes[..tag.len()].copy_from_slice(tag);
+                Ok(Self { version, len, tag: bytes })
+            }
+            Ok(_) | Err(_) => Err(ContractError::InvalidSubjectDigest(
                 "tag must be 16 to 64 bytes (128 to 512 bits)".to_owned(),
-            ));
+            )),
         }
-        const HEX: &[u8; 16] = b"0123456789abcdef";
-        let mut digits = itoa::Buffer::new();
-        let version = digits.format(version);
-        // The longest text: 'v', 10 version digits, ':', 128 hex digits.
-        let mut text = [0; 1 + 10 + 1 + 128];
-        text[0] = b'v';
-        let mut len = 1 + version.len();
-        text[1..len].copy_from_slice(version.as_bytes());
-        text[len] = b':';
-        len += 1;
-        for (pair, byte) in text[len..].chunks_exact_mut(2).zip(tag) {
-            pair[0] = HEX[usize::from(byte >> 4)];
-            pair[1] = HEX[usize::from(byte & 0x0f)];
-        }
-        len += 2 * tag.len();
-        let text = std::str::from_utf8(&text[..len])
-            .map_err(|_| ContractError::InvalidSubjectDigest("not ASCII".to_owned()))?;
-        Ok(Self(Text::new(text)))
     }
 
-    /// The pseudonym as text, as it may appear in a storage key.
-    pub fn as_str(&self) -> &str {
-        self.0.as_str()
+    /// The version of the key that made the pseudonym.
+    pub fn version(&self) -> u32 {
+        self.version
     }
 
-    /// The pseudonym's bytes (its ASCII text), for a store that hashes and
-    /// compares them without reading them as text.
-    pub fn as_bytes(&self) -> &[u8] {
-        self.0.as_bytes()
+    /// The keyed hash's output, 16 to 64 bytes.
+    pub fn tag(&self) -> &[u8] {
+        &self.tag[..usize::from(self.len)]
     }
 }
 
@@ -154,13 +114,19 @@ pub trait SubjectPseudonymizer: Send + Sync + fmt::Debug {
 // operator matches it against keys and log lines, which carry it whole.
 impl fmt::Debug for SubjectDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "SubjectDigest({})", self.as_str())
+        write!(f, "SubjectDigest({self})")
     }
 }
 
+/// `v<version>:<tag in lowercase hex>`, as keys and log lines carry it.
 impl fmt::Display for SubjectDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        let mut text = [0; 2 * MAX_TAG];
+        let text = &mut text[..2 * self.tag().len()];
+        // Neither fails: the buffer is twice the tag, and hex is ASCII.
+        hex::encode_to_slice(self.tag(), text).map_err(|_| fmt::Error)?;
+        let hex = std::str::from_utf8(text).map_err(|_| fmt::Error)?;
+        write!(f, "v{}:{hex}", self.version)
     }
 }
 
@@ -171,7 +137,8 @@ mod tests {
     #[test]
     fn accepts_versioned_hex_of_at_least_128_bits() {
         let digest = SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap();
-        assert_eq!(digest.as_str(), format!("v1:{}", "ab".repeat(16)));
+        assert_eq!(digest.to_string(), format!("v1:{}", "ab".repeat(16)));
+        assert_eq!((digest.version(), digest.tag()), (1, &[0xab; 16][..]));
         assert!(SubjectDigest::parse(format!("v42:{}", "0".repeat(64))).is_ok());
     }
 
@@ -180,10 +147,10 @@ mod tests {
         let tag: Vec<u8> = (0..32).map(|n| n * 8 + 1).collect();
         let made = SubjectDigest::from_tag(4_294_967_295, &tag).unwrap();
         let hex: String = tag.iter().map(|byte| format!("{byte:02x}")).collect();
-        assert_eq!(made.as_str(), format!("v4294967295:{hex}"));
-        assert_eq!(SubjectDigest::parse(made.as_str()).unwrap(), made);
+        assert_eq!(made.to_string(), format!("v4294967295:{hex}"));
+        assert_eq!(SubjectDigest::parse(made.to_string()).unwrap(), made);
         assert_eq!(
-            SubjectDigest::from_tag(0, &[0xab; 16]).unwrap().as_str(),
+            SubjectDigest::from_tag(0, &[0xab; 16]).unwrap().to_string(),
             format!("v0:{}", "ab".repeat(16))
         );
         for length in [0, 15, 65] {
@@ -194,27 +161,33 @@ mod tests {
     #[test]
     fn short_and_long_digests_read_back_and_compare_alike() {
         let usual = format!("v1:{}", "ab".repeat(32));
-        let long = format!("v1234567890:{}", "cd".repeat(64));
-        for text in [&usual, &long] {
+        let long = format!("v4294967295:{}", "cd".repeat(64));
+        let shortest = format!("v0:{}", "0f".repeat(16));
+        for text in [&usual, &long, &shortest] {
             let digest = SubjectDigest::parse(text.as_str()).unwrap();
-            assert_eq!((digest.as_str(), digest.as_bytes()), (text.as_str(), text.as_bytes()));
-            assert_eq!(digest.clone(), digest);
             assert_eq!(digest.to_string(), *text);
+            assert_eq!(format!("{digest:?}"), format!("SubjectDigest({text})"));
+            let copy = digest;
+            assert_eq!(copy, digest);
         }
-        assert!(matches!(SubjectDigest::parse(usual.as_str()).unwrap().0, Text::Inline { .. }));
-        assert!(matches!(SubjectDigest::parse(long.as_str()).unwrap().0, Text::Shared(_)));
         let hash = |digest: &SubjectDigest| {
             let mut hasher = std::hash::DefaultHasher::new();
             digest.hash(&mut hasher);
             hasher.finish()
         };
-        let mut text_hasher = std::hash::DefaultHasher::new();
-        usual.hash(&mut text_hasher);
-        assert_eq!(hash(&SubjectDigest::parse(usual.as_str()).unwrap()), text_hasher.finish());
-        assert_ne!(
-            SubjectDigest::parse(usual.as_str()).unwrap(),
-            SubjectDigest::parse(long).unwrap()
-        );
+        let parsed = SubjectDigest::parse(usual.as_str()).unwrap();
+        let made = SubjectDigest::from_tag(1, &[0xab; 32]).unwrap();
+        assert_eq!((parsed, hash(&parsed)), (made, hash(&made)));
+        // Another version, another length, a prefix: other digests.
+        for other in [
+            SubjectDigest::from_tag(2, &[0xab; 32]).unwrap(),
+            SubjectDigest::from_tag(1, &[0xab; 31]).unwrap(),
+            SubjectDigest::from_tag(1, &[0xab; 33]).unwrap(),
+            SubjectDigest::parse(long.as_str()).unwrap(),
+        ] {
+            assert_ne!(other, parsed);
+            assert_ne!(hash(&other), hash(&parsed));
+        }
     }
 
     #[test]
@@ -230,6 +203,18 @@ mod tests {
             &format!("v1:{}}}", "a".repeat(32)),
         ] {
             assert!(SubjectDigest::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn rejects_texts_that_would_print_back_otherwise() {
+        for bad in [
+            format!("v1:{}", "a".repeat(33)),
+            format!("v01:{}", "a".repeat(32)),
+            format!("v+1:{}", "a".repeat(32)),
+            format!("v4294967296:{}", "a".repeat(32)),
+        ] {
+            assert!(SubjectDigest::parse(bad.as_str()).is_err(), "{bad} accepted");
         }
     }
 }

@@ -53,7 +53,7 @@ pub(crate) fn request(
     RateLimitRequest {
         policies: PolicySet::single(policy.clone()),
         subject,
-        operation: OperationDigest::new("00000000000000aa").expect("valid digest"),
+        operation: OperationDigest::from_u64(0x0000_0000_0000_00aa),
         cost: 1,
         evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(id)),
         deadline: clock.monotonic() + Duration::from_secs(1),

@@ -46,13 +46,14 @@ fn adapter(gateway: MockRedisGateway, dedup: EvaluationDedupPolicy) -> RedisEdge
     adapter_with(gateway, dedup, RedisSettings::default()).0
 }
 
+/// The test operation as its keys print it.
 const OPERATION: &str = "00112233445566778899aabbccddeeff";
 
 fn request(clock_now: std::time::Instant, cost: u64, budget: Duration) -> RateLimitRequest {
     RateLimitRequest {
         policies: PolicySet::single(PolicyId::new("api.test").unwrap()),
         subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
-        operation: OperationDigest::new(OPERATION).unwrap(),
+        operation: OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
         cost,
         evaluation_id: EvaluationId::random(),
         deadline: clock_now + budget,

@@ -34,7 +34,7 @@ async fn evaluate(adapter: &RedisEdgeRateLimitAdapter) -> RateLimitOutcome {
         .evaluate(RateLimitRequest {
             policies: PolicySet::single(PolicyId::new("api.test").unwrap()),
             subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
-            operation: OperationDigest::new("00112233445566778899aabbccddeeff").unwrap(),
+            operation: OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
             cost: 1,
             evaluation_id: EvaluationId::random(),
             deadline: adapter.clock.monotonic() + Duration::from_millis(750),

@@ -31,7 +31,7 @@ fn request(ids: &[&str], subject: u8, cost: u64, evaluation: u128) -> RateLimitR
         policies: PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap(),
         subject: SubjectDigest::parse(format!("v1:{}", format!("{subject:02x}").repeat(16)))
             .unwrap(),
-        operation: OperationDigest::new("00112233445566778899aabbccddeeff").unwrap(),
+        operation: OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
         cost,
         evaluation_id: EvaluationId::from_uuid(Uuid::from_u128(evaluation)),
         deadline: Instant::now() + Duration::from_secs(5),
@@ -108,7 +108,7 @@ fn another_subject_set_revision_or_scoped_operation_is_another_key() {
     // A subject-scoped policy ignores the operation; an operation-scoped
     // one keys on it.
     let mut elsewhere = request(&["p"], 1, 1, 2);
-    elsewhere.operation = OperationDigest::new("ffeeddccbbaa99887766554433221100").unwrap();
+    elsewhere.operation = OperationDigest::from_u128(0xffee_ddcc_bbaa_9988_7766_5544_3322_1100);
     assert!(cache.lookup(&elsewhere, p.iter(), T0).is_some());
     let scoped = [RateLimitPolicy::builder(
         "p",
@@ -125,7 +125,7 @@ fn another_subject_set_revision_or_scoped_operation_is_another_key() {
 
 fn elsewhere_for(subject: u8) -> RateLimitRequest {
     let mut elsewhere = request(&["p"], subject, 1, 2);
-    elsewhere.operation = OperationDigest::new("ffeeddccbbaa99887766554433221100").unwrap();
+    elsewhere.operation = OperationDigest::from_u128(0xffee_ddcc_bbaa_9988_7766_5544_3322_1100);
     elsewhere
 }
 

@@ -75,8 +75,8 @@ impl Tally {
     ) -> Option<u64> {
         let request = RateLimitRequest {
             policies: PolicySet::single(policy.clone()),
-            subject: subject.clone(),
-            operation: OperationDigest::new("0123456789abcdef0123456789abcdef").unwrap(),
+            subject: *subject,
+            operation: OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
             cost: 1,
             evaluation_id: EvaluationId::random(),
             deadline: clock.monotonic() + BUDGET,

@@ -12,12 +12,12 @@ use shared_contract::{
     SubjectDigest,
 };
 
-/// The operation of every request the tests send (an operation digest:
-/// hex, never a route).
+/// The operation of every request the tests send, as its keys print it
+/// (an operation digest: a number, never a route).
 pub const OPERATION: &str = "0123456789abcdef0123456789abcdef";
 
 pub fn operation() -> OperationDigest {
-    OperationDigest::new(OPERATION).unwrap()
+    OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef)
 }
 
 /// A multiple of every window and period the tests use.
@@ -56,7 +56,7 @@ pub fn request_with(
     use shared_contract::Clock;
     RateLimitRequest {
         policies: shared_contract::PolicySet::single(PolicyId::new(policy).unwrap()),
-        subject: subject.clone(),
+        subject: *subject,
         operation: operation(),
         cost: 1,
         evaluation_id,

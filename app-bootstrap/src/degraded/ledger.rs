@@ -237,7 +237,7 @@ impl Ledger {
         if on_redis && !map.contains_key(subject) {
             return false;
         }
-        let accounts = map.entry(subject.clone()).or_default();
+        let accounts = map.entry(*subject).or_default();
         let mut touched = false;
         for charge in charges {
             let (policy, Some(shape)) = (&charge.policy, charge.shape) else { continue };
@@ -248,7 +248,7 @@ impl Ledger {
                 None => {
                     accounts.push(Account {
                         policy: policy.clone(),
-                        operation: operation.clone(),
+                        operation: *operation,
                         scoped: shape.scoped,
                         windowed: shape.windowed,
                         until: 0,
@@ -297,7 +297,7 @@ impl Ledger {
             account.busy = true;
             jobs.push(Job {
                 policy: account.policy.clone(),
-                operation: account.operation.clone(),
+                operation: account.operation,
                 scoped: account.scoped,
                 verify,
                 admitted: account.admitted,

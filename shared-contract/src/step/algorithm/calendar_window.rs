@@ -1,0 +1,466 @@
+//! Calendar window (docs/algorithms.md "Calendar window"): a count per
+//! calendar period of a time zone (a day, an ISO week, a month, a year);
+//! its state is the period's start and its count, as the fixed window's.
+//!
+//! The calendar is jiff's, with its bundled time zone database, so every
+//! IANA zone is known whether or not the host has `/usr/share/zoneinfo`.
+//! The period's bounds are computed here, at the key's effective time;
+//! the Redis script receives them as arguments and never reads a calendar.
+
+use std::fmt;
+use std::str::FromStr;
+
+use jiff::Timestamp;
+use jiff::civil::{Date, Time};
+use jiff::tz::{AmbiguousOffset, TimeZone};
+
+use super::{Charge, Step};
+
+/// The calendar period a count lives for: `period = "day" | "week" |
+/// "month" | "year"` in the configuration.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum CalendarPeriod {
+    /// From local midnight to the next (23 or 25 hours across a DST change).
+    Day,
+    /// An ISO week, from Monday 00:00 to the next Monday 00:00.
+    Week,
+    /// From the 1st of a month, 00:00, to the 1st of the next.
+    Month,
+    /// From January 1st, 00:00, to the next January 1st.
+    Year,
+}
+
+impl CalendarPeriod {
+    /// The configuration name of the period.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Day => "day",
+            Self::Week => "week",
+            Self::Month => "month",
+            Self::Year => "year",
+        }
+    }
+}
+
+impl FromStr for CalendarPeriod {
+    type Err = CalendarError;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match name {
+            "day" => Ok(Self::Day),
+            "week" => Ok(Self::Week),
+            "month" => Ok(Self::Month),
+            "year" => Ok(Self::Year),
+            _ => Err(CalendarError::UnknownPeriod(name.to_owned())),
+        }
+    }
+}
+
+/// A configuration value the calendar window cannot use; the message names
+/// the value as written.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum CalendarError {
+    /// `period` is not one of the four names.
+    #[error("unknown calendar period {0:?}: expected \"day\", \"week\", \"month\" or \"year\"")]
+    UnknownPeriod(String),
+    /// `time-zone` is not a zone of the time zone database.
+    #[error(
+        "unknown time zone {0:?}: expected an IANA time zone name such as \"Europe/Berlin\" or \"UTC\""
+    )]
+    UnknownTimeZone(String),
+}
+
+/// The time zone a calendar window's periods are counted in: `time-zone`
+/// in the configuration, an IANA name, `UTC` by default.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct CalendarZone(TimeZone);
+
+impl CalendarZone {
+    /// Coordinated Universal Time, the default.
+    pub(crate) fn utc() -> Self {
+        Self(TimeZone::UTC)
+    }
+
+    /// The zone's IANA name as the database spells it.
+    pub(crate) fn name(&self) -> &str {
+        self.0.iana_name().unwrap_or("UTC")
+    }
+}
+
+impl Default for CalendarZone {
+    fn default() -> Self {
+        Self::utc()
+    }
+}
+
+impl FromStr for CalendarZone {
+    type Err = CalendarError;
+
+    /// Looks the name up (case-insensitively) in the bundled database.
+    /// `Etc/Unknown`, jiff's name for a zone it could not determine, is
+    /// refused: it would count in UTC under a name that says otherwise.
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        match TimeZone::get(name) {
+            Ok(zone) if !zone.is_unknown() => Ok(Self(zone)),
+            _ => Err(CalendarError::UnknownTimeZone(name.to_owned())),
+        }
+    }
+}
+
+impl fmt::Debug for CalendarZone {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("CalendarZone").field(&self.name()).finish()
+    }
+}
+
+/// The latest caller time placed in a calendar: 9998-12-30T00:00:00Z.
+/// Any zone's local date is then at most 9998-12-31, so the end of its
+/// year (9999-01-01) is still within jiff's range; a later time counts in
+/// that last period (see [`bounds`]).
+const LATEST_MS: u64 = 253_370_592_000_000;
+
+/// The period holding epoch millisecond `t` in `zone`: its start and end
+/// in epoch milliseconds, `start <= t < end` for every `t` up to
+/// 9998-12-30. Defined for any `t` and never panics: a later `t` gets the
+/// period holding 9998-12-30, whose end it may have passed (the step then
+/// answers `reset_after = 0`), and a start before 1970 (a zone west of
+/// Greenwich at `t` near 0) is 0.
+pub(crate) fn bounds(t: u64, period: CalendarPeriod, zone: &CalendarZone) -> (u64, u64) {
+    let clamped = t.min(LATEST_MS);
+    // Both conversions hold for every clamped time; the fallback (the UTC
+    // day) only keeps this total.
+    local_bounds(clamped, period, &zone.0).unwrap_or_else(|| {
+        let day = 86_400_000;
+        let start = clamped - clamped % day;
+        (start, start + day)
+    })
+}
+
+fn local_bounds(t: u64, period: CalendarPeriod, tz: &TimeZone) -> Option<(u64, u64)> {
+    let now = Timestamp::from_millisecond(i64::try_from(t).ok()?).ok()?;
+    let today = tz.to_datetime(now).date();
+    let (first, next) = match period {
+        CalendarPeriod::Day => (today, today.tomorrow().ok()?),
+        CalendarPeriod::Week => {
+            let monday = today
+                .checked_sub(jiff::Span::new().days(today.weekday().to_monday_zero_offset()))
+                .ok()?;
+            (monday, monday.checked_add(jiff::Span::new().weeks(1)).ok()?)
+        }
+        CalendarPeriod::Month => {
+            let first = today.first_of_month();
+            (first, today.last_of_month().tomorrow().ok()?)
+        }
+        CalendarPeriod::Year => {
+            let first = today.first_of_year();
+            (first, today.last_of_year().tomorrow().ok()?)
+        }
+    };
+    let epoch_ms = |date| u64::try_from(first_instant(date, tz)?.as_millisecond().max(0)).ok();
+    Some((epoch_ms(first)?, epoch_ms(next)?))
+}
+
+/// The first instant whose local date in `tz` is `date` (or a later date,
+/// when the whole day is skipped). Usually local midnight. A midnight that
+/// happens twice (a fold) counts from the first. A midnight that does not
+/// happen (a gap: the clock jumps over it) counts from the transition, the
+/// first instant after the jump: America/Santiago 2022-09-11 starts at
+/// 01:00 -03, one hour into the civil day, so that day lasts 23 hours.
+/// jiff's `start_of_day` gives the same instant when the gap begins at
+/// midnight, as every gap over a midnight from 1970 to 2037 does (it reads
+/// the skipped time with the offset before the gap); asking for the
+/// transition also holds for a gap beginning before midnight and ending
+/// after it.
+fn first_instant(date: Date, tz: &TimeZone) -> Option<Timestamp> {
+    let midnight = date.to_datetime(Time::midnight());
+    match tz.to_ambiguous_timestamp(midnight).offset() {
+        AmbiguousOffset::Unambiguous { offset } | AmbiguousOffset::Fold { before: offset, .. } => {
+            offset.to_timestamp(midnight).ok()
+        }
+        AmbiguousOffset::Gap { after, .. } => {
+            // Midnight read with the later offset is an instant before the
+            // jump, less than the jump's length before it.
+            let before_jump = after.to_timestamp(midnight).ok()?;
+            tz.following(before_jump).next().map(|transition| transition.timestamp())
+        }
+    }
+}
+
+/// A calendar window key's stored state: the period's start and its count,
+/// the fixed window's two fields (stored under its own tag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CalendarState {
+    /// Start of the period the count belongs to, epoch ms.
+    pub(crate) period_start: u64,
+    /// Units charged in that period.
+    pub(crate) count: u64,
+}
+
+/// One run at effective time `t` for `cost` units, in the period
+/// `(start, end)` that [`bounds`] gives at `t`. Counts as the fixed window
+/// does; a `t` at or past `end` (only beyond 9998) finds the count of the
+/// period as given and `reset_after = 0`. Returns the decision with
+/// `write` empty, and the state to store with its `state_end` (the
+/// period's end), `None` when nothing is written.
+pub(crate) fn step(
+    limit: u64,
+    (start, end): (u64, u64),
+    state: Option<&CalendarState>,
+    t: u64,
+    cost: u64,
+    charge: Charge,
+) -> (Step, Option<(CalendarState, u64)>) {
+    let n = match state {
+        Some(&CalendarState { period_start, count }) if period_start == start => count,
+        _ => 0,
+    };
+    let to_end = end.saturating_sub(t);
+    if n.saturating_add(cost) > limit {
+        return (Step::denied(limit.saturating_sub(n), to_end.max(1), to_end), None);
+    }
+    if charge == Charge::Spare {
+        return (Step::spared(limit - n, to_end), None);
+    }
+    let n = n + cost;
+    let step = Step {
+        allowed: true,
+        remaining: limit - n,
+        retry_after: 0,
+        reset_after: to_end,
+        write: None,
+    };
+    (step, Some((CalendarState { period_start: start, count: n }, end)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs `step` at `t` over `state` (the memory provider's way: bounds
+    /// at the effective time), storing what it writes.
+    fn apply(
+        limit: u64,
+        period: CalendarPeriod,
+        zone: &CalendarZone,
+        state: &mut Option<CalendarState>,
+        t: u64,
+        cost: u64,
+    ) -> Step {
+        let (step, write) =
+            step(limit, bounds(t, period, zone), state.as_ref(), t, cost, Charge::Take);
+        if let Some((written, state_end)) = write {
+            assert_eq!(state_end, bounds(t, period, zone).1);
+            *state = Some(written);
+        }
+        step
+    }
+
+    fn zone(name: &str) -> CalendarZone {
+        name.parse().unwrap()
+    }
+
+    // docs/algorithms.md, "Calendar window", worked numbers (a): a DST day
+    // in Europe/Berlin, a request at 12:00 local.
+    const SPRING_NOON: u64 = 1_806_228_000_000;
+    const SPRING_DAY: (u64, u64) = (1_806_188_400_000, 1_806_271_200_000);
+    const AUTUMN_NOON: u64 = 1_824_980_400_000;
+    const AUTUMN_SECOND_0230: u64 = 1_824_946_200_000;
+    const AUTUMN_DAY: (u64, u64) = (1_824_933_600_000, 1_825_023_600_000);
+
+    #[test]
+    fn a_dst_day_lasts_23_or_25_hours() {
+        let berlin = zone("Europe/Berlin");
+        assert_eq!(bounds(SPRING_NOON, CalendarPeriod::Day, &berlin), SPRING_DAY);
+        assert_eq!(SPRING_DAY.1 - SPRING_DAY.0, 82_800_000);
+        assert_eq!(SPRING_DAY.1 - SPRING_NOON, 43_200_000);
+        assert_eq!(bounds(AUTUMN_NOON, CalendarPeriod::Day, &berlin), AUTUMN_DAY);
+        assert_eq!(AUTUMN_DAY.1 - AUTUMN_DAY.0, 90_000_000);
+        assert_eq!(AUTUMN_DAY.1 - AUTUMN_NOON, 43_200_000);
+        // The second 02:30 of the day (after the clock went back) is the
+        // same day.
+        assert_eq!(bounds(AUTUMN_SECOND_0230, CalendarPeriod::Day, &berlin), AUTUMN_DAY);
+        assert_eq!(AUTUMN_DAY.1 - AUTUMN_SECOND_0230, 77_400_000);
+        // The bounds themselves: a period holds its start, not its end.
+        assert_eq!(bounds(SPRING_DAY.0, CalendarPeriod::Day, &berlin), SPRING_DAY);
+        assert_eq!(bounds(SPRING_DAY.1 - 1, CalendarPeriod::Day, &berlin), SPRING_DAY);
+        assert_eq!(bounds(SPRING_DAY.1, CalendarPeriod::Day, &berlin).0, SPRING_DAY.1);
+    }
+
+    // Worked numbers (b): a month end, limit 3, Europe/Berlin.
+    const JANUARY_LAST_HALF_SECOND: u64 = 1_801_436_399_500;
+    const JANUARY: (u64, u64) = (1_798_758_000_000, 1_801_436_400_000);
+    const FEBRUARY_FIRST: u64 = 1_801_436_400_000;
+    const FEBRUARY_2027: (u64, u64) = (1_801_436_400_000, 1_803_855_600_000);
+
+    #[test]
+    fn a_month_end_restarts_the_count() {
+        let berlin = zone("Europe/Berlin");
+        let month = CalendarPeriod::Month;
+        assert_eq!(bounds(JANUARY_LAST_HALF_SECOND, month, &berlin), JANUARY);
+        let mut state = None;
+        for expected in [2, 1, 0] {
+            let step = apply(3, month, &berlin, &mut state, JANUARY_LAST_HALF_SECOND, 1);
+            assert!(step.allowed);
+            assert_eq!((step.remaining, step.reset_after, step.retry_after), (expected, 500, 0));
+        }
+        let denied = apply(3, month, &berlin, &mut state, JANUARY_LAST_HALF_SECOND, 1);
+        assert!(!denied.allowed);
+        assert_eq!((denied.remaining, denied.retry_after, denied.reset_after), (0, 500, 500));
+        assert_eq!(state, Some(CalendarState { period_start: JANUARY.0, count: 3 }));
+
+        assert_eq!(bounds(FEBRUARY_FIRST, month, &berlin), FEBRUARY_2027);
+        assert_eq!(FEBRUARY_2027.1 - FEBRUARY_2027.0, 2_419_200_000);
+        let next = apply(3, month, &berlin, &mut state, FEBRUARY_FIRST, 1);
+        assert!(next.allowed);
+        assert_eq!((next.remaining, next.reset_after), (2, 2_419_200_000));
+        assert_eq!(state, Some(CalendarState { period_start: FEBRUARY_2027.0, count: 1 }));
+    }
+
+    // Worked numbers (c): a leap year, Europe/Berlin, 2028-02-29 12:00.
+    const LEAP_DAY_NOON: u64 = 1_835_434_800_000;
+    const FEBRUARY_2028: (u64, u64) = (1_832_972_400_000, 1_835_478_000_000);
+    const YEAR_2028: (u64, u64) = (1_830_294_000_000, 1_861_916_400_000);
+    const YEAR_2027: (u64, u64) = (1_798_758_000_000, 1_830_294_000_000);
+
+    #[test]
+    fn a_leap_year_has_a_29_day_february_and_366_days() {
+        let berlin = zone("Europe/Berlin");
+        assert_eq!(bounds(LEAP_DAY_NOON, CalendarPeriod::Month, &berlin), FEBRUARY_2028);
+        assert_eq!((FEBRUARY_2028.1 - FEBRUARY_2028.0) / 1000, 2_505_600);
+        assert_eq!(FEBRUARY_2028.1 - LEAP_DAY_NOON, 43_200_000);
+        assert_eq!(bounds(LEAP_DAY_NOON, CalendarPeriod::Year, &berlin), YEAR_2028);
+        assert_eq!((YEAR_2028.1 - YEAR_2028.0) / 1000, 31_622_400);
+        assert_eq!(YEAR_2028.1 - LEAP_DAY_NOON, 26_481_600_000);
+        assert_eq!(bounds(YEAR_2027.0, CalendarPeriod::Year, &berlin), YEAR_2027);
+        assert_eq!((YEAR_2027.1 - YEAR_2027.0) / 1000, 31_536_000);
+    }
+
+    // Worked numbers (d): ISO weeks, Europe/Berlin.
+    const SPRING_WEEK: (u64, u64) = (1_805_670_000_000, 1_806_271_200_000);
+    const NEW_YEAR_MORNING: u64 = 1_798_794_000_000;
+    const NEW_YEAR_WEEK: (u64, u64) = (1_798_412_400_000, 1_799_017_200_000);
+
+    #[test]
+    fn an_iso_week_starts_on_monday() {
+        let berlin = zone("Europe/Berlin");
+        assert_eq!(bounds(SPRING_NOON, CalendarPeriod::Week, &berlin), SPRING_WEEK);
+        assert_eq!((SPRING_WEEK.1 - SPRING_WEEK.0) / 1000, 601_200);
+        assert_eq!(bounds(NEW_YEAR_MORNING, CalendarPeriod::Week, &berlin), NEW_YEAR_WEEK);
+        assert_eq!((NEW_YEAR_WEEK.1 - NEW_YEAR_WEEK.0) / 1000, 604_800);
+        assert_eq!(NEW_YEAR_WEEK.1 - NEW_YEAR_MORNING, 223_200_000);
+        // Sunday's last millisecond is still the week; Monday 00:00 is the next.
+        assert_eq!(bounds(SPRING_WEEK.1 - 1, CalendarPeriod::Week, &berlin), SPRING_WEEK);
+        assert_eq!(bounds(SPRING_WEEK.1, CalendarPeriod::Week, &berlin).0, SPRING_WEEK.1);
+    }
+
+    // Worked numbers (e): a midnight that does not exist, and a day that
+    // does not exist.
+    const SANTIAGO_NOON: u64 = 1_662_908_400_000;
+    const SANTIAGO_DAY: (u64, u64) = (1_662_868_800_000, 1_662_951_600_000);
+    const SANTIAGO_DAY_BEFORE_NOON: u64 = 1_662_825_600_000;
+    const SANTIAGO_DAY_BEFORE: (u64, u64) = (1_662_782_400_000, 1_662_868_800_000);
+    const APIA_29TH_NOON: u64 = 1_325_196_000_000;
+    const APIA_29TH: (u64, u64) = (1_325_152_800_000, 1_325_239_200_000);
+    const APIA_31ST_NOON: u64 = 1_325_282_400_000;
+    const APIA_31ST: (u64, u64) = (1_325_239_200_000, 1_325_325_600_000);
+
+    #[test]
+    fn a_skipped_midnight_starts_the_day_at_the_transition() {
+        let santiago = zone("America/Santiago");
+        assert_eq!(bounds(SANTIAGO_NOON, CalendarPeriod::Day, &santiago), SANTIAGO_DAY);
+        assert_eq!(SANTIAGO_DAY.1 - SANTIAGO_DAY.0, 82_800_000);
+        assert_eq!(
+            bounds(SANTIAGO_DAY_BEFORE_NOON, CalendarPeriod::Day, &santiago),
+            SANTIAGO_DAY_BEFORE
+        );
+        // jiff's own start of day gives the same instant for this gap.
+        let noon = Timestamp::from_millisecond(SANTIAGO_NOON as i64).unwrap();
+        let start_of_day = noon.to_zoned_datetime(santiago.0.clone()).start_of_day().unwrap();
+        assert_eq!(start_of_day.timestamp().as_millisecond() as u64, SANTIAGO_DAY.0);
+
+        let apia = zone("Pacific/Apia");
+        assert_eq!(bounds(APIA_29TH_NOON, CalendarPeriod::Day, &apia), APIA_29TH);
+        assert_eq!(bounds(APIA_31ST_NOON, CalendarPeriod::Day, &apia), APIA_31ST);
+    }
+
+    #[test]
+    fn periods_tile_the_time_line_across_every_change() {
+        // Zones with midnight gaps, a skipped date, half-hour DST and none.
+        let zones = [
+            "Europe/Berlin",
+            "America/Santiago",
+            "Asia/Beirut",
+            "America/Sao_Paulo",
+            "Pacific/Apia",
+            "Australia/Lord_Howe",
+            "Asia/Kolkata",
+        ];
+        let hour = 3_600_000;
+        for name in zones {
+            let zone = zone(name);
+            for period in [CalendarPeriod::Day, CalendarPeriod::Week, CalendarPeriod::Month] {
+                // From 2000 to 2040, each period starts where the last ended
+                // and holds every time inside it.
+                let (mut start, mut end) = bounds(946_684_800_000, period, &zone);
+                while start < 2_208_988_800_000 {
+                    assert!(end - start >= 22 * hour, "{name} {period:?} {start}..{end}");
+                    assert_eq!(bounds(start + (end - start) / 2, period, &zone), (start, end));
+                    assert_eq!(bounds(end - 1, period, &zone), (start, end));
+                    let next = bounds(end, period, &zone);
+                    assert_eq!(next.0, end, "{name} {period:?}");
+                    (start, end) = next;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn utc_is_the_default_and_names_are_checked() {
+        assert_eq!(CalendarZone::default().name(), "UTC");
+        assert_eq!(bounds(0, CalendarPeriod::Year, &CalendarZone::default()), (0, 31_536_000_000));
+        assert_eq!(zone("europe/berlin").name(), "Europe/Berlin");
+        let bad = "Europe/Berlim".parse::<CalendarZone>().unwrap_err();
+        assert_eq!(bad, CalendarError::UnknownTimeZone("Europe/Berlim".to_owned()));
+        assert!(bad.to_string().contains("\"Europe/Berlim\""), "{bad}");
+        assert!("Etc/Unknown".parse::<CalendarZone>().is_err());
+        assert!("".parse::<CalendarZone>().is_err());
+        for period in
+            [CalendarPeriod::Day, CalendarPeriod::Week, CalendarPeriod::Month, CalendarPeriod::Year]
+        {
+            assert_eq!(period.name().parse::<CalendarPeriod>(), Ok(period));
+        }
+        let bad = "fortnight".parse::<CalendarPeriod>().unwrap_err();
+        assert!(bad.to_string().contains("\"fortnight\""), "{bad}");
+    }
+
+    #[test]
+    fn any_time_has_bounds_and_never_panics() {
+        let zones =
+            ["UTC", "Pacific/Kiritimati", "Pacific/Pago_Pago", "America/Santiago"].map(zone);
+        let periods = [
+            CalendarPeriod::Day,
+            CalendarPeriod::Week,
+            CalendarPeriod::Month,
+            CalendarPeriod::Year,
+        ];
+        for zone in &zones {
+            for period in periods {
+                for t in [0, 1, 86_399_999, LATEST_MS - 1, LATEST_MS] {
+                    let (start, end) = bounds(t, period, zone);
+                    assert!(start <= t && t < end, "{t} {period:?} {zone:?}: {start}..{end}");
+                }
+                let at_latest = bounds(LATEST_MS, period, zone);
+                for t in [LATEST_MS + 1, i64::MAX as u64, u64::MAX] {
+                    assert_eq!(bounds(t, period, zone), at_latest);
+                    let (step, _) = step(3, at_latest, None, t, 1, Charge::Take);
+                    assert_eq!(
+                        (step.allowed, step.reset_after),
+                        (true, at_latest.1.saturating_sub(t))
+                    );
+                }
+            }
+        }
+        // A zone west of Greenwich at 0: its day began before 1970.
+        assert_eq!(bounds(0, CalendarPeriod::Day, &zones[2]), (0, 39_600_000));
+    }
+}
