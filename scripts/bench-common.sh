@@ -11,6 +11,13 @@ compose() {
         {print}' "$1/$2"
 }
 
+# composed_scripts <dir> <prefix>: this tree's scripts as scripts.rs
+# composes them from the algorithm registry, one file each:
+# <prefix><tag>.lua per algorithm (F, S, B, G, C), <prefix>P.lua, <prefix>R.lua.
+composed_scripts() {
+    cargo run -q --release -p adapter-redis --example composed_scripts -- "$1" "$2"
+}
+
 # The redis-benchmark cases of the single-key fixed-window script. ARGV after
 # time, cost and id: kind regression slack dedupe-ttl capacity limit window.
 now=1800000000250

@@ -19,12 +19,15 @@ mkdir "$work/before"
 for file in prelude.lua single-policy.lua fixed-window.lua; do
     git show "$before:adapter-redis/lua/$file" >"$work/before/$file"
 done
+compose "$work/before" single-policy.lua fixed-window.lua fixed_window >"$work/before.lua"
+# This tree's, as scripts.rs composes it from the algorithm registry.
+composed_scripts "$work" this
 one='bench:{v1:cap}:fixed:1'
 for round in $(seq "$rounds"); do
     for layout in before after; do
-        dir=$work/before
-        [ "$layout" = after ] && dir=adapter-redis/lua
-        sha=$(rcli SCRIPT LOAD "$(compose "$dir" single-policy.lua fixed-window.lua fixed_window)")
+        script=$work/before.lua
+        [ "$layout" = after ] && script=$work/thisF.lua
+        sha=$(rcli SCRIPT LOAD "$(cat "$script")")
         rcli FLUSHALL >/dev/null
         redis-benchmark -p "$port" -c 1 -n 256 -r 100000000 -q \
             EVALSHA "$sha" 1 "$one" $now 1 $rid $on >/dev/null

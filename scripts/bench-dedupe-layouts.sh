@@ -16,15 +16,18 @@ requests=${REQUESTS:-200000}
 . scripts/bench-common.sh
 start_bench_redis
 
-mkdir "$work/old" "$work/nofields"
+mkdir "$work/old"
 for file in prelude.lua single-policy.lua fixed-window.lua; do
     git show "8f8cfad:adapter-redis/lua/$file" >"$work/old/$file"
-    cp "adapter-redis/lua/$file" "$work/nofields/$file"
 done
+compose "$work/old" single-policy.lua fixed-window.lua fixed_window >"$work/old.lua"
+# This tree's, as scripts.rs composes it from the algorithm registry.
+composed_scripts "$work" this
+cp "$work/thisF.lua" "$work/new.lua"
 # The variant: the charged HSET writes the state field alone.
 awk '/redis.call\(.HSET., key, .s., state,$/ {print "    redis.call(\047HSET\047, key, \047s\047, state)"; skip = 2; next}
-     skip > 0 {skip--; next} {print}' adapter-redis/lua/prelude.lua >"$work/nofields/prelude.lua"
-grep -q "redis.call('HSET', key, 's', state)$" "$work/nofields/prelude.lua"
+     skip > 0 {skip--; next} {print}' "$work/new.lua" >"$work/nofields.lua"
+grep -q "redis.call('HSET', key, 's', state)$" "$work/nofields.lua"
 key='bench:{v1:__rand_int__}:fixed:1'
 one='bench:{v1:flood}:fixed:1'
 usec() { rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $6}'; }
@@ -45,11 +48,10 @@ run() {
 for _ in $(seq "$rounds"); do
     for layout in old new nofields; do
         case $layout in
-            old) dir=$work/old keys=2 second=yes ;;
-            new) dir=adapter-redis/lua keys=1 second= ;;
-            nofields) dir=$work/nofields keys=1 second= ;;
+            old) keys=2 second=yes ;;
+            new | nofields) keys=1 second= ;;
         esac
-        sha=$(rcli SCRIPT LOAD "$(compose "$dir" single-policy.lua fixed-window.lua fixed_window)")
+        sha=$(rcli SCRIPT LOAD "$(cat "$work/$layout.lua")")
         run off 1000 - "$sha" 1 "$key" $now 1 $rid $off
         run on-sparse 100000 - "$sha" "$keys" "$key" ${second:+"$key:dedupe"} $now 1 $rid $on
         run on-cap 100000000 "$one" "$sha" "$keys" "$one" ${second:+"$one:dedupe"} $now 1 $rid $on

@@ -38,10 +38,9 @@ requests=${REQUESTS:-100000}
 measure=${MEASURE:-cpu}
 . scripts/bench-common.sh
 start_bench_redis
-lua=adapter-redis/lua
-compose "$lua" single-policy.lua fixed-window.lua fixed_window >"$work/F.lua"
-compose "$lua" single-lease.lua - - >"$work/L.lua"
-cp "$lua/release.lua" "$work/R.lua"
+# This tree's scripts as scripts.rs composes them (F, C the lease set's, R).
+composed_scripts "$work" ""
+mv "$work/C.lua" "$work/L.lua"
 declare -A sha
 for script in F L R; do sha[$script]=$(rcli SCRIPT LOAD "$(cat "$work/$script.lua")"); done
 # ARGV blocks after time, cost and id (lua/policy-set.lua): a fixed window

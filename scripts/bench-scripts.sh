@@ -18,7 +18,8 @@
 #
 # Usage: scripts/bench-scripts.sh BASE [rounds]
 # Env: REQUESTS (200000), MEASURE (cpu or instructions), ONLY (a case-name
-# pattern), THIS_LUA (another directory of Lua files to set against BASE)
+# pattern), THIS_LUA (another directory of Lua files, in the layout from
+# before the algorithm registry, to set against BASE instead of this tree)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base=$1
@@ -31,6 +32,15 @@ mkdir "$work/base"
 for file in $(git ls-tree --name-only "$base" adapter-redis/lua/); do
     git show "$base:$file" >"$work/base/$(basename "$file")"
 done
+# A base with the algorithm registry composes its scripts itself: its
+# composed_scripts example, built in a worktree of it.
+base_composes=
+if git cat-file -e "$base:adapter-redis/examples/composed_scripts.rs" 2>/dev/null; then
+    base_composes=1
+    git worktree add --detach "$work/tree" "$base" >/dev/null
+    trap 'git worktree remove --force "$work/tree" >/dev/null 2>&1 || true; redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$work"' EXIT
+    (cd "$work/tree" && cargo run -q --release -p adapter-redis --example composed_scripts -- "$work" base)
+fi
 k1='bench:{v1:__rand_int__}:a'
 k2='bench:{v1:__rand_int__}:b'
 flood='bench:{v1:flood}:a'
@@ -80,7 +90,14 @@ cases() {
 }
 declare -A sha
 for tree in base this; do
-    case $tree in base) dir=$work/base ;; this) dir=${THIS_LUA:-adapter-redis/lua} ;; esac
+    case $tree in base) dir=$work/base ;; this) dir=${THIS_LUA:-} ;; esac
+    if [ -z "$dir" ] || { [ "$tree" = base ] && [ -n "$base_composes" ]; }; then
+        # A tree with the algorithm registry composes its scripts from it.
+        [ "$tree" = this ] && composed_scripts "$work" this
+        scripts="F S B P G"
+        for script in $scripts; do sha[$tree$script]=$(rcli SCRIPT LOAD "$(cat "$work/$tree$script.lua")"); done
+        continue
+    fi
     compose "$dir" single-policy.lua fixed-window.lua fixed_window >"$work/${tree}F.lua"
     compose "$dir" single-policy.lua sliding-counter.lua sliding_counter >"$work/${tree}S.lua"
     compose "$dir" single-policy.lua token-bucket.lua token_bucket >"$work/${tree}B.lua"

@@ -149,9 +149,10 @@ else
 fi
 
 # --- the limit: redis-benchmark on our own script ---------------------------
-# The single-key fixed-window script, composed as scripts.rs does.
+# The single-key fixed-window script, as scripts.rs composes it.
 . scripts/bench-common.sh
-compose adapter-redis/lua single-policy.lua fixed-window.lua fixed_window >"$work/single.lua"
+composed_scripts "$work" this
+cp "$work/thisF.lua" "$work/single.lua"
 sha=$(rcli SCRIPT LOAD "$(cat "$work/single.lua")")
 
 usec_per_call() {

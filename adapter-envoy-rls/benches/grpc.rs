@@ -35,8 +35,10 @@ fn env(name: &str, default: u64) -> u64 {
 
 fn policy() -> RateLimitPolicy {
     // Never denies within a run: the allowed path, as the HTTP rows use.
-    let algorithm =
-        Algorithm::FixedWindow { limit: 1_000_000_000, window: Duration::from_secs(60) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit: 1_000_000_000,
+        window: Duration::from_secs(60),
+    });
     RateLimitPolicy::builder("bench", algorithm).build().unwrap()
 }
 

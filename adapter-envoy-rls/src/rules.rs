@@ -305,10 +305,10 @@ mod tests {
         ];
         let policy = RateLimitPolicy::builder(
             "p",
-            shared_contract::Algorithm::FixedWindow {
+            shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
                 limit: 1,
                 window: std::time::Duration::from_secs(1),
-            },
+            }),
         )
         .build()
         .unwrap();

@@ -30,21 +30,27 @@ fn policies() -> Vec<RateLimitPolicy> {
     vec![
         build(
             "window",
-            Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(10) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 5,
+                window: Duration::from_secs(10),
+            }),
             PolicyScope::Operation,
         ),
         build(
             "bucket",
-            Algorithm::TokenBucket {
+            Algorithm::TokenBucket(shared_contract::TokenBucket {
                 capacity: 4,
                 refill_tokens: 1,
                 refill_period: Duration::from_secs(2),
-            },
+            }),
             PolicyScope::Subject,
         ),
         build(
             "sliding",
-            Algorithm::SlidingCounter { limit: 6, window: Duration::from_secs(20) },
+            Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+                limit: 6,
+                window: Duration::from_secs(20),
+            }),
             PolicyScope::Operation,
         ),
     ]

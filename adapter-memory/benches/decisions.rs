@@ -185,7 +185,13 @@ fn ours(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> Ours {
 /// what the records themselves cost, apart from the memory misses of the
 /// 10,000-subject case.
 fn hot(dedup: EvaluationDedupPolicy) -> Ours {
-    let mut hot = ours(Algorithm::FixedWindow { limit: 1_000_000_000, window: WINDOW }, dedup);
+    let mut hot = ours(
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 1_000_000_000,
+            window: WINDOW,
+        }),
+        dedup,
+    );
     hot.hot = HOT_SUBJECTS;
     hot
 }
@@ -196,7 +202,7 @@ const HOT_SUBJECTS: usize = 64;
 /// before the store (request, boxed future, policy lookup), all denied.
 fn port_floor() -> Ours {
     let mut floor = ours(
-        Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: PER_SECOND, window: WINDOW }),
         EvaluationDedupPolicy::Disabled,
     );
     floor.policy = PolicySet::single(PolicyId::new("not-held").expect("valid id"));
@@ -243,47 +249,60 @@ fn decisions(c: &mut Criterion) {
         ("port-floor", || Box::new(port_floor())),
         ("fixed-window", || {
             Box::new(ours(
-                Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
+                Algorithm::FixedWindow(shared_contract::FixedWindow {
+                    limit: PER_SECOND,
+                    window: WINDOW,
+                }),
                 EvaluationDedupPolicy::Disabled,
             ))
         }),
         ("sliding-counter", || {
             Box::new(ours(
-                Algorithm::SlidingCounter { limit: PER_SECOND, window: WINDOW },
+                Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+                    limit: PER_SECOND,
+                    window: WINDOW,
+                }),
                 EvaluationDedupPolicy::Disabled,
             ))
         }),
         ("token-bucket", || {
             Box::new(ours(
-                Algorithm::TokenBucket {
+                Algorithm::TokenBucket(shared_contract::TokenBucket {
                     capacity: PER_SECOND,
                     refill_tokens: 1,
                     refill_period: WINDOW / u32::try_from(PER_SECOND).expect("fits"),
-                },
+                }),
                 EvaluationDedupPolicy::Disabled,
             ))
         }),
         // The same quota as governor's: 100 per second, a burst of 100.
         ("gcra", || {
             Box::new(ours(
-                Algorithm::Gcra { limit: PER_SECOND, period: WINDOW, burst: PER_SECOND },
+                Algorithm::Gcra(shared_contract::Gcra {
+                    limit: PER_SECOND,
+                    period: WINDOW,
+                    burst: PER_SECOND,
+                }),
                 EvaluationDedupPolicy::Disabled,
             ))
         }),
         ("fixed-window+dedupe", || {
             Box::new(ours(
-                Algorithm::FixedWindow { limit: PER_SECOND, window: WINDOW },
+                Algorithm::FixedWindow(shared_contract::FixedWindow {
+                    limit: PER_SECOND,
+                    window: WINDOW,
+                }),
                 EvaluationDedupPolicy::enabled_defaults(),
             ))
         }),
         // 100 in flight per subject, each released at once: never refused.
         ("concurrency+release", || {
             Box::new(Leasing(ours(
-                Algorithm::Concurrency {
+                Algorithm::Concurrency(shared_contract::Concurrency {
                     max_in_flight: PER_SECOND,
                     lease_ttl: Duration::from_secs(30),
                     retry_after: WINDOW,
-                },
+                }),
                 EvaluationDedupPolicy::Disabled,
             )))
         }),

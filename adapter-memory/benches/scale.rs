@@ -150,28 +150,30 @@ fn build(name: &str, count: usize, held: bool) -> Box<dyn Contender> {
                 keys,
             });
         }
-        "fixed-window" => {
-            (Algorithm::FixedWindow { limit, window }, EvaluationDedupPolicy::Disabled)
-        }
-        "fixed-window+dedupe" => {
-            (Algorithm::FixedWindow { limit, window }, EvaluationDedupPolicy::enabled_defaults())
-        }
+        "fixed-window" => (
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window }),
+            EvaluationDedupPolicy::Disabled,
+        ),
+        "fixed-window+dedupe" => (
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window }),
+            EvaluationDedupPolicy::enabled_defaults(),
+        ),
         // The same quota as governor's: 100 per second, a burst of 100.
         "gcra" => (
-            Algorithm::Gcra {
+            Algorithm::Gcra(shared_contract::Gcra {
                 limit: if held { 1 } else { limit },
                 period: window,
                 burst: PER_SECOND,
-            },
+            }),
             EvaluationDedupPolicy::Disabled,
         ),
         // 100 in flight per subject, each released at once: never refused.
         "concurrency+release" => (
-            Algorithm::Concurrency {
+            Algorithm::Concurrency(shared_contract::Concurrency {
                 max_in_flight: PER_SECOND,
                 lease_ttl: window,
                 retry_after: Duration::from_secs(1),
-            },
+            }),
             EvaluationDedupPolicy::Disabled,
         ),
         other => panic!("no contender {other:?}"),

@@ -19,8 +19,9 @@ use std::time::{Duration, Instant};
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, OperationDigest, PolicyId,
-    PolicySet, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, FixedWindow,
+    OperationDigest, PolicyId, PolicySet, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest, SystemClock,
 };
 use uuid::Uuid;
 
@@ -34,7 +35,7 @@ fn main() {
         "dedupe" => EvaluationDedupPolicy::enabled_defaults(),
         _ => EvaluationDedupPolicy::Disabled,
     };
-    let window = Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(1) };
+    let window = Algorithm::FixedWindow(FixedWindow { limit: 100, window: Duration::from_secs(1) });
     let policy = RateLimitPolicy::builder("bench", window).evaluation_dedup(dedup).build();
     let adapter = MemoryEdgeRateLimitAdapter::new([policy.expect("valid")], Arc::new(SystemClock))
         .expect("one policy");

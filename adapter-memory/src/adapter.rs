@@ -248,9 +248,12 @@ mod tests {
     fn the_policy_table_finds_every_policy_scanned_or_hashed() {
         let policy = |n: usize| {
             let window = Duration::from_secs(1);
-            RateLimitPolicy::builder(format!("p{n}"), Algorithm::FixedWindow { limit: 5, window })
-                .build()
-                .unwrap()
+            RateLimitPolicy::builder(
+                format!("p{n}"),
+                Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 5, window }),
+            )
+            .build()
+            .unwrap()
         };
         for count in [1, SCANNED_POLICIES, SCANNED_POLICIES + 1] {
             let adapter =

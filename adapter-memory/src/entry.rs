@@ -87,7 +87,10 @@ mod tests {
         // write at T0 + 250 expires at T0 + 1000 + 1000.
         let policy = RateLimitPolicy::builder(
             "p",
-            Algorithm::FixedWindow { limit: 1, window: Duration::from_millis(1000) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 1,
+                window: Duration::from_millis(1000),
+            }),
         )
         .evaluation_dedup(EvaluationDedupPolicy::Disabled)
         .build()

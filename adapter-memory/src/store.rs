@@ -570,7 +570,10 @@ mod tests {
     fn rules() -> KeyRules {
         let policy = RateLimitPolicy::builder(
             "p",
-            Algorithm::FixedWindow { limit: 10, window: Duration::from_millis(1000) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 10,
+                window: Duration::from_millis(1000),
+            }),
         )
         .evaluation_dedup(EvaluationDedupPolicy::Disabled)
         .build()
@@ -613,11 +616,11 @@ mod tests {
     /// taken at `t` counts until `t + 30_000 + 1000` (lease-ttl + regression)
     /// and a key whose latest lease it is expires 1000 (the grace) later.
     fn two_in_flight() -> KeyRules {
-        let algorithm = Algorithm::Concurrency {
+        let algorithm = Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 2,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
-        };
+        });
         KeyRules::of(&RateLimitPolicy::builder("c", algorithm).build().unwrap())
     }
 
@@ -803,7 +806,10 @@ mod tests {
         let store = MemoryStore::with_shards(1);
         let policy = RateLimitPolicy::builder(
             "p",
-            Algorithm::SlidingCounter { limit: 1_000, window: Duration::from_millis(10) },
+            Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+                limit: 1_000,
+                window: Duration::from_millis(10),
+            }),
         )
         .evaluation_dedup(EvaluationDedupPolicy::Enabled {
             ttl: Duration::from_millis(100),
@@ -822,7 +828,10 @@ mod tests {
                 let state = entry.and_then(Entry::state).expect("written");
                 (state.algorithm, state.records.len(), state.records.allocated())
             });
-            assert!(matches!(algorithm, AlgorithmState::SlidingCounter { .. }));
+            assert!(matches!(
+                algorithm,
+                AlgorithmState::SlidingCounter(shared_contract::SlidingCounterState { .. })
+            ));
             assert!(records <= 8, "{records} records");
             max_allocated = max_allocated.max(allocated);
         }
@@ -854,7 +863,10 @@ mod tests {
         for (slot, _) in slots {
             let remaining = store.inspect(slot, &subject(3), |entry| {
                 match entry.and_then(Entry::state).map(|state| state.algorithm) {
-                    Some(AlgorithmState::FixedWindow { count, .. }) => count,
+                    Some(AlgorithmState::FixedWindow(shared_contract::FixedWindowState {
+                        count,
+                        ..
+                    })) => count,
                     other => panic!("{other:?}"),
                 }
             });
@@ -891,7 +903,10 @@ mod tests {
         for (count, (slot, subject)) in keys.iter().enumerate() {
             let charged = store.inspect(*slot, subject, |entry| {
                 match entry.and_then(Entry::state).map(|state| state.algorithm) {
-                    Some(AlgorithmState::FixedWindow { count, .. }) => count,
+                    Some(AlgorithmState::FixedWindow(shared_contract::FixedWindowState {
+                        count,
+                        ..
+                    })) => count,
                     other => panic!("{other:?}"),
                 }
             });

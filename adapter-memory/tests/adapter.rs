@@ -117,11 +117,11 @@ async fn changing_the_algorithm_under_the_same_revision_is_state_incompatible() 
     )
     .unwrap();
     let _ = window.evaluate(request(&clock, &id("p"), subject(1), 1)).await;
-    let bucket = Algorithm::TokenBucket {
+    let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 5,
         refill_tokens: 1,
         refill_period: Duration::from_secs(1),
-    };
+    });
     let changed = MemoryEdgeRateLimitAdapter::with_store(
         store,
         vec![policy("p", bucket, EvaluationDedupPolicy::Disabled)],
@@ -136,7 +136,10 @@ async fn changing_the_algorithm_under_the_same_revision_is_state_incompatible() 
 
 #[tokio::test]
 async fn a_replay_is_described_with_the_algorithms_certainty() {
-    let sliding = Algorithm::SlidingCounter { limit: 5, window: Duration::from_secs(1) };
+    let sliding = Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+        limit: 5,
+        window: Duration::from_secs(1),
+    });
     let (adapter, clock) =
         adapter(vec![policy("p", sliding, EvaluationDedupPolicy::enabled_defaults())]);
     let first = decision(adapter.evaluate(request(&clock, &id("p"), subject(1), 1)).await);

@@ -200,11 +200,11 @@ async fn a_policy_set_needs_a_slot_for_each_of_its_new_keys() {
 async fn a_flood_of_distinct_subjects_never_holds_more_keys_than_the_bound() {
     const FLOOD: u64 = 200_000;
     const MAX_KEYS: usize = 20_000;
-    let leases = Algorithm::Concurrency {
+    let leases = Algorithm::Concurrency(shared_contract::Concurrency {
         max_in_flight: 2,
         lease_ttl: Duration::from_secs(30),
         retry_after: Duration::from_secs(1),
-    };
+    });
     let policies =
         vec![five_a_minute("rate"), policy("leases", leases, EvaluationDedupPolicy::Disabled)];
     let (adapter, clock) = bounded(16, MAX_KEYS, policies);

@@ -54,18 +54,21 @@ async fn racing_tasks_on_one_key_admit_exactly_the_fixed_window_limit() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_tasks_on_one_key_admit_exactly_the_token_bucket_capacity() {
-    let bucket = Algorithm::TokenBucket {
+    let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 700,
         refill_tokens: 1,
         refill_period: Duration::from_secs(60),
-    };
+    });
     let (adapter, clock) = adapter(vec![policy("race", bucket, EvaluationDedupPolicy::Disabled)]);
     assert_eq!(race(adapter, clock, "race").await, 700);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn racing_tasks_on_one_key_admit_exactly_the_sliding_counter_limit() {
-    let sliding = Algorithm::SlidingCounter { limit: 900, window: Duration::from_secs(60) };
+    let sliding = Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+        limit: 900,
+        window: Duration::from_secs(60),
+    });
     let (adapter, clock) = adapter(vec![policy("race", sliding, EvaluationDedupPolicy::Disabled)]);
     assert_eq!(race(adapter, clock, "race").await, 900);
 }

@@ -77,11 +77,11 @@ async fn ordinary_traffic_alone_reclaims_a_million_expired_subjects() {
 #[tokio::test]
 async fn unreleased_leases_are_bounded_and_reclaimed_after_their_ttl() {
     const SUBJECTS: u64 = 100_000;
-    let leases = Algorithm::Concurrency {
+    let leases = Algorithm::Concurrency(shared_contract::Concurrency {
         max_in_flight: 4,
         lease_ttl: Duration::from_millis(1_000),
         retry_after: Duration::from_millis(100),
-    };
+    });
     let (adapter, clock) = adapter(vec![policy("leases", leases, EvaluationDedupPolicy::Disabled)]);
     let policy = id("leases");
     for n in 0..SUBJECTS {

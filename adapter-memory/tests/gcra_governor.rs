@@ -64,11 +64,11 @@ fn agree(case: &Case, runtime: &tokio::runtime::Runtime) -> Result<(), TestCaseE
     let interval = case.interval_micros();
     let policy = RateLimitPolicy::builder(
         "g",
-        Algorithm::Gcra {
+        Algorithm::Gcra(shared_contract::Gcra {
             limit: case.limit,
             period: Duration::from_millis(case.period_ms),
             burst: case.burst,
-        },
+        }),
     )
     .maximum_cost(case.burst)
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
@@ -137,14 +137,22 @@ fn a_cost_above_the_burst_is_refused_by_both() {
     assert_eq!(theirs.check_n(NonZeroU32::new(6).unwrap()), Err(governor::InsufficientCapacity(5)));
     let over = RateLimitPolicy::builder(
         "g",
-        Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 5 },
+        Algorithm::Gcra(shared_contract::Gcra {
+            limit: 10,
+            period: Duration::from_secs(1),
+            burst: 5,
+        }),
     )
     .maximum_cost(6)
     .build();
     assert!(over.is_err(), "maximum-cost above the burst: {over:?}");
     let policy = RateLimitPolicy::builder(
         "g",
-        Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 5 },
+        Algorithm::Gcra(shared_contract::Gcra {
+            limit: 10,
+            period: Duration::from_secs(1),
+            burst: 5,
+        }),
     )
     .maximum_cost(5)
     .build()

@@ -56,7 +56,9 @@ async fn run(
     let subjects: usize = subjects.parse().expect("a subject count");
     let duration = Duration::from_secs(seconds.parse().expect("whole seconds"));
     let connection = redis::Client::open(url)?.get_multiplexed_async_connection().await?;
-    let script = redis::Script::new(ScriptKind::FixedWindow.source());
+    let script = redis::Script::new(
+        ScriptKind::Single(shared_contract::AlgorithmKind::FixedWindow).source(),
+    );
     // A fresh prefix per run, so a second run starts from empty counters.
     let salt = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |since| since.as_nanos());
     let end = Instant::now() + duration;

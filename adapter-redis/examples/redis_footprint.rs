@@ -103,19 +103,23 @@ async fn main() {
     println!("| --- | --- | ---: | ---: | ---: | ---: | ---: |");
     let window = Duration::from_secs(60);
     let algorithms = [
-        Algorithm::FixedWindow { limit: 1_000_000, window },
-        Algorithm::SlidingCounter { limit: 1_000_000, window },
-        Algorithm::TokenBucket {
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 1_000_000, window }),
+        Algorithm::SlidingCounter(shared_contract::SlidingCounter { limit: 1_000_000, window }),
+        Algorithm::TokenBucket(shared_contract::TokenBucket {
             capacity: 1_000_000,
             refill_tokens: 1_000,
             refill_period: Duration::from_secs(1),
-        },
-        Algorithm::Gcra { limit: 1_000_000, period: window, burst: 1_000_000 },
-        Algorithm::Concurrency {
+        }),
+        Algorithm::Gcra(shared_contract::Gcra {
+            limit: 1_000_000,
+            period: window,
+            burst: 1_000_000,
+        }),
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: shared_contract::MAX_IN_FLIGHT,
             lease_ttl: window,
             retry_after: Duration::from_secs(1),
-        },
+        }),
     ];
     for algorithm in algorithms {
         let dedupe: &[_] = if algorithm.holds_leases() {
@@ -128,8 +132,10 @@ async fn main() {
         };
         for &(label, dedup) in dedupe {
             let id = format!("{}-{}", algorithm.name(), if label == "off" { "off" } else { "on" });
-            let policy =
-                RateLimitPolicy::builder(&id, algorithm).evaluation_dedup(dedup).build().unwrap();
+            let policy = RateLimitPolicy::builder(&id, algorithm.clone())
+                .evaluation_dedup(dedup)
+                .build()
+                .unwrap();
             let settings = RedisSettings {
                 urls: vec![server.url()],
                 command_timeout: Duration::from_secs(2),

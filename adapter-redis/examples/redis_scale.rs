@@ -208,24 +208,24 @@ async fn main() {
     println!("# {version}, {subjects} subjects, one decision each, {TASKS} tasks");
 
     let limit = 1_000_000_000;
-    let fixed = Algorithm::FixedWindow { limit, window: WINDOW };
+    let fixed = Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window: WINDOW });
     // Same id for dedupe off and on: the keys have the same length.
-    let off = policy("fixed", fixed, EvaluationDedupPolicy::Disabled);
+    let off = policy("fixed", fixed.clone(), EvaluationDedupPolicy::Disabled);
     let on = policy("fixed", fixed, EvaluationDedupPolicy::enabled_defaults());
     // GCRA's key lives until its theoretical arrival time: one unit per
     // window (a burst of 100) keeps it for the whole fill.
     let gcra = policy(
         "fixed",
-        Algorithm::Gcra { limit: 1, period: WINDOW, burst: 100 },
+        Algorithm::Gcra(shared_contract::Gcra { limit: 1, period: WINDOW, burst: 100 }),
         EvaluationDedupPolicy::Disabled,
     );
     let leases = policy(
         "fixed",
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 10_000,
             lease_ttl: WINDOW,
             retry_after: Duration::from_secs(1),
-        },
+        }),
         EvaluationDedupPolicy::Disabled,
     );
 

@@ -6,18 +6,17 @@
 --
 -- KEYS: the set's n counter keys in the set's order (1 to 8), all under
 -- one hash tag; a key whose policy has dedupe on holds its records too
--- (prelude.lua); a concurrency policy's key is its lease set
--- (concurrency.lua).
+-- (prelude.lua); the key of a policy that holds leases is its lease set
+-- (its algorithm's Lua file).
 -- ARGV[1] caller time (epoch ms), ARGV[2] cost, ARGV[3] evaluation id
 -- (16 bytes); then one block per key, in KEYS order:
---   +0 kind: the algorithm's tag, 'F' fixed window, 'S' sliding counter,
---      'B' token bucket, 'G' GCRA, 'C' concurrency; in lower case ('f',
---      's', 'b', 'g', 'c') for a shadow policy
+--   +0 kind: the algorithm's tag (`RateAlgorithm::TAG`, an upper-case
+--      letter), in lower case for a shadow policy
 --   +1 maximum clock regression (ms)   +2 TTL slack = max(grace, regression) (ms)
 --   +3 dedupe TTL (ms)                 +4 dedupe record capacity (0 = off)
---   +5.. the algorithm: F, S: limit, window (ms); B: capacity, refill
---      tokens, refill period (ms); G: burst, emission interval (us);
---      C: max in flight, lease TTL (ms), retry-after (ms)
+--   +5.. the algorithm's arguments (`RateAlgorithm::arguments`, as many
+--      as its `Lua::arity`), which its Lua function takes after
+--      (raw, t, charge)
 -- Reply, a flat array led by the set's status:
 --   {'allowed' | 'denied', then per key: answer (0 denied, 1 allowed,
 --    2 replayed), remaining, reset_after (ms), retry_after (ms)}
@@ -25,7 +24,6 @@
 --   {'corrupt', the 1-based index of the key}: state of another algorithm,
 --    or a value of a shape no script writes. Nothing is written.
 -- #include prelude.lua
--- #include fixed-window.lua
 
 -- What this driver creates is created on every call (Redis caches the
 -- compiled chunk, not its tables, closures or conversions), so it keeps
@@ -61,19 +59,14 @@ local scratch = {nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil
   nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil, nil}
 
 -- The set's size, and where each key's ARGV block starts: five bounds,
--- then the algorithm's parameters (a token bucket and a concurrency policy
--- three, the others two).
+-- then the algorithm's arguments (`scripts.rs` writes the width of each
+-- algorithm's here).
 local n, at = 0, 4
 while ARGV[at] do
   n = n + 1
   local s, kind = SLOTS * n - (SLOTS - 1), byte(ARGV[at])
   scratch[s + BLOCK], scratch[s + KIND] = at, kind
-  if kind == TOKEN_BUCKET or kind == TOKEN_BUCKET + SHADOW or kind == CONCURRENCY
-    or kind == CONCURRENCY + SHADOW then
-    at = at + 8
-  else
-    at = at + 7
-  end
+-- #widths
 end
 
 -- Steps 2 and 3, with step 5 folded in: load every key (the bound holds
@@ -82,41 +75,24 @@ end
 -- step decides (clock_unsafe, replay, corrupt) discards it, and nothing is
 -- written before step 7. Shadow policies never decide admission.
 local beyond, replay, failed, admitted = nil, false, nil, true
--- The fixed window (included above) is the common case. The other
--- algorithms are included where the first key of theirs is read, so
--- their closures are created only by a set that uses them.
-local sliding_counter_run, token_bucket_run, gcra_run = nil, nil, nil
-local concurrency_run, lease_read_run, lease_store_run = nil, nil, nil
-local lease_held_on_time_run = nil
+-- Each algorithm is included where the first key of its is read, so its
+-- closures are created only by a set that uses it: `scripts.rs` writes,
+-- for each registered algorithm, its `<function>_run` local and its
+-- branch (its file, then the binding), and for the lease algorithm the
+-- lease functions its file defines too (lease_read, lease_store,
+-- lease_held_on_time).
+-- #runs
+local lease_read_run, lease_store_run, lease_held_on_time_run = nil, nil, nil
 for k = 1, n do
   local s = SLOTS * k - (SLOTS - 1)
   local b, tag = scratch[s + BLOCK], scratch[s + KIND]
   local enforced = tag < SHADOW_KINDS
   if not enforced then tag = tag - SHADOW end
-  if tag == TOKEN_BUCKET then
-    if not token_bucket_run then
--- #include token-bucket.lua
-      token_bucket_run = token_bucket
-    end
-  elseif tag == SLIDING_COUNTER then
-    if not sliding_counter_run then
--- #include sliding-counter.lua
-      sliding_counter_run = sliding_counter
-    end
-  elseif tag == GCRA then
-    if not gcra_run then
--- #include gcra.lua
-      gcra_run = gcra
-    end
-  elseif tag == CONCURRENCY and not concurrency_run then
--- #include concurrency.lua
-    concurrency_run, lease_read_run, lease_store_run = concurrency, lease_read, lease_store
-    lease_held_on_time_run = lease_held_on_time
-  end
+-- #load
   local t = now
   local capacity = ARGV[b + 4] + 0
   local raw, record, hashed, header, stored, kept = nil, nil, false, 0, tag, nil
-  if tag == CONCURRENCY then
+  if tag == LEASES then
     -- A lease key: RAW holds its live leases, HEADER whether it has a
     -- mark (so an expiry), RECORD and RECORD_RESET the answer of this
     -- evaluation's live lease (a replay; HASHED stays false, so step 4's
@@ -146,7 +122,7 @@ for k = 1, n do
   else
     raw, record, hashed = load(KEYS[k], capacity)
   end
-  if raw and tag ~= CONCURRENCY then
+  if raw and tag ~= LEASES then
     header, stored = header_of(raw)
     if not header then return {'corrupt', k} end
     local mark = struct.unpack('d', raw, 2)
@@ -174,26 +150,8 @@ for k = 1, n do
     failed = failed or k
   elseif not failed then
     local allowed, remaining, reset_after, retry_after, state, state_end
-    if tag == FIXED_WINDOW then
-      allowed, remaining, reset_after, retry_after, state, state_end =
-        fixed_window(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-    elseif tag == SLIDING_COUNTER then
-      allowed, remaining, reset_after, retry_after, state, state_end =
-        sliding_counter_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-    elseif tag == TOKEN_BUCKET then
-      allowed, remaining, reset_after, retry_after, state, state_end =
-        token_bucket_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
-          ARGV[b + 7] + 0)
-    elseif tag == GCRA then
-      allowed, remaining, reset_after, retry_after, state, state_end =
-        gcra_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-    elseif tag == CONCURRENCY then
-      allowed, remaining, reset_after, retry_after, state, state_end =
-        concurrency_run(raw, t, true, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0,
-          ARGV[b + 1] + 0)
-    else
-      failed = k
-    end
+    -- Each algorithm's run, charging (`scripts.rs` writes the branches).
+-- #charge
     if not failed then
       local r = 4 * k - 2
       reply[r], reply[r + 1], reply[r + 2], reply[r + 3] =
@@ -232,21 +190,9 @@ local spared = nil
 if replay or failed or not admitted then
   spared = function(b, tag, raw, t)
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-    if tag == CONCURRENCY then
-      return concurrency_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0, ARGV[b + 7] + 0,
-        ARGV[b + 1] + 0)
-    end
-    if raw and byte(raw, 1) ~= tag then return nil end
-    if tag == FIXED_WINDOW then
-      return fixed_window(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-    elseif tag == SLIDING_COUNTER then
-      return sliding_counter_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-    elseif tag == TOKEN_BUCKET then
-      return token_bucket_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0,
-        ARGV[b + 7] + 0)
-    elseif tag == GCRA then
-      return gcra_run(raw, t, false, ARGV[b + 5] + 0, ARGV[b + 6] + 0)
-    end
+    -- A lease key's value is its live leases, no state header: its run
+    -- first, then every other algorithm's (`scripts.rs` writes them).
+-- #spare
     return error('unknown algorithm kind')
   end
 end
@@ -317,7 +263,7 @@ for k = 1, n do
     local r = 4 * k - 2
     local capacity = scratch[s + CAPACITY]
     local kind = scratch[s + KIND]
-    if kind == CONCURRENCY or kind == CONCURRENCY + SHADOW then
+    if kind == LEASES or kind == LEASES + SHADOW then
       -- Only a charge writes a lease key: its state is the new lease's
       -- expiry.
       lease_store_run(KEYS[k], scratch[s + TIME], state, ARGV[b + 2] + 0, scratch[s + HEADER],

@@ -30,11 +30,13 @@
 local now = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
 local evaluation_id = ARGV[3]
--- Tag bytes: 'F' fixed window, 'S' sliding counter, 'B' token bucket,
--- 'G' GCRA, 'C' concurrency; a policy's kind argument is its tag, in lower
--- case for a shadow policy. A concurrency key is a sorted set, never a
--- state header (concurrency.lua), so its tag names only its kind.
-local FIXED_WINDOW, SLIDING_COUNTER, TOKEN_BUCKET, GCRA, CONCURRENCY = 70, 83, 66, 71, 67
+-- Tag bytes: each registered algorithm's (its `RateAlgorithm::TAG`), as
+-- a constant named after its function in upper case (FIXED_WINDOW for
+-- fixed_window); LEASES is the tag of the algorithm whose key is a lease
+-- set (concurrency.lua), never a state header, so its tag names only its
+-- kind. A policy's kind argument is its tag, in lower case for a shadow
+-- policy. `scripts.rs` writes them here from the registry.
+-- #tags
 -- Lower case is upper case + 32; every kind byte from 97 ('a') on is shadow.
 local SHADOW, SHADOW_KINDS = 32, 97
 
@@ -92,26 +94,14 @@ end
 -- its tag is an algorithm's and it is that algorithm's header alone (a
 -- string) or with the records trailer (a hash's state field); nil for any
 -- other value, which is corrupt. The one place that knows every
--- algorithm's tag and header: the drivers and the inspect read a value
--- through it.
+-- algorithm's header: the drivers and the inspect read a value through
+-- it.
 local function header_of(raw)
   -- Each header is the tag byte, then the doubles the algorithm's file
-  -- packs (mark first). Locals here, not upvalues: one fewer allocation
-  -- per call for each.
-  local FIXED_WINDOW_HEADER, SLIDING_COUNTER_HEADER, TOKEN_BUCKET_HEADER, GCRA_HEADER =
-    25, 33, 25, 17
+  -- packs (mark first); `scripts.rs` writes each algorithm's branch here
+  -- from the registry, its length a literal (no local, no upvalue).
   local tag, header = string.byte(raw, 1), nil
-  if tag == FIXED_WINDOW then
-    header = FIXED_WINDOW_HEADER
-  elseif tag == SLIDING_COUNTER then
-    header = SLIDING_COUNTER_HEADER
-  elseif tag == TOKEN_BUCKET then
-    header = TOKEN_BUCKET_HEADER
-  elseif tag == GCRA then
-    header = GCRA_HEADER
-  else
-    return nil
-  end
+-- #headers
   local size = #raw - header
   if size == 0 or size == TRAILER then return header, tag end
   return nil

@@ -1,9 +1,12 @@
--- A set of one concurrency policy: the fast path of `policy-set.lua` for a
--- lease key (concurrency.lua), with the same ARGV and reply layout (see
--- there) for exactly one key, and the same answers. Its record capacity
+-- A set of one policy that holds leases: the fast path of `policy-set.lua`
+-- for a lease key, with the same ARGV and reply layout (see there) for
+-- exactly one key, and the same answers. At the `#algorithm` line
+-- `scripts.rs` puts the lease algorithm's file (which defines lease_read,
+-- lease_held_on_time and lease_store too), binding `algorithm` to its
+-- function. Its record capacity
 -- (ARGV[8]) is always 0: a lease id is its own dedupe.
 -- #include prelude.lua
--- #include concurrency.lua
+-- #algorithm
 
 local key = KEYS[1]
 local mark, lease, held, corrupt = lease_read(key)
@@ -26,7 +29,7 @@ if lease and lease > t then
   return {'allowed', 2, math.max(0, max_in_flight - held), 0, 0}
 end
 local allowed, remaining, reset_after, retry_after, expires_at =
-  concurrency(held, t, true, max_in_flight, ARGV[10] + 0, ARGV[11] + 0, ARGV[5] + 0)
+  algorithm(held, t, true, max_in_flight, ARGV[10] + 0, ARGV[11] + 0, ARGV[5] + 0)
 if expires_at and mark and not aside then
   local by = ahead_of_redis(mark, ARGV[5] + 0)
   if by then return {'clock_unsafe', by} end

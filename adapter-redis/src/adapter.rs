@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use shared_contract::{
-    Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation,
+    Arguments, BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation,
     EvaluationDedupPolicy, IncompatibleCategory, Lease, MAX_POLICY_SET, PolicyId, PolicyMode,
     RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
     Releasing, SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
@@ -19,7 +19,6 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::acknowledge;
-use crate::algorithm;
 use crate::deny_cache::DenyCache;
 use crate::error::RedisAdapterError;
 use crate::gateway::{
@@ -90,10 +89,27 @@ struct PolicyEntry {
     dedup_enabled: bool,
     /// A concurrency policy: an admitted request holds a lease in its key.
     holds_leases: bool,
-    /// The policy's ARGV block, built once (layout at the top of
-    /// `lua/policy-set.lua`): kind, regression bound, TTL slack, dedupe
-    /// TTL, record capacity, then the algorithm's parameters.
+    /// The head of the policy's ARGV block, built once (layout at the top
+    /// of `lua/policy-set.lua`): kind, regression bound, TTL slack, dedupe
+    /// TTL, record capacity; the algorithm's arguments follow at each call.
     block: Vec<Arc<[u8]>>,
+    /// The algorithm's arguments as computed when the entry was built, and
+    /// their text: sent as they are while a call's arguments equal them
+    /// (always, for an algorithm whose arguments do not move with time).
+    arguments: (Arguments, Vec<Arc<[u8]>>),
+}
+
+impl PolicyEntry {
+    /// Appends the algorithm's arguments at caller time `now` to `args`.
+    fn push_arguments(&self, now: u64, args: &mut Vec<Arc<[u8]>>) {
+        let arguments = self.policy.algorithm().arguments(now);
+        let (built, text) = &self.arguments;
+        if arguments == *built {
+            args.extend(text.iter().cloned());
+        } else {
+            args.extend(arguments.as_slice().iter().map(|&n| number(n)));
+        }
+    }
 }
 
 /// The decimal text of `n` as a script argument, in one allocation (a
@@ -104,29 +120,33 @@ fn number(n: u64) -> Arc<[u8]> {
 
 /// ARGV before the first policy block: caller time, cost, evaluation id.
 const SET_ARGS: usize = 3;
+/// The most arguments an algorithm adds to its block.
+const ARGUMENTS: usize = Arguments::MAX;
 
 impl PolicyEntry {
     fn new(policy: RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
         // The algorithm's tag byte; lower case marks a shadow policy.
-        let tag = algorithm::tag(policy.algorithm().kind());
+        let tag = policy.algorithm().tag();
         let kind = match policy.mode() {
             PolicyMode::Enforce => tag,
             PolicyMode::Shadow => tag.to_ascii_lowercase(),
         };
-        let mut block = vec![
+        let block = vec![
             Arc::from([kind]),
             number(millis(policy.maximum_clock_regression())),
             number(policy.ttl_slack_millis()),
             number(dedup.ttl_millis()),
             number(u64::from(dedup.record_capacity())),
         ];
-        block.extend(algorithm::parameters(policy.algorithm()).into_iter().map(number));
         let dedup_enabled = match dedup {
             EvaluationDedupPolicy::Disabled => false,
             EvaluationDedupPolicy::Enabled { .. } => true,
         };
+        let built = policy.algorithm().arguments(0);
+        let text = built.as_slice().iter().map(|&n| number(n)).collect();
         Self {
+            arguments: (built, text),
             script: ScriptKind::of(policy.algorithm()),
             dedup_enabled,
             holds_leases: policy.algorithm().holds_leases(),
@@ -440,14 +460,13 @@ fn cache_key_policies<'a>(set: &Resolved<'a>) -> [Option<&'a RateLimitPolicy>; M
 }
 
 impl RedisEdgeRateLimitAdapter {
-    /// The denial cache, for a set it may answer: only sets of fixed
-    /// windows are ever cached (deny_cache.rs says why); the others skip
-    /// the cache's hashing altogether.
+    /// The denial cache, for a set it may answer: only sets whose refusals
+    /// stay refusals are ever cached (deny_cache.rs says why); the others
+    /// skip the cache's hashing altogether.
     fn deny_cache_for(&self, set: &Resolved<'_>) -> Option<&DenyCache> {
-        self.deny_cache.as_ref().filter(|_| {
-            set.iter()
-                .all(|entry| matches!(entry.policy.algorithm(), Algorithm::FixedWindow { .. }))
-        })
+        self.deny_cache
+            .as_ref()
+            .filter(|_| set.iter().all(|entry| entry.policy.algorithm().refusal_stays()))
     }
 
     /// The answer needing no round trip, if there is one: a set this
@@ -513,11 +532,15 @@ impl RedisEdgeRateLimitAdapter {
         let now = number(now_millis);
         let cost = number(request.cost);
         let id: Arc<[u8]> = Arc::from(&request.evaluation_id.as_bytes()[..]);
-        let mut args =
-            Vec::with_capacity(SET_ARGS + set.iter().map(|entry| entry.block.len()).sum::<usize>());
+        let mut args = Vec::with_capacity(
+            SET_ARGS + set.iter().map(|entry| entry.block.len() + ARGUMENTS).sum::<usize>(),
+        );
         args.extend([now, cost, id]);
         for entry in set.iter() {
             args.extend(entry.block.iter().cloned());
+            // The algorithm's own arguments, at this call's time: a window
+            // may move with it.
+            entry.push_arguments(now_millis, &mut args);
         }
         let kind = match set.iter().next() {
             Some(only) if set.len() == 1 => only.script,

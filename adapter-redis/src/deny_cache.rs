@@ -27,9 +27,8 @@ use std::time::Duration;
 
 use foldhash::fast::RandomState;
 use shared_contract::{
-    Algorithm, Certainty, EvaluationId, MAX_POLICY_SET, OperationDigest, PolicyMode, PolicyScope,
-    PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision, SubjectDigest,
-    millis,
+    Certainty, EvaluationId, MAX_POLICY_SET, OperationDigest, PolicyMode, PolicyScope, PolicySet,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision, SubjectDigest, millis,
 };
 
 /// Shards of the denial map: enough that concurrent lookups rarely meet on
@@ -321,18 +320,11 @@ impl DenyCache {
 /// the soonest keeps every reported denial true), cut at each fixed
 /// window's end (where its reported budget renews).
 ///
-/// Only sets of fixed windows are cached. A sliding counter's estimate
-/// decays every millisecond (its certainty is not exact), so no answer of
-/// it holds for a stretch of time. A token bucket's refusal writes its
-/// refill and mark in Redis, which an answer from here cannot: skipping the
-/// write gives the same tokens, but the key's mark would lag where Redis
-/// puts it, and a later clock step back would see that (the memory-vs-Redis
-/// property test found it); its retry-after also grows with the cost, so a
-/// higher cost would be answered with too short a wait. A GCRA refusal
-/// writes nothing and stays true until its retry-after, but that wait
-/// grows with the cost just the same (docs/algorithms.md#gcra). A
-/// concurrency refusal lasts only until some lease is released, which can
-/// happen at any moment, on any instance.
+/// Only sets whose every algorithm says a refusal stays one until its
+/// `reset_after` with no other traffic, whatever the cost
+/// ([`shared_contract::RateAlgorithm::refusal_stays`]: of the registered
+/// ones, the fixed window) are cached; each algorithm's module says why
+/// its refusals do or do not.
 fn stays_refused_for<'p>(
     set: impl Iterator<Item = &'p RateLimitPolicy>,
     decision: &SetDecision,
@@ -347,14 +339,10 @@ fn stays_refused_for<'p>(
         if decided.replayed {
             return None;
         }
-        match *policy.algorithm() {
-            Algorithm::FixedWindow { .. } => cut(decided.reset_after_ms),
-            // A release may free a lease's slot at any time.
-            Algorithm::TokenBucket { .. }
-            | Algorithm::SlidingCounter { .. }
-            | Algorithm::Gcra { .. }
-            | Algorithm::Concurrency { .. } => return None,
+        if !policy.algorithm().refusal_stays() {
+            return None;
         }
+        cut(decided.reset_after_ms);
         match policy.mode() {
             PolicyMode::Enforce if !decided.allowed => cut(decided.retry_after_ms),
             PolicyMode::Enforce | PolicyMode::Shadow => {}

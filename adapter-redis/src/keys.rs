@@ -89,7 +89,10 @@ mod tests {
     fn policy(id: &str, scope: PolicyScope) -> RateLimitPolicy {
         RateLimitPolicy::builder(
             id,
-            Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 3,
+                window: Duration::from_secs(1),
+            }),
         )
         .revision(7)
         .scope(scope)

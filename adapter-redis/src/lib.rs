@@ -25,7 +25,6 @@
 mod acknowledge;
 pub mod acl;
 mod adapter;
-mod algorithm;
 mod deny_cache;
 mod error;
 mod eviction;

@@ -6,7 +6,9 @@
 //! `lua/single-lease.lua`), with the same arguments, reply and answers,
 //! because a set of one must stay as cheap as the single-policy scripts
 //! were (docs/benchmarks.md). All are composed from the same files: the
-//! algorithms in `lua/<algorithm>.lua`, the shared half in
+//! registered algorithms (each one's file beside its module in
+//! `shared-contract`, its tag, header length and ARGV width from the
+//! registry), the shared half in
 //! `lua/prelude.lua`. A lease goes back through `lua/release.lua`.
 //!
 //! Scripts run with `EVALSHA` only. Plain `EVAL` is never sent: the
@@ -17,7 +19,7 @@ use std::sync::{Arc, LazyLock, RwLock};
 use std::time::Duration;
 
 use redis::Value;
-use shared_contract::Algorithm;
+use shared_contract::{Algorithm, AlgorithmKind, Lua};
 use tokio::time::Instant;
 
 use crate::gateway::{GatewayFailure, LoadedScript, RedisGateway, WaitFor};
@@ -35,54 +37,41 @@ pub(crate) struct Sent {
 /// Which script.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ScriptKind {
-    /// A set of one fixed-window policy.
-    FixedWindow,
-    /// A set of one sliding-counter policy.
-    SlidingCounter,
-    /// A set of one token-bucket policy.
-    TokenBucket,
-    /// A set of one GCRA policy.
-    Gcra,
-    /// A set of one concurrency policy.
-    Concurrency,
+    /// A set of one policy of the algorithm.
+    Single(AlgorithmKind),
     /// A set of two or more policies, any algorithms.
     PolicySet,
     /// The release of a lease under its set's concurrency policies.
     Release,
 }
 
+/// How many algorithms are registered.
+const ALGORITHMS: usize = AlgorithmKind::ALL.len();
+
 impl ScriptKind {
-    /// Every script, in registry order.
-    pub const ALL: [Self; 7] = [
-        Self::FixedWindow,
-        Self::SlidingCounter,
-        Self::TokenBucket,
-        Self::Gcra,
-        Self::Concurrency,
-        Self::PolicySet,
-        Self::Release,
-    ];
+    /// Every script, in registry order: one per algorithm, then the set
+    /// driver and the release.
+    pub const ALL: [Self; ALGORITHMS + 2] = {
+        let mut all = [Self::PolicySet; ALGORITHMS + 2];
+        let mut at = 0;
+        while at < ALGORITHMS {
+            all[at] = Self::Single(AlgorithmKind::ALL[at]);
+            at += 1;
+        }
+        all[ALGORITHMS + 1] = Self::Release;
+        all
+    };
 
     /// The script that runs a set of one policy of `algorithm`.
     pub const fn of(algorithm: &Algorithm) -> Self {
-        match algorithm {
-            Algorithm::FixedWindow { .. } => Self::FixedWindow,
-            Algorithm::SlidingCounter { .. } => Self::SlidingCounter,
-            Algorithm::TokenBucket { .. } => Self::TokenBucket,
-            Algorithm::Gcra { .. } => Self::Gcra,
-            Algorithm::Concurrency { .. } => Self::Concurrency,
-        }
+        Self::Single(algorithm.kind())
     }
 
-    /// The script's name in spans: `fixed-window`, `sliding-counter`,
-    /// `token-bucket`, `gcra`, `concurrency`, `policy-set` or `release`.
+    /// The script's name in spans: its algorithm's name (`fixed-window`,
+    /// ...), `policy-set` or `release`.
     pub const fn name(self) -> &'static str {
         match self {
-            Self::FixedWindow => "fixed-window",
-            Self::SlidingCounter => "sliding-counter",
-            Self::TokenBucket => "token-bucket",
-            Self::Gcra => "gcra",
-            Self::Concurrency => "concurrency",
+            Self::Single(kind) => kind.name(),
             Self::PolicySet => "policy-set",
             Self::Release => "release",
         }
@@ -98,29 +87,9 @@ impl ScriptKind {
     /// sized from it.
     const fn index(self) -> usize {
         match self {
-            Self::FixedWindow => 0,
-            Self::SlidingCounter => 1,
-            Self::TokenBucket => 2,
-            Self::Gcra => 3,
-            Self::Concurrency => 4,
-            Self::PolicySet => 5,
-            Self::Release => 6,
-        }
-    }
-
-    /// The algorithm of a single-key script (and so a file an include line
-    /// may name): its file's name and text, and the name of the function
-    /// the file defines.
-    const fn algorithm(self) -> Option<LuaAlgorithm> {
-        match self {
-            Self::FixedWindow => Some(("fixed-window.lua", FIXED_WINDOW, "fixed_window")),
-            Self::SlidingCounter => {
-                Some(("sliding-counter.lua", SLIDING_COUNTER, "sliding_counter"))
-            }
-            Self::TokenBucket => Some(("token-bucket.lua", TOKEN_BUCKET, "token_bucket")),
-            Self::Gcra => Some(("gcra.lua", GCRA, "gcra")),
-            Self::Concurrency => Some(("concurrency.lua", CONCURRENCY, "concurrency")),
-            Self::PolicySet | Self::Release => None,
+            Self::Single(kind) => kind as usize,
+            Self::PolicySet => ALGORITHMS,
+            Self::Release => ALGORITHMS + 1,
         }
     }
 
@@ -128,13 +97,11 @@ impl ScriptKind {
     fn compose(self) -> String {
         match self {
             // A lease key is a sorted set, not a state header: its own
-            // driver, which includes its file itself.
-            Self::Concurrency => compose(SINGLE_LEASE, None),
+            // driver.
+            Self::Single(kind) if kind.holds_leases() => compose(SINGLE_LEASE, Some(kind.lua())),
+            Self::Single(kind) => compose(SINGLE_POLICY, Some(kind.lua())),
             Self::PolicySet => compose(POLICY_SET, None),
             Self::Release => RELEASE.to_owned(),
-            Self::FixedWindow | Self::SlidingCounter | Self::TokenBucket | Self::Gcra => {
-                compose(SINGLE_POLICY, self.algorithm())
-            }
         }
     }
 }
@@ -146,29 +113,168 @@ pub(crate) fn inspect_source() -> &'static str {
     &SOURCE
 }
 
-/// An algorithm's Lua file as [`ScriptKind::algorithm`] names it: file
-/// name, text, and the function the file defines.
-type LuaAlgorithm = (&'static str, &'static str, &'static str);
-
-/// `driver` with every `-- #include <file>` line replaced by that file, and
-/// its `-- #algorithm` line by `algorithm`'s file followed by a line binding
-/// `algorithm` to the function that file defines.
-fn compose(driver: &str, algorithm: Option<LuaAlgorithm>) -> String {
+/// `driver` with every `-- #include <file>` line replaced by that file
+/// (composed in turn), its `-- #algorithm` line by `algorithm`'s file
+/// followed by a line binding `algorithm` to the function that file
+/// defines, and every other `-- #<part>` line by the part [`written`].
+fn compose(driver: &str, algorithm: Option<Lua>) -> String {
     let mut source = String::with_capacity(driver.len() + PRELUDE.len() + 8192);
+    compose_into(driver, algorithm, &mut source);
+    source
+}
+
+fn compose_into(driver: &str, algorithm: Option<Lua>, source: &mut String) {
     for line in driver.split_inclusive('\n') {
         if line.trim_end() == ALGORITHM {
-            // Only the single-key driver has the line, and it always gets one.
-            let (_, file, function) = algorithm.unwrap_or_else(|| panic!("no algorithm to put in"));
-            source.push_str(file);
-            source.push_str(&format!("local algorithm = {function}\n"));
+            // Only the single-key drivers have the line, and they always get one.
+            let lua = algorithm.unwrap_or_else(|| panic!("no algorithm to put in"));
+            source.push_str(lua.source);
+            source.push_str(&format!("local algorithm = {}\n", lua.function));
             continue;
         }
         match line.strip_prefix(INCLUDE).map(str::trim_end) {
-            Some(name) => source.push_str(included(name)),
-            None => source.push_str(line),
+            Some(name) => compose_into(included(name), algorithm, source),
+            None => match line.trim_end().strip_prefix(WRITTEN) {
+                Some(part) => written(part, source),
+                None => source.push_str(line),
+            },
         }
     }
-    source
+}
+
+/// The Lua a `-- #<part>` line of the prelude or the set driver stands
+/// for, written from the registry so neither file names an algorithm:
+/// `tags` the tag constants (each algorithm's function name in upper case,
+/// and `LEASES`, the lease algorithm's), `headers` the branches of
+/// `header_of`, `widths` each kind's ARGV block width, `runs` the local
+/// each algorithm's function is bound to, `load` the branch that includes
+/// its file on its first key, `charge` and `spare` the branches that run it.
+fn written(part: &str, source: &mut String) {
+    let all = AlgorithmKind::ALL.map(|kind| (kind, kind.lua()));
+    let constant = |lua: &Lua| lua.function.to_ascii_uppercase();
+    // A lease algorithm also gets the common block's regression bound.
+    let call = |kind: AlgorithmKind, lua: &Lua, charge: bool| {
+        let mut arguments: Vec<String> =
+            (0..lua.arity).map(|at| format!("ARGV[b + {}] + 0", 5 + at)).collect();
+        if kind.holds_leases() {
+            arguments.push("ARGV[b + 1] + 0".to_owned());
+        }
+        format!("{}_run(raw, t, {charge}, {})", lua.function, arguments.join(", "))
+    };
+    let mut leases = all.iter().filter(|(kind, _)| kind.holds_leases());
+    let lease = leases.next();
+    assert!(leases.next().is_none(), "lua: one algorithm at most may hold leases");
+    let mut out = String::new();
+    let line = |out: &mut String, text: String| {
+        out.push_str(&text);
+        out.push('\n');
+    };
+    match part {
+        "tags" => {
+            let names: Vec<String> = all.iter().map(|(_, lua)| constant(lua)).collect();
+            let tags: Vec<String> = all.iter().map(|(kind, _)| kind.tag().to_string()).collect();
+            line(&mut out, format!("local {} = {}", names.join(", "), tags.join(", ")));
+            // No lease algorithm: a kind no byte reaches.
+            let tag = lease.map_or(-1, |(kind, _)| i32::from(kind.tag()));
+            line(&mut out, format!("local LEASES = {tag}"));
+        }
+        "headers" => {
+            let mut first = true;
+            for (_, lua) in all.iter().filter(|(_, lua)| lua.header > 0) {
+                let branch = if first { "if" } else { "elseif" };
+                line(&mut out, format!("  {branch} tag == {} then", constant(lua)));
+                line(&mut out, format!("    header = {}", lua.header));
+                first = false;
+            }
+            line(
+                &mut out,
+                if first { "  return nil".into() } else { "  else\n    return nil\n  end".into() },
+            );
+        }
+        "widths" => {
+            // The first algorithm's width is the fallback, tested last.
+            let usual = all[0].1.arity;
+            let mut first = true;
+            let mut arities: Vec<usize> = all.iter().map(|(_, lua)| lua.arity).collect();
+            arities.sort_unstable();
+            arities.dedup();
+            for arity in arities.into_iter().filter(|&arity| arity != usual) {
+                let kinds: Vec<String> = all
+                    .iter()
+                    .filter(|(_, lua)| lua.arity == arity)
+                    .map(|(_, lua)| {
+                        let name = constant(lua);
+                        format!("kind == {name} or kind == {name} + SHADOW")
+                    })
+                    .collect();
+                let branch = if first { "if" } else { "elseif" };
+                line(&mut out, format!("  {branch} {} then", kinds.join(" or ")));
+                line(&mut out, format!("    at = at + {}", 5 + arity));
+                first = false;
+            }
+            if first {
+                line(&mut out, format!("  at = at + {}", 5 + usual));
+            } else {
+                line(&mut out, format!("  else\n    at = at + {}\n  end", 5 + usual));
+            }
+        }
+        "runs" => {
+            let runs: Vec<String> =
+                all.iter().map(|(_, lua)| format!("{}_run", lua.function)).collect();
+            let nils = vec!["nil"; runs.len()];
+            line(&mut out, format!("local {} = {}", runs.join(", "), nils.join(", ")));
+        }
+        "load" => {
+            for (at, (kind, lua)) in all.iter().enumerate() {
+                let branch = if at == 0 { "if" } else { "elseif" };
+                line(&mut out, format!("  {branch} tag == {} then", constant(lua)));
+                line(&mut out, format!("    if not {}_run then", lua.function));
+                out.push_str(lua.source);
+                line(&mut out, format!("      {0}_run = {0}", lua.function));
+                if kind.holds_leases() {
+                    line(
+                        &mut out,
+                        "      lease_read_run, lease_store_run = lease_read, lease_store".into(),
+                    );
+                    line(&mut out, "      lease_held_on_time_run = lease_held_on_time".into());
+                }
+                line(&mut out, "    end".into());
+            }
+            line(&mut out, "  end".into());
+        }
+        "charge" => {
+            for (at, (kind, lua)) in all.iter().enumerate() {
+                let branch = if at == 0 { "if" } else { "elseif" };
+                line(&mut out, format!("    {branch} tag == {} then", constant(lua)));
+                line(
+                    &mut out,
+                    "      allowed, remaining, reset_after, retry_after, state, state_end =".into(),
+                );
+                line(&mut out, format!("        {}", call(*kind, lua, true)));
+            }
+            line(&mut out, "    else\n      failed = k\n    end".into());
+        }
+        "spare" => {
+            if let Some((kind, lua)) = lease {
+                line(&mut out, format!("    if tag == {} then", constant(lua)));
+                line(&mut out, format!("      return {}", call(*kind, lua, false)));
+                line(&mut out, "    end".into());
+            }
+            line(&mut out, "    if raw and byte(raw, 1) ~= tag then return nil end".into());
+            let mut first = true;
+            for (kind, lua) in all.iter().filter(|(kind, _)| !kind.holds_leases()) {
+                let branch = if first { "if" } else { "elseif" };
+                line(&mut out, format!("    {branch} tag == {} then", constant(lua)));
+                line(&mut out, format!("      return {}", call(*kind, lua, false)));
+                first = false;
+            }
+            if !first {
+                line(&mut out, "    end".into());
+            }
+        }
+        _ => panic!("lua: no part {part} to write"),
+    }
+    source.push_str(&out);
 }
 
 /// The file an include line names. The files are embedded, so a name
@@ -178,21 +284,16 @@ fn included(name: &str) -> &'static str {
     if name == "prelude.lua" {
         return PRELUDE;
     }
-    ScriptKind::ALL
+    AlgorithmKind::ALL
         .into_iter()
-        .filter_map(ScriptKind::algorithm)
-        .find_map(|(file_name, file, _)| (file_name == name).then_some(file))
+        .map(AlgorithmKind::lua)
+        .find_map(|lua| (lua.file == name).then_some(lua.source))
         .unwrap_or_else(|| panic!("lua: no file {name} to include"))
 }
 
 /// What every script shares: arguments, tags and header lengths, dedupe
 /// records and the store.
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
-const FIXED_WINDOW: &str = include_str!("../lua/fixed-window.lua");
-const SLIDING_COUNTER: &str = include_str!("../lua/sliding-counter.lua");
-const TOKEN_BUCKET: &str = include_str!("../lua/token-bucket.lua");
-const GCRA: &str = include_str!("../lua/gcra.lua");
-const CONCURRENCY: &str = include_str!("../lua/concurrency.lua");
 /// The driver over up to 8 keys; its head documents ARGV and the reply.
 const POLICY_SET: &str = include_str!("../lua/policy-set.lua");
 /// The driver of a set of one.
@@ -204,6 +305,8 @@ const RELEASE: &str = include_str!("../lua/release.lua");
 const INSPECT: &str = include_str!("../lua/inspect.lua");
 /// How a driver line names a file to put in its place.
 const INCLUDE: &str = "-- #include ";
+/// How a line names a part written from the registry ([`written`]).
+const WRITTEN: &str = "-- #";
 /// The single-key driver's line for its algorithm.
 const ALGORITHM: &str = "-- #algorithm";
 
@@ -320,8 +423,6 @@ impl RateLimitScripts {
 
 #[cfg(test)]
 mod tests {
-    use shared_contract::AlgorithmKind;
-
     use super::*;
 
     #[test]
@@ -329,55 +430,22 @@ mod tests {
         for (at, kind) in ScriptKind::ALL.into_iter().enumerate() {
             assert_eq!(kind.index(), at, "{kind:?}");
         }
-        // Composing puts every file in (an unknown include panics), and
-        // each single-key script gets its own algorithm.
-        let drivers = [ScriptKind::PolicySet, ScriptKind::Release];
+        // Composing puts every file in (an unknown include panics).
         for kind in ScriptKind::ALL {
-            assert_eq!(kind.algorithm().is_some(), !drivers.contains(&kind), "{kind:?}");
             assert!(!kind.source().is_empty());
             assert!(!kind.source().contains(INCLUDE), "{kind:?} left an include line");
         }
         assert!(!inspect_source().is_empty());
         // One single-key script per algorithm, the set script and the release.
-        assert_eq!(ScriptKind::ALL.len(), AlgorithmKind::ALL.len() + drivers.len());
+        for algorithm in AlgorithmKind::ALL {
+            assert!(ScriptKind::ALL.contains(&ScriptKind::Single(algorithm)), "{algorithm}");
+        }
+        assert_eq!(ScriptKind::ALL.len(), AlgorithmKind::ALL.len() + 2);
     }
 
     #[test]
     #[should_panic(expected = "no file missing.lua")]
     fn an_include_of_a_file_that_does_not_exist_is_refused() {
         compose("-- #include missing.lua\n", None);
-    }
-
-    #[test]
-    fn each_algorithm_has_its_single_key_script() {
-        let window = Duration::from_secs(1);
-        assert_eq!(
-            ScriptKind::of(&Algorithm::FixedWindow { limit: 1, window }),
-            ScriptKind::FixedWindow
-        );
-        assert_eq!(
-            ScriptKind::of(&Algorithm::SlidingCounter { limit: 1, window }),
-            ScriptKind::SlidingCounter
-        );
-        assert_eq!(
-            ScriptKind::of(&Algorithm::TokenBucket {
-                capacity: 1,
-                refill_tokens: 1,
-                refill_period: window
-            }),
-            ScriptKind::TokenBucket
-        );
-        assert_eq!(
-            ScriptKind::of(&Algorithm::Gcra { limit: 1, period: window, burst: 1 }),
-            ScriptKind::Gcra
-        );
-        assert_eq!(
-            ScriptKind::of(&Algorithm::Concurrency {
-                max_in_flight: 2,
-                lease_ttl: window,
-                retry_after: window
-            }),
-            ScriptKind::Concurrency
-        );
     }
 }

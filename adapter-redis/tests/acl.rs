@@ -24,7 +24,10 @@ use support::{
 fn policy() -> RateLimitPolicy {
     RateLimitPolicy::builder(
         "p",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(1),
+        }),
     )
     .build()
     .unwrap()
@@ -35,7 +38,10 @@ fn policy() -> RateLimitPolicy {
 fn policy_without_dedupe() -> RateLimitPolicy {
     RateLimitPolicy::builder(
         "p",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(1),
+        }),
     )
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()
@@ -173,11 +179,11 @@ async fn users_without_a_needed_permission_get_unavailable_before_send() {
 fn leases() -> RateLimitPolicy {
     RateLimitPolicy::builder(
         "p",
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 3,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
-        },
+        }),
     )
     .build()
     .unwrap()

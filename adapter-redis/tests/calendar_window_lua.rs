@@ -7,7 +7,8 @@ use redis::AsyncCommands;
 use redis_fixture::RedisServer;
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
-const CALENDAR_WINDOW: &str = include_str!("../lua/calendar-window.lua");
+const CALENDAR_WINDOW: &str =
+    include_str!("../../shared-contract/src/algorithm/calendar-window.lua");
 
 /// ARGV[1..3] are the prelude's (time, cost, evaluation id); then charge
 /// (1 or 0), limit, period start, period end, next period's end. `t` is

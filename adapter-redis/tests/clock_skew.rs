@@ -45,11 +45,14 @@ fn allowed(outcome: &RateLimitOutcome) -> Option<bool> {
 }
 
 fn policy() -> RateLimitPolicy {
-    RateLimitPolicy::builder("skew", Algorithm::FixedWindow { limit: LIMIT, window: WINDOW })
-        .maximum_clock_regression(BOUND)
-        .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
-        .build()
-        .unwrap()
+    RateLimitPolicy::builder(
+        "skew",
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: LIMIT, window: WINDOW }),
+    )
+    .maximum_clock_regression(BOUND)
+    .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
+    .build()
+    .unwrap()
 }
 
 /// Two adapters on `server`, with clocks at `leading` and `leading - lag`.
@@ -151,16 +154,19 @@ async fn a_slower_writer_keeps_the_key_until_its_own_window_ends() {
     let window = Duration::from_secs(3);
     // Records live 500 ms, so the window's end (+ 100 ms slack) is what
     // the key must live to.
-    let policy = RateLimitPolicy::builder("skew", Algorithm::FixedWindow { limit: LIMIT, window })
-        .maximum_clock_regression(Duration::from_millis(100))
-        .cleanup_grace(Duration::from_millis(100))
-        .evaluation_dedup(EvaluationDedupPolicy::Enabled {
-            ttl: Duration::from_millis(500),
-            max_entries: 256,
-            max_stored_bytes: 65_536,
-        })
-        .build()
-        .unwrap();
+    let policy = RateLimitPolicy::builder(
+        "skew",
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: LIMIT, window }),
+    )
+    .maximum_clock_regression(Duration::from_millis(100))
+    .cleanup_grace(Duration::from_millis(100))
+    .evaluation_dedup(EvaluationDedupPolicy::Enabled {
+        ttl: Duration::from_millis(500),
+        max_entries: 256,
+        max_stored_bytes: 65_536,
+    })
+    .build()
+    .unwrap();
     let instance = |at: u64| {
         let clock = ManualClock::new(at);
         // As in the report: no refusal answered in process, so every
@@ -222,11 +228,14 @@ fn fixed(id: &str, limit: u64, window: Duration, dedupe: bool) -> RateLimitPolic
     } else {
         EvaluationDedupPolicy::Disabled
     };
-    RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit, window })
-        .maximum_clock_regression(BOUND)
-        .evaluation_dedup(dedup)
-        .build()
-        .unwrap()
+    RateLimitPolicy::builder(
+        id,
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window }),
+    )
+    .maximum_clock_regression(BOUND)
+    .evaluation_dedup(dedup)
+    .build()
+    .unwrap()
 }
 
 fn outcome_set(outcome: &RateLimitOutcome) -> &shared_contract::SetDecision {
@@ -249,11 +258,11 @@ async fn a_writer_ahead_of_redis_never_locks_a_subject_for_the_fleet_on_redis_ti
     let server = RedisServer::start();
     let leases = RateLimitPolicy::builder(
         "leases",
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 3,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
-        },
+        }),
     )
     .maximum_clock_regression(BOUND)
     .build()

@@ -61,7 +61,10 @@ fn subject(n: u8) -> SubjectDigest {
 fn policy(id: &str) -> RateLimitPolicy {
     RateLimitPolicy::builder(
         id,
-        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: LIMIT,
+            window: Duration::from_secs(3_600),
+        }),
     )
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()
@@ -171,7 +174,10 @@ async fn a_migrated_slot_keeps_its_count_and_evaluations_follow_ask_then_moved()
     assert_eq!(migrated, "OK");
     // The source no longer has the key and answers ASK; the target (which
     // never ran a script before) takes it after ASKING.
-    assert!(!script_loaded(target, ScriptKind::FixedWindow));
+    assert!(!script_loaded(
+        target,
+        ScriptKind::Single(shared_contract::AlgorithmKind::FixedWindow)
+    ));
     assert_eq!(remaining(&adapter, &clock, &policy, &who).await, 5);
     assert_eq!(cluster.cli(target, &["CLUSTER", "COUNTKEYSINSLOT", &slot_text]), "1");
 
@@ -200,23 +206,41 @@ async fn a_master_that_never_saw_the_script_answers_noscript_once_and_the_evalua
     // A sliding counter: nothing else in this binary runs its script.
     let sliding = RateLimitPolicy::builder(
         "noscript",
-        Algorithm::SlidingCounter { limit: LIMIT, window: Duration::from_secs(3_600) },
+        Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+            limit: LIMIT,
+            window: Duration::from_secs(3_600),
+        }),
     )
     .build()
     .unwrap();
     let adapter = adapter(&sliding, &clock);
     let (on_first, _, _) = subject_on(&adapter, &sliding, masters[0], 128);
     let (on_second, _, _) = subject_on(&adapter, &sliding, masters[1], 128);
-    assert!(!script_loaded(masters[0], ScriptKind::SlidingCounter));
-    assert!(!script_loaded(masters[1], ScriptKind::SlidingCounter));
+    assert!(!script_loaded(
+        masters[0],
+        ScriptKind::Single(shared_contract::AlgorithmKind::SlidingCounter)
+    ));
+    assert!(!script_loaded(
+        masters[1],
+        ScriptKind::Single(shared_contract::AlgorithmKind::SlidingCounter)
+    ));
     // A cache miss loads the script on the first subject's master only.
     assert_eq!(remaining(&adapter, &clock, &sliding, &on_first).await, 9);
-    assert!(script_loaded(masters[0], ScriptKind::SlidingCounter));
-    assert!(!script_loaded(masters[1], ScriptKind::SlidingCounter));
+    assert!(script_loaded(
+        masters[0],
+        ScriptKind::Single(shared_contract::AlgorithmKind::SlidingCounter)
+    ));
+    assert!(!script_loaded(
+        masters[1],
+        ScriptKind::Single(shared_contract::AlgorithmKind::SlidingCounter)
+    ));
     // The cached digest meets a master without the script: NOSCRIPT, load
     // there, one retry; the caller sees only the decision.
     assert_eq!(remaining(&adapter, &clock, &sliding, &on_second).await, 9);
-    assert!(script_loaded(masters[1], ScriptKind::SlidingCounter));
+    assert!(script_loaded(
+        masters[1],
+        ScriptKind::Single(shared_contract::AlgorithmKind::SlidingCounter)
+    ));
     assert_eq!(remaining(&adapter, &clock, &sliding, &on_second).await, 8);
 }
 

@@ -54,17 +54,18 @@ async fn admitted(algorithm: Algorithm) -> (usize, usize) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fixed_window_admits_exactly_the_limit_under_64_concurrent_tasks() {
     let window = Duration::from_secs(3600);
-    let counts = admitted(Algorithm::FixedWindow { limit: 500, window }).await;
+    let counts =
+        admitted(Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 500, window })).await;
     assert_eq!(counts, (500, TASKS * PER_TASK - 500));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn token_bucket_admits_exactly_its_capacity_under_64_concurrent_tasks() {
-    let bucket = Algorithm::TokenBucket {
+    let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 500,
         refill_tokens: 1,
         refill_period: Duration::from_secs(3600),
-    };
+    });
     let counts = admitted(bucket).await;
     assert_eq!(counts, (500, TASKS * PER_TASK - 500));
 }

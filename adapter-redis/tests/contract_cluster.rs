@@ -257,19 +257,29 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
     let cluster = cluster();
     let keys = RateLimitKeys::new("ca:rl:");
     for (n, algorithm) in [
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
-        Algorithm::SlidingCounter { limit: 3, window: Duration::from_secs(1) },
-        Algorithm::TokenBucket {
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(1),
+        }),
+        Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+            limit: 3,
+            window: Duration::from_secs(1),
+        }),
+        Algorithm::TokenBucket(shared_contract::TokenBucket {
             capacity: 3,
             refill_tokens: 1,
             refill_period: Duration::from_secs(1),
-        },
-        Algorithm::Gcra { limit: 3, period: Duration::from_secs(1), burst: 3 },
-        Algorithm::Concurrency {
+        }),
+        Algorithm::Gcra(shared_contract::Gcra {
+            limit: 3,
+            period: Duration::from_secs(1),
+            burst: 3,
+        }),
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 3,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
-        },
+        }),
     ]
     .into_iter()
     .enumerate()
@@ -293,10 +303,13 @@ fn every_key_of_one_subject_hashes_to_one_slot() {
     let who = subject(9);
     let scoped = |id: &str, scope| {
         let window = Duration::from_secs(1);
-        RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit: 1, window })
-            .scope(scope)
-            .build()
-            .unwrap()
+        RateLimitPolicy::builder(
+            id,
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 1, window }),
+        )
+        .scope(scope)
+        .build()
+        .unwrap()
     };
     let operation = shared_contract::OperationDigest::from_u64(0x0123_4567_89ab_cdef);
     let slot = cluster.keyslot(&RateLimitKeys::hash_tag(&who));
@@ -319,13 +332,23 @@ async fn no_script_raises_crossslot_on_any_master() {
         ("on", EvaluationDedupPolicy::enabled_defaults()),
     ] {
         for (name, algorithm) in [
-            ("fw", Algorithm::FixedWindow { limit: 100, window }),
-            ("sc", Algorithm::SlidingCounter { limit: 100, window }),
+            ("fw", Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 100, window })),
+            (
+                "sc",
+                Algorithm::SlidingCounter(shared_contract::SlidingCounter { limit: 100, window }),
+            ),
             (
                 "tb",
-                Algorithm::TokenBucket { capacity: 100, refill_tokens: 1, refill_period: window },
+                Algorithm::TokenBucket(shared_contract::TokenBucket {
+                    capacity: 100,
+                    refill_tokens: 1,
+                    refill_period: window,
+                }),
             ),
-            ("g", Algorithm::Gcra { limit: 100, period: window, burst: 100 }),
+            (
+                "g",
+                Algorithm::Gcra(shared_contract::Gcra { limit: 100, period: window, burst: 100 }),
+            ),
         ] {
             policies.push(
                 RateLimitPolicy::builder(format!("{name}-{suffix}"), algorithm)
@@ -338,11 +361,11 @@ async fn no_script_raises_crossslot_on_any_master() {
     // A concurrency policy takes no dedupe: the lease id is its own. Two of
     // them, one subject-scoped, so a set's release spans two keys.
     for (name, scope) in [("c", PolicyScope::Operation), ("cs", PolicyScope::Subject)] {
-        let leases = Algorithm::Concurrency {
+        let leases = Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 100,
             lease_ttl: Duration::from_secs(30),
             retry_after: window,
-        };
+        });
         policies.push(RateLimitPolicy::builder(name, leases).scope(scope).build().unwrap());
     }
     let clock = ManualClock::new(1_800_000_000_000);
@@ -378,7 +401,10 @@ async fn no_script_raises_crossslot_on_any_master() {
             let outcome = adapter.evaluate(request).await;
             assert!(outcome.is_allowed(), "{} subject {n}: {outcome:?}", policy.id());
             let released = adapter.release(&lease).await;
-            let expected = if matches!(policy.algorithm(), Algorithm::Concurrency { .. }) {
+            let expected = if matches!(
+                policy.algorithm(),
+                Algorithm::Concurrency(shared_contract::Concurrency { .. })
+            ) {
                 ReleaseOutcome::Released
             } else {
                 ReleaseOutcome::NotHeld

@@ -22,12 +22,18 @@ use support::{T0, adapter, inspector, operation, request, request_with, subject}
 use uuid::Uuid;
 
 fn fixed(id: &str, limit: u64, revision: u32, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
-    RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit, window: Duration::from_secs(1) })
-        .revision(revision)
-        .maximum_cost(limit.min(3))
-        .evaluation_dedup(dedup)
-        .build()
-        .unwrap()
+    RateLimitPolicy::builder(
+        id,
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit,
+            window: Duration::from_secs(1),
+        }),
+    )
+    .revision(revision)
+    .maximum_cost(limit.min(3))
+    .evaluation_dedup(dedup)
+    .build()
+    .unwrap()
 }
 
 /// `EVALSHA` calls the server has run so far.
@@ -124,11 +130,11 @@ async fn a_token_bucket_refusal_always_asks_redis() {
     let clock = ManualClock::new(T0);
     let bucket = RateLimitPolicy::builder(
         "b",
-        Algorithm::TokenBucket {
+        Algorithm::TokenBucket(shared_contract::TokenBucket {
             capacity: 2,
             refill_tokens: 1,
             refill_period: Duration::from_millis(100),
-        },
+        }),
     )
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()
@@ -154,7 +160,11 @@ async fn a_gcra_refusal_always_asks_redis() {
     let clock = ManualClock::new(T0);
     let gcra = RateLimitPolicy::builder(
         "g",
-        Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 2 },
+        Algorithm::Gcra(shared_contract::Gcra {
+            limit: 10,
+            period: Duration::from_secs(1),
+            burst: 2,
+        }),
     )
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()
@@ -181,11 +191,11 @@ async fn a_concurrency_refusal_always_asks_redis_and_a_release_frees_the_slot_at
     let clock = ManualClock::new(T0);
     let leases = RateLimitPolicy::builder(
         "c",
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 1,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_millis(700),
-        },
+        }),
     )
     .build()
     .unwrap();
@@ -321,31 +331,47 @@ fn mixed() -> Vec<RateLimitPolicy> {
             .unwrap()
     };
     vec![
-        build("fw", Algorithm::FixedWindow { limit: 5, window }, PolicyMode::Enforce),
+        build(
+            "fw",
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 5, window }),
+            PolicyMode::Enforce,
+        ),
         build(
             "tb",
-            Algorithm::TokenBucket {
+            Algorithm::TokenBucket(shared_contract::TokenBucket {
                 capacity: 4,
                 refill_tokens: 1,
                 refill_period: Duration::from_millis(70),
-            },
+            }),
             PolicyMode::Enforce,
         ),
-        build("sc", Algorithm::SlidingCounter { limit: 6, window }, PolicyMode::Enforce),
-        build("sh", Algorithm::FixedWindow { limit: 3, window }, PolicyMode::Shadow),
+        build(
+            "sc",
+            Algorithm::SlidingCounter(shared_contract::SlidingCounter { limit: 6, window }),
+            PolicyMode::Enforce,
+        ),
+        build(
+            "sh",
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 3, window }),
+            PolicyMode::Shadow,
+        ),
         build(
             "g",
-            Algorithm::Gcra { limit: 7, period: Duration::from_millis(100), burst: 4 },
+            Algorithm::Gcra(shared_contract::Gcra {
+                limit: 7,
+                period: Duration::from_millis(100),
+                burst: 4,
+            }),
             PolicyMode::Enforce,
         ),
         // No maximum cost: a lease is one slot whatever the cost.
         RateLimitPolicy::builder(
             "c",
-            Algorithm::Concurrency {
+            Algorithm::Concurrency(shared_contract::Concurrency {
                 max_in_flight: 2,
                 lease_ttl: Duration::from_millis(150),
                 retry_after: Duration::from_millis(50),
-            },
+            }),
         )
         .maximum_clock_regression(Duration::from_millis(200))
         .cleanup_grace(Duration::from_secs(60))
@@ -528,7 +554,10 @@ async fn a_reloaded_policy_table_starts_with_an_empty_cache() {
     // a cached refusal would still block, so the new table caches afresh.
     let shadow = RateLimitPolicy::builder(
         "p",
-        Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(1),
+        }),
     )
     .maximum_cost(1)
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
@@ -552,7 +581,10 @@ async fn a_reset_through_another_instance_reaches_this_ones_cache_within_its_max
         let clock = ManualClock::new(T0 + 250);
         let policy = RateLimitPolicy::builder(
             "w",
-            Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(window) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 3,
+                window: Duration::from_secs(window),
+            }),
         )
         .evaluation_dedup(EvaluationDedupPolicy::Disabled)
         .build()
@@ -584,7 +616,10 @@ async fn the_max_age_is_configurable() {
     let clock = ManualClock::new(T0);
     let policy = RateLimitPolicy::builder(
         "w",
-        Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(3_600) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(3_600),
+        }),
     )
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()

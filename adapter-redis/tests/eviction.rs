@@ -73,7 +73,10 @@ impl Write for Lines {
 fn policy() -> RateLimitPolicy {
     RateLimitPolicy::builder(
         "p",
-        Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 5,
+            window: Duration::from_secs(1),
+        }),
     )
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
     .build()

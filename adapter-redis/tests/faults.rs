@@ -66,7 +66,10 @@ fn fixed(id: &str, limit: u64, dedup: EvaluationDedupPolicy) -> RateLimitPolicy 
     // A window far longer than any test, so no count resets mid-test.
     RateLimitPolicy::builder(
         id,
-        Algorithm::FixedWindow { limit, window: Duration::from_secs(3600) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit,
+            window: Duration::from_secs(3600),
+        }),
     )
     .evaluation_dedup(dedup)
     .build()

@@ -29,11 +29,11 @@ const LEASE_LIFE: u64 = LEASE_TTL + 1_000;
 fn leases(id: &str, max_in_flight: u64) -> RateLimitPolicy {
     RateLimitPolicy::builder(
         id,
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight,
             lease_ttl: Duration::from_millis(LEASE_TTL),
             retry_after: Duration::from_millis(250),
-        },
+        }),
     )
     .cleanup_grace(GRACE)
     .build()
@@ -41,10 +41,16 @@ fn leases(id: &str, max_in_flight: u64) -> RateLimitPolicy {
 }
 
 fn fixed(id: &str, limit: u64) -> RateLimitPolicy {
-    RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit, window: Duration::from_secs(1) })
-        .evaluation_dedup(EvaluationDedupPolicy::Disabled)
-        .build()
-        .unwrap()
+    RateLimitPolicy::builder(
+        id,
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit,
+            window: Duration::from_secs(1),
+        }),
+    )
+    .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+    .build()
+    .unwrap()
 }
 
 fn id(n: u128) -> EvaluationId {
@@ -60,7 +66,7 @@ async fn members(
     pairs.into_iter().collect()
 }
 
-/// What `lua/concurrency.lua` stores: each lease id (its 16 bytes) scored
+/// What `concurrency.lua` stores: each lease id (its 16 bytes) scored
 /// by its `expires_at`, and the mark as the member `m` scored `-1 - mark`.
 fn stored(mark: u64, held: &[(u128, u64)]) -> BTreeMap<Vec<u8>, f64> {
     let mut expected: BTreeMap<Vec<u8>, f64> = held

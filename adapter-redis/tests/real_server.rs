@@ -17,10 +17,16 @@ use shared_contract::{
 use support::{T0, adapter, inspector, request, request_with, subject};
 
 fn fixed(id: &str, limit: u64, dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
-    RateLimitPolicy::builder(id, Algorithm::FixedWindow { limit, window: Duration::from_secs(1) })
-        .evaluation_dedup(dedup)
-        .build()
-        .unwrap()
+    RateLimitPolicy::builder(
+        id,
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit,
+            window: Duration::from_secs(1),
+        }),
+    )
+    .evaluation_dedup(dedup)
+    .build()
+    .unwrap()
 }
 
 fn remaining(outcome: &RateLimitOutcome) -> u64 {
@@ -44,7 +50,11 @@ async fn script_flush_between_two_evaluations_recovers_transparently() {
     // NOSCRIPT -> reload -> one retry: the caller sees only the next count.
     assert_eq!(remaining(&adapter.evaluate(request(&clock, "p", &who)).await), 1);
     // The retry loaded the script again: its SHA-1 is known to the server.
-    let digest = redis::Script::new(ScriptKind::FixedWindow.source()).get_hash().to_owned();
+    let digest = redis::Script::new(
+        ScriptKind::Single(shared_contract::AlgorithmKind::FixedWindow).source(),
+    )
+    .get_hash()
+    .to_owned();
     let loaded: Vec<bool> =
         redis::cmd("SCRIPT").arg("EXISTS").arg(digest).query_async(&mut redis).await.unwrap();
     assert_eq!(loaded, [true]);
@@ -161,7 +171,7 @@ async fn key_length_over_windows(
     active: impl Fn(u64) -> bool,
 ) -> ((usize, usize), (usize, usize)) {
     let server = RedisServer::start();
-    let period = shared_contract::millis(policy.algorithm().period());
+    let period = shared_contract::millis(policy.algorithm().quota_window(|| T0).unwrap());
     let clock = ManualClock::new(T0);
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(4);
@@ -188,17 +198,17 @@ async fn key_length_over_windows(
 fn all_algorithms(dedup: EvaluationDedupPolicy) -> Vec<(RateLimitPolicy, usize)> {
     let window = Duration::from_secs(1);
     [
-        (Algorithm::FixedWindow { limit: 10, window }, 25),
-        (Algorithm::SlidingCounter { limit: 10, window }, 33),
+        (Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 10, window }), 25),
+        (Algorithm::SlidingCounter(shared_contract::SlidingCounter { limit: 10, window }), 33),
         (
-            Algorithm::TokenBucket {
+            Algorithm::TokenBucket(shared_contract::TokenBucket {
                 capacity: 10,
                 refill_tokens: 5,
                 refill_period: Duration::from_millis(500),
-            },
+            }),
             25,
         ),
-        (Algorithm::Gcra { limit: 10, period: window, burst: 10 }, 17),
+        (Algorithm::Gcra(shared_contract::Gcra { limit: 10, period: window, burst: 10 }), 17),
     ]
     .into_iter()
     .map(|(algorithm, header)| {
@@ -259,15 +269,20 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
     let window = Duration::from_secs(1);
-    let orders =
-        RateLimitPolicy::builder("api.orders", Algorithm::FixedWindow { limit: 5, window })
-            .revision(3)
-            .build()
-            .unwrap();
-    let daily = RateLimitPolicy::builder("api.daily", Algorithm::FixedWindow { limit: 50, window })
-        .scope(PolicyScope::Subject)
-        .build()
-        .unwrap();
+    let orders = RateLimitPolicy::builder(
+        "api.orders",
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 5, window }),
+    )
+    .revision(3)
+    .build()
+    .unwrap();
+    let daily = RateLimitPolicy::builder(
+        "api.daily",
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 50, window }),
+    )
+    .scope(PolicyScope::Subject)
+    .build()
+    .unwrap();
     let adapter = adapter(&server, &clock, vec![orders.clone(), daily.clone()], |_| {});
     let who = subject(0xab);
     let mut set = request(&clock, "api.orders", &who);
@@ -312,24 +327,38 @@ async fn key_lifetime_is_state_end_or_last_record_plus_the_larger_of_grace_and_r
             .build()
             .unwrap()
     };
-    let bucket = Algorithm::TokenBucket {
+    let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 5,
         refill_tokens: 1,
         refill_period: Duration::from_millis(100),
-    };
+    });
     let off = EvaluationDedupPolicy::Disabled;
     // (policy, expected lifetime in ms) from docs/algorithms.md step 7, G = 900:
     let cases = [
         // fixed: state_end T0+1000 -> 750 + 900
-        (slack(Algorithm::FixedWindow { limit: 3, window }, "fw", off), 1650),
+        (
+            slack(
+                Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 3, window }),
+                "fw",
+                off,
+            ),
+            1650,
+        ),
         // sliding: state_end T0+2000 -> 1750 + 900
-        (slack(Algorithm::SlidingCounter { limit: 3, window }, "sc", off), 2650),
+        (
+            slack(
+                Algorithm::SlidingCounter(shared_contract::SlidingCounter { limit: 3, window }),
+                "sc",
+                off,
+            ),
+            2650,
+        ),
         // bucket: 4 tokens left, full after one period from T0+250 -> 100 + 900
         (slack(bucket, "tb", off), 1000),
         // dedupe 5 s: the record outlives the window -> 5000 + 900
         (
             slack(
-                Algorithm::FixedWindow { limit: 3, window },
+                Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 3, window }),
                 "fwd",
                 EvaluationDedupPolicy::enabled_defaults(),
             ),
@@ -547,12 +576,15 @@ async fn a_dedupe_key_s_expiry_is_the_latest_any_write_asked_for() {
         max_stored_bytes: 65_536,
     };
     let window = Duration::from_secs(60);
-    let policy = RateLimitPolicy::builder("p", Algorithm::FixedWindow { limit: 100, window })
-        .cleanup_grace(Duration::from_millis(250))
-        .maximum_clock_regression(Duration::from_millis(900))
-        .evaluation_dedup(dedup)
-        .build()
-        .unwrap();
+    let policy = RateLimitPolicy::builder(
+        "p",
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 100, window }),
+    )
+    .cleanup_grace(Duration::from_millis(250))
+    .maximum_clock_regression(Duration::from_millis(900))
+    .evaluation_dedup(dedup)
+    .build()
+    .unwrap();
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let who = subject(51);
     let key = adapter.keys().counter_key(&policy, &who, &support::operation());
@@ -590,7 +622,10 @@ async fn dedupe_records_stay_within_the_cap_and_expired_ones_are_swept() {
         };
         RateLimitPolicy::builder(
             format!("p{max_entries}"),
-            Algorithm::FixedWindow { limit: 1_000, window: Duration::from_secs(1) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 1_000,
+                window: Duration::from_secs(1),
+            }),
         )
         .evaluation_dedup(dedup)
         .build()
@@ -673,11 +708,11 @@ async fn a_header_with_a_24_byte_trailer_is_corrupt_state() {
 async fn a_refused_token_bucket_sheds_its_expired_records() {
     let server = RedisServer::start();
     let clock = ManualClock::new(T0);
-    let bucket = Algorithm::TokenBucket {
+    let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 150,
         refill_tokens: 1,
         refill_period: Duration::from_secs(3_600),
-    };
+    });
     let policy = RateLimitPolicy::builder("tb", bucket)
         .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
         .build()
@@ -725,11 +760,13 @@ async fn stored_record_bytes_stay_within_max_stored_bytes() {
             max_stored_bytes: u32::try_from(bound).unwrap(),
         };
         let window = Duration::from_secs(60);
-        let policy =
-            RateLimitPolicy::builder("p", Algorithm::FixedWindow { limit: 100_000, window })
-                .evaluation_dedup(dedup)
-                .build()
-                .unwrap();
+        let policy = RateLimitPolicy::builder(
+            "p",
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 100_000, window }),
+        )
+        .evaluation_dedup(dedup)
+        .build()
+        .unwrap();
         let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
         let who = subject(60 + u8::try_from(n).unwrap());
         let key = adapter.keys().counter_key(&policy, &who, &support::operation());

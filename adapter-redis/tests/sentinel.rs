@@ -35,7 +35,10 @@ const SLACK: Duration = Duration::from_millis(250);
 fn policy() -> RateLimitPolicy {
     RateLimitPolicy::builder(
         "p",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(3_600) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(3_600),
+        }),
     )
     .build()
     .unwrap()

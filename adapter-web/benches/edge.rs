@@ -53,8 +53,10 @@ fn pseudonymizer() -> Arc<VersionedPseudonymizer> {
 }
 
 fn policy(id: &str) -> RateLimitPolicy {
-    let algorithm =
-        Algorithm::FixedWindow { limit: 1_000_000_000, window: Duration::from_secs(3600) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit: 1_000_000_000,
+        window: Duration::from_secs(3600),
+    });
     RateLimitPolicy::builder(id, algorithm).build().expect("a valid policy")
 }
 
@@ -65,11 +67,11 @@ fn bridge(ids: &[&str]) -> TransportBridge {
 /// An in-flight limit far above what one caller holds: every request takes
 /// a lease, and gives it back when its response is dropped.
 fn in_flight(id: &str) -> RateLimitPolicy {
-    let algorithm = Algorithm::Concurrency {
+    let algorithm = Algorithm::Concurrency(shared_contract::Concurrency {
         max_in_flight: 10_000,
         lease_ttl: Duration::from_secs(60),
         retry_after: Duration::from_secs(1),
-    };
+    });
     RateLimitPolicy::builder(id, algorithm).build().expect("a valid policy")
 }
 

@@ -82,24 +82,34 @@ mod tests {
 
     #[test]
     fn policy_header_names_limit_and_window_in_seconds() {
-        let fixed = policy(Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(60) });
+        let fixed = policy(Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 100,
+            window: Duration::from_secs(60),
+        }));
         assert_eq!(policy_header([&fixed]).unwrap(), r#""orders.read";q=100;w=60"#);
         // A 1.5 s window is announced as 2 s: never promise more than holds.
-        let sliding =
-            policy(Algorithm::SlidingCounter { limit: 10, window: Duration::from_millis(1500) });
+        let sliding = policy(Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+            limit: 10,
+            window: Duration::from_millis(1500),
+        }));
         assert_eq!(policy_header([&sliding]).unwrap(), r#""orders.read";q=10;w=2"#);
         // Five tokens, two per 100 ms: three periods fill it, 300 ms -> 1 s.
-        let bucket = policy(Algorithm::TokenBucket {
+        let bucket = policy(Algorithm::TokenBucket(shared_contract::TokenBucket {
             capacity: 5,
             refill_tokens: 2,
             refill_period: Duration::from_millis(100),
-        });
+        }));
         assert_eq!(policy_header([&bucket]).unwrap(), r#""orders.read";q=5;w=1"#);
         // GCRA: q is the burst, w the burst's cells at T = 1 s / 10 = 0.5 s,
         // rounded up to 1; 3 per second with a burst of 7: T = 333334 us,
         // 2.333338 s, 3 on the wire.
-        let gcra =
-            |limit, burst| policy(Algorithm::Gcra { limit, period: Duration::from_secs(1), burst });
+        let gcra = |limit, burst| {
+            policy(Algorithm::Gcra(shared_contract::Gcra {
+                limit,
+                period: Duration::from_secs(1),
+                burst,
+            }))
+        };
         assert_eq!(policy_header([&gcra(10, 5)]).unwrap(), r#""orders.read";q=5;w=1"#);
         assert_eq!(policy_header([&gcra(3, 7)]).unwrap(), r#""orders.read";q=7;w=3"#);
         assert_eq!(policy_header([&gcra(1, 30)]).unwrap(), r#""orders.read";q=30;w=30"#);
@@ -124,11 +134,11 @@ mod tests {
 
     #[test]
     fn a_concurrency_policy_shows_its_slots_without_a_window_or_a_reset() {
-        let exports = policy(Algorithm::Concurrency {
+        let exports = policy(Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 2,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
-        });
+        }));
         assert_eq!(policy_header([&exports]).unwrap(), r#""orders.read";q=2"#);
         // One slot of two taken; no reset time, not even `t=0` ("whole now").
         let held = RateLimitDecision {
@@ -151,13 +161,19 @@ mod tests {
         // The burst + sustained pair of docs/algorithms.md, with its expected values.
         let burst = RateLimitPolicy::builder(
             "orders-burst",
-            Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(1) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 10,
+                window: Duration::from_secs(1),
+            }),
         )
         .build()
         .unwrap();
         let hourly = RateLimitPolicy::builder(
             "orders-hourly",
-            Algorithm::FixedWindow { limit: 1000, window: Duration::from_secs(3600) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 1000,
+                window: Duration::from_secs(3600),
+            }),
         )
         .build()
         .unwrap();
@@ -198,9 +214,12 @@ mod tests {
             .iter()
             .map(|id| {
                 let window = Duration::from_millis(1500);
-                RateLimitPolicy::builder(*id, Algorithm::FixedWindow { limit: 7, window })
-                    .build()
-                    .unwrap()
+                RateLimitPolicy::builder(
+                    *id,
+                    Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 7, window }),
+                )
+                .build()
+                .unwrap()
             })
             .collect();
         let mut text = Vec::new();

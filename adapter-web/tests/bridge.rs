@@ -48,7 +48,10 @@ struct Fixture {
 }
 
 fn fixed_window(id: &str, mode: PolicyMode) -> RateLimitPolicy {
-    let algorithm = Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit: 5,
+        window: Duration::from_secs(1),
+    });
     RateLimitPolicy::builder(id, algorithm).maximum_cost(5).mode(mode).build().unwrap()
 }
 

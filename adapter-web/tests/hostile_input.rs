@@ -111,8 +111,14 @@ fn single(id: &str) -> PolicySet {
 }
 
 fn policies() -> Vec<RateLimitPolicy> {
-    let orders = Algorithm::FixedWindow { limit: 10, window: Duration::from_secs(60) };
-    let default = Algorithm::SlidingCounter { limit: 100, window: Duration::from_secs(1) };
+    let orders = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit: 10,
+        window: Duration::from_secs(60),
+    });
+    let default = Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+        limit: 100,
+        window: Duration::from_secs(1),
+    });
     vec![
         RateLimitPolicy::builder("orders", orders).build().unwrap(),
         RateLimitPolicy::builder("default", default).build().unwrap(),

@@ -23,12 +23,18 @@ use support::{COST_HEADER, Harness, ORDER_OPERATION, ScriptedPort, Via};
 const PROBLEMS: &str = "https://ca-skeleton.invalid/problems/";
 
 fn fixed_window(id: &str, limit: u64, window_secs: u64, mode: PolicyMode) -> RateLimitPolicy {
-    let algorithm = Algorithm::FixedWindow { limit, window: Duration::from_secs(window_secs) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit,
+        window: Duration::from_secs(window_secs),
+    });
     RateLimitPolicy::builder(id, algorithm).maximum_cost(5).mode(mode).build().unwrap()
 }
 
 fn policies() -> Vec<RateLimitPolicy> {
-    let default = Algorithm::SlidingCounter { limit: 100, window: Duration::from_secs(1) };
+    let default = Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+        limit: 100,
+        window: Duration::from_secs(1),
+    });
     vec![
         fixed_window("orders", 10, 60, PolicyMode::Enforce),
         RateLimitPolicy::builder("default", default).build().unwrap(),

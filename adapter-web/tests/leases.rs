@@ -44,11 +44,11 @@ const T0: u64 = 1_700_000_040_000;
 /// `exports`: at most `max_in_flight` per subject across every route, a
 /// refusal telling clients 2.5 s (3 on the wire).
 fn exports(max_in_flight: u64) -> RateLimitPolicy {
-    let algorithm = Algorithm::Concurrency {
+    let algorithm = Algorithm::Concurrency(shared_contract::Concurrency {
         max_in_flight,
         lease_ttl: Duration::from_secs(30),
         retry_after: Duration::from_millis(2500),
-    };
+    });
     RateLimitPolicy::builder("exports", algorithm).scope(PolicyScope::Subject).build().unwrap()
 }
 
@@ -418,8 +418,11 @@ async fn an_indeterminate_answer_gives_back_what_it_may_have_taken_and_unavailab
 /// no guard for it), and a request a rate policy refuses holds no lease.
 #[tokio::test]
 async fn only_an_admitted_request_of_a_set_with_a_concurrency_policy_gives_a_lease_back() {
-    let once = Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) };
-    let policies = || [exports(2), RateLimitPolicy::builder("once", once).build().unwrap()];
+    let once = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit: 1,
+        window: Duration::from_secs(60),
+    });
+    let policies = || [exports(2), RateLimitPolicy::builder("once", once.clone()).build().unwrap()];
     let clock = ManualClock::new(T0);
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let memory = MemoryEdgeRateLimitAdapter::new(policies(), shared).unwrap();

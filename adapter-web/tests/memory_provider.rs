@@ -24,7 +24,10 @@ const T0: u64 = 1_700_000_040_000;
 
 async fn a_fixed_window_allows_two_then_denies(via: Via) {
     let clock = ManualClock::new(T0 + 250);
-    let algorithm = Algorithm::FixedWindow { limit: 2, window: Duration::from_secs(60) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit: 2,
+        window: Duration::from_secs(60),
+    });
     let policy = RateLimitPolicy::builder("default", algorithm).build().unwrap();
     let shared: Arc<dyn Clock> = Arc::new(clock.clone());
     let provider = Arc::new(MemoryEdgeRateLimitAdapter::new([policy], shared).unwrap());
@@ -63,7 +66,10 @@ async fn a_fixed_window_allows_two_then_denies(via: Via) {
 const HOUR_T0: u64 = 472_223 * 3_600_000;
 
 fn fixed(id: &str, limit: u64, window_secs: u64) -> shared_contract::RateLimitPolicyBuilder {
-    let algorithm = Algorithm::FixedWindow { limit, window: Duration::from_secs(window_secs) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit,
+        window: Duration::from_secs(window_secs),
+    });
     RateLimitPolicy::builder(id, algorithm)
 }
 
@@ -218,7 +224,10 @@ async fn a_head_is_charged_as_the_get_of_its_route(via: Via) {
         fixed("tight", 2, 60).build().unwrap(),
         RateLimitPolicy::builder(
             "generous",
-            Algorithm::FixedWindow { limit: 1000, window: Duration::from_secs(60) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 1000,
+                window: Duration::from_secs(60),
+            }),
         )
         .build()
         .unwrap(),

@@ -31,7 +31,10 @@ fn bridge(port: Arc<dyn EdgeRateLimitPort>, clock: &Arc<dyn Clock>) -> Arc<Trans
 }
 
 fn fixed_window(limit: u64, revision: u32) -> RateLimitPolicy {
-    let algorithm = Algorithm::FixedWindow { limit, window: Duration::from_secs(60) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit,
+        window: Duration::from_secs(60),
+    });
     RateLimitPolicy::builder("api", algorithm).revision(revision).build().unwrap()
 }
 

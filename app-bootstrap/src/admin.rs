@@ -636,8 +636,10 @@ impl LookupLimiter {
             component: "the admin pseudonym limiter",
             reason: error.to_string(),
         };
-        let algorithm =
-            Algorithm::FixedWindow { limit: PSEUDONYM_LOOKUPS, window: PSEUDONYM_WINDOW };
+        let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: PSEUDONYM_LOOKUPS,
+            window: PSEUDONYM_WINDOW,
+        });
         let policy = RateLimitPolicy::builder("admin-pseudonym", algorithm)
             .build()
             .map_err(|error| wiring(&error))?;

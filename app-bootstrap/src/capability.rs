@@ -401,7 +401,10 @@ mod tests {
             .expect("the demo policy");
         assert_eq!(
             *demo.algorithm(),
-            Algorithm::FixedWindow { limit: 5, window: std::time::Duration::from_secs(60) }
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 5,
+                window: std::time::Duration::from_secs(60)
+            })
         );
         assert!(capability.is_ready().await);
         assert!(capability.layer(&config, clock()).unwrap().is_enabled());

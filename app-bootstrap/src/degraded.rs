@@ -33,10 +33,10 @@ use std::time::{Duration, Instant};
 use adapter_memory::MemoryStore;
 use async_trait::async_trait;
 use shared_contract::{
-    Algorithm, BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource,
-    EdgeRateLimitPort, Evaluation, EvaluationId, Lease, OperationDigest, PolicyId, PolicyScope,
-    PolicySet, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy,
-    RateLimitRequest, ReleaseOutcome, Releasing, SetDecision, SubjectDigest, UnavailableCategory,
+    BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource, EdgeRateLimitPort,
+    Evaluation, EvaluationId, Lease, OperationDigest, PolicyId, PolicyScope, PolicySet,
+    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, Releasing, SetDecision, SubjectDigest, UnavailableCategory,
 };
 
 pub use self::ledger::MAX_SUBJECTS;
@@ -199,31 +199,7 @@ pub fn scaled(
     instances: NonZeroU32,
 ) -> Result<RateLimitPolicy, ContractError> {
     let share = |count: u64| count.div_ceil(u64::from(instances.get()));
-    let algorithm = match *policy.algorithm() {
-        Algorithm::FixedWindow { limit, window } => {
-            Algorithm::FixedWindow { limit: share(limit), window }
-        }
-        Algorithm::SlidingCounter { limit, window } => {
-            Algorithm::SlidingCounter { limit: share(limit), window }
-        }
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-            Algorithm::TokenBucket {
-                capacity: share(capacity),
-                refill_tokens: share(refill_tokens),
-                refill_period,
-            }
-        }
-        // The rate and the burst both shared: each instance spaces its
-        // cells `instances` times further apart.
-        Algorithm::Gcra { limit, period, burst } => {
-            Algorithm::Gcra { limit: share(limit), period, burst: share(burst) }
-        }
-        // Each instance holds its share of the slots; the TTL and what a
-        // refusal tells clients stay.
-        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
-            Algorithm::Concurrency { max_in_flight: share(max_in_flight), lease_ttl, retry_after }
-        }
-    };
+    let algorithm = policy.algorithm().scaled(&share);
     let maximum_cost = policy.maximum_cost().min(algorithm.limit());
     RateLimitPolicy::builder(policy.id().as_str(), algorithm)
         .revision(policy.revision())
@@ -435,7 +411,7 @@ impl DegradedPort {
                 let shape = self.primary.policy(id).filter(|p| !p.algorithm().holds_leases()).map(
                     |policy| Shape {
                         scoped: policy.scope() == PolicyScope::Operation,
-                        windowed: ledger::windowed(policy.algorithm()),
+                        windowed: policy.algorithm().windowed(),
                     },
                 );
                 let until = now.saturating_add(decision.reset_after_ms);

@@ -387,7 +387,7 @@ fn revision_rules(
         // the new maximum run at once.
         if new.algorithm().holds_leases() {
             let in_place = new.algorithm().kind().parameters();
-            altered.retain(|key| in_place.iter().all(|field| field.key() != key.as_str()));
+            altered.retain(|key| !in_place.contains(&key.as_str()));
         }
         if !altered.is_empty() {
             problems.push(

@@ -680,9 +680,12 @@ mod window_redis_returns_in {
     const PATIENCE: Duration = Duration::from_secs(20);
 
     fn policy() -> RateLimitPolicy {
-        RateLimitPolicy::builder("api", Algorithm::FixedWindow { limit: LIMIT, window: WINDOW })
-            .build()
-            .unwrap()
+        RateLimitPolicy::builder(
+            "api",
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit: LIMIT, window: WINDOW }),
+        )
+        .build()
+        .unwrap()
     }
 
     /// One instance of a fleet of `instances`: the Redis provider on `redis`

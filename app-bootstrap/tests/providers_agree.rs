@@ -127,16 +127,28 @@ fn period_ms() -> impl Strategy<Value = u64> {
 fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
     match shape {
         Shape::FixedWindow => (1..=8_u64, period_ms())
-            .prop_map(|(limit, window)| Algorithm::FixedWindow { limit, window: millis(window) })
+            .prop_map(|(limit, window)| {
+                Algorithm::FixedWindow(shared_contract::FixedWindow {
+                    limit,
+                    window: millis(window),
+                })
+            })
             .boxed(),
         Shape::SlidingCounter => (1..=8_u64, period_ms())
-            .prop_map(|(limit, window)| Algorithm::SlidingCounter { limit, window: millis(window) })
+            .prop_map(|(limit, window)| {
+                Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+                    limit,
+                    window: millis(window),
+                })
+            })
             .boxed(),
         Shape::TokenBucket => (1..=8_u64, 1..=3_u64, period_ms())
-            .prop_map(|(capacity, refill_tokens, period)| Algorithm::TokenBucket {
-                capacity,
-                refill_tokens,
-                refill_period: millis(period),
+            .prop_map(|(capacity, refill_tokens, period)| {
+                Algorithm::TokenBucket(shared_contract::TokenBucket {
+                    capacity,
+                    refill_tokens,
+                    refill_period: millis(period),
+                })
             })
             .boxed(),
         // Limits that rarely divide the period: T is rounded up to whole
@@ -148,19 +160,19 @@ fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
                 let least = 1000_u64.div_ceil((period * 1000).div_ceil(limit));
                 (Just(limit), Just(period), least..=least.max(8))
             })
-            .prop_map(|(limit, period, burst)| Algorithm::Gcra {
-                limit,
-                period: millis(period),
-                burst,
+            .prop_map(|(limit, period, burst)| {
+                Algorithm::Gcra(shared_contract::Gcra { limit, period: millis(period), burst })
             })
             .boxed(),
         // Few slots, so requests are refused; leases that expire within a
         // case, so a lease is reclaimed as well as released.
         Shape::Concurrency => (1..=4_u64, period_ms(), 1..=100_u64)
-            .prop_map(|(max_in_flight, lease_ttl, retry_after)| Algorithm::Concurrency {
-                max_in_flight,
-                lease_ttl: millis(lease_ttl),
-                retry_after: millis(retry_after),
+            .prop_map(|(max_in_flight, lease_ttl, retry_after)| {
+                Algorithm::Concurrency(shared_contract::Concurrency {
+                    max_in_flight,
+                    lease_ttl: millis(lease_ttl),
+                    retry_after: millis(retry_after),
+                })
             })
             .boxed(),
     }
@@ -199,16 +211,11 @@ fn policy_as(
 ) -> impl Strategy<Value = RateLimitPolicy> {
     algorithm
         .prop_flat_map(move |algorithm| {
-            (
-                Just(algorithm),
-                1..=algorithm.limit(),
-                0..=30_u64,
-                dedup(),
-                scope.clone(),
-                mode.clone(),
-            )
+            let limit = algorithm.limit();
+            (Just(algorithm), 1..=limit, 0..=30_u64, dedup(), scope.clone(), mode.clone())
         })
         .prop_map(move |(algorithm, maximum_cost, regression, dedup, scope, mode)| {
+            let holds_leases = algorithm.holds_leases();
             let builder = RateLimitPolicy::builder(id, algorithm)
                 .maximum_clock_regression(millis(regression))
                 .cleanup_grace(CLEANUP_GRACE)
@@ -216,7 +223,7 @@ fn policy_as(
                 .mode(mode);
             // A concurrency policy takes neither: a lease is one slot
             // whatever the cost, and its id is its dedupe.
-            let builder = if algorithm.holds_leases() {
+            let builder = if holds_leases {
                 builder
             } else {
                 builder.maximum_cost(maximum_cost).evaluation_dedup(dedup)
@@ -680,7 +687,10 @@ fn many_records_scenario() -> impl Strategy<Value = Scenario> {
             };
             RateLimitPolicy::builder(
                 "diff.records",
-                Algorithm::FixedWindow { limit, window: millis(1_000) },
+                Algorithm::FixedWindow(shared_contract::FixedWindow {
+                    limit,
+                    window: millis(1_000),
+                }),
             )
             .maximum_clock_regression(millis(regression))
             .cleanup_grace(CLEANUP_GRACE)
@@ -715,8 +725,11 @@ fn refused_bucket_scenario() -> impl Strategy<Value = Scenario> {
                 max_entries,
                 max_stored_bytes: 65_536,
             };
-            let bucket =
-                Algorithm::TokenBucket { capacity, refill_tokens, refill_period: millis(period) };
+            let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
+                capacity,
+                refill_tokens,
+                refill_period: millis(period),
+            });
             RateLimitPolicy::builder("diff.refused", bucket)
                 .maximum_clock_regression(millis(regression))
                 .cleanup_grace(CLEANUP_GRACE)
@@ -762,7 +775,7 @@ fn fixed_decision(
 fn pinned_policy() -> RateLimitPolicy {
     RateLimitPolicy::builder(
         "diff.pinned",
-        Algorithm::FixedWindow { limit: 2, window: millis(1000) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 2, window: millis(1000) }),
     )
     .maximum_cost(2)
     .maximum_clock_regression(millis(10))
@@ -842,7 +855,11 @@ fn a_release_leaves_expired_leases_for_a_lagging_clock() {
     // clock may lag 20 ms.
     let policy = RateLimitPolicy::builder(
         "diff.leases",
-        Algorithm::Concurrency { max_in_flight: 1, lease_ttl: millis(50), retry_after: millis(30) },
+        Algorithm::Concurrency(shared_contract::Concurrency {
+            max_in_flight: 1,
+            lease_ttl: millis(50),
+            retry_after: millis(30),
+        }),
     )
     .maximum_clock_regression(millis(20))
     .cleanup_grace(CLEANUP_GRACE)

@@ -175,7 +175,10 @@ async fn expired_subjects_are_reclaimed_by_the_traffic_that_follows() {
     let clock = ManualClock::new(1_800_000_000_000);
     let policy = RateLimitPolicy::builder(
         "soak",
-        Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(1) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 5,
+            window: Duration::from_secs(1),
+        }),
     )
     .build()
     .unwrap();

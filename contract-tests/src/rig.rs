@@ -70,12 +70,18 @@ pub(crate) const fn ms(millis: u64) -> Duration {
 
 /// A fixed-window policy with the check defaults.
 pub(crate) fn fixed_window(id: &str, limit: u64, window_ms: u64) -> RateLimitPolicyBuilder {
-    with_check_defaults(id, Algorithm::FixedWindow { limit, window: ms(window_ms) })
+    with_check_defaults(
+        id,
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window: ms(window_ms) }),
+    )
 }
 
 /// A sliding-counter policy with the check defaults.
 pub(crate) fn sliding_counter(id: &str, limit: u64, window_ms: u64) -> RateLimitPolicyBuilder {
-    with_check_defaults(id, Algorithm::SlidingCounter { limit, window: ms(window_ms) })
+    with_check_defaults(
+        id,
+        Algorithm::SlidingCounter(shared_contract::SlidingCounter { limit, window: ms(window_ms) }),
+    )
 }
 
 /// A token-bucket policy with the check defaults.
@@ -87,14 +93,21 @@ pub(crate) fn token_bucket(
 ) -> RateLimitPolicyBuilder {
     with_check_defaults(
         id,
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period: ms(refill_period_ms) },
+        Algorithm::TokenBucket(shared_contract::TokenBucket {
+            capacity,
+            refill_tokens,
+            refill_period: ms(refill_period_ms),
+        }),
     )
 }
 
 /// A GCRA policy with the check defaults: `limit` per `period_ms`, `burst`
 /// at once.
 pub(crate) fn gcra(id: &str, limit: u64, period_ms: u64, burst: u64) -> RateLimitPolicyBuilder {
-    with_check_defaults(id, Algorithm::Gcra { limit, period: ms(period_ms), burst })
+    with_check_defaults(
+        id,
+        Algorithm::Gcra(shared_contract::Gcra { limit, period: ms(period_ms), burst }),
+    )
 }
 
 /// A concurrency policy with the check defaults: `max_in_flight` leases at
@@ -107,11 +120,11 @@ pub(crate) fn concurrency(
 ) -> RateLimitPolicyBuilder {
     with_check_defaults(
         id,
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight,
             lease_ttl: ms(lease_ttl_ms),
             retry_after: ms(retry_ms),
-        },
+        }),
     )
 }
 

@@ -329,7 +329,10 @@ fn the_store_refuses_a_write_at_a_stale_version() {
     let store = CasStore::default();
     let state = |count| KeyState {
         mark: 10,
-        algorithm: AlgorithmState::FixedWindow { window_start: 0, count },
+        algorithm: AlgorithmState::FixedWindow(shared_contract::FixedWindowState {
+            window_start: 0,
+            count,
+        }),
         records: DedupRecords::default(),
         leases: Leases::default(),
     };
@@ -360,7 +363,10 @@ async fn a_reload_keeps_every_budget() {
     use shared_contract::{Algorithm, EvaluationId, PolicySet};
 
     let policy = |id: &str| {
-        let algorithm = Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(60) };
+        let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 1,
+            window: Duration::from_secs(60),
+        });
         RateLimitPolicy::builder(id, algorithm).build().expect("a valid policy")
     };
     let clock = ManualClock::new(1_000);

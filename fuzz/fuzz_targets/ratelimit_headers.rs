@@ -21,18 +21,18 @@ fuzz_target!(|data: &[u8]| {
     let limit = limit % 4 + 1;
     let window = Duration::from_millis(window % (400 * 24 * 3600 * 1000));
     let algorithm = match kind {
-        0 => Algorithm::FixedWindow { limit, window },
-        1 => Algorithm::SlidingCounter { limit, window },
-        2 => Algorithm::TokenBucket { capacity: limit, refill_tokens: 1, refill_period: window },
+        0 => Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window }),
+        1 => Algorithm::SlidingCounter(shared_contract::SlidingCounter { limit, window }),
+        2 => Algorithm::TokenBucket(shared_contract::TokenBucket { capacity: limit, refill_tokens: 1, refill_period: window }),
         // No window: `RateLimit-Policy` without `w`; the lease TTL and the
         // retry-after from the same number, each in its own range.
-        3 => Algorithm::Concurrency {
+        3 => Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: limit,
             lease_ttl: window,
             retry_after: Duration::from_millis(number(9) % 3_700_000),
-        },
+        }),
         // The burst from the first byte's high bits: below, at or above the limit.
-        _ => Algorithm::Gcra { limit, period: window, burst: u64::from(data[0] >> 6) + 1 },
+        _ => Algorithm::Gcra(shared_contract::Gcra { limit, period: window, burst: u64::from(data[0] >> 6) + 1 }),
     };
     let Ok(policy) = RateLimitPolicy::builder(id, algorithm).build() else { return };
     let router = router(policy.clone());

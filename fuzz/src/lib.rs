@@ -65,7 +65,7 @@ pub fn router_behind(policy: RateLimitPolicy, header: ClientIpHeader) -> Router 
 /// A generous fixed window named `fuzz`, so requests are allowed.
 pub fn default_policy() -> RateLimitPolicy {
     let algorithm =
-        Algorithm::FixedWindow { limit: 1_000_000_000, window: Duration::from_secs(60) };
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 1_000_000_000, window: Duration::from_secs(60) });
     RateLimitPolicy::builder("fuzz", algorithm).build().expect("a valid policy")
 }
 

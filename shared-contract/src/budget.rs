@@ -126,12 +126,12 @@ crate::impl_from_str_by_name!(BudgetFailure);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::policy::Algorithm;
+    use crate::Algorithm;
 
     fn policy(scope: PolicyScope) -> RateLimitPolicy {
         RateLimitPolicy::builder(
             "p",
-            Algorithm::FixedWindow { limit: 1, window: Duration::from_secs(1) },
+            Algorithm::FixedWindow(crate::FixedWindow { limit: 1, window: Duration::from_secs(1) }),
         )
         .scope(scope)
         .build()

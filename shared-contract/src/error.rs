@@ -61,26 +61,9 @@ pub enum PolicyField {
     Algorithm,
     /// The policy revision.
     Revision,
-    /// The limit of a fixed window, sliding counter or GCRA.
-    Limit,
-    /// The window of a fixed window or sliding counter.
-    Window,
-    /// The capacity of a token bucket.
-    Capacity,
-    /// Tokens added each refill period.
-    RefillTokens,
-    /// The refill period of a token bucket.
-    RefillPeriod,
-    /// The steady-rate period of a GCRA policy.
-    Period,
-    /// How many requests a GCRA policy lets arrive at once.
-    Burst,
-    /// Leases a concurrency policy's key may hold at once.
-    MaxInFlight,
-    /// The longest a concurrency lease is held if never released.
-    LeaseTtl,
-    /// What a concurrency policy's refusal tells clients to wait.
-    RetryAfter,
+    /// A parameter of the policy's algorithm, by its key (`limit`,
+    /// `window`, ...): each algorithm names its own.
+    Parameter(&'static str),
     /// The largest cost one request may carry.
     MaximumCost,
     /// Extra key lifetime after state stops mattering.
@@ -113,16 +96,7 @@ impl PolicyField {
             Self::Id => "id",
             Self::Algorithm => "algorithm",
             Self::Revision => "revision",
-            Self::Limit => "limit",
-            Self::Window => "window",
-            Self::Capacity => "capacity",
-            Self::RefillTokens => "refill-tokens",
-            Self::RefillPeriod => "refill-period",
-            Self::Period => "period",
-            Self::Burst => "burst",
-            Self::MaxInFlight => "max-in-flight",
-            Self::LeaseTtl => "lease-ttl",
-            Self::RetryAfter => "retry-after",
+            Self::Parameter(key) => key,
             Self::MaximumCost => "maximum-cost",
             Self::CleanupGrace => "cleanup-grace",
             Self::MaximumClockRegression => "maximum-clock-regression",

@@ -9,8 +9,10 @@
 
 use std::time::Duration;
 
+use crate::algorithm::Algorithm;
+use crate::clock::{Clock, SystemClock};
 use crate::outcome::RateLimitDecision;
-use crate::policy::{Algorithm, PolicyId, RateLimitPolicy};
+use crate::policy::{PolicyId, RateLimitPolicy};
 
 /// Largest structured-field integer (RFC 9651: 15 decimal digits).
 pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
@@ -85,25 +87,11 @@ fn item<const N: usize>(
     }
 }
 
-/// The time over which a policy grants its limit: the window, or for a
-/// token bucket the time an empty bucket takes to fill
-/// (`ceil(capacity / refill_tokens) * refill_period`); `None` for a
-/// concurrency policy, whose limit holds at every instant, over no window.
+/// The time over which a policy grants its limit now
+/// ([`Algorithm::quota_window`]); `None` for an algorithm with no window,
+/// such as a concurrency policy, whose limit holds at every instant.
 pub fn quota_window(algorithm: &Algorithm) -> Option<Duration> {
-    match *algorithm {
-        Algorithm::FixedWindow { window, .. } | Algorithm::SlidingCounter { window, .. } => {
-            Some(window)
-        }
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-            let periods = capacity.div_ceil(refill_tokens.max(1));
-            Some(refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX)))
-        }
-        Algorithm::Gcra { burst, .. } => {
-            let interval = algorithm.emission_interval_micros().unwrap_or(1);
-            Some(Duration::from_micros(burst.saturating_mul(interval)))
-        }
-        Algorithm::Concurrency { .. } => None,
-    }
+    algorithm.quota_window(|| SystemClock.epoch_millis())
 }
 
 /// Whole seconds, rounded up: a client told to wait less than the real
@@ -125,27 +113,30 @@ mod tests {
     fn both_fields_list_their_items_in_order_with_rounded_up_seconds() {
         let burst = RateLimitPolicy::builder(
             "orders-burst",
-            Algorithm::FixedWindow { limit: 10, window: Duration::from_millis(1500) },
+            Algorithm::FixedWindow(crate::FixedWindow {
+                limit: 10,
+                window: Duration::from_millis(1500),
+            }),
         )
         .build()
         .unwrap();
         let bucket = RateLimitPolicy::builder(
             "b",
-            Algorithm::TokenBucket {
+            Algorithm::TokenBucket(crate::TokenBucket {
                 capacity: 5,
                 refill_tokens: 2,
                 refill_period: Duration::from_millis(100),
-            },
+            }),
         )
         .build()
         .unwrap();
         let exports = RateLimitPolicy::builder(
             "exports",
-            Algorithm::Concurrency {
+            Algorithm::Concurrency(crate::Concurrency {
                 max_in_flight: 2,
                 lease_ttl: Duration::from_secs(30),
                 retry_after: Duration::from_secs(1),
-            },
+            }),
         )
         .build()
         .unwrap();

@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+mod algorithm;
 mod budget;
 mod clock;
 mod dedup;
@@ -29,6 +30,9 @@ mod request;
 mod step;
 mod subject;
 
+// The algorithm framework and every registered algorithm's type and state,
+// so registering one takes no line here.
+pub use algorithm::*;
 pub use budget::{BudgetFailure, BudgetKey, BudgetState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
@@ -48,16 +52,15 @@ pub use outcome::{
     UnavailableCategory,
 };
 pub use policy::{
-    Algorithm, AlgorithmKind, FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE,
-    MAX_IN_FLIGHT, MAX_LEASE_TTL, MAX_PERIOD, PolicyId, PolicyMode, PolicyScope, RateLimitPolicy,
-    RateLimitPolicyBuilder, millis,
+    FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL,
+    MAX_PERIOD, PolicyId, PolicyMode, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder, millis,
 };
 pub use port::{EdgeRateLimitPort, Evaluation, PortAnswer, Releasing};
 pub use request::{
     EvaluationId, MAX_POLICY_SET, OperationDigest, PolicySet, RateLimitRequest, SetEntries,
 };
 pub use step::{
-    AlgorithmState, DedupRecord, DedupRecords, HeldLease, KeyRules, KeyState, KeyWrite, Leases,
-    SetMember, SetVerdict, evaluate_set, inspect_key,
+    DedupRecord, DedupRecords, HeldLease, KeyRules, KeyState, KeyWrite, Leases, SetMember,
+    SetVerdict, evaluate_set, inspect_key,
 };
 pub use subject::{SubjectDigest, SubjectPseudonymizer};

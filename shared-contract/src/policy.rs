@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::algorithm::{Algorithm, Checks};
 use crate::dedup::EvaluationDedupPolicy;
 use crate::error::{ContractError, PolicyField, PolicyViolation};
 
@@ -60,204 +61,6 @@ fn policy_id_problem(id: &str) -> Option<String> {
         return Some(format!("{id:?} may only hold a-z, 0-9, '.', '_' and '-'"));
     }
     None
-}
-
-/// The counting algorithm of a policy and its parameters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Algorithm {
-    /// At most `limit` units per aligned window of length `window`.
-    FixedWindow {
-        /// Units per window.
-        limit: u64,
-        /// Window length, whole milliseconds.
-        window: Duration,
-    },
-    /// A weighted estimate over the current and previous window.
-    SlidingCounter {
-        /// Units per window.
-        limit: u64,
-        /// Window length, whole milliseconds.
-        window: Duration,
-    },
-    /// A bucket of `capacity` tokens refilled by `refill_tokens` every
-    /// `refill_period`.
-    TokenBucket {
-        /// Tokens a full bucket holds.
-        capacity: u64,
-        /// Tokens added per whole period.
-        refill_tokens: u64,
-        /// Refill period, whole milliseconds.
-        refill_period: Duration,
-    },
-    /// The generic cell rate algorithm: `limit` per `period` at the steady
-    /// rate, `burst` at once; one theoretical arrival time per key.
-    Gcra {
-        /// Requests per period at the steady rate.
-        limit: u64,
-        /// The period, whole milliseconds.
-        period: Duration,
-        /// How many may arrive at once (the configuration's default: `limit`).
-        burst: u64,
-    },
-    /// In-flight leases: at most `max_in_flight` requests of a key hold a
-    /// lease at once; a lease is released when its response is done, or
-    /// expires `lease_ttl` after it was taken (docs/algorithms.md
-    /// "Concurrency (in-flight leases)").
-    Concurrency {
-        /// Leases a key may hold at once.
-        max_in_flight: u64,
-        /// The longest a lease is held if never released, whole milliseconds.
-        lease_ttl: Duration,
-        /// What a refusal tells clients to wait (no window gives one), whole
-        /// milliseconds.
-        retry_after: Duration,
-    },
-}
-
-/// Which algorithm, without its parameters: what a configuration's
-/// `algorithm` key names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum AlgorithmKind {
-    /// [`Algorithm::FixedWindow`].
-    FixedWindow,
-    /// [`Algorithm::SlidingCounter`].
-    SlidingCounter,
-    /// [`Algorithm::TokenBucket`].
-    TokenBucket,
-    /// [`Algorithm::Gcra`].
-    Gcra,
-    /// [`Algorithm::Concurrency`].
-    Concurrency,
-}
-
-impl AlgorithmKind {
-    /// Every kind, in declaration order.
-    pub const ALL: [Self; 5] =
-        [Self::FixedWindow, Self::SlidingCounter, Self::TokenBucket, Self::Gcra, Self::Concurrency];
-
-    /// The configuration name: `fixed-window`, `sliding-counter`,
-    /// `token-bucket`, `gcra` or `concurrency`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::FixedWindow => "fixed-window",
-            Self::SlidingCounter => "sliding-counter",
-            Self::TokenBucket => "token-bucket",
-            Self::Gcra => "gcra",
-            Self::Concurrency => "concurrency",
-        }
-    }
-
-    /// The keys of its parameters in a policy's table. The configuration
-    /// reads these and refuses another algorithm's beside them.
-    pub const fn parameters(self) -> &'static [PolicyField] {
-        match self {
-            Self::FixedWindow | Self::SlidingCounter => &[PolicyField::Limit, PolicyField::Window],
-            Self::TokenBucket => {
-                &[PolicyField::Capacity, PolicyField::RefillTokens, PolicyField::RefillPeriod]
-            }
-            Self::Gcra => &[PolicyField::Limit, PolicyField::Period, PolicyField::Burst],
-            Self::Concurrency => {
-                &[PolicyField::MaxInFlight, PolicyField::LeaseTtl, PolicyField::RetryAfter]
-            }
-        }
-    }
-
-    /// The policy keys common to every algorithm that this one refuses: a
-    /// concurrency policy takes no `maximum-cost` (a lease is one slot
-    /// whatever the cost) and no `evaluation-dedup` (the lease id is its
-    /// dedupe). The configuration refuses them beside it, naming the key.
-    pub const fn refused_common_keys(self) -> &'static [PolicyField] {
-        match self {
-            Self::FixedWindow | Self::SlidingCounter | Self::TokenBucket | Self::Gcra => &[],
-            Self::Concurrency => &[PolicyField::MaximumCost, PolicyField::EvaluationDedup],
-        }
-    }
-}
-
-crate::impl_from_str_by_name!(AlgorithmKind);
-
-impl fmt::Display for AlgorithmKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl Algorithm {
-    /// Which algorithm this is.
-    pub const fn kind(&self) -> AlgorithmKind {
-        match self {
-            Self::FixedWindow { .. } => AlgorithmKind::FixedWindow,
-            Self::SlidingCounter { .. } => AlgorithmKind::SlidingCounter,
-            Self::TokenBucket { .. } => AlgorithmKind::TokenBucket,
-            Self::Gcra { .. } => AlgorithmKind::Gcra,
-            Self::Concurrency { .. } => AlgorithmKind::Concurrency,
-        }
-    }
-
-    /// The configuration name of [`Self::kind`].
-    pub const fn name(&self) -> &'static str {
-        self.kind().name()
-    }
-
-    /// The limit, capacity, burst or `max_in_flight`: most units (leases) a
-    /// subject can hold at once.
-    pub const fn limit(&self) -> u64 {
-        match *self {
-            Self::FixedWindow { limit, .. } | Self::SlidingCounter { limit, .. } => limit,
-            Self::TokenBucket { capacity, .. } => capacity,
-            Self::Gcra { burst, .. } => burst,
-            Self::Concurrency { max_in_flight, .. } => max_in_flight,
-        }
-    }
-
-    /// The window, refill period, GCRA period or lease TTL, the time unit
-    /// of the algorithm.
-    pub const fn period(&self) -> Duration {
-        match *self {
-            Self::FixedWindow { window, .. } | Self::SlidingCounter { window, .. } => window,
-            Self::TokenBucket { refill_period, .. } => refill_period,
-            Self::Gcra { period, .. } => period,
-            Self::Concurrency { lease_ttl, .. } => lease_ttl,
-        }
-    }
-
-    /// Whether this is a concurrency policy: its admitted requests hold a
-    /// lease the caller releases through `EdgeRateLimitPort::release`.
-    pub const fn holds_leases(&self) -> bool {
-        match self {
-            Self::Concurrency { .. } => true,
-            Self::FixedWindow { .. }
-            | Self::SlidingCounter { .. }
-            | Self::TokenBucket { .. }
-            | Self::Gcra { .. } => false,
-        }
-    }
-
-    /// GCRA's emission interval `T = ceil(1000 x period / limit)` in whole
-    /// microseconds (docs/algorithms.md#gcra); `None` for the others.
-    pub fn emission_interval_micros(&self) -> Option<u64> {
-        match *self {
-            Self::Gcra { limit, period, .. } => {
-                Some(millis(period).saturating_mul(1000).div_ceil(limit.max(1)).max(1))
-            }
-            Self::FixedWindow { .. }
-            | Self::SlidingCounter { .. }
-            | Self::TokenBucket { .. }
-            | Self::Concurrency { .. } => None,
-        }
-    }
-
-    /// The certainty of every decision under this algorithm: only the
-    /// sliding counter's weighted window is an estimate (docs/algorithms.md#sliding-counter).
-    pub const fn certainty(&self) -> crate::Certainty {
-        match self {
-            Self::SlidingCounter { .. } => crate::Certainty::ApproximateAlgorithm,
-            Self::FixedWindow { .. }
-            | Self::TokenBucket { .. }
-            | Self::Gcra { .. }
-            | Self::Concurrency { .. } => crate::Certainty::Certain,
-        }
-    }
 }
 
 /// What a provider does when it cannot decide. Only fail-closed exists: an
@@ -357,7 +160,11 @@ impl RateLimitPolicy {
     /// [`EvaluationDedupPolicy::enabled_defaults`] (disabled for a
     /// concurrency policy, whose lease id is its dedupe), operation scope
     /// and enforce mode.
-    pub fn builder(id: impl Into<String>, algorithm: Algorithm) -> RateLimitPolicyBuilder {
+    pub fn builder(
+        id: impl Into<String>,
+        algorithm: impl Into<Algorithm>,
+    ) -> RateLimitPolicyBuilder {
+        let algorithm = algorithm.into();
         let evaluation_dedup = if algorithm.holds_leases() {
             EvaluationDedupPolicy::Disabled
         } else {
@@ -507,97 +314,21 @@ impl RateLimitPolicyBuilder {
         if self.revision == 0 {
             reject(PolicyField::Revision, "must be at least 1".into());
         }
-        // The count field checked is `limit()`'s, the period field
-        // `period()`'s, each against its algorithm's upper bound.
-        let (count_field, most, period_field, longest) = match self.algorithm {
-            Algorithm::FixedWindow { .. } | Algorithm::SlidingCounter { .. } => {
-                (PolicyField::Limit, MAX_COUNT, PolicyField::Window, MAX_PERIOD)
-            }
-            Algorithm::TokenBucket { .. } => {
-                (PolicyField::Capacity, MAX_COUNT, PolicyField::RefillPeriod, MAX_PERIOD)
-            }
-            Algorithm::Gcra { .. } => {
-                (PolicyField::Burst, MAX_COUNT, PolicyField::Period, MAX_PERIOD)
-            }
-            Algorithm::Concurrency { .. } => {
-                (PolicyField::MaxInFlight, MAX_IN_FLIGHT, PolicyField::LeaseTtl, MAX_LEASE_TTL)
-            }
-        };
-        // GCRA's steady-rate limit; the others have no second count.
-        let mut rate_ok = true;
-        if let Algorithm::Gcra { limit, .. } = self.algorithm {
-            if let Some(problem) = check_count(limit) {
-                reject(PolicyField::Limit, problem);
-                rate_ok = false;
-            }
-        }
+        let mut checks = Checks::default();
+        let limit_ok = self.algorithm.check(&mut checks);
+        violations.extend(checks.violations);
         let limit = self.algorithm.limit();
-        let limit_ok = check_count_up_to(limit, most).map(|p| reject(count_field, p)).is_none();
-        let period = self.algorithm.period();
-        let period_ok =
-            check_period_up_to(period, longest).map(|p| reject(period_field, p)).is_none();
-        if let Algorithm::Concurrency { retry_after, .. } = self.algorithm {
-            if let Some(problem) = check_period_up_to(retry_after, MAX_GRACE) {
-                reject(PolicyField::RetryAfter, problem);
-            }
-        }
-        if let Algorithm::TokenBucket { refill_tokens, .. } = self.algorithm {
-            if let Some(problem) = check_count(refill_tokens) {
-                reject(PolicyField::RefillTokens, problem);
-            }
-        }
-        if let (Algorithm::Gcra { limit: rate, period, burst }, Some(interval), true) =
-            (self.algorithm, self.algorithm.emission_interval_micros(), rate_ok && period_ok)
-        {
-            if let Some(problem) = gcra_rounding_problem(rate, millis(period), interval) {
-                reject(PolicyField::Limit, problem);
-            }
-            if let (true, Some(problem)) = (limit_ok, gcra_millisecond_problem(burst, interval)) {
-                reject(PolicyField::Burst, problem);
-            }
-        }
-        if let (Some(interval), true, true) =
-            (self.algorithm.emission_interval_micros(), limit_ok, period_ok)
-        {
-            // GCRA counts in microseconds: u + b x T must stay below 2^53
-            // (docs/algorithms.md#gcra), so b x T below 2^52.
-            let tolerance = u128::from(limit) * u128::from(interval);
-            if tolerance >= u128::from(MAX_EXACT_PRODUCT / 2) {
-                reject(
-                    PolicyField::Burst,
-                    format!(
-                        "burst x (period / limit) must stay below 2^52 microseconds for exact \
-                         arithmetic, got {tolerance}"
-                    ),
-                );
-            }
-        }
-        let exact = matches!(
-            self.algorithm,
-            Algorithm::SlidingCounter { .. } | Algorithm::TokenBucket { .. }
-        );
-        if exact && limit_ok && period_ok {
-            // Both factors are bounded above, so the product cannot overflow u64.
-            let product = limit * millis(period);
-            if product >= MAX_EXACT_PRODUCT {
-                reject(
-                    count_field,
-                    format!(
-                        "{} x {} must stay below 2^53 for exact arithmetic, got {product}",
-                        count_field.key(),
-                        period_field.key()
-                    ),
-                );
-            }
-        }
+        let mut reject =
+            |field, problem: String| violations.push(PolicyViolation { field, problem });
         if self.algorithm.holds_leases() {
             // A lease is one slot whatever the cost; the lease id is the
             // dedupe. Neither key applies, so a value set is a mistake.
+            let name = self.algorithm.name();
             if self.maximum_cost != 1 {
                 reject(
                     PolicyField::MaximumCost,
                     format!(
-                        "does not apply to a concurrency policy (a lease is one slot whatever \
+                        "does not apply to a {name} policy (a lease is one slot whatever \
                          the cost): leave it unset, got {}",
                         self.maximum_cost
                     ),
@@ -606,9 +337,10 @@ impl RateLimitPolicyBuilder {
             if self.evaluation_dedup != EvaluationDedupPolicy::Disabled {
                 reject(
                     PolicyField::EvaluationDedup,
-                    "does not apply to a concurrency policy (its lease id is its dedupe): \
-                     leave it unset"
-                        .into(),
+                    format!(
+                        "does not apply to a {name} policy (its lease id is its dedupe): leave \
+                         it unset"
+                    ),
                 );
             }
         } else if self.maximum_cost == 0 || (limit_ok && self.maximum_cost > limit) {
@@ -655,52 +387,9 @@ pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
-/// GCRA's `T = ceil(1000 P / L)` µs may round up by less than 1 µs per
-/// cell; refused when that slows the steady rate by more than 1 %, i.e.
-/// when `T x L > 1.01 x 1000 P` (docs/algorithms.md#gcra).
-fn gcra_rounding_problem(limit: u64, period_ms: u64, interval: u64) -> Option<String> {
-    let granted = u128::from(interval) * u128::from(limit);
-    let asked = u128::from(period_ms) * 1000;
-    (granted * 100 > asked * 101).then(|| {
-        format!(
-            "period / limit rounds up to T = {interval} us, so {limit} cells take {granted} us \
-             instead of {asked} us (more than 1 % slower); choose a limit that divides \
-             1000 x period in ms, or at most 10 per ms of period"
-        )
-    })
-}
-
-/// The caller clock counts whole milliseconds, so a GCRA whose `burst x T`
-/// is under 1 ms admits at most `burst` a millisecond, below its rate:
-/// refused unless `burst >= ceil(1000 us / T)` (docs/algorithms.md#gcra).
-fn gcra_millisecond_problem(burst: u64, interval: u64) -> Option<String> {
-    let least = 1000_u64.div_ceil(interval.max(1));
-    (burst < least).then(|| {
-        format!(
-            "must cover at least 1 ms of cells, as the clock counts whole milliseconds: \
-             burst >= ceil(1000 us / T) = {least} with T = {interval} us, got {burst}"
-        )
-    })
-}
-
-fn check_count(value: u64) -> Option<String> {
-    check_count_up_to(value, MAX_COUNT)
-}
-
-fn check_count_up_to(value: u64, most: u64) -> Option<String> {
-    (!(1..=most).contains(&value)).then(|| format!("must be in 1..={most}, got {value}"))
-}
-
 pub(crate) fn whole_millis_problem(duration: Duration) -> Option<String> {
     (duration.subsec_nanos() % 1_000_000 != 0)
         .then(|| format!("must be whole milliseconds, got {duration:?}"))
-}
-
-fn check_period_up_to(period: Duration, longest: Duration) -> Option<String> {
-    if period < Duration::from_millis(1) || period > longest {
-        return Some(format!("must be between 1ms and {longest:?}, got {period:?}"));
-    }
-    whole_millis_problem(period)
 }
 
 fn check_grace(grace: Duration) -> Option<String> {
@@ -713,44 +402,17 @@ fn check_grace(grace: Duration) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algorithm::{
+        AlgorithmKind, Concurrency, FixedWindow, Gcra, SlidingCounter, TokenBucket,
+    };
 
     fn fixed(limit: u64, window_ms: u64) -> Algorithm {
-        Algorithm::FixedWindow { limit, window: Duration::from_millis(window_ms) }
+        Algorithm::FixedWindow(FixedWindow { limit, window: Duration::from_millis(window_ms) })
     }
 
     fn fields(result: Result<RateLimitPolicy, ContractError>) -> Vec<PolicyField> {
         let error = result.expect_err("policy should be rejected");
         error.violations().iter().map(|v| v.field).collect()
-    }
-
-    #[test]
-    fn every_algorithm_kind_is_listed_and_named_once() {
-        // The successor match is exhaustive: a new kind fails to compile here
-        // until it is chained in, and then fails the assertion unless ALL
-        // lists it too.
-        fn after(kind: Option<AlgorithmKind>) -> Option<AlgorithmKind> {
-            match kind {
-                None => Some(AlgorithmKind::FixedWindow),
-                Some(AlgorithmKind::FixedWindow) => Some(AlgorithmKind::SlidingCounter),
-                Some(AlgorithmKind::SlidingCounter) => Some(AlgorithmKind::TokenBucket),
-                Some(AlgorithmKind::TokenBucket) => Some(AlgorithmKind::Gcra),
-                Some(AlgorithmKind::Gcra) => Some(AlgorithmKind::Concurrency),
-                Some(AlgorithmKind::Concurrency) => None,
-            }
-        }
-        let chained: Vec<_> =
-            std::iter::successors(after(None), |kind| after(Some(*kind))).collect();
-        assert_eq!(chained, AlgorithmKind::ALL);
-        for kind in AlgorithmKind::ALL {
-            assert_eq!(kind.name().parse::<AlgorithmKind>(), Ok(kind));
-        }
-        assert_eq!(fixed(1, 1).name(), "fixed-window");
-        let names: Vec<_> = AlgorithmKind::ALL.iter().map(|kind| kind.name()).collect();
-        assert_eq!(
-            names,
-            ["fixed-window", "sliding-counter", "token-bucket", "gcra", "concurrency"]
-        );
-        assert!("leaky-bucket".parse::<AlgorithmKind>().is_err());
     }
 
     #[test]
@@ -820,41 +482,61 @@ mod tests {
     fn limit_and_window_bounds_name_their_field() {
         assert_eq!(
             fields(RateLimitPolicy::builder("p", fixed(0, 10)).build()),
-            [PolicyField::Limit]
+            [PolicyField::Parameter("limit")]
         );
         assert_eq!(
             fields(RateLimitPolicy::builder("p", fixed(5, 0)).build()),
-            [PolicyField::Window]
+            [PolicyField::Parameter("window")]
         );
-        let sub_ms = Algorithm::SlidingCounter { limit: 5, window: Duration::from_micros(1500) };
-        assert_eq!(fields(RateLimitPolicy::builder("p", sub_ms).build()), [PolicyField::Window]);
-        let bucket =
-            Algorithm::TokenBucket { capacity: 0, refill_tokens: 0, refill_period: Duration::ZERO };
+        let sub_ms = Algorithm::SlidingCounter(SlidingCounter {
+            limit: 5,
+            window: Duration::from_micros(1500),
+        });
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", sub_ms).build()),
+            [PolicyField::Parameter("window")]
+        );
+        let bucket = Algorithm::TokenBucket(TokenBucket {
+            capacity: 0,
+            refill_tokens: 0,
+            refill_period: Duration::ZERO,
+        });
         assert_eq!(
             fields(RateLimitPolicy::builder("p", bucket).build()),
-            [PolicyField::Capacity, PolicyField::RefillPeriod, PolicyField::RefillTokens]
+            [
+                PolicyField::Parameter("capacity"),
+                PolicyField::Parameter("refill-period"),
+                PolicyField::Parameter("refill-tokens")
+            ]
         );
     }
 
     #[test]
     fn inexact_products_are_rejected_for_sliding_and_bucket() {
         let day = Duration::from_secs(86_400);
-        let sliding = Algorithm::SlidingCounter { limit: MAX_COUNT, window: day };
-        assert_eq!(fields(RateLimitPolicy::builder("p", sliding).build()), [PolicyField::Limit]);
+        let sliding = Algorithm::SlidingCounter(SlidingCounter { limit: MAX_COUNT, window: day });
+        assert_eq!(
+            fields(RateLimitPolicy::builder("p", sliding).build()),
+            [PolicyField::Parameter("limit")]
+        );
         // The fixed window never multiplies, so the same numbers are fine there.
-        let fixed = Algorithm::FixedWindow { limit: MAX_COUNT, window: day };
+        let fixed = Algorithm::FixedWindow(FixedWindow { limit: MAX_COUNT, window: day });
         assert!(RateLimitPolicy::builder("p", fixed).maximum_cost(1).build().is_ok());
     }
 
     fn gcra(limit: u64, period_ms: u64, burst: u64) -> Algorithm {
-        Algorithm::Gcra { limit, period: Duration::from_millis(period_ms), burst }
+        Algorithm::Gcra(Gcra { limit, period: Duration::from_millis(period_ms), burst })
     }
 
     #[test]
     fn gcra_fields_are_checked_and_named() {
         assert_eq!(
             fields(RateLimitPolicy::builder("p", gcra(0, 0, 0)).maximum_cost(1).build()),
-            [PolicyField::Limit, PolicyField::Burst, PolicyField::Period]
+            [
+                PolicyField::Parameter("limit"),
+                PolicyField::Parameter("burst"),
+                PolicyField::Parameter("period")
+            ]
         );
         // The cost is bounded by the burst, not by the steady-rate limit.
         let over = RateLimitPolicy::builder("p", gcra(10, 1000, 5)).maximum_cost(6).build();
@@ -863,22 +545,25 @@ mod tests {
         // A year per request, a burst of 10^9: b x T is 3.15e22 us, far past 2^52.
         let year = 365 * 24 * 3600 * 1000;
         let inexact = RateLimitPolicy::builder("p", gcra(1, year, MAX_COUNT)).build();
-        assert_eq!(fields(inexact), [PolicyField::Burst]);
+        assert_eq!(fields(inexact), [PolicyField::Parameter("burst")]);
         // 1 per 4.5e12 us (just above 2^52 / 1000 ms), burst 1000: rejected;
         // burst 1000 at T = 4.5e9 us (75 minutes): fine.
         assert_eq!(
             fields(RateLimitPolicy::builder("p", gcra(1, 4_503_599_628, 1000)).build()),
-            [PolicyField::Burst]
+            [PolicyField::Parameter("burst")]
         );
         assert!(RateLimitPolicy::builder("p", gcra(1, 4_500_000, 1000)).build().is_ok());
     }
 
     #[test]
     fn gcra_emission_interval_is_whole_microseconds_rounded_up() {
-        assert_eq!(gcra(10, 1000, 5).emission_interval_micros(), Some(100_000));
-        assert_eq!(gcra(3, 1000, 3).emission_interval_micros(), Some(333_334));
-        assert_eq!(gcra(1_000_000_000, 1, 1).emission_interval_micros(), Some(1));
-        assert_eq!(fixed(3, 1000).emission_interval_micros(), None);
+        let interval = |algorithm| match algorithm {
+            Algorithm::Gcra(gcra) => gcra.emission_interval_micros(),
+            _ => unreachable!(),
+        };
+        assert_eq!(interval(gcra(10, 1000, 5)), 100_000);
+        assert_eq!(interval(gcra(3, 1000, 3)), 333_334);
+        assert_eq!(interval(gcra(1_000_000_000, 1, 1)), 1);
         assert_eq!(gcra(10, 1000, 5).limit(), 5, "the burst is the most spent at once");
     }
 
@@ -939,15 +624,15 @@ mod tests {
         // counts whole ms, so burst 1 admits 1 a ms where 10 are due.
         let short = problems(RateLimitPolicy::builder("p", gcra(10_000, 1000, 1)).build());
         assert_eq!(short.len(), 1, "{short:?}");
-        assert_eq!(short[0].0, PolicyField::Burst);
+        assert_eq!(short[0].0, PolicyField::Parameter("burst"));
         assert!(short[0].1.contains("1 ms") && short[0].1.contains("= 10"), "{short:?}");
         let nine = RateLimitPolicy::builder("p", gcra(10_000, 1000, 9)).build();
-        assert_eq!(fields(nine), [PolicyField::Burst]);
+        assert_eq!(fields(nine), [PolicyField::Parameter("burst")]);
         assert!(RateLimitPolicy::builder("p", gcra(10_000, 1000, 10)).build().is_ok());
         // T = 333334 us covers a ms on its own; T = 1 us needs 1000.
         assert!(RateLimitPolicy::builder("p", gcra(3, 1000, 1)).build().is_ok());
         let micro = RateLimitPolicy::builder("p", gcra(1000, 1, 999)).build();
-        assert_eq!(fields(micro), [PolicyField::Burst]);
+        assert_eq!(fields(micro), [PolicyField::Parameter("burst")]);
         assert!(RateLimitPolicy::builder("p", gcra(1000, 1, 1000)).build().is_ok());
     }
 
@@ -956,29 +641,29 @@ mod tests {
         // 2000 per 1 ms rounds T up to 1 us: 1000 a ms, half the rate.
         let half = problems(RateLimitPolicy::builder("p", gcra(2000, 1, 2000)).build());
         assert_eq!(half.len(), 1, "{half:?}");
-        assert_eq!(half[0].0, PolicyField::Limit);
+        assert_eq!(half[0].0, PolicyField::Parameter("limit"));
         assert!(half[0].1.contains("T = 1 us"), "{half:?}");
         // 49 per 1 ms: T = 21 us, 1029 us for 49 cells (2.9 % slower).
         assert_eq!(
             fields(RateLimitPolicy::builder("p", gcra(49, 1, 49)).build()),
-            [PolicyField::Limit]
+            [PolicyField::Parameter("limit")]
         );
         // 199 per 10 ms: T = 51 us, 10149 us (1.49 %); 101 per 10 ms:
         // T = 100 us, 10100 us (exactly 1 %, kept); 3 per 1s: 0.0002 %.
         assert_eq!(
             fields(RateLimitPolicy::builder("p", gcra(199, 10, 199)).build()),
-            [PolicyField::Limit]
+            [PolicyField::Parameter("limit")]
         );
         assert!(RateLimitPolicy::builder("p", gcra(101, 10, 101)).build().is_ok());
         assert!(RateLimitPolicy::builder("p", gcra(3, 1000, 3)).build().is_ok());
     }
 
     fn concurrency(max_in_flight: u64, lease_ttl_ms: u64, retry_after_ms: u64) -> Algorithm {
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(Concurrency {
             max_in_flight,
             lease_ttl: Duration::from_millis(lease_ttl_ms),
             retry_after: Duration::from_millis(retry_after_ms),
-        }
+        })
     }
 
     #[test]
@@ -999,16 +684,20 @@ mod tests {
         let zero = RateLimitPolicy::builder("p", concurrency(0, 0, 0)).build();
         assert_eq!(
             fields(zero),
-            [PolicyField::MaxInFlight, PolicyField::LeaseTtl, PolicyField::RetryAfter]
+            [
+                PolicyField::Parameter("max-in-flight"),
+                PolicyField::Parameter("lease-ttl"),
+                PolicyField::Parameter("retry-after")
+            ]
         );
-        let fraction = Algorithm::Concurrency {
+        let fraction = Algorithm::Concurrency(Concurrency {
             max_in_flight: 2,
             lease_ttl: Duration::from_micros(1500),
             retry_after: Duration::from_micros(2500),
-        };
+        });
         assert_eq!(
             fields(RateLimitPolicy::builder("p", fraction).build()),
-            [PolicyField::LeaseTtl, PolicyField::RetryAfter]
+            [PolicyField::Parameter("lease-ttl"), PolicyField::Parameter("retry-after")]
         );
     }
 
@@ -1030,7 +719,7 @@ mod tests {
         );
         assert_eq!(
             AlgorithmKind::Concurrency.parameters(),
-            [PolicyField::MaxInFlight, PolicyField::LeaseTtl, PolicyField::RetryAfter]
+            ["max-in-flight", "lease-ttl", "retry-after"]
         );
         // Any cost from 1 is admitted: a lease is one slot whatever the cost.
         let policy = RateLimitPolicy::builder("p", concurrency(2, 30_000, 1000)).build().unwrap();
@@ -1046,7 +735,7 @@ mod tests {
         assert_eq!(
             found,
             [
-                (PolicyField::Burst, format!("must be in 1..={MAX_COUNT}, got 0")),
+                (PolicyField::Parameter("burst"), format!("must be in 1..={MAX_COUNT}, got 0")),
                 (PolicyField::MaximumCost, "must be at least 1, got 0".to_owned()),
             ]
         );

@@ -263,10 +263,13 @@ mod tests {
 
         let policy = |name: &str, maximum_cost| {
             let window = Duration::from_secs(1);
-            RateLimitPolicy::builder(name, crate::Algorithm::FixedWindow { limit: 5, window })
-                .maximum_cost(maximum_cost)
-                .build()
-                .unwrap()
+            RateLimitPolicy::builder(
+                name,
+                crate::Algorithm::FixedWindow(crate::FixedWindow { limit: 5, window }),
+            )
+            .maximum_cost(maximum_cost)
+            .build()
+            .unwrap()
         };
         let held: HashMap<PolicyId, RateLimitPolicy> = [policy("wide", 5), policy("narrow", 2)]
             .into_iter()
@@ -295,13 +298,13 @@ mod tests {
         use std::collections::HashMap;
         use std::time::Duration;
 
-        let leases = crate::Algorithm::Concurrency {
+        let leases = crate::Algorithm::Concurrency(crate::Concurrency {
             max_in_flight: 2,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
-        };
+        });
         let window = Duration::from_secs(1);
-        let rate = crate::Algorithm::FixedWindow { limit: 5, window };
+        let rate = crate::Algorithm::FixedWindow(crate::FixedWindow { limit: 5, window });
         let held: HashMap<PolicyId, RateLimitPolicy> = [
             RateLimitPolicy::builder("exports", leases).build().unwrap(),
             RateLimitPolicy::builder("rate", rate).maximum_cost(3).build().unwrap(),

@@ -10,16 +10,15 @@
 //! keys, call [`evaluate_set`], compare-and-set every member that has a
 //! [`KeyWrite`], and on a conflict start again from the load.
 
-mod algorithm;
 mod leases;
 mod records;
 
 use std::time::Duration;
 
-pub use algorithm::AlgorithmState;
 pub use leases::{HeldLease, Leases};
 pub use records::{DedupRecord, DedupRecords};
 
+use crate::algorithm::{Algorithm, AlgorithmState, Charge, Run, StateMismatch, Step};
 use crate::budget::{BudgetFailure, BudgetState};
 use crate::outcome::{
     Certainty, IncompatibleCategory, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
@@ -27,7 +26,6 @@ use crate::outcome::{
 };
 use crate::policy::{PolicyMode, RateLimitPolicy, millis};
 use crate::request::{EvaluationId, MAX_POLICY_SET};
-use algorithm::{Charge, Params, StateMismatch, Step};
 
 /// Everything a provider stores for one key. Absent keys are `None`, never a
 /// zeroed value. Plain data: a provider may serialize it field by field.
@@ -48,7 +46,7 @@ pub struct KeyState {
 /// a decision never converts a `Duration`.
 #[derive(Debug, Clone)]
 pub struct KeyRules {
-    params: Params,
+    algorithm: Algorithm,
     certainty: Certainty,
     mode: PolicyMode,
     /// `maximum_clock_regression`, the `R` of the spec.
@@ -67,7 +65,7 @@ impl KeyRules {
         let dedup = policy.evaluation_dedup();
         let regression = millis(policy.maximum_clock_regression());
         Self {
-            params: Params::of(policy.algorithm(), regression),
+            algorithm: policy.algorithm().clone(),
             certainty: policy.algorithm().certainty(),
             mode: policy.mode(),
             regression,
@@ -77,7 +75,7 @@ impl KeyRules {
         }
     }
 
-    fn decided(&self, step: &Step, replayed: bool) -> RateLimitDecision {
+    fn decided(&self, step: &Step<AlgorithmState>, replayed: bool) -> RateLimitDecision {
         RateLimitDecision {
             allowed: step.allowed,
             remaining: step.remaining,
@@ -95,7 +93,7 @@ impl KeyRules {
     /// Whether the policy is a concurrency policy, whose admitted requests
     /// hold a lease in its key.
     pub fn holds_leases(&self) -> bool {
-        self.params.lease_life().is_some()
+        self.algorithm.holds_leases()
     }
 
     /// This evaluation's replay under this member at effective time `t`:
@@ -111,12 +109,14 @@ impl KeyRules {
         if let Some(record) = self.live_record(state, evaluation_id, t) {
             return Some(self.replayed(record));
         }
-        self.params.lease_life()?;
+        if !self.algorithm.holds_leases() {
+            return None;
+        }
         let leases = &state?.leases;
         leases.find_live(evaluation_id, t)?;
         Some(RateLimitDecision {
             allowed: true,
-            remaining: self.params.limit().saturating_sub(leases.live(t)),
+            remaining: self.algorithm.limit().saturating_sub(leases.live(t)),
             retry_after_ms: 0,
             reset_after_ms: 0,
             replayed: true,
@@ -356,11 +356,12 @@ fn run_member(
     t: u64,
     cost: u64,
     charge: Charge,
-) -> Result<Step, StateMismatch> {
+) -> Result<Step<AlgorithmState>, StateMismatch> {
     let state = member.state.as_ref();
     let counters = state.map(|held| &held.algorithm);
     let leases = state.map_or(&Leases::NONE, |held| &held.leases);
-    algorithm::run(&member.rules.params, counters, leases, t, cost, charge)
+    let rules = member.rules;
+    rules.algorithm.run(counters, &Run { t, cost, charge, leases, regression: rules.regression })
 }
 
 /// A key's budget now, for an operator: the policy's algorithm run spared
@@ -381,11 +382,14 @@ pub fn inspect_key(
     let counters = state.map(|held| &held.algorithm);
     let leases = state.map_or(&Leases::NONE, |held| &held.leases);
     // Cost 1: the smallest request, so `retry_after` says when anything passes.
-    let step = algorithm::run(&rules.params, counters, leases, t, 1, Charge::Spare)
+    let run = Run { t, cost: 1, charge: Charge::Spare, leases, regression: rules.regression };
+    let step = rules
+        .algorithm
+        .run(counters, &run)
         .map_err(|StateMismatch| BudgetFailure::StateIncompatible)?;
     let retry_after = if step.allowed { 0 } else { step.retry_after.max(1) };
     Ok(BudgetState {
-        limit: rules.params.limit(),
+        limit: rules.algorithm.limit(),
         remaining: step.remaining,
         reset_after: Duration::from_millis(step.reset_after),
         retry_after: Duration::from_millis(retry_after),
@@ -401,7 +405,7 @@ fn commit(
     member: &mut SetMember<'_>,
     now: u64,
     t: u64,
-    step: &Step,
+    step: &Step<AlgorithmState>,
     charged: bool,
     evaluation_id: EvaluationId,
 ) {
@@ -409,7 +413,7 @@ fn commit(
     let rules = member.rules;
     let (mut records, mut leases) =
         member.state.take().map(|held| (held.records, held.leases)).unwrap_or_default();
-    if let (Some(lease_life), true) = (rules.params.lease_life(), charged) {
+    if let (Some(lease_life), true) = (rules.algorithm.lease_life(rules.regression), charged) {
         // The lease this admitted request holds until it is released; the
         // step counted a free slot among the live ones. It counts for
         // lease-ttl + R, so no clock ahead by up to R drops it early.
@@ -492,7 +496,7 @@ mod tests {
     }
 
     fn fixed(limit: u64) -> Algorithm {
-        Algorithm::FixedWindow { limit, window: Duration::from_millis(1000) }
+        Algorithm::FixedWindow(crate::FixedWindow { limit, window: Duration::from_millis(1000) })
     }
 
     fn decision(outcome: RateLimitOutcome) -> RateLimitDecision {
@@ -609,11 +613,11 @@ mod tests {
     #[test]
     fn state_of_another_algorithm_is_incompatible_and_untouched() {
         let bucket = rules(
-            Algorithm::TokenBucket {
+            Algorithm::TokenBucket(crate::TokenBucket {
                 capacity: 3,
                 refill_tokens: 1,
                 refill_period: Duration::from_millis(100),
-            },
+            }),
             EvaluationDedupPolicy::Disabled,
         );
         let mut key = Key::default();
@@ -634,16 +638,23 @@ mod tests {
         let window = Duration::from_millis(1000);
         let period = Duration::from_millis(100);
         let cases = [
-            (Algorithm::FixedWindow { limit: 3, window }, Certainty::Certain),
-            (Algorithm::SlidingCounter { limit: 3, window }, Certainty::ApproximateAlgorithm),
+            (Algorithm::FixedWindow(crate::FixedWindow { limit: 3, window }), Certainty::Certain),
             (
-                Algorithm::TokenBucket { capacity: 3, refill_tokens: 1, refill_period: period },
+                Algorithm::SlidingCounter(crate::SlidingCounter { limit: 3, window }),
+                Certainty::ApproximateAlgorithm,
+            ),
+            (
+                Algorithm::TokenBucket(crate::TokenBucket {
+                    capacity: 3,
+                    refill_tokens: 1,
+                    refill_period: period,
+                }),
                 Certainty::Certain,
             ),
         ];
         for (algorithm, certainty) in cases {
             assert_eq!(algorithm.certainty(), certainty, "{}", algorithm.name());
-            let rules = rules(algorithm, EvaluationDedupPolicy::Disabled);
+            let rules = rules(algorithm.clone(), EvaluationDedupPolicy::Disabled);
             assert_eq!(rules.certainty, certainty, "{}", algorithm.name());
         }
     }
@@ -672,11 +683,11 @@ mod tests {
     }
 
     fn rules_of_bucket() -> KeyRules {
-        let algorithm = Algorithm::TokenBucket {
+        let algorithm = Algorithm::TokenBucket(crate::TokenBucket {
             capacity: 3,
             refill_tokens: 1,
             refill_period: Duration::from_millis(100),
-        };
+        });
         rules(algorithm, EvaluationDedupPolicy::Disabled)
     }
 
@@ -835,11 +846,11 @@ mod tests {
 
     #[test]
     fn a_spared_token_bucket_writes_its_refill_but_keeps_its_tokens() {
-        let bucket = Algorithm::TokenBucket {
+        let bucket = Algorithm::TokenBucket(crate::TokenBucket {
             capacity: 4,
             refill_tokens: 1,
             refill_period: Duration::from_millis(100),
-        };
+        });
         let mut set = Set::of(vec![
             with_mode(fixed(1), PolicyMode::Enforce),
             with_mode(bucket, PolicyMode::Enforce),
@@ -853,7 +864,10 @@ mod tests {
         assert_eq!(written, [false, true], "the bucket writes its refill as a denial does");
         assert_eq!(
             set.keys[1].state.as_ref().map(|state| state.algorithm),
-            Some(AlgorithmState::TokenBucket { tokens: 4, updated_at: T0 + 250 })
+            Some(AlgorithmState::TokenBucket(crate::TokenBucketState {
+                tokens: 4,
+                updated_at: T0 + 250
+            }))
         );
     }
 
@@ -861,11 +875,11 @@ mod tests {
 
     /// `max_in_flight` leases of 30 s, a refusal telling `retry_ms`.
     fn in_flight(max_in_flight: u64, retry_ms: u64) -> Algorithm {
-        Algorithm::Concurrency {
+        Algorithm::Concurrency(crate::Concurrency {
             max_in_flight,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_millis(retry_ms),
-        }
+        })
     }
 
     /// max-in-flight 2, lease-ttl 30 s, retry-after 1 s: the design's example.

@@ -29,7 +29,10 @@ pub fn pseudonymizer() -> Arc<VersionedPseudonymizer> {
 }
 
 pub fn fixed(id: &str, limit: u64, window_secs: u64, scope: PolicyScope) -> RateLimitPolicy {
-    let algorithm = Algorithm::FixedWindow { limit, window: Duration::from_secs(window_secs) };
+    let algorithm = Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit,
+        window: Duration::from_secs(window_secs),
+    });
     RateLimitPolicy::builder(id, algorithm).maximum_cost(limit).scope(scope).build().unwrap()
 }
 

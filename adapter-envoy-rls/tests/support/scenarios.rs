@@ -65,10 +65,10 @@ impl EdgeRateLimitPort for Counting {
 pub fn policies() -> Vec<RateLimitPolicy> {
     let trial = RateLimitPolicy::builder(
         "trial",
-        shared_contract::Algorithm::FixedWindow {
+        shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
             limit: 1,
             window: std::time::Duration::from_secs(60),
-        },
+        }),
     )
     .mode(PolicyMode::Shadow)
     .build()
@@ -344,7 +344,8 @@ pub async fn gcra_statuses_and_headers(factory: &PortFactory) {
     use std::time::Duration;
     let gcra = |id: &str, limit: u64, burst: u64| {
         let period = Duration::from_secs(1);
-        let algorithm = shared_contract::Algorithm::Gcra { limit, period, burst };
+        let algorithm =
+            shared_contract::Algorithm::Gcra(shared_contract::Gcra { limit, period, burst });
         RateLimitPolicy::builder(id, algorithm).build().unwrap()
     };
     let clock = clock();

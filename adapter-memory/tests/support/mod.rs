@@ -39,7 +39,10 @@ pub(crate) fn policy(
 
 /// Fixed window `limit` per `window_ms`.
 pub(crate) fn fixed(limit: u64, window_ms: u64) -> Algorithm {
-    Algorithm::FixedWindow { limit, window: Duration::from_millis(window_ms) }
+    Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit,
+        window: Duration::from_millis(window_ms),
+    })
 }
 
 /// A request for `subject` with a unique evaluation id `id` and a deadline

@@ -26,7 +26,7 @@ enum Stored {
         mark: u64,
         algorithm: AlgorithmState,
     },
-    /// A lease set (`lua/concurrency.lua`): its mark and every lease it
+    /// A lease set (the lease algorithm's Lua file): its mark and every lease it
     /// holds, expired ones included (the step counts the live ones).
     Leases {
         mark: u64,
@@ -66,12 +66,10 @@ impl RedisEdgeRateLimitAdapter {
                 inspect_key(&rules, Some(&state), now)
             }
             Some(Stored::Leases { mark, leases }) => {
-                let state = KeyState {
-                    mark,
-                    algorithm: AlgorithmState::Concurrency,
-                    records: DedupRecords::default(),
-                    leases,
+                let Some(algorithm) = AlgorithmState::of_lease_set() else {
+                    return Err(BudgetFailure::StateIncompatible);
                 };
+                let state = KeyState { mark, algorithm, records: DedupRecords::default(), leases };
                 inspect_key(&rules, Some(&state), now)
             }
             None => {
@@ -148,7 +146,7 @@ fn decode_inspect(reply: &Value) -> Option<Stored> {
         }
         Some(Value::BulkString(status)) if status == b"state" && items.len() == 6 => {
             let (mark, a, b, c) = (number(2)?, number(3)?, number(4)?, number(5)?);
-            let algorithm = crate::algorithm::state(u8::try_from(number(1)?).ok()?, [a, b, c])?;
+            let algorithm = AlgorithmState::decode(u8::try_from(number(1)?).ok()?, [a, b, c])?;
             Some(Stored::State { mark, algorithm })
         }
         // The mark, then (lease id, expires_at) pairs.
@@ -197,13 +195,32 @@ mod tests {
             Some(Stored::State { mark: 10, algorithm }) => Some(algorithm),
             _ => None,
         };
-        assert_eq!(decoded(b'F'), Some(AlgorithmState::FixedWindow { window_start: 1, count: 2 }));
+        assert_eq!(
+            decoded(b'F'),
+            Some(AlgorithmState::FixedWindow(shared_contract::FixedWindowState {
+                window_start: 1,
+                count: 2
+            }))
+        );
         assert_eq!(
             decoded(b'S'),
-            Some(AlgorithmState::SlidingCounter { window_start: 1, current: 2, previous: 3 })
+            Some(AlgorithmState::SlidingCounter(shared_contract::SlidingCounterState {
+                window_start: 1,
+                current: 2,
+                previous: 3
+            }))
         );
-        assert_eq!(decoded(b'B'), Some(AlgorithmState::TokenBucket { tokens: 1, updated_at: 2 }));
-        assert_eq!(decoded(b'G'), Some(AlgorithmState::Gcra { tat: 1 }));
+        assert_eq!(
+            decoded(b'B'),
+            Some(AlgorithmState::TokenBucket(shared_contract::TokenBucketState {
+                tokens: 1,
+                updated_at: 2
+            }))
+        );
+        assert_eq!(
+            decoded(b'G'),
+            Some(AlgorithmState::Gcra(shared_contract::GcraState { tat: 1 }))
+        );
         let id = |n: u8| Value::BulkString(vec![n; 16]);
         let lease = |n: u8, expires_at| HeldLease {
             id: EvaluationId::from_uuid(uuid::Uuid::from_bytes([n; 16])),

@@ -18,7 +18,10 @@ use crate::T0;
 fn fixed_policy(dedup: EvaluationDedupPolicy) -> RateLimitPolicy {
     RateLimitPolicy::builder(
         "api.test",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+        shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(1),
+        }),
     )
     .maximum_cost(2)
     .evaluation_dedup(dedup)
@@ -185,7 +188,10 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
     let mut gateway = MockRedisGateway::new();
     gateway.expect_script_load().times(1).returning(|source, key, _| {
         // A set of one runs its algorithm's single-key script.
-        assert_eq!(source, ScriptKind::FixedWindow.source());
+        assert_eq!(
+            source,
+            ScriptKind::Single(shared_contract::AlgorithmKind::FixedWindow).source()
+        );
         // Loaded where the key lives (in a cluster, the key's slot owner).
         assert_eq!(key, key_of("api.test", PolicyScope::Operation));
         Ok("digest-1".to_owned())
@@ -195,7 +201,10 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
         // The digest travels with its source (a cluster's ASK target loads it).
         assert_eq!(
             *script,
-            LoadedScript { digest: "digest-1".into(), source: ScriptKind::FixedWindow.source() }
+            LoadedScript {
+                digest: "digest-1".into(),
+                source: ScriptKind::Single(shared_contract::AlgorithmKind::FixedWindow).source()
+            }
         );
         // The counter key alone: with dedupe on it holds the records too.
         assert_eq!(keys, [key_of("api.test", PolicyScope::Operation)]);
@@ -249,7 +258,13 @@ async fn noscript_once_reloads_and_retries_once_then_succeeds() {
         .returning(|_, _, _, _| Ok(reply("allowed", &[[1, 2, 750, 0]])));
     let adapter = adapter(gateway, ON);
     assert!(evaluate_once(&adapter, 1).await.is_allowed());
-    assert_eq!(adapter.scripts.cached_digest(ScriptKind::FixedWindow).as_deref(), Some("new"));
+    assert_eq!(
+        adapter
+            .scripts
+            .cached_digest(ScriptKind::Single(shared_contract::AlgorithmKind::FixedWindow))
+            .as_deref(),
+        Some("new")
+    );
 }
 
 #[tokio::test]
@@ -506,11 +521,11 @@ fn duplicate_policies_are_refused_and_a_cluster_builds_without_connecting() {
 async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answers_in_order() {
     let daily = RateLimitPolicy::builder(
         "api.daily",
-        Algorithm::TokenBucket {
+        shared_contract::Algorithm::TokenBucket(shared_contract::TokenBucket {
             capacity: 100,
             refill_tokens: 10,
             refill_period: Duration::from_secs(60),
-        },
+        }),
     )
     .scope(PolicyScope::Subject)
     .mode(shared_contract::PolicyMode::Shadow)
@@ -573,7 +588,10 @@ async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answe
 async fn a_cost_above_any_maximum_of_the_set_never_reaches_the_gateway() {
     let wide = RateLimitPolicy::builder(
         "api.wide",
-        Algorithm::FixedWindow { limit: 100, window: Duration::from_secs(1) },
+        shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 100,
+            window: Duration::from_secs(1),
+        }),
     )
     .maximum_cost(50)
     .build()
@@ -616,11 +634,11 @@ fn a_number_argument_is_its_decimal_text() {
 fn lease_policy(id: &str, mode: PolicyMode) -> RateLimitPolicy {
     RateLimitPolicy::builder(
         id,
-        Algorithm::Concurrency {
+        shared_contract::Algorithm::Concurrency(shared_contract::Concurrency {
             max_in_flight: 2,
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_millis(500),
-        },
+        }),
     )
     .mode(mode)
     .build()

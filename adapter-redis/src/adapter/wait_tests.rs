@@ -14,7 +14,10 @@ use crate::T0;
 fn waiting_adapter(gateway: MockRedisGateway) -> RedisEdgeRateLimitAdapter {
     let policy = RateLimitPolicy::builder(
         "api.test",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(1) },
+        shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(1),
+        }),
     )
     .evaluation_dedup(EvaluationDedupPolicy::enabled_defaults())
     .build()

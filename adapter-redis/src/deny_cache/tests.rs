@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use shared_contract::{EvaluationDedupPolicy, PolicyId, RateLimitDecision, RateLimitFailure};
+use shared_contract::{
+    Algorithm, EvaluationDedupPolicy, PolicyId, RateLimitDecision, RateLimitFailure,
+};
 use uuid::Uuid;
 
 use super::*;
@@ -16,7 +18,10 @@ const MAX_AGE: Duration = Duration::from_secs(1);
 fn fixed(id: &str, revision: u32) -> RateLimitPolicy {
     RateLimitPolicy::builder(
         id,
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_millis(1000) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_millis(1000),
+        }),
     )
     .revision(revision)
     .scope(PolicyScope::Subject)
@@ -112,7 +117,10 @@ fn another_subject_set_revision_or_scoped_operation_is_another_key() {
     assert!(cache.lookup(&elsewhere, p.iter(), T0).is_some());
     let scoped = [RateLimitPolicy::builder(
         "p",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_millis(1000) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_millis(1000),
+        }),
     )
     .scope(PolicyScope::Operation)
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)
@@ -168,7 +176,10 @@ fn behind_the_latest_time_seen_nothing_is_answered_or_stored() {
 fn an_admission_drops_the_refusal_and_an_admitted_id_always_asks_redis() {
     let dedupe = [RateLimitPolicy::builder(
         "p",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_millis(1000) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_millis(1000),
+        }),
     )
     .maximum_cost(3)
     .build()
@@ -194,7 +205,10 @@ fn only_certain_refusals_are_cached() {
     let p = [fixed("p", 1)];
     let sliding = [RateLimitPolicy::builder(
         "p",
-        Algorithm::SlidingCounter { limit: 3, window: Duration::from_millis(1000) },
+        Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+            limit: 3,
+            window: Duration::from_millis(1000),
+        }),
     )
     .build()
     .unwrap()];
@@ -221,7 +235,10 @@ fn a_set_is_cached_until_its_soonest_enforced_denial_or_window_end() {
     let window = |id: &str, ms, mode| {
         RateLimitPolicy::builder(
             id,
-            Algorithm::FixedWindow { limit: 3, window: Duration::from_millis(ms) },
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 3,
+                window: Duration::from_millis(ms),
+            }),
         )
         .mode(mode)
         .scope(PolicyScope::Subject)
@@ -251,19 +268,23 @@ fn a_set_is_cached_until_its_soonest_enforced_denial_or_window_end() {
 
 #[test]
 fn a_set_with_a_token_bucket_a_gcra_or_a_concurrency_policy_is_not_cached() {
-    let bucket = Algorithm::TokenBucket {
+    let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 5,
         refill_tokens: 1,
         refill_period: Duration::from_millis(100),
-    };
-    let gcra = Algorithm::Gcra { limit: 10, period: Duration::from_secs(1), burst: 5 };
-    let leases = Algorithm::Concurrency {
+    });
+    let gcra = Algorithm::Gcra(shared_contract::Gcra {
+        limit: 10,
+        period: Duration::from_secs(1),
+        burst: 5,
+    });
+    let leases = Algorithm::Concurrency(shared_contract::Concurrency {
         max_in_flight: 2,
         lease_ttl: Duration::from_secs(30),
         retry_after: Duration::from_secs(1),
-    };
+    });
     for algorithm in [bucket, gcra, leases] {
-        let other = RateLimitPolicy::builder("b", algorithm)
+        let other = RateLimitPolicy::builder("b", algorithm.clone())
             .evaluation_dedup(EvaluationDedupPolicy::Disabled)
             .build()
             .unwrap();
@@ -312,7 +333,10 @@ fn a_refusal_is_served_at_most_its_max_age_whatever_its_retry_after() {
     let cache = DenyCache::new(100, Duration::from_millis(300));
     let hourly = [RateLimitPolicy::builder(
         "h",
-        Algorithm::FixedWindow { limit: 3, window: Duration::from_secs(3_600) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 3,
+            window: Duration::from_secs(3_600),
+        }),
     )
     .scope(PolicyScope::Subject)
     .evaluation_dedup(EvaluationDedupPolicy::Disabled)

@@ -25,7 +25,10 @@ pub const SLACK: Duration = Duration::from_millis(250);
 pub fn counting_policy(id: &str) -> RateLimitPolicy {
     RateLimitPolicy::builder(
         id,
-        Algorithm::FixedWindow { limit: LIMIT, window: Duration::from_secs(3_600) },
+        Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: LIMIT,
+            window: Duration::from_secs(3_600),
+        }),
     )
     .build()
     .unwrap()

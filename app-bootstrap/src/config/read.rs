@@ -15,8 +15,8 @@ use adapter_redis::{RedisField, RedisSettings, Topology};
 use adapter_web::{DEFAULT_POLICY, EdgeSettings};
 use figment::value::{Dict, Value};
 use shared_contract::{
-    Algorithm, AlgorithmKind, EvaluationDedupPolicy, FailurePolicy, PolicyField, PolicyMode,
-    PolicyScope, RateLimitPolicy,
+    Algorithm, AlgorithmKind, EvaluationDedupPolicy, FailurePolicy, FixedWindow, PolicyField,
+    PolicyMode, PolicyScope, RateLimitPolicy,
 };
 
 mod owned;
@@ -201,16 +201,7 @@ impl Reader<'_> {
     fn policy(&mut self, id: &str, mut table: Table<'_>) -> Option<RateLimitPolicy> {
         let kind =
             self.field(&mut table, PolicyField::Algorithm.key(), Self::name::<AlgorithmKind>);
-        let limit = self.field(&mut table, PolicyField::Limit.key(), Self::u64);
-        let window = self.field(&mut table, PolicyField::Window.key(), Self::duration);
-        let capacity = self.field(&mut table, PolicyField::Capacity.key(), Self::u64);
-        let refill_tokens = self.field(&mut table, PolicyField::RefillTokens.key(), Self::u64);
-        let refill_period = self.field(&mut table, PolicyField::RefillPeriod.key(), Self::duration);
-        let period = self.field(&mut table, PolicyField::Period.key(), Self::duration);
-        let burst = self.field(&mut table, PolicyField::Burst.key(), Self::u64);
-        let max_in_flight = self.field(&mut table, PolicyField::MaxInFlight.key(), Self::u64);
-        let lease_ttl = self.field(&mut table, PolicyField::LeaseTtl.key(), Self::duration);
-        let retry_after = self.field(&mut table, PolicyField::RetryAfter.key(), Self::duration);
+        let values = self.parameter_values(&mut table, kind);
         let revision = self.field(&mut table, PolicyField::Revision.key(), Self::u32);
         let maximum_cost = self.field(&mut table, PolicyField::MaximumCost.key(), Self::u64);
         let failure_policy =
@@ -251,65 +242,17 @@ impl Reader<'_> {
                 }
                 None
             }
-            Some(kind @ (AlgorithmKind::FixedWindow | AlgorithmKind::SlidingCounter)) => {
-                self.not_for(&table, kind);
-                let limit = self.required(limit, &table, PolicyField::Limit.key(), kind);
-                let window = self.required(window, &table, PolicyField::Window.key(), kind);
-                match (kind, limit, window) {
-                    (AlgorithmKind::FixedWindow, Some(limit), Some(window)) => {
-                        Some(Algorithm::FixedWindow { limit, window })
-                    }
-                    (_, Some(limit), Some(window)) => {
-                        Some(Algorithm::SlidingCounter { limit, window })
-                    }
-                    _ => None,
-                }
-            }
-            Some(kind @ AlgorithmKind::TokenBucket) => {
-                self.not_for(&table, kind);
-                let capacity = self.required(capacity, &table, PolicyField::Capacity.key(), kind);
-                let refill_tokens =
-                    self.required(refill_tokens, &table, PolicyField::RefillTokens.key(), kind);
-                let refill_period =
-                    self.required(refill_period, &table, PolicyField::RefillPeriod.key(), kind);
-                match (capacity, refill_tokens, refill_period) {
-                    (Some(capacity), Some(refill_tokens), Some(refill_period)) => {
-                        Some(Algorithm::TokenBucket { capacity, refill_tokens, refill_period })
-                    }
-                    _ => None,
-                }
-            }
-            Some(kind @ AlgorithmKind::Gcra) => {
-                self.not_for(&table, kind);
-                let limit = self.required(limit, &table, PolicyField::Limit.key(), kind);
-                let period = self.required(period, &table, PolicyField::Period.key(), kind);
-                // A burst left out is the limit; one that did not read has
-                // its own problem already.
-                match (limit, period) {
-                    (Some(limit), Some(period))
-                        if burst.is_some() || !table.has(PolicyField::Burst.key()) =>
-                    {
-                        Some(Algorithm::Gcra { limit, period, burst: burst.unwrap_or(limit) })
-                    }
-                    _ => None,
-                }
-            }
-            Some(kind @ AlgorithmKind::Concurrency) => {
-                self.not_for(&table, kind);
-                let max_in_flight =
-                    self.required(max_in_flight, &table, PolicyField::MaxInFlight.key(), kind);
-                let lease_ttl = self.required(lease_ttl, &table, PolicyField::LeaseTtl.key(), kind);
-                let retry_after =
-                    self.required(retry_after, &table, PolicyField::RetryAfter.key(), kind);
-                match (max_in_flight, lease_ttl, retry_after) {
-                    (Some(max_in_flight), Some(lease_ttl), Some(retry_after)) => {
-                        Some(Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after })
-                    }
-                    _ => None,
-                }
-            }
+            Some(kind) => self.parameters(&table, kind, values),
         };
-        let table_has_burst = table.has("burst");
+        // A parameter left out takes its default from another (a GCRA
+        // burst is its limit): it fails only when that one does, whose
+        // problem is already listed on the key the user wrote.
+        let defaulted: Vec<&str> = algorithm
+            .iter()
+            .flat_map(|algorithm| algorithm.kind().defaulted())
+            .copied()
+            .filter(|key| !table.has(key))
+            .collect();
         self.close(table);
         let algorithm = algorithm?;
         // A key the algorithm refuses has its problem from `not_for`; it
@@ -351,15 +294,8 @@ impl Reader<'_> {
         match builder.build() {
             Ok(policy) => Some(policy).filter(|_| all_read),
             Err(error) => {
-                // A GCRA burst left out is the limit: it fails only when the
-                // limit does (docs/algorithms.md#gcra), whose problem is
-                // already listed on the key the user wrote.
-                let defaulted_burst = !table_has_burst;
-                for violation in error
-                    .violations()
-                    .iter()
-                    .filter(|violation| !(defaulted_burst && violation.field == PolicyField::Burst))
-                {
+                let defaulted = |field: PolicyField| defaulted.contains(&field.key());
+                for violation in error.violations().iter().filter(|v| !defaulted(v.field)) {
                     // A bad id is the policy table's own key.
                     let at = if violation.field == PolicyField::Id {
                         path.clone()
@@ -376,19 +312,69 @@ impl Reader<'_> {
         }
     }
 
-    /// A parameter the algorithm needs; records "missing" only when the key
-    /// is absent (a present but bad value already has its own problem).
-    fn required<T>(
+    /// The algorithm's keys in the policy's table, each tried alone by the
+    /// algorithm's own deserializer so that every one that does not read is
+    /// a problem of its own (`false` beside them then). Every algorithm's
+    /// keys become known to the table: another's is refused by
+    /// [`Self::not_for`], not reported unknown.
+    fn parameter_values(
         &mut self,
-        value: Option<T>,
-        table: &Table<'_>,
-        key: &str,
-        algorithm: AlgorithmKind,
-    ) -> Option<T> {
-        if value.is_none() && !table.has(key) {
-            self.problem(&table.path().child(key), format!("missing: {algorithm} needs it"));
+        table: &mut Table<'_>,
+        kind: Option<AlgorithmKind>,
+    ) -> (Dict, bool) {
+        let mut own = Dict::new();
+        for key in AlgorithmKind::ALL.iter().flat_map(|kind| kind.parameters()) {
+            if let Some(value) = table.get(key) {
+                if kind.is_some_and(|kind| kind.parameters().contains(key)) {
+                    own.insert((*key).to_owned(), value.clone());
+                }
+            }
         }
-        value
+        let mut all_read = true;
+        let Some(kind) = kind else { return (own, all_read) };
+        for (key, value) in own.iter().filter(|(_, value)| !matches!(value, Value::Empty(..))) {
+            let alone = Value::from(Dict::from([(key.clone(), value.clone())]));
+            // Alone, the algorithm's other keys are missing: not this key's problem.
+            match kind.deserialize(&alone) {
+                Err(error) if !matches!(error.kind, figment::error::Kind::MissingField(_)) => {
+                    self.problem(&table.path().child(key), error.kind.to_string());
+                    all_read = false;
+                }
+                Ok(_) | Err(_) => {}
+            }
+        }
+        (own, all_read)
+    }
+
+    /// The algorithm from its keys ([`Self::parameter_values`]): each key
+    /// it needs and the table leaves out is a problem of its own, and so is
+    /// another algorithm's key.
+    fn parameters(
+        &mut self,
+        table: &Table<'_>,
+        kind: AlgorithmKind,
+        (own, all_read): (Dict, bool),
+    ) -> Option<Algorithm> {
+        self.not_for(table, kind);
+        let path = table.path().clone();
+        let mut complete = true;
+        for key in kind.parameters().iter().filter(|key| !kind.defaulted().contains(key)) {
+            if !table.has(key) {
+                self.problem(&path.child(key), format!("missing: {kind} needs it"));
+                complete = false;
+            }
+        }
+        if !(all_read && complete) {
+            return None;
+        }
+        match kind.deserialize(&Value::from(own)) {
+            Ok(algorithm) => Some(algorithm),
+            Err(error) => {
+                let at = error.path.iter().fold(path, |at, key| at.child(key));
+                self.problem(&at, error.kind.to_string());
+                None
+            }
+        }
     }
 
     /// Every other algorithm's parameter the table sets is a problem, and
@@ -396,13 +382,13 @@ impl Reader<'_> {
     /// `maximum-cost` and `evaluation-dedup`).
     fn not_for(&mut self, table: &Table<'_>, algorithm: AlgorithmKind) {
         let own = algorithm.parameters();
-        let mut foreign: Vec<PolicyField> = Vec::new();
-        for field in AlgorithmKind::ALL.iter().flat_map(|kind| kind.parameters()) {
-            if !own.contains(field) && !foreign.contains(field) {
-                foreign.push(*field);
+        let mut foreign: Vec<&str> = Vec::new();
+        for key in AlgorithmKind::ALL.iter().flat_map(|kind| kind.parameters()) {
+            if !own.contains(key) && !foreign.contains(key) {
+                foreign.push(key);
             }
         }
-        for key in foreign.iter().map(|field| field.key()).filter(|key| table.has(key)) {
+        for key in foreign.into_iter().filter(|key| table.has(key)) {
             self.problem(
                 &table.path().child(key),
                 format!("does not apply to {algorithm}; remove it"),
@@ -657,7 +643,7 @@ impl Reader<'_> {
 /// newcomer's `curl` loop sees a 429 on the sixth call. Every other field
 /// is the policy builder's default.
 pub(crate) fn demo_policy() -> RateLimitPolicy {
-    let five_a_minute = Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) };
+    let five_a_minute = FixedWindow { limit: 5, window: Duration::from_secs(60) };
     RateLimitPolicy::builder(DEFAULT_POLICY, five_a_minute)
         .build()
         .expect("the demo policy is valid")

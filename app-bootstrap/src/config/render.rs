@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use humantime_serde::re::humantime;
-use shared_contract::{Algorithm, EvaluationDedupPolicy, PolicyField, RateLimitPolicy};
+use shared_contract::{EvaluationDedupPolicy, PolicyField, RateLimitPolicy};
 use toml::{Table, Value};
 
 use adapter_redis::RedisField;
@@ -107,26 +107,9 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
 pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     let mut table = Table::new();
     table.insert(PolicyField::Algorithm.key().into(), policy.algorithm().name().into());
-    match *policy.algorithm() {
-        Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
-            table.insert(PolicyField::Limit.key().into(), count(limit));
-            table.insert(PolicyField::Window.key().into(), duration(window));
-        }
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-            table.insert(PolicyField::Capacity.key().into(), count(capacity));
-            table.insert(PolicyField::RefillTokens.key().into(), count(refill_tokens));
-            table.insert(PolicyField::RefillPeriod.key().into(), duration(refill_period));
-        }
-        Algorithm::Gcra { limit, period, burst } => {
-            table.insert("limit".into(), count(limit));
-            table.insert("period".into(), duration(period));
-            table.insert("burst".into(), count(burst));
-        }
-        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
-            table.insert(PolicyField::MaxInFlight.key().into(), count(max_in_flight));
-            table.insert(PolicyField::LeaseTtl.key().into(), duration(lease_ttl));
-            table.insert(PolicyField::RetryAfter.key().into(), duration(retry_after));
-        }
+    // The algorithm's own keys, as its serde derive names them.
+    if let Ok(Value::Table(parameters)) = Value::try_from(policy.algorithm()) {
+        table.extend(parameters);
     }
     // The common keys the algorithm refuses are left out, so the printed
     // configuration loads again.

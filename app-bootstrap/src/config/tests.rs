@@ -73,7 +73,10 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
         assert_eq!(
             *demo.algorithm(),
-            Algorithm::FixedWindow { limit: 5, window: Duration::from_secs(60) }
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 5,
+                window: Duration::from_secs(60)
+            })
         );
         assert!(config.pseudonymizer.keys.is_empty());
         assert!(!config.redis.enabled);
@@ -126,11 +129,11 @@ fn a_file_sets_every_policy_field() {
             rate_limit.policies["bucket"],
             RateLimitPolicy::builder(
                 "bucket",
-                Algorithm::TokenBucket {
+                Algorithm::TokenBucket(shared_contract::TokenBucket {
                     capacity: 20,
                     refill_tokens: 2,
                     refill_period: Duration::from_secs(1),
-                },
+                }),
             )
             .revision(3)
             .maximum_cost(5)
@@ -172,7 +175,10 @@ fn the_environment_overrides_the_file() {
         assert_eq!(rate_limit.edge.evaluation_budget, Duration::from_millis(250));
         assert_eq!(
             *rate_limit.policies["api"].algorithm(),
-            Algorithm::FixedWindow { limit: 42, window: Duration::from_secs(60) }
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 42,
+                window: Duration::from_secs(60)
+            })
         );
         assert!(config.redis.enabled);
         assert_eq!(config.redis.settings.topology, adapter_redis::Topology::Cluster);
@@ -412,7 +418,8 @@ fn a_gcra_policy_reads_limit_period_and_burst_which_defaults_to_the_limit() {
         "#;
         let config = load_file(jail, file).unwrap();
         let policies = &config.capabilities.rate_limit.policies;
-        let gcra = |limit, period, burst| Algorithm::Gcra { limit, period, burst };
+        let gcra =
+            |limit, period, burst| Algorithm::Gcra(shared_contract::Gcra { limit, period, burst });
         assert_eq!(policies["search"].algorithm(), &gcra(10, Duration::from_secs(1), 5));
         assert_eq!(policies["steady"].algorithm(), &gcra(4, Duration::from_secs(60), 4));
 
@@ -792,7 +799,7 @@ fn unset_keys_take_the_owners_defaults() {
         assert_eq!(format!("{settings:?}"), format!("{owner:?}"));
         let demo = &rate_limit.policies[adapter_web::DEFAULT_POLICY];
         let builder_default =
-            RateLimitPolicy::builder(adapter_web::DEFAULT_POLICY, *demo.algorithm())
+            RateLimitPolicy::builder(adapter_web::DEFAULT_POLICY, demo.algorithm().clone())
                 .build()
                 .unwrap();
         assert_eq!(*demo, builder_default);
@@ -1026,7 +1033,7 @@ fn a_file_only_source_ignores_the_environment() {
         let alone = AppConfig::load(&ConfigSources::file_only("app.toml".into())).unwrap();
         let limit =
             |config: &AppConfig| match config.capabilities.rate_limit.policies["api"].algorithm() {
-                Algorithm::FixedWindow { limit, .. } => *limit,
+                Algorithm::FixedWindow(shared_contract::FixedWindow { limit, .. }) => *limit,
                 other => panic!("a fixed window, not {other:?}"),
             };
         // The same file: the variable counts in one and not in the other.
@@ -1899,11 +1906,11 @@ fn a_concurrency_policy_reads_its_three_keys_and_prints_them_alone() {
         let policy = &config.capabilities.rate_limit.policies["exports"];
         assert_eq!(
             *policy.algorithm(),
-            Algorithm::Concurrency {
+            Algorithm::Concurrency(shared_contract::Concurrency {
                 max_in_flight: 2,
                 lease_ttl: Duration::from_secs(30),
                 retry_after: Duration::from_millis(1500),
-            }
+            })
         );
         assert_eq!(*policy.evaluation_dedup(), EvaluationDedupPolicy::Disabled);
         let rendered = config.to_redacted_toml().unwrap();

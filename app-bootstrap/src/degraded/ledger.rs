@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use shared_contract::{Algorithm, EvaluationId, OperationDigest, PolicyId, SubjectDigest};
+use shared_contract::{EvaluationId, OperationDigest, PolicyId, SubjectDigest};
 
 /// Most subjects the ledger tracks at once (a few hundred bytes each).
 /// A flood of distinct subjects during an outage finds it full: once the
@@ -126,7 +126,7 @@ pub(super) struct Charge {
 pub(super) struct Shape {
     /// The key holds the operation (an operation-scoped policy).
     pub(super) scoped: bool,
-    /// The policy counts per window ([`windowed`]).
+    /// The policy counts per window (`Algorithm::windowed`).
     pub(super) windowed: bool,
 }
 
@@ -138,16 +138,6 @@ pub(super) struct Ledger {
     len: AtomicUsize,
     /// Milliseconds when the next purge may run.
     next_purge: AtomicU64,
-}
-
-/// Whether `algorithm` counts per window (its count can be read back).
-pub(super) fn windowed(algorithm: &Algorithm) -> bool {
-    match algorithm {
-        Algorithm::FixedWindow { .. } | Algorithm::SlidingCounter { .. } => true,
-        Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } | Algorithm::Concurrency { .. } => {
-            false
-        }
-    }
 }
 
 impl Ledger {

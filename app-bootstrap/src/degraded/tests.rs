@@ -86,7 +86,10 @@ impl EdgeRateLimitPort for ScriptedPort {
 }
 
 fn fixed_window(limit: u64, maximum_cost: u64) -> RateLimitPolicy {
-    let algorithm = Algorithm::FixedWindow { limit, window: Duration::from_secs(60) };
+    let algorithm = shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
+        limit,
+        window: Duration::from_secs(60),
+    });
     RateLimitPolicy::builder("api", algorithm).maximum_cost(maximum_cost).build().unwrap()
 }
 
@@ -182,20 +185,35 @@ fn every_count_is_scaled_to_its_ceiling_share_and_never_to_zero() {
     for (limit, instances, share) in cases {
         let instances = NonZeroU32::new(instances).unwrap();
         let policy = scaled(&fixed_window(limit, 1), instances).unwrap();
-        assert_eq!(*policy.algorithm(), Algorithm::FixedWindow { limit: share, window });
+        assert_eq!(
+            *policy.algorithm(),
+            shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: share,
+                window
+            })
+        );
     }
-    let sliding = RateLimitPolicy::builder("s", Algorithm::SlidingCounter { limit: 9, window })
-        .build()
-        .unwrap();
+    let sliding = RateLimitPolicy::builder(
+        "s",
+        shared_contract::Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+            limit: 9,
+            window,
+        }),
+    )
+    .build()
+    .unwrap();
     assert_eq!(
         *scaled(&sliding, four()).unwrap().algorithm(),
-        Algorithm::SlidingCounter { limit: 3, window }
+        shared_contract::Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+            limit: 3,
+            window
+        })
     );
-    let bucket = Algorithm::TokenBucket {
+    let bucket = shared_contract::Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 10,
         refill_tokens: 5,
         refill_period: Duration::from_secs(1),
-    };
+    });
     let bucket = RateLimitPolicy::builder("b", bucket)
         .revision(7)
         .maximum_cost(2)
@@ -206,11 +224,11 @@ fn every_count_is_scaled_to_its_ceiling_share_and_never_to_zero() {
     let local = scaled(&bucket, four()).unwrap();
     assert_eq!(
         *local.algorithm(),
-        Algorithm::TokenBucket {
+        shared_contract::Algorithm::TokenBucket(shared_contract::TokenBucket {
             capacity: 3,
             refill_tokens: 2,
             refill_period: Duration::from_secs(1)
-        }
+        })
     );
     // Everything but the counts is the fleet policy's.
     assert_eq!(
@@ -223,10 +241,12 @@ fn every_count_is_scaled_to_its_ceiling_share_and_never_to_zero() {
 
 #[test]
 fn a_concurrency_policy_holds_its_share_of_the_slots() {
-    let exports = |max_in_flight| Algorithm::Concurrency {
-        max_in_flight,
-        lease_ttl: Duration::from_secs(30),
-        retry_after: Duration::from_secs(2),
+    let exports = |max_in_flight| {
+        shared_contract::Algorithm::Concurrency(shared_contract::Concurrency {
+            max_in_flight,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(2),
+        })
     };
     for (max_in_flight, share) in [(10, 3), (4, 1), (1, 1), (13, 4)] {
         let policy = RateLimitPolicy::builder("exports", exports(max_in_flight)).build().unwrap();
@@ -237,11 +257,11 @@ fn a_concurrency_policy_holds_its_share_of_the_slots() {
 
 #[tokio::test]
 async fn a_lease_is_released_where_it_was_taken_local_first_then_redis() {
-    let exports = Algorithm::Concurrency {
+    let exports = shared_contract::Algorithm::Concurrency(shared_contract::Concurrency {
         max_in_flight: 4,
         lease_ttl: Duration::from_secs(30),
         retry_after: Duration::from_secs(2),
-    };
+    });
     let policy = RateLimitPolicy::builder("api", exports).build().unwrap();
     let fixture = fixture_over(policy, ReleaseOutcome::Released);
 

@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 use sha2::{Digest, Sha256};
-use shared_contract::{Algorithm, MAX_COUNT, MAX_PERIOD, PolicyField, RateLimitPolicy};
+use shared_contract::{MAX_COUNT, MAX_PERIOD, PolicyField, RateLimitPolicy};
 
 use crate::error::BootstrapError;
 
@@ -1402,31 +1402,8 @@ fn policy_body(policy: &RateLimitPolicy) -> String {
     let algorithm = policy.algorithm();
     let mut body =
         format!("{} = {}\n", PolicyField::Algorithm.key(), toml_string(algorithm.name()));
-    let duration = |period| humantime_serde::re::humantime::format_duration(period).to_string();
-    let mut key = |field: PolicyField, value: String| {
-        let _ = writeln!(body, "{} = {value}", field.key());
-    };
-    match *algorithm {
-        Algorithm::FixedWindow { limit, window } | Algorithm::SlidingCounter { limit, window } => {
-            key(PolicyField::Limit, limit.to_string());
-            key(PolicyField::Window, toml_string(&duration(window)));
-        }
-        Algorithm::TokenBucket { capacity, refill_tokens, refill_period } => {
-            key(PolicyField::Capacity, capacity.to_string());
-            key(PolicyField::RefillTokens, refill_tokens.to_string());
-            key(PolicyField::RefillPeriod, toml_string(&duration(refill_period)));
-        }
-        Algorithm::Gcra { limit, period, burst } => {
-            key(PolicyField::Limit, limit.to_string());
-            key(PolicyField::Period, toml_string(&duration(period)));
-            key(PolicyField::Burst, burst.to_string());
-        }
-        Algorithm::Concurrency { max_in_flight, lease_ttl, retry_after } => {
-            key(PolicyField::MaxInFlight, max_in_flight.to_string());
-            key(PolicyField::LeaseTtl, toml_string(&duration(lease_ttl)));
-            key(PolicyField::RetryAfter, toml_string(&duration(retry_after)));
-        }
-    }
+    // The algorithm's own keys, as its serde derive names them.
+    body.push_str(&toml::to_string(algorithm).unwrap_or_default());
     body
 }
 

@@ -659,7 +659,10 @@ descriptors:
         let policies = &config.capabilities.rate_limit.policies;
         assert_eq!(
             policies["um.user"].algorithm(),
-            &Algorithm::FixedWindow { limit: 5, window: std::time::Duration::from_secs(60) }
+            &shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 5,
+                window: std::time::Duration::from_secs(60)
+            })
         );
         Ok(())
     });
@@ -1148,7 +1151,10 @@ fn the_printed_toml_loads_as_configuration() {
         );
         assert_eq!(
             policies["sms.phone"].algorithm(),
-            &Algorithm::FixedWindow { limit: 40, window: std::time::Duration::from_secs(86_400) }
+            &shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 40,
+                window: std::time::Duration::from_secs(86_400)
+            })
         );
         let rules: Vec<(&str, &[String], &[String])> = config
             .envoy_rls

@@ -1,0 +1,752 @@
+//! The counting algorithms, each one type behind [`RateAlgorithm`]: its
+//! parameters (deserialized from its own configuration keys), its stored
+//! state, its step over that state exactly as `docs/algorithms.md` defines
+//! it, its Lua file and its inspect encoding. The [`algorithms!`] line at
+//! the foot registers them and generates the closed enums every layer
+//! dispatches through ([`Algorithm`], [`AlgorithmKind`], [`AlgorithmState`]),
+//! so no algorithm's module names another.
+//!
+//! All arithmetic saturates or widens: caller times come from an injected
+//! clock and may be anything, and a provider's `evaluate` must never panic.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserializer, Serialize};
+
+use crate::error::{PolicyField, PolicyViolation};
+use crate::outcome::Certainty;
+use crate::policy::{MAX_GRACE, millis};
+use crate::step::Leases;
+
+/// One counting algorithm: a type holding its parameters, with everything
+/// each layer needs from it. Register it in the [`algorithms!`] line.
+///
+/// Its parameters need only be `Clone`: a parameter that owns heap data
+/// (a time zone, say) is fine; a policy's algorithm is cloned when the
+/// policy is compiled, never per decision.
+pub trait RateAlgorithm:
+    Clone + fmt::Debug + PartialEq + Eq + Send + Sync + Serialize + DeserializeOwned + 'static
+{
+    /// The configuration name (`algorithm = "fixed-window"`), kebab-case.
+    const NAME: &'static str;
+    /// The byte that opens its stored state on Redis and names it in a
+    /// policy's ARGV block: an upper-case letter (lower case is its shadow
+    /// kind), never another algorithm's. Stored state keeps it for good.
+    const TAG: u8;
+    /// Its configuration keys beside the common ones, as its serde derive
+    /// names them (kebab-case).
+    const KEYS: &'static [&'static str];
+    /// Those of [`Self::KEYS`] that may be left out: their default comes
+    /// from another key, so a problem of the default is that key's.
+    const DEFAULTED: &'static [&'static str] = &[];
+    /// Its Lua side: the file defining its function, and the ARGV it takes.
+    const LUA: Lua;
+    /// Whether an admitted request holds a lease that the caller gives back
+    /// (`EdgeRateLimitPort::release`); its key then holds the lease set
+    /// beside the state ([`Self::lease_life`]).
+    const HOLDS_LEASES: bool = false;
+    /// The common policy keys that do not apply to it; the configuration and
+    /// the builder refuse them when set, naming the key.
+    const REFUSED_COMMON_KEYS: &'static [PolicyField] = &[];
+
+    /// The stored counting state of one key: a constant number of numbers,
+    /// whatever the number of windows a subject has lived through.
+    type State: Copy + fmt::Debug + PartialEq + Eq + Send + Sync + 'static;
+
+    /// The most units (leases) spent at once: bounds `maximum-cost`, and
+    /// every decision and `RateLimit-Policy`'s `q` report it.
+    fn limit(&self) -> u64;
+
+    /// Whether its decisions are exact or its own estimate.
+    fn certainty(&self) -> Certainty {
+        Certainty::Certain
+    }
+
+    /// The time over which it grants its limit, `w` in `RateLimit-Policy`;
+    /// `None` when it has none (no `w`). `now` reads the caller time (epoch
+    /// ms), for an algorithm whose window's length moves with it; the
+    /// others never call it.
+    fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration>;
+
+    /// Checks its parameters, pushing each violation with its key; returns
+    /// whether [`Self::limit`] is in range (so a cost bound may be named).
+    fn check(&self, checks: &mut Checks) -> bool;
+
+    /// One run at effective time `run.t` over the key's state
+    /// (`None`: absent).
+    fn step(&self, state: Option<&Self::State>, run: &Run<'_>) -> Step<Self::State>;
+
+    /// Its share of each instance's local limiter in degraded mode: every
+    /// count through `share` (`ceil(count / instances)`), times kept.
+    #[must_use]
+    fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self;
+
+    /// Whether `limit - remaining` is this window's count, which degraded
+    /// mode compares with what it wrote back.
+    fn windowed(&self) -> bool {
+        false
+    }
+
+    /// Whether a refusal stays a refusal until its `reset_after` with no
+    /// other traffic and whatever the cost (only then may a local cache
+    /// answer it).
+    fn refusal_stays(&self) -> bool {
+        false
+    }
+
+    /// How long an admitted request's lease counts from its taking, in ms,
+    /// given the maximum clock regression; `None` unless it holds leases.
+    fn lease_life(&self, _regression: u64) -> Option<u64> {
+        None
+    }
+
+    /// The parameters its Lua function takes after the common ones, at
+    /// caller time `t` (epoch ms), as decimal integers.
+    fn arguments(&self, t: u64) -> Arguments;
+
+    /// Its state from the numbers inspect reads after the mark (zeros beyond
+    /// its own; none for a key that holds no state header, a lease set);
+    /// `None` when they make no state of it.
+    fn decode(numbers: [u64; 3]) -> Option<Self::State>;
+}
+
+/// An algorithm's Lua file, as the Redis adapter composes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Lua {
+    /// The file's name, as an include line names it.
+    pub file: &'static str,
+    /// The file's text.
+    pub source: &'static str,
+    /// The function the file defines: `f(raw, t, charge, <arguments>)`.
+    pub function: &'static str,
+    /// How many arguments follow the common ones in its ARGV block.
+    pub arity: usize,
+    /// The bytes of its state header (tag and doubles, mark first); 0 for
+    /// a key that holds no header.
+    pub header: usize,
+}
+
+/// The parameters an algorithm's Lua function takes, at most
+/// [`Arguments::MAX`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Arguments {
+    values: [u64; Arguments::MAX],
+    len: usize,
+}
+
+impl Arguments {
+    /// The most an algorithm takes.
+    pub const MAX: usize = 4;
+
+    /// Up to [`Self::MAX`] values, in order.
+    ///
+    /// # Panics
+    /// With more: an algorithm declares its arity once, so this is a
+    /// mistake in its module that its first test finds.
+    pub fn of(values: &[u64]) -> Self {
+        assert!(values.len() <= Self::MAX, "an algorithm takes at most {} arguments", Self::MAX);
+        let mut held = [0; Self::MAX];
+        let len = values.len();
+        held[..len].copy_from_slice(&values[..len]);
+        Self { values: held, len }
+    }
+
+    /// The values.
+    pub fn as_slice(&self) -> &[u64] {
+        &self.values[..self.len]
+    }
+}
+
+/// What one step runs at: the key's effective time, the cost, whether an
+/// allowance charges, and the policy-wide facts an algorithm may need.
+#[derive(Debug, Clone, Copy)]
+pub struct Run<'a> {
+    /// Effective time, epoch ms.
+    pub t: u64,
+    /// Units asked for.
+    pub cost: u64,
+    /// Whether an allowance charges.
+    pub charge: Charge,
+    /// The key's leases (empty unless the algorithm holds leases).
+    pub leases: &'a Leases,
+    /// The policy's maximum clock regression, ms.
+    pub regression: u64,
+}
+
+/// What one run of an algorithm decided, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step<S> {
+    /// Whether it allows.
+    pub allowed: bool,
+    /// Units left (after the charge when charged).
+    pub remaining: u64,
+    /// Wait before a retry can pass (0 when allowed).
+    pub retry_after: u64,
+    /// Time until the budget is whole again.
+    pub reset_after: u64,
+    /// The state to store and `state_end` (the time from which absence
+    /// means the same as this state), or `None` when nothing is written.
+    pub write: Option<(S, u64)>,
+}
+
+impl<S> Step<S> {
+    /// A denial that writes nothing (the window algorithms' deny path).
+    pub fn denied(remaining: u64, retry_after: u64, reset_after: u64) -> Self {
+        Self { allowed: false, remaining, retry_after, reset_after, write: None }
+    }
+
+    /// An allowance that charges nothing (a set member spared because
+    /// another member denied).
+    pub fn spared(remaining: u64, reset_after: u64) -> Self {
+        Self { allowed: true, remaining, retry_after: 0, reset_after, write: None }
+    }
+
+    /// The same step with its written state mapped.
+    pub fn map<T>(self, into: impl FnOnce(S) -> T) -> Step<T> {
+        let Self { allowed, remaining, retry_after, reset_after, write } = self;
+        let write = write.map(|(state, end)| (into(state), end));
+        Step { allowed, remaining, retry_after, reset_after, write }
+    }
+}
+
+/// The stored state belongs to another algorithm (same policy id and
+/// revision, changed algorithm): `Incompatible(StateIncompatible)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StateMismatch;
+
+/// Whether an allowing run charges its cost. A set that another policy
+/// denies charges nothing: each of its policies then runs `Spare`, which
+/// answers as the algorithm would but writes what a denial writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Charge {
+    /// Charge `cost` when the algorithm allows.
+    Take,
+    /// Charge nothing; report the budget as it stands.
+    Spare,
+}
+
+/// The violations found in a policy's parameters, each with its key.
+#[derive(Debug, Default)]
+pub struct Checks {
+    pub(crate) violations: Vec<PolicyViolation>,
+}
+
+impl Checks {
+    /// Records a violation of the parameter `key`.
+    pub fn reject(&mut self, key: &'static str, problem: String) {
+        self.violations.push(PolicyViolation { field: PolicyField::Parameter(key), problem });
+    }
+
+    /// Checks a count in `1..=most`; true when it is.
+    pub fn count(&mut self, key: &'static str, value: u64, most: u64) -> bool {
+        let ok = (1..=most).contains(&value);
+        if !ok {
+            self.reject(key, format!("must be in 1..={most}, got {value}"));
+        }
+        ok
+    }
+
+    /// Checks a duration of whole milliseconds from 1 ms to `longest`;
+    /// true when it is.
+    pub fn period(&mut self, key: &'static str, period: Duration, longest: Duration) -> bool {
+        let problem = if period < Duration::from_millis(1) || period > longest {
+            Some(format!("must be between 1ms and {longest:?}, got {period:?}"))
+        } else {
+            crate::policy::whole_millis_problem(period)
+        };
+        problem.map(|problem| self.reject(key, problem)).is_none()
+    }
+
+    /// Checks that `count x period` (ms) stays below 2^53, so every
+    /// provider, Lua's doubles included, counts exactly; reported on the
+    /// count's key.
+    pub fn exact_product(
+        &mut self,
+        (count_key, count): (&'static str, u64),
+        (period_key, period): (&'static str, Duration),
+    ) {
+        let product = u128::from(count) * u128::from(millis(period));
+        if product >= u128::from(crate::policy::MAX_EXACT_PRODUCT) {
+            self.reject(
+                count_key,
+                format!(
+                    "{count_key} x {period_key} must stay below 2^53 for exact arithmetic, got \
+                     {product}"
+                ),
+            );
+        }
+    }
+
+    /// Checks a wait of whole milliseconds from 1 ms to an hour.
+    pub fn wait(&mut self, key: &'static str, wait: Duration) -> bool {
+        self.period(key, wait, MAX_GRACE)
+    }
+}
+
+/// Whole milliseconds of `duration`, at least 1: a period every step may
+/// divide by (validation keeps them between 1 ms and ten years).
+pub(crate) fn ms(duration: Duration) -> u64 {
+    millis(duration).max(1)
+}
+
+/// A duration in a policy's table: a string with a unit ("750ms",
+/// "60s"), as humantime reads and writes it; a bare number is refused, as
+/// it has no unit.
+pub(crate) mod duration {
+    use std::fmt;
+    use std::time::Duration;
+
+    use humantime_serde::re::humantime;
+    use serde::de::{Error, Visitor};
+    use serde::{Deserializer, Serializer};
+
+    pub(crate) fn serialize<S: Serializer>(value: &Duration, to: S) -> Result<S::Ok, S::Error> {
+        to.collect_str(&humantime::format_duration(*value))
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<Duration, D::Error> {
+        from.deserialize_any(Text)
+    }
+
+    const BARE: &str =
+        "a bare number has no unit; write a duration string like \"750ms\" or \"60s\"";
+
+    struct Text;
+
+    impl Visitor<'_> for Text {
+        type Value = Duration;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a duration string like \"60s\"")
+        }
+
+        fn visit_str<E: Error>(self, text: &str) -> Result<Duration, E> {
+            humantime::parse_duration(text.trim()).map_err(|error| {
+                E::custom(format!(
+                    "{text:?} is not a duration ({error}); write a number with a unit, like \"750ms\" or \"60s\""
+                ))
+            })
+        }
+
+        fn visit_i64<E: Error>(self, _: i64) -> Result<Duration, E> {
+            Err(E::custom(BARE))
+        }
+
+        fn visit_u64<E: Error>(self, _: u64) -> Result<Duration, E> {
+            Err(E::custom(BARE))
+        }
+
+        fn visit_f64<E: Error>(self, _: f64) -> Result<Duration, E> {
+            Err(E::custom(BARE))
+        }
+    }
+}
+
+/// Registers the algorithms, one module and type each (its module is
+/// `algorithm/<module>.rs`, whose public items are re-exported), and
+/// generates what every layer
+/// dispatches through: [`Algorithm`] (a policy's algorithm with its
+/// parameters), [`AlgorithmKind`] (its name) and [`AlgorithmState`] (a
+/// key's stored state), each variant named as its type. A state of another
+/// algorithm is a [`StateMismatch`], decided here, not in any step.
+macro_rules! algorithms {
+    ($($module:ident::$name:ident),+ $(,)?) => {
+        $(
+            mod $module;
+            pub use $module::*;
+        )+
+
+        /// The counting algorithm of a policy and its parameters.
+        #[derive(Debug, Clone, PartialEq, Eq)]
+        pub enum Algorithm {
+            $(
+                #[doc = concat!("[`", stringify!($name), "`].")]
+                $name($name),
+            )+
+        }
+
+        /// Which algorithm, without its parameters: what a configuration's
+        /// `algorithm` key names.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum AlgorithmKind {
+            $(
+                #[doc = concat!("[`", stringify!($name), "`].")]
+                $name,
+            )+
+        }
+
+        /// The stored counting state of one key, whichever its algorithm.
+        /// Times are epoch milliseconds.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        pub enum AlgorithmState {
+            $(
+                #[doc = concat!("[`", stringify!($name), "`]'s state.")]
+                $name(<$name as RateAlgorithm>::State),
+            )+
+        }
+
+        $(
+            impl From<$name> for Algorithm {
+                fn from(algorithm: $name) -> Self {
+                    Self::$name(algorithm)
+                }
+            }
+        )+
+
+        impl AlgorithmKind {
+            /// Every kind, in registration order.
+            pub const ALL: [Self; [$(stringify!($name)),+].len()] = [$(Self::$name),+];
+
+            /// The configuration name.
+            pub const fn name(self) -> &'static str {
+                match self { $(Self::$name => <$name as RateAlgorithm>::NAME,)+ }
+            }
+
+            /// The tag byte of its stored state and its ARGV kind.
+            pub const fn tag(self) -> u8 {
+                match self { $(Self::$name => <$name as RateAlgorithm>::TAG,)+ }
+            }
+
+            /// Its Lua side.
+            pub const fn lua(self) -> Lua {
+                match self { $(Self::$name => <$name as RateAlgorithm>::LUA,)+ }
+            }
+
+            /// Its configuration keys beside the common ones.
+            pub const fn parameters(self) -> &'static [&'static str] {
+                match self { $(Self::$name => <$name as RateAlgorithm>::KEYS,)+ }
+            }
+
+            /// Those of its keys that may be left out.
+            pub const fn defaulted(self) -> &'static [&'static str] {
+                match self { $(Self::$name => <$name as RateAlgorithm>::DEFAULTED,)+ }
+            }
+
+            /// The common keys that do not apply to it.
+            pub const fn refused_common_keys(self) -> &'static [PolicyField] {
+                match self { $(Self::$name => <$name as RateAlgorithm>::REFUSED_COMMON_KEYS,)+ }
+            }
+
+            /// Whether its admitted requests hold a lease.
+            pub const fn holds_leases(self) -> bool {
+                match self { $(Self::$name => <$name as RateAlgorithm>::HOLDS_LEASES,)+ }
+            }
+
+            /// Its parameters from the keys of a policy's table beside the
+            /// common ones (kebab-case; an unknown key is refused).
+            ///
+            /// # Errors
+            /// The deserializer's error naming the key at fault.
+            pub fn deserialize<'de, D: Deserializer<'de>>(
+                self,
+                parameters: D,
+            ) -> Result<Algorithm, D::Error> {
+                match self {
+                    $(Self::$name => {
+                        <$name as serde::Deserialize>::deserialize(parameters).map(Algorithm::$name)
+                    })+
+                }
+            }
+        }
+
+        impl Serialize for Algorithm {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                match self { $(Self::$name(algorithm) => algorithm.serialize(serializer),)+ }
+            }
+        }
+
+        impl Algorithm {
+            /// Which algorithm this is.
+            pub const fn kind(&self) -> AlgorithmKind {
+                match self { $(Self::$name(_) => AlgorithmKind::$name,)+ }
+            }
+
+            /// The most units (leases) a subject can hold at once.
+            pub fn limit(&self) -> u64 {
+                match self { $(Self::$name(algorithm) => algorithm.limit(),)+ }
+            }
+
+            /// The certainty of every decision under this algorithm.
+            pub fn certainty(&self) -> Certainty {
+                match self { $(Self::$name(algorithm) => algorithm.certainty(),)+ }
+            }
+
+            /// The time over which it grants its limit (`RateLimit-Policy`'s
+            /// `w`), `now` read only by an algorithm whose window moves;
+            /// `None` when it has no window.
+            pub fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration> {
+                match self { $(Self::$name(algorithm) => algorithm.quota_window(now),)+ }
+            }
+
+            /// Its share of each instance's limiter in degraded mode.
+            #[must_use]
+            pub fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
+                match self { $(Self::$name(algorithm) => Self::$name(algorithm.scaled(share)),)+ }
+            }
+
+            /// Whether `limit - remaining` is the window's count.
+            pub fn windowed(&self) -> bool {
+                match self { $(Self::$name(algorithm) => algorithm.windowed(),)+ }
+            }
+
+            /// Whether a refusal stays one until its `reset_after` with no
+            /// other traffic, whatever the cost.
+            pub fn refusal_stays(&self) -> bool {
+                match self { $(Self::$name(algorithm) => algorithm.refusal_stays(),)+ }
+            }
+
+            /// The arguments its Lua function takes at caller time `t`.
+            pub fn arguments(&self, t: u64) -> Arguments {
+                match self { $(Self::$name(algorithm) => algorithm.arguments(t),)+ }
+            }
+
+            /// How long a lease counts from its taking (ms), given the
+            /// clock-regression bound; `None` unless it holds leases.
+            pub(crate) fn lease_life(&self, regression: u64) -> Option<u64> {
+                match self { $(Self::$name(algorithm) => algorithm.lease_life(regression),)+ }
+            }
+
+            pub(crate) fn check(&self, checks: &mut Checks) -> bool {
+                match self { $(Self::$name(algorithm) => algorithm.check(checks),)+ }
+            }
+
+            /// Runs the algorithm over the key's state; a state of another
+            /// algorithm is a mismatch.
+            pub(crate) fn run(
+                &self,
+                state: Option<&AlgorithmState>,
+                run: &Run<'_>,
+            ) -> Result<Step<AlgorithmState>, StateMismatch> {
+                match self {
+                    $(Self::$name(algorithm) => {
+                        let state = match state {
+                            None => None,
+                            Some(AlgorithmState::$name(state)) => Some(state),
+                            #[allow(unreachable_patterns, reason = "a registry of one has no other state")]
+                            Some(_) => return Err(StateMismatch),
+                        };
+                        Ok(algorithm.step(state, run).map(AlgorithmState::$name))
+                    })+
+                }
+            }
+        }
+
+        impl AlgorithmState {
+            /// Which algorithm stored it.
+            pub const fn kind(&self) -> AlgorithmKind {
+                match self { $(Self::$name(_) => AlgorithmKind::$name,)+ }
+            }
+
+            /// The state an inspect read: its tag byte and the numbers
+            /// after the mark (zeros beyond the algorithm's own); `None` for
+            /// an unknown tag or an algorithm whose key holds no header.
+            pub fn decode(tag: u8, numbers: [u64; 3]) -> Option<Self> {
+                $(
+                    if tag == <$name as RateAlgorithm>::TAG && <$name as RateAlgorithm>::LUA.header > 0 {
+                        return <$name as RateAlgorithm>::decode(numbers).map(Self::$name);
+                    }
+                )+
+                None
+            }
+
+            /// The state of a key that is a lease set: the lease-holding
+            /// algorithm's, whatever the policy now reading it (a policy of
+            /// another algorithm then finds a mismatch); `None` when no
+            /// registered algorithm holds leases.
+            pub fn of_lease_set() -> Option<Self> {
+                $(
+                    if <$name as RateAlgorithm>::HOLDS_LEASES {
+                        return <$name as RateAlgorithm>::decode([0; 3]).map(Self::$name);
+                    }
+                )+
+                None
+            }
+        }
+    };
+}
+
+// The registry: one entry per algorithm, in the order every list shows them.
+algorithms! {
+    fixed_window::FixedWindow,
+    sliding_counter::SlidingCounter,
+    token_bucket::TokenBucket,
+    gcra::Gcra,
+    concurrency::Concurrency,
+}
+
+crate::impl_from_str_by_name!(AlgorithmKind);
+
+impl fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl Algorithm {
+    /// The configuration name of [`Self::kind`].
+    pub const fn name(&self) -> &'static str {
+        self.kind().name()
+    }
+
+    /// Whether its admitted requests hold a lease the caller releases
+    /// through `EdgeRateLimitPort::release`.
+    pub const fn holds_leases(&self) -> bool {
+        self.kind().holds_leases()
+    }
+
+    /// Its tag byte.
+    pub const fn tag(&self) -> u8 {
+        self.kind().tag()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // A multiple of every window below, as the worked numbers assume.
+    pub(super) const T0: u64 = 1_800_000_000_000;
+
+    pub(super) const fn d(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    /// A run that charges `cost` at `t` over a key without leases.
+    pub(super) fn take(t: u64, cost: u64) -> Run<'static> {
+        Run { t, cost, charge: Charge::Take, leases: &Leases::NONE, regression: 0 }
+    }
+
+    /// A spared run at `t` for `cost`.
+    pub(super) fn spare(t: u64, cost: u64) -> Run<'static> {
+        Run { charge: Charge::Spare, ..take(t, cost) }
+    }
+
+    /// Runs `algorithm` charging, storing what it writes.
+    pub(super) fn apply(
+        algorithm: impl Into<Algorithm>,
+        state: &mut Option<AlgorithmState>,
+        t: u64,
+        cost: u64,
+    ) -> Step<AlgorithmState> {
+        let step = algorithm.into().run(state.as_ref(), &take(t, cost)).unwrap();
+        if let Some((written, _)) = step.write {
+            *state = Some(written);
+        }
+        step
+    }
+
+    fn all() -> [Algorithm; 5] {
+        [
+            FixedWindow { limit: 3, window: d(1000) }.into(),
+            SlidingCounter { limit: 3, window: d(1000) }.into(),
+            TokenBucket { capacity: 1, refill_tokens: 1, refill_period: d(1) }.into(),
+            Gcra { limit: 1, period: d(1), burst: 1 }.into(),
+            Concurrency { max_in_flight: 2, lease_ttl: d(1000), retry_after: d(100) }.into(),
+        ]
+    }
+
+    #[test]
+    fn state_of_another_algorithm_is_a_mismatch() {
+        let states = [
+            AlgorithmState::FixedWindow(FixedWindowState { window_start: T0, count: 1 }),
+            AlgorithmState::SlidingCounter(SlidingCounterState {
+                window_start: T0,
+                current: 1,
+                previous: 0,
+            }),
+            AlgorithmState::TokenBucket(TokenBucketState { tokens: 1, updated_at: T0 }),
+            AlgorithmState::Gcra(GcraState { tat: T0 * 1000 }),
+            AlgorithmState::Concurrency(Leased),
+        ];
+        for algorithm in all() {
+            for state in &states {
+                let run = algorithm.run(Some(state), &take(T0, 1));
+                assert_eq!(
+                    run.is_err(),
+                    state.kind() != algorithm.kind(),
+                    "{algorithm:?} {state:?}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn each_algorithm_has_its_own_upper_case_tag_and_name() {
+        // A shadow policy sends its tag in lower case, so every tag must be
+        // an upper-case letter, and none another's.
+        for (at, kind) in AlgorithmKind::ALL.iter().enumerate() {
+            assert!(kind.tag().is_ascii_uppercase(), "{kind}");
+            assert!(AlgorithmKind::ALL[..at].iter().all(|other| other.tag() != kind.tag()));
+            assert!(AlgorithmKind::ALL[..at].iter().all(|other| other.name() != kind.name()));
+            assert_eq!(kind.name().parse::<AlgorithmKind>(), Ok(*kind));
+            let header = kind.lua().header > 0;
+            assert_eq!(AlgorithmState::decode(kind.tag(), [1, 2, 3]).is_some(), header, "{kind}");
+        }
+        assert_eq!(AlgorithmState::decode(b'X', [1, 2, 3]), None);
+        assert_eq!(
+            AlgorithmState::decode(b'f', [1, 2, 3]),
+            None,
+            "lower case is a kind argument, never a state"
+        );
+    }
+
+    #[test]
+    fn each_algorithm_sends_as_many_arguments_as_its_lua_function_takes() {
+        for algorithm in all() {
+            let sent = algorithm.arguments(T0).as_slice().len();
+            assert_eq!(sent, algorithm.kind().lua().arity, "{algorithm:?}");
+        }
+    }
+
+    #[test]
+    fn extreme_clock_values_do_not_panic() {
+        let mut every = all().to_vec();
+        every.push(Gcra { limit: 1, period: Duration::from_secs(u64::MAX / 4), burst: 3 }.into());
+        every.push(
+            Concurrency { max_in_flight: 3, lease_ttl: Duration::MAX, retry_after: d(1) }.into(),
+        );
+        for algorithm in every {
+            let mut state = None;
+            for t in [0, u64::MAX, 0, u64::MAX - 1] {
+                let step = apply(algorithm.clone(), &mut state, t, 1);
+                assert!(step.allowed || step.retry_after >= 1);
+            }
+        }
+    }
+
+    #[test]
+    fn a_spared_run_reports_the_budget_as_it_stands_and_writes_what_a_denial_writes() {
+        let fixed = Algorithm::from(FixedWindow { limit: 3, window: d(1000) });
+        let mut state = None;
+        apply(fixed.clone(), &mut state, T0 + 250, 1);
+        let spared = fixed.run(state.as_ref(), &spare(T0 + 300, 1)).unwrap();
+        assert!(spared.allowed);
+        assert_eq!((spared.remaining, spared.reset_after, spared.write), (2, 700, None));
+
+        let sliding = Algorithm::from(SlidingCounter { limit: 10, window: d(1000) });
+        let mut state = None;
+        apply(sliding.clone(), &mut state, T0, 4);
+        let spared = sliding.run(state.as_ref(), &spare(T0 + 500, 1)).unwrap();
+        assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 6, None));
+
+        // Capacity 5, 1 token per 100 ms: 2 left at T0, 3 at T0 + 100 (refilled).
+        let bucket =
+            Algorithm::from(TokenBucket { capacity: 5, refill_tokens: 1, refill_period: d(100) });
+        let mut state = None;
+        apply(bucket.clone(), &mut state, T0, 3);
+        let spared = bucket.run(state.as_ref(), &spare(T0 + 100, 1)).unwrap();
+        assert_eq!((spared.allowed, spared.remaining), (true, 3));
+        let written =
+            AlgorithmState::TokenBucket(TokenBucketState { tokens: 3, updated_at: T0 + 100 });
+        assert_eq!(spared.write, Some((written, T0 + 100 + 200)));
+
+        // GCRA b = 5, T = 100 ms: 3 cells at T0 leave 2, spared at T0 + 100 3.
+        let gcra = Algorithm::from(Gcra { limit: 10, period: d(1000), burst: 5 });
+        let mut state = None;
+        apply(gcra.clone(), &mut state, T0, 3);
+        let spared = gcra.run(state.as_ref(), &spare(T0 + 100, 1)).unwrap();
+        assert_eq!((spared.allowed, spared.remaining, spared.write), (true, 3, None));
+    }
+}

@@ -1,0 +1,172 @@
+//! Token bucket (docs/algorithms.md "Token bucket"): tokens refilled by
+//! whole periods up to the capacity; its state is the tokens left and the
+//! start of the period not yet credited.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
+use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
+
+/// A bucket of `capacity` tokens refilled by `refill_tokens` every
+/// `refill_period`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct TokenBucket {
+    /// Tokens a full bucket holds.
+    pub capacity: u64,
+    /// Tokens added per whole period.
+    pub refill_tokens: u64,
+    /// Refill period, whole milliseconds.
+    #[serde(with = "super::duration")]
+    pub refill_period: Duration,
+}
+
+/// A token bucket's stored state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenBucketState {
+    /// Tokens in the bucket.
+    pub tokens: u64,
+    /// Start of the refill period not yet credited.
+    pub updated_at: u64,
+}
+
+impl RateAlgorithm for TokenBucket {
+    const NAME: &'static str = "token-bucket";
+    const TAG: u8 = b'B';
+    const KEYS: &'static [&'static str] = &["capacity", "refill-tokens", "refill-period"];
+    const LUA: Lua = Lua {
+        file: "token-bucket.lua",
+        source: include_str!("token-bucket.lua"),
+        function: "token_bucket",
+        arity: 3,
+        header: 25,
+    };
+    type State = TokenBucketState;
+
+    fn limit(&self) -> u64 {
+        self.capacity
+    }
+
+    /// The time an empty bucket takes to fill:
+    /// `ceil(capacity / refill_tokens) * refill_period`.
+    fn quota_window(&self, _now: impl FnOnce() -> u64) -> Option<Duration> {
+        let periods = self.capacity.div_ceil(self.refill_tokens.max(1));
+        Some(self.refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX)))
+    }
+
+    fn check(&self, checks: &mut Checks) -> bool {
+        let limit_ok = checks.count("capacity", self.capacity, MAX_COUNT);
+        let period_ok = checks.period("refill-period", self.refill_period, MAX_PERIOD);
+        checks.count("refill-tokens", self.refill_tokens, MAX_COUNT);
+        if limit_ok && period_ok {
+            checks
+                .exact_product(("capacity", self.capacity), ("refill-period", self.refill_period));
+        }
+        limit_ok
+    }
+
+    fn step(&self, state: Option<&TokenBucketState>, run: &Run<'_>) -> Step<TokenBucketState> {
+        let (capacity, refill_tokens, period) =
+            (self.capacity, self.refill_tokens.max(1), ms(self.refill_period));
+        let (t, cost, charge) = (run.t, run.cost, run.charge);
+        let (tokens, updated_at) = match state {
+            None => (capacity, t),
+            Some(&TokenBucketState { tokens, updated_at }) => (tokens, updated_at),
+        };
+        let periods = t.saturating_sub(updated_at) / period;
+        let mut tokens = capacity.min(tokens.saturating_add(periods.saturating_mul(refill_tokens)));
+        // periods * period <= t - updated_at: the partial period is kept.
+        let mut updated_at = updated_at + periods * period;
+        if tokens == capacity {
+            updated_at = t;
+        }
+        // Time from `t` until `needed` more tokens have been refilled.
+        let wait_for = |needed: u64| {
+            needed
+                .div_ceil(refill_tokens)
+                .saturating_mul(period)
+                .saturating_sub(t.saturating_sub(updated_at))
+        };
+        let allowed = tokens >= cost;
+        let retry_after = if allowed { 0 } else { wait_for(cost - tokens).max(1) };
+        // A spared bucket writes the refill, as a denial does, and keeps its tokens.
+        if allowed && charge == Charge::Take {
+            tokens -= cost;
+        }
+        let reset_after = if tokens >= capacity { 0 } else { wait_for(capacity - tokens) };
+        Step {
+            allowed,
+            remaining: tokens,
+            retry_after,
+            reset_after,
+            write: Some((TokenBucketState { tokens, updated_at }, t.saturating_add(reset_after))),
+        }
+    }
+
+    fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
+        Self {
+            capacity: share(self.capacity),
+            refill_tokens: share(self.refill_tokens),
+            refill_period: self.refill_period,
+        }
+    }
+
+    /// No: a refusal writes its refill and mark, which an answer from a
+    /// cache cannot (the key's mark would lag where the store puts it), and
+    /// its wait grows with the cost.
+    fn refusal_stays(&self) -> bool {
+        false
+    }
+
+    fn arguments(&self, _t: u64) -> Arguments {
+        Arguments::of(&[self.capacity, self.refill_tokens, millis(self.refill_period)])
+    }
+
+    fn decode([tokens, updated_at, _]: [u64; 3]) -> Option<TokenBucketState> {
+        Some(TokenBucketState { tokens, updated_at })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::AlgorithmState;
+    use super::super::tests::{T0, apply, d};
+    use super::*;
+
+    #[test]
+    fn token_bucket_worked_numbers() {
+        let params = TokenBucket { capacity: 5, refill_tokens: 1, refill_period: d(100) };
+        let mut state = None;
+        for expected in [4, 3, 2, 1, 0] {
+            let step = apply(params, &mut state, T0, 1);
+            assert_eq!((step.allowed, step.remaining), (true, expected));
+        }
+        let denied = apply(params, &mut state, T0, 1);
+        assert_eq!((denied.allowed, denied.remaining, denied.retry_after), (false, 0, 100));
+        // A bucket denial still writes its state.
+        assert!(denied.write.is_some());
+        let step = apply(params, &mut state, T0 + 250, 1);
+        assert_eq!((step.allowed, step.remaining, step.reset_after), (true, 1, 350));
+        assert_eq!(
+            state,
+            Some(AlgorithmState::TokenBucket(TokenBucketState { tokens: 1, updated_at: T0 + 200 }))
+        );
+        assert_eq!(step.write.unwrap().1, T0 + 250 + 350);
+    }
+
+    #[test]
+    fn a_full_bucket_restarts_its_refill_clock() {
+        let params = TokenBucket { capacity: 2, refill_tokens: 1, refill_period: d(100) };
+        let mut state = None;
+        apply(params, &mut state, T0, 1);
+        // 1 + 3 periods caps at 2: the clock restarts at T0 + 370.
+        let step = apply(params, &mut state, T0 + 370, 1);
+        assert_eq!((step.remaining, step.reset_after), (1, 100));
+        assert_eq!(
+            state,
+            Some(AlgorithmState::TokenBucket(TokenBucketState { tokens: 1, updated_at: T0 + 370 }))
+        );
+    }
+}
