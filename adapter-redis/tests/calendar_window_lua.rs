@@ -1,14 +1,15 @@
-//! `lua/calendar-window.lua` on a real redis-server, before any script
-//! includes it: the prelude, the file and a small driver that runs it on
-//! one key, with the worked numbers of docs/algorithms.md "Calendar
-//! window" (b), a month end in Europe/Berlin, limit 3.
+//! The calendar window's Lua function on a real redis-server, with the
+//! bounds a caller passes (the next period's branch included, which no
+//! caller on one clock reaches): the prelude, its tag, the file and a small
+//! driver that runs it on one key, with the worked numbers of
+//! docs/algorithms.md "Calendar window" (b), a month end in Europe/Berlin,
+//! limit 3.
 
 use redis::AsyncCommands;
 use redis_fixture::RedisServer;
+use shared_contract::{CalendarWindow, RateAlgorithm};
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
-const CALENDAR_WINDOW: &str =
-    include_str!("../../shared-contract/src/algorithm/calendar-window.lua");
 
 /// ARGV[1..3] are the prelude's (time, cost, evaluation id); then charge
 /// (1 or 0), limit, period start, period end, next period's end. `t` is
@@ -65,7 +66,11 @@ async fn a_month_end_in_berlin_counts_as_the_docs_say() {
     let server = RedisServer::start();
     let client = redis::Client::open(server.url()).unwrap();
     let mut run = Run {
-        script: redis::Script::new(&format!("{PRELUDE}\n{CALENDAR_WINDOW}\n{DRIVER}")),
+        script: redis::Script::new(&format!(
+            "{PRELUDE}\nlocal CALENDAR_WINDOW = {}\n{}\n{DRIVER}",
+            CalendarWindow::TAG,
+            CalendarWindow::LUA.source
+        )),
         connection: client.get_multiplexed_async_connection().await.unwrap(),
     };
     let t = JANUARY_LAST_HALF_SECOND;

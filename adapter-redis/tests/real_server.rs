@@ -209,6 +209,14 @@ fn all_algorithms(dedup: EvaluationDedupPolicy) -> Vec<(RateLimitPolicy, usize)>
             25,
         ),
         (Algorithm::Gcra(shared_contract::Gcra { limit: 10, period: window, burst: 10 }), 17),
+        (
+            Algorithm::CalendarWindow(shared_contract::CalendarWindow {
+                limit: 10,
+                period: shared_contract::CalendarPeriod::Day,
+                time_zone: shared_contract::CalendarZone::utc(),
+            }),
+            25,
+        ),
     ]
     .into_iter()
     .map(|(algorithm, header)| {

@@ -55,6 +55,7 @@ enum Shape {
     TokenBucket,
     Gcra,
     Concurrency,
+    CalendarWindow,
 }
 
 /// One random case: a policy set (one policy for the per-algorithm cases)
@@ -175,6 +176,32 @@ fn algorithm(shape: Shape) -> BoxedStrategy<Algorithm> {
                 })
             })
             .boxed(),
+        // T0 is local midnight in Los Angeles (2027-01-15 00:00 -08), so
+        // the clock's steps back cross a day there: a caller in one day
+        // meets a key marked in the next, beside zones where every case
+        // stays in one period.
+        Shape::CalendarWindow => {
+            let periods = [
+                shared_contract::CalendarPeriod::Day,
+                shared_contract::CalendarPeriod::Week,
+                shared_contract::CalendarPeriod::Month,
+                shared_contract::CalendarPeriod::Year,
+            ];
+            let zones = ["America/Los_Angeles", "UTC", "Europe/Berlin"];
+            (
+                1..=8_u64,
+                proptest::sample::select(periods.to_vec()),
+                proptest::sample::select(zones.to_vec()),
+            )
+                .prop_map(|(limit, period, zone)| {
+                    Algorithm::CalendarWindow(shared_contract::CalendarWindow {
+                        limit,
+                        period,
+                        time_zone: zone.parse().expect("a zone of the bundled database"),
+                    })
+                })
+                .boxed()
+        }
     }
 }
 
@@ -240,6 +267,7 @@ fn any_algorithm() -> BoxedStrategy<Algorithm> {
         algorithm(Shape::TokenBucket),
         algorithm(Shape::Gcra),
         algorithm(Shape::Concurrency),
+        algorithm(Shape::CalendarWindow),
     ]
     .boxed()
 }
@@ -656,6 +684,11 @@ fn token_bucket_providers_agree_on_random_sequences() {
 #[test]
 fn gcra_providers_agree_on_random_sequences() {
     providers_agree(Shape::Gcra);
+}
+
+#[test]
+fn calendar_window_providers_agree_on_random_sequences() {
+    providers_agree(Shape::CalendarWindow);
 }
 
 /// Leases taken, replayed, refused, released, released twice, released

@@ -128,6 +128,20 @@ pub(crate) fn concurrency(
     )
 }
 
+/// A calendar-window policy with the check defaults: `limit` per calendar
+/// `period` in Europe/Berlin (the zone of the worked numbers).
+pub(crate) fn calendar_window(
+    id: &str,
+    limit: u64,
+    period: shared_contract::CalendarPeriod,
+) -> RateLimitPolicyBuilder {
+    let time_zone = "Europe/Berlin".parse().expect("a zone of the bundled database");
+    with_check_defaults(
+        id,
+        Algorithm::CalendarWindow(shared_contract::CalendarWindow { limit, period, time_zone }),
+    )
+}
+
 fn with_check_defaults(id: &str, algorithm: Algorithm) -> RateLimitPolicyBuilder {
     RateLimitPolicy::builder(id, algorithm).cleanup_grace(CHECK_GRACE)
 }

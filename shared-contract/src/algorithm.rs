@@ -574,6 +574,7 @@ algorithms! {
     token_bucket::TokenBucket,
     gcra::Gcra,
     concurrency::Concurrency,
+    calendar_window::CalendarWindow,
 }
 
 crate::impl_from_str_by_name!(AlgorithmKind);
@@ -637,13 +638,19 @@ mod tests {
         step
     }
 
-    fn all() -> [Algorithm; 5] {
+    fn all() -> [Algorithm; 6] {
         [
             FixedWindow { limit: 3, window: d(1000) }.into(),
             SlidingCounter { limit: 3, window: d(1000) }.into(),
             TokenBucket { capacity: 1, refill_tokens: 1, refill_period: d(1) }.into(),
             Gcra { limit: 1, period: d(1), burst: 1 }.into(),
             Concurrency { max_in_flight: 2, lease_ttl: d(1000), retry_after: d(100) }.into(),
+            CalendarWindow {
+                limit: 3,
+                period: CalendarPeriod::Day,
+                time_zone: "Europe/Berlin".parse().unwrap(),
+            }
+            .into(),
         ]
     }
 
@@ -659,6 +666,7 @@ mod tests {
             AlgorithmState::TokenBucket(TokenBucketState { tokens: 1, updated_at: T0 }),
             AlgorithmState::Gcra(GcraState { tat: T0 * 1000 }),
             AlgorithmState::Concurrency(Leased),
+            AlgorithmState::CalendarWindow(CalendarWindowState { period_start: T0, count: 1 }),
         ];
         for algorithm in all() {
             for state in &states {

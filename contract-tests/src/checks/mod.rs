@@ -5,6 +5,7 @@
 //! check left off it.
 
 pub mod admin;
+pub mod calendar_window;
 pub mod clock_regression;
 pub mod concurrency;
 pub mod evaluation_dedup;

@@ -14,7 +14,6 @@
 -- spared run. Returns allowed, remaining, reset_after, retry_after, and
 -- when the run writes state: the packed state (tag byte, then mark) and
 -- state_end. A denial or a spared run (charge false) writes nothing.
-local CALENDAR_WINDOW = 80
 local function calendar_window(raw, t, charge, limit, period_start, period_end, next_end)
   if t >= period_end then
     -- A mark of the next period (another instance's clock, ahead within

@@ -9,17 +9,35 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 use jiff::Timestamp;
 use jiff::civil::{Date, Time};
 use jiff::tz::{AmbiguousOffset, TimeZone};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{Charge, Step};
+use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step};
+use crate::policy::MAX_COUNT;
+
+/// At most `limit` units per calendar `period` of `time-zone`: "10,000
+/// requests a month per API key, reset on the 1st at midnight in Berlin".
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct CalendarWindow {
+    /// Units per period.
+    pub limit: u64,
+    /// The calendar period a count lives for.
+    pub period: CalendarPeriod,
+    /// The zone whose calendar the periods follow; UTC when left out.
+    #[serde(default)]
+    pub time_zone: CalendarZone,
+}
 
 /// The calendar period a count lives for: `period = "day" | "week" |
 /// "month" | "year"` in the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum CalendarPeriod {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CalendarPeriod {
     /// From local midnight to the next (23 or 25 hours across a DST change).
     Day,
     /// An ISO week, from Monday 00:00 to the next Monday 00:00.
@@ -32,7 +50,7 @@ pub(crate) enum CalendarPeriod {
 
 impl CalendarPeriod {
     /// The configuration name of the period.
-    pub(crate) fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Self::Day => "day",
             Self::Week => "week",
@@ -59,7 +77,7 @@ impl FromStr for CalendarPeriod {
 /// A configuration value the calendar window cannot use; the message names
 /// the value as written.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub(crate) enum CalendarError {
+pub enum CalendarError {
     /// `period` is not one of the four names.
     #[error("unknown calendar period {0:?}: expected \"day\", \"week\", \"month\" or \"year\"")]
     UnknownPeriod(String),
@@ -73,16 +91,16 @@ pub(crate) enum CalendarError {
 /// The time zone a calendar window's periods are counted in: `time-zone`
 /// in the configuration, an IANA name, `UTC` by default.
 #[derive(Clone, PartialEq, Eq)]
-pub(crate) struct CalendarZone(TimeZone);
+pub struct CalendarZone(TimeZone);
 
 impl CalendarZone {
     /// Coordinated Universal Time, the default.
-    pub(crate) fn utc() -> Self {
+    pub fn utc() -> Self {
         Self(TimeZone::UTC)
     }
 
     /// The zone's IANA name as the database spells it.
-    pub(crate) fn name(&self) -> &str {
+    pub fn name(&self) -> &str {
         self.0.iana_name().unwrap_or("UTC")
     }
 }
@@ -107,6 +125,19 @@ impl FromStr for CalendarZone {
     }
 }
 
+impl Serialize for CalendarZone {
+    fn serialize<S: Serializer>(&self, to: S) -> Result<S::Ok, S::Error> {
+        to.serialize_str(self.name())
+    }
+}
+
+impl<'de> Deserialize<'de> for CalendarZone {
+    fn deserialize<D: Deserializer<'de>>(from: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(from)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl fmt::Debug for CalendarZone {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("CalendarZone").field(&self.name()).finish()
@@ -125,7 +156,7 @@ const LATEST_MS: u64 = 253_370_592_000_000;
 /// period holding 9998-12-30, whose end it may have passed (the step then
 /// answers `reset_after = 0`), and a start before 1970 (a zone west of
 /// Greenwich at `t` near 0) is 0.
-pub(crate) fn bounds(t: u64, period: CalendarPeriod, zone: &CalendarZone) -> (u64, u64) {
+pub fn bounds(t: u64, period: CalendarPeriod, zone: &CalendarZone) -> (u64, u64) {
     let clamped = t.min(LATEST_MS);
     // Both conversions hold for every clamped time; the fallback (the UTC
     // day) only keeps this total.
@@ -189,70 +220,123 @@ fn first_instant(date: Date, tz: &TimeZone) -> Option<Timestamp> {
 /// A calendar window key's stored state: the period's start and its count,
 /// the fixed window's two fields (stored under its own tag).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CalendarState {
+pub struct CalendarWindowState {
     /// Start of the period the count belongs to, epoch ms.
-    pub(crate) period_start: u64,
+    pub period_start: u64,
     /// Units charged in that period.
-    pub(crate) count: u64,
+    pub count: u64,
 }
 
-/// One run at effective time `t` for `cost` units, in the period
-/// `(start, end)` that [`bounds`] gives at `t`. Counts as the fixed window
-/// does; a `t` at or past `end` (only beyond 9998) finds the count of the
-/// period as given and `reset_after = 0`. Returns the decision with
-/// `write` empty, and the state to store with its `state_end` (the
-/// period's end), `None` when nothing is written.
-pub(crate) fn step(
-    limit: u64,
-    (start, end): (u64, u64),
-    state: Option<&CalendarState>,
-    t: u64,
-    cost: u64,
-    charge: Charge,
-) -> (Step, Option<(CalendarState, u64)>) {
-    let n = match state {
-        Some(&CalendarState { period_start, count }) if period_start == start => count,
-        _ => 0,
+impl RateAlgorithm for CalendarWindow {
+    const NAME: &'static str = "calendar-window";
+    const TAG: u8 = b'P';
+    const KEYS: &'static [&'static str] = &["limit", "period", "time-zone"];
+    const DEFAULTED: &'static [&'static str] = &["time-zone"];
+    const LUA: Lua = Lua {
+        file: "calendar-window.lua",
+        source: include_str!("calendar-window.lua"),
+        function: "calendar_window",
+        arity: 4,
+        header: 25,
     };
-    let to_end = end.saturating_sub(t);
-    if n.saturating_add(cost) > limit {
-        return (Step::denied(limit.saturating_sub(n), to_end.max(1), to_end), None);
+    type State = CalendarWindowState;
+
+    fn limit(&self) -> u64 {
+        self.limit
     }
-    if charge == Charge::Spare {
-        return (Step::spared(limit - n, to_end), None);
+
+    /// The length of the period holding the caller's time: a day's is 23,
+    /// 24 or 25 hours, a month's 28 to 31 days.
+    fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration> {
+        let (start, end) = bounds(now(), self.period, &self.time_zone);
+        Some(Duration::from_millis(end - start))
     }
-    let n = n + cost;
-    let step = Step {
-        allowed: true,
-        remaining: limit - n,
-        retry_after: 0,
-        reset_after: to_end,
-        write: None,
-    };
-    (step, Some((CalendarState { period_start: start, count: n }, end)))
+
+    fn check(&self, checks: &mut Checks) -> bool {
+        checks.count("limit", self.limit, MAX_COUNT)
+    }
+
+    /// Counts as the fixed window does, in the period holding the key's
+    /// effective time. A `t` at or past its period's end (only beyond
+    /// 9998) finds the count of the period as given and `reset_after = 0`.
+    fn step(&self, state: Option<&CalendarWindowState>, run: &Run<'_>) -> Step<CalendarWindowState> {
+        let (limit, t, cost) = (self.limit, run.t, run.cost);
+        let (start, end) = bounds(t, self.period, &self.time_zone);
+        let n = match state {
+            Some(&CalendarWindowState { period_start, count }) if period_start == start => count,
+            _ => 0,
+        };
+        let to_end = end.saturating_sub(t);
+        if n.saturating_add(cost) > limit {
+            return Step::denied(limit.saturating_sub(n), to_end.max(1), to_end);
+        }
+        if run.charge == Charge::Spare {
+            return Step::spared(limit - n, to_end);
+        }
+        let n = n + cost;
+        Step {
+            allowed: true,
+            remaining: limit - n,
+            retry_after: 0,
+            reset_after: to_end,
+            write: Some((CalendarWindowState { period_start: start, count: n }, end)),
+        }
+    }
+
+    fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
+        Self { limit: share(self.limit), ..self.clone() }
+    }
+
+    fn windowed(&self) -> bool {
+        true
+    }
+
+    /// A refusal writes nothing, and the count it saw holds until the
+    /// period ends, whatever the cost.
+    fn refusal_stays(&self) -> bool {
+        true
+    }
+
+    /// The limit, the period holding the caller's `t` and the next
+    /// period's end: the script's effective time may be a mark of the next
+    /// period (docs/algorithms.md "Calendar window").
+    fn arguments(&self, t: u64) -> Arguments {
+        let (start, end) = bounds(t, self.period, &self.time_zone);
+        let (_, next_end) = bounds(end, self.period, &self.time_zone);
+        Arguments::of(&[self.limit, start, end, next_end])
+    }
+
+    fn decode([period_start, count, _]: [u64; 3]) -> Option<CalendarWindowState> {
+        Some(CalendarWindowState { period_start, count })
+    }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::super::AlgorithmState;
     use super::*;
 
-    /// Runs `step` at `t` over `state` (the memory provider's way: bounds
-    /// at the effective time), storing what it writes.
+    /// Runs a calendar window of `limit` per `period` in `zone` at `t`,
+    /// charging, storing what it writes (the memory provider's way: the
+    /// bounds at the key's effective time).
     fn apply(
         limit: u64,
         period: CalendarPeriod,
         zone: &CalendarZone,
-        state: &mut Option<CalendarState>,
+        state: &mut Option<AlgorithmState>,
         t: u64,
         cost: u64,
-    ) -> Step {
-        let (step, write) =
-            step(limit, bounds(t, period, zone), state.as_ref(), t, cost, Charge::Take);
-        if let Some((written, state_end)) = write {
+    ) -> Step<AlgorithmState> {
+        let calendar = CalendarWindow { limit, period, time_zone: zone.clone() };
+        let step = super::super::tests::apply(calendar, state, t, cost);
+        if let Some((_, state_end)) = step.write {
             assert_eq!(state_end, bounds(t, period, zone).1);
-            *state = Some(written);
         }
         step
+    }
+
+    fn stored(period_start: u64, count: u64) -> Option<AlgorithmState> {
+        Some(AlgorithmState::CalendarWindow(CalendarWindowState { period_start, count }))
     }
 
     fn zone(name: &str) -> CalendarZone {
@@ -306,14 +390,14 @@ mod tests {
         let denied = apply(3, month, &berlin, &mut state, JANUARY_LAST_HALF_SECOND, 1);
         assert!(!denied.allowed);
         assert_eq!((denied.remaining, denied.retry_after, denied.reset_after), (0, 500, 500));
-        assert_eq!(state, Some(CalendarState { period_start: JANUARY.0, count: 3 }));
+        assert_eq!(state, stored(JANUARY.0, 3));
 
         assert_eq!(bounds(FEBRUARY_FIRST, month, &berlin), FEBRUARY_2027);
         assert_eq!(FEBRUARY_2027.1 - FEBRUARY_2027.0, 2_419_200_000);
         let next = apply(3, month, &berlin, &mut state, FEBRUARY_FIRST, 1);
         assert!(next.allowed);
         assert_eq!((next.remaining, next.reset_after), (2, 2_419_200_000));
-        assert_eq!(state, Some(CalendarState { period_start: FEBRUARY_2027.0, count: 1 }));
+        assert_eq!(state, stored(FEBRUARY_2027.0, 1));
     }
 
     // Worked numbers (c): a leap year, Europe/Berlin, 2028-02-29 12:00.
@@ -452,7 +536,7 @@ mod tests {
                 let at_latest = bounds(LATEST_MS, period, zone);
                 for t in [LATEST_MS + 1, i64::MAX as u64, u64::MAX] {
                     assert_eq!(bounds(t, period, zone), at_latest);
-                    let (step, _) = step(3, at_latest, None, t, 1, Charge::Take);
+                    let step = apply(3, period, zone, &mut None, t, 1);
                     assert_eq!(
                         (step.allowed, step.reset_after),
                         (true, at_latest.1.saturating_sub(t))
