@@ -26,8 +26,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
-    LOG_LINE_EVERY, LogThrottle, MAX_POLICY_SET, OperationDigest, PolicyId, PolicySet,
-    RateLimitDecision, RateLimitOutcome, RateLimitRequest, SubjectDigest, SubjectPseudonymizer,
+    LOG_LINE_EVERY, LogThrottle, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyMode, PolicySet,
+    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitRequest,
+    SetDecision, SubjectDigest, SubjectPseudonymizer, millis,
 };
 use tonic::Status;
 use tracing::Instrument;
@@ -357,7 +358,7 @@ fn admitting(rule: &PreparedRule, cost: u64) -> Result<Vec<&Member>, ()> {
     }
     let admits = |member: &Member| member.policy.as_ref().is_none_or(|p| p.admits_cost(cost));
     let outcome =
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum };
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::CostExceedsMaximum });
     let mut members = Vec::with_capacity(rule.members.len());
     let mut refused = false;
     for member in rule.members.iter() {
@@ -408,29 +409,32 @@ async fn evaluate(
         deadline,
     };
     let mut pending = Unrecorded::new(step, decision_span(&request));
-    let outcome = match &pending.span {
-        Some(span) => port.evaluate(request).instrument(span.clone()).await,
-        None => port.evaluate(request).await,
+    // A provider answering at once decides inside this call: in the span,
+    // and with nothing to poll.
+    let evaluation = match &pending.span {
+        Some(span) => span.in_scope(|| port.evaluate(request)),
+        None => port.evaluate(request),
     };
-    let outcome = checked(outcome, &step.members);
+    let outcome = match evaluation.into_ready() {
+        Ok(outcome) => outcome,
+        Err(waiting) => match &pending.span {
+            Some(span) => waiting.instrument(span.clone()).await,
+            None => waiting.await,
+        },
+    };
     pending.record(&outcome);
     match outcome {
-        RateLimitOutcome::Evaluated(set) => Ok(Evaluated::Answer(Answer {
-            allowed: set.allowed(),
-            decisions: set.decisions().to_vec(),
-        })),
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Indeterminate { .. }
-        | RateLimitOutcome::Incompatible { .. }
-            if !step.enforces() =>
-        {
+        Ok(set) => Ok(Evaluated::Answer(set)),
+        Err(_) if !step.enforces() => {
             tracing::warn!(
                 outcome = outcome.category_name(),
                 "rate limit failed; the set is shadow only, so the descriptors pass"
             );
             Ok(Evaluated::Passed)
         }
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum } => {
+        Err(RateLimitFailure::Incompatible {
+            category: IncompatibleCategory::CostExceedsMaximum,
+        }) => {
             if let Some(suppressed) = REFUSED_LOGGED.admit(std::time::Instant::now()) {
                 tracing::warn!(
                     suppressed,
@@ -439,7 +443,7 @@ async fn evaluate(
             }
             Ok(Evaluated::CostRefused)
         }
-        RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. } => {
+        Err(RateLimitFailure::Unavailable { .. } | RateLimitFailure::Indeterminate { .. }) => {
             if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
                 tracing::warn!(
                     outcome = outcome.category_name(),
@@ -449,7 +453,7 @@ async fn evaluate(
             }
             Err(Status::unavailable(format!("rate limit unavailable: {}", outcome.category_name())))
         }
-        RateLimitOutcome::Incompatible { .. } => {
+        Err(RateLimitFailure::Incompatible { .. }) => {
             if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
                 tracing::warn!(
                     outcome = outcome.category_name(),
@@ -501,7 +505,7 @@ impl<'s, 'e> Unrecorded<'s, 'e> {
 
 impl Drop for Unrecorded<'_, '_> {
     fn drop(&mut self) {
-        self.record(&RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO });
+        self.record(&Err(RateLimitFailure::Indeterminate { retry_after: Duration::ZERO }));
     }
 }
 
@@ -519,10 +523,17 @@ static REFUSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
 /// charging nothing. Denied when a request of cost 1 would not pass.
 async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Evaluated, Status> {
     let mut decisions = Vec::with_capacity(step.members.len());
-    let mut allowed = true;
     for member in &step.members {
         if !member.enforced() {
-            decisions.push(RateLimitDecision::UNUSED);
+            // Not looked at, and its mode keeps it from refusing the step.
+            let unseen = RateLimitDecision {
+                remaining: 0,
+                retry_after_ms: 0,
+                reset_after_ms: 0,
+                allowed: false,
+                replayed: false,
+            };
+            decisions.push((PolicyMode::Shadow, unseen));
             continue;
         }
         let (subject, operation) = step.budget_of(member);
@@ -543,18 +554,17 @@ async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Evaluated
         let state = state?;
         let passes = state.retry_after.is_zero() && state.remaining > 0;
         member.metrics.record_look(passes);
-        allowed &= passes;
-        decisions.push(RateLimitDecision {
+        let decision = RateLimitDecision {
             allowed: passes,
-            limit: state.limit,
             remaining: state.remaining,
-            retry_after: state.retry_after,
-            reset_after: state.reset_after,
-            certainty: state.certainty,
+            retry_after_ms: millis(state.retry_after),
+            reset_after_ms: millis(state.reset_after),
             replayed: false,
-        });
+        };
+        decisions.push((PolicyMode::Enforce, decision));
     }
-    Ok(Evaluated::Answer(Answer { allowed, decisions }))
+    // Denied when an enforced budget would not pass a request of cost 1.
+    Ok(Evaluated::Answer(SetDecision::of_members(decisions)))
 }
 
 /// A look at `.0`'s budget not answered yet: dropped mid-way (the call's
@@ -565,7 +575,7 @@ struct UnrecordedLook<'m>(Option<&'m Member>);
 impl Drop for UnrecordedLook<'_> {
     fn drop(&mut self) {
         if let Some(member) = self.0 {
-            let outcome = RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO };
+            let outcome = Err(RateLimitFailure::Indeterminate { retry_after: Duration::ZERO });
             member.metrics.record(&outcome, 0);
         }
     }
@@ -589,26 +599,6 @@ fn validate(request: &EnvoyRequest) -> Result<(), Status> {
         return Err(Status::invalid_argument("a rate limit request needs at least one descriptor"));
     }
     Ok(())
-}
-
-/// The port's answer, unless an `Evaluated` one contradicts the set (a
-/// decision count other than the set's, or an admission that is not
-/// "every enforced policy allows"): that is of an unknown shape and fails
-/// closed as `Incompatible(StateIncompatible)`, as on HTTP.
-fn checked(outcome: RateLimitOutcome, members: &[&Member]) -> RateLimitOutcome {
-    let RateLimitOutcome::Evaluated(set) = &outcome else {
-        return outcome;
-    };
-    let decisions = set.decisions();
-    let enforced_allow = members
-        .iter()
-        .zip(decisions)
-        .all(|(member, decision)| decision.allowed || !member.enforced());
-    if decisions.len() == members.len() && set.allowed() == enforced_allow {
-        return outcome;
-    }
-    tracing::error!("the provider's decisions do not fit the policy set; failing closed");
-    RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
 }
 
 fn look_status(failure: BudgetFailure) -> Status {

@@ -3,8 +3,6 @@
 //! the same `RateLimit-Policy` / `RateLimit` / `Retry-After` headers the
 //! HTTP edge sends. Shadow policies never show.
 
-use std::time::Duration;
-
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
@@ -13,8 +11,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use shared_contract::{
-    OperationDigest, RateLimitDecision, RateLimitPolicy, SubjectDigest, quota_window,
-    whole_seconds_up, write_limit_field, write_policy_field,
+    OperationDigest, RateLimitDecision, RateLimitPolicy, SetDecision, SubjectDigest, quota_window,
+    whole_seconds_up_millis, write_limit_field, write_policy_field,
 };
 
 use crate::engine::Step;
@@ -22,11 +20,7 @@ use crate::rules::{Member, PreparedRule};
 
 /// What one step decided: admitted or not, and one decision per member of
 /// the step, in its order.
-#[derive(Debug)]
-pub(crate) struct Answer {
-    pub(crate) allowed: bool,
-    pub(crate) decisions: Vec<RateLimitDecision>,
-}
+pub(crate) type Answer = SetDecision;
 
 /// The response being built.
 pub(crate) struct Response<'e> {
@@ -90,12 +84,12 @@ impl<'e> Response<'e> {
     pub(crate) fn add(&mut self, step: &Step<'e>, answer: &Answer) -> bool {
         let decided = |member: &Member| {
             let at = step.members.iter().position(|held| held.id == member.id)?;
-            answer.decisions.get(at).copied()
+            answer.decisions().get(at).copied()
         };
         for &(index, rule) in &step.descriptors {
             self.statuses[index] = status(rule, decided);
         }
-        for (member, decision) in step.members.iter().zip(&answer.decisions) {
+        for (member, decision) in step.members.iter().zip(answer.decisions()) {
             if !member.enforced() {
                 continue;
             }
@@ -111,10 +105,10 @@ impl<'e> Response<'e> {
                 None => self.shown.push(Shown { member, budget, decision: *decision }),
             }
         }
-        if !answer.allowed {
+        if !answer.allowed() {
             self.over = true;
         }
-        answer.allowed
+        answer.allowed()
     }
 
     pub(crate) fn finish(self) -> RateLimitResponse {
@@ -133,8 +127,8 @@ impl<'e> Response<'e> {
         if self.over {
             // The request passes only once every denying policy allows it.
             let decisions = self.shown.iter().map(|shown| shown.decision);
-            let wait = decisions.filter(|d| !d.allowed).map(|d| d.retry_after);
-            let seconds = whole_seconds_up(wait.max().unwrap_or(Duration::from_secs(1))).max(1);
+            let wait = decisions.filter(|d| !d.allowed).map(|d| d.retry_after_ms);
+            let seconds = wait.max().map_or(1, whole_seconds_up_millis).max(1);
             headers.push(header(
                 "retry-after",
                 itoa::Buffer::new().format(seconds).as_bytes().to_vec(),
@@ -161,7 +155,8 @@ fn status(
         .iter()
         .filter(|member| member.enforced())
         .filter_map(|member| Some((member, decided(member)?)));
-    let tightest = enforced.min_by_key(|(_, d)| (d.allowed, d.remaining, d.limit));
+    let limit = |member: &Member| member.policy.as_ref().map_or(0, RateLimitPolicy::limit);
+    let tightest = enforced.min_by_key(|&(member, d)| (d.allowed, d.remaining, limit(member)));
     let Some((member, decision)) = tightest else {
         return DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
     };
@@ -170,7 +165,7 @@ fn status(
         code: code.into(),
         current_limit: member.policy.as_ref().map(current_limit),
         limit_remaining: u32::try_from(decision.remaining).unwrap_or(u32::MAX),
-        duration_until_reset: Some(proto_duration(decision.reset_after)),
+        duration_until_reset: Some(proto_duration(decision.reset_after_ms)),
         ..DescriptorStatus::default()
     }
 }
@@ -194,10 +189,10 @@ fn current_limit(policy: &RateLimitPolicy) -> RateLimit {
     }
 }
 
-fn proto_duration(duration: Duration) -> ProtoDuration {
+fn proto_duration(millis: u64) -> ProtoDuration {
     ProtoDuration {
-        seconds: i64::try_from(duration.as_secs()).unwrap_or(i64::MAX),
-        nanos: i32::try_from(duration.subsec_nanos()).unwrap_or(0),
+        seconds: i64::try_from(millis / 1000).unwrap_or(i64::MAX),
+        nanos: i32::try_from(millis % 1000 * 1_000_000).unwrap_or(0),
     }
 }
 

@@ -15,7 +15,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures::{Stream, StreamExt};
-use shared_contract::{RateLimitOutcome, RateLimitRequest as PortRequest};
+use shared_contract::{
+    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitRequest as PortRequest,
+};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -223,10 +225,10 @@ pub(crate) fn decision_span(request: &PortRequest) -> Option<Span> {
 /// without which a failure passes), and whether the denial cache answered.
 pub(crate) fn record_decision(span: &Span, outcome: &RateLimitOutcome, enforces: bool) {
     let cached = match outcome {
-        RateLimitOutcome::Evaluated(set) => set.cached(),
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => false,
+        Ok(set) => set.cached(),
+        Err(RateLimitFailure::Unavailable { .. })
+        | Err(RateLimitFailure::Incompatible { .. })
+        | Err(RateLimitFailure::Indeterminate { .. }) => false,
     };
     span.record("rate_limit.outcome", outcome.category_name());
     span.record("rate_limit.admitted", outcome.is_allowed() || !enforces);

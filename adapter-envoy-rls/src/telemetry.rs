@@ -10,7 +10,7 @@ use std::time::Duration;
 use metrics::{Counter, Histogram, SharedString};
 use shared_contract::{
     DECISIONS_TOTAL, DecisionSource, EVALUATION_SECONDS, FRONT_ENVOY_RLS, PolicyMode,
-    RateLimitOutcome, RateLimitPolicy, metric_name,
+    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, metric_name,
 };
 
 /// Counter of descriptors that matched no rule (or named an unknown
@@ -28,7 +28,7 @@ pub const LIMIT_OVERRIDES_IGNORED_TOTAL: &str =
 /// Every `outcome` label a member is counted under (the outcome
 /// categories, and `degraded`); its positions index the member's counters.
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
-    RateLimitOutcome::category_names().chain([DecisionSource::Degraded.name()]).collect()
+    RateLimitFailure::outcome_names().chain([DecisionSource::Degraded.name()]).collect()
 });
 
 /// The metric handles of one policy of a rule.
@@ -85,16 +85,16 @@ impl MemberMetrics {
         match outcome {
             // As the HTTP edge counts it: a degraded set's decisions are
             // `degraded`, whatever each said.
-            RateLimitOutcome::Evaluated(set) if set.source() == DecisionSource::Degraded => {
+            Ok(set) if set.source() == DecisionSource::Degraded => {
                 self.count(DecisionSource::Degraded.name(), false);
             }
-            RateLimitOutcome::Evaluated(set) => {
+            Ok(set) => {
                 let allowed = set.decisions().get(index).is_some_and(|decision| decision.allowed);
                 self.count(if allowed { "allowed" } else { "denied" }, set.cached());
             }
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => {
+            Err(RateLimitFailure::Unavailable { .. })
+            | Err(RateLimitFailure::Incompatible { .. })
+            | Err(RateLimitFailure::Indeterminate { .. }) => {
                 self.count(outcome.category_name(), false);
             }
         }

@@ -11,8 +11,9 @@ use adapter_memory::MemoryEdgeRateLimitAdapter;
 use async_trait::async_trait;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Lease, ManualClock, PolicyId,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, UnavailableCategory,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation, Lease,
+    ManualClock, PolicyId, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, Releasing, UnavailableCategory,
 };
 use support::scenarios::{self, Counting, PortFactory};
 use support::*;
@@ -38,8 +39,8 @@ struct Failing {
 
 #[async_trait]
 impl EdgeRateLimitPort for Failing {
-    async fn evaluate(&self, _: RateLimitRequest) -> RateLimitOutcome {
-        self.outcome
+    fn evaluate(&self, _: RateLimitRequest) -> Evaluation {
+        Evaluation::ready(self.outcome.clone())
     }
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
         self.inner.policy(id)
@@ -53,8 +54,10 @@ impl EdgeRateLimitPort for Failing {
     async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
         Err(BudgetFailure::Unavailable)
     }
-    async fn release(&self, _: &Lease) -> ReleaseOutcome {
-        ReleaseOutcome::Unavailable { category: UnavailableCategory::UnavailableBeforeSend }
+    fn release(&self, _: &Lease) -> Releasing {
+        Releasing::ready(ReleaseOutcome::Unavailable {
+            category: UnavailableCategory::UnavailableBeforeSend,
+        })
     }
 }
 
@@ -77,28 +80,30 @@ async fn failures_are_unavailable_or_failed_precondition_never_an_answer() {
     let retry_after = Duration::from_secs(1);
     for (outcome, code, category) in [
         (
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
                 retry_after,
-            },
+            }),
             tonic::Code::Unavailable,
             "unavailable-before-send",
         ),
         (
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::ClockUnsafe,
                 retry_after,
-            },
+            }),
             tonic::Code::Unavailable,
             "clock-unsafe",
         ),
         (
-            RateLimitOutcome::Indeterminate { retry_after },
+            Err(RateLimitFailure::Indeterminate { retry_after }),
             tonic::Code::Unavailable,
             "indeterminate",
         ),
         (
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible },
+            Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::StateIncompatible,
+            }),
             tonic::Code::FailedPrecondition,
             "state-incompatible",
         ),
@@ -128,11 +133,11 @@ async fn a_policy_the_provider_does_not_hold_fails_the_precondition() {
 #[tokio::test]
 async fn health_follows_the_providers_readiness() {
     let retry_after = Duration::from_secs(1);
-    let down = RateLimitOutcome::Unavailable {
+    let down = Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::UnavailableBeforeSend,
         retry_after,
-    };
-    let rls = failing(down, false).await;
+    });
+    let rls = failing(down.clone(), false).await;
     scenarios::health_is_serving_while_the_provider_is_ready(&rls, false).await;
     let rls = failing(down, true).await;
     scenarios::health_is_serving_while_the_provider_is_ready(&rls, true).await;
@@ -163,8 +168,8 @@ struct Hanging(Arc<dyn EdgeRateLimitPort>);
 
 #[async_trait]
 impl EdgeRateLimitPort for Hanging {
-    async fn evaluate(&self, _: RateLimitRequest) -> RateLimitOutcome {
-        std::future::pending().await
+    fn evaluate(&self, _: RateLimitRequest) -> Evaluation {
+        Evaluation::pending(std::future::pending())
     }
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
         self.0.policy(id)
@@ -178,8 +183,8 @@ impl EdgeRateLimitPort for Hanging {
     async fn reset(&self, _: &BudgetKey) -> Result<(), BudgetFailure> {
         std::future::pending().await
     }
-    async fn release(&self, _: &Lease) -> ReleaseOutcome {
-        std::future::pending().await
+    fn release(&self, _: &Lease) -> Releasing {
+        Releasing::pending(std::future::pending())
     }
 }
 
@@ -389,7 +394,7 @@ async fn a_shadow_policy_that_cannot_take_the_cost_does_not_decide() {
 async fn a_providers_cost_refusal_is_over_limit() {
     use shared_contract::IncompatibleCategory;
     let category = IncompatibleCategory::CostExceedsMaximum;
-    let mut rls = failing(RateLimitOutcome::Incompatible { category }, true).await;
+    let mut rls = failing(Err(RateLimitFailure::Incompatible { category }), true).await;
     let answer = rls.ok(request("edge", vec![ip("10.1.0.2")], 0)).await;
     assert_eq!(overall(&answer), Code::OverLimit);
     assert_eq!(summary(&answer), [(Code::OverLimit, 0, None)]);

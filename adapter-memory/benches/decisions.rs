@@ -4,14 +4,14 @@
 //!
 //! Ours goes through the public port (`EdgeRateLimitPort::evaluate`), so a
 //! decision includes what a caller pays: building the request (the subject
-//! digest copied inline, two shared handles cloned), the boxed async-trait
-//! future and one clock read (`Clock::read_both`). The future
-//! never waits, so it is polled once with a no-op waker instead of a runtime.
+//! digest copied inline, two shared handles cloned) and one clock read
+//! (`Clock::read_both`). The provider answers at once, so the answer is
+//! taken as the fronts take it (`PortAnswer::into_ready`), with no runtime.
 //! Policies allow 100 units per subject per second (limits, not latency, set
 //! the allowed fraction); the run prints the fraction it saw.
 //!
 //! `port-floor` asks for a policy the adapter does not hold: the cost of the
-//! request, the boxed future and the policy lookup without the store.
+//! request and the policy lookup without the store.
 //! `concurrency+release` takes an in-flight lease and gives it back
 //! (`EdgeRateLimitPort::release`) in each iteration: what a request under a
 //! concurrency policy costs the provider, both calls.
@@ -20,13 +20,10 @@
 //! reports the wall time, so the figure is nanoseconds per decision of the
 //! pair (the inverse of aggregate throughput).
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::NonZeroU32;
-use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
@@ -34,8 +31,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, Lease, OperationDigest,
-    PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
-    SubjectDigest, SystemClock,
+    PolicyId, PolicySet, PortAnswer, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy,
+    RateLimitRequest, ReleaseOutcome, SubjectDigest, SystemClock,
 };
 use uuid::Uuid;
 
@@ -95,12 +92,9 @@ fn policy(algorithm: Algorithm, dedup: EvaluationDedupPolicy) -> RateLimitPolicy
         .expect("valid policy")
 }
 
-/// The provider's futures never wait: one poll with a no-op waker answers.
-fn now<T>(future: impl Future<Output = T>) -> T {
-    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(answer) => answer,
-        Poll::Pending => panic!("the memory provider never waits"),
-    }
+/// The provider never waits: its answer is there at once.
+fn now<T>(answer: PortAnswer<T>) -> T {
+    answer.into_ready().unwrap_or_else(|_| panic!("the memory provider never waits"))
 }
 
 fn evaluate_now(

@@ -40,21 +40,18 @@
 //! `1000,100000,1000000`), `SCALE_RSS_SUBJECTS` (1000000), `SCALE_PART`
 //! (`decisions`, `rss` or both when unset).
 
-use std::future::Future;
 use std::hint::black_box;
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::pin::pin;
 use std::process::Command;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, Lease, OperationDigest,
-    PolicyId, PolicySet, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, SubjectDigest,
-    SystemClock,
+    PolicyId, PolicySet, PortAnswer, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, SubjectDigest, SystemClock,
 };
 use uuid::Uuid;
 
@@ -88,12 +85,9 @@ fn subjects(count: usize) -> Vec<SubjectDigest> {
     (0..count).map(|n| SubjectDigest::parse(pseudonym(n)).expect("valid digest")).collect()
 }
 
-/// The provider's futures never wait: one poll with a no-op waker answers.
-fn now<T>(future: impl Future<Output = T>) -> T {
-    match pin!(future).poll(&mut Context::from_waker(Waker::noop())) {
-        Poll::Ready(answer) => answer,
-        Poll::Pending => panic!("the memory provider never waits"),
-    }
+/// The provider never waits: its answer is there at once.
+fn now<T>(answer: PortAnswer<T>) -> T {
+    answer.into_ready().unwrap_or_else(|_| panic!("the memory provider never waits"))
 }
 
 /// One contender: decides for subject `index` and says whether it allowed.

@@ -8,8 +8,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, DEFAULT_FAILURE_RETRY_AFTER, EdgeRateLimitPort,
-    KeyRules, Lease, MAX_POLICY_SET, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, ReleaseOutcome, UnavailableCategory, evaluate_set, inspect_key,
+    Evaluation, KeyRules, Lease, MAX_POLICY_SET, PolicyId, PolicyScope, RateLimitFailure,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, Releasing,
+    UnavailableCategory, evaluate_set, inspect_key,
 };
 
 use crate::error::MemoryAdapterError;
@@ -93,17 +94,14 @@ impl MemoryEdgeRateLimitAdapter {
 
     /// The whole evaluation; synchronous because nothing in it waits.
     fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
-        let slots = match request.resolve(|id| self.policies.get(id), |slot| &slot.policy) {
-            Ok(slots) => slots,
-            Err(refusal) => return refusal,
-        };
+        let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
         // One clock read for both the deadline and the algorithms' time.
         let (monotonic, now) = self.clock.read_both();
         if monotonic >= request.deadline {
-            return RateLimitOutcome::Unavailable {
+            return Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: self.failure_retry_after,
-            };
+            });
         }
         let key_of = |slot: &'_ PolicySlot| {
             let operation = match slot.policy.scope() {
@@ -127,10 +125,10 @@ impl MemoryEdgeRateLimitAdapter {
             // Full, and every key held is in use: no slot for this
             // subject's new key, and nothing charged. Fail-closed, as an
             // evaluation that could not be admitted in time.
-            Err(StoreFull) => RateLimitOutcome::Unavailable {
+            Err(StoreFull) => Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: self.failure_retry_after,
-            },
+            }),
         }
     }
 }
@@ -180,15 +178,16 @@ impl PolicyTable {
 
 /// A `PolicySet` is never empty; should one ever be, nothing is evaluated.
 fn refused_empty_set() -> RateLimitOutcome {
-    RateLimitOutcome::Incompatible {
+    Err(RateLimitFailure::Incompatible {
         category: shared_contract::IncompatibleCategory::UnknownPolicy,
-    }
+    })
 }
 
 #[async_trait]
 impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        self.decide(&request)
+    /// Answered at once: nothing in a decision waits.
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
+        Evaluation::ready(self.decide(&request))
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -216,7 +215,7 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     /// Under the subject's shard lock, the lease is removed from the key of
     /// each concurrency policy of its set this adapter holds (a policy
     /// removed by a reload, or now at another revision, has no key here).
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+    fn release(&self, lease: &Lease) -> Releasing {
         let slots = lease
             .policies
             .ids()
@@ -231,11 +230,11 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
                 KeySlot { namespace: slot.namespace, operation }
             });
         let now = self.clock.epoch_millis();
-        if self.store.release(&lease.subject, slots, lease.id, now) {
+        Releasing::ready(if self.store.release(&lease.subject, slots, lease.id, now) {
             ReleaseOutcome::Released
         } else {
             ReleaseOutcome::NotHeld
-        }
+        })
     }
 }
 

@@ -65,7 +65,7 @@ mod tests {
 
     use shared_contract::{
         Algorithm, EvaluationDedupPolicy, EvaluationId, KeyRules, RateLimitOutcome,
-        RateLimitPolicy, SetMember, evaluate_set,
+        RateLimitOutcomeExt, RateLimitPolicy, SetMember, evaluate_set,
     };
 
     use super::*;

@@ -558,7 +558,7 @@ mod tests {
 
     use shared_contract::{
         Algorithm, AlgorithmState, EvaluationDedupPolicy, EvaluationId, KeyRules, RateLimitOutcome,
-        RateLimitPolicy, evaluate_set,
+        RateLimitOutcomeExt, RateLimitPolicy, evaluate_set,
     };
 
     use super::*;
@@ -781,7 +781,7 @@ mod tests {
         assert_eq!(store.live_entries(), 101);
         for _ in 0..SWEEP_MIN_OPS {
             let now = T0 + 2_000;
-            evaluate(&store, &rules, 1_000_000, now, id(0));
+            let _ = evaluate(&store, &rules, 1_000_000, now, id(0));
         }
         assert_eq!(store.live_entries(), 1);
     }
@@ -794,7 +794,7 @@ mod tests {
         // Still held at T0 + 2500 (no sweep yet), but expired: it starts afresh.
         let now = T0 + 2_500;
         let outcome = evaluate(&store, &rules, 1, now, id(0));
-        let RateLimitOutcome::Evaluated(set) = outcome else {
+        let Ok(set) = outcome else {
             panic!("{outcome:?}");
         };
         assert_eq!(set.decisions()[0].remaining, 9);
@@ -823,7 +823,7 @@ mod tests {
         for step in 0..20_000u64 {
             let now = T0 + step;
             let id = id(u128::from(step));
-            evaluate(&store, &rules, 7, now, id);
+            let _ = evaluate(&store, &rules, 7, now, id);
             let (algorithm, records, allocated) = store.inspect(SLOT, &subject(7), |entry| {
                 let state = entry.and_then(Entry::state).expect("written");
                 (state.algorithm, state.records.len(), state.records.allocated())

@@ -10,7 +10,7 @@ use std::time::Duration;
 use adapter_memory::{MemoryAdapterError, MemoryEdgeRateLimitAdapter, MemoryStore};
 use shared_contract::{
     Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, IncompatibleCategory,
-    ManualClock, RateLimitOutcome, RateLimitPolicy, UnavailableCategory,
+    ManualClock, RateLimitFailure, RateLimitPolicy, UnavailableCategory,
 };
 use support::{T0, adapter, decision, fixed, id, policy, request, subject};
 
@@ -46,24 +46,26 @@ async fn rejected_requests_create_no_state() {
     unknown.policies = shared_contract::PolicySet::single(id("other"));
     assert_eq!(
         adapter.evaluate(unknown).await,
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy }
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })
     );
     for cost in [0, 2] {
         let mut costly = request(&clock, &id("p"), subject(1), 2);
         costly.cost = cost;
         assert_eq!(
             adapter.evaluate(costly).await,
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum }
+            Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::CostExceedsMaximum
+            })
         );
     }
     let mut late = request(&clock, &id("p"), subject(1), 3);
     late.deadline = clock.monotonic();
     assert_eq!(
         adapter.evaluate(late).await,
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::AdmissionRejected,
             retry_after: Duration::from_millis(1_500),
-        }
+        })
     );
     assert_eq!(adapter.store().live_entries(), 0);
     assert!(adapter.is_ready().await);
@@ -83,7 +85,7 @@ async fn a_reload_over_the_same_store_keeps_counters_but_a_new_revision_starts_a
     )
     .unwrap();
     for n in 0..3 {
-        first.evaluate(request(&clock, &id("p"), subject(1), n)).await;
+        let _ = first.evaluate(request(&clock, &id("p"), subject(1), n)).await;
     }
     // Same id and revision: the reloaded adapter continues the count.
     let reloaded = MemoryEdgeRateLimitAdapter::with_store(
@@ -114,7 +116,7 @@ async fn changing_the_algorithm_under_the_same_revision_is_state_incompatible() 
         Arc::clone(&shared),
     )
     .unwrap();
-    window.evaluate(request(&clock, &id("p"), subject(1), 1)).await;
+    let _ = window.evaluate(request(&clock, &id("p"), subject(1), 1)).await;
     let bucket = Algorithm::TokenBucket(shared_contract::TokenBucket {
         capacity: 5,
         refill_tokens: 1,
@@ -128,12 +130,12 @@ async fn changing_the_algorithm_under_the_same_revision_is_state_incompatible() 
     .unwrap();
     assert_eq!(
         changed.evaluate(request(&clock, &id("p"), subject(1), 2)).await,
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible })
     );
 }
 
 #[tokio::test]
-async fn a_replay_carries_the_algorithms_certainty() {
+async fn a_replay_is_described_with_the_algorithms_certainty() {
     let sliding = Algorithm::SlidingCounter(shared_contract::SlidingCounter {
         limit: 5,
         window: Duration::from_secs(1),
@@ -142,8 +144,8 @@ async fn a_replay_carries_the_algorithms_certainty() {
         adapter(vec![policy("p", sliding, EvaluationDedupPolicy::enabled_defaults())]);
     let first = decision(adapter.evaluate(request(&clock, &id("p"), subject(1), 1)).await);
     let replay = decision(adapter.evaluate(request(&clock, &id("p"), subject(1), 1)).await);
-    assert_eq!(first.certainty, Certainty::ApproximateAlgorithm);
-    assert_eq!(replay.certainty, Certainty::ApproximateAlgorithm);
+    let described = adapter.policy(&id("p")).unwrap().algorithm().certainty();
+    assert_eq!(described, Certainty::ApproximateAlgorithm);
     assert!(replay.replayed && !first.replayed);
     assert_eq!(replay.remaining, first.remaining);
 }

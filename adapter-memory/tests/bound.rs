@@ -15,7 +15,7 @@ use std::time::Duration;
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, PolicyId, PolicySet,
-    RateLimitOutcome, RateLimitPolicy, UnavailableCategory,
+    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, UnavailableCategory,
 };
 use support::{T0, decision, fixed, id, policy, request, subject};
 
@@ -37,10 +37,10 @@ fn bounded(
 }
 
 /// The refusal of a request whose key would be new in a full store.
-const FULL: RateLimitOutcome = RateLimitOutcome::Unavailable {
+const FULL: RateLimitOutcome = Err(RateLimitFailure::Unavailable {
     category: UnavailableCategory::AdmissionRejected,
     retry_after: FAILURE_RETRY_AFTER,
-};
+});
 
 async fn ask(
     adapter: &MemoryEdgeRateLimitAdapter,
@@ -95,7 +95,7 @@ async fn an_exhausted_victim_stays_refused_through_and_after_a_flood_that_fills_
     clock.set_epoch_millis(T0 + 59_999);
     let after = decision(ask(&adapter, &clock, &p, victim).await);
     assert_eq!((after.allowed, after.remaining), (false, 0));
-    assert_eq!(after.retry_after, Duration::from_millis(1));
+    assert_eq!(after.retry_after_ms, 1);
     assert_eq!(adapter.store().live_entries(), MAX_KEYS);
 }
 
@@ -187,7 +187,7 @@ async fn a_policy_set_needs_a_slot_for_each_of_its_new_keys() {
     assert_eq!(both(3).await, FULL);
     // Held subjects' sets are decided as before.
     let again = both(1).await;
-    let RateLimitOutcome::Evaluated(set) = again else { panic!("{again:?}") };
+    let Ok(set) = again else { panic!("{again:?}") };
     assert!(set.allowed());
     assert!(set.decisions().iter().all(|decision| decision.remaining == 3));
     assert_eq!(adapter.store().live_entries(), 5);
@@ -217,7 +217,7 @@ async fn a_flood_of_distinct_subjects_never_holds_more_keys_than_the_bound() {
         let policy = if n % 2 == 0 { &rate } else { &leased };
         let outcome = ask(&adapter, &clock, policy, n).await;
         match outcome {
-            RateLimitOutcome::Evaluated(set) if set.allowed() => admitted += 1,
+            Ok(set) if set.allowed() => admitted += 1,
             other => assert_eq!(other, FULL, "subject {n}"),
         }
         if n % 1_000 == 0 {

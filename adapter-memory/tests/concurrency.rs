@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
-use shared_contract::{Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock};
+use shared_contract::{
+    Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, ManualClock, RateLimitOutcomeExt,
+};
 use support::{adapter, fixed, id, policy, request, subject};
 
 const TASKS: u64 = 64;

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, HELD_LEASE_BYTES, ManualClock,
+    RateLimitOutcomeExt,
 };
 use support::{T0, adapter, fixed, id, policy, request, subject};
 

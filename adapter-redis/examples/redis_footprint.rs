@@ -14,7 +14,7 @@ use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, OperationDigest, PolicyId,
-    PolicySet, RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
+    PolicySet, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, SystemClock,
 };
 
 const CHARGED: usize = 10;

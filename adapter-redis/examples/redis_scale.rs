@@ -32,8 +32,8 @@ use redis::aio::MultiplexedConnection;
 use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, Lease, OperationDigest,
-    PolicyId, PolicySet, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, SubjectDigest,
-    SystemClock,
+    PolicyId, PolicySet, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    SubjectDigest, SystemClock,
 };
 
 const TASKS: usize = 64;

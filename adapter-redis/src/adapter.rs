@@ -9,10 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use secrecy::ExposeSecret;
 use shared_contract::{
-    Arguments, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
+    Arguments, BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation,
     EvaluationDedupPolicy, IncompatibleCategory, Lease, MAX_POLICY_SET, PolicyId, PolicyMode,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
-    SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
+    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    Releasing, SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
 };
 use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
@@ -29,8 +29,15 @@ use crate::reply::SetReply;
 use crate::scripts::{RateLimitScripts, ScriptKind};
 use crate::settings::{RedisSettings, Topology};
 
-/// The Redis provider of [`EdgeRateLimitPort`].
-pub struct RedisEdgeRateLimitAdapter {
+/// The Redis provider of [`EdgeRateLimitPort`]. A handle: its clones share
+/// one provider, so an evaluation that waits for Redis owns one
+/// ([`shared_contract::PortAnswer::pending`] takes only what it owns).
+#[derive(Clone)]
+pub struct RedisEdgeRateLimitAdapter(Arc<Provider>);
+
+/// What a [`RedisEdgeRateLimitAdapter`] handle shares; its methods reach
+/// these fields through `Deref`.
+pub struct Provider {
     policies: HashMap<PolicyId, PolicyEntry>,
     keys: RateLimitKeys,
     scripts: RateLimitScripts,
@@ -47,6 +54,12 @@ pub struct RedisEdgeRateLimitAdapter {
 
 impl fmt::Debug for RedisEdgeRateLimitAdapter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for Provider {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisEdgeRateLimitAdapter")
             .field("policies", &self.policies.keys().collect::<Vec<_>>())
             .field("keys", &self.keys)
@@ -59,13 +72,20 @@ impl fmt::Debug for RedisEdgeRateLimitAdapter {
     }
 }
 
+impl std::ops::Deref for RedisEdgeRateLimitAdapter {
+    type Target = Provider;
+
+    fn deref(&self) -> &Provider {
+        &self.0
+    }
+}
+
 /// A policy with the script arguments it always sends.
 #[derive(Debug)]
 struct PolicyEntry {
     policy: RateLimitPolicy,
     /// The script of a set of this policy alone.
     script: ScriptKind,
-    certainty: Certainty,
     dedup_enabled: bool,
     /// A concurrency policy: an admitted request holds a lease in its key.
     holds_leases: bool,
@@ -128,7 +148,6 @@ impl PolicyEntry {
         Self {
             arguments: (built, text),
             script: ScriptKind::of(policy.algorithm()),
-            certainty: policy.algorithm().certainty(),
             dedup_enabled,
             holds_leases: policy.algorithm().holds_leases(),
             block,
@@ -235,7 +254,7 @@ impl RedisEdgeRateLimitAdapter {
         gateway: Arc<dyn RedisGateway>,
     ) -> Result<Self, RedisAdapterError> {
         settings.validate()?;
-        Ok(Self {
+        Ok(Self(Arc::new(Provider {
             policies: policy_entries(policies)?,
             keys: RateLimitKeys::new(settings.key_prefix),
             scripts: RateLimitScripts::new(),
@@ -251,7 +270,7 @@ impl RedisEdgeRateLimitAdapter {
             deny_cache: settings.deny_cache.enabled.then(|| {
                 DenyCache::new(settings.deny_cache.max_entries, settings.deny_cache.max_age)
             }),
-        })
+        })))
     }
 
     /// This provider over another policy table (a reload): it shares this
@@ -264,7 +283,7 @@ impl RedisEdgeRateLimitAdapter {
         &self,
         policies: impl IntoIterator<Item = RateLimitPolicy>,
     ) -> Result<Self, RedisAdapterError> {
-        Ok(Self {
+        Ok(Self(Arc::new(Provider {
             policies: policy_entries(policies)?,
             keys: self.keys.clone(),
             // A fresh digest cache: one SCRIPT LOAD per script at most.
@@ -278,7 +297,7 @@ impl RedisEdgeRateLimitAdapter {
             // Empty: a policy may have turned shadow under its revision, and
             // a cached refusal of it would still block.
             deny_cache: self.deny_cache.as_ref().map(DenyCache::emptied),
-        })
+        })))
     }
 
     /// Forgets this instance's cached refusals of `subject`, so its next
@@ -296,7 +315,7 @@ impl RedisEdgeRateLimitAdapter {
     }
 
     fn unavailable(&self, category: UnavailableCategory) -> RateLimitOutcome {
-        RateLimitOutcome::Unavailable { category, retry_after: self.failure_retry_after }
+        Err(RateLimitFailure::Unavailable { category, retry_after: self.failure_retry_after })
     }
 
     async fn run_script(
@@ -326,17 +345,17 @@ impl RedisEdgeRateLimitAdapter {
                     let wanted = self.wait.map_or(0, |wait| wait.replicas);
                     if let Some(short) = acknowledge::shortfall(&reply, sent.replicas, wanted) {
                         tracing::warn!(policy = ?first, ?short, "charge not acknowledged by replicas");
-                        return RateLimitOutcome::Indeterminate {
+                        return Err(RateLimitFailure::Indeterminate {
                             retry_after: self.failure_retry_after,
-                        };
+                        });
                     }
                     return self.outcome_of(set, reply);
                 }
                 Err(error) => {
                     tracing::warn!(policy = ?first, ?error, "undecodable script reply");
-                    return RateLimitOutcome::Indeterminate {
+                    return Err(RateLimitFailure::Indeterminate {
                         retry_after: self.failure_retry_after,
-                    };
+                    });
                 }
             },
             Err(failure) => failure,
@@ -347,48 +366,46 @@ impl RedisEdgeRateLimitAdapter {
                 self.unavailable(UnavailableCategory::UnavailableBeforeSend)
             }
             GatewayFailure::WrongType | GatewayFailure::ScriptError => {
-                RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+                Err(RateLimitFailure::Incompatible {
+                    category: IncompatibleCategory::StateIncompatible,
+                })
             }
             // Like an undecodable script reply: the script may have run.
             GatewayFailure::TimedOut
             | GatewayFailure::ConnectionLost
             | GatewayFailure::UnexpectedReply => {
-                RateLimitOutcome::Indeterminate { retry_after: self.failure_retry_after }
+                Err(RateLimitFailure::Indeterminate { retry_after: self.failure_retry_after })
             }
         }
     }
 
     fn outcome_of(&self, set: &Resolved<'_>, reply: SetReply) -> RateLimitOutcome {
         match reply {
-            SetReply::Decided { admitted, answers, len } => {
-                let mut decisions = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
-                for ((decision, entry), answer) in
-                    decisions.iter_mut().zip(set.iter()).zip(&answers[..len])
-                {
-                    let retry_after = if answer.allowed {
-                        Duration::ZERO
-                    } else {
-                        Duration::from_millis(answer.retry_after_ms.max(1))
-                    };
-                    *decision = RateLimitDecision {
+            // The set's admission is the one its members' decisions give
+            // (the script's verdict by the same rule; `SetReply::decode`
+            // checked there is one decision per member).
+            SetReply::Decided { answers, len, .. } => {
+                let members = set.iter().zip(&answers[..len]).map(|(entry, answer)| {
+                    let retry_after_ms =
+                        if answer.allowed { 0 } else { answer.retry_after_ms.max(1) };
+                    let decision = RateLimitDecision {
                         allowed: answer.allowed,
-                        limit: entry.policy.limit(),
                         remaining: answer.remaining,
-                        retry_after,
-                        reset_after: Duration::from_millis(answer.reset_after_ms),
-                        certainty: entry.certainty,
+                        retry_after_ms,
+                        reset_after_ms: answer.reset_after_ms,
                         replayed: answer.replayed,
                     };
-                }
-                RateLimitOutcome::Evaluated(SetDecision::new(admitted, &decisions[..len]))
+                    (entry.policy.mode(), decision)
+                });
+                Ok(SetDecision::of_members(members))
             }
-            SetReply::ClockUnsafe { retry_after_ms } => RateLimitOutcome::Unavailable {
+            SetReply::ClockUnsafe { retry_after_ms } => Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::ClockUnsafe,
                 retry_after: Duration::from_millis(retry_after_ms.max(1)),
-            },
-            SetReply::Corrupt => {
-                RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
-            }
+            }),
+            SetReply::Corrupt => Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::StateIncompatible,
+            }),
         }
     }
 }
@@ -399,10 +416,8 @@ impl RedisEdgeRateLimitAdapter {
 /// attempt, which may have charged.
 fn retried_or(retried: RateLimitOutcome, first: RateLimitOutcome) -> RateLimitOutcome {
     match retried {
-        decided @ RateLimitOutcome::Evaluated(_) => decided,
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => first,
+        decided @ Ok(_) => decided,
+        Err(_) => first,
     }
 }
 
@@ -435,42 +450,56 @@ fn micros(elapsed: Duration) -> i64 {
     i64::try_from(elapsed.as_micros()).unwrap_or(i64::MAX)
 }
 
-#[async_trait]
-impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+/// The set's policies, inline, for the denial cache's key.
+fn cache_key_policies<'a>(set: &Resolved<'a>) -> [Option<&'a RateLimitPolicy>; MAX_POLICY_SET] {
+    let mut policies = [None; MAX_POLICY_SET];
+    for (slot, entry) in policies.iter_mut().zip(set.iter()) {
+        *slot = Some(&entry.policy);
+    }
+    policies
+}
+
+impl RedisEdgeRateLimitAdapter {
+    /// The denial cache, for a set it may answer: only sets whose refusals
+    /// stay refusals are ever cached (deny_cache.rs says why); the others
+    /// skip the cache's hashing altogether.
+    fn deny_cache_for(&self, set: &Resolved<'_>) -> Option<&DenyCache> {
+        self.deny_cache
+            .as_ref()
+            .filter(|_| set.iter().all(|entry| entry.policy.algorithm().refusal_stays()))
+    }
+
+    /// The answer needing no round trip, if there is one: a set this
+    /// provider cannot evaluate, a deadline already passed, or a refusal
+    /// the denial cache holds.
+    fn answer_at_once(&self, request: &RateLimitRequest) -> Option<RateLimitOutcome> {
         let set = match request.resolve(|id| self.policies.get(id), |entry| &entry.policy) {
             Ok(set) => set,
-            Err(refused) => return refused,
+            Err(refused) => return Some(Err(refused)),
         };
+        if request.deadline <= self.clock.monotonic() {
+            return Some(self.unavailable(UnavailableCategory::AdmissionRejected));
+        }
+        let cache = self.deny_cache_for(&set)?;
+        let policies = cache_key_policies(&set);
+        let now = self.clock.epoch_millis();
+        let refused = cache.lookup(request, policies.iter().flatten().copied(), now)?;
+        Some(Ok(refused))
+    }
+
+    /// The evaluation by a script, once [`Self::answer_at_once`] found no
+    /// answer.
+    async fn evaluate_in_redis(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        let set = request.resolve(|id| self.policies.get(id), |entry| &entry.policy)?;
         // The deadline is on the injected clock; from here on count the time
         // left on tokio's clock, which timers understand.
         let left = request.deadline.saturating_duration_since(self.clock.monotonic());
         if left.is_zero() {
             return self.unavailable(UnavailableCategory::AdmissionRejected);
         }
-        // The set's policies, inline, for the denial cache's key.
-        let mut policies: [Option<&RateLimitPolicy>; MAX_POLICY_SET] = [None; MAX_POLICY_SET];
-        for (slot, entry) in policies.iter_mut().zip(set.iter()) {
-            *slot = Some(&entry.policy);
-        }
+        let policies = cache_key_policies(&set);
         let policies = policies.iter().flatten().copied();
-        // Only sets whose refusals stay refusals are ever cached
-        // (deny_cache.rs says why); the others skip the cache's hashing
-        // altogether.
-        let deny_cache = self
-            .deny_cache
-            .as_ref()
-            .filter(|_| set.iter().all(|entry| entry.policy.algorithm().refusal_stays()));
-        if let Some(cache) = deny_cache {
-            let now = self.clock.epoch_millis();
-            if let Some(refused) = cache.lookup(&request, policies.clone(), now) {
-                // No I/O answered this: count it against the task's
-                // cooperative budget, so a caller looping on cached refusals
-                // still lets the runtime deliver other requests' replies.
-                tokio::task::consume_budget().await;
-                return RateLimitOutcome::Evaluated(refused);
-            }
-        }
+        let deny_cache = self.deny_cache_for(&set);
         let deadline = Instant::now() + left;
         // A free permit is taken without a timer; only a full lane waits,
         // and never past the deadline.
@@ -527,16 +556,13 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
                 // retry turns an ambiguous failure into a definite answer.
                 // With WAIT on, a retry could only replay the charge, and a
                 // replay cannot be acknowledged (see `acknowledge`).
-                RateLimitOutcome::Indeterminate { .. }
+                Err(RateLimitFailure::Indeterminate { .. })
                     if replays && self.wait.is_none() && Instant::now() < deadline =>
                 {
                     let retried = self.run_script(&set, kind, &keys, &args, deadline).await;
                     return (retried_or(retried, outcome), 2);
                 }
-                RateLimitOutcome::Evaluated(_)
-                | RateLimitOutcome::Unavailable { .. }
-                | RateLimitOutcome::Incompatible { .. }
-                | RateLimitOutcome::Indeterminate { .. } => outcome,
+                Ok(_) | Err(_) => outcome,
             };
             (outcome, 1_u32)
         };
@@ -552,6 +578,19 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
             cache.learn(&request, policies, now_millis, &outcome);
         }
         outcome
+    }
+}
+
+#[async_trait]
+impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
+    /// At once when no round trip is needed ([`Self::answer_at_once`]);
+    /// else a script call, owning a handle of this provider.
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
+        if let Some(outcome) = self.answer_at_once(&request) {
+            return Evaluation::ready(outcome);
+        }
+        let provider = self.clone();
+        Evaluation::pending(async move { provider.evaluate_in_redis(request).await })
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -575,8 +614,9 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         reset
     }
 
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
-        self.release_lease(lease).await
+    fn release(&self, lease: &Lease) -> Releasing {
+        let (provider, lease) = (self.clone(), lease.clone());
+        Releasing::pending(async move { provider.release_lease(&lease).await })
     }
 }
 

@@ -28,8 +28,7 @@ use std::time::Duration;
 use foldhash::fast::RandomState;
 use shared_contract::{
     Certainty, EvaluationId, MAX_POLICY_SET, OperationDigest, PolicyMode, PolicyScope, PolicySet,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
-    SubjectDigest, millis,
+    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision, SubjectDigest, millis,
 };
 
 /// Shards of the denial map: enough that concurrent lookups rarely meet on
@@ -247,12 +246,7 @@ impl DenyCache {
         now: u64,
         outcome: &RateLimitOutcome,
     ) {
-        let decision = match outcome {
-            RateLimitOutcome::Evaluated(decision) => decision,
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => return,
-        };
+        let Ok(decision) = outcome else { return };
         let dedupe = set.clone().any(|policy| policy.evaluation_dedup().record_capacity() > 0);
         let parts = Parts::of(request, set.clone());
         let fingerprint = self.fingerprint(&parts);
@@ -274,8 +268,8 @@ impl DenyCache {
             operation: parts.operation.cloned(),
             cost: request.cost,
             decided_at: now,
-            until: now.saturating_add(millis(lasts).min(self.max_age)),
-            decision: *decision,
+            until: now.saturating_add(lasts.min(self.max_age)),
+            decision: decision.clone(),
             dedupe,
         };
         let mut shard = self.shard(fingerprint);
@@ -334,11 +328,11 @@ impl DenyCache {
 fn stays_refused_for<'p>(
     set: impl Iterator<Item = &'p RateLimitPolicy>,
     decision: &SetDecision,
-) -> Option<Duration> {
-    let mut lasts: Option<Duration> = None;
-    let mut cut = |by: Duration| lasts = Some(lasts.map_or(by, |held| held.min(by)));
+) -> Option<u64> {
+    let mut lasts: Option<u64> = None;
+    let mut cut = |by: u64| lasts = Some(lasts.map_or(by, |held| held.min(by)));
     for (policy, decided) in set.zip(decision.decisions()) {
-        match decided.certainty {
+        match policy.algorithm().certainty() {
             Certainty::Certain => {}
             Certainty::ApproximateAlgorithm => return None,
         }
@@ -348,34 +342,20 @@ fn stays_refused_for<'p>(
         if !policy.algorithm().refusal_stays() {
             return None;
         }
-        cut(decided.reset_after);
+        cut(decided.reset_after_ms);
         match policy.mode() {
-            PolicyMode::Enforce if !decided.allowed => cut(decided.retry_after),
+            PolicyMode::Enforce if !decided.allowed => cut(decided.retry_after_ms),
             PolicyMode::Enforce | PolicyMode::Shadow => {}
         }
     }
     // Nothing is refused for less than a millisecond.
-    lasts.filter(|lasts| !lasts.is_zero())
+    lasts.filter(|&lasts| lasts > 0)
 }
 
 /// `decision` as it reads `elapsed` ms after it was made: every wait
 /// shorter by that much (a denial's at least 1 ms), marked as cached.
 fn shrunk(decision: &SetDecision, elapsed: u64) -> SetDecision {
-    let elapsed = Duration::from_millis(elapsed);
-    let mut decisions = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
-    for (to, from) in decisions.iter_mut().zip(decision.decisions()) {
-        let retry_after = if from.allowed {
-            Duration::ZERO
-        } else {
-            from.retry_after.saturating_sub(elapsed).max(Duration::from_millis(1))
-        };
-        *to = RateLimitDecision {
-            retry_after,
-            reset_after: from.reset_after.saturating_sub(elapsed),
-            ..*from
-        };
-    }
-    SetDecision::new(decision.allowed(), &decisions[..decision.decisions().len()]).from_cache()
+    decision.aged(elapsed).from_cache()
 }
 
 #[cfg(test)]

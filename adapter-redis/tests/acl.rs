@@ -14,7 +14,7 @@ use adapter_redis::Topology;
 use redis::{ErrorKind, RedisResult, ServerErrorKind};
 use shared_contract::{
     Algorithm, BudgetKey, EdgeRateLimitPort, EvaluationDedupPolicy, Lease, ManualClock, PolicyId,
-    RateLimitOutcome, RateLimitPolicy, ReleaseOutcome, UnavailableCategory,
+    RateLimitFailure, RateLimitOutcomeExt, RateLimitPolicy, ReleaseOutcome, UnavailableCategory,
 };
 use support::{
     ADMIN_PASSWORD, ADMIN_USER, RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, T0, acl_server, adapter,
@@ -148,10 +148,10 @@ async fn users_without_a_needed_permission_get_unavailable_before_send() {
         let adapter = adapter(&server, &clock, vec![policy], login(user, RATE_LIMIT_PASSWORD));
         assert_eq!(
             adapter.evaluate(request(&clock, "p", &subject(2))).await,
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
                 retry_after: Duration::from_secs(1),
-            },
+            }),
             "{user}"
         );
     }
@@ -159,15 +159,16 @@ async fn users_without_a_needed_permission_get_unavailable_before_send() {
     let wrong = adapter(&server, &clock, vec![policy()], login(RATE_LIMIT_USER, "wrong"));
     assert!(matches!(
         wrong.evaluate(request(&clock, "p", &subject(2))).await,
-        RateLimitOutcome::Unavailable { category: UnavailableCategory::UnavailableBeforeSend, .. }
+        Err(RateLimitFailure::Unavailable {
+            category: UnavailableCategory::UnavailableBeforeSend,
+            ..
+        })
     ));
     assert!(!wrong.is_ready().await);
     // Nothing was charged by any of them: the real user still has the whole budget.
     let adapter =
         adapter(&server, &clock, vec![policy()], login(RATE_LIMIT_USER, RATE_LIMIT_PASSWORD));
-    let RateLimitOutcome::Evaluated(decision) =
-        adapter.evaluate(request(&clock, "p", &subject(2))).await
-    else {
+    let Ok(decision) = adapter.evaluate(request(&clock, "p", &subject(2))).await else {
         panic!("the rate-limit user must get a decision");
     };
     assert_eq!(decision.decisions()[0].remaining, 2);

@@ -12,8 +12,8 @@ use adapter_redis::RedisEdgeRateLimitAdapter;
 use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    OperationDigest, PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest, UnavailableCategory,
+    OperationDigest, PolicyId, PolicySet, RateLimitFailure, RateLimitOutcome, RateLimitPolicy,
+    RateLimitRequest, SubjectDigest, UnavailableCategory,
 };
 use support::{T0, adapter, subject};
 
@@ -37,10 +37,10 @@ fn request(clock: &ManualClock, subject: &SubjectDigest) -> RateLimitRequest {
 
 fn allowed(outcome: &RateLimitOutcome) -> Option<bool> {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => Some(set.allowed()),
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => None,
+        Ok(set) => Some(set.allowed()),
+        Err(RateLimitFailure::Unavailable { .. })
+        | Err(RateLimitFailure::Incompatible { .. })
+        | Err(RateLimitFailure::Indeterminate { .. }) => None,
     }
 }
 
@@ -129,10 +129,10 @@ async fn skew_beyond_the_bound_is_clock_unsafe_for_the_laggard_and_writes_nothin
             assert!(
                 matches!(
                     outcome,
-                    RateLimitOutcome::Unavailable {
+                    Err(RateLimitFailure::Unavailable {
                         category: UnavailableCategory::ClockUnsafe,
                         ..
-                    }
+                    })
                 ),
                 "lag {lag} ms: {outcome:?}"
             );
@@ -190,7 +190,7 @@ async fn a_slower_writer_keeps_the_key_until_its_own_window_ends() {
     assert!(
         matches!(
             outcome,
-            RateLimitOutcome::Unavailable { category: UnavailableCategory::ClockUnsafe, .. }
+            Err(RateLimitFailure::Unavailable { category: UnavailableCategory::ClockUnsafe, .. })
         ),
         "1 s behind a 100 ms bound: {outcome:?}"
     );
@@ -240,7 +240,7 @@ fn fixed(id: &str, limit: u64, window: Duration, dedupe: bool) -> RateLimitPolic
 
 fn outcome_set(outcome: &RateLimitOutcome) -> &shared_contract::SetDecision {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => set,
+        Ok(set) => set,
         other => panic!("expected a decision, got {other:?}"),
     }
 }
@@ -303,7 +303,10 @@ async fn a_writer_ahead_of_redis_never_locks_a_subject_for_the_fleet_on_redis_ti
         assert!(
             matches!(
                 refused,
-                RateLimitOutcome::Unavailable { category: UnavailableCategory::ClockUnsafe, .. }
+                Err(RateLimitFailure::Unavailable {
+                    category: UnavailableCategory::ClockUnsafe,
+                    ..
+                })
             ),
             "{case}: {refused:?}"
         );

@@ -22,7 +22,7 @@ use redis_fixture::RedisCluster;
 use secrecy::SecretString;
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    RateLimitFailure, RateLimitPolicy, RateLimitRequest, SubjectDigest,
 };
 use support::{RATE_LIMIT_PASSWORD, RATE_LIMIT_USER, rate_limit_rules};
 
@@ -107,7 +107,7 @@ async fn remaining(
         deadline: clock.monotonic() + Duration::from_secs(5),
     };
     match adapter.evaluate(request).await {
-        RateLimitOutcome::Evaluated(set) if set.allowed() => set.decisions()[0].remaining,
+        Ok(set) if set.allowed() => set.decisions()[0].remaining,
         other => panic!("expected an allowed decision, got {other:?}"),
     }
 }
@@ -266,10 +266,10 @@ async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
     };
     assert!(matches!(
         adapter.evaluate(request).await,
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: shared_contract::UnavailableCategory::UnavailableBeforeSend,
             ..
-        }
+        })
     ));
     let full = adapter_as(RATE_LIMIT_USER, &policy, &clock);
     assert_eq!(remaining(&full, &clock, &policy, &who).await, LIMIT - 1);

@@ -7,9 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis_fixture::RedisServer;
-use shared_contract::{
-    Algorithm, EdgeRateLimitPort, ManualClock, RateLimitOutcome, RateLimitPolicy,
-};
+use shared_contract::{Algorithm, EdgeRateLimitPort, ManualClock, RateLimitPolicy};
 use support::{T0, adapter, request, subject};
 
 const TASKS: usize = 64;
@@ -44,8 +42,8 @@ async fn admitted(algorithm: Algorithm) -> (usize, usize) {
     for task in tasks {
         for outcome in task.await.unwrap() {
             match outcome {
-                RateLimitOutcome::Evaluated(set) if set.allowed() => allowed += 1,
-                RateLimitOutcome::Evaluated(_) => denied += 1,
+                Ok(set) if set.allowed() => allowed += 1,
+                Ok(_) => denied += 1,
                 other => panic!("expected a decision, got {other:?}"),
             }
         }

@@ -19,9 +19,9 @@ use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use redis_fixture::RedisCluster;
 use shared_contract::{
-    Algorithm, BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, EvaluationDedupPolicy,
-    Lease, ManualClock, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    ReleaseOutcome, SubjectDigest,
+    Algorithm, BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, Evaluation,
+    EvaluationDedupPolicy, Lease, ManualClock, PolicyId, PolicyScope, RateLimitOutcomeExt,
+    RateLimitPolicy, RateLimitRequest, ReleaseOutcome, Releasing, SubjectDigest,
 };
 
 fn cluster() -> &'static RedisCluster {
@@ -133,9 +133,9 @@ impl ScopedSubjects {
 
 #[async_trait]
 impl EdgeRateLimitPort for ScopedSubjects {
-    async fn evaluate(&self, mut request: RateLimitRequest) -> RateLimitOutcome {
+    fn evaluate(&self, mut request: RateLimitRequest) -> Evaluation {
         request.subject = self.pseudonym(&request.subject);
-        self.inner.evaluate(request).await
+        self.inner.evaluate(request)
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -156,9 +156,9 @@ impl EdgeRateLimitPort for ScopedSubjects {
         self.inner.reset(&key).await
     }
 
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+    fn release(&self, lease: &Lease) -> Releasing {
         let lease = Lease { subject: self.pseudonym(&lease.subject), ..lease.clone() };
-        self.inner.release(&lease).await
+        self.inner.release(&lease)
     }
 }
 
@@ -171,7 +171,7 @@ struct KeyRecorder {
 
 #[async_trait]
 impl EdgeRateLimitPort for KeyRecorder {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
         for id in request.policies.ids() {
             if let Some(policy) = self.adapter.policy(id) {
                 let keys = self.adapter.keys();
@@ -179,7 +179,7 @@ impl EdgeRateLimitPort for KeyRecorder {
                 self.seen.lock().unwrap().insert(key);
             }
         }
-        self.adapter.evaluate(request).await
+        self.adapter.evaluate(request)
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -198,8 +198,8 @@ impl EdgeRateLimitPort for KeyRecorder {
         self.adapter.reset(key).await
     }
 
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
-        self.adapter.release(lease).await
+    fn release(&self, lease: &Lease) -> Releasing {
+        self.adapter.release(lease)
     }
 }
 

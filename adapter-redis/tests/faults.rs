@@ -19,8 +19,8 @@ use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use redis_fixture::{FaultProxy, ProxyMode, RedisServer, ReplyFault, SeededRng};
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, ManualClock,
-    OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, SubjectDigest, UnavailableCategory,
+    OperationDigest, PolicyId, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
+    RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, UnavailableCategory,
 };
 use support::{T0, inspector, subject};
 
@@ -55,10 +55,10 @@ fn operation() -> OperationDigest {
 
 fn decision(outcome: &RateLimitOutcome) -> Option<RateLimitDecision> {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => set.decisions().first().copied(),
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => None,
+        Ok(set) => set.decisions().first().copied(),
+        Err(RateLimitFailure::Unavailable { .. })
+        | Err(RateLimitFailure::Incompatible { .. })
+        | Err(RateLimitFailure::Indeterminate { .. }) => None,
     }
 }
 
@@ -102,7 +102,7 @@ fn rig(policies: Vec<RateLimitPolicy>, command_timeout: Duration, budget: Durati
 }
 
 /// What one call gave and how long it took.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Call {
     outcome: RateLimitOutcome,
     elapsed: Duration,
@@ -184,18 +184,18 @@ struct Tally {
 impl Tally {
     fn add(&mut self, call: &Call) {
         self.worst = self.worst.max(call.elapsed);
-        match call.outcome {
-            RateLimitOutcome::Evaluated(set) if set.allowed() => self.allowed += 1,
-            RateLimitOutcome::Evaluated(_) => self.denied += 1,
-            RateLimitOutcome::Indeterminate { .. } => self.indeterminate += 1,
-            RateLimitOutcome::Unavailable {
+        match &call.outcome {
+            Ok(set) if set.allowed() => self.allowed += 1,
+            Ok(_) => self.denied += 1,
+            Err(RateLimitFailure::Indeterminate { .. }) => self.indeterminate += 1,
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
                 ..
-            } => self.before_send += 1,
-            RateLimitOutcome::Unavailable {
+            }) => self.before_send += 1,
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 ..
-            } => self.admission_rejected += 1,
+            }) => self.admission_rejected += 1,
             other => panic!("an outcome no network fault explains: {other:?}"),
         }
     }
@@ -285,7 +285,7 @@ async fn a_reply_lost_after_the_script_ran_is_indeterminate_and_charged_once_wit
     assert!(rig.call("plain", &who).await.outcome.is_allowed());
     rig.proxy.arm(ReplyFault::DropAndClose);
     let call = rig.call("plain", &who).await;
-    assert!(matches!(call.outcome, RateLimitOutcome::Indeterminate { .. }), "{call:?}");
+    assert!(matches!(call.outcome, Err(RateLimitFailure::Indeterminate { .. })), "{call:?}");
     assert_eq!(rig.proxy.applied(), 1);
     assert_eq!(rig.charges("plain", &who).await, 2, "the lost evaluation charged once");
     // The dropped connection is replaced at once: the next call decides.
@@ -316,10 +316,10 @@ async fn refused_connects_are_unavailable_before_send_and_heal_without_rebuildin
         let call = rig.call("plain", &who).await;
         assert_eq!(
             call.outcome,
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
                 retry_after: RedisSettings::default().failure_retry_after,
-            }
+            })
         );
         tally.add(&call);
     }
@@ -349,7 +349,7 @@ async fn a_blackhole_is_bounded_by_the_deadline_and_the_connection_is_replaced_a
     // timeouts keep the connection, the third drops it.
     for timeouts in 1..=3 {
         let call = rig.call("plain", &who).await;
-        assert!(matches!(call.outcome, RateLimitOutcome::Indeterminate { .. }), "{call:?}");
+        assert!(matches!(call.outcome, Err(RateLimitFailure::Indeterminate { .. })), "{call:?}");
         assert_eq!(rig.proxy.accepted(), 1, "still the first connection after {timeouts}");
         tally.add(&call);
     }
@@ -360,10 +360,10 @@ async fn a_blackhole_is_bounded_by_the_deadline_and_the_connection_is_replaced_a
         assert!(
             matches!(
                 call.outcome,
-                RateLimitOutcome::Unavailable {
+                Err(RateLimitFailure::Unavailable {
                     category: UnavailableCategory::UnavailableBeforeSend,
                     ..
-                }
+                })
             ),
             "{call:?}"
         );

@@ -13,8 +13,8 @@ use redis::AsyncCommands;
 use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId,
-    IncompatibleCategory, Lease, ManualClock, PolicyId, PolicySet, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    IncompatibleCategory, Lease, ManualClock, PolicyId, PolicySet, RateLimitFailure,
+    RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
 };
 use support::{T0, adapter, inspector, operation, request, request_with, subject};
 
@@ -94,7 +94,7 @@ async fn take(
 
 fn remaining(outcome: &RateLimitOutcome) -> u64 {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => set.decisions()[0].remaining,
+        Ok(set) => set.decisions()[0].remaining,
         other => panic!("expected a decision, got {other:?}"),
     }
 }
@@ -154,9 +154,9 @@ async fn the_acquire_script_removes_the_leases_expired_at_its_time() {
     let adapter = adapter(&server, &clock, vec![policy.clone()], |_| {});
     let key = adapter.keys().counter_key(&policy, &subject(1), &operation());
     let mut redis = inspector(&server).await;
-    take(&adapter, &clock, "exports", 1).await;
+    let _ = take(&adapter, &clock, "exports", 1).await;
     clock.set_epoch_millis(T0 + 400);
-    take(&adapter, &clock, "exports", 2).await;
+    let _ = take(&adapter, &clock, "exports", 2).await;
     // At T0 + 2000 lease 1 has expired (expires_at <= t), lease 2 lives.
     clock.set_epoch_millis(T0 + LEASE_LIFE);
     assert_eq!(members(&mut redis, &key).await.len(), 3, "nothing removes a lease by itself");
@@ -194,7 +194,7 @@ async fn a_release_is_one_evalsha_that_removes_that_lease_and_nothing_else() {
     let mut redis = inspector(&server).await;
     let (_, first) = take(&adapter, &clock, "exports", 1).await;
     clock.set_epoch_millis(T0 + 10);
-    take(&adapter, &clock, "exports", 2).await;
+    let _ = take(&adapter, &clock, "exports", 2).await;
     let full = take(&adapter, &clock, "exports", 3).await.0;
     assert!(!full.is_allowed());
     let scripts = calls(&server, "evalsha").await;
@@ -241,7 +241,7 @@ async fn a_key_of_the_wrong_type_is_corrupt_state_for_leases_and_left_alone() {
     let key = adapter.keys().counter_key(&policy, &subject(1), &operation());
     let mut redis = inspector(&server).await;
     let incompatible =
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible };
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible });
     let budget = BudgetKey::new(subject(1), PolicyId::new("exports").unwrap(), Some(operation()));
 
     // A string (another algorithm's state) under the lease key.

@@ -11,7 +11,8 @@ use redis::AsyncCommands;
 use redis_fixture::RedisServer;
 use shared_contract::{
     Algorithm, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, IncompatibleCategory,
-    ManualClock, PolicyScope, PolicySet, RateLimitOutcome, RateLimitPolicy,
+    ManualClock, PolicyScope, PolicySet, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt,
+    RateLimitPolicy,
 };
 use support::{T0, adapter, inspector, request, request_with, subject};
 
@@ -30,7 +31,7 @@ fn fixed(id: &str, limit: u64, dedup: EvaluationDedupPolicy) -> RateLimitPolicy 
 
 fn remaining(outcome: &RateLimitOutcome) -> u64 {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => set.decisions()[0].remaining,
+        Ok(set) => set.decisions()[0].remaining,
         other => panic!("expected a decision, got {other:?}"),
     }
 }
@@ -72,21 +73,21 @@ async fn a_key_of_the_wrong_type_is_state_incompatible() {
     let _: () = redis.rpush(&key, "value").await.unwrap();
     assert_eq!(
         adapter.evaluate(request(&clock, "p", &who)).await,
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible })
     );
     // A hash whose state field no script wrote is corrupt state.
     let _: () = redis.del(&key).await.unwrap();
     let _: () = redis.hset(&key, "s", "garbage").await.unwrap();
     assert_eq!(
         adapter.evaluate(request(&clock, "p", &who)).await,
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible })
     );
     // A string of a length no script writes is corrupt state: same answer.
     let _: () = redis.del(&key).await.unwrap();
     let _: () = redis.set(&key, "garbage").await.unwrap();
     assert_eq!(
         adapter.evaluate(request(&clock, "p", &who)).await,
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible })
     );
     // Neither was touched.
     let kept: String = redis.get(&key).await.unwrap();
@@ -117,7 +118,8 @@ async fn a_stopped_server_gives_a_typed_outcome_in_time_and_a_restart_heals_with
         assert!(
             matches!(
                 outcome,
-                RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Indeterminate { .. }
+                Err(RateLimitFailure::Unavailable { .. })
+                    | Err(RateLimitFailure::Indeterminate { .. })
             ),
             "{outcome:?}"
         );
@@ -133,7 +135,7 @@ async fn a_stopped_server_gives_a_typed_outcome_in_time_and_a_restart_heals_with
     // connects. The restarted server is empty, so the count starts again.
     let mut outcome = adapter.evaluate(request(&clock, "p", &who)).await;
     for _ in 0..50 {
-        if !matches!(outcome, RateLimitOutcome::Unavailable { .. }) {
+        if !matches!(outcome, Err(RateLimitFailure::Unavailable { .. })) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -426,7 +428,7 @@ async fn a_timeout_after_send_is_indeterminate_and_a_repeat_replays_the_charge_i
     let id = EvaluationId::random();
     let outcome =
         adapter.evaluate(request_with(&clock, "p", &who, id, Duration::from_millis(400))).await;
-    assert!(matches!(outcome, RateLimitOutcome::Indeterminate { .. }), "{outcome:?}");
+    assert!(matches!(outcome, Err(RateLimitFailure::Indeterminate { .. })), "{outcome:?}");
     stall.await.unwrap();
 
     // The stalled EVALSHA ran once the server was free and charged once; its
@@ -434,7 +436,7 @@ async fn a_timeout_after_send_is_indeterminate_and_a_repeat_replays_the_charge_i
     let repeat =
         adapter.evaluate(request_with(&clock, "p", &who, id, Duration::from_secs(2))).await;
     match repeat {
-        RateLimitOutcome::Evaluated(set) => {
+        Ok(set) => {
             assert!(set.allowed() && set.replayed(), "{set:?}");
             assert_eq!(set.decisions()[0].remaining, 1);
         }
@@ -556,7 +558,7 @@ async fn a_key_written_with_dedupe_off_is_taken_over_with_dedupe_on_and_back() {
     assert_eq!(remaining(&charged), 2);
     assert_eq!(kind(&mut redis).await, "hash");
     match with.evaluate(request_with(&clock, "p", &who, id, Duration::from_secs(5))).await {
-        RateLimitOutcome::Evaluated(set) => {
+        Ok(set) => {
             assert!(set.decisions()[0].replayed);
             assert_eq!(set.decisions()[0].remaining, 2);
         }
@@ -692,7 +694,9 @@ async fn a_header_with_a_24_byte_trailer_is_corrupt_state() {
         let _: () = redis.set(&key, &value).await.unwrap();
         assert_eq!(
             adapter.evaluate(request(&clock, policy.id().as_str(), &who)).await,
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible },
+            Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::StateIncompatible
+            }),
             "{}",
             policy.id()
         );

@@ -22,8 +22,8 @@ use std::time::{Duration, Instant};
 use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings, Topology};
 use redis_fixture::RedisSentinel;
 use shared_contract::{
-    Algorithm, EdgeRateLimitPort, EvaluationId, ManualClock, RateLimitOutcome, RateLimitPolicy,
-    UnavailableCategory,
+    Algorithm, EdgeRateLimitPort, EvaluationId, ManualClock, RateLimitFailure, RateLimitOutcome,
+    RateLimitOutcomeExt, RateLimitPolicy, UnavailableCategory,
 };
 use support::{RATE_LIMIT_PASSWORD, SENTINEL_PASSWORD, acl_line, request_with, subject};
 
@@ -152,10 +152,10 @@ async fn with_the_replica_frozen_concurrent_charges_are_each_answered_within_the
     for (outcome, took) in &outcomes {
         let refused = indeterminate(outcome)
             || *outcome
-                == RateLimitOutcome::Unavailable {
+                == Err(RateLimitFailure::Unavailable {
                     category: UnavailableCategory::UnavailableBeforeSend,
                     retry_after: Duration::from_secs(1),
-                };
+                });
         assert!(refused, "{outcome:?}");
         assert!(*took <= WAIT_TIMEOUT + FEW_MS, "answered after {took:?}: {outcome:?}");
     }
@@ -166,11 +166,11 @@ async fn with_the_replica_frozen_concurrent_charges_are_each_answered_within_the
 }
 
 fn denied(outcome: &RateLimitOutcome) -> bool {
-    matches!(outcome, RateLimitOutcome::Evaluated(set) if !set.allowed())
+    matches!(outcome, Ok(set) if !set.allowed())
 }
 
 fn indeterminate(outcome: &RateLimitOutcome) -> bool {
-    matches!(outcome, RateLimitOutcome::Indeterminate { .. })
+    matches!(outcome, Err(RateLimitFailure::Indeterminate { .. }))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,10 +183,10 @@ async fn every_printed_rule_is_needed_on_the_nodes_and_on_the_sentinels() {
     let outcome = evaluate(&full, &clock, 1).await;
     assert!(outcome.is_allowed(), "{outcome:?}");
 
-    let not_found = RateLimitOutcome::Unavailable {
+    let not_found = Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::UnavailableBeforeSend,
         retry_after: Duration::from_secs(1),
-    };
+    });
     for (data_user, sentinel_user) in [
         ("data-no-role", "sentinel"),
         ("data", "sentinel-no-role"),

@@ -15,7 +15,8 @@
 //! as the global recorder as `ca-skeleton serve` does, with `/prometheus`
 //! appended to their names.
 //!
-//! The port's future never waits, so it is polled once with a no-op waker
+//! The memory provider answers at once, so the bridge's and the layer's
+//! futures are ready at their first poll: polled once with a no-op waker
 //! instead of a runtime.
 
 use std::convert::Infallible;

@@ -2,15 +2,16 @@
 //! `RateLimitRequest` over the operation's policy set, and the port's
 //! answer.
 
+use std::borrow::Cow;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use http::HeaderValue;
 use http::request::Parts;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory, Lease, LogThrottle, PolicyId,
-    PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest, quota_window,
+    Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, PolicyId, PolicyMode,
+    PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt,
+    RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window,
 };
 use tracing::{Instrument, Span};
 
@@ -35,9 +36,9 @@ pub struct BridgeEvaluation {
     /// does not know (the outcome then says `UnknownPolicy`). Shared with
     /// the bridge, which looked them up once.
     pub described: Arc<[Option<RateLimitPolicy>]>,
-    /// The port's answer. An `Evaluated` one holds exactly one decision per
-    /// policy of the set: the bridge turns any other reply into
-    /// `Incompatible(StateIncompatible)`.
+    /// The port's answer: a decided one holds one decision per policy of
+    /// the set, in its order, and admits as its members' modes say
+    /// ([`shared_contract::SetDecision::of_members`]).
     pub outcome: RateLimitOutcome,
     /// The set's `RateLimit-Policy` header (its enforced policies as the
     /// port holds them), made once per set: it never changes per request.
@@ -64,7 +65,7 @@ impl BridgeEvaluation {
     }
 
     /// The enforced policies of the set with their decisions, in the set's
-    /// order; empty unless the outcome is `Evaluated`. These are the
+    /// order; empty unless the outcome is a decision. These are the
     /// policies a client sees in the `RateLimit` headers.
     pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
         self.enforced().collect()
@@ -83,10 +84,8 @@ impl BridgeEvaluation {
         &self,
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
         let decisions = match &self.outcome {
-            RateLimitOutcome::Evaluated(set) => set.decisions(),
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => &[],
+            Ok(set) => set.decisions(),
+            Err(_) => &[],
         };
         self.policies
             .ids()
@@ -267,16 +266,23 @@ impl TransportBridge {
 
     /// [`Self::evaluate`], and the guard of the lease the request may hold
     /// (`None` when its set has no concurrency policy, or the port's answer
-    /// says nothing was written): dropping it gives the lease back. The
-    /// guard exists before the port is asked, so a request dropped while
-    /// the port works (a client gone, a Redis round trip cut short) gives
-    /// back whatever it may have taken; a release is idempotent.
-    pub(crate) async fn evaluate_holding(
-        &self,
-        parts: &Parts,
-    ) -> Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection> {
+    /// says nothing was written): dropping it gives the lease back.
+    pub(crate) async fn evaluate_holding(&self, parts: &Parts) -> Answer {
+        match self.ask(parts) {
+            Asked::Answered(answer) => answer,
+            Asked::Waiting(waiting) => waiting.answer(self).await,
+        }
+    }
+
+    /// Asks the port about one request: the answer when the port has it
+    /// at once (no allocation and no poll), else what to wait for. The
+    /// lease guard exists before the port is asked, so a request dropped
+    /// while the port works (a client gone, a Redis round trip cut short)
+    /// gives back whatever it may have taken; a release is idempotent.
+    pub(crate) fn ask(&self, parts: &Parts) -> Asked {
         let found = self.operations.find(parts);
-        let prepared = found.set.map_or(&self.default_set, |index| &self.sets[index]);
+        let set = found.set;
+        let prepared = self.prepared(set);
         let operation = &*found.id;
         let policies = prepared.policies.clone();
         let described = Arc::clone(&prepared.described);
@@ -288,7 +294,7 @@ impl TransportBridge {
                     operation, policies = %PolicyIds(policies.ids()), reason = rejection.category_name(),
                     "request refused before rate-limit evaluation"
                 );
-                return Err(rejection);
+                return Asked::Answered(Err(rejection));
             }
         };
         let digest = self.pseudonymizer.pseudonymize(subject.kind, &subject.identity);
@@ -313,10 +319,44 @@ impl TransportBridge {
         let lease = prepared.holds_leases.then(|| {
             LeaseGuard::new(Arc::clone(&self.port), Lease::of(&request), self.releases.clone())
         });
-        let outcome = match &span {
-            Some(span) => self.port.evaluate(request).instrument(span.clone()).await,
-            None => self.port.evaluate(request).await,
+        // A provider answering at once decides inside this call: in the span.
+        let evaluation = match &span {
+            Some(span) => span.in_scope(|| self.port.evaluate(request)),
+            None => self.port.evaluate(request),
         };
+        let context = Context {
+            set,
+            operation: Cow::Borrowed(operation),
+            policies,
+            described,
+            lease,
+            span,
+            started,
+            shadow_subject,
+        };
+        match evaluation.into_ready() {
+            Ok(outcome) => Asked::Answered(Ok(self.finish(context, outcome))),
+            Err(evaluation) => {
+                Asked::Waiting(Waiting { evaluation, context: context.into_owned() })
+            }
+        }
+    }
+
+    /// The prepared set at `index` of the configured ones, or the default.
+    fn prepared(&self, index: Option<usize>) -> &PreparedSet {
+        index.map_or(&self.default_set, |index| &self.sets[index])
+    }
+
+    /// The port's answer to the request `context` describes, counted and
+    /// logged.
+    fn finish(
+        &self,
+        context: Context<'_>,
+        outcome: RateLimitOutcome,
+    ) -> (BridgeEvaluation, Option<LeaseGuard>) {
+        let Context { set, operation, policies, described, lease, span, started, shadow_subject } =
+            context;
+        let prepared = self.prepared(set);
         // The injected clock times the histogram too: the system's in
         // production, and a test's manual one reads what it was set to.
         let ended = self.clock.monotonic();
@@ -329,7 +369,6 @@ impl TransportBridge {
                 None
             }
         });
-        let outcome = checked(outcome, &described, operation);
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let policy_header = prepared.policy_header.clone();
         let evaluation = BridgeEvaluation { policies, described, outcome, policy_header };
@@ -337,20 +376,75 @@ impl TransportBridge {
             record_decision(&span, &evaluation);
         }
         let failure_line = || self.failures_logged.admit(ended);
-        log_outcome(operation, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
-        Ok((evaluation, lease))
+        log_outcome(&operation, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
+        (evaluation, lease)
     }
 }
 
-/// Whether the port's own answer (before [`checked`]) leaves a lease
-/// behind: an admitted set holds one, and an `Indeterminate` answer may
+/// The bridge's answer to one request, and the guard of the lease it may
+/// hold.
+pub(crate) type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection>;
+
+/// What [`TransportBridge::ask`] found.
+pub(crate) enum Asked {
+    /// Refused before the port was asked, or the port's answer at once.
+    Answered(Answer),
+    /// The port's answer is still to come.
+    Waiting(Waiting),
+}
+
+/// A port answer still to come, and what finishing the request needs.
+pub(crate) struct Waiting {
+    evaluation: Evaluation,
+    context: Context<'static>,
+}
+
+impl Waiting {
+    /// Waits for the port's answer (in the decision span), then counts and
+    /// logs it as `bridge` does every answer.
+    pub(crate) async fn answer(self, bridge: &TransportBridge) -> Answer {
+        let Self { evaluation, context } = self;
+        let outcome = match &context.span {
+            Some(span) => evaluation.instrument(span.clone()).await,
+            None => evaluation.await,
+        };
+        Ok(bridge.finish(context, outcome))
+    }
+}
+
+/// One request between asking the port and its answer.
+struct Context<'o> {
+    /// The index of its configured set; `None` for the default set.
+    set: Option<usize>,
+    /// The operation's id, for log lines; owned only while waiting.
+    operation: Cow<'o, str>,
+    policies: PolicySet,
+    described: Arc<[Option<RateLimitPolicy>]>,
+    lease: Option<LeaseGuard>,
+    span: Option<Span>,
+    started: Instant,
+    shadow_subject: Option<SubjectDigest>,
+}
+
+impl Context<'_> {
+    /// The same, owning the operation's id: it waits beyond the request's
+    /// borrow of the bridge.
+    fn into_owned(self) -> Context<'static> {
+        let Self { set, operation, policies, described, lease, span, started, shadow_subject } =
+            self;
+        let operation = Cow::Owned(operation.into_owned());
+        Context { set, operation, policies, described, lease, span, started, shadow_subject }
+    }
+}
+
+/// Whether the port's answer leaves a lease behind: an admitted set holds one, and an `Indeterminate` answer may
 /// have taken one. A refused set writes nothing (docs/algorithms.md,
 /// "Policy sets"), and `Unavailable` and `Incompatible` touch no state.
 fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => set.allowed(),
-        RateLimitOutcome::Indeterminate { .. } => true,
-        RateLimitOutcome::Unavailable { .. } | RateLimitOutcome::Incompatible { .. } => false,
+        Ok(set) => set.allowed(),
+        Err(RateLimitFailure::Indeterminate { .. }) => true,
+        Err(RateLimitFailure::Unavailable { .. } | RateLimitFailure::Incompatible { .. }) => false,
     }
 }
 
@@ -379,45 +473,10 @@ fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) 
 /// The decision's attributes: its outcome category, whether the handler
 /// runs, and whether the provider answered from its denial cache.
 fn record_decision(span: &Span, evaluation: &BridgeEvaluation) {
-    let cached = match &evaluation.outcome {
-        RateLimitOutcome::Evaluated(set) => set.cached(),
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => false,
-    };
+    let cached = evaluation.outcome.as_ref().is_ok_and(|set| set.cached());
     span.record("rate_limit.outcome", evaluation.outcome.category_name());
     span.record("rate_limit.admitted", evaluation.admits());
     span.record("rate_limit.cached", cached);
-}
-
-/// The port's answer, unless an `Evaluated` one contradicts the set: a
-/// decision count other than the set's, or an admission that is not "every
-/// enforced policy allows". Such a reply is of an unknown shape, so it is
-/// `Incompatible(StateIncompatible)` and fails closed, rather than headers
-/// and a `429` built from a guess.
-fn checked(
-    outcome: RateLimitOutcome,
-    described: &[Option<RateLimitPolicy>],
-    operation: &str,
-) -> RateLimitOutcome {
-    let RateLimitOutcome::Evaluated(set) = &outcome else {
-        return outcome;
-    };
-    let decisions = set.decisions();
-    let enforced_allow = described.iter().zip(decisions).all(|(policy, decision)| {
-        decision.allowed || mode_of(policy.as_ref()) == PolicyMode::Shadow
-    });
-    if decisions.len() == described.len() && set.allowed() == enforced_allow {
-        return outcome;
-    }
-    tracing::error!(
-        operation,
-        decisions = decisions.len(),
-        policies = described.len(),
-        admitted = set.allowed(),
-        "the provider's decisions do not fit the policy set; failing closed"
-    );
-    RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
 }
 
 fn log_outcome(
@@ -431,7 +490,7 @@ fn log_outcome(
     let outcome = &evaluation.outcome;
     let category = outcome.category_name();
     match outcome {
-        RateLimitOutcome::Evaluated(set) => {
+        Ok(set) => {
             tracing::trace!(operation, %policies, outcome = category, ?elapsed, "rate-limit decision");
             let members = evaluation.policies.ids().iter().zip(set.decisions()).enumerate();
             for (index, (policy, decision)) in members {
@@ -449,9 +508,7 @@ fn log_outcome(
                 }
             }
         }
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => {
+        Err(_) => {
             // `suppressed`: the failures not logged since the line before.
             let Some(suppressed) = failure_line() else { return };
             if evaluation.enforces() {

@@ -5,7 +5,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker, ready};
+use std::task::{Context, Poll, ready};
 
 use axum::BoxError;
 use axum::body::{Body, Bytes, HttpBody};
@@ -14,19 +14,15 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::Service;
 
-use crate::bridge::{BridgeEvaluation, TransportBridge};
+use crate::bridge::{Answer, Asked, TransportBridge};
 use crate::lease::{LeaseGuard, ReleasingBody};
 use crate::limiter::Limiter;
 use crate::mapping::{DecisionHeaders, decision_headers, refusal, rejection_response};
 use crate::refusal::{Refusal, RefusalShaper};
-use crate::rejection::EdgeRejection;
 
-/// The bridge's answer and the guard of the lease the request may hold.
-type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection>;
-
-/// The bridge's answer, with the request parts and the bridge handed back:
-/// the future owns the one reference the request takes, so no second
-/// count is bumped on the bridge every request shares.
+/// A port answer still to come, with the request parts and the bridge
+/// handed back: the future owns the one reference the request takes, so
+/// no second count is bumped on the bridge every request shares.
 type Evaluation = Pin<Box<dyn Future<Output = (Parts, Arc<TransportBridge>, Answer)> + Send>>;
 
 pin_project! {
@@ -76,26 +72,23 @@ where
     S: Service<Request<ReqBody>> + Clone,
 {
     /// Asks the bridge at once: a provider that answers without waiting
-    /// (the memory provider) is done here, and an admitted request goes
-    /// straight to `ready`, the instance `poll_ready` readied, with no
-    /// clone of it and no second poll. Only a provider that waits leaves
-    /// the evaluation to the future, with a clone of `ready` left behind.
+    /// (the memory provider) is done here, with nothing boxed or polled,
+    /// and an admitted request goes straight to `ready`, the instance
+    /// `poll_ready` readied, with no clone of it. Only a provider that
+    /// waits leaves the evaluation to the future, with a clone of `ready`
+    /// left behind.
     pub(crate) fn evaluating(limiter: Limiter, ready: &mut S, request: Request<ReqBody>) -> Self {
         let (parts, body) = request.into_parts();
         let Limiter { bridge, shaper } = limiter;
-        let mut evaluation: Evaluation = Box::pin(async move {
-            let result = bridge.evaluate_holding(&parts).await;
-            (parts, bridge, result)
-        });
-        // A no-op waker: if the evaluation waits, the future polls it
-        // again with the task's own waker before anything can be lost.
-        let state = match evaluation.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready((parts, bridge, result)) => {
-                answered(parts, &bridge, result, shaper.as_ref(), |parts| {
-                    ready.call(Request::from_parts(parts, body))
-                })
-            }
-            Poll::Pending => {
+        let state = match bridge.ask(&parts) {
+            Asked::Answered(result) => answered(parts, &bridge, result, shaper.as_ref(), |parts| {
+                ready.call(Request::from_parts(parts, body))
+            }),
+            Asked::Waiting(waiting) => {
+                let evaluation: Evaluation = Box::pin(async move {
+                    let result = waiting.answer(&bridge).await;
+                    (parts, bridge, result)
+                });
                 // The readied instance must be the one called, later, once
                 // the evaluation allows it; a clone stays behind.
                 let clone = ready.clone();

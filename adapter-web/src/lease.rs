@@ -8,10 +8,9 @@
 //! Only such sets pay: the bridge makes a guard for them alone, and every
 //! other response keeps its body as it was.
 
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker, ready};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use axum::body::{Bytes, HttpBody};
@@ -106,11 +105,11 @@ impl Drop for LeaseGuard {
 }
 
 impl Release {
-    /// Gives the lease back on the runtime the request ran on. The release
-    /// is polled once here first: a provider that answers without waiting
-    /// (the memory provider) has freed the slot before the response's last
+    /// Gives the lease back on the runtime the request ran on. The port is
+    /// asked here first: a provider that answers without waiting (the
+    /// memory provider) has freed the slot before the response's last
     /// bytes leave, so a client's next request finds it free. Whatever
-    /// still waits (a Redis round trip) runs as a task. Not polled here
+    /// still waits (a Redis round trip) runs as a task. Not asked here
     /// while a panic unwinds: nothing more runs on that stack than must.
     fn run(self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -124,18 +123,22 @@ impl Release {
         };
         let Self { port, lease, releases } = self;
         let failures = releases.failures.clone();
+        let waiting = if std::thread::panicking() {
+            None
+        } else {
+            match port.release(&lease).into_ready() {
+                Ok(outcome) => return record(outcome, &lease, &failures),
+                Err(waiting) => Some(waiting),
+            }
+        };
         // Tracked until it ends, so a shutdown can wait for it.
-        let mut release: Pin<Box<dyn Future<Output = ()> + Send>> =
-            Box::pin(releases.running.track_future(async move {
-                let outcome = port.release(&lease).await;
-                record(outcome, &lease, &failures);
-            }));
-        if !std::thread::panicking()
-            && release.as_mut().poll(&mut Context::from_waker(Waker::noop())).is_ready()
-        {
-            return;
-        }
-        // The task polls it again at once, with its own waker.
+        let release = releases.running.track_future(async move {
+            let outcome = match waiting {
+                Some(waiting) => waiting.await,
+                None => port.release(&lease).await,
+            };
+            record(outcome, &lease, &failures);
+        });
         drop(runtime.spawn(release));
     }
 }

@@ -21,7 +21,10 @@ use axum::response::IntoResponse;
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use problem_details::ProblemDetails;
-use shared_contract::{IncompatibleCategory, RateLimitOutcome, UnavailableCategory};
+use shared_contract::{
+    IncompatibleCategory, RateLimitFailure, RateLimitOutcomeExt, UnavailableCategory,
+    whole_seconds_up_millis,
+};
 
 use crate::bridge::BridgeEvaluation;
 use crate::problem::problem_type;
@@ -89,13 +92,17 @@ pub(crate) fn refusal(
     let category = outcome.category_name();
     let unavailable = "Rate Limit Unavailable";
     let (status, title, retry_after, detail) = match outcome {
-        RateLimitOutcome::Evaluated(_) => {
+        Ok(_) => {
             let violated = evaluation.violated_policies();
             // The request passes only once every denying policy allows it.
-            // A refused set always has a denying enforced policy (the
-            // bridge checks); the failure retry-after covers a hand-built one.
-            let wait = violated.iter().map(|(_, decision)| decision.retry_after).max();
-            let seconds = whole_seconds_up(wait.unwrap_or(settings.failure_retry_after));
+            // A refused set always has a denying enforced policy (its
+            // admission follows its members); the failure retry-after
+            // covers a port that describes the set's policies otherwise.
+            let wait = violated.iter().map(|(_, decision)| decision.retry_after_ms).max();
+            let seconds = wait.map_or_else(
+                || whole_seconds_up(settings.failure_retry_after),
+                whole_seconds_up_millis,
+            );
             let names: Vec<&str> = violated.iter().map(|(id, _)| id.as_str()).collect();
             let detail = format!(
                 "Too many requests under rate limit {} {}; retry after {seconds} s.",
@@ -111,19 +118,19 @@ pub(crate) fn refusal(
             finish(&mut response, seconds, evaluation);
             return Some(response);
         }
-        RateLimitOutcome::Unavailable { category, .. } => (
+        Err(RateLimitFailure::Unavailable { category, .. }) => (
             StatusCode::SERVICE_UNAVAILABLE,
             unavailable,
             failure_seconds(settings),
             unavailable_detail(*category),
         ),
-        RateLimitOutcome::Incompatible { category } => (
+        Err(RateLimitFailure::Incompatible { category }) => (
             StatusCode::SERVICE_UNAVAILABLE,
             unavailable,
             failure_seconds(settings),
             incompatible_detail(*category),
         ),
-        RateLimitOutcome::Indeterminate { .. } => (
+        Err(RateLimitFailure::Indeterminate { .. }) => (
             StatusCode::SERVICE_UNAVAILABLE,
             unavailable,
             failure_seconds(settings),

@@ -4,14 +4,14 @@
 
 use http::Uri;
 use problem_details::ProblemType;
-use shared_contract::RateLimitOutcome;
+use shared_contract::RateLimitFailure;
 
 use crate::rejection::EdgeRejection;
 
 /// Every problem type suffix the edge can produce: the outcome categories
 /// and the edge's own rejections, from their enums.
 pub(crate) fn problem_type_names() -> impl Iterator<Item = &'static str> {
-    RateLimitOutcome::category_names().chain(EdgeRejection::CATEGORY_NAMES)
+    RateLimitFailure::outcome_names().chain(EdgeRejection::CATEGORY_NAMES)
 }
 
 /// `base + category` as a problem type, if it is a URI.

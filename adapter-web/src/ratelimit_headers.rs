@@ -72,7 +72,7 @@ fn list<'a, P: IntoIterator<Item = (&'static str, u64)>>(
 mod tests {
     use std::time::Duration;
 
-    use shared_contract::{Algorithm, Certainty, SF_INTEGER_MAX, write_policy_field};
+    use shared_contract::{Algorithm, SF_INTEGER_MAX, whole_seconds_up_millis, write_policy_field};
 
     use super::*;
 
@@ -121,16 +121,14 @@ mod tests {
     fn limit_header_rounds_the_reset_up() {
         let decision = RateLimitDecision {
             allowed: true,
-            limit: 10,
             remaining: 7,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::from_millis(1001),
-            certainty: Certainty::Certain,
+            retry_after_ms: 0,
+            reset_after_ms: 1001,
             replayed: false,
         };
         let id = PolicyId::new("orders.read").unwrap();
         assert_eq!(limit_header([(&id, &decision, true)]).unwrap(), r#""orders.read";r=7;t=2"#);
-        let full = RateLimitDecision { reset_after: Duration::ZERO, ..decision };
+        let full = RateLimitDecision { reset_after_ms: 0, ..decision };
         assert_eq!(limit_header([(&id, &full, true)]).unwrap(), r#""orders.read";r=7;t=0"#);
     }
 
@@ -145,14 +143,12 @@ mod tests {
         // One slot of two taken; no reset time, not even `t=0` ("whole now").
         let held = RateLimitDecision {
             allowed: true,
-            limit: 2,
             remaining: 1,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::ZERO,
-            certainty: Certainty::Certain,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
             replayed: false,
         };
-        let window = RateLimitDecision { reset_after: Duration::from_secs(60), ..held };
+        let window = RateLimitDecision { reset_after_ms: 60_000, ..held };
         let hourly = PolicyId::new("hourly").unwrap();
         assert_eq!(
             limit_header([(exports.id(), &held, false), (&hourly, &window, true)]).unwrap(),
@@ -185,16 +181,14 @@ mod tests {
             policy_header([&burst, &hourly]).unwrap(),
             r#""orders-burst";q=10;w=1, "orders-hourly";q=1000;w=3600"#
         );
-        let decision = |limit, remaining, reset_secs| RateLimitDecision {
+        let decision = |remaining, reset_secs: u64| RateLimitDecision {
             allowed: true,
-            limit,
             remaining,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::from_secs(reset_secs),
-            certainty: Certainty::Certain,
+            retry_after_ms: 0,
+            reset_after_ms: reset_secs * 1000,
             replayed: false,
         };
-        let (first, second) = (decision(10, 9, 1), decision(1000, 999, 3540));
+        let (first, second) = (decision(9, 1), decision(999, 3540));
         assert_eq!(
             limit_header([(burst.id(), &first, true), (hourly.id(), &second, true)]).unwrap(),
             r#""orders-burst";r=9;t=1, "orders-hourly";r=999;t=3540"#
@@ -208,7 +202,7 @@ mod tests {
         decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
     ) -> Option<HeaderValue> {
         list(decisions.into_iter().map(|(policy_id, decision, resets)| {
-            let reset = resets.then(|| ("t", whole_seconds_up(decision.reset_after)));
+            let reset = resets.then(|| ("t", whole_seconds_up_millis(decision.reset_after_ms)));
             (policy_id, [Some(("r", decision.remaining)), reset].into_iter().flatten())
         }))
     }
@@ -242,21 +236,12 @@ mod tests {
         let values = [0, 1, 9, 10, 99, 12_345, SF_INTEGER_MAX, SF_INTEGER_MAX + 1, u64::MAX];
         let mut decisions = Vec::new();
         for (n, &remaining) in values.iter().enumerate() {
-            let reset_after = [
-                Duration::ZERO,
-                Duration::from_millis(1),
-                Duration::from_millis(999),
-                Duration::from_millis(1000),
-                Duration::from_nanos(1_000_000_001),
-                Duration::from_secs(u64::MAX),
-            ][n % 6];
+            let reset_after_ms = [0, 1, 999, 1000, 1001, u64::MAX][n % 6];
             decisions.push(RateLimitDecision {
                 allowed: true,
-                limit: 10,
                 remaining,
-                retry_after: Duration::ZERO,
-                reset_after,
-                certainty: Certainty::Certain,
+                retry_after_ms: 0,
+                reset_after_ms,
                 replayed: false,
             });
         }

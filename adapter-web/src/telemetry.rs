@@ -12,7 +12,10 @@ use std::sync::{LazyLock, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Histogram, SharedString};
-use shared_contract::{DecisionSource, PolicyId, PolicyMode, RateLimitOutcome, RateLimitPolicy};
+use shared_contract::{
+    DecisionSource, PolicyId, PolicyMode, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt,
+    RateLimitPolicy,
+};
 
 use crate::rejection::EdgeRejection;
 
@@ -48,7 +51,7 @@ const DEGRADED: &str = DecisionSource::Degraded.name();
 /// categories, `degraded`, then the edge's refusals before evaluation. Its
 /// positions index a member's counters.
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
-    RateLimitOutcome::category_names()
+    RateLimitFailure::outcome_names()
         .chain([DEGRADED])
         .chain(EdgeRejection::OUTCOME_LABELS)
         .collect()
@@ -138,10 +141,8 @@ pub(crate) fn record_evaluation(
     elapsed: Duration,
 ) {
     let (decisions, source) = match outcome {
-        RateLimitOutcome::Evaluated(set) => (set.decisions(), set.source()),
-        RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. } => (&[][..], DecisionSource::Store),
+        Ok(set) => (set.decisions(), set.source()),
+        Err(_) => (&[][..], DecisionSource::Store),
     };
     let (degraded, cached) = match source {
         DecisionSource::Store => (false, false),

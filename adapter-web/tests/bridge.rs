@@ -20,31 +20,24 @@ use http::request::Parts;
 use http::{HeaderValue, Request};
 use secrecy::SecretSlice;
 use shared_contract::{
-    Algorithm, Certainty, Clock, IncompatibleCategory, ManualClock, PolicyId, PolicyMode,
-    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
+    Algorithm, Clock, ManualClock, PolicyId, PolicyMode, PolicySet, RateLimitDecision,
+    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
     UnavailableCategory,
 };
 use support::ScriptedPort;
 
-fn allow(limit: u64, remaining: u64) -> RateLimitDecision {
+fn allow(remaining: u64) -> RateLimitDecision {
     RateLimitDecision {
         allowed: true,
-        limit,
         remaining,
-        retry_after: Duration::ZERO,
-        reset_after: Duration::from_secs(1),
-        certainty: Certainty::Certain,
+        retry_after_ms: 0,
+        reset_after_ms: 1000,
         replayed: false,
     }
 }
 
-fn deny(limit: u64, retry_after_ms: u64) -> RateLimitDecision {
-    RateLimitDecision {
-        allowed: false,
-        remaining: 0,
-        retry_after: Duration::from_millis(retry_after_ms),
-        ..allow(limit, 0)
-    }
+fn deny(retry_after_ms: u64) -> RateLimitDecision {
+    RateLimitDecision { allowed: false, remaining: 0, retry_after_ms, ..allow(0) }
 }
 
 struct Fixture {
@@ -72,7 +65,7 @@ fn fixture(settings: EdgeSettings) -> Fixture {
         fixed_window("trial", PolicyMode::Shadow),
         fixed_window("trial-daily", PolicyMode::Shadow),
     ];
-    let port = Arc::new(ScriptedPort::every_allows(allow(5, 4), policies));
+    let port = Arc::new(ScriptedPort::every_allows(allow(4), policies));
     let clock = ManualClock::new(1_700_000_000_000);
     let key = SecretSlice::from(vec![0x5a; 32]);
     let pseudonymizer = Arc::new(VersionedPseudonymizer::new([(1, key)], 1).unwrap());
@@ -242,10 +235,10 @@ async fn the_operation_crosses_the_port_as_its_digest() {
 #[tokio::test]
 async fn a_set_of_shadow_policies_admits_even_when_the_provider_fails() {
     let fixture = fixture(mapped(&["trial", "trial-daily"]));
-    fixture.answer(RateLimitOutcome::Unavailable {
+    fixture.answer(Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::UnavailableBeforeSend,
         retry_after: Duration::from_secs(1),
-    });
+    }));
     let shadow_only = fixture.bridge.evaluate(&parts(request())).await.unwrap();
     assert!(!shadow_only.outcome.is_allowed());
     assert!(!shadow_only.enforces());
@@ -260,8 +253,8 @@ async fn a_set_of_shadow_policies_admits_even_when_the_provider_fails() {
 async fn only_enforced_denials_are_violations() {
     let fixture = fixture(mapped(&["burst", "trial", "hourly"]));
     // burst denies, trial (shadow) would deny, hourly allows: refused.
-    let decisions = [deny(5, 300), deny(5, 9000), allow(5, 3)];
-    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(false, &decisions)));
+    let decisions = [deny(300), deny(9000), allow(3)];
+    fixture.answer(Ok(support::set_of(false, &decisions)));
     let refused = fixture.bridge.evaluate(&parts(request())).await.unwrap();
     assert!(!refused.admits());
     let violated: Vec<_> = refused.violated_policies().iter().map(|(id, _)| id.as_str()).collect();
@@ -269,29 +262,11 @@ async fn only_enforced_denials_are_violations() {
     let enforced: Vec<_> = refused.enforced_decisions().iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(enforced, ["burst", "hourly"]);
     // Only the shadow policy would deny: admitted.
-    let decisions = [allow(5, 4), deny(5, 9000), allow(5, 3)];
-    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+    let decisions = [allow(4), deny(9000), allow(3)];
+    fixture.answer(Ok(support::set_of(true, &decisions)));
     let admitted = fixture.bridge.evaluate(&parts(request())).await.unwrap();
     assert!(admitted.admits());
     assert!(admitted.violated_policies().is_empty());
-}
-
-#[tokio::test]
-async fn a_reply_that_does_not_fit_the_set_fails_closed() {
-    let fixture = fixture(mapped(&["burst", "hourly"]));
-    let incompatible =
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible };
-    // One decision for a set of two.
-    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &[allow(5, 4)])));
-    assert_eq!(fixture.bridge.evaluate(&parts(request())).await.unwrap().outcome, incompatible);
-    // Admitted although an enforced policy denies.
-    let decisions = [allow(5, 4), deny(5, 100)];
-    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
-    assert_eq!(fixture.bridge.evaluate(&parts(request())).await.unwrap().outcome, incompatible);
-    // Refused although every enforced policy allows.
-    let decisions = [allow(5, 4), allow(5, 3)];
-    fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(false, &decisions)));
-    assert_eq!(fixture.bridge.evaluate(&parts(request())).await.unwrap().outcome, incompatible);
 }
 
 #[tokio::test]
@@ -439,10 +414,10 @@ fn every_policy_of_a_set_is_counted_with_its_own_answer_and_mode() {
     let settings = mapped(&["burst", "trial", "hourly"]);
     let (counters, _) = recorded(settings, async |fixture| {
         // The shadow policy would deny; the enforced ones allow.
-        let decisions = [allow(5, 4), deny(5, 9000), allow(5, 3)];
-        fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+        let decisions = [allow(4), deny(9000), allow(3)];
+        fixture.answer(Ok(support::set_of(true, &decisions)));
         assert!(fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
-        fixture.answer(RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO });
+        fixture.answer(Err(RateLimitFailure::Indeterminate { retry_after: Duration::ZERO }));
         fixture.bridge.evaluate(&parts(request())).await.unwrap();
     });
     assert_eq!(
@@ -462,14 +437,14 @@ fn every_policy_of_a_set_is_counted_with_its_own_answer_and_mode() {
 fn a_set_the_degraded_mode_decided_counts_degraded_for_each_policy_admitted_or_not() {
     let settings = mapped(&["burst", "hourly"]);
     let (counters, _) = recorded(settings, async |fixture| {
-        let admitted = SetDecision::new(true, &[allow(5, 4), allow(5, 3)]).from_degraded();
-        fixture.answer(RateLimitOutcome::Evaluated(admitted));
+        let admitted = support::set_of(true, &[allow(4), allow(3)]).from_degraded();
+        fixture.answer(Ok(admitted));
         assert!(fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
-        let refused = SetDecision::new(false, &[allow(5, 2), deny(5, 9000)]).from_degraded();
-        fixture.answer(RateLimitOutcome::Evaluated(refused));
+        let refused = support::set_of(false, &[allow(2), deny(9000)]).from_degraded();
+        fixture.answer(Ok(refused));
         assert!(!fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
         // Back on the store: allowed and denied again.
-        fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &[allow(5, 1); 2])));
+        fixture.answer(Ok(support::set_of(true, &[allow(1); 2])));
         fixture.bridge.evaluate(&parts(request())).await.unwrap();
     });
     assert_eq!(
@@ -532,8 +507,8 @@ fn a_shadow_policy_that_would_deny_logs_one_line_with_the_pseudonym_only() {
     let pseudonym = tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let fixture = fixture(mapped(&["burst", "trial"]));
-            let decisions = [allow(5, 4), deny(5, 9000)];
-            fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions)));
+            let decisions = [allow(4), deny(9000)];
+            fixture.answer(Ok(support::set_of(true, &decisions)));
             let request = request().header("x-api-key", "raw-key-never-logged");
             assert!(fixture.bridge.evaluate(&parts(request)).await.unwrap().admits());
             fixture.pseudonymizer.pseudonymize(SubjectKind::ApiKey, "raw-key-never-logged")
@@ -567,10 +542,10 @@ fn failing_closed_logs_one_line_a_second_with_the_count_held_back() {
     tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let fixture = fixture(mapped(&["burst"]));
-            fixture.answer(RateLimitOutcome::Unavailable {
+            fixture.answer(Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
                 retry_after: Duration::from_secs(1),
-            });
+            }));
             for _ in 0..5 {
                 assert!(!fixture.bridge.evaluate(&parts(request())).await.unwrap().admits());
             }
@@ -625,7 +600,7 @@ fn a_decision_span_is_made_only_inside_a_span_and_names_the_pseudonym() {
     let pseudonym = tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
             let fixture = fixture(mapped(&["burst"]));
-            fixture.answer(RateLimitOutcome::Evaluated(SetDecision::new(true, &[allow(5, 4)])));
+            fixture.answer(Ok(support::set_of(true, &[allow(4)])));
             let keyed = || parts(request().header("x-api-key", "raw-key-never-in-a-span"));
             assert!(fixture.bridge.evaluate(&keyed()).await.unwrap().admits());
             assert!(spans.0.lock().unwrap().is_empty(), "an untraced request made a span");

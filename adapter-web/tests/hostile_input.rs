@@ -68,7 +68,7 @@ use proptest::prelude::*;
 use proptest::sample::{Index, select};
 use proptest::test_runner::Config;
 use shared_contract::{
-    Algorithm, Certainty, ManualClock, OperationDigest, PolicyId, PolicySet, RateLimitDecision,
+    Algorithm, ManualClock, OperationDigest, PolicyId, PolicySet, RateLimitDecision,
     RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision, SubjectDigest,
 };
 use support::{ORDER_OPERATION, ORDER_ROUTE, ScriptedPort, network_at_defaults};
@@ -97,13 +97,11 @@ fn is_trusted(ip: IpAddr) -> bool {
 }
 
 fn allowed() -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
+    Ok(SetDecision::single(RateLimitDecision {
         allowed: true,
-        limit: 10,
         remaining: 7,
-        retry_after: Duration::ZERO,
-        reset_after: Duration::from_millis(1500),
-        certainty: Certainty::Certain,
+        retry_after_ms: 0,
+        reset_after_ms: 1500,
         replayed: false,
     }))
 }

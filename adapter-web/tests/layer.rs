@@ -14,8 +14,9 @@ use axum::body::Body;
 use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
 use shared_contract::{
-    Algorithm, Certainty, IncompatibleCategory, ManualClock, PolicyId, PolicyMode, PolicySet,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, SetDecision, UnavailableCategory,
+    Algorithm, IncompatibleCategory, ManualClock, PolicyId, PolicyMode, PolicySet,
+    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy,
+    UnavailableCategory,
 };
 use support::{COST_HEADER, Harness, ORDER_OPERATION, ScriptedPort, Via};
 
@@ -71,19 +72,11 @@ fn policy_decision(
     retry_after_ms: u64,
     reset_after_ms: u64,
 ) -> RateLimitDecision {
-    RateLimitDecision {
-        allowed,
-        limit: 10,
-        remaining,
-        retry_after: Duration::from_millis(retry_after_ms),
-        reset_after: Duration::from_millis(reset_after_ms),
-        certainty: Certainty::Certain,
-        replayed: false,
-    }
+    RateLimitDecision { allowed, remaining, retry_after_ms, reset_after_ms, replayed: false }
 }
 
 fn set_outcome(admitted: bool, decisions: &[RateLimitDecision]) -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(SetDecision::new(admitted, decisions))
+    Ok(support::set_of(admitted, decisions))
 }
 
 fn decision(
@@ -151,37 +144,41 @@ async fn every_failure_category_answers_503_and_fails_closed(via: Via) {
     let long = Duration::from_secs(40);
     let failures = [
         (
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: long,
-            },
+            }),
             "admission-rejected",
         ),
         (
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
                 retry_after: long,
-            },
+            }),
             "unavailable-before-send",
         ),
         (
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::ClockUnsafe,
                 retry_after: long,
-            },
+            }),
             "clock-unsafe",
         ),
-        (RateLimitOutcome::Indeterminate { retry_after: long }, "indeterminate"),
+        (Err(RateLimitFailure::Indeterminate { retry_after: long }), "indeterminate"),
         (
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy },
+            Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy }),
             "unknown-policy",
         ),
         (
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum },
+            Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::CostExceedsMaximum,
+            }),
             "cost-exceeds-maximum",
         ),
         (
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible },
+            Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::StateIncompatible,
+            }),
             "state-incompatible",
         ),
     ];
@@ -314,7 +311,7 @@ async fn a_refusal_shaper_reshapes_but_never_admits(via: Via) {
     assert_eq!(denied.text(), "429 denied");
     assert_eq!(denied.header("retry-after"), Some("3"));
     assert_eq!(denied.header("ratelimit"), Some(r#""orders";r=0;t=60"#));
-    port.answer(RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO });
+    port.answer(Err(RateLimitFailure::Indeterminate { retry_after: Duration::ZERO }));
     assert_eq!(harness.get("/api/orders/1", &[]).await.text(), "503 indeterminate");
     let oversized = "k".repeat(257);
     let reply = harness.get("/api/orders/1", &[("x-api-key", &oversized)]).await;
@@ -429,15 +426,15 @@ async fn a_set_of_shadow_policies_sends_no_headers_and_survives_provider_failure
         ),
         // Nothing enforced, so the set is admitted even when both would deny.
         set_outcome(true, &[would_deny, would_deny]),
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::UnavailableBeforeSend,
             retry_after: Duration::from_secs(40),
-        },
-        RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(40) },
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible },
+        }),
+        Err(RateLimitFailure::Indeterminate { retry_after: Duration::from_secs(40) }),
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible }),
     ];
     for (served, answer) in answers.into_iter().enumerate() {
-        port.answer(answer);
+        port.answer(answer.clone());
         let reply = harness.get("/api/orders/42", &[]).await;
         assert_eq!(reply.status, StatusCode::OK, "{answer:?}");
         assert_eq!(reply.text(), "order 42");
@@ -448,7 +445,7 @@ async fn a_set_of_shadow_policies_sends_no_headers_and_survives_provider_failure
     }
     // One enforced policy in the set, and the same failure fails closed.
     let (harness, port) = harness_with_port(settings_with(&["orders-trial", "orders"]), via).await;
-    port.answer(RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(40) });
+    port.answer(Err(RateLimitFailure::Indeterminate { retry_after: Duration::from_secs(40) }));
     let reply = harness.get("/api/orders/42", &[]).await;
     assert_problem(&reply, StatusCode::SERVICE_UNAVAILABLE, "indeterminate");
     assert_eq!(harness.calls(), 0);

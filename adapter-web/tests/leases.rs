@@ -30,7 +30,7 @@ use http_body_util::BodyExt;
 use serde_json::json;
 use shared_contract::{
     Algorithm, BudgetKey, Clock, EdgeRateLimitPort, ManualClock, PolicyId, PolicyScope, PolicySet,
-    RateLimitOutcome, RateLimitPolicy, ReleaseOutcome, SubjectDigest, UnavailableCategory,
+    RateLimitFailure, RateLimitPolicy, ReleaseOutcome, SubjectDigest, UnavailableCategory,
 };
 use std::io::Write;
 use support::{ScriptedPort, UNTRUSTED_PEER, pseudonymizer};
@@ -393,7 +393,7 @@ fn a_failed_release_is_counted_and_logged_without_the_raw_subject() {
 async fn an_indeterminate_answer_gives_back_what_it_may_have_taken_and_unavailable_nothing() {
     let clock = ManualClock::new(T0);
     let port = Arc::new(ScriptedPort::new(
-        RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) },
+        Err(RateLimitFailure::Indeterminate { retry_after: Duration::from_secs(1) }),
         vec![exports(1)],
     ));
     let leases = Leases::over(Arc::clone(&port) as _, clock);
@@ -406,10 +406,10 @@ async fn an_indeterminate_answer_gives_back_what_it_may_have_taken_and_unavailab
     assert_eq!(released[0].policies, port.requests()[0].policies);
 
     // Unavailable provably wrote nothing: no release is asked for.
-    port.answer(RateLimitOutcome::Unavailable {
+    port.answer(Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::UnavailableBeforeSend,
         retry_after: Duration::from_secs(1),
-    });
+    }));
     assert_eq!(leases.send("/quick").await.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(port.releases().len(), 1);
 }

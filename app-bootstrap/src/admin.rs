@@ -40,7 +40,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, Certainty, Clock, EdgeRateLimitPort,
-    EvaluationId, OperationDigest, PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy,
+    EvaluationId, OperationDigest, PolicyId, PolicySet, RateLimitFailure, RateLimitPolicy,
     RateLimitRequest, SubjectDigest,
 };
 use subtle::ConstantTimeEq;
@@ -678,13 +678,15 @@ impl LookupLimiter {
         };
         let outcome = self.provider.evaluate(request).await;
         let retry_after = match outcome {
-            RateLimitOutcome::Evaluated(set) if set.allowed() => return None,
-            RateLimitOutcome::Evaluated(set) => {
-                set.decisions().first().map_or(PSEUDONYM_WINDOW, |decision| decision.retry_after)
-            }
-            RateLimitOutcome::Unavailable { retry_after, .. }
-            | RateLimitOutcome::Indeterminate { retry_after } => retry_after,
-            RateLimitOutcome::Incompatible { .. } => PSEUDONYM_WINDOW,
+            Ok(set) if set.allowed() => return None,
+            Ok(set) => set.decisions().first().map_or(PSEUDONYM_WINDOW, |decision| {
+                Duration::from_millis(decision.retry_after_ms)
+            }),
+            Err(
+                RateLimitFailure::Unavailable { retry_after, .. }
+                | RateLimitFailure::Indeterminate { retry_after },
+            ) => retry_after,
+            Err(RateLimitFailure::Incompatible { .. }) => PSEUDONYM_WINDOW,
         };
         let mut response = problem(
             state,

@@ -13,7 +13,7 @@ use rand::RngCore;
 use serde::Serialize;
 use shared_contract::{
     Clock, EdgeRateLimitPort, EvaluationId, Lease, OperationDigest, PolicyId, PolicySet,
-    RateLimitOutcome, RateLimitRequest, SubjectDigest, SystemClock,
+    RateLimitOutcome, RateLimitOutcomeExt, RateLimitRequest, SubjectDigest, SystemClock,
 };
 
 use crate::capability::RateLimitCapability;

@@ -362,7 +362,7 @@ fn wiring(component: &'static str, error: impl std::fmt::Display) -> BootstrapEr
 
 #[cfg(test)]
 mod tests {
-    use shared_contract::{Algorithm, Clock, ManualClock, PolicyId};
+    use shared_contract::{Algorithm, Clock, ManualClock, PolicyId, RateLimitOutcomeExt};
 
     use super::*;
     use crate::config::ConfigSources;
@@ -467,10 +467,10 @@ mod tests {
             assert!(
                 matches!(
                     refused,
-                    shared_contract::RateLimitOutcome::Unavailable {
+                    Err(shared_contract::RateLimitFailure::Unavailable {
                         category: shared_contract::UnavailableCategory::AdmissionRejected,
                         ..
-                    }
+                    })
                 ),
                 "{refused:?}"
             );
@@ -559,7 +559,7 @@ mod tests {
                 deadline: clock.monotonic() + std::time::Duration::from_secs(1),
             };
             let outcome = port.evaluate(request).await;
-            let shared_contract::RateLimitOutcome::Evaluated(set) = outcome else {
+            let Ok(set) = outcome else {
                 panic!("degraded mode answers every request: {outcome:?}");
             };
             assert_eq!(set.source(), shared_contract::DecisionSource::Degraded);

@@ -34,9 +34,9 @@ use adapter_memory::MemoryStore;
 use async_trait::async_trait;
 use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource, EdgeRateLimitPort,
-    EvaluationId, Lease, OperationDigest, PolicyId, PolicyScope, PolicySet, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, ReleaseOutcome, SetDecision, SubjectDigest,
-    UnavailableCategory,
+    Evaluation, EvaluationId, Lease, OperationDigest, PolicyId, PolicyScope, PolicySet,
+    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, Releasing, SetDecision, SubjectDigest, UnavailableCategory,
 };
 
 pub use self::ledger::MAX_SUBJECTS;
@@ -213,8 +213,10 @@ pub fn scaled(
         .build()
 }
 
-/// The Redis port with the degraded mode in front of its failures.
-#[derive(Debug)]
+/// The Redis port with the degraded mode in front of its failures. A
+/// handle: its clones share the ports and the mode, so an answer that
+/// waits owns one.
+#[derive(Debug, Clone)]
 pub struct DegradedPort {
     primary: Arc<dyn EdgeRateLimitPort>,
     local: Arc<dyn EdgeRateLimitPort>,
@@ -244,31 +246,146 @@ impl DegradedPort {
     /// either (a cost above a policy's scaled limit, or no room left in
     /// the ledger for one more subject), so that fails closed. What the
     /// local limiter admits is recorded as owed to Redis.
-    async fn degraded(
-        &self,
-        mut request: RateLimitRequest,
-        failed: RateLimitOutcome,
-    ) -> RateLimitOutcome {
+    fn degraded(&self, request: RateLimitRequest, failed: RateLimitOutcome) -> Evaluation {
         self.mode.enter(&failed);
         if !self.mode.ledger.has_room(&request.subject, self.mode.now_millis(), true) {
-            return failed;
+            return Evaluation::ready(failed);
         }
+        let mut local = request.clone();
         let now = self.mode.clock.monotonic();
-        request.deadline = request.deadline.max(now + LOCAL_DEADLINE);
-        // Kept for the ledger (the set and operation are shared pointers).
-        let (subject, operation) = (request.subject, request.operation);
-        let (policies, cost) = (request.policies.clone(), request.cost);
-        match self.local.evaluate(request).await {
-            RateLimitOutcome::Evaluated(set) => {
+        local.deadline = local.deadline.max(now + LOCAL_DEADLINE);
+        match self.local.evaluate(local).into_ready() {
+            Ok(outcome) => Evaluation::ready(self.locally(&request, outcome, failed)),
+            Err(waiting) => {
+                let port = self.clone();
+                Evaluation::pending(async move {
+                    let outcome = waiting.await;
+                    port.locally(&request, outcome, failed)
+                })
+            }
+        }
+    }
+
+    /// The local limiter's `outcome` for `request`, recorded in the ledger
+    /// when it admitted; Redis' `failed` when it could not decide.
+    fn locally(
+        &self,
+        request: &RateLimitRequest,
+        outcome: RateLimitOutcome,
+        failed: RateLimitOutcome,
+    ) -> RateLimitOutcome {
+        match outcome {
+            Ok(set) => {
                 // A replay charged nothing.
                 if set.allowed() && !set.replayed() {
-                    self.record(&subject, &operation, &policies, cost, &set, false);
+                    let RateLimitRequest { subject, operation, policies, cost, .. } = request;
+                    self.record(subject, operation, policies, *cost, &set, false);
                 }
-                RateLimitOutcome::Evaluated(set.from_degraded())
+                Ok(set.from_degraded())
             }
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => failed,
+            Err(_) => failed,
+        }
+    }
+
+    /// The answer to `kept` once Redis answered `outcome`, `tracking` as
+    /// read when the request came in.
+    fn answered(
+        &self,
+        kept: RateLimitRequest,
+        outcome: RateLimitOutcome,
+        tracking: bool,
+    ) -> Evaluation {
+        let set = match &outcome {
+            Ok(set) => set,
+            Err(
+                RateLimitFailure::Unavailable {
+                    category:
+                        UnavailableCategory::AdmissionRejected
+                        | UnavailableCategory::UnavailableBeforeSend
+                        | UnavailableCategory::ClockUnsafe,
+                    ..
+                }
+                | RateLimitFailure::Indeterminate { .. },
+            ) => return self.degraded(kept, outcome),
+            // The request does not fit the policies (unknown policy, cost
+            // above the maximum) or the stored state: no outage to cover.
+            Err(RateLimitFailure::Incompatible { .. }) => return Evaluation::ready(outcome),
+        };
+        let mut mirror = None;
+        match set.source() {
+            // Redis itself answered: its answer stands, and degraded mode
+            // ends once Redis has stopped failing for the hold time. An
+            // admission of a subject this instance decided locally in the
+            // window is charged to the local limiter too (what fits the
+            // share), so a Redis coming and going cannot add its
+            // admissions to a whole local share.
+            DecisionSource::Store => {
+                self.mode.leave();
+                if tracking
+                    && set.allowed()
+                    && !set.replayed()
+                    && !self.holds_leases(&kept.policies)
+                    && self.record(
+                        &kept.subject,
+                        &kept.operation,
+                        &kept.policies,
+                        kept.cost,
+                        set,
+                        true,
+                    )
+                {
+                    let mut request = kept;
+                    let now = self.mode.clock.monotonic();
+                    request.deadline = request.deadline.max(now + LOCAL_DEADLINE);
+                    mirror = Some(self.local.evaluate(request));
+                }
+            }
+            // The denial cache answers without Redis, and a nested
+            // degraded answer is not Redis' either.
+            DecisionSource::LocalCache | DecisionSource::Degraded => {}
+        }
+        // The mirror's answer is not the request's: Redis' stands.
+        match mirror.map(Evaluation::into_ready) {
+            None | Some(Ok(_)) => Evaluation::ready(outcome),
+            Some(Err(waiting)) => Evaluation::pending(async move {
+                let _ = waiting.await;
+                outcome
+            }),
+        }
+    }
+
+    /// The evaluation while something is owed to Redis or followed:
+    /// settling it first waits for Redis.
+    async fn settled(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        // Kept for the local limiter: the pseudonym is the one copy made
+        // (the policy set and the operation are shared pointers).
+        let kept = request.clone();
+        if let Some(failed) = self.settle(&request).await {
+            return self.degraded(kept, failed).await;
+        }
+        let outcome = self.primary.evaluate(request).await;
+        self.answered(kept, outcome, true).await
+    }
+
+    /// After the local limiter's `local` answer to a release: Redis', when
+    /// the lease was not held locally.
+    fn released_locally(&self, lease: &Lease, local: ReleaseOutcome) -> Releasing {
+        // Held nowhere: a local failure (the memory provider has none)
+        // would still be the one to report.
+        let pick = move |redis| match redis {
+            ReleaseOutcome::NotHeld => local,
+            ReleaseOutcome::Released
+            | ReleaseOutcome::Unavailable { .. }
+            | ReleaseOutcome::Indeterminate => redis,
+        };
+        match local {
+            ReleaseOutcome::Released => Releasing::ready(local),
+            ReleaseOutcome::NotHeld
+            | ReleaseOutcome::Unavailable { .. }
+            | ReleaseOutcome::Indeterminate => match self.primary.release(lease).into_ready() {
+                Ok(redis) => Releasing::ready(pick(redis)),
+                Err(waiting) => Releasing::pending(async move { pick(waiting.await) }),
+            },
         }
     }
 
@@ -297,7 +414,7 @@ impl DegradedPort {
                         windowed: policy.algorithm().windowed(),
                     },
                 );
-                let until = now.saturating_add(shared_contract::millis(decision.reset_after));
+                let until = now.saturating_add(decision.reset_after_ms);
                 Charge { policy: id.clone(), shape, until, on_redis }
             })
             .collect();
@@ -381,15 +498,15 @@ impl DegradedPort {
                     job.acked = job.acked.min(state.limit.saturating_sub(state.remaining));
                 }
                 Err(BudgetFailure::Unavailable) => {
-                    return Some(RateLimitOutcome::Unavailable {
+                    return Some(Err(RateLimitFailure::Unavailable {
                         category: UnavailableCategory::UnavailableBeforeSend,
                         retry_after: COMPARE_RETRY_AFTER,
-                    });
+                    }));
                 }
                 Err(BudgetFailure::Indeterminate) => {
-                    return Some(RateLimitOutcome::Indeterminate {
+                    return Some(Err(RateLimitFailure::Indeterminate {
                         retry_after: COMPARE_RETRY_AFTER,
-                    });
+                    }));
                 }
                 Err(
                     BudgetFailure::UnknownPolicy
@@ -414,9 +531,7 @@ impl DegradedPort {
                 deadline: request.deadline,
             };
             match self.primary.evaluate(piece).await {
-                RateLimitOutcome::Evaluated(set)
-                    if !set.allowed() && set.source() == DecisionSource::Store =>
-                {
+                Ok(set) if !set.allowed() && set.source() == DecisionSource::Store => {
                     job.piece = EvaluationId::random();
                     let room = set.decisions().first().map_or(0, |decision| decision.remaining);
                     if room > 0 && room < cost {
@@ -426,7 +541,7 @@ impl DegradedPort {
                         job.acked = job.admitted;
                     }
                 }
-                RateLimitOutcome::Evaluated(set) if set.source() == DecisionSource::Store => {
+                Ok(set) if set.source() == DecisionSource::Store => {
                     job.piece = EvaluationId::random();
                     job.acked += cost;
                     most = policy.maximum_cost();
@@ -435,10 +550,10 @@ impl DegradedPort {
                 // and a cached refusal says nothing of a Redis that has
                 // restarted empty since: the rest stays owed, for a later
                 // decision.
-                RateLimitOutcome::Evaluated(_) => return None,
-                failed @ (RateLimitOutcome::Unavailable { .. }
-                | RateLimitOutcome::Indeterminate { .. }) => return Some(failed),
-                RateLimitOutcome::Incompatible { .. } => {
+                Ok(_) => return None,
+                failed @ (Err(RateLimitFailure::Unavailable { .. })
+                | Err(RateLimitFailure::Indeterminate { .. })) => return Some(failed),
+                Err(RateLimitFailure::Incompatible { .. }) => {
                     job.drop = true;
                     return None;
                 }
@@ -450,67 +565,27 @@ impl DegradedPort {
 
 #[async_trait]
 impl EdgeRateLimitPort for DegradedPort {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+    /// At once when Redis' answer is (the denial cache) and the local
+    /// limiter's is (the memory provider), outside outages with nothing
+    /// owed; else it waits, owning a handle of this port.
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
+        // Outside outages, one atomic load: nothing is owed or followed.
+        if self.mode.tracking() {
+            let port = self.clone();
+            return Evaluation::pending(async move { port.settled(request).await });
+        }
         // Kept for the local limiter: the pseudonym is the one copy made
         // (the policy set and the operation are shared pointers).
         let kept = request.clone();
-        // Outside outages, one atomic load: nothing is owed or followed.
-        let tracking = self.mode.tracking();
-        if tracking {
-            if let Some(failed) = self.settle(&request).await {
-                return self.degraded(kept, failed).await;
+        match self.primary.evaluate(request).into_ready() {
+            Ok(outcome) => self.answered(kept, outcome, false),
+            Err(waiting) => {
+                let port = self.clone();
+                Evaluation::pending(async move {
+                    let outcome = waiting.await;
+                    port.answered(kept, outcome, false).await
+                })
             }
-        }
-        let outcome = self.primary.evaluate(request).await;
-        match outcome {
-            RateLimitOutcome::Evaluated(set) => {
-                match set.source() {
-                    // Redis itself answered: its answer stands, and
-                    // degraded mode ends once Redis has stopped failing
-                    // for the hold time. An admission of a subject this
-                    // instance decided locally in the window is charged
-                    // to the local limiter too (what fits the share), so
-                    // a Redis coming and going cannot add its admissions
-                    // to a whole local share.
-                    DecisionSource::Store => {
-                        self.mode.leave();
-                        if tracking
-                            && set.allowed()
-                            && !set.replayed()
-                            && !self.holds_leases(&kept.policies)
-                            && self.record(
-                                &kept.subject,
-                                &kept.operation,
-                                &kept.policies,
-                                kept.cost,
-                                &set,
-                                true,
-                            )
-                        {
-                            let mut mirror = kept;
-                            let now = self.mode.clock.monotonic();
-                            mirror.deadline = mirror.deadline.max(now + LOCAL_DEADLINE);
-                            // Its answer is not the request's: Redis' stands.
-                            let _ = self.local.evaluate(mirror).await;
-                        }
-                    }
-                    // The denial cache answers without Redis, and a nested
-                    // degraded answer is not Redis' either.
-                    DecisionSource::LocalCache | DecisionSource::Degraded => {}
-                }
-                outcome
-            }
-            RateLimitOutcome::Unavailable {
-                category:
-                    UnavailableCategory::AdmissionRejected
-                    | UnavailableCategory::UnavailableBeforeSend
-                    | UnavailableCategory::ClockUnsafe,
-                ..
-            }
-            | RateLimitOutcome::Indeterminate { .. } => self.degraded(kept, outcome).await,
-            // The request does not fit the policies (unknown policy, cost
-            // above the maximum) or the stored state: no outage to cover.
-            RateLimitOutcome::Incompatible { .. } => outcome,
         }
     }
 
@@ -562,20 +637,16 @@ impl EdgeRateLimitPort for DegradedPort {
     /// decide) is held only there, and giving it back asks nothing of a
     /// Redis that may still be away. A lease it does not hold was taken
     /// on Redis.
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
-        let local = self.local.release(lease).await;
-        match local {
-            ReleaseOutcome::Released => local,
-            ReleaseOutcome::NotHeld
-            | ReleaseOutcome::Unavailable { .. }
-            | ReleaseOutcome::Indeterminate => match self.primary.release(lease).await {
-                // Held nowhere: a local failure (the memory provider has
-                // none) would still be the one to report.
-                ReleaseOutcome::NotHeld => local,
-                redis @ (ReleaseOutcome::Released
-                | ReleaseOutcome::Unavailable { .. }
-                | ReleaseOutcome::Indeterminate) => redis,
-            },
+    fn release(&self, lease: &Lease) -> Releasing {
+        match self.local.release(lease).into_ready() {
+            Ok(local) => self.released_locally(lease, local),
+            Err(waiting) => {
+                let (port, lease) = (self.clone(), lease.clone());
+                Releasing::pending(async move {
+                    let local = waiting.await;
+                    port.released_locally(&lease, local).await
+                })
+            }
         }
     }
 }

@@ -668,7 +668,7 @@ mod window_redis_returns_in {
     use redis_fixture::RedisServer;
     use shared_contract::{
         Algorithm, Clock, DecisionSource, EdgeRateLimitPort, EvaluationId, ManualClock,
-        OperationDigest, PolicyId, PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+        OperationDigest, PolicyId, PolicySet, RateLimitFailure, RateLimitPolicy, RateLimitRequest,
         SubjectDigest,
     };
 
@@ -735,15 +735,15 @@ mod window_redis_returns_in {
                 deadline: self.clock.monotonic() + Duration::from_millis(750),
             };
             match port.evaluate(request).await {
-                RateLimitOutcome::Evaluated(set) => {
+                Ok(set) => {
                     self.admitted += u64::from(set.allowed());
                     let redis = set.source() != DecisionSource::Degraded;
                     self.from_redis += u64::from(redis);
                     redis
                 }
-                other @ (RateLimitOutcome::Unavailable { .. }
-                | RateLimitOutcome::Incompatible { .. }
-                | RateLimitOutcome::Indeterminate { .. }) => {
+                other @ (Err(RateLimitFailure::Unavailable { .. })
+                | Err(RateLimitFailure::Incompatible { .. })
+                | Err(RateLimitFailure::Indeterminate { .. })) => {
                     panic!("degraded mode answers every request: {other:?}")
                 }
             }

@@ -20,9 +20,9 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestError, TestRunner};
 use redis_fixture::RedisServer;
 use shared_contract::{
-    Algorithm, Certainty, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, EvaluationDedupPolicy,
-    EvaluationId, IncompatibleCategory, Lease, ManualClock, OperationDigest, PolicyMode,
-    PolicyScope, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    Algorithm, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId,
+    IncompatibleCategory, Lease, ManualClock, OperationDigest, PolicyMode, PolicyScope, PolicySet,
+    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
     ReleaseOutcome, SetDecision, SubjectDigest, UnavailableCategory,
 };
 use uuid::Uuid;
@@ -382,7 +382,7 @@ struct Tally {
 
 impl Tally {
     fn count(&self, outcome: &RateLimitOutcome) {
-        if let RateLimitOutcome::Evaluated(set) = outcome {
+        if let Ok(set) = outcome {
             let some_allowed = set.decisions().iter().any(|decision| decision.allowed);
             let some_denied = set.decisions().iter().any(|decision| !decision.allowed);
             if !set.allowed() && some_allowed {
@@ -393,13 +393,13 @@ impl Tally {
             }
         }
         let counter = match outcome {
-            RateLimitOutcome::Evaluated(set) if set.replayed() => &self.replayed,
-            RateLimitOutcome::Evaluated(set) if set.allowed() => &self.allowed,
-            RateLimitOutcome::Evaluated(_) => &self.denied,
-            RateLimitOutcome::Unavailable { .. } => &self.clock_unsafe,
-            RateLimitOutcome::Incompatible { .. } => &self.cost_rejected,
+            Ok(set) if set.replayed() => &self.replayed,
+            Ok(set) if set.allowed() => &self.allowed,
+            Ok(_) => &self.denied,
+            Err(RateLimitFailure::Unavailable { .. }) => &self.clock_unsafe,
+            Err(RateLimitFailure::Incompatible { .. }) => &self.cost_rejected,
             // `expected_kind` rejects it before it is counted.
-            RateLimitOutcome::Indeterminate { .. } => return,
+            Err(RateLimitFailure::Indeterminate { .. }) => return,
         };
         counter.fetch_add(1, Ordering::Relaxed);
     }
@@ -444,18 +444,18 @@ impl Tally {
 /// a clock regression beyond the bound, or a cost outside 1..=maximum.
 fn expected_kind(outcome: &RateLimitOutcome) -> bool {
     match outcome {
-        RateLimitOutcome::Evaluated(_) => true,
-        RateLimitOutcome::Unavailable { category, .. } => match category {
+        Ok(_) => true,
+        Err(RateLimitFailure::Unavailable { category, .. }) => match category {
             UnavailableCategory::ClockUnsafe => true,
             UnavailableCategory::AdmissionRejected | UnavailableCategory::UnavailableBeforeSend => {
                 false
             }
         },
-        RateLimitOutcome::Incompatible { category } => match category {
+        Err(RateLimitFailure::Incompatible { category }) => match category {
             IncompatibleCategory::CostExceedsMaximum => true,
             IncompatibleCategory::UnknownPolicy | IncompatibleCategory::StateIncompatible => false,
         },
-        RateLimitOutcome::Indeterminate { .. } => false,
+        Err(RateLimitFailure::Indeterminate { .. }) => false,
     }
 }
 
@@ -609,9 +609,9 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
         prop_assert_eq!(
             matches!(
                 from_memory,
-                RateLimitOutcome::Incompatible {
+                Err(RateLimitFailure::Incompatible {
                     category: IncompatibleCategory::CostExceedsMaximum
-                }
+                })
             ),
             cost_out_of_range,
             "step {}: cost {} against maximum {:?} gave {:?}",
@@ -794,13 +794,11 @@ fn fixed_decision(
     reset: u64,
     replayed: bool,
 ) -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
+    Ok(SetDecision::single(RateLimitDecision {
         allowed,
-        limit: 2,
         remaining,
-        retry_after: millis(retry),
-        reset_after: millis(reset),
-        certainty: Certainty::Certain,
+        retry_after_ms: retry,
+        reset_after_ms: reset,
         replayed,
     }))
 }
@@ -830,11 +828,12 @@ fn check_pinned(steps: &[(ClockMove, u64, usize, RateLimitOutcome)]) {
     let subject = subject(0);
     runtime().block_on(async {
         let pair = Pair::new(&[pinned_policy()]);
-        for (index, &(clock, cost, id, want)) in steps.iter().enumerate() {
-            pair.move_clocks(clock);
-            let (from_memory, from_redis) = pair.evaluate(&subject, 0, cost, numbered_id(id)).await;
+        for (index, (clock, cost, id, want)) in steps.iter().enumerate() {
+            pair.move_clocks(*clock);
+            let (from_memory, from_redis) =
+                pair.evaluate(&subject, 0, *cost, numbered_id(*id)).await;
             assert!(
-                from_memory == want && from_redis == want,
+                from_memory == *want && from_redis == *want,
                 "step {index}: docs/algorithms.md wants {want:?}\n  memory gave {from_memory:?}\n  \
                  redis gave {from_redis:?}"
             );
@@ -900,13 +899,11 @@ fn a_release_leaves_expired_leases_for_a_lagging_clock() {
     .build()
     .expect("a valid policy");
     let decided = |allowed: bool, retry: u64| {
-        RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
+        Ok(SetDecision::single(RateLimitDecision {
             allowed,
-            limit: 1,
             remaining: 0,
-            retry_after: millis(retry),
-            reset_after: millis(0),
-            certainty: Certainty::Certain,
+            retry_after_ms: retry,
+            reset_after_ms: 0,
             replayed: false,
         }))
     };

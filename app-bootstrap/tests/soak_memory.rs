@@ -169,7 +169,8 @@ fn request(
 #[tokio::test]
 async fn expired_subjects_are_reclaimed_by_the_traffic_that_follows() {
     use shared_contract::{
-        Algorithm, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, ManualClock, RateLimitPolicy,
+        Algorithm, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, ManualClock, RateLimitOutcomeExt,
+        RateLimitPolicy,
     };
     let clock = ManualClock::new(1_800_000_000_000);
     let policy = RateLimitPolicy::builder(
@@ -194,7 +195,7 @@ async fn expired_subjects_are_reclaimed_by_the_traffic_that_follows() {
 
     clock.advance(PAST_EXPIRY);
     for n in 0..4_000 {
-        adapter.evaluate(request(&clock, SUBJECTS + n % 2_000)).await;
+        let _ = adapter.evaluate(request(&clock, SUBJECTS + n % 2_000)).await;
     }
     let (live, live_bytes) = (store.live_entries(), store.stored_bytes());
     eprintln!(

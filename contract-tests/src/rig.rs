@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use shared_contract::{
     Algorithm, Certainty, Clock, EdgeRateLimitPort, EvaluationId, ManualClock, OperationDigest,
-    PolicyId, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
-    RateLimitPolicyBuilder, RateLimitRequest, SetDecision, SubjectDigest,
+    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
+    RateLimitPolicy, RateLimitPolicyBuilder, RateLimitRequest, SetDecision, SubjectDigest,
 };
 
 use crate::factory::ProviderFactory;
@@ -182,11 +182,9 @@ impl CheckPolicy {
     ) -> RateLimitDecision {
         RateLimitDecision {
             allowed,
-            limit: self.0.limit(),
             remaining,
-            retry_after: ms(retry_ms),
-            reset_after: ms(reset_ms),
-            certainty: self.certainty(),
+            retry_after_ms: retry_ms,
+            reset_after_ms: reset_ms,
             replayed: false,
         }
     }
@@ -360,10 +358,10 @@ impl<'f> Rig<'f> {
     ) -> RateLimitDecision {
         let outcome = self.ask(self.request(policy.id(), who, cost, EvaluationId::random())).await;
         match outcome {
-            RateLimitOutcome::Evaluated(set) => one_decision(&set),
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => panic!(
+            Ok(set) => one_decision(&set),
+            Err(RateLimitFailure::Unavailable { .. })
+            | Err(RateLimitFailure::Incompatible { .. })
+            | Err(RateLimitFailure::Indeterminate { .. }) => panic!(
                 "{who} cost {cost} under {} at {}: expected a decision, got {outcome:?}",
                 policy.id(),
                 self.now()
@@ -392,12 +390,18 @@ impl<'f> Rig<'f> {
 
 /// The outcome of a set of one policy: its decision decides.
 fn single(decision: RateLimitDecision) -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(SetDecision::single(decision))
+    Ok(SetDecision::single(decision))
 }
 
 /// The outcome of a set: `admitted`, with one decision per policy in order.
+/// A set admitted despite a denial holds that denial under a shadow policy.
 pub(crate) fn set_outcome(admitted: bool, decisions: &[RateLimitDecision]) -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(SetDecision::new(admitted, decisions))
+    let mode = |decision: &RateLimitDecision| {
+        if admitted && !decision.allowed { PolicyMode::Shadow } else { PolicyMode::Enforce }
+    };
+    let set = SetDecision::of_members(decisions.iter().map(|decision| (mode(decision), *decision)));
+    assert_eq!(set.allowed(), admitted, "an expected set admits as its members say");
+    Ok(set)
 }
 
 fn owned(policies: &[&CheckPolicy]) -> Vec<RateLimitPolicy> {
@@ -422,15 +426,11 @@ pub(crate) fn tally(outcomes: &[RateLimitOutcome]) -> (Vec<u64>, usize) {
     let mut denied = 0;
     for outcome in outcomes {
         match outcome {
-            RateLimitOutcome::Evaluated(set) if set.allowed() => {
+            Ok(set) if set.allowed() => {
                 remaining.push(one_decision(set).remaining);
             }
-            RateLimitOutcome::Evaluated(_) => denied += 1,
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => {
-                panic!("a concurrent evaluation got no decision: {outcome:?}")
-            }
+            Ok(_) => denied += 1,
+            Err(_) => panic!("a concurrent evaluation got no decision: {outcome:?}"),
         }
     }
     remaining.sort_unstable();
@@ -475,11 +475,11 @@ mod tests {
     }
 
     #[test]
-    fn expected_answers_name_limit_and_certainty_of_their_algorithm() {
+    fn expected_answers_carry_what_varies_and_their_policy_the_rest() {
         let fixed = CheckPolicy::new(fixed_window("fw", 3, 1000));
         let sliding = CheckPolicy::new(sliding_counter("sc", 10, 1000));
         let bucket = CheckPolicy::new(token_bucket("tb", 5, 1, 100));
-        let RateLimitOutcome::Evaluated(allowed) = fixed.allowed(2, 750) else {
+        let Ok(allowed) = fixed.allowed(2, 750) else {
             panic!("allowed() must build a decision");
         };
         let allowed = one_decision(&allowed);
@@ -487,27 +487,26 @@ mod tests {
             allowed,
             RateLimitDecision {
                 allowed: true,
-                limit: 3,
                 remaining: 2,
-                retry_after: Duration::ZERO,
-                reset_after: ms(750),
-                certainty: Certainty::Certain,
+                retry_after_ms: 0,
+                reset_after_ms: 750,
                 replayed: false,
             }
         );
-        let RateLimitOutcome::Evaluated(denied) = sliding.denied(0, 1, 750) else {
+        let Ok(denied) = sliding.denied(0, 1, 750) else {
             panic!("denied() must build a decision");
         };
         let denied = one_decision(&denied);
         assert!(!denied.allowed);
-        assert_eq!((denied.limit, denied.retry_after), (10, ms(1)));
-        assert_eq!(denied.certainty, Certainty::ApproximateAlgorithm);
-        let RateLimitOutcome::Evaluated(replayed) = bucket.replayed(4, 100) else {
+        assert_eq!(denied.retry_after_ms, 1);
+        assert_eq!(sliding.policy().limit(), 10);
+        assert_eq!(sliding.certainty(), Certainty::ApproximateAlgorithm);
+        let Ok(replayed) = bucket.replayed(4, 100) else {
             panic!("replayed() must build a decision");
         };
         let replayed = one_decision(&replayed);
         assert!(replayed.allowed && replayed.replayed);
-        assert_eq!((replayed.limit, replayed.certainty), (5, Certainty::Certain));
+        assert_eq!((bucket.policy().limit(), bucket.certainty()), (5, Certainty::Certain));
     }
 
     #[test]

@@ -17,10 +17,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, KeyRules, KeyState, Lease,
-    ManualClock, OperationDigest, PolicyId, PolicyScope, RateLimitOutcome, RateLimitPolicy,
-    RateLimitRequest, ReleaseOutcome, SetMember, SubjectDigest, UnavailableCategory, evaluate_set,
-    inspect_key,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation, KeyRules,
+    KeyState, Lease, ManualClock, OperationDigest, PolicyId, PolicyScope, RateLimitFailure,
+    RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    Releasing, SetMember, SubjectDigest, UnavailableCategory, evaluate_set, inspect_key,
 };
 
 // ---- The store: what a real backend gives you --------------------------
@@ -175,31 +175,18 @@ impl CasProvider {
         }
     }
 
-    /// A budget's policy slot and key; the scope check reads no state.
-    fn budget(&self, key: &BudgetKey) -> Result<(&Slot, String), BudgetFailure> {
-        let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
-        let operation = key.operation_for(&slot.policy)?;
-        Ok((slot, Self::key_of(&slot.policy, &key.subject, operation)))
-    }
-}
-
-#[async_trait]
-impl EdgeRateLimitPort for CasProvider {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+    /// The whole evaluation; nothing in it waits.
+    fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
         // Step 1 of docs/algorithms.md for the whole set reads no state.
-        let slots = match request.resolve(|id| self.policies.get(id), |slot| &slot.policy) {
-            Ok(slots) => slots,
-            Err(refusal) => return refusal,
-        };
+        let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
         // Step 2: a passed deadline reads no state either.
         if self.clock.monotonic() >= request.deadline {
-            return RateLimitOutcome::Unavailable {
+            return Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: FAILURE_RETRY_AFTER,
-            };
+            });
         }
-        let keys: Vec<String> =
-            slots.iter().map(|slot| Self::key(&slot.policy, &request)).collect();
+        let keys: Vec<String> = slots.iter().map(|slot| Self::key(&slot.policy, request)).collect();
         let now = self.clock.epoch_millis();
         loop {
             let loaded: Vec<_> = keys.iter().map(|key| self.store.get(key, now)).collect();
@@ -235,6 +222,22 @@ impl EdgeRateLimitPort for CasProvider {
         }
     }
 
+    /// A budget's policy slot and key; the scope check reads no state.
+    fn budget(&self, key: &BudgetKey) -> Result<(&Slot, String), BudgetFailure> {
+        let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
+        let operation = key.operation_for(&slot.policy)?;
+        Ok((slot, Self::key_of(&slot.policy, &key.subject, operation)))
+    }
+}
+
+#[async_trait]
+impl EdgeRateLimitPort for CasProvider {
+    /// Answered at once: nothing here waits. A backend over the network
+    /// answers `Evaluation::pending` with a future that owns what it needs.
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
+        Evaluation::ready(self.decide(&request))
+    }
+
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
         self.policies.get(id).map(|slot| &slot.policy)
     }
@@ -264,7 +267,7 @@ impl EdgeRateLimitPort for CasProvider {
     /// key, drop the lease from `KeyState::leases`, and compare-and-set the
     /// key at the version it was loaded at, keeping its expiry; on a
     /// conflict, load again.
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+    fn release(&self, lease: &Lease) -> Releasing {
         let now = self.clock.epoch_millis();
         let mut released = false;
         let slots = lease.policies.ids().iter().filter_map(|id| self.policies.get(id));
@@ -286,7 +289,7 @@ impl EdgeRateLimitPort for CasProvider {
                 }
             }
         }
-        if released { ReleaseOutcome::Released } else { ReleaseOutcome::NotHeld }
+        Releasing::ready(if released { ReleaseOutcome::Released } else { ReleaseOutcome::NotHeld })
     }
 }
 

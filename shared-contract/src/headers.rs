@@ -58,7 +58,11 @@ pub fn write_limit_item(
 ) {
     let remaining = (b";r=", decision.remaining);
     if resets {
-        item(text, policy_id, [remaining, (b";t=", whole_seconds_up(decision.reset_after))]);
+        item(
+            text,
+            policy_id,
+            [remaining, (b";t=", whole_seconds_up_millis(decision.reset_after_ms))],
+        );
     } else {
         item(text, policy_id, [remaining]);
     }
@@ -96,10 +100,14 @@ pub fn whole_seconds_up(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
 
+/// [`whole_seconds_up`] of a time in milliseconds, as decisions count.
+pub const fn whole_seconds_up_millis(millis: u64) -> u64 {
+    millis.div_ceil(1000)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Certainty;
 
     #[test]
     fn both_fields_list_their_items_in_order_with_rounded_up_seconds() {
@@ -137,11 +145,9 @@ mod tests {
         assert_eq!(text, br#""orders-burst";q=10;w=2, "exports";q=2, "b";q=5;w=1"#);
         let decision = RateLimitDecision {
             allowed: true,
-            limit: 10,
             remaining: u64::MAX,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::from_millis(1001),
-            certainty: Certainty::Certain,
+            retry_after_ms: 0,
+            reset_after_ms: 1001,
             replayed: false,
         };
         let mut text = Vec::new();

@@ -38,8 +38,8 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
 pub use headers::{
-    SF_INTEGER_MAX, quota_window, whole_seconds_up, write_limit_field, write_limit_item,
-    write_policy_field,
+    SF_INTEGER_MAX, quota_window, whole_seconds_up, whole_seconds_up_millis, write_limit_field,
+    write_limit_item, write_policy_field,
 };
 pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
 pub use log_throttle::{LOG_LINE_EVERY, LogThrottle};
@@ -48,13 +48,14 @@ pub use name::{
 };
 pub use outcome::{
     Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory,
-    RateLimitDecision, RateLimitOutcome, SetDecision, UnavailableCategory,
+    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, SetDecision,
+    UnavailableCategory,
 };
 pub use policy::{
     FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL,
     MAX_PERIOD, PolicyId, PolicyMode, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder, millis,
 };
-pub use port::EdgeRateLimitPort;
+pub use port::{EdgeRateLimitPort, Evaluation, PortAnswer, Releasing};
 pub use request::{
     EvaluationId, MAX_POLICY_SET, OperationDigest, PolicySet, RateLimitRequest, SetEntries,
 };

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use crate::policy::PolicyMode;
 use crate::request::MAX_POLICY_SET;
 
 /// Whether a decision is exact or an algorithm's estimate.
@@ -14,41 +15,26 @@ pub enum Certainty {
     ApproximateAlgorithm,
 }
 
-/// What one policy of a set decided.
+/// What one policy of a set decided: only what varies per decision. The
+/// policy's limit and certainty are the policy's
+/// ([`crate::RateLimitPolicy::limit`], [`crate::Algorithm::certainty`]),
+/// and times stay in the milliseconds the step counts in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitDecision {
+    /// Units left after this decision (after the charge when charged).
+    pub remaining: u64,
+    /// Zero when allowed; at least 1 when denied: the milliseconds after
+    /// which the same request would pass if no other traffic came.
+    pub retry_after_ms: u64,
+    /// Milliseconds until the budget is whole again (window end, or full
+    /// bucket).
+    pub reset_after_ms: u64,
     /// Whether this policy allows the request. It was charged only when the
     /// set admitted the request too ([`SetDecision::allowed`]).
     pub allowed: bool,
-    /// The policy's limit or capacity.
-    pub limit: u64,
-    /// Units left after this decision (after the charge when charged).
-    pub remaining: u64,
-    /// Zero when allowed; at least 1 ms when denied: the wait after which
-    /// the same request would pass if no other traffic came.
-    pub retry_after: Duration,
-    /// Time until the budget is whole again (window end, or full bucket).
-    pub reset_after: Duration,
-    /// Exact or approximate.
-    pub certainty: Certainty,
     /// True when this answer was replayed from a dedupe record and nothing
     /// was charged.
     pub replayed: bool,
-}
-
-impl RateLimitDecision {
-    /// A zeroed denial that fills the slots of a fixed array a set does not
-    /// use (a set's decisions are kept inline, without allocating); never
-    /// reported as anyone's decision.
-    pub const UNUSED: Self = Self {
-        allowed: false,
-        limit: 0,
-        remaining: 0,
-        retry_after: Duration::ZERO,
-        reset_after: Duration::ZERO,
-        certainty: Certainty::Certain,
-        replayed: false,
-    };
 }
 
 /// Where the decisions of a set came from. One value, not a flag per
@@ -84,19 +70,29 @@ impl DecisionSource {
 
 crate::impl_from_str_by_name!(DecisionSource);
 
-/// The decisions of a policy set: one per policy, in the set's order, and
-/// whether the request is admitted (every enforced policy allows it). A
-/// fixed inline array, so an outcome is `Copy` and never allocates.
+/// The decisions of a set: the one of a set of one inline, those of a
+/// larger set in one allocation of exactly their number.
+#[derive(Clone, PartialEq, Eq)]
+enum Decisions {
+    One(RateLimitDecision),
+    Many(Box<[RateLimitDecision]>),
+}
+
+/// The decisions of a policy set: one per member, in the set's order, and
+/// whether the request is admitted. Made only from the members' own
+/// decisions and modes ([`Self::of_members`]), so the admission always
+/// agrees with them: a set is admitted when one of its decisions is a
+/// replay (a replay answers the whole set as it was first admitted) or
+/// when every enforced member allows. A set of one needs no allocation.
 ///
 /// Equality compares the answer, not where it came from: a decision a
 /// provider answered from a local cache ([`Self::cached`]) equals the one
 /// its store would have given.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct SetDecision {
+    decisions: Decisions,
     allowed: bool,
-    len: u8,
     source: DecisionSource,
-    decisions: [RateLimitDecision; MAX_POLICY_SET],
 }
 
 impl PartialEq for SetDecision {
@@ -108,15 +104,60 @@ impl PartialEq for SetDecision {
 impl Eq for SetDecision {}
 
 impl SetDecision {
-    /// The set's answer: `allowed` when every enforced policy allows, and
-    /// one decision per policy in the set's order. At most
-    /// [`MAX_POLICY_SET`] decisions are kept (a `PolicySet` holds no more).
-    pub fn new(allowed: bool, decisions: &[RateLimitDecision]) -> Self {
-        debug_assert!(decisions.len() <= MAX_POLICY_SET, "a policy set holds at most 8");
-        let mut held = [RateLimitDecision::UNUSED; MAX_POLICY_SET];
-        let len = decisions.len().min(MAX_POLICY_SET);
-        held[..len].copy_from_slice(&decisions[..len]);
-        Self { allowed, len: len as u8, source: DecisionSource::Store, decisions: held }
+    /// The set's answer from its members' decisions, each with its
+    /// policy's mode, in the set's order (at most [`MAX_POLICY_SET`]; a
+    /// `PolicySet` holds no more). A set with no member is refused.
+    pub fn of_members(members: impl IntoIterator<Item = (PolicyMode, RateLimitDecision)>) -> Self {
+        let mut members = members.into_iter();
+        let mut replayed = false;
+        let mut enforced_allow = true;
+        let mut count = |(mode, decision): (PolicyMode, RateLimitDecision)| {
+            replayed |= decision.replayed;
+            enforced_allow &= decision.allowed || mode == PolicyMode::Shadow;
+            decision
+        };
+        let Some(first) = members.next().map(&mut count) else {
+            let decisions = Decisions::Many(Box::default());
+            return Self { decisions, allowed: false, source: DecisionSource::Store };
+        };
+        // A set of one, the common case, stays inline; a larger one takes
+        // one allocation of its exact length (the iterators providers pass
+        // know it).
+        let decisions = match members.next().map(&mut count) {
+            None => Decisions::One(first),
+            Some(second) => {
+                let mut many = Vec::with_capacity(2 + members.size_hint().0);
+                many.extend([first, second]);
+                many.extend(members.take(MAX_POLICY_SET - 2).map(&mut count));
+                Decisions::Many(many.into_boxed_slice())
+            }
+        };
+        Self { decisions, allowed: replayed || enforced_allow, source: DecisionSource::Store }
+    }
+
+    /// The answer of a set of one enforced policy (its decision decides).
+    pub fn single(decision: RateLimitDecision) -> Self {
+        Self::of_members([(PolicyMode::Enforce, decision)])
+    }
+
+    /// The same answer `elapsed_ms` later, with nothing charged since: each
+    /// wait shorter by it, a denial's still at least 1 ms.
+    #[must_use]
+    pub fn aged(&self, elapsed_ms: u64) -> Self {
+        let age = |decision: &RateLimitDecision| RateLimitDecision {
+            retry_after_ms: if decision.allowed {
+                decision.retry_after_ms
+            } else {
+                decision.retry_after_ms.saturating_sub(elapsed_ms).max(1)
+            },
+            reset_after_ms: decision.reset_after_ms.saturating_sub(elapsed_ms),
+            ..*decision
+        };
+        let decisions = match &self.decisions {
+            Decisions::One(one) => Decisions::One(age(one)),
+            Decisions::Many(many) => Decisions::Many(many.iter().map(age).collect()),
+        };
+        Self { decisions, ..*self }
     }
 
     /// The same answer, marked as given by a provider's local cache without
@@ -146,11 +187,6 @@ impl SetDecision {
         self.source == DecisionSource::LocalCache
     }
 
-    /// The answer of a set of one policy (its decision decides).
-    pub fn single(decision: RateLimitDecision) -> Self {
-        Self::new(decision.allowed, &[decision])
-    }
-
     /// Whether the request is admitted and every allowing policy charged.
     pub fn allowed(&self) -> bool {
         self.allowed
@@ -158,7 +194,10 @@ impl SetDecision {
 
     /// One decision per policy, in the set's order.
     pub fn decisions(&self) -> &[RateLimitDecision] {
-        &self.decisions[..usize::from(self.len)]
+        match &self.decisions {
+            Decisions::One(one) => std::slice::from_ref(one),
+            Decisions::Many(many) => many,
+        }
     }
 
     /// True when the answer came from dedupe records and nothing was
@@ -208,16 +247,10 @@ pub enum IncompatibleCategory {
 /// default the edge and every provider share.
 pub const DEFAULT_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// The answer of [`crate::EdgeRateLimitPort::evaluate`]. Every variant but an
-/// allowed `Evaluated` means the request must not pass (fail-closed).
+/// Why a provider made no decision. Every failure means the request must
+/// not pass (fail-closed), unless its whole set is shadow.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "moved once per request; inline decisions keep it Copy and free of allocation"
-)]
-pub enum RateLimitOutcome {
-    /// The set's decisions, admitted or refused.
-    Evaluated(SetDecision),
+pub enum RateLimitFailure {
     /// No decision, and provably nothing consumed.
     Unavailable {
         /// Why.
@@ -238,26 +271,20 @@ pub enum RateLimitOutcome {
     },
 }
 
-impl RateLimitOutcome {
-    /// True only for an allowed decision.
-    pub fn is_allowed(&self) -> bool {
-        matches!(self, Self::Evaluated(decision) if decision.allowed())
-    }
-
-    /// A kebab-case name of the outcome for metrics labels and problem
-    /// types: `allowed`, `denied`, or the failure category.
-    pub fn category_name(&self) -> &'static str {
+impl RateLimitFailure {
+    /// The failure's kebab-case name for metrics labels and problem types:
+    /// its category, or `indeterminate`.
+    pub const fn category_name(&self) -> &'static str {
         match self {
-            Self::Evaluated(decision) if decision.allowed() => "allowed",
-            Self::Evaluated(_) => "denied",
             Self::Unavailable { category, .. } => category.name(),
             Self::Incompatible { category } => category.name(),
             Self::Indeterminate { .. } => "indeterminate",
         }
     }
 
-    /// Every name [`Self::category_name`] can return, each once.
-    pub fn category_names() -> impl Iterator<Item = &'static str> {
+    /// Every name [`RateLimitOutcomeExt::category_name`] can return, each
+    /// once: `allowed`, `denied`, then every failure's.
+    pub fn outcome_names() -> impl Iterator<Item = &'static str> {
         let unavailable = UnavailableCategory::ALL.into_iter().map(UnavailableCategory::name);
         let incompatible = IncompatibleCategory::ALL.into_iter().map(IncompatibleCategory::name);
         ["allowed", "denied"]
@@ -265,6 +292,36 @@ impl RateLimitOutcome {
             .chain(unavailable)
             .chain(["indeterminate"])
             .chain(incompatible)
+    }
+}
+
+/// The answer of [`crate::EdgeRateLimitPort::evaluate`]: the set's
+/// decisions, admitted or refused, or why there are none. Only an allowed
+/// decision lets a request through.
+pub type RateLimitOutcome = Result<SetDecision, RateLimitFailure>;
+
+/// What a front asks of a [`RateLimitOutcome`].
+pub trait RateLimitOutcomeExt {
+    /// True only for an allowed decision.
+    fn is_allowed(&self) -> bool;
+
+    /// A kebab-case name of the outcome for metrics labels and problem
+    /// types: `allowed`, `denied`, or the failure category
+    /// ([`RateLimitFailure::outcome_names`] lists them).
+    fn category_name(&self) -> &'static str;
+}
+
+impl RateLimitOutcomeExt for RateLimitOutcome {
+    fn is_allowed(&self) -> bool {
+        self.as_ref().is_ok_and(SetDecision::allowed)
+    }
+
+    fn category_name(&self) -> &'static str {
+        match self {
+            Ok(decision) if decision.allowed() => "allowed",
+            Ok(_) => "denied",
+            Err(failure) => failure.category_name(),
+        }
     }
 }
 
@@ -310,41 +367,41 @@ mod tests {
 
     fn decision(allowed: bool) -> RateLimitDecision {
         RateLimitDecision {
-            allowed,
-            limit: 1,
             remaining: 0,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::ZERO,
-            certainty: Certainty::Certain,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+            allowed,
             replayed: false,
         }
     }
 
+    fn failure_outcome(failure: RateLimitFailure) -> RateLimitOutcome {
+        Err(failure)
+    }
+
     #[test]
     fn only_an_allowed_decision_admits() {
-        assert!(RateLimitOutcome::Evaluated(SetDecision::single(decision(true))).is_allowed());
-        assert!(!RateLimitOutcome::Evaluated(SetDecision::single(decision(false))).is_allowed());
+        assert!(Ok(SetDecision::single(decision(true))).is_allowed());
+        assert!(!Ok(SetDecision::single(decision(false))).is_allowed());
         let failures = [
-            RateLimitOutcome::Unavailable {
+            RateLimitFailure::Unavailable {
                 category: UnavailableCategory::ClockUnsafe,
                 retry_after: Duration::ZERO,
             },
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy },
-            RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO },
+            RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy },
+            RateLimitFailure::Indeterminate { retry_after: Duration::ZERO },
         ];
-        for outcome in failures {
-            assert!(!outcome.is_allowed());
+        for failure in failures {
+            assert!(!failure_outcome(failure).is_allowed());
         }
     }
 
     #[test]
     fn category_names_are_kebab_case() {
+        assert_eq!(Ok(SetDecision::single(decision(false))).category_name(), "denied");
         assert_eq!(
-            RateLimitOutcome::Evaluated(SetDecision::single(decision(false))).category_name(),
-            "denied"
-        );
-        assert_eq!(
-            RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO }.category_name(),
+            failure_outcome(RateLimitFailure::Indeterminate { retry_after: Duration::ZERO })
+                .category_name(),
             "indeterminate"
         );
         assert_eq!(UnavailableCategory::UnavailableBeforeSend.name(), "unavailable-before-send");
@@ -413,30 +470,30 @@ mod tests {
     #[test]
     fn category_names_hold_every_outcome_once() {
         let mut outcomes = vec![
-            RateLimitOutcome::Evaluated(SetDecision::single(decision(true))),
-            RateLimitOutcome::Evaluated(SetDecision::single(decision(false))),
-            RateLimitOutcome::Indeterminate { retry_after: Duration::ZERO },
+            Ok(SetDecision::single(decision(true))),
+            Ok(SetDecision::single(decision(false))),
+            Err(RateLimitFailure::Indeterminate { retry_after: Duration::ZERO }),
         ];
         outcomes.extend(chain(after_unavailable).into_iter().map(|category| {
-            RateLimitOutcome::Unavailable { category, retry_after: Duration::ZERO }
+            Err(RateLimitFailure::Unavailable { category, retry_after: Duration::ZERO })
         }));
         outcomes.extend(
             chain(after_incompatible)
                 .into_iter()
-                .map(|category| RateLimitOutcome::Incompatible { category }),
+                .map(|category| Err(RateLimitFailure::Incompatible { category })),
         );
-        // Exhaustive over the outcome variants: a new one must be added above.
+        // Exhaustive over the failure variants: a new one must be added above.
         for outcome in &outcomes {
             match outcome {
-                RateLimitOutcome::Evaluated(_)
-                | RateLimitOutcome::Unavailable { .. }
-                | RateLimitOutcome::Incompatible { .. }
-                | RateLimitOutcome::Indeterminate { .. } => {}
+                Ok(_)
+                | Err(RateLimitFailure::Unavailable { .. })
+                | Err(RateLimitFailure::Incompatible { .. })
+                | Err(RateLimitFailure::Indeterminate { .. }) => {}
             }
         }
         let mut from_outcomes: Vec<_> =
-            outcomes.iter().map(RateLimitOutcome::category_name).collect();
-        let mut listed: Vec<_> = RateLimitOutcome::category_names().collect();
+            outcomes.iter().map(RateLimitOutcomeExt::category_name).collect();
+        let mut listed: Vec<_> = RateLimitFailure::outcome_names().collect();
         from_outcomes.sort_unstable();
         listed.sort_unstable();
         assert_eq!(from_outcomes, listed);
@@ -445,26 +502,58 @@ mod tests {
     }
 
     #[test]
-    fn a_set_is_admitted_as_its_provider_says_and_keeps_every_decision_in_order() {
+    fn a_set_is_admitted_by_its_members_and_keeps_every_decision_in_order() {
+        use PolicyMode::{Enforce, Shadow};
         let allow = decision(true);
-        let deny = RateLimitDecision { retry_after: Duration::from_millis(5), ..decision(false) };
-        let set = SetDecision::new(false, &[allow, deny]);
+        let deny = RateLimitDecision { retry_after_ms: 5, ..decision(false) };
+        let set = SetDecision::of_members([(Enforce, allow), (Enforce, deny)]);
         assert!(!set.allowed());
         assert_eq!(set.decisions(), [allow, deny]);
         assert!(!set.replayed() && !set.cached());
+        // A shadow member's denial does not refuse the set.
+        assert!(SetDecision::of_members([(Enforce, allow), (Shadow, deny)]).allowed());
+        // Nor does anything when a member replays: the set was admitted.
+        let replay = RateLimitDecision { replayed: true, ..allow };
+        assert!(SetDecision::of_members([(Enforce, replay), (Enforce, deny)]).allowed());
+        // An empty set is never admitted.
+        assert!(!SetDecision::of_members([]).allowed());
         // Where an answer came from is not part of it.
-        assert!(set.from_cache().cached());
-        assert_eq!(set.from_cache(), set);
+        assert!(set.clone().from_cache().cached());
+        assert_eq!(set.clone().from_cache(), set);
         assert_eq!(set.source(), DecisionSource::Store);
-        let degraded = set.from_degraded();
+        let degraded = set.clone().from_degraded();
         assert_eq!(degraded.source(), DecisionSource::Degraded);
         assert!(!degraded.cached(), "a degraded answer is not the denial cache's");
         assert_eq!(degraded, set);
-        let replayed = SetDecision::new(true, &[RateLimitDecision { replayed: true, ..allow }]);
+        let replayed = SetDecision::single(replay);
         assert!(replayed.replayed() && replayed.allowed());
         assert!(
             SetDecision::single(deny).decisions()[0] == deny
                 && !SetDecision::single(deny).allowed()
         );
+    }
+
+    #[test]
+    fn an_aged_answer_waits_less_and_a_denial_at_least_a_millisecond() {
+        let deny =
+            RateLimitDecision { retry_after_ms: 300, reset_after_ms: 900, ..decision(false) };
+        let allow = RateLimitDecision { reset_after_ms: 200, ..decision(true) };
+        let set =
+            SetDecision::of_members([(PolicyMode::Enforce, deny), (PolicyMode::Shadow, allow)])
+                .from_cache();
+        let aged = set.aged(250);
+        assert_eq!(
+            aged.decisions()[0],
+            RateLimitDecision { retry_after_ms: 50, reset_after_ms: 650, ..deny }
+        );
+        assert_eq!(aged.decisions()[1], RateLimitDecision { reset_after_ms: 0, ..allow });
+        assert_eq!(set.aged(1_000).decisions()[0].retry_after_ms, 1);
+        assert!(aged.cached() && !aged.allowed());
+    }
+
+    #[test]
+    fn a_decision_and_its_outcome_are_small() {
+        assert!(size_of::<SetDecision>() <= 64, "{}", size_of::<SetDecision>());
+        assert!(size_of::<RateLimitOutcome>() <= 64, "{}", size_of::<RateLimitOutcome>());
     }
 }

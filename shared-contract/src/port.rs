@@ -1,6 +1,9 @@
 //! `EdgeRateLimitPort`: the one trait every provider implements.
 
-use std::fmt::Debug;
+use std::fmt::{self, Debug};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 
@@ -10,12 +13,87 @@ use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
 
+/// A provider's answer to one call: there at once, or a future that waits
+/// for it. A ready one costs no allocation and no poll: a front takes it
+/// with [`Self::into_ready`]. A waiting one is boxed, and owns what it
+/// needs (`'static`): the HTTP front's response future must be `'static`,
+/// and one borrowing the provider could only be made inside a boxed future
+/// that owns the provider's handle, for every request, the cost this type
+/// exists to avoid. A provider keeps what its waiting path needs in an
+/// `Arc` and clones it there.
+///
+/// Awaiting it gives the answer either way.
+#[must_use = "a port answer does nothing unless taken or awaited"]
+pub struct PortAnswer<T>(Answer<T>);
+
+enum Answer<T> {
+    /// `None` once taken by a poll.
+    Ready(Option<T>),
+    Waiting(Pin<Box<dyn Future<Output = T> + Send>>),
+}
+
+/// What [`EdgeRateLimitPort::evaluate`] answers.
+pub type Evaluation = PortAnswer<RateLimitOutcome>;
+
+/// What [`EdgeRateLimitPort::release`] answers.
+pub type Releasing = PortAnswer<ReleaseOutcome>;
+
+impl<T> PortAnswer<T> {
+    /// An answer there at once.
+    pub const fn ready(answer: T) -> Self {
+        Self(Answer::Ready(Some(answer)))
+    }
+
+    /// An answer `future` waits for (boxed here).
+    pub fn pending(future: impl Future<Output = T> + Send + 'static) -> Self {
+        Self(Answer::Waiting(Box::pin(future)))
+    }
+
+    /// The answer when it is there at once, without polling; else the
+    /// waiting answer, to await.
+    ///
+    /// # Errors
+    /// The waiting answer itself, when there is none yet.
+    pub fn into_ready(self) -> Result<T, Self> {
+        match self.0 {
+            Answer::Ready(Some(answer)) => Ok(answer),
+            waiting @ (Answer::Ready(None) | Answer::Waiting(_)) => Err(Self(waiting)),
+        }
+    }
+}
+
+impl<T: Unpin> Future for PortAnswer<T> {
+    type Output = T;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
+        match &mut self.get_mut().0 {
+            Answer::Ready(answer) => {
+                Poll::Ready(answer.take().expect("a port answer polled after it completed"))
+            }
+            Answer::Waiting(future) => future.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for PortAnswer<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.0 {
+            Answer::Ready(Some(_)) => "ready",
+            Answer::Ready(None) => "taken",
+            Answer::Waiting(_) => "waiting",
+        };
+        f.debug_tuple("PortAnswer").field(&state).finish()
+    }
+}
+
 /// A rate-limit provider, used as `Arc<dyn EdgeRateLimitPort>`.
 ///
 /// The contract every implementation keeps (the `contract-tests` crate
 /// checks it):
-/// - `evaluate` MUST NOT panic and has no error type: every failure is a
-///   typed [`RateLimitOutcome`].
+/// - `evaluate` MUST NOT panic; every failure is a typed
+///   [`crate::RateLimitFailure`]. An answer it has without waiting it
+///   gives as [`PortAnswer::ready`]; a [`PortAnswer::pending`] one does
+///   nothing until first polled.
 /// - It MUST answer `Incompatible(UnknownPolicy)` for a policy it does not
 ///   hold and `Incompatible(CostExceedsMaximum)` for cost 0 or above the
 ///   policy's maximum, without reading or touching any state.
@@ -32,7 +110,7 @@ use crate::request::RateLimitRequest;
 #[async_trait]
 pub trait EdgeRateLimitPort: Send + Sync + Debug {
     /// Evaluates one request.
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome;
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation;
 
     /// The policy this provider holds under `id`, so the edge can describe
     /// it in response headers.
@@ -82,10 +160,11 @@ pub trait EdgeRateLimitPort: Send + Sync + Debug {
     ///   before, expired, never taken, or its policy removed or
     ///   re-revisioned by a reload) answers [`ReleaseOutcome::NotHeld`] and
     ///   changes nothing; `Released` means a slot was freed now.
-    /// - It MUST NOT panic and has no error type: a store that does not
+    /// - It MUST NOT panic and has no error type, and answers at once
+    ///   ([`PortAnswer::ready`]) when it need not wait: a store that does not
     ///   answer is [`ReleaseOutcome::Unavailable`] when provably nothing
     ///   ran and [`ReleaseOutcome::Indeterminate`] when the removal may or
     ///   may not have happened (releasing again is safe). A lease whose
     ///   release failed expires at its `lease-ttl`.
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome;
+    fn release(&self, lease: &Lease) -> Releasing;
 }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use uuid::Uuid;
 
 use crate::error::ContractError;
-use crate::outcome::{IncompatibleCategory, RateLimitOutcome};
+use crate::outcome::{IncompatibleCategory, RateLimitFailure};
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::subject::SubjectDigest;
 
@@ -161,25 +161,21 @@ impl RateLimitRequest {
     /// in 1 ..= each policy's maximum (a concurrency policy has none:
     /// [`RateLimitPolicy::admits_cost`]). The entries come back in the set's
     /// order; the refusal is the outcome to answer, unknown policies first.
-    #[allow(
-        clippy::result_large_err,
-        reason = "the refusal is the outcome the provider returns as is"
-    )]
     pub fn resolve<'p, T>(
         &self,
         lookup: impl Fn(&PolicyId) -> Option<&'p T>,
         policy_of: impl Fn(&T) -> &RateLimitPolicy,
-    ) -> Result<SetEntries<'p, T>, RateLimitOutcome> {
+    ) -> Result<SetEntries<'p, T>, RateLimitFailure> {
         let mut entries = [None; MAX_POLICY_SET];
         for (slot, id) in entries.iter_mut().zip(self.policies.ids()) {
-            *slot = Some(lookup(id).ok_or(RateLimitOutcome::Incompatible {
+            *slot = Some(lookup(id).ok_or(RateLimitFailure::Incompatible {
                 category: IncompatibleCategory::UnknownPolicy,
             })?);
         }
         let entries = SetEntries { entries, len: self.policies.len().min(MAX_POLICY_SET) };
         let fits = |entry: &&T| policy_of(entry).admits_cost(self.cost);
         if !entries.iter().all(|entry| fits(&entry)) {
-            return Err(RateLimitOutcome::Incompatible {
+            return Err(RateLimitFailure::Incompatible {
                 category: IncompatibleCategory::CostExceedsMaximum,
             });
         }

@@ -21,8 +21,8 @@ pub use records::{DedupRecord, DedupRecords};
 use crate::algorithm::{Algorithm, AlgorithmState, Charge, Run, StateMismatch, Step};
 use crate::budget::{BudgetFailure, BudgetState};
 use crate::outcome::{
-    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitOutcome, SetDecision,
-    UnavailableCategory,
+    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
+    SetDecision, UnavailableCategory,
 };
 use crate::policy::{PolicyMode, RateLimitPolicy, millis};
 use crate::request::{EvaluationId, MAX_POLICY_SET};
@@ -78,13 +78,16 @@ impl KeyRules {
     fn decided(&self, step: &Step<AlgorithmState>, replayed: bool) -> RateLimitDecision {
         RateLimitDecision {
             allowed: step.allowed,
-            limit: self.algorithm.limit(),
             remaining: step.remaining,
-            retry_after: Duration::from_millis(step.retry_after),
-            reset_after: Duration::from_millis(step.reset_after),
-            certainty: self.certainty,
+            retry_after_ms: step.retry_after,
+            reset_after_ms: step.reset_after,
             replayed,
         }
+    }
+
+    /// The policy's mode, which decides whether its denial refuses the set.
+    pub fn mode(&self) -> PolicyMode {
+        self.mode
     }
 
     /// Whether the policy is a concurrency policy, whose admitted requests
@@ -113,11 +116,9 @@ impl KeyRules {
         leases.find_live(evaluation_id, t)?;
         Some(RateLimitDecision {
             allowed: true,
-            limit: self.algorithm.limit(),
             remaining: self.algorithm.limit().saturating_sub(leases.live(t)),
-            retry_after: Duration::ZERO,
-            reset_after: Duration::ZERO,
-            certainty: self.certainty,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
             replayed: true,
         })
     }
@@ -125,11 +126,9 @@ impl KeyRules {
     fn replayed(&self, record: &DedupRecord) -> RateLimitDecision {
         RateLimitDecision {
             allowed: true,
-            limit: self.algorithm.limit(),
             remaining: record.remaining,
-            retry_after: Duration::ZERO,
-            reset_after: Duration::from_millis(record.reset_after),
-            certainty: self.certainty,
+            retry_after_ms: 0,
+            reset_after_ms: record.reset_after,
             replayed: true,
         }
     }
@@ -192,11 +191,7 @@ pub struct KeyWrite {
 
 /// What the step answers: the part of a [`RateLimitOutcome`] that depends on
 /// the keys' state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[allow(
-    clippy::large_enum_variant,
-    reason = "becomes the outcome at once; boxing would allocate per request"
-)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetVerdict {
     /// The set's decisions, admitted or refused (possibly replayed).
     Decided(SetDecision),
@@ -215,13 +210,14 @@ pub enum SetVerdict {
 impl From<SetVerdict> for RateLimitOutcome {
     fn from(verdict: SetVerdict) -> Self {
         match verdict {
-            SetVerdict::Decided(decision) => Self::Evaluated(decision),
-            SetVerdict::ClockUnsafe { retry_after } => {
-                Self::Unavailable { category: UnavailableCategory::ClockUnsafe, retry_after }
-            }
-            SetVerdict::StateMismatch => {
-                Self::Incompatible { category: IncompatibleCategory::StateIncompatible }
-            }
+            SetVerdict::Decided(decision) => Ok(decision),
+            SetVerdict::ClockUnsafe { retry_after } => Err(RateLimitFailure::Unavailable {
+                category: UnavailableCategory::ClockUnsafe,
+                retry_after,
+            }),
+            SetVerdict::StateMismatch => Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::StateIncompatible,
+            }),
         }
     }
 }
@@ -287,19 +283,19 @@ fn evaluate_members<const N: usize>(
         .iter()
         .zip(&times)
         .any(|(member, &t)| member.rules.replay(member.state.as_ref(), evaluation_id, t).is_some());
-    let mut decisions = [RateLimitDecision::UNUSED; N];
+    let mut decisions = [None; N];
     if replay {
         for ((member, &t), decision) in members.iter().zip(&times).zip(&mut decisions) {
             let rules = member.rules;
-            *decision = match rules.replay(member.state.as_ref(), evaluation_id, t) {
+            *decision = Some(match rules.replay(member.state.as_ref(), evaluation_id, t) {
                 Some(replayed) => replayed,
                 None => match run_member(member, t, cost, Charge::Spare) {
                     Ok(step) => rules.decided(&step, false),
                     Err(StateMismatch) => return SetVerdict::StateMismatch,
                 },
-            };
+            });
         }
-        return SetVerdict::Decided(SetDecision::new(true, &decisions[..members.len()]));
+        return SetVerdict::Decided(decided(members, &decisions));
     }
 
     // Step 5: every algorithm, charging; step 6: the set's verdict.
@@ -327,11 +323,31 @@ fn evaluate_members<const N: usize>(
         members.iter_mut().zip(&times).zip(&steps).zip(&mut decisions)
     {
         let Some(step) = step else { continue };
-        *decision = member.rules.decided(step, false);
+        *decision = Some(member.rules.decided(step, false));
         let charged = admitted && step.allowed;
         commit(member, now, t, step, charged, evaluation_id);
     }
-    SetVerdict::Decided(SetDecision::new(admitted, &decisions[..members.len()]))
+    SetVerdict::Decided(decided(members, &decisions))
+}
+
+/// The set's answer from each member's decision, in the set's order: the
+/// admission follows from them and the members' modes, as the step's
+/// verdict does ([`SetDecision::of_members`]). A member the step could
+/// not run (never, once its state matched) counts as a denial.
+fn decided(members: &[SetMember<'_>], decisions: &[Option<RateLimitDecision>]) -> SetDecision {
+    let undecided = RateLimitDecision {
+        remaining: 0,
+        retry_after_ms: 1,
+        reset_after_ms: 0,
+        allowed: false,
+        replayed: false,
+    };
+    SetDecision::of_members(
+        members
+            .iter()
+            .zip(decisions)
+            .map(|(member, decision)| (member.rules.mode, decision.unwrap_or(undecided))),
+    )
 }
 
 /// One member's algorithm over its loaded key at effective time `t`.
@@ -485,7 +501,7 @@ mod tests {
 
     fn decision(outcome: RateLimitOutcome) -> RateLimitDecision {
         match outcome {
-            RateLimitOutcome::Evaluated(set) => {
+            Ok(set) => {
                 assert_eq!(set.decisions().len(), 1, "one policy, one decision");
                 assert_eq!(
                     set.allowed(),
@@ -494,11 +510,7 @@ mod tests {
                 );
                 set.decisions()[0]
             }
-            other @ (RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. }) => {
-                panic!("expected a decision, got {other:?}")
-            }
+            Err(other) => panic!("expected a decision, got {other:?}"),
         }
     }
 
@@ -508,12 +520,12 @@ mod tests {
         // a 5 s ttl lives to T0 + 5250; slack G = max(300, 500) = 500.
         let with_dedup = rules(fixed(3), EvaluationDedupPolicy::enabled_defaults());
         let mut key = Key::default();
-        key.evaluate(&with_dedup, T0 + 250, 1, 1);
+        let _ = key.evaluate(&with_dedup, T0 + 250, 1, 1);
         assert_eq!(key.expires_at, T0 + 5250 + 500);
 
         let without = rules(fixed(3), EvaluationDedupPolicy::Disabled);
         let mut key = Key::default();
-        key.evaluate(&without, T0 + 250, 1, 1);
+        let _ = key.evaluate(&without, T0 + 250, 1, 1);
         assert_eq!(key.expires_at, T0 + 1000 + 500);
     }
 
@@ -521,20 +533,20 @@ mod tests {
     fn a_lagging_clock_inside_the_bound_uses_the_mark_and_beyond_it_is_clock_unsafe() {
         let rules = rules(fixed(5), EvaluationDedupPolicy::Disabled);
         let mut key = Key::default();
-        key.evaluate(&rules, T0 + 1200, 1, 1);
+        let _ = key.evaluate(&rules, T0 + 1200, 1, 1);
         // 400 ms behind (bound 500): evaluated at the mark, in window T0 + 1000.
         let inside = decision(key.evaluate(&rules, T0 + 800, 1, 2));
-        assert_eq!((inside.remaining, inside.reset_after), (3, Duration::from_millis(800)));
+        assert_eq!((inside.remaining, inside.reset_after_ms), (3, 800));
         assert_eq!(key.state.as_ref().map(|state| state.mark), Some(T0 + 1200));
         // 700 ms behind: 200 ms beyond the bound; nothing changes.
         let before = key.state.clone();
         let outcome = key.evaluate(&rules, T0 + 500, 1, 3);
         assert_eq!(
             outcome,
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::ClockUnsafe,
                 retry_after: Duration::from_millis(200),
-            }
+            })
         );
         assert_eq!(key.state, before);
     }
@@ -548,7 +560,10 @@ mod tests {
         let before = key.state.clone();
         let again = decision(key.evaluate(&rules, T0 + 900, 1, 77));
         assert!(again.replayed && again.allowed);
-        assert_eq!((again.remaining, again.reset_after), (first.remaining, first.reset_after));
+        assert_eq!(
+            (again.remaining, again.reset_after_ms),
+            (first.remaining, first.reset_after_ms)
+        );
         assert_eq!(key.state, before);
         assert_eq!(key.expires_at, expires_at);
     }
@@ -557,7 +572,7 @@ mod tests {
     fn a_denial_that_charges_nothing_writes_nothing() {
         let rules = rules(fixed(1), EvaluationDedupPolicy::enabled_defaults());
         let mut key = Key::default();
-        key.evaluate(&rules, T0 + 250, 1, 1);
+        let _ = key.evaluate(&rules, T0 + 250, 1, 1);
         let id = EvaluationId::from_uuid(uuid::Uuid::from_u128(2));
         let mut members = [SetMember::new(&rules, key.state.clone())];
         let verdict = evaluate_set(&mut members, T0 + 600, 1, id);
@@ -587,7 +602,7 @@ mod tests {
     #[test]
     fn dedupe_switched_off_drops_the_records_at_the_next_write() {
         let mut key = Key::default();
-        key.evaluate(&rules(fixed(3), EvaluationDedupPolicy::enabled_defaults()), T0, 1, 1);
+        let _ = key.evaluate(&rules(fixed(3), EvaluationDedupPolicy::enabled_defaults()), T0, 1, 1);
         assert_eq!(key.records(), 1);
         let off = rules(fixed(3), EvaluationDedupPolicy::Disabled);
         // The same id charges again, and the record no longer keeps the key alive.
@@ -606,12 +621,14 @@ mod tests {
             EvaluationDedupPolicy::Disabled,
         );
         let mut key = Key::default();
-        key.evaluate(&bucket, T0, 1, 1);
+        let _ = key.evaluate(&bucket, T0, 1, 1);
         let before = key.state.clone();
         let window = rules(fixed(3), EvaluationDedupPolicy::Disabled);
         assert_eq!(
             key.evaluate(&window, T0, 1, 2),
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+            Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::StateIncompatible
+            })
         );
         assert_eq!(key.state, before);
     }
@@ -638,8 +655,7 @@ mod tests {
         for (algorithm, certainty) in cases {
             assert_eq!(algorithm.certainty(), certainty, "{}", algorithm.name());
             let rules = rules(algorithm.clone(), EvaluationDedupPolicy::Disabled);
-            let decided = decision(Key::default().evaluate(&rules, T0, 1, 1));
-            assert_eq!(decided.certainty, certainty, "{}", algorithm.name());
+            assert_eq!(rules.certainty, certainty, "{}", algorithm.name());
         }
     }
 
@@ -649,14 +665,14 @@ mod tests {
         let fresh = inspect_key(&rules, None, T0 + 250).unwrap();
         assert_eq!((fresh.remaining, fresh.mark), (3, None));
         let mut key = Key::default();
-        key.evaluate(&rules, T0 + 600, 1, 1);
+        let _ = key.evaluate(&rules, T0 + 600, 1, 1);
         let before = key.state.clone();
         // 400 ms behind the mark: seen from the mark, as evaluate would.
         let seen = inspect_key(&rules, key.state.as_ref(), T0 + 200).unwrap();
         assert_eq!((seen.remaining, seen.reset_after), (2, Duration::from_millis(400)));
         assert_eq!((seen.retry_after, seen.mark), (Duration::ZERO, Some(T0 + 600)));
         assert_eq!(key.state, before, "inspect takes the state by reference");
-        key.evaluate(&rules, T0 + 600, 2, 2);
+        let _ = key.evaluate(&rules, T0 + 600, 2, 2);
         let empty = inspect_key(&rules, key.state.as_ref(), T0 + 700).unwrap();
         assert_eq!((empty.remaining, empty.retry_after), (0, Duration::from_millis(300)));
         let bucket = rules_of_bucket();
@@ -749,7 +765,7 @@ mod tests {
         assert!(!burst.allowed && sustained.allowed);
         // The sustained budget stands at 8, uncharged, and nothing was written.
         assert_eq!((burst.remaining, sustained.remaining), (0, 8));
-        assert_eq!(sustained.retry_after, Duration::ZERO);
+        assert_eq!(sustained.retry_after_ms, 0);
         assert_eq!(written, [false, false]);
         // The next window of the burst policy admits again, charging both.
         let next = set_decision(set.evaluate(T0 + 1000, 1, 4).0);
@@ -882,7 +898,7 @@ mod tests {
 
     fn only(set: SetDecision) -> (bool, u64, u64, u64, bool) {
         let d = set.decisions()[0];
-        (d.allowed, d.remaining, millis(d.retry_after), millis(d.reset_after), d.replayed)
+        (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms, d.replayed)
     }
 
     #[test]
@@ -959,7 +975,7 @@ mod tests {
         assert_eq!(written, [false, false], "no charge, no lease");
         let [rate, lease] = [refused.decisions()[0], refused.decisions()[1]];
         assert_eq!((rate.allowed, rate.remaining), (true, 9));
-        assert_eq!((lease.allowed, lease.remaining, millis(lease.retry_after)), (false, 0, 250));
+        assert_eq!((lease.allowed, lease.remaining, lease.retry_after_ms), (false, 0, 250));
         // Released, the next request takes the slot and the rate's 2nd unit.
         set.keys[1].state.as_mut().unwrap().leases.release(lease_id(1), T0 + 200);
         let admitted = set_decision(set.evaluate(T0 + 300, 1, 3).0);

@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, Lease, ManualClock, PolicyId,
-    PolicyMode, PolicyScope, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
+    BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, Evaluation, Lease, ManualClock,
+    PolicyId, PolicyMode, PolicyScope, RateLimitPolicy, RateLimitRequest, Releasing,
 };
 
 use super::*;
@@ -38,10 +38,10 @@ impl Counting {
 
 #[async_trait]
 impl EdgeRateLimitPort for Counting {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
         self.evaluations.fetch_add(1, Ordering::SeqCst);
         *self.deadline.lock().unwrap() = Some(request.deadline);
-        self.inner.evaluate(request).await
+        self.inner.evaluate(request)
     }
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
         self.inner.policy(id)
@@ -55,8 +55,8 @@ impl EdgeRateLimitPort for Counting {
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure> {
         self.inner.reset(key).await
     }
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
-        self.inner.release(lease).await
+    fn release(&self, lease: &Lease) -> Releasing {
+        self.inner.release(lease)
     }
 }
 

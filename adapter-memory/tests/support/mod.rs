@@ -8,8 +8,8 @@ use std::time::Duration;
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use shared_contract::{
     Algorithm, Clock, EvaluationDedupPolicy, EvaluationId, ManualClock, OperationDigest, PolicyId,
-    PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest,
+    PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitPolicy,
+    RateLimitRequest, SubjectDigest,
 };
 use uuid::Uuid;
 
@@ -76,15 +76,17 @@ pub(crate) fn adapter(policies: Vec<RateLimitPolicy>) -> (MemoryEdgeRateLimitAda
     (adapter, clock)
 }
 
-/// The decision of an `Evaluated` outcome; anything else fails the test.
+/// The decision of a decided outcome; anything else fails the test.
 pub(crate) fn decision(outcome: RateLimitOutcome) -> RateLimitDecision {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => match set.decisions() {
+        Ok(set) => match set.decisions() {
             [decision] => *decision,
             other => panic!("a set of one policy has one decision, got {other:?}"),
         },
-        other @ (RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. }) => panic!("expected a decision, got {other:?}"),
+        other @ (Err(RateLimitFailure::Unavailable { .. })
+        | Err(RateLimitFailure::Incompatible { .. })
+        | Err(RateLimitFailure::Indeterminate { .. })) => {
+            panic!("expected a decision, got {other:?}")
+        }
     }
 }

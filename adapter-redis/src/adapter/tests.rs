@@ -5,7 +5,8 @@ use std::sync::Mutex;
 use mockall::Sequence;
 use redis::Value;
 use shared_contract::{
-    EvaluationId, ManualClock, OperationDigest, PolicyScope, PolicySet, SubjectDigest,
+    EvaluationId, ManualClock, OperationDigest, PolicyScope, PolicySet, RateLimitOutcomeExt,
+    ReleaseOutcome, SubjectDigest,
 };
 
 use super::*;
@@ -107,18 +108,18 @@ const OFF: EvaluationDedupPolicy = EvaluationDedupPolicy::Disabled;
 const ON: EvaluationDedupPolicy = EvaluationDedupPolicy::enabled_defaults();
 
 fn before_send() -> RateLimitOutcome {
-    RateLimitOutcome::Unavailable {
+    Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::UnavailableBeforeSend,
         retry_after: Duration::from_secs(1),
-    }
+    })
 }
 
 fn state_incompatible() -> RateLimitOutcome {
-    RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible }
+    Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible })
 }
 
 fn indeterminate() -> RateLimitOutcome {
-    RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) }
+    Err(RateLimitFailure::Indeterminate { retry_after: Duration::from_secs(1) })
 }
 
 #[tokio::test]
@@ -133,36 +134,36 @@ async fn unknown_policy_oversized_cost_and_expired_deadline_never_reach_the_gate
             PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
         assert_eq!(
             adapter.evaluate(unknown).await,
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy }
+            Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })
         );
     }
     for cost in [0, 3] {
         assert_eq!(
             adapter.evaluate(request(now, cost, Duration::from_millis(750))).await,
-            RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum }
+            Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::CostExceedsMaximum
+            })
         );
     }
     let mut expired = request(now, 1, Duration::ZERO);
     expired.deadline = now;
     assert_eq!(
         adapter.evaluate(expired).await,
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::AdmissionRejected,
             retry_after: Duration::from_secs(1),
-        }
+        })
     );
 }
 
 #[tokio::test]
 async fn an_allowed_reply_becomes_a_certain_decision_and_the_digest_is_cached() {
     let adapter = adapter(gateway_answering(|| Ok(reply("allowed", &[[1, 2, 750, 0]])), 2), OFF);
-    let expected = RateLimitOutcome::Evaluated(SetDecision::single(RateLimitDecision {
+    let expected = Ok(SetDecision::single(RateLimitDecision {
         allowed: true,
-        limit: 3,
         remaining: 2,
-        retry_after: Duration::ZERO,
-        reset_after: Duration::from_millis(750),
-        certainty: Certainty::Certain,
+        retry_after_ms: 0,
+        reset_after_ms: 750,
         replayed: false,
     }));
     // Two evaluations, one SCRIPT LOAD (the mock allows exactly one).
@@ -173,12 +174,12 @@ async fn an_allowed_reply_becomes_a_certain_decision_and_the_digest_is_cached() 
 #[tokio::test]
 async fn a_denial_carries_at_least_one_millisecond_of_retry_after() {
     let adapter = adapter(gateway_answering(|| Ok(reply("denied", &[[0, 0, 750, 0]])), 1), OFF);
-    let RateLimitOutcome::Evaluated(set) = evaluate_once(&adapter, 1).await else {
+    let Ok(set) = evaluate_once(&adapter, 1).await else {
         panic!("expected a decision");
     };
     let decision = set.decisions()[0];
     assert!(!decision.allowed && !set.allowed());
-    assert_eq!(decision.retry_after, Duration::from_millis(1));
+    assert_eq!(decision.retry_after_ms, 1);
 }
 
 #[tokio::test]
@@ -213,7 +214,7 @@ async fn the_script_arguments_carry_caller_time_cost_bounds_and_evaluation_id() 
     let adapter = adapter(gateway, ON);
     let request = request(adapter.clock.monotonic(), 2, Duration::from_millis(750));
     let id = request.evaluation_id;
-    adapter.evaluate(request).await;
+    let _ = adapter.evaluate(request).await;
     let args = seen.lock().unwrap().clone();
     let text = |i: usize| String::from_utf8(args[i].clone()).unwrap();
     // now, cost, id; kind, regression, slack, dedupe ttl, capacity, limit, window
@@ -342,7 +343,7 @@ async fn with_dedupe_an_indeterminate_is_retried_once_with_the_same_evaluation_i
     let (gateway, seen) =
         failing_once(GatewayFailure::ConnectionLost, reply("allowed", &[[2, 2, 750, 0]]));
     let adapter = adapter(gateway, ON);
-    let RateLimitOutcome::Evaluated(set) = evaluate_once(&adapter, 1).await else {
+    let Ok(set) = evaluate_once(&adapter, 1).await else {
         panic!("expected the replayed decision");
     };
     assert!(set.allowed() && set.replayed());
@@ -382,10 +383,10 @@ async fn clock_unsafe_reply_is_unavailable_with_its_wait() {
     let adapter = adapter(gateway_answering(|| Ok(failure("clock_unsafe", 40)), 1), ON);
     assert_eq!(
         evaluate_once(&adapter, 1).await,
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::ClockUnsafe,
             retry_after: Duration::from_millis(40),
-        }
+        })
     );
 }
 
@@ -475,10 +476,10 @@ async fn no_lane_permit_before_the_deadline_is_admission_rejected() {
     let outcome = adapter.evaluate(request(clock.monotonic(), 1, Duration::from_millis(30))).await;
     assert_eq!(
         outcome,
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::AdmissionRejected,
             retry_after: Duration::from_secs(1),
-        }
+        })
     );
     holder.abort();
 }
@@ -562,17 +563,14 @@ async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answe
     request.policies =
         PolicySet::new(["api.test", "api.daily"].map(|policy| PolicyId::new(policy).unwrap()))
             .unwrap();
-    let RateLimitOutcome::Evaluated(set) = adapter.evaluate(request).await else {
+    let Ok(set) = adapter.evaluate(request).await else {
         panic!("expected decisions");
     };
     assert!(!set.allowed());
     let [window, bucket] = set.decisions() else { panic!("two decisions") };
-    assert_eq!(
-        (window.allowed, window.limit, window.retry_after),
-        (false, 3, Duration::from_millis(750))
-    );
-    assert_eq!((bucket.allowed, bucket.limit, bucket.remaining), (true, 100, 100));
-    assert_eq!(bucket.retry_after, Duration::ZERO);
+    assert_eq!((window.allowed, window.retry_after_ms), (false, 750));
+    assert_eq!((bucket.allowed, bucket.remaining), (true, 100));
+    assert_eq!(bucket.retry_after_ms, 0);
     // now, cost, id; the window's block; the shadow bucket's block ('b').
     let (now, id) = ((T0 + 250).to_string(), id.as_bytes().to_vec());
     let window_block = ["F", "1000", "1000", "0", "0", "3", "1000"];
@@ -613,7 +611,7 @@ async fn a_cost_above_any_maximum_of_the_set_never_reaches_the_gateway() {
             .unwrap();
     assert_eq!(
         adapter.evaluate(request).await,
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum }
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::CostExceedsMaximum })
     );
 }
 
@@ -680,7 +678,7 @@ async fn an_indeterminate_under_an_enforced_concurrency_policy_is_retried_once_w
         failing_once(GatewayFailure::TimedOut, reply("allowed", &[[1, 2, 750, 0], [2, 1, 0, 0]]));
     let adapter = lease_adapter(gateway, RedisSettings::default());
     let outcome = adapter.evaluate(set_request(&["api.test", "leases"], EvaluationId::random()));
-    let RateLimitOutcome::Evaluated(set) = outcome.await else {
+    let Ok(set) = outcome.await else {
         panic!("expected the replayed decision");
     };
     assert!(set.allowed() && set.replayed());

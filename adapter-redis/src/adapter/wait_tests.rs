@@ -2,7 +2,9 @@
 //! (not) sent again. The real servers' side is in `tests/wait.rs`.
 
 use redis::Value;
-use shared_contract::{EvaluationId, ManualClock, OperationDigest, PolicySet, SubjectDigest};
+use shared_contract::{
+    EvaluationId, ManualClock, OperationDigest, PolicySet, RateLimitOutcomeExt, SubjectDigest,
+};
 
 use super::*;
 use crate::gateway::{Acknowledged, MockRedisGateway, WaitFor};
@@ -69,7 +71,7 @@ fn answering(
 }
 
 fn indeterminate() -> RateLimitOutcome {
-    RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) }
+    Err(RateLimitFailure::Indeterminate { retry_after: Duration::from_secs(1) })
 }
 
 #[tokio::test]
@@ -92,7 +94,7 @@ async fn too_few_acknowledgements_are_indeterminate_and_not_replayed() {
 async fn a_denial_stands_whatever_the_count() {
     let adapter = waiting_adapter(answering(reply("denied", [0, 0, 750, 750]), Ok(0), 1));
     let outcome = evaluate(&adapter).await;
-    assert!(matches!(&outcome, RateLimitOutcome::Evaluated(set) if !set.allowed()), "{outcome:?}");
+    assert!(matches!(&outcome, Ok(set) if !set.allowed()), "{outcome:?}");
 }
 
 #[tokio::test]

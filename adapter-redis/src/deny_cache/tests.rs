@@ -3,7 +3,9 @@
 
 use std::time::Instant;
 
-use shared_contract::{Algorithm, EvaluationDedupPolicy, PolicyId};
+use shared_contract::{
+    Algorithm, EvaluationDedupPolicy, PolicyId, RateLimitDecision, RateLimitFailure,
+};
 use uuid::Uuid;
 
 use super::*;
@@ -44,21 +46,21 @@ fn request(ids: &[&str], subject: u8, cost: u64, evaluation: u128) -> RateLimitR
 fn decided(allowed: bool, remaining: u64, retry: u64, reset: u64) -> RateLimitDecision {
     RateLimitDecision {
         allowed,
-        limit: 3,
         remaining,
-        retry_after: Duration::from_millis(retry),
-        reset_after: Duration::from_millis(reset),
-        certainty: Certainty::Certain,
+        retry_after_ms: retry,
+        reset_after_ms: reset,
         replayed: false,
     }
 }
 
 fn refused(decisions: &[RateLimitDecision]) -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(SetDecision::new(false, decisions))
+    let set = SetDecision::of_members(decisions.iter().map(|d| (PolicyMode::Enforce, *d)));
+    assert!(!set.allowed(), "a refusal holds a denial");
+    Ok(set)
 }
 
 fn admitted() -> RateLimitOutcome {
-    RateLimitOutcome::Evaluated(SetDecision::single(decided(true, 0, 0, 700)))
+    Ok(SetDecision::single(decided(true, 0, 0, 700)))
 }
 
 fn only(decision: SetDecision) -> RateLimitDecision {
@@ -81,7 +83,7 @@ fn a_refusal_answers_with_shrinking_waits_until_its_retry_after() {
     assert_eq!(only(answer), decided(false, 0, 400, 400));
     // One millisecond before T0 + 1000 the wait is 1 ms; at T0 + 1000 the
     // window has ended and Redis answers.
-    assert_eq!(only(cache.lookup(&later, p.iter(), T0 + 999).unwrap()).retry_after.as_millis(), 1);
+    assert_eq!(only(cache.lookup(&later, p.iter(), T0 + 999).unwrap()).retry_after_ms, 1);
     assert_eq!(cache.lookup(&later, p.iter(), T0 + 1000), None);
     assert_eq!(cache.len(), 0, "a refusal that ran out is dropped when met");
 }
@@ -210,19 +212,16 @@ fn only_certain_refusals_are_cached() {
     )
     .build()
     .unwrap()];
-    let approximate = RateLimitDecision {
-        certainty: Certainty::ApproximateAlgorithm,
-        ..decided(false, 0, 300, 900)
-    };
+    let approximate = RateLimitDecision { ..decided(false, 0, 300, 900) };
     let failures = [
-        RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) },
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Indeterminate { retry_after: Duration::from_secs(1) }),
+        Err(RateLimitFailure::Unavailable {
             category: shared_contract::UnavailableCategory::ClockUnsafe,
             retry_after: Duration::from_secs(1),
-        },
-        RateLimitOutcome::Incompatible {
+        }),
+        Err(RateLimitFailure::Incompatible {
             category: shared_contract::IncompatibleCategory::StateIncompatible,
-        },
+        }),
     ];
     for failure in &failures {
         cache.learn(&request(&["p"], 1, 1, 1), p.iter(), T0, failure);
@@ -347,7 +346,7 @@ fn a_refusal_is_served_at_most_its_max_age_whatever_its_retry_after() {
     let hour = 3_600_000;
     cache.learn(&denied, hourly.iter(), T0, &refused(&[decided(false, 0, hour, hour)]));
     let served = cache.lookup(&denied, hourly.iter(), T0 + 299).unwrap();
-    assert_eq!(only(served).retry_after, Duration::from_millis(hour - 299));
+    assert_eq!(only(served).retry_after_ms, hour - 299);
     assert!(cache.lookup(&denied, hourly.iter(), T0 + 300).is_none(), "Redis is asked again");
     assert_eq!(cache.len(), 0, "and the entry is gone");
 }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use adapter_redis::RedisEdgeRateLimitAdapter;
 use shared_contract::{
     Algorithm, Clock, EdgeRateLimitPort, EvaluationId, ManualClock, OperationDigest, PolicyId,
-    PolicySet, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    PolicySet, RateLimitFailure, RateLimitPolicy, RateLimitRequest, SubjectDigest,
     UnavailableCategory,
 };
 
@@ -89,18 +89,18 @@ impl Tally {
         let took = started.elapsed();
         assert!(took <= BUDGET + SLACK, "an evaluation took {took:?}: {outcome:?}");
         match outcome {
-            RateLimitOutcome::Evaluated(set) if set.allowed() => {
+            Ok(set) if set.allowed() => {
                 self.allowed += 1;
                 Some(LIMIT - set.decisions()[0].remaining)
             }
-            RateLimitOutcome::Unavailable {
+            Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::UnavailableBeforeSend,
                 ..
-            } => {
+            }) => {
                 self.before_send += 1;
                 None
             }
-            RateLimitOutcome::Indeterminate { .. } => {
+            Err(RateLimitFailure::Indeterminate { .. }) => {
                 self.indeterminate += 1;
                 None
             }

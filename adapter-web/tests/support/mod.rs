@@ -24,9 +24,9 @@ use http_body_util::BodyExt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use secrecy::SecretSlice;
 use shared_contract::{
-    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Lease, ManualClock, PolicyId,
-    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
-    SetDecision, SubjectDigest,
+    BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation, Lease,
+    ManualClock, PolicyId, PolicyMode, RateLimitDecision, RateLimitOutcome, RateLimitPolicy,
+    RateLimitRequest, ReleaseOutcome, Releasing, SetDecision, SubjectDigest,
 };
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
@@ -45,19 +45,18 @@ pub const ORDER_OPERATION: &str = "GET /api/orders/{id}";
 /// provider's failure paths and for timing a real one cannot be asked for.
 #[derive(Debug)]
 pub struct ScriptedPort {
-    answer: Mutex<Answer>,
+    answer: Arc<Mutex<Answer>>,
     policies: Vec<RateLimitPolicy>,
     inner: Option<Arc<dyn EdgeRateLimitPort>>,
-    requests: Mutex<Vec<RateLimitRequest>>,
-    gate: Option<Gate>,
+    requests: Arc<Mutex<Vec<RateLimitRequest>>>,
+    gate: Option<Arc<Gate>>,
     /// What every release answers; `None` forwards (or `NotHeld` without
     /// a provider behind).
     release_answer: Mutex<Option<ReleaseOutcome>>,
     releases: Mutex<Vec<Lease>>,
 }
 
-#[derive(Debug, Clone, Copy)]
-#[allow(clippy::large_enum_variant, reason = "a test double, copied once per call")]
+#[derive(Debug, Clone)]
 enum Answer {
     /// This outcome, whatever the request.
     Outcome(RateLimitOutcome),
@@ -98,10 +97,10 @@ impl ScriptedPort {
         inner: Option<Arc<dyn EdgeRateLimitPort>>,
     ) -> Self {
         Self {
-            answer: Mutex::new(answer),
+            answer: Arc::new(Mutex::new(answer)),
             policies,
             inner,
-            requests: Mutex::default(),
+            requests: Arc::default(),
             gate: None,
             release_answer: Mutex::default(),
             releases: Mutex::default(),
@@ -110,7 +109,8 @@ impl ScriptedPort {
 
     /// Holds every evaluation until [`ScriptedPort::open`] lets it through.
     pub fn gated(self) -> Self {
-        Self { gate: Some(Gate { gate: Semaphore::new(0), entered: Semaphore::new(0) }), ..self }
+        let gate = Gate { gate: Semaphore::new(0), entered: Semaphore::new(0) };
+        Self { gate: Some(Arc::new(gate)), ..self }
     }
 
     /// Waits until an evaluation has reached the gate.
@@ -152,21 +152,33 @@ impl ScriptedPort {
 
 #[async_trait]
 impl EdgeRateLimitPort for ScriptedPort {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        if let Some(gate) = &self.gate {
-            gate.entered.add_permits(1);
-            gate.gate.acquire().await.expect("the gate stays open").forget();
-        }
-        self.requests.lock().unwrap().push(request.clone());
-        let answer = *self.answer.lock().unwrap();
-        match (answer, &self.inner) {
-            (Answer::Outcome(outcome), _) => outcome,
-            (Answer::EveryAllows(decision), _) => {
-                let decisions = vec![decision; request.policies.len()];
-                RateLimitOutcome::Evaluated(SetDecision::new(true, &decisions))
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
+        let (requests, answer) = (Arc::clone(&self.requests), Arc::clone(&self.answer));
+        let inner = self.inner.clone();
+        let answered = move |request: RateLimitRequest| {
+            requests.lock().unwrap().push(request.clone());
+            let answer = answer.lock().unwrap().clone();
+            match (answer, &inner) {
+                (Answer::Outcome(outcome), _) => Evaluation::ready(outcome),
+                (Answer::EveryAllows(decision), _) => {
+                    let members =
+                        request.policies.ids().iter().map(|_| (PolicyMode::Enforce, decision));
+                    Evaluation::ready(Ok(SetDecision::of_members(members)))
+                }
+                (Answer::Forward, Some(inner)) => inner.evaluate(request),
+                (Answer::Forward, None) => unreachable!("only `forwarding` forwards"),
             }
-            (Answer::Forward, Some(inner)) => inner.evaluate(request).await,
-            (Answer::Forward, None) => unreachable!("only `forwarding` forwards"),
+        };
+        match &self.gate {
+            None => answered(request),
+            Some(gate) => {
+                let gate = Arc::clone(gate);
+                Evaluation::pending(async move {
+                    gate.entered.add_permits(1);
+                    gate.gate.acquire().await.expect("the gate stays open").forget();
+                    answered(request).await
+                })
+            }
         }
     }
 
@@ -197,14 +209,28 @@ impl EdgeRateLimitPort for ScriptedPort {
         }
     }
 
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+    fn release(&self, lease: &Lease) -> Releasing {
         self.releases.lock().unwrap().push(lease.clone());
-        let answered = match &self.inner {
-            Some(inner) => inner.release(lease).await,
-            None => ReleaseOutcome::NotHeld,
+        let told = *self.release_answer.lock().unwrap();
+        let Some(inner) = &self.inner else {
+            return Releasing::ready(told.unwrap_or(ReleaseOutcome::NotHeld));
         };
-        self.release_answer.lock().unwrap().unwrap_or(answered)
+        match inner.release(lease).into_ready() {
+            Ok(answered) => Releasing::ready(told.unwrap_or(answered)),
+            Err(waiting) => Releasing::pending(async move { told.unwrap_or(waiting.await) }),
+        }
     }
+}
+
+/// A set's answer as a provider gives it: `admitted`, with one decision
+/// per policy in order; a denial in an admitted set is a shadow policy's.
+pub fn set_of(admitted: bool, decisions: &[RateLimitDecision]) -> SetDecision {
+    let mode = |decision: &RateLimitDecision| {
+        if admitted && !decision.allowed { PolicyMode::Shadow } else { PolicyMode::Enforce }
+    };
+    let set = SetDecision::of_members(decisions.iter().map(|decision| (mode(decision), *decision)));
+    assert_eq!(set.allowed(), admitted, "a set admits as its members say");
+    set
 }
 
 /// How requests reach the router.

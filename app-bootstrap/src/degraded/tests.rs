@@ -4,8 +4,8 @@ use std::sync::Mutex;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
 use shared_contract::{
-    Certainty, EvaluationId, IncompatibleCategory, Lease, ManualClock, OperationDigest, PolicySet,
-    RateLimitDecision, ReleaseOutcome, SetDecision, SubjectDigest,
+    EvaluationId, IncompatibleCategory, Lease, ManualClock, OperationDigest, PolicySet,
+    RateLimitDecision, RateLimitOutcomeExt, ReleaseOutcome, SetDecision, SubjectDigest,
 };
 
 use super::*;
@@ -39,12 +39,12 @@ impl ScriptedPort {
 
 #[async_trait]
 impl EdgeRateLimitPort for ScriptedPort {
-    async fn evaluate(&self, request: RateLimitRequest) -> RateLimitOutcome {
-        let outcome = *self.outcome.lock().unwrap();
+    fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
+        let outcome = self.outcome.lock().unwrap().clone();
         if outcome.is_allowed() {
             *self.charged.lock().unwrap() += request.cost;
         }
-        outcome
+        Evaluation::ready(outcome)
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -57,22 +57,21 @@ impl EdgeRateLimitPort for ScriptedPort {
 
     /// Answers while its evaluations do, with its count.
     async fn inspect(&self, _: &BudgetKey) -> Result<BudgetState, BudgetFailure> {
-        match *self.outcome.lock().unwrap() {
-            RateLimitOutcome::Evaluated(set) => {
+        match &*self.outcome.lock().unwrap() {
+            Ok(set) => {
                 let decision = set.decisions()[0];
+                let policy = &self.policies[0];
                 let charged = *self.charged.lock().unwrap();
                 Ok(BudgetState {
-                    limit: decision.limit,
-                    remaining: decision.limit.saturating_sub(charged),
-                    reset_after: decision.reset_after,
-                    retry_after: decision.retry_after,
+                    limit: policy.limit(),
+                    remaining: policy.limit().saturating_sub(charged),
+                    reset_after: Duration::from_millis(decision.reset_after_ms),
+                    retry_after: Duration::from_millis(decision.retry_after_ms),
                     mark: Some(T0),
-                    certainty: decision.certainty,
+                    certainty: policy.algorithm().certainty(),
                 })
             }
-            RateLimitOutcome::Unavailable { .. }
-            | RateLimitOutcome::Incompatible { .. }
-            | RateLimitOutcome::Indeterminate { .. } => Err(BudgetFailure::Unavailable),
+            Err(_) => Err(BudgetFailure::Unavailable),
         }
     }
 
@@ -80,9 +79,9 @@ impl EdgeRateLimitPort for ScriptedPort {
         Err(BudgetFailure::Unavailable)
     }
 
-    async fn release(&self, lease: &Lease) -> ReleaseOutcome {
+    fn release(&self, lease: &Lease) -> Releasing {
         self.released.lock().unwrap().push(lease.id);
-        self.release
+        Releasing::ready(self.release)
     }
 }
 
@@ -127,23 +126,21 @@ fn fixture_over(policy: RateLimitPolicy, release: ReleaseOutcome) -> Fixture {
 }
 
 fn unavailable() -> RateLimitOutcome {
-    RateLimitOutcome::Unavailable {
+    Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::UnavailableBeforeSend,
         retry_after: Duration::from_secs(1),
-    }
+    })
 }
 
 fn redis_allows() -> RateLimitOutcome {
     let decision = RateLimitDecision {
         allowed: true,
-        limit: 10,
         remaining: 9,
-        retry_after: Duration::ZERO,
-        reset_after: Duration::from_secs(60),
-        certainty: Certainty::Certain,
+        retry_after_ms: 0,
+        reset_after_ms: 60_000,
         replayed: false,
     };
-    RateLimitOutcome::Evaluated(SetDecision::single(decision))
+    Ok(SetDecision::single(decision))
 }
 
 impl Fixture {
@@ -169,13 +166,13 @@ impl Fixture {
 
 fn degraded_set(outcome: RateLimitOutcome) -> SetDecision {
     match outcome {
-        RateLimitOutcome::Evaluated(set) => {
+        Ok(set) => {
             assert_eq!(set.source(), DecisionSource::Degraded, "{set:?}");
             set
         }
-        other @ (RateLimitOutcome::Unavailable { .. }
-        | RateLimitOutcome::Incompatible { .. }
-        | RateLimitOutcome::Indeterminate { .. }) => {
+        other @ (Err(RateLimitFailure::Unavailable { .. })
+        | Err(RateLimitFailure::Incompatible { .. })
+        | Err(RateLimitFailure::Indeterminate { .. })) => {
             panic!("expected a degraded decision, got {other:?}")
         }
     }
@@ -290,15 +287,15 @@ async fn while_redis_cannot_decide_the_share_is_admitted_then_refused_with_decis
     let fixture = fixture();
     let failures = [
         unavailable(),
-        RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) },
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Indeterminate { retry_after: Duration::from_secs(1) }),
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::ClockUnsafe,
             retry_after: Duration::from_secs(1),
-        },
-        RateLimitOutcome::Unavailable {
+        }),
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::AdmissionRejected,
             retry_after: Duration::from_secs(1),
-        },
+        }),
     ];
     let mut answers = Vec::new();
     for failure in failures {
@@ -313,8 +310,7 @@ async fn while_redis_cannot_decide_the_share_is_admitted_then_refused_with_decis
     let remaining: Vec<_> = answers.iter().map(|set| set.decisions()[0].remaining).collect();
     assert_eq!(remaining, [2, 1, 0, 0]);
     let refused = answers[3].decisions()[0];
-    assert_eq!(refused.limit, 3);
-    assert!(refused.retry_after > Duration::ZERO && refused.retry_after <= Duration::from_secs(60));
+    assert!(refused.retry_after_ms > 0 && refused.retry_after_ms <= 60_000);
 }
 
 #[tokio::test]
@@ -357,10 +353,10 @@ async fn a_flapping_redis_gives_one_share_per_window_and_one_entering() {
     // between, a few milliseconds apart.
     let mut admitted = 0;
     for _ in 0..12 {
-        fixture.primary_answers(RateLimitOutcome::Unavailable {
+        fixture.primary_answers(Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::ClockUnsafe,
             retry_after: Duration::from_secs(1),
-        });
+        }));
         admitted += u32::from(degraded_set(fixture.ask().await).allowed());
         fixture.clock.advance(Duration::from_millis(5));
         fixture.primary_answers(redis_allows());
@@ -408,8 +404,9 @@ async fn a_write_back_redis_does_not_answer_stays_owed_for_the_next_decision() {
     let fixture = fixture();
     assert!(degraded_set(fixture.ask().await).allowed());
     // Redis answers nothing (the piece included): decided locally, owed.
-    fixture
-        .primary_answers(RateLimitOutcome::Indeterminate { retry_after: Duration::from_secs(1) });
+    fixture.primary_answers(Err(RateLimitFailure::Indeterminate {
+        retry_after: Duration::from_secs(1),
+    }));
     assert!(degraded_set(fixture.ask().await).allowed());
     assert_eq!(fixture.mode.owing_subjects(), 1);
     assert_eq!(*fixture.primary.charged.lock().unwrap(), 0);
@@ -423,9 +420,9 @@ async fn a_write_back_redis_does_not_answer_stays_owed_for_the_next_decision() {
 async fn a_denial_cache_answer_is_not_redis_and_keeps_degraded_mode() {
     let fixture = fixture();
     degraded_set(fixture.ask().await);
-    let RateLimitOutcome::Evaluated(redis) = redis_allows() else { unreachable!() };
-    let cached = RateLimitOutcome::Evaluated(redis.from_cache());
-    fixture.primary_answers(cached);
+    let Ok(redis) = redis_allows() else { unreachable!() };
+    let cached = Ok(redis.from_cache());
+    fixture.primary_answers(cached.clone());
     assert_eq!(fixture.ask().await, cached);
     assert!(fixture.mode.is_degraded());
     assert_eq!(fixture.mode.store().live_entries(), 1, "the local count stays");
@@ -447,9 +444,10 @@ async fn what_the_local_limit_cannot_decide_fails_closed_with_redis_answer() {
     // Cost 5 fits the fleet's maximum (10) but not the local share (3).
     assert_eq!(fixture.port.evaluate(fixture.request(5)).await, unavailable());
     // An incompatible request is no outage: passed through, not degraded.
-    let unknown = RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy };
+    let unknown =
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy });
     let fixture = self::fixture();
-    fixture.primary_answers(unknown);
+    fixture.primary_answers(unknown.clone());
     assert_eq!(fixture.ask().await, unknown);
     assert!(!fixture.mode.is_degraded());
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use shared_contract::{EvaluationId, RateLimitOutcome, UnavailableCategory};
+use shared_contract::{EvaluationId, RateLimitFailure, RateLimitOutcome, UnavailableCategory};
 
 use crate::factory::ProviderFactory;
 use crate::rig::{
@@ -15,10 +15,10 @@ use crate::rig::{
 const BOUND: Duration = Duration::from_millis(500);
 
 fn clock_unsafe(retry_ms: u64) -> RateLimitOutcome {
-    RateLimitOutcome::Unavailable {
+    Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::ClockUnsafe,
         retry_after: ms(retry_ms),
-    }
+    })
 }
 
 /// A wall clock that steps back within the bound is treated as the key's

@@ -275,7 +275,7 @@ pub async fn dedupe_concurrent_repeats_charge_once(factory: &dyn ProviderFactory
 
 #[cfg(test)]
 mod tests {
-    use shared_contract::{RateLimitDecision, RateLimitOutcome};
+    use shared_contract::RateLimitDecision;
 
     use super::*;
     use crate::rig::one_decision;
@@ -293,9 +293,7 @@ mod tests {
     #[test]
     fn a_replay_differs_from_a_charge_only_in_the_flag() {
         let fw = CheckPolicy::new(fixed_window("fw", 5, 1000));
-        let (RateLimitOutcome::Evaluated(charge), RateLimitOutcome::Evaluated(replay)) =
-            (fw.allowed(4, 1000), fw.replayed(4, 1000))
-        else {
+        let (Ok(charge), Ok(replay)) = (fw.allowed(4, 1000), fw.replayed(4, 1000)) else {
             panic!("both are decisions");
         };
         let (charge, replay) = (one_decision(&charge), one_decision(&replay));

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use shared_contract::{EvaluationId, RateLimitOutcome, UnavailableCategory};
+use shared_contract::{EvaluationId, RateLimitFailure, UnavailableCategory};
 
 use crate::factory::ProviderFactory;
 use crate::rig::{CheckPolicy, Rig, fixed_window, gcra, set_outcome};
@@ -98,10 +98,10 @@ pub async fn gcra_denial_leaves_the_mark_where_it_was(factory: &dyn ProviderFact
         &g,
         "alice",
         1,
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::ClockUnsafe,
             retry_after: Duration::from_millis(100),
-        },
+        }),
     )
     .await;
 }

@@ -1,7 +1,7 @@
 //! A key is one (policy id, policy revision, subject digest): budgets of
 //! different keys never touch each other.
 
-use shared_contract::{IncompatibleCategory, RateLimitOutcome};
+use shared_contract::{IncompatibleCategory, RateLimitFailure, RateLimitOutcome};
 
 use crate::factory::ProviderFactory;
 use crate::rig::{
@@ -80,7 +80,7 @@ pub async fn algorithm_change_without_a_new_revision_is_state_incompatible(
     factory: &dyn ProviderFactory,
 ) {
     const STATE_INCOMPATIBLE: RateLimitOutcome =
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::StateIncompatible };
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible });
     let fixed = CheckPolicy::new(fixed_window("p", 3, 1000));
     let bucket = CheckPolicy::new(token_bucket("p", 5, 1, 100));
     let sliding = CheckPolicy::new(sliding_counter("p", 10, 1000));

@@ -5,7 +5,9 @@
 //! the rate policies; the same evaluation id is the same lease.
 
 use futures::future::join_all;
-use shared_contract::{EvaluationId, Lease, PolicyMode, RateLimitRequest, ReleaseOutcome};
+use shared_contract::{
+    EvaluationId, Lease, PolicyMode, RateLimitOutcomeExt, RateLimitRequest, ReleaseOutcome,
+};
 
 use crate::checks::admin::{budget, state};
 use crate::factory::ProviderFactory;

@@ -5,7 +5,7 @@
 //! whole set; subject scope shares one key across operations.
 
 use shared_contract::{
-    EvaluationId, IncompatibleCategory, PolicyMode, PolicyScope, RateLimitOutcome,
+    EvaluationId, IncompatibleCategory, PolicyMode, PolicyScope, RateLimitFailure,
     UnavailableCategory,
 };
 
@@ -162,8 +162,8 @@ pub async fn policy_set_cost_fits_every_policy(factory: &dyn ProviderFactory) {
     let costing = |cost| rig.set_request(&set, "POST /bulk", "alice", cost, EvaluationId::random());
     rig.at(0);
     let too_much =
-        RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum };
-    rig.expect_set("above the narrow maximum", costing(3), too_much).await;
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::CostExceedsMaximum });
+    rig.expect_set("above the narrow maximum", costing(3), too_much.clone()).await;
     rig.expect_set("zero", costing(0), too_much).await;
     // 5 - 2 = 3 on both: the refused costs charged nothing.
     let charged = set_outcome(true, &[wide.allows(3, 1000), narrow.allows(3, 1000)]);
@@ -185,10 +185,10 @@ pub async fn policy_set_clock_unsafe_on_any_key_changes_no_key(factory: &dyn Pro
     rig.at(3000);
     // 2000 ms behind the shared key, 1000 beyond the 1 s bound.
     let lagging = rig.set_request(&set, "GET /y", "alice", 1, EvaluationId::random());
-    let unsafe_clock = RateLimitOutcome::Unavailable {
+    let unsafe_clock = Err(RateLimitFailure::Unavailable {
         category: UnavailableCategory::ClockUnsafe,
         retry_after: ms(1000),
-    };
+    });
     rig.expect_set("one key is beyond the bound", lagging, unsafe_clock).await;
     rig.at(5000);
     // Neither key was charged: own 5 -> 4, shared 4 -> 3.
@@ -208,10 +208,11 @@ pub async fn policy_set_with_an_unknown_policy_is_incompatible(factory: &dyn Pro
     let missing = CheckPolicy::new(fixed_window("missing", 3, 1000));
     let rig = Rig::start(factory, &[&known]).await;
     rig.at(0);
-    let unknown = RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy };
+    let unknown =
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy });
     for set in [[&known, &missing], [&missing, &known]] {
         let request = rig.set_request(&set, "GET /x", "alice", 1, EvaluationId::random());
-        rig.expect_set("a missing policy", request, unknown).await;
+        rig.expect_set("a missing policy", request, unknown.clone()).await;
     }
     rig.expect("the known policy was not charged", &known, "alice", 1, known.allowed(2, 1000))
         .await;

@@ -5,16 +5,17 @@
 use std::time::Duration;
 
 use shared_contract::{
-    Clock, EvaluationId, IncompatibleCategory, RateLimitOutcome, UnavailableCategory,
+    Clock, EvaluationId, IncompatibleCategory, RateLimitFailure, RateLimitOutcome,
+    UnavailableCategory,
 };
 
 use crate::factory::ProviderFactory;
 use crate::rig::{CheckPolicy, Rig, fixed_window, policy_id, sliding_counter, token_bucket};
 
 const UNKNOWN_POLICY: RateLimitOutcome =
-    RateLimitOutcome::Incompatible { category: IncompatibleCategory::UnknownPolicy };
+    Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy });
 const COST_EXCEEDS_MAXIMUM: RateLimitOutcome =
-    RateLimitOutcome::Incompatible { category: IncompatibleCategory::CostExceedsMaximum };
+    Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::CostExceedsMaximum });
 
 /// One policy of each algorithm at their check defaults (maximum cost as
 /// given), and the answer of a first request of cost 1 at `T0` for each.
@@ -127,7 +128,10 @@ fn assert_admission_rejected(outcome: RateLimitOutcome, policy: &CheckPolicy, wh
     assert!(
         matches!(
             outcome,
-            RateLimitOutcome::Unavailable { category: UnavailableCategory::AdmissionRejected, .. }
+            Err(RateLimitFailure::Unavailable {
+                category: UnavailableCategory::AdmissionRejected,
+                ..
+            })
         ),
         "{what} under {}: expected Unavailable(AdmissionRejected), got {outcome:?}",
         policy.id()

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use shared_contract::{RateLimitOutcome, UnavailableCategory};
+use shared_contract::{RateLimitFailure, UnavailableCategory};
 
 use crate::factory::ProviderFactory;
 use crate::rig::{CheckPolicy, Rig, token_bucket};
@@ -125,10 +125,10 @@ pub async fn token_bucket_denial_still_moves_the_mark(factory: &dyn ProviderFact
         &tb,
         "alice",
         1,
-        RateLimitOutcome::Unavailable {
+        Err(RateLimitFailure::Unavailable {
             category: UnavailableCategory::ClockUnsafe,
             retry_after: Duration::from_millis(100),
-        },
+        }),
     )
     .await;
 }
