@@ -211,10 +211,32 @@ fn port_floor() -> Ours {
 
 fn governor() -> Governor {
     let burst = NonZeroU32::new(u32::try_from(PER_SECOND).expect("fits")).expect("non-zero");
+    governor_with(Quota::per_second(burst))
+}
+
+fn governor_with(quota: Quota) -> Governor {
     Governor {
-        limiter: RateLimiter::keyed(Quota::per_second(burst)),
+        limiter: RateLimiter::keyed(quota),
         keys: subjects().iter().map(ToString::to_string).collect(),
     }
+}
+
+/// The equal mixes: every decision allowed (a limit no run reaches), or
+/// every decision after each subject's first denied (one a day), for ours
+/// and governor alike, so neither contender's cheaper path weighs more.
+fn fixed_window_every(allowed: bool) -> Ours {
+    let (limit, window) =
+        if allowed { (1_000_000_000, WINDOW) } else { (1, Duration::from_secs(24 * 3600)) };
+    ours(
+        Algorithm::FixedWindow(shared_contract::FixedWindow { limit, window }),
+        EvaluationDedupPolicy::Disabled,
+    )
+}
+
+fn governor_every(allowed: bool) -> Governor {
+    let quota =
+        if allowed { Quota::per_second(NonZeroU32::MAX) } else { Quota::per_hour(NonZeroU32::MIN) };
+    governor_with(quota)
 }
 
 /// Runs `iters` decisions on `threads` threads and returns the wall time.
@@ -244,8 +266,12 @@ fn run(contender: &dyn Contender, mix: &Mix, iters: u64, threads: u64) -> Durati
 type Build = fn() -> Box<dyn Contender>;
 
 fn decisions(c: &mut Criterion) {
-    let contenders: [(&str, Build); 10] = [
+    let contenders: [(&str, Build); 14] = [
         ("governor-keyed", || Box::new(governor())),
+        ("governor-all-allowed", || Box::new(governor_every(true))),
+        ("fixed-window-all-allowed", || Box::new(fixed_window_every(true))),
+        ("governor-all-denied", || Box::new(governor_every(false))),
+        ("fixed-window-all-denied", || Box::new(fixed_window_every(false))),
         ("port-floor", || Box::new(port_floor())),
         ("fixed-window", || {
             Box::new(ours(

@@ -122,6 +122,9 @@ struct PreparedSet {
     metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
     policy_header: Option<HeaderValue>,
+    /// Whether an enforced member's window length moves with the time (a
+    /// calendar month): its header is then written per response.
+    header_moves: bool,
     /// Whether a member is a concurrency policy (enforced or shadow: both
     /// take a real lease), so an admitted request holds a lease to give
     /// back. Only these sets pay for a guard.
@@ -132,7 +135,7 @@ struct PreparedSet {
 }
 
 impl PreparedSet {
-    fn new(policies: &PolicySet, port: &dyn EdgeRateLimitPort) -> Self {
+    fn new(policies: &PolicySet, port: &dyn EdgeRateLimitPort, clock: &dyn Clock) -> Self {
         let described: Arc<[_]> =
             policies.ids().iter().map(|id| port.policy(id).cloned()).collect();
         let metrics = policies
@@ -144,7 +147,8 @@ impl PreparedSet {
         // The policies the port described and enforces: those a client sees.
         let enforced =
             described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce);
-        let policy_header = policy_header(enforced);
+        let header_moves = enforced.clone().any(|policy| policy.algorithm().kind().window_moves());
+        let policy_header = policy_header(enforced, || clock.epoch_millis());
         let holds_leases =
             described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
         let has_shadow =
@@ -154,6 +158,7 @@ impl PreparedSet {
             metrics,
             described,
             policy_header,
+            header_moves,
             holds_leases,
             has_shadow,
         }
@@ -193,8 +198,9 @@ impl TransportBridge {
         let operations = Operations::new(
             configured.iter().enumerate().map(|(index, (id, _))| (id.as_str(), index)),
         );
-        let sets = configured.iter().map(|(_, set)| PreparedSet::new(set, &*port)).collect();
-        let default_set = PreparedSet::new(&settings.default_policies, &*port);
+        let sets =
+            configured.iter().map(|(_, set)| PreparedSet::new(set, &*port, &*clock)).collect();
+        let default_set = PreparedSet::new(&settings.default_policies, &*port, &*clock);
         let releases = LeaseReleases::default();
         Self {
             port,
@@ -370,7 +376,13 @@ impl TransportBridge {
             }
         });
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
-        let policy_header = prepared.policy_header.clone();
+        let policy_header = if prepared.header_moves {
+            let enforced = described.iter().flatten();
+            let enforced = enforced.filter(|policy| policy.mode() == PolicyMode::Enforce);
+            policy_header(enforced, || self.clock.epoch_millis())
+        } else {
+            prepared.policy_header.clone()
+        };
         let evaluation = BridgeEvaluation { policies, described, outcome, policy_header };
         if let Some(span) = span {
             record_decision(&span, &evaluation);

@@ -5,9 +5,7 @@
 use axum::body::Bytes;
 use http::HeaderValue;
 use sfv::{Integer, KeyRef, ListSerializer, StringRef};
-use shared_contract::{
-    PolicyId, RateLimitDecision, RateLimitPolicy, quota_window, write_limit_item,
-};
+use shared_contract::{PolicyId, RateLimitDecision, RateLimitPolicy, write_limit_item};
 
 pub(crate) use shared_contract::whole_seconds_up;
 
@@ -15,11 +13,14 @@ pub(crate) use shared_contract::whole_seconds_up;
 /// order given (GCRA: `q=<burst>;w=<burst x T>`, T its emission interval;
 /// concurrency: `q=<max-in-flight>` and no `w`, it has no window); `None`
 /// for no policy (the header is then left out).
+/// `now` is the caller time (epoch ms), read only for a window whose
+/// length moves with it (a calendar month).
 pub(crate) fn policy_header<'a>(
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
+    now: impl Fn() -> u64,
 ) -> Option<HeaderValue> {
     list(policies.into_iter().map(|policy| {
-        let window = quota_window(policy.algorithm()).map(|w| ("w", whole_seconds_up(w)));
+        let window = policy.algorithm().quota_window(&now).map(|w| ("w", whole_seconds_up(w)));
         (policy.id(), [Some(("q", policy.limit())), window].into_iter().flatten())
     }))
 }
@@ -76,6 +77,9 @@ mod tests {
 
     use super::*;
 
+    /// Any time: no window here moves with it.
+    const T0: u64 = 1_800_000_000_000;
+
     fn policy(algorithm: Algorithm) -> RateLimitPolicy {
         RateLimitPolicy::builder("orders.read", algorithm).build().unwrap()
     }
@@ -86,20 +90,20 @@ mod tests {
             limit: 100,
             window: Duration::from_secs(60),
         }));
-        assert_eq!(policy_header([&fixed]).unwrap(), r#""orders.read";q=100;w=60"#);
+        assert_eq!(policy_header([&fixed], || T0).unwrap(), r#""orders.read";q=100;w=60"#);
         // A 1.5 s window is announced as 2 s: never promise more than holds.
         let sliding = policy(Algorithm::SlidingCounter(shared_contract::SlidingCounter {
             limit: 10,
             window: Duration::from_millis(1500),
         }));
-        assert_eq!(policy_header([&sliding]).unwrap(), r#""orders.read";q=10;w=2"#);
+        assert_eq!(policy_header([&sliding], || T0).unwrap(), r#""orders.read";q=10;w=2"#);
         // Five tokens, two per 100 ms: three periods fill it, 300 ms -> 1 s.
         let bucket = policy(Algorithm::TokenBucket(shared_contract::TokenBucket {
             capacity: 5,
             refill_tokens: 2,
             refill_period: Duration::from_millis(100),
         }));
-        assert_eq!(policy_header([&bucket]).unwrap(), r#""orders.read";q=5;w=1"#);
+        assert_eq!(policy_header([&bucket], || T0).unwrap(), r#""orders.read";q=5;w=1"#);
         // GCRA: q is the burst, w the burst's cells at T = 1 s / 10 = 0.5 s,
         // rounded up to 1; 3 per second with a burst of 7: T = 333334 us,
         // 2.333338 s, 3 on the wire.
@@ -110,11 +114,11 @@ mod tests {
                 burst,
             }))
         };
-        assert_eq!(policy_header([&gcra(10, 5)]).unwrap(), r#""orders.read";q=5;w=1"#);
-        assert_eq!(policy_header([&gcra(3, 7)]).unwrap(), r#""orders.read";q=7;w=3"#);
-        assert_eq!(policy_header([&gcra(1, 30)]).unwrap(), r#""orders.read";q=30;w=30"#);
+        assert_eq!(policy_header([&gcra(10, 5)], || T0).unwrap(), r#""orders.read";q=5;w=1"#);
+        assert_eq!(policy_header([&gcra(3, 7)], || T0).unwrap(), r#""orders.read";q=7;w=3"#);
+        assert_eq!(policy_header([&gcra(1, 30)], || T0).unwrap(), r#""orders.read";q=30;w=30"#);
         // README's example: 3 x 333334 us is 1.000002 s, rounded up to 2.
-        assert_eq!(policy_header([&gcra(3, 3)]).unwrap(), r#""orders.read";q=3;w=2"#);
+        assert_eq!(policy_header([&gcra(3, 3)], || T0).unwrap(), r#""orders.read";q=3;w=2"#);
     }
 
     #[test]
@@ -139,7 +143,7 @@ mod tests {
             lease_ttl: Duration::from_secs(30),
             retry_after: Duration::from_secs(1),
         }));
-        assert_eq!(policy_header([&exports]).unwrap(), r#""orders.read";q=2"#);
+        assert_eq!(policy_header([&exports], || T0).unwrap(), r#""orders.read";q=2"#);
         // One slot of two taken; no reset time, not even `t=0` ("whole now").
         let held = RateLimitDecision {
             allowed: true,
@@ -178,7 +182,7 @@ mod tests {
         .build()
         .unwrap();
         assert_eq!(
-            policy_header([&burst, &hourly]).unwrap(),
+            policy_header([&burst, &hourly], || T0).unwrap(),
             r#""orders-burst";q=10;w=1, "orders-hourly";q=1000;w=3600"#
         );
         let decision = |remaining, reset_secs: u64| RateLimitDecision {
@@ -193,7 +197,27 @@ mod tests {
             limit_header([(burst.id(), &first, true), (hourly.id(), &second, true)]).unwrap(),
             r#""orders-burst";r=9;t=1, "orders-hourly";r=999;t=3540"#
         );
-        assert_eq!(policy_header([]), None);
+        assert_eq!(policy_header([], || T0), None);
+    }
+
+    /// docs/algorithms.md "Calendar window", worked numbers (b): a month in
+    /// Berlin is January's 31 days at its last half second and February's
+    /// 28 from its first instant; `w` follows the time given.
+    #[test]
+    fn a_calendar_windows_w_is_the_period_of_the_time_given() {
+        let monthly = RateLimitPolicy::builder(
+            "orders.read",
+            Algorithm::CalendarWindow(shared_contract::CalendarWindow {
+                limit: 3,
+                period: shared_contract::CalendarPeriod::Month,
+                time_zone: "Europe/Berlin".parse().unwrap(),
+            }),
+        )
+        .build()
+        .unwrap();
+        let at = |now: u64| policy_header([&monthly], move || now).unwrap();
+        assert_eq!(at(1_801_436_399_500), r#""orders.read";q=3;w=2678400"#);
+        assert_eq!(at(1_801_436_400_000), r#""orders.read";q=3;w=2419200"#);
         assert_eq!(limit_header([]), None);
     }
 
@@ -224,7 +248,7 @@ mod tests {
             .collect();
         let mut text = Vec::new();
         write_policy_field(&mut text, &policies);
-        assert_eq!(policy_header(&policies).unwrap().as_bytes(), text.as_slice());
+        assert_eq!(policy_header(&policies, || T0).unwrap().as_bytes(), text.as_slice());
     }
 
     #[test]

@@ -143,6 +143,47 @@ async fn a_burst_and_sustained_pair_is_checked_together(via: Via) {
     assert_eq!(harness.calls(), 3);
 }
 
+/// docs/algorithms.md "Calendar window", worked numbers (b): limit 3 a
+/// month in Berlin. The header's `w` is the period of the request's time,
+/// January's 31 days and then February's 28, on one running edge.
+async fn a_calendar_month_is_described_by_the_period_in_force(via: Via) {
+    let monthly = RateLimitPolicy::builder(
+        "monthly",
+        Algorithm::CalendarWindow(shared_contract::CalendarWindow {
+            limit: 3,
+            period: shared_contract::CalendarPeriod::Month,
+            time_zone: "Europe/Berlin".parse().unwrap(),
+        }),
+    )
+    .build()
+    .unwrap();
+    let january_last_half_second = 1_801_436_399_500;
+    let harness = memory_harness(
+        vec![monthly],
+        &["monthly"],
+        january_last_half_second,
+        EdgeSettings::default(),
+        via,
+    )
+    .await;
+    for remaining in [2, 1, 0] {
+        let reply = harness.get("/api/orders/7", &[]).await;
+        assert_eq!(reply.status, StatusCode::OK);
+        assert_eq!(reply.header("ratelimit-policy"), Some(r#""monthly";q=3;w=2678400"#));
+        let expected = format!(r#""monthly";r={remaining};t=1"#);
+        assert_eq!(reply.header("ratelimit"), Some(expected.as_str()));
+    }
+    let reply = harness.get("/api/orders/7", &[]).await;
+    assert_eq!(reply.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(reply.header("retry-after"), Some("1"));
+    // February 1st, 00:00 in Berlin: a fresh count, and 28 days to its end.
+    harness.clock.advance(Duration::from_millis(500));
+    let reply = harness.get("/api/orders/7", &[]).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert_eq!(reply.header("ratelimit-policy"), Some(r#""monthly";q=3;w=2419200"#));
+    assert_eq!(reply.header("ratelimit"), Some(r#""monthly";r=2;t=2419200"#));
+}
+
 async fn a_shadow_policy_that_would_deny_lets_the_request_through(via: Via) {
     let policies = vec![
         fixed("orders", 10, 60).build().unwrap(),
@@ -284,6 +325,7 @@ macro_rules! over_both_transports {
 over_both_transports!(
     a_fixed_window_allows_two_then_denies,
     a_burst_and_sustained_pair_is_checked_together,
+    a_calendar_month_is_described_by_the_period_in_force,
     a_shadow_policy_that_would_deny_lets_the_request_through,
     the_cost_extension_charges_its_units,
     addresses_of_one_ipv6_64_share_a_budget,

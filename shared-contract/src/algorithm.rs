@@ -47,6 +47,10 @@ pub trait RateAlgorithm:
     /// (`EdgeRateLimitPort::release`); its key then holds the lease set
     /// beside the state ([`Self::lease_life`]).
     const HOLDS_LEASES: bool = false;
+    /// Whether [`Self::quota_window`] reads the caller time: its length
+    /// moves (a calendar month), so a front describing the policy asks
+    /// again per response rather than once per policy table.
+    const WINDOW_MOVES: bool = false;
     /// The common policy keys that do not apply to it; the configuration and
     /// the builder refuse them when set, naming the key.
     const REFUSED_COMMON_KEYS: &'static [PolicyField] = &[];
@@ -432,6 +436,11 @@ macro_rules! algorithms {
             /// Whether its admitted requests hold a lease.
             pub const fn holds_leases(self) -> bool {
                 match self { $(Self::$name => <$name as RateAlgorithm>::HOLDS_LEASES,)+ }
+            }
+
+            /// Whether its quota window's length moves with the time.
+            pub const fn window_moves(self) -> bool {
+                match self { $(Self::$name => <$name as RateAlgorithm>::WINDOW_MOVES,)+ }
             }
 
             /// Its parameters from the keys of a policy's table beside the

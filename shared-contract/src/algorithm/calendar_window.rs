@@ -248,6 +248,7 @@ impl RateAlgorithm for CalendarWindow {
     const TAG: u8 = b'P';
     const KEYS: &'static [&'static str] = &["limit", "period", "time-zone"];
     const DEFAULTED: &'static [&'static str] = &["time-zone"];
+    const WINDOW_MOVES: bool = true;
     const LUA: Lua = Lua {
         file: "calendar-window.lua",
         source: include_str!("calendar-window.lua"),
