@@ -14,7 +14,7 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use std::hash::BuildHasher;
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use foldhash::fast::RandomState;
 use parking_lot::Mutex;
@@ -302,9 +302,10 @@ impl MemoryStore {
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
     ) -> Result<R, StoreFull> {
-        let key = Key::new(slot, subject);
+        let (shard, hash) = self.shard(subject);
+        let key = Key::new(slot, subject, hash);
         let mut members = [SetMember::new(rules, None)];
-        let mut guard = self.shard(subject).lock();
+        let mut guard = shard.lock();
         let shard = &mut *guard;
         let (result, expiry) = match shard.map.get_mut(&key) {
             Some(entry) => {
@@ -348,10 +349,12 @@ impl MemoryStore {
     ) -> Result<R, StoreFull> {
         let n = keys.len().min(N);
         let last = n.saturating_sub(1);
-        let lookups: [Key; N] = std::array::from_fn(|i| Key::new(keys[i.min(last)].0, subject));
+        let (shard, hash) = self.shard(subject);
+        let lookups: [Key; N] =
+            std::array::from_fn(|i| Key::new(keys[i.min(last)].0, subject, hash));
         let mut members: [SetMember<'_>; N] =
             std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
-        let mut guard = self.shard(subject).lock();
+        let mut guard = shard.lock();
         let shard = &mut *guard;
         // Counted only when the shard is nearly full: room for every key of
         // the set, before any state moves out.
@@ -403,8 +406,9 @@ impl MemoryStore {
         subject: &SubjectDigest,
         now: u64,
     ) -> Option<KeyState> {
-        let shard = self.shard(subject).lock();
-        let entry = shard.map.get(&Key::new(slot, subject))?;
+        let (shard, hash) = self.shard(subject);
+        let shard = shard.lock();
+        let entry = shard.map.get(&Key::new(slot, subject, hash))?;
         (entry.expires_at > now).then(|| entry.state().cloned()).flatten()
     }
 
@@ -419,10 +423,11 @@ impl MemoryStore {
         id: EvaluationId,
         now: u64,
     ) -> bool {
-        let mut shard = self.shard(subject).lock();
+        let (shard, hash) = self.shard(subject);
+        let mut shard = shard.lock();
         let mut released = false;
         for slot in slots {
-            let key = Key::new(slot, subject);
+            let key = Key::new(slot, subject, hash);
             if let Some(state) = shard.map.get_mut(&key).and_then(|entry| entry.live_state(now)) {
                 released |= state.leases.release(id, now);
             }
@@ -433,15 +438,18 @@ impl MemoryStore {
     /// Removes one key, state and dedupe records together (an operator's
     /// reset); an absent key is left absent.
     pub(crate) fn remove(&self, slot: KeySlot, subject: &SubjectDigest) {
-        self.shard(subject).lock().map.remove(&Key::new(slot, subject));
+        let (shard, hash) = self.shard(subject);
+        shard.lock().map.remove(&Key::new(slot, subject, hash));
     }
 
-    /// The shard of every key of `subject`.
-    fn shard(&self, subject: &SubjectDigest) -> &Mutex<Shard> {
+    /// The shard of every key of `subject`, and the subject's hash, which
+    /// its keys hash in place of its bytes: the digest is hashed once per
+    /// decision, not again by the map for each key.
+    fn shard(&self, subject: &SubjectDigest) -> (&Mutex<Shard>, u64) {
         let hash = self.inner.hasher.hash_one(subject);
         // The mask keeps the index below the (power of two) shard count.
         let index = usize::try_from(hash >> 32).unwrap_or(0) & (self.inner.shards.len() - 1);
-        &self.inner.shards[index].0
+        (&self.inner.shards[index].0, hash)
     }
 
     /// Slots allocated over all shards, to show that memory falls.
@@ -457,7 +465,8 @@ impl MemoryStore {
         subject: &SubjectDigest,
         look: impl FnOnce(Option<&Entry>) -> R,
     ) -> R {
-        look(self.shard(subject).lock().map.get(&Key::new(slot, subject)))
+        let (shard, hash) = self.shard(subject);
+        look(shard.lock().map.get(&Key::new(slot, subject, hash)))
     }
 }
 
@@ -472,16 +481,26 @@ pub(crate) struct KeySlot {
 
 /// A key of a shard's map, held whole in the map's slot (the digests are
 /// bytes and numbers: no allocation per key) and hashed by the map's own
-/// hasher.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// hasher: its slot and the subject's hash (the store's hasher over the
+/// digest's bytes, taken once when the shard is chosen). Equality compares
+/// the digest itself, so two subjects whose hashes meet stay two keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Key {
     slot: KeySlot,
     subject: SubjectDigest,
+    subject_hash: u64,
+}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.slot.hash(state);
+        state.write_u64(self.subject_hash);
+    }
 }
 
 impl Key {
-    fn new(slot: KeySlot, subject: &SubjectDigest) -> Self {
-        Self { slot, subject: *subject }
+    fn new(slot: KeySlot, subject: &SubjectDigest, subject_hash: u64) -> Self {
+        Self { slot, subject: *subject, subject_hash }
     }
 }
 
