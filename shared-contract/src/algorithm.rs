@@ -207,6 +207,30 @@ impl<S> Step<S> {
         Self { allowed: true, remaining, retry_after: 0, reset_after, write: None }
     }
 
+    /// A count against `limit` in a window ending at `end` (epoch ms) that
+    /// holds `n` units: denied with nothing written when `n + cost` does
+    /// not fit (its wait the rest of the window), spared, or charged, the
+    /// new count stored as `counted(n + cost)` until `end`. The window
+    /// counters (the fixed window, a calendar period) all count this way.
+    pub fn count(
+        limit: u64,
+        n: u64,
+        end: u64,
+        run: &Run<'_>,
+        counted: impl FnOnce(u64) -> S,
+    ) -> Self {
+        let to_end = end.saturating_sub(run.t);
+        if n.saturating_add(run.cost) > limit {
+            return Self::denied(limit.saturating_sub(n), to_end.max(1), to_end);
+        }
+        if run.charge == Charge::Spare {
+            return Self::spared(limit - n, to_end);
+        }
+        let n = n + run.cost;
+        let write = Some((counted(n), end));
+        Self { allowed: true, remaining: limit - n, retry_after: 0, reset_after: to_end, write }
+    }
+
     /// The same step with its written state mapped.
     pub fn map<T>(self, into: impl FnOnce(S) -> T) -> Step<T> {
         let Self { allowed, remaining, retry_after, reset_after, write } = self;

@@ -16,7 +16,7 @@ use jiff::civil::{Date, Time};
 use jiff::tz::{AmbiguousOffset, TimeZone};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step};
+use super::{Arguments, Checks, Lua, RateAlgorithm, Run, Step};
 use crate::policy::MAX_COUNT;
 
 /// At most `limit` units per calendar `period` of `time-zone`: "10,000
@@ -277,27 +277,12 @@ impl RateAlgorithm for CalendarWindow {
     /// effective time. A `t` at or past its period's end (only beyond
     /// 9998) finds the count of the period as given and `reset_after = 0`.
     fn step(&self, state: Option<&CalendarWindowState>, run: &Run<'_>) -> Step<CalendarWindowState> {
-        let (limit, t, cost) = (self.limit, run.t, run.cost);
-        let (start, end) = bounds(t, self.period, &self.time_zone);
+        let (start, end) = bounds(run.t, self.period, &self.time_zone);
         let n = match state {
             Some(&CalendarWindowState { period_start, count }) if period_start == start => count,
             _ => 0,
         };
-        let to_end = end.saturating_sub(t);
-        if n.saturating_add(cost) > limit {
-            return Step::denied(limit.saturating_sub(n), to_end.max(1), to_end);
-        }
-        if run.charge == Charge::Spare {
-            return Step::spared(limit - n, to_end);
-        }
-        let n = n + cost;
-        Step {
-            allowed: true,
-            remaining: limit - n,
-            retry_after: 0,
-            reset_after: to_end,
-            write: Some((CalendarWindowState { period_start: start, count: n }, end)),
-        }
+        Step::count(self.limit, n, end, run, |count| CalendarWindowState { period_start: start, count })
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {

@@ -56,28 +56,14 @@ impl RateAlgorithm for FixedWindow {
     }
 
     fn step(&self, state: Option<&FixedWindowState>, run: &Run<'_>) -> Step<FixedWindowState> {
-        let (limit, window, t, cost) = (self.limit, ms(self.window), run.t, run.cost);
-        let ws = t - t % window;
+        let window = ms(self.window);
+        let ws = run.t - run.t % window;
         let n = match state {
             Some(&FixedWindowState { window_start, count }) if window_start == ws => count,
             _ => 0,
         };
         let end = ws.saturating_add(window);
-        let to_end = end.saturating_sub(t);
-        if n.saturating_add(cost) > limit {
-            return Step::denied(limit.saturating_sub(n), to_end.max(1), to_end);
-        }
-        if run.charge == super::Charge::Spare {
-            return Step::spared(limit - n, to_end);
-        }
-        let n = n + cost;
-        Step {
-            allowed: true,
-            remaining: limit - n,
-            retry_after: 0,
-            reset_after: to_end,
-            write: Some((FixedWindowState { window_start: ws, count: n }, end)),
-        }
+        Step::count(self.limit, n, end, run, |count| FixedWindowState { window_start: ws, count })
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
