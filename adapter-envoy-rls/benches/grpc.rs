@@ -6,6 +6,11 @@
 //!
 //! `cargo bench -p adapter-envoy-rls --bench grpc` (`SECS=5 ROUNDS=3
 //! CONCURRENCY=64 REDIS=1`).
+//!
+//! `ADDR=127.0.0.1:8081` runs only the client, once, against a server
+//! already listening there (`ca-skeleton --config config/bench.toml`, whose
+//! `bench` rule matches these requests), so that server and client can be
+//! pinned to different CPUs: `scripts/bench-rls.sh` does that.
 
 #![allow(missing_docs)]
 
@@ -77,6 +82,14 @@ async fn run(engine: RlsEngine, concurrency: usize, duration: Duration) -> (f64,
     let server = tokio::spawn(adapter_envoy_rls::serve(listener, RlsSwitch::new(engine), async {
         let _ = stopped.await;
     }));
+    let figures = load(&addr.to_string(), concurrency, duration).await;
+    let _ = stop.send(());
+    let _ = server.await;
+    figures
+}
+
+/// The client alone: `concurrency` callers over `CONNECTIONS` channels.
+async fn load(addr: &str, concurrency: usize, duration: Duration) -> (f64, u64, u64) {
     let mut channels = Vec::new();
     for _ in 0..CONNECTIONS {
         channels.push(RateLimitServiceClient::connect(format!("http://{addr}")).await.unwrap());
@@ -103,8 +116,6 @@ async fn run(engine: RlsEngine, concurrency: usize, duration: Duration) -> (f64,
         latencies.extend(task.await.unwrap());
     }
     let elapsed = started.elapsed().as_secs_f64();
-    let _ = stop.send(());
-    let _ = server.await;
     latencies.sort_unstable();
     let at = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
     (latencies.len() as f64 / elapsed, at(0.50), at(0.99))
@@ -116,6 +127,11 @@ fn main() {
     let concurrency = usize::try_from(env("CONCURRENCY", 64)).unwrap();
     let duration = Duration::from_secs(secs);
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    if let Ok(addr) = std::env::var("ADDR") {
+        let (rate, p50, p99) = runtime.block_on(load(&addr, concurrency, duration));
+        println!("{addr} c={concurrency}: {rate:.0}/s p50 {p50} us p99 {p99} us");
+        return;
+    }
     let redis = (env("REDIS", 0) == 1).then(redis_fixture::RedisServer::start);
     runtime.block_on(async {
         let mut ratios = Vec::new();
