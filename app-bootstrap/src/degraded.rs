@@ -25,9 +25,10 @@
 
 mod ledger;
 
+use std::collections::HashSet;
 use std::num::NonZeroU32;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use adapter_memory::MemoryStore;
@@ -81,6 +82,24 @@ pub struct DegradedMode {
     entered: AtomicU64,
     /// What was admitted locally and is (or may be) missing from Redis.
     ledger: Ledger,
+    /// Subjects of the ledger with a decision under way, and the signal
+    /// that one ended: see [`DegradedMode::turn`].
+    deciding: Mutex<HashSet<SubjectDigest>>,
+    turn_ended: tokio::sync::Notify,
+}
+
+/// A subject's turn to decide (see [`DegradedMode::turn`]); the next one
+/// starts when it drops.
+struct Turn<'m> {
+    mode: &'m DegradedMode,
+    subject: SubjectDigest,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.mode.deciding.lock().unwrap_or_else(PoisonError::into_inner).remove(&self.subject);
+        self.mode.turn_ended.notify_waiters();
+    }
 }
 
 impl DegradedMode {
@@ -97,6 +116,31 @@ impl DegradedMode {
             last_failure: AtomicU64::new(0),
             entered: AtomicU64::new(0),
             ledger: Ledger::default(),
+            deciding: Mutex::default(),
+            turn_ended: tokio::sync::Notify::new(),
+        }
+    }
+
+    /// Waits until no other decision of `subject` is under way, then holds
+    /// its turn: a subject the ledger tracks is decided one request at a
+    /// time, from its write-back to the record of Redis' answer. Otherwise
+    /// a request arriving while another writes the subject's local
+    /// admissions back would reach Redis before them, and a Redis that
+    /// keeps restarting empty would admit that much again at every
+    /// restart. `None` once `deadline` passes first.
+    async fn turn(&self, subject: SubjectDigest, deadline: Instant) -> Option<Turn<'_>> {
+        loop {
+            let ended = self.turn_ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            // Registered before the look, so an end between the two wakes it.
+            ended.as_mut().enable();
+            if self.deciding.lock().unwrap_or_else(PoisonError::into_inner).insert(subject) {
+                return Some(Turn { mode: self, subject });
+            }
+            let left = deadline.saturating_duration_since(self.clock.monotonic());
+            if left.is_zero() || tokio::time::timeout(left, ended).await.is_err() {
+                return None;
+            }
         }
     }
 
@@ -225,7 +269,8 @@ pub struct DegradedPort {
 
 /// The retry-after of a Redis failure met while comparing counts, which
 /// stands only when the local limiter cannot decide either (a cost above
-/// the share).
+/// the share), and of a request whose deadline passed waiting for its
+/// subject's turn.
 const COMPARE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 impl DegradedPort {
@@ -357,6 +402,17 @@ impl DegradedPort {
     /// The evaluation while something is owed to Redis or followed:
     /// settling it first waits for Redis.
     async fn settled(&self, request: RateLimitRequest) -> RateLimitOutcome {
+        let _turn = if self.mode.ledger.tracks(&request.subject) {
+            let Some(turn) = self.mode.turn(request.subject, request.deadline).await else {
+                return Err(RateLimitFailure::Unavailable {
+                    category: UnavailableCategory::AdmissionRejected,
+                    retry_after: COMPARE_RETRY_AFTER,
+                });
+            };
+            Some(turn)
+        } else {
+            None
+        };
         // Kept for the local limiter: the pseudonym is the one copy made
         // (the policy set and the operation are shared pointers).
         let kept = request.clone();

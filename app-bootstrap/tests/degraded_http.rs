@@ -831,6 +831,51 @@ mod window_redis_returns_in {
         assert_eq!(window.admitted, LIMIT, "one instance's share, however often Redis restarts");
     }
 
+    /// `callers` requests of the probe's subject at once through `port`,
+    /// counted as [`Probe::ask`] counts them.
+    async fn at_once(window: &mut Probe, port: &DegradedPort, callers: usize) {
+        let mut asks = Vec::new();
+        for _ in 0..callers {
+            let (port, mut probe) = (port.clone(), Probe::new(&window.clock));
+            asks.push(tokio::spawn(async move {
+                probe.ask(&port).await;
+                (probe.admitted, probe.from_redis)
+            }));
+        }
+        for ask in asks {
+            let (admitted, from_redis) = ask.await.unwrap();
+            window.admitted += admitted;
+            window.from_redis += from_redis;
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_requests_of_a_subject_add_nothing_to_the_share_while_redis_restarts_empty()
+    {
+        let mut redis = RedisServer::start();
+        let clock = ManualClock::new(T0 - 1_000);
+        let port = instance(&redis, &clock, 1);
+        killed_before_the_window(&mut redis, &clock, &[&port]).await;
+
+        // As above, with eight requests at once each time, the first eight
+        // after each restart too: one of them writes the local admissions
+        // back while the others wait for it.
+        let mut window = Probe::new(&clock);
+        for _ in 0..5 {
+            at_once(&mut window, &port, 8).await;
+            clock.advance(Duration::from_millis(500));
+            tokio::task::block_in_place(|| redis.restart());
+            for _ in 0..3 {
+                at_once(&mut window, &port, 8).await;
+            }
+            clock.advance(Duration::from_millis(500));
+            tokio::task::block_in_place(|| redis.crash());
+        }
+        assert!(clock.epoch_millis() < T0 + WINDOW.as_millis() as u64, "one window");
+        assert!(window.from_redis >= 15, "Redis decided in every up half");
+        assert_eq!(window.admitted, LIMIT, "one instance's share, however often Redis restarts");
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_fleet_of_two_counts_both_shares_in_the_window_redis_returns_in() {
         let mut redis = RedisServer::start();

@@ -159,6 +159,11 @@ impl Ledger {
         self.len.load(Ordering::Acquire)
     }
 
+    /// Whether `subject` has an account.
+    pub(super) fn tracks(&self, subject: &SubjectDigest) -> bool {
+        !self.is_empty() && self.lock().contains_key(subject)
+    }
+
     /// How many subjects still owe Redis something.
     pub(super) fn owing(&self) -> usize {
         self.lock().values().filter(|accounts| accounts.iter().any(Account::owes)).count()
