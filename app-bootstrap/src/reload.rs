@@ -199,6 +199,17 @@ impl Reloader {
 
     fn apply(&self, state: &mut Running) -> Result<ReloadReport, Vec<String>> {
         let running = &state.config;
+        // Valid TOML that would put the built-in defaults in force: far more
+        // likely a file caught while being written than a wish.
+        if let Some(file) = self.inner.sources.file() {
+            if std::fs::read(file).is_ok_and(|bytes| bytes.iter().all(u8::is_ascii_whitespace)) {
+                return Err(vec![format!(
+                    "{}: the file is empty; a reload reads the whole configuration, so an \
+                     empty file is refused (restart to run on the defaults)",
+                    file.display()
+                )]);
+            }
+        }
         let loaded = AppConfig::load(&self.inner.sources).map_err(problem_lines)?;
         loaded.check_operations(&self.inner.served).map_err(problem_lines)?;
         let (changed, restart_required) = changes(running, &loaded);

@@ -244,6 +244,16 @@ async fn every_exported_metric_starts_with_the_service_prefix() {
 }
 
 #[tokio::test]
+async fn an_empty_file_is_refused_and_the_policies_in_force_stay() {
+    let served = Served::start(&config(3, 1, "")).await;
+    for empty in ["", "\n  \n"] {
+        let report = served.rewrite_and_reload(empty).await;
+        assert!(problems(&report)[0].contains("the file is empty"), "{report:?}");
+    }
+    served.allowed_then_denied(3).await;
+}
+
+#[tokio::test]
 async fn memory_reloads_follow_the_rules() {
     the_reload_rules_hold("").await;
 }
