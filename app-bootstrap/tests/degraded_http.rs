@@ -775,12 +775,18 @@ mod window_redis_returns_in {
         assert_eq!(clock.epoch_millis(), T0 + 50, "inside the window");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn redis_back_inside_the_window_counts_what_one_instance_admitted_locally() {
+    /// One instance on a new Redis, killed before the window of `T0`.
+    async fn one_instance_killed_before_the_window() -> (RedisServer, ManualClock, DegradedPort) {
         let mut redis = RedisServer::start();
         let clock = ManualClock::new(T0 - 1_000);
         let port = instance(&redis, &clock, 1);
         killed_before_the_window(&mut redis, &clock, &[&port]).await;
+        (redis, clock, port)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn redis_back_inside_the_window_counts_what_one_instance_admitted_locally() {
+        let (mut redis, clock, port) = one_instance_killed_before_the_window().await;
 
         let mut window = Probe::new(&clock);
         for _ in 0..12 {
@@ -805,10 +811,7 @@ mod window_redis_returns_in {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_redis_restarted_every_half_second_adds_nothing_to_the_share() {
-        let mut redis = RedisServer::start();
-        let clock = ManualClock::new(T0 - 1_000);
-        let port = instance(&redis, &clock, 1);
-        killed_before_the_window(&mut redis, &clock, &[&port]).await;
+        let (mut redis, clock, port) = one_instance_killed_before_the_window().await;
 
         // Five cycles of 0.5 s down and 0.5 s up (restarted empty each time),
         // three requests in each half, all inside the one window.
@@ -852,10 +855,7 @@ mod window_redis_returns_in {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_requests_of_a_subject_add_nothing_to_the_share_while_redis_restarts_empty()
     {
-        let mut redis = RedisServer::start();
-        let clock = ManualClock::new(T0 - 1_000);
-        let port = instance(&redis, &clock, 1);
-        killed_before_the_window(&mut redis, &clock, &[&port]).await;
+        let (mut redis, clock, port) = one_instance_killed_before_the_window().await;
 
         // As above, with eight requests at once each time, the first eight
         // after each restart too: one of them writes the local admissions
