@@ -20,7 +20,7 @@ use pin_project_lite::pin_project;
 use shared_contract::{EdgeRateLimitPort, Lease, ReleaseOutcome};
 use tokio_util::task::TaskTracker;
 
-use crate::telemetry::{self, PolicyIds};
+use crate::telemetry::{LEASE_RELEASE_FAILURES_TOTAL, PolicyIds};
 
 /// The edge's releases still running, which a shutdown waits for: without
 /// it the guards of the connections a shutdown cuts drop, their releases
@@ -36,7 +36,10 @@ pub struct LeaseReleases {
 
 impl Default for LeaseReleases {
     fn default() -> Self {
-        Self { running: TaskTracker::new(), failures: telemetry::lease_release_failures() }
+        Self {
+            running: TaskTracker::new(),
+            failures: metrics::counter!(LEASE_RELEASE_FAILURES_TOTAL),
+        }
     }
 }
 
@@ -44,7 +47,6 @@ impl LeaseReleases {
     /// Waits at most `bound` for the releases still running (call it once
     /// the connections are closed, so no guard is left to drop); those
     /// that did not finish are counted as release failures and logged once.
-    /// Returns how many did not finish.
     pub async fn finish_within(&self, bound: Duration) -> usize {
         self.running.close();
         if tokio::time::timeout(bound, self.running.wait()).await.is_ok() {
@@ -105,12 +107,7 @@ impl Drop for LeaseGuard {
 }
 
 impl Release {
-    /// Gives the lease back on the runtime the request ran on. The port is
-    /// asked here first: a provider that answers without waiting (the
-    /// memory provider) has freed the slot before the response's last
-    /// bytes leave, so a client's next request finds it free. Whatever
-    /// still waits (a Redis round trip) runs as a task. Not asked here
-    /// while a panic unwinds: nothing more runs on that stack than must.
+    /// Gives the lease back on the runtime the request ran on.
     fn run(self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // A guard dropped after the runtime shut down: nothing can ask

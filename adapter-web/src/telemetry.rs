@@ -1,11 +1,4 @@
-//! Decision metrics through the `metrics` facade. Labels carry the policy,
-//! its algorithm, the outcome and the policy's mode, never a subject.
-//!
-//! Each member of a prepared policy set holds its metric handles, each
-//! registered with the recorder the first time it is needed (the one
-//! installed then) and kept: a request then bumps a counter, instead of
-//! building a label list and looking the series up by name (about 0.7 us
-//! per request under the Prometheus recorder; docs/benchmarks.md).
+//! Decision metrics through the `metrics` facade.
 
 use std::fmt;
 use std::sync::{LazyLock, OnceLock};
@@ -34,12 +27,6 @@ pub const METRIC_PREFIX: &str = metric_name!("");
 pub const LEASE_RELEASE_FAILURES_TOTAL: &str =
     metric_name!("rate_limit_lease_release_failures_total");
 
-/// The handle of [`LEASE_RELEASE_FAILURES_TOTAL`], registered with the
-/// recorder installed now.
-pub(crate) fn lease_release_failures() -> Counter {
-    metrics::counter!(LEASE_RELEASE_FAILURES_TOTAL)
-}
-
 /// The `algorithm` label when the port does not hold the policy.
 const UNKNOWN_ALGORITHM: &str = "unknown";
 
@@ -56,15 +43,6 @@ static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
         .chain(EdgeRejection::OUTCOME_LABELS)
         .collect()
 });
-
-fn algorithm(policy: Option<&RateLimitPolicy>) -> &'static str {
-    policy.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name())
-}
-
-/// A policy the port does not hold counts as enforced (it fails closed).
-fn mode(policy: Option<&RateLimitPolicy>) -> &'static str {
-    policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name()
-}
 
 /// The metric handles of one member of a policy set: its labels, and a
 /// counter per outcome and its histogram, each registered on first use.
@@ -87,8 +65,9 @@ impl MemberMetrics {
             // A shared string: registering a handle bumps a count, never
             // copies the id.
             policy: SharedString::from(std::sync::Arc::<str>::from(policy)),
-            algorithm: algorithm(described),
-            mode: mode(described),
+            algorithm: described.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name()),
+            // A policy the port does not hold counts as enforced (it fails closed).
+            mode: described.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name(),
             decisions: OUTCOMES.iter().flat_map(|_| [OnceLock::new(), OnceLock::new()]).collect(),
             evaluation: OnceLock::new(),
         }
