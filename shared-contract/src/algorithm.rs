@@ -21,11 +21,7 @@ use crate::policy::{MAX_GRACE, millis};
 use crate::step::Leases;
 
 /// One counting algorithm: a type holding its parameters, with everything
-/// each layer needs from it. Register it in the [`algorithms!`] line.
-///
-/// Its parameters need only be `Clone`: a parameter that owns heap data
-/// (a time zone, say) is fine; a policy's algorithm is cloned when the
-/// policy is compiled, never per decision.
+/// each layer needs from it.
 pub trait RateAlgorithm:
     Clone + fmt::Debug + PartialEq + Eq + Send + Sync + Serialize + DeserializeOwned + 'static
 {
@@ -69,9 +65,7 @@ pub trait RateAlgorithm:
     }
 
     /// The time over which it grants its limit, `w` in `RateLimit-Policy`;
-    /// `None` when it has none (no `w`). `now` reads the caller time (epoch
-    /// ms), for an algorithm whose window's length moves with it; the
-    /// others never call it.
+    /// `None` when it has none (no `w`).
     fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration>;
 
     /// Checks its parameters, pushing each violation with its key; returns

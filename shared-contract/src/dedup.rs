@@ -7,13 +7,7 @@ use crate::error::{PolicyField, PolicyViolation};
 use crate::policy::{MAX_GRACE, whole_millis_problem};
 
 /// Payload bytes one dedupe record counts against `max_stored_bytes`, the
-/// same for every provider so the byte bound evicts alike everywhere. It is
-/// what the Redis provider stores per record, its two hash fields with their
-/// values: the 16-byte evaluation id naming four 8-byte numbers (remaining,
-/// reset-after, the time the record was written, its sequence number), and
-/// the 8-byte sequence number naming the id and the time (24 bytes). So
-/// `max_stored_bytes` bounds the bytes a key's records store, on Redis as in
-/// memory (where a record takes less).
+/// same for every provider so the byte bound evicts alike everywhere.
 pub const DEDUP_RECORD_BYTES: u32 = 16 + 4 * 8 + 8 + (16 + 8);
 
 /// Whether and how a key remembers the evaluations that charged it.

@@ -1,11 +1,6 @@
 //! The text of the IETF `RateLimit-Policy` and `RateLimit` response
 //! fields (draft-ietf-httpapi-ratelimit-headers), shared by every inbound
 //! adapter so a client sees the same headers whichever front end answered.
-//!
-//! Pure formatting over the contract's types: each adapter wraps the bytes
-//! in its own header type. A policy id is validated to `[a-z0-9._-]`,
-//! which an sf-string holds without escapes, so the lists are written by
-//! hand (adapter-web's tests compare them with the `sfv` serialization).
 
 use std::time::Duration;
 
@@ -46,10 +41,7 @@ pub fn write_limit_field<'a>(
 
 /// Appends one item of the `RateLimit` field, after a comma when `text`
 /// holds one already: `"<policy id>";r=<remaining>`, then
-/// `;t=<seconds until whole>` when `resets`. The draft makes `t`
-/// optional; a concurrency policy has no reset time (a slot frees when a
-/// request ends), so it writes none rather than a `t=0` that would read
-/// "whole now".
+/// `;t=<seconds until whole>` when `resets`.
 pub fn write_limit_item(
     text: &mut Vec<u8>,
     policy_id: &PolicyId,

@@ -15,10 +15,7 @@ pub enum Certainty {
     ApproximateAlgorithm,
 }
 
-/// What one policy of a set decided: only what varies per decision. The
-/// policy's limit and certainty are the policy's
-/// ([`crate::RateLimitPolicy::limit`], [`crate::Algorithm::certainty`]),
-/// and times stay in the milliseconds the step counts in.
+/// What one policy of a set decided: only what varies per decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitDecision {
     /// Units left after this decision (after the charge when charged).
@@ -37,38 +34,23 @@ pub struct RateLimitDecision {
     pub replayed: bool,
 }
 
-/// Where the decisions of a set came from. One value, not a flag per
-/// source: a set is answered by exactly one of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum DecisionSource {
-    /// The provider's store decided (the memory store, a Redis script).
-    #[default]
-    Store,
-    /// A provider's local cache of refusals its store gave (the Redis
-    /// provider's denial cache); nothing was charged.
-    LocalCache,
-    /// The composition root's degraded mode: the store could not decide,
-    /// and an in-process limiter holding each policy at
-    /// `ceil(limit / instances)` did.
-    Degraded,
-}
-
-impl DecisionSource {
-    /// Every source, in declaration order.
-    pub const ALL: [Self; 3] = [Self::Store, Self::LocalCache, Self::Degraded];
-
-    /// Kebab-case name: `store`, `local-cache`, `degraded` (the last is
-    /// the metric outcome of every decision of a degraded set).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Store => "store",
-            Self::LocalCache => "local-cache",
-            Self::Degraded => "degraded",
-        }
+crate::named_enum! {
+    /// Where the decisions of a set came from. One value, not a flag per
+    /// source: a set is answered by exactly one of them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub enum DecisionSource {
+        /// The provider's store decided (the memory store, a Redis script).
+        #[default]
+        Store = "store",
+        /// A provider's local cache of refusals its store gave (the Redis
+        /// provider's denial cache); nothing was charged.
+        LocalCache = "local-cache",
+        /// The composition root's degraded mode: the store could not decide,
+        /// and an in-process limiter holding each policy at
+        /// `ceil(limit / instances)` did.
+        Degraded = "degraded",
     }
 }
-
-crate::impl_from_str_by_name!(DecisionSource);
 
 /// The decisions of a set: the one of a set of one inline, those of a
 /// larger set in one allocation of exactly their number.
@@ -79,15 +61,7 @@ enum Decisions {
 }
 
 /// The decisions of a policy set: one per member, in the set's order, and
-/// whether the request is admitted. Made only from the members' own
-/// decisions and modes ([`Self::of_members`]), so the admission always
-/// agrees with them: a set is admitted when one of its decisions is a
-/// replay (a replay answers the whole set as it was first admitted) or
-/// when every enforced member allows. A set of one needs no allocation.
-///
-/// Equality compares the answer, not where it came from: a decision a
-/// provider answered from a local cache ([`Self::cached`]) equals the one
-/// its store would have given.
+/// whether the request is admitted.
 #[derive(Clone)]
 pub struct SetDecision {
     decisions: Decisions,
@@ -217,29 +191,33 @@ impl fmt::Debug for SetDecision {
     }
 }
 
-/// Why no decision was made, with nothing consumed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnavailableCategory {
-    /// The deadline had passed, or no lane capacity came before it.
-    AdmissionRejected,
-    /// The command provably never reached the store (connect failure,
-    /// NOPERM, closed pool).
-    UnavailableBeforeSend,
-    /// The caller clock ran backwards beyond the policy's bound; nothing
-    /// was mutated.
-    ClockUnsafe,
+crate::named_enum! {
+    /// Why no decision was made, with nothing consumed.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum UnavailableCategory {
+        /// The deadline had passed, or no lane capacity came before it.
+        AdmissionRejected = "admission-rejected",
+        /// The command provably never reached the store (connect failure,
+        /// NOPERM, closed pool).
+        UnavailableBeforeSend = "unavailable-before-send",
+        /// The caller clock ran backwards beyond the policy's bound; nothing
+        /// was mutated.
+        ClockUnsafe = "clock-unsafe",
+    }
 }
 
-/// Why the request and the provider do not fit together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IncompatibleCategory {
-    /// The provider lacks a policy of the set.
-    UnknownPolicy,
-    /// Cost 0 or above the maximum cost of a policy of the set.
-    CostExceedsMaximum,
-    /// Stored state of the wrong type or shape, or a reply of an unknown
-    /// shape.
-    StateIncompatible,
+crate::named_enum! {
+    /// Why the request and the provider do not fit together.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum IncompatibleCategory {
+        /// The provider lacks a policy of the set.
+        UnknownPolicy = "unknown-policy",
+        /// Cost 0 or above the maximum cost of a policy of the set.
+        CostExceedsMaximum = "cost-exceeds-maximum",
+        /// Stored state of the wrong type or shape, or a reply of an unknown
+        /// shape.
+        StateIncompatible = "state-incompatible",
+    }
 }
 
 /// The `Retry-After` of an outcome no decision could be made for, unless
@@ -324,42 +302,6 @@ impl RateLimitOutcomeExt for RateLimitOutcome {
         }
     }
 }
-
-impl UnavailableCategory {
-    /// Every category, in declaration order.
-    pub const ALL: [Self; 3] =
-        [Self::AdmissionRejected, Self::UnavailableBeforeSend, Self::ClockUnsafe];
-
-    /// Kebab-case name: `admission-rejected`, `unavailable-before-send`,
-    /// `clock-unsafe`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::AdmissionRejected => "admission-rejected",
-            Self::UnavailableBeforeSend => "unavailable-before-send",
-            Self::ClockUnsafe => "clock-unsafe",
-        }
-    }
-}
-
-crate::impl_from_str_by_name!(UnavailableCategory);
-
-impl IncompatibleCategory {
-    /// Every category, in declaration order.
-    pub const ALL: [Self; 3] =
-        [Self::UnknownPolicy, Self::CostExceedsMaximum, Self::StateIncompatible];
-
-    /// Kebab-case name: `unknown-policy`, `cost-exceeds-maximum`,
-    /// `state-incompatible`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::UnknownPolicy => "unknown-policy",
-            Self::CostExceedsMaximum => "cost-exceeds-maximum",
-            Self::StateIncompatible => "state-incompatible",
-        }
-    }
-}
-
-crate::impl_from_str_by_name!(IncompatibleCategory);
 
 #[cfg(test)]
 mod tests {

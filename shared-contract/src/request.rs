@@ -97,9 +97,7 @@ impl PolicySet {
 
 /// A digest of the operation (method and route template), the part of an
 /// operation-scoped policy's key that tells operations apart: a number, so
-/// no route or path ever reaches a key. It prints (in a storage key, a log
-/// line, the admin API) as lowercase hex of its width: 16 digits for 64
-/// bits (the HTTP edge's), 32 for 128 (an Envoy RLS rule's).
+/// no route or path ever reaches a key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OperationDigest(Bits);
 

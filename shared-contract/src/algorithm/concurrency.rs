@@ -1,7 +1,5 @@
 //! Concurrency (docs/algorithms.md "Concurrency (in-flight leases)"): at
-//! most `max_in_flight` live leases per key. The state is only its tag;
-//! the leases are the key's [`Leases`], which the set step adds to when
-//! the request is admitted and a release removes from.
+//! most `max_in_flight` live leases per key.
 
 use std::time::Duration;
 
@@ -69,10 +67,7 @@ impl RateAlgorithm for Concurrency {
         limit_ok
     }
 
-    /// Allowed iff the live leases leave a slot. An allowing `Take` writes
-    /// the tag and the key's end (the latest live lease's expiry, the new
-    /// one included); the set step adds the lease itself. No window:
-    /// `reset_after` is 0, and a denial tells the configured `retry_after`.
+    /// Allowed iff the live leases leave a slot.
     fn step(&self, _state: Option<&Leased>, run: &Run<'_>) -> Step<Leased> {
         let (max_in_flight, retry_after, t, charge, leases) =
             (self.max_in_flight, ms(self.retry_after), run.t, run.charge, run.leases);
