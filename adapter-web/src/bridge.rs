@@ -33,16 +33,12 @@ use crate::telemetry::{self, MemberMetrics, PolicyIds};
 pub struct BridgeEvaluation {
     /// The operation's policy set (or the default set), in configured order.
     pub policies: PolicySet,
-    /// Each policy of the set as the port holds it, in the set's order (for
-    /// the `RateLimit-Policy` header and the mode); `None` for one the port
-    /// does not know (the outcome then says `UnknownPolicy`).
+    /// Each policy of the set as the port holds it, in order; `None` for
+    /// one it does not know.
     pub described: Arc<[Option<RateLimitPolicy>]>,
-    /// The port's answer: a decided one holds one decision per policy of
-    /// the set, in its order, and admits as its members' modes say
-    /// ([`shared_contract::SetDecision::of_members`]).
+    /// The port's answer: one decision per policy of the set, in order.
     pub outcome: RateLimitOutcome,
-    /// The set's `RateLimit-Policy` header (its enforced policies as the
-    /// port holds them), made once per set: it never changes per request.
+    /// The set's `RateLimit-Policy` header.
     pub(crate) policy_header: Option<HeaderValue>,
 }
 
@@ -59,23 +55,19 @@ impl BridgeEvaluation {
         (0..self.policies.len()).any(|index| self.mode(index) == PolicyMode::Enforce)
     }
 
-    /// Whether the handler runs: the set was admitted, or nothing in it is
-    /// enforced.
+    /// Whether the handler runs: admitted, or nothing in the set enforced.
     pub fn admits(&self) -> bool {
         self.outcome.is_allowed() || !self.enforces()
     }
 
-    /// The enforced policies of the set with their decisions, in the set's
-    /// order; empty unless the outcome is a decision. These are the
-    /// policies a client sees in the `RateLimit` headers.
+    /// The enforced policies with their decisions, in order: those a
+    /// client sees in the `RateLimit` headers.
     pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
         self.enforced_limits().map(|(id, decision, _)| (id, decision)).collect()
     }
 
-    /// The enforced members as the `RateLimit` header lists them (every
-    /// allowed request's headers are made from it): id, decision, and
-    /// whether the policy has a reset time to announce (`t`); a
-    /// concurrency policy has none.
+    /// The enforced members as `RateLimit` lists them: id, decision, and
+    /// whether it has a reset time (`t`; a concurrency policy has none).
     pub(crate) fn enforced_limits(
         &self,
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
@@ -109,24 +101,21 @@ fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
     policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode)
 }
 
-/// A policy set prepared once, when the bridge is built: each member as
-/// the port holds it (the port's policies do not change under a running
-/// bridge) and its metric handles.
+/// A policy set prepared once, when the bridge is built (the port's
+/// policies do not change under a running bridge).
 #[derive(Debug)]
 struct PreparedSet {
     policies: PolicySet,
     metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
     policy_header: Option<HeaderValue>,
-    /// Whether an enforced member's window length moves with the time (a
-    /// calendar month): its header is then written per response.
+    /// Whether an enforced window moves (a calendar month): the header is
+    /// then written per response.
     header_moves: bool,
-    /// Whether a member is a concurrency policy (enforced or shadow: both
-    /// take a real lease), so an admitted request holds a lease to give
-    /// back. Only these sets pay for a guard.
+    /// Whether a member holds leases (enforced or shadow): only these sets
+    /// pay for a guard.
     holds_leases: bool,
-    /// Whether a member is a shadow policy, whose would-be denials are
-    /// logged under the request's pseudonym.
+    /// Whether a member is a shadow policy.
     has_shadow: bool,
 }
 
@@ -169,13 +158,12 @@ pub struct TransportBridge {
     clock: Arc<dyn Clock>,
     settings: EdgeSettings,
     operations: Operations,
-    /// The configured operations' sets, as [`crate::bridge::Operation::set`] indexes them.
+    /// Indexed by [`Operation::set`].
     sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
-    /// The in-flight leases' releases, and their failure counter.
     releases: LeaseReleases,
-    /// Holds the failure lines to one a second: while the provider is down
-    /// every request fails alike (the metrics count each one).
+    /// One failure line a second: while the provider is down every request
+    /// fails alike.
     failures_logged: LogThrottle,
 }
 
@@ -208,9 +196,8 @@ impl TransportBridge {
         }
     }
 
-    /// The bridge whose leases' releases run tracked by `releases`: a
-    /// reload's new bridge takes the current one's, so the server's
-    /// shutdown waits for them all.
+    /// Tracks its lease releases with `releases`: a reload's new bridge
+    /// takes the current one's, so shutdown waits for them all.
     #[must_use]
     pub fn with_lease_releases(mut self, releases: LeaseReleases) -> Self {
         self.releases = releases;
@@ -253,8 +240,8 @@ impl TransportBridge {
         answer.map(|(evaluation, _lease)| evaluation)
     }
 
-    /// Asks the port about one request: the answer when the port has it
-    /// at once (no allocation and no poll), else what to wait for.
+    /// Asks the port: the answer when it has one at once, else what to
+    /// wait for.
     pub(crate) fn ask(&self, parts: &Parts) -> Asked {
         let operation = self.operations.find(parts);
         let prepared = self.prepared(operation.set);
@@ -272,13 +259,11 @@ impl TransportBridge {
         };
         let digest = self.pseudonymizer.pseudonymize(subject.kind, &subject.identity);
         let span = decision_span(&operation.id, policies, &digest);
-        // Kept only when a shadow policy may need to log whose request it
-        // would have denied; the pseudonym, never the raw subject.
+        // For a shadow policy's log line: the pseudonym, never the subject.
         let shadow_subject = prepared.has_shadow.then_some(digest);
         // One reading for the deadline and the histogram's start.
         let started = self.clock.monotonic();
-        // A budget too large for `Instant` can only be a configuration slip;
-        // the present as deadline fails closed (AdmissionRejected).
+        // A budget too large for `Instant` fails closed (AdmissionRejected).
         let deadline = started.checked_add(self.settings.evaluation_budget).unwrap_or(started);
         let cost = parts.extensions.get::<RateLimitCost>().copied().unwrap_or_default().0;
         let request = RateLimitRequest {
@@ -309,8 +294,7 @@ impl TransportBridge {
         index.map_or(&self.default_set, |index| &self.sets[index])
     }
 
-    /// The port's answer to the request `context` describes, counted and
-    /// logged.
+    /// The port's answer, counted and logged.
     fn finish(
         &self,
         context: Context,
@@ -318,8 +302,7 @@ impl TransportBridge {
     ) -> (BridgeEvaluation, Option<LeaseGuard>) {
         let Context { operation, lease, span, started, shadow_subject } = context;
         let prepared = self.prepared(operation.set);
-        // The injected clock times the histogram too: the system's in
-        // production, and a test's manual one reads what it was set to.
+        // The injected clock times the histogram too.
         let ended = self.clock.monotonic();
         let elapsed = ended.saturating_duration_since(started);
         let lease = match lease {
@@ -349,8 +332,7 @@ impl TransportBridge {
     }
 }
 
-/// The bridge's answer to one request, and the guard of the lease it may
-/// hold.
+/// The bridge's answer to one request, and the guard of its lease.
 pub(crate) type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection>;
 
 /// What [`TransportBridge::ask`] found.
@@ -368,8 +350,7 @@ pub(crate) struct Waiting {
 }
 
 impl Waiting {
-    /// Waits for the port's answer (in the decision span), then counts and
-    /// logs it as `bridge` does every answer.
+    /// Waits for the port's answer in the decision span, then finishes it.
     pub(crate) async fn answer(self, bridge: &TransportBridge) -> Answer {
         let Self { evaluation, context } = self;
         let outcome = match &context.span {
@@ -389,9 +370,8 @@ struct Context {
     shadow_subject: Option<SubjectDigest>,
 }
 
-/// Whether the port's answer leaves a lease behind: an admitted set holds one, and an `Indeterminate` answer may
-/// have taken one. A refused set writes nothing (docs/algorithms.md,
-/// "Policy sets"), and `Unavailable` and `Incompatible` touch no state.
+/// Whether the port's answer leaves a lease behind: an admitted set's, or
+/// an `Indeterminate` one's (a refused set writes nothing).
 fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
     match outcome {
         Ok(set) => set.allowed(),
@@ -400,9 +380,8 @@ fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
     }
 }
 
-/// The `rate_limit.decision` span of one evaluation, a child of the span
-/// the request runs in; `None` when it runs in none (traces are off), so
-/// an untraced request pays one look-up and no span.
+/// The `rate_limit.decision` span, a child of the request's; `None` when
+/// there is none, so an untraced request pays no span.
 fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) -> Option<Span> {
     // `is_known` would be true for "no span" too: the id says there is one.
     let traced =
@@ -421,8 +400,7 @@ fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) 
     })
 }
 
-/// The decision's attributes: its outcome category, whether the handler
-/// runs, and whether the provider answered from its denial cache.
+/// The decision's attributes.
 fn record_decision(span: &Span, evaluation: &BridgeEvaluation) {
     let cached = evaluation.outcome.as_ref().is_ok_and(|set| set.cached());
     span.record("rate_limit.outcome", evaluation.outcome.category_name());
@@ -446,9 +424,7 @@ fn log_outcome(
             let members = evaluation.policies.ids().iter().zip(set.decisions()).enumerate();
             for (index, (policy, decision)) in members {
                 if evaluation.mode(index) == PolicyMode::Shadow && !decision.allowed {
-                    // The one line a shadow rollout is watched by: who (as
-                    // a pseudonym an operator can look up) would have been
-                    // refused, where and by which policy.
+                    // The line a shadow rollout is watched by.
                     let subject = shadow_subject.map(ToString::to_string);
                     tracing::info!(
                         subject = subject.as_deref(),
@@ -481,9 +457,7 @@ fn log_outcome(
 /// buckets, so every unmatched request of a method shares one operation.
 pub const UNMATCHED_ROUTE: &str = "<unmatched>";
 
-/// `"<METHOD> <route template>"`, e.g. `GET /api/orders/{id}`. Standard
-/// methods keep their name; any extension method becomes `OTHER`, so a
-/// client inventing methods cannot mint operations either.
+/// `"<METHOD> <route template>"`; an extension method is `OTHER`.
 #[cfg(test)]
 pub(crate) fn operation_id(parts: &Parts) -> String {
     format!("{} {}", METHODS[method_index(&parts.method)], route(parts))
@@ -493,8 +467,7 @@ fn route(parts: &Parts) -> &str {
     parts.extensions.get::<MatchedPath>().map_or(UNMATCHED_ROUTE, MatchedPath::as_str)
 }
 
-/// One operation as the bridge uses it: its id (for log lines), its
-/// digest, and the configured policy set it runs under, if any.
+/// One operation: its id (for log lines), digest and configured set.
 #[derive(Debug)]
 pub(crate) struct Operation {
     pub(crate) id: Box<str>,
@@ -509,12 +482,9 @@ impl Operation {
     }
 }
 
-/// Operations by method and route template, so a request's operation is
-/// found without writing its id and hashing it again: the configured ones
-/// from the start, the others (which run under the default set) added the
-/// first time one is seen. Route templates are the router's, a fixed
-/// handful, so the seen ones stay few; past [`MAX_SEEN_OPERATIONS`]
-/// further ones are computed per request instead of kept.
+/// Operations by method and route template, so a request's is found
+/// without hashing its id again: the configured ones, and the others the
+/// first time one is seen (at most [`MAX_SEEN_OPERATIONS`] kept).
 #[derive(Debug)]
 pub(crate) struct Operations {
     configured: [Routes; METHODS.len()],
@@ -524,18 +494,16 @@ pub(crate) struct Operations {
 /// The unconfigured operations seen so far, by method, and how many.
 type Seen = ([Routes; METHODS.len()], usize);
 
-/// Operations of one method by route template. foldhash, not SipHash:
-/// every request looks its route up once or twice, and the keys are the
-/// router's templates, never a client's text.
+/// Operations of one method by route template. foldhash, not SipHash: the
+/// keys are the router's templates, never a client's text.
 type Routes = HashMap<Box<str>, Arc<Operation>, foldhash::fast::RandomState>;
 
 /// How many unconfigured operations are kept at most.
 const MAX_SEEN_OPERATIONS: usize = 4096;
 
 impl Operations {
-    /// The table of `configured` operation ids (`"<METHOD> <route>"`) with
-    /// the index of each one's set. An id no request can have (an unknown
-    /// method name, no route) is left out: no request would ever find it.
+    /// The table of `configured` operation ids with their set's index; an
+    /// id no request can have is left out.
     pub(crate) fn new<'a>(configured: impl IntoIterator<Item = (&'a str, usize)>) -> Self {
         let mut table: [Routes; METHODS.len()] = Default::default();
         for (id, set) in configured {
@@ -588,11 +556,8 @@ pub fn operation_digest(operation: &str) -> OperationDigest {
     OperationDigest::from_u64(u64::from_be_bytes(*first))
 }
 
-/// The digest a request of `operation` is charged under: its own, except
-/// that a HEAD is charged as the GET of its route (`"HEAD /api/orders/{id}"`
-/// gives the digest of `"GET /api/orders/{id}"`), so a HEAD spends the
-/// GET's operation-scoped budget even when it is mapped to a set of its
-/// own. The admin routes name budgets by operation with it.
+/// The digest a request of `operation` is charged under: its own, but a
+/// HEAD's is its route's GET's, even when it is mapped to a set of its own.
 pub fn charged_digest(operation: &str) -> OperationDigest {
     match operation.strip_prefix("HEAD ") {
         Some(route) => operation_digest(&format!("GET {route}")),
@@ -605,8 +570,7 @@ const GET: usize = 0;
 const HEAD: usize = 5;
 const OTHER: usize = 9;
 
-/// The method names an operation id can start with; a method's index in
-/// it is [`method_index`]. Every extension method is charged as `OTHER`.
+/// The method names an operation id can start with, by [`method_index`].
 pub(crate) const METHODS: [&str; 10] =
     ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "CONNECT", "TRACE", "OTHER"];
 
@@ -614,15 +578,9 @@ fn method_index(method: &Method) -> usize {
     METHODS[..OTHER].iter().position(|known| *known == method.as_str()).unwrap_or(OTHER)
 }
 
-/// The cost of a request, inserted as a request extension by a layer that
-/// runs before the rate-limit layer (the same pattern as
-/// [`crate::AuthenticatedPrincipal`]): an export that reads a thousand
-/// rows can spend more than a lookup of one. Without it a request costs 1.
-///
-/// The cost is charged to every policy of the set that allows the request.
-/// A cost of 0, or above a policy's `maximum-cost`, is answered by the
-/// port as `Incompatible(CostExceedsMaximum)` (a `503`), with nothing
-/// charged.
+/// The cost of a request (1 without it), a request extension set by a
+/// layer before the rate-limit layer. A cost of 0, or above a policy's
+/// `maximum-cost`, is answered `Incompatible(CostExceedsMaximum)` (a `503`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateLimitCost(pub u64);
 
@@ -637,12 +595,9 @@ impl Default for RateLimitCost {
     }
 }
 
-/// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in the
-/// order given (GCRA: `q=<burst>;w=<burst x T>`, T its emission interval;
-/// concurrency: `q=<max-in-flight>` and no `w`, it has no window); `None`
-/// for no policy (the header is then left out).
-/// `now` is the caller time (epoch ms), read only for a window whose
-/// length moves with it (a calendar month).
+/// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in order
+/// (no `w` without a window); `None` for no policy. `now` (epoch ms) is
+/// read only for a window that moves (a calendar month).
 pub(crate) fn policy_header<'a>(
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
     now: impl Fn() -> u64,
@@ -653,18 +608,10 @@ pub(crate) fn policy_header<'a>(
     }))
 }
 
-/// `"<policy id>";r=<remaining>;t=<seconds until the budget is whole>` for
-/// each policy, in the order given (GCRA: until the next cell beyond the
-/// remaining ones conforms, docs/algorithms.md#gcra); no `t` for a policy
-/// that does not reset (`resets` false: concurrency, whose slot frees when
-/// a request ends); `None` for no policy.
-///
-/// Written by hand (`shared_contract::write_limit_item`, which every
-/// front end shares), not through `sfv` as the policy header is: this one
-/// is made per request (the serializer's checks and copies cost about a
-/// fifth of the layer; docs/benchmarks.md), and a policy id is validated
-/// to `[a-z0-9._-]`, which an sf-string holds without escapes. The output
-/// is exactly what `sfv` writes (a test compares them).
+/// `"<policy id>";r=<remaining>;t=<seconds until whole>` for each policy,
+/// in order (no `t` when `resets` is false); `None` for no policy. Written
+/// by hand, not through `sfv`: it is made per request, and a validated
+/// policy id needs no escapes (a test compares it with what `sfv` writes).
 pub(crate) fn limit_header<'a>(
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
 ) -> Option<HeaderValue> {

@@ -60,9 +60,7 @@ impl SubjectKind {
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct RawSubject<'a> {
     pub(crate) kind: SubjectKind,
-    /// The canonical identity: the principal and API key as sent (borrowed
-    /// from the request, not copied); for an IP, its network at the
-    /// configured prefix (see [`client_network`]).
+    /// The principal or API key as sent, or the client IP's network.
     pub(crate) identity: Cow<'a, str>,
 }
 
@@ -72,9 +70,8 @@ impl fmt::Debug for RawSubject<'_> {
     }
 }
 
-/// Resolves the subject of a request by precedence: principal extension,
-/// then the API key header when one is configured, then the client IP (see
-/// [`client_ip`]).
+/// The subject of a request: its principal, else its API key, else its
+/// client IP.
 pub(crate) fn resolve_subject<'a>(
     parts: &'a Parts,
     settings: &EdgeSettings,
@@ -103,9 +100,7 @@ pub(crate) fn resolve_subject<'a>(
     })
 }
 
-/// The network a client address counts as: IPv4 (IPv4-mapped IPv6
-/// included) at `client_ipv4_prefix`, IPv6 at `client_ipv6_prefix`, host
-/// bits cleared.
+/// The network a client address counts as, at the configured prefix.
 fn client_network(ip: IpAddr, settings: &EdgeSettings) -> IpNet {
     match ip.to_canonical() {
         IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new_assert(v4, settings.ipv4_prefix()).trunc()),
@@ -125,12 +120,8 @@ pub enum IdentityProblem {
 }
 
 /// The canonical identity the edge pseudonymizes for a subject of `kind`,
-/// from the form an operator types it: an API key as a client sends it
-/// (checked by the same rules), a principal as the auth layer sets it, an
-/// IP address as the edge sees the client (turned into its network at the
-/// configured prefix, as requests are). Feeding the result to
-/// [`crate::VersionedPseudonymizer::pseudonymize`] gives the pseudonym a
-/// request of that subject is counted under. The identity is never kept.
+/// from the form an operator types it (an IP becomes its network, as for
+/// requests), so an operator finds the pseudonym a request is counted under.
 ///
 /// # Errors
 /// [`IdentityProblem`] when the text cannot be such a subject.
@@ -198,8 +189,7 @@ fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
 }
 
 /// The first untrusted address of `hops` (rightmost first), else the
-/// farthest trusted one the walk reached before the hops ran out or one
-/// named no address (`None`), else `peer`.
+/// farthest trusted one reached before a hop named no address.
 fn walk_from_right(
     peer: IpAddr,
     hops: impl Iterator<Item = Option<IpAddr>>,
@@ -217,9 +207,7 @@ fn walk_from_right(
     farthest_trusted
 }
 
-/// One `X-Forwarded-For` entry: `client`, possibly with a port
-/// (`192.0.2.1:80`, `[2001:db8::1]:80`) or brackets (`[2001:db8::1]`);
-/// `None` for anything else, the empty entry included.
+/// One `X-Forwarded-For` entry: an address, maybe bracketed or with a port.
 fn x_forwarded_for_hop(entry: &[u8]) -> Option<IpAddr> {
     let entry = std::str::from_utf8(entry).ok()?.trim_matches([' ', '\t']);
     if let Ok(ip) = entry.parse::<IpAddr>() {
@@ -288,11 +276,8 @@ fn opening_quote(text: &[u8]) -> Option<usize> {
     None
 }
 
-/// The hop one `Forwarded` element (RFC 7239 section 4) names:
-/// `Some(Some(ip))`, `Some(None)` for an element that names no address
-/// (no `for`, `unknown`, an obfuscated node) or is malformed, and `None`
-/// for an element with no pairs at all, which HTTP lists allow and which
-/// carries nothing.
+/// The hop one `Forwarded` element (RFC 7239 section 4) names: `Some(None)`
+/// for no address or a malformed one, `None` for an empty element.
 fn forwarded_hop(element: &[u8]) -> Option<Option<IpAddr>> {
     let mut cursor = Cursor { bytes: element, at: 0 };
     let mut node: Option<Option<IpAddr>> = None;
@@ -436,9 +421,7 @@ pub struct VersionedPseudonymizer {
     active_version: u32,
 }
 
-/// HMAC-SHA-256 already keyed with one version's key: a pseudonym clones
-/// it instead of hashing the padded key again (two SHA-256 blocks saved per
-/// request). It is as secret as the key, so it never prints.
+/// HMAC-SHA-256 keyed once per version (as secret as the key: never printed).
 #[derive(Clone)]
 struct KeyedMac(Hmac<Sha256>);
 
@@ -473,9 +456,7 @@ impl VersionedPseudonymizer {
         self.active_version
     }
 
-    /// Whether `digest` has the form this pseudonymizer makes: a configured
-    /// key version and a tag of HMAC-SHA-256's 32 bytes. Any other names a
-    /// budget no request is ever charged under.
+    /// Whether `digest` has the form this pseudonymizer makes.
     pub fn could_make(&self, digest: &SubjectDigest) -> bool {
         self.keys.contains_key(&digest.version()) && digest.tag().len() == 32
     }
@@ -513,10 +494,7 @@ fn tag<'a>(key: &KeyedMac, parts: impl IntoIterator<Item = &'a str>) -> [u8; 32]
     mac.finalize().into_bytes().into()
 }
 
-/// The framing of [`VersionedPseudonymizer::pseudonymize`] over any list
-/// of frames, for a front end whose subjects are not HTTP's (Envoy's
-/// descriptors): `pseudonymize(kind, identity)` is the frames
-/// `[kind.as_str(), identity]`.
+/// `pseudonymize(kind, identity)` is the frames `[kind.as_str(), identity]`.
 impl SubjectPseudonymizer for VersionedPseudonymizer {
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest {
         let key = &self.keys[&self.active_version];

@@ -50,9 +50,8 @@ impl RateLimitLayer {
         Self { limiter: None }
     }
 
-    /// Replaces the default problem+json refusals (`429`, `503`, `400`,
-    /// `500`) with what `shaper` makes of them; it receives the reason and
-    /// the default response, headers included.
+    /// Replaces the default problem+json refusals with what `shaper` makes
+    /// of the reason and the default response.
     pub fn with_refusal_shaper(
         mut self,
         shaper: impl Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync + 'static,
@@ -110,8 +109,7 @@ where
 }
 
 /// A port answer still to come, with the request parts and the bridge
-/// handed back: the future owns the one reference the request takes, so
-/// no second count is bumped on the bridge every request shares.
+/// handed back (the request's one reference to the bridge).
 type Evaluation = Pin<Box<dyn Future<Output = (Parts, Arc<TransportBridge>, Answer)> + Send>>;
 
 pin_project! {
@@ -157,12 +155,9 @@ impl<S, ReqBody> ResponseFuture<S, ReqBody>
 where
     S: Service<Request<ReqBody>> + Clone,
 {
-    /// Asks the bridge at once: a provider that answers without waiting
-    /// (the memory provider) is done here, with nothing boxed or polled,
-    /// and an admitted request goes straight to `ready`, the instance
-    /// `poll_ready` readied, with no clone of it. Only a provider that
-    /// waits leaves the evaluation to the future, with a clone of `ready`
-    /// left behind.
+    /// Asks the bridge at once: an answer without waiting is used here,
+    /// nothing boxed, and an admitted request calls `ready` itself. Only
+    /// a provider that waits leaves the evaluation to the future.
     fn evaluating(
         bridge: Arc<TransportBridge>,
         shaper: Option<RefusalShaper>,
@@ -191,9 +186,7 @@ where
 }
 
 /// The state the bridge's answer leads to: the inner service running
-/// (`call` makes its future from the request parts) with the decision
-/// headers and the lease to give back after the response, or the refusal
-/// that replaces its response.
+/// (through `call`), or the refusal that replaces its response.
 fn answered<S, ReqBody>(
     parts: Parts,
     bridge: &TransportBridge,

@@ -37,10 +37,8 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// `RateLimit` header name.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// The `RateLimit-Policy` and `RateLimit` headers of an evaluated outcome,
-/// listing the set's enforced policies in configured order; none for
-/// failures, which carry no decision, and for a set without an enforced
-/// policy.
+/// The `RateLimit-Policy` and `RateLimit` headers of the set's enforced
+/// policies; none for a failure.
 pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> DecisionHeaders {
     let mut enforced = evaluation.enforced_limits().peekable();
     if enforced.peek().is_none() {
@@ -74,9 +72,7 @@ impl DecisionHeaders {
     }
 }
 
-/// The problem+json extension member of a `429`: the ids of the enforced
-/// policies that denied, in configured order (draft-ietf-httpapi-ratelimit-headers
-/// `violated-policies`).
+/// The problem+json member of a `429` naming the enforced policies that denied.
 const VIOLATED_POLICIES: &str = "violated-policies";
 
 impl Refusal<'_> {
@@ -101,10 +97,11 @@ impl Refusal<'_> {
                 let wait = violated.iter().map(|(_, decision)| decision.retry_after_ms).max();
                 let seconds = wait.map_or(failure_seconds, whole_seconds_up_millis);
                 let names: Vec<&str> = violated.iter().map(|(id, _)| id.as_str()).collect();
+                let quoted: Vec<String> = names.iter().map(|name| format!("\"{name}\"")).collect();
                 let detail = format!(
                     "Too many requests under rate limit {} {}; retry after {seconds} s.",
                     if names.len() == 1 { "policy" } else { "policies" },
-                    Quoted(&names),
+                    quoted.join(", "),
                 );
                 let response = problem(settings, StatusCode::TOO_MANY_REQUESTS, category)
                     .with_title("Too Many Requests")
@@ -125,21 +122,6 @@ impl Refusal<'_> {
         headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
         decision_headers(evaluation).apply(headers);
         response
-    }
-}
-
-/// `"a", "b"` for a detail sentence.
-struct Quoted<'a>(&'a [&'a str]);
-
-impl fmt::Display for Quoted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, name) in self.0.iter().enumerate() {
-            if index > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "\"{name}\"")?;
-        }
-        Ok(())
     }
 }
 
@@ -195,9 +177,7 @@ pub enum Refusal<'a> {
 /// response to send out.
 type ShapeFn = dyn Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync;
 
-/// Rewrites the default problem+json refusal. The handler has not run and
-/// will not run whatever the shaper returns: it shapes the answer, it
-/// cannot admit the request.
+/// Rewrites the default problem+json refusal; it cannot admit the request.
 #[derive(Clone)]
 pub(crate) struct RefusalShaper(pub(crate) Arc<ShapeFn>);
 

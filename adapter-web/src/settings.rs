@@ -46,9 +46,8 @@ pub struct EdgeSettings {
     /// IPv6 clients are counted per network of this many leading bits
     /// (`1..=128`).
     pub client_ipv6_prefix: u8,
-    /// Problem `type` URIs are this plus the category name. Default
-    /// `https://ca-skeleton.invalid/problems/`: `.invalid` can never belong
-    /// to someone else; a service sets its own documentation URL.
+    /// Problem `type` URIs are this plus the category name; a service sets
+    /// its own documentation URL.
     pub problem_type_base: String,
 }
 
@@ -115,9 +114,7 @@ impl<'de> Deserialize<'de> for ClientIpHeader {
     }
 }
 
-/// The policy of every operation not mapped to a set of its own, unless
-/// configured: also the id of the policy a configuration without policies
-/// serves with.
+/// The policy of every operation not mapped to a set, unless configured.
 pub const DEFAULT_POLICY: &str = "default";
 
 /// The default [`EdgeSettings::problem_type_base`].
@@ -129,12 +126,8 @@ const IPV4_PREFIXES: RangeInclusive<u8> = 1..=32;
 const IPV6_PREFIXES: RangeInclusive<u8> = 1..=128;
 
 impl EdgeSettings {
-    /// Every rule the types cannot hold, broken: a budget and a failure
-    /// retry-after of at least 1 ms, client prefixes in range, trusted
-    /// proxies that leave some address of each family untrusted, and a
-    /// non-empty problem type base that forms a URI with every category
-    /// name. Empty when the settings can work. Problem responses fall back to the default base per response
-    /// when an unvalidated base does not form a URI.
+    /// Every rule the types cannot hold, broken; empty when the settings
+    /// can work.
     pub fn problems(&self) -> Vec<WebError> {
         let mut problems = Vec::new();
         if self.evaluation_budget < Duration::from_millis(1) {
@@ -169,22 +162,18 @@ impl EdgeSettings {
         self.problems().into_iter().next().map_or(Ok(()), Err)
     }
 
-    /// The IPv4 prefix in force. An unvalidated out-of-range value is
-    /// clamped into `1..=32`, so subject resolution never fails per request.
+    /// The IPv4 prefix in force, clamped so resolution never fails.
     pub(crate) fn ipv4_prefix(&self) -> u8 {
         self.client_ipv4_prefix.clamp(*IPV4_PREFIXES.start(), *IPV4_PREFIXES.end())
     }
 
-    /// The IPv6 prefix in force, clamped into `1..=128` like
-    /// [`Self::ipv4_prefix`].
+    /// The IPv6 prefix in force, clamped.
     pub(crate) fn ipv6_prefix(&self) -> u8 {
         self.client_ipv6_prefix.clamp(*IPV6_PREFIXES.start(), *IPV6_PREFIXES.end())
     }
 }
 
-/// The whole address space of a family (`0.0.0.0/0` or `::/0`) when
-/// `trusted` adds up to it. Peers are matched as IPv4 when they are
-/// IPv4-mapped, so each family is its own space.
+/// The whole address space of a family when `trusted` adds up to it.
 fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
     IpNet::aggregate(&trusted.to_vec()).into_iter().find(|net| net.prefix_len() == 0)
 }
@@ -288,9 +277,7 @@ pub enum WebError {
     /// `client_ipv6_prefix` is outside `1..=128`.
     #[error("the client IPv6 prefix must be 1 to 128 bits, got {0}")]
     ClientIpv6PrefixOutOfRange(u8),
-    /// `trusted_proxies` covers every address of a family (`0.0.0.0/0`,
-    /// `::/0`, or networks that add up to one): any client of it could
-    /// write its own address into the forwarding header.
+    /// `trusted_proxies` covers every address of a family.
     #[error(
         "the trusted proxies cover every address ({0}), so any client could name its own \
          address in a forwarding header: list only the networks your proxies connect from"

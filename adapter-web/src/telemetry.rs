@@ -18,12 +18,8 @@ pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metri
 /// service.
 pub const METRIC_PREFIX: &str = metric_name!("");
 
-/// Counter of in-flight lease releases that failed (`Unavailable` or
-/// `Indeterminate`: the lease may stay until it expires, `lease-ttl +
-/// maximum-clock-regression` after it was taken), or that were still
-/// running when the server shut down; no labels.
-/// Registered at 0 when a bridge is built, so a dashboard sees the series
-/// before the first failure. A lease not held (`NotHeld`) is no failure.
+/// Counter of in-flight lease releases that failed or were still running
+/// at shutdown; registered at 0 when a bridge is built.
 pub const LEASE_RELEASE_FAILURES_TOTAL: &str =
     metric_name!("rate_limit_lease_release_failures_total");
 
@@ -34,9 +30,8 @@ const UNKNOWN_ALGORITHM: &str = "unknown";
 /// decided: `degraded`.
 const DEGRADED: &str = DecisionSource::Degraded.name();
 
-/// Every `outcome` label a decision can be counted under: the outcome
-/// categories, `degraded`, then the edge's refusals before evaluation. Its
-/// positions index a member's counters.
+/// Every `outcome` label a decision can be counted under; its positions
+/// index a member's counters.
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
     RateLimitFailure::outcome_names()
         .chain([DEGRADED])
@@ -109,11 +104,8 @@ impl MemberMetrics {
     }
 }
 
-/// Counts an evaluated set: for each policy, `outcome` is its own decision
-/// (`allowed` or `denied`, so a shadow policy that would deny is counted
-/// `denied` with `mode="shadow"`), `degraded` when the degraded mode
-/// decided the set, or the failure category when the set failed as a
-/// whole. `members` follow the set's order.
+/// Counts an evaluated set: each policy's own decision, `degraded`, or the
+/// set's failure category.
 pub(crate) fn record_evaluation(
     members: &[MemberMetrics],
     outcome: &RateLimitOutcome,
