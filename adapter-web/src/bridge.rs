@@ -10,14 +10,13 @@ use axum::body::Bytes;
 use axum::extract::MatchedPath;
 use http::request::Parts;
 use http::{HeaderValue, Method};
-use sfv::{Integer, KeyRef, ListSerializer, StringRef};
 use sha2::{Digest, Sha256};
 pub(crate) use shared_contract::whole_seconds_up;
 use shared_contract::{
     Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
     PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
     RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window,
-    write_limit_item,
+    write_limit_item, write_policy_field_at,
 };
 use tracing::{Instrument, Span};
 
@@ -602,16 +601,13 @@ pub(crate) fn policy_header<'a>(
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
     now: impl Fn() -> u64,
 ) -> Option<HeaderValue> {
-    list(policies.into_iter().map(|policy| {
-        let window = policy.algorithm().quota_window(&now).map(|w| ("w", whole_seconds_up(w)));
-        (policy.id(), [Some(("q", policy.limit())), window].into_iter().flatten())
-    }))
+    let mut text = Vec::with_capacity(64);
+    write_policy_field_at(&mut text, policies, now);
+    header(text)
 }
 
 /// `"<policy id>";r=<remaining>;t=<seconds until whole>` for each policy,
-/// in order (no `t` when `resets` is false); `None` for no policy. Written
-/// by hand, not through `sfv`: it is made per request, and a validated
-/// policy id needs no escapes (a test compares it with what `sfv` writes).
+/// in order (no `t` when `resets` is false); `None` for no policy.
 pub(crate) fn limit_header<'a>(
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
 ) -> Option<HeaderValue> {
@@ -619,29 +615,17 @@ pub(crate) fn limit_header<'a>(
     for (policy_id, decision, resets) in decisions {
         write_limit_item(&mut text, policy_id, decision, resets);
     }
+    header(text)
+}
+
+/// The fields are written by hand, not through `sfv`: they are made per
+/// request, and a validated policy id needs no escapes (tests compare them
+/// with what `sfv` writes).
+fn header(text: Vec<u8>) -> Option<HeaderValue> {
     if text.is_empty() {
         return None;
     }
     HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
-}
-
-/// A structured-field List of string items with integer parameters
-/// (RFC 9651): `sfv` quotes and escapes each id, so no policy id can break
-/// the header. `None` for an empty list or an unserializable id.
-fn list<'a, P: IntoIterator<Item = (&'static str, u64)>>(
-    entries: impl Iterator<Item = (&'a PolicyId, P)>,
-) -> Option<HeaderValue> {
-    let mut list = ListSerializer::new();
-    for (policy_id, parameters) in entries {
-        let mut entry = list.bare_item(StringRef::from_str(policy_id.as_str()).ok()?);
-        for (key, value) in parameters {
-            // Values past the structured-field integer range cannot occur with
-            // validated policies; clamping keeps the header well-formed anyway.
-            let value = Integer::try_from(value).unwrap_or(Integer::MAX);
-            entry = entry.parameter(KeyRef::from_str(key).ok()?, value);
-        }
-    }
-    HeaderValue::try_from(list.finish()?).ok()
 }
 
 #[cfg(test)]
@@ -723,9 +707,26 @@ mod operation_tests {
 mod ratelimit_headers_tests {
     use std::time::Duration;
 
-    use shared_contract::{Algorithm, SF_INTEGER_MAX, whole_seconds_up_millis, write_policy_field};
+    use sfv::{Integer, KeyRef, ListSerializer, StringRef};
+    use shared_contract::{Algorithm, SF_INTEGER_MAX, whole_seconds_up_millis};
 
     use super::*;
+
+    /// A structured-field List of string items with integer parameters
+    /// (RFC 9651) as `sfv` writes it: what the hand-written fields must equal.
+    fn list<'a, P: IntoIterator<Item = (&'static str, u64)>>(
+        entries: impl Iterator<Item = (&'a PolicyId, P)>,
+    ) -> Option<HeaderValue> {
+        let mut list = ListSerializer::new();
+        for (policy_id, parameters) in entries {
+            let mut entry = list.bare_item(StringRef::from_str(policy_id.as_str()).ok()?);
+            for (key, value) in parameters {
+                let value = Integer::try_from(value).unwrap_or(Integer::MAX);
+                entry = entry.parameter(KeyRef::from_str(key).ok()?, value);
+            }
+        }
+        HeaderValue::try_from(list.finish()?).ok()
+    }
 
     /// Any time: no window here moves with it.
     const T0: u64 = 1_800_000_000_000;
@@ -896,9 +897,14 @@ mod ratelimit_headers_tests {
                 .unwrap()
             })
             .collect();
-        let mut text = Vec::new();
-        write_policy_field(&mut text, &policies);
-        assert_eq!(policy_header(&policies, || T0).unwrap().as_bytes(), text.as_slice());
+        let by_sfv = list(policies.iter().map(|policy| {
+            let window = policy.algorithm().quota_window(|| T0).map(whole_seconds_up);
+            (
+                policy.id(),
+                [Some(("q", policy.limit())), window.map(|w| ("w", w))].into_iter().flatten(),
+            )
+        }));
+        assert_eq!(policy_header(&policies, || T0), by_sfv);
     }
 
     #[test]

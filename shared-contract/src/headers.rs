@@ -19,9 +19,19 @@ pub fn write_policy_field<'a>(
     text: &mut Vec<u8>,
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
 ) {
+    write_policy_field_at(text, policies, || SystemClock.epoch_millis());
+}
+
+/// [`write_policy_field`] at caller time `now` (epoch ms), read only for a
+/// window that moves (a calendar month).
+pub fn write_policy_field_at<'a>(
+    text: &mut Vec<u8>,
+    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
+    now: impl Fn() -> u64,
+) {
     for policy in policies {
         let quota = (b";q=", policy.limit());
-        match quota_window(policy.algorithm()) {
+        match policy.algorithm().quota_window(&now) {
             Some(window) => item(text, policy.id(), [quota, (b";w=", whole_seconds_up(window))]),
             None => item(text, policy.id(), [quota]),
         }
