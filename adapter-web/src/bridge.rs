@@ -570,7 +570,7 @@ const HEAD: usize = 5;
 const OTHER: usize = 9;
 
 /// The method names an operation id can start with, by [`method_index`].
-pub(crate) const METHODS: [&str; 10] =
+pub const METHODS: [&str; 10] =
     ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "CONNECT", "TRACE", "OTHER"];
 
 fn method_index(method: &Method) -> usize {

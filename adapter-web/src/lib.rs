@@ -21,7 +21,7 @@ mod settings;
 mod telemetry;
 
 pub use bridge::{
-    BridgeEvaluation, RateLimitCost, TransportBridge, UNMATCHED_ROUTE, charged_digest,
+    BridgeEvaluation, METHODS, RateLimitCost, TransportBridge, UNMATCHED_ROUTE, charged_digest,
     operation_digest,
 };
 pub use identity::{

@@ -13,8 +13,8 @@ use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
 
-/// A provider's answer to one call: there at once, or a future that waits
-/// for it.
+/// A provider's answer to one call: there at once (no allocation, no poll:
+/// [`Self::into_ready`]), or a boxed `'static` future that waits for it.
 #[must_use = "a port answer does nothing unless taken or awaited"]
 pub struct PortAnswer<T>(Answer<T>);
 

@@ -236,6 +236,10 @@ impl RateAlgorithm for CalendarWindow {
         arity: 4,
         header: 25,
     };
+    const WINDOWED: bool = true;
+    // A refusal writes nothing, and the count it saw holds until the
+    // period ends, whatever the cost.
+    const REFUSAL_STAYS: bool = true;
     type State = CalendarWindowState;
 
     fn limit(&self) -> u64 {
@@ -267,16 +271,6 @@ impl RateAlgorithm for CalendarWindow {
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), ..self.clone() }
-    }
-
-    fn windowed(&self) -> bool {
-        true
-    }
-
-    /// A refusal writes nothing, and the count it saw holds until the
-    /// period ends, whatever the cost.
-    fn refusal_stays(&self) -> bool {
-        true
     }
 
     /// The limit, the period holding the caller's `t` and the next

@@ -49,6 +49,7 @@ impl RateAlgorithm for Concurrency {
     /// dedupe.
     const REFUSED_COMMON_KEYS: &'static [PolicyField] =
         &[PolicyField::MaximumCost, PolicyField::EvaluationDedup];
+    // No REFUSAL_STAYS: a release may free a slot at any moment, on any instance.
     type State = Leased;
 
     fn limit(&self) -> u64 {
@@ -96,11 +97,6 @@ impl RateAlgorithm for Concurrency {
     /// refusal tells clients stay.
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { max_in_flight: share(self.max_in_flight), ..*self }
-    }
-
-    /// No: a release may free a slot at any moment, on any instance.
-    fn refusal_stays(&self) -> bool {
-        false
     }
 
     /// The lease TTL plus the maximum clock regression `R`: another
