@@ -228,7 +228,7 @@ pub enum Charge {
     Spare,
 }
 
-/// The violations found in a policy's parameters, each with its key.
+/// The violations found in a policy, each with its key.
 #[derive(Debug, Default)]
 pub struct Checks {
     pub(crate) violations: Vec<PolicyViolation>,
@@ -236,12 +236,12 @@ pub struct Checks {
 
 impl Checks {
     /// Records a violation of the parameter `key`.
-    pub fn reject(&mut self, key: &'static str, problem: String) {
-        self.violations.push(PolicyViolation { field: PolicyField::Parameter(key), problem });
+    pub fn reject(&mut self, key: impl Into<PolicyField>, problem: String) {
+        self.violations.push(PolicyViolation { field: key.into(), problem });
     }
 
     /// Checks a count in `1..=most`; true when it is.
-    pub fn count(&mut self, key: &'static str, value: u64, most: u64) -> bool {
+    pub fn count(&mut self, key: impl Into<PolicyField>, value: u64, most: u64) -> bool {
         let ok = (1..=most).contains(&value);
         if !ok {
             self.reject(key, format!("must be in 1..={most}, got {value}"));
@@ -251,7 +251,12 @@ impl Checks {
 
     /// Checks a duration of whole milliseconds from 1 ms to `longest`;
     /// true when it is.
-    pub fn period(&mut self, key: &'static str, period: Duration, longest: Duration) -> bool {
+    pub fn period(
+        &mut self,
+        key: impl Into<PolicyField>,
+        period: Duration,
+        longest: Duration,
+    ) -> bool {
         let problem = if period < Duration::from_millis(1) || period > longest {
             Some(format!("must be between 1ms and {longest:?}, got {period:?}"))
         } else {

@@ -1,6 +1,7 @@
 //! The text of the IETF `RateLimit-Policy` and `RateLimit` response
 //! fields (draft-ietf-httpapi-ratelimit-headers), shared by every inbound
 //! adapter so a client sees the same headers whichever front end answered.
+//! Written by hand: a validated policy id needs no sf-string escapes.
 
 use std::time::Duration;
 
@@ -51,7 +52,8 @@ pub fn write_limit_field<'a>(
 
 /// Appends one item of the `RateLimit` field, after a comma when `text`
 /// holds one already: `"<policy id>";r=<remaining>`, then
-/// `;t=<seconds until whole>` when `resets`.
+/// `;t=<seconds until whole>` when `resets` (a concurrency policy has no
+/// reset time, and `t=0` would read "whole now").
 pub fn write_limit_item(
     text: &mut Vec<u8>,
     policy_id: &PolicyId,

@@ -1,4 +1,5 @@
-//! A repeated log line held to at most one per interval.
+//! A repeated log line held to at most one per interval (the metrics still
+//! count every one), so a provider that is down does not flood the log.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

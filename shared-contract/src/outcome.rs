@@ -20,17 +20,15 @@ pub enum Certainty {
 pub struct RateLimitDecision {
     /// Units left after this decision (after the charge when charged).
     pub remaining: u64,
-    /// Zero when allowed; at least 1 when denied: the milliseconds after
-    /// which the same request would pass if no other traffic came.
+    /// Milliseconds until the same request would pass with no other
+    /// traffic: 0 when allowed, at least 1 when denied.
     pub retry_after_ms: u64,
-    /// Milliseconds until the budget is whole again (window end, or full
-    /// bucket).
+    /// Milliseconds until the budget is whole again.
     pub reset_after_ms: u64,
     /// Whether this policy allows the request. It was charged only when the
     /// set admitted the request too ([`SetDecision::allowed`]).
     pub allowed: bool,
-    /// True when this answer was replayed from a dedupe record and nothing
-    /// was charged.
+    /// Replayed from a dedupe record: nothing was charged.
     pub replayed: bool,
 }
 
@@ -45,15 +43,12 @@ crate::named_enum! {
         /// A provider's local cache of refusals its store gave (the Redis
         /// provider's denial cache); nothing was charged.
         LocalCache = "local-cache",
-        /// The composition root's degraded mode: the store could not decide,
-        /// and an in-process limiter holding each policy at
-        /// `ceil(limit / instances)` did.
+        /// The degraded mode's in-process limiter: the store could not decide.
         Degraded = "degraded",
     }
 }
 
-/// The decisions of a set: the one of a set of one inline, those of a
-/// larger set in one allocation of exactly their number.
+/// The decisions of a set: a set of one inline, a larger one boxed.
 #[derive(Clone, PartialEq, Eq)]
 enum Decisions {
     One(RateLimitDecision),
@@ -78,9 +73,8 @@ impl PartialEq for SetDecision {
 impl Eq for SetDecision {}
 
 impl SetDecision {
-    /// The set's answer from its members' decisions, each with its
-    /// policy's mode, in the set's order (at most [`MAX_POLICY_SET`]; a
-    /// `PolicySet` holds no more). A set with no member is refused.
+    /// The set's answer from its members' decisions with their policies'
+    /// modes, in order (at most [`MAX_POLICY_SET`]); no member is refused.
     pub fn of_members(members: impl IntoIterator<Item = (PolicyMode, RateLimitDecision)>) -> Self {
         let mut members = members.into_iter();
         let mut replayed = false;
@@ -94,9 +88,7 @@ impl SetDecision {
             let decisions = Decisions::Many(Box::default());
             return Self { decisions, allowed: false, source: DecisionSource::Store };
         };
-        // A set of one, the common case, stays inline; a larger one takes
-        // one allocation of its exact length (the iterators providers pass
-        // know it).
+        // A larger set takes one allocation of its exact length.
         let decisions = match members.next().map(&mut count) {
             None => Decisions::One(first),
             Some(second) => {
@@ -134,16 +126,14 @@ impl SetDecision {
         Self { decisions, ..*self }
     }
 
-    /// The same answer, marked as given by a provider's local cache without
-    /// asking its store (the Redis provider's denial cache).
+    /// The same answer, marked as given by a provider's local cache.
     #[must_use]
     pub fn from_cache(mut self) -> Self {
         self.source = DecisionSource::LocalCache;
         self
     }
 
-    /// The same answer, marked as given by the degraded mode's in-process
-    /// limiter because the provider's store could not decide.
+    /// The same answer, marked as given by the degraded mode.
     #[must_use]
     pub fn from_degraded(mut self) -> Self {
         self.source = DecisionSource::Degraded;
@@ -155,8 +145,7 @@ impl SetDecision {
         self.source
     }
 
-    /// True when the provider answered from a local cache, not its store;
-    /// nothing was charged (only refusals are cached).
+    /// Answered from a local cache (only refusals are): nothing charged.
     pub fn cached(&self) -> bool {
         self.source == DecisionSource::LocalCache
     }
@@ -174,8 +163,7 @@ impl SetDecision {
         }
     }
 
-    /// True when the answer came from dedupe records and nothing was
-    /// charged anywhere.
+    /// Replayed from dedupe records: nothing charged anywhere.
     pub fn replayed(&self) -> bool {
         self.decisions().iter().any(|decision| decision.replayed)
     }
@@ -220,9 +208,8 @@ crate::named_enum! {
     }
 }
 
-/// The `Retry-After` of an outcome no decision could be made for, unless
-/// configured (`capabilities.rate-limit.failure-retry-after`): the one
-/// default the edge and every provider share.
+/// The `Retry-After` of a failed outcome unless configured, shared by the
+/// edge and every provider.
 pub const DEFAULT_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Why a provider made no decision. Every failure means the request must
@@ -250,8 +237,7 @@ pub enum RateLimitFailure {
 }
 
 impl RateLimitFailure {
-    /// The failure's kebab-case name for metrics labels and problem types:
-    /// its category, or `indeterminate`.
+    /// Its category's kebab-case name, or `indeterminate`.
     pub const fn category_name(&self) -> &'static str {
         match self {
             Self::Unavailable { category, .. } => category.name(),
@@ -274,8 +260,7 @@ impl RateLimitFailure {
 }
 
 /// The answer of [`crate::EdgeRateLimitPort::evaluate`]: the set's
-/// decisions, admitted or refused, or why there are none. Only an allowed
-/// decision lets a request through.
+/// decisions, or why there are none.
 pub type RateLimitOutcome = Result<SetDecision, RateLimitFailure>;
 
 /// What a front asks of a [`RateLimitOutcome`].
@@ -283,9 +268,8 @@ pub trait RateLimitOutcomeExt {
     /// True only for an allowed decision.
     fn is_allowed(&self) -> bool;
 
-    /// A kebab-case name of the outcome for metrics labels and problem
-    /// types: `allowed`, `denied`, or the failure category
-    /// ([`RateLimitFailure::outcome_names`] lists them).
+    /// The outcome's kebab-case name: `allowed`, `denied`, or the failure
+    /// category.
     fn category_name(&self) -> &'static str;
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Checks};
 use crate::dedup::EvaluationDedupPolicy;
-use crate::error::{ContractError, PolicyField, PolicyViolation};
+use crate::error::{ContractError, PolicyField};
 
 /// Largest limit, capacity, refill amount or cost a policy accepts.
 pub const MAX_COUNT: u64 = 1_000_000_000;
@@ -233,22 +233,17 @@ impl RateLimitPolicyBuilder {
     /// Checks every rule and returns the policy, or every violation found.
     pub fn build(self) -> Result<RateLimitPolicy, ContractError> {
         let Self { id, policy } = self;
-        let mut violations = Vec::new();
-        let mut reject =
-            |field, problem: String| violations.push(PolicyViolation { field, problem });
-
+        let mut checks = Checks::default();
+        let mut reject = |field, problem| checks.reject(field, problem);
         if let Some(problem) = policy_id_problem(&id) {
             reject(PolicyField::Id, problem);
         }
         if policy.revision == 0 {
             reject(PolicyField::Revision, "must be at least 1".into());
         }
-        let mut checks = Checks::default();
         let limit_ok = policy.algorithm.check(&mut checks);
-        violations.extend(checks.violations);
         let limit = policy.algorithm.limit();
-        let mut reject =
-            |field, problem: String| violations.push(PolicyViolation { field, problem });
+        let mut reject = |field, problem| checks.reject(field, problem);
         if policy.algorithm.holds_leases() {
             // A lease is one slot whatever the cost; the lease id is the
             // dedupe. Neither key applies, so a value set is a mistake.
@@ -289,11 +284,10 @@ impl RateLimitPolicyBuilder {
             reject(PolicyField::MaximumClockRegression, problem);
         }
         if !policy.algorithm.holds_leases() {
-            violations.extend(policy.evaluation_dedup.violations());
+            policy.evaluation_dedup.check(&mut checks);
         }
-
-        if !violations.is_empty() {
-            return Err(ContractError::InvalidPolicy(violations));
+        if !checks.violations.is_empty() {
+            return Err(ContractError::InvalidPolicy(checks.violations));
         }
         Ok(RateLimitPolicy { id: PolicyId(id.into()), ..policy })
     }

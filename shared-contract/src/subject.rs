@@ -11,7 +11,8 @@ const MIN_TAG: usize = 16;
 const MAX_TAG: usize = 64;
 
 /// An opaque pseudonym: the version of the key that made it and the keyed
-/// hash's output, 16 to 64 bytes.
+/// hash's output, 16 to 64 bytes: the raw identity never enters this
+/// crate's types, so it cannot reach a provider through the port.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SubjectDigest {
     version: u32,

@@ -44,6 +44,8 @@ pub enum CalendarPeriod {
 }
 
 impl CalendarPeriod {
+    const ALL: [Self; 4] = [Self::Day, Self::Week, Self::Month, Self::Year];
+
     /// The configuration name of the period.
     pub fn name(self) -> &'static str {
         match self {
@@ -59,13 +61,8 @@ impl FromStr for CalendarPeriod {
     type Err = CalendarError;
 
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        match name {
-            "day" => Ok(Self::Day),
-            "week" => Ok(Self::Week),
-            "month" => Ok(Self::Month),
-            "year" => Ok(Self::Year),
-            _ => Err(CalendarError::UnknownPeriod(shown(name))),
-        }
+        let known = Self::ALL.into_iter().find(|period| period.name() == name);
+        known.ok_or_else(|| CalendarError::UnknownPeriod(shown(name)))
     }
 }
 

@@ -66,7 +66,8 @@ impl Leases {
     }
 
     /// Removes the lease of `id`; true when it was live at `now` (a slot
-    /// was freed), false when it was not held or had expired.
+    /// was freed), false when it was not held or had expired. No other
+    /// lease is touched: a release moves no mark.
     pub fn release(&mut self, id: EvaluationId, now: u64) -> bool {
         let Some(held) = &mut self.0 else { return false };
         let Some(at) = held.iter().position(|lease| lease.id == id) else { return false };
