@@ -228,9 +228,11 @@ impl TransportBridge {
         &self.clock
     }
 
-    /// Evaluates one request against its operation's policy set. A lease
-    /// the request took is given back before this returns (the layer
-    /// instead holds it until the response body is done).
+    /// Evaluates one request against its operation's policy set. Only the
+    /// subject's pseudonym crosses the port, and the evaluation id is fresh
+    /// and server-made: no client header reaches it. A lease the request
+    /// took is given back before this returns (the layer instead holds it
+    /// until the response body is done).
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
         let answer = match self.ask(parts) {
             Asked::Answered(answer) => answer,

@@ -157,7 +157,13 @@ fn validate_api_key(key: &[u8]) -> Result<&str, ApiKeyProblem> {
     }
 }
 
-/// The address a request counts against.
+/// The address a request counts against. Only the socket peer cannot be
+/// forged: the one header the trusted proxies write is read only when the
+/// peer is one of them, walked from the right, and the first untrusted
+/// address is the client; nothing left of it is parsed. A hop that names no
+/// address (garbled, `unknown`, obfuscated) stops the walk at the trusted
+/// hop right of it, the narrowest budget left; with every hop trusted, the
+/// farthest one reached.
 pub(crate) fn client_ip(
     peer: IpAddr,
     headers: &HeaderMap,
@@ -416,6 +422,13 @@ fn is_tchar(byte: u8) -> bool {
 pub const MIN_KEY_BYTES: usize = 32;
 
 /// HMAC-SHA-256 pseudonyms under several versioned keys, one of them active.
+///
+/// The message is the frames kind and canonical identity, each a 4-byte
+/// big-endian length and its bytes, so no two frame lists make one message.
+/// The pseudonym depends on the subject alone: it is the Redis Cluster hash
+/// tag every key of the subject shares. Rotation: make a new key active
+/// beside the old one (budgets restart once); [`Self::pseudonymize_with`]
+/// still derives pseudonyms under an older version.
 pub struct VersionedPseudonymizer {
     keys: BTreeMap<u32, KeyedMac>,
     active_version: u32,
