@@ -585,9 +585,14 @@ fn method_index(method: &Method) -> usize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateLimitCost(pub u64);
 
+impl RateLimitCost {
+    /// What a request without the extension costs.
+    pub const DEFAULT: Self = Self(1);
+}
+
 impl Default for RateLimitCost {
     fn default() -> Self {
-        Self(1)
+        Self::DEFAULT
     }
 }
 
