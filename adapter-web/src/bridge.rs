@@ -1,28 +1,29 @@
-//! `TransportBridge`: from an HTTP request to a pseudonymous
-//! `RateLimitRequest` over the operation's policy set, and the port's
-//! answer.
+//! `TransportBridge`: from an HTTP request (its operation, subject and
+//! cost) to a pseudonymous `RateLimitRequest` over the operation's policy
+//! set, the port's answer, and the `RateLimit` headers that describe it.
 
-use std::borrow::Cow;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use http::HeaderValue;
+use axum::body::Bytes;
+use axum::extract::MatchedPath;
 use http::request::Parts;
+use http::{HeaderValue, Method};
+use sha2::{Digest, Sha256};
+pub(crate) use shared_contract::whole_seconds_up;
 use shared_contract::{
-    Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, PolicyId, PolicyMode,
-    PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt,
-    RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window,
+    Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
+    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
+    RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window,
+    write_limit_item, write_policy_field_at,
 };
 use tracing::{Instrument, Span};
 
-use crate::cost::RateLimitCost;
+use crate::identity::{VersionedPseudonymizer, resolve_subject};
 use crate::lease::{LeaseGuard, LeaseReleases};
-use crate::operation::Operations;
-use crate::pseudonymizer::VersionedPseudonymizer;
-use crate::ratelimit_headers::policy_header;
 use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
-use crate::subject::resolve_subject;
 use crate::telemetry::{self, MemberMetrics, PolicyIds};
 
 /// What the bridge learned about one request: the policy set it ran under,
@@ -31,17 +32,12 @@ use crate::telemetry::{self, MemberMetrics, PolicyIds};
 pub struct BridgeEvaluation {
     /// The operation's policy set (or the default set), in configured order.
     pub policies: PolicySet,
-    /// Each policy of the set as the port holds it, in the set's order (for
-    /// the `RateLimit-Policy` header and the mode); `None` for one the port
-    /// does not know (the outcome then says `UnknownPolicy`). Shared with
-    /// the bridge, which looked them up once.
+    /// Each policy of the set as the port holds it, in order; `None` for
+    /// one it does not know.
     pub described: Arc<[Option<RateLimitPolicy>]>,
-    /// The port's answer: a decided one holds one decision per policy of
-    /// the set, in its order, and admits as its members' modes say
-    /// ([`shared_contract::SetDecision::of_members`]).
+    /// The port's answer: one decision per policy of the set, in order.
     pub outcome: RateLimitOutcome,
-    /// The set's `RateLimit-Policy` header (its enforced policies as the
-    /// port holds them), made once per set: it never changes per request.
+    /// The set's `RateLimit-Policy` header.
     pub(crate) policy_header: Option<HeaderValue>,
 }
 
@@ -58,28 +54,19 @@ impl BridgeEvaluation {
         (0..self.policies.len()).any(|index| self.mode(index) == PolicyMode::Enforce)
     }
 
-    /// Whether the handler runs: the set was admitted, or nothing in it is
-    /// enforced.
+    /// Whether the handler runs: admitted, or nothing in the set enforced.
     pub fn admits(&self) -> bool {
         self.outcome.is_allowed() || !self.enforces()
     }
 
-    /// The enforced policies of the set with their decisions, in the set's
-    /// order; empty unless the outcome is a decision. These are the
-    /// policies a client sees in the `RateLimit` headers.
+    /// The enforced policies with their decisions, in order: those a
+    /// client sees in the `RateLimit` headers.
     pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        self.enforced().collect()
+        self.enforced_limits().map(|(id, decision, _)| (id, decision)).collect()
     }
 
-    /// [`Self::enforced_decisions`] without collecting them.
-    pub(crate) fn enforced(&self) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision)> {
-        self.enforced_limits().map(|(id, decision, _)| (id, decision))
-    }
-
-    /// The enforced members as the `RateLimit` header lists them (every
-    /// allowed request's headers are made from it): id, decision, and
-    /// whether the policy has a reset time to announce (`t`); a
-    /// concurrency policy has none.
+    /// The enforced members as `RateLimit` lists them: id, decision, and
+    /// whether it has a reset time (`t`; a concurrency policy has none).
     pub(crate) fn enforced_limits(
         &self,
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
@@ -113,24 +100,21 @@ fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
     policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode)
 }
 
-/// A policy set prepared once, when the bridge is built: each member as
-/// the port holds it (the port's policies do not change under a running
-/// bridge) and its metric handles.
+/// A policy set prepared once, when the bridge is built (the port's
+/// policies do not change under a running bridge).
 #[derive(Debug)]
 struct PreparedSet {
     policies: PolicySet,
     metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
     policy_header: Option<HeaderValue>,
-    /// Whether an enforced member's window length moves with the time (a
-    /// calendar month): its header is then written per response.
+    /// Whether an enforced window moves (a calendar month): the header is
+    /// then written per response.
     header_moves: bool,
-    /// Whether a member is a concurrency policy (enforced or shadow: both
-    /// take a real lease), so an admitted request holds a lease to give
-    /// back. Only these sets pay for a guard.
+    /// Whether a member holds leases (enforced or shadow): only these sets
+    /// pay for a guard.
     holds_leases: bool,
-    /// Whether a member is a shadow policy, whose would-be denials are
-    /// logged under the request's pseudonym.
+    /// Whether a member is a shadow policy.
     has_shadow: bool,
 }
 
@@ -173,21 +157,17 @@ pub struct TransportBridge {
     clock: Arc<dyn Clock>,
     settings: EdgeSettings,
     operations: Operations,
-    /// The configured operations' sets, as [`crate::operation::Operation::set`] indexes them.
+    /// Indexed by [`Operation::set`].
     sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
-    /// The in-flight leases' releases, and their failure counter.
     releases: LeaseReleases,
-    /// Holds the failure lines to one a second: while the provider is down
-    /// every request fails alike (the metrics count each one).
+    /// One failure line a second: while the provider is down every request
+    /// fails alike.
     failures_logged: LogThrottle,
 }
 
 impl TransportBridge {
-    /// A bridge over `port`. Check `settings` with
-    /// [`EdgeSettings::validate`] first. The digest of every configured
-    /// operation is computed here, once; any other operation's the first
-    /// time a request has it.
+    /// A bridge over `port`.
     pub fn new(
         port: Arc<dyn EdgeRateLimitPort>,
         pseudonymizer: Arc<VersionedPseudonymizer>,
@@ -215,9 +195,8 @@ impl TransportBridge {
         }
     }
 
-    /// The bridge whose leases' releases run tracked by `releases`: a
-    /// reload's new bridge takes the current one's, so the server's
-    /// shutdown waits for them all.
+    /// Tracks its lease releases with `releases`: a reload's new bridge
+    /// takes the current one's, so shutdown waits for them all.
     #[must_use]
     pub fn with_lease_releases(mut self, releases: LeaseReleases) -> Self {
         self.releases = releases;
@@ -249,75 +228,49 @@ impl TransportBridge {
         &self.clock
     }
 
-    /// Evaluates one request against its operation's policy set.
-    ///
-    /// The subject comes from the request parts ([`crate::AuthenticatedPrincipal`]
-    /// extension, then the API key header, then `ConnectInfo<SocketAddr>`
-    /// and trusted forwarding headers, counted per network at the
-    /// configured prefix); the operation is the method plus axum's
-    /// `MatchedPath`, and it crosses the port only as its
-    /// [`OperationDigest`]. Only the HMAC pseudonym of the subject crosses
-    /// the port. The cost is the [`RateLimitCost`] extension, else 1. The
-    /// evaluation id is fresh and server-made: no client header, not even
-    /// `Idempotency-Key`, reaches it. `deadline = clock.monotonic() +
-    /// evaluation_budget`.
-    ///
-    /// An in-flight lease the request took under a concurrency policy of
-    /// its set is given back before this returns: the request is done when
-    /// its caller has the answer. The layer instead holds it until the
-    /// response body has been sent or dropped.
+    /// Evaluates one request against its operation's policy set. Only the
+    /// subject's pseudonym crosses the port, and the evaluation id is fresh
+    /// and server-made: no client header reaches it. A lease the request
+    /// took is given back before this returns (the layer instead holds it
+    /// until the response body is done).
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
-        self.evaluate_holding(parts).await.map(|(evaluation, _lease)| evaluation)
-    }
-
-    /// [`Self::evaluate`], and the guard of the lease the request may hold
-    /// (`None` when its set has no concurrency policy, or the port's answer
-    /// says nothing was written): dropping it gives the lease back.
-    pub(crate) async fn evaluate_holding(&self, parts: &Parts) -> Answer {
-        match self.ask(parts) {
+        let answer = match self.ask(parts) {
             Asked::Answered(answer) => answer,
             Asked::Waiting(waiting) => waiting.answer(self).await,
-        }
+        };
+        answer.map(|(evaluation, _lease)| evaluation)
     }
 
-    /// Asks the port about one request: the answer when the port has it
-    /// at once (no allocation and no poll), else what to wait for. The
-    /// lease guard exists before the port is asked, so a request dropped
-    /// while the port works (a client gone, a Redis round trip cut short)
-    /// gives back whatever it may have taken; a release is idempotent.
+    /// Asks the port: the answer when it has one at once, else what to
+    /// wait for.
     pub(crate) fn ask(&self, parts: &Parts) -> Asked {
-        let found = self.operations.find(parts);
-        let set = found.set;
-        let prepared = self.prepared(set);
-        let operation = &*found.id;
-        let policies = prepared.policies.clone();
-        let described = Arc::clone(&prepared.described);
+        let operation = self.operations.find(parts);
+        let prepared = self.prepared(operation.set);
+        let policies = &prepared.policies;
         let subject = match resolve_subject(parts, &self.settings) {
             Ok(subject) => subject,
             Err(rejection) => {
                 telemetry::record_rejection(&prepared.metrics, rejection.outcome_label());
                 tracing::debug!(
-                    operation, policies = %PolicyIds(policies.ids()), reason = rejection.category_name(),
+                    operation = &*operation.id, policies = %PolicyIds(policies.ids()), reason = rejection.category_name(),
                     "request refused before rate-limit evaluation"
                 );
                 return Asked::Answered(Err(rejection));
             }
         };
         let digest = self.pseudonymizer.pseudonymize(subject.kind, &subject.identity);
-        let span = decision_span(operation, &policies, &digest);
-        // Kept only when a shadow policy may need to log whose request it
-        // would have denied; the pseudonym, never the raw subject.
+        let span = decision_span(&operation.id, policies, &digest);
+        // For a shadow policy's log line: the pseudonym, never the subject.
         let shadow_subject = prepared.has_shadow.then_some(digest);
         // One reading for the deadline and the histogram's start.
         let started = self.clock.monotonic();
-        // A budget too large for `Instant` can only be a configuration slip;
-        // the present as deadline fails closed (AdmissionRejected).
+        // A budget too large for `Instant` fails closed (AdmissionRejected).
         let deadline = started.checked_add(self.settings.evaluation_budget).unwrap_or(started);
         let cost = parts.extensions.get::<RateLimitCost>().copied().unwrap_or_default().0;
         let request = RateLimitRequest {
             policies: policies.clone(),
             subject: digest,
-            operation: found.digest,
+            operation: operation.digest,
             cost,
             evaluation_id: EvaluationId::random(),
             deadline,
@@ -330,21 +283,10 @@ impl TransportBridge {
             Some(span) => span.in_scope(|| self.port.evaluate(request)),
             None => self.port.evaluate(request),
         };
-        let context = Context {
-            set,
-            operation: Cow::Borrowed(operation),
-            policies,
-            described,
-            lease,
-            span,
-            started,
-            shadow_subject,
-        };
+        let context = Context { operation, lease, span, started, shadow_subject };
         match evaluation.into_ready() {
             Ok(outcome) => Asked::Answered(Ok(self.finish(context, outcome))),
-            Err(evaluation) => {
-                Asked::Waiting(Waiting { evaluation, context: context.into_owned() })
-            }
+            Err(evaluation) => Asked::Waiting(Waiting { evaluation, context }),
         }
     }
 
@@ -353,29 +295,26 @@ impl TransportBridge {
         index.map_or(&self.default_set, |index| &self.sets[index])
     }
 
-    /// The port's answer to the request `context` describes, counted and
-    /// logged.
+    /// The port's answer, counted and logged.
     fn finish(
         &self,
-        context: Context<'_>,
+        context: Context,
         outcome: RateLimitOutcome,
     ) -> (BridgeEvaluation, Option<LeaseGuard>) {
-        let Context { set, operation, policies, described, lease, span, started, shadow_subject } =
-            context;
-        let prepared = self.prepared(set);
-        // The injected clock times the histogram too: the system's in
-        // production, and a test's manual one reads what it was set to.
+        let Context { operation, lease, span, started, shadow_subject } = context;
+        let prepared = self.prepared(operation.set);
+        // The injected clock times the histogram too.
         let ended = self.clock.monotonic();
         let elapsed = ended.saturating_duration_since(started);
-        let lease = lease.and_then(|lease| {
-            if may_hold_lease(&outcome) {
-                Some(lease)
-            } else {
+        let lease = match lease {
+            Some(lease) if !may_hold_lease(&outcome) => {
                 lease.disarm();
                 None
             }
-        });
+            lease => lease,
+        };
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
+        let described = Arc::clone(&prepared.described);
         let policy_header = if prepared.header_moves {
             let enforced = described.iter().flatten();
             let enforced = enforced.filter(|policy| policy.mode() == PolicyMode::Enforce);
@@ -383,18 +322,18 @@ impl TransportBridge {
         } else {
             prepared.policy_header.clone()
         };
+        let policies = prepared.policies.clone();
         let evaluation = BridgeEvaluation { policies, described, outcome, policy_header };
         if let Some(span) = span {
             record_decision(&span, &evaluation);
         }
         let failure_line = || self.failures_logged.admit(ended);
-        log_outcome(&operation, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
+        log_outcome(&operation.id, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
         (evaluation, lease)
     }
 }
 
-/// The bridge's answer to one request, and the guard of the lease it may
-/// hold.
+/// The bridge's answer to one request, and the guard of its lease.
 pub(crate) type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection>;
 
 /// What [`TransportBridge::ask`] found.
@@ -408,12 +347,11 @@ pub(crate) enum Asked {
 /// A port answer still to come, and what finishing the request needs.
 pub(crate) struct Waiting {
     evaluation: Evaluation,
-    context: Context<'static>,
+    context: Context,
 }
 
 impl Waiting {
-    /// Waits for the port's answer (in the decision span), then counts and
-    /// logs it as `bridge` does every answer.
+    /// Waits for the port's answer in the decision span, then finishes it.
     pub(crate) async fn answer(self, bridge: &TransportBridge) -> Answer {
         let Self { evaluation, context } = self;
         let outcome = match &context.span {
@@ -425,33 +363,16 @@ impl Waiting {
 }
 
 /// One request between asking the port and its answer.
-struct Context<'o> {
-    /// The index of its configured set; `None` for the default set.
-    set: Option<usize>,
-    /// The operation's id, for log lines; owned only while waiting.
-    operation: Cow<'o, str>,
-    policies: PolicySet,
-    described: Arc<[Option<RateLimitPolicy>]>,
+struct Context {
+    operation: Arc<Operation>,
     lease: Option<LeaseGuard>,
     span: Option<Span>,
     started: Instant,
     shadow_subject: Option<SubjectDigest>,
 }
 
-impl Context<'_> {
-    /// The same, owning the operation's id: it waits beyond the request's
-    /// borrow of the bridge.
-    fn into_owned(self) -> Context<'static> {
-        let Self { set, operation, policies, described, lease, span, started, shadow_subject } =
-            self;
-        let operation = Cow::Owned(operation.into_owned());
-        Context { set, operation, policies, described, lease, span, started, shadow_subject }
-    }
-}
-
-/// Whether the port's answer leaves a lease behind: an admitted set holds one, and an `Indeterminate` answer may
-/// have taken one. A refused set writes nothing (docs/algorithms.md,
-/// "Policy sets"), and `Unavailable` and `Incompatible` touch no state.
+/// Whether the port's answer leaves a lease behind: an admitted set's, or
+/// an `Indeterminate` one's (a refused set writes nothing).
 fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
     match outcome {
         Ok(set) => set.allowed(),
@@ -460,10 +381,8 @@ fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
     }
 }
 
-/// The `rate_limit.decision` span of one evaluation, a child of the span
-/// the request runs in; `None` when it runs in none (traces are off), so
-/// an untraced request pays one look-up and no span. It names the subject
-/// by its pseudonym only; the raw subject never reaches a span.
+/// The `rate_limit.decision` span, a child of the request's; `None` when
+/// there is none, so an untraced request pays no span.
 fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) -> Option<Span> {
     // `is_known` would be true for "no span" too: the id says there is one.
     let traced =
@@ -482,8 +401,7 @@ fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) 
     })
 }
 
-/// The decision's attributes: its outcome category, whether the handler
-/// runs, and whether the provider answered from its denial cache.
+/// The decision's attributes.
 fn record_decision(span: &Span, evaluation: &BridgeEvaluation) {
     let cached = evaluation.outcome.as_ref().is_ok_and(|set| set.cached());
     span.record("rate_limit.outcome", evaluation.outcome.category_name());
@@ -507,9 +425,7 @@ fn log_outcome(
             let members = evaluation.policies.ids().iter().zip(set.decisions()).enumerate();
             for (index, (policy, decision)) in members {
                 if evaluation.mode(index) == PolicyMode::Shadow && !decision.allowed {
-                    // The one line a shadow rollout is watched by: who (as
-                    // a pseudonym an operator can look up) would have been
-                    // refused, where and by which policy.
+                    // The line a shadow rollout is watched by.
                     let subject = shadow_subject.map(ToString::to_string);
                     tracing::info!(
                         subject = subject.as_deref(),
@@ -533,6 +449,495 @@ fn log_outcome(
                     operation, %policies, outcome = category, suppressed,
                     "rate limit failed; the set is shadow only, so the request passes"
                 );
+            }
+        }
+    }
+}
+
+/// Route placeholder of a request no route matched: raw paths never make
+/// buckets, so every unmatched request of a method shares one operation.
+pub const UNMATCHED_ROUTE: &str = "<unmatched>";
+
+/// `"<METHOD> <route template>"`; an extension method is `OTHER`.
+#[cfg(test)]
+pub(crate) fn operation_id(parts: &Parts) -> String {
+    format!("{} {}", METHODS[method_index(&parts.method)], route(parts))
+}
+
+fn route(parts: &Parts) -> &str {
+    parts.extensions.get::<MatchedPath>().map_or(UNMATCHED_ROUTE, MatchedPath::as_str)
+}
+
+/// One operation: its id (for log lines), digest and configured set.
+#[derive(Debug)]
+pub(crate) struct Operation {
+    pub(crate) id: Box<str>,
+    pub(crate) digest: OperationDigest,
+    /// The index of its configured set; `None` for the default set.
+    pub(crate) set: Option<usize>,
+}
+
+impl Operation {
+    fn new(id: String, set: Option<usize>) -> Self {
+        Self { digest: charged_digest(&id), id: id.into_boxed_str(), set }
+    }
+}
+
+/// Operations by method and route template, so a request's is found
+/// without hashing its id again: the configured ones, and the others the
+/// first time one is seen (at most [`MAX_SEEN_OPERATIONS`] kept).
+#[derive(Debug)]
+pub(crate) struct Operations {
+    configured: [Routes; METHODS.len()],
+    seen: RwLock<Seen>,
+}
+
+/// The unconfigured operations seen so far, by method, and how many.
+type Seen = ([Routes; METHODS.len()], usize);
+
+/// Operations of one method by route template. foldhash, not SipHash: the
+/// keys are the router's templates, never a client's text.
+type Routes = HashMap<Box<str>, Arc<Operation>, foldhash::fast::RandomState>;
+
+/// How many unconfigured operations are kept at most.
+const MAX_SEEN_OPERATIONS: usize = 4096;
+
+impl Operations {
+    /// The table of `configured` operation ids with their set's index; an
+    /// id no request can have is left out.
+    pub(crate) fn new<'a>(configured: impl IntoIterator<Item = (&'a str, usize)>) -> Self {
+        let mut table: [Routes; METHODS.len()] = Default::default();
+        for (id, set) in configured {
+            let Some((method, route)) = id.split_once(' ') else { continue };
+            if let Some(index) = METHODS.iter().position(|known| *known == method) {
+                table[index]
+                    .insert(route.into(), Arc::new(Operation::new(id.to_owned(), Some(set))));
+            }
+        }
+        Self { configured: table, seen: RwLock::default() }
+    }
+
+    /// The operation of a request: the method plus axum's `MatchedPath`.
+    pub(crate) fn find(&self, parts: &Parts) -> Arc<Operation> {
+        let route = route(parts);
+        let method = match method_index(&parts.method) {
+            HEAD if !self.configured[HEAD].contains_key(route) => GET,
+            method => method,
+        };
+        if let Some(operation) = self.configured[method].get(route) {
+            return Arc::clone(operation);
+        }
+        let read = self.seen.read().unwrap_or_else(PoisonError::into_inner);
+        if let Some(operation) = read.0[method].get(route) {
+            return Arc::clone(operation);
+        }
+        drop(read);
+        let operation = Arc::new(Operation::new(format!("{} {route}", METHODS[method]), None));
+        let mut seen = self.seen.write().unwrap_or_else(PoisonError::into_inner);
+        let (by_method, count) = &mut *seen;
+        if *count < MAX_SEEN_OPERATIONS && !by_method[method].contains_key(route) {
+            by_method[method].insert(route.into(), Arc::clone(&operation));
+            *count += 1;
+        }
+        operation
+    }
+
+    #[cfg(test)]
+    fn seen(&self) -> usize {
+        self.seen.read().unwrap_or_else(PoisonError::into_inner).1
+    }
+}
+
+/// The digest of an operation id: the first 8 bytes of SHA-256 over its
+/// UTF-8 text as a big-endian 64-bit number, printed as 16 hex digits
+/// (`"GET /api/orders/{id}"` gives `6979b49c614fd4c4`).
+pub fn operation_digest(operation: &str) -> OperationDigest {
+    let hash: [u8; 32] = Sha256::digest(operation.as_bytes()).into();
+    let (first, _) = hash.split_first_chunk::<8>().unwrap_or((&[0; 8], &[]));
+    OperationDigest::from_u64(u64::from_be_bytes(*first))
+}
+
+/// The digest a request of `operation` is charged under: its own, but a
+/// HEAD's is its route's GET's, even when it is mapped to a set of its own.
+pub fn charged_digest(operation: &str) -> OperationDigest {
+    match operation.strip_prefix("HEAD ") {
+        Some(route) => operation_digest(&format!("GET {route}")),
+        None => operation_digest(operation),
+    }
+}
+
+/// The indexes of the two methods a HEAD is found between.
+const GET: usize = 0;
+const HEAD: usize = 5;
+const OTHER: usize = 9;
+
+/// The method names an operation id can start with, by [`method_index`].
+pub const METHODS: [&str; 10] =
+    ["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS", "CONNECT", "TRACE", "OTHER"];
+
+fn method_index(method: &Method) -> usize {
+    METHODS[..OTHER].iter().position(|known| *known == method.as_str()).unwrap_or(OTHER)
+}
+
+/// The cost of a request (1 without it), a request extension set by a
+/// layer before the rate-limit layer. A cost of 0, or above a policy's
+/// `maximum-cost`, is answered `Incompatible(CostExceedsMaximum)` (a `503`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct RateLimitCost(pub u64);
+
+impl RateLimitCost {
+    /// What a request without the extension costs.
+    pub const DEFAULT: Self = Self(1);
+}
+
+impl Default for RateLimitCost {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
+
+/// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in order
+/// (no `w` without a window); `None` for no policy. `now` (epoch ms) is
+/// read only for a window that moves (a calendar month).
+pub(crate) fn policy_header<'a>(
+    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
+    now: impl Fn() -> u64,
+) -> Option<HeaderValue> {
+    let mut text = Vec::with_capacity(64);
+    write_policy_field_at(&mut text, policies, now);
+    header(text)
+}
+
+/// `"<policy id>";r=<remaining>;t=<seconds until whole>` for each policy,
+/// in order (no `t` when `resets` is false); `None` for no policy.
+pub(crate) fn limit_header<'a>(
+    decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
+) -> Option<HeaderValue> {
+    let mut text = Vec::with_capacity(64);
+    for (policy_id, decision, resets) in decisions {
+        write_limit_item(&mut text, policy_id, decision, resets);
+    }
+    header(text)
+}
+
+/// The fields are written by hand, not through `sfv`: they are made per
+/// request, and a validated policy id needs no escapes (tests compare them
+/// with what `sfv` writes).
+fn header(text: Vec<u8>) -> Option<HeaderValue> {
+    if text.is_empty() {
+        return None;
+    }
+    HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
+}
+
+#[cfg(test)]
+mod operation_tests {
+    use http::Request;
+
+    use super::*;
+
+    #[test]
+    fn without_a_matched_route_the_path_is_not_used() {
+        let (parts, ()) = Request::get("/api/orders/123").body(()).unwrap().into_parts();
+        assert_eq!(operation_id(&parts), "GET <unmatched>");
+        let custom = Method::from_bytes(b"BREW").unwrap();
+        let (parts, ()) = Request::builder().method(custom).body(()).unwrap().into_parts();
+        assert_eq!(operation_id(&parts), "OTHER <unmatched>");
+    }
+
+    #[test]
+    fn an_unconfigured_operation_is_kept_once_with_its_digest_and_the_default_set() {
+        let operations = Operations::new([("POST <unmatched>", 3), ("BREW <unmatched>", 4)]);
+        let (get, ()) = Request::get("/api/orders/123").body(()).unwrap().into_parts();
+        for _ in 0..3 {
+            let found = operations.find(&get);
+            assert_eq!((&*found.id, found.set), ("GET <unmatched>", None));
+            assert_eq!(found.digest.to_string(), "8c13b2e43046bcc7");
+        }
+        assert_eq!(operations.seen(), 1);
+        let (post, ()) = Request::post("/").body(()).unwrap().into_parts();
+        let found = operations.find(&post);
+        assert_eq!((&*found.id, found.set), ("POST <unmatched>", Some(3)));
+        assert_eq!(found.digest, operation_digest("POST <unmatched>"));
+        // An extension method is OTHER, never the configured "BREW" id.
+        let brew = Method::from_bytes(b"BREW").unwrap();
+        let (brew, ()) = Request::builder().method(brew).body(()).unwrap().into_parts();
+        let found = operations.find(&brew);
+        assert_eq!((&*found.id, found.set), ("OTHER <unmatched>", None));
+        assert_eq!(operations.seen(), 2);
+    }
+
+    #[test]
+    fn a_head_is_the_get_of_its_route_unless_mapped_itself_and_always_charged_as_it() {
+        let get = || Request::get("/x").body(()).unwrap().into_parts().0;
+        let head = || Request::head("/x").body(()).unwrap().into_parts().0;
+        let operations = Operations::new([("GET <unmatched>", 1)]);
+        let found = operations.find(&head());
+        assert_eq!((&*found.id, found.set), ("GET <unmatched>", Some(1)));
+        assert_eq!(found.digest, operation_digest("GET <unmatched>"));
+        // Mapped itself: its own set, the GET's budget key.
+        let operations = Operations::new([("GET <unmatched>", 1), ("HEAD <unmatched>", 2)]);
+        let found = operations.find(&head());
+        assert_eq!((&*found.id, found.set), ("HEAD <unmatched>", Some(2)));
+        assert_eq!(found.digest, operation_digest("GET <unmatched>"));
+        assert_eq!(operations.find(&get()).set, Some(1));
+        // Neither configured: one seen operation for both methods.
+        let operations = Operations::new([]);
+        assert_eq!(operations.find(&head()).digest, operations.find(&get()).digest);
+        assert_eq!(operations.seen(), 1);
+        assert_eq!(
+            charged_digest("HEAD /api/orders/{id}"),
+            operation_digest("GET /api/orders/{id}")
+        );
+        assert_eq!(charged_digest("POST /api/orders"), operation_digest("POST /api/orders"));
+    }
+
+    #[test]
+    fn digests_match_vectors_computed_with_python_hashlib() {
+        // python3 -c 'import hashlib; print(hashlib.sha256(OPERATION.encode()).hexdigest()[:16])'
+        for (operation, expected) in [
+            ("GET /api/orders/{id}", "6979b49c614fd4c4"),
+            ("GET <unmatched>", "8c13b2e43046bcc7"),
+            ("POST /api/orders", "6b48c5c57a698e41"),
+        ] {
+            assert_eq!(operation_digest(operation).to_string(), expected, "{operation}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod ratelimit_headers_tests {
+    use std::time::Duration;
+
+    use sfv::{Integer, KeyRef, ListSerializer, StringRef};
+    use shared_contract::{Algorithm, SF_INTEGER_MAX, whole_seconds_up_millis};
+
+    use super::*;
+
+    /// A structured-field List of string items with integer parameters
+    /// (RFC 9651) as `sfv` writes it: what the hand-written fields must equal.
+    fn list<'a, P: IntoIterator<Item = (&'static str, u64)>>(
+        entries: impl Iterator<Item = (&'a PolicyId, P)>,
+    ) -> Option<HeaderValue> {
+        let mut list = ListSerializer::new();
+        for (policy_id, parameters) in entries {
+            let mut entry = list.bare_item(StringRef::from_str(policy_id.as_str()).ok()?);
+            for (key, value) in parameters {
+                let value = Integer::try_from(value).unwrap_or(Integer::MAX);
+                entry = entry.parameter(KeyRef::from_str(key).ok()?, value);
+            }
+        }
+        HeaderValue::try_from(list.finish()?).ok()
+    }
+
+    /// Any time: no window here moves with it.
+    const T0: u64 = 1_800_000_000_000;
+
+    fn policy(algorithm: Algorithm) -> RateLimitPolicy {
+        RateLimitPolicy::builder("orders.read", algorithm).build().unwrap()
+    }
+
+    #[test]
+    fn policy_header_names_limit_and_window_in_seconds() {
+        let fixed = policy(Algorithm::FixedWindow(shared_contract::FixedWindow {
+            limit: 100,
+            window: Duration::from_secs(60),
+        }));
+        assert_eq!(policy_header([&fixed], || T0).unwrap(), r#""orders.read";q=100;w=60"#);
+        // A 1.5 s window is announced as 2 s: never promise more than holds.
+        let sliding = policy(Algorithm::SlidingCounter(shared_contract::SlidingCounter {
+            limit: 10,
+            window: Duration::from_millis(1500),
+        }));
+        assert_eq!(policy_header([&sliding], || T0).unwrap(), r#""orders.read";q=10;w=2"#);
+        // Five tokens, two per 100 ms: three periods fill it, 300 ms -> 1 s.
+        let bucket = policy(Algorithm::TokenBucket(shared_contract::TokenBucket {
+            capacity: 5,
+            refill_tokens: 2,
+            refill_period: Duration::from_millis(100),
+        }));
+        assert_eq!(policy_header([&bucket], || T0).unwrap(), r#""orders.read";q=5;w=1"#);
+        // GCRA: q is the burst, w the burst's cells at T = 1 s / 10 = 0.5 s,
+        // rounded up to 1; 3 per second with a burst of 7: T = 333334 us,
+        // 2.333338 s, 3 on the wire.
+        let gcra = |limit, burst| {
+            policy(Algorithm::Gcra(shared_contract::Gcra {
+                limit,
+                period: Duration::from_secs(1),
+                burst,
+            }))
+        };
+        assert_eq!(policy_header([&gcra(10, 5)], || T0).unwrap(), r#""orders.read";q=5;w=1"#);
+        assert_eq!(policy_header([&gcra(3, 7)], || T0).unwrap(), r#""orders.read";q=7;w=3"#);
+        assert_eq!(policy_header([&gcra(1, 30)], || T0).unwrap(), r#""orders.read";q=30;w=30"#);
+        // README's example: 3 x 333334 us is 1.000002 s, rounded up to 2.
+        assert_eq!(policy_header([&gcra(3, 3)], || T0).unwrap(), r#""orders.read";q=3;w=2"#);
+    }
+
+    #[test]
+    fn limit_header_rounds_the_reset_up() {
+        let decision = RateLimitDecision {
+            allowed: true,
+            remaining: 7,
+            retry_after_ms: 0,
+            reset_after_ms: 1001,
+            replayed: false,
+        };
+        let id = PolicyId::new("orders.read").unwrap();
+        assert_eq!(limit_header([(&id, &decision, true)]).unwrap(), r#""orders.read";r=7;t=2"#);
+        let full = RateLimitDecision { reset_after_ms: 0, ..decision };
+        assert_eq!(limit_header([(&id, &full, true)]).unwrap(), r#""orders.read";r=7;t=0"#);
+    }
+
+    #[test]
+    fn a_concurrency_policy_shows_its_slots_without_a_window_or_a_reset() {
+        let exports = policy(Algorithm::Concurrency(shared_contract::Concurrency {
+            max_in_flight: 2,
+            lease_ttl: Duration::from_secs(30),
+            retry_after: Duration::from_secs(1),
+        }));
+        assert_eq!(policy_header([&exports], || T0).unwrap(), r#""orders.read";q=2"#);
+        // One slot of two taken; no reset time, not even `t=0` ("whole now").
+        let held = RateLimitDecision {
+            allowed: true,
+            remaining: 1,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+            replayed: false,
+        };
+        let window = RateLimitDecision { reset_after_ms: 60_000, ..held };
+        let hourly = PolicyId::new("hourly").unwrap();
+        assert_eq!(
+            limit_header([(exports.id(), &held, false), (&hourly, &window, true)]).unwrap(),
+            r#""orders.read";r=1, "hourly";r=1;t=60"#
+        );
+    }
+
+    #[test]
+    fn a_set_is_one_list_in_the_order_given_and_no_policy_is_no_header() {
+        // The burst + sustained pair of docs/algorithms.md, with its expected values.
+        let burst = RateLimitPolicy::builder(
+            "orders-burst",
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 10,
+                window: Duration::from_secs(1),
+            }),
+        )
+        .build()
+        .unwrap();
+        let hourly = RateLimitPolicy::builder(
+            "orders-hourly",
+            Algorithm::FixedWindow(shared_contract::FixedWindow {
+                limit: 1000,
+                window: Duration::from_secs(3600),
+            }),
+        )
+        .build()
+        .unwrap();
+        assert_eq!(
+            policy_header([&burst, &hourly], || T0).unwrap(),
+            r#""orders-burst";q=10;w=1, "orders-hourly";q=1000;w=3600"#
+        );
+        let decision = |remaining, reset_secs: u64| RateLimitDecision {
+            allowed: true,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms: reset_secs * 1000,
+            replayed: false,
+        };
+        let (first, second) = (decision(9, 1), decision(999, 3540));
+        assert_eq!(
+            limit_header([(burst.id(), &first, true), (hourly.id(), &second, true)]).unwrap(),
+            r#""orders-burst";r=9;t=1, "orders-hourly";r=999;t=3540"#
+        );
+        assert_eq!(policy_header([], || T0), None);
+    }
+
+    /// docs/algorithms.md "Calendar window", worked numbers (b): a month in
+    /// Berlin is January's 31 days at its last half second and February's
+    /// 28 from its first instant; `w` follows the time given.
+    #[test]
+    fn a_calendar_windows_w_is_the_period_of_the_time_given() {
+        let monthly = RateLimitPolicy::builder(
+            "orders.read",
+            Algorithm::CalendarWindow(shared_contract::CalendarWindow {
+                limit: 3,
+                period: shared_contract::CalendarPeriod::Month,
+                time_zone: "Europe/Berlin".parse().unwrap(),
+            }),
+        )
+        .build()
+        .unwrap();
+        let at = |now: u64| policy_header([&monthly], move || now).unwrap();
+        assert_eq!(at(1_801_436_399_500), r#""orders.read";q=3;w=2678400"#);
+        assert_eq!(at(1_801_436_400_000), r#""orders.read";q=3;w=2419200"#);
+        assert_eq!(limit_header([]), None);
+    }
+
+    /// The `sfv` serialization the hand-written header must equal.
+    fn limit_header_by_sfv<'a>(
+        decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
+    ) -> Option<HeaderValue> {
+        list(decisions.into_iter().map(|(policy_id, decision, resets)| {
+            let reset = resets.then(|| ("t", whole_seconds_up_millis(decision.reset_after_ms)));
+            (policy_id, [Some(("r", decision.remaining)), reset].into_iter().flatten())
+        }))
+    }
+
+    #[test]
+    fn the_shared_policy_field_is_what_sfv_writes() {
+        let ids = ["a", "orders.read", "x-1_2.3"];
+        let policies: Vec<RateLimitPolicy> = ids
+            .iter()
+            .map(|id| {
+                let window = Duration::from_millis(1500);
+                RateLimitPolicy::builder(
+                    *id,
+                    Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 7, window }),
+                )
+                .build()
+                .unwrap()
+            })
+            .collect();
+        let by_sfv = list(policies.iter().map(|policy| {
+            let window = policy.algorithm().quota_window(|| T0).map(whole_seconds_up);
+            (
+                policy.id(),
+                [Some(("q", policy.limit())), window.map(|w| ("w", w))].into_iter().flatten(),
+            )
+        }));
+        assert_eq!(policy_header(&policies, || T0), by_sfv);
+    }
+
+    #[test]
+    fn the_hand_written_limit_header_is_what_sfv_writes() {
+        let ids: Vec<PolicyId> = ["a", "orders.read", "x-1_2.3", &"z".repeat(64)]
+            .iter()
+            .map(|id| PolicyId::new(*id).unwrap())
+            .collect();
+        let values = [0, 1, 9, 10, 99, 12_345, SF_INTEGER_MAX, SF_INTEGER_MAX + 1, u64::MAX];
+        let mut decisions = Vec::new();
+        for (n, &remaining) in values.iter().enumerate() {
+            let reset_after_ms = [0, 1, 999, 1000, 1001, u64::MAX][n % 6];
+            decisions.push(RateLimitDecision {
+                allowed: true,
+                remaining,
+                retry_after_ms: 0,
+                reset_after_ms,
+                replayed: false,
+            });
+        }
+        for len in 1..=ids.len() {
+            for start in 0..decisions.len() {
+                let set: Vec<_> = ids[..len]
+                    .iter()
+                    .enumerate()
+                    // Every third member has no reset (a concurrency policy).
+                    .map(|(i, id)| (id, &decisions[(start + i) % decisions.len()], i % 3 != 1))
+                    .collect();
+                let by_hand = limit_header(set.iter().copied());
+                assert_eq!(by_hand, limit_header_by_sfv(set.iter().copied()), "{set:?}");
+                assert!(by_hand.is_some());
             }
         }
     }

@@ -1,31 +1,30 @@
-//! `RateLimitLayer`: the tower layer that puts the limiter in front of a
-//! service (an axum `Router` via `Router::layer`, or any tower stack).
+//! The tower middleware: `RateLimitLayer` (a small cloneable config),
+//! `RateLimitService`, its `ResponseFuture`, and the `BridgeSwitch` that
+//! holds the bridge in force.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 
-use axum::body::Body;
-use http::Response;
-use tower::Layer;
+use arc_swap::ArcSwap;
+use axum::BoxError;
+use axum::body::{Body, Bytes, HttpBody};
+use http::request::Parts;
+use http::{Request, Response};
+use pin_project_lite::pin_project;
+use tower::{Layer, Service};
 
-use crate::bridge::TransportBridge;
-use crate::limiter::LimiterSwitch;
-use crate::refusal::{Refusal, RefusalShaper};
-use crate::service::RateLimitService;
-use crate::switch::BridgeSwitch;
+use crate::bridge::{Answer, Asked, TransportBridge};
+use crate::lease::{LeaseGuard, ReleasingBody};
+use crate::refusal::{DecisionHeaders, Refusal, RefusalShaper, decision_headers};
 
 /// Rate-limits every request through a [`TransportBridge`], or passes
 /// everything through when built with [`RateLimitLayer::disabled`].
-///
-/// On an axum `Router`, add it with `Router::layer` (not as an outer
-/// service around the router): route layers run after routing, so axum's
-/// `MatchedPath` is there and the operation is the route template. To
-/// count requests by something else (a tenant, an account), insert an
-/// [`crate::AuthenticatedPrincipal`] in a layer that runs before this one;
-/// to charge a request more than 1, insert a [`crate::RateLimitCost`] the
-/// same way.
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
-    limiter: Option<LimiterSwitch>,
+    limiter: Option<Limiter>,
 }
 
 impl RateLimitLayer {
@@ -37,7 +36,7 @@ impl RateLimitLayer {
     /// A layer that evaluates every request through the bridge `switch`
     /// holds when the request starts: replace it there to reload.
     pub fn switched(switch: BridgeSwitch) -> Self {
-        Self { limiter: Some(LimiterSwitch { bridge: switch, shaper: None }) }
+        Self { limiter: Some(Limiter { bridge: switch, shaper: None }) }
     }
 
     /// The switch of an enabled layer.
@@ -51,11 +50,8 @@ impl RateLimitLayer {
         Self { limiter: None }
     }
 
-    /// Replaces the default problem+json refusals (`429`, `503`, `400`,
-    /// `500`) with what `shaper` makes of them; it receives the reason and
-    /// the default response, headers included. The handler never runs for
-    /// a refused request, whatever the shaper returns. No effect on a
-    /// disabled layer.
+    /// Replaces the default problem+json refusals with what `shaper` makes
+    /// of the reason and the default response.
     pub fn with_refusal_shaper(
         mut self,
         shaper: impl Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync + 'static,
@@ -76,6 +72,244 @@ impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService::new(inner, self.limiter.clone())
+        RateLimitService { inner, limiter: self.limiter.clone() }
     }
+}
+
+/// Asks the bridge before every request; runs `inner` only when allowed.
+/// Built by [`crate::RateLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct RateLimitService<S> {
+    inner: S,
+    limiter: Option<Limiter>,
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    ReqBody: Send + 'static,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Response = Response<Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let Some(Limiter { bridge, shaper }) = &self.limiter else {
+            let future = self.inner.call(request);
+            return ResponseFuture { state: State::Running { future, headers: None, lease: None } };
+        };
+        ResponseFuture::evaluating(bridge.current(), shaper.clone(), &mut self.inner, request)
+    }
+}
+
+/// A port answer still to come, with the request parts and the bridge
+/// handed back (the request's one reference to the bridge).
+type Evaluation = Pin<Box<dyn Future<Output = (Parts, Arc<TransportBridge>, Answer)> + Send>>;
+
+pin_project! {
+    /// The response future of [`crate::RateLimitService`].
+    pub struct ResponseFuture<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        #[pin]
+        state: State<S, ReqBody>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<S, ReqBody>
+    where
+        S: Service<Request<ReqBody>>,
+    {
+        // The bridge is asking the port; the inner service waits, unused.
+        Evaluating {
+            evaluation: Evaluation,
+            shaper: Option<RefusalShaper>,
+            inner: Option<S>,
+            body: Option<ReqBody>,
+        },
+        // Allowed (or limiting disabled): the inner service runs, and its
+        // response gets these headers.
+        Running {
+            #[pin]
+            future: S::Future,
+            headers: Option<DecisionHeaders>,
+            lease: Option<LeaseGuard>,
+        },
+        // Refused: this response replaces the inner service's.
+        Refused {
+            response: Option<Response<Body>>,
+        },
+    }
+}
+
+impl<S, ReqBody> ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>> + Clone,
+{
+    /// Asks the bridge at once: an answer without waiting is used here,
+    /// nothing boxed, and an admitted request calls `ready` itself. Only
+    /// a provider that waits leaves the evaluation to the future.
+    fn evaluating(
+        bridge: Arc<TransportBridge>,
+        shaper: Option<RefusalShaper>,
+        ready: &mut S,
+        request: Request<ReqBody>,
+    ) -> Self {
+        let (parts, body) = request.into_parts();
+        let state = match bridge.ask(&parts) {
+            Asked::Answered(result) => answered(parts, &bridge, result, shaper.as_ref(), |parts| {
+                ready.call(Request::from_parts(parts, body))
+            }),
+            Asked::Waiting(waiting) => {
+                let evaluation: Evaluation = Box::pin(async move {
+                    let result = waiting.answer(&bridge).await;
+                    (parts, bridge, result)
+                });
+                // The readied instance must be the one called, later, once
+                // the evaluation allows it; a clone stays behind.
+                let clone = ready.clone();
+                let inner = Some(std::mem::replace(ready, clone));
+                State::Evaluating { evaluation, shaper, inner, body: Some(body) }
+            }
+        };
+        Self { state }
+    }
+}
+
+/// The state the bridge's answer leads to: the inner service running
+/// (through `call`), or the refusal that replaces its response.
+fn answered<S, ReqBody>(
+    parts: Parts,
+    bridge: &TransportBridge,
+    mut result: Answer,
+    shaper: Option<&RefusalShaper>,
+    call: impl FnOnce(Parts) -> S::Future,
+) -> State<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    let reason = match &mut result {
+        Err(rejection) => Refusal::Rejected(rejection),
+        Ok((evaluation, lease)) if !evaluation.admits() => {
+            drop(lease.take());
+            Refusal::Outcome(evaluation)
+        }
+        Ok((evaluation, lease)) => {
+            let future = call(parts);
+            let headers = Some(decision_headers(evaluation));
+            return State::Running { future, headers, lease: lease.take() };
+        }
+    };
+    let response = reason.response(bridge.settings());
+    let response = match shaper {
+        Some(shaper) => shaper.shape(reason, response),
+        None => response,
+    };
+    State::Refused { response: Some(response) }
+}
+
+impl<S, ReqBody, ResBody> Future for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: HttpBody<Data = Bytes> + Send + 'static,
+    ResBody::Error: Into<BoxError>,
+{
+    type Output = Result<Response<Body>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            let next = match this.state.as_mut().project() {
+                StateProj::Evaluating { evaluation, shaper, inner, body } => {
+                    let (parts, bridge, result) = ready!(evaluation.as_mut().poll(cx));
+                    answered(parts, &bridge, result, shaper.as_ref(), |parts| {
+                        let (mut inner, body) = inner.take().zip(body.take()).expect(
+                            "the inner service and body are taken only when leaving this state",
+                        );
+                        inner.call(Request::from_parts(parts, body))
+                    })
+                }
+                StateProj::Running { future, headers, lease } => {
+                    let response = ready!(future.poll(cx))?;
+                    let mut response = match lease.take() {
+                        Some(lease) => {
+                            response.map(|body| Body::new(ReleasingBody::new(body, lease)))
+                        }
+                        None => response.map(Body::new),
+                    };
+                    // Ours replace any the handler set.
+                    if let Some(headers) = headers.take() {
+                        headers.apply(response.headers_mut());
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Refused { response } => {
+                    let response = response.take().expect("ResponseFuture polled after completion");
+                    return Poll::Ready(Ok(response));
+                }
+            };
+            this.state.set(next);
+        }
+    }
+}
+
+impl<S, ReqBody> fmt::Debug for ResponseFuture<S, ReqBody>
+where
+    S: Service<Request<ReqBody>>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Evaluating { .. } => "evaluating",
+            State::Running { .. } => "running",
+            State::Refused { .. } => "refused",
+        };
+        f.debug_struct("ResponseFuture").field("state", &state).finish()
+    }
+}
+
+/// The bridge in force.
+#[derive(Clone)]
+pub struct BridgeSwitch {
+    current: Arc<ArcSwap<TransportBridge>>,
+}
+
+impl BridgeSwitch {
+    /// A switch holding `bridge`.
+    pub fn new(bridge: Arc<TransportBridge>) -> Self {
+        Self { current: Arc::new(ArcSwap::new(bridge)) }
+    }
+
+    /// The bridge in force now.
+    pub fn current(&self) -> Arc<TransportBridge> {
+        self.current.load_full()
+    }
+
+    /// Puts `bridge` in force for every request that starts from now on;
+    /// returns the one it replaces (requests already running keep it).
+    pub fn replace(&self, bridge: Arc<TransportBridge>) -> Arc<TransportBridge> {
+        self.current.swap(bridge)
+    }
+}
+
+impl fmt::Debug for BridgeSwitch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BridgeSwitch").field("current", &self.current.load()).finish()
+    }
+}
+
+/// What an enabled layer and its services share: the bridge in force and
+/// the refusal shaper.
+#[derive(Debug, Clone)]
+struct Limiter {
+    bridge: BridgeSwitch,
+    shaper: Option<RefusalShaper>,
 }

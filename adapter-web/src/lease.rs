@@ -1,12 +1,7 @@
 //! In-flight leases at the edge: a request admitted under a set with a
 //! concurrency policy holds a [`LeaseGuard`], and the lease goes back to
-//! the port when the guard is dropped: with the response body once it has
-//! been sent or dropped ([`ReleasingBody`]), or with the request's future
-//! when that is dropped before a response exists (client gone, handler
-//! cancelled, a panic unwinding through the layer).
-//!
-//! Only such sets pay: the bridge makes a guard for them alone, and every
-//! other response keeps its body as it was.
+//! the port when the guard drops: with the response body once sent or
+//! dropped ([`ReleasingBody`]), or with the request's future.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -20,13 +15,10 @@ use pin_project_lite::pin_project;
 use shared_contract::{EdgeRateLimitPort, Lease, ReleaseOutcome};
 use tokio_util::task::TaskTracker;
 
-use crate::telemetry::{self, PolicyIds};
+use crate::telemetry::{LEASE_RELEASE_FAILURES_TOTAL, PolicyIds};
 
-/// The edge's releases still running, which a shutdown waits for: without
-/// it the guards of the connections a shutdown cuts drop, their releases
-/// are spawned, and the runtime ends before they run, leaving each lease
-/// taken until it expires, uncounted. One per process: a reload's new
-/// bridge takes the current one's ([`crate::TransportBridge::with_lease_releases`]).
+/// The edge's releases still running, which a shutdown waits for (else
+/// the runtime ends before they run). One per process.
 #[derive(Debug, Clone)]
 pub struct LeaseReleases {
     running: TaskTracker,
@@ -36,7 +28,10 @@ pub struct LeaseReleases {
 
 impl Default for LeaseReleases {
     fn default() -> Self {
-        Self { running: TaskTracker::new(), failures: telemetry::lease_release_failures() }
+        Self {
+            running: TaskTracker::new(),
+            failures: metrics::counter!(LEASE_RELEASE_FAILURES_TOTAL),
+        }
     }
 }
 
@@ -44,7 +39,6 @@ impl LeaseReleases {
     /// Waits at most `bound` for the releases still running (call it once
     /// the connections are closed, so no guard is left to drop); those
     /// that did not finish are counted as release failures and logged once.
-    /// Returns how many did not finish.
     pub async fn finish_within(&self, bound: Duration) -> usize {
         self.running.close();
         if tokio::time::timeout(bound, self.running.wait()).await.is_ok() {
@@ -105,12 +99,7 @@ impl Drop for LeaseGuard {
 }
 
 impl Release {
-    /// Gives the lease back on the runtime the request ran on. The port is
-    /// asked here first: a provider that answers without waiting (the
-    /// memory provider) has freed the slot before the response's last
-    /// bytes leave, so a client's next request finds it free. Whatever
-    /// still waits (a Redis round trip) runs as a task. Not asked here
-    /// while a panic unwinds: nothing more runs on that stack than must.
+    /// Gives the lease back on the runtime the request ran on.
     fn run(self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // A guard dropped after the runtime shut down: nothing can ask
@@ -143,11 +132,8 @@ impl Release {
     }
 }
 
-/// Counts and logs a failed release; the lease then may stay until it
-/// expires (`lease-ttl + maximum-clock-regression` after it was taken):
-/// "may", since an `Indeterminate` removal may still have run, queued
-/// behind a stalled server. The log names the policies and the subject's pseudonym,
-/// never the raw subject (the port never sees it).
+/// Counts and logs a failed release (by the subject's pseudonym); the
+/// lease then may stay until it expires.
 fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
     match outcome {
         ReleaseOutcome::Released | ReleaseOutcome::NotHeld => {}
@@ -165,9 +151,8 @@ fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
 }
 
 pin_project! {
-    /// A response body that gives its request's lease back once it has
-    /// been sent (its last frame handed out, or an error) or dropped,
-    /// whichever comes first.
+    /// A response body that gives its request's lease back once sent (or
+    /// failed) or dropped.
     pub(crate) struct ReleasingBody<B> {
         #[pin]
         inner: B,

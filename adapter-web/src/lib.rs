@@ -12,41 +12,29 @@
 #![forbid(unsafe_code)]
 
 mod bridge;
-mod client_ip;
-mod cost;
-mod error;
-mod future;
+mod identity;
 mod layer;
 mod lease;
-mod limiter;
-mod mapping;
-mod operation;
-mod problem;
-mod pseudonymizer;
-mod ratelimit_headers;
 mod refusal;
 mod rejection;
-mod service;
 mod settings;
-mod subject;
-mod switch;
 mod telemetry;
 
-pub use bridge::{BridgeEvaluation, TransportBridge};
-pub use cost::RateLimitCost;
-pub use error::WebError;
-pub use future::ResponseFuture;
-pub use layer::RateLimitLayer;
+pub use bridge::{
+    BridgeEvaluation, METHODS, RateLimitCost, TransportBridge, UNMATCHED_ROUTE, charged_digest,
+    operation_digest,
+};
+pub use identity::{
+    AuthenticatedPrincipal, IdentityProblem, MIN_KEY_BYTES, SubjectKind, VersionedPseudonymizer,
+    canonical_identity,
+};
+pub use layer::{BridgeSwitch, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use lease::LeaseReleases;
-pub use mapping::{RATELIMIT, RATELIMIT_POLICY};
-pub use operation::{METHODS, UNMATCHED_ROUTE, charged_digest, operation_digest};
-pub use pseudonymizer::{MIN_KEY_BYTES, VersionedPseudonymizer};
-pub use refusal::Refusal;
+pub use refusal::{RATELIMIT, RATELIMIT_POLICY, Refusal};
 pub use rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
-pub use service::RateLimitService;
-pub use settings::{ClientIpHeader, DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
-pub use subject::{AuthenticatedPrincipal, IdentityProblem, SubjectKind, canonical_identity};
-pub use switch::BridgeSwitch;
+pub use settings::{
+    ClientIpHeader, DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings, WebError,
+};
 pub use telemetry::{
     DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, LEASE_RELEASE_FAILURES_TOTAL, METRIC_PREFIX,
     metric_name,

@@ -1,14 +1,168 @@
-//! `Refusal`: the hook that lets a service reshape the edge's refusals
-//! (the move `tower_governor` users know as `error_handler`).
+//! Outcome -> HTTP: the headers of an admitted request, and the refusal
+//! (`Refusal`) that replaces the handler's answer with a problem+json one,
+//! reshaped by the service's hook if it set one.
+//!
+//! | outcome | status | headers |
+//! | --- | --- | --- |
+//! | allowed | handler's | `RateLimit-Policy`, `RateLimit` (enforced policies) |
+//! | denied | 429 | `Retry-After` (largest of the denying enforced, whole s up), `RateLimit-Policy`, `RateLimit`; body names `violated-policies` |
+//! | `Unavailable`, `Indeterminate`, `Incompatible` | 503 | `Retry-After` (configured) |
+//! | any failure, set of shadow policies only | handler's | none |
+//! | invalid API key | 400 | none |
+//! | no peer address | 500 | none |
+//!
+//! Shadow policies never show: not in headers, not in a body, and they
+//! never turn an answer into a refusal.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
 use axum::body::Body;
-use http::Response;
+use axum::response::IntoResponse;
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use problem_details::ProblemDetails;
+use shared_contract::{
+    IncompatibleCategory, RateLimitFailure, RateLimitOutcomeExt, UnavailableCategory,
+    whole_seconds_up_millis,
+};
 
-use crate::bridge::BridgeEvaluation;
-use crate::rejection::EdgeRejection;
+use crate::bridge::{BridgeEvaluation, limit_header, whole_seconds_up};
+use crate::rejection::{EdgeRejection, problem_type};
+use crate::settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
+
+/// `RateLimit-Policy` header name.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit` header name.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// The `RateLimit-Policy` and `RateLimit` headers of the set's enforced
+/// policies; none for a failure.
+pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> DecisionHeaders {
+    let mut enforced = evaluation.enforced_limits().peekable();
+    if enforced.peek().is_none() {
+        return DecisionHeaders::default();
+    }
+    DecisionHeaders {
+        // The bridge made it once for the set: the enforced policies it holds.
+        policy: evaluation.policy_header.clone(),
+        limit: limit_header(enforced),
+    }
+}
+
+/// The two headers of a decision, held as values until the response is
+/// there: no header map of their own to allocate, hash and merge.
+#[derive(Debug, Default)]
+pub(crate) struct DecisionHeaders {
+    policy: Option<HeaderValue>,
+    limit: Option<HeaderValue>,
+}
+
+impl DecisionHeaders {
+    /// Sets them on `headers`, replacing any of the same name: the limiter
+    /// is the authority on its own headers.
+    pub(crate) fn apply(self, headers: &mut HeaderMap) {
+        if let Some(value) = self.policy {
+            headers.insert(RATELIMIT_POLICY, value);
+        }
+        if let Some(value) = self.limit {
+            headers.insert(RATELIMIT, value);
+        }
+    }
+}
+
+/// The problem+json member of a `429` naming the enforced policies that denied.
+const VIOLATED_POLICIES: &str = "violated-policies";
+
+impl Refusal<'_> {
+    /// The default problem+json answer, with `Retry-After` and the
+    /// decision headers an outcome has.
+    pub(crate) fn response(self, settings: &EdgeSettings) -> Response<Body> {
+        let evaluation = match self {
+            Self::Rejected(rejection) => {
+                return problem(settings, rejection.status(), rejection.category_name())
+                    .with_title(rejection.title())
+                    .with_detail(rejection.detail().into_owned())
+                    .into_response();
+            }
+            Self::Outcome(evaluation) => evaluation,
+        };
+        let category = evaluation.outcome.category_name();
+        let failure_seconds = whole_seconds_up(settings.failure_retry_after);
+        let (mut response, retry_after) = match &evaluation.outcome {
+            Ok(_) => {
+                let violated = evaluation.violated_policies();
+                // The request passes only once every denying policy allows it.
+                let wait = violated.iter().map(|(_, decision)| decision.retry_after_ms).max();
+                let seconds = wait.map_or(failure_seconds, whole_seconds_up_millis);
+                let names: Vec<&str> = violated.iter().map(|(id, _)| id.as_str()).collect();
+                let quoted: Vec<String> = names.iter().map(|name| format!("\"{name}\"")).collect();
+                let detail = format!(
+                    "Too many requests under rate limit {} {}; retry after {seconds} s.",
+                    if names.len() == 1 { "policy" } else { "policies" },
+                    quoted.join(", "),
+                );
+                let response = problem(settings, StatusCode::TOO_MANY_REQUESTS, category)
+                    .with_title("Too Many Requests")
+                    .with_detail(detail)
+                    .with_extensions(BTreeMap::from([(VIOLATED_POLICIES, names)]))
+                    .into_response();
+                (response, seconds)
+            }
+            Err(failure) => {
+                let response = problem(settings, StatusCode::SERVICE_UNAVAILABLE, category)
+                    .with_title("Rate Limit Unavailable")
+                    .with_detail(failure_detail(failure))
+                    .into_response();
+                (response, failure_seconds)
+            }
+        };
+        let headers = response.headers_mut();
+        headers.insert(RETRY_AFTER, HeaderValue::from(retry_after));
+        decision_headers(evaluation).apply(headers);
+        response
+    }
+}
+
+const fn failure_detail(failure: &RateLimitFailure) -> &'static str {
+    use {IncompatibleCategory as I, UnavailableCategory as U};
+    match failure {
+        RateLimitFailure::Unavailable { category: U::AdmissionRejected, .. } => {
+            "The rate limiter could not take the request before its deadline."
+        }
+        RateLimitFailure::Unavailable { category: U::UnavailableBeforeSend, .. } => {
+            "The rate limit store could not be reached."
+        }
+        RateLimitFailure::Unavailable { category: U::ClockUnsafe, .. } => {
+            "This server's clock disagrees with the rate limit store beyond the allowed skew; the request was not counted."
+        }
+        RateLimitFailure::Incompatible { category: I::UnknownPolicy } => {
+            "The rate limit policy of this operation is not configured."
+        }
+        RateLimitFailure::Incompatible { category: I::CostExceedsMaximum } => {
+            "The request costs more than its rate limit policy allows."
+        }
+        RateLimitFailure::Incompatible { category: I::StateIncompatible } => {
+            "The stored rate limit state cannot be read by this server."
+        }
+        RateLimitFailure::Indeterminate { .. } => {
+            "The rate limit decision could not be confirmed; the request was not served."
+        }
+    }
+}
+
+/// A problem+json body with its status and `type`; the caller adds title,
+/// detail and any extension member.
+fn problem(settings: &EdgeSettings, status: StatusCode, category: &str) -> ProblemDetails {
+    // `EdgeSettings::validate` rejects a base that does not form a URI; a
+    // bridge built without validating still answers with a usable type.
+    let r#type = problem_type(&settings.problem_type_base, category)
+        .or_else(|| problem_type(DEFAULT_PROBLEM_TYPE_BASE, category));
+    let mut problem = ProblemDetails::from_status_code(status);
+    problem.r#type = r#type;
+    problem
+}
 
 /// Why the edge answered instead of the handler.
 #[derive(Debug, Clone, Copy)]
@@ -23,9 +177,7 @@ pub enum Refusal<'a> {
 /// response to send out.
 type ShapeFn = dyn Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync;
 
-/// Rewrites the default problem+json refusal. The handler has not run and
-/// will not run whatever the shaper returns: it shapes the answer, it
-/// cannot admit the request.
+/// Rewrites the default problem+json refusal; it cannot admit the request.
 #[derive(Clone)]
 pub(crate) struct RefusalShaper(pub(crate) Arc<ShapeFn>);
 

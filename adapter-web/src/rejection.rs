@@ -1,9 +1,11 @@
-//! `EdgeRejection`: a request the edge refuses before any evaluation.
-//! A leaf: the modules that refuse import it, it imports none of them.
+//! The refusals decided before evaluation (`EdgeRejection`) and the problem
+//! `type` URIs every refusal answers with: the bottom of the crate.
 
 use std::borrow::Cow;
 
-use http::StatusCode;
+use http::{StatusCode, Uri};
+use problem_details::ProblemType;
+use shared_contract::RateLimitFailure;
 
 /// Longest API key accepted, in bytes.
 pub const MAX_API_KEY_BYTES: usize = 256;
@@ -45,6 +47,14 @@ impl EdgeRejection {
         Self::InvalidApiKey(ApiKeyProblem::Empty).category_name(),
         Self::MissingPeerAddress.category_name(),
     ];
+
+    /// The problem's title.
+    pub const fn title(&self) -> &'static str {
+        match self {
+            Self::InvalidApiKey(_) => "Invalid API Key",
+            Self::MissingPeerAddress => "Client Address Unavailable",
+        }
+    }
 
     /// Kebab-case name: the problem `type` suffix.
     pub const fn category_name(&self) -> &'static str {
@@ -88,8 +98,19 @@ impl EdgeRejection {
     }
 }
 
+/// Every problem type suffix the edge can produce: the outcome categories
+/// and the edge's own rejections, from their enums.
+pub(crate) fn problem_type_names() -> impl Iterator<Item = &'static str> {
+    RateLimitFailure::outcome_names().chain(EdgeRejection::CATEGORY_NAMES)
+}
+
+/// `base + category` as a problem type, if it is a URI.
+pub(crate) fn problem_type(base: &str, category: &str) -> Option<ProblemType> {
+    format!("{base}{category}").parse::<Uri>().ok().map(ProblemType::from)
+}
+
 #[cfg(test)]
-mod tests {
+mod rejection_tests {
     use super::*;
 
     #[test]

@@ -1,23 +1,17 @@
-//! `EdgeSettings`: plain configuration of the edge. Its serde names are the
-//! keys of `capabilities.rate-limit`, its `Default` their defaults.
+//! `EdgeSettings`: plain configuration of the edge (its serde names are the
+//! keys of `capabilities.rate-limit`, its `Default` their defaults), and
+//! `WebError`, configuration that cannot work.
 
-use std::collections::HashMap;
-use std::ops::RangeInclusive;
-use std::time::Duration;
-
+use crate::rejection::{problem_type, problem_type_names};
 use http::HeaderName;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use shared_contract::{DEFAULT_FAILURE_RETRY_AFTER, PolicyId, PolicySet};
-
-use crate::error::WebError;
-use crate::problem::{problem_type, problem_type_names};
+use std::collections::HashMap;
+use std::ops::RangeInclusive;
+use std::time::Duration;
 
 /// How the edge resolves subjects, picks policies and answers failures.
-///
-/// The policy sets are not read from these keys: the application checks
-/// `default-policy` and `operations` against its policy table and fills
-/// them in.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 pub struct EdgeSettings {
@@ -27,11 +21,7 @@ pub struct EdgeSettings {
     /// `Retry-After` of every `503`, rounded up to whole seconds. Default 1 s.
     #[serde(with = "humantime_serde")]
     pub failure_retry_after: Duration,
-    /// Header that carries an API key. Default: none, and no header names
-    /// a subject: a request counts against its authenticated principal,
-    /// else its client IP. Set, the key in it is the subject, so it must
-    /// have been verified before this layer: an unchecked key lets a client
-    /// pick a fresh budget for every request.
+    /// Header that carries an API key.
     #[serde(with = "optional_header_name")]
     pub api_key_header: Option<HeaderName>,
     /// Socket peers whose forwarding header is believed: CIDRs, or bare
@@ -54,13 +44,10 @@ pub struct EdgeSettings {
     /// (`1..=32`). Default 32: one address, one subject.
     pub client_ipv4_prefix: u8,
     /// IPv6 clients are counted per network of this many leading bits
-    /// (`1..=128`). Default 64: one host usually holds a whole /64 and can
-    /// rotate addresses inside it at will, so counting per address would
-    /// give it 2^64 budgets.
+    /// (`1..=128`).
     pub client_ipv6_prefix: u8,
-    /// Problem `type` URIs are this plus the category name. Default
-    /// `https://ca-skeleton.invalid/problems/`: `.invalid` can never belong
-    /// to someone else; a service sets its own documentation URL.
+    /// Problem `type` URIs are this plus the category name; a service sets
+    /// its own documentation URL.
     pub problem_type_base: String,
 }
 
@@ -84,9 +71,7 @@ impl Default for EdgeSettings {
 }
 
 /// The forwarding header a trusted proxy writes the client's address
-/// into, as `client-ip-header` names it. A proxy appends to the one it
-/// writes and passes the other through as the client sent it, so only one
-/// is read.
+/// into, as `client-ip-header` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ClientIpHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2`, written by nginx,
@@ -129,9 +114,7 @@ impl<'de> Deserialize<'de> for ClientIpHeader {
     }
 }
 
-/// The policy of every operation not mapped to a set of its own, unless
-/// configured: also the id of the policy a configuration without policies
-/// serves with.
+/// The policy of every operation not mapped to a set, unless configured.
 pub const DEFAULT_POLICY: &str = "default";
 
 /// The default [`EdgeSettings::problem_type_base`].
@@ -143,12 +126,8 @@ const IPV4_PREFIXES: RangeInclusive<u8> = 1..=32;
 const IPV6_PREFIXES: RangeInclusive<u8> = 1..=128;
 
 impl EdgeSettings {
-    /// Every rule the types cannot hold, broken: a budget and a failure
-    /// retry-after of at least 1 ms, client prefixes in range, trusted
-    /// proxies that leave some address of each family untrusted, and a
-    /// non-empty problem type base that forms a URI with every category
-    /// name. Empty when the settings can work. Problem responses fall back to the default base per response
-    /// when an unvalidated base does not form a URI.
+    /// Every rule the types cannot hold, broken; empty when the settings
+    /// can work.
     pub fn problems(&self) -> Vec<WebError> {
         let mut problems = Vec::new();
         if self.evaluation_budget < Duration::from_millis(1) {
@@ -183,22 +162,18 @@ impl EdgeSettings {
         self.problems().into_iter().next().map_or(Ok(()), Err)
     }
 
-    /// The IPv4 prefix in force. An unvalidated out-of-range value is
-    /// clamped into `1..=32`, so subject resolution never fails per request.
+    /// The IPv4 prefix in force, clamped so resolution never fails.
     pub(crate) fn ipv4_prefix(&self) -> u8 {
         self.client_ipv4_prefix.clamp(*IPV4_PREFIXES.start(), *IPV4_PREFIXES.end())
     }
 
-    /// The IPv6 prefix in force, clamped into `1..=128` like
-    /// [`Self::ipv4_prefix`].
+    /// The IPv6 prefix in force, clamped.
     pub(crate) fn ipv6_prefix(&self) -> u8 {
         self.client_ipv6_prefix.clamp(*IPV6_PREFIXES.start(), *IPV6_PREFIXES.end())
     }
 }
 
-/// The whole address space of a family (`0.0.0.0/0` or `::/0`) when
-/// `trusted` adds up to it. Peers are matched as IPv4 when they are
-/// IPv4-mapped, so each family is its own space.
+/// The whole address space of a family when `trusted` adds up to it.
 fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
     IpNet::aggregate(&trusted.to_vec()).into_iter().find(|net| net.prefix_len() == 0)
 }
@@ -258,8 +233,60 @@ mod networks {
     }
 }
 
+/// Edge configuration that cannot work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WebError {
+    /// A pseudonymizer key shorter than the HMAC-SHA-256 output size.
+    #[error(
+        "pseudonymizer key version {version} has {length} bytes; at least {minimum} are required"
+    )]
+    KeyTooShort {
+        /// The key version.
+        version: u32,
+        /// Bytes the key has.
+        length: usize,
+        /// Bytes a key needs.
+        minimum: usize,
+    },
+    /// The same key version configured twice.
+    #[error("pseudonymizer key version {0} is configured more than once")]
+    DuplicateKeyVersion(u32),
+    /// A version asked for (the active one, or an explicit one) has no key.
+    #[error("pseudonymizer key version {0} is not configured")]
+    UnknownKeyVersion(u32),
+    /// `problem_type_base` is empty, or plus a category name does not form
+    /// a URI.
+    #[error("problem type base {base:?} does not form a valid URI with {category:?}")]
+    InvalidProblemTypeBase {
+        /// The configured base.
+        base: String,
+        /// The category that was appended (empty for an empty base).
+        category: &'static str,
+    },
+    /// The evaluation budget is under a millisecond, so every request would
+    /// miss its deadline.
+    #[error("the evaluation budget must be at least 1ms, got {0:?}")]
+    EvaluationBudgetTooShort(std::time::Duration),
+    /// The failure retry-after is under a millisecond: clients would be told
+    /// to retry at once.
+    #[error("the failure retry-after must be at least 1ms, got {0:?}")]
+    FailureRetryAfterTooShort(std::time::Duration),
+    /// `client_ipv4_prefix` is outside `1..=32`.
+    #[error("the client IPv4 prefix must be 1 to 32 bits, got {0}")]
+    ClientIpv4PrefixOutOfRange(u8),
+    /// `client_ipv6_prefix` is outside `1..=128`.
+    #[error("the client IPv6 prefix must be 1 to 128 bits, got {0}")]
+    ClientIpv6PrefixOutOfRange(u8),
+    /// `trusted_proxies` covers every address of a family.
+    #[error(
+        "the trusted proxies cover every address ({0}), so any client could name its own \
+         address in a forwarding header: list only the networks your proxies connect from"
+    )]
+    TrustedProxiesCoverEveryAddress(ipnet::IpNet),
+}
+
 #[cfg(test)]
-mod tests {
+mod settings_tests {
     use super::*;
 
     #[test]

@@ -1,11 +1,4 @@
-//! Decision metrics through the `metrics` facade. Labels carry the policy,
-//! its algorithm, the outcome and the policy's mode, never a subject.
-//!
-//! Each member of a prepared policy set holds its metric handles, each
-//! registered with the recorder the first time it is needed (the one
-//! installed then) and kept: a request then bumps a counter, instead of
-//! building a label list and looking the series up by name (about 0.7 us
-//! per request under the Prometheus recorder; docs/benchmarks.md).
+//! Decision metrics through the `metrics` facade.
 
 use std::fmt;
 use std::sync::{LazyLock, OnceLock};
@@ -25,20 +18,10 @@ pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metri
 /// service.
 pub const METRIC_PREFIX: &str = metric_name!("");
 
-/// Counter of in-flight lease releases that failed (`Unavailable` or
-/// `Indeterminate`: the lease may stay until it expires, `lease-ttl +
-/// maximum-clock-regression` after it was taken), or that were still
-/// running when the server shut down; no labels.
-/// Registered at 0 when a bridge is built, so a dashboard sees the series
-/// before the first failure. A lease not held (`NotHeld`) is no failure.
+/// Counter of in-flight lease releases that failed or were still running
+/// at shutdown; registered at 0 when a bridge is built.
 pub const LEASE_RELEASE_FAILURES_TOTAL: &str =
     metric_name!("rate_limit_lease_release_failures_total");
-
-/// The handle of [`LEASE_RELEASE_FAILURES_TOTAL`], registered with the
-/// recorder installed now.
-pub(crate) fn lease_release_failures() -> Counter {
-    metrics::counter!(LEASE_RELEASE_FAILURES_TOTAL)
-}
 
 /// The `algorithm` label when the port does not hold the policy.
 const UNKNOWN_ALGORITHM: &str = "unknown";
@@ -47,24 +30,14 @@ const UNKNOWN_ALGORITHM: &str = "unknown";
 /// decided: `degraded`.
 const DEGRADED: &str = DecisionSource::Degraded.name();
 
-/// Every `outcome` label a decision can be counted under: the outcome
-/// categories, `degraded`, then the edge's refusals before evaluation. Its
-/// positions index a member's counters.
+/// Every `outcome` label a decision can be counted under; its positions
+/// index a member's counters.
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
     RateLimitFailure::outcome_names()
         .chain([DEGRADED])
         .chain(EdgeRejection::OUTCOME_LABELS)
         .collect()
 });
-
-fn algorithm(policy: Option<&RateLimitPolicy>) -> &'static str {
-    policy.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name())
-}
-
-/// A policy the port does not hold counts as enforced (it fails closed).
-fn mode(policy: Option<&RateLimitPolicy>) -> &'static str {
-    policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name()
-}
 
 /// The metric handles of one member of a policy set: its labels, and a
 /// counter per outcome and its histogram, each registered on first use.
@@ -87,8 +60,9 @@ impl MemberMetrics {
             // A shared string: registering a handle bumps a count, never
             // copies the id.
             policy: SharedString::from(std::sync::Arc::<str>::from(policy)),
-            algorithm: algorithm(described),
-            mode: mode(described),
+            algorithm: described.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name()),
+            // A policy the port does not hold counts as enforced (it fails closed).
+            mode: described.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name(),
             decisions: OUTCOMES.iter().flat_map(|_| [OnceLock::new(), OnceLock::new()]).collect(),
             evaluation: OnceLock::new(),
         }
@@ -130,11 +104,8 @@ impl MemberMetrics {
     }
 }
 
-/// Counts an evaluated set: for each policy, `outcome` is its own decision
-/// (`allowed` or `denied`, so a shadow policy that would deny is counted
-/// `denied` with `mode="shadow"`), `degraded` when the degraded mode
-/// decided the set, or the failure category when the set failed as a
-/// whole. `members` follow the set's order.
+/// Counts an evaluated set: each policy's own decision, `degraded`, or the
+/// set's failure category.
 pub(crate) fn record_evaluation(
     members: &[MemberMetrics],
     outcome: &RateLimitOutcome,

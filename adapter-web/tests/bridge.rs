@@ -228,7 +228,7 @@ async fn the_operation_crosses_the_port_as_its_digest() {
             operation_digest("POST <unmatched>").to_string()
         ]
     );
-    // Values from python3 hashlib (see operation.rs).
+    // Values from python3 hashlib (see bridge.rs).
     assert_eq!(operations[0], "8c13b2e43046bcc7");
 }
 

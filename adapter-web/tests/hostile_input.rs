@@ -32,7 +32,7 @@
 //!   `api-key-header = "x-api-key"`, exactly one `x-api-key` of 1..=256
 //!   visible ASCII bytes (0x21..=0x7E) is the subject; an empty, longer,
 //!   non-visible or repeated key is a 400 problem+json that charges nothing
-//!   and never runs the handler (`subject.rs`).
+//!   and never runs the handler (`identity.rs`).
 //! - `any_id_segment_shares_the_bucket_of_orders_1`: the operation is the
 //!   route template, so `/api/orders/<anything>` has the policy set, the
 //!   pseudonym and the operation digest of `/api/orders/1`, for every

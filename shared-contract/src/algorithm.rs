@@ -1,13 +1,8 @@
-//! The counting algorithms, each one type behind [`RateAlgorithm`]: its
-//! parameters (deserialized from its own configuration keys), its stored
-//! state, its step over that state exactly as `docs/algorithms.md` defines
-//! it, its Lua file and its inspect encoding. The [`algorithms!`] line at
-//! the foot registers them and generates the closed enums every layer
-//! dispatches through ([`Algorithm`], [`AlgorithmKind`], [`AlgorithmState`]),
-//! so no algorithm's module names another.
-//!
-//! All arithmetic saturates or widens: caller times come from an injected
-//! clock and may be anything, and a provider's `evaluate` must never panic.
+//! The counting algorithms, each one type behind [`RateAlgorithm`]; the
+//! [`algorithms!`] line at the foot registers them and generates the closed
+//! enums every layer dispatches through, so no algorithm's module names
+//! another. All arithmetic saturates or widens: caller times may be
+//! anything, and a provider's `evaluate` must never panic.
 
 use std::fmt;
 use std::time::Duration;
@@ -21,19 +16,14 @@ use crate::policy::{MAX_GRACE, millis};
 use crate::step::Leases;
 
 /// One counting algorithm: a type holding its parameters, with everything
-/// each layer needs from it. Register it in the [`algorithms!`] line.
-///
-/// Its parameters need only be `Clone`: a parameter that owns heap data
-/// (a time zone, say) is fine; a policy's algorithm is cloned when the
-/// policy is compiled, never per decision.
+/// each layer needs from it.
 pub trait RateAlgorithm:
     Clone + fmt::Debug + PartialEq + Eq + Send + Sync + Serialize + DeserializeOwned + 'static
 {
     /// The configuration name (`algorithm = "fixed-window"`), kebab-case.
     const NAME: &'static str;
-    /// The byte that opens its stored state on Redis and names it in a
-    /// policy's ARGV block: an upper-case letter (lower case is its shadow
-    /// kind), never another algorithm's. Stored state keeps it for good.
+    /// The byte that opens its stored state and names it in a policy's ARGV
+    /// block: an upper-case letter, never another's, kept for good.
     const TAG: u8;
     /// Its configuration keys beside the common ones, as its serde derive
     /// names them (kebab-case).
@@ -43,14 +33,17 @@ pub trait RateAlgorithm:
     const DEFAULTED: &'static [&'static str] = &[];
     /// Its Lua side: the file defining its function, and the ARGV it takes.
     const LUA: Lua;
-    /// Whether an admitted request holds a lease that the caller gives back
-    /// (`EdgeRateLimitPort::release`); its key then holds the lease set
-    /// beside the state ([`Self::lease_life`]).
+    /// Whether an admitted request holds a lease the caller gives back.
     const HOLDS_LEASES: bool = false;
-    /// Whether [`Self::quota_window`] reads the caller time: its length
-    /// moves (a calendar month), so a front describing the policy asks
-    /// again per response rather than once per policy table.
+    /// Whether [`Self::quota_window`] reads the caller time (a calendar
+    /// month), so a front asks again per response.
     const WINDOW_MOVES: bool = false;
+    /// Whether `limit - remaining` is this window's count, which degraded
+    /// mode compares with what it wrote back.
+    const WINDOWED: bool = false;
+    /// Whether a refusal stays one until its `reset_after` whatever the
+    /// cost (only then may a local cache answer it).
+    const REFUSAL_STAYS: bool = false;
     /// The common policy keys that do not apply to it; the configuration and
     /// the builder refuse them when set, naming the key.
     const REFUSED_COMMON_KEYS: &'static [PolicyField] = &[];
@@ -69,9 +62,7 @@ pub trait RateAlgorithm:
     }
 
     /// The time over which it grants its limit, `w` in `RateLimit-Policy`;
-    /// `None` when it has none (no `w`). `now` reads the caller time (epoch
-    /// ms), for an algorithm whose window's length moves with it; the
-    /// others never call it.
+    /// `None` when it has none (no `w`).
     fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration>;
 
     /// Checks its parameters, pushing each violation with its key; returns
@@ -87,19 +78,6 @@ pub trait RateAlgorithm:
     #[must_use]
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self;
 
-    /// Whether `limit - remaining` is this window's count, which degraded
-    /// mode compares with what it wrote back.
-    fn windowed(&self) -> bool {
-        false
-    }
-
-    /// Whether a refusal stays a refusal until its `reset_after` with no
-    /// other traffic and whatever the cost (only then may a local cache
-    /// answer it).
-    fn refusal_stays(&self) -> bool {
-        false
-    }
-
     /// How long an admitted request's lease counts from its taking, in ms,
     /// given the maximum clock regression; `None` unless it holds leases.
     fn lease_life(&self, _regression: u64) -> Option<u64> {
@@ -110,9 +88,8 @@ pub trait RateAlgorithm:
     /// caller time `t` (epoch ms), as decimal integers.
     fn arguments(&self, t: u64) -> Arguments;
 
-    /// Its state from the numbers inspect reads after the mark (zeros beyond
-    /// its own; none for a key that holds no state header, a lease set);
-    /// `None` when they make no state of it.
+    /// Its state from the numbers inspect reads after the mark; `None` when
+    /// they make none.
     fn decode(numbers: [u64; 3]) -> Option<Self::State>;
 }
 
@@ -163,8 +140,7 @@ impl Arguments {
     }
 }
 
-/// What one step runs at: the key's effective time, the cost, whether an
-/// allowance charges, and the policy-wide facts an algorithm may need.
+/// What one step runs at.
 #[derive(Debug, Clone, Copy)]
 pub struct Run<'a> {
     /// Effective time, epoch ms.
@@ -207,11 +183,9 @@ impl<S> Step<S> {
         Self { allowed: true, remaining, retry_after: 0, reset_after, write: None }
     }
 
-    /// A count against `limit` in a window ending at `end` (epoch ms) that
-    /// holds `n` units: denied with nothing written when `n + cost` does
-    /// not fit (its wait the rest of the window), spared, or charged, the
-    /// new count stored as `counted(n + cost)` until `end`. The window
-    /// counters (the fixed window, a calendar period) all count this way.
+    /// A window counter's step: `n` of `limit` units counted in a window
+    /// ending at `end` (epoch ms); denied with nothing written, spared, or
+    /// charged with `counted(n + cost)` stored until `end`.
     pub fn count(
         limit: u64,
         n: u64,
@@ -244,9 +218,8 @@ impl<S> Step<S> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateMismatch;
 
-/// Whether an allowing run charges its cost. A set that another policy
-/// denies charges nothing: each of its policies then runs `Spare`, which
-/// answers as the algorithm would but writes what a denial writes.
+/// Whether an allowing run charges its cost (`Spare` when another policy of
+/// the set denies).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
     /// Charge `cost` when the algorithm allows.
@@ -255,7 +228,7 @@ pub enum Charge {
     Spare,
 }
 
-/// The violations found in a policy's parameters, each with its key.
+/// The violations found in a policy, each with its key.
 #[derive(Debug, Default)]
 pub struct Checks {
     pub(crate) violations: Vec<PolicyViolation>,
@@ -263,12 +236,12 @@ pub struct Checks {
 
 impl Checks {
     /// Records a violation of the parameter `key`.
-    pub fn reject(&mut self, key: &'static str, problem: String) {
-        self.violations.push(PolicyViolation { field: PolicyField::Parameter(key), problem });
+    pub fn reject(&mut self, key: impl Into<PolicyField>, problem: String) {
+        self.violations.push(PolicyViolation { field: key.into(), problem });
     }
 
     /// Checks a count in `1..=most`; true when it is.
-    pub fn count(&mut self, key: &'static str, value: u64, most: u64) -> bool {
+    pub fn count(&mut self, key: impl Into<PolicyField>, value: u64, most: u64) -> bool {
         let ok = (1..=most).contains(&value);
         if !ok {
             self.reject(key, format!("must be in 1..={most}, got {value}"));
@@ -278,7 +251,12 @@ impl Checks {
 
     /// Checks a duration of whole milliseconds from 1 ms to `longest`;
     /// true when it is.
-    pub fn period(&mut self, key: &'static str, period: Duration, longest: Duration) -> bool {
+    pub fn period(
+        &mut self,
+        key: impl Into<PolicyField>,
+        period: Duration,
+        longest: Duration,
+    ) -> bool {
         let problem = if period < Duration::from_millis(1) || period > longest {
             Some(format!("must be between 1ms and {longest:?}, got {period:?}"))
         } else {
@@ -319,9 +297,8 @@ pub(crate) fn ms(duration: Duration) -> u64 {
     millis(duration).max(1)
 }
 
-/// A duration in a policy's table: a string with a unit ("750ms",
-/// "60s"), as humantime reads and writes it; a bare number is refused, as
-/// it has no unit.
+/// A duration in a policy's table: a string with a unit ("750ms"); a bare
+/// number is refused.
 pub(crate) mod duration {
     use std::fmt;
     use std::time::Duration;
@@ -372,13 +349,10 @@ pub(crate) mod duration {
     }
 }
 
-/// Registers the algorithms, one module and type each (its module is
-/// `algorithm/<module>.rs`, whose public items are re-exported), and
-/// generates what every layer
-/// dispatches through: [`Algorithm`] (a policy's algorithm with its
-/// parameters), [`AlgorithmKind`] (its name) and [`AlgorithmState`] (a
-/// key's stored state), each variant named as its type. A state of another
-/// algorithm is a [`StateMismatch`], decided here, not in any step.
+/// Registers the algorithms (module `algorithm/<module>.rs` and type each)
+/// and generates [`Algorithm`], [`AlgorithmKind`] and [`AlgorithmState`],
+/// each variant named as its type; a state of another algorithm is a
+/// [`StateMismatch`], decided here, not in any step.
 macro_rules! algorithms {
     ($($module:ident::$name:ident),+ $(,)?) => {
         $(
@@ -521,13 +495,13 @@ macro_rules! algorithms {
 
             /// Whether `limit - remaining` is the window's count.
             pub fn windowed(&self) -> bool {
-                match self { $(Self::$name(algorithm) => algorithm.windowed(),)+ }
+                match self { $(Self::$name(_) => <$name as RateAlgorithm>::WINDOWED,)+ }
             }
 
             /// Whether a refusal stays one until its `reset_after` with no
             /// other traffic, whatever the cost.
             pub fn refusal_stays(&self) -> bool {
-                match self { $(Self::$name(algorithm) => algorithm.refusal_stays(),)+ }
+                match self { $(Self::$name(_) => <$name as RateAlgorithm>::REFUSAL_STAYS,)+ }
             }
 
             /// The arguments its Lua function takes at caller time `t`.
@@ -584,9 +558,7 @@ macro_rules! algorithms {
                 None
             }
 
-            /// The state of a key that is a lease set: the lease-holding
-            /// algorithm's, whatever the policy now reading it (a policy of
-            /// another algorithm then finds a mismatch); `None` when no
+            /// The state of a key that is a lease set; `None` when no
             /// registered algorithm holds leases.
             pub fn of_lease_set() -> Option<Self> {
                 $(

@@ -3,17 +3,12 @@
 
 use std::time::Duration;
 
-use crate::error::{PolicyField, PolicyViolation};
-use crate::policy::{MAX_GRACE, whole_millis_problem};
+use crate::algorithm::Checks;
+use crate::error::PolicyField;
+use crate::policy::MAX_GRACE;
 
 /// Payload bytes one dedupe record counts against `max_stored_bytes`, the
-/// same for every provider so the byte bound evicts alike everywhere. It is
-/// what the Redis provider stores per record, its two hash fields with their
-/// values: the 16-byte evaluation id naming four 8-byte numbers (remaining,
-/// reset-after, the time the record was written, its sequence number), and
-/// the 8-byte sequence number naming the id and the time (24 bytes). So
-/// `max_stored_bytes` bounds the bytes a key's records store, on Redis as in
-/// memory (where a record takes less).
+/// same for every provider so the byte bound evicts alike everywhere.
 pub const DEDUP_RECORD_BYTES: u32 = 16 + 4 * 8 + 8 + (16 + 8);
 
 /// Whether and how a key remembers the evaluations that charged it.
@@ -58,29 +53,12 @@ impl EvaluationDedupPolicy {
         }
     }
 
-    pub(crate) fn violations(&self) -> Vec<PolicyViolation> {
-        let Self::Enabled { ttl, max_entries, max_stored_bytes } = *self else {
-            return Vec::new();
-        };
-        let mut violations = Vec::new();
-        let mut reject =
-            |field, problem: String| violations.push(PolicyViolation { field, problem });
-        if ttl < Duration::from_millis(1) || ttl > MAX_GRACE {
-            reject(
-                PolicyField::DedupTtl,
-                format!("must be between 1ms and {MAX_GRACE:?}, got {ttl:?}"),
-            );
-        } else if let Some(problem) = whole_millis_problem(ttl) {
-            reject(PolicyField::DedupTtl, problem);
-        }
-        if !(1..=65_536).contains(&max_entries) {
-            reject(
-                PolicyField::DedupMaxEntries,
-                format!("must be in 1..=65536, got {max_entries}"),
-            );
-        }
+    pub(crate) fn check(&self, checks: &mut Checks) {
+        let Self::Enabled { ttl, max_entries, max_stored_bytes } = *self else { return };
+        checks.period(PolicyField::DedupTtl, ttl, MAX_GRACE);
+        checks.count(PolicyField::DedupMaxEntries, max_entries.into(), 65_536);
         if !(DEDUP_RECORD_BYTES..=16 << 20).contains(&max_stored_bytes) {
-            reject(
+            checks.reject(
                 PolicyField::DedupMaxStoredBytes,
                 format!(
                     "must be in {DEDUP_RECORD_BYTES}..={} (one record is {DEDUP_RECORD_BYTES} bytes), got {max_stored_bytes}",
@@ -88,13 +66,21 @@ impl EvaluationDedupPolicy {
                 ),
             );
         }
-        violations
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::PolicyViolation;
+
+    impl EvaluationDedupPolicy {
+        fn violations(&self) -> Vec<PolicyViolation> {
+            let mut checks = Checks::default();
+            self.check(&mut checks);
+            checks.violations
+        }
+    }
 
     #[test]
     fn enabled_defaults_are_five_seconds_256_entries_64_kib() {

@@ -88,6 +88,13 @@ pub enum PolicyField {
     DedupMaxStoredBytes,
 }
 
+/// An algorithm's parameter, by its key.
+impl From<&'static str> for PolicyField {
+    fn from(key: &'static str) -> Self {
+        Self::Parameter(key)
+    }
+}
+
 impl PolicyField {
     /// The kebab-case key of this field inside a policy's configuration
     /// table, so configuration errors can name the full key path.

@@ -1,11 +1,7 @@
 //! The text of the IETF `RateLimit-Policy` and `RateLimit` response
 //! fields (draft-ietf-httpapi-ratelimit-headers), shared by every inbound
 //! adapter so a client sees the same headers whichever front end answered.
-//!
-//! Pure formatting over the contract's types: each adapter wraps the bytes
-//! in its own header type. A policy id is validated to `[a-z0-9._-]`,
-//! which an sf-string holds without escapes, so the lists are written by
-//! hand (adapter-web's tests compare them with the `sfv` serialization).
+//! Written by hand: a validated policy id needs no sf-string escapes.
 
 use std::time::Duration;
 
@@ -24,9 +20,19 @@ pub fn write_policy_field<'a>(
     text: &mut Vec<u8>,
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
 ) {
+    write_policy_field_at(text, policies, || SystemClock.epoch_millis());
+}
+
+/// [`write_policy_field`] at caller time `now` (epoch ms), read only for a
+/// window that moves (a calendar month).
+pub fn write_policy_field_at<'a>(
+    text: &mut Vec<u8>,
+    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
+    now: impl Fn() -> u64,
+) {
     for policy in policies {
         let quota = (b";q=", policy.limit());
-        match quota_window(policy.algorithm()) {
+        match policy.algorithm().quota_window(&now) {
             Some(window) => item(text, policy.id(), [quota, (b";w=", whole_seconds_up(window))]),
             None => item(text, policy.id(), [quota]),
         }
@@ -46,10 +52,8 @@ pub fn write_limit_field<'a>(
 
 /// Appends one item of the `RateLimit` field, after a comma when `text`
 /// holds one already: `"<policy id>";r=<remaining>`, then
-/// `;t=<seconds until whole>` when `resets`. The draft makes `t`
-/// optional; a concurrency policy has no reset time (a slot frees when a
-/// request ends), so it writes none rather than a `t=0` that would read
-/// "whole now".
+/// `;t=<seconds until whole>` when `resets` (a concurrency policy has no
+/// reset time, and `t=0` would read "whole now").
 pub fn write_limit_item(
     text: &mut Vec<u8>,
     policy_id: &PolicyId,

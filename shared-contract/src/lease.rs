@@ -13,12 +13,8 @@ pub const HELD_LEASE_BYTES: u32 = 16 + 8;
 
 /// What a release needs: the keys an admitted request took its leases
 /// under (its set's concurrency policies, for its subject and operation)
-/// and the lease id, which is the request's [`EvaluationId`].
-///
-/// A provider releases under each concurrency policy of `policies` that it
-/// holds now, at its current revision: a policy a reload removed or gave a
-/// new revision finds nothing ([`ReleaseOutcome::NotHeld`]), and the old
-/// lease expires at its `lease-ttl`.
+/// and the lease id, which is the request's [`EvaluationId`]. A policy a
+/// reload removed or re-revisioned finds nothing ([`ReleaseOutcome::NotHeld`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The admitted request's policy set (a shared `Arc`; rate policies in

@@ -1,12 +1,5 @@
-//! A repeated log line held to at most one per interval.
-//!
-//! While a provider is down every request fails the same way; one line per
-//! request would flood the log (thousands a second) and bury the line that
-//! says why. The fronts log a repeated failure through a [`LogThrottle`]:
-//! the first at once, then at most one per interval, each carrying how many
-//! were held back since the one before (`suppressed`). The metrics still
-//! count every one. Pure: the caller passes the time, so a test drives it
-//! with a manual clock and no `tracing` is needed here.
+//! A repeated log line held to at most one per interval (the metrics still
+//! count every one), so a provider that is down does not flood the log.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};

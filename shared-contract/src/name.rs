@@ -1,7 +1,5 @@
 //! Names of the enums that configuration, metrics and problem types spell
-//! out. Each such enum keeps, beside its variants, an `ALL` list, a
-//! `name()` and a `FromStr` built on [`parse_name`], so a name is written
-//! once and every list of names is derived from the enum.
+//! out.
 
 use std::fmt;
 
@@ -41,6 +39,36 @@ macro_rules! impl_from_str_by_name {
                 $crate::parse_name(&<$named>::ALL, <$named>::name, text)
             }
         }
+    };
+}
+
+/// Declares a unit-only enum whose variants each have a kebab-case name,
+/// with `const ALL` (declaration order), `const fn name(self)` and
+/// `FromStr`.
+#[macro_export]
+macro_rules! named_enum {
+    ($(#[$meta:meta])* $vis:vis enum $enum:ident {
+        $($(#[$variant_meta:meta])* $variant:ident = $name:literal,)+
+    }) => {
+        $(#[$meta])*
+        $vis enum $enum {
+            $($(#[$variant_meta])* $variant,)+
+        }
+
+        impl $enum {
+            /// Every variant, in declaration order.
+            pub const ALL: [Self; [$($name),+].len()] = [$(Self::$variant),+];
+
+            /// The kebab-case name, as configuration, metrics and problem
+            /// types spell it.
+            pub const fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name,)+
+                }
+            }
+        }
+
+        $crate::impl_from_str_by_name!($enum);
     };
 }
 

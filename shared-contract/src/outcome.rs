@@ -15,63 +15,40 @@ pub enum Certainty {
     ApproximateAlgorithm,
 }
 
-/// What one policy of a set decided: only what varies per decision. The
-/// policy's limit and certainty are the policy's
-/// ([`crate::RateLimitPolicy::limit`], [`crate::Algorithm::certainty`]),
-/// and times stay in the milliseconds the step counts in.
+/// What one policy of a set decided: only what varies per decision.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitDecision {
     /// Units left after this decision (after the charge when charged).
     pub remaining: u64,
-    /// Zero when allowed; at least 1 when denied: the milliseconds after
-    /// which the same request would pass if no other traffic came.
+    /// Milliseconds until the same request would pass with no other
+    /// traffic: 0 when allowed, at least 1 when denied.
     pub retry_after_ms: u64,
-    /// Milliseconds until the budget is whole again (window end, or full
-    /// bucket).
+    /// Milliseconds until the budget is whole again.
     pub reset_after_ms: u64,
     /// Whether this policy allows the request. It was charged only when the
     /// set admitted the request too ([`SetDecision::allowed`]).
     pub allowed: bool,
-    /// True when this answer was replayed from a dedupe record and nothing
-    /// was charged.
+    /// Replayed from a dedupe record: nothing was charged.
     pub replayed: bool,
 }
 
-/// Where the decisions of a set came from. One value, not a flag per
-/// source: a set is answered by exactly one of them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum DecisionSource {
-    /// The provider's store decided (the memory store, a Redis script).
-    #[default]
-    Store,
-    /// A provider's local cache of refusals its store gave (the Redis
-    /// provider's denial cache); nothing was charged.
-    LocalCache,
-    /// The composition root's degraded mode: the store could not decide,
-    /// and an in-process limiter holding each policy at
-    /// `ceil(limit / instances)` did.
-    Degraded,
-}
-
-impl DecisionSource {
-    /// Every source, in declaration order.
-    pub const ALL: [Self; 3] = [Self::Store, Self::LocalCache, Self::Degraded];
-
-    /// Kebab-case name: `store`, `local-cache`, `degraded` (the last is
-    /// the metric outcome of every decision of a degraded set).
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Store => "store",
-            Self::LocalCache => "local-cache",
-            Self::Degraded => "degraded",
-        }
+crate::named_enum! {
+    /// Where the decisions of a set came from. One value, not a flag per
+    /// source: a set is answered by exactly one of them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub enum DecisionSource {
+        /// The provider's store decided (the memory store, a Redis script).
+        #[default]
+        Store = "store",
+        /// A provider's local cache of refusals its store gave (the Redis
+        /// provider's denial cache); nothing was charged.
+        LocalCache = "local-cache",
+        /// The degraded mode's in-process limiter: the store could not decide.
+        Degraded = "degraded",
     }
 }
 
-crate::impl_from_str_by_name!(DecisionSource);
-
-/// The decisions of a set: the one of a set of one inline, those of a
-/// larger set in one allocation of exactly their number.
+/// The decisions of a set: a set of one inline, a larger one boxed.
 #[derive(Clone, PartialEq, Eq)]
 enum Decisions {
     One(RateLimitDecision),
@@ -79,15 +56,7 @@ enum Decisions {
 }
 
 /// The decisions of a policy set: one per member, in the set's order, and
-/// whether the request is admitted. Made only from the members' own
-/// decisions and modes ([`Self::of_members`]), so the admission always
-/// agrees with them: a set is admitted when one of its decisions is a
-/// replay (a replay answers the whole set as it was first admitted) or
-/// when every enforced member allows. A set of one needs no allocation.
-///
-/// Equality compares the answer, not where it came from: a decision a
-/// provider answered from a local cache ([`Self::cached`]) equals the one
-/// its store would have given.
+/// whether the request is admitted.
 #[derive(Clone)]
 pub struct SetDecision {
     decisions: Decisions,
@@ -104,9 +73,8 @@ impl PartialEq for SetDecision {
 impl Eq for SetDecision {}
 
 impl SetDecision {
-    /// The set's answer from its members' decisions, each with its
-    /// policy's mode, in the set's order (at most [`MAX_POLICY_SET`]; a
-    /// `PolicySet` holds no more). A set with no member is refused.
+    /// The set's answer from its members' decisions with their policies'
+    /// modes, in order (at most [`MAX_POLICY_SET`]); no member is refused.
     pub fn of_members(members: impl IntoIterator<Item = (PolicyMode, RateLimitDecision)>) -> Self {
         let mut members = members.into_iter();
         let mut replayed = false;
@@ -120,9 +88,7 @@ impl SetDecision {
             let decisions = Decisions::Many(Box::default());
             return Self { decisions, allowed: false, source: DecisionSource::Store };
         };
-        // A set of one, the common case, stays inline; a larger one takes
-        // one allocation of its exact length (the iterators providers pass
-        // know it).
+        // A larger set takes one allocation of its exact length.
         let decisions = match members.next().map(&mut count) {
             None => Decisions::One(first),
             Some(second) => {
@@ -160,16 +126,14 @@ impl SetDecision {
         Self { decisions, ..*self }
     }
 
-    /// The same answer, marked as given by a provider's local cache without
-    /// asking its store (the Redis provider's denial cache).
+    /// The same answer, marked as given by a provider's local cache.
     #[must_use]
     pub fn from_cache(mut self) -> Self {
         self.source = DecisionSource::LocalCache;
         self
     }
 
-    /// The same answer, marked as given by the degraded mode's in-process
-    /// limiter because the provider's store could not decide.
+    /// The same answer, marked as given by the degraded mode.
     #[must_use]
     pub fn from_degraded(mut self) -> Self {
         self.source = DecisionSource::Degraded;
@@ -181,8 +145,7 @@ impl SetDecision {
         self.source
     }
 
-    /// True when the provider answered from a local cache, not its store;
-    /// nothing was charged (only refusals are cached).
+    /// Answered from a local cache (only refusals are): nothing charged.
     pub fn cached(&self) -> bool {
         self.source == DecisionSource::LocalCache
     }
@@ -200,8 +163,7 @@ impl SetDecision {
         }
     }
 
-    /// True when the answer came from dedupe records and nothing was
-    /// charged anywhere.
+    /// Replayed from dedupe records: nothing charged anywhere.
     pub fn replayed(&self) -> bool {
         self.decisions().iter().any(|decision| decision.replayed)
     }
@@ -217,34 +179,37 @@ impl fmt::Debug for SetDecision {
     }
 }
 
-/// Why no decision was made, with nothing consumed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnavailableCategory {
-    /// The deadline had passed, or no lane capacity came before it.
-    AdmissionRejected,
-    /// The command provably never reached the store (connect failure,
-    /// NOPERM, closed pool).
-    UnavailableBeforeSend,
-    /// The caller clock ran backwards beyond the policy's bound; nothing
-    /// was mutated.
-    ClockUnsafe,
+crate::named_enum! {
+    /// Why no decision was made, with nothing consumed.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum UnavailableCategory {
+        /// The deadline had passed, or no lane capacity came before it.
+        AdmissionRejected = "admission-rejected",
+        /// The command provably never reached the store (connect failure,
+        /// NOPERM, closed pool).
+        UnavailableBeforeSend = "unavailable-before-send",
+        /// The caller clock ran backwards beyond the policy's bound; nothing
+        /// was mutated.
+        ClockUnsafe = "clock-unsafe",
+    }
 }
 
-/// Why the request and the provider do not fit together.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum IncompatibleCategory {
-    /// The provider lacks a policy of the set.
-    UnknownPolicy,
-    /// Cost 0 or above the maximum cost of a policy of the set.
-    CostExceedsMaximum,
-    /// Stored state of the wrong type or shape, or a reply of an unknown
-    /// shape.
-    StateIncompatible,
+crate::named_enum! {
+    /// Why the request and the provider do not fit together.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum IncompatibleCategory {
+        /// The provider lacks a policy of the set.
+        UnknownPolicy = "unknown-policy",
+        /// Cost 0 or above the maximum cost of a policy of the set.
+        CostExceedsMaximum = "cost-exceeds-maximum",
+        /// Stored state of the wrong type or shape, or a reply of an unknown
+        /// shape.
+        StateIncompatible = "state-incompatible",
+    }
 }
 
-/// The `Retry-After` of an outcome no decision could be made for, unless
-/// configured (`capabilities.rate-limit.failure-retry-after`): the one
-/// default the edge and every provider share.
+/// The `Retry-After` of a failed outcome unless configured, shared by the
+/// edge and every provider.
 pub const DEFAULT_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Why a provider made no decision. Every failure means the request must
@@ -272,8 +237,7 @@ pub enum RateLimitFailure {
 }
 
 impl RateLimitFailure {
-    /// The failure's kebab-case name for metrics labels and problem types:
-    /// its category, or `indeterminate`.
+    /// Its category's kebab-case name, or `indeterminate`.
     pub const fn category_name(&self) -> &'static str {
         match self {
             Self::Unavailable { category, .. } => category.name(),
@@ -296,8 +260,7 @@ impl RateLimitFailure {
 }
 
 /// The answer of [`crate::EdgeRateLimitPort::evaluate`]: the set's
-/// decisions, admitted or refused, or why there are none. Only an allowed
-/// decision lets a request through.
+/// decisions, or why there are none.
 pub type RateLimitOutcome = Result<SetDecision, RateLimitFailure>;
 
 /// What a front asks of a [`RateLimitOutcome`].
@@ -305,9 +268,8 @@ pub trait RateLimitOutcomeExt {
     /// True only for an allowed decision.
     fn is_allowed(&self) -> bool;
 
-    /// A kebab-case name of the outcome for metrics labels and problem
-    /// types: `allowed`, `denied`, or the failure category
-    /// ([`RateLimitFailure::outcome_names`] lists them).
+    /// The outcome's kebab-case name: `allowed`, `denied`, or the failure
+    /// category.
     fn category_name(&self) -> &'static str;
 }
 
@@ -324,42 +286,6 @@ impl RateLimitOutcomeExt for RateLimitOutcome {
         }
     }
 }
-
-impl UnavailableCategory {
-    /// Every category, in declaration order.
-    pub const ALL: [Self; 3] =
-        [Self::AdmissionRejected, Self::UnavailableBeforeSend, Self::ClockUnsafe];
-
-    /// Kebab-case name: `admission-rejected`, `unavailable-before-send`,
-    /// `clock-unsafe`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::AdmissionRejected => "admission-rejected",
-            Self::UnavailableBeforeSend => "unavailable-before-send",
-            Self::ClockUnsafe => "clock-unsafe",
-        }
-    }
-}
-
-crate::impl_from_str_by_name!(UnavailableCategory);
-
-impl IncompatibleCategory {
-    /// Every category, in declaration order.
-    pub const ALL: [Self; 3] =
-        [Self::UnknownPolicy, Self::CostExceedsMaximum, Self::StateIncompatible];
-
-    /// Kebab-case name: `unknown-policy`, `cost-exceeds-maximum`,
-    /// `state-incompatible`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::UnknownPolicy => "unknown-policy",
-            Self::CostExceedsMaximum => "cost-exceeds-maximum",
-            Self::StateIncompatible => "state-incompatible",
-        }
-    }
-}
-
-crate::impl_from_str_by_name!(IncompatibleCategory);
 
 #[cfg(test)]
 mod tests {

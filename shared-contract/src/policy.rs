@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Checks};
 use crate::dedup::EvaluationDedupPolicy;
-use crate::error::{ContractError, PolicyField, PolicyViolation};
+use crate::error::{ContractError, PolicyField};
 
 /// Largest limit, capacity, refill amount or cost a policy accepts.
 pub const MAX_COUNT: u64 = 1_000_000_000;
@@ -63,81 +63,43 @@ fn policy_id_problem(id: &str) -> Option<String> {
     None
 }
 
-/// What a provider does when it cannot decide. Only fail-closed exists: an
-/// edge limiter that admits traffic it could not count is no limiter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum FailurePolicy {
-    /// Deny (answer 503) when no decision could be made.
-    #[default]
-    FailClosed,
-}
-
-impl FailurePolicy {
-    /// Every failure policy, in declaration order.
-    pub const ALL: [Self; 1] = [Self::FailClosed];
-
-    /// The configuration name: `fail-closed`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::FailClosed => "fail-closed",
-        }
+crate::named_enum! {
+    /// What a provider does when it cannot decide. Only fail-closed exists: an
+    /// edge limiter that admits traffic it could not count is no limiter.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+    pub enum FailurePolicy {
+        /// Deny (answer 503) when no decision could be made.
+        #[default]
+        FailClosed = "fail-closed",
     }
 }
 
-crate::impl_from_str_by_name!(FailurePolicy);
-
-/// Whose budget a policy counts: each operation's own, or one shared by
-/// every operation that lists the policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PolicyScope {
-    /// A budget per subject and operation (the key holds the operation's
-    /// digest).
-    #[default]
-    Operation,
-    /// One budget per subject across every operation that lists the policy.
-    Subject,
-}
-
-impl PolicyScope {
-    /// Every scope, in declaration order.
-    pub const ALL: [Self; 2] = [Self::Operation, Self::Subject];
-
-    /// The configuration name: `operation` or `subject`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Operation => "operation",
-            Self::Subject => "subject",
-        }
+crate::named_enum! {
+    /// Whose budget a policy counts: each operation's own, or one shared by
+    /// every operation that lists the policy.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub enum PolicyScope {
+        /// A budget per subject and operation (the key holds the operation's
+        /// digest).
+        #[default]
+        Operation = "operation",
+        /// One budget per subject across every operation that lists the policy.
+        Subject = "subject",
     }
 }
 
-crate::impl_from_str_by_name!(PolicyScope);
-
-/// Whether a policy can block: enforced, or evaluated and counted only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum PolicyMode {
-    /// A denial refuses the request.
-    #[default]
-    Enforce,
-    /// Evaluated and charged on its own allow, never blocks, never shown to
-    /// clients: a new limit rolled out by watching what it would deny.
-    Shadow,
-}
-
-impl PolicyMode {
-    /// Every mode, in declaration order.
-    pub const ALL: [Self; 2] = [Self::Enforce, Self::Shadow];
-
-    /// The configuration name: `enforce` or `shadow`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Enforce => "enforce",
-            Self::Shadow => "shadow",
-        }
+crate::named_enum! {
+    /// Whether a policy can block: enforced, or evaluated and counted only.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub enum PolicyMode {
+        /// A denial refuses the request.
+        #[default]
+        Enforce = "enforce",
+        /// Evaluated and charged on its own allow, never blocks, never shown to
+        /// clients: a new limit rolled out by watching what it would deny.
+        Shadow = "shadow",
     }
 }
-
-crate::impl_from_str_by_name!(PolicyMode);
 
 /// A validated rate-limit policy. Build one with [`RateLimitPolicy::builder`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -172,25 +134,24 @@ impl RateLimitPolicy {
         };
         RateLimitPolicyBuilder {
             id: id.into(),
-            revision: 1,
-            algorithm,
-            maximum_cost: 1,
-            failure_policy: FailurePolicy::FailClosed,
-            cleanup_grace: Duration::from_secs(1),
-            maximum_clock_regression: Duration::from_secs(1),
-            evaluation_dedup,
-            scope: PolicyScope::Operation,
-            mode: PolicyMode::Enforce,
+            policy: RateLimitPolicy {
+                id: PolicyId(Arc::from("")),
+                revision: 1,
+                algorithm,
+                maximum_cost: 1,
+                failure_policy: FailurePolicy::FailClosed,
+                cleanup_grace: Duration::from_secs(1),
+                maximum_clock_regression: Duration::from_secs(1),
+                evaluation_dedup,
+                scope: PolicyScope::Operation,
+                mode: PolicyMode::Enforce,
+            },
         }
     }
 
     /// The policy id.
     pub fn id(&self) -> &PolicyId {
         &self.id
-    }
-    /// The revision; a new revision never reads an older one's counters.
-    pub fn revision(&self) -> u32 {
-        self.revision
     }
     /// The algorithm and its parameters.
     pub fn algorithm(&self) -> &Algorithm {
@@ -200,11 +161,6 @@ impl RateLimitPolicy {
     pub fn limit(&self) -> u64 {
         self.algorithm.limit()
     }
-    /// The largest cost one request may carry (1 for a concurrency policy,
-    /// which does not check cost: see [`Self::admits_cost`]).
-    pub fn maximum_cost(&self) -> u64 {
-        self.maximum_cost
-    }
     /// Whether a request of `cost` may be evaluated under this policy: 1 ..=
     /// the maximum cost; any cost from 1 for a concurrency policy (a lease
     /// is one slot whatever the cost, so a set's cost is checked against
@@ -212,29 +168,9 @@ impl RateLimitPolicy {
     pub fn admits_cost(&self, cost: u64) -> bool {
         cost >= 1 && (self.algorithm.holds_leases() || cost <= self.maximum_cost)
     }
-    /// What happens when no decision can be made.
-    pub fn failure_policy(&self) -> FailurePolicy {
-        self.failure_policy
-    }
-    /// Extra key lifetime after the state stops mattering.
-    pub fn cleanup_grace(&self) -> Duration {
-        self.cleanup_grace
-    }
-    /// How far a caller clock may lag a key's newest write.
-    pub fn maximum_clock_regression(&self) -> Duration {
-        self.maximum_clock_regression
-    }
     /// The evaluation dedupe settings.
     pub fn evaluation_dedup(&self) -> &EvaluationDedupPolicy {
         &self.evaluation_dedup
-    }
-    /// Whose budget it counts.
-    pub fn scope(&self) -> PolicyScope {
-        self.scope
-    }
-    /// Whether it can block.
-    pub fn mode(&self) -> PolicyMode {
-        self.mode
     }
     /// `max(cleanup_grace, maximum_clock_regression)` in milliseconds: what
     /// every key lives past the moment its absence would mean the same as
@@ -244,97 +180,85 @@ impl RateLimitPolicy {
     }
 }
 
+/// Each `Copy` field of a policy: its getter, and its builder's setter.
+macro_rules! fields {
+    ($($(#[$doc:meta])* $field:ident: $type:ty;)+) => {
+        impl RateLimitPolicy {
+            $($(#[$doc])* pub fn $field(&self) -> $type { self.$field })+
+        }
+
+        impl RateLimitPolicyBuilder {
+            $(#[doc = concat!("Sets [`RateLimitPolicy::", stringify!($field), "`].")]
+            pub fn $field(mut self, $field: $type) -> Self {
+                self.policy.$field = $field;
+                self
+            })+
+        }
+    };
+}
+
+fields! {
+    /// The revision (at least 1); a new revision never reads an older one's counters.
+    revision: u32;
+    /// The largest cost one request may carry (`1..=limit`; 1 for a concurrency
+    /// policy, which does not check cost: see [`Self::admits_cost`]).
+    maximum_cost: u64;
+    /// What happens when no decision can be made.
+    failure_policy: FailurePolicy;
+    /// Extra key lifetime after the state stops mattering (whole ms, at most [`MAX_GRACE`]).
+    cleanup_grace: Duration;
+    /// How far a caller clock may lag a key's newest write (whole ms, at most [`MAX_GRACE`]).
+    maximum_clock_regression: Duration;
+    /// Whose budget it counts.
+    scope: PolicyScope;
+    /// Whether it can block.
+    mode: PolicyMode;
+}
+
 /// Builds a [`RateLimitPolicy`]; `build` checks every rule at once.
 #[derive(Debug, Clone)]
 pub struct RateLimitPolicyBuilder {
     id: String,
-    revision: u32,
-    algorithm: Algorithm,
-    maximum_cost: u64,
-    failure_policy: FailurePolicy,
-    cleanup_grace: Duration,
-    maximum_clock_regression: Duration,
-    evaluation_dedup: EvaluationDedupPolicy,
-    scope: PolicyScope,
-    mode: PolicyMode,
+    /// The policy as set so far; `build` gives it its id.
+    policy: RateLimitPolicy,
 }
 
 impl RateLimitPolicyBuilder {
-    /// Sets the revision (at least 1).
-    pub fn revision(mut self, revision: u32) -> Self {
-        self.revision = revision;
-        self
-    }
-    /// Sets the largest cost one request may carry (1 ..= limit).
-    pub fn maximum_cost(mut self, maximum_cost: u64) -> Self {
-        self.maximum_cost = maximum_cost;
-        self
-    }
-    /// Sets the failure policy.
-    pub fn failure_policy(mut self, failure_policy: FailurePolicy) -> Self {
-        self.failure_policy = failure_policy;
-        self
-    }
-    /// Sets the cleanup grace (whole milliseconds, at most [`MAX_GRACE`]).
-    pub fn cleanup_grace(mut self, grace: Duration) -> Self {
-        self.cleanup_grace = grace;
-        self
-    }
-    /// Sets the clock-regression bound (whole milliseconds, at most
-    /// [`MAX_GRACE`]).
-    pub fn maximum_clock_regression(mut self, bound: Duration) -> Self {
-        self.maximum_clock_regression = bound;
-        self
-    }
     /// Sets the evaluation dedupe policy.
-    pub fn evaluation_dedup(mut self, dedup: EvaluationDedupPolicy) -> Self {
-        self.evaluation_dedup = dedup;
-        self
-    }
-    /// Sets whose budget the policy counts.
-    pub fn scope(mut self, scope: PolicyScope) -> Self {
-        self.scope = scope;
-        self
-    }
-    /// Sets whether the policy can block.
-    pub fn mode(mut self, mode: PolicyMode) -> Self {
-        self.mode = mode;
+    pub fn evaluation_dedup(mut self, evaluation_dedup: EvaluationDedupPolicy) -> Self {
+        self.policy.evaluation_dedup = evaluation_dedup;
         self
     }
 
     /// Checks every rule and returns the policy, or every violation found.
     pub fn build(self) -> Result<RateLimitPolicy, ContractError> {
-        let mut violations = Vec::new();
-        let mut reject =
-            |field, problem: String| violations.push(PolicyViolation { field, problem });
-
-        if let Some(problem) = policy_id_problem(&self.id) {
+        let Self { id, policy } = self;
+        let mut checks = Checks::default();
+        let mut reject = |field, problem| checks.reject(field, problem);
+        if let Some(problem) = policy_id_problem(&id) {
             reject(PolicyField::Id, problem);
         }
-        if self.revision == 0 {
+        if policy.revision == 0 {
             reject(PolicyField::Revision, "must be at least 1".into());
         }
-        let mut checks = Checks::default();
-        let limit_ok = self.algorithm.check(&mut checks);
-        violations.extend(checks.violations);
-        let limit = self.algorithm.limit();
-        let mut reject =
-            |field, problem: String| violations.push(PolicyViolation { field, problem });
-        if self.algorithm.holds_leases() {
+        let limit_ok = policy.algorithm.check(&mut checks);
+        let limit = policy.algorithm.limit();
+        let mut reject = |field, problem| checks.reject(field, problem);
+        if policy.algorithm.holds_leases() {
             // A lease is one slot whatever the cost; the lease id is the
             // dedupe. Neither key applies, so a value set is a mistake.
-            let name = self.algorithm.name();
-            if self.maximum_cost != 1 {
+            let name = policy.algorithm.name();
+            if policy.maximum_cost != 1 {
                 reject(
                     PolicyField::MaximumCost,
                     format!(
                         "does not apply to a {name} policy (a lease is one slot whatever \
                          the cost): leave it unset, got {}",
-                        self.maximum_cost
+                        policy.maximum_cost
                     ),
                 );
             }
-            if self.evaluation_dedup != EvaluationDedupPolicy::Disabled {
+            if policy.evaluation_dedup != EvaluationDedupPolicy::Disabled {
                 reject(
                     PolicyField::EvaluationDedup,
                     format!(
@@ -343,41 +267,29 @@ impl RateLimitPolicyBuilder {
                     ),
                 );
             }
-        } else if self.maximum_cost == 0 || (limit_ok && self.maximum_cost > limit) {
+        } else if policy.maximum_cost == 0 || (limit_ok && policy.maximum_cost > limit) {
             // With the limit itself out of range the bound is unknown: name
             // only the floor rather than an empty range such as `1..=0`.
             let problem = if limit_ok {
-                format!("must be in 1..={limit}, got {}", self.maximum_cost)
+                format!("must be in 1..={limit}, got {}", policy.maximum_cost)
             } else {
-                format!("must be at least 1, got {}", self.maximum_cost)
+                format!("must be at least 1, got {}", policy.maximum_cost)
             };
             reject(PolicyField::MaximumCost, problem);
         }
-        if let Some(problem) = check_grace(self.cleanup_grace) {
+        if let Some(problem) = check_grace(policy.cleanup_grace) {
             reject(PolicyField::CleanupGrace, problem);
         }
-        if let Some(problem) = check_grace(self.maximum_clock_regression) {
+        if let Some(problem) = check_grace(policy.maximum_clock_regression) {
             reject(PolicyField::MaximumClockRegression, problem);
         }
-        if !self.algorithm.holds_leases() {
-            violations.extend(self.evaluation_dedup.violations());
+        if !policy.algorithm.holds_leases() {
+            policy.evaluation_dedup.check(&mut checks);
         }
-
-        if !violations.is_empty() {
-            return Err(ContractError::InvalidPolicy(violations));
+        if !checks.violations.is_empty() {
+            return Err(ContractError::InvalidPolicy(checks.violations));
         }
-        Ok(RateLimitPolicy {
-            id: PolicyId(self.id.into()),
-            revision: self.revision,
-            algorithm: self.algorithm,
-            maximum_cost: self.maximum_cost,
-            failure_policy: self.failure_policy,
-            cleanup_grace: self.cleanup_grace,
-            maximum_clock_regression: self.maximum_clock_regression,
-            evaluation_dedup: self.evaluation_dedup,
-            scope: self.scope,
-            mode: self.mode,
-        })
+        Ok(RateLimitPolicy { id: PolicyId(id.into()), ..policy })
     }
 }
 

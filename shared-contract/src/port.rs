@@ -13,16 +13,8 @@ use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
 
-/// A provider's answer to one call: there at once, or a future that waits
-/// for it. A ready one costs no allocation and no poll: a front takes it
-/// with [`Self::into_ready`]. A waiting one is boxed, and owns what it
-/// needs (`'static`): the HTTP front's response future must be `'static`,
-/// and one borrowing the provider could only be made inside a boxed future
-/// that owns the provider's handle, for every request, the cost this type
-/// exists to avoid. A provider keeps what its waiting path needs in an
-/// `Arc` and clones it there.
-///
-/// Awaiting it gives the answer either way.
+/// A provider's answer to one call: there at once (no allocation, no poll:
+/// [`Self::into_ready`]), or a boxed `'static` future that waits for it.
 #[must_use = "a port answer does nothing unless taken or awaited"]
 pub struct PortAnswer<T>(Answer<T>);
 

@@ -49,8 +49,7 @@ impl fmt::Display for EvaluationId {
 }
 
 /// The policies of one request, in configured order: 1 to
-/// [`MAX_POLICY_SET`] distinct ids. Shared, not copied: every request
-/// carries one, so a clone must not allocate.
+/// [`MAX_POLICY_SET`] distinct ids, shared so a clone does not allocate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PolicySet(Arc<[PolicyId]>);
 
@@ -95,11 +94,7 @@ impl PolicySet {
     }
 }
 
-/// A digest of the operation (method and route template), the part of an
-/// operation-scoped policy's key that tells operations apart: a number, so
-/// no route or path ever reaches a key. It prints (in a storage key, a log
-/// line, the admin API) as lowercase hex of its width: 16 digits for 64
-/// bits (the HTTP edge's), 32 for 128 (an Envoy RLS rule's).
+/// A digest of the operation, so no route or path ever reaches a key.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OperationDigest(Bits);
 

@@ -11,14 +11,8 @@ const MIN_TAG: usize = 16;
 const MAX_TAG: usize = 64;
 
 /// An opaque pseudonym: the version of the key that made it and the keyed
-/// hash's output, 16 to 64 bytes. The raw identity (IP, API key, principal)
-/// never enters this crate's types, so it cannot reach a provider, a key or
-/// a log line through the port.
-///
-/// Held as bytes, inline and `Copy`: making one per request allocates
-/// nothing, and a store hashes and compares it as it is. It prints (in a
-/// storage key, a log line, the admin API) as `v<version>:<tag in lowercase
-/// hex>`, the form [`Self::parse`] reads back.
+/// hash's output, 16 to 64 bytes: the raw identity never enters this
+/// crate's types, so it cannot reach a provider through the port.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SubjectDigest {
     version: u32,
@@ -38,8 +32,7 @@ impl Hash for SubjectDigest {
 impl SubjectDigest {
     /// Reads the printed form `v<version>:<hex>`: the version in decimal (a
     /// 32-bit number, no leading zero) and 32 to 128 lowercase hex digits,
-    /// an even count (16 to 64 bytes). Exactly the texts a digest prints
-    /// as, so a parsed digest prints back as the text it was read from.
+    /// an even count (16 to 64 bytes).
     pub fn parse(digest: impl AsRef<str>) -> Result<Self, ContractError> {
         let digest = digest.as_ref();
         let invalid = |why: &str| Err(ContractError::InvalidSubjectDigest(why.to_owned()));

@@ -1,11 +1,6 @@
 //! Calendar window (docs/algorithms.md "Calendar window"): a count per
 //! calendar period of a time zone (a day, an ISO week, a month, a year);
 //! its state is the period's start and its count, as the fixed window's.
-//!
-//! The calendar is jiff's, with its bundled time zone database, so every
-//! IANA zone is known whether or not the host has `/usr/share/zoneinfo`.
-//! The period's bounds are computed here, at the key's effective time;
-//! the Redis script receives them as arguments and never reads a calendar.
 
 use std::fmt;
 use std::str::FromStr;
@@ -49,6 +44,8 @@ pub enum CalendarPeriod {
 }
 
 impl CalendarPeriod {
+    const ALL: [Self; 4] = [Self::Day, Self::Week, Self::Month, Self::Year];
+
     /// The configuration name of the period.
     pub fn name(self) -> &'static str {
         match self {
@@ -64,13 +61,8 @@ impl FromStr for CalendarPeriod {
     type Err = CalendarError;
 
     fn from_str(name: &str) -> Result<Self, Self::Err> {
-        match name {
-            "day" => Ok(Self::Day),
-            "week" => Ok(Self::Week),
-            "month" => Ok(Self::Month),
-            "year" => Ok(Self::Year),
-            _ => Err(CalendarError::UnknownPeriod(shown(name))),
-        }
+        let known = Self::ALL.into_iter().find(|period| period.name() == name);
+        known.ok_or_else(|| CalendarError::UnknownPeriod(shown(name)))
     }
 }
 
@@ -161,17 +153,11 @@ impl fmt::Debug for CalendarZone {
 }
 
 /// The latest caller time placed in a calendar: 9998-12-30T00:00:00Z.
-/// Any zone's local date is then at most 9998-12-31, so the end of its
-/// year (9999-01-01) is still within jiff's range; a later time counts in
-/// that last period (see [`bounds`]).
 const LATEST_MS: u64 = 253_370_592_000_000;
 
 /// The period holding epoch millisecond `t` in `zone`: its start and end
 /// in epoch milliseconds, `start <= t < end` for every `t` up to
-/// 9998-12-30. Defined for any `t` and never panics: a later `t` gets the
-/// period holding 9998-12-30, whose end it may have passed (the step then
-/// answers `reset_after = 0`), and a start before 1970 (a zone west of
-/// Greenwich at `t` near 0) is 0.
+/// 9998-12-30.
 pub fn bounds(t: u64, period: CalendarPeriod, zone: &CalendarZone) -> (u64, u64) {
     let clamped = t.min(LATEST_MS);
     // Both conversions hold for every clamped time; the fallback (the UTC
@@ -208,16 +194,7 @@ fn local_bounds(t: u64, period: CalendarPeriod, tz: &TimeZone) -> Option<(u64, u
 }
 
 /// The first instant whose local date in `tz` is `date` (or a later date,
-/// when the whole day is skipped). Usually local midnight. A midnight that
-/// happens twice (a fold) counts from the first. A midnight that does not
-/// happen (a gap: the clock jumps over it) counts from the transition, the
-/// first instant after the jump: America/Santiago 2022-09-11 starts at
-/// 01:00 -03, one hour into the civil day, so that day lasts 23 hours.
-/// jiff's `start_of_day` gives the same instant when the gap begins at
-/// midnight, as every gap over a midnight from 1970 to 2037 does (it reads
-/// the skipped time with the offset before the gap); asking for the
-/// transition also holds for a gap beginning before midnight and ending
-/// after it.
+/// when the whole day is skipped).
 fn first_instant(date: Date, tz: &TimeZone) -> Option<Timestamp> {
     let midnight = date.to_datetime(Time::midnight());
     match tz.to_ambiguous_timestamp(midnight).offset() {
@@ -256,6 +233,10 @@ impl RateAlgorithm for CalendarWindow {
         arity: 4,
         header: 25,
     };
+    const WINDOWED: bool = true;
+    // A refusal writes nothing, and the count it saw holds until the
+    // period ends, whatever the cost.
+    const REFUSAL_STAYS: bool = true;
     type State = CalendarWindowState;
 
     fn limit(&self) -> u64 {
@@ -287,16 +268,6 @@ impl RateAlgorithm for CalendarWindow {
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), ..self.clone() }
-    }
-
-    fn windowed(&self) -> bool {
-        true
-    }
-
-    /// A refusal writes nothing, and the count it saw holds until the
-    /// period ends, whatever the cost.
-    fn refusal_stays(&self) -> bool {
-        true
     }
 
     /// The limit, the period holding the caller's `t` and the next

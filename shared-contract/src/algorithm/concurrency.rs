@@ -1,7 +1,5 @@
 //! Concurrency (docs/algorithms.md "Concurrency (in-flight leases)"): at
-//! most `max_in_flight` live leases per key. The state is only its tag;
-//! the leases are the key's [`Leases`], which the set step adds to when
-//! the request is admitted and a release removes from.
+//! most `max_in_flight` live leases per key.
 
 use std::time::Duration;
 
@@ -51,6 +49,7 @@ impl RateAlgorithm for Concurrency {
     /// dedupe.
     const REFUSED_COMMON_KEYS: &'static [PolicyField] =
         &[PolicyField::MaximumCost, PolicyField::EvaluationDedup];
+    // No REFUSAL_STAYS: a release may free a slot at any moment, on any instance.
     type State = Leased;
 
     fn limit(&self) -> u64 {
@@ -69,10 +68,7 @@ impl RateAlgorithm for Concurrency {
         limit_ok
     }
 
-    /// Allowed iff the live leases leave a slot. An allowing `Take` writes
-    /// the tag and the key's end (the latest live lease's expiry, the new
-    /// one included); the set step adds the lease itself. No window:
-    /// `reset_after` is 0, and a denial tells the configured `retry_after`.
+    /// Allowed iff the live leases leave a slot.
     fn step(&self, _state: Option<&Leased>, run: &Run<'_>) -> Step<Leased> {
         let (max_in_flight, retry_after, t, charge, leases) =
             (self.max_in_flight, ms(self.retry_after), run.t, run.charge, run.leases);
@@ -101,11 +97,6 @@ impl RateAlgorithm for Concurrency {
     /// refusal tells clients stay.
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { max_in_flight: share(self.max_in_flight), ..*self }
-    }
-
-    /// No: a release may free a slot at any moment, on any instance.
-    fn refusal_stays(&self) -> bool {
-        false
     }
 
     /// The lease TTL plus the maximum clock regression `R`: another

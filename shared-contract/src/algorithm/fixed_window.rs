@@ -39,6 +39,10 @@ impl RateAlgorithm for FixedWindow {
         arity: 2,
         header: 25,
     };
+    const WINDOWED: bool = true;
+    // A refusal writes nothing, and the count it saw holds until the
+    // window ends, whatever the cost.
+    const REFUSAL_STAYS: bool = true;
     type State = FixedWindowState;
 
     fn limit(&self) -> u64 {
@@ -68,16 +72,6 @@ impl RateAlgorithm for FixedWindow {
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), window: self.window }
-    }
-
-    fn windowed(&self) -> bool {
-        true
-    }
-
-    /// A refusal writes nothing, and the count it saw holds until the
-    /// window ends, whatever the cost.
-    fn refusal_stays(&self) -> bool {
-        true
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

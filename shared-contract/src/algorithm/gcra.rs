@@ -68,6 +68,7 @@ impl RateAlgorithm for Gcra {
         arity: 2,
         header: 17,
     };
+    // No REFUSAL_STAYS: a refusal's wait grows with the cost.
     type State = GcraState;
 
     /// The burst: the most spent at once.
@@ -145,12 +146,6 @@ impl RateAlgorithm for Gcra {
     /// `instances` times further apart.
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), period: self.period, burst: share(self.burst) }
-    }
-
-    /// No: a refusal writes nothing and stays true until its retry-after,
-    /// but that wait grows with the cost.
-    fn refusal_stays(&self) -> bool {
-        false
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

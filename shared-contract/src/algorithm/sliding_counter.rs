@@ -45,6 +45,8 @@ impl RateAlgorithm for SlidingCounter {
         arity: 2,
         header: 33,
     };
+    const WINDOWED: bool = true;
+    // No REFUSAL_STAYS: the estimate decays every millisecond.
     type State = SlidingCounterState;
 
     fn limit(&self) -> u64 {
@@ -119,16 +121,6 @@ impl RateAlgorithm for SlidingCounter {
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), window: self.window }
-    }
-
-    fn windowed(&self) -> bool {
-        true
-    }
-
-    /// No: the estimate decays every millisecond, so no refusal holds for
-    /// a stretch of time.
-    fn refusal_stays(&self) -> bool {
-        false
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

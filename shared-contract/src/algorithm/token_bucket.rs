@@ -43,6 +43,7 @@ impl RateAlgorithm for TokenBucket {
         arity: 3,
         header: 25,
     };
+    // No REFUSAL_STAYS: a refusal writes its refill and mark, and its wait grows with the cost.
     type State = TokenBucketState;
 
     fn limit(&self) -> u64 {
@@ -111,13 +112,6 @@ impl RateAlgorithm for TokenBucket {
             refill_tokens: share(self.refill_tokens),
             refill_period: self.refill_period,
         }
-    }
-
-    /// No: a refusal writes its refill and mark, which an answer from a
-    /// cache cannot (the key's mark would lag where the store puts it), and
-    /// its wait grows with the cost.
-    fn refusal_stays(&self) -> bool {
-        false
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

@@ -17,17 +17,7 @@ pub struct HeldLease {
     pub expires_at: u64,
 }
 
-/// The leases of one key, in the order they were taken. Expired leases may
-/// linger until the key's next admitted request drops them; every reader
-/// counts only the live ones at its time.
-///
-/// Boxed and allocated on the first lease, so a key of another algorithm
-/// carries one pointer. A lookup scans: a key holds at most
-/// `max-in-flight` leases ([`crate::MAX_IN_FLIGHT`]), and a concurrency
-/// limit is small in practice.
-///
-/// A provider that serializes a key reads the leases with [`Leases::iter`]
-/// and rebuilds them with `collect()`.
+/// The leases of one key, in the order they were taken.
 #[derive(Clone, Default, PartialEq, Eq)]
 #[allow(
     clippy::box_collection,
@@ -77,10 +67,7 @@ impl Leases {
 
     /// Removes the lease of `id`; true when it was live at `now` (a slot
     /// was freed), false when it was not held or had expired. No other
-    /// lease is touched, expired ones included: a release moves no mark, so
-    /// a lease expired at `now` may still be live for a caller whose clock
-    /// lags within the bound (the next admitted request drops it, at its
-    /// effective time).
+    /// lease is touched: a release moves no mark.
     pub fn release(&mut self, id: EvaluationId, now: u64) -> bool {
         let Some(held) = &mut self.0 else { return false };
         let Some(at) = held.iter().position(|lease| lease.id == id) else { return false };
