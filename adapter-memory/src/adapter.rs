@@ -3,14 +3,14 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, DEFAULT_FAILURE_RETRY_AFTER, EdgeRateLimitPort,
-    Evaluation, KeyRules, Lease, MAX_POLICY_SET, PolicyId, PolicyScope, RateLimitFailure,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, Releasing,
-    UnavailableCategory, evaluate_set, inspect_key,
+    Evaluation, IncompatibleCategory, KeyRules, Lease, MAX_POLICY_SET, OperationDigest, PolicyId,
+    PolicyScope, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, Releasing, SetVerdict, UnavailableCategory, evaluate_set, inspect_key,
 };
 
 use crate::error::MemoryAdapterError;
@@ -94,42 +94,82 @@ impl MemoryEdgeRateLimitAdapter {
 
     /// The whole evaluation; synchronous because nothing in it waits.
     fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
-        let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
-        // One clock read for both the deadline and the algorithms' time.
-        let (monotonic, now) = self.clock.read_both();
-        if monotonic >= request.deadline {
-            return Err(RateLimitFailure::Unavailable {
-                category: UnavailableCategory::AdmissionRejected,
-                retry_after: self.failure_retry_after,
-            });
+        if let [id] = request.policies.ids() {
+            return self.decide_one(id, request);
         }
-        let key_of = |slot: &'_ PolicySlot| {
-            let operation = match slot.policy.scope() {
-                PolicyScope::Operation => Some(request.operation),
-                PolicyScope::Subject => None,
-            };
-            KeySlot { namespace: slot.namespace, operation }
-        };
+        let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
+        let now = self.now_before(request.deadline)?;
         // A fixed array, no allocation: slots past the set's length repeat
         // its first policy and are never used.
         let Some(first) = slots.iter().next() else { return refused_empty_set() };
-        let mut keys = [(key_of(first), &first.rules); MAX_POLICY_SET];
+        let mut keys = [(first.key(request.operation), &first.rules); MAX_POLICY_SET];
         for (key, slot) in keys.iter_mut().zip(slots.iter()) {
-            *key = (key_of(slot), &slot.rules);
+            *key = (slot.key(request.operation), &slot.rules);
         }
         let decided = self.store.with_set(&request.subject, &keys[..slots.len()], now, |members| {
             evaluate_set(members, now, request.cost, request.evaluation_id)
         });
+        self.answer(decided)
+    }
+
+    /// [`Self::decide`] for a set of one, the usual case: the checks of
+    /// [`RateLimitRequest::resolve`] in its order (an unknown policy, then
+    /// the cost) without its array of eight, and the store's one-key path.
+    fn decide_one(&self, id: &PolicyId, request: &RateLimitRequest) -> RateLimitOutcome {
+        let Some(slot) = self.policies.get(id) else {
+            return Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::UnknownPolicy,
+            });
+        };
+        if !slot.policy.admits_cost(request.cost) {
+            return Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::CostExceedsMaximum,
+            });
+        }
+        let now = self.now_before(request.deadline)?;
+        let key = (slot.key(request.operation), &slot.rules);
+        let decided = self.store.with_one(&request.subject, key, now, |members| {
+            evaluate_set(members, now, request.cost, request.evaluation_id)
+        });
+        self.answer(decided)
+    }
+
+    /// The algorithms' time (epoch ms), from the one clock read that also
+    /// checks the deadline.
+    fn now_before(&self, deadline: Instant) -> Result<u64, RateLimitFailure> {
+        let (monotonic, now) = self.clock.read_both();
+        if monotonic >= deadline {
+            return Err(self.not_admitted());
+        }
+        Ok(now)
+    }
+
+    fn answer(&self, decided: Result<SetVerdict, StoreFull>) -> RateLimitOutcome {
         match decided {
             Ok(verdict) => verdict.into(),
             // Full, and every key held is in use: no slot for this
             // subject's new key, and nothing charged. Fail-closed, as an
             // evaluation that could not be admitted in time.
-            Err(StoreFull) => Err(RateLimitFailure::Unavailable {
-                category: UnavailableCategory::AdmissionRejected,
-                retry_after: self.failure_retry_after,
-            }),
+            Err(StoreFull) => Err(self.not_admitted()),
         }
+    }
+
+    fn not_admitted(&self) -> RateLimitFailure {
+        RateLimitFailure::Unavailable {
+            category: UnavailableCategory::AdmissionRejected,
+            retry_after: self.failure_retry_after,
+        }
+    }
+}
+
+impl PolicySlot {
+    /// The slot of this policy's key for a request of `operation`.
+    fn key(&self, operation: OperationDigest) -> KeySlot {
+        let operation = match self.policy.scope() {
+            PolicyScope::Operation => Some(operation),
+            PolicyScope::Subject => None,
+        };
+        KeySlot { namespace: self.namespace, operation }
     }
 }
 
@@ -169,18 +209,24 @@ impl PolicyTable {
 
     fn get(&self, id: &PolicyId) -> Option<&PolicySlot> {
         if self.index.is_empty() {
-            self.slots.iter().find(|slot| slot.policy.id().as_str() == id.as_str())
+            self.slots.iter().find(|slot| same_id(slot.policy.id(), id))
         } else {
             self.index.get(id).map(|&at| &self.slots[at])
         }
     }
 }
 
+/// Id equality, the length first. An id cloned from the policy's own (a
+/// front's policy sets usually are) shares its text: then the address says
+/// it, without reading the bytes.
+fn same_id(held: &PolicyId, asked: &PolicyId) -> bool {
+    let (held, asked) = (held.as_str(), asked.as_str());
+    held.len() == asked.len() && (std::ptr::eq(held, asked) || held == asked)
+}
+
 /// A `PolicySet` is never empty; should one ever be, nothing is evaluated.
 fn refused_empty_set() -> RateLimitOutcome {
-    Err(RateLimitFailure::Incompatible {
-        category: shared_contract::IncompatibleCategory::UnknownPolicy,
-    })
+    Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })
 }
 
 #[async_trait]
@@ -222,13 +268,7 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
             .iter()
             .filter_map(|id| self.policies.get(id))
             .filter(|slot| slot.rules.holds_leases())
-            .map(|slot| {
-                let operation = match slot.policy.scope() {
-                    PolicyScope::Operation => Some(lease.operation),
-                    PolicyScope::Subject => None,
-                };
-                KeySlot { namespace: slot.namespace, operation }
-            });
+            .map(|slot| slot.key(lease.operation));
         let now = self.clock.epoch_millis();
         Releasing::ready(if self.store.release(&lease.subject, slots, lease.id, now) {
             ReleaseOutcome::Released
