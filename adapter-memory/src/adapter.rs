@@ -97,6 +97,13 @@ impl MemoryEdgeRateLimitAdapter {
         if let [id] = request.policies.ids() {
             return self.decide_one(id, request);
         }
+        self.decide_set(request)
+    }
+
+    /// [`Self::decide`] for a set of two or more, out of line: its arrays
+    /// make a large frame that a set of one should not set up.
+    #[inline(never)]
+    fn decide_set(&self, request: &RateLimitRequest) -> RateLimitOutcome {
         let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
         let now = self.now_before(request.deadline)?;
         // A fixed array, no allocation: slots past the set's length repeat
@@ -126,6 +133,14 @@ impl MemoryEdgeRateLimitAdapter {
                 category: IncompatibleCategory::CostExceedsMaximum,
             });
         }
+        self.decide_slot(slot, request)
+    }
+
+    /// The store's part of [`Self::decide_one`], kept out of line so a
+    /// refusal before it (an unknown policy, the port's floor) does not set
+    /// up its frame.
+    #[inline(never)]
+    fn decide_slot(&self, slot: &PolicySlot, request: &RateLimitRequest) -> RateLimitOutcome {
         let now = self.now_before(request.deadline)?;
         let key = (slot.key(request.operation), &slot.rules);
         let decided = self.store.with_one(&request.subject, key, now, |members| {
@@ -207,12 +222,20 @@ impl PolicyTable {
         Self { slots, index }
     }
 
+    #[inline]
     fn get(&self, id: &PolicyId) -> Option<&PolicySlot> {
         if self.index.is_empty() {
             self.slots.iter().find(|slot| same_id(slot.policy.id(), id))
         } else {
-            self.index.get(id).map(|&at| &self.slots[at])
+            self.hashed(id)
         }
+    }
+
+    /// Out of line, so the scan's callers (every decision) do not set up
+    /// the frame of a hash look-up.
+    #[inline(never)]
+    fn hashed(&self, id: &PolicyId) -> Option<&PolicySlot> {
+        self.index.get(id).map(|&at| &self.slots[at])
     }
 }
 
@@ -220,8 +243,24 @@ impl PolicyTable {
 /// front's policy sets usually are) shares its text: then the address says
 /// it, without reading the bytes.
 fn same_id(held: &PolicyId, asked: &PolicyId) -> bool {
-    let (held, asked) = (held.as_str(), asked.as_str());
-    held.len() == asked.len() && (std::ptr::eq(held, asked) || held == asked)
+    let (held, asked) = (held.as_str().as_bytes(), asked.as_str().as_bytes());
+    held.len() == asked.len() && (std::ptr::eq(held, asked) || same_bytes(held, asked))
+}
+
+/// Equality of two texts of one length without a call out to `memcmp` for
+/// the usual id: under 8 bytes byte by byte, 8 to 16 as two overlapping
+/// words. Out of line: an id of the policy's own text never gets here.
+#[inline(never)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    let word = |bytes: &[u8], at: usize| {
+        bytes.get(at..at + 8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
+    };
+    match n {
+        0..8 => a.iter().zip(b).all(|(x, y)| x == y),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
+    }
 }
 
 /// A `PolicySet` is never empty; should one ever be, nothing is evaluated.
@@ -283,6 +322,19 @@ mod tests {
     use shared_contract::{Algorithm, SystemClock};
 
     use super::*;
+
+    #[test]
+    fn id_bytes_compare_as_equality_does_at_every_length() {
+        for n in 0..40 {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same_bytes(&a, &a.clone()), "{n}");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] = b'-';
+                assert!(!same_bytes(&a, &b), "{n} differing at {at}");
+            }
+        }
+    }
 
     #[test]
     fn the_policy_table_finds_every_policy_scanned_or_hashed() {
