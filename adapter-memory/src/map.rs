@@ -44,22 +44,30 @@ impl Held {
     }
 }
 
-/// Digest equality eight bytes at a time, the tag's own bytes only: no
-/// call out to compare the array's zeros after them. Reached when the
-/// hashes are equal, so almost always on the key itself.
+/// Digest equality sixteen bytes at a time, the tag's own bytes only (at
+/// least sixteen; the last compare may overlap the one before): no call
+/// out to compare the array's zeros after them. Reached when the hashes
+/// are equal, so almost always on the key itself.
 fn same_subject(a: &SubjectDigest, b: &SubjectDigest) -> bool {
     let (x, y) = (a.tag(), b.tag());
-    if a.version() != b.version() || x.len() != y.len() {
+    let n = x.len();
+    if a.version() != b.version() || n != y.len() {
         return false;
     }
+    let wide = |bytes: &[u8], at: usize| {
+        bytes.get(at..at + 16).and_then(|w| w.try_into().ok()).map(u128::from_ne_bytes)
+    };
+    if n < 16 {
+        return x == y;
+    }
     let mut at = 0;
-    while at + 8 <= x.len() {
-        if word(&x[at..at + 8]) != word(&y[at..at + 8]) {
+    while at + 16 < n {
+        if wide(x, at) != wide(y, at) {
             return false;
         }
-        at += 8;
+        at += 16;
     }
-    x[at..].iter().zip(&y[at..]).all(|(p, q)| p == q)
+    wide(x, n - 16) == wide(y, n - 16)
 }
 
 /// Eight bytes of a tag as one number (the chunk is exactly eight).
@@ -182,5 +190,29 @@ impl KeyMap {
 
     pub(crate) fn shrink_to(&mut self, capacity: usize) {
         self.table.shrink_to(capacity, |held| held.hash);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_compare_as_equality_does_at_every_tag_length() {
+        for n in 16..=64 {
+            let tag: Vec<u8> = (0..n).map(|i| u8::try_from(i * 7 % 251).unwrap()).collect();
+            let a = SubjectDigest::from_tag(1, &tag).unwrap();
+            assert!(same_subject(&a, &SubjectDigest::from_tag(1, &tag).unwrap()), "{n}");
+            assert!(!same_subject(&a, &SubjectDigest::from_tag(2, &tag).unwrap()), "{n}");
+            for at in 0..n {
+                let mut other = tag.clone();
+                other[at] ^= 1;
+                let b = SubjectDigest::from_tag(1, &other).unwrap();
+                assert!(!same_subject(&a, &b), "{n} differing at {at}");
+            }
+        }
+        // One zero byte longer is another subject.
+        let short = SubjectDigest::from_tag(1, &[0; 16]).unwrap();
+        assert!(!same_subject(&short, &SubjectDigest::from_tag(1, &[0; 17]).unwrap()));
     }
 }
