@@ -3,14 +3,14 @@
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, DEFAULT_FAILURE_RETRY_AFTER, EdgeRateLimitPort,
-    Evaluation, KeyRules, Lease, MAX_POLICY_SET, PolicyId, PolicyScope, RateLimitFailure,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, ReleaseOutcome, Releasing,
-    UnavailableCategory, evaluate_set, inspect_key,
+    Evaluation, IncompatibleCategory, KeyRules, Lease, MAX_POLICY_SET, OperationDigest, PolicyId,
+    PolicyScope, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    ReleaseOutcome, Releasing, SetVerdict, UnavailableCategory, evaluate_set, inspect_key,
 };
 
 use crate::error::MemoryAdapterError;
@@ -94,42 +94,97 @@ impl MemoryEdgeRateLimitAdapter {
 
     /// The whole evaluation; synchronous because nothing in it waits.
     fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
-        let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
-        // One clock read for both the deadline and the algorithms' time.
-        let (monotonic, now) = self.clock.read_both();
-        if monotonic >= request.deadline {
-            return Err(RateLimitFailure::Unavailable {
-                category: UnavailableCategory::AdmissionRejected,
-                retry_after: self.failure_retry_after,
-            });
+        if let [id] = request.policies.ids() {
+            return self.decide_one(id, request);
         }
-        let key_of = |slot: &'_ PolicySlot| {
-            let operation = match slot.policy.scope() {
-                PolicyScope::Operation => Some(request.operation),
-                PolicyScope::Subject => None,
-            };
-            KeySlot { namespace: slot.namespace, operation }
-        };
+        self.decide_set(request)
+    }
+
+    /// [`Self::decide`] for a set of two or more, out of line: its arrays
+    /// make a large frame that a set of one should not set up.
+    #[inline(never)]
+    fn decide_set(&self, request: &RateLimitRequest) -> RateLimitOutcome {
+        let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
+        let now = self.now_before(request.deadline)?;
         // A fixed array, no allocation: slots past the set's length repeat
         // its first policy and are never used.
         let Some(first) = slots.iter().next() else { return refused_empty_set() };
-        let mut keys = [(key_of(first), &first.rules); MAX_POLICY_SET];
+        let mut keys = [(first.key(request.operation), &first.rules); MAX_POLICY_SET];
         for (key, slot) in keys.iter_mut().zip(slots.iter()) {
-            *key = (key_of(slot), &slot.rules);
+            *key = (slot.key(request.operation), &slot.rules);
         }
         let decided = self.store.with_set(&request.subject, &keys[..slots.len()], now, |members| {
             evaluate_set(members, now, request.cost, request.evaluation_id)
         });
+        self.answer(decided)
+    }
+
+    /// [`Self::decide`] for a set of one, the usual case: the checks of
+    /// [`RateLimitRequest::resolve`] in its order (an unknown policy, then
+    /// the cost) without its array of eight, and the store's one-key path.
+    fn decide_one(&self, id: &PolicyId, request: &RateLimitRequest) -> RateLimitOutcome {
+        let Some(slot) = self.policies.get(id) else {
+            return Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::UnknownPolicy,
+            });
+        };
+        if !slot.policy.admits_cost(request.cost) {
+            return Err(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::CostExceedsMaximum,
+            });
+        }
+        self.decide_slot(slot, request)
+    }
+
+    /// The store's part of [`Self::decide_one`], kept out of line so a
+    /// refusal before it (an unknown policy, the port's floor) does not set
+    /// up its frame.
+    #[inline(never)]
+    fn decide_slot(&self, slot: &PolicySlot, request: &RateLimitRequest) -> RateLimitOutcome {
+        let now = self.now_before(request.deadline)?;
+        let key = (slot.key(request.operation), &slot.rules);
+        let decided = self.store.with_one(&request.subject, key, now, |members| {
+            evaluate_set(members, now, request.cost, request.evaluation_id)
+        });
+        self.answer(decided)
+    }
+
+    /// The algorithms' time (epoch ms), from the one clock read that also
+    /// checks the deadline.
+    fn now_before(&self, deadline: Instant) -> Result<u64, RateLimitFailure> {
+        let (monotonic, now) = self.clock.read_both();
+        if monotonic >= deadline {
+            return Err(self.not_admitted());
+        }
+        Ok(now)
+    }
+
+    fn answer(&self, decided: Result<SetVerdict, StoreFull>) -> RateLimitOutcome {
         match decided {
             Ok(verdict) => verdict.into(),
             // Full, and every key held is in use: no slot for this
             // subject's new key, and nothing charged. Fail-closed, as an
             // evaluation that could not be admitted in time.
-            Err(StoreFull) => Err(RateLimitFailure::Unavailable {
-                category: UnavailableCategory::AdmissionRejected,
-                retry_after: self.failure_retry_after,
-            }),
+            Err(StoreFull) => Err(self.not_admitted()),
         }
+    }
+
+    fn not_admitted(&self) -> RateLimitFailure {
+        RateLimitFailure::Unavailable {
+            category: UnavailableCategory::AdmissionRejected,
+            retry_after: self.failure_retry_after,
+        }
+    }
+}
+
+impl PolicySlot {
+    /// The slot of this policy's key for a request of `operation`.
+    fn key(&self, operation: OperationDigest) -> KeySlot {
+        let operation = match self.policy.scope() {
+            PolicyScope::Operation => Some(operation),
+            PolicyScope::Subject => None,
+        };
+        KeySlot { namespace: self.namespace, operation }
     }
 }
 
@@ -167,20 +222,53 @@ impl PolicyTable {
         Self { slots, index }
     }
 
+    #[inline]
     fn get(&self, id: &PolicyId) -> Option<&PolicySlot> {
         if self.index.is_empty() {
-            self.slots.iter().find(|slot| slot.policy.id().as_str() == id.as_str())
+            self.slots.iter().find(|slot| same_id(slot.policy.id(), id))
         } else {
-            self.index.get(id).map(|&at| &self.slots[at])
+            self.hashed(id)
         }
+    }
+
+    /// Out of line, so the scan's callers (every decision) do not set up
+    /// the frame of a hash look-up.
+    #[inline(never)]
+    fn hashed(&self, id: &PolicyId) -> Option<&PolicySlot> {
+        self.index.get(id).map(|&at| &self.slots[at])
+    }
+}
+
+/// Id equality, the length first. An id cloned from the policy's own (a
+/// front's policy sets usually are) shares its text: then the address says
+/// it, without reading the bytes.
+fn same_id(held: &PolicyId, asked: &PolicyId) -> bool {
+    let (held, asked) = (held.as_str().as_bytes(), asked.as_str().as_bytes());
+    held.len() == asked.len() && (std::ptr::eq(held, asked) || same_bytes(held, asked))
+}
+
+/// Equality of two texts of one length without a call out to `memcmp` for
+/// the usual id: up to 16 bytes as two overlapping words of 4 or 8 bytes.
+/// Out of line: an id of the policy's own text never gets here.
+#[inline(never)]
+fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    let narrow = |bytes: &[u8], at: usize| {
+        bytes.get(at..at + 4).and_then(|w| w.try_into().ok()).map(u32::from_ne_bytes)
+    };
+    let word = |bytes: &[u8], at: usize| {
+        bytes.get(at..at + 8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
+    };
+    match n {
+        4..8 => narrow(a, 0) == narrow(b, 0) && narrow(a, n - 4) == narrow(b, n - 4),
+        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
+        _ => a == b,
     }
 }
 
 /// A `PolicySet` is never empty; should one ever be, nothing is evaluated.
 fn refused_empty_set() -> RateLimitOutcome {
-    Err(RateLimitFailure::Incompatible {
-        category: shared_contract::IncompatibleCategory::UnknownPolicy,
-    })
+    Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })
 }
 
 #[async_trait]
@@ -222,13 +310,7 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
             .iter()
             .filter_map(|id| self.policies.get(id))
             .filter(|slot| slot.rules.holds_leases())
-            .map(|slot| {
-                let operation = match slot.policy.scope() {
-                    PolicyScope::Operation => Some(lease.operation),
-                    PolicyScope::Subject => None,
-                };
-                KeySlot { namespace: slot.namespace, operation }
-            });
+            .map(|slot| slot.key(lease.operation));
         let now = self.clock.epoch_millis();
         Releasing::ready(if self.store.release(&lease.subject, slots, lease.id, now) {
             ReleaseOutcome::Released
@@ -243,6 +325,19 @@ mod tests {
     use shared_contract::{Algorithm, SystemClock};
 
     use super::*;
+
+    #[test]
+    fn id_bytes_compare_as_equality_does_at_every_length() {
+        for n in 0..40 {
+            let a: Vec<u8> = (0..n).map(|i| b'a' + (i % 26) as u8).collect();
+            assert!(same_bytes(&a, &a.clone()), "{n}");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] = b'-';
+                assert!(!same_bytes(&a, &b), "{n} differing at {at}");
+            }
+        }
+    }
 
     #[test]
     fn the_policy_table_finds_every_policy_scanned_or_hashed() {

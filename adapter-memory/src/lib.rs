@@ -20,6 +20,7 @@
 mod adapter;
 mod entry;
 mod error;
+mod map;
 mod store;
 
 /// Every unit test's clock starts here (epoch ms), a multiple of every

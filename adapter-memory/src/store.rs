@@ -14,16 +14,15 @@ use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use std::hash::{BuildHasher, Hash, Hasher};
-
-use foldhash::fast::RandomState;
 use parking_lot::Mutex;
 use shared_contract::{
     DEDUP_RECORD_BYTES, EvaluationId, HELD_LEASE_BYTES, KeyRules, KeyState, MAX_POLICY_SET,
-    OperationDigest, PolicyId, SetMember, SubjectDigest,
+    PolicyId, SetMember, SubjectDigest,
 };
 
 use crate::entry::Entry;
+pub(crate) use crate::map::KeySlot;
+use crate::map::{Key, KeyHasher, KeyMap};
 
 /// Most shards a store uses; `with_shards` caps there. The shard index comes
 /// from bits 32..48 of the subject's hash.
@@ -59,12 +58,9 @@ pub struct MemoryStore {
 
 struct StoreInner {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
-    /// Picks a subject's shard, and every shard's map hashes its keys with
-    /// it: foldhash (hashbrown's default), seeded per store. Subjects reach
-    /// the store as keyed HMAC pseudonyms, which no client can choose; the
-    /// seed still keeps shard and bucket placement unpredictable to a
-    /// caller that could.
-    hasher: RandomState,
+    /// Hashes a subject once per decision: that hash picks its shard, and
+    /// each of its keys' hashes derives from it.
+    hasher: KeyHasher,
     namespaces: Mutex<Namespaces>,
     /// Keys one shard holds at most: the store's bound over its shards.
     shard_cap: usize,
@@ -95,7 +91,7 @@ pub(crate) struct StoreFull;
 struct CachePadded<T>(T);
 
 struct Shard {
-    map: HashMap<Key, Entry, RandomState>,
+    map: KeyMap,
     ops_since_sweep: usize,
     len_after_sweep: usize,
     /// A lower bound of every entry's expiry; no sweep before it.
@@ -134,9 +130,8 @@ impl MemoryStore {
         // At least one key per shard: a power of two no larger than the bound.
         let fitting = 1 << max_keys.get().ilog2();
         let count = count.min(fitting);
-        let hasher = RandomState::default();
-        let shards =
-            (0..count).map(|_| CachePadded(Mutex::new(Shard::new(hasher.clone())))).collect();
+        let hasher = KeyHasher::new();
+        let shards = (0..count).map(|_| CachePadded(Mutex::new(Shard::new()))).collect();
         Self {
             inner: Arc::new(StoreInner {
                 shards,
@@ -180,7 +175,7 @@ impl MemoryStore {
         let (per_record, per_lease) = (u64::from(DEDUP_RECORD_BYTES), u64::from(HELD_LEASE_BYTES));
         let bytes = |shard: &CachePadded<Mutex<Shard>>| -> u64 {
             let shard = shard.0.lock();
-            let held = shard.map.values().filter_map(Entry::state);
+            let held = shard.map.entries().filter_map(Entry::state);
             held.map(|s| s.records.len() as u64 * per_record + s.leases.len() as u64 * per_lease)
                 .sum()
         };
@@ -295,7 +290,7 @@ impl MemoryStore {
     /// [`Self::with_set`] for a set of one, the usual case: one member, not
     /// an array of eight to fill and move, and one map lookup, whose entry
     /// is held across the step instead of being looked up again.
-    fn with_one<R>(
+    pub(crate) fn with_one<R>(
         &self,
         subject: &SubjectDigest,
         (slot, rules): (KeySlot, &KeyRules),
@@ -303,7 +298,7 @@ impl MemoryStore {
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
     ) -> Result<R, StoreFull> {
         let (shard, hash) = self.shard(subject);
-        let key = Key::new(slot, subject, hash);
+        let key = self.inner.hasher.key(slot, subject, hash);
         let mut members = [SetMember::new(rules, None)];
         let mut guard = shard.lock();
         let shard = &mut *guard;
@@ -327,7 +322,7 @@ impl MemoryStore {
                     let mut entry = Entry::blank();
                     entry.put(member.state, member.write);
                     let expiry = entry.expires_at;
-                    shard.map.insert(key, entry);
+                    shard.map.insert_new(&key, entry);
                     expiry
                 });
                 (result, expiry)
@@ -350,8 +345,8 @@ impl MemoryStore {
         let n = keys.len().min(N);
         let last = n.saturating_sub(1);
         let (shard, hash) = self.shard(subject);
-        let lookups: [Key; N] =
-            std::array::from_fn(|i| Key::new(keys[i.min(last)].0, subject, hash));
+        let lookups: [Key<'_>; N] =
+            std::array::from_fn(|i| self.inner.hasher.key(keys[i.min(last)].0, subject, hash));
         let mut members: [SetMember<'_>; N] =
             std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
         let mut guard = shard.lock();
@@ -360,7 +355,7 @@ impl MemoryStore {
         // the set, before any state moves out.
         if shard.map.len() + n > self.inner.shard_cap {
             let missing = |shard: &Shard| {
-                let held = |key: &Key| shard.map.contains_key(key);
+                let held = |key: &Key<'_>| shard.map.contains(key);
                 lookups[..n].iter().filter(|key| !held(key)).count()
             };
             if !self.has_room(shard, now, missing) {
@@ -383,7 +378,7 @@ impl MemoryStore {
                     let mut entry = Entry::blank();
                     entry.put(state, write);
                     let expiry = entry.expires_at;
-                    shard.map.insert(*key, entry);
+                    shard.map.insert_new(key, entry);
                     Some(expiry)
                 }
                 None => None,
@@ -408,7 +403,7 @@ impl MemoryStore {
     ) -> Option<KeyState> {
         let (shard, hash) = self.shard(subject);
         let shard = shard.lock();
-        let entry = shard.map.get(&Key::new(slot, subject, hash))?;
+        let entry = shard.map.get(&self.inner.hasher.key(slot, subject, hash))?;
         (entry.expires_at > now).then(|| entry.state().cloned()).flatten()
     }
 
@@ -427,7 +422,7 @@ impl MemoryStore {
         let mut shard = shard.lock();
         let mut released = false;
         for slot in slots {
-            let key = Key::new(slot, subject, hash);
+            let key = self.inner.hasher.key(slot, subject, hash);
             if let Some(state) = shard.map.get_mut(&key).and_then(|entry| entry.live_state(now)) {
                 released |= state.leases.release(id, now);
             }
@@ -439,14 +434,14 @@ impl MemoryStore {
     /// reset); an absent key is left absent.
     pub(crate) fn remove(&self, slot: KeySlot, subject: &SubjectDigest) {
         let (shard, hash) = self.shard(subject);
-        shard.lock().map.remove(&Key::new(slot, subject, hash));
+        shard.lock().map.remove(&self.inner.hasher.key(slot, subject, hash));
     }
 
     /// The shard of every key of `subject`, and the subject's hash, which
     /// its keys hash in place of its bytes: the digest is hashed once per
     /// decision, not again by the map for each key.
     fn shard(&self, subject: &SubjectDigest) -> (&Mutex<Shard>, u64) {
-        let hash = self.inner.hasher.hash_one(subject);
+        let hash = self.inner.hasher.subject(subject);
         // The mask keeps the index below the (power of two) shard count.
         let index = usize::try_from(hash >> 32).unwrap_or(0) & (self.inner.shards.len() - 1);
         (&self.inner.shards[index].0, hash)
@@ -466,41 +461,7 @@ impl MemoryStore {
         look: impl FnOnce(Option<&Entry>) -> R,
     ) -> R {
         let (shard, hash) = self.shard(subject);
-        look(shard.lock().map.get(&Key::new(slot, subject, hash)))
-    }
-}
-
-/// What a policy contributes to its keys: its revision's namespace number,
-/// and for an operation-scoped policy the operation (`None` for subject
-/// scope).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct KeySlot {
-    pub(crate) namespace: u32,
-    pub(crate) operation: Option<OperationDigest>,
-}
-
-/// A key of a shard's map, held whole in the map's slot (the digests are
-/// bytes and numbers: no allocation per key) and hashed by the map's own
-/// hasher: its slot and the subject's hash (the store's hasher over the
-/// digest's bytes, taken once when the shard is chosen). Equality compares
-/// the digest itself, so two subjects whose hashes meet stay two keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Key {
-    slot: KeySlot,
-    subject: SubjectDigest,
-    subject_hash: u64,
-}
-
-impl Hash for Key {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        self.slot.hash(state);
-        state.write_u64(self.subject_hash);
-    }
-}
-
-impl Key {
-    fn new(slot: KeySlot, subject: &SubjectDigest, subject_hash: u64) -> Self {
-        Self { slot, subject: *subject, subject_hash }
+        look(shard.lock().map.get(&self.inner.hasher.key(slot, subject, hash)))
     }
 }
 
@@ -517,9 +478,9 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl Shard {
-    fn new(hasher: RandomState) -> Self {
+    fn new() -> Self {
         Self {
-            map: HashMap::with_hasher(hasher),
+            map: KeyMap::default(),
             ops_since_sweep: 0,
             len_after_sweep: 0,
             earliest_expiry: u64::MAX,
@@ -548,11 +509,12 @@ impl Shard {
     fn sweep(&mut self, now: u64, slack: Option<&[u64]>) -> usize {
         let before = self.map.len();
         let mut earliest = u64::MAX;
-        self.map.retain(|key, entry| {
+        self.map.retain(|held| {
             // A namespace never numbered has no slack to subtract.
             let slack = slack.and_then(|slack| {
-                slack.get(usize::try_from(key.slot.namespace).unwrap_or(usize::MAX))
+                slack.get(usize::try_from(held.slot.namespace).unwrap_or(usize::MAX))
             });
+            let entry = &held.entry;
             let whole_at = entry.expires_at.saturating_sub(slack.copied().unwrap_or(0));
             let keep = whole_at > now;
             if keep {
@@ -576,8 +538,8 @@ mod tests {
     use std::time::Duration;
 
     use shared_contract::{
-        Algorithm, AlgorithmState, EvaluationDedupPolicy, EvaluationId, KeyRules, RateLimitOutcome,
-        RateLimitOutcomeExt, RateLimitPolicy, evaluate_set,
+        Algorithm, AlgorithmState, EvaluationDedupPolicy, EvaluationId, KeyRules, OperationDigest,
+        RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, evaluate_set,
     };
 
     use super::*;

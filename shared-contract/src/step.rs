@@ -342,12 +342,15 @@ fn decided(members: &[SetMember<'_>], decisions: &[Option<RateLimitDecision>]) -
         allowed: false,
         replayed: false,
     };
-    SetDecision::of_members(
-        members
-            .iter()
-            .zip(decisions)
-            .map(|(member, decision)| (member.rules.mode, decision.unwrap_or(undecided))),
-    )
+    let of = |member: &SetMember<'_>, decision: &Option<RateLimitDecision>| {
+        (member.rules.mode, decision.unwrap_or(undecided))
+    };
+    // A set of one, the usual case, passes exactly one item, not a zip to
+    // walk.
+    if let ([member], [decision]) = (members, decisions) {
+        return SetDecision::of_members(std::iter::once(of(member, decision)));
+    }
+    SetDecision::of_members(members.iter().zip(decisions).map(|(m, d)| of(m, d)))
 }
 
 /// One member's algorithm over its loaded key at effective time `t`.

@@ -7,7 +7,6 @@ use std::hash::BuildHasher;
 use std::sync::OnceLock;
 
 use foldhash::fast::RandomState;
-use hashbrown::HashTable;
 
 use crate::request::EvaluationId;
 
@@ -30,12 +29,11 @@ pub struct DedupRecord {
 /// front to back (records are appended at the key's effective time, which
 /// never runs backwards), so expiry and eviction both pop from the front.
 ///
-/// From [`INDEX_FROM`] records on, a `hashbrown::HashTable` maps an
-/// evaluation id's hash to its record's sequence number, so a lookup, an
-/// append and an eviction each touch a fixed number of cache lines however
-/// many records the key holds (a scan of 256 records read 10 KB per
-/// decision; docs/benchmarks.md). Below it a scan of a few contiguous
-/// records is cheaper than a table.
+/// From [`INDEX_FROM`] records on, an [`Index`] maps an evaluation id to its
+/// record's sequence number, so a lookup, an append and an eviction each
+/// touch a fixed number of cache lines however many records the key holds
+/// (a scan of 256 records read 10 KB per decision; docs/benchmarks.md).
+/// Below it a scan of a few contiguous records is cheaper than a table.
 ///
 /// Boxed and allocated on the first record, so a key without records (dedupe
 /// off, or only denials) carries one pointer: a small map slot keeps more
@@ -56,10 +54,9 @@ struct Held {
     /// The sequence number of the front record; the record at queue
     /// position `i` has `front_seq + i` (wrapping).
     front_seq: u32,
-    /// Unallocated below [`INDEX_FROM`] records; from then on the sequence
-    /// number of every record held, found by its id's hash. The table holds
-    /// numbers, not ids: a record is read to compare or rehash it.
-    index: HashTable<u32>,
+    /// Empty below [`INDEX_FROM`] records; from then on the sequence number
+    /// of every record held, found by its id's hash.
+    index: Index,
 }
 
 /// A keyed hash of the id. Ids are server-generated UUIDs, but the port lets
@@ -75,53 +72,140 @@ fn at(queue: &VecDeque<DedupRecord>, front_seq: u32, seq: u32) -> Option<&DedupR
     queue.get(seq.wrapping_sub(front_seq) as usize)
 }
 
+/// The records' index: open addressing with linear probing over one array
+/// of words, each a record's fingerprint (the high half of its id's hash,
+/// which also picks its home slot) beside its sequence number, 0 for an
+/// empty slot. A lookup, an insert and a removal each read the few
+/// neighbouring words of one cache line, and touch a record only when a
+/// fingerprint matches; a removal shifts the run after it back, so no
+/// tombstones build up. At most half full, so runs stay short.
+#[derive(Clone, Default)]
+struct Index {
+    slots: Box<[u64]>,
+}
+
+/// Marks a slot as held, whatever its fingerprint.
+const HELD: u64 = 1 << 63;
+
+impl Index {
+    /// Room for `records` at most half full; at least 16 slots.
+    fn with_room(records: usize) -> Self {
+        let size = records.saturating_mul(2).max(16).next_power_of_two();
+        Self { slots: vec![0; size].into_boxed_slice() }
+    }
+
+    fn is_built(&self) -> bool {
+        !self.slots.is_empty()
+    }
+
+    /// Whether one more record would fill it past half.
+    fn is_full_for(&self, records: usize) -> bool {
+        records.saturating_mul(2) > self.slots.len()
+    }
+
+    fn mask(&self) -> usize {
+        self.slots.len() - 1
+    }
+
+    /// The word of `hash`: its high half (the held bit set) over `seq`.
+    fn word(hash: u64, seq: u32) -> u64 {
+        (hash & !u64::from(u32::MAX)) | HELD | u64::from(seq)
+    }
+
+    /// Where a word's probe starts: its fingerprint's low bits.
+    fn home(&self, word: u64) -> usize {
+        (word >> 32) as usize & self.mask()
+    }
+
+    /// The sequence numbers filed under `hash`, in probe order, until the
+    /// first empty slot.
+    fn candidates(&self, hash: u64) -> impl Iterator<Item = (usize, u32)> + '_ {
+        let fingerprint = Self::word(hash, 0) >> 32;
+        let mask = self.mask();
+        let start = self.home(Self::word(hash, 0));
+        (0..self.slots.len())
+            .map(move |step| (start + step) & mask)
+            .map_while(|slot| {
+                let word = self.slots[slot];
+                (word != 0).then_some((slot, word))
+            })
+            .filter(move |&(_, word)| word >> 32 == fingerprint)
+            // The low half of a word is its sequence number.
+            .map(|(slot, word)| (slot, word as u32))
+    }
+
+    fn insert(&mut self, hash: u64, seq: u32) {
+        let word = Self::word(hash, seq);
+        let mask = self.mask();
+        let mut slot = self.home(word);
+        while self.slots[slot] != 0 {
+            slot = (slot + 1) & mask;
+        }
+        self.slots[slot] = word;
+    }
+
+    /// Removes the slot of `seq` filed under `hash`; later words of its run
+    /// move back, each no further than its home.
+    fn remove(&mut self, hash: u64, seq: u32) {
+        let Some((mut hole, _)) = self.candidates(hash).find(|&(_, held)| held == seq) else {
+            return;
+        };
+        let mask = self.mask();
+        let mut next = hole;
+        loop {
+            next = (next + 1) & mask;
+            let word = self.slots[next];
+            if word == 0 {
+                break;
+            }
+            // It moves to the hole when the hole lies between its home and
+            // its slot (cyclically): its probe still passes the hole.
+            let home = self.home(word);
+            if next.wrapping_sub(home) & mask >= next.wrapping_sub(hole) & mask {
+                self.slots[hole] = word;
+                hole = next;
+            }
+        }
+        self.slots[hole] = 0;
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.slots.iter().filter(|&&word| word != 0).count()
+    }
+}
+
 impl Held {
     fn seq_of_next(&self) -> u32 {
         self.front_seq.wrapping_add(self.queue.len() as u32)
     }
 
-    /// Whether the index was built: once it is, it is kept up to date.
-    fn indexed(&self) -> bool {
-        self.index.capacity() > 0
-    }
-
     fn find(&self, evaluation_id: EvaluationId) -> Option<&DedupRecord> {
         let Self { queue, front_seq, index } = self;
-        if !self.indexed() {
+        if !index.is_built() {
             // Retries follow their original closely: newest first.
             return queue.iter().rev().find(|r| r.evaluation_id == evaluation_id);
         }
-        let is_it = |&seq: &u32| {
-            at(queue, *front_seq, seq).is_some_and(|r| r.evaluation_id == evaluation_id)
-        };
-        index.find(hash_of(evaluation_id), is_it).and_then(|&seq| at(queue, *front_seq, seq))
+        index
+            .candidates(hash_of(evaluation_id))
+            .filter_map(|(_, seq)| at(queue, *front_seq, seq))
+            .find(|record| record.evaluation_id == evaluation_id)
     }
 
-    /// Indexes the record numbered `seq`, which the queue already holds.
-    fn insert(&mut self, hash: u64, seq: u32) {
-        let Self { queue, front_seq, index } = self;
-        // A growing table rehashes every entry from its record.
-        let rehash =
-            |&seq: &u32| at(queue, *front_seq, seq).map_or(0, |r| hash_of(r.evaluation_id));
-        index.insert_unique(hash, seq, rehash);
-    }
-
-    /// Rebuilds the index over every record held.
+    /// Rebuilds the index over every record held, with room for twice as
+    /// many.
     fn reindex(&mut self) {
-        self.index = HashTable::with_capacity(self.queue.len().max(INDEX_FROM));
+        self.index = Index::with_room(self.queue.len().max(INDEX_FROM).saturating_mul(2));
         for position in 0..self.queue.len() {
             let hash = hash_of(self.queue[position].evaluation_id);
-            self.insert(hash, self.front_seq.wrapping_add(position as u32));
+            self.index.insert(hash, self.front_seq.wrapping_add(position as u32));
         }
     }
 
     fn pop_front(&mut self) {
         let Some(record) = self.queue.pop_front() else { return };
-        if self.indexed() {
-            let seq = self.front_seq;
-            if let Ok(entry) = self.index.find_entry(hash_of(record.evaluation_id), |&s| s == seq) {
-                entry.remove();
-            }
+        if self.index.is_built() {
+            self.index.remove(hash_of(record.evaluation_id), self.front_seq);
         }
         self.front_seq = self.front_seq.wrapping_add(1);
     }
@@ -129,8 +213,8 @@ impl Held {
     fn push_back(&mut self, record: DedupRecord) {
         let seq = self.seq_of_next();
         self.queue.push_back(record);
-        if self.indexed() {
-            self.insert(hash_of(record.evaluation_id), seq);
+        if self.index.is_built() && !self.index.is_full_for(self.queue.len()) {
+            self.index.insert(hash_of(record.evaluation_id), seq);
         } else if self.queue.len() >= INDEX_FROM {
             self.reindex();
         }
@@ -192,7 +276,7 @@ impl DedupRecords {
             Box::new(Held {
                 queue: VecDeque::with_capacity(1),
                 front_seq: 0,
-                index: HashTable::new(),
+                index: Index::default(),
             })
         });
         // Evict first, so the index never holds more than `capacity`.
@@ -237,7 +321,7 @@ impl FromIterator<DedupRecord> for DedupRecords {
         if queue.is_empty() {
             return Self(None);
         }
-        let mut held = Held { queue, front_seq: 0, index: HashTable::new() };
+        let mut held = Held { queue, front_seq: 0, index: Index::default() };
         if held.queue.len() >= INDEX_FROM {
             held.reindex();
         }
@@ -395,6 +479,32 @@ mod tests {
             model.push_back(record(n, 100));
             model.pop_front();
             agrees_with_a_scan(&records, &model, 61);
+        }
+    }
+
+    #[test]
+    fn the_index_keeps_every_word_findable_through_removals_in_a_run_that_wraps() {
+        // Sixteen slots; homes 14 and 15 (the high half picks the home), so
+        // runs wrap past the end; removals in every order of a mixed run.
+        let hash = |home: u64, n: u64| ((home | n << 8) << 32) | n;
+        let words: Vec<(u64, u32)> =
+            (0..7u32).map(|n| (hash(14 + u64::from(n % 2), 0), n)).collect();
+        for first in 0..words.len() {
+            for second in 0..words.len() {
+                let mut index = Index::with_room(4);
+                assert_eq!(index.slots.len(), 16);
+                for &(hash, seq) in &words {
+                    index.insert(hash, seq);
+                }
+                index.remove(words[first].0, words[first].1);
+                index.remove(words[second].0, words[second].1);
+                for (at, &(hash, seq)) in words.iter().enumerate() {
+                    let found = index.candidates(hash).any(|(_, held)| held == seq);
+                    assert_eq!(found, at != first && at != second, "{first} {second}: {seq}");
+                }
+                let left = words.len() - if first == second { 1 } else { 2 };
+                assert_eq!(index.len(), left);
+            }
         }
     }
 

@@ -1,0 +1,218 @@
+//! A shard's keys: a `hashbrown::HashTable` of entries by a hash the store
+//! computes once per decision, so neither the subject nor a key is hashed
+//! twice and a look-up compares the stored hash before anything else.
+
+use foldhash::fast::RandomState;
+use hashbrown::HashTable;
+use shared_contract::{OperationDigest, SubjectDigest};
+use std::hash::BuildHasher;
+
+use crate::entry::Entry;
+
+/// What a policy contributes to its keys: its revision's namespace number,
+/// and for an operation-scoped policy the operation (`None` for subject
+/// scope).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct KeySlot {
+    pub(crate) namespace: u32,
+    pub(crate) operation: Option<OperationDigest>,
+}
+
+/// One key as a look-up asks for it: its slot, its subject and the key's
+/// hash ([`KeyHasher::key`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Key<'s> {
+    pub(crate) slot: KeySlot,
+    pub(crate) subject: &'s SubjectDigest,
+    pub(crate) hash: u64,
+}
+
+/// A key held whole in the table's slot (the digests are bytes and numbers:
+/// no allocation per key), with its hash, so a look-up rejects another key
+/// by one compare and a growing table never rehashes a digest.
+#[derive(Debug)]
+pub(crate) struct Held {
+    hash: u64,
+    pub(crate) slot: KeySlot,
+    subject: SubjectDigest,
+    pub(crate) entry: Entry,
+}
+
+impl Held {
+    fn is(&self, key: &Key<'_>) -> bool {
+        self.hash == key.hash && self.slot == key.slot && same_subject(&self.subject, key.subject)
+    }
+}
+
+/// Digest equality sixteen bytes at a time, the tag's own bytes only (at
+/// least sixteen; the last compare may overlap the one before): no call
+/// out to compare the array's zeros after them. Reached when the hashes
+/// are equal, so almost always on the key itself.
+fn same_subject(a: &SubjectDigest, b: &SubjectDigest) -> bool {
+    let (x, y) = (a.tag(), b.tag());
+    let n = x.len();
+    if a.version() != b.version() || n != y.len() {
+        return false;
+    }
+    let wide = |bytes: &[u8], at: usize| {
+        bytes.get(at..at + 16).and_then(|w| w.try_into().ok()).map(u128::from_ne_bytes)
+    };
+    if n < 16 {
+        return x == y;
+    }
+    let mut at = 0;
+    while at + 16 < n {
+        if wide(x, at) != wide(y, at) {
+            return false;
+        }
+        at += 16;
+    }
+    wide(x, n - 16) == wide(y, n - 16)
+}
+
+/// Eight bytes of a tag as one number (the chunk is exactly eight).
+fn word(bytes: &[u8]) -> u64 {
+    bytes.try_into().map_or(0, u64::from_le_bytes)
+}
+
+/// The product of `a` and `b` folded to 64 bits: foldhash's mixing step.
+fn fold(a: u64, b: u64) -> u64 {
+    let product = u128::from(a) * u128::from(b);
+    // The halves of the product: the casts keep exactly 64 bits each.
+    (product as u64) ^ ((product >> 64) as u64)
+}
+
+/// The store's hashes, seeded per store. Subjects reach the store as keyed
+/// HMAC pseudonyms, which no client can choose; the seeds still keep shard
+/// and bucket placement unpredictable to a caller that could.
+#[derive(Clone)]
+pub(crate) struct KeyHasher {
+    seeds: [u64; 4],
+    /// Operation digests, whose bits are theirs to hash.
+    operations: RandomState,
+}
+
+impl KeyHasher {
+    pub(crate) fn new() -> Self {
+        let operations = RandomState::default();
+        // Four random words from the per-store random state.
+        let seeds = [1u64, 2, 3, 4].map(|n| operations.hash_one(n) | 1);
+        Self { seeds, operations }
+    }
+
+    /// The subject's hash: it picks the shard, and every key of the
+    /// subject hashes from it. The tag's bytes sixteen at a time, each pair
+    /// of words folded into the running hash (foldhash's step).
+    pub(crate) fn subject(&self, subject: &SubjectDigest) -> u64 {
+        let [s0, s1, s2, s3] = self.seeds;
+        let tag = subject.tag();
+        let length = u64::try_from(tag.len()).unwrap_or(u64::MAX);
+        let mut hash = fold(u64::from(subject.version()) ^ s0, length ^ s1);
+        let mut chunks = tag.chunks_exact(16);
+        for chunk in &mut chunks {
+            hash = fold(word(&chunk[..8]) ^ s2 ^ hash, word(&chunk[8..]) ^ s3);
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut padded = [0; 16];
+            padded[..rest.len()].copy_from_slice(rest);
+            hash = fold(word(&padded[..8]) ^ s2 ^ hash, word(&padded[8..]) ^ s3);
+        }
+        hash
+    }
+
+    /// A key's hash from its subject's: the slot's own hash mixed in, so
+    /// the keys of one subject spread over the table.
+    pub(crate) fn key<'s>(
+        &self,
+        slot: KeySlot,
+        subject: &'s SubjectDigest,
+        subject_hash: u64,
+    ) -> Key<'s> {
+        let [s0, s1, ..] = self.seeds;
+        let operation = slot.operation.map_or(0, |operation| self.operations.hash_one(operation));
+        let slot_hash = fold(u64::from(slot.namespace) ^ s1, operation ^ s0);
+        Key { slot, subject, hash: subject_hash ^ slot_hash }
+    }
+}
+
+/// A shard's keys and their entries.
+#[derive(Default)]
+pub(crate) struct KeyMap {
+    table: HashTable<Held>,
+}
+
+impl KeyMap {
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    pub(crate) fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
+    pub(crate) fn get(&self, key: &Key<'_>) -> Option<&Entry> {
+        self.table.find(key.hash, |held| held.is(key)).map(|held| &held.entry)
+    }
+
+    pub(crate) fn get_mut(&mut self, key: &Key<'_>) -> Option<&mut Entry> {
+        self.table.find_mut(key.hash, |held| held.is(key)).map(|held| &mut held.entry)
+    }
+
+    pub(crate) fn contains(&self, key: &Key<'_>) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Inserts a key the map does not hold.
+    pub(crate) fn insert_new(&mut self, key: &Key<'_>, entry: Entry) {
+        let held = Held { hash: key.hash, slot: key.slot, subject: *key.subject, entry };
+        self.table.insert_unique(key.hash, held, |held| held.hash);
+    }
+
+    pub(crate) fn remove(&mut self, key: &Key<'_>) {
+        if let Ok(found) = self.table.find_entry(key.hash, |held| held.is(key)) {
+            found.remove();
+        }
+    }
+
+    pub(crate) fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.table.iter().map(|held| &held.entry)
+    }
+
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Held) -> bool) {
+        self.table.retain(|held| keep(held));
+    }
+
+    pub(crate) fn shrink_to(&mut self, capacity: usize) {
+        self.table.shrink_to(capacity, |held| held.hash);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_compare_as_equality_does_at_every_tag_length() {
+        for n in 16..=64 {
+            let tag: Vec<u8> = (0..n).map(|i| u8::try_from(i * 7 % 251).unwrap()).collect();
+            let a = SubjectDigest::from_tag(1, &tag).unwrap();
+            assert!(same_subject(&a, &SubjectDigest::from_tag(1, &tag).unwrap()), "{n}");
+            assert!(!same_subject(&a, &SubjectDigest::from_tag(2, &tag).unwrap()), "{n}");
+            for at in 0..n {
+                let mut other = tag.clone();
+                other[at] ^= 1;
+                let b = SubjectDigest::from_tag(1, &other).unwrap();
+                assert!(!same_subject(&a, &b), "{n} differing at {at}");
+            }
+        }
+        // One zero byte longer is another subject.
+        let short = SubjectDigest::from_tag(1, &[0; 16]).unwrap();
+        assert!(!same_subject(&short, &SubjectDigest::from_tag(1, &[0; 17]).unwrap()));
+    }
+}
