@@ -4,9 +4,9 @@
 -- line it puts that algorithm's file, then a line binding `algorithm` to
 -- the function the file defines, so the script creates no closure, table
 -- or loop it does not use (measured: docs/benchmarks.md). Numbers in ARGV
--- are read by arithmetic coercion, as in `policy-set.lua`; the token
--- bucket's third parameter by tonumber, which gives the other algorithms
--- nil for the argument they are not sent.
+-- are read by arithmetic coercion, as in `policy-set.lua`; the third and
+-- fourth of an algorithm's arguments (`Arguments::MAX`) by tonumber, which
+-- gives an algorithm nil for one it is not sent.
 -- #include prelude.lua
 -- #algorithm
 
@@ -41,7 +41,8 @@ if record then
 end
 if raw and stored ~= tag then return {'corrupt', 1} end
 local allowed, remaining, reset_after, retry_after, state, state_end =
-  algorithm(raw, t, true, ARGV[9] + 0, ARGV[10] + 0, tonumber(ARGV[11]))
+  algorithm(raw, t, true, ARGV[9] + 0, ARGV[10] + 0, tonumber(ARGV[11]),
+    tonumber(ARGV[12]))
 -- A shadow policy alone never blocks; its denial charges nothing.
 local admitted = allowed or tag ~= string.byte(ARGV[4])
 if state and mark then

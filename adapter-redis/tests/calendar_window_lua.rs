@@ -3,11 +3,20 @@
 //! caller on one clock reaches): the prelude, its tag, the file and a small
 //! driver that runs it on one key, with the worked numbers of
 //! docs/algorithms.md "Calendar window" (b), a month end in Europe/Berlin,
-//! limit 3.
+//! limit 3; and the same branch through the adapter's own script, with a
+//! mark another instance wrote ahead within the clock-regression bound.
 
+use std::sync::Arc;
+use std::time::Duration;
+
+use adapter_redis::{RedisEdgeRateLimitAdapter, RedisSettings};
 use redis::AsyncCommands;
 use redis_fixture::RedisServer;
-use shared_contract::{CalendarWindow, RateAlgorithm};
+use shared_contract::{
+    Algorithm, CalendarPeriod, CalendarWindow, Clock, EdgeRateLimitPort, EvaluationId, ManualClock,
+    OperationDigest, PolicyId, PolicySet, RateAlgorithm, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest,
+};
 
 const PRELUDE: &str = include_str!("../lua/prelude.lua");
 
@@ -99,4 +108,40 @@ async fn a_month_end_in_berlin_counts_as_the_docs_say() {
     let late = run.at(ahead, true, JANUARY, FEBRUARY_2027.1).await;
     assert_eq!(late, [1, 1, 2_419_199_700, 0, FEBRUARY_2027.1 as i64]);
     assert_eq!(run.state().await, (b'P', ahead as f64, FEBRUARY_2027.0 as f64, 2.0));
+}
+
+/// docs/algorithms.md "Calendar window" (b): a caller at 23:59:59.5 on
+/// January 31st whose key holds a mark 300 ms into February counts in
+/// February, through the script the adapter runs for a set of one.
+#[tokio::test]
+async fn a_mark_of_the_next_month_counts_there_through_the_adapter() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new(FEBRUARY_FIRST + 300);
+    let calendar = CalendarWindow {
+        limit: 3,
+        period: CalendarPeriod::Month,
+        time_zone: "Europe/Berlin".parse().unwrap(),
+    };
+    let policy = RateLimitPolicy::builder("monthly", Algorithm::CalendarWindow(calendar))
+        .maximum_clock_regression(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let settings = RedisSettings { urls: vec![server.url()], ..RedisSettings::default() };
+    let redis =
+        RedisEdgeRateLimitAdapter::new(settings, [policy], Arc::new(clock.clone())).unwrap();
+    let request = |clock: &ManualClock| RateLimitRequest {
+        policies: PolicySet::single(PolicyId::new("monthly").unwrap()),
+        subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
+        operation: OperationDigest::from_u64(1),
+        cost: 1,
+        evaluation_id: EvaluationId::random(),
+        deadline: clock.monotonic() + Duration::from_secs(5),
+    };
+    let ahead = redis.evaluate(request(&clock)).await.unwrap();
+    assert_eq!(ahead.decisions()[0].remaining, 2, "the one request counted in February");
+    clock.set_epoch_millis(JANUARY_LAST_HALF_SECOND);
+    let late = redis.evaluate(request(&clock)).await.unwrap();
+    let decision = late.decisions()[0];
+    assert!(decision.allowed);
+    assert_eq!((decision.remaining, decision.reset_after_ms), (1, 2_419_199_700));
 }
