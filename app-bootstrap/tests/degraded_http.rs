@@ -852,6 +852,30 @@ mod window_redis_returns_in {
         }
     }
 
+    /// Asks for a subject other than the probe's until Redis decides it.
+    async fn another_subject_until_redis(port: &DegradedPort, clock: &ManualClock) {
+        let since = Instant::now();
+        loop {
+            let request = RateLimitRequest {
+                policies: PolicySet::single(PolicyId::new("api").unwrap()),
+                subject: SubjectDigest::parse(format!("v1:{}", "ef".repeat(16))).unwrap(),
+                operation: OperationDigest::from_u64(0x0000_0000_0000_00c1),
+                cost: 1,
+                evaluation_id: EvaluationId::random(),
+                deadline: clock.monotonic() + Duration::from_millis(750),
+            };
+            if port
+                .evaluate(request)
+                .await
+                .is_ok_and(|set| set.source() != DecisionSource::Degraded)
+            {
+                return;
+            }
+            assert!(since.elapsed() < PATIENCE, "Redis not back after {PATIENCE:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_requests_of_a_subject_add_nothing_to_the_share_while_redis_restarts_empty()
     {
@@ -859,12 +883,15 @@ mod window_redis_returns_in {
 
         // As above, with eight requests at once each time, the first eight
         // after each restart too: one of them writes the local admissions
-        // back while the others wait for it.
+        // back while the others wait for it. Another subject's request
+        // first, until Redis decides it, so the connection is back without
+        // a write-back of the probe's subject.
         let mut window = Probe::new(&clock);
         for _ in 0..5 {
             at_once(&mut window, &port, 8).await;
             clock.advance(Duration::from_millis(500));
             tokio::task::block_in_place(|| redis.restart());
+            another_subject_until_redis(&port, &clock).await;
             for _ in 0..3 {
                 at_once(&mut window, &port, 8).await;
             }
