@@ -54,6 +54,14 @@ pub(crate) struct DenyCache {
     /// direct-mapped (a newer id overwrites an older one in its slot): a
     /// repeat of one of them must reach Redis, which replays it.
     admitted: Box<[Mutex<Option<EvaluationId>>]>,
+    /// Per subject (direct-mapped by its hash: subjects sharing a slot only
+    /// send each other's requests to Redis), how many admissions this
+    /// adapter has seen. A refusal holds the count it was stored at and
+    /// answers only while it stands: an admission of the subject in any
+    /// other set (a subject-scoped policy shared with another operation, a
+    /// policy in another set) may have charged a key whose `remaining` the
+    /// refusal reports.
+    subject_admissions: Box<[AtomicU64]>,
     /// The latest caller time this cache has seen. A refusal decided
     /// behind it is not stored: a key this instance wrote since may hold a
     /// mark ahead of that caller time, and Redis then counted the refusal's
@@ -107,6 +115,8 @@ struct Denial {
     decision: SetDecision,
     /// Whether any policy of the set keeps dedupe records.
     dedupe: bool,
+    /// The subject's admission count when stored.
+    admissions: u64,
 }
 
 /// The parts of a request the cache keys on, borrowed.
@@ -159,6 +169,7 @@ impl DenyCache {
             per_shard: max_entries.div_ceil(shards).max(1),
             hasher: RandomState::default(),
             admitted: (0..max_entries.max(1)).map(|_| Mutex::new(None)).collect(),
+            subject_admissions: (0..max_entries.max(1)).map(|_| AtomicU64::new(0)).collect(),
             latest: AtomicU64::new(0),
         }
     }
@@ -192,6 +203,12 @@ impl DenyCache {
         self.shards[index].lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn admissions_of(&self, subject: &SubjectDigest) -> &AtomicU64 {
+        let slots = self.subject_admissions.len() as u64;
+        &self.subject_admissions
+            [usize::try_from(self.hasher.hash_one(subject) % slots).unwrap_or(0)]
+    }
+
     fn admitted_slot(&self, id: EvaluationId) -> MutexGuard<'_, Option<EvaluationId>> {
         let index =
             usize::try_from(self.hasher.hash_one(id) % self.admitted.len() as u64).unwrap_or(0);
@@ -216,7 +233,8 @@ impl DenyCache {
         let fingerprint = self.fingerprint(&parts);
         let mut shard = self.shard(fingerprint);
         let denial = shard.get(&fingerprint).filter(|denial| parts.matches(denial))?;
-        if now < denial.decided_at || now >= denial.until {
+        let admissions = self.admissions_of(&request.subject).load(Ordering::Acquire);
+        if now < denial.decided_at || now >= denial.until || admissions != denial.admissions {
             shard.remove(&fingerprint);
             return None;
         }
@@ -251,6 +269,7 @@ impl DenyCache {
         let parts = Parts::of(request, set.clone());
         let fingerprint = self.fingerprint(&parts);
         if decision.allowed() {
+            self.admissions_of(&request.subject).fetch_add(1, Ordering::AcqRel);
             self.shard(fingerprint).remove(&fingerprint);
             if dedupe {
                 *self.admitted_slot(request.evaluation_id) = Some(request.evaluation_id);
@@ -271,6 +290,7 @@ impl DenyCache {
             until: now.saturating_add(lasts.min(self.max_age)),
             decision: decision.clone(),
             dedupe,
+            admissions: self.admissions_of(&request.subject).load(Ordering::Acquire),
         };
         let mut shard = self.shard(fingerprint);
         if shard.len() >= self.per_shard && !shard.contains_key(&fingerprint) {

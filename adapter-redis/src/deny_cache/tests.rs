@@ -199,6 +199,22 @@ fn an_admission_drops_the_refusal_and_an_admitted_id_always_asks_redis() {
     assert_eq!(cache.len(), 0);
 }
 
+/// A set's refusal reports every member's `remaining`; a subject-scoped
+/// member shared with another set changes when that set is admitted, so
+/// any admission of the subject ends the subject's cached refusals.
+#[test]
+fn an_admission_of_the_subject_in_another_set_ends_its_refusals() {
+    let cache = DenyCache::new(100, MAX_AGE);
+    let (a, b) = (fixed("a", 1), fixed("b", 1));
+    let both = request(&["a", "b"], 1, 1, 1);
+    let denial = refused(&[decided(false, 0, 900, 900), decided(true, 2, 0, 900)]);
+    cache.learn(&both, [&a, &b].into_iter(), T0, &denial);
+    assert!(cache.lookup(&request(&["a", "b"], 1, 1, 2), [&a, &b].into_iter(), T0 + 1).is_some());
+    // `b` alone admitted for the subject: the set's `remaining` of `b` is stale.
+    cache.learn(&request(&["b"], 1, 1, 5), [&b].into_iter(), T0 + 4, &admitted());
+    assert_eq!(cache.lookup(&request(&["a", "b"], 1, 1, 6), [&a, &b].into_iter(), T0 + 5), None);
+}
+
 #[test]
 fn only_certain_refusals_are_cached() {
     let cache = DenyCache::new(100, MAX_AGE);
