@@ -405,7 +405,7 @@ async fn evaluate(
         subject: step.subject,
         operation: step.rule.operation,
         cost: step.cost,
-        evaluation_id: EvaluationId::random(),
+        evaluation_id: EvaluationId::once(),
         deadline,
     };
     let mut pending = Unrecorded::new(step, decision_span(&request));

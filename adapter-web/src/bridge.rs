@@ -272,7 +272,7 @@ impl TransportBridge {
             subject: digest,
             operation: operation.digest,
             cost,
-            evaluation_id: EvaluationId::random(),
+            evaluation_id: EvaluationId::once(),
             deadline,
         };
         let lease = prepared.holds_leases.then(|| {

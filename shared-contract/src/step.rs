@@ -140,7 +140,7 @@ impl KeyRules {
         evaluation_id: EvaluationId,
         t: u64,
     ) -> Option<&'s DedupRecord> {
-        if self.record_capacity == 0 {
+        if self.record_capacity == 0 || !evaluation_id.may_repeat() {
             return None;
         }
         // Expired records are only ignored here: a replay or a denial
@@ -426,7 +426,7 @@ fn commit(
     let mut end = state_end;
     if rules.record_capacity > 0 {
         records.drop_expired(t, rules.dedup_ttl);
-        if charged {
+        if charged && evaluation_id.may_repeat() {
             let record = DedupRecord {
                 evaluation_id,
                 remaining: step.remaining,
@@ -569,6 +569,20 @@ mod tests {
         );
         assert_eq!(key.state, before);
         assert_eq!(key.expires_at, expires_at);
+    }
+
+    #[test]
+    fn an_id_minted_once_leaves_no_record_and_the_key_lives_to_its_state_end() {
+        // As the record-less key of the expiry test: T0 + 1000 + G 500.
+        let rules = rules(fixed(3), EvaluationDedupPolicy::enabled_defaults());
+        let mut key = Key::default();
+        let mut members = [SetMember::new(&rules, None)];
+        let verdict = evaluate_set(&mut members, T0 + 250, 1, EvaluationId::once());
+        assert_eq!(decision(verdict.into()).remaining, 2);
+        let [member] = members;
+        key.state = member.state;
+        assert_eq!(key.records(), 0);
+        assert_eq!(member.write.map(|write| write.expires_at), Some(T0 + 1000 + 500));
     }
 
     #[test]
