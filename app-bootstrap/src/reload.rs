@@ -24,6 +24,9 @@ use crate::config::{AppConfig, ConfigProblems, ConfigSources, KeyPath, RateLimit
 use crate::error::BootstrapError;
 use crate::telemetry::Sampling;
 
+/// The table whose absence would put the built-in policies in force.
+const RATE_LIMIT_TABLE: &str = "capabilities.rate-limit";
+
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
 
@@ -211,6 +214,17 @@ impl Reloader {
             }
         }
         let loaded = AppConfig::load(&self.inner.sources).map_err(problem_lines)?;
+        // Comments alone, or a copy cut before the table, loads as the
+        // built-in policies: refused as an empty file is.
+        if let Some(file) = self.inner.sources.file() {
+            if !self.inner.sources.figment().contains(RATE_LIMIT_TABLE) {
+                return Err(vec![format!(
+                    "{}: sets no [{RATE_LIMIT_TABLE}] table; a reload reads the whole \
+                     configuration, so one without it is refused (restart to run on the defaults)",
+                    file.display()
+                )]);
+            }
+        }
         loaded.check_operations(&self.inner.served).map_err(problem_lines)?;
         let (changed, restart_required) = changes(running, &loaded);
         let Some(target) = &self.inner.target else {

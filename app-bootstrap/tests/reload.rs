@@ -254,6 +254,23 @@ async fn an_empty_file_is_refused_and_the_policies_in_force_stay() {
 }
 
 #[tokio::test]
+async fn a_file_without_the_rate_limit_table_is_refused_and_the_policies_in_force_stay() {
+    let served = Served::start(&config(3, 1, "")).await;
+    // Comments alone, and a copy cut before the table: each would load as
+    // the built-in policies (5 a minute, looser than these 3).
+    let cut = config(3, 1, "");
+    let cut = &cut[..cut.find("[capabilities.rate-limit]").expect("the table")];
+    for partial in ["# a configuration being written\n", cut] {
+        let report = served.rewrite_and_reload(partial).await;
+        assert!(
+            problems(&report)[0].contains("sets no [capabilities.rate-limit] table"),
+            "{report:?}"
+        );
+    }
+    served.allowed_then_denied(3).await;
+}
+
+#[tokio::test]
 async fn memory_reloads_follow_the_rules() {
     the_reload_rules_hold("").await;
 }
