@@ -257,17 +257,8 @@ impl<'a> Iterator for ForwardedElements<'a> {
 
 /// Where the quoted string ending after `text` opens: its last unescaped `"`.
 fn opening_quote(text: &[u8]) -> Option<usize> {
-    let mut at = text.len();
-    while at > 0 {
-        at -= 1;
-        if text[at] == b'"' {
-            let backslashes = text[..at].iter().rev().take_while(|&&b| b == b'\\').count();
-            if backslashes % 2 == 0 {
-                return Some(at);
-            }
-        }
-    }
-    None
+    let escaped = |at: usize| text[..at].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1;
+    (0..text.len()).rev().find(|&at| text[at] == b'"' && !escaped(at))
 }
 
 /// The hop a `Forwarded` element (RFC 7239 section 4) names: `Some(None)` for
@@ -380,20 +371,15 @@ impl<'a> Cursor<'a> {
         self.at += 1;
         let mut value = Vec::new();
         loop {
-            match self.peek()? {
-                b'"' => {
-                    self.at += 1;
-                    return Some(value);
-                }
+            let byte = self.peek()?;
+            self.at += 1;
+            match byte {
+                b'"' => return Some(value),
                 b'\\' => {
-                    self.at += 1;
                     value.push(self.peek()?);
                     self.at += 1;
                 }
-                byte => {
-                    value.push(byte);
-                    self.at += 1;
-                }
+                _ => value.push(byte),
             }
         }
     }
