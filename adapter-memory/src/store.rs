@@ -146,27 +146,20 @@ impl MemoryStore {
     /// Removes every key expired at `now_epoch_millis` (in a full shard, each
     /// key whole again too) and shrinks emptied maps; the number removed.
     pub fn purge_expired(&self, now_epoch_millis: u64) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|shard| {
-                let mut shard = shard.0.lock();
-                if shard.map.len() >= self.inner.shard_cap {
-                    let before = shard.map.len();
-                    self.reclaim(&mut shard, now_epoch_millis);
-                    before - shard.map.len()
-                } else if now_epoch_millis < shard.earliest_expiry {
-                    // Nothing expires yet: a periodic purge costs one lock per shard.
-                    0
-                } else {
-                    shard.sweep(now_epoch_millis, None)
-                }
-            })
-            .sum()
+        self.sum_shards(|shard| {
+            if shard.map.len() >= self.inner.shard_cap {
+                self.reclaim(shard, now_epoch_millis)
+            } else if now_epoch_millis < shard.earliest_expiry {
+                // Nothing expires yet: a periodic purge costs one lock per shard.
+                0
+            } else {
+                shard.sweep(now_epoch_millis, None)
+            }
+        })
     }
 
-    fn sum_shards<T: Sum>(&self, of: impl Fn(&Shard) -> T) -> T {
-        self.inner.shards.iter().map(|shard| of(&shard.0.lock())).sum()
+    fn sum_shards<T: Sum>(&self, of: impl Fn(&mut Shard) -> T) -> T {
+        self.inner.shards.iter().map(|shard| of(&mut shard.0.lock())).sum()
     }
 
     /// The namespace number of a policy revision, the same for the same (id,
@@ -186,15 +179,16 @@ impl MemoryStore {
     }
 
     /// Drops every key of a full `shard` expired or whole again at `now`,
-    /// unless none can be yet (the earliest expiry less the largest slack).
-    fn reclaim(&self, shard: &mut Shard, now: u64) {
+    /// unless none can be yet (the earliest expiry less the largest slack);
+    /// the number dropped.
+    fn reclaim(&self, shard: &mut Shard, now: u64) -> usize {
         let max_slack = self.inner.max_slack.load(Ordering::Relaxed);
         if now.saturating_add(max_slack) < shard.earliest_expiry {
-            return;
+            return 0;
         }
         // Copied out, so no other lock is held over the scan.
         let slack = self.inner.namespaces.lock().slack.clone();
-        shard.sweep(now, Some(&slack));
+        shard.sweep(now, Some(&slack))
     }
 
     /// Whether `shard` has a slot for each of `missing` new keys, after a
