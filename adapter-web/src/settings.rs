@@ -169,16 +169,13 @@ fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
 mod optional_header_name {
     use http::HeaderName;
     use serde::de::Error;
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     pub(super) fn serialize<S: Serializer>(
         name: &Option<HeaderName>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
-        match name {
-            Some(name) => s.serialize_some(name.as_str()),
-            None => s.serialize_none(),
-        }
+        name.as_ref().map(HeaderName::as_str).serialize(s)
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
