@@ -1,7 +1,6 @@
 //! `MemoryEdgeRateLimitAdapter`: the in-process provider behind the port.
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry as MapEntry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -16,11 +15,9 @@ use shared_contract::{
 use crate::error::MemoryAdapterError;
 use crate::store::{KeySlot, MemoryStore, StoreFull};
 
-/// The embedded rate-limit provider: every algorithm (in-flight leases too) over a sharded
-/// in-process [`MemoryStore`], with the same clock-regression and dedupe
-/// semantics as every other provider. Never blocks on I/O; a decision holds
-/// one shard lock (its subject's), only while it reads, decides and writes
-/// the keys of its policy set.
+/// The embedded provider: every algorithm over a sharded [`MemoryStore`].
+/// Never blocks on I/O; a decision holds its subject's shard lock only while
+/// it reads, decides and writes the keys of its policy set.
 #[derive(Debug)]
 pub struct MemoryEdgeRateLimitAdapter {
     store: MemoryStore,
@@ -37,11 +34,7 @@ struct PolicySlot {
 }
 
 impl MemoryEdgeRateLimitAdapter {
-    /// An adapter over a fresh [`MemoryStore`].
-    ///
-    /// # Errors
-    /// [`MemoryAdapterError::DuplicatePolicy`] when two policies share an id,
-    /// [`MemoryAdapterError::NoPolicies`] when there is none.
+    /// An adapter over a fresh [`MemoryStore`]; errors as [`Self::with_store`].
     pub fn new(
         policies: impl IntoIterator<Item = RateLimitPolicy>,
         clock: Arc<dyn Clock>,
@@ -49,11 +42,8 @@ impl MemoryEdgeRateLimitAdapter {
         Self::with_store(MemoryStore::new(), policies, clock)
     }
 
-    /// An adapter over an existing store, whose counters it shares with
-    /// every other adapter built over that store.
-    ///
-    /// # Errors
-    /// As [`MemoryEdgeRateLimitAdapter::new`].
+    /// An adapter sharing the counters of `store`; refused when two policies
+    /// share an id, or there is none.
     pub fn with_store(
         store: MemoryStore,
         policies: impl IntoIterator<Item = RateLimitPolicy>,
@@ -61,17 +51,13 @@ impl MemoryEdgeRateLimitAdapter {
     ) -> Result<Self, MemoryAdapterError> {
         let mut slots = HashMap::new();
         for policy in policies {
-            match slots.entry(policy.id().clone()) {
-                MapEntry::Occupied(taken) => {
-                    return Err(MemoryAdapterError::DuplicatePolicy(taken.key().clone()));
-                }
-                MapEntry::Vacant(free) => {
-                    let namespace =
-                        store.namespace(policy.id(), policy.revision(), policy.ttl_slack_millis());
-                    let rules = KeyRules::of(&policy);
-                    free.insert(PolicySlot { policy, namespace, rules });
-                }
+            let id = policy.id().clone();
+            if slots.contains_key(&id) {
+                return Err(MemoryAdapterError::DuplicatePolicy(id));
             }
+            let namespace = store.namespace(&id, policy.revision(), policy.ttl_slack_millis());
+            let rules = KeyRules::of(&policy);
+            slots.insert(id, PolicySlot { policy, namespace, rules });
         }
         if slots.is_empty() {
             return Err(MemoryAdapterError::NoPolicies);
@@ -100,15 +86,14 @@ impl MemoryEdgeRateLimitAdapter {
         self.decide_set(request)
     }
 
-    /// [`Self::decide`] for a set of two or more, out of line: its arrays
-    /// make a large frame that a set of one should not set up.
+    /// [`Self::decide`] for two or more policies, out of line: a set of one
+    /// should not set up the frame of its arrays.
     #[inline(never)]
     fn decide_set(&self, request: &RateLimitRequest) -> RateLimitOutcome {
         let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
         let now = self.now_before(request.deadline)?;
-        // A fixed array, no allocation: slots past the set's length repeat
-        // its first policy and are never used.
-        let Some(first) = slots.iter().next() else { return refused_empty_set() };
+        // A fixed array: slots past the set's length repeat its first, unused.
+        let Some(first) = slots.iter().next() else { return incompatible(UNKNOWN) };
         let mut keys = [(first.key(request.operation), &first.rules); MAX_POLICY_SET];
         for (key, slot) in keys.iter_mut().zip(slots.iter()) {
             *key = (slot.key(request.operation), &slot.rules);
@@ -120,25 +105,17 @@ impl MemoryEdgeRateLimitAdapter {
     }
 
     /// [`Self::decide`] for a set of one, the usual case: the checks of
-    /// [`RateLimitRequest::resolve`] in its order (an unknown policy, then
-    /// the cost) without its array of eight, and the store's one-key path.
+    /// [`RateLimitRequest::resolve`] in its order without its array of eight.
     fn decide_one(&self, id: &PolicyId, request: &RateLimitRequest) -> RateLimitOutcome {
-        let Some(slot) = self.policies.get(id) else {
-            return Err(RateLimitFailure::Incompatible {
-                category: IncompatibleCategory::UnknownPolicy,
-            });
-        };
+        let Some(slot) = self.policies.get(id) else { return incompatible(UNKNOWN) };
         if !slot.policy.admits_cost(request.cost) {
-            return Err(RateLimitFailure::Incompatible {
-                category: IncompatibleCategory::CostExceedsMaximum,
-            });
+            return incompatible(IncompatibleCategory::CostExceedsMaximum);
         }
         self.decide_slot(slot, request)
     }
 
-    /// The store's part of [`Self::decide_one`], kept out of line so a
-    /// refusal before it (an unknown policy, the port's floor) does not set
-    /// up its frame.
+    /// The store's part of [`Self::decide_one`], out of line so an early
+    /// refusal does not set up its frame.
     #[inline(never)]
     fn decide_slot(&self, slot: &PolicySlot, request: &RateLimitRequest) -> RateLimitOutcome {
         let now = self.now_before(request.deadline)?;
@@ -149,8 +126,7 @@ impl MemoryEdgeRateLimitAdapter {
         self.answer(decided)
     }
 
-    /// The algorithms' time (epoch ms), from the one clock read that also
-    /// checks the deadline.
+    /// The algorithms' time (epoch ms), from the clock read that also checks the deadline.
     fn now_before(&self, deadline: Instant) -> Result<u64, RateLimitFailure> {
         let (monotonic, now) = self.clock.read_both();
         if monotonic >= deadline {
@@ -159,14 +135,10 @@ impl MemoryEdgeRateLimitAdapter {
         Ok(now)
     }
 
+    /// A full store with every key in use charges nothing and fails closed,
+    /// as an evaluation not admitted in time.
     fn answer(&self, decided: Result<SetVerdict, StoreFull>) -> RateLimitOutcome {
-        match decided {
-            Ok(verdict) => verdict.into(),
-            // Full, and every key held is in use: no slot for this
-            // subject's new key, and nothing charged. Fail-closed, as an
-            // evaluation that could not be admitted in time.
-            Err(StoreFull) => Err(self.not_admitted()),
-        }
+        decided.map_or_else(|StoreFull| Err(self.not_admitted()), Into::into)
     }
 
     fn not_admitted(&self) -> RateLimitFailure {
@@ -175,6 +147,19 @@ impl MemoryEdgeRateLimitAdapter {
             retry_after: self.failure_retry_after,
         }
     }
+
+    /// A budget's policy and the key slot `decide` charges for it.
+    fn budget_slot(&self, key: &BudgetKey) -> Result<(&PolicySlot, KeySlot), BudgetFailure> {
+        let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
+        let operation = key.operation_for(&slot.policy)?.copied();
+        Ok((slot, KeySlot { namespace: slot.namespace, operation }))
+    }
+}
+
+const UNKNOWN: IncompatibleCategory = IncompatibleCategory::UnknownPolicy;
+
+fn incompatible(category: IncompatibleCategory) -> RateLimitOutcome {
+    Err(RateLimitFailure::Incompatible { category })
 }
 
 impl PolicySlot {
@@ -188,19 +173,8 @@ impl PolicySlot {
     }
 }
 
-impl MemoryEdgeRateLimitAdapter {
-    /// The policy of a budget and its key slot, the same slot `decide`
-    /// charges for that subject, policy and operation.
-    fn budget_slot(&self, key: &BudgetKey) -> Result<(&PolicySlot, KeySlot), BudgetFailure> {
-        let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
-        let operation = key.operation_for(&slot.policy)?.copied();
-        Ok((slot, KeySlot { namespace: slot.namespace, operation }))
-    }
-}
-
-/// The adapter's policies by id. A handful are scanned, comparing ids
-/// (length first, so most compares end at once): cheaper than hashing the
-/// id with SipHash on every decision. Many go through a map.
+/// The adapter's policies by id: up to [`SCANNED_POLICIES`] scanned
+/// (cheaper than hashing the id on every decision), more through a map.
 #[derive(Debug)]
 struct PolicyTable {
     slots: Box<[PolicySlot]>,
@@ -208,7 +182,6 @@ struct PolicyTable {
     index: HashMap<PolicyId, usize>,
 }
 
-/// Most policies scanned; from here on the table hashes.
 const SCANNED_POLICIES: usize = 16;
 
 impl PolicyTable {
@@ -231,25 +204,22 @@ impl PolicyTable {
         }
     }
 
-    /// Out of line, so the scan's callers (every decision) do not set up
-    /// the frame of a hash look-up.
+    /// Out of line, so a scan's callers do not set up a hash look-up's frame.
     #[inline(never)]
     fn hashed(&self, id: &PolicyId) -> Option<&PolicySlot> {
         self.index.get(id).map(|&at| &self.slots[at])
     }
 }
 
-/// Id equality, the length first. An id cloned from the policy's own (a
-/// front's policy sets usually are) shares its text: then the address says
-/// it, without reading the bytes.
+/// Id equality, the length first; an id cloned from the policy's own shares
+/// its text, and the address says so without reading the bytes.
 fn same_id(held: &PolicyId, asked: &PolicyId) -> bool {
     let (held, asked) = (held.as_str().as_bytes(), asked.as_str().as_bytes());
     held.len() == asked.len() && (std::ptr::eq(held, asked) || same_bytes(held, asked))
 }
 
-/// Equality of two texts of one length without a call out to `memcmp` for
-/// the usual id: up to 16 bytes as two overlapping words of 4 or 8 bytes.
-/// Out of line: an id of the policy's own text never gets here.
+/// Equality of two texts of one length without calling `memcmp` for the
+/// usual id: up to 16 bytes as two overlapping words of 4 or 8 bytes.
 #[inline(never)]
 fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     let n = a.len();
@@ -264,11 +234,6 @@ fn same_bytes(a: &[u8], b: &[u8]) -> bool {
         8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
         _ => a == b,
     }
-}
-
-/// A `PolicySet` is never empty; should one ever be, nothing is evaluated.
-fn refused_empty_set() -> RateLimitOutcome {
-    Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })
 }
 
 #[async_trait]
@@ -300,9 +265,8 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
         Ok(())
     }
 
-    /// Under the subject's shard lock, the lease is removed from the key of
-    /// each concurrency policy of its set this adapter holds (a policy
-    /// removed by a reload, or now at another revision, has no key here).
+    /// Removes the lease from the key of each concurrency policy of its set
+    /// this adapter holds (a policy reloaded away has no key here).
     fn release(&self, lease: &Lease) -> Releasing {
         let slots = lease
             .policies

@@ -1,23 +1,23 @@
-//! One key's entry as the store holds it: the shared decision step's state
-//! plus the absolute expiry the store sweeps by.
+//! One key's entry as the store holds it: the decision step's state and
+//! the absolute expiry the store sweeps by.
 
 use shared_contract::{KeyState, KeyWrite};
 
-/// Everything the store holds for one key. Its size is constant except for
-/// the dedupe records, bounded by the policy's record capacity, and a
-/// concurrency key's leases, bounded by its `max-in-flight`.
+/// Everything the store holds for one key: constant size but for the dedupe
+/// records and leases, each bounded by its policy.
 #[derive(Debug)]
 pub(crate) struct Entry {
     /// Absolute expiry (epoch ms): from then on the key counts as absent.
     pub(crate) expires_at: u64,
-    /// `None` for a fresh entry not written yet, and while a step holds it.
+    /// `None` for an entry not written yet, and while a step holds it.
     state: Option<KeyState>,
 }
 
 impl Entry {
-    /// An entry that holds nothing yet: the same as an absent key.
-    pub(crate) fn blank() -> Self {
-        Self { expires_at: 0, state: None }
+    /// An entry holding what a step left, expiring as it wrote (at once
+    /// when it wrote nothing).
+    pub(crate) fn new(state: Option<KeyState>, write: Option<KeyWrite>) -> Self {
+        Self { expires_at: write.map_or(0, |write| write.expires_at), state }
     }
 
     /// Whether an evaluation has written state into this entry.
@@ -26,8 +26,8 @@ impl Entry {
         self.state.is_some()
     }
 
-    /// Moves the state out for a step at caller time `now`; past its expiry
-    /// the key reads as absent. Nothing is copied or allocated.
+    /// Moves the state out for a step at `now` (an expired key reads as
+    /// absent), copying nothing.
     pub(crate) fn take(&mut self, now: u64) -> Option<KeyState> {
         if self.expires_at <= now {
             self.state = None;
@@ -35,8 +35,7 @@ impl Entry {
         self.state.take()
     }
 
-    /// Moves the step's state back in, with its new expiry when the step
-    /// wrote it.
+    /// Moves the step's state back in, with its new expiry when it wrote one.
     pub(crate) fn put(&mut self, state: Option<KeyState>, write: Option<KeyWrite>) {
         self.state = state;
         if let Some(write) = write {
@@ -44,8 +43,7 @@ impl Entry {
         }
     }
 
-    /// The state held at caller time `now`, to change in place (a
-    /// release); `None` when absent or past its expiry.
+    /// The live state at `now`, to change in place (a release).
     pub(crate) fn live_state(&mut self, now: u64) -> Option<&mut KeyState> {
         if self.expires_at <= now {
             return None;
@@ -97,7 +95,7 @@ mod tests {
         .unwrap();
         let rules = KeyRules::of(&policy);
         let id = EvaluationId::random();
-        let mut entry = Entry::blank();
+        let mut entry = Entry::new(None, None);
         let evaluate = |entry: &mut Entry, now| {
             let mut members = [SetMember::new(&rules, entry.take(now))];
             let verdict = evaluate_set(&mut members, now, 1, id);

@@ -8,8 +8,7 @@ pub enum MemoryAdapterError {
     /// Two policies share one id; which one applies would be a guess.
     #[error("rate-limit policy `{0}` is configured more than once")]
     DuplicatePolicy(PolicyId),
-    /// No policy at all: every request would be `UnknownPolicy`, which is a
-    /// configuration mistake, not a working limiter.
+    /// No policy at all: every request would be `UnknownPolicy`.
     #[error("the memory rate-limit provider needs at least one policy")]
     NoPolicies,
 }

@@ -1,19 +1,11 @@
-//! The embedded in-process rate-limit provider: fixed window, sliding
-//! counter and token bucket over a sharded, bounded in-memory store, with
-//! the same clock-regression and evaluation-dedupe semantics as every other
-//! provider (`docs/algorithms.md`). It is the default for a single instance.
-//! The decisions themselves are `shared_contract::evaluate_set`; this crate
-//! adds the store: sharding, expiry sweeps and memory bounds.
+//! The embedded in-process rate-limit provider: every algorithm over a
+//! sharded, bounded in-memory store, with the clock-regression and dedupe
+//! semantics of every provider (`docs/algorithms.md`). The decisions are
+//! `shared_contract::evaluate_set`; this crate adds sharding, expiry sweeps
+//! and the `max_keys` bound, which fails closed when full.
 //!
 //! This crate imports `shared-contract` only: never redis, axum, tokio (a
-//! dev-dependency for tests alone) or another adapter. Expired keys are
-//! reclaimed by amortized sweeps during evaluation and by
-//! [`MemoryStore::purge_expired`]. That alone does not bound memory (a
-//! 24 h window keeps each subject a day): the store holds at most
-//! `max_keys` keys ([`DEFAULT_MAX_KEYS`] unless told otherwise). Full, it
-//! drops the keys that are expired or whole again, then refuses a request
-//! needing a new key (`Unavailable(AdmissionRejected)`, fail-closed); a key
-//! in use is never dropped, so an exhausted subject stays refused.
+//! dev-dependency for tests alone) or another adapter.
 
 #![forbid(unsafe_code)]
 
@@ -23,12 +15,10 @@ mod error;
 mod map;
 mod store;
 
-/// Every unit test's clock starts here (epoch ms), a multiple of every
-/// window the tests use; `tests/support` has the same for the integration
-/// tests.
+/// Every unit test's clock starts here (epoch ms), a multiple of every window.
 #[cfg(test)]
 const T0: u64 = 1_800_000_000_000;
 
 pub use adapter::MemoryEdgeRateLimitAdapter;
 pub use error::MemoryAdapterError;
-pub use store::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryStore};
+pub use store::{DEFAULT_MAX_KEYS, MemoryStore};

@@ -1,25 +1,23 @@
 //! A shard's keys: a `hashbrown::HashTable` of entries by a hash the store
-//! computes once per decision, so neither the subject nor a key is hashed
-//! twice and a look-up compares the stored hash before anything else.
+//! computes once per decision, so no subject or key is hashed twice and a
+//! look-up compares the stored hash first.
 
 use foldhash::fast::RandomState;
 use hashbrown::HashTable;
-use shared_contract::{OperationDigest, SubjectDigest};
+use shared_contract::{KeyState, KeyWrite, OperationDigest, SubjectDigest};
 use std::hash::BuildHasher;
 
 use crate::entry::Entry;
 
-/// What a policy contributes to its keys: its revision's namespace number,
-/// and for an operation-scoped policy the operation (`None` for subject
-/// scope).
+/// What a policy adds to its keys: its revision's namespace number, and
+/// the operation of an operation-scoped policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct KeySlot {
     pub(crate) namespace: u32,
     pub(crate) operation: Option<OperationDigest>,
 }
 
-/// One key as a look-up asks for it: its slot, its subject and the key's
-/// hash ([`KeyHasher::key`]).
+/// One key as a look-up asks for it, with its hash ([`KeyHasher::key`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Key<'s> {
     pub(crate) slot: KeySlot,
@@ -27,9 +25,8 @@ pub(crate) struct Key<'s> {
     pub(crate) hash: u64,
 }
 
-/// A key held whole in the table's slot (the digests are bytes and numbers:
-/// no allocation per key), with its hash, so a look-up rejects another key
-/// by one compare and a growing table never rehashes a digest.
+/// A key held whole in its slot (no allocation per key) with its hash, so
+/// another key is rejected by one compare and growth never rehashes a digest.
 #[derive(Debug)]
 pub(crate) struct Held {
     hash: u64,
@@ -44,10 +41,8 @@ impl Held {
     }
 }
 
-/// Digest equality sixteen bytes at a time, the tag's own bytes only (at
-/// least sixteen; the last compare may overlap the one before): no call
-/// out to compare the array's zeros after them. Reached when the hashes
-/// are equal, so almost always on the key itself.
+/// Digest equality sixteen bytes at a time over the tag's own bytes (the last
+/// compare may overlap): no call out to compare the array's zeros after them.
 fn same_subject(a: &SubjectDigest, b: &SubjectDigest) -> bool {
     let (x, y) = (a.tag(), b.tag());
     let n = x.len();
@@ -82,9 +77,9 @@ fn fold(a: u64, b: u64) -> u64 {
     (product as u64) ^ ((product >> 64) as u64)
 }
 
-/// The store's hashes, seeded per store. Subjects reach the store as keyed
-/// HMAC pseudonyms, which no client can choose; the seeds still keep shard
-/// and bucket placement unpredictable to a caller that could.
+/// The store's hashes, seeded per store: subjects are keyed HMAC pseudonyms
+/// no client chooses, and the seeds keep shard and bucket placement
+/// unpredictable all the same.
 #[derive(Clone)]
 pub(crate) struct KeyHasher {
     seeds: [u64; 4],
@@ -95,14 +90,12 @@ pub(crate) struct KeyHasher {
 impl KeyHasher {
     pub(crate) fn new() -> Self {
         let operations = RandomState::default();
-        // Four random words from the per-store random state.
         let seeds = [1u64, 2, 3, 4].map(|n| operations.hash_one(n) | 1);
         Self { seeds, operations }
     }
 
-    /// The subject's hash: it picks the shard, and every key of the
-    /// subject hashes from it. The tag's bytes sixteen at a time, each pair
-    /// of words folded into the running hash (foldhash's step).
+    /// The subject's hash, which picks the shard and seeds its keys' hashes:
+    /// the tag sixteen bytes at a time, folded into the running hash.
     pub(crate) fn subject(&self, subject: &SubjectDigest) -> u64 {
         let [s0, s1, s2, s3] = self.seeds;
         let tag = subject.tag();
@@ -121,8 +114,8 @@ impl KeyHasher {
         hash
     }
 
-    /// A key's hash from its subject's: the slot's own hash mixed in, so
-    /// the keys of one subject spread over the table.
+    /// A key's hash: its subject's with the slot's mixed in, so one
+    /// subject's keys spread over the table.
     pub(crate) fn key<'s>(
         &self,
         slot: KeySlot,
@@ -164,14 +157,22 @@ impl KeyMap {
         self.table.find_mut(key.hash, |held| held.is(key)).map(|held| &mut held.entry)
     }
 
-    pub(crate) fn contains(&self, key: &Key<'_>) -> bool {
-        self.get(key).is_some()
-    }
-
-    /// Inserts a key the map does not hold.
-    pub(crate) fn insert_new(&mut self, key: &Key<'_>, entry: Entry) {
+    /// Inserts a key the map does not hold, if the step wrote its `state`;
+    /// the entry's expiry, `u64::MAX` when nothing was inserted.
+    pub(crate) fn insert_written(
+        &mut self,
+        key: &Key<'_>,
+        state: Option<KeyState>,
+        write: Option<KeyWrite>,
+    ) -> u64 {
+        if state.is_none() {
+            return u64::MAX;
+        }
+        let entry = Entry::new(state, write);
+        let expiry = entry.expires_at;
         let held = Held { hash: key.hash, slot: key.slot, subject: *key.subject, entry };
         self.table.insert_unique(key.hash, held, |held| held.hash);
+        expiry
     }
 
     pub(crate) fn remove(&mut self, key: &Key<'_>) {
@@ -184,8 +185,8 @@ impl KeyMap {
         self.table.iter().map(|held| &held.entry)
     }
 
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&Held) -> bool) {
-        self.table.retain(|held| keep(held));
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&mut Held) -> bool) {
+        self.table.retain(keep);
     }
 
     pub(crate) fn shrink_to(&mut self, capacity: usize) {

@@ -1,15 +1,13 @@
 //! `MemoryStore`: the sharded in-process map of keys, with amortized
-//! reclamation of expired entries and a hard bound on the keys it holds.
-//!
-//! The bound: each shard holds at most its share of `max_keys`. A request
-//! whose key is new to a full shard first makes the shard drop every key
-//! that is expired or whole again (from `expires_at - slack` on, absence
-//! means the same as the key's state, so nothing is lost), and is refused
-//! ([`StoreFull`]) when that frees no slot. A key in use is never dropped
-//! to make room: an exhausted subject keeps its refusal through any flood.
+//! reclamation of expired keys and a hard bound on the keys it holds. A new
+//! key in a full shard first makes it drop every key expired or whole again
+//! (absence then means the same as the key's state), and is refused
+//! ([`StoreFull`]) when that frees no slot: a key in use is never dropped, so
+//! an exhausted subject keeps its refusal through any flood.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::iter::Sum;
 use std::num::NonZeroUsize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,33 +22,24 @@ use crate::entry::Entry;
 pub(crate) use crate::map::KeySlot;
 use crate::map::{Key, KeyHasher, KeyMap};
 
-/// Most shards a store uses; `with_shards` caps there. The shard index comes
-/// from bits 32..48 of the subject's hash.
-pub const MAX_SHARDS: usize = 1 << 16;
-/// A shard sweeps at most once per this many operations, or per a quarter of
-/// its size after the last sweep, whichever is larger; growth to twice that
-/// size (and at least this many keys) also makes a sweep due. Both keep
-/// sweeping O(1) amortized per decision.
+/// Most shards a store uses: the index comes from bits 32..48 of the subject's hash.
+const MAX_SHARDS: usize = 1 << 16;
+/// A shard sweeps at most once per this many operations (or a quarter of its
+/// size after the last sweep), or on growing to twice that size: O(1) amortized.
 const SWEEP_MIN_OPS: usize = 1024;
-/// A swept map whose capacity exceeds four times its length (and this many
-/// slots) is shrunk, so memory really falls after a flood.
+/// A swept map with over four times (and this many) more slots than keys shrinks.
 const SHRINK_MIN_CAPACITY: usize = 64;
-/// Keys a store holds at most unless told otherwise (`memory.max-keys`):
-/// about 340 bytes each with dedupe off and 470 with one dedupe record
-/// (docs/benchmarks.md), so a flood of distinct subjects leaves the
-/// process at a few hundred MB at worst.
+/// Keys a store holds unless told otherwise (`memory.max-keys`): a few
+/// hundred MB at worst (docs/benchmarks.md).
 pub const DEFAULT_MAX_KEYS: usize = 500_000;
-/// A full shard drops whole keys at most once per this share of its keys
-/// in operations (and on every purge): a scan of the shard is paid by at
-/// least len / 8 requests, so a flood at the bound costs O(1) each.
+/// A full shard reclaims at most once per this share of its keys in
+/// operations, so a flood at the bound costs O(1) each.
 const RECLAIM_SHARE: usize = 8;
 const DEFAULT_MAX_KEYS_NONZERO: NonZeroUsize = NonZeroUsize::new(DEFAULT_MAX_KEYS).expect("not 0");
 
-/// Shared in-process state of the memory provider. Cloning gives a handle to
-/// the same store: adapters built over one store see the same counters, so a
-/// policy reload keeps them. Keys include the policy id and revision, so two
-/// revisions never share a counter, and the subject picks the shard, so
-/// every key of one subject's policy set is under one lock.
+/// The memory provider's shared state: adapters built over one store (a
+/// reload's) share its counters. The subject picks the shard, so every key of
+/// one subject's policy set is under one lock.
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<StoreInner>,
@@ -58,35 +47,27 @@ pub struct MemoryStore {
 
 struct StoreInner {
     shards: Box<[CachePadded<Mutex<Shard>>]>,
-    /// Hashes a subject once per decision: that hash picks its shard, and
-    /// each of its keys' hashes derives from it.
     hasher: KeyHasher,
     namespaces: Mutex<Namespaces>,
-    /// Keys one shard holds at most: the store's bound over its shards.
+    /// Keys one shard holds at most.
     shard_cap: usize,
-    /// The largest slack of a namespace: no key is whole before the
-    /// earliest expiry less this.
+    /// The largest slack of a namespace: no key is whole before its expiry less this.
     max_slack: AtomicU64,
 }
 
 /// The policy revisions the store has numbered.
 #[derive(Default)]
 struct Namespaces {
-    /// (policy id, revision) -> namespace number used in keys.
     numbers: HashMap<(PolicyId, u32), u32>,
-    /// By namespace number: how long its keys live past the moment their
-    /// absence means the same as their state (the policy's
-    /// `ttl_slack_millis`; the smallest given, should two differ).
+    /// By namespace number: the policy's `ttl_slack_millis` (the smallest given).
     slack: Vec<u64>,
 }
 
-/// A request needed a new key and the store is full: nothing was read,
-/// charged or written.
+/// A request needed a new key and the store is full: nothing was charged.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct StoreFull;
 
-/// Keeps each shard's lock on its own cache lines, so two cores working on
-/// neighbouring shards do not contend on one line.
+/// Keeps each shard's lock on its own cache lines, so neighbouring shards do not contend.
 #[repr(align(128))]
 struct CachePadded<T>(T);
 
@@ -101,41 +82,33 @@ struct Shard {
 }
 
 impl MemoryStore {
-    /// A store with the default shard count (a power of two near four
-    /// times the available parallelism, at least 16) holding at most
-    /// [`DEFAULT_MAX_KEYS`] keys.
+    /// A store with the default shard count holding at most [`DEFAULT_MAX_KEYS`] keys.
     pub fn new() -> Self {
         Self::with_max_keys(DEFAULT_MAX_KEYS_NONZERO)
     }
 
-    /// A store with the default shard count holding at most `max_keys`
-    /// keys ([`Self::max_keys`] says how many exactly).
+    /// A store with the default shard count (about four per core) holding at most `max_keys`.
     pub fn with_max_keys(max_keys: NonZeroUsize) -> Self {
         let cores = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
         Self::with_shards_and_max_keys(cores.saturating_mul(4).max(16), max_keys)
     }
 
-    /// A store with `shards` shards, rounded up to a power of two, at least
-    /// 1 and at most [`MAX_SHARDS`], holding at most [`DEFAULT_MAX_KEYS`].
+    /// A store with `shards` shards holding at most [`DEFAULT_MAX_KEYS`].
     pub fn with_shards(shards: usize) -> Self {
         Self::with_shards_and_max_keys(shards, DEFAULT_MAX_KEYS_NONZERO)
     }
 
-    /// A store with `shards` shards (as [`Self::with_shards`], and never
-    /// more than `max_keys`), holding at most `max_keys` keys: each shard
-    /// holds `max_keys / shards` (the subject's random-seeded hash picks
-    /// the shard, so a flood fills them evenly).
+    /// A store with `shards` shards (a power of two, at most `max_keys`), each
+    /// holding `max_keys / shards`: the seeded hash fills them evenly.
     pub fn with_shards_and_max_keys(shards: usize, max_keys: NonZeroUsize) -> Self {
         let count = shards.max(1).checked_next_power_of_two().unwrap_or(MAX_SHARDS).min(MAX_SHARDS);
         // At least one key per shard: a power of two no larger than the bound.
-        let fitting = 1 << max_keys.get().ilog2();
-        let count = count.min(fitting);
-        let hasher = KeyHasher::new();
+        let count = count.min(1 << max_keys.get().ilog2());
         let shards = (0..count).map(|_| CachePadded(Mutex::new(Shard::new()))).collect();
         Self {
             inner: Arc::new(StoreInner {
                 shards,
-                hasher,
+                hasher: KeyHasher::new(),
                 namespaces: Mutex::new(Namespaces::default()),
                 shard_cap: max_keys.get() / count,
                 max_slack: AtomicU64::new(0),
@@ -143,73 +116,54 @@ impl MemoryStore {
         }
     }
 
-    /// The most keys the store holds: the bound asked for, rounded down to
-    /// a multiple of the shard count.
+    /// The most keys the store holds: the bound rounded down to a multiple of the shards.
     pub fn max_keys(&self) -> usize {
-        self.inner.shard_cap * self.shard_count()
+        self.inner.shard_cap * self.inner.shards.len()
     }
 
-    /// How many times a request was refused because its key would have
-    /// been new and the store was full, since the store was built.
+    /// Requests refused because their key would have been new in a full store.
     pub fn refused_keys(&self) -> u64 {
-        self.inner.shards.iter().map(|shard| shard.0.lock().refused).sum()
-    }
-
-    /// The number of shards.
-    pub fn shard_count(&self) -> usize {
-        self.inner.shards.len()
+        self.sum_shards(|shard| shard.refused)
     }
 
     /// Keys currently held, including expired ones not swept yet.
     pub fn live_entries(&self) -> usize {
-        self.inner.shards.iter().map(|shard| shard.0.lock().map.len()).sum()
+        self.sum_shards(|shard| shard.map.len())
     }
 
-    /// Dedupe record and lease bytes the keys hold, as `max-stored-bytes`
-    /// counts a record ([`DEDUP_RECORD_BYTES`]) and a Redis sorted set a
-    /// lease ([`HELD_LEASE_BYTES`]), expired keys and leases not swept yet
-    /// included: with [`Self::live_entries`], the store's own account of
-    /// what it keeps, for tests and soaks that must tell a leak from an
-    /// allocator keeping freed pages.
+    /// Dedupe record and lease bytes the keys hold, counted as `max-stored-bytes`
+    /// and Redis count them: with [`Self::live_entries`], how a soak tells a leak
+    /// from an allocator keeping freed pages.
     pub fn stored_bytes(&self) -> u64 {
         let (per_record, per_lease) = (u64::from(DEDUP_RECORD_BYTES), u64::from(HELD_LEASE_BYTES));
-        let bytes = |shard: &CachePadded<Mutex<Shard>>| -> u64 {
-            let shard = shard.0.lock();
+        self.sum_shards(|shard| {
             let held = shard.map.entries().filter_map(Entry::state);
             held.map(|s| s.records.len() as u64 * per_record + s.leases.len() as u64 * per_lease)
                 .sum()
-        };
-        self.inner.shards.iter().map(bytes).sum()
+        })
     }
 
-    /// Sweeps every shard at `now_epoch_millis`, removing each key whose
-    /// expiry has passed (in a full shard, each key whole again too), and
-    /// shrinks maps left mostly empty. Returns the number of keys removed.
+    /// Removes every key expired at `now_epoch_millis` (in a full shard, each
+    /// key whole again too) and shrinks emptied maps; the number removed.
     pub fn purge_expired(&self, now_epoch_millis: u64) -> usize {
-        self.inner
-            .shards
-            .iter()
-            .map(|shard| {
-                let mut shard = shard.0.lock();
-                if shard.map.len() >= self.inner.shard_cap {
-                    let before = shard.map.len();
-                    self.reclaim(&mut shard, now_epoch_millis);
-                    before - shard.map.len()
-                } else if now_epoch_millis < shard.earliest_expiry {
-                    // Nothing in a shard expires before its earliest
-                    // expiry, so a periodic purge costs one lock per shard
-                    // until then.
-                    0
-                } else {
-                    shard.sweep(now_epoch_millis, None)
-                }
-            })
-            .sum()
+        self.sum_shards(|shard| {
+            if shard.map.len() >= self.inner.shard_cap {
+                self.reclaim(shard, now_epoch_millis)
+            } else if now_epoch_millis < shard.earliest_expiry {
+                // Nothing expires yet: a periodic purge costs one lock per shard.
+                0
+            } else {
+                shard.sweep(now_epoch_millis, None)
+            }
+        })
     }
 
-    /// The namespace number of a policy revision in this store; the same
-    /// (id, revision) always gets the same number. `slack` is the policy's
-    /// `ttl_slack_millis`.
+    fn sum_shards<T: Sum>(&self, of: impl Fn(&mut Shard) -> T) -> T {
+        self.inner.shards.iter().map(|shard| of(&mut shard.0.lock())).sum()
+    }
+
+    /// The namespace number of a policy revision, the same for the same (id,
+    /// revision); `slack` is the policy's `ttl_slack_millis`.
     pub(crate) fn namespace(&self, id: &PolicyId, revision: u32, slack: u64) -> u32 {
         let mut names = self.inner.namespaces.lock();
         let next = u32::try_from(names.numbers.len()).unwrap_or(u32::MAX);
@@ -224,72 +178,40 @@ impl MemoryStore {
         number
     }
 
-    /// Makes room in a full `shard` at `now`: drops every key expired or
-    /// whole again, when one may be (no key is whole before the earliest
-    /// expiry less the largest slack) and a reclaim is due (amortized over
-    /// [`RECLAIM_SHARE`]). Keys in use stay, whatever it costs the caller.
-    fn reclaim(&self, shard: &mut Shard, now: u64) {
+    /// Drops every key of a full `shard` expired or whole again at `now`,
+    /// unless none can be yet (the earliest expiry less the largest slack);
+    /// the number dropped.
+    fn reclaim(&self, shard: &mut Shard, now: u64) -> usize {
         let max_slack = self.inner.max_slack.load(Ordering::Relaxed);
         if now.saturating_add(max_slack) < shard.earliest_expiry {
-            return;
+            return 0;
         }
         // Copied out, so no other lock is held over the scan.
         let slack = self.inner.namespaces.lock().slack.clone();
-        shard.sweep(now, Some(&slack));
+        shard.sweep(now, Some(&slack))
     }
 
-    /// Whether a full `shard` may reclaim now: once per
-    /// `len / RECLAIM_SHARE` of its operations.
-    fn reclaim_due(shard: &Shard) -> bool {
-        shard.ops_since_sweep >= shard.map.len() / RECLAIM_SHARE
-    }
-
-    /// Whether `shard` has a slot for each of `missing` new keys, after
-    /// making room if it is due; counts a refusal when it has not.
+    /// Whether `shard` has a slot for each of `missing` new keys, after a
+    /// reclaim if one is due (once per `len / RECLAIM_SHARE` operations);
+    /// counts a refusal when it has not.
     fn has_room(&self, shard: &mut Shard, now: u64, missing: impl Fn(&Shard) -> usize) -> bool {
         let cap = self.inner.shard_cap;
         if shard.map.len() + missing(shard) <= cap {
             return true;
         }
-        if Self::reclaim_due(shard) {
+        if shard.ops_since_sweep >= shard.map.len() / RECLAIM_SHARE {
             self.reclaim(shard, now);
             if shard.map.len() + missing(shard) <= cap {
                 return true;
             }
         }
         shard.refused += 1;
-        shard.after_op(now, None);
+        shard.after_op(now, u64::MAX);
         false
     }
 
-    /// Runs `step` over the keys of one subject's policy set, atomically
-    /// under the subject's shard lock: each key's state moves out into its
-    /// member (past its expiry a key reads as absent), `step` evaluates the
-    /// members, and each state moves back with its new expiry. A key that
-    /// did not exist is inserted only if the step wrote it. At most
-    /// [`MAX_POLICY_SET`] keys.
-    ///
-    /// # Errors
-    /// [`StoreFull`] when a key of the set is new and the subject's shard
-    /// has no slot for it, even after dropping what is expired or whole:
-    /// `step` does not run.
-    pub(crate) fn with_set<R>(
-        &self,
-        subject: &SubjectDigest,
-        keys: &[(KeySlot, &KeyRules)],
-        now: u64,
-        step: impl FnOnce(&mut [SetMember<'_>]) -> R,
-    ) -> Result<R, StoreFull> {
-        match keys {
-            [] => Ok(step(&mut [])),
-            [key] => self.with_one(subject, *key, now, step),
-            _ => self.with_keys::<MAX_POLICY_SET, R>(subject, keys, now, step),
-        }
-    }
-
-    /// [`Self::with_set`] for a set of one, the usual case: one member, not
-    /// an array of eight to fill and move, and one map lookup, whose entry
-    /// is held across the step instead of being looked up again.
+    /// [`Self::with_set`] for a set of one, the usual case: one member, and
+    /// one map lookup whose entry is held across the step.
     pub(crate) fn with_one<R>(
         &self,
         subject: &SubjectDigest,
@@ -302,46 +224,38 @@ impl MemoryStore {
         let mut members = [SetMember::new(rules, None)];
         let mut guard = shard.lock();
         let shard = &mut *guard;
-        let (result, expiry) = match shard.map.get_mut(&key) {
-            Some(entry) => {
-                members[0].state = entry.take(now);
-                let result = step(&mut members);
-                let [member] = members;
-                entry.put(member.state, member.write);
-                (result, Some(entry.expires_at))
+        let (result, expiry) = if let Some(entry) = shard.map.get_mut(&key) {
+            members[0].state = entry.take(now);
+            let result = step(&mut members);
+            let [member] = members;
+            entry.put(member.state, member.write);
+            (result, entry.expires_at)
+        } else {
+            // A full shard is the only cost on this path: one compare.
+            if shard.map.len() >= self.inner.shard_cap && !self.has_room(shard, now, |_| 1) {
+                return Err(StoreFull);
             }
-            None => {
-                // A full shard is the only cost on this path: one compare.
-                if shard.map.len() >= self.inner.shard_cap && !self.has_room(shard, now, |_| 1) {
-                    return Err(StoreFull);
-                }
-                let result = step(&mut members);
-                let [member] = members;
-                // A key that did not exist is inserted only if the step wrote it.
-                let expiry = member.state.is_some().then(|| {
-                    let mut entry = Entry::blank();
-                    entry.put(member.state, member.write);
-                    let expiry = entry.expires_at;
-                    shard.map.insert_new(&key, entry);
-                    expiry
-                });
-                (result, expiry)
-            }
+            let result = step(&mut members);
+            let [member] = members;
+            (result, shard.map.insert_written(&key, member.state, member.write))
         };
         shard.after_op(now, expiry);
         Ok(result)
     }
 
-    /// [`Self::with_set`] over fixed arrays of `N` (no allocation per
-    /// decision): at most `N` keys, at least one. Slots past the keys'
-    /// count repeat the last key and are never used.
-    fn with_keys<const N: usize, R>(
+    /// Runs `step` over the keys of one subject's policy set (1 to
+    /// [`MAX_POLICY_SET`]) under its shard lock, in fixed arrays: each key's
+    /// state moves into its member (an expired key reads as absent) and back
+    /// with its new expiry; a new key is inserted only if the step wrote it.
+    /// [`StoreFull`], and `step` does not run, when a new key finds no slot.
+    pub(crate) fn with_set<R>(
         &self,
         subject: &SubjectDigest,
         keys: &[(KeySlot, &KeyRules)],
         now: u64,
         step: impl FnOnce(&mut [SetMember<'_>]) -> R,
     ) -> Result<R, StoreFull> {
+        const N: usize = MAX_POLICY_SET;
         let n = keys.len().min(N);
         let last = n.saturating_sub(1);
         let (shard, hash) = self.shard(subject);
@@ -351,12 +265,10 @@ impl MemoryStore {
             std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
         let mut guard = shard.lock();
         let shard = &mut *guard;
-        // Counted only when the shard is nearly full: room for every key of
-        // the set, before any state moves out.
+        // Counted only when the shard is nearly full, before any state moves out.
         if shard.map.len() + n > self.inner.shard_cap {
             let missing = |shard: &Shard| {
-                let held = |key: &Key<'_>| shard.map.contains(key);
-                lookups[..n].iter().filter(|key| !held(key)).count()
+                lookups[..n].iter().filter(|key| shard.map.get(key).is_none()).count()
             };
             if !self.has_room(shard, now, missing) {
                 return Err(StoreFull);
@@ -366,35 +278,24 @@ impl MemoryStore {
             member.state = shard.map.get_mut(key).and_then(|entry| entry.take(now));
         }
         let result = step(&mut members[..n]);
-        let mut earliest: Option<u64> = None;
+        let mut earliest = u64::MAX;
         for (member, key) in members[..n].iter_mut().zip(&lookups) {
             let (state, write) = (member.state.take(), member.write);
             let expiry = match shard.map.get_mut(key) {
                 Some(entry) => {
                     entry.put(state, write);
-                    Some(entry.expires_at)
+                    entry.expires_at
                 }
-                None if state.is_some() => {
-                    let mut entry = Entry::blank();
-                    entry.put(state, write);
-                    let expiry = entry.expires_at;
-                    shard.map.insert_new(key, entry);
-                    Some(expiry)
-                }
-                None => None,
+                None => shard.map.insert_written(key, state, write),
             };
-            earliest = match (earliest, expiry) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            earliest = earliest.min(expiry);
         }
         shard.after_op(now, earliest);
         Ok(result)
     }
 
-    /// A copy of one key's state at caller time `now` (`None` when absent
-    /// or past its expiry), for an operator's inspect: nothing is moved,
-    /// written or counted as an operation.
+    /// A copy of one key's state at `now` (`None` when absent or expired), for
+    /// an operator's inspect: nothing moves or counts as an operation.
     pub(crate) fn peek(
         &self,
         slot: KeySlot,
@@ -407,10 +308,8 @@ impl MemoryStore {
         (entry.expires_at > now).then(|| entry.state().cloned()).flatten()
     }
 
-    /// Removes the lease `id` from the keys `slots` of `subject` (a
-    /// concurrency policy's keys), under the subject's shard lock, at caller
-    /// time `now`: true when a live lease was removed from at least one.
-    /// Nothing else moves: no mark, no expiry, no other lease.
+    /// Removes the live lease `id` from the keys `slots` of `subject` under its
+    /// shard lock, moving nothing else: true when one was removed.
     pub(crate) fn release(
         &self,
         subject: &SubjectDigest,
@@ -430,16 +329,14 @@ impl MemoryStore {
         released
     }
 
-    /// Removes one key, state and dedupe records together (an operator's
-    /// reset); an absent key is left absent.
+    /// Removes one key with its dedupe records (an operator's reset).
     pub(crate) fn remove(&self, slot: KeySlot, subject: &SubjectDigest) {
         let (shard, hash) = self.shard(subject);
         shard.lock().map.remove(&self.inner.hasher.key(slot, subject, hash));
     }
 
-    /// The shard of every key of `subject`, and the subject's hash, which
-    /// its keys hash in place of its bytes: the digest is hashed once per
-    /// decision, not again by the map for each key.
+    /// The shard of every key of `subject`, and the subject's hash, from
+    /// which its keys' hashes derive: the digest is hashed once per decision.
     fn shard(&self, subject: &SubjectDigest) -> (&Mutex<Shard>, u64) {
         let hash = self.inner.hasher.subject(subject);
         // The mask keeps the index below the (power of two) shard count.
@@ -447,10 +344,15 @@ impl MemoryStore {
         (&self.inner.shards[index].0, hash)
     }
 
+    #[cfg(test)]
+    pub(crate) fn shard_count(&self) -> usize {
+        self.inner.shards.len()
+    }
+
     /// Slots allocated over all shards, to show that memory falls.
     #[cfg(test)]
     pub(crate) fn allocated_slots(&self) -> usize {
-        self.inner.shards.iter().map(|shard| shard.0.lock().map.capacity()).sum()
+        self.sum_shards(|shard| shard.map.capacity())
     }
 
     #[cfg(test)]
@@ -473,7 +375,9 @@ impl Default for MemoryStore {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MemoryStore").field("shards", &self.shard_count()).finish_non_exhaustive()
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.inner.shards.len())
+            .finish_non_exhaustive()
     }
 }
 
@@ -488,12 +392,10 @@ impl Shard {
         }
     }
 
-    /// Counts an operation and sweeps when one is due and something can
-    /// have expired, using the caller time the operation already has.
-    fn after_op(&mut self, now: u64, written_expiry: Option<u64>) {
-        if let Some(expiry) = written_expiry {
-            self.earliest_expiry = self.earliest_expiry.min(expiry);
-        }
+    /// Counts an operation (whose writes expire from `expiry` on; `u64::MAX`
+    /// for none) and sweeps when one is due and something can have expired.
+    fn after_op(&mut self, now: u64, expiry: u64) {
+        self.earliest_expiry = self.earliest_expiry.min(expiry);
         self.ops_since_sweep += 1;
         let due = self.ops_since_sweep >= SWEEP_MIN_OPS.max(self.len_after_sweep / 4)
             || self.map.len() >= SWEEP_MIN_OPS.max(self.len_after_sweep.saturating_mul(2));
@@ -502,23 +404,19 @@ impl Shard {
         }
     }
 
-    /// Removes entries expired at `now` (with `slack` by namespace, also
-    /// those whole again: expiry less their slack passed), recomputes the
-    /// earliest expiry and shrinks a map left far below its capacity.
-    /// Returns the removed count.
+    /// Removes entries expired at `now` (with `slack` by namespace, also those
+    /// whole again), recomputes the earliest expiry and shrinks a map left far
+    /// below its capacity; the removed count.
     fn sweep(&mut self, now: u64, slack: Option<&[u64]>) -> usize {
         let before = self.map.len();
         let mut earliest = u64::MAX;
         self.map.retain(|held| {
             // A namespace never numbered has no slack to subtract.
-            let slack = slack.and_then(|slack| {
-                slack.get(usize::try_from(held.slot.namespace).unwrap_or(usize::MAX))
-            });
-            let entry = &held.entry;
-            let whole_at = entry.expires_at.saturating_sub(slack.copied().unwrap_or(0));
-            let keep = whole_at > now;
+            let at = usize::try_from(held.slot.namespace).unwrap_or(usize::MAX);
+            let slack = slack.and_then(|slack| slack.get(at)).copied().unwrap_or(0);
+            let keep = held.entry.expires_at.saturating_sub(slack) > now;
             if keep {
-                earliest = earliest.min(entry.expires_at);
+                earliest = earliest.min(held.entry.expires_at);
             }
             keep
         });
@@ -581,9 +479,7 @@ mod tests {
         id: EvaluationId,
     ) -> RateLimitOutcome {
         store
-            .with_set(&subject(n), &[(SLOT, rules)], now, |members| {
-                evaluate_set(members, now, 1, id)
-            })
+            .with_one(&subject(n), (SLOT, rules), now, |members| evaluate_set(members, now, 1, id))
             .expect("the store has room")
             .into()
     }

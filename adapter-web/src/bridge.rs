@@ -11,7 +11,6 @@ use axum::extract::MatchedPath;
 use http::request::Parts;
 use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
-pub(crate) use shared_contract::whole_seconds_up;
 use shared_contract::{
     Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
     PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
@@ -26,14 +25,13 @@ use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::telemetry::{self, MemberMetrics, PolicyIds};
 
-/// What the bridge learned about one request: the policy set it ran under,
-/// each policy as the port holds it, and the port's answer.
+/// What the bridge learned about one request: its policy set, each policy
+/// as the port holds it, and the port's answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeEvaluation {
     /// The operation's policy set (or the default set), in configured order.
     pub policies: PolicySet,
-    /// Each policy of the set as the port holds it, in order; `None` for
-    /// one it does not know.
+    /// Each policy of the set as the port holds it; `None` for one it does not know.
     pub described: Arc<[Option<RateLimitPolicy>]>,
     /// The port's answer: one decision per policy of the set, in order.
     pub outcome: RateLimitOutcome,
@@ -42,14 +40,13 @@ pub struct BridgeEvaluation {
 }
 
 impl BridgeEvaluation {
-    /// The mode of the policy at `index` of the set. A policy the port does
-    /// not know counts as enforced, so the unknown fails closed.
+    /// The mode of the policy at `index`; one the port does not know is
+    /// enforced, so it fails closed.
     pub fn mode(&self, index: usize) -> PolicyMode {
         mode_of(self.described.get(index).and_then(Option::as_ref))
     }
 
-    /// Whether any policy of the set can block. A set made only of shadow
-    /// policies never does, not even when the provider fails.
+    /// Whether any policy of the set can block (a shadow-only set never does).
     pub fn enforces(&self) -> bool {
         (0..self.policies.len()).any(|index| self.mode(index) == PolicyMode::Enforce)
     }
@@ -59,36 +56,31 @@ impl BridgeEvaluation {
         self.outcome.is_allowed() || !self.enforces()
     }
 
-    /// The enforced policies with their decisions, in order: those a
-    /// client sees in the `RateLimit` headers.
+    /// The enforced policies with their decisions, in order: what the `RateLimit` headers show.
     pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
         self.enforced_limits().map(|(id, decision, _)| (id, decision)).collect()
     }
 
-    /// The enforced members as `RateLimit` lists them: id, decision, and
-    /// whether it has a reset time (`t`; a concurrency policy has none).
+    /// The enforced members as `RateLimit` lists them, with whether each has
+    /// a reset time (a concurrency policy has none).
     pub(crate) fn enforced_limits(
         &self,
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
-        let decisions = match &self.outcome {
-            Ok(set) => set.decisions(),
-            Err(_) => &[],
-        };
-        self.policies
-            .ids()
-            .iter()
-            .zip(decisions)
-            .enumerate()
-            .filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce)
-            .map(|(index, (id, decision))| {
+        let decisions = self.outcome.as_ref().map_or(&[][..], |set| set.decisions());
+        let members = self.policies.ids().iter().zip(decisions).enumerate();
+        members.filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce).map(
+            |(index, (id, decision))| {
                 let policy = self.described.get(index).and_then(Option::as_ref);
-                let resets = policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some());
-                (id, decision, resets)
-            })
+                (
+                    id,
+                    decision,
+                    policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some()),
+                )
+            },
+        )
     }
 
-    /// The enforced policies that denied the request, in the set's order:
-    /// the `violated-policies` of a `429`.
+    /// The enforced policies that denied, in order: a `429`'s `violated-policies`.
     pub fn violated_policies(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
         let mut enforced = self.enforced_decisions();
         enforced.retain(|(_, decision)| !decision.allowed);
@@ -100,21 +92,23 @@ fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
     policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode)
 }
 
-/// A policy set prepared once, when the bridge is built (the port's
-/// policies do not change under a running bridge).
+/// The policies the port described and enforces: those a client sees.
+fn enforced(described: &[Option<RateLimitPolicy>]) -> impl Iterator<Item = &RateLimitPolicy> {
+    described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce)
+}
+
+/// A policy set prepared when the bridge is built (the port's policies do
+/// not change under a running bridge).
 #[derive(Debug)]
 struct PreparedSet {
     policies: PolicySet,
     metrics: Box<[MemberMetrics]>,
     described: Arc<[Option<RateLimitPolicy>]>,
     policy_header: Option<HeaderValue>,
-    /// Whether an enforced window moves (a calendar month): the header is
-    /// then written per response.
+    /// An enforced window moves (a calendar month): the header is made per response.
     header_moves: bool,
-    /// Whether a member holds leases (enforced or shadow): only these sets
-    /// pay for a guard.
+    /// A member holds leases: only these sets pay for a guard.
     holds_leases: bool,
-    /// Whether a member is a shadow policy.
     has_shadow: bool,
 }
 
@@ -128,11 +122,9 @@ impl PreparedSet {
             .zip(described.iter())
             .map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()))
             .collect();
-        // The policies the port described and enforces: those a client sees.
-        let enforced =
-            described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce);
-        let header_moves = enforced.clone().any(|policy| policy.algorithm().kind().window_moves());
-        let policy_header = policy_header(enforced, || clock.epoch_millis());
+        let header_moves =
+            enforced(&described).any(|policy| policy.algorithm().kind().window_moves());
+        let policy_header = policy_header(enforced(&described), || clock.epoch_millis());
         let holds_leases =
             described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
         let has_shadow =
@@ -161,8 +153,7 @@ pub struct TransportBridge {
     sets: Box<[PreparedSet]>,
     default_set: PreparedSet,
     releases: LeaseReleases,
-    /// One failure line a second: while the provider is down every request
-    /// fails alike.
+    /// One failure line a second: while the provider is down every request fails alike.
     failures_logged: LogThrottle,
 }
 
@@ -181,7 +172,6 @@ impl TransportBridge {
         let sets =
             configured.iter().map(|(_, set)| PreparedSet::new(set, &*port, &*clock)).collect();
         let default_set = PreparedSet::new(&settings.default_policies, &*port, &*clock);
-        let releases = LeaseReleases::default();
         Self {
             port,
             pseudonymizer,
@@ -190,13 +180,13 @@ impl TransportBridge {
             operations,
             sets,
             default_set,
-            releases,
+            releases: LeaseReleases::default(),
             failures_logged: LogThrottle::default(),
         }
     }
 
-    /// Tracks its lease releases with `releases`: a reload's new bridge
-    /// takes the current one's, so shutdown waits for them all.
+    /// Tracks its lease releases with `releases` (a reload's new bridge takes
+    /// the current one's), so shutdown waits for them all.
     #[must_use]
     pub fn with_lease_releases(mut self, releases: LeaseReleases) -> Self {
         self.releases = releases;
@@ -228,11 +218,9 @@ impl TransportBridge {
         &self.clock
     }
 
-    /// Evaluates one request against its operation's policy set. Only the
-    /// subject's pseudonym crosses the port, and the evaluation id is fresh
-    /// and server-made: no client header reaches it. A lease the request
-    /// took is given back before this returns (the layer instead holds it
-    /// until the response body is done).
+    /// Evaluates one request against its operation's policy set: only the
+    /// subject's pseudonym crosses the port, with a fresh server-made
+    /// evaluation id. A lease taken is given back before this returns.
     pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
         let answer = match self.ask(parts) {
             Asked::Answered(answer) => answer,
@@ -241,8 +229,7 @@ impl TransportBridge {
         answer.map(|(evaluation, _lease)| evaluation)
     }
 
-    /// Asks the port: the answer when it has one at once, else what to
-    /// wait for.
+    /// Asks the port: its answer when it has one at once, else what to wait for.
     pub(crate) fn ask(&self, parts: &Parts) -> Asked {
         let operation = self.operations.find(parts);
         let prepared = self.prepared(operation.set);
@@ -316,9 +303,7 @@ impl TransportBridge {
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let described = Arc::clone(&prepared.described);
         let policy_header = if prepared.header_moves {
-            let enforced = described.iter().flatten();
-            let enforced = enforced.filter(|policy| policy.mode() == PolicyMode::Enforce);
-            policy_header(enforced, || self.clock.epoch_millis())
+            policy_header(enforced(&described), || self.clock.epoch_millis())
         } else {
             prepared.policy_header.clone()
         };
@@ -371,8 +356,8 @@ struct Context {
     shadow_subject: Option<SubjectDigest>,
 }
 
-/// Whether the port's answer leaves a lease behind: an admitted set's, or
-/// an `Indeterminate` one's (a refused set writes nothing).
+/// Whether the answer leaves a lease behind: an admitted set's or an
+/// `Indeterminate` one's (a refused set writes nothing).
 fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
     match outcome {
         Ok(set) => set.allowed(),
@@ -419,37 +404,30 @@ fn log_outcome(
     let policies = PolicyIds(evaluation.policies.ids());
     let outcome = &evaluation.outcome;
     let category = outcome.category_name();
-    match outcome {
-        Ok(set) => {
-            tracing::trace!(operation, %policies, outcome = category, ?elapsed, "rate-limit decision");
-            let members = evaluation.policies.ids().iter().zip(set.decisions()).enumerate();
-            for (index, (policy, decision)) in members {
-                if evaluation.mode(index) == PolicyMode::Shadow && !decision.allowed {
-                    // The line a shadow rollout is watched by.
-                    let subject = shadow_subject.map(ToString::to_string);
-                    tracing::info!(
-                        subject = subject.as_deref(),
-                        policy = %policy,
-                        operation,
-                        "shadow policy would deny"
-                    );
-                }
-            }
-        }
-        Err(_) => {
-            // `suppressed`: the failures not logged since the line before.
-            let Some(suppressed) = failure_line() else { return };
-            if evaluation.enforces() {
-                tracing::warn!(
-                    operation, %policies, outcome = category, suppressed,
-                    "rate limit failed closed"
-                );
-            } else {
-                tracing::warn!(
-                    operation, %policies, outcome = category, suppressed,
-                    "rate limit failed; the set is shadow only, so the request passes"
-                );
-            }
+    let Ok(set) = outcome else {
+        // `suppressed`: the failures not logged since the line before.
+        let Some(suppressed) = failure_line() else { return };
+        let message = if evaluation.enforces() {
+            "rate limit failed closed"
+        } else {
+            "rate limit failed; the set is shadow only, so the request passes"
+        };
+        tracing::warn!(operation, %policies, outcome = category, suppressed, "{message}");
+        return;
+    };
+    tracing::trace!(operation, %policies, outcome = category, ?elapsed, "rate-limit decision");
+    for (index, (policy, decision)) in
+        evaluation.policies.ids().iter().zip(set.decisions()).enumerate()
+    {
+        if evaluation.mode(index) == PolicyMode::Shadow && !decision.allowed {
+            // The line a shadow rollout is watched by.
+            let subject = shadow_subject.map(ToString::to_string);
+            tracing::info!(
+                subject = subject.as_deref(),
+                policy = %policy,
+                operation,
+                "shadow policy would deny"
+            );
         }
     }
 }
@@ -483,23 +461,19 @@ impl Operation {
     }
 }
 
-/// Operations by method and route template, so a request's is found
-/// without hashing its id again: the configured ones, and the others the
-/// first time one is seen (at most [`MAX_SEEN_OPERATIONS`] kept).
+/// Operations by method and route template, so a request's id is not
+/// hashed again: the configured ones, and up to [`MAX_SEEN_OPERATIONS`]
+/// others kept from the first time one is seen.
 #[derive(Debug)]
 pub(crate) struct Operations {
     configured: [Routes; METHODS.len()],
-    seen: RwLock<Seen>,
+    seen: RwLock<[Routes; METHODS.len()]>,
 }
-
-/// The unconfigured operations seen so far, by method, and how many.
-type Seen = ([Routes; METHODS.len()], usize);
 
 /// Operations of one method by route template. foldhash, not SipHash: the
 /// keys are the router's templates, never a client's text.
 type Routes = HashMap<Box<str>, Arc<Operation>, foldhash::fast::RandomState>;
 
-/// How many unconfigured operations are kept at most.
 const MAX_SEEN_OPERATIONS: usize = 4096;
 
 impl Operations {
@@ -528,23 +502,22 @@ impl Operations {
             return Arc::clone(operation);
         }
         let read = self.seen.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(operation) = read.0[method].get(route) {
+        if let Some(operation) = read[method].get(route) {
             return Arc::clone(operation);
         }
         drop(read);
         let operation = Arc::new(Operation::new(format!("{} {route}", METHODS[method]), None));
         let mut seen = self.seen.write().unwrap_or_else(PoisonError::into_inner);
-        let (by_method, count) = &mut *seen;
-        if *count < MAX_SEEN_OPERATIONS && !by_method[method].contains_key(route) {
-            by_method[method].insert(route.into(), Arc::clone(&operation));
-            *count += 1;
+        let count: usize = seen.iter().map(HashMap::len).sum();
+        if count < MAX_SEEN_OPERATIONS && !seen[method].contains_key(route) {
+            seen[method].insert(route.into(), Arc::clone(&operation));
         }
         operation
     }
 
     #[cfg(test)]
     fn seen(&self) -> usize {
-        self.seen.read().unwrap_or_else(PoisonError::into_inner).1
+        self.seen.read().unwrap_or_else(PoisonError::into_inner).iter().map(HashMap::len).sum()
     }
 }
 
@@ -566,7 +539,7 @@ pub fn charged_digest(operation: &str) -> OperationDigest {
     }
 }
 
-/// The indexes of the two methods a HEAD is found between.
+/// The indexes of the two methods a HEAD is found between, and of `OTHER`.
 const GET: usize = 0;
 const HEAD: usize = 5;
 const OTHER: usize = 9;
@@ -579,26 +552,20 @@ fn method_index(method: &Method) -> usize {
     METHODS[..OTHER].iter().position(|known| *known == method.as_str()).unwrap_or(OTHER)
 }
 
-/// The cost of a request (1 without it), a request extension set by a
-/// layer before the rate-limit layer. A cost of 0, or above a policy's
-/// `maximum-cost`, is answered `Incompatible(CostExceedsMaximum)` (a `503`).
+/// The cost of a request (1 without it), a request extension set by a layer
+/// before the rate-limit layer; 0 or above a policy's `maximum-cost` is
+/// answered `Incompatible(CostExceedsMaximum)` (a `503`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateLimitCost(pub u64);
 
-impl RateLimitCost {
-    /// What a request without the extension costs.
-    pub const DEFAULT: Self = Self(1);
-}
-
 impl Default for RateLimitCost {
     fn default() -> Self {
-        Self::DEFAULT
+        Self(1)
     }
 }
 
-/// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in order
-/// (no `w` without a window); `None` for no policy. `now` (epoch ms) is
-/// read only for a window that moves (a calendar month).
+/// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in order;
+/// `now` (epoch ms) is read only for a window that moves.
 pub(crate) fn policy_header<'a>(
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
     now: impl Fn() -> u64,
@@ -609,7 +576,7 @@ pub(crate) fn policy_header<'a>(
 }
 
 /// `"<policy id>";r=<remaining>;t=<seconds until whole>` for each policy,
-/// in order (no `t` when `resets` is false); `None` for no policy.
+/// in order (no `t` when `resets` is false).
 pub(crate) fn limit_header<'a>(
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
 ) -> Option<HeaderValue> {
@@ -620,9 +587,8 @@ pub(crate) fn limit_header<'a>(
     header(text)
 }
 
-/// The fields are written by hand, not through `sfv`: they are made per
-/// request, and a validated policy id needs no escapes (tests compare them
-/// with what `sfv` writes).
+/// Written by hand, not through `sfv`: made per request, and a validated
+/// policy id needs no escapes (tests compare them); `None` when empty.
 fn header(text: Vec<u8>) -> Option<HeaderValue> {
     if text.is_empty() {
         return None;
@@ -710,7 +676,7 @@ mod ratelimit_headers_tests {
     use std::time::Duration;
 
     use sfv::{Integer, KeyRef, ListSerializer, StringRef};
-    use shared_contract::{Algorithm, SF_INTEGER_MAX, whole_seconds_up_millis};
+    use shared_contract::{Algorithm, SF_INTEGER_MAX, whole_seconds_up, whole_seconds_up_millis};
 
     use super::*;
 

@@ -19,21 +19,20 @@ use shared_contract::{SubjectDigest, SubjectPseudonymizer};
 use crate::rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
 use crate::settings::{ClientIpHeader, EdgeSettings, WebError};
 
-/// The identity an upstream authentication layer established, inserted as a
-/// request extension. It takes precedence over API key and client IP.
+/// The identity an upstream authentication layer established (a request
+/// extension); it takes precedence over API key and client IP.
 #[derive(Clone, PartialEq, Eq)]
 pub struct AuthenticatedPrincipal(pub String);
 
-// The principal is a raw subject: it must not reach a log line by way of
-// a `{:?}` somewhere up the stack.
+// A raw subject: it must not reach a log line through a `{:?}` up the stack.
 impl fmt::Debug for AuthenticatedPrincipal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("AuthenticatedPrincipal([REDACTED])")
     }
 }
 
-/// The kind of a subject; its name is the first frame of the pseudonym, so
-/// the same string as principal and as API key never share a bucket.
+/// The kind of a subject, the pseudonym's first frame: the same string as
+/// principal and as API key never share a bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum SubjectKind {
     /// An authenticated principal, framed as `principal`.
@@ -55,8 +54,7 @@ impl SubjectKind {
     }
 }
 
-/// A resolved raw subject: what the pseudonymizer turns into a digest. It
-/// lives only for the duration of one evaluation and never prints.
+/// A resolved raw subject, which lives for one evaluation and never prints.
 #[derive(Clone, PartialEq, Eq)]
 pub(crate) struct RawSubject<'a> {
     pub(crate) kind: SubjectKind,
@@ -70,8 +68,7 @@ impl fmt::Debug for RawSubject<'_> {
     }
 }
 
-/// The subject of a request: its principal, else its API key, else its
-/// client IP.
+/// The subject of a request: its principal, else its API key, else its client IP.
 pub(crate) fn resolve_subject<'a>(
     parts: &'a Parts,
     settings: &EdgeSettings,
@@ -119,12 +116,8 @@ pub enum IdentityProblem {
     EmptyPrincipal,
 }
 
-/// The canonical identity the edge pseudonymizes for a subject of `kind`,
-/// from the form an operator types it (an IP becomes its network, as for
-/// requests), so an operator finds the pseudonym a request is counted under.
-///
-/// # Errors
-/// [`IdentityProblem`] when the text cannot be such a subject.
+/// The identity the edge pseudonymizes for a subject of `kind` as an operator
+/// types it (an IP becomes its network), so an operator finds a request's pseudonym.
 pub fn canonical_identity(
     kind: SubjectKind,
     identity: &str,
@@ -158,12 +151,9 @@ fn validate_api_key(key: &[u8]) -> Result<&str, ApiKeyProblem> {
 }
 
 /// The address a request counts against. Only the socket peer cannot be
-/// forged: the one header the trusted proxies write is read only when the
-/// peer is one of them, walked from the right, and the first untrusted
-/// address is the client; nothing left of it is parsed. A hop that names no
-/// address (garbled, `unknown`, obfuscated) stops the walk at the trusted
-/// hop right of it, the narrowest budget left; with every hop trusted, the
-/// farthest one reached.
+/// forged: the trusted proxies' header is read only when the peer is one of
+/// them, from the right, and the first untrusted address is the client. A
+/// hop naming no address stops the walk at the trusted hop right of it.
 pub(crate) fn client_ip(
     peer: IpAddr,
     headers: &HeaderMap,
@@ -174,9 +164,8 @@ pub(crate) fn client_ip(
     if !is_trusted(peer, trusted) {
         return peer;
     }
-    // Repeated lines are one list (RFC 9110 section 5.3): the last line's
-    // last entry is the rightmost hop. Each line is split on its own, so a
-    // client's broken line cannot swallow a proxy's well-formed one.
+    // Repeated lines are one list (RFC 9110 section 5.3), each split on its
+    // own so a client's broken line cannot swallow a proxy's.
     let lines = headers.get_all(header.name()).iter().rev().map(HeaderValue::as_bytes);
     match header {
         ClientIpHeader::XForwardedFor => {
@@ -195,7 +184,7 @@ fn is_trusted(ip: IpAddr, trusted: &[IpNet]) -> bool {
 }
 
 /// The first untrusted address of `hops` (rightmost first), else the
-/// farthest trusted one reached before a hop named no address.
+/// farthest trusted one reached.
 fn walk_from_right(
     peer: IpAddr,
     hops: impl Iterator<Item = Option<IpAddr>>,
@@ -226,10 +215,10 @@ fn x_forwarded_for_hop(entry: &[u8]) -> Option<IpAddr> {
     Some(IpAddr::V6(bracketed.parse().ok()?))
 }
 
-/// The elements of one `Forwarded` line, rightmost first: the line split at
-/// its commas outside quoted strings, found scanning from the right.
+/// The elements of one `Forwarded` line, rightmost first: split at its
+/// commas outside quoted strings.
 struct ForwardedElements<'a> {
-    /// What is left to split: `line[..end]`.
+    /// What is left to split is `line[..end]`.
     line: &'a [u8],
     end: Option<usize>,
 }
@@ -266,24 +255,14 @@ impl<'a> Iterator for ForwardedElements<'a> {
     }
 }
 
-/// Where the quoted string that ends just after `text` opens: the last `"`
-/// of `text` not escaped by an odd run of backslashes before it.
+/// Where the quoted string ending after `text` opens: its last unescaped `"`.
 fn opening_quote(text: &[u8]) -> Option<usize> {
-    let mut at = text.len();
-    while at > 0 {
-        at -= 1;
-        if text[at] == b'"' {
-            let backslashes = text[..at].iter().rev().take_while(|&&b| b == b'\\').count();
-            if backslashes % 2 == 0 {
-                return Some(at);
-            }
-        }
-    }
-    None
+    let escaped = |at: usize| text[..at].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1;
+    (0..text.len()).rev().find(|&at| text[at] == b'"' && !escaped(at))
 }
 
-/// The hop one `Forwarded` element (RFC 7239 section 4) names: `Some(None)`
-/// for no address or a malformed one, `None` for an empty element.
+/// The hop a `Forwarded` element (RFC 7239 section 4) names: `Some(None)` for
+/// no address or a malformed one, `None` for an empty element.
 fn forwarded_hop(element: &[u8]) -> Option<Option<IpAddr>> {
     let mut cursor = Cursor { bytes: element, at: 0 };
     let mut node: Option<Option<IpAddr>> = None;
@@ -326,8 +305,7 @@ fn parse_node(node: &str) -> Option<Option<IpAddr>> {
         return (after.is_empty() || after.strip_prefix(':').is_some_and(is_node_port))
             .then_some(Some(IpAddr::V6(ip)));
     }
-    // `nodename [ ":" node-port ]`: `unknown` and obfuscated names may carry a
-    // port too (RFC 7239 section 6), and none of the unbracketed names holds a ':'.
+    // `nodename [ ":" node-port ]`: no unbracketed name holds a ':'.
     let (name, port) = match node.split_once(':') {
         Some((name, port)) => (name, Some(port)),
         None => (node, None),
@@ -393,20 +371,15 @@ impl<'a> Cursor<'a> {
         self.at += 1;
         let mut value = Vec::new();
         loop {
-            match self.peek()? {
-                b'"' => {
-                    self.at += 1;
-                    return Some(value);
-                }
+            let byte = self.peek()?;
+            self.at += 1;
+            match byte {
+                b'"' => return Some(value),
                 b'\\' => {
-                    self.at += 1;
                     value.push(self.peek()?);
                     self.at += 1;
                 }
-                byte => {
-                    value.push(byte);
-                    self.at += 1;
-                }
+                _ => value.push(byte),
             }
         }
     }
@@ -417,18 +390,12 @@ fn is_tchar(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&byte)
 }
 
-/// Shortest key accepted: the HMAC-SHA-256 output size, so the key is never
-/// the weak point of the pseudonym.
+/// Shortest key accepted: the HMAC-SHA-256 output size, never the pseudonym's weak point.
 pub const MIN_KEY_BYTES: usize = 32;
 
-/// HMAC-SHA-256 pseudonyms under several versioned keys, one of them active.
-///
-/// The message is the frames kind and canonical identity, each a 4-byte
-/// big-endian length and its bytes, so no two frame lists make one message.
-/// The pseudonym depends on the subject alone: it is the Redis Cluster hash
-/// tag every key of the subject shares. Rotation: make a new key active
-/// beside the old one (budgets restart once); [`Self::pseudonymize_with`]
-/// still derives pseudonyms under an older version.
+/// HMAC-SHA-256 pseudonyms under versioned keys, one active; a pseudonym
+/// depends on the subject alone (the Redis Cluster hash tag of its keys).
+/// Rotation makes a new key active beside the old (budgets restart once).
 pub struct VersionedPseudonymizer {
     keys: BTreeMap<u32, KeyedMac>,
     active_version: u32,
@@ -439,8 +406,8 @@ pub struct VersionedPseudonymizer {
 struct KeyedMac(Hmac<Sha256>);
 
 impl VersionedPseudonymizer {
-    /// Keys by version; each must have at least [`MIN_KEY_BYTES`] bytes, no
-    /// version may repeat, and `active_version` must be among them.
+    /// Keys by version, each of [`MIN_KEY_BYTES`] or more, no version twice,
+    /// `active_version` among them.
     pub fn new(
         keys: impl IntoIterator<Item = (u32, SecretSlice<u8>)>,
         active_version: u32,
@@ -477,7 +444,7 @@ impl VersionedPseudonymizer {
     /// The pseudonym under the active key.
     pub fn pseudonymize(&self, kind: SubjectKind, identity: &str) -> SubjectDigest {
         let key = &self.keys[&self.active_version];
-        digest(self.active_version, key, kind, identity)
+        digest(self.active_version, key, [kind.as_str(), identity])
     }
 
     /// The pseudonym under the key of `version`.
@@ -488,38 +455,32 @@ impl VersionedPseudonymizer {
         identity: &str,
     ) -> Result<SubjectDigest, WebError> {
         let key = self.keys.get(&version).ok_or(WebError::UnknownKeyVersion(version))?;
-        Ok(digest(version, key, kind, identity))
+        Ok(digest(version, key, [kind.as_str(), identity]))
     }
 }
 
-fn digest(version: u32, key: &KeyedMac, kind: SubjectKind, identity: &str) -> SubjectDigest {
-    SubjectDigest::from_tag(version, &tag(key, [kind.as_str(), identity]))
-        .expect("a 32-byte tag makes a valid digest")
-}
-
-/// HMAC-SHA-256 over the framed parts.
-fn tag<'a>(key: &KeyedMac, parts: impl IntoIterator<Item = &'a str>) -> [u8; 32] {
+/// HMAC-SHA-256 over the frames, each a 4-byte big-endian length and its
+/// bytes, so no two frame lists make one message.
+fn digest<'a>(
+    version: u32,
+    key: &KeyedMac,
+    frames: impl IntoIterator<Item = &'a str>,
+) -> SubjectDigest {
     let mut mac = key.0.clone();
-    for part in parts {
-        mac.update(&frame_length(part).to_be_bytes());
-        mac.update(part.as_bytes());
+    for frame in frames {
+        // Saturating: HTTP header and route limits cut parts off long before 4 GiB.
+        mac.update(&u32::try_from(frame.len()).unwrap_or(u32::MAX).to_be_bytes());
+        mac.update(frame.as_bytes());
     }
-    mac.finalize().into_bytes().into()
+    let tag: [u8; 32] = mac.finalize().into_bytes().into();
+    SubjectDigest::from_tag(version, &tag).expect("a 32-byte tag makes a valid digest")
 }
 
 /// `pseudonymize(kind, identity)` is the frames `[kind.as_str(), identity]`.
 impl SubjectPseudonymizer for VersionedPseudonymizer {
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest {
-        let key = &self.keys[&self.active_version];
-        SubjectDigest::from_tag(self.active_version, &tag(key, frames))
-            .expect("a 32-byte tag makes a valid digest")
+        digest(self.active_version, &self.keys[&self.active_version], frames)
     }
-}
-
-// Parts longer than 4 GiB cannot arrive: HTTP header and route limits cut
-// them off long before. Saturating keeps the framing total anyway.
-fn frame_length(part: &str) -> u32 {
-    u32::try_from(part.len()).unwrap_or(u32::MAX)
 }
 
 // Key bytes never print: only the versions and which one is active.
@@ -979,7 +940,7 @@ mod pseudonymizer_tests {
     fn framing_keeps_part_boundaries_apart() {
         let keyed =
             || KeyedMac(<Hmac<Sha256> as Mac>::new_from_slice(key(0x42).expose_secret()).unwrap());
-        assert_ne!(tag(&keyed(), ["ab", "c"]), tag(&keyed(), ["a", "bc"]));
+        assert_ne!(digest(1, &keyed(), ["ab", "c"]), digest(1, &keyed(), ["a", "bc"]));
         let pseudonymizer = single(1, 0x42);
         // The kind is framed too: one string as principal and as API key
         // are two subjects.

@@ -1,6 +1,5 @@
-//! The tower middleware: `RateLimitLayer` (a small cloneable config),
-//! `RateLimitService`, its `ResponseFuture`, and the `BridgeSwitch` that
-//! holds the bridge in force.
+//! The tower middleware: `RateLimitLayer`, `RateLimitService`, its
+//! `ResponseFuture`, and the `BridgeSwitch` holding the bridge in force.
 
 use std::fmt;
 use std::future::Future;
@@ -33,8 +32,8 @@ impl RateLimitLayer {
         Self::switched(BridgeSwitch::new(bridge))
     }
 
-    /// A layer that evaluates every request through the bridge `switch`
-    /// holds when the request starts: replace it there to reload.
+    /// A layer that evaluates each request through the bridge `switch` holds
+    /// when it starts: replace it there to reload.
     pub fn switched(switch: BridgeSwitch) -> Self {
         Self { limiter: Some(Limiter { bridge: switch, shaper: None }) }
     }
@@ -44,14 +43,12 @@ impl RateLimitLayer {
         self.limiter.as_ref().map(|limiter| &limiter.bridge)
     }
 
-    /// A layer that passes every request straight through: the
-    /// `disabled` provider switch.
+    /// A layer that passes every request straight through (provider `disabled`).
     pub fn disabled() -> Self {
         Self { limiter: None }
     }
 
-    /// Replaces the default problem+json refusals with what `shaper` makes
-    /// of the reason and the default response.
+    /// Replaces each default problem+json refusal with what `shaper` makes of it.
     pub fn with_refusal_shaper(
         mut self,
         shaper: impl Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync + 'static,
@@ -77,7 +74,6 @@ impl<S> Layer<S> for RateLimitLayer {
 }
 
 /// Asks the bridge before every request; runs `inner` only when allowed.
-/// Built by [`crate::RateLimitLayer`].
 #[derive(Debug, Clone)]
 pub struct RateLimitService<S> {
     inner: S,
@@ -108,8 +104,7 @@ where
     }
 }
 
-/// A port answer still to come, with the request parts and the bridge
-/// handed back (the request's one reference to the bridge).
+/// A port answer still to come, handing back the request parts and the bridge.
 type Evaluation = Pin<Box<dyn Future<Output = (Parts, Arc<TransportBridge>, Answer)> + Send>>;
 
 pin_project! {
@@ -156,8 +151,7 @@ where
     S: Service<Request<ReqBody>> + Clone,
 {
     /// Asks the bridge at once: an answer without waiting is used here,
-    /// nothing boxed, and an admitted request calls `ready` itself. Only
-    /// a provider that waits leaves the evaluation to the future.
+    /// nothing boxed; only a provider that waits leaves it to the future.
     fn evaluating(
         bridge: Arc<TransportBridge>,
         shaper: Option<RefusalShaper>,
@@ -185,8 +179,7 @@ where
     }
 }
 
-/// The state the bridge's answer leads to: the inner service running
-/// (through `call`), or the refusal that replaces its response.
+/// The state the bridge's answer leads to: `call` running, or the refusal.
 fn answered<S, ReqBody>(
     parts: Parts,
     bridge: &TransportBridge,
@@ -267,17 +260,12 @@ where
     S: Service<Request<ReqBody>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            State::Evaluating { .. } => "evaluating",
-            State::Running { .. } => "running",
-            State::Refused { .. } => "refused",
-        };
-        f.debug_struct("ResponseFuture").field("state", &state).finish()
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
     }
 }
 
 /// The bridge in force.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct BridgeSwitch {
     current: Arc<ArcSwap<TransportBridge>>,
 }
@@ -300,14 +288,7 @@ impl BridgeSwitch {
     }
 }
 
-impl fmt::Debug for BridgeSwitch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("BridgeSwitch").field("current", &self.current.load()).finish()
-    }
-}
-
-/// What an enabled layer and its services share: the bridge in force and
-/// the refusal shaper.
+/// What an enabled layer and its services share.
 #[derive(Debug, Clone)]
 struct Limiter {
     bridge: BridgeSwitch,

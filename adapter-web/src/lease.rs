@@ -1,7 +1,6 @@
-//! In-flight leases at the edge: a request admitted under a set with a
-//! concurrency policy holds a [`LeaseGuard`], and the lease goes back to
-//! the port when the guard drops: with the response body once sent or
-//! dropped ([`ReleasingBody`]), or with the request's future.
+//! In-flight leases at the edge: a request admitted under a concurrency
+//! policy holds a [`LeaseGuard`], which gives the lease back to the port when
+//! it drops, with the response body ([`ReleasingBody`]) or the request's future.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -17,12 +16,11 @@ use tokio_util::task::TaskTracker;
 
 use crate::telemetry::{LEASE_RELEASE_FAILURES_TOTAL, PolicyIds};
 
-/// The edge's releases still running, which a shutdown waits for (else
-/// the runtime ends before they run). One per process.
+/// The edge's releases still running, which a shutdown waits for (else the
+/// runtime ends before they run).
 #[derive(Debug, Clone)]
 pub struct LeaseReleases {
     running: TaskTracker,
-    /// [`crate::telemetry::LEASE_RELEASE_FAILURES_TOTAL`].
     failures: Counter,
 }
 
@@ -36,9 +34,8 @@ impl Default for LeaseReleases {
 }
 
 impl LeaseReleases {
-    /// Waits at most `bound` for the releases still running (call it once
-    /// the connections are closed, so no guard is left to drop); those
-    /// that did not finish are counted as release failures and logged once.
+    /// Waits at most `bound` for the releases still running, once the
+    /// connections are closed; counts and logs those left as failures.
     pub async fn finish_within(&self, bound: Duration) -> usize {
         self.running.close();
         if tokio::time::timeout(bound, self.running.wait()).await.is_ok() {
@@ -60,11 +57,10 @@ impl LeaseReleases {
 /// Holds an admitted request's lease; dropping it gives the lease back.
 #[derive(Debug)]
 pub(crate) struct LeaseGuard {
-    /// `None` once the lease is known not to be held (disarmed).
+    /// `None` once the lease is known not to be held.
     release: Option<Release>,
 }
 
-/// What giving a lease back needs.
 #[derive(Debug)]
 struct Release {
     port: Arc<dyn EdgeRateLimitPort>,
@@ -73,8 +69,7 @@ struct Release {
 }
 
 impl LeaseGuard {
-    /// A guard for `lease`, taken (or maybe taken) through `port`; its
-    /// release runs tracked by `releases`, which counts one that fails.
+    /// A guard for `lease`, maybe taken through `port`, released tracked by `releases`.
     pub(crate) fn new(
         port: Arc<dyn EdgeRateLimitPort>,
         lease: Lease,
@@ -83,8 +78,7 @@ impl LeaseGuard {
         Self { release: Some(Release { port, lease, releases }) }
     }
 
-    /// The port's answer says nothing was written (a refusal, a failure
-    /// before sending): there is no lease to give back.
+    /// The port's answer says nothing was written: no lease to give back.
     pub(crate) fn disarm(mut self) {
         self.release = None;
     }
@@ -102,8 +96,6 @@ impl Release {
     /// Gives the lease back on the runtime the request ran on.
     fn run(self) {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // A guard dropped after the runtime shut down: nothing can ask
-            // the store any more, and the lease expires on its own.
             tracing::debug!(
                 policies = %PolicyIds(self.lease.policies.ids()),
                 "no runtime left to release an in-flight lease; it expires on its own"
@@ -132,8 +124,7 @@ impl Release {
     }
 }
 
-/// Counts and logs a failed release (by the subject's pseudonym); the
-/// lease then may stay until it expires.
+/// Counts and logs a failed release (by the subject's pseudonym).
 fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
     match outcome {
         ReleaseOutcome::Released | ReleaseOutcome::NotHeld => {}
@@ -151,8 +142,7 @@ fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
 }
 
 pin_project! {
-    /// A response body that gives its request's lease back once sent (or
-    /// failed) or dropped.
+    /// A response body that gives its request's lease back once sent or dropped.
     pub(crate) struct ReleasingBody<B> {
         #[pin]
         inner: B,

@@ -1,9 +1,6 @@
-//! The inbound HTTP edge of the rate limiter: who a request counts against
-//! (principal, API key or client IP, with a trusted-proxy walk), the keyed
-//! HMAC pseudonym that is all a provider ever sees of that subject, the
-//! transport bridge that builds a `RateLimitRequest` and asks the
-//! `EdgeRateLimitPort`, and the tower layer that maps every outcome to
-//! HTTP (`RateLimit` headers, `429`, `503` problem+json, fail-closed).
+//! The inbound HTTP edge: who a request counts against, the keyed HMAC
+//! pseudonym that is all a provider sees of it, the bridge that asks the
+//! `EdgeRateLimitPort`, and the tower layer that maps every outcome to HTTP.
 //!
 //! This crate depends on `shared-contract` and the HTTP stack only. It must
 //! never import a provider (`adapter-redis`, `adapter-memory`) or

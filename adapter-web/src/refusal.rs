@@ -1,18 +1,7 @@
-//! Outcome -> HTTP: the headers of an admitted request, and the refusal
-//! (`Refusal`) that replaces the handler's answer with a problem+json one,
-//! reshaped by the service's hook if it set one.
-//!
-//! | outcome | status | headers |
-//! | --- | --- | --- |
-//! | allowed | handler's | `RateLimit-Policy`, `RateLimit` (enforced policies) |
-//! | denied | 429 | `Retry-After` (largest of the denying enforced, whole s up), `RateLimit-Policy`, `RateLimit`; body names `violated-policies` |
-//! | `Unavailable`, `Indeterminate`, `Incompatible` | 503 | `Retry-After` (configured) |
-//! | any failure, set of shadow policies only | handler's | none |
-//! | invalid API key | 400 | none |
-//! | no peer address | 500 | none |
-//!
-//! Shadow policies never show: not in headers, not in a body, and they
-//! never turn an answer into a refusal.
+//! Outcome -> HTTP (the table in docs/ARCHITECTURE.md): the headers of an
+//! admitted request, and the problem+json `Refusal` that replaces the
+//! handler's answer, reshaped by the service's hook if it set one. Shadow
+//! policies never show and never refuse.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -25,10 +14,10 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use problem_details::ProblemDetails;
 use shared_contract::{
     IncompatibleCategory, RateLimitFailure, RateLimitOutcomeExt, UnavailableCategory,
-    whole_seconds_up_millis,
+    whole_seconds_up, whole_seconds_up_millis,
 };
 
-use crate::bridge::{BridgeEvaluation, limit_header, whole_seconds_up};
+use crate::bridge::{BridgeEvaluation, limit_header};
 use crate::rejection::{EdgeRejection, problem_type};
 use crate::settings::{DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings};
 
@@ -37,22 +26,17 @@ pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-poli
 /// `RateLimit` header name.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
-/// The `RateLimit-Policy` and `RateLimit` headers of the set's enforced
-/// policies; none for a failure.
+/// The `RateLimit-Policy` and `RateLimit` headers of the enforced policies; none for a failure.
 pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> DecisionHeaders {
     let mut enforced = evaluation.enforced_limits().peekable();
     if enforced.peek().is_none() {
         return DecisionHeaders::default();
     }
-    DecisionHeaders {
-        // The bridge made it once for the set: the enforced policies it holds.
-        policy: evaluation.policy_header.clone(),
-        limit: limit_header(enforced),
-    }
+    DecisionHeaders { policy: evaluation.policy_header.clone(), limit: limit_header(enforced) }
 }
 
-/// The two headers of a decision, held as values until the response is
-/// there: no header map of their own to allocate, hash and merge.
+/// A decision's two headers, held as values until the response is there: no
+/// header map of their own to allocate and merge.
 #[derive(Debug, Default)]
 pub(crate) struct DecisionHeaders {
     policy: Option<HeaderValue>,
@@ -60,8 +44,7 @@ pub(crate) struct DecisionHeaders {
 }
 
 impl DecisionHeaders {
-    /// Sets them on `headers`, replacing any of the same name: the limiter
-    /// is the authority on its own headers.
+    /// Sets them on `headers`, replacing any of the same name.
     pub(crate) fn apply(self, headers: &mut HeaderMap) {
         if let Some(value) = self.policy {
             headers.insert(RATELIMIT_POLICY, value);
@@ -72,12 +55,8 @@ impl DecisionHeaders {
     }
 }
 
-/// The problem+json member of a `429` naming the enforced policies that denied.
-const VIOLATED_POLICIES: &str = "violated-policies";
-
 impl Refusal<'_> {
-    /// The default problem+json answer, with `Retry-After` and the
-    /// decision headers an outcome has.
+    /// The default problem+json answer, with `Retry-After` and any decision headers.
     pub(crate) fn response(self, settings: &EdgeSettings) -> Response<Body> {
         let evaluation = match self {
             Self::Rejected(rejection) => {
@@ -106,7 +85,7 @@ impl Refusal<'_> {
                 let response = problem(settings, StatusCode::TOO_MANY_REQUESTS, category)
                     .with_title("Too Many Requests")
                     .with_detail(detail)
-                    .with_extensions(BTreeMap::from([(VIOLATED_POLICIES, names)]))
+                    .with_extensions(BTreeMap::from([("violated-policies", names)]))
                     .into_response();
                 (response, seconds)
             }
@@ -152,11 +131,9 @@ const fn failure_detail(failure: &RateLimitFailure) -> &'static str {
     }
 }
 
-/// A problem+json body with its status and `type`; the caller adds title,
-/// detail and any extension member.
+/// A problem+json body with its status and `type`.
 fn problem(settings: &EdgeSettings, status: StatusCode, category: &str) -> ProblemDetails {
-    // `EdgeSettings::validate` rejects a base that does not form a URI; a
-    // bridge built without validating still answers with a usable type.
+    // A bridge built from unvalidated settings still answers with a usable type.
     let r#type = problem_type(&settings.problem_type_base, category)
         .or_else(|| problem_type(DEFAULT_PROBLEM_TYPE_BASE, category));
     let mut problem = ProblemDetails::from_status_code(status);
@@ -173,8 +150,6 @@ pub enum Refusal<'a> {
     Rejected(&'a EdgeRejection),
 }
 
-/// The shaper's signature: the reason and the default response in, the
-/// response to send out.
 type ShapeFn = dyn Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync;
 
 /// Rewrites the default problem+json refusal; it cannot admit the request.

@@ -15,8 +15,7 @@ pub const MAX_API_KEY_BYTES: usize = 256;
 pub enum EdgeRejection {
     /// The API key header is unusable: `400`.
     InvalidApiKey(ApiKeyProblem),
-    /// No socket peer address reached the edge (`ConnectInfo` missing): the
-    /// server is wired wrong, not the client, so `500`.
+    /// No socket peer address (`ConnectInfo`) reached the edge: a wiring fault, `500`.
     MissingPeerAddress,
 }
 
@@ -98,8 +97,7 @@ impl EdgeRejection {
     }
 }
 
-/// Every problem type suffix the edge can produce: the outcome categories
-/// and the edge's own rejections, from their enums.
+/// Every problem type suffix the edge can produce.
 pub(crate) fn problem_type_names() -> impl Iterator<Item = &'static str> {
     RateLimitFailure::outcome_names().chain(EdgeRejection::CATEGORY_NAMES)
 }

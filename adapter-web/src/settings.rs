@@ -1,6 +1,5 @@
-//! `EdgeSettings`: plain configuration of the edge (its serde names are the
-//! keys of `capabilities.rate-limit`, its `Default` their defaults), and
-//! `WebError`, configuration that cannot work.
+//! `EdgeSettings`, the edge's configuration (the keys of
+//! `capabilities.rate-limit` and their defaults), and `WebError`.
 
 use crate::rejection::{problem_type, problem_type_names};
 use http::HeaderName;
@@ -24,30 +23,23 @@ pub struct EdgeSettings {
     /// Header that carries an API key.
     #[serde(with = "optional_header_name")]
     pub api_key_header: Option<HeaderName>,
-    /// Socket peers whose forwarding header is believed: CIDRs, or bare
-    /// addresses (one host). Default: none. A list that covers every IPv4
-    /// or every IPv6 address is refused.
+    /// Socket peers whose forwarding header is believed: CIDRs or bare
+    /// addresses. Default: none; one covering a whole family is refused.
     #[serde(with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
-    /// The one forwarding header the trusted proxies write; the other is
-    /// never read. Default `x-forwarded-for`.
+    /// The one forwarding header the trusted proxies write. Default `x-forwarded-for`.
     pub client_ip_header: ClientIpHeader,
-    /// Policy set of every operation not in `operations`. Default: the set
-    /// of the one policy [`DEFAULT_POLICY`].
+    /// Policy set of every operation not in `operations`. Default: [`DEFAULT_POLICY`].
     #[serde(skip)]
     pub default_policies: PolicySet,
-    /// Policy set by operation id (`"GET /api/orders/{id}"`), each in
-    /// configured order.
+    /// Policy set by operation id (`"GET /api/orders/{id}"`).
     #[serde(skip)]
     pub operations: HashMap<String, PolicySet>,
-    /// IPv4 clients are counted per network of this many leading bits
-    /// (`1..=32`). Default 32: one address, one subject.
+    /// IPv4 clients count per network of this many bits (`1..=32`). Default 32.
     pub client_ipv4_prefix: u8,
-    /// IPv6 clients are counted per network of this many leading bits
-    /// (`1..=128`).
+    /// IPv6 clients count per network of this many bits (`1..=128`). Default 64.
     pub client_ipv6_prefix: u8,
-    /// Problem `type` URIs are this plus the category name; a service sets
-    /// its own documentation URL.
+    /// Problem `type` URIs are this plus the category name.
     pub problem_type_base: String,
 }
 
@@ -70,12 +62,10 @@ impl Default for EdgeSettings {
     }
 }
 
-/// The forwarding header a trusted proxy writes the client's address
-/// into, as `client-ip-header` names it.
+/// The forwarding header a trusted proxy writes the client's address into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ClientIpHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2`, written by nginx,
-    /// HAProxy, AWS ALB and Envoy by default: `x-forwarded-for`.
+    /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, HAProxy, AWS ALB, Envoy).
     #[default]
     XForwardedFor,
     /// RFC 7239 `Forwarded: for=client, for=proxy1`: `forwarded`.
@@ -120,14 +110,11 @@ pub const DEFAULT_POLICY: &str = "default";
 /// The default [`EdgeSettings::problem_type_base`].
 pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.invalid/problems/";
 
-/// Valid [`EdgeSettings::client_ipv4_prefix`] values.
 const IPV4_PREFIXES: RangeInclusive<u8> = 1..=32;
-/// Valid [`EdgeSettings::client_ipv6_prefix`] values.
 const IPV6_PREFIXES: RangeInclusive<u8> = 1..=128;
 
 impl EdgeSettings {
-    /// Every rule the types cannot hold, broken; empty when the settings
-    /// can work.
+    /// Every rule the types cannot hold that is broken; empty when the settings can work.
     pub fn problems(&self) -> Vec<WebError> {
         let mut problems = Vec::new();
         if self.evaluation_budget < Duration::from_millis(1) {
@@ -182,16 +169,13 @@ fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
 mod optional_header_name {
     use http::HeaderName;
     use serde::de::Error;
-    use serde::{Deserialize, Deserializer, Serializer};
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
     pub(super) fn serialize<S: Serializer>(
         name: &Option<HeaderName>,
         s: S,
     ) -> Result<S::Ok, S::Error> {
-        match name {
-            Some(name) => s.serialize_some(name.as_str()),
-            None => s.serialize_none(),
-        }
+        name.as_ref().map(HeaderName::as_str).serialize(s)
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(
@@ -254,8 +238,7 @@ pub enum WebError {
     /// A version asked for (the active one, or an explicit one) has no key.
     #[error("pseudonymizer key version {0} is not configured")]
     UnknownKeyVersion(u32),
-    /// `problem_type_base` is empty, or plus a category name does not form
-    /// a URI.
+    /// `problem_type_base` is empty, or with a category name is not a URI.
     #[error("problem type base {base:?} does not form a valid URI with {category:?}")]
     InvalidProblemTypeBase {
         /// The configured base.
@@ -263,12 +246,10 @@ pub enum WebError {
         /// The category that was appended (empty for an empty base).
         category: &'static str,
     },
-    /// The evaluation budget is under a millisecond, so every request would
-    /// miss its deadline.
+    /// The evaluation budget is under a millisecond: every request would miss it.
     #[error("the evaluation budget must be at least 1ms, got {0:?}")]
     EvaluationBudgetTooShort(std::time::Duration),
-    /// The failure retry-after is under a millisecond: clients would be told
-    /// to retry at once.
+    /// The failure retry-after is under a millisecond: clients would retry at once.
     #[error("the failure retry-after must be at least 1ms, got {0:?}")]
     FailureRetryAfterTooShort(std::time::Duration),
     /// `client_ipv4_prefix` is outside `1..=32`.

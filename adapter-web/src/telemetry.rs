@@ -14,8 +14,7 @@ use crate::rejection::EdgeRejection;
 
 pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metric_name};
 
-/// The prefix every metric the service exports starts with, named for the
-/// service.
+/// The prefix of every metric the service exports.
 pub const METRIC_PREFIX: &str = metric_name!("");
 
 /// Counter of in-flight lease releases that failed or were still running
@@ -26,12 +25,10 @@ pub const LEASE_RELEASE_FAILURES_TOTAL: &str =
 /// The `algorithm` label when the port does not hold the policy.
 const UNKNOWN_ALGORITHM: &str = "unknown";
 
-/// The `outcome` label of every decision of a set the degraded mode
-/// decided: `degraded`.
+/// The `outcome` label of every decision the degraded mode made.
 const DEGRADED: &str = DecisionSource::Degraded.name();
 
-/// Every `outcome` label a decision can be counted under; its positions
-/// index a member's counters.
+/// Every `outcome` label, whose positions index a member's counters.
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
     RateLimitFailure::outcome_names()
         .chain([DEGRADED])
@@ -39,26 +36,22 @@ static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
         .collect()
 });
 
-/// The metric handles of one member of a policy set: its labels, and a
-/// counter per outcome and its histogram, each registered on first use.
+/// The metric handles of one member of a policy set, each registered on first use.
 #[derive(Debug)]
 pub(crate) struct MemberMetrics {
     policy: SharedString,
     algorithm: &'static str,
     mode: &'static str,
-    /// Two slots per entry of [`OUTCOMES`], in its order: not cached, then
-    /// cached.
+    /// Two slots per entry of [`OUTCOMES`]: not cached, then cached.
     decisions: Box<[OnceLock<Counter>]>,
     evaluation: OnceLock<Histogram>,
 }
 
 impl MemberMetrics {
-    /// The handles of a member with id `policy`, as the port holds it
-    /// (`None` when it does not).
+    /// The handles of member `policy` as the port holds it (`None` when it does not).
     pub(crate) fn new(policy: &str, described: Option<&RateLimitPolicy>) -> Self {
         Self {
-            // A shared string: registering a handle bumps a count, never
-            // copies the id.
+            // Registering a handle bumps a count, never copies the id.
             policy: SharedString::from(std::sync::Arc::<str>::from(policy)),
             algorithm: described.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name()),
             // A policy the port does not hold counts as enforced (it fails closed).
@@ -84,8 +77,7 @@ impl MemberMetrics {
             Some(slot) => {
                 self.decisions[slot * 2 + usize::from(cached)].get_or_init(register).increment(1);
             }
-            // Every label the edge counts is in OUTCOMES; should one be
-            // missed, it is still counted, only without a kept handle.
+            // A label missed in OUTCOMES is still counted, without a kept handle.
             None => register().increment(1),
         }
     }
@@ -104,8 +96,7 @@ impl MemberMetrics {
     }
 }
 
-/// Counts an evaluated set: each policy's own decision, `degraded`, or the
-/// set's failure category.
+/// Counts an evaluated set: each policy's decision, `degraded`, or the failure.
 pub(crate) fn record_evaluation(
     members: &[MemberMetrics],
     outcome: &RateLimitOutcome,

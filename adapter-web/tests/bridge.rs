@@ -155,7 +155,7 @@ async fn every_request_gets_a_fresh_evaluation_id_and_cost_one() {
 async fn a_cost_extension_sets_the_cost() {
     let fixture = fixture(EdgeSettings::default());
     fixture.bridge.evaluate(&parts(request().extension(RateLimitCost(5)))).await.unwrap();
-    fixture.bridge.evaluate(&parts(request().extension(RateLimitCost::DEFAULT))).await.unwrap();
+    fixture.bridge.evaluate(&parts(request().extension(RateLimitCost::default()))).await.unwrap();
     let costs: Vec<_> = fixture.requests().iter().map(|r| r.cost).collect();
     assert_eq!(costs, [5, 1]);
 }
