@@ -1,5 +1,5 @@
 //! `EvaluationDedupPolicy`: how long and how many evaluation results a key
-//! keeps so a retried evaluation replays instead of charging twice.
+//! keeps, so a retried evaluation replays instead of charging twice.
 
 use std::time::Duration;
 
@@ -33,8 +33,8 @@ impl EvaluationDedupPolicy {
         Self::Enabled { ttl: Duration::from_secs(5), max_entries: 256, max_stored_bytes: 65_536 }
     }
 
-    /// The number of records a key may hold: the smaller of the entry bound
-    /// and the byte bound; 0 when disabled.
+    /// Records a key may hold: the smaller of the entry and the byte bound;
+    /// 0 when disabled.
     pub const fn record_capacity(&self) -> u32 {
         match *self {
             Self::Disabled => 0,

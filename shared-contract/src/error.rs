@@ -50,9 +50,9 @@ impl fmt::Display for PolicyViolation {
     }
 }
 
-/// A key of a policy's configuration table: the configuration reads and
-/// renders each by [`PolicyField::key`], and validation names the one it
-/// rejects, so each key is written once, here.
+/// A key of a policy's configuration table, written once, here: the
+/// configuration reads and renders each by [`PolicyField::key`], and
+/// validation names the one it rejects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyField {
     /// The policy id (the table's own name, not a key in it).
@@ -61,8 +61,7 @@ pub enum PolicyField {
     Algorithm,
     /// The policy revision.
     Revision,
-    /// A parameter of the policy's algorithm, by its key (`limit`,
-    /// `window`, ...): each algorithm names its own.
+    /// A parameter of the policy's algorithm, by its key.
     Parameter(&'static str),
     /// The largest cost one request may carry.
     MaximumCost,
@@ -96,8 +95,7 @@ impl From<&'static str> for PolicyField {
 }
 
 impl PolicyField {
-    /// The kebab-case key of this field inside a policy's configuration
-    /// table, so configuration errors can name the full key path.
+    /// The kebab-case key path inside a policy's configuration table.
     pub const fn key(self) -> &'static str {
         match self {
             Self::Id => "id",

@@ -1,6 +1,5 @@
 //! GCRA (docs/algorithms.md "GCRA"): the generic cell rate algorithm by
-//! virtual scheduling, in whole microseconds; its state is one theoretical
-//! arrival time.
+//! virtual scheduling, in whole microseconds.
 
 use std::time::Duration;
 
@@ -133,19 +132,12 @@ impl RateAlgorithm for Gcra {
         }
         let tat = a.saturating_add(needed - backlog);
         let (remaining, reset_after) = budget(burst, interval, whole, needed);
-        Step {
-            allowed: true,
-            remaining,
-            retry_after: 0,
-            reset_after,
-            write: Some((GcraState { tat }, micros_to_millis(tat))),
-        }
+        Step::charged(remaining, reset_after, GcraState { tat }, micros_to_millis(tat))
     }
 
-    /// The rate and the burst both shared: each instance spaces its cells
-    /// `instances` times further apart.
+    /// The rate and the burst both shared.
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
-        Self { limit: share(self.limit), period: self.period, burst: share(self.burst) }
+        Self { limit: share(self.limit), burst: share(self.burst), ..*self }
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

@@ -1,7 +1,6 @@
 //! Sliding counter (docs/algorithms.md "Sliding counter"): the current
 //! window's count plus the previous one's, weighted by how much of it the
-//! sliding window still covers; its state is the window's start and both
-//! counts.
+//! sliding window still covers.
 
 use std::time::Duration;
 
@@ -110,17 +109,12 @@ impl RateAlgorithm for SlidingCounter {
             return Step::spared(limit - estimate, to_end);
         }
         let state = SlidingCounterState { window_start: ws, current: n + cost, previous: p };
-        Step {
-            allowed: true,
-            remaining: limit - (estimate + cost),
-            retry_after: 0,
-            reset_after: to_end,
-            write: Some((state, ws.saturating_add(window.saturating_mul(2)))),
-        }
+        let end = ws.saturating_add(window.saturating_mul(2));
+        Step::charged(limit - (estimate + cost), to_end, state, end)
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
-        Self { limit: share(self.limit), window: self.window }
+        Self { limit: share(self.limit), ..*self }
     }
 
     fn arguments(&self, _t: u64) -> Arguments {
@@ -135,14 +129,7 @@ impl RateAlgorithm for SlidingCounter {
 /// The smallest wait after which a denied sliding-counter request passes
 /// with no other traffic (docs/algorithms.md, "Sliding counter").
 fn sliding_retry_after(limit: u64, window: u64, cost: u64, n: u64, p: u64, elapsed: u64) -> u64 {
-    let (l, w, c, n, p, e) = (
-        i128::from(limit),
-        i128::from(window),
-        i128::from(cost),
-        i128::from(n),
-        i128::from(p),
-        i128::from(elapsed),
-    );
+    let [l, w, c, n, p, e] = [limit, window, cost, n, p, elapsed].map(i128::from);
     let a = l - c - n;
     if a >= 0 && p > 0 {
         let x = w - ((a + 1) * w - 1) / p;

@@ -1,6 +1,5 @@
 //! Token bucket (docs/algorithms.md "Token bucket"): tokens refilled by
-//! whole periods up to the capacity; its state is the tokens left and the
-//! start of the period not yet credited.
+//! whole periods up to the capacity.
 
 use std::time::Duration;
 
@@ -107,11 +106,7 @@ impl RateAlgorithm for TokenBucket {
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
-        Self {
-            capacity: share(self.capacity),
-            refill_tokens: share(self.refill_tokens),
-            refill_period: self.refill_period,
-        }
+        Self { capacity: share(self.capacity), refill_tokens: share(self.refill_tokens), ..*self }
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

@@ -10,9 +10,8 @@ use foldhash::fast::RandomState;
 
 use crate::request::EvaluationId;
 
-/// What a charged evaluation left behind so a repeat of its id can replay
-/// the answer instead of charging again. Counts [`crate::DEDUP_RECORD_BYTES`]
-/// (what the Redis provider stores for it) against the byte bound.
+/// What a charged evaluation left behind, so a repeat of its id replays the
+/// answer instead of charging again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DedupRecord {
     /// The evaluation that charged.
@@ -25,23 +24,12 @@ pub struct DedupRecord {
     pub written_at: u64,
 }
 
-/// The records of one key, oldest first. `written_at` never decreases from
-/// front to back (records are appended at the key's effective time, which
-/// never runs backwards), so expiry and eviction both pop from the front.
-///
-/// From [`INDEX_FROM`] records on, an [`Index`] maps an evaluation id to its
-/// record's sequence number, so a lookup, an append and an eviction each
-/// touch a fixed number of cache lines however many records the key holds
-/// (a scan of 256 records read 10 KB per decision; docs/benchmarks.md).
-/// Below it a scan of a few contiguous records is cheaper than a table.
-///
-/// Boxed and allocated on the first record, so a key without records (dedupe
-/// off, or only denials) carries one pointer: a small map slot keeps more
-/// keys in cache.
-///
-/// A provider that serializes a key reads the records with
-/// [`DedupRecords::iter`] and rebuilds them, in the same order, with
-/// `collect()`.
+/// The records of one key, oldest first: `written_at` never decreases front
+/// to back, so expiry and eviction both pop from the front. From
+/// [`INDEX_FROM`] records on an [`Index`] finds a record in a fixed number of
+/// cache lines (docs/benchmarks.md). Boxed on the first record, so a key
+/// without records is one pointer. A provider serializes a key with
+/// [`DedupRecords::iter`] and rebuilds it, in order, with `collect()`.
 #[derive(Clone, Default)]
 pub struct DedupRecords(Option<Box<Held>>);
 
@@ -51,34 +39,23 @@ const INDEX_FROM: usize = 8;
 #[derive(Clone)]
 struct Held {
     queue: VecDeque<DedupRecord>,
-    /// The sequence number of the front record; the record at queue
-    /// position `i` has `front_seq + i` (wrapping).
+    /// The sequence number of the front record (wrapping).
     front_seq: u32,
-    /// Empty below [`INDEX_FROM`] records; from then on the sequence number
-    /// of every record held, found by its id's hash.
+    /// Empty below [`INDEX_FROM`] records.
     index: Index,
 }
 
-/// A keyed hash of the id. Ids are server-generated UUIDs, but the port lets
-/// a caller choose them: a per-process random seed keeps probe chains short
-/// whatever ids arrive.
+/// A keyed hash of the id: the port lets a caller choose ids, so a random
+/// seed per process keeps probe chains short whatever ids arrive.
 fn hash_of(id: EvaluationId) -> u64 {
     static STATE: OnceLock<RandomState> = OnceLock::new();
     STATE.get_or_init(RandomState::default).hash_one(id.as_uuid().as_u128())
 }
 
-/// The record numbered `seq` of a queue whose front is numbered `front_seq`.
-fn at(queue: &VecDeque<DedupRecord>, front_seq: u32, seq: u32) -> Option<&DedupRecord> {
-    queue.get(seq.wrapping_sub(front_seq) as usize)
-}
-
-/// The records' index: open addressing with linear probing over one array
-/// of words, each a record's fingerprint (the high half of its id's hash,
-/// which also picks its home slot) beside its sequence number, 0 for an
-/// empty slot. A lookup, an insert and a removal each read the few
-/// neighbouring words of one cache line, and touch a record only when a
-/// fingerprint matches; a removal shifts the run after it back, so no
-/// tombstones build up. At most half full, so runs stay short.
+/// The records' index: linear probing over words of a fingerprint (the high
+/// half of the id's hash, which picks the home slot) over a sequence number,
+/// 0 for an empty slot. At most half full; a removal shifts its run back, so
+/// no tombstones build up.
 #[derive(Clone, Default)]
 struct Index {
     slots: Box<[u64]>,
@@ -117,8 +94,7 @@ impl Index {
         (word >> 32) as usize & self.mask()
     }
 
-    /// The sequence numbers filed under `hash`, in probe order, until the
-    /// first empty slot.
+    /// The sequence numbers filed under `hash`, in probe order.
     fn candidates(&self, hash: u64) -> impl Iterator<Item = (usize, u32)> + '_ {
         let fingerprint = Self::word(hash, 0) >> 32;
         let mask = self.mask();
@@ -188,12 +164,11 @@ impl Held {
         }
         index
             .candidates(hash_of(evaluation_id))
-            .filter_map(|(_, seq)| at(queue, *front_seq, seq))
+            .filter_map(|(_, seq)| queue.get(seq.wrapping_sub(*front_seq) as usize))
             .find(|record| record.evaluation_id == evaluation_id)
     }
 
-    /// Rebuilds the index over every record held, with room for twice as
-    /// many.
+    /// Rebuilds the index with room for twice the records held.
     fn reindex(&mut self) {
         self.index = Index::with_room(self.queue.len().max(INDEX_FROM).saturating_mul(2));
         for position in 0..self.queue.len() {
@@ -238,9 +213,8 @@ impl DedupRecords {
         self.len() == 0
     }
 
-    /// Records the buffer has room for without growing, so a store can show
-    /// that its memory stays bounded (the index, built from [`INDEX_FROM`]
-    /// records on, grows with the records held and never past the cap).
+    /// Records the buffer has room for, so a store can show its memory stays
+    /// bounded.
     pub fn allocated(&self) -> usize {
         self.0.as_ref().map_or(0, |held| held.queue.capacity())
     }
@@ -291,16 +265,14 @@ impl DedupRecords {
         self.0.as_ref()?.queue.back().map(|r| r.written_at)
     }
 
-    /// Forgets every record (the key expired or dedupe is off) and frees
-    /// their memory.
+    /// Forgets every record and frees their memory.
     pub(crate) fn clear(&mut self) {
         self.0 = None;
     }
 }
 
 impl PartialEq for DedupRecords {
-    /// The same records in the same order; how they are indexed is not
-    /// compared.
+    /// The same records in the same order, however indexed.
     fn eq(&self, other: &Self) -> bool {
         self.iter().eq(other.iter())
     }
