@@ -74,26 +74,23 @@ impl SetDecision {
     /// The set's answer from its members' modes and decisions, in order (at
     /// most [`MAX_POLICY_SET`]).
     pub fn of_members(members: impl IntoIterator<Item = (PolicyMode, RateLimitDecision)>) -> Self {
-        let mut members = members.into_iter();
-        let mut replayed = false;
-        let mut enforced_allow = true;
-        let mut count = |(mode, decision): (PolicyMode, RateLimitDecision)| {
-            replayed |= decision.replayed;
-            enforced_allow &= decision.allowed || mode == PolicyMode::Shadow;
-            decision
-        };
-        let Some(first) = members.next().map(&mut count) else {
-            let decisions = Decisions::Many(Box::default());
-            return Self { decisions, allowed: false, source: DecisionSource::Store };
-        };
-        // A larger set takes one allocation of its exact length.
-        let decisions = match members.next().map(&mut count) {
-            None => Decisions::One(first),
-            Some(second) => {
-                let mut many = Vec::with_capacity(2 + members.size_hint().0);
-                many.extend([first, second]);
-                many.extend(members.take(MAX_POLICY_SET - 2).map(&mut count));
-                Decisions::Many(many.into_boxed_slice())
+        let (mut replayed, mut enforced_allow) = (false, true);
+        let decisions = {
+            let mut members = members.into_iter().take(MAX_POLICY_SET).map(|(mode, decision)| {
+                replayed |= decision.replayed;
+                enforced_allow &= decision.allowed || mode == PolicyMode::Shadow;
+                decision
+            });
+            let Some(first) = members.next() else {
+                let decisions = Decisions::Many(Box::default());
+                return Self { decisions, allowed: false, source: DecisionSource::Store };
+            };
+            // A larger set takes one allocation of its exact length.
+            match members.next() {
+                None => Decisions::One(first),
+                Some(second) => {
+                    Decisions::Many([first, second].into_iter().chain(members).collect())
+                }
             }
         };
         Self { decisions, allowed: replayed || enforced_allow, source: DecisionSource::Store }

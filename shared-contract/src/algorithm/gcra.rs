@@ -87,11 +87,32 @@ impl RateAlgorithm for Gcra {
         let period_ok = checks.period("period", self.period, MAX_PERIOD);
         let interval = self.emission_interval_micros();
         if rate_ok && period_ok {
-            if let Some(problem) = rounding_problem(self.limit, millis(self.period), interval) {
-                checks.reject("limit", problem);
+            // T may round up by less than 1 µs per cell: refused when that
+            // slows the steady rate by more than 1 %, `T x L > 1.01 x 1000 P`.
+            let (limit, granted) = (self.limit, u128::from(interval) * u128::from(self.limit));
+            let asked = u128::from(millis(self.period)) * 1000;
+            if granted * 100 > asked * 101 {
+                checks.reject(
+                    "limit",
+                    format!(
+                        "period / limit rounds up to T = {interval} us, so {limit} cells take \
+                         {granted} us instead of {asked} us (more than 1 % slower); choose a \
+                         limit that divides 1000 x period in ms, or at most 10 per ms of period"
+                    ),
+                );
             }
-            if let (true, Some(problem)) = (limit_ok, millisecond_problem(self.burst, interval)) {
-                checks.reject("burst", problem);
+            // The caller clock counts whole milliseconds: a `burst x T` under
+            // 1 ms would admit at most `burst` a millisecond, below the rate.
+            let (burst, least) = (self.burst, 1000_u64.div_ceil(interval.max(1)));
+            if limit_ok && burst < least {
+                checks.reject(
+                    "burst",
+                    format!(
+                        "must cover at least 1 ms of cells, as the clock counts whole \
+                         milliseconds: burst >= ceil(1000 us / T) = {least} with T = {interval} \
+                         us, got {burst}"
+                    ),
+                );
             }
         }
         if limit_ok && period_ok {
@@ -147,34 +168,6 @@ impl RateAlgorithm for Gcra {
     fn decode([tat, _, _]: [u64; 3]) -> Option<GcraState> {
         Some(GcraState { tat })
     }
-}
-
-/// `T = ceil(1000 P / L)` µs may round up by less than 1 µs per cell;
-/// refused when that slows the steady rate by more than 1 %, i.e. when
-/// `T x L > 1.01 x 1000 P` (docs/algorithms.md#gcra).
-fn rounding_problem(limit: u64, period_ms: u64, interval: u64) -> Option<String> {
-    let granted = u128::from(interval) * u128::from(limit);
-    let asked = u128::from(period_ms) * 1000;
-    (granted * 100 > asked * 101).then(|| {
-        format!(
-            "period / limit rounds up to T = {interval} us, so {limit} cells take {granted} us \
-             instead of {asked} us (more than 1 % slower); choose a limit that divides \
-             1000 x period in ms, or at most 10 per ms of period"
-        )
-    })
-}
-
-/// The caller clock counts whole milliseconds, so a GCRA whose `burst x T`
-/// is under 1 ms admits at most `burst` a millisecond, below its rate:
-/// refused unless `burst >= ceil(1000 us / T)` (docs/algorithms.md#gcra).
-fn millisecond_problem(burst: u64, interval: u64) -> Option<String> {
-    let least = 1000_u64.div_ceil(interval.max(1));
-    (burst < least).then(|| {
-        format!(
-            "must cover at least 1 ms of cells, as the clock counts whole milliseconds: \
-             burst >= ceil(1000 us / T) = {least} with T = {interval} us, got {burst}"
-        )
-    })
 }
 
 /// `remaining` and `reset_after` (ms) at backlog `d`: the cells that

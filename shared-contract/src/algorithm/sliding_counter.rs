@@ -79,16 +79,9 @@ impl RateAlgorithm for SlidingCounter {
         let ws = t - t % window;
         let elapsed = t - ws;
         let (n, p) = match state {
-            None => (0, 0),
-            Some(&SlidingCounterState { window_start, current, previous }) => {
-                if window_start == ws {
-                    (current, previous)
-                } else if ws.checked_sub(window) == Some(window_start) {
-                    (0, current)
-                } else {
-                    (0, 0)
-                }
-            }
+            Some(held) if held.window_start == ws => (held.current, held.previous),
+            Some(held) if ws.checked_sub(window) == Some(held.window_start) => (0, held.current),
+            _ => (0, 0),
         };
         // p <= limit and limit * window < 2^53, so u64 suffices; a stored count
         // above a lowered limit could overflow, and only then takes u128.

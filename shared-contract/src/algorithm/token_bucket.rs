@@ -71,10 +71,7 @@ impl RateAlgorithm for TokenBucket {
         let (capacity, refill_tokens, period) =
             (self.capacity, self.refill_tokens.max(1), ms(self.refill_period));
         let (t, cost, charge) = (run.t, run.cost, run.charge);
-        let (tokens, updated_at) = match state {
-            None => (capacity, t),
-            Some(&TokenBucketState { tokens, updated_at }) => (tokens, updated_at),
-        };
+        let (tokens, updated_at) = state.map_or((capacity, t), |held| (held.tokens, held.updated_at));
         let periods = t.saturating_sub(updated_at) / period;
         let mut tokens = capacity.min(tokens.saturating_add(periods.saturating_mul(refill_tokens)));
         // periods * period <= t - updated_at: the partial period is kept.
