@@ -22,8 +22,7 @@ pub trait RateAlgorithm:
 {
     /// The configuration name (`algorithm = "fixed-window"`), kebab-case.
     const NAME: &'static str;
-    /// The byte that opens its stored state and names it in a policy's ARGV
-    /// block: an upper-case letter, never another's, kept for good.
+    /// Its stored state's and ARGV block's byte: an upper-case letter, its own.
     const TAG: u8;
     /// Its configuration keys beside the common ones (kebab-case).
     const KEYS: &'static [&'static str];
@@ -35,11 +34,9 @@ pub trait RateAlgorithm:
     const HOLDS_LEASES: bool = false;
     /// Whether [`Self::quota_window`] reads the caller time.
     const WINDOW_MOVES: bool = false;
-    /// Whether `limit - remaining` is this window's count, which degraded
-    /// mode compares with what it wrote back.
+    /// Whether `limit - remaining` is this window's count (degraded mode).
     const WINDOWED: bool = false;
-    /// Whether a refusal stays one until its `reset_after` whatever the
-    /// cost (only then may a local cache answer it).
+    /// Whether a refusal stays one until its `reset_after` whatever the cost.
     const REFUSAL_STAYS: bool = false;
     /// The common policy keys that do not apply to it, refused when set.
     const REFUSED_COMMON_KEYS: &'static [PolicyField] = &[];
@@ -47,8 +44,7 @@ pub trait RateAlgorithm:
     /// The stored counting state of one key: a constant number of numbers.
     type State: Copy + fmt::Debug + PartialEq + Eq + Send + Sync + 'static;
 
-    /// The most units (leases) spent at once: bounds `maximum-cost`, and
-    /// `RateLimit-Policy`'s `q` reports it.
+    /// The most units (leases) spent at once, `RateLimit-Policy`'s `q`.
     fn limit(&self) -> u64;
 
     /// Whether its decisions are exact or its own estimate.
@@ -59,26 +55,22 @@ pub trait RateAlgorithm:
     /// The time over which it grants its limit, `w` in `RateLimit-Policy`.
     fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration>;
 
-    /// Pushes each violation of its parameters; returns whether
-    /// [`Self::limit`] is in range (so a cost bound may be named).
+    /// Pushes each violation of its parameters; true when the limit is valid.
     fn check(&self, checks: &mut Checks) -> bool;
 
     /// One run at effective time `run.t` over the key's state (`None`: absent).
     fn step(&self, state: Option<&Self::State>, run: &Run<'_>) -> Step<Self::State>;
 
-    /// Its share of each instance's limiter in degraded mode: every count
-    /// through `share`, times kept.
+    /// Its share of each instance's limiter in degraded mode, times kept.
     #[must_use]
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self;
 
-    /// How long an admitted request's lease counts (ms) given the maximum
-    /// clock regression; `None` unless it holds leases.
+    /// How long a lease counts (ms) given the clock regression, if it holds any.
     fn lease_life(&self, _regression: u64) -> Option<u64> {
         None
     }
 
-    /// The parameters its Lua function takes after the common ones at
-    /// caller time `t`.
+    /// Its Lua function's parameters after the common ones, at caller time `t`.
     fn arguments(&self, t: u64) -> Arguments;
 
     /// Its state from the numbers inspect reads after the mark.
@@ -96,13 +88,11 @@ pub struct Lua {
     pub function: &'static str,
     /// How many arguments follow the common ones in its ARGV block.
     pub arity: usize,
-    /// The bytes of its state header (tag and doubles, mark first); 0 for
-    /// a key that holds no header.
+    /// The bytes of its state header (tag and doubles); 0 for none.
     pub header: usize,
 }
 
-/// The parameters an algorithm's Lua function takes, at most
-/// [`Arguments::MAX`].
+/// The parameters an algorithm's Lua function takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arguments {
     values: [u64; Arguments::MAX],
@@ -157,8 +147,7 @@ pub struct Step<S> {
     pub retry_after: u64,
     /// Time until the budget is whole again.
     pub reset_after: u64,
-    /// The state to store and `state_end` (from when absence means the same
-    /// as this state), or `None` when nothing is written.
+    /// The state to store and when its absence means the same, if written.
     pub write: Option<(S, u64)>,
 }
 
@@ -178,8 +167,8 @@ impl<S> Step<S> {
         Self { allowed: true, remaining, retry_after: 0, reset_after, write: Some((state, end)) }
     }
 
-    /// A window counter's step: `n` of `limit` units counted in a window
-    /// ending at `end`; charged, `counted(n + cost)` is stored until `end`.
+    /// A window counter's step over `n` of `limit` units in a window ending
+    /// at `end`; charged, it stores `counted(n + cost)`.
     pub fn count(
         limit: u64,
         n: u64,
@@ -206,8 +195,7 @@ impl<S> Step<S> {
     }
 }
 
-/// The stored state belongs to another algorithm (the policy changed
-/// algorithm without a new revision): `Incompatible(StateIncompatible)`.
+/// The stored state belongs to another algorithm: `StateIncompatible`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateMismatch;
 
@@ -241,8 +229,7 @@ impl Checks {
         ok
     }
 
-    /// Checks a duration of whole milliseconds from 1 ms to `longest`;
-    /// true when it is.
+    /// Checks a duration of whole ms in 1 ms ..= `longest`; true when it is.
     pub fn period(
         &mut self,
         key: impl Into<PolicyField>,
@@ -257,8 +244,8 @@ impl Checks {
         problem.map(|problem| self.reject(key, problem)).is_none()
     }
 
-    /// Checks that `count x period` (ms) stays below 2^53, so every provider,
-    /// Lua's doubles included, counts exactly; reported on the count's key.
+    /// Checks that `count x period` (ms) stays below 2^53, so every provider
+    /// (Lua's doubles too) counts exactly.
     pub fn exact_product(
         &mut self,
         (count_key, count): (&'static str, u64),
@@ -277,14 +264,12 @@ impl Checks {
     }
 }
 
-/// Whole milliseconds of `duration`, at least 1: a period every step may
-/// divide by.
+/// Whole milliseconds of `duration`, at least 1, to divide by.
 pub(crate) fn ms(duration: Duration) -> u64 {
     millis(duration).max(1)
 }
 
-/// A duration in a policy's table: a string with a unit ("750ms"); a bare
-/// number is refused.
+/// A duration in a policy's table: a string with a unit, never a bare number.
 pub(crate) mod duration {
     use std::fmt;
     use std::time::Duration;
@@ -335,10 +320,9 @@ pub(crate) mod duration {
     }
 }
 
-/// Registers the algorithms (module and type each) and generates
-/// [`Algorithm`], [`AlgorithmKind`] and [`AlgorithmState`], each variant
-/// named as its type; a state of another algorithm is a [`StateMismatch`],
-/// decided here, not in any step.
+/// Registers the algorithms and generates [`Algorithm`], [`AlgorithmKind`]
+/// and [`AlgorithmState`]; a state of another algorithm is a
+/// [`StateMismatch`] decided here, not in any step.
 macro_rules! algorithms {
     ($($module:ident::$name:ident),+ $(,)?) => {
         $(
@@ -356,8 +340,7 @@ macro_rules! algorithms {
             )+
         }
 
-        /// Which algorithm, without its parameters: what a configuration's
-        /// `algorithm` key names.
+        /// Which algorithm, as a configuration's `algorithm` key names it.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum AlgorithmKind {
             $(
@@ -427,8 +410,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name => <$name as RateAlgorithm>::WINDOW_MOVES,)+ }
             }
 
-            /// Its parameters from the keys of a policy's table beside the
-            /// common ones (an unknown key is refused).
+            /// Its parameters from a policy's table (an unknown key is refused).
             ///
             /// # Errors
             /// The deserializer's error naming the key at fault.
@@ -460,8 +442,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name(algorithm) => algorithm.certainty(),)+ }
             }
 
-            /// The time over which it grants its limit, `now` read only by an
-            /// algorithm whose window moves.
+            /// The time over which it grants its limit.
             pub fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration> {
                 match self { $(Self::$name(algorithm) => algorithm.quota_window(now),)+ }
             }
@@ -477,8 +458,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name(_) => <$name as RateAlgorithm>::WINDOWED,)+ }
             }
 
-            /// Whether a refusal stays one until its `reset_after` with no
-            /// other traffic, whatever the cost.
+            /// Whether a refusal stays one until its `reset_after`.
             pub fn refusal_stays(&self) -> bool {
                 match self { $(Self::$name(_) => <$name as RateAlgorithm>::REFUSAL_STAYS,)+ }
             }
@@ -522,8 +502,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name(_) => AlgorithmKind::$name,)+ }
             }
 
-            /// The state an inspect read: its tag byte and the numbers after
-            /// the mark; `None` for an unknown tag or a key without a header.
+            /// The state an inspect read from its tag and numbers, if any.
             pub fn decode(tag: u8, numbers: [u64; 3]) -> Option<Self> {
                 $(
                     if tag == <$name as RateAlgorithm>::TAG && <$name as RateAlgorithm>::LUA.header > 0 {
@@ -533,8 +512,7 @@ macro_rules! algorithms {
                 None
             }
 
-            /// The state of a key that is a lease set, if an algorithm holds
-            /// leases.
+            /// The state of a key that is a lease set.
             pub fn of_lease_set() -> Option<Self> {
                 $(
                     if <$name as RateAlgorithm>::HOLDS_LEASES {

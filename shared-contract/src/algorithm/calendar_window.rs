@@ -136,14 +136,8 @@ fn local_bounds(t: u64, period: CalendarPeriod, tz: &TimeZone) -> Option<(u64, u
                 .ok()?;
             (monday, monday.checked_add(jiff::Span::new().weeks(1)).ok()?)
         }
-        CalendarPeriod::Month => {
-            let first = today.first_of_month();
-            (first, today.last_of_month().tomorrow().ok()?)
-        }
-        CalendarPeriod::Year => {
-            let first = today.first_of_year();
-            (first, today.last_of_year().tomorrow().ok()?)
-        }
+        CalendarPeriod::Month => (today.first_of_month(), today.last_of_month().tomorrow().ok()?),
+        CalendarPeriod::Year => (today.first_of_year(), today.last_of_year().tomorrow().ok()?),
     };
     let epoch_ms = |date| u64::try_from(first_instant(date, tz)?.as_millisecond().max(0)).ok();
     Some((epoch_ms(first)?, epoch_ms(next)?))

@@ -10,8 +10,8 @@ use crate::policy::{MAX_COUNT, MAX_EXACT_PRODUCT, MAX_PERIOD, millis};
 
 /// The generic cell rate algorithm: `limit` per `period` at the steady
 /// rate, `burst` at once; one theoretical arrival time per key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", from = "Configured")]
 pub struct Gcra {
     /// Requests per period at the steady rate.
     pub limit: u64,
@@ -32,10 +32,9 @@ struct Configured {
     burst: Option<u64>,
 }
 
-impl<'de> Deserialize<'de> for Gcra {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let Configured { limit, period, burst } = Configured::deserialize(deserializer)?;
-        Ok(Self { limit, period, burst: burst.unwrap_or(limit) })
+impl From<Configured> for Gcra {
+    fn from(Configured { limit, period, burst }: Configured) -> Self {
+        Self { limit, period, burst: burst.unwrap_or(limit) }
     }
 }
 
