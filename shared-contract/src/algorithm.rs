@@ -110,9 +110,8 @@ impl Arguments {
     pub fn of(values: &[u64]) -> Self {
         assert!(values.len() <= Self::MAX, "an algorithm takes at most {} arguments", Self::MAX);
         let mut held = [0; Self::MAX];
-        let len = values.len();
-        held[..len].copy_from_slice(&values[..len]);
-        Self { values: held, len }
+        held[..values.len()].copy_from_slice(values);
+        Self { values: held, len: values.len() }
     }
 
     /// The values.

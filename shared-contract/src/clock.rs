@@ -5,17 +5,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Two readings of time: wall-clock epoch milliseconds, which the algorithms
-/// count in, and a monotonic instant, which deadlines use.
+/// Wall-clock epoch milliseconds to count in, and a monotonic instant for deadlines.
 pub trait Clock: Send + Sync + Debug {
-    /// Milliseconds since the Unix epoch. May run backwards (NTP steps): the
-    /// clock-regression bound is there for that.
+    /// Milliseconds since the Unix epoch; may run backwards (NTP steps).
     fn epoch_millis(&self) -> u64;
     /// A monotonic instant for deadlines.
     fn monotonic(&self) -> Instant;
 
-    /// Both readings at once, `(monotonic, epoch_millis)`, for a clock that
-    /// can read the system once for both ([`SystemClock`] does).
+    /// Both readings, `(monotonic, epoch_millis)`, in one read where it can.
     fn read_both(&self) -> (Instant, u64) {
         (self.monotonic(), self.epoch_millis())
     }
@@ -61,16 +58,14 @@ impl Clock for SystemClock {
     }
 }
 
-/// Widest monotonic bracket around a wall-clock reading that still gives its
-/// offset (off by at most half of it).
+/// Widest monotonic bracket around a wall-clock reading that gives its offset.
 const ANCHOR_MAX_BRACKET_MICROS: u64 = 50;
 
 /// Longest [`SystemClock::read_both`] goes without re-reading the wall clock.
 const ANCHOR_REFRESH_MICROS: u64 = 1_000;
 
-/// The wall clock as an offset from the monotonic one, shared by every
-/// [`SystemClock`]: epoch µs = monotonic µs since `origin` + `offset`
-/// (wrapping).
+/// The wall clock as an offset from the monotonic one: epoch µs = monotonic
+/// µs since `origin` + `offset` (wrapping).
 #[derive(Debug)]
 struct Anchor {
     origin: Instant,
@@ -109,9 +104,8 @@ impl Anchor {
     }
 }
 
-/// The offset of a wall-clock reading `epoch` taken between the monotonic
-/// readings `before` and `after` (their midpoint), or `None` when they are
-/// more than [`ANCHOR_MAX_BRACKET_MICROS`] apart.
+/// The offset of a wall-clock reading taken between two monotonic ones (from
+/// their midpoint), unless they are too far apart.
 fn offset_between(before: u64, epoch: u64, after: u64) -> Option<u64> {
     let bracket = after.saturating_sub(before);
     (bracket <= ANCHOR_MAX_BRACKET_MICROS).then(|| epoch.wrapping_sub(before + bracket / 2))

@@ -33,8 +33,7 @@ impl EvaluationDedupPolicy {
         Self::Enabled { ttl: Duration::from_secs(5), max_entries: 256, max_stored_bytes: 65_536 }
     }
 
-    /// Records a key may hold: the smaller of the entry and the byte bound;
-    /// 0 when disabled.
+    /// Records a key may hold under both bounds; 0 when disabled.
     pub const fn record_capacity(&self) -> u32 {
         match *self {
             Self::Disabled => 0,

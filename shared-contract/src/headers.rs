@@ -21,8 +21,7 @@ pub fn write_policy_field<'a>(
     write_policy_field_at(text, policies, || SystemClock.epoch_millis());
 }
 
-/// [`write_policy_field`] at caller time `now`, read only for a window that
-/// moves.
+/// [`write_policy_field`] at caller time `now`, for a window that moves.
 pub fn write_policy_field_at<'a>(
     text: &mut Vec<u8>,
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
@@ -81,8 +80,7 @@ pub fn quota_window(algorithm: &Algorithm) -> Option<Duration> {
     algorithm.quota_window(|| SystemClock.epoch_millis())
 }
 
-/// Whole seconds, rounded up: a client told to wait less would be refused
-/// again.
+/// Whole seconds, rounded up: a client told less would be refused again.
 pub fn whole_seconds_up(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }

@@ -5,8 +5,8 @@ use crate::outcome::UnavailableCategory;
 use crate::request::{EvaluationId, OperationDigest, PolicySet, RateLimitRequest};
 use crate::subject::SubjectDigest;
 
-/// Payload bytes one held lease counts in every provider's account: the
-/// 16-byte lease id and its 8-byte expiry score the Redis provider stores.
+/// Payload bytes one held lease counts in every provider's account: its id
+/// and expiry.
 pub const HELD_LEASE_BYTES: u32 = 16 + 8;
 
 /// What a release needs: the keys an admitted request took its leases under
@@ -43,8 +43,7 @@ pub enum ReleaseOutcome {
     /// No key held the lease (released before, expired, never taken, or its
     /// policy removed or re-revisioned by a reload). Not a failure.
     NotHeld,
-    /// The store did not answer and provably nothing ran; the lease stays
-    /// until released again or until its TTL.
+    /// The store did not answer and provably nothing ran.
     Unavailable {
         /// Why.
         category: UnavailableCategory,
@@ -64,8 +63,7 @@ impl ReleaseOutcome {
         }
     }
 
-    /// Whether the lease may still be held until its TTL (`NotHeld` is no
-    /// failure).
+    /// Whether the lease may still be held until its TTL.
     pub const fn failed(self) -> bool {
         matches!(self, Self::Unavailable { .. } | Self::Indeterminate)
     }

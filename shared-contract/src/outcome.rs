@@ -20,13 +20,11 @@ pub enum Certainty {
 pub struct RateLimitDecision {
     /// Units left after this decision (after the charge when charged).
     pub remaining: u64,
-    /// Wait until the same request would pass with no other traffic, ms:
-    /// 0 when allowed, at least 1 when denied.
+    /// Wait until it would pass with no other traffic, ms (0 when allowed).
     pub retry_after_ms: u64,
     /// Milliseconds until the budget is whole again.
     pub reset_after_ms: u64,
-    /// Whether this policy allows the request (charged only when the set
-    /// admitted it too).
+    /// Whether this policy allows the request.
     pub allowed: bool,
     /// Replayed from a dedupe record: nothing was charged.
     pub replayed: bool,
@@ -53,8 +51,7 @@ enum Decisions {
     Many(Box<[RateLimitDecision]>),
 }
 
-/// The decisions of a policy set, one per member in order, and whether the
-/// request is admitted.
+/// The decisions of a policy set, one per member in order.
 #[derive(Clone)]
 pub struct SetDecision {
     decisions: Decisions,
@@ -71,8 +68,7 @@ impl PartialEq for SetDecision {
 impl Eq for SetDecision {}
 
 impl SetDecision {
-    /// The set's answer from its members' modes and decisions, in order (at
-    /// most [`MAX_POLICY_SET`]).
+    /// The set's answer from its members' modes and decisions, in order.
     pub fn of_members(members: impl IntoIterator<Item = (PolicyMode, RateLimitDecision)>) -> Self {
         let (mut replayed, mut enforced_allow) = (false, true);
         let decisions = {

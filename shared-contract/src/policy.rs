@@ -18,8 +18,7 @@ pub const MAX_GRACE: Duration = Duration::from_secs(3600);
 pub const MAX_IN_FLIGHT: u64 = 10_000;
 /// Longest `lease-ttl` of a concurrency policy: a day.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
-/// Bound of the products an algorithm multiplies (`limit x window`), so
-/// every provider, Lua's doubles included, counts exactly.
+/// Bound of the products an algorithm multiplies, so Lua's doubles are exact.
 pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
 
 /// A policy id: 1 to 64 characters of `[a-z0-9._-]`, safe inside a Redis key
@@ -112,11 +111,9 @@ pub struct RateLimitPolicy {
 }
 
 impl RateLimitPolicy {
-    /// Starts a policy with the defaults: revision 1, maximum cost 1,
-    /// fail-closed, cleanup grace and clock-regression bound of one second,
-    /// [`EvaluationDedupPolicy::enabled_defaults`] (disabled for a
-    /// concurrency policy, whose lease id is its dedupe), operation scope
-    /// and enforce mode.
+    /// Starts a policy with the only defaults: revision 1, maximum cost 1,
+    /// fail-closed, grace and regression bound of 1 s, dedupe's defaults (off
+    /// for a concurrency policy), operation scope and enforce mode.
     pub fn builder(
         id: impl Into<String>,
         algorithm: impl Into<Algorithm>,
@@ -161,8 +158,7 @@ impl RateLimitPolicy {
     pub fn admits_cost(&self, cost: u64) -> bool {
         cost >= 1 && (self.algorithm.holds_leases() || cost <= self.maximum_cost)
     }
-    /// `max(cleanup_grace, maximum_clock_regression)` in milliseconds: how
-    /// long every key lives past the moment its absence would mean the same.
+    /// `max(cleanup_grace, maximum_clock_regression)` in milliseconds.
     pub fn ttl_slack_millis(&self) -> u64 {
         millis(self.cleanup_grace.max(self.maximum_clock_regression))
     }
@@ -264,8 +260,7 @@ impl RateLimitPolicyBuilder {
     }
 }
 
-/// Whole milliseconds of a duration, saturating: the one millisecond view
-/// every provider counts in.
+/// Whole milliseconds of a duration, saturating.
 pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

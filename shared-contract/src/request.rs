@@ -64,10 +64,9 @@ impl PolicySet {
         if ids.len() > MAX_POLICY_SET {
             return invalid(format!("at most {MAX_POLICY_SET} policies, got {}", ids.len()));
         }
-        for (index, id) in ids.iter().enumerate() {
-            if ids[..index].contains(id) {
-                return invalid(format!("{id} is listed twice"));
-            }
+        let twice = ids.iter().enumerate().find(|(at, id)| ids[..*at].contains(id));
+        if let Some((_, id)) = twice {
+            return invalid(format!("{id} is listed twice"));
         }
         Ok(Self(ids))
     }
@@ -150,10 +149,9 @@ pub struct RateLimitRequest {
 }
 
 impl RateLimitRequest {
-    /// Step 1 of docs/algorithms.md, which reads no state: every policy known
-    /// to `lookup` and admitting the cost ([`RateLimitPolicy::admits_cost`]).
-    /// The entries come back in the set's order; the refusal is the outcome
-    /// to answer, unknown policies first.
+    /// Step 1 of docs/algorithms.md, reading no state: every policy known to
+    /// `lookup` and admitting the cost ([`RateLimitPolicy::admits_cost`]); a
+    /// refusal is the outcome to answer, unknown policies first.
     pub fn resolve<'p, T>(
         &self,
         lookup: impl Fn(&PolicyId) -> Option<&'p T>,

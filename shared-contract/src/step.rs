@@ -23,8 +23,7 @@ use crate::policy::{PolicyMode, RateLimitPolicy, millis};
 use crate::request::RateLimitRequest;
 use crate::request::{EvaluationId, MAX_POLICY_SET};
 
-/// Everything a provider stores for one key (an absent key is `None`, never
-/// a zeroed value); plain data a provider may serialize field by field.
+/// Everything a provider stores for one key, plain data to serialize.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyState {
     /// The highest effective time (epoch ms) at which the state was written.
@@ -37,8 +36,7 @@ pub struct KeyState {
     pub leases: Leases,
 }
 
-/// A policy compiled to milliseconds, once per policy, so a decision never
-/// converts a `Duration`.
+/// A policy compiled to milliseconds once, so a decision converts nothing.
 #[derive(Debug, Clone)]
 pub struct KeyRules {
     algorithm: Algorithm,
@@ -58,12 +56,11 @@ impl KeyRules {
     /// Compiles a validated policy.
     pub fn of(policy: &RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
-        let regression = millis(policy.maximum_clock_regression());
         Self {
             algorithm: policy.algorithm().clone(),
             certainty: policy.algorithm().certainty(),
             mode: policy.mode(),
-            regression,
+            regression: millis(policy.maximum_clock_regression()),
             slack: policy.ttl_slack_millis(),
             dedup_ttl: dedup.ttl_millis(),
             record_capacity: usize::try_from(dedup.record_capacity()).unwrap_or(usize::MAX),
@@ -133,8 +130,7 @@ impl KeyRules {
 }
 
 /// One policy of a set as the step sees it: its rules and its key's state,
-/// as loaded before the step (`None` when absent or expired) and as the key
-/// must hold it after.
+/// as loaded before the step and as the key must hold it after.
 #[derive(Debug)]
 pub struct SetMember<'r> {
     /// The policy's rules.
@@ -155,8 +151,7 @@ impl<'r> SetMember<'r> {
 /// How long a written key lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyWrite {
-    /// Absolute expiry, epoch ms; after it, absence means the same as the
-    /// state.
+    /// Absolute expiry, epoch ms.
     pub expires_at: u64,
     /// `expires_at` minus the caller's own time (not the key's mark): the TTL
     /// for a store that takes a relative one. A store shared by writers with
@@ -164,20 +159,17 @@ pub struct KeyWrite {
     pub lifetime: u64,
 }
 
-/// What the step answers: the part of a [`RateLimitOutcome`] that depends on
-/// the keys.
+/// What the step answers: the part of a [`RateLimitOutcome`] keys decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetVerdict {
     /// The set's decisions, admitted or refused (possibly replayed).
     Decided(SetDecision),
-    /// The caller's time lags a key's mark by more than its bound; nothing
-    /// changes anywhere.
+    /// The caller's time lags a key's mark beyond its bound; nothing changes.
     ClockUnsafe {
         /// How far beyond the bound the caller's time lags (at most).
         retry_after: Duration,
     },
-    /// A key holds another algorithm's state (its policy changed algorithm
-    /// without a new revision); nothing changes anywhere.
+    /// A key holds another algorithm's state; nothing changes.
     StateMismatch,
 }
 
@@ -196,13 +188,11 @@ impl From<SetVerdict> for RateLimitOutcome {
     }
 }
 
-/// Evaluates one request against every key of its policy set: `members` in
-/// the set's order with their loaded state, caller time `now` (epoch ms), and
-/// a `cost` already checked against every policy ([`RateLimitRequest::resolve`]).
+/// Evaluates one request against the loaded keys of its set, in order, at
+/// caller time `now` for a `cost` [`RateLimitRequest::resolve`] admitted.
 /// Admitted iff every enforced member allows; then every allowing member is
-/// charged (shadow ones too), else nothing is charged anywhere. States move
-/// in and out, so a store in memory writes them back without copying. At
-/// most [`MAX_POLICY_SET`] members are evaluated.
+/// charged, else none. States move in and out, never copied; at most
+/// [`MAX_POLICY_SET`] members are evaluated.
 pub fn evaluate_set(
     members: &mut [SetMember<'_>],
     now: u64,
@@ -312,13 +302,7 @@ fn decision_of(step: &Step<AlgorithmState>) -> RateLimitDecision {
 /// The set's answer from each member's decision ([`SetDecision::of_members`]);
 /// a member the step could not run (never, once its state matched) denies.
 fn decided(members: &[SetMember<'_>], decisions: &[Option<RateLimitDecision>]) -> SetDecision {
-    let undecided = RateLimitDecision {
-        remaining: 0,
-        retry_after_ms: 1,
-        reset_after_ms: 0,
-        allowed: false,
-        replayed: false,
-    };
+    let undecided = decision_of(&Step::denied(0, 1, 0));
     let of = |member: &SetMember<'_>, decision: &Option<RateLimitDecision>| {
         (member.rules.mode, decision.unwrap_or(undecided))
     };
@@ -351,13 +335,11 @@ fn run_key(
     rules.algorithm.run(counters, &Run { t, cost, charge, leases, regression: rules.regression })
 }
 
-/// A key's budget now, for an operator: the policy's algorithm run spared
-/// at caller time `now` (or the key's mark when `now` lags it), writing
-/// nothing; `state` is the key as loaded.
+/// A key's budget now, for an operator: its algorithm run spared at `now`
+/// (or the key's mark when `now` lags it), writing nothing.
 ///
 /// # Errors
-/// [`BudgetFailure::StateIncompatible`] when the key holds another
-/// algorithm's state.
+/// [`BudgetFailure::StateIncompatible`] for another algorithm's state.
 pub fn inspect_key(
     rules: &KeyRules,
     state: Option<&KeyState>,

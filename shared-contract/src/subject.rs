@@ -62,8 +62,7 @@ impl SubjectDigest {
         Self::from_tag(version, &tag[..hex.len() / 2])
     }
 
-    /// The digest of a keyed hash's output `tag` (16 to 64 bytes) under the
-    /// key of `version`.
+    /// The digest of a keyed hash's output `tag` under the key of `version`.
     pub fn from_tag(version: u32, tag: &[u8]) -> Result<Self, ContractError> {
         if !(MIN_TAG..=MAX_TAG).contains(&tag.len()) {
             let why = "tag must be 16 to 64 bytes (128 to 512 bits)";
@@ -96,8 +95,7 @@ pub trait SubjectPseudonymizer: Send + Sync + fmt::Debug {
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest;
 }
 
-// Debug prints the whole pseudonym: it is not secret, and keys and log lines
-// carry it whole.
+// The whole pseudonym: it is not secret, and keys and log lines carry it.
 impl fmt::Debug for SubjectDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SubjectDigest({self})")

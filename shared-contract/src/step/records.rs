@@ -1,5 +1,5 @@
 //! Evaluation dedupe records of one key: a bounded queue, oldest first,
-//! with an id index so a lookup costs the same at 1 record as at the cap.
+//! indexed by id.
 
 use std::collections::{VecDeque, vec_deque};
 use std::fmt;
@@ -24,19 +24,17 @@ pub struct DedupRecord {
     pub written_at: u64,
 }
 
-/// The records of one key, oldest first: `written_at` never decreases front
-/// to back, so expiry and eviction both pop from the front. From
-/// [`INDEX_FROM`] records on an [`Index`] finds a record in a fixed number of
-/// cache lines (docs/benchmarks.md). Boxed on the first record, so a key
-/// without records is one pointer. A provider serializes a key with
-/// [`DedupRecords::iter`] and rebuilds it, in order, with `collect()`.
+/// The records of one key, oldest first (`written_at` never decreases, so
+/// expiry and eviction pop from the front); from [`INDEX_FROM`] records on an
+/// [`Index`] finds one in a fixed number of cache lines. Boxed on the first
+/// record, so a key without records is one pointer.
 #[derive(Clone, Default)]
 pub struct DedupRecords(Option<Box<Held>>);
 
 /// Records held from here on are indexed; fewer are scanned.
 const INDEX_FROM: usize = 8;
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct Held {
     queue: VecDeque<DedupRecord>,
     /// The sequence number of the front record (wrapping).
@@ -120,8 +118,7 @@ impl Index {
         self.slots[slot] = word;
     }
 
-    /// Removes the slot of `seq` filed under `hash`; later words of its run
-    /// move back, each no further than its home.
+    /// Removes the slot of `seq`; later words of its run move back.
     fn remove(&mut self, hash: u64, seq: u32) {
         let Some((mut hole, _)) = self.candidates(hash).find(|&(_, held)| held == seq) else {
             return;
@@ -213,8 +210,7 @@ impl DedupRecords {
         self.len() == 0
     }
 
-    /// Records the buffer has room for, so a store can show its memory stays
-    /// bounded.
+    /// Records the buffer has room for, for a store's memory account.
     pub fn allocated(&self) -> usize {
         self.0.as_ref().map_or(0, |held| held.queue.capacity())
     }
@@ -247,11 +243,7 @@ impl DedupRecords {
         }
         // Most keys are one-shot: room for one record, not the default four.
         let held = self.0.get_or_insert_with(|| {
-            Box::new(Held {
-                queue: VecDeque::with_capacity(1),
-                front_seq: 0,
-                index: Index::default(),
-            })
+            Box::new(Held { queue: VecDeque::with_capacity(1), ..Held::default() })
         });
         // Evict first, so the index never holds more than `capacity`.
         while held.queue.len() >= capacity {
@@ -293,7 +285,7 @@ impl FromIterator<DedupRecord> for DedupRecords {
         if queue.is_empty() {
             return Self(None);
         }
-        let mut held = Held { queue, front_seq: 0, index: Index::default() };
+        let mut held = Held { queue, ..Held::default() };
         if held.queue.len() >= INDEX_FROM {
             held.reindex();
         }
