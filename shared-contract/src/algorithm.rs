@@ -552,11 +552,6 @@ impl Algorithm {
     pub const fn holds_leases(&self) -> bool {
         self.kind().holds_leases()
     }
-
-    /// Its tag byte.
-    pub const fn tag(&self) -> u8 {
-        self.kind().tag()
-    }
 }
 
 #[cfg(test)]

@@ -22,8 +22,7 @@ pub struct BudgetKey {
 }
 
 impl BudgetKey {
-    /// A budget key; [`Self::operation_for`] checks the operation once the
-    /// policy is known.
+    /// A budget key; [`Self::operation_for`] checks its operation.
     pub fn new(
         subject: SubjectDigest,
         policy: PolicyId,
@@ -36,8 +35,7 @@ impl BudgetKey {
     ///
     /// # Errors
     /// `OperationRequired` or `OperationNotApplicable` when the operation
-    /// does not fit the policy's scope: a guess at which key was meant would
-    /// be wrong either way.
+    /// does not fit the policy's scope (a guess would be wrong either way).
     pub fn operation_for(
         &self,
         policy: &RateLimitPolicy,
@@ -51,8 +49,7 @@ impl BudgetKey {
     }
 }
 
-/// A budget now, computed from the stored state by the step `evaluate`
-/// runs, charging and writing nothing.
+/// A budget now, computed by the step `evaluate` runs, charging nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetState {
     /// The policy's limit or capacity.

@@ -7,8 +7,8 @@ use crate::algorithm::Checks;
 use crate::error::PolicyField;
 use crate::policy::MAX_GRACE;
 
-/// Payload bytes one dedupe record counts against `max_stored_bytes`, the
-/// same for every provider so the byte bound evicts alike everywhere.
+/// Payload bytes one dedupe record counts against `max_stored_bytes`, alike
+/// in every provider.
 pub const DEDUP_RECORD_BYTES: u32 = 16 + 4 * 8 + 8 + (16 + 8);
 
 /// Whether and how a key remembers the evaluations that charged it.

@@ -50,9 +50,8 @@ impl fmt::Display for PolicyViolation {
     }
 }
 
-/// A key of a policy's configuration table, written once, here: the
-/// configuration reads and renders each by [`PolicyField::key`], and
-/// validation names the one it rejects.
+/// A key of a policy's configuration table, spelt once, here
+/// ([`PolicyField::key`]); validation names the one it rejects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyField {
     /// The policy id (the table's own name, not a key in it).

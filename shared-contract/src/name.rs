@@ -29,8 +29,7 @@ pub fn parse_name<T: Copy>(
     })
 }
 
-/// Implements `FromStr` through [`parse_name`] for an enum that has
-/// `const ALL` and `const fn name(self)`.
+/// Implements `FromStr` through [`parse_name`] (`ALL` and `name` needed).
 #[macro_export]
 macro_rules! impl_from_str_by_name {
     ($named:ty) => {

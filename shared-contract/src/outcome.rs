@@ -97,8 +97,7 @@ impl SetDecision {
         Self::of_members([(PolicyMode::Enforce, decision)])
     }
 
-    /// The same answer `elapsed_ms` later with nothing charged since: each
-    /// wait shorter, a denial's still at least 1 ms.
+    /// The same answer `elapsed_ms` later, a denial's wait still at least 1 ms.
     #[must_use]
     pub fn aged(&self, elapsed_ms: u64) -> Self {
         let age = |decision: &RateLimitDecision| RateLimitDecision {
@@ -199,8 +198,7 @@ crate::named_enum! {
 /// The `Retry-After` of a failed outcome unless configured.
 pub const DEFAULT_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Why a provider made no decision: the request must not pass (fail-closed)
-/// unless its whole set is shadow.
+/// Why a provider made no decision: the request must not pass (fail-closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateLimitFailure {
     /// No decision, and provably nothing consumed.

@@ -60,8 +60,7 @@ fn policy_id_problem(id: &str) -> Option<String> {
 }
 
 crate::named_enum! {
-    /// What a provider does when it cannot decide: only fail-closed, since an
-    /// edge limiter that admits traffic it could not count is no limiter.
+    /// What a provider does when it cannot decide: only fail-closed.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     pub enum FailurePolicy {
         /// Deny (answer 503) when no decision could be made.
@@ -153,8 +152,8 @@ impl RateLimitPolicy {
     pub fn limit(&self) -> u64 {
         self.algorithm.limit()
     }
-    /// Whether a request of `cost` may be evaluated: 1 ..= the maximum cost,
-    /// or any cost from 1 for a concurrency policy (a lease is one slot).
+    /// Whether a request of `cost` may be evaluated (any cost from 1 for a
+    /// concurrency policy: a lease is one slot).
     pub fn admits_cost(&self, cost: u64) -> bool {
         cost >= 1 && (self.algorithm.holds_leases() || cost <= self.maximum_cost)
     }
@@ -184,8 +183,7 @@ macro_rules! fields {
 fields! {
     /// The revision (at least 1); a new revision never reads an older one's counters.
     revision: u32;
-    /// The largest cost one request may carry (1 for a concurrency policy,
-    /// which does not check cost: see [`Self::admits_cost`]).
+    /// The largest cost one request may carry ([`Self::admits_cost`]).
     maximum_cost: u64;
     /// What happens when no decision can be made.
     failure_policy: FailurePolicy;

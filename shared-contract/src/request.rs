@@ -48,8 +48,8 @@ impl fmt::Display for EvaluationId {
     }
 }
 
-/// The policies of one request in configured order, 1 to [`MAX_POLICY_SET`]
-/// distinct ids, shared so a clone does not allocate.
+/// The policies of one request in configured order, shared so a clone does
+/// not allocate.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PolicySet(Arc<[PolicyId]>);
 
@@ -173,8 +173,7 @@ impl RateLimitRequest {
     }
 }
 
-/// What [`RateLimitRequest::resolve`] found for each policy, in order,
-/// without allocating.
+/// What [`RateLimitRequest::resolve`] found for each policy, in order.
 #[derive(Debug)]
 pub struct SetEntries<'p, T> {
     entries: [Option<&'p T>; MAX_POLICY_SET],

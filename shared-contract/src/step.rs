@@ -1,8 +1,6 @@
 //! The pure decision step of a policy set (steps 3 to 8 of
-//! docs/algorithms.md), with no I/O and no clock. A provider loads every key
-//! of the set, calls [`evaluate_set`] with its caller time, and stores every
-//! member that has a [`KeyWrite`] at once (compare-and-set, starting again
-//! from the load on a conflict).
+//! docs/algorithms.md): a provider loads every key of the set, calls
+//! [`evaluate_set`], and stores every member that has a [`KeyWrite`] at once.
 
 mod leases;
 mod records;
@@ -72,10 +70,8 @@ impl KeyRules {
         self.algorithm.holds_leases()
     }
 
-    /// This evaluation's replay under this member at effective time `t`:
-    /// its live dedupe record, or for a concurrency key its live lease (the
-    /// lease id is the concurrency policy's dedupe: the same lease, never
-    /// a second one).
+    /// This evaluation's replay under this member at effective time `t`: its
+    /// live dedupe record, or for a concurrency key its live lease.
     fn replay(
         &self,
         state: Option<&KeyState>,

@@ -85,10 +85,9 @@ impl SubjectDigest {
     }
 }
 
-/// What turns a raw subject into its [`SubjectDigest`], shared by every
-/// inbound adapter: a keyed MAC over the frames in order (the subject kind
-/// first), each a 4-byte big-endian length and its bytes, so no two frame
-/// lists make one message.
+/// What turns a raw subject into its [`SubjectDigest`] for every front: a
+/// keyed MAC over frames (the subject kind first), each a 4-byte big-endian
+/// length and its bytes, so no two frame lists make one message.
 pub trait SubjectPseudonymizer: Send + Sync + fmt::Debug {
     /// The pseudonym of the subject `frames` names, under the active key; the
     /// frames are raw subject data, never kept, logged or printed.

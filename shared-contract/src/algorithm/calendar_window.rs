@@ -49,8 +49,8 @@ crate::named_enum! {
     }
 }
 
-/// A `time-zone` that is not a zone of the time zone database, as written
-/// (cut beyond 64 characters; the longest IANA name is 32).
+/// A `time-zone` not in the time zone database, as written (cut beyond 64
+/// characters).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CalendarError {
     /// The name is unknown.
@@ -80,9 +80,8 @@ impl Default for CalendarZone {
 impl FromStr for CalendarZone {
     type Err = CalendarError;
 
-    /// Looks the name up (case-insensitively) in the bundled database.
-    /// `Etc/Unknown`, jiff's zone it could not determine, is refused: it
-    /// would count in UTC under a name that says otherwise.
+    /// Looks the name up case-insensitively; `Etc/Unknown` is refused, as it
+    /// would count in UTC under another name.
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         match TimeZone::get(name) {
             Ok(zone) if !zone.is_unknown() => Ok(Self(zone)),
@@ -218,9 +217,8 @@ impl RateAlgorithm for CalendarWindow {
         Self { limit: share(self.limit), ..self.clone() }
     }
 
-    /// The limit, the period holding the caller's `t` and the next
-    /// period's end: the script's effective time may be a mark of the next
-    /// period (docs/algorithms.md "Calendar window").
+    /// The limit, the period holding `t` and the next period's end, where the
+    /// script's effective time may lie (docs/algorithms.md "Calendar window").
     fn arguments(&self, t: u64) -> Arguments {
         let (start, end) = bounds(t, self.period, &self.time_zone);
         let (_, next_end) = bounds(end, self.period, &self.time_zone);

@@ -50,10 +50,8 @@ fn hash_of(id: EvaluationId) -> u64 {
     STATE.get_or_init(RandomState::default).hash_one(id.as_uuid().as_u128())
 }
 
-/// The records' index: linear probing over words of a fingerprint (the high
-/// half of the id's hash, which picks the home slot) over a sequence number,
-/// 0 for an empty slot. At most half full; a removal shifts its run back, so
-/// no tombstones build up.
+/// The records' index: linear probing over words of the id hash's high half
+/// over a sequence number (0: empty), at most half full, with no tombstones.
 #[derive(Clone, Default)]
 struct Index {
     slots: Box<[u64]>,
