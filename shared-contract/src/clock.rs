@@ -39,22 +39,16 @@ impl Clock for SystemClock {
         let monotonic = Instant::now();
         let micros = anchor.micros_at(monotonic);
         let refreshed = anchor.refreshed_at.load(Ordering::Relaxed);
-        let offset = if micros.saturating_sub(refreshed) < ANCHOR_REFRESH_MICROS {
-            anchor.offset.load(Ordering::Relaxed)
-        } else {
-            // Racing refreshes each store a valid offset. A reading the thread
-            // was preempted in is not stored (it would put derived time ahead
-            // by the preemption); the next call tries again.
-            match anchor.measure_offset() {
-                Some(offset) => {
-                    anchor.offset.store(offset, Ordering::Relaxed);
-                    anchor.refreshed_at.store(micros, Ordering::Relaxed);
-                    offset
-                }
-                None => anchor.offset.load(Ordering::Relaxed),
+        // Racing refreshes each store a valid offset. A reading the thread was
+        // preempted in is not stored (it would put derived time ahead by the
+        // preemption); the next call tries again.
+        if micros.saturating_sub(refreshed) >= ANCHOR_REFRESH_MICROS {
+            if let Some(offset) = anchor.measure_offset() {
+                anchor.offset.store(offset, Ordering::Relaxed);
+                anchor.refreshed_at.store(micros, Ordering::Relaxed);
             }
-        };
-        (monotonic, micros.wrapping_add(offset) / 1_000)
+        }
+        (monotonic, micros.wrapping_add(anchor.offset.load(Ordering::Relaxed)) / 1_000)
     }
 }
 

@@ -1,7 +1,5 @@
 //! The one error type of this crate: a value that breaks a contract rule.
 
-use std::fmt;
-
 /// A value that breaks a rule of the contract.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ContractError {
@@ -36,18 +34,13 @@ fn join(violations: &[PolicyViolation]) -> String {
 }
 
 /// One broken policy rule, naming the field it concerns.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {problem}", field.key())]
 pub struct PolicyViolation {
     /// The field that holds the bad value.
     pub field: PolicyField,
     /// What is wrong with it, for a human.
     pub problem: String,
-}
-
-impl fmt::Display for PolicyViolation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field.key(), self.problem)
-    }
 }
 
 /// A key of a policy's configuration table, spelt once, here

@@ -232,13 +232,10 @@ impl RateLimitFailure {
 
     /// Every name [`RateLimitOutcomeExt::category_name`] can return, once.
     pub fn outcome_names() -> impl Iterator<Item = &'static str> {
-        let unavailable = UnavailableCategory::ALL.into_iter().map(UnavailableCategory::name);
-        let incompatible = IncompatibleCategory::ALL.into_iter().map(IncompatibleCategory::name);
-        ["allowed", "denied"]
-            .into_iter()
-            .chain(unavailable)
-            .chain(["indeterminate"])
-            .chain(incompatible)
+        let unavailable = UnavailableCategory::ALL.map(UnavailableCategory::name);
+        let incompatible = IncompatibleCategory::ALL.map(IncompatibleCategory::name);
+        let outcomes = ["allowed", "denied"].into_iter().chain(unavailable);
+        outcomes.chain(["indeterminate"]).chain(incompatible)
     }
 }
 
