@@ -1,8 +1,6 @@
-//! The counting algorithms, each one type behind [`RateAlgorithm`]; the
-//! `algorithms!` line at the foot registers them and generates the closed
-//! enums every layer dispatches through, so no algorithm's module names
-//! another. All arithmetic saturates or widens: caller times may be
-//! anything, and a provider's `evaluate` must never panic.
+//! The counting algorithms, each one type behind [`RateAlgorithm`],
+//! registered at the foot. All arithmetic saturates or widens: caller times
+//! may be anything, and `evaluate` must never panic.
 
 use std::fmt;
 use std::time::Duration;

@@ -1,6 +1,5 @@
-//! The IETF `RateLimit-Policy` and `RateLimit` response fields, shared by
-//! every inbound adapter so a client sees the same headers from each front.
-//! Written by hand: a validated policy id needs no sf-string escapes.
+//! The IETF `RateLimit-Policy` and `RateLimit` response fields every front
+//! writes, by hand: a validated policy id needs no sf-string escapes.
 
 use std::time::Duration;
 
@@ -13,15 +12,8 @@ use crate::policy::{PolicyId, RateLimitPolicy};
 pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// Appends `"<policy id>";q=<limit>;w=<window seconds>` for each policy,
-/// comma-separated (no `w` for a policy without a window).
-pub fn write_policy_field<'a>(
-    text: &mut Vec<u8>,
-    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
-) {
-    write_policy_field_at(text, policies, || SystemClock.epoch_millis());
-}
-
-/// [`write_policy_field`] at caller time `now`, for a window that moves.
+/// comma-separated (no `w` for a policy without a window), at caller time
+/// `now`, read only for a window that moves.
 pub fn write_policy_field_at<'a>(
     text: &mut Vec<u8>,
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
@@ -126,7 +118,7 @@ mod tests {
         .build()
         .unwrap();
         let mut text = Vec::new();
-        write_policy_field(&mut text, [&burst, &exports, &bucket]);
+        write_policy_field_at(&mut text, [&burst, &exports, &bucket], || 0);
         assert_eq!(text, br#""orders-burst";q=10;w=2, "exports";q=2, "b";q=5;w=1"#);
         let decision = RateLimitDecision {
             allowed: true,

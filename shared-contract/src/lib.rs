@@ -32,7 +32,7 @@ pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
 pub use headers::{
     SF_INTEGER_MAX, quota_window, whole_seconds_up, whole_seconds_up_millis, write_limit_field,
-    write_limit_item, write_policy_field, write_policy_field_at,
+    write_limit_item, write_policy_field_at,
 };
 pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
 pub use log_throttle::{LOG_LINE_EVERY, LogThrottle};

@@ -1,5 +1,4 @@
-//! `RateLimitRequest`: may this subject spend this cost under every policy
-//! of this set, now?
+//! `RateLimitRequest`: may this subject spend this cost under this set now?
 
 use std::fmt;
 use std::sync::Arc;

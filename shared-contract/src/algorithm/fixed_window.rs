@@ -1,5 +1,4 @@
-//! Fixed window (docs/algorithms.md "Fixed window"): a count per aligned
-//! window.
+//! Fixed window (docs/algorithms.md "Fixed window"): a count per window.
 
 use std::time::Duration;
 

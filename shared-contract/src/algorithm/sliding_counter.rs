@@ -1,6 +1,5 @@
 //! Sliding counter (docs/algorithms.md "Sliding counter"): the current
-//! window's count plus the previous one's, weighted by how much of it the
-//! sliding window still covers.
+//! window's count plus the previous one's, weighted.
 
 use std::time::Duration;
 

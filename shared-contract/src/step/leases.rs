@@ -1,5 +1,5 @@
-//! The in-flight leases one concurrency key holds, bounded by its policy's
-//! `max-in-flight` (docs/algorithms.md "Concurrency (in-flight leases)").
+//! The in-flight leases one concurrency key holds (docs/algorithms.md
+//! "Concurrency (in-flight leases)").
 
 use std::fmt;
 use std::slice;

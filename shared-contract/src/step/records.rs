@@ -1,5 +1,4 @@
-//! Evaluation dedupe records of one key: a bounded queue, oldest first,
-//! indexed by id.
+//! Evaluation dedupe records of one key, indexed by id.
 
 use std::collections::{VecDeque, vec_deque};
 use std::fmt;
