@@ -250,13 +250,8 @@ impl Checks {
     ) {
         let product = u128::from(count) * u128::from(millis(period));
         if product >= u128::from(crate::policy::MAX_EXACT_PRODUCT) {
-            self.reject(
-                count_key,
-                format!(
-                    "{count_key} x {period_key} must stay below 2^53 for exact arithmetic, got \
-                     {product}"
-                ),
-            );
+            let why = "must stay below 2^53 for exact arithmetic";
+            self.reject(count_key, format!("{count_key} x {period_key} {why}, got {product}"));
         }
     }
 }

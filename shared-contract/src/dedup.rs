@@ -56,14 +56,11 @@ impl EvaluationDedupPolicy {
         let Self::Enabled { ttl, max_entries, max_stored_bytes } = *self else { return };
         checks.period(PolicyField::DedupTtl, ttl, MAX_GRACE);
         checks.count(PolicyField::DedupMaxEntries, max_entries.into(), 65_536);
-        if !(DEDUP_RECORD_BYTES..=16 << 20).contains(&max_stored_bytes) {
-            checks.reject(
-                PolicyField::DedupMaxStoredBytes,
-                format!(
-                    "must be in {DEDUP_RECORD_BYTES}..={} (one record is {DEDUP_RECORD_BYTES} bytes), got {max_stored_bytes}",
-                    16 << 20
-                ),
-            );
+        let (least, most) = (DEDUP_RECORD_BYTES, 16 << 20);
+        if !(least..=most).contains(&max_stored_bytes) {
+            let range = format!("{least}..={most} (one record is {least} bytes)");
+            let problem = format!("must be in {range}, got {max_stored_bytes}");
+            checks.reject(PolicyField::DedupMaxStoredBytes, problem);
         }
     }
 }

@@ -13,8 +13,8 @@ pub use records::{DedupRecord, DedupRecords};
 use crate::algorithm::{Algorithm, AlgorithmState, Charge, Run, StateMismatch, Step};
 use crate::budget::{BudgetFailure, BudgetState};
 use crate::outcome::{
-    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
-    SetDecision, UnavailableCategory,
+    IncompatibleCategory, RateLimitDecision, RateLimitFailure, RateLimitOutcome, SetDecision,
+    UnavailableCategory,
 };
 use crate::policy::{PolicyMode, RateLimitPolicy, millis};
 #[cfg(doc)]
@@ -38,7 +38,6 @@ pub struct KeyState {
 #[derive(Debug, Clone)]
 pub struct KeyRules {
     algorithm: Algorithm,
-    certainty: Certainty,
     mode: PolicyMode,
     /// `maximum_clock_regression`, the `R` of the spec.
     regression: u64,
@@ -56,7 +55,6 @@ impl KeyRules {
         let dedup = policy.evaluation_dedup();
         Self {
             algorithm: policy.algorithm().clone(),
-            certainty: policy.algorithm().certainty(),
             mode: policy.mode(),
             regression: millis(policy.maximum_clock_regression()),
             slack: policy.ttl_slack_millis(),
@@ -353,7 +351,7 @@ pub fn inspect_key(
         reset_after: Duration::from_millis(step.reset_after),
         retry_after: Duration::from_millis(retry_after),
         mark,
-        certainty: rules.certainty,
+        certainty: rules.algorithm.certainty(),
     })
 }
 
@@ -405,7 +403,7 @@ fn commit(
 
 #[cfg(test)]
 mod tests {
-    use crate::{Algorithm, EvaluationDedupPolicy};
+    use crate::{Algorithm, Certainty, EvaluationDedupPolicy};
 
     use super::*;
 
@@ -613,7 +611,8 @@ mod tests {
         for (algorithm, certainty) in cases {
             assert_eq!(algorithm.certainty(), certainty, "{}", algorithm.name());
             let rules = rules(algorithm.clone(), EvaluationDedupPolicy::Disabled);
-            assert_eq!(rules.certainty, certainty, "{}", algorithm.name());
+            let inspected = inspect_key(&rules, None, T0).unwrap().certainty;
+            assert_eq!(inspected, certainty, "{}", algorithm.name());
         }
     }
 

@@ -119,13 +119,8 @@ impl RateAlgorithm for Gcra {
             // (docs/algorithms.md#gcra), so b x T below 2^52.
             let tolerance = u128::from(self.burst) * u128::from(interval);
             if tolerance >= u128::from(MAX_EXACT_PRODUCT / 2) {
-                checks.reject(
-                    "burst",
-                    format!(
-                        "burst x (period / limit) must stay below 2^52 microseconds for exact \
-                         arithmetic, got {tolerance}"
-                    ),
-                );
+                let why = "must stay below 2^52 microseconds for exact arithmetic";
+                checks.reject("burst", format!("burst x (period / limit) {why}, got {tolerance}"));
             }
         }
         limit_ok
