@@ -13,8 +13,7 @@ use crate::outcome::Certainty;
 use crate::policy::millis;
 use crate::step::Leases;
 
-/// One counting algorithm: a type holding its parameters, with everything
-/// each layer needs from it (docs/adding-an-algorithm.md).
+/// One counting algorithm: its parameters and all it does (docs/adding-an-algorithm.md).
 pub trait RateAlgorithm:
     Clone + fmt::Debug + PartialEq + Eq + Send + Sync + Serialize + DeserializeOwned + 'static
 {
@@ -164,8 +163,7 @@ impl<S> Step<S> {
         Self { allowed: true, remaining, retry_after: 0, reset_after, write: Some((state, end)) }
     }
 
-    /// A window counter's step over `n` of `limit` units in a window ending
-    /// at `end`; charged, it stores `counted(n + cost)`.
+    /// A window counter's step over `n` of `limit` units until `end`.
     pub fn count(
         limit: u64,
         n: u64,
@@ -241,8 +239,7 @@ impl Checks {
         problem.map(|problem| self.reject(key, problem)).is_none()
     }
 
-    /// Checks that `count x period` (ms) stays below 2^53, so every provider
-    /// (Lua's doubles too) counts exactly.
+    /// Checks that `count x period` (ms) stays below 2^53, exact in Lua's doubles.
     pub fn exact_product(
         &mut self,
         (count_key, count): (&'static str, u64),

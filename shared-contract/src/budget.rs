@@ -1,5 +1,4 @@
-//! Budgets as an operator sees them through the port's `inspect` and
-//! `reset`: which budget, its state now, and why there is no answer.
+//! Budgets as an operator sees them through the port's `inspect` and `reset`.
 
 use std::time::Duration;
 
@@ -8,16 +7,14 @@ use crate::policy::{PolicyId, PolicyScope, RateLimitPolicy};
 use crate::request::OperationDigest;
 use crate::subject::SubjectDigest;
 
-/// One budget: exactly the key `evaluate` charges for the same subject,
-/// policy and (for an operation-scoped policy) operation.
+/// One budget: exactly the key `evaluate` charges for the same inputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetKey {
     /// The subject's pseudonym.
     pub subject: SubjectDigest,
     /// The policy.
     pub policy: PolicyId,
-    /// Required for an operation-scoped policy, refused for a subject-scoped
-    /// one.
+    /// Required for an operation-scoped policy, refused for a subject-scoped one.
     pub operation: Option<OperationDigest>,
 }
 
@@ -67,8 +64,7 @@ pub struct BudgetState {
 }
 
 crate::named_enum! {
-    /// Why `inspect` or `reset` gave no answer; nothing changed unless
-    /// `Indeterminate`.
+    /// Why `inspect` or `reset` gave no answer; nothing changed unless `Indeterminate`.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
     pub enum BudgetFailure {
         /// The provider holds no policy of that id.

@@ -58,8 +58,7 @@ const ANCHOR_MAX_BRACKET_MICROS: u64 = 50;
 /// Longest [`SystemClock::read_both`] goes without re-reading the wall clock.
 const ANCHOR_REFRESH_MICROS: u64 = 1_000;
 
-/// The wall clock as an offset from the monotonic one: epoch µs = monotonic
-/// µs since `origin` + `offset` (wrapping).
+/// The wall clock as epoch µs = monotonic µs since `origin` + `offset`.
 #[derive(Debug)]
 struct Anchor {
     origin: Instant,
@@ -98,8 +97,7 @@ impl Anchor {
     }
 }
 
-/// The offset of a wall-clock reading taken between two monotonic ones (from
-/// their midpoint), unless they are too far apart.
+/// The offset of a wall-clock reading from the midpoint of its bracket.
 fn offset_between(before: u64, epoch: u64, after: u64) -> Option<u64> {
     let bracket = after.saturating_sub(before);
     (bracket <= ANCHOR_MAX_BRACKET_MICROS).then(|| epoch.wrapping_sub(before + bracket / 2))
@@ -111,8 +109,7 @@ fn epoch_micros() -> u64 {
         .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// A clock that moves only when told; clones share one time. `advance` moves
-/// both readings; `set_epoch_millis` only the wall clock, as an NTP step.
+/// A clock that moves only when told; clones share one time.
 #[derive(Debug, Clone)]
 pub struct ManualClock {
     epoch_millis: Arc<AtomicU64>,

@@ -1,5 +1,4 @@
-//! `EvaluationDedupPolicy`: how long and how many evaluation results a key
-//! keeps, so a retried evaluation replays instead of charging twice.
+//! `EvaluationDedupPolicy`: so a retried evaluation replays instead of charging twice.
 
 use std::time::Duration;
 
@@ -7,8 +6,7 @@ use crate::algorithm::Checks;
 use crate::error::PolicyField;
 use crate::policy::MAX_GRACE;
 
-/// Payload bytes one dedupe record counts against `max_stored_bytes`, alike
-/// in every provider.
+/// Payload bytes one dedupe record counts against `max_stored_bytes` everywhere.
 pub const DEDUP_RECORD_BYTES: u32 = 16 + 4 * 8 + 8 + (16 + 8);
 
 /// Whether and how a key remembers the evaluations that charged it.

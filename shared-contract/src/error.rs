@@ -43,8 +43,7 @@ pub struct PolicyViolation {
     pub problem: String,
 }
 
-/// A key of a policy's configuration table, spelt once, here
-/// ([`PolicyField::key`]); validation names the one it rejects.
+/// A key of a policy's configuration table, spelt once ([`PolicyField::key`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyField {
     /// The policy id (the table's own name, not a key in it).
@@ -108,8 +107,7 @@ impl PolicyField {
         }
     }
 
-    /// The key inside the table that holds it: `ttl` for
-    /// `evaluation-dedup.ttl`.
+    /// The key inside the table that holds it: `ttl` for `evaluation-dedup.ttl`.
     pub fn leaf(self) -> &'static str {
         let key = self.key();
         key.rsplit_once('.').map_or(key, |(_, leaf)| leaf)

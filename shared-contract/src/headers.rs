@@ -1,5 +1,4 @@
-//! The IETF `RateLimit-Policy` and `RateLimit` response fields every front
-//! writes, by hand: a validated policy id needs no sf-string escapes.
+//! The IETF `RateLimit-Policy` and `RateLimit` fields every front writes.
 
 use std::time::Duration;
 
@@ -28,8 +27,7 @@ pub fn write_policy_field_at<'a>(
     }
 }
 
-/// Appends `"<policy id>";r=<remaining>;t=<seconds until whole>` for each
-/// decision, comma-separated.
+/// Appends `"<policy id>";r=<remaining>;t=<seconds until whole>` per decision.
 pub fn write_limit_field<'a>(
     text: &mut Vec<u8>,
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,

@@ -1,16 +1,14 @@
-//! In-flight leases as the port speaks them: which lease to give back and
-//! what giving it back did (the lease set a key holds is [`crate::Leases`]).
+//! In-flight leases as the port speaks them: which to give back, and what it did.
 
 use crate::outcome::UnavailableCategory;
 use crate::request::{EvaluationId, OperationDigest, PolicySet, RateLimitRequest};
 use crate::subject::SubjectDigest;
 
-/// Payload bytes one held lease counts in every provider's account: its id
-/// and expiry.
+/// Payload bytes one held lease counts in every provider's account.
 pub const HELD_LEASE_BYTES: u32 = 16 + 8;
 
-/// What a release needs: the keys an admitted request took its leases under
-/// and the lease id, which is the request's [`EvaluationId`].
+/// What a release needs: the keys an admitted request took leases under, and
+/// its [`EvaluationId`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The admitted request's policy set (its rate policies are ignored).
@@ -40,8 +38,7 @@ impl Lease {
 pub enum ReleaseOutcome {
     /// The lease was held under at least one key and is gone: a slot is free.
     Released,
-    /// No key held the lease (released before, expired, never taken, or its
-    /// policy removed or re-revisioned by a reload). Not a failure.
+    /// No key held the lease (released, expired or never taken). Not a failure.
     NotHeld,
     /// The store did not answer and provably nothing ran.
     Unavailable {

@@ -1,5 +1,4 @@
-//! A repeated log line held to one per interval, so a provider that is down
-//! does not flood the log (the metrics still count every one).
+//! A repeated log line held to one per interval, so an outage does not flood the log.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -28,8 +27,7 @@ impl LogThrottle {
         Self { every, state: Mutex::new(ThrottleState { quiet_until: None, suppressed: 0 }) }
     }
 
-    /// `Some(lines held back since the last one)` when the line due at `now`
-    /// goes out, `None` when it is held back (and counted).
+    /// `Some(lines held back since)` when the line due at `now` goes out.
     pub fn admit(&self, now: Instant) -> Option<u64> {
         // A panic while the lock was held left counters good enough for a log.
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);

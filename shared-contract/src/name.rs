@@ -1,8 +1,6 @@
-//! Names of the enums that configuration, metrics and problem types spell
-//! out, and the metric names every front shares.
+//! Names that configuration, metrics and problem types spell out.
 
-/// A name that is not one of an enum's names: the `FromStr` error of every
-/// named enum in the workspace.
+/// A name that is not one of an enum's: every named enum's `FromStr` error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("must be one of {}, got {got:?}", quoted(.expected))]
 pub struct UnknownName {
@@ -59,8 +57,7 @@ macro_rules! named_enum {
             /// Every variant, in declaration order.
             pub const ALL: [Self; [$($name),+].len()] = [$(Self::$variant),+];
 
-            /// The kebab-case name, as configuration, metrics and problem
-            /// types spell it.
+            /// The kebab-case name configuration, metrics and problems spell.
             pub const fn name(self) -> &'static str {
                 match self {
                     $(Self::$variant => $name,)+
@@ -72,8 +69,7 @@ macro_rules! named_enum {
     };
 }
 
-/// The name of a metric the service exports: `$name` after the service's
-/// prefix, written here only so every crate's metrics share it.
+/// The name of a metric the service exports: `$name` after the one prefix.
 #[macro_export]
 macro_rules! metric_name {
     ($name:literal) => {
@@ -87,8 +83,7 @@ macro_rules! metric_name {
 /// local denial cache) and `front` ([`FRONT_HTTP`] or [`FRONT_ENVOY_RLS`]).
 pub const DECISIONS_TOTAL: &str = metric_name!("rate_limit_decisions_total");
 
-/// Histogram of port evaluation time in seconds, one observation per policy
-/// of the set: labels `policy`, `algorithm` and `front`.
+/// Histogram of port evaluation seconds per policy: `policy`, `algorithm`, `front`.
 pub const EVALUATION_SECONDS: &str = metric_name!("rate_limit_evaluation_seconds");
 
 /// The `front` label of a decision the HTTP edge asked for.

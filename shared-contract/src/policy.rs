@@ -21,8 +21,7 @@ pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Bound of the products an algorithm multiplies, so Lua's doubles are exact.
 pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
 
-/// A policy id: 1 to 64 characters of `[a-z0-9._-]`, safe inside a Redis key
-/// and a metric label; shared, so a clone does not allocate.
+/// A policy id: 1 to 64 of `[a-z0-9._-]`, safe in a key and a metric label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyId(Arc<str>);
 
@@ -88,8 +87,7 @@ crate::named_enum! {
         /// A denial refuses the request.
         #[default]
         Enforce = "enforce",
-        /// Evaluated and charged on its own allow, never blocks, never shown to
-        /// clients: a new limit rolled out by watching what it would deny.
+        /// Charged on its own allow, never blocks, never shown to clients.
         Shadow = "shadow",
     }
 }
@@ -152,8 +150,7 @@ impl RateLimitPolicy {
     pub fn limit(&self) -> u64 {
         self.algorithm.limit()
     }
-    /// Whether a request of `cost` may be evaluated (any cost from 1 for a
-    /// concurrency policy: a lease is one slot).
+    /// Whether a request of `cost` may be evaluated (a lease is one slot).
     pub fn admits_cost(&self, cost: u64) -> bool {
         cost >= 1 && (self.algorithm.holds_leases() || cost <= self.maximum_cost)
     }

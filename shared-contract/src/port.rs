@@ -13,8 +13,7 @@ use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
 
-/// A provider's answer: there at once (no allocation, no poll:
-/// [`Self::into_ready`]), or a boxed future that waits for it.
+/// A provider's answer: there at once ([`Self::into_ready`]), or a boxed future.
 #[must_use = "a port answer does nothing unless taken or awaited"]
 pub struct PortAnswer<T>(Answer<T>);
 
@@ -102,8 +101,7 @@ pub trait EdgeRateLimitPort: Send + Sync + Debug {
     /// The policy held under `id`, so the edge can describe it in headers.
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy>;
 
-    /// Whether the backing store responds, for readiness probes; it MUST NOT
-    /// consume budget.
+    /// Whether the backing store responds; it MUST NOT consume budget.
     async fn is_ready(&self) -> bool;
 
     /// The budget `key` names now, for an operator. It MUST NOT charge,

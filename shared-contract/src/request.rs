@@ -47,8 +47,7 @@ impl fmt::Display for EvaluationId {
     }
 }
 
-/// The policies of one request in configured order, shared so a clone does
-/// not allocate.
+/// The policies of one request in configured order, shared.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PolicySet(Arc<[PolicyId]>);
 
@@ -91,8 +90,7 @@ impl PolicySet {
     }
 }
 
-/// A digest of the operation, so no route or path ever reaches a key; its
-/// width is part of it (it prints as that many digits).
+/// A digest of the operation, so no route reaches a key; it prints its width.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OperationDigest(Bits);
 

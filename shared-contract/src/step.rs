@@ -68,8 +68,7 @@ impl KeyRules {
         self.algorithm.holds_leases()
     }
 
-    /// This evaluation's replay under this member at effective time `t`: its
-    /// live dedupe record, or for a concurrency key its live lease.
+    /// This evaluation's replay from a live dedupe record or lease at `t`.
     fn replay(
         &self,
         state: Option<&KeyState>,
@@ -123,8 +122,7 @@ impl KeyRules {
     }
 }
 
-/// One policy of a set as the step sees it: its rules and its key's state,
-/// as loaded before the step and as the key must hold it after.
+/// One policy of a set: its rules and its key's state, as loaded and as written.
 #[derive(Debug)]
 pub struct SetMember<'r> {
     /// The policy's rules.
@@ -293,8 +291,7 @@ fn decision_of(step: &Step<AlgorithmState>) -> RateLimitDecision {
     }
 }
 
-/// The set's answer from each member's decision ([`SetDecision::of_members`]);
-/// a member the step could not run (never, once its state matched) denies.
+/// The set's answer from each member's decision; an undecided member denies.
 fn decided(members: &[SetMember<'_>], decisions: &[Option<RateLimitDecision>]) -> SetDecision {
     let undecided = decision_of(&Step::denied(0, 1, 0));
     let of = |member: &SetMember<'_>, decision: &Option<RateLimitDecision>| {
@@ -355,8 +352,7 @@ pub fn inspect_key(
     })
 }
 
-/// Writes one member's new state, its dedupe record when charged, and its
-/// lifetime (steps 7 and 8) at effective time `t` for a caller at `now`.
+/// Writes one member's new state, dedupe record and lifetime (steps 7 and 8).
 fn commit(
     member: &mut SetMember<'_>,
     now: u64,

@@ -10,8 +10,7 @@ const MIN_TAG: usize = 16;
 /// Most bytes of a digest's tag: 512 bits.
 const MAX_TAG: usize = 64;
 
-/// An opaque pseudonym: the version of the key that made it and the keyed
-/// hash's output (16 to 64 bytes), so no raw identity reaches a provider.
+/// An opaque pseudonym (key version and keyed hash): no raw identity crosses.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SubjectDigest {
     version: u32,
@@ -89,8 +88,7 @@ impl SubjectDigest {
 /// keyed MAC over frames (the subject kind first), each a 4-byte big-endian
 /// length and its bytes, so no two frame lists make one message.
 pub trait SubjectPseudonymizer: Send + Sync + fmt::Debug {
-    /// The pseudonym of the subject `frames` names, under the active key; the
-    /// frames are raw subject data, never kept, logged or printed.
+    /// The pseudonym of the raw subject `frames`, never kept, logged or printed.
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest;
 }
 

@@ -1,5 +1,4 @@
-//! Calendar window (docs/algorithms.md "Calendar window"): a count per
-//! calendar period of a time zone, stored as the fixed window's two fields.
+//! Calendar window (docs/algorithms.md "Calendar window"): a count per period.
 
 use std::fmt;
 use std::str::FromStr;
@@ -49,8 +48,7 @@ crate::named_enum! {
     }
 }
 
-/// A `time-zone` not in the time zone database, as written (cut beyond 64
-/// characters).
+/// A `time-zone` not in the time zone database, as written (cut at 64 chars).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CalendarError {
     /// The name is unknown.
@@ -111,8 +109,7 @@ impl fmt::Debug for CalendarZone {
 /// The latest caller time placed in a calendar: 9998-12-30T00:00:00Z.
 const LATEST_MS: u64 = 253_370_592_000_000;
 
-/// The period holding epoch millisecond `t` in `zone`: `(start, end)`,
-/// `start <= t < end` for every `t` up to 9998-12-30.
+/// The period holding `t` in `zone`: `start <= t < end` up to 9998-12-30.
 pub fn bounds(t: u64, period: CalendarPeriod, zone: &CalendarZone) -> (u64, u64) {
     let clamped = t.min(LATEST_MS);
     // Both conversions hold for every clamped time; the fallback (the UTC
@@ -142,8 +139,7 @@ fn local_bounds(t: u64, period: CalendarPeriod, tz: &TimeZone) -> Option<(u64, u
     Some((epoch_ms(first)?, epoch_ms(next)?))
 }
 
-/// The first instant whose local date in `tz` is `date` (or a later date,
-/// when the whole day is skipped).
+/// The first instant of `date` in `tz` (or of a later date, if it is skipped).
 fn first_instant(date: Date, tz: &TimeZone) -> Option<Timestamp> {
     let midnight = date.to_datetime(Time::midnight());
     match tz.to_ambiguous_timestamp(midnight).offset() {
@@ -191,8 +187,7 @@ impl RateAlgorithm for CalendarWindow {
         self.limit
     }
 
-    /// The length of the period holding the caller's time: a day's is 23,
-    /// 24 or 25 hours, a month's 28 to 31 days.
+    /// The length of the period holding the caller's time.
     fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration> {
         let (start, end) = bounds(now(), self.period, &self.time_zone);
         Some(Duration::from_millis(end - start))
@@ -202,8 +197,7 @@ impl RateAlgorithm for CalendarWindow {
         checks.count("limit", self.limit, MAX_COUNT)
     }
 
-    /// Counts as the fixed window does, in the period holding `run.t` (past
-    /// 9998 the last period, with `reset_after = 0`).
+    /// Counts as the fixed window does, in the period holding `run.t`.
     fn step(&self, state: Option<&CalendarWindowState>, run: &Run<'_>) -> Step<CalendarWindowState> {
         let (start, end) = bounds(run.t, self.period, &self.time_zone);
         let n = match state {

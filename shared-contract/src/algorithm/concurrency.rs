@@ -1,5 +1,4 @@
-//! Concurrency (docs/algorithms.md "Concurrency (in-flight leases)"): at
-//! most `max_in_flight` live leases per key.
+//! Concurrency (docs/algorithms.md "Concurrency (in-flight leases)").
 
 use std::time::Duration;
 
@@ -25,8 +24,7 @@ pub struct Concurrency {
     pub retry_after: Duration,
 }
 
-/// A concurrency key's state: its tag alone; its leases are held beside it
-/// in [`crate::KeyState::leases`].
+/// A concurrency key's state: its tag alone (see [`crate::KeyState::leases`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Leased;
 

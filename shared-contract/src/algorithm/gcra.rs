@@ -1,5 +1,4 @@
-//! GCRA (docs/algorithms.md "GCRA"): the generic cell rate algorithm by
-//! virtual scheduling, in whole microseconds.
+//! GCRA (docs/algorithms.md "GCRA") by virtual scheduling, in microseconds.
 
 use std::time::Duration;
 
@@ -8,8 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step};
 use crate::policy::{MAX_COUNT, MAX_EXACT_PRODUCT, MAX_PERIOD, millis};
 
-/// The generic cell rate algorithm: `limit` per `period` at the steady
-/// rate, `burst` at once; one theoretical arrival time per key.
+/// GCRA: `limit` per `period` at the steady rate, `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", from = "Configured")]
 pub struct Gcra {
@@ -46,8 +44,7 @@ pub struct GcraState {
 }
 
 impl Gcra {
-    /// The emission interval `T = ceil(1000 x period / limit)` in whole
-    /// microseconds (docs/algorithms.md#gcra).
+    /// The emission interval `T = ceil(1000 x period / limit)` µs.
     pub fn emission_interval_micros(&self) -> u64 {
         millis(self.period).saturating_mul(1000).div_ceil(self.limit.max(1)).max(1)
     }
@@ -164,8 +161,7 @@ impl RateAlgorithm for Gcra {
     }
 }
 
-/// `remaining` and `reset_after` (ms) at backlog `d`: the cells that
-/// conform now, and when the next one beyond them does (0 when all do).
+/// `remaining` and `reset_after` (ms) at backlog `d`.
 fn budget(burst: u64, interval: u64, whole: u64, d: u64) -> (u64, u64) {
     let remaining = whole.saturating_sub(d) / interval;
     if remaining >= burst {

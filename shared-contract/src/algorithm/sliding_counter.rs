@@ -1,5 +1,4 @@
-//! Sliding counter (docs/algorithms.md "Sliding counter"): the current
-//! window's count plus the previous one's, weighted.
+//! Sliding counter (docs/algorithms.md "Sliding counter").
 
 use std::time::Duration;
 
@@ -9,8 +8,7 @@ use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
 use crate::outcome::Certainty;
 use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
 
-/// A weighted estimate over the current and previous window of length
-/// `window`: at most `limit` units per sliding window.
+/// At most `limit` units per sliding `window`, estimated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct SlidingCounter {
@@ -118,8 +116,7 @@ impl RateAlgorithm for SlidingCounter {
     }
 }
 
-/// The smallest wait after which a denied sliding-counter request passes
-/// with no other traffic (docs/algorithms.md, "Sliding counter").
+/// The smallest wait after which a denied request passes with no other traffic.
 fn sliding_retry_after(limit: u64, window: u64, cost: u64, n: u64, p: u64, elapsed: u64) -> u64 {
     let [l, w, c, n, p, e] = [limit, window, cost, n, p, elapsed].map(i128::from);
     let a = l - c - n;

@@ -1,5 +1,4 @@
-//! Token bucket (docs/algorithms.md "Token bucket"): tokens refilled by
-//! whole periods up to the capacity.
+//! Token bucket (docs/algorithms.md "Token bucket").
 
 use std::time::Duration;
 
@@ -8,8 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
 use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
 
-/// A bucket of `capacity` tokens refilled by `refill_tokens` every
-/// `refill_period`.
+/// `capacity` tokens refilled by `refill_tokens` every `refill_period`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct TokenBucket {
@@ -49,8 +47,7 @@ impl RateAlgorithm for TokenBucket {
         self.capacity
     }
 
-    /// The time an empty bucket takes to fill:
-    /// `ceil(capacity / refill_tokens) * refill_period`.
+    /// The time an empty bucket takes to fill.
     fn quota_window(&self, _now: impl FnOnce() -> u64) -> Option<Duration> {
         let periods = self.capacity.div_ceil(self.refill_tokens.max(1));
         Some(self.refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX)))

@@ -1,5 +1,4 @@
-//! The in-flight leases one concurrency key holds (docs/algorithms.md
-//! "Concurrency (in-flight leases)").
+//! The in-flight leases one concurrency key holds.
 
 use std::fmt;
 use std::slice;

@@ -9,8 +9,7 @@ use foldhash::fast::RandomState;
 
 use crate::request::EvaluationId;
 
-/// What a charged evaluation left behind, so a repeat of its id replays the
-/// answer instead of charging again.
+/// What a charged evaluation left for a repeat of its id to replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DedupRecord {
     /// The evaluation that charged.
