@@ -69,11 +69,6 @@ impl Index {
         !self.slots.is_empty()
     }
 
-    /// Whether one more record would fill it past half.
-    fn is_full_for(&self, records: usize) -> bool {
-        records.saturating_mul(2) > self.slots.len()
-    }
-
     fn mask(&self) -> usize {
         self.slots.len() - 1
     }
@@ -145,10 +140,6 @@ impl Index {
 }
 
 impl Held {
-    fn seq_of_next(&self) -> u32 {
-        self.front_seq.wrapping_add(self.queue.len() as u32)
-    }
-
     fn find(&self, evaluation_id: EvaluationId) -> Option<&DedupRecord> {
         let Self { queue, front_seq, index } = self;
         if !index.is_built() {
@@ -179,9 +170,10 @@ impl Held {
     }
 
     fn push_back(&mut self, record: DedupRecord) {
-        let seq = self.seq_of_next();
+        let seq = self.front_seq.wrapping_add(self.queue.len() as u32);
         self.queue.push_back(record);
-        if self.index.is_built() && !self.index.is_full_for(self.queue.len()) {
+        // Filed in place while the index stays at most half full, else rebuilt.
+        if self.index.is_built() && self.queue.len().saturating_mul(2) <= self.index.slots.len() {
             self.index.insert(hash_of(record.evaluation_id), seq);
         } else if self.queue.len() >= INDEX_FROM {
             self.reindex();
