@@ -16,7 +16,7 @@ use secrecy::{ExposeSecret, SecretSlice};
 use sha2::Sha256;
 use shared_contract::{SubjectDigest, SubjectPseudonymizer};
 
-use crate::rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
+use crate::rejection::{ApiKeyProblem, EdgeRejection, IdentityProblem, MAX_API_KEY_BYTES};
 use crate::settings::{ClientIpHeader, EdgeSettings, WebError};
 
 /// The identity an upstream authentication layer established (a request
@@ -103,17 +103,6 @@ fn client_network(ip: IpAddr, settings: &EdgeSettings) -> IpNet {
         IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new_assert(v4, settings.ipv4_prefix()).trunc()),
         IpAddr::V6(v6) => IpNet::V6(Ipv6Net::new_assert(v6, settings.ipv6_prefix()).trunc()),
     }
-}
-
-/// Why an identity an operator typed cannot name a subject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdentityProblem {
-    /// Not an API key the edge would accept from a client.
-    InvalidApiKey(ApiKeyProblem),
-    /// Not an IPv4 or IPv6 address.
-    NotAnIpAddress,
-    /// An empty principal.
-    EmptyPrincipal,
 }
 
 /// The identity the edge pseudonymizes for a subject of `kind` as an operator

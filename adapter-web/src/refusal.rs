@@ -60,9 +60,10 @@ impl Refusal<'_> {
     pub(crate) fn response(self, settings: &EdgeSettings) -> Response<Body> {
         let evaluation = match self {
             Self::Rejected(rejection) => {
-                return problem(settings, rejection.status(), rejection.category_name())
-                    .with_title(rejection.title())
-                    .with_detail(rejection.detail().into_owned())
+                let (status, title) = rejection.status_and_title();
+                return problem(settings, status, rejection.category_name())
+                    .with_title(title)
+                    .with_detail(rejection.detail())
                     .into_response();
             }
             Self::Outcome(evaluation) => evaluation,

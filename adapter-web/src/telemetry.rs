@@ -32,7 +32,7 @@ const DEGRADED: &str = DecisionSource::Degraded.name();
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
     RateLimitFailure::outcome_names()
         .chain([DEGRADED])
-        .chain(EdgeRejection::OUTCOME_LABELS)
+        .chain(EdgeRejection::ALL.map(|r| r.outcome_label()))
         .collect()
 });
 
