@@ -157,12 +157,6 @@ type ShapeFn = dyn Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sy
 #[derive(Clone)]
 pub(crate) struct RefusalShaper(pub(crate) Arc<ShapeFn>);
 
-impl RefusalShaper {
-    pub(crate) fn shape(&self, refusal: Refusal<'_>, response: Response<Body>) -> Response<Body> {
-        (self.0)(refusal, response)
-    }
-}
-
 impl fmt::Debug for RefusalShaper {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("RefusalShaper(..)")

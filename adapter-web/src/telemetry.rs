@@ -135,12 +135,8 @@ pub(crate) struct PolicyIds<'a>(pub(crate) &'a [PolicyId]);
 
 impl fmt::Display for PolicyIds<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, id) in self.0.iter().enumerate() {
-            if index > 0 {
-                f.write_str(",")?;
-            }
-            f.write_str(id.as_str())?;
-        }
-        Ok(())
+        let mut ids = self.0.iter().map(PolicyId::as_str);
+        f.write_str(ids.next().unwrap_or_default())?;
+        ids.try_for_each(|id| write!(f, ",{id}"))
     }
 }
