@@ -268,19 +268,12 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     /// Removes the lease from the key of each concurrency policy of its set
     /// this adapter holds (a policy reloaded away has no key here).
     fn release(&self, lease: &Lease) -> Releasing {
-        let slots = lease
-            .policies
-            .ids()
-            .iter()
-            .filter_map(|id| self.policies.get(id))
-            .filter(|slot| slot.rules.holds_leases())
-            .map(|slot| slot.key(lease.operation));
-        let now = self.clock.epoch_millis();
-        Releasing::ready(if self.store.release(&lease.subject, slots, lease.id, now) {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        let held = lease.policies.ids().iter().filter_map(|id| self.policies.get(id));
+        let slots =
+            held.filter(|slot| slot.rules.holds_leases()).map(|slot| slot.key(lease.operation));
+        let released =
+            self.store.release(&lease.subject, slots, lease.id, self.clock.epoch_millis());
+        Releasing::ready(if released { ReleaseOutcome::Released } else { ReleaseOutcome::NotHeld })
     }
 }
 
