@@ -258,7 +258,7 @@ impl TransportBridge {
         let context = Context { operation, lease, span, started, shadow_subject };
         match evaluation.into_ready() {
             Ok(outcome) => Asked::Answered(Ok(self.finish(context, outcome))),
-            Err(evaluation) => Asked::Waiting(Waiting { evaluation, context }),
+            Err(evaluation) => Asked::Waiting(Waiting(evaluation, context)),
         }
     }
 
@@ -318,15 +318,12 @@ pub(crate) enum Asked {
 }
 
 /// A port answer still to come, and what finishing the request needs.
-pub(crate) struct Waiting {
-    evaluation: Evaluation,
-    context: Context,
-}
+pub(crate) struct Waiting(Evaluation, Context);
 
 impl Waiting {
     /// Waits for the port's answer in the decision span, then finishes it.
     pub(crate) async fn answer(self, bridge: &TransportBridge) -> Answer {
-        let Self { evaluation, context } = self;
+        let Self(evaluation, context) = self;
         let outcome = match &context.span {
             Some(span) => evaluation.instrument(span.clone()).await,
             None => evaluation.await,
