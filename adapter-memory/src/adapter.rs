@@ -13,6 +13,7 @@ use shared_contract::{
 };
 
 use crate::error::MemoryAdapterError;
+use crate::map::same_bytes;
 use crate::store::{KeySlot, MemoryStore, StoreFull};
 
 /// The embedded provider: every algorithm over a sharded [`MemoryStore`].
@@ -216,24 +217,6 @@ impl PolicyTable {
 fn same_id(held: &PolicyId, asked: &PolicyId) -> bool {
     let (held, asked) = (held.as_str().as_bytes(), asked.as_str().as_bytes());
     held.len() == asked.len() && (std::ptr::eq(held, asked) || same_bytes(held, asked))
-}
-
-/// Equality of two texts of one length without calling `memcmp` for the
-/// usual id: up to 16 bytes as two overlapping words of 4 or 8 bytes.
-#[inline(never)]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    let narrow = |bytes: &[u8], at: usize| {
-        bytes.get(at..at + 4).and_then(|w| w.try_into().ok()).map(u32::from_ne_bytes)
-    };
-    let word = |bytes: &[u8], at: usize| {
-        bytes.get(at..at + 8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
-    };
-    match n {
-        4..8 => narrow(a, 0) == narrow(b, 0) && narrow(a, n - 4) == narrow(b, n - 4),
-        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
-        _ => a == b,
-    }
 }
 
 #[async_trait]
