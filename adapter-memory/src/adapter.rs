@@ -79,15 +79,7 @@ impl MemoryEdgeRateLimitAdapter {
         &self.store
     }
 
-    /// The whole evaluation; synchronous because nothing in it waits.
-    fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
-        if let [id] = request.policies.ids() {
-            return self.decide_one(id, request);
-        }
-        self.decide_set(request)
-    }
-
-    /// [`Self::decide`] for two or more policies, out of line: a set of one
+    /// A decision for two or more policies, out of line: a set of one
     /// should not set up the frame of its arrays.
     #[inline(never)]
     fn decide_set(&self, request: &RateLimitRequest) -> RateLimitOutcome {
@@ -105,7 +97,7 @@ impl MemoryEdgeRateLimitAdapter {
         self.answer(decided)
     }
 
-    /// [`Self::decide`] for a set of one, the usual case: the checks of
+    /// A decision for a set of one, the usual case: the checks of
     /// [`RateLimitRequest::resolve`] in its order without its array of eight.
     fn decide_one(&self, id: &PolicyId, request: &RateLimitRequest) -> RateLimitOutcome {
         let Some(slot) = self.policies.get(id) else { return incompatible(UNKNOWN) };
@@ -149,7 +141,7 @@ impl MemoryEdgeRateLimitAdapter {
         }
     }
 
-    /// A budget's policy and the key slot `decide` charges for it.
+    /// A budget's policy and the key slot a decision charges for it.
     fn budget_slot(&self, key: &BudgetKey) -> Result<(&PolicySlot, KeySlot), BudgetFailure> {
         let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
         let operation = key.operation_for(&slot.policy)?.copied();
@@ -223,7 +215,10 @@ fn same_id(held: &PolicyId, asked: &PolicyId) -> bool {
 impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     /// Answered at once: nothing in a decision waits.
     fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
-        Evaluation::ready(self.decide(&request))
+        Evaluation::ready(match request.policies.ids() {
+            [id] => self.decide_one(id, &request),
+            _ => self.decide_set(&request),
+        })
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
