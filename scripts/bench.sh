@@ -27,7 +27,7 @@
 # and TTL), the Envoy RLS over gRPC (adapter-envoy-rls/benches/grpc.rs, its
 # own ROUNDS), and the criterion memory-provider bench; and writes the
 # medians as a dated table between the bench.sh markers of
-# docs/benchmarks.md (replaced on every run). redis-server is pinned to
+# docs/bench-results.md (replaced on every run). redis-server is pinned to
 # CPU 0 and every client to CPU 1 when there are at least two CPUs (HTTP,
 # Envoy and the Redis memory fill run unpinned but for redis-server).
 #
@@ -35,7 +35,7 @@
 # run, 5), REQUESTS (redis-benchmark calls per run, 200000), SUBJECTS
 # (the scale counts, 1000,100000,1000000), MEMORY_SUBJECTS (the memory
 # figures' subjects, 1000000), SKIP_CRITERION=1, DOC (the file to write,
-# docs/benchmarks.md; DOC=- prints the table only). QUICK=1: one short round
+# docs/bench-results.md; DOC=- prints the table only). QUICK=1: one short round
 # of everything (1 s runs, 100,000 subjects at most, criterion cut short), to
 # check the script end to end in a few minutes; its figures are not to quote.
 # Any failing step stops the run with its line and command, and a figure
@@ -58,7 +58,7 @@ else
     memory_subjects=${MEMORY_SUBJECTS:-1000000}
     criterion_times=(--warm-up-time 1 --measurement-time 3)
 fi
-doc=${DOC:-docs/benchmarks.md}
+doc=${DOC:-docs/bench-results.md}
 
 need() { # need <tool> <how to install>
     command -v "$1" >/dev/null 2>&1 || { echo "bench.sh: $1 is missing; $2" >&2; exit 2; }
@@ -502,8 +502,8 @@ limit=$(med rb-off rps)
     echo "- dedupe off / limit: $(rr cs-off rb-off rps) (target ≥ 0.95x)."
     echo "- dedupe on / limit: $(rr cs-on rb-off rps) (target ≥ 0.8x)."
     echo "- bare crate / limit: $(rr bare rb-off rps); bench dedupe off / bare crate: $(rr cs-off bare rps)."
-    echo "- client CPU per decision, bench / bare crate: $(rr cs-off bare cpu_us) (the issue's target,"
-    echo "  2.0 µs, was set against a bare crate's 1.5 µs on a quiet machine)."
+    echo "- client CPU per decision, bench / bare crate: $(rr cs-off bare cpu_us) (target 2.0 µs,"
+    echo "  against a bare crate's 1.5 µs on a quiet machine)."
     echo "- c=1 p50, bench / redis-benchmark -c 1: $(rr cs-off-c1 rb-off-c1 p50_us) (target ≤ 1.1x;"
     echo "  redis-benchmark reports whole µs); bench / bare crate -c 1: $(rr cs-off-c1 bare-c1 p50_us)."
     echo "- Redis µs/call, bench dedupe on / off: $(rr cs-on cs-off usec) (target ≤ 1.5x)."

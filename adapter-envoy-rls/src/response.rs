@@ -11,8 +11,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
 };
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use shared_contract::{
-    OperationDigest, RateLimitDecision, RateLimitPolicy, SetDecision, SubjectDigest, quota_window,
-    whole_seconds_up_millis, write_limit_field, write_policy_field,
+    Clock, OperationDigest, RateLimitDecision, RateLimitPolicy, SetDecision, SubjectDigest,
+    SystemClock, quota_window, whole_seconds_up_millis, write_limit_field, write_policy_field_at,
 };
 
 use crate::engine::Step;
@@ -116,7 +116,7 @@ impl<'e> Response<'e> {
         let mut headers = Vec::new();
         let policies = self.shown.iter().filter_map(|shown| shown.member.policy.as_ref());
         let mut policy = Vec::with_capacity(64);
-        write_policy_field(&mut policy, policies);
+        write_policy_field_at(&mut policy, policies, || SystemClock.epoch_millis());
         if !policy.is_empty() {
             headers.push(header("ratelimit-policy", policy));
             let mut limit = Vec::with_capacity(64);

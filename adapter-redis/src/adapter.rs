@@ -127,7 +127,7 @@ impl PolicyEntry {
     fn new(policy: RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
         // The algorithm's tag byte; lower case marks a shadow policy.
-        let tag = policy.algorithm().tag();
+        let tag = policy.algorithm().kind().tag();
         let kind = match policy.mode() {
             PolicyMode::Enforce => tag,
             PolicyMode::Shadow => tag.to_ascii_lowercase(),

@@ -213,7 +213,7 @@ fn all_algorithms(dedup: EvaluationDedupPolicy) -> Vec<(RateLimitPolicy, usize)>
             Algorithm::CalendarWindow(shared_contract::CalendarWindow {
                 limit: 10,
                 period: shared_contract::CalendarPeriod::Day,
-                time_zone: shared_contract::CalendarZone::utc(),
+                time_zone: shared_contract::CalendarZone::default(),
             }),
             25,
         ),

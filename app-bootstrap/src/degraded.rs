@@ -251,7 +251,7 @@ pub fn scaled(
         .failure_policy(policy.failure_policy())
         .cleanup_grace(policy.cleanup_grace())
         .maximum_clock_regression(policy.maximum_clock_regression())
-        .evaluation_dedup(*policy.evaluation_dedup())
+        .evaluation_dedup(policy.evaluation_dedup())
         .scope(policy.scope())
         .mode(policy.mode())
         .build()

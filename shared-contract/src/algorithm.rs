@@ -1,8 +1,6 @@
-//! The counting algorithms, each one type behind [`RateAlgorithm`]; the
-//! [`algorithms!`] line at the foot registers them and generates the closed
-//! enums every layer dispatches through, so no algorithm's module names
-//! another. All arithmetic saturates or widens: caller times may be
-//! anything, and a provider's `evaluate` must never panic.
+//! The counting algorithms, each one type behind [`RateAlgorithm`],
+//! registered at the foot. All arithmetic saturates or widens: caller times
+//! may be anything, and `evaluate` must never panic.
 
 use std::fmt;
 use std::time::Duration;
@@ -12,48 +10,38 @@ use serde::{Deserializer, Serialize};
 
 use crate::error::{PolicyField, PolicyViolation};
 use crate::outcome::Certainty;
-use crate::policy::{MAX_GRACE, millis};
+use crate::policy::millis;
 use crate::step::Leases;
 
-/// One counting algorithm: a type holding its parameters, with everything
-/// each layer needs from it.
+/// One counting algorithm: its parameters and all it does (docs/adding-an-algorithm.md).
 pub trait RateAlgorithm:
     Clone + fmt::Debug + PartialEq + Eq + Send + Sync + Serialize + DeserializeOwned + 'static
 {
     /// The configuration name (`algorithm = "fixed-window"`), kebab-case.
     const NAME: &'static str;
-    /// The byte that opens its stored state and names it in a policy's ARGV
-    /// block: an upper-case letter, never another's, kept for good.
+    /// Its stored state's and ARGV block's byte: an upper-case letter, its own.
     const TAG: u8;
-    /// Its configuration keys beside the common ones, as its serde derive
-    /// names them (kebab-case).
+    /// Its configuration keys beside the common ones (kebab-case).
     const KEYS: &'static [&'static str];
-    /// Those of [`Self::KEYS`] that may be left out: their default comes
-    /// from another key, so a problem of the default is that key's.
+    /// Those of [`Self::KEYS`] whose default comes from another key.
     const DEFAULTED: &'static [&'static str] = &[];
-    /// Its Lua side: the file defining its function, and the ARGV it takes.
+    /// Its Lua side.
     const LUA: Lua;
     /// Whether an admitted request holds a lease the caller gives back.
     const HOLDS_LEASES: bool = false;
-    /// Whether [`Self::quota_window`] reads the caller time (a calendar
-    /// month), so a front asks again per response.
+    /// Whether [`Self::quota_window`] reads the caller time.
     const WINDOW_MOVES: bool = false;
-    /// Whether `limit - remaining` is this window's count, which degraded
-    /// mode compares with what it wrote back.
+    /// Whether `limit - remaining` is this window's count (degraded mode).
     const WINDOWED: bool = false;
-    /// Whether a refusal stays one until its `reset_after` whatever the
-    /// cost (only then may a local cache answer it).
+    /// Whether a refusal stays one until its `reset_after` whatever the cost.
     const REFUSAL_STAYS: bool = false;
-    /// The common policy keys that do not apply to it; the configuration and
-    /// the builder refuse them when set, naming the key.
+    /// The common policy keys that do not apply to it, refused when set.
     const REFUSED_COMMON_KEYS: &'static [PolicyField] = &[];
 
-    /// The stored counting state of one key: a constant number of numbers,
-    /// whatever the number of windows a subject has lived through.
+    /// The stored counting state of one key: a constant number of numbers.
     type State: Copy + fmt::Debug + PartialEq + Eq + Send + Sync + 'static;
 
-    /// The most units (leases) spent at once: bounds `maximum-cost`, and
-    /// every decision and `RateLimit-Policy`'s `q` report it.
+    /// The most units (leases) spent at once, `RateLimit-Policy`'s `q`.
     fn limit(&self) -> u64;
 
     /// Whether its decisions are exact or its own estimate.
@@ -61,35 +49,28 @@ pub trait RateAlgorithm:
         Certainty::Certain
     }
 
-    /// The time over which it grants its limit, `w` in `RateLimit-Policy`;
-    /// `None` when it has none (no `w`).
+    /// The time over which it grants its limit, `w` in `RateLimit-Policy`.
     fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration>;
 
-    /// Checks its parameters, pushing each violation with its key; returns
-    /// whether [`Self::limit`] is in range (so a cost bound may be named).
+    /// Pushes each violation of its parameters; true when the limit is valid.
     fn check(&self, checks: &mut Checks) -> bool;
 
-    /// One run at effective time `run.t` over the key's state
-    /// (`None`: absent).
+    /// One run at effective time `run.t` over the key's state (`None`: absent).
     fn step(&self, state: Option<&Self::State>, run: &Run<'_>) -> Step<Self::State>;
 
-    /// Its share of each instance's local limiter in degraded mode: every
-    /// count through `share` (`ceil(count / instances)`), times kept.
+    /// Its share of each instance's limiter in degraded mode, times kept.
     #[must_use]
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self;
 
-    /// How long an admitted request's lease counts from its taking, in ms,
-    /// given the maximum clock regression; `None` unless it holds leases.
+    /// How long a lease counts (ms) given the clock regression, if it holds any.
     fn lease_life(&self, _regression: u64) -> Option<u64> {
         None
     }
 
-    /// The parameters its Lua function takes after the common ones, at
-    /// caller time `t` (epoch ms), as decimal integers.
+    /// Its Lua function's parameters after the common ones, at caller time `t`.
     fn arguments(&self, t: u64) -> Arguments;
 
-    /// Its state from the numbers inspect reads after the mark; `None` when
-    /// they make none.
+    /// Its state from the numbers inspect reads after the mark.
     fn decode(numbers: [u64; 3]) -> Option<Self::State>;
 }
 
@@ -104,13 +85,11 @@ pub struct Lua {
     pub function: &'static str,
     /// How many arguments follow the common ones in its ARGV block.
     pub arity: usize,
-    /// The bytes of its state header (tag and doubles, mark first); 0 for
-    /// a key that holds no header.
+    /// The bytes of its state header (tag and doubles); 0 for none.
     pub header: usize,
 }
 
-/// The parameters an algorithm's Lua function takes, at most
-/// [`Arguments::MAX`].
+/// The parameters an algorithm's Lua function takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Arguments {
     values: [u64; Arguments::MAX],
@@ -124,14 +103,12 @@ impl Arguments {
     /// Up to [`Self::MAX`] values, in order.
     ///
     /// # Panics
-    /// With more: an algorithm declares its arity once, so this is a
-    /// mistake in its module that its first test finds.
+    /// With more: a mistake in the algorithm's module its first test finds.
     pub fn of(values: &[u64]) -> Self {
         assert!(values.len() <= Self::MAX, "an algorithm takes at most {} arguments", Self::MAX);
         let mut held = [0; Self::MAX];
-        let len = values.len();
-        held[..len].copy_from_slice(&values[..len]);
-        Self { values: held, len }
+        held[..values.len()].copy_from_slice(values);
+        Self { values: held, len: values.len() }
     }
 
     /// The values.
@@ -166,26 +143,27 @@ pub struct Step<S> {
     pub retry_after: u64,
     /// Time until the budget is whole again.
     pub reset_after: u64,
-    /// The state to store and `state_end` (the time from which absence
-    /// means the same as this state), or `None` when nothing is written.
+    /// The state to store and when its absence means the same, if written.
     pub write: Option<(S, u64)>,
 }
 
 impl<S> Step<S> {
-    /// A denial that writes nothing (the window algorithms' deny path).
+    /// A denial that writes nothing.
     pub fn denied(remaining: u64, retry_after: u64, reset_after: u64) -> Self {
         Self { allowed: false, remaining, retry_after, reset_after, write: None }
     }
 
-    /// An allowance that charges nothing (a set member spared because
-    /// another member denied).
+    /// An allowance that charges nothing (another member of the set denied).
     pub fn spared(remaining: u64, reset_after: u64) -> Self {
         Self { allowed: true, remaining, retry_after: 0, reset_after, write: None }
     }
 
-    /// A window counter's step: `n` of `limit` units counted in a window
-    /// ending at `end` (epoch ms); denied with nothing written, spared, or
-    /// charged with `counted(n + cost)` stored until `end`.
+    /// A charged allowance that stores `state` until `end`.
+    pub fn charged(remaining: u64, reset_after: u64, state: S, end: u64) -> Self {
+        Self { allowed: true, remaining, retry_after: 0, reset_after, write: Some((state, end)) }
+    }
+
+    /// A window counter's step over `n` of `limit` units until `end`.
     pub fn count(
         limit: u64,
         n: u64,
@@ -201,8 +179,7 @@ impl<S> Step<S> {
             return Self::spared(limit - n, to_end);
         }
         let n = n + run.cost;
-        let write = Some((counted(n), end));
-        Self { allowed: true, remaining: limit - n, retry_after: 0, reset_after: to_end, write }
+        Self::charged(limit - n, to_end, counted(n), end)
     }
 
     /// The same step with its written state mapped.
@@ -213,18 +190,16 @@ impl<S> Step<S> {
     }
 }
 
-/// The stored state belongs to another algorithm (same policy id and
-/// revision, changed algorithm): `Incompatible(StateIncompatible)`.
+/// The stored state belongs to another algorithm: `StateIncompatible`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateMismatch;
 
-/// Whether an allowing run charges its cost (`Spare` when another policy of
-/// the set denies).
+/// Whether an allowing run charges its cost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
     /// Charge `cost` when the algorithm allows.
     Take,
-    /// Charge nothing; report the budget as it stands.
+    /// Charge nothing (another policy of the set denies); report the budget.
     Spare,
 }
 
@@ -249,8 +224,7 @@ impl Checks {
         ok
     }
 
-    /// Checks a duration of whole milliseconds from 1 ms to `longest`;
-    /// true when it is.
+    /// Checks a duration of whole ms in 1 ms ..= `longest`; true when it is.
     pub fn period(
         &mut self,
         key: impl Into<PolicyField>,
@@ -265,9 +239,7 @@ impl Checks {
         problem.map(|problem| self.reject(key, problem)).is_none()
     }
 
-    /// Checks that `count x period` (ms) stays below 2^53, so every
-    /// provider, Lua's doubles included, counts exactly; reported on the
-    /// count's key.
+    /// Checks that `count x period` (ms) stays below 2^53, exact in Lua's doubles.
     pub fn exact_product(
         &mut self,
         (count_key, count): (&'static str, u64),
@@ -275,30 +247,18 @@ impl Checks {
     ) {
         let product = u128::from(count) * u128::from(millis(period));
         if product >= u128::from(crate::policy::MAX_EXACT_PRODUCT) {
-            self.reject(
-                count_key,
-                format!(
-                    "{count_key} x {period_key} must stay below 2^53 for exact arithmetic, got \
-                     {product}"
-                ),
-            );
+            let why = "must stay below 2^53 for exact arithmetic";
+            self.reject(count_key, format!("{count_key} x {period_key} {why}, got {product}"));
         }
-    }
-
-    /// Checks a wait of whole milliseconds from 1 ms to an hour.
-    pub fn wait(&mut self, key: &'static str, wait: Duration) -> bool {
-        self.period(key, wait, MAX_GRACE)
     }
 }
 
-/// Whole milliseconds of `duration`, at least 1: a period every step may
-/// divide by (validation keeps them between 1 ms and ten years).
+/// Whole milliseconds of `duration`, at least 1, to divide by.
 pub(crate) fn ms(duration: Duration) -> u64 {
     millis(duration).max(1)
 }
 
-/// A duration in a policy's table: a string with a unit ("750ms"); a bare
-/// number is refused.
+/// A duration in a policy's table: a string with a unit, never a bare number.
 pub(crate) mod duration {
     use std::fmt;
     use std::time::Duration;
@@ -349,10 +309,9 @@ pub(crate) mod duration {
     }
 }
 
-/// Registers the algorithms (module `algorithm/<module>.rs` and type each)
-/// and generates [`Algorithm`], [`AlgorithmKind`] and [`AlgorithmState`],
-/// each variant named as its type; a state of another algorithm is a
-/// [`StateMismatch`], decided here, not in any step.
+/// Registers the algorithms and generates [`Algorithm`], [`AlgorithmKind`]
+/// and [`AlgorithmState`]; a state of another algorithm is a
+/// [`StateMismatch`] decided here, not in any step.
 macro_rules! algorithms {
     ($($module:ident::$name:ident),+ $(,)?) => {
         $(
@@ -361,7 +320,8 @@ macro_rules! algorithms {
         )+
 
         /// The counting algorithm of a policy and its parameters.
-        #[derive(Debug, Clone, PartialEq, Eq)]
+        #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+        #[serde(untagged)]
         pub enum Algorithm {
             $(
                 #[doc = concat!("[`", stringify!($name), "`].")]
@@ -369,8 +329,7 @@ macro_rules! algorithms {
             )+
         }
 
-        /// Which algorithm, without its parameters: what a configuration's
-        /// `algorithm` key names.
+        /// Which algorithm, as a configuration's `algorithm` key names it.
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         pub enum AlgorithmKind {
             $(
@@ -380,7 +339,6 @@ macro_rules! algorithms {
         }
 
         /// The stored counting state of one key, whichever its algorithm.
-        /// Times are epoch milliseconds.
         #[derive(Debug, Clone, Copy, PartialEq, Eq)]
         pub enum AlgorithmState {
             $(
@@ -441,8 +399,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name => <$name as RateAlgorithm>::WINDOW_MOVES,)+ }
             }
 
-            /// Its parameters from the keys of a policy's table beside the
-            /// common ones (kebab-case; an unknown key is refused).
+            /// Its parameters from a policy's table (an unknown key is refused).
             ///
             /// # Errors
             /// The deserializer's error naming the key at fault.
@@ -455,12 +412,6 @@ macro_rules! algorithms {
                         <$name as serde::Deserialize>::deserialize(parameters).map(Algorithm::$name)
                     })+
                 }
-            }
-        }
-
-        impl Serialize for Algorithm {
-            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-                match self { $(Self::$name(algorithm) => algorithm.serialize(serializer),)+ }
             }
         }
 
@@ -480,9 +431,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name(algorithm) => algorithm.certainty(),)+ }
             }
 
-            /// The time over which it grants its limit (`RateLimit-Policy`'s
-            /// `w`), `now` read only by an algorithm whose window moves;
-            /// `None` when it has no window.
+            /// The time over which it grants its limit.
             pub fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration> {
                 match self { $(Self::$name(algorithm) => algorithm.quota_window(now),)+ }
             }
@@ -498,8 +447,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name(_) => <$name as RateAlgorithm>::WINDOWED,)+ }
             }
 
-            /// Whether a refusal stays one until its `reset_after` with no
-            /// other traffic, whatever the cost.
+            /// Whether a refusal stays one until its `reset_after`.
             pub fn refusal_stays(&self) -> bool {
                 match self { $(Self::$name(_) => <$name as RateAlgorithm>::REFUSAL_STAYS,)+ }
             }
@@ -509,8 +457,6 @@ macro_rules! algorithms {
                 match self { $(Self::$name(algorithm) => algorithm.arguments(t),)+ }
             }
 
-            /// How long a lease counts from its taking (ms), given the
-            /// clock-regression bound; `None` unless it holds leases.
             pub(crate) fn lease_life(&self, regression: u64) -> Option<u64> {
                 match self { $(Self::$name(algorithm) => algorithm.lease_life(regression),)+ }
             }
@@ -519,8 +465,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name(algorithm) => algorithm.check(checks),)+ }
             }
 
-            /// Runs the algorithm over the key's state; a state of another
-            /// algorithm is a mismatch.
+            /// Runs the algorithm over the key's state.
             pub(crate) fn run(
                 &self,
                 state: Option<&AlgorithmState>,
@@ -546,9 +491,7 @@ macro_rules! algorithms {
                 match self { $(Self::$name(_) => AlgorithmKind::$name,)+ }
             }
 
-            /// The state an inspect read: its tag byte and the numbers
-            /// after the mark (zeros beyond the algorithm's own); `None` for
-            /// an unknown tag or an algorithm whose key holds no header.
+            /// The state an inspect read from its tag and numbers, if any.
             pub fn decode(tag: u8, numbers: [u64; 3]) -> Option<Self> {
                 $(
                     if tag == <$name as RateAlgorithm>::TAG && <$name as RateAlgorithm>::LUA.header > 0 {
@@ -558,8 +501,7 @@ macro_rules! algorithms {
                 None
             }
 
-            /// The state of a key that is a lease set; `None` when no
-            /// registered algorithm holds leases.
+            /// The state of a key that is a lease set.
             pub fn of_lease_set() -> Option<Self> {
                 $(
                     if <$name as RateAlgorithm>::HOLDS_LEASES {
@@ -596,15 +538,9 @@ impl Algorithm {
         self.kind().name()
     }
 
-    /// Whether its admitted requests hold a lease the caller releases
-    /// through `EdgeRateLimitPort::release`.
+    /// Whether its admitted requests hold a lease the caller releases.
     pub const fn holds_leases(&self) -> bool {
         self.kind().holds_leases()
-    }
-
-    /// Its tag byte.
-    pub const fn tag(&self) -> u8 {
-        self.kind().tag()
     }
 }
 

@@ -1,6 +1,4 @@
-//! Budgets as an operator sees them: which budget ([`BudgetKey`]), its
-//! state now ([`BudgetState`]), and why a provider could not answer
-//! ([`BudgetFailure`]). The port's `inspect` and `reset` speak these.
+//! Budgets as an operator sees them through the port's `inspect` and `reset`.
 
 use std::time::Duration;
 
@@ -9,23 +7,19 @@ use crate::policy::{PolicyId, PolicyScope, RateLimitPolicy};
 use crate::request::OperationDigest;
 use crate::subject::SubjectDigest;
 
-/// One budget: a subject's key under one policy, and for an
-/// operation-scoped policy under one operation. It names exactly the key
-/// `evaluate` charges for the same subject, policy and operation.
+/// One budget: exactly the key `evaluate` charges for the same inputs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BudgetKey {
     /// The subject's pseudonym.
     pub subject: SubjectDigest,
     /// The policy.
     pub policy: PolicyId,
-    /// The operation: required for an operation-scoped policy, refused for
-    /// a subject-scoped one (its budget is shared by every operation).
+    /// Required for an operation-scoped policy, refused for a subject-scoped one.
     pub operation: Option<OperationDigest>,
 }
 
 impl BudgetKey {
-    /// A budget key; whether `operation` fits the policy's scope is checked
-    /// by [`Self::operation_for`] once the policy is known.
+    /// A budget key; [`Self::operation_for`] checks its operation.
     pub fn new(
         subject: SubjectDigest,
         policy: PolicyId,
@@ -34,14 +28,11 @@ impl BudgetKey {
         Self { subject, policy, operation }
     }
 
-    /// The operation part of this budget's key under `policy`: `Some` for
-    /// an operation-scoped policy, `None` for a subject-scoped one.
+    /// The operation part of this budget's key under `policy`.
     ///
     /// # Errors
-    /// [`BudgetFailure::OperationRequired`] when the policy is
-    /// operation-scoped and no operation is given;
-    /// [`BudgetFailure::OperationNotApplicable`] when it is subject-scoped
-    /// and one is (a guess at which key was meant would be wrong either way).
+    /// `OperationRequired` or `OperationNotApplicable` when the operation
+    /// does not fit the policy's scope (a guess would be wrong either way).
     pub fn operation_for(
         &self,
         policy: &RateLimitPolicy,
@@ -55,73 +46,41 @@ impl BudgetKey {
     }
 }
 
-/// A budget as its provider holds it now, computed from the stored state by
-/// the same step `evaluate` runs, without charging or writing anything.
+/// A budget now, computed by the step `evaluate` runs, charging nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BudgetState {
     /// The policy's limit or capacity.
     pub limit: u64,
     /// Units a request could spend now.
     pub remaining: u64,
-    /// Time until the budget is whole again (window end, or full bucket).
+    /// Time until the budget is whole again.
     pub reset_after: Duration,
-    /// Zero when a request of cost 1 would pass now; otherwise the wait
-    /// after which it would, if no other traffic came.
+    /// Zero when a request of cost 1 would pass now, else its wait.
     pub retry_after: Duration,
-    /// The highest effective time (epoch ms) at which the state was
-    /// written; `None` when nothing is stored (a fresh budget).
+    /// The key's mark (epoch ms); `None` for a fresh budget.
     pub mark: Option<u64>,
     /// Exact or the sliding counter's estimate.
     pub certainty: Certainty,
 }
 
-/// Why `inspect` or `reset` gave no answer. Nothing was changed, except
-/// where [`BudgetFailure::Indeterminate`] says it may have been.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum BudgetFailure {
-    /// The provider holds no policy of that id.
-    UnknownPolicy,
-    /// The policy is operation-scoped: name the operation.
-    OperationRequired,
-    /// The policy is subject-scoped: its budget has no operation.
-    OperationNotApplicable,
-    /// The stored state is not the policy's (another algorithm, or
-    /// unreadable).
-    StateIncompatible,
-    /// The store did not answer and provably nothing ran.
-    Unavailable,
-    /// The command may or may not have run (a timeout after sending). A
-    /// reset is idempotent: asking again is safe.
-    Indeterminate,
-}
-
-impl BudgetFailure {
-    /// Every failure, in declaration order.
-    pub const ALL: [Self; 6] = [
-        Self::UnknownPolicy,
-        Self::OperationRequired,
-        Self::OperationNotApplicable,
-        Self::StateIncompatible,
-        Self::Unavailable,
-        Self::Indeterminate,
-    ];
-
-    /// Kebab-case name, as a problem type ends: `unknown-policy`,
-    /// `operation-required`, `operation-not-applicable`,
-    /// `state-incompatible`, `unavailable`, `indeterminate`.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::UnknownPolicy => "unknown-policy",
-            Self::OperationRequired => "operation-required",
-            Self::OperationNotApplicable => "operation-not-applicable",
-            Self::StateIncompatible => "state-incompatible",
-            Self::Unavailable => "unavailable",
-            Self::Indeterminate => "indeterminate",
-        }
+crate::named_enum! {
+    /// Why `inspect` or `reset` gave no answer; nothing changed unless `Indeterminate`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum BudgetFailure {
+        /// The provider holds no policy of that id.
+        UnknownPolicy = "unknown-policy",
+        /// The policy is operation-scoped: name the operation.
+        OperationRequired = "operation-required",
+        /// The policy is subject-scoped: its budget has no operation.
+        OperationNotApplicable = "operation-not-applicable",
+        /// The stored state is another algorithm's, or unreadable.
+        StateIncompatible = "state-incompatible",
+        /// The store did not answer and provably nothing ran.
+        Unavailable = "unavailable",
+        /// The command may or may not have run; a reset may be asked again.
+        Indeterminate = "indeterminate",
     }
 }
-
-crate::impl_from_str_by_name!(BudgetFailure);
 
 #[cfg(test)]
 mod tests {

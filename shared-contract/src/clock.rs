@@ -5,18 +5,14 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Two readings of time: wall-clock epoch milliseconds, which the
-/// algorithms count in, and a monotonic instant, which deadlines use.
+/// Wall-clock epoch milliseconds to count in, and a monotonic instant for deadlines.
 pub trait Clock: Send + Sync + Debug {
-    /// Milliseconds since the Unix epoch. May run backwards (NTP steps);
-    /// the clock-regression bound is there for that.
+    /// Milliseconds since the Unix epoch; may run backwards (NTP steps).
     fn epoch_millis(&self) -> u64;
     /// A monotonic instant for deadlines.
     fn monotonic(&self) -> Instant;
 
-    /// Both readings at once, for a decision that checks its deadline and
-    /// counts in wall-clock time: `(monotonic, epoch_millis)`. A clock may
-    /// read the operating system once for both ([`SystemClock`] does).
+    /// Both readings, `(monotonic, epoch_millis)`, in one read where it can.
     fn read_both(&self) -> (Instant, u64) {
         (self.monotonic(), self.epoch_millis())
     }
@@ -35,51 +31,39 @@ impl Clock for SystemClock {
         Instant::now()
     }
 
-    /// One read of the monotonic clock; the wall clock is derived from it
-    /// by an offset re-read from the system at most [`ANCHOR_REFRESH_MICROS`]
-    /// apart, so a step of the wall clock (NTP) shows within a millisecond
-    /// and a decision pays one clock read, not two.
+    /// One read of the monotonic clock, the wall clock derived from it by an
+    /// offset re-read at most [`ANCHOR_REFRESH_MICROS`] apart: a decision pays
+    /// one clock read, and an NTP step shows within a millisecond.
     fn read_both(&self) -> (Instant, u64) {
         let anchor = ANCHOR.get_or_init(Anchor::new);
         let monotonic = Instant::now();
         let micros = anchor.micros_at(monotonic);
         let refreshed = anchor.refreshed_at.load(Ordering::Relaxed);
-        let offset = if micros.saturating_sub(refreshed) < ANCHOR_REFRESH_MICROS {
-            anchor.offset.load(Ordering::Relaxed)
-        } else {
-            // Racing refreshes each store a valid offset of their own. A
-            // reading the thread was preempted in keeps the old offset (and
-            // the next call tries again): stored, it would put derived time
-            // ahead by the preemption until the next refresh set it back.
-            match anchor.measure_offset() {
-                Some(offset) => {
-                    anchor.offset.store(offset, Ordering::Relaxed);
-                    anchor.refreshed_at.store(micros, Ordering::Relaxed);
-                    offset
-                }
-                None => anchor.offset.load(Ordering::Relaxed),
+        // Racing refreshes each store a valid offset. A reading the thread was
+        // preempted in is not stored (it would put derived time ahead by the
+        // preemption); the next call tries again.
+        if micros.saturating_sub(refreshed) >= ANCHOR_REFRESH_MICROS {
+            if let Some(offset) = anchor.measure_offset() {
+                anchor.offset.store(offset, Ordering::Relaxed);
+                anchor.refreshed_at.store(micros, Ordering::Relaxed);
             }
-        };
-        (monotonic, micros.wrapping_add(offset) / 1_000)
+        }
+        (monotonic, micros.wrapping_add(anchor.offset.load(Ordering::Relaxed)) / 1_000)
     }
 }
 
-/// Widest monotonic bracket around a wall-clock reading that still gives
-/// its offset: the offset is off by at most half of it.
+/// Widest monotonic bracket around a wall-clock reading that gives its offset.
 const ANCHOR_MAX_BRACKET_MICROS: u64 = 50;
 
-/// Longest a [`SystemClock::read_both`] goes without re-reading the wall
-/// clock, in microseconds of the monotonic clock.
+/// Longest [`SystemClock::read_both`] goes without re-reading the wall clock.
 const ANCHOR_REFRESH_MICROS: u64 = 1_000;
 
-/// The wall clock as an offset from the monotonic one, shared by every
-/// [`SystemClock`]: epoch microseconds = monotonic microseconds since
-/// `origin` + `offset` (wrapping).
+/// The wall clock as epoch µs = monotonic µs since `origin` + `offset`.
 #[derive(Debug)]
 struct Anchor {
     origin: Instant,
     offset: AtomicU64,
-    /// Monotonic microseconds since `origin` when `offset` was last read.
+    /// Monotonic µs since `origin` when `offset` was last read.
     refreshed_at: AtomicU64,
 }
 
@@ -99,9 +83,7 @@ impl Anchor {
         anchor
     }
 
-    /// Epoch microseconds minus monotonic microseconds since `origin`, from
-    /// a wall-clock reading between two monotonic ones (their midpoint);
-    /// `None` when the two are more than [`ANCHOR_MAX_BRACKET_MICROS`] apart.
+    /// The offset from a wall-clock reading between two monotonic ones.
     fn measure_offset(&self) -> Option<u64> {
         let before = self.micros_at(Instant::now());
         let epoch = epoch_micros();
@@ -115,8 +97,7 @@ impl Anchor {
     }
 }
 
-/// The offset of a wall-clock reading `epoch` taken between the monotonic
-/// readings `before` and `after`, or `None` when they are too far apart.
+/// The offset of a wall-clock reading from the midpoint of its bracket.
 fn offset_between(before: u64, epoch: u64, after: u64) -> Option<u64> {
     let bracket = after.saturating_sub(before);
     (bracket <= ANCHOR_MAX_BRACKET_MICROS).then(|| epoch.wrapping_sub(before + bracket / 2))
@@ -128,54 +109,44 @@ fn epoch_micros() -> u64 {
         .map_or(0, |since| u64::try_from(since.as_micros()).unwrap_or(u64::MAX))
 }
 
-/// A clock that moves only when told; clones share one time. `advance`
-/// moves both readings; `set_epoch_millis` moves only the wall clock, as an
-/// NTP step would.
+/// A clock that moves only when told; clones share one time.
 #[derive(Debug, Clone)]
 pub struct ManualClock {
-    inner: Arc<ManualInner>,
-}
-
-#[derive(Debug)]
-struct ManualInner {
-    epoch_millis: AtomicU64,
+    epoch_millis: Arc<AtomicU64>,
     origin: Instant,
-    monotonic_offset_millis: AtomicU64,
+    monotonic_offset_millis: Arc<AtomicU64>,
 }
 
 impl ManualClock {
     /// A clock reading `epoch_millis`.
     pub fn new(epoch_millis: u64) -> Self {
         Self {
-            inner: Arc::new(ManualInner {
-                epoch_millis: AtomicU64::new(epoch_millis),
-                origin: Instant::now(),
-                monotonic_offset_millis: AtomicU64::new(0),
-            }),
+            epoch_millis: Arc::new(AtomicU64::new(epoch_millis)),
+            origin: Instant::now(),
+            monotonic_offset_millis: Arc::default(),
         }
     }
 
     /// Moves both readings forward by `by` (whole milliseconds count).
     pub fn advance(&self, by: Duration) {
         let millis = crate::policy::millis(by);
-        self.inner.epoch_millis.fetch_add(millis, Ordering::SeqCst);
-        self.inner.monotonic_offset_millis.fetch_add(millis, Ordering::SeqCst);
+        self.epoch_millis.fetch_add(millis, Ordering::SeqCst);
+        self.monotonic_offset_millis.fetch_add(millis, Ordering::SeqCst);
     }
 
     /// Sets the wall clock only, forwards or backwards.
     pub fn set_epoch_millis(&self, epoch_millis: u64) {
-        self.inner.epoch_millis.store(epoch_millis, Ordering::SeqCst);
+        self.epoch_millis.store(epoch_millis, Ordering::SeqCst);
     }
 }
 
 impl Clock for ManualClock {
     fn epoch_millis(&self) -> u64 {
-        self.inner.epoch_millis.load(Ordering::SeqCst)
+        self.epoch_millis.load(Ordering::SeqCst)
     }
 
     fn monotonic(&self) -> Instant {
-        let offset = self.inner.monotonic_offset_millis.load(Ordering::SeqCst);
-        self.inner.origin + Duration::from_millis(offset)
+        self.origin + Duration::from_millis(self.monotonic_offset_millis.load(Ordering::SeqCst))
     }
 }
 

@@ -1,5 +1,4 @@
-//! `EvaluationDedupPolicy`: how long and how many evaluation results a key
-//! keeps so a retried evaluation replays instead of charging twice.
+//! `EvaluationDedupPolicy`: so a retried evaluation replays instead of charging twice.
 
 use std::time::Duration;
 
@@ -7,8 +6,7 @@ use crate::algorithm::Checks;
 use crate::error::PolicyField;
 use crate::policy::MAX_GRACE;
 
-/// Payload bytes one dedupe record counts against `max_stored_bytes`, the
-/// same for every provider so the byte bound evicts alike everywhere.
+/// Payload bytes one dedupe record counts against `max_stored_bytes` everywhere.
 pub const DEDUP_RECORD_BYTES: u32 = 16 + 4 * 8 + 8 + (16 + 8);
 
 /// Whether and how a key remembers the evaluations that charged it.
@@ -33,8 +31,7 @@ impl EvaluationDedupPolicy {
         Self::Enabled { ttl: Duration::from_secs(5), max_entries: 256, max_stored_bytes: 65_536 }
     }
 
-    /// The number of records a key may hold: the smaller of the entry bound
-    /// and the byte bound; 0 when disabled.
+    /// Records a key may hold under both bounds; 0 when disabled.
     pub const fn record_capacity(&self) -> u32 {
         match *self {
             Self::Disabled => 0,
@@ -57,14 +54,11 @@ impl EvaluationDedupPolicy {
         let Self::Enabled { ttl, max_entries, max_stored_bytes } = *self else { return };
         checks.period(PolicyField::DedupTtl, ttl, MAX_GRACE);
         checks.count(PolicyField::DedupMaxEntries, max_entries.into(), 65_536);
-        if !(DEDUP_RECORD_BYTES..=16 << 20).contains(&max_stored_bytes) {
-            checks.reject(
-                PolicyField::DedupMaxStoredBytes,
-                format!(
-                    "must be in {DEDUP_RECORD_BYTES}..={} (one record is {DEDUP_RECORD_BYTES} bytes), got {max_stored_bytes}",
-                    16 << 20
-                ),
-            );
+        let (least, most) = (DEDUP_RECORD_BYTES, 16 << 20);
+        if !(least..=most).contains(&max_stored_bytes) {
+            let range = format!("{least}..={most} (one record is {least} bytes)");
+            let problem = format!("must be in {range}, got {max_stored_bytes}");
+            checks.reject(PolicyField::DedupMaxStoredBytes, problem);
         }
     }
 }

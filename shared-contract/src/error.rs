@@ -1,7 +1,5 @@
 //! The one error type of this crate: a value that breaks a contract rule.
 
-use std::fmt;
-
 /// A value that breaks a rule of the contract.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ContractError {
@@ -36,7 +34,8 @@ fn join(violations: &[PolicyViolation]) -> String {
 }
 
 /// One broken policy rule, naming the field it concerns.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}: {problem}", field.key())]
 pub struct PolicyViolation {
     /// The field that holds the bad value.
     pub field: PolicyField,
@@ -44,15 +43,7 @@ pub struct PolicyViolation {
     pub problem: String,
 }
 
-impl fmt::Display for PolicyViolation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field.key(), self.problem)
-    }
-}
-
-/// A key of a policy's configuration table: the configuration reads and
-/// renders each by [`PolicyField::key`], and validation names the one it
-/// rejects, so each key is written once, here.
+/// A key of a policy's configuration table, spelt once ([`PolicyField::key`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum PolicyField {
     /// The policy id (the table's own name, not a key in it).
@@ -61,8 +52,7 @@ pub enum PolicyField {
     Algorithm,
     /// The policy revision.
     Revision,
-    /// A parameter of the policy's algorithm, by its key (`limit`,
-    /// `window`, ...): each algorithm names its own.
+    /// A parameter of the policy's algorithm, by its key.
     Parameter(&'static str),
     /// The largest cost one request may carry.
     MaximumCost,
@@ -96,8 +86,7 @@ impl From<&'static str> for PolicyField {
 }
 
 impl PolicyField {
-    /// The kebab-case key of this field inside a policy's configuration
-    /// table, so configuration errors can name the full key path.
+    /// The kebab-case key path inside a policy's configuration table.
     pub const fn key(self) -> &'static str {
         match self {
             Self::Id => "id",
@@ -118,8 +107,7 @@ impl PolicyField {
         }
     }
 
-    /// The key inside the table that holds it: `ttl` for
-    /// `evaluation-dedup.ttl`.
+    /// The key inside the table that holds it: `ttl` for `evaluation-dedup.ttl`.
     pub fn leaf(self) -> &'static str {
         let key = self.key();
         key.rsplit_once('.').map_or(key, |(_, leaf)| leaf)

@@ -1,7 +1,4 @@
-//! The text of the IETF `RateLimit-Policy` and `RateLimit` response
-//! fields (draft-ietf-httpapi-ratelimit-headers), shared by every inbound
-//! adapter so a client sees the same headers whichever front end answered.
-//! Written by hand: a validated policy id needs no sf-string escapes.
+//! The IETF `RateLimit-Policy` and `RateLimit` fields every front writes.
 
 use std::time::Duration;
 
@@ -14,17 +11,8 @@ use crate::policy::{PolicyId, RateLimitPolicy};
 pub const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// Appends `"<policy id>";q=<limit>;w=<window seconds>` for each policy,
-/// comma-separated, in the order given; a concurrency policy has no window
-/// and no `w` (`q` is its `max-in-flight`). Nothing for no policy.
-pub fn write_policy_field<'a>(
-    text: &mut Vec<u8>,
-    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
-) {
-    write_policy_field_at(text, policies, || SystemClock.epoch_millis());
-}
-
-/// [`write_policy_field`] at caller time `now` (epoch ms), read only for a
-/// window that moves (a calendar month).
+/// comma-separated (no `w` for a policy without a window), at caller time
+/// `now`, read only for a window that moves.
 pub fn write_policy_field_at<'a>(
     text: &mut Vec<u8>,
     policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
@@ -33,14 +21,13 @@ pub fn write_policy_field_at<'a>(
     for policy in policies {
         let quota = (b";q=", policy.limit());
         match policy.algorithm().quota_window(&now) {
-            Some(window) => item(text, policy.id(), [quota, (b";w=", whole_seconds_up(window))]),
-            None => item(text, policy.id(), [quota]),
+            Some(window) => item(text, policy.id(), &[quota, (b";w=", whole_seconds_up(window))]),
+            None => item(text, policy.id(), &[quota]),
         }
     }
 }
 
-/// Appends `"<policy id>";r=<remaining>;t=<seconds until whole>` for each
-/// decision, comma-separated, in the order given. Nothing for none.
+/// Appends `"<policy id>";r=<remaining>;t=<seconds until whole>` per decision.
 pub fn write_limit_field<'a>(
     text: &mut Vec<u8>,
     decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision)>,
@@ -50,56 +37,40 @@ pub fn write_limit_field<'a>(
     }
 }
 
-/// Appends one item of the `RateLimit` field, after a comma when `text`
-/// holds one already: `"<policy id>";r=<remaining>`, then
-/// `;t=<seconds until whole>` when `resets` (a concurrency policy has no
-/// reset time, and `t=0` would read "whole now").
+/// Appends one item of the `RateLimit` field, with `;t=` only when `resets`
+/// (a concurrency policy has no reset time; `t=0` would read "whole now").
 pub fn write_limit_item(
     text: &mut Vec<u8>,
     policy_id: &PolicyId,
     decision: &RateLimitDecision,
     resets: bool,
 ) {
-    let remaining = (b";r=", decision.remaining);
-    if resets {
-        item(
-            text,
-            policy_id,
-            [remaining, (b";t=", whole_seconds_up_millis(decision.reset_after_ms))],
-        );
-    } else {
-        item(text, policy_id, [remaining]);
-    }
+    let parameters =
+        [(b";r=", decision.remaining), (b";t=", whole_seconds_up_millis(decision.reset_after_ms))];
+    item(text, policy_id, if resets { &parameters } else { &parameters[..1] });
 }
 
-fn item<const N: usize>(
-    text: &mut Vec<u8>,
-    policy_id: &PolicyId,
-    parameters: [(&[u8; 3], u64); N],
-) {
+/// Appends `"<policy id>"` and its parameters, after a comma unless first.
+fn item(text: &mut Vec<u8>, policy_id: &PolicyId, parameters: &[(&[u8; 3], u64)]) {
     if !text.is_empty() {
         text.extend_from_slice(b", ");
     }
     text.push(b'"');
     text.extend_from_slice(policy_id.as_str().as_bytes());
     text.push(b'"');
-    for (key, value) in parameters {
+    for &(key, value) in parameters {
         text.extend_from_slice(key);
-        // Clamped to the structured-field range; validated policies never
-        // come near it.
+        // Clamped to the structured-field range; validated policies stay below.
         text.extend_from_slice(itoa::Buffer::new().format(value.min(SF_INTEGER_MAX)).as_bytes());
     }
 }
 
-/// The time over which a policy grants its limit now
-/// ([`Algorithm::quota_window`]); `None` for an algorithm with no window,
-/// such as a concurrency policy, whose limit holds at every instant.
+/// [`Algorithm::quota_window`] now; `None` for an algorithm with no window.
 pub fn quota_window(algorithm: &Algorithm) -> Option<Duration> {
     algorithm.quota_window(|| SystemClock.epoch_millis())
 }
 
-/// Whole seconds, rounded up: a client told to wait less than the real
-/// time would only be refused again.
+/// Whole seconds, rounded up: a client told less would be refused again.
 pub fn whole_seconds_up(duration: Duration) -> u64 {
     duration.as_secs() + u64::from(duration.subsec_nanos() > 0)
 }
@@ -145,7 +116,7 @@ mod tests {
         .build()
         .unwrap();
         let mut text = Vec::new();
-        write_policy_field(&mut text, [&burst, &exports, &bucket]);
+        write_policy_field_at(&mut text, [&burst, &exports, &bucket], || 0);
         assert_eq!(text, br#""orders-burst";q=10;w=2, "exports";q=2, "b";q=5;w=1"#);
         let decision = RateLimitDecision {
             allowed: true,

@@ -1,24 +1,17 @@
-//! In-flight leases as the port speaks them: which lease to give back
-//! ([`Lease`]) and what giving it back did ([`ReleaseOutcome`]). The
-//! lease set a key holds is the step's ([`crate::Leases`]).
+//! In-flight leases as the port speaks them: which to give back, and what it did.
 
 use crate::outcome::UnavailableCategory;
 use crate::request::{EvaluationId, OperationDigest, PolicySet, RateLimitRequest};
 use crate::subject::SubjectDigest;
 
-/// Payload bytes one held lease counts in a store's account, the same for
-/// every provider: what the Redis provider stores for it in the key's
-/// sorted set, the 16-byte lease id and its 8-byte expiry score.
+/// Payload bytes one held lease counts in every provider's account.
 pub const HELD_LEASE_BYTES: u32 = 16 + 8;
 
-/// What a release needs: the keys an admitted request took its leases
-/// under (its set's concurrency policies, for its subject and operation)
-/// and the lease id, which is the request's [`EvaluationId`]. A policy a
-/// reload removed or re-revisioned finds nothing ([`ReleaseOutcome::NotHeld`]).
+/// What a release needs: the keys an admitted request took leases under, and
+/// its [`EvaluationId`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
-    /// The admitted request's policy set (a shared `Arc`; rate policies in
-    /// it are ignored).
+    /// The admitted request's policy set (its rate policies are ignored).
     pub policies: PolicySet,
     /// The subject's pseudonym.
     pub subject: SubjectDigest,
@@ -45,24 +38,19 @@ impl Lease {
 pub enum ReleaseOutcome {
     /// The lease was held under at least one key and is gone: a slot is free.
     Released,
-    /// No key held the lease: released before, expired, never taken (a
-    /// refused request, a set without a concurrency policy) or its policy
-    /// was removed or re-revisioned by a reload. Not a failure.
+    /// No key held the lease (released, expired or never taken). Not a failure.
     NotHeld,
-    /// The store did not answer and provably nothing ran; the lease stays
-    /// until released again or until it expires at its TTL.
+    /// The store did not answer and provably nothing ran.
     Unavailable {
         /// Why.
         category: UnavailableCategory,
     },
-    /// The release may or may not have run (a timeout after sending).
-    /// Releasing again is safe.
+    /// The release may or may not have run; releasing again is safe.
     Indeterminate,
 }
 
 impl ReleaseOutcome {
-    /// Every kind of outcome's name, for a metric label: `released`,
-    /// `not-held`, `unavailable`, `indeterminate`.
+    /// The outcome's name, for a metric label.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Released => "released",
@@ -72,13 +60,9 @@ impl ReleaseOutcome {
         }
     }
 
-    /// Whether the release failed (the lease may still be held until its
-    /// TTL): `Unavailable` and `Indeterminate`. `NotHeld` is not a failure.
+    /// Whether the lease may still be held until its TTL.
     pub const fn failed(self) -> bool {
-        match self {
-            Self::Released | Self::NotHeld => false,
-            Self::Unavailable { .. } | Self::Indeterminate => true,
-        }
+        matches!(self, Self::Unavailable { .. } | Self::Indeterminate)
     }
 }
 

@@ -1,16 +1,10 @@
 //! The provider-neutral rate-limit contract: what a policy is, what a caller
-//! asks, what every provider answers, and the port they all implement.
+//! asks, what every provider answers, the [`EdgeRateLimitPort`] they all
+//! implement, and the decision step they share ([`evaluate_set`]), so a
+//! provider over any compare-and-set store gives the same numbers.
 //!
-//! This crate is the API boundary of the workspace. It knows nothing about
-//! I/O, tokio, redis or axum: it holds plain types, the validation rules that
-//! make an invalid policy unrepresentable, and the async
-//! [`EdgeRateLimitPort`] trait. Adapters depend on it; it depends on none of
-//! them.
-//!
-//! It also holds the decision step every provider shares ([`evaluate_set`]
-//! over the [`KeyState`]s of a policy set): pure functions over these types, so a provider over
-//! any compare-and-set store gives the same numbers without copying the
-//! algorithms.
+//! The workspace's API boundary: it knows nothing about I/O, tokio, redis,
+//! axum or any adapter, and depends on none of them.
 
 #![forbid(unsafe_code)]
 
@@ -30,8 +24,7 @@ mod request;
 mod step;
 mod subject;
 
-// The algorithm framework and every registered algorithm's type and state,
-// so registering one takes no line here.
+// Every registered algorithm's type and state: registering one takes no line here.
 pub use algorithm::*;
 pub use budget::{BudgetFailure, BudgetKey, BudgetState};
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -39,7 +32,7 @@ pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
 pub use headers::{
     SF_INTEGER_MAX, quota_window, whole_seconds_up, whole_seconds_up_millis, write_limit_field,
-    write_limit_item, write_policy_field, write_policy_field_at,
+    write_limit_item, write_policy_field_at,
 };
 pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
 pub use log_throttle::{LOG_LINE_EVERY, LogThrottle};

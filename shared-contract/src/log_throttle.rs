@@ -1,5 +1,4 @@
-//! A repeated log line held to at most one per interval (the metrics still
-//! count every one), so a provider that is down does not flood the log.
+//! A repeated log line held to one per interval, so an outage does not flood the log.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -7,8 +6,7 @@ use std::time::{Duration, Instant};
 /// How often the fronts log a repeated failure at most.
 pub const LOG_LINE_EVERY: Duration = Duration::from_secs(1);
 
-/// One repeated log line's throttle; share it between the callers that log
-/// that line.
+/// One repeated log line's throttle, shared by the callers that log it.
 #[derive(Debug)]
 pub struct LogThrottle {
     every: Duration,
@@ -29,12 +27,9 @@ impl LogThrottle {
         Self { every, state: Mutex::new(ThrottleState { quiet_until: None, suppressed: 0 }) }
     }
 
-    /// Whether the line due at `now` goes out: `Some(lines held back since
-    /// the last one)` when it does, `None` when it is held back (and
-    /// counted).
+    /// `Some(lines held back since)` when the line due at `now` goes out.
     pub fn admit(&self, now: Instant) -> Option<u64> {
-        // A panic elsewhere while the lock was held left two counters
-        // consistent enough for a log line.
+        // A panic while the lock was held left counters good enough for a log.
         let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if state.quiet_until.is_some_and(|until| now < until) {
             state.suppressed += 1;

@@ -1,17 +1,18 @@
-//! Names of the enums that configuration, metrics and problem types spell
-//! out.
+//! Names that configuration, metrics and problem types spell out.
 
-use std::fmt;
-
-/// A name that is not one of an enum's names: the `FromStr` error of every
-/// named enum in the workspace.
+/// A name that is not one of an enum's: every named enum's `FromStr` error.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("must be one of {}, got {got:?}", Quoted(.expected))]
+#[error("must be one of {}, got {got:?}", quoted(.expected))]
 pub struct UnknownName {
     /// The names that would have been accepted, in declaration order.
     pub expected: Vec<&'static str>,
     /// What was given.
     pub got: String,
+}
+
+/// `"a", "b", "c"`: how a list of names reads in a message.
+fn quoted(names: &[&str]) -> String {
+    names.iter().map(|name| format!("{name:?}")).collect::<Vec<_>>().join(", ")
 }
 
 /// Finds the member of `all` whose `name` is `text`.
@@ -26,9 +27,7 @@ pub fn parse_name<T: Copy>(
     })
 }
 
-/// Implements `FromStr` through [`parse_name`] for an enum that has
-/// `const ALL` and `const fn name(self)`, so parsing never lists the names
-/// again.
+/// Implements `FromStr` through [`parse_name`] (`ALL` and `name` needed).
 #[macro_export]
 macro_rules! impl_from_str_by_name {
     ($named:ty) => {
@@ -43,8 +42,7 @@ macro_rules! impl_from_str_by_name {
 }
 
 /// Declares a unit-only enum whose variants each have a kebab-case name,
-/// with `const ALL` (declaration order), `const fn name(self)` and
-/// `FromStr`.
+/// with `const ALL` (declaration order), `const fn name(self)` and `FromStr`.
 #[macro_export]
 macro_rules! named_enum {
     ($(#[$meta:meta])* $vis:vis enum $enum:ident {
@@ -59,8 +57,7 @@ macro_rules! named_enum {
             /// Every variant, in declaration order.
             pub const ALL: [Self; [$($name),+].len()] = [$(Self::$variant),+];
 
-            /// The kebab-case name, as configuration, metrics and problem
-            /// types spell it.
+            /// The kebab-case name configuration, metrics and problems spell.
             pub const fn name(self) -> &'static str {
                 match self {
                     $(Self::$variant => $name,)+
@@ -72,24 +69,7 @@ macro_rules! named_enum {
     };
 }
 
-/// `"a", "b", "c"`: how a list of names reads in a message.
-struct Quoted<'a>(&'a [&'static str]);
-
-impl fmt::Display for Quoted<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, name) in self.0.iter().enumerate() {
-            if index > 0 {
-                f.write_str(", ")?;
-            }
-            write!(f, "{name:?}")?;
-        }
-        Ok(())
-    }
-}
-
-/// The name of a metric the service exports: `$name` after the service's
-/// prefix, as a `&'static str`. The prefix is written here only, so every
-/// crate's metrics share it.
+/// The name of a metric the service exports: `$name` after the one prefix.
 #[macro_export]
 macro_rules! metric_name {
     ($name:literal) => {
@@ -98,17 +78,12 @@ macro_rules! metric_name {
 }
 
 /// Counter of decisions, one per policy of each evaluated set: labels
-/// `policy`, `algorithm`, `outcome`, `mode` (`enforce` or `shadow`),
-/// `cached` (`true` when the provider answered from its local denial cache
-/// without asking its store) and `front`, the inbound adapter that asked
-/// ([`FRONT_HTTP`] or [`FRONT_ENVOY_RLS`]). Every front end counts into
-/// this one series. A set decided by the degraded mode's local limiter
-/// counts `outcome="degraded"` for each policy, admitted or not.
+/// `policy`, `algorithm`, `outcome` (`degraded` for each policy of a set the
+/// degraded mode decided), `mode`, `cached` (answered from the provider's
+/// local denial cache) and `front` ([`FRONT_HTTP`] or [`FRONT_ENVOY_RLS`]).
 pub const DECISIONS_TOTAL: &str = metric_name!("rate_limit_decisions_total");
 
-/// Histogram of port evaluation time in seconds, one observation per policy
-/// of the set (the set is one evaluation, so each sees the same time):
-/// labels `policy`, `algorithm` and `front`, as [`DECISIONS_TOTAL`].
+/// Histogram of port evaluation seconds per policy: `policy`, `algorithm`, `front`.
 pub const EVALUATION_SECONDS: &str = metric_name!("rate_limit_evaluation_seconds");
 
 /// The `front` label of a decision the HTTP edge asked for.

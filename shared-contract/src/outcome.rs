@@ -15,33 +15,29 @@ pub enum Certainty {
     ApproximateAlgorithm,
 }
 
-/// What one policy of a set decided: only what varies per decision.
+/// What one policy of a set decided.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RateLimitDecision {
     /// Units left after this decision (after the charge when charged).
     pub remaining: u64,
-    /// Milliseconds until the same request would pass with no other
-    /// traffic: 0 when allowed, at least 1 when denied.
+    /// Wait until it would pass with no other traffic, ms (0 when allowed).
     pub retry_after_ms: u64,
     /// Milliseconds until the budget is whole again.
     pub reset_after_ms: u64,
-    /// Whether this policy allows the request. It was charged only when the
-    /// set admitted the request too ([`SetDecision::allowed`]).
+    /// Whether this policy allows the request.
     pub allowed: bool,
     /// Replayed from a dedupe record: nothing was charged.
     pub replayed: bool,
 }
 
 crate::named_enum! {
-    /// Where the decisions of a set came from. One value, not a flag per
-    /// source: a set is answered by exactly one of them.
+    /// Where the decisions of a set came from: exactly one source.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub enum DecisionSource {
         /// The provider's store decided (the memory store, a Redis script).
         #[default]
         Store = "store",
-        /// A provider's local cache of refusals its store gave (the Redis
-        /// provider's denial cache); nothing was charged.
+        /// A provider's local cache of its store's refusals; nothing charged.
         LocalCache = "local-cache",
         /// The degraded mode's in-process limiter: the store could not decide.
         Degraded = "degraded",
@@ -55,8 +51,7 @@ enum Decisions {
     Many(Box<[RateLimitDecision]>),
 }
 
-/// The decisions of a policy set: one per member, in the set's order, and
-/// whether the request is admitted.
+/// The decisions of a policy set, one per member in order.
 #[derive(Clone)]
 pub struct SetDecision {
     decisions: Decisions,
@@ -73,29 +68,25 @@ impl PartialEq for SetDecision {
 impl Eq for SetDecision {}
 
 impl SetDecision {
-    /// The set's answer from its members' decisions with their policies'
-    /// modes, in order (at most [`MAX_POLICY_SET`]); no member is refused.
+    /// The set's answer from its members' modes and decisions, in order.
     pub fn of_members(members: impl IntoIterator<Item = (PolicyMode, RateLimitDecision)>) -> Self {
-        let mut members = members.into_iter();
-        let mut replayed = false;
-        let mut enforced_allow = true;
-        let mut count = |(mode, decision): (PolicyMode, RateLimitDecision)| {
-            replayed |= decision.replayed;
-            enforced_allow &= decision.allowed || mode == PolicyMode::Shadow;
-            decision
-        };
-        let Some(first) = members.next().map(&mut count) else {
-            let decisions = Decisions::Many(Box::default());
-            return Self { decisions, allowed: false, source: DecisionSource::Store };
-        };
-        // A larger set takes one allocation of its exact length.
-        let decisions = match members.next().map(&mut count) {
-            None => Decisions::One(first),
-            Some(second) => {
-                let mut many = Vec::with_capacity(2 + members.size_hint().0);
-                many.extend([first, second]);
-                many.extend(members.take(MAX_POLICY_SET - 2).map(&mut count));
-                Decisions::Many(many.into_boxed_slice())
+        let (mut replayed, mut enforced_allow) = (false, true);
+        let decisions = {
+            let mut members = members.into_iter().take(MAX_POLICY_SET).map(|(mode, decision)| {
+                replayed |= decision.replayed;
+                enforced_allow &= decision.allowed || mode == PolicyMode::Shadow;
+                decision
+            });
+            let Some(first) = members.next() else {
+                let decisions = Decisions::Many(Box::default());
+                return Self { decisions, allowed: false, source: DecisionSource::Store };
+            };
+            // A larger set takes one allocation of its exact length.
+            match members.next() {
+                None => Decisions::One(first),
+                Some(second) => {
+                    Decisions::Many([first, second].into_iter().chain(members).collect())
+                }
             }
         };
         Self { decisions, allowed: replayed || enforced_allow, source: DecisionSource::Store }
@@ -106,8 +97,7 @@ impl SetDecision {
         Self::of_members([(PolicyMode::Enforce, decision)])
     }
 
-    /// The same answer `elapsed_ms` later, with nothing charged since: each
-    /// wait shorter by it, a denial's still at least 1 ms.
+    /// The same answer `elapsed_ms` later, a denial's wait still at least 1 ms.
     #[must_use]
     pub fn aged(&self, elapsed_ms: u64) -> Self {
         let age = |decision: &RateLimitDecision| RateLimitDecision {
@@ -150,7 +140,7 @@ impl SetDecision {
         self.source == DecisionSource::LocalCache
     }
 
-    /// Whether the request is admitted and every allowing policy charged.
+    /// Whether the request is admitted (every allowing policy charged).
     pub fn allowed(&self) -> bool {
         self.allowed
     }
@@ -185,11 +175,9 @@ crate::named_enum! {
     pub enum UnavailableCategory {
         /// The deadline had passed, or no lane capacity came before it.
         AdmissionRejected = "admission-rejected",
-        /// The command provably never reached the store (connect failure,
-        /// NOPERM, closed pool).
+        /// The command provably never reached the store.
         UnavailableBeforeSend = "unavailable-before-send",
-        /// The caller clock ran backwards beyond the policy's bound; nothing
-        /// was mutated.
+        /// The caller clock ran backwards beyond the policy's bound.
         ClockUnsafe = "clock-unsafe",
     }
 }
@@ -202,18 +190,15 @@ crate::named_enum! {
         UnknownPolicy = "unknown-policy",
         /// Cost 0 or above the maximum cost of a policy of the set.
         CostExceedsMaximum = "cost-exceeds-maximum",
-        /// Stored state of the wrong type or shape, or a reply of an unknown
-        /// shape.
+        /// Stored state or a reply of an unknown type or shape.
         StateIncompatible = "state-incompatible",
     }
 }
 
-/// The `Retry-After` of a failed outcome unless configured, shared by the
-/// edge and every provider.
+/// The `Retry-After` of a failed outcome unless configured.
 pub const DEFAULT_FAILURE_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-/// Why a provider made no decision. Every failure means the request must
-/// not pass (fail-closed), unless its whole set is shadow.
+/// Why a provider made no decision: the request must not pass (fail-closed).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RateLimitFailure {
     /// No decision, and provably nothing consumed.
@@ -228,8 +213,7 @@ pub enum RateLimitFailure {
         /// Why.
         category: IncompatibleCategory,
     },
-    /// The command may have run and consumed budget (timeout or connection
-    /// loss after send, unreadable reply).
+    /// The command may have run and consumed budget (lost after send).
     Indeterminate {
         /// When trying again makes sense.
         retry_after: Duration,
@@ -246,21 +230,16 @@ impl RateLimitFailure {
         }
     }
 
-    /// Every name [`RateLimitOutcomeExt::category_name`] can return, each
-    /// once: `allowed`, `denied`, then every failure's.
+    /// Every name [`RateLimitOutcomeExt::category_name`] can return, once.
     pub fn outcome_names() -> impl Iterator<Item = &'static str> {
-        let unavailable = UnavailableCategory::ALL.into_iter().map(UnavailableCategory::name);
-        let incompatible = IncompatibleCategory::ALL.into_iter().map(IncompatibleCategory::name);
-        ["allowed", "denied"]
-            .into_iter()
-            .chain(unavailable)
-            .chain(["indeterminate"])
-            .chain(incompatible)
+        let unavailable = UnavailableCategory::ALL.map(UnavailableCategory::name);
+        let incompatible = IncompatibleCategory::ALL.map(IncompatibleCategory::name);
+        let outcomes = ["allowed", "denied"].into_iter().chain(unavailable);
+        outcomes.chain(["indeterminate"]).chain(incompatible)
     }
 }
 
-/// The answer of [`crate::EdgeRateLimitPort::evaluate`]: the set's
-/// decisions, or why there are none.
+/// The answer of [`crate::EdgeRateLimitPort::evaluate`].
 pub type RateLimitOutcome = Result<SetDecision, RateLimitFailure>;
 
 /// What a front asks of a [`RateLimitOutcome`].
@@ -268,8 +247,7 @@ pub trait RateLimitOutcomeExt {
     /// True only for an allowed decision.
     fn is_allowed(&self) -> bool;
 
-    /// The outcome's kebab-case name: `allowed`, `denied`, or the failure
-    /// category.
+    /// `allowed`, `denied`, or the failure category's name.
     fn category_name(&self) -> &'static str;
 }
 

@@ -14,19 +14,14 @@ pub const MAX_COUNT: u64 = 1_000_000_000;
 pub const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Largest cleanup grace or clock-regression bound: one hour.
 pub const MAX_GRACE: Duration = Duration::from_secs(3600);
-/// Largest `max-in-flight` of a concurrency policy: its lease set is held
-/// whole in one key (a Redis sorted set, a memory store's entry).
+/// Largest `max-in-flight`: a lease set is held whole in one key.
 pub const MAX_IN_FLIGHT: u64 = 10_000;
 /// Longest `lease-ttl` of a concurrency policy: a day.
 pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
-/// `limit x window` (sliding counter) and `capacity x refill period` (token
-/// bucket) must stay below 2^53 so every provider, Lua's doubles included,
-/// does the algorithm's arithmetic exactly.
+/// Bound of the products an algorithm multiplies, so Lua's doubles are exact.
 pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
 
-/// A policy id: 1 to 64 characters of `[a-z0-9._-]`, safe inside a Redis key
-/// and a metric label. Shared, not copied: every request carries one, so a
-/// clone must not allocate.
+/// A policy id: 1 to 64 of `[a-z0-9._-]`, safe in a key and a metric label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyId(Arc<str>);
 
@@ -64,8 +59,7 @@ fn policy_id_problem(id: &str) -> Option<String> {
 }
 
 crate::named_enum! {
-    /// What a provider does when it cannot decide. Only fail-closed exists: an
-    /// edge limiter that admits traffic it could not count is no limiter.
+    /// What a provider does when it cannot decide: only fail-closed.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     pub enum FailurePolicy {
         /// Deny (answer 503) when no decision could be made.
@@ -75,12 +69,10 @@ crate::named_enum! {
 }
 
 crate::named_enum! {
-    /// Whose budget a policy counts: each operation's own, or one shared by
-    /// every operation that lists the policy.
+    /// Whose budget a policy counts.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub enum PolicyScope {
-        /// A budget per subject and operation (the key holds the operation's
-        /// digest).
+        /// A budget per subject and operation.
         #[default]
         Operation = "operation",
         /// One budget per subject across every operation that lists the policy.
@@ -89,14 +81,13 @@ crate::named_enum! {
 }
 
 crate::named_enum! {
-    /// Whether a policy can block: enforced, or evaluated and counted only.
+    /// Whether a policy can block.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
     pub enum PolicyMode {
         /// A denial refuses the request.
         #[default]
         Enforce = "enforce",
-        /// Evaluated and charged on its own allow, never blocks, never shown to
-        /// clients: a new limit rolled out by watching what it would deny.
+        /// Charged on its own allow, never blocks, never shown to clients.
         Shadow = "shadow",
     }
 }
@@ -117,11 +108,9 @@ pub struct RateLimitPolicy {
 }
 
 impl RateLimitPolicy {
-    /// Starts a policy with the defaults: revision 1, maximum cost 1,
-    /// fail-closed, cleanup grace and clock-regression bound of one second,
-    /// [`EvaluationDedupPolicy::enabled_defaults`] (disabled for a
-    /// concurrency policy, whose lease id is its dedupe), operation scope
-    /// and enforce mode.
+    /// Starts a policy with the only defaults: revision 1, maximum cost 1,
+    /// fail-closed, grace and regression bound of 1 s, dedupe's defaults (off
+    /// for a concurrency policy), operation scope and enforce mode.
     pub fn builder(
         id: impl Into<String>,
         algorithm: impl Into<Algorithm>,
@@ -161,20 +150,11 @@ impl RateLimitPolicy {
     pub fn limit(&self) -> u64 {
         self.algorithm.limit()
     }
-    /// Whether a request of `cost` may be evaluated under this policy: 1 ..=
-    /// the maximum cost; any cost from 1 for a concurrency policy (a lease
-    /// is one slot whatever the cost, so a set's cost is checked against
-    /// its rate policies only).
+    /// Whether a request of `cost` may be evaluated (a lease is one slot).
     pub fn admits_cost(&self, cost: u64) -> bool {
         cost >= 1 && (self.algorithm.holds_leases() || cost <= self.maximum_cost)
     }
-    /// The evaluation dedupe settings.
-    pub fn evaluation_dedup(&self) -> &EvaluationDedupPolicy {
-        &self.evaluation_dedup
-    }
-    /// `max(cleanup_grace, maximum_clock_regression)` in milliseconds: what
-    /// every key lives past the moment its absence would mean the same as
-    /// its state.
+    /// `max(cleanup_grace, maximum_clock_regression)` in milliseconds.
     pub fn ttl_slack_millis(&self) -> u64 {
         millis(self.cleanup_grace.max(self.maximum_clock_regression))
     }
@@ -200,8 +180,7 @@ macro_rules! fields {
 fields! {
     /// The revision (at least 1); a new revision never reads an older one's counters.
     revision: u32;
-    /// The largest cost one request may carry (`1..=limit`; 1 for a concurrency
-    /// policy, which does not check cost: see [`Self::admits_cost`]).
+    /// The largest cost one request may carry ([`Self::admits_cost`]).
     maximum_cost: u64;
     /// What happens when no decision can be made.
     failure_policy: FailurePolicy;
@@ -209,6 +188,8 @@ fields! {
     cleanup_grace: Duration;
     /// How far a caller clock may lag a key's newest write (whole ms, at most [`MAX_GRACE`]).
     maximum_clock_regression: Duration;
+    /// The evaluation dedupe settings.
+    evaluation_dedup: EvaluationDedupPolicy;
     /// Whose budget it counts.
     scope: PolicyScope;
     /// Whether it can block.
@@ -224,12 +205,6 @@ pub struct RateLimitPolicyBuilder {
 }
 
 impl RateLimitPolicyBuilder {
-    /// Sets the evaluation dedupe policy.
-    pub fn evaluation_dedup(mut self, evaluation_dedup: EvaluationDedupPolicy) -> Self {
-        self.policy.evaluation_dedup = evaluation_dedup;
-        self
-    }
-
     /// Checks every rule and returns the policy, or every violation found.
     pub fn build(self) -> Result<RateLimitPolicy, ContractError> {
         let Self { id, policy } = self;
@@ -244,38 +219,25 @@ impl RateLimitPolicyBuilder {
         let limit_ok = policy.algorithm.check(&mut checks);
         let limit = policy.algorithm.limit();
         let mut reject = |field, problem| checks.reject(field, problem);
+        let (name, cost) = (policy.algorithm.name(), policy.maximum_cost);
         if policy.algorithm.holds_leases() {
-            // A lease is one slot whatever the cost; the lease id is the
-            // dedupe. Neither key applies, so a value set is a mistake.
-            let name = policy.algorithm.name();
-            if policy.maximum_cost != 1 {
-                reject(
-                    PolicyField::MaximumCost,
-                    format!(
-                        "does not apply to a {name} policy (a lease is one slot whatever \
-                         the cost): leave it unset, got {}",
-                        policy.maximum_cost
-                    ),
+            // A lease is one slot whatever the cost, and its id is the dedupe.
+            if cost != 1 {
+                let problem = format!(
+                    "does not apply to a {name} policy (a lease is one slot whatever the cost): leave it unset, got {cost}"
                 );
+                reject(PolicyField::MaximumCost, problem);
             }
             if policy.evaluation_dedup != EvaluationDedupPolicy::Disabled {
-                reject(
-                    PolicyField::EvaluationDedup,
-                    format!(
-                        "does not apply to a {name} policy (its lease id is its dedupe): leave \
-                         it unset"
-                    ),
+                let problem = format!(
+                    "does not apply to a {name} policy (its lease id is its dedupe): leave it unset"
                 );
+                reject(PolicyField::EvaluationDedup, problem);
             }
-        } else if policy.maximum_cost == 0 || (limit_ok && policy.maximum_cost > limit) {
-            // With the limit itself out of range the bound is unknown: name
-            // only the floor rather than an empty range such as `1..=0`.
-            let problem = if limit_ok {
-                format!("must be in 1..={limit}, got {}", policy.maximum_cost)
-            } else {
-                format!("must be at least 1, got {}", policy.maximum_cost)
-            };
-            reject(PolicyField::MaximumCost, problem);
+        } else if cost == 0 || (limit_ok && cost > limit) {
+            // With the limit out of range the bound is unknown: no `1..=0`.
+            let range = if limit_ok { format!("in 1..={limit}") } else { "at least 1".into() };
+            reject(PolicyField::MaximumCost, format!("must be {range}, got {cost}"));
         }
         if let Some(problem) = check_grace(policy.cleanup_grace) {
             reject(PolicyField::CleanupGrace, problem);
@@ -293,8 +255,7 @@ impl RateLimitPolicyBuilder {
     }
 }
 
-/// Whole milliseconds of a duration, saturating at `u64::MAX`: the one
-/// millisecond view every provider counts in (validated durations fit).
+/// Whole milliseconds of a duration, saturating.
 pub fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
@@ -346,7 +307,7 @@ mod tests {
         assert_eq!(policy.maximum_cost(), 1);
         assert_eq!(policy.cleanup_grace(), Duration::from_secs(1));
         assert_eq!(policy.maximum_clock_regression(), Duration::from_secs(1));
-        assert_eq!(policy.evaluation_dedup(), &EvaluationDedupPolicy::enabled_defaults());
+        assert_eq!(policy.evaluation_dedup(), EvaluationDedupPolicy::enabled_defaults());
         assert_eq!(policy.failure_policy(), FailurePolicy::FailClosed);
         assert_eq!(policy.scope(), PolicyScope::Operation);
         assert_eq!(policy.mode(), PolicyMode::Enforce);
@@ -582,7 +543,7 @@ mod tests {
     fn a_concurrency_policy_bounds_each_of_its_keys_and_names_it() {
         let ok = RateLimitPolicy::builder("exports", concurrency(2, 30_000, 1000)).build().unwrap();
         assert_eq!((ok.limit(), ok.algorithm().name()), (2, "concurrency"));
-        assert_eq!(*ok.evaluation_dedup(), EvaluationDedupPolicy::Disabled, "no dedupe by default");
+        assert_eq!(ok.evaluation_dedup(), EvaluationDedupPolicy::Disabled, "no dedupe by default");
         assert_eq!(ok.algorithm().certainty(), crate::Certainty::Certain);
         // The extremes of each range pass: 1..=10000, 1 ms..=24 h, 1 ms..=1 h.
         assert!(RateLimitPolicy::builder("p", concurrency(1, 1, 1)).build().is_ok());

@@ -13,8 +13,7 @@ use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
 
-/// A provider's answer to one call: there at once (no allocation, no poll:
-/// [`Self::into_ready`]), or a boxed `'static` future that waits for it.
+/// A provider's answer: there at once ([`Self::into_ready`]), or a boxed future.
 #[must_use = "a port answer does nothing unless taken or awaited"]
 pub struct PortAnswer<T>(Answer<T>);
 
@@ -41,8 +40,7 @@ impl<T> PortAnswer<T> {
         Self(Answer::Waiting(Box::pin(future)))
     }
 
-    /// The answer when it is there at once, without polling; else the
-    /// waiting answer, to await.
+    /// The answer when it is there at once, without polling.
     ///
     /// # Errors
     /// The waiting answer itself, when there is none yet.
@@ -78,85 +76,61 @@ impl<T> fmt::Debug for PortAnswer<T> {
     }
 }
 
-/// A rate-limit provider, used as `Arc<dyn EdgeRateLimitPort>`.
-///
-/// The contract every implementation keeps (the `contract-tests` crate
-/// checks it):
+/// A rate-limit provider, used as `Arc<dyn EdgeRateLimitPort>`. The
+/// contract every implementation keeps (the `contract-tests` crate checks it):
 /// - `evaluate` MUST NOT panic; every failure is a typed
-///   [`crate::RateLimitFailure`]. An answer it has without waiting it
-///   gives as [`PortAnswer::ready`]; a [`PortAnswer::pending`] one does
-///   nothing until first polled.
+///   [`crate::RateLimitFailure`]. An answer there without waiting is
+///   [`PortAnswer::ready`]; a [`PortAnswer::pending`] one does nothing until
+///   first polled.
 /// - It MUST answer `Incompatible(UnknownPolicy)` for a policy it does not
-///   hold and `Incompatible(CostExceedsMaximum)` for cost 0 or above the
-///   policy's maximum, without reading or touching any state.
-/// - It MUST answer `Unavailable(AdmissionRejected)` without touching state
-///   when the deadline has already passed.
-/// - It MUST apply the algorithms, the clock-regression bound and evaluation
-///   dedupe exactly as `docs/algorithms.md` defines
-///   them, so every provider gives the same answer for the same inputs.
-/// - It MUST answer `Indeterminate` rather than a guess when a charge may or
-///   may not have happened.
+///   hold, `Incompatible(CostExceedsMaximum)` for a cost outside 1 ..= the
+///   maximum, and `Unavailable(AdmissionRejected)` once the deadline has
+///   passed, all without touching state.
+/// - It MUST apply the algorithms, the clock-regression bound and dedupe
+///   exactly as `docs/algorithms.md` defines them, so every provider gives
+///   the same answer for the same inputs, and answer `Indeterminate` rather
+///   than a guess when a charge may or may not have happened.
 /// - An admitted request whose set holds a concurrency policy holds a lease
-///   under each such policy's key until [`Self::release`] or its
-///   `lease-ttl`; a refused one holds none.
+///   under each such key until [`Self::release`] or its `lease-ttl`; a
+///   refused one holds none.
 #[async_trait]
 pub trait EdgeRateLimitPort: Send + Sync + Debug {
     /// Evaluates one request.
     fn evaluate(&self, request: RateLimitRequest) -> Evaluation;
 
-    /// The policy this provider holds under `id`, so the edge can describe
-    /// it in response headers.
+    /// The policy held under `id`, so the edge can describe it in headers.
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy>;
 
-    /// Whether the provider can answer now (its backing store responds).
-    /// Used by readiness probes; it MUST NOT consume budget.
+    /// Whether the backing store responds; it MUST NOT consume budget.
     async fn is_ready(&self) -> bool;
 
-    /// The budget `key` names as the provider holds it now, for an
-    /// operator. It MUST NOT charge, write or extend anything: the state
-    /// is computed from what is stored by the same step `evaluate` runs
-    /// (`shared_contract::inspect_key`), so a following `evaluate` answers
-    /// as if `inspect` had never been called. An absent budget is a fresh
-    /// one (`mark` is `None`).
+    /// The budget `key` names now, for an operator. It MUST NOT charge,
+    /// write or extend anything: the state comes from the same step
+    /// `evaluate` runs (`shared_contract::inspect_key`). An absent budget is
+    /// a fresh one (`mark` is `None`).
     ///
     /// # Errors
-    /// `UnknownPolicy` for a policy it does not hold;
-    /// `OperationRequired` / `OperationNotApplicable` when the key's
-    /// operation does not fit the policy's scope
-    /// ([`BudgetKey::operation_for`]), both before any state is read;
+    /// `UnknownPolicy`, or `OperationRequired` / `OperationNotApplicable`
+    /// ([`BudgetKey::operation_for`]), before any state is read;
     /// `StateIncompatible` for state it cannot read as the policy's;
     /// `Unavailable` / `Indeterminate` when the store does not answer.
     async fn inspect(&self, key: &BudgetKey) -> Result<BudgetState, BudgetFailure>;
 
-    /// Resets the budget `key` names: its state and its evaluation-dedupe
-    /// records are deleted, so the next request starts fresh and an
-    /// evaluation id seen before charges again. Idempotent: resetting an
-    /// absent budget is `Ok`. It MUST touch no other key (another subject,
-    /// policy, revision or operation).
+    /// Deletes the budget `key` names, state and dedupe records, so the next
+    /// request starts fresh. Idempotent; it MUST touch no other key.
     ///
     /// # Errors
-    /// As [`Self::inspect`]; `Indeterminate` means the reset may or may not
-    /// have happened, and asking again is safe.
+    /// As [`Self::inspect`]; after `Indeterminate` asking again is safe.
     async fn reset(&self, key: &BudgetKey) -> Result<(), BudgetFailure>;
 
-    /// Gives back the in-flight lease an admitted request took
-    /// (docs/algorithms.md "Concurrency (in-flight leases)"), so another
-    /// request can take its slot. The contract every implementation keeps:
-    /// - It MUST remove only the lease of id `lease.id`, and only under the
-    ///   keys of `lease`'s subject and operation for the concurrency
-    ///   policies of `lease.policies` it holds now (at their current
-    ///   revision); rate policies, other subjects, operations, revisions
-    ///   and other leases are untouched, and no key's mark or lifetime
-    ///   moves.
-    /// - It MUST be idempotent: releasing a lease that is not held (released
-    ///   before, expired, never taken, or its policy removed or
-    ///   re-revisioned by a reload) answers [`ReleaseOutcome::NotHeld`] and
-    ///   changes nothing; `Released` means a slot was freed now.
-    /// - It MUST NOT panic and has no error type, and answers at once
-    ///   ([`PortAnswer::ready`]) when it need not wait: a store that does not
-    ///   answer is [`ReleaseOutcome::Unavailable`] when provably nothing
-    ///   ran and [`ReleaseOutcome::Indeterminate`] when the removal may or
-    ///   may not have happened (releasing again is safe). A lease whose
-    ///   release failed expires at its `lease-ttl`.
+    /// Gives back the lease an admitted request took, so another request can
+    /// take its slot. It MUST remove only the lease `lease.id`, only under
+    /// the keys of its subject and operation for the concurrency policies of
+    /// `lease.policies` held now, moving no mark or lifetime. It MUST be
+    /// idempotent ([`ReleaseOutcome::NotHeld`] for a lease not held) and MUST
+    /// NOT panic: a store that does not answer is
+    /// [`ReleaseOutcome::Unavailable`] when provably nothing ran, else
+    /// [`ReleaseOutcome::Indeterminate`]; either way the lease expires at its
+    /// `lease-ttl`.
     fn release(&self, lease: &Lease) -> Releasing;
 }

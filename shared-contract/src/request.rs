@@ -1,5 +1,4 @@
-//! `RateLimitRequest`: one question a caller asks a provider — may this
-//! subject spend this cost under every policy of this set, now?
+//! `RateLimitRequest`: may this subject spend this cost under this set now?
 
 use std::fmt;
 use std::sync::Arc;
@@ -67,14 +66,12 @@ impl fmt::Display for EvaluationId {
     }
 }
 
-/// The policies of one request, in configured order: 1 to
-/// [`MAX_POLICY_SET`] distinct ids, shared so a clone does not allocate.
+/// The policies of one request in configured order, shared.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct PolicySet(Arc<[PolicyId]>);
 
 impl PolicySet {
-    /// Validates `ids`: at least one, at most [`MAX_POLICY_SET`], no id
-    /// twice.
+    /// Validates `ids`: 1 to [`MAX_POLICY_SET`], no id twice.
     pub fn new(ids: impl IntoIterator<Item = PolicyId>) -> Result<Self, ContractError> {
         let ids: Arc<[PolicyId]> = ids.into_iter().collect();
         let invalid = |why: String| Err(ContractError::InvalidPolicySet(why));
@@ -84,10 +81,9 @@ impl PolicySet {
         if ids.len() > MAX_POLICY_SET {
             return invalid(format!("at most {MAX_POLICY_SET} policies, got {}", ids.len()));
         }
-        for (index, id) in ids.iter().enumerate() {
-            if ids[..index].contains(id) {
-                return invalid(format!("{id} is listed twice"));
-            }
+        let twice = ids.iter().enumerate().find(|(at, id)| ids[..*at].contains(id));
+        if let Some((_, id)) = twice {
+            return invalid(format!("{id} is listed twice"));
         }
         Ok(Self(ids))
     }
@@ -113,11 +109,10 @@ impl PolicySet {
     }
 }
 
-/// A digest of the operation, so no route or path ever reaches a key.
+/// A digest of the operation, so no route reaches a key; it prints its width.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct OperationDigest(Bits);
 
-/// The width is part of the digest: it prints as that many digits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 enum Bits {
     Narrow(u64),
@@ -170,11 +165,9 @@ pub struct RateLimitRequest {
 }
 
 impl RateLimitRequest {
-    /// Step 1 of docs/algorithms.md for the whole set, which reads no
-    /// state: every policy must be known to `lookup`, and the cost must lie
-    /// in 1 ..= each policy's maximum (a concurrency policy has none:
-    /// [`RateLimitPolicy::admits_cost`]). The entries come back in the set's
-    /// order; the refusal is the outcome to answer, unknown policies first.
+    /// Step 1 of docs/algorithms.md, reading no state: every policy known to
+    /// `lookup` and admitting the cost ([`RateLimitPolicy::admits_cost`]); a
+    /// refusal is the outcome to answer, unknown policies first.
     pub fn resolve<'p, T>(
         &self,
         lookup: impl Fn(&PolicyId) -> Option<&'p T>,
@@ -187,8 +180,7 @@ impl RateLimitRequest {
             })?);
         }
         let entries = SetEntries { entries, len: self.policies.len().min(MAX_POLICY_SET) };
-        let fits = |entry: &&T| policy_of(entry).admits_cost(self.cost);
-        if !entries.iter().all(|entry| fits(&entry)) {
+        if !entries.iter().all(|entry| policy_of(entry).admits_cost(self.cost)) {
             return Err(RateLimitFailure::Incompatible {
                 category: IncompatibleCategory::CostExceedsMaximum,
             });
@@ -197,8 +189,7 @@ impl RateLimitRequest {
     }
 }
 
-/// What [`RateLimitRequest::resolve`] found for each policy of the set, in
-/// order, without allocating.
+/// What [`RateLimitRequest::resolve`] found for each policy, in order.
 #[derive(Debug)]
 pub struct SetEntries<'p, T> {
     entries: [Option<&'p T>; MAX_POLICY_SET],

@@ -1,14 +1,6 @@
 //! The pure decision step of a policy set (steps 3 to 8 of
-//! docs/algorithms.md): the clock-regression bound on every key, the set's
-//! dedupe replay, each policy's algorithm, the set's verdict, the dedupe
-//! records and each key's new lifetime. No I/O and no clock: the caller
-//! loads every key of the set, passes its caller time and stores what comes
-//! back, all at once.
-//!
-//! It lives in the contract, not in a provider, so every provider over a
-//! compare-and-set store gets the same numbers by calling it: load the
-//! keys, call [`evaluate_set`], compare-and-set every member that has a
-//! [`KeyWrite`], and on a conflict start again from the load.
+//! docs/algorithms.md): a provider loads every key of the set, calls
+//! [`evaluate_set`], and stores every member that has a [`KeyWrite`] at once.
 
 mod leases;
 mod records;
@@ -21,14 +13,15 @@ pub use records::{DedupRecord, DedupRecords};
 use crate::algorithm::{Algorithm, AlgorithmState, Charge, Run, StateMismatch, Step};
 use crate::budget::{BudgetFailure, BudgetState};
 use crate::outcome::{
-    Certainty, IncompatibleCategory, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
-    SetDecision, UnavailableCategory,
+    IncompatibleCategory, RateLimitDecision, RateLimitFailure, RateLimitOutcome, SetDecision,
+    UnavailableCategory,
 };
 use crate::policy::{PolicyMode, RateLimitPolicy, millis};
+#[cfg(doc)]
+use crate::request::RateLimitRequest;
 use crate::request::{EvaluationId, MAX_POLICY_SET};
 
-/// Everything a provider stores for one key. Absent keys are `None`, never a
-/// zeroed value. Plain data: a provider may serialize it field by field.
+/// Everything a provider stores for one key, plain data to serialize.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyState {
     /// The highest effective time (epoch ms) at which the state was written.
@@ -37,17 +30,14 @@ pub struct KeyState {
     pub algorithm: AlgorithmState,
     /// Dedupe records, oldest first; empty when dedupe is off.
     pub records: DedupRecords,
-    /// The in-flight leases of a concurrency key; empty for every other
-    /// algorithm.
+    /// The in-flight leases of a concurrency key; empty for any other.
     pub leases: Leases,
 }
 
-/// A policy compiled to milliseconds for the step, built once per policy so
-/// a decision never converts a `Duration`.
+/// A policy compiled to milliseconds once, so a decision converts nothing.
 #[derive(Debug, Clone)]
 pub struct KeyRules {
     algorithm: Algorithm,
-    certainty: Certainty,
     mode: PolicyMode,
     /// `maximum_clock_regression`, the `R` of the spec.
     regression: u64,
@@ -63,43 +53,22 @@ impl KeyRules {
     /// Compiles a validated policy.
     pub fn of(policy: &RateLimitPolicy) -> Self {
         let dedup = policy.evaluation_dedup();
-        let regression = millis(policy.maximum_clock_regression());
         Self {
             algorithm: policy.algorithm().clone(),
-            certainty: policy.algorithm().certainty(),
             mode: policy.mode(),
-            regression,
+            regression: millis(policy.maximum_clock_regression()),
             slack: policy.ttl_slack_millis(),
             dedup_ttl: dedup.ttl_millis(),
             record_capacity: usize::try_from(dedup.record_capacity()).unwrap_or(usize::MAX),
         }
     }
 
-    fn decided(&self, step: &Step<AlgorithmState>, replayed: bool) -> RateLimitDecision {
-        RateLimitDecision {
-            allowed: step.allowed,
-            remaining: step.remaining,
-            retry_after_ms: step.retry_after,
-            reset_after_ms: step.reset_after,
-            replayed,
-        }
-    }
-
-    /// The policy's mode, which decides whether its denial refuses the set.
-    pub fn mode(&self) -> PolicyMode {
-        self.mode
-    }
-
-    /// Whether the policy is a concurrency policy, whose admitted requests
-    /// hold a lease in its key.
+    /// Whether the policy's admitted requests hold a lease in its key.
     pub fn holds_leases(&self) -> bool {
         self.algorithm.holds_leases()
     }
 
-    /// This evaluation's replay under this member at effective time `t`:
-    /// its live dedupe record, or for a concurrency key its live lease (the
-    /// lease id is the concurrency policy's dedupe: the same lease, never
-    /// a second one).
+    /// This evaluation's replay from a live dedupe record or lease at `t`.
     fn replay(
         &self,
         state: Option<&KeyState>,
@@ -153,10 +122,7 @@ impl KeyRules {
     }
 }
 
-/// One policy of a set as the step sees it. Before the step: its rules and
-/// its key's state as loaded (`None` when absent or past its expiry). After
-/// it: `state` is what the key must hold, and `write` says whether to store
-/// it and until when.
+/// One policy of a set: its rules and its key's state, as loaded and as written.
 #[derive(Debug)]
 pub struct SetMember<'r> {
     /// The policy's rules.
@@ -177,33 +143,25 @@ impl<'r> SetMember<'r> {
 /// How long a written key lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct KeyWrite {
-    /// Absolute expiry, epoch ms; after it, absence means the same as the
-    /// state.
+    /// Absolute expiry, epoch ms.
     pub expires_at: u64,
-    /// `expires_at` minus the caller's time: the TTL for a store that takes
-    /// a relative one. Counted from the caller's own clock (not the key's
-    /// mark, which a lagging caller is evaluated at), so the key lives until
-    /// `expires_at` by that clock. A store shared by writers with different
-    /// clocks must never shorten an expiry already in place with it: the
-    /// store's clock is not theirs, so only the longest ask is safe for all.
+    /// `expires_at` minus the caller's own time (not the key's mark): the TTL
+    /// for a store that takes a relative one. A store shared by writers with
+    /// different clocks must never shorten an expiry already in place with it.
     pub lifetime: u64,
 }
 
-/// What the step answers: the part of a [`RateLimitOutcome`] that depends on
-/// the keys' state.
+/// What the step answers: the part of a [`RateLimitOutcome`] keys decide.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetVerdict {
     /// The set's decisions, admitted or refused (possibly replayed).
     Decided(SetDecision),
-    /// The caller's time lags a key's mark by more than its bound; nothing
-    /// changes anywhere.
+    /// The caller's time lags a key's mark beyond its bound; nothing changes.
     ClockUnsafe {
-        /// How far beyond the bound the caller's time lags (the largest over
-        /// the set's keys).
+        /// How far beyond the bound the caller's time lags (at most).
         retry_after: Duration,
     },
-    /// A key holds another algorithm's state (its policy changed algorithm
-    /// without a new revision); nothing changes anywhere.
+    /// A key holds another algorithm's state; nothing changes.
     StateMismatch,
 }
 
@@ -222,18 +180,10 @@ impl From<SetVerdict> for RateLimitOutcome {
     }
 }
 
-/// Evaluates one request against every key of its policy set, atomically
-/// as far as the caller stores the result atomically: `members` in the
-/// set's order with their loaded state, caller time `now` (epoch ms), a
-/// `cost` the caller has already checked against every policy (1 ..= each
-/// maximum cost), and the request's evaluation id. The caller has also
-/// handled unknown policies and expired deadlines, which never read state.
-///
-/// The request is admitted iff every enforced member allows it; then every
-/// allowing member is charged (shadow ones too). When an enforced member
-/// denies, nothing is charged anywhere: each member writes only what its
-/// own denial would. States move in and out, so a store that keeps them in
-/// memory writes them back without copying or allocating. At most
+/// Evaluates one request against the loaded keys of its set, in order, at
+/// caller time `now` for a `cost` [`RateLimitRequest::resolve`] admitted.
+/// Admitted iff every enforced member allows; then every allowing member is
+/// charged, else none. States move in and out, never copied; at most
 /// [`MAX_POLICY_SET`] members are evaluated.
 pub fn evaluate_set(
     members: &mut [SetMember<'_>],
@@ -290,7 +240,7 @@ fn evaluate_members<const N: usize>(
             *decision = Some(match rules.replay(member.state.as_ref(), evaluation_id, t) {
                 Some(replayed) => replayed,
                 None => match run_member(member, t, cost, Charge::Spare) {
-                    Ok(step) => rules.decided(&step, false),
+                    Ok(step) => decision_of(&step),
                     Err(StateMismatch) => return SetVerdict::StateMismatch,
                 },
             });
@@ -323,30 +273,31 @@ fn evaluate_members<const N: usize>(
         members.iter_mut().zip(&times).zip(&steps).zip(&mut decisions)
     {
         let Some(step) = step else { continue };
-        *decision = Some(member.rules.decided(step, false));
+        *decision = Some(decision_of(step));
         let charged = admitted && step.allowed;
         commit(member, now, t, step, charged, evaluation_id);
     }
     SetVerdict::Decided(decided(members, &decisions))
 }
 
-/// The set's answer from each member's decision, in the set's order: the
-/// admission follows from them and the members' modes, as the step's
-/// verdict does ([`SetDecision::of_members`]). A member the step could
-/// not run (never, once its state matched) counts as a denial.
-fn decided(members: &[SetMember<'_>], decisions: &[Option<RateLimitDecision>]) -> SetDecision {
-    let undecided = RateLimitDecision {
-        remaining: 0,
-        retry_after_ms: 1,
-        reset_after_ms: 0,
-        allowed: false,
+/// A member's decision from its step, not replayed.
+fn decision_of(step: &Step<AlgorithmState>) -> RateLimitDecision {
+    RateLimitDecision {
+        allowed: step.allowed,
+        remaining: step.remaining,
+        retry_after_ms: step.retry_after,
+        reset_after_ms: step.reset_after,
         replayed: false,
-    };
+    }
+}
+
+/// The set's answer from each member's decision; an undecided member denies.
+fn decided(members: &[SetMember<'_>], decisions: &[Option<RateLimitDecision>]) -> SetDecision {
+    let undecided = decision_of(&Step::denied(0, 1, 0));
     let of = |member: &SetMember<'_>, decision: &Option<RateLimitDecision>| {
         (member.rules.mode, decision.unwrap_or(undecided))
     };
-    // A set of one, the usual case, passes exactly one item, not a zip to
-    // walk.
+    // A set of one, the usual case, passes one item, not a zip to walk.
     if let ([member], [decision]) = (members, decisions) {
         return SetDecision::of_members(std::iter::once(of(member, decision)));
     }
@@ -360,21 +311,26 @@ fn run_member(
     cost: u64,
     charge: Charge,
 ) -> Result<Step<AlgorithmState>, StateMismatch> {
-    let state = member.state.as_ref();
+    run_key(member.rules, member.state.as_ref(), t, cost, charge)
+}
+
+fn run_key(
+    rules: &KeyRules,
+    state: Option<&KeyState>,
+    t: u64,
+    cost: u64,
+    charge: Charge,
+) -> Result<Step<AlgorithmState>, StateMismatch> {
     let counters = state.map(|held| &held.algorithm);
     let leases = state.map_or(&Leases::NONE, |held| &held.leases);
-    let rules = member.rules;
     rules.algorithm.run(counters, &Run { t, cost, charge, leases, regression: rules.regression })
 }
 
-/// A key's budget now, for an operator: the policy's algorithm run spared
-/// (charging and writing nothing) at caller time `now`, or at the key's
-/// mark when `now` lags it, as `evaluate` would within the bound; `state`
-/// is the key as loaded (`None` when absent or past its expiry).
+/// A key's budget now, for an operator: its algorithm run spared at `now`
+/// (or the key's mark when `now` lags it), writing nothing.
 ///
 /// # Errors
-/// [`BudgetFailure::StateIncompatible`] when the key holds another
-/// algorithm's state.
+/// [`BudgetFailure::StateIncompatible`] for another algorithm's state.
 pub fn inspect_key(
     rules: &KeyRules,
     state: Option<&KeyState>,
@@ -382,13 +338,8 @@ pub fn inspect_key(
 ) -> Result<BudgetState, BudgetFailure> {
     let mark = state.map(|held| held.mark);
     let t = mark.map_or(now, |mark| now.max(mark));
-    let counters = state.map(|held| &held.algorithm);
-    let leases = state.map_or(&Leases::NONE, |held| &held.leases);
     // Cost 1: the smallest request, so `retry_after` says when anything passes.
-    let run = Run { t, cost: 1, charge: Charge::Spare, leases, regression: rules.regression };
-    let step = rules
-        .algorithm
-        .run(counters, &run)
+    let step = run_key(rules, state, t, 1, Charge::Spare)
         .map_err(|StateMismatch| BudgetFailure::StateIncompatible)?;
     let retry_after = if step.allowed { 0 } else { step.retry_after.max(1) };
     Ok(BudgetState {
@@ -397,13 +348,11 @@ pub fn inspect_key(
         reset_after: Duration::from_millis(step.reset_after),
         retry_after: Duration::from_millis(retry_after),
         mark,
-        certainty: rules.certainty,
+        certainty: rules.algorithm.certainty(),
     })
 }
 
-/// Writes one member's new state, its dedupe record when it was charged,
-/// and its lifetime (docs/algorithms.md steps 7 and 8): at effective time
-/// `t`, for a caller whose clock reads `now`.
+/// Writes one member's new state, dedupe record and lifetime (steps 7 and 8).
 fn commit(
     member: &mut SetMember<'_>,
     now: u64,
@@ -450,7 +399,7 @@ fn commit(
 
 #[cfg(test)]
 mod tests {
-    use crate::{Algorithm, EvaluationDedupPolicy};
+    use crate::{Algorithm, Certainty, EvaluationDedupPolicy};
 
     use super::*;
 
@@ -672,7 +621,8 @@ mod tests {
         for (algorithm, certainty) in cases {
             assert_eq!(algorithm.certainty(), certainty, "{}", algorithm.name());
             let rules = rules(algorithm.clone(), EvaluationDedupPolicy::Disabled);
-            assert_eq!(rules.certainty, certainty, "{}", algorithm.name());
+            let inspected = inspect_key(&rules, None, T0).unwrap().certainty;
+            assert_eq!(inspected, certainty, "{}", algorithm.name());
         }
     }
 

@@ -10,9 +10,7 @@ const MIN_TAG: usize = 16;
 /// Most bytes of a digest's tag: 512 bits.
 const MAX_TAG: usize = 64;
 
-/// An opaque pseudonym: the version of the key that made it and the keyed
-/// hash's output, 16 to 64 bytes: the raw identity never enters this
-/// crate's types, so it cannot reach a provider through the port.
+/// An opaque pseudonym (key version and keyed hash): no raw identity crosses.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct SubjectDigest {
     version: u32,
@@ -30,9 +28,8 @@ impl Hash for SubjectDigest {
 }
 
 impl SubjectDigest {
-    /// Reads the printed form `v<version>:<hex>`: the version in decimal (a
-    /// 32-bit number, no leading zero) and 32 to 128 lowercase hex digits,
-    /// an even count (16 to 64 bytes).
+    /// Reads the printed form `v<version>:<hex>`: a decimal 32-bit version
+    /// without leading zeros, and 16 to 64 bytes in lowercase hex.
     pub fn parse(digest: impl AsRef<str>) -> Result<Self, ContractError> {
         let digest = digest.as_ref();
         let invalid = |why: &str| Err(ContractError::InvalidSubjectDigest(why.to_owned()));
@@ -55,29 +52,25 @@ impl SubjectDigest {
             );
         }
         // The `hex` crate reads either case; the printed form is lowercase.
-        if hex.bytes().any(|b| b.is_ascii_uppercase()) {
-            return invalid("digest must be lowercase hex");
-        }
         let mut tag = [0; MAX_TAG];
-        if hex::decode_to_slice(hex, &mut tag[..hex.len() / 2]).is_err() {
+        if hex.bytes().any(|b| b.is_ascii_uppercase())
+            || hex::decode_to_slice(hex, &mut tag[..hex.len() / 2]).is_err()
+        {
             return invalid("digest must be lowercase hex");
         }
         Self::from_tag(version, &tag[..hex.len() / 2])
     }
 
-    /// The digest of a keyed hash's output `tag` (16 to 64 bytes) under the
-    /// key of `version`.
+    /// The digest of a keyed hash's output `tag` under the key of `version`.
     pub fn from_tag(version: u32, tag: &[u8]) -> Result<Self, ContractError> {
-        match u8::try_from(tag.len()) {
-            Ok(len) if (MIN_TAG..=MAX_TAG).contains(&tag.len()) => {
-                let mut bytes = [0; MAX_TAG];
-                bytes[..tag.len()].copy_from_slice(tag);
-                Ok(Self { version, len, tag: bytes })
-            }
-            Ok(_) | Err(_) => Err(ContractError::InvalidSubjectDigest(
-                "tag must be 16 to 64 bytes (128 to 512 bits)".to_owned(),
-            )),
+        if !(MIN_TAG..=MAX_TAG).contains(&tag.len()) {
+            let why = "tag must be 16 to 64 bytes (128 to 512 bits)";
+            return Err(ContractError::InvalidSubjectDigest(why.to_owned()));
         }
+        let mut bytes = [0; MAX_TAG];
+        bytes[..tag.len()].copy_from_slice(tag);
+        // At most MAX_TAG (64): the length fits a byte.
+        Ok(Self { version, len: tag.len() as u8, tag: bytes })
     }
 
     /// The version of the key that made the pseudonym.
@@ -91,20 +84,15 @@ impl SubjectDigest {
     }
 }
 
-/// What turns a raw subject into its [`SubjectDigest`], given to every
-/// inbound adapter so each front end names subjects with one key and one
-/// framing: a keyed MAC over the frames in order (the subject kind first,
-/// then the parts of its identity), each frame a 4-byte big-endian byte
-/// length followed by its bytes, so no two frame lists make one message.
+/// What turns a raw subject into its [`SubjectDigest`] for every front: a
+/// keyed MAC over frames (the subject kind first), each a 4-byte big-endian
+/// length and its bytes, so no two frame lists make one message.
 pub trait SubjectPseudonymizer: Send + Sync + fmt::Debug {
-    /// The pseudonym of the subject `frames` names, under the active key.
-    /// The frames are raw subject data: an implementation never keeps,
-    /// logs or prints them.
+    /// The pseudonym of the raw subject `frames`, never kept, logged or printed.
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest;
 }
 
-// Debug and Display both print the whole pseudonym: it is not secret, and an
-// operator matches it against keys and log lines, which carry it whole.
+// The whole pseudonym: it is not secret, and keys and log lines carry it.
 impl fmt::Debug for SubjectDigest {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "SubjectDigest({self})")

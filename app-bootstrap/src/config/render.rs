@@ -127,7 +127,7 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     table.insert(PolicyField::Scope.key().into(), policy.scope().name().into());
     table.insert(PolicyField::Mode.key().into(), policy.mode().name().into());
     let mut dedup = Table::new();
-    match *policy.evaluation_dedup() {
+    match policy.evaluation_dedup() {
         EvaluationDedupPolicy::Disabled => {
             dedup.insert(PolicyField::DedupEnabled.leaf().into(), false.into());
         }

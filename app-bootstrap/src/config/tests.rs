@@ -148,7 +148,7 @@ fn a_file_sets_every_policy_field() {
             .unwrap()
         );
         assert_eq!(
-            *rate_limit.policies["sliding"].evaluation_dedup(),
+            rate_limit.policies["sliding"].evaluation_dedup(),
             EvaluationDedupPolicy::Disabled
         );
         // A policies table of the user's replaces the demo policy entirely.
@@ -1912,7 +1912,7 @@ fn a_concurrency_policy_reads_its_three_keys_and_prints_them_alone() {
                 retry_after: Duration::from_millis(1500),
             })
         );
-        assert_eq!(*policy.evaluation_dedup(), EvaluationDedupPolicy::Disabled);
+        assert_eq!(policy.evaluation_dedup(), EvaluationDedupPolicy::Disabled);
         let rendered = config.to_redacted_toml().unwrap();
         let table: toml::Table = rendered.parse().unwrap();
         let printed =

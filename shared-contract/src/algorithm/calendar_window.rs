@@ -1,6 +1,4 @@
-//! Calendar window (docs/algorithms.md "Calendar window"): a count per
-//! calendar period of a time zone (a day, an ISO week, a month, a year);
-//! its state is the period's start and its count, as the fixed window's.
+//! Calendar window (docs/algorithms.md "Calendar window"): a count per period.
 
 use std::fmt;
 use std::str::FromStr;
@@ -22,84 +20,49 @@ pub struct CalendarWindow {
     /// Units per period.
     pub limit: u64,
     /// The calendar period a count lives for.
+    #[serde(deserialize_with = "by_name")]
     pub period: CalendarPeriod,
     /// The zone whose calendar the periods follow; UTC when left out.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "by_name")]
     pub time_zone: CalendarZone,
 }
 
-/// The calendar period a count lives for: `period = "day" | "week" |
-/// "month" | "year"` in the configuration.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum CalendarPeriod {
-    /// From local midnight to the next (23 or 25 hours across a DST change).
-    Day,
-    /// An ISO week, from Monday 00:00 to the next Monday 00:00.
-    Week,
-    /// From the 1st of a month, 00:00, to the 1st of the next.
-    Month,
-    /// From January 1st, 00:00, to the next January 1st.
-    Year,
+/// A configured name read through its type's `FromStr`.
+fn by_name<'de, D: Deserializer<'de>, T: FromStr<Err: fmt::Display>>(from: D) -> Result<T, D::Error> {
+    String::deserialize(from)?.parse().map_err(serde::de::Error::custom)
 }
 
-impl CalendarPeriod {
-    const ALL: [Self; 4] = [Self::Day, Self::Week, Self::Month, Self::Year];
-
-    /// The configuration name of the period.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Day => "day",
-            Self::Week => "week",
-            Self::Month => "month",
-            Self::Year => "year",
-        }
+crate::named_enum! {
+    /// The calendar period a count lives for.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+    #[serde(rename_all = "lowercase")]
+    pub enum CalendarPeriod {
+        /// From local midnight to the next (23 or 25 hours across a DST change).
+        Day = "day",
+        /// An ISO week, from Monday 00:00 to the next Monday 00:00.
+        Week = "week",
+        /// From the 1st of a month, 00:00, to the 1st of the next.
+        Month = "month",
+        /// From January 1st, 00:00, to the next January 1st.
+        Year = "year",
     }
 }
 
-impl FromStr for CalendarPeriod {
-    type Err = CalendarError;
-
-    fn from_str(name: &str) -> Result<Self, Self::Err> {
-        let known = Self::ALL.into_iter().find(|period| period.name() == name);
-        known.ok_or_else(|| CalendarError::UnknownPeriod(shown(name)))
-    }
-}
-
-/// A configuration value the calendar window cannot use; the message names
-/// the value as written.
+/// A `time-zone` not in the time zone database, as written (cut at 64 chars).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CalendarError {
-    /// `period` is not one of the four names.
-    #[error("unknown calendar period {0:?}: expected \"day\", \"week\", \"month\" or \"year\"")]
-    UnknownPeriod(String),
-    /// `time-zone` is not a zone of the time zone database.
+    /// The name is unknown.
     #[error(
         "unknown time zone {0:?}: expected an IANA time zone name such as \"Europe/Berlin\" or \"UTC\""
     )]
     UnknownTimeZone(String),
 }
 
-/// A configured value as an error shows it: whole up to 64 characters
-/// (the longest IANA name is 32), cut beyond.
-fn shown(value: &str) -> String {
-    match value.char_indices().nth(64) {
-        Some((at, _)) => format!("{}...", &value[..at]),
-        None => value.to_owned(),
-    }
-}
-
-/// The time zone a calendar window's periods are counted in: `time-zone`
-/// in the configuration, an IANA name, `UTC` by default.
+/// The time zone a calendar window's periods are counted in, UTC by default.
 #[derive(Clone, PartialEq, Eq)]
 pub struct CalendarZone(TimeZone);
 
 impl CalendarZone {
-    /// Coordinated Universal Time, the default.
-    pub fn utc() -> Self {
-        Self(TimeZone::UTC)
-    }
-
     /// The zone's IANA name as the database spells it.
     pub fn name(&self) -> &str {
         self.0.iana_name().unwrap_or("UTC")
@@ -108,20 +71,25 @@ impl CalendarZone {
 
 impl Default for CalendarZone {
     fn default() -> Self {
-        Self::utc()
+        Self(TimeZone::UTC)
     }
 }
 
 impl FromStr for CalendarZone {
     type Err = CalendarError;
 
-    /// Looks the name up (case-insensitively) in the bundled database.
-    /// `Etc/Unknown`, jiff's name for a zone it could not determine, is
-    /// refused: it would count in UTC under a name that says otherwise.
+    /// Looks the name up case-insensitively; `Etc/Unknown` is refused, as it
+    /// would count in UTC under another name.
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         match TimeZone::get(name) {
             Ok(zone) if !zone.is_unknown() => Ok(Self(zone)),
-            _ => Err(CalendarError::UnknownTimeZone(shown(name))),
+            _ => {
+                let shown = match name.char_indices().nth(64) {
+                    Some((at, _)) => format!("{}...", &name[..at]),
+                    None => name.to_owned(),
+                };
+                Err(CalendarError::UnknownTimeZone(shown))
+            }
         }
     }
 }
@@ -129,20 +97,6 @@ impl FromStr for CalendarZone {
 impl Serialize for CalendarZone {
     fn serialize<S: Serializer>(&self, to: S) -> Result<S::Ok, S::Error> {
         to.serialize_str(self.name())
-    }
-}
-
-impl<'de> Deserialize<'de> for CalendarPeriod {
-    fn deserialize<D: Deserializer<'de>>(from: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(from)?;
-        name.parse().map_err(serde::de::Error::custom)
-    }
-}
-
-impl<'de> Deserialize<'de> for CalendarZone {
-    fn deserialize<D: Deserializer<'de>>(from: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(from)?;
-        name.parse().map_err(serde::de::Error::custom)
     }
 }
 
@@ -155,9 +109,7 @@ impl fmt::Debug for CalendarZone {
 /// The latest caller time placed in a calendar: 9998-12-30T00:00:00Z.
 const LATEST_MS: u64 = 253_370_592_000_000;
 
-/// The period holding epoch millisecond `t` in `zone`: its start and end
-/// in epoch milliseconds, `start <= t < end` for every `t` up to
-/// 9998-12-30.
+/// The period holding `t` in `zone`: `start <= t < end` up to 9998-12-30.
 pub fn bounds(t: u64, period: CalendarPeriod, zone: &CalendarZone) -> (u64, u64) {
     let clamped = t.min(LATEST_MS);
     // Both conversions hold for every clamped time; the fallback (the UTC
@@ -180,21 +132,14 @@ fn local_bounds(t: u64, period: CalendarPeriod, tz: &TimeZone) -> Option<(u64, u
                 .ok()?;
             (monday, monday.checked_add(jiff::Span::new().weeks(1)).ok()?)
         }
-        CalendarPeriod::Month => {
-            let first = today.first_of_month();
-            (first, today.last_of_month().tomorrow().ok()?)
-        }
-        CalendarPeriod::Year => {
-            let first = today.first_of_year();
-            (first, today.last_of_year().tomorrow().ok()?)
-        }
+        CalendarPeriod::Month => (today.first_of_month(), today.last_of_month().tomorrow().ok()?),
+        CalendarPeriod::Year => (today.first_of_year(), today.last_of_year().tomorrow().ok()?),
     };
     let epoch_ms = |date| u64::try_from(first_instant(date, tz)?.as_millisecond().max(0)).ok();
     Some((epoch_ms(first)?, epoch_ms(next)?))
 }
 
-/// The first instant whose local date in `tz` is `date` (or a later date,
-/// when the whole day is skipped).
+/// The first instant of `date` in `tz` (or of a later date, if it is skipped).
 fn first_instant(date: Date, tz: &TimeZone) -> Option<Timestamp> {
     let midnight = date.to_datetime(Time::midnight());
     match tz.to_ambiguous_timestamp(midnight).offset() {
@@ -210,8 +155,7 @@ fn first_instant(date: Date, tz: &TimeZone) -> Option<Timestamp> {
     }
 }
 
-/// A calendar window key's stored state: the period's start and its count,
-/// the fixed window's two fields (stored under its own tag).
+/// A calendar window key's stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CalendarWindowState {
     /// Start of the period the count belongs to, epoch ms.
@@ -243,8 +187,7 @@ impl RateAlgorithm for CalendarWindow {
         self.limit
     }
 
-    /// The length of the period holding the caller's time: a day's is 23,
-    /// 24 or 25 hours, a month's 28 to 31 days.
+    /// The length of the period holding the caller's time.
     fn quota_window(&self, now: impl FnOnce() -> u64) -> Option<Duration> {
         let (start, end) = bounds(now(), self.period, &self.time_zone);
         Some(Duration::from_millis(end - start))
@@ -254,9 +197,7 @@ impl RateAlgorithm for CalendarWindow {
         checks.count("limit", self.limit, MAX_COUNT)
     }
 
-    /// Counts as the fixed window does, in the period holding the key's
-    /// effective time. A `t` at or past its period's end (only beyond
-    /// 9998) finds the count of the period as given and `reset_after = 0`.
+    /// Counts as the fixed window does, in the period holding `run.t`.
     fn step(&self, state: Option<&CalendarWindowState>, run: &Run<'_>) -> Step<CalendarWindowState> {
         let (start, end) = bounds(run.t, self.period, &self.time_zone);
         let n = match state {
@@ -270,9 +211,8 @@ impl RateAlgorithm for CalendarWindow {
         Self { limit: share(self.limit), ..self.clone() }
     }
 
-    /// The limit, the period holding the caller's `t` and the next
-    /// period's end: the script's effective time may be a mark of the next
-    /// period (docs/algorithms.md "Calendar window").
+    /// The limit, the period holding `t` and the next period's end, where the
+    /// script's effective time may lie (docs/algorithms.md "Calendar window").
     fn arguments(&self, t: u64) -> Arguments {
         let (start, end) = bounds(t, self.period, &self.time_zone);
         let (_, next_end) = bounds(end, self.period, &self.time_zone);

@@ -1,5 +1,4 @@
-//! Concurrency (docs/algorithms.md "Concurrency (in-flight leases)"): at
-//! most `max_in_flight` live leases per key.
+//! Concurrency (docs/algorithms.md "Concurrency (in-flight leases)").
 
 use std::time::Duration;
 
@@ -7,13 +6,11 @@ use serde::{Deserialize, Serialize};
 
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
 use crate::error::PolicyField;
-use crate::policy::{MAX_IN_FLIGHT, MAX_LEASE_TTL};
-#[cfg(doc)]
-use crate::step::Leases;
+use crate::policy::{MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL};
 
-/// In-flight leases: at most `max_in_flight` requests of a key hold a
-/// lease at once; a lease is released when its response is done, or
-/// expires `lease_ttl` after it was taken.
+/// In-flight leases: at most `max_in_flight` requests of a key hold a lease
+/// at once, each released when its response is done or expired `lease_ttl`
+/// after it was taken.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct Concurrency {
@@ -22,14 +19,12 @@ pub struct Concurrency {
     /// The longest a lease is held if never released, whole milliseconds.
     #[serde(with = "super::duration")]
     pub lease_ttl: Duration,
-    /// What a refusal tells clients to wait (no window gives one), whole
-    /// milliseconds.
+    /// What a refusal tells clients to wait, whole milliseconds.
     #[serde(with = "super::duration")]
     pub retry_after: Duration,
 }
 
-/// A concurrency key's state: its tag alone. Its leases are heap data,
-/// held beside the state in [`crate::KeyState::leases`].
+/// A concurrency key's state: its tag alone (see [`crate::KeyState::leases`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Leased;
 
@@ -45,8 +40,7 @@ impl RateAlgorithm for Concurrency {
         header: 0,
     };
     const HOLDS_LEASES: bool = true;
-    /// A lease is one slot whatever the cost, and the lease id is its
-    /// dedupe.
+    /// A lease is one slot whatever the cost, and the lease id is its dedupe.
     const REFUSED_COMMON_KEYS: &'static [PolicyField] =
         &[PolicyField::MaximumCost, PolicyField::EvaluationDedup];
     // No REFUSAL_STAYS: a release may free a slot at any moment, on any instance.
@@ -64,44 +58,34 @@ impl RateAlgorithm for Concurrency {
     fn check(&self, checks: &mut Checks) -> bool {
         let limit_ok = checks.count("max-in-flight", self.max_in_flight, MAX_IN_FLIGHT);
         checks.period("lease-ttl", self.lease_ttl, MAX_LEASE_TTL);
-        checks.wait("retry-after", self.retry_after);
+        checks.period("retry-after", self.retry_after, MAX_GRACE);
         limit_ok
     }
 
     /// Allowed iff the live leases leave a slot.
     fn step(&self, _state: Option<&Leased>, run: &Run<'_>) -> Step<Leased> {
-        let (max_in_flight, retry_after, t, charge, leases) =
-            (self.max_in_flight, ms(self.retry_after), run.t, run.charge, run.leases);
-        let lease_life = self.lease_life(run.regression).unwrap_or(0);
-        let held = leases.live(t);
-        if held >= max_in_flight {
+        let held = run.leases.live(run.t);
+        if held >= self.max_in_flight {
             // A reload may have lowered the limit below what is held.
-            return Step::denied(0, retry_after.max(1), 0);
+            return Step::denied(0, ms(self.retry_after), 0);
         }
-        let free = max_in_flight - held;
-        if charge == Charge::Spare {
+        let free = self.max_in_flight - held;
+        if run.charge == Charge::Spare {
             return Step::spared(free, 0);
         }
-        let expires_at = t.saturating_add(lease_life);
-        let end = leases.latest_live_expiry(t).map_or(expires_at, |latest| latest.max(expires_at));
-        Step {
-            allowed: true,
-            remaining: free - 1,
-            retry_after: 0,
-            reset_after: 0,
-            write: Some((Leased, end)),
-        }
+        let expires_at = run.t.saturating_add(self.lease_life(run.regression).unwrap_or(0));
+        let latest = run.leases.latest_live_expiry(run.t);
+        Step::charged(free - 1, 0, Leased, latest.map_or(expires_at, |at| at.max(expires_at)))
     }
 
-    /// Each instance holds its share of the slots; the TTL and what a
-    /// refusal tells clients stay.
+    /// Each instance holds its share of the slots; the times stay.
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { max_in_flight: share(self.max_in_flight), ..*self }
     }
 
-    /// The lease TTL plus the maximum clock regression `R`: another
-    /// instance's clock may run up to `R` ahead of the taker's, and must not
-    /// see a lease expire that its taker still holds.
+    /// The lease TTL plus the maximum clock regression: another instance's
+    /// clock may run that far ahead of the taker's, and must not see a lease
+    /// expire that its taker still holds.
     fn lease_life(&self, regression: u64) -> Option<u64> {
         Some(ms(self.lease_ttl).saturating_add(regression))
     }
@@ -110,8 +94,7 @@ impl RateAlgorithm for Concurrency {
         Arguments::of(&[self.max_in_flight, ms(self.lease_ttl), ms(self.retry_after)])
     }
 
-    /// A lease key is a sorted set, never a state header: its state is the
-    /// tag alone.
+    /// A lease key is a sorted set, never a state header.
     fn decode(_: [u64; 3]) -> Option<Leased> {
         Some(Leased)
     }

@@ -1,5 +1,4 @@
-//! Fixed window (docs/algorithms.md "Fixed window"): a count per aligned
-//! window; its state is the window's start and its count.
+//! Fixed window (docs/algorithms.md "Fixed window"): a count per window.
 
 use std::time::Duration;
 
@@ -71,7 +70,7 @@ impl RateAlgorithm for FixedWindow {
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
-        Self { limit: share(self.limit), window: self.window }
+        Self { limit: share(self.limit), ..*self }
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

@@ -1,6 +1,4 @@
-//! GCRA (docs/algorithms.md "GCRA"): the generic cell rate algorithm by
-//! virtual scheduling, in whole microseconds; its state is one theoretical
-//! arrival time.
+//! GCRA (docs/algorithms.md "GCRA") by virtual scheduling, in microseconds.
 
 use std::time::Duration;
 
@@ -9,10 +7,9 @@ use serde::{Deserialize, Serialize};
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step};
 use crate::policy::{MAX_COUNT, MAX_EXACT_PRODUCT, MAX_PERIOD, millis};
 
-/// The generic cell rate algorithm: `limit` per `period` at the steady
-/// rate, `burst` at once; one theoretical arrival time per key.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
+/// GCRA: `limit` per `period` at the steady rate, `burst` at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", from = "Configured")]
 pub struct Gcra {
     /// Requests per period at the steady rate.
     pub limit: u64,
@@ -33,10 +30,9 @@ struct Configured {
     burst: Option<u64>,
 }
 
-impl<'de> Deserialize<'de> for Gcra {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let Configured { limit, period, burst } = Configured::deserialize(deserializer)?;
-        Ok(Self { limit, period, burst: burst.unwrap_or(limit) })
+impl From<Configured> for Gcra {
+    fn from(Configured { limit, period, burst }: Configured) -> Self {
+        Self { limit, period, burst: burst.unwrap_or(limit) }
     }
 }
 
@@ -48,8 +44,7 @@ pub struct GcraState {
 }
 
 impl Gcra {
-    /// The emission interval `T = ceil(1000 x period / limit)` in whole
-    /// microseconds (docs/algorithms.md#gcra).
+    /// The emission interval `T = ceil(1000 x period / limit)` µs.
     pub fn emission_interval_micros(&self) -> u64 {
         millis(self.period).saturating_mul(1000).div_ceil(self.limit.max(1)).max(1)
     }
@@ -88,11 +83,32 @@ impl RateAlgorithm for Gcra {
         let period_ok = checks.period("period", self.period, MAX_PERIOD);
         let interval = self.emission_interval_micros();
         if rate_ok && period_ok {
-            if let Some(problem) = rounding_problem(self.limit, millis(self.period), interval) {
-                checks.reject("limit", problem);
+            // T may round up by less than 1 µs per cell: refused when that
+            // slows the steady rate by more than 1 %, `T x L > 1.01 x 1000 P`.
+            let (limit, granted) = (self.limit, u128::from(interval) * u128::from(self.limit));
+            let asked = u128::from(millis(self.period)) * 1000;
+            if granted * 100 > asked * 101 {
+                checks.reject(
+                    "limit",
+                    format!(
+                        "period / limit rounds up to T = {interval} us, so {limit} cells take \
+                         {granted} us instead of {asked} us (more than 1 % slower); choose a \
+                         limit that divides 1000 x period in ms, or at most 10 per ms of period"
+                    ),
+                );
             }
-            if let (true, Some(problem)) = (limit_ok, millisecond_problem(self.burst, interval)) {
-                checks.reject("burst", problem);
+            // The caller clock counts whole milliseconds: a `burst x T` under
+            // 1 ms would admit at most `burst` a millisecond, below the rate.
+            let (burst, least) = (self.burst, 1000_u64.div_ceil(interval.max(1)));
+            if limit_ok && burst < least {
+                checks.reject(
+                    "burst",
+                    format!(
+                        "must cover at least 1 ms of cells, as the clock counts whole \
+                         milliseconds: burst >= ceil(1000 us / T) = {least} with T = {interval} \
+                         us, got {burst}"
+                    ),
+                );
             }
         }
         if limit_ok && period_ok {
@@ -100,13 +116,8 @@ impl RateAlgorithm for Gcra {
             // (docs/algorithms.md#gcra), so b x T below 2^52.
             let tolerance = u128::from(self.burst) * u128::from(interval);
             if tolerance >= u128::from(MAX_EXACT_PRODUCT / 2) {
-                checks.reject(
-                    "burst",
-                    format!(
-                        "burst x (period / limit) must stay below 2^52 microseconds for exact \
-                         arithmetic, got {tolerance}"
-                    ),
-                );
+                let why = "must stay below 2^52 microseconds for exact arithmetic";
+                checks.reject("burst", format!("burst x (period / limit) {why}, got {tolerance}"));
             }
         }
         limit_ok
@@ -133,19 +144,12 @@ impl RateAlgorithm for Gcra {
         }
         let tat = a.saturating_add(needed - backlog);
         let (remaining, reset_after) = budget(burst, interval, whole, needed);
-        Step {
-            allowed: true,
-            remaining,
-            retry_after: 0,
-            reset_after,
-            write: Some((GcraState { tat }, micros_to_millis(tat))),
-        }
+        Step::charged(remaining, reset_after, GcraState { tat }, micros_to_millis(tat))
     }
 
-    /// The rate and the burst both shared: each instance spaces its cells
-    /// `instances` times further apart.
+    /// The rate and the burst both shared.
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
-        Self { limit: share(self.limit), period: self.period, burst: share(self.burst) }
+        Self { limit: share(self.limit), burst: share(self.burst), ..*self }
     }
 
     fn arguments(&self, _t: u64) -> Arguments {
@@ -157,36 +161,7 @@ impl RateAlgorithm for Gcra {
     }
 }
 
-/// `T = ceil(1000 P / L)` µs may round up by less than 1 µs per cell;
-/// refused when that slows the steady rate by more than 1 %, i.e. when
-/// `T x L > 1.01 x 1000 P` (docs/algorithms.md#gcra).
-fn rounding_problem(limit: u64, period_ms: u64, interval: u64) -> Option<String> {
-    let granted = u128::from(interval) * u128::from(limit);
-    let asked = u128::from(period_ms) * 1000;
-    (granted * 100 > asked * 101).then(|| {
-        format!(
-            "period / limit rounds up to T = {interval} us, so {limit} cells take {granted} us \
-             instead of {asked} us (more than 1 % slower); choose a limit that divides \
-             1000 x period in ms, or at most 10 per ms of period"
-        )
-    })
-}
-
-/// The caller clock counts whole milliseconds, so a GCRA whose `burst x T`
-/// is under 1 ms admits at most `burst` a millisecond, below its rate:
-/// refused unless `burst >= ceil(1000 us / T)` (docs/algorithms.md#gcra).
-fn millisecond_problem(burst: u64, interval: u64) -> Option<String> {
-    let least = 1000_u64.div_ceil(interval.max(1));
-    (burst < least).then(|| {
-        format!(
-            "must cover at least 1 ms of cells, as the clock counts whole milliseconds: \
-             burst >= ceil(1000 us / T) = {least} with T = {interval} us, got {burst}"
-        )
-    })
-}
-
-/// `remaining` and `reset_after` (ms) at backlog `d`: the cells that
-/// conform now, and when the next one beyond them does (0 when all do).
+/// `remaining` and `reset_after` (ms) at backlog `d`.
 fn budget(burst: u64, interval: u64, whole: u64, d: u64) -> (u64, u64) {
     let remaining = whole.saturating_sub(d) / interval;
     if remaining >= burst {

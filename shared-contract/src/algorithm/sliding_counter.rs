@@ -1,7 +1,4 @@
-//! Sliding counter (docs/algorithms.md "Sliding counter"): the current
-//! window's count plus the previous one's, weighted by how much of it the
-//! sliding window still covers; its state is the window's start and both
-//! counts.
+//! Sliding counter (docs/algorithms.md "Sliding counter").
 
 use std::time::Duration;
 
@@ -11,8 +8,7 @@ use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
 use crate::outcome::Certainty;
 use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
 
-/// A weighted estimate over the current and previous window of length
-/// `window`: at most `limit` units per sliding window.
+/// At most `limit` units per sliding `window`, estimated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct SlidingCounter {
@@ -80,16 +76,9 @@ impl RateAlgorithm for SlidingCounter {
         let ws = t - t % window;
         let elapsed = t - ws;
         let (n, p) = match state {
-            None => (0, 0),
-            Some(&SlidingCounterState { window_start, current, previous }) => {
-                if window_start == ws {
-                    (current, previous)
-                } else if ws.checked_sub(window) == Some(window_start) {
-                    (0, current)
-                } else {
-                    (0, 0)
-                }
-            }
+            Some(held) if held.window_start == ws => (held.current, held.previous),
+            Some(held) if ws.checked_sub(window) == Some(held.window_start) => (0, held.current),
+            _ => (0, 0),
         };
         // p <= limit and limit * window < 2^53, so u64 suffices; a stored count
         // above a lowered limit could overflow, and only then takes u128.
@@ -110,17 +99,12 @@ impl RateAlgorithm for SlidingCounter {
             return Step::spared(limit - estimate, to_end);
         }
         let state = SlidingCounterState { window_start: ws, current: n + cost, previous: p };
-        Step {
-            allowed: true,
-            remaining: limit - (estimate + cost),
-            retry_after: 0,
-            reset_after: to_end,
-            write: Some((state, ws.saturating_add(window.saturating_mul(2)))),
-        }
+        let end = ws.saturating_add(window.saturating_mul(2));
+        Step::charged(limit - (estimate + cost), to_end, state, end)
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
-        Self { limit: share(self.limit), window: self.window }
+        Self { limit: share(self.limit), ..*self }
     }
 
     fn arguments(&self, _t: u64) -> Arguments {
@@ -132,17 +116,9 @@ impl RateAlgorithm for SlidingCounter {
     }
 }
 
-/// The smallest wait after which a denied sliding-counter request passes
-/// with no other traffic (docs/algorithms.md, "Sliding counter").
+/// The smallest wait after which a denied request passes with no other traffic.
 fn sliding_retry_after(limit: u64, window: u64, cost: u64, n: u64, p: u64, elapsed: u64) -> u64 {
-    let (l, w, c, n, p, e) = (
-        i128::from(limit),
-        i128::from(window),
-        i128::from(cost),
-        i128::from(n),
-        i128::from(p),
-        i128::from(elapsed),
-    );
+    let [l, w, c, n, p, e] = [limit, window, cost, n, p, elapsed].map(i128::from);
     let a = l - c - n;
     if a >= 0 && p > 0 {
         let x = w - ((a + 1) * w - 1) / p;

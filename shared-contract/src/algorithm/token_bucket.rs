@@ -1,6 +1,4 @@
-//! Token bucket (docs/algorithms.md "Token bucket"): tokens refilled by
-//! whole periods up to the capacity; its state is the tokens left and the
-//! start of the period not yet credited.
+//! Token bucket (docs/algorithms.md "Token bucket").
 
 use std::time::Duration;
 
@@ -9,8 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
 use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
 
-/// A bucket of `capacity` tokens refilled by `refill_tokens` every
-/// `refill_period`.
+/// `capacity` tokens refilled by `refill_tokens` every `refill_period`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub struct TokenBucket {
@@ -50,8 +47,7 @@ impl RateAlgorithm for TokenBucket {
         self.capacity
     }
 
-    /// The time an empty bucket takes to fill:
-    /// `ceil(capacity / refill_tokens) * refill_period`.
+    /// The time an empty bucket takes to fill.
     fn quota_window(&self, _now: impl FnOnce() -> u64) -> Option<Duration> {
         let periods = self.capacity.div_ceil(self.refill_tokens.max(1));
         Some(self.refill_period.saturating_mul(u32::try_from(periods).unwrap_or(u32::MAX)))
@@ -72,10 +68,7 @@ impl RateAlgorithm for TokenBucket {
         let (capacity, refill_tokens, period) =
             (self.capacity, self.refill_tokens.max(1), ms(self.refill_period));
         let (t, cost, charge) = (run.t, run.cost, run.charge);
-        let (tokens, updated_at) = match state {
-            None => (capacity, t),
-            Some(&TokenBucketState { tokens, updated_at }) => (tokens, updated_at),
-        };
+        let (tokens, updated_at) = state.map_or((capacity, t), |held| (held.tokens, held.updated_at));
         let periods = t.saturating_sub(updated_at) / period;
         let mut tokens = capacity.min(tokens.saturating_add(periods.saturating_mul(refill_tokens)));
         // periods * period <= t - updated_at: the partial period is kept.
@@ -107,11 +100,7 @@ impl RateAlgorithm for TokenBucket {
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
-        Self {
-            capacity: share(self.capacity),
-            refill_tokens: share(self.refill_tokens),
-            refill_period: self.refill_period,
-        }
+        Self { capacity: share(self.capacity), refill_tokens: share(self.refill_tokens), ..*self }
     }
 
     fn arguments(&self, _t: u64) -> Arguments {

@@ -1,14 +1,11 @@
-//! The in-flight leases one concurrency key holds: a small set of
-//! `(lease id, expires_at)`, bounded by the policy's `max-in-flight`
-//! (docs/algorithms.md "Concurrency (in-flight leases)").
+//! The in-flight leases one concurrency key holds.
 
 use std::fmt;
 use std::slice;
 
 use crate::request::EvaluationId;
 
-/// One lease a key holds: the evaluation that took it and when it expires
-/// if never released.
+/// One lease a key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HeldLease {
     /// The lease id: the evaluation id of the request that took it.
@@ -44,8 +41,7 @@ impl Leases {
         self.len() == 0
     }
 
-    /// Leases the buffer has room for without growing, so a store can
-    /// account for their memory.
+    /// Leases the buffer has room for, for a store's memory account.
     pub fn allocated(&self) -> usize {
         self.0.as_ref().map_or(0, |held| held.capacity())
     }
@@ -65,9 +61,8 @@ impl Leases {
         self.iter().map(|lease| lease.expires_at).filter(|&at| at > t).max()
     }
 
-    /// Removes the lease of `id`; true when it was live at `now` (a slot
-    /// was freed), false when it was not held or had expired. No other
-    /// lease is touched: a release moves no mark.
+    /// Removes the lease of `id`; true when it was live at `now` (a slot was
+    /// freed). No other lease is touched: a release moves no mark.
     pub fn release(&mut self, id: EvaluationId, now: u64) -> bool {
         let Some(held) = &mut self.0 else { return false };
         let Some(at) = held.iter().position(|lease| lease.id == id) else { return false };
@@ -92,11 +87,6 @@ impl Leases {
     pub(crate) fn push(&mut self, lease: HeldLease) {
         // Most keys hold one or two leases: room for one, not the default four.
         self.0.get_or_insert_with(|| Box::new(Vec::with_capacity(1))).push(lease);
-    }
-
-    /// Forgets every lease and frees their memory.
-    pub fn clear(&mut self) {
-        self.0 = None;
     }
 }
 

@@ -1,5 +1,4 @@
-//! Evaluation dedupe records of one key: a bounded queue, oldest first,
-//! with an id index so a lookup costs the same at 1 record as at the cap.
+//! Evaluation dedupe records of one key, indexed by id.
 
 use std::collections::{VecDeque, vec_deque};
 use std::fmt;
@@ -10,9 +9,7 @@ use foldhash::fast::RandomState;
 
 use crate::request::EvaluationId;
 
-/// What a charged evaluation left behind so a repeat of its id can replay
-/// the answer instead of charging again. Counts [`crate::DEDUP_RECORD_BYTES`]
-/// (what the Redis provider stores for it) against the byte bound.
+/// What a charged evaluation left for a repeat of its id to replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DedupRecord {
     /// The evaluation that charged.
@@ -25,60 +22,34 @@ pub struct DedupRecord {
     pub written_at: u64,
 }
 
-/// The records of one key, oldest first. `written_at` never decreases from
-/// front to back (records are appended at the key's effective time, which
-/// never runs backwards), so expiry and eviction both pop from the front.
-///
-/// From [`INDEX_FROM`] records on, an [`Index`] maps an evaluation id to its
-/// record's sequence number, so a lookup, an append and an eviction each
-/// touch a fixed number of cache lines however many records the key holds
-/// (a scan of 256 records read 10 KB per decision; docs/benchmarks.md).
-/// Below it a scan of a few contiguous records is cheaper than a table.
-///
-/// Boxed and allocated on the first record, so a key without records (dedupe
-/// off, or only denials) carries one pointer: a small map slot keeps more
-/// keys in cache.
-///
-/// A provider that serializes a key reads the records with
-/// [`DedupRecords::iter`] and rebuilds them, in the same order, with
-/// `collect()`.
+/// The records of one key, oldest first (`written_at` never decreases, so
+/// expiry and eviction pop from the front); from [`INDEX_FROM`] records on an
+/// [`Index`] finds one in a fixed number of cache lines. Boxed on the first
+/// record, so a key without records is one pointer.
 #[derive(Clone, Default)]
 pub struct DedupRecords(Option<Box<Held>>);
 
 /// Records held from here on are indexed; fewer are scanned.
 const INDEX_FROM: usize = 8;
 
-#[derive(Clone)]
+#[derive(Clone, Default)]
 struct Held {
     queue: VecDeque<DedupRecord>,
-    /// The sequence number of the front record; the record at queue
-    /// position `i` has `front_seq + i` (wrapping).
+    /// The sequence number of the front record (wrapping).
     front_seq: u32,
-    /// Empty below [`INDEX_FROM`] records; from then on the sequence number
-    /// of every record held, found by its id's hash.
+    /// Empty below [`INDEX_FROM`] records.
     index: Index,
 }
 
-/// A keyed hash of the id. Ids are server-generated UUIDs, but the port lets
-/// a caller choose them: a per-process random seed keeps probe chains short
-/// whatever ids arrive.
+/// A keyed hash of the id: the port lets a caller choose ids, so a random
+/// seed per process keeps probe chains short whatever ids arrive.
 fn hash_of(id: EvaluationId) -> u64 {
     static STATE: OnceLock<RandomState> = OnceLock::new();
     STATE.get_or_init(RandomState::default).hash_one(id.as_uuid().as_u128())
 }
 
-/// The record numbered `seq` of a queue whose front is numbered `front_seq`.
-fn at(queue: &VecDeque<DedupRecord>, front_seq: u32, seq: u32) -> Option<&DedupRecord> {
-    queue.get(seq.wrapping_sub(front_seq) as usize)
-}
-
-/// The records' index: open addressing with linear probing over one array
-/// of words, each a record's fingerprint (the high half of its id's hash,
-/// which also picks its home slot) beside its sequence number, 0 for an
-/// empty slot. A lookup, an insert and a removal each read the few
-/// neighbouring words of one cache line, and touch a record only when a
-/// fingerprint matches; a removal shifts the run after it back, so no
-/// tombstones build up. At most half full, so runs stay short.
+/// The records' index: linear probing over words of the id hash's high half
+/// over a sequence number (0: empty), at most half full, with no tombstones.
 #[derive(Clone, Default)]
 struct Index {
     slots: Box<[u64]>,
@@ -98,11 +69,6 @@ impl Index {
         !self.slots.is_empty()
     }
 
-    /// Whether one more record would fill it past half.
-    fn is_full_for(&self, records: usize) -> bool {
-        records.saturating_mul(2) > self.slots.len()
-    }
-
     fn mask(&self) -> usize {
         self.slots.len() - 1
     }
@@ -117,8 +83,7 @@ impl Index {
         (word >> 32) as usize & self.mask()
     }
 
-    /// The sequence numbers filed under `hash`, in probe order, until the
-    /// first empty slot.
+    /// The sequence numbers filed under `hash`, in probe order.
     fn candidates(&self, hash: u64) -> impl Iterator<Item = (usize, u32)> + '_ {
         let fingerprint = Self::word(hash, 0) >> 32;
         let mask = self.mask();
@@ -144,8 +109,7 @@ impl Index {
         self.slots[slot] = word;
     }
 
-    /// Removes the slot of `seq` filed under `hash`; later words of its run
-    /// move back, each no further than its home.
+    /// Removes the slot of `seq`; later words of its run move back.
     fn remove(&mut self, hash: u64, seq: u32) {
         let Some((mut hole, _)) = self.candidates(hash).find(|&(_, held)| held == seq) else {
             return;
@@ -176,10 +140,6 @@ impl Index {
 }
 
 impl Held {
-    fn seq_of_next(&self) -> u32 {
-        self.front_seq.wrapping_add(self.queue.len() as u32)
-    }
-
     fn find(&self, evaluation_id: EvaluationId) -> Option<&DedupRecord> {
         let Self { queue, front_seq, index } = self;
         if !index.is_built() {
@@ -188,12 +148,11 @@ impl Held {
         }
         index
             .candidates(hash_of(evaluation_id))
-            .filter_map(|(_, seq)| at(queue, *front_seq, seq))
+            .filter_map(|(_, seq)| queue.get(seq.wrapping_sub(*front_seq) as usize))
             .find(|record| record.evaluation_id == evaluation_id)
     }
 
-    /// Rebuilds the index over every record held, with room for twice as
-    /// many.
+    /// Rebuilds the index with room for twice the records held.
     fn reindex(&mut self) {
         self.index = Index::with_room(self.queue.len().max(INDEX_FROM).saturating_mul(2));
         for position in 0..self.queue.len() {
@@ -211,9 +170,10 @@ impl Held {
     }
 
     fn push_back(&mut self, record: DedupRecord) {
-        let seq = self.seq_of_next();
+        let seq = self.front_seq.wrapping_add(self.queue.len() as u32);
         self.queue.push_back(record);
-        if self.index.is_built() && !self.index.is_full_for(self.queue.len()) {
+        // Filed in place while the index stays at most half full, else rebuilt.
+        if self.index.is_built() && self.queue.len().saturating_mul(2) <= self.index.slots.len() {
             self.index.insert(hash_of(record.evaluation_id), seq);
         } else if self.queue.len() >= INDEX_FROM {
             self.reindex();
@@ -238,9 +198,7 @@ impl DedupRecords {
         self.len() == 0
     }
 
-    /// Records the buffer has room for without growing, so a store can show
-    /// that its memory stays bounded (the index, built from [`INDEX_FROM`]
-    /// records on, grows with the records held and never past the cap).
+    /// Records the buffer has room for, for a store's memory account.
     pub fn allocated(&self) -> usize {
         self.0.as_ref().map_or(0, |held| held.queue.capacity())
     }
@@ -273,11 +231,7 @@ impl DedupRecords {
         }
         // Most keys are one-shot: room for one record, not the default four.
         let held = self.0.get_or_insert_with(|| {
-            Box::new(Held {
-                queue: VecDeque::with_capacity(1),
-                front_seq: 0,
-                index: Index::default(),
-            })
+            Box::new(Held { queue: VecDeque::with_capacity(1), ..Held::default() })
         });
         // Evict first, so the index never holds more than `capacity`.
         while held.queue.len() >= capacity {
@@ -291,16 +245,14 @@ impl DedupRecords {
         self.0.as_ref()?.queue.back().map(|r| r.written_at)
     }
 
-    /// Forgets every record (the key expired or dedupe is off) and frees
-    /// their memory.
+    /// Forgets every record and frees their memory.
     pub(crate) fn clear(&mut self) {
         self.0 = None;
     }
 }
 
 impl PartialEq for DedupRecords {
-    /// The same records in the same order; how they are indexed is not
-    /// compared.
+    /// The same records in the same order, however indexed.
     fn eq(&self, other: &Self) -> bool {
         self.iter().eq(other.iter())
     }
@@ -321,7 +273,7 @@ impl FromIterator<DedupRecord> for DedupRecords {
         if queue.is_empty() {
             return Self(None);
         }
-        let mut held = Held { queue, front_seq: 0, index: Index::default() };
+        let mut held = Held { queue, ..Held::default() };
         if held.queue.len() >= INDEX_FROM {
             held.reindex();
         }
