@@ -31,26 +31,17 @@ impl fmt::Debug for AuthenticatedPrincipal {
     }
 }
 
-/// The kind of a subject, the pseudonym's first frame: the same string as
-/// principal and as API key never share a bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SubjectKind {
-    /// An authenticated principal, framed as `principal`.
-    Principal,
-    /// An API key, framed as `api-key`.
-    ApiKey,
-    /// The client IP address, framed as `ip`.
-    ClientIp,
-}
-
-impl SubjectKind {
-    /// The name framed into the pseudonym: `principal`, `api-key` or `ip`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Principal => "principal",
-            Self::ApiKey => "api-key",
-            Self::ClientIp => "ip",
-        }
+shared_contract::named_enum! {
+    /// The kind of a subject, the pseudonym's first frame (its name): the same
+    /// string as principal and as API key never share a bucket.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum SubjectKind {
+        /// An authenticated principal.
+        Principal = "principal",
+        /// An API key.
+        ApiKey = "api-key",
+        /// The client IP address.
+        ClientIp = "ip",
     }
 }
 
@@ -433,7 +424,7 @@ impl VersionedPseudonymizer {
     /// The pseudonym under the active key.
     pub fn pseudonymize(&self, kind: SubjectKind, identity: &str) -> SubjectDigest {
         let key = &self.keys[&self.active_version];
-        digest(self.active_version, key, [kind.as_str(), identity])
+        digest(self.active_version, key, [kind.name(), identity])
     }
 
     /// The pseudonym under the key of `version`.
@@ -444,7 +435,7 @@ impl VersionedPseudonymizer {
         identity: &str,
     ) -> Result<SubjectDigest, WebError> {
         let key = self.keys.get(&version).ok_or(WebError::UnknownKeyVersion(version))?;
-        Ok(digest(version, key, [kind.as_str(), identity]))
+        Ok(digest(version, key, [kind.name(), identity]))
     }
 }
 
@@ -465,7 +456,7 @@ fn digest<'a>(
     SubjectDigest::from_tag(version, &tag).expect("a 32-byte tag makes a valid digest")
 }
 
-/// `pseudonymize(kind, identity)` is the frames `[kind.as_str(), identity]`.
+/// `pseudonymize(kind, identity)` is the frames `[kind.name(), identity]`.
 impl SubjectPseudonymizer for VersionedPseudonymizer {
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest {
         digest(self.active_version, &self.keys[&self.active_version], frames)
