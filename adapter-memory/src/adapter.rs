@@ -13,6 +13,7 @@ use shared_contract::{
 };
 
 use crate::error::MemoryAdapterError;
+use crate::map::same_bytes;
 use crate::store::{KeySlot, MemoryStore, StoreFull};
 
 /// The embedded provider: every algorithm over a sharded [`MemoryStore`].
@@ -78,15 +79,7 @@ impl MemoryEdgeRateLimitAdapter {
         &self.store
     }
 
-    /// The whole evaluation; synchronous because nothing in it waits.
-    fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
-        if let [id] = request.policies.ids() {
-            return self.decide_one(id, request);
-        }
-        self.decide_set(request)
-    }
-
-    /// [`Self::decide`] for two or more policies, out of line: a set of one
+    /// A decision for two or more policies, out of line: a set of one
     /// should not set up the frame of its arrays.
     #[inline(never)]
     fn decide_set(&self, request: &RateLimitRequest) -> RateLimitOutcome {
@@ -104,7 +97,7 @@ impl MemoryEdgeRateLimitAdapter {
         self.answer(decided)
     }
 
-    /// [`Self::decide`] for a set of one, the usual case: the checks of
+    /// A decision for a set of one, the usual case: the checks of
     /// [`RateLimitRequest::resolve`] in its order without its array of eight.
     fn decide_one(&self, id: &PolicyId, request: &RateLimitRequest) -> RateLimitOutcome {
         let Some(slot) = self.policies.get(id) else { return incompatible(UNKNOWN) };
@@ -148,7 +141,7 @@ impl MemoryEdgeRateLimitAdapter {
         }
     }
 
-    /// A budget's policy and the key slot `decide` charges for it.
+    /// A budget's policy and the key slot a decision charges for it.
     fn budget_slot(&self, key: &BudgetKey) -> Result<(&PolicySlot, KeySlot), BudgetFailure> {
         let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
         let operation = key.operation_for(&slot.policy)?.copied();
@@ -218,29 +211,14 @@ fn same_id(held: &PolicyId, asked: &PolicyId) -> bool {
     held.len() == asked.len() && (std::ptr::eq(held, asked) || same_bytes(held, asked))
 }
 
-/// Equality of two texts of one length without calling `memcmp` for the
-/// usual id: up to 16 bytes as two overlapping words of 4 or 8 bytes.
-#[inline(never)]
-fn same_bytes(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    let narrow = |bytes: &[u8], at: usize| {
-        bytes.get(at..at + 4).and_then(|w| w.try_into().ok()).map(u32::from_ne_bytes)
-    };
-    let word = |bytes: &[u8], at: usize| {
-        bytes.get(at..at + 8).and_then(|w| w.try_into().ok()).map(u64::from_ne_bytes)
-    };
-    match n {
-        4..8 => narrow(a, 0) == narrow(b, 0) && narrow(a, n - 4) == narrow(b, n - 4),
-        8..=16 => word(a, 0) == word(b, 0) && word(a, n - 8) == word(b, n - 8),
-        _ => a == b,
-    }
-}
-
 #[async_trait]
 impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     /// Answered at once: nothing in a decision waits.
     fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
-        Evaluation::ready(self.decide(&request))
+        Evaluation::ready(match request.policies.ids() {
+            [id] => self.decide_one(id, &request),
+            _ => self.decide_set(&request),
+        })
     }
 
     fn policy(&self, id: &PolicyId) -> Option<&RateLimitPolicy> {
@@ -268,19 +246,12 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
     /// Removes the lease from the key of each concurrency policy of its set
     /// this adapter holds (a policy reloaded away has no key here).
     fn release(&self, lease: &Lease) -> Releasing {
-        let slots = lease
-            .policies
-            .ids()
-            .iter()
-            .filter_map(|id| self.policies.get(id))
-            .filter(|slot| slot.rules.holds_leases())
-            .map(|slot| slot.key(lease.operation));
-        let now = self.clock.epoch_millis();
-        Releasing::ready(if self.store.release(&lease.subject, slots, lease.id, now) {
-            ReleaseOutcome::Released
-        } else {
-            ReleaseOutcome::NotHeld
-        })
+        let held = lease.policies.ids().iter().filter_map(|id| self.policies.get(id));
+        let slots =
+            held.filter(|slot| slot.rules.holds_leases()).map(|slot| slot.key(lease.operation));
+        let released =
+            self.store.release(&lease.subject, slots, lease.id, self.clock.epoch_millis());
+        Releasing::ready(if released { ReleaseOutcome::Released } else { ReleaseOutcome::NotHeld })
     }
 }
 

@@ -35,12 +35,14 @@ impl Entry {
         self.state.take()
     }
 
-    /// Moves the step's state back in, with its new expiry when it wrote one.
-    pub(crate) fn put(&mut self, state: Option<KeyState>, write: Option<KeyWrite>) {
+    /// Moves the step's state back in, with its new expiry when it wrote
+    /// one; the expiry.
+    pub(crate) fn put(&mut self, state: Option<KeyState>, write: Option<KeyWrite>) -> u64 {
         self.state = state;
         if let Some(write) = write {
             self.expires_at = write.expires_at;
         }
+        self.expires_at
     }
 
     /// The live state at `now`, to change in place (a release).

@@ -41,28 +41,30 @@ impl Held {
     }
 }
 
-/// Digest equality sixteen bytes at a time over the tag's own bytes (the last
-/// compare may overlap): no call out to compare the array's zeros after them.
+/// Digest equality: the key version, then the tag's own bytes (not the
+/// array's zeros after them).
 fn same_subject(a: &SubjectDigest, b: &SubjectDigest) -> bool {
-    let (x, y) = (a.tag(), b.tag());
-    let n = x.len();
-    if a.version() != b.version() || n != y.len() {
-        return false;
+    a.version() == b.version() && same_bytes(a.tag(), b.tag())
+}
+
+/// Byte equality without a call out to `memcmp` for an id or a tag: up to 16
+/// bytes as two overlapping words of 4 or 8 bytes, longer ones sixteen at a
+/// time (the last compare may overlap).
+pub(crate) fn same_bytes(a: &[u8], b: &[u8]) -> bool {
+    fn at<const W: usize>(bytes: &[u8], at: usize) -> Option<[u8; W]> {
+        bytes.get(at..at + W)?.try_into().ok()
     }
-    let wide = |bytes: &[u8], at: usize| {
-        bytes.get(at..at + 16).and_then(|w| w.try_into().ok()).map(u128::from_ne_bytes)
-    };
-    if n < 16 {
-        return x == y;
-    }
-    let mut at = 0;
-    while at + 16 < n {
-        if wide(x, at) != wide(y, at) {
-            return false;
+    let n = a.len();
+    match n {
+        _ if n != b.len() => false,
+        4..8 => at::<4>(a, 0) == at::<4>(b, 0) && at::<4>(a, n - 4) == at::<4>(b, n - 4),
+        8..=16 => at::<8>(a, 0) == at::<8>(b, 0) && at::<8>(a, n - 8) == at::<8>(b, n - 8),
+        17.. => {
+            let wide = |i| at::<16>(a, i) == at::<16>(b, i);
+            (0..n - 16).step_by(16).all(wide) && wide(n - 16)
         }
-        at += 16;
+        _ => a == b,
     }
-    wide(x, n - 16) == wide(y, n - 16)
 }
 
 /// Eight bytes of a tag as one number (the chunk is exactly eight).

@@ -228,8 +228,7 @@ impl MemoryStore {
             members[0].state = entry.take(now);
             let result = step(&mut members);
             let [member] = members;
-            entry.put(member.state, member.write);
-            (result, entry.expires_at)
+            (result, entry.put(member.state, member.write))
         } else {
             // A full shard is the only cost on this path: one compare.
             if shard.map.len() >= self.inner.shard_cap && !self.has_room(shard, now, |_| 1) {
@@ -282,10 +281,7 @@ impl MemoryStore {
         for (member, key) in members[..n].iter_mut().zip(&lookups) {
             let (state, write) = (member.state.take(), member.write);
             let expiry = match shard.map.get_mut(key) {
-                Some(entry) => {
-                    entry.put(state, write);
-                    entry.expires_at
-                }
+                Some(entry) => entry.put(state, write),
                 None => shard.map.insert_written(key, state, write),
             };
             earliest = earliest.min(expiry);

@@ -12,10 +12,10 @@ use http::request::Parts;
 use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use shared_contract::{
-    Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
-    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
-    RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window,
-    write_limit_item, write_policy_field_at,
+    Algorithm, Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle,
+    OperationDigest, PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure,
+    RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest,
+    quota_window, write_limit_item, write_policy_field_at,
 };
 use tracing::{Instrument, Span};
 
@@ -40,15 +40,15 @@ pub struct BridgeEvaluation {
 }
 
 impl BridgeEvaluation {
-    /// The mode of the policy at `index`; one the port does not know is
-    /// enforced, so it fails closed.
-    pub fn mode(&self, index: usize) -> PolicyMode {
-        mode_of(self.described.get(index).and_then(Option::as_ref))
+    /// Whether the policy at `index` can block; one the port does not know
+    /// can, so it fails closed.
+    fn enforced_at(&self, index: usize) -> bool {
+        enforcing(self.described.get(index).and_then(Option::as_ref))
     }
 
     /// Whether any policy of the set can block (a shadow-only set never does).
     pub fn enforces(&self) -> bool {
-        (0..self.policies.len()).any(|index| self.mode(index) == PolicyMode::Enforce)
+        (0..self.policies.len()).any(|index| self.enforced_at(index))
     }
 
     /// Whether the handler runs: admitted, or nothing in the set enforced.
@@ -68,28 +68,22 @@ impl BridgeEvaluation {
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
         let decisions = self.outcome.as_ref().map_or(&[][..], |set| set.decisions());
         let members = self.policies.ids().iter().zip(decisions).enumerate();
-        members.filter(|(index, _)| self.mode(*index) == PolicyMode::Enforce).map(
-            |(index, (id, decision))| {
-                let policy = self.described.get(index).and_then(Option::as_ref);
-                (
-                    id,
-                    decision,
-                    policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some()),
-                )
-            },
-        )
+        members.filter(|(index, _)| self.enforced_at(*index)).map(|(index, (id, decision))| {
+            let policy = self.described.get(index).and_then(Option::as_ref);
+            (id, decision, policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some()))
+        })
     }
 
     /// The enforced policies that denied, in order: a `429`'s `violated-policies`.
     pub fn violated_policies(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        let mut enforced = self.enforced_decisions();
-        enforced.retain(|(_, decision)| !decision.allowed);
-        enforced
+        let enforced = self.enforced_limits().filter(|(_, decision, _)| !decision.allowed);
+        enforced.map(|(id, decision, _)| (id, decision)).collect()
     }
 }
 
-fn mode_of(policy: Option<&RateLimitPolicy>) -> PolicyMode {
-    policy.map_or(PolicyMode::Enforce, RateLimitPolicy::mode)
+/// Whether a policy can block: enforced, or unknown to the port (it fails closed).
+fn enforcing(policy: Option<&RateLimitPolicy>) -> bool {
+    policy.is_none_or(|policy| policy.mode() == PolicyMode::Enforce)
 }
 
 /// The policies the port described and enforces: those a client sees.
@@ -114,29 +108,20 @@ struct PreparedSet {
 
 impl PreparedSet {
     fn new(policies: &PolicySet, port: &dyn EdgeRateLimitPort, clock: &dyn Clock) -> Self {
-        let described: Arc<[_]> =
-            policies.ids().iter().map(|id| port.policy(id).cloned()).collect();
-        let metrics = policies
-            .ids()
-            .iter()
-            .zip(described.iter())
-            .map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()))
-            .collect();
-        let header_moves =
-            enforced(&described).any(|policy| policy.algorithm().kind().window_moves());
-        let policy_header = policy_header(enforced(&described), || clock.epoch_millis());
-        let holds_leases =
-            described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
-        let has_shadow =
-            described.iter().any(|policy| mode_of(policy.as_ref()) == PolicyMode::Shadow);
+        let ids = policies.ids();
+        let described: Arc<[_]> = ids.iter().map(|id| port.policy(id).cloned()).collect();
+        let metrics = ids.iter().zip(described.iter());
+        let metrics = metrics.map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()));
+        let algorithms = || described.iter().flatten().map(RateLimitPolicy::algorithm);
+        let moves = enforced(&described).any(|policy| policy.algorithm().kind().window_moves());
         Self {
             policies: policies.clone(),
-            metrics,
-            described,
-            policy_header,
-            header_moves,
-            holds_leases,
-            has_shadow,
+            metrics: metrics.collect(),
+            header_moves: moves,
+            policy_header: policy_header(enforced(&described), || clock.epoch_millis()),
+            holds_leases: algorithms().any(Algorithm::holds_leases),
+            has_shadow: !described.iter().all(|policy| enforcing(policy.as_ref())),
+            described: Arc::clone(&described),
         }
     }
 }
@@ -273,7 +258,7 @@ impl TransportBridge {
         let context = Context { operation, lease, span, started, shadow_subject };
         match evaluation.into_ready() {
             Ok(outcome) => Asked::Answered(Ok(self.finish(context, outcome))),
-            Err(evaluation) => Asked::Waiting(Waiting { evaluation, context }),
+            Err(evaluation) => Asked::Waiting(Waiting(evaluation, context)),
         }
     }
 
@@ -310,7 +295,10 @@ impl TransportBridge {
         let policies = prepared.policies.clone();
         let evaluation = BridgeEvaluation { policies, described, outcome, policy_header };
         if let Some(span) = span {
-            record_decision(&span, &evaluation);
+            let cached = evaluation.outcome.as_ref().is_ok_and(|set| set.cached());
+            span.record("rate_limit.outcome", evaluation.outcome.category_name());
+            span.record("rate_limit.admitted", evaluation.admits());
+            span.record("rate_limit.cached", cached);
         }
         let failure_line = || self.failures_logged.admit(ended);
         log_outcome(&operation.id, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
@@ -330,15 +318,12 @@ pub(crate) enum Asked {
 }
 
 /// A port answer still to come, and what finishing the request needs.
-pub(crate) struct Waiting {
-    evaluation: Evaluation,
-    context: Context,
-}
+pub(crate) struct Waiting(Evaluation, Context);
 
 impl Waiting {
     /// Waits for the port's answer in the decision span, then finishes it.
     pub(crate) async fn answer(self, bridge: &TransportBridge) -> Answer {
-        let Self { evaluation, context } = self;
+        let Self(evaluation, context) = self;
         let outcome = match &context.span {
             Some(span) => evaluation.instrument(span.clone()).await,
             None => evaluation.await,
@@ -386,14 +371,6 @@ fn decision_span(operation: &str, policies: &PolicySet, digest: &SubjectDigest) 
     })
 }
 
-/// The decision's attributes.
-fn record_decision(span: &Span, evaluation: &BridgeEvaluation) {
-    let cached = evaluation.outcome.as_ref().is_ok_and(|set| set.cached());
-    span.record("rate_limit.outcome", evaluation.outcome.category_name());
-    span.record("rate_limit.admitted", evaluation.admits());
-    span.record("rate_limit.cached", cached);
-}
-
 fn log_outcome(
     operation: &str,
     evaluation: &BridgeEvaluation,
@@ -416,10 +393,9 @@ fn log_outcome(
         return;
     };
     tracing::trace!(operation, %policies, outcome = category, ?elapsed, "rate-limit decision");
-    for (index, (policy, decision)) in
-        evaluation.policies.ids().iter().zip(set.decisions()).enumerate()
-    {
-        if evaluation.mode(index) == PolicyMode::Shadow && !decision.allowed {
+    let members = evaluation.policies.ids().iter().zip(set.decisions()).enumerate();
+    for (index, (policy, decision)) in members {
+        if !evaluation.enforced_at(index) && !decision.allowed {
             // The line a shadow rollout is watched by.
             let subject = shadow_subject.map(ToString::to_string);
             tracing::info!(

@@ -16,7 +16,7 @@ use secrecy::{ExposeSecret, SecretSlice};
 use sha2::Sha256;
 use shared_contract::{SubjectDigest, SubjectPseudonymizer};
 
-use crate::rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
+use crate::rejection::{ApiKeyProblem, EdgeRejection, IdentityProblem, MAX_API_KEY_BYTES};
 use crate::settings::{ClientIpHeader, EdgeSettings, WebError};
 
 /// The identity an upstream authentication layer established (a request
@@ -31,26 +31,17 @@ impl fmt::Debug for AuthenticatedPrincipal {
     }
 }
 
-/// The kind of a subject, the pseudonym's first frame: the same string as
-/// principal and as API key never share a bucket.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum SubjectKind {
-    /// An authenticated principal, framed as `principal`.
-    Principal,
-    /// An API key, framed as `api-key`.
-    ApiKey,
-    /// The client IP address, framed as `ip`.
-    ClientIp,
-}
-
-impl SubjectKind {
-    /// The name framed into the pseudonym: `principal`, `api-key` or `ip`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Principal => "principal",
-            Self::ApiKey => "api-key",
-            Self::ClientIp => "ip",
-        }
+shared_contract::named_enum! {
+    /// The kind of a subject, the pseudonym's first frame (its name): the same
+    /// string as principal and as API key never share a bucket.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum SubjectKind {
+        /// An authenticated principal.
+        Principal = "principal",
+        /// An API key.
+        ApiKey = "api-key",
+        /// The client IP address.
+        ClientIp = "ip",
     }
 }
 
@@ -103,17 +94,6 @@ fn client_network(ip: IpAddr, settings: &EdgeSettings) -> IpNet {
         IpAddr::V4(v4) => IpNet::V4(Ipv4Net::new_assert(v4, settings.ipv4_prefix()).trunc()),
         IpAddr::V6(v6) => IpNet::V6(Ipv6Net::new_assert(v6, settings.ipv6_prefix()).trunc()),
     }
-}
-
-/// Why an identity an operator typed cannot name a subject.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum IdentityProblem {
-    /// Not an API key the edge would accept from a client.
-    InvalidApiKey(ApiKeyProblem),
-    /// Not an IPv4 or IPv6 address.
-    NotAnIpAddress,
-    /// An empty principal.
-    EmptyPrincipal,
 }
 
 /// The identity the edge pseudonymizes for a subject of `kind` as an operator
@@ -444,7 +424,7 @@ impl VersionedPseudonymizer {
     /// The pseudonym under the active key.
     pub fn pseudonymize(&self, kind: SubjectKind, identity: &str) -> SubjectDigest {
         let key = &self.keys[&self.active_version];
-        digest(self.active_version, key, [kind.as_str(), identity])
+        digest(self.active_version, key, [kind.name(), identity])
     }
 
     /// The pseudonym under the key of `version`.
@@ -455,7 +435,7 @@ impl VersionedPseudonymizer {
         identity: &str,
     ) -> Result<SubjectDigest, WebError> {
         let key = self.keys.get(&version).ok_or(WebError::UnknownKeyVersion(version))?;
-        Ok(digest(version, key, [kind.as_str(), identity]))
+        Ok(digest(version, key, [kind.name(), identity]))
     }
 }
 
@@ -476,7 +456,7 @@ fn digest<'a>(
     SubjectDigest::from_tag(version, &tag).expect("a 32-byte tag makes a valid digest")
 }
 
-/// `pseudonymize(kind, identity)` is the frames `[kind.as_str(), identity]`.
+/// `pseudonymize(kind, identity)` is the frames `[kind.name(), identity]`.
 impl SubjectPseudonymizer for VersionedPseudonymizer {
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest {
         digest(self.active_version, &self.keys[&self.active_version], frames)

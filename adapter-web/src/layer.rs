@@ -23,7 +23,8 @@ use crate::refusal::{DecisionHeaders, Refusal, RefusalShaper, decision_headers};
 /// everything through when built with [`RateLimitLayer::disabled`].
 #[derive(Debug, Clone)]
 pub struct RateLimitLayer {
-    limiter: Option<Limiter>,
+    switch: Option<BridgeSwitch>,
+    shaper: Option<RefusalShaper>,
 }
 
 impl RateLimitLayer {
@@ -35,17 +36,17 @@ impl RateLimitLayer {
     /// A layer that evaluates each request through the bridge `switch` holds
     /// when it starts: replace it there to reload.
     pub fn switched(switch: BridgeSwitch) -> Self {
-        Self { limiter: Some(Limiter { bridge: switch, shaper: None }) }
+        Self { switch: Some(switch), shaper: None }
     }
 
     /// The switch of an enabled layer.
     pub fn switch(&self) -> Option<&BridgeSwitch> {
-        self.limiter.as_ref().map(|limiter| &limiter.bridge)
+        self.switch.as_ref()
     }
 
     /// A layer that passes every request straight through (provider `disabled`).
     pub fn disabled() -> Self {
-        Self { limiter: None }
+        Self { switch: None, shaper: None }
     }
 
     /// Replaces each default problem+json refusal with what `shaper` makes of it.
@@ -53,15 +54,13 @@ impl RateLimitLayer {
         mut self,
         shaper: impl Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sync + 'static,
     ) -> Self {
-        if let Some(limiter) = &mut self.limiter {
-            limiter.shaper = Some(RefusalShaper(Arc::new(shaper)));
-        }
+        self.shaper = Some(RefusalShaper(Arc::new(shaper)));
         self
     }
 
     /// Whether this layer limits at all.
     pub fn is_enabled(&self) -> bool {
-        self.limiter.is_some()
+        self.switch.is_some()
     }
 }
 
@@ -69,7 +68,7 @@ impl<S> Layer<S> for RateLimitLayer {
     type Service = RateLimitService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimitService { inner, limiter: self.limiter.clone() }
+        RateLimitService { inner, layer: self.clone() }
     }
 }
 
@@ -77,7 +76,7 @@ impl<S> Layer<S> for RateLimitLayer {
 #[derive(Debug, Clone)]
 pub struct RateLimitService<S> {
     inner: S,
-    limiter: Option<Limiter>,
+    layer: RateLimitLayer,
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimitService<S>
@@ -96,11 +95,11 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let Some(Limiter { bridge, shaper }) = &self.limiter else {
+        let RateLimitLayer { switch: Some(switch), shaper } = &self.layer else {
             let future = self.inner.call(request);
             return ResponseFuture { state: State::Running { future, headers: None, lease: None } };
         };
-        ResponseFuture::evaluating(bridge.current(), shaper.clone(), &mut self.inner, request)
+        ResponseFuture::evaluating(switch.current(), shaper.clone(), &mut self.inner, request)
     }
 }
 
@@ -204,7 +203,7 @@ where
     };
     let response = reason.response(bridge.settings());
     let response = match shaper {
-        Some(shaper) => shaper.shape(reason, response),
+        Some(RefusalShaper(shape)) => shape(reason, response),
         None => response,
     };
     State::Refused { response: Some(response) }
@@ -234,9 +233,8 @@ where
                 StateProj::Running { future, headers, lease } => {
                     let response = ready!(future.poll(cx))?;
                     let mut response = match lease.take() {
-                        Some(lease) => {
-                            response.map(|body| Body::new(ReleasingBody::new(body, lease)))
-                        }
+                        Some(lease) => response
+                            .map(|inner| Body::new(ReleasingBody { inner, lease: Some(lease) })),
                         None => response.map(Body::new),
                     };
                     // Ours replace any the handler set.
@@ -286,11 +284,4 @@ impl BridgeSwitch {
     pub fn replace(&self, bridge: Arc<TransportBridge>) -> Arc<TransportBridge> {
         self.current.swap(bridge)
     }
-}
-
-/// What an enabled layer and its services share.
-#[derive(Debug, Clone)]
-struct Limiter {
-    bridge: BridgeSwitch,
-    shaper: Option<RefusalShaper>,
 }

@@ -54,12 +54,10 @@ impl LeaseReleases {
     }
 }
 
-/// Holds an admitted request's lease; dropping it gives the lease back.
+/// Holds an admitted request's lease; dropping it gives the lease back
+/// (`None` once the lease is known not to be held).
 #[derive(Debug)]
-pub(crate) struct LeaseGuard {
-    /// `None` once the lease is known not to be held.
-    release: Option<Release>,
-}
+pub(crate) struct LeaseGuard(Option<Release>);
 
 #[derive(Debug)]
 struct Release {
@@ -75,42 +73,32 @@ impl LeaseGuard {
         lease: Lease,
         releases: LeaseReleases,
     ) -> Self {
-        Self { release: Some(Release { port, lease, releases }) }
+        Self(Some(Release { port, lease, releases }))
     }
 
     /// The port's answer says nothing was written: no lease to give back.
     pub(crate) fn disarm(mut self) {
-        self.release = None;
+        self.0 = None;
     }
 }
 
 impl Drop for LeaseGuard {
-    fn drop(&mut self) {
-        if let Some(release) = self.release.take() {
-            release.run();
-        }
-    }
-}
-
-impl Release {
     /// Gives the lease back on the runtime the request ran on.
-    fn run(self) {
+    fn drop(&mut self) {
+        let Some(Release { port, lease, releases }) = self.0.take() else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::debug!(
-                policies = %PolicyIds(self.lease.policies.ids()),
+                policies = %PolicyIds(lease.policies.ids()),
                 "no runtime left to release an in-flight lease; it expires on its own"
             );
             return;
         };
-        let Self { port, lease, releases } = self;
         let failures = releases.failures.clone();
-        let waiting = if std::thread::panicking() {
-            None
-        } else {
-            match port.release(&lease).into_ready() {
-                Ok(outcome) => return record(outcome, &lease, &failures),
-                Err(waiting) => Some(waiting),
-            }
+        // Not inline while unwinding: a panic in the provider there would abort.
+        let waiting = match (!std::thread::panicking()).then(|| port.release(&lease).into_ready()) {
+            Some(Ok(outcome)) => return record(outcome, &lease, &failures),
+            Some(Err(waiting)) => Some(waiting),
+            None => None,
         };
         // Tracked until it ends, so a shutdown can wait for it.
         let release = releases.running.track_future(async move {
@@ -145,14 +133,8 @@ pin_project! {
     /// A response body that gives its request's lease back once sent or dropped.
     pub(crate) struct ReleasingBody<B> {
         #[pin]
-        inner: B,
-        lease: Option<LeaseGuard>,
-    }
-}
-
-impl<B> ReleasingBody<B> {
-    pub(crate) fn new(inner: B, lease: LeaseGuard) -> Self {
-        Self { inner, lease: Some(lease) }
+        pub(crate) inner: B,
+        pub(crate) lease: Option<LeaseGuard>,
     }
 }
 

@@ -22,13 +22,12 @@ pub use bridge::{
     operation_digest,
 };
 pub use identity::{
-    AuthenticatedPrincipal, IdentityProblem, MIN_KEY_BYTES, SubjectKind, VersionedPseudonymizer,
-    canonical_identity,
+    AuthenticatedPrincipal, MIN_KEY_BYTES, SubjectKind, VersionedPseudonymizer, canonical_identity,
 };
 pub use layer::{BridgeSwitch, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use lease::LeaseReleases;
 pub use refusal::{RATELIMIT, RATELIMIT_POLICY, Refusal};
-pub use rejection::{ApiKeyProblem, EdgeRejection, MAX_API_KEY_BYTES};
+pub use rejection::{ApiKeyProblem, EdgeRejection, IdentityProblem, MAX_API_KEY_BYTES};
 pub use settings::{
     ClientIpHeader, DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings, WebError,
 };

@@ -60,9 +60,10 @@ impl Refusal<'_> {
     pub(crate) fn response(self, settings: &EdgeSettings) -> Response<Body> {
         let evaluation = match self {
             Self::Rejected(rejection) => {
-                return problem(settings, rejection.status(), rejection.category_name())
-                    .with_title(rejection.title())
-                    .with_detail(rejection.detail().into_owned())
+                let (status, title) = rejection.status_and_title();
+                return problem(settings, status, rejection.category_name())
+                    .with_title(title)
+                    .with_detail(rejection.detail())
                     .into_response();
             }
             Self::Outcome(evaluation) => evaluation,
@@ -155,12 +156,6 @@ type ShapeFn = dyn Fn(Refusal<'_>, Response<Body>) -> Response<Body> + Send + Sy
 /// Rewrites the default problem+json refusal; it cannot admit the request.
 #[derive(Clone)]
 pub(crate) struct RefusalShaper(pub(crate) Arc<ShapeFn>);
-
-impl RefusalShaper {
-    pub(crate) fn shape(&self, refusal: Refusal<'_>, response: Response<Body>) -> Response<Body> {
-        (self.0)(refusal, response)
-    }
-}
 
 impl fmt::Debug for RefusalShaper {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,7 +1,6 @@
-//! The refusals decided before evaluation (`EdgeRejection`) and the problem
-//! `type` URIs every refusal answers with: the bottom of the crate.
-
-use std::borrow::Cow;
+//! The refusals decided before evaluation (`EdgeRejection`), an operator's
+//! unusable identity (`IdentityProblem`), and the problem `type` URIs every
+//! refusal answers with: the bottom of the crate.
 
 use http::{StatusCode, Uri};
 use problem_details::ProblemType;
@@ -32,26 +31,29 @@ pub enum ApiKeyProblem {
     Repeated,
 }
 
+/// Why an identity an operator typed cannot name a subject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityProblem {
+    /// Not an API key the edge would accept from a client.
+    InvalidApiKey(ApiKeyProblem),
+    /// Not an IPv4 or IPv6 address.
+    NotAnIpAddress,
+    /// An empty principal.
+    EmptyPrincipal,
+}
+
 impl EdgeRejection {
-    /// The HTTP status of the refusal.
-    pub const fn status(&self) -> StatusCode {
-        match self {
-            Self::InvalidApiKey(_) => StatusCode::BAD_REQUEST,
-            Self::MissingPeerAddress => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
+    /// One rejection of each category.
+    pub(crate) const ALL: [Self; 2] =
+        [Self::InvalidApiKey(ApiKeyProblem::Empty), Self::MissingPeerAddress];
 
-    /// Every [`Self::category_name`], each once.
-    pub const CATEGORY_NAMES: [&'static str; 2] = [
-        Self::InvalidApiKey(ApiKeyProblem::Empty).category_name(),
-        Self::MissingPeerAddress.category_name(),
-    ];
-
-    /// The problem's title.
-    pub const fn title(&self) -> &'static str {
+    /// The HTTP status and the problem's title.
+    pub const fn status_and_title(&self) -> (StatusCode, &'static str) {
         match self {
-            Self::InvalidApiKey(_) => "Invalid API Key",
-            Self::MissingPeerAddress => "Client Address Unavailable",
+            Self::InvalidApiKey(_) => (StatusCode::BAD_REQUEST, "Invalid API Key"),
+            Self::MissingPeerAddress => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "Client Address Unavailable")
+            }
         }
     }
 
@@ -63,31 +65,6 @@ impl EdgeRejection {
         }
     }
 
-    /// A sentence for the client, free of the rejected value.
-    pub fn detail(&self) -> Cow<'static, str> {
-        Cow::Borrowed(match self {
-            Self::InvalidApiKey(ApiKeyProblem::Empty) => "The API key header is empty.",
-            Self::InvalidApiKey(ApiKeyProblem::TooLong) => {
-                return Cow::Owned(format!(
-                    "The API key is longer than {MAX_API_KEY_BYTES} bytes."
-                ));
-            }
-            Self::InvalidApiKey(ApiKeyProblem::NotVisibleAscii) => {
-                "The API key may only contain visible ASCII characters."
-            }
-            Self::InvalidApiKey(ApiKeyProblem::Repeated) => {
-                "The API key header must appear only once."
-            }
-            Self::MissingPeerAddress => "The server could not determine the client address.",
-        })
-    }
-
-    /// Every [`Self::outcome_label`], each once.
-    pub const OUTCOME_LABELS: [&'static str; 2] = [
-        Self::InvalidApiKey(ApiKeyProblem::Empty).outcome_label(),
-        Self::MissingPeerAddress.outcome_label(),
-    ];
-
     /// The metrics `outcome` label: `bad-request` for client errors.
     pub const fn outcome_label(&self) -> &'static str {
         match self {
@@ -95,11 +72,27 @@ impl EdgeRejection {
             Self::MissingPeerAddress => "client-address-unavailable",
         }
     }
+
+    /// A sentence for the client, free of the rejected value.
+    pub const fn detail(&self) -> &'static str {
+        match self {
+            Self::InvalidApiKey(ApiKeyProblem::Empty) => "The API key header is empty.",
+            // `MAX_API_KEY_BYTES` written out (a const text cannot format it); a test checks it.
+            Self::InvalidApiKey(ApiKeyProblem::TooLong) => "The API key is longer than 256 bytes.",
+            Self::InvalidApiKey(ApiKeyProblem::NotVisibleAscii) => {
+                "The API key may only contain visible ASCII characters."
+            }
+            Self::InvalidApiKey(ApiKeyProblem::Repeated) => {
+                "The API key header must appear only once."
+            }
+            Self::MissingPeerAddress => "The server could not determine the client address.",
+        }
+    }
 }
 
 /// Every problem type suffix the edge can produce.
 pub(crate) fn problem_type_names() -> impl Iterator<Item = &'static str> {
-    RateLimitFailure::outcome_names().chain(EdgeRejection::CATEGORY_NAMES)
+    RateLimitFailure::outcome_names().chain(EdgeRejection::ALL.map(|r| r.category_name()))
 }
 
 /// `base + category` as a problem type, if it is a URI.
@@ -112,25 +105,24 @@ mod rejection_tests {
     use super::*;
 
     #[test]
-    fn category_names_cover_every_rejection() {
-        let all = [
+    fn every_rejection_has_its_category_listed() {
+        for rejection in [
             EdgeRejection::InvalidApiKey(ApiKeyProblem::Repeated),
             EdgeRejection::MissingPeerAddress,
-        ];
-        for rejection in all {
-            // Exhaustive: a new rejection fails to compile until it is listed above.
+        ] {
+            // Exhaustive: a new rejection fails to compile until it is listed in `ALL`.
             match rejection {
                 EdgeRejection::InvalidApiKey(_) | EdgeRejection::MissingPeerAddress => {}
             }
-            assert!(EdgeRejection::CATEGORY_NAMES.contains(&rejection.category_name()));
-            assert!(EdgeRejection::OUTCOME_LABELS.contains(&rejection.outcome_label()));
+            let listed =
+                EdgeRejection::ALL.iter().find(|r| r.category_name() == rejection.category_name());
+            assert_eq!(listed.map(EdgeRejection::outcome_label), Some(rejection.outcome_label()));
         }
-        assert_eq!(EdgeRejection::CATEGORY_NAMES.len(), all.len());
     }
 
     #[test]
     fn the_too_long_detail_states_the_limit_in_force() {
         let detail = EdgeRejection::InvalidApiKey(ApiKeyProblem::TooLong).detail();
-        assert!(detail.contains(&format!("{MAX_API_KEY_BYTES} bytes")), "{detail}");
+        assert!(detail.contains(&format!("than {MAX_API_KEY_BYTES} bytes")), "{detail}");
     }
 }

@@ -4,9 +4,10 @@
 use crate::rejection::{problem_type, problem_type_names};
 use http::HeaderName;
 use ipnet::IpNet;
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
 use shared_contract::{DEFAULT_FAILURE_RETRY_AFTER, PolicyId, PolicySet};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::ops::RangeInclusive;
 use std::time::Duration;
 
@@ -21,11 +22,11 @@ pub struct EdgeSettings {
     #[serde(with = "humantime_serde")]
     pub failure_retry_after: Duration,
     /// Header that carries an API key.
-    #[serde(with = "optional_header_name")]
+    #[serde(serialize_with = "header_name_text", deserialize_with = "header_name")]
     pub api_key_header: Option<HeaderName>,
     /// Socket peers whose forwarding header is believed: CIDRs or bare
     /// addresses. Default: none; one covering a whole family is refused.
-    #[serde(with = "networks")]
+    #[serde(serialize_with = "networks_text", deserialize_with = "networks")]
     pub trusted_proxies: Vec<IpNet>,
     /// The one forwarding header the trusted proxies write. Default `x-forwarded-for`.
     pub client_ip_header: ClientIpHeader,
@@ -63,7 +64,8 @@ impl Default for EdgeSettings {
 }
 
 /// The forwarding header a trusted proxy writes the client's address into.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum ClientIpHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, HAProxy, AWS ALB, Envoy).
     #[default]
@@ -82,25 +84,19 @@ impl ClientIpHeader {
     }
 }
 
-impl Serialize for ClientIpHeader {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.name().as_str())
-    }
-}
-
 impl<'de> Deserialize<'de> for ClientIpHeader {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         // Header names are case-insensitive.
-        [Self::XForwardedFor, Self::Forwarded]
-            .into_iter()
-            .find(|header| text.eq_ignore_ascii_case(header.name().as_str()))
-            .ok_or_else(|| {
-                serde::de::Error::custom(format!(
-                    "{text:?} is not a header the edge reads a client address from: \
-                     \"x-forwarded-for\" or \"forwarded\", the one your trusted proxies write"
-                ))
-            })
+        let known = |text: &str| {
+            let mut all = [Self::XForwardedFor, Self::Forwarded].into_iter();
+            all.find(|header| text.eq_ignore_ascii_case(header.name().as_str()))
+        };
+        parsed(
+            &String::deserialize(d)?,
+            known,
+            "a header the edge reads a client address from: \"x-forwarded-for\" or \
+             \"forwarded\", the one your trusted proxies write",
+        )
     }
 }
 
@@ -165,56 +161,35 @@ fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
     IpNet::aggregate(&trusted.to_vec()).into_iter().find(|net| net.prefix_len() == 0)
 }
 
-/// An optional `HeaderName` as its text.
-mod optional_header_name {
-    use http::HeaderName;
-    use serde::de::Error;
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+/// `parse(text)`, or an error that names the text and what it is not.
+fn parsed<T, E: de::Error>(
+    text: &str,
+    parse: impl Fn(&str) -> Option<T>,
+    not: &str,
+) -> Result<T, E> {
+    parse(text).ok_or_else(|| E::custom(format!("{text:?} is not {not}")))
+}
 
-    pub(super) fn serialize<S: Serializer>(
-        name: &Option<HeaderName>,
-        s: S,
-    ) -> Result<S::Ok, S::Error> {
-        name.as_ref().map(HeaderName::as_str).serialize(s)
-    }
+fn header_name_text<S: Serializer>(name: &Option<HeaderName>, s: S) -> Result<S::Ok, S::Error> {
+    name.as_ref().map(HeaderName::as_str).serialize(s)
+}
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<HeaderName>, D::Error> {
-        let Some(text) = Option::<String>::deserialize(d)? else { return Ok(None) };
-        HeaderName::from_bytes(text.as_bytes())
-            .map(Some)
-            .map_err(|_| D::Error::custom(format!("{text:?} is not a valid HTTP header name")))
-    }
+fn header_name<'de, D: Deserializer<'de>>(d: D) -> Result<Option<HeaderName>, D::Error> {
+    let name = |text: &str| HeaderName::from_bytes(text.as_bytes()).ok();
+    let text = Option::<String>::deserialize(d)?;
+    text.map(|text| parsed(&text, name, "a valid HTTP header name")).transpose()
+}
+
+fn networks_text<S: Serializer>(nets: &[IpNet], s: S) -> Result<S::Ok, S::Error> {
+    s.collect_seq(nets.iter().map(ToString::to_string))
 }
 
 /// Networks as text; a bare address reads as the network of that one host.
-mod networks {
-    use std::net::IpAddr;
-
-    use ipnet::IpNet;
-    use serde::de::Error;
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(nets: &[IpNet], s: S) -> Result<S::Ok, S::Error> {
-        s.collect_seq(nets.iter().map(ToString::to_string))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
-        Vec::<String>::deserialize(d)?
-            .iter()
-            .map(|entry| {
-                entry
-                    .parse::<IpNet>()
-                    .or_else(|_| entry.parse::<IpAddr>().map(IpNet::from))
-                    .map_err(|_| {
-                        D::Error::custom(format!(
-                            "{entry:?} is not a CIDR like \"10.0.0.0/8\" or an IP address"
-                        ))
-                    })
-            })
-            .collect()
-    }
+fn networks<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<IpNet>, D::Error> {
+    let network =
+        |text: &str| text.parse().ok().or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from));
+    let cidr = "a CIDR like \"10.0.0.0/8\" or an IP address";
+    Vec::<String>::deserialize(d)?.iter().map(|text| parsed(text, network, cidr)).collect()
 }
 
 /// Edge configuration that cannot work.

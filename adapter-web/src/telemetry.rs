@@ -22,9 +22,6 @@ pub const METRIC_PREFIX: &str = metric_name!("");
 pub const LEASE_RELEASE_FAILURES_TOTAL: &str =
     metric_name!("rate_limit_lease_release_failures_total");
 
-/// The `algorithm` label when the port does not hold the policy.
-const UNKNOWN_ALGORITHM: &str = "unknown";
-
 /// The `outcome` label of every decision the degraded mode made.
 const DEGRADED: &str = DecisionSource::Degraded.name();
 
@@ -32,7 +29,7 @@ const DEGRADED: &str = DecisionSource::Degraded.name();
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
     RateLimitFailure::outcome_names()
         .chain([DEGRADED])
-        .chain(EdgeRejection::OUTCOME_LABELS)
+        .chain(EdgeRejection::ALL.map(|r| r.outcome_label()))
         .collect()
 });
 
@@ -53,7 +50,7 @@ impl MemberMetrics {
         Self {
             // Registering a handle bumps a count, never copies the id.
             policy: SharedString::from(std::sync::Arc::<str>::from(policy)),
-            algorithm: described.map_or(UNKNOWN_ALGORITHM, |policy| policy.algorithm().name()),
+            algorithm: described.map_or("unknown", |policy| policy.algorithm().name()),
             // A policy the port does not hold counts as enforced (it fails closed).
             mode: described.map_or(PolicyMode::Enforce, RateLimitPolicy::mode).name(),
             decisions: OUTCOMES.iter().flat_map(|_| [OnceLock::new(), OnceLock::new()]).collect(),
@@ -135,12 +132,8 @@ pub(crate) struct PolicyIds<'a>(pub(crate) &'a [PolicyId]);
 
 impl fmt::Display for PolicyIds<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (index, id) in self.0.iter().enumerate() {
-            if index > 0 {
-                f.write_str(",")?;
-            }
-            f.write_str(id.as_str())?;
-        }
-        Ok(())
+        let mut ids = self.0.iter().map(PolicyId::as_str);
+        f.write_str(ids.next().unwrap_or_default())?;
+        ids.try_for_each(|id| write!(f, ",{id}"))
     }
 }

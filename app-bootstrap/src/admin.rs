@@ -516,15 +516,10 @@ impl LookupBody {
     /// The lookup, or what is wrong with the body, in the caller's terms.
     fn lookup(self) -> Result<Lookup, String> {
         let kind = match self.kind.as_str() {
-            "api-key" => Some(SubjectKind::ApiKey),
-            "ip" => Some(SubjectKind::ClientIp),
-            "principal" => Some(SubjectKind::Principal),
             "descriptor" => None,
-            _ => {
-                return Err(
-                    "kind is one of \"api-key\", \"ip\", \"principal\", \"descriptor\".".to_owned()
-                );
-            }
+            kind => Some(kind.parse::<SubjectKind>().map_err(|_| {
+                "kind is one of \"api-key\", \"ip\", \"principal\", \"descriptor\".".to_owned()
+            })?),
         };
         let (lookup, bytes) = match (kind, self.identity, self.domain, self.entries) {
             (Some(kind), Some(identity), None, None) => {
@@ -574,7 +569,7 @@ async fn pseudonym(
                 Ok(identity) => identity,
                 Err(problem) => return bad(identity_detail(problem).to_owned()),
             };
-            (kind.as_str(), now.pseudonymizer.pseudonymize(kind, &identity), None)
+            (kind.name(), now.pseudonymizer.pseudonymize(kind, &identity), None)
         }
         Lookup::Descriptor(domain, entries) => {
             let Some(rls) = &state.rls else {
