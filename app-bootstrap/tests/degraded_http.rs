@@ -37,7 +37,7 @@
 //!
 //! Waits for Redis to come back are polled with a bound that only guards a
 //! hang (a cluster must settle first); no assertion is on time, except the
-//! issue's 2 s in the standalone test.
+//! 2 s bound in the standalone test.
 
 mod support;
 
@@ -66,7 +66,7 @@ const LIMIT_U32: u32 = 40;
 const SHARE: u64 = LIMIT.div_ceil(INSTANCES);
 /// Requests the probe sends to each instance per outage: more than a share.
 const PROBES: u64 = 30;
-/// The bound on getting back on Redis after its restart; polled.
+/// The bound on getting back on Redis after its restart; polled.
 const BACK_ON_REDIS: Duration = Duration::from_secs(2);
 const LOAD_CLIENTS_PER_INSTANCE: usize = 2;
 /// Requests per load subject: above a share, below the limit, so every

@@ -125,7 +125,7 @@ async fn disabled_limits_nothing() {
     server.stop().await;
 }
 
-/// The issue's setup: a generous default and a tight `GET /api/orders/{id}`.
+/// The setup: a generous default and a tight `GET /api/orders/{id}`.
 fn generous_default_tight_orders(operations: &str) -> String {
     format!(
         r#"

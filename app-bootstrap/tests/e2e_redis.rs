@@ -152,7 +152,7 @@ fn sum(metrics: &str, policies: &[&str], matchers: &BTreeMap<String, String>) ->
         .sum()
 }
 
-/// Issue 23 item 17: the documented query gives the true share when a
+/// The documented query gives the true share when a
 /// cached refusal of a set also answers a member that allowed.
 #[tokio::test]
 async fn the_documented_share_of_cached_denials_is_the_true_share() {

@@ -747,7 +747,7 @@ fn a_reload_on_sighup_is_a_root_span_at_ratio_one() {
     assert_eq!(attributes(reload).get("result"), Some(&string("unchanged")));
 }
 
-/// Issue 21, D5: a method outside the standard ones is exported as
+/// A method outside the standard ones is exported as
 /// `_OTHER` (OpenTelemetry HTTP conventions) in a span named
 /// `HTTP <route>`; the raw method, which a client chooses freely, is in no
 /// exported byte.
@@ -793,7 +793,7 @@ fn an_extension_method_is_exported_as_other_and_never_raw() {
     );
 }
 
-/// Issue 21, D1: at SIGTERM with a slow but alive collector and a full
+/// At SIGTERM with a slow but alive collector and a full
 /// queue, the SDK's shutdown message did not fit in the queue and every
 /// pending span was dropped at once although grace remained. The flush now
 /// keeps exporting until the queue is through (or the grace ends).
@@ -873,7 +873,7 @@ fn an_https_endpoint_without_roots_stops_start_up() {
     assert!(stderr.contains("TLS roots"), "names the roots: {stderr}");
 }
 
-/// Issue 21, F2: `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` (else
+/// `OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE` (else
 /// `OTEL_EXPORTER_OTLP_CERTIFICATE`) names a PEM file of CAs that replaces
 /// every other root: its collector gets the spans, and a collector only
 /// `SSL_CERT_FILE` trusts gets none (the variables were ignored).
@@ -889,7 +889,7 @@ fn a_pinned_ca_trusts_its_collector_and_refuses_another() {
     no_span_reaches(&stranger, "", &env);
 }
 
-/// Issue 21, F2: `telemetry.otlp.ca-file` pins a CA the same way, and
+/// `telemetry.otlp.ca-file` pins a CA the same way, and
 /// beats `SSL_CERT_FILE`: its collector gets the spans, another that only
 /// `SSL_CERT_FILE` trusts gets none.
 #[test]
@@ -908,7 +908,7 @@ fn assert_no_debug_output(stderr: &str) {
     }
 }
 
-/// Issue 21, F2: a pinned CA file that is missing or holds no certificate
+/// A pinned CA file that is missing or holds no certificate
 /// stops start-up naming the variable and what is wrong, in words; so
 /// does an `SSL_CERT_FILE` with no certificate although `SSL_CERT_DIR`
 /// holds some (the directory hid it: `/dev/null` started and trusted the
@@ -946,7 +946,7 @@ fn a_bad_ca_file_stops_start_up_naming_the_variable() {
     assert_no_debug_output(&stderr);
 }
 
-/// Issue 21, F3: the SDK's kill switches were ignored. With
+/// The SDK's kill switches were ignored. With
 /// `OTEL_SDK_DISABLED=true`, or `OTEL_TRACES_EXPORTER=none`, and an
 /// endpoint configured, requests are served, no span reaches the
 /// collector, and a warning names the variable.
@@ -968,7 +968,7 @@ fn the_sdk_kill_switches_turn_export_off_with_a_warning() {
     }
 }
 
-/// Issue 21, F3: a kill switch or batch variable the SDK cannot read was
+/// A kill switch or batch variable the SDK cannot read was
 /// dropped without a word (`OTEL_BSP_SCHEDULE_DELAY=-5` ran at the
 /// default, while `0` was refused); each now stops start-up naming it.
 #[test]
@@ -984,7 +984,7 @@ fn an_unreadable_sdk_variable_stops_start_up_naming_it() {
     }
 }
 
-/// Issue 21, F3: `OTEL_PROPAGATORS` and the mTLS client variables are
+/// `OTEL_PROPAGATORS` and the mTLS client variables are
 /// not obeyed (W3C trace context only, no client certificate built): one
 /// that is set is named in the start-up warning, not ignored silently.
 #[test]

@@ -353,7 +353,7 @@ window = "60s"
     )
 }
 
-/// Issue 23 item 6: a policy removed by one reload and re-added by the next
+/// A policy removed by one reload and re-added by the next
 /// is judged against what it was when it was served, not let through
 /// because the table in force no longer holds it.
 async fn a_removed_policy_comes_back_only_as_it_was_or_with_a_higher_revision(
@@ -514,7 +514,7 @@ fn hello_status(address: &str) -> String {
     reply.lines().next().unwrap_or_default().to_owned()
 }
 
-/// Issue 23 item 12: SIGHUPs from the moment the runtime has threads (before
+/// SIGHUPs from the moment the runtime has threads (before
 /// the configuration is read) until the port serves, in ten start-ups: the
 /// process survives every one, serves, and applies them as a reload.
 #[test]

@@ -493,7 +493,7 @@ mod tests {
 
     #[test]
     fn a_gcra_burst_must_cover_a_whole_millisecond_of_cells() {
-        // Issue 20's outside pass: 10000 per 1s is T = 100 us; the clock
+        // An outside pass: 10000 per 1s is T = 100 us; the clock
         // counts whole ms, so burst 1 admits 1 a ms where 10 are due.
         let short = problems(RateLimitPolicy::builder("p", gcra(10_000, 1000, 1)).build());
         assert_eq!(short.len(), 1, "{short:?}");

@@ -461,7 +461,7 @@ fn a_gcra_policy_reads_limit_period_and_burst_which_defaults_to_the_limit() {
 #[test]
 fn a_gcra_problem_is_reported_once_on_the_key_written() {
     jail(|jail| {
-        // Issue 20's outside pass: a left-out burst is the limit, so a bad
+        // An outside pass: a left-out burst is the limit, so a bad
         // limit also showed a `burst` problem the user never wrote; and a
         // bad burst beside `maximum-cost = 0` said "must be in 1..=0".
         let file = r#"
@@ -1418,7 +1418,7 @@ fn degraded_mode_is_off_by_default_and_reads_over_redis() {
     });
 }
 
-/// The issue's example section: two rules of one domain, the second with
+/// The example section: two rules of one domain, the second with
 /// a fixed entry and an explicit subject.
 const RLS: &str = r#"
 [capabilities.rate-limit.policies.per-ip]
@@ -1676,7 +1676,7 @@ fn bad_telemetry_values_are_each_named_by_their_key() {
     });
 }
 
-/// Issue 21, F2: `telemetry.otlp.ca-file` pins the collector's CA; a file
+/// `telemetry.otlp.ca-file` pins the collector's CA; a file
 /// that is missing or holds no certificate is refused naming the key and
 /// saying what is wrong (check-config catches a typo).
 #[test]
@@ -1704,7 +1704,7 @@ fn a_ca_file_that_is_missing_or_holds_no_certificate_is_named_by_its_key() {
     });
 }
 
-/// Issue 21: a `sample-ratio` that is no number said `expected f64`; it
+/// A `sample-ratio` that is no number said `expected f64`; it
 /// now says what the key takes. An integer 0 or 1 is a ratio too.
 #[test]
 fn a_sample_ratio_that_is_no_number_says_what_the_key_takes() {
@@ -1785,7 +1785,7 @@ fn a_bad_instances_value_is_one_problem_and_a_missing_one_is_named_missing() {
     });
 }
 
-/// Issue 21, D3 and D9: a header the HTTP client frames itself, two names
+/// A header the HTTP client frames itself, two names
 /// that differ only in case, and a value with a control byte each stop
 /// start-up naming `telemetry.otlp.headers.<name>`.
 #[test]
@@ -1835,7 +1835,7 @@ fn framing_headers_case_twins_and_control_bytes_in_export_headers_are_refused() 
     });
 }
 
-/// Issue 21, D4: a wrong-scheme endpoint is named by its scheme; the URL
+/// A wrong-scheme endpoint is named by its scheme; the URL
 /// (its user, password, host or query) is never printed.
 #[test]
 fn a_wrong_scheme_endpoint_names_the_scheme_and_never_prints_the_url() {
@@ -1895,7 +1895,7 @@ lease-ttl = "30s"
 retry-after = "1500ms"
 "#;
 
-/// Issue 20 section 2: `algorithm = "concurrency"` with its three keys,
+/// `algorithm = "concurrency"` with its three keys,
 /// `check-config` printing exactly those (no `maximum-cost`, no
 /// `evaluation-dedup`, which it refuses), and the print loading back.
 #[test]
