@@ -875,7 +875,7 @@ mod pseudonymizer_tests {
         // python3 -c 'import hmac,hashlib,struct; f=lambda s: struct.pack(">I", len(s.encode())) + s.encode(); print(hmac.new(KEY, f(KIND) + f(IDENTITY), hashlib.sha256).hexdigest())'
         // with KEY = bytes(range(32)) for version 1 and
         // KEY = b"rotation-key-version-two-32bytes!" (33 bytes) for version 2.
-        // The first is the worked example of docs/ARCHITECTURE.md.
+        // The first is the worked example of docs/http-edge.md ("Pseudonym framing").
         let sequential: Vec<u8> = (0u8..32).collect();
         let rotation = b"rotation-key-version-two-32bytes!".to_vec();
         let pseudonymizer = VersionedPseudonymizer::new(

@@ -1,4 +1,4 @@
-//! Outcome -> HTTP (the table in docs/ARCHITECTURE.md): the headers of an
+//! Outcome -> HTTP (the table in docs/http-edge.md): the headers of an
 //! admitted request, and the problem+json `Refusal` that replaces the
 //! handler's answer, reshaped by the service's hook if it set one. Shadow
 //! policies never show and never refuse.

@@ -216,7 +216,7 @@ fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
     Sha256::digest(outer).into()
 }
 
-/// `v1:<hex>` of frame("api-key") ‖ frame(key) (docs/ARCHITECTURE.md,
+/// `v1:<hex>` of frame("api-key") ‖ frame(key) (docs/http-edge.md,
 /// "Pseudonym framing").
 fn api_key_pseudonym(identity: &str) -> String {
     pseudonym(&["api-key", identity])

@@ -7,7 +7,7 @@
 //! at trace into a buffer. Then every Redis key and value (SCAN + GET),
 //! every log line and the `/metrics` text are scanned for the raw
 //! principals, and each principal must own exactly its own keys, named as
-//! docs/ARCHITECTURE.md ("Pseudonym framing") and adapter-redis' key format
+//! docs/http-edge.md ("Pseudonym framing") and adapter-redis' key format
 //! say, with the counts docs/algorithms.md (policy sets) gives.
 
 mod support;
@@ -102,7 +102,7 @@ fn hmac_sha256(key: &[u8], message: &[u8]) -> [u8; 32] {
 }
 
 /// `v1:<hex>` of frame("principal") ‖ frame(identity), frame = 4-byte
-/// big-endian length ‖ bytes (docs/ARCHITECTURE.md, "Pseudonym framing").
+/// big-endian length ‖ bytes (docs/http-edge.md, "Pseudonym framing").
 fn pseudonym(identity: &str) -> String {
     let mut message = Vec::new();
     for part in ["principal", identity] {
