@@ -26,7 +26,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
-    LOG_LINE_EVERY, LogThrottle, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyMode, PolicySet,
+    LOG_LINE_EVERY, LogThrottle, OperationDigest, PolicyId, PolicyMode, PolicySet,
     RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitRequest,
     SetDecision, SubjectDigest, SubjectPseudonymizer, millis,
 };
@@ -35,9 +35,10 @@ use tracing::Instrument;
 
 use crate::error::RlsError;
 use crate::response::{Answer, Response};
-use crate::rules::{DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, RlsRule, Rules};
-use crate::service::{decision_span, record_decision};
-use crate::telemetry::FrontMetrics;
+use crate::rules::{
+    DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, Resolved, RlsRule, Rules, Step,
+};
+use crate::telemetry::{FrontMetrics, decision_span, record_decision};
 
 /// What the engine runs with besides its rules.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,60 +82,6 @@ pub enum DescriptorSubject {
     },
     /// No rule matches (or rate limiting is off): no budget.
     Unmatched,
-}
-
-/// One descriptor as resolved: its rule, subject and cost, and the
-/// members of its rule that take part (a shadow policy that cannot admit
-/// the cost is left out: it never denies).
-struct Resolved<'e> {
-    rule: &'e PreparedRule,
-    subject: SubjectDigest,
-    cost: u64,
-    members: Vec<&'e Member>,
-}
-
-/// One atomic step: a policy set of one subject, or one look.
-pub(crate) struct Step<'e> {
-    pub(crate) subject: SubjectDigest,
-    pub(crate) cost: u64,
-    /// The rule whose operation the set is keyed by.
-    rule: &'e PreparedRule,
-    /// Whether `rule` holds operation-scoped members of the set.
-    operation_bound: bool,
-    pub(crate) members: Vec<&'e Member>,
-    /// The descriptors it answers: each one's index and rule.
-    pub(crate) descriptors: Vec<(usize, &'e PreparedRule)>,
-}
-
-impl Step<'_> {
-    /// Whether the descriptor `resolved` may join: same subject and cost,
-    /// no second rule's operation-scoped policy, at most 8 policies.
-    fn admits(&self, resolved: &Resolved<'_>) -> bool {
-        if self.cost == 0 || self.cost != resolved.cost || self.subject != resolved.subject {
-            return false;
-        }
-        let rule = resolved.rule;
-        if rule.operation_scoped && self.operation_bound && rule.index != self.rule.index {
-            return false;
-        }
-        let added = resolved.members.iter().filter(|member| !self.holds(&member.id)).count();
-        self.members.len() + added <= MAX_POLICY_SET
-    }
-
-    fn holds(&self, id: &PolicyId) -> bool {
-        self.members.iter().any(|member| member.id == *id)
-    }
-
-    /// The budget `member` is kept under in this step: the subject, and
-    /// for an operation-scoped policy the rule's operation.
-    pub(crate) fn budget_of(&self, member: &Member) -> (SubjectDigest, Option<OperationDigest>) {
-        let operation = member.operation_scoped().then_some(self.rule.operation);
-        (self.subject, operation)
-    }
-
-    fn enforces(&self) -> bool {
-        self.members.iter().any(|member| member.enforced())
-    }
 }
 
 impl RlsEngine {

@@ -15,8 +15,7 @@ use shared_contract::{
     SystemClock, quota_window, whole_seconds_up_millis, write_limit_field, write_policy_field_at,
 };
 
-use crate::engine::Step;
-use crate::rules::{Member, PreparedRule};
+use crate::rules::{Member, PreparedRule, Step};
 
 /// What one step decided: admitted or not, and one decision per member of
 /// the step, in its order.

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use sha2::{Digest, Sha256};
 use shared_contract::{
-    EdgeRateLimitPort, OperationDigest, PolicyId, PolicyMode, PolicyScope, PolicySet,
-    RateLimitPolicy,
+    EdgeRateLimitPort, MAX_POLICY_SET, OperationDigest, PolicyId, PolicyMode, PolicyScope,
+    PolicySet, RateLimitPolicy, SubjectDigest,
 };
 
 use crate::error::RlsError;
@@ -264,6 +264,60 @@ fn check(index: usize, rule: &RlsRule, rules: &[RlsRule]) -> Result<(), RlsError
     match first {
         Some(first) => Err(RlsError::DuplicateRule { rule: index, first }),
         None => Ok(()),
+    }
+}
+
+/// One descriptor as resolved: its rule, subject and cost, and the
+/// members of its rule that take part (a shadow policy that cannot admit
+/// the cost is left out: it never denies).
+pub(crate) struct Resolved<'e> {
+    pub(crate) rule: &'e PreparedRule,
+    pub(crate) subject: SubjectDigest,
+    pub(crate) cost: u64,
+    pub(crate) members: Vec<&'e Member>,
+}
+
+/// One atomic step: a policy set of one subject, or one look.
+pub(crate) struct Step<'e> {
+    pub(crate) subject: SubjectDigest,
+    pub(crate) cost: u64,
+    /// The rule whose operation the set is keyed by.
+    pub(crate) rule: &'e PreparedRule,
+    /// Whether `rule` holds operation-scoped members of the set.
+    pub(crate) operation_bound: bool,
+    pub(crate) members: Vec<&'e Member>,
+    /// The descriptors it answers: each one's index and rule.
+    pub(crate) descriptors: Vec<(usize, &'e PreparedRule)>,
+}
+
+impl Step<'_> {
+    /// Whether the descriptor `resolved` may join: same subject and cost,
+    /// no second rule's operation-scoped policy, at most 8 policies.
+    pub(crate) fn admits(&self, resolved: &Resolved<'_>) -> bool {
+        if self.cost == 0 || self.cost != resolved.cost || self.subject != resolved.subject {
+            return false;
+        }
+        let rule = resolved.rule;
+        if rule.operation_scoped && self.operation_bound && rule.index != self.rule.index {
+            return false;
+        }
+        let added = resolved.members.iter().filter(|member| !self.holds(&member.id)).count();
+        self.members.len() + added <= MAX_POLICY_SET
+    }
+
+    pub(crate) fn holds(&self, id: &PolicyId) -> bool {
+        self.members.iter().any(|member| member.id == *id)
+    }
+
+    /// The budget `member` is kept under in this step: the subject, and
+    /// for an operation-scoped policy the rule's operation.
+    pub(crate) fn budget_of(&self, member: &Member) -> (SubjectDigest, Option<OperationDigest>) {
+        let operation = member.operation_scoped().then_some(self.rule.operation);
+        (self.subject, operation)
+    }
+
+    pub(crate) fn enforces(&self) -> bool {
+        self.members.iter().any(|member| member.enforced())
     }
 }
 

@@ -15,9 +15,6 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures::{Stream, StreamExt};
-use shared_contract::{
-    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitRequest as PortRequest,
-};
 use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -195,44 +192,6 @@ impl DeadlineWatch {
     fn passed(&self) -> bool {
         self.0.passed.load(Ordering::Acquire)
     }
-}
-
-/// The `rate_limit.decision` span of one policy set's evaluation, as on
-/// HTTP: a child of the call's span, `None` when the call has none (it is
-/// not traced). The operation is the rule's digest and the subject its
-/// pseudonym: no raw descriptor value ever reaches a span.
-pub(crate) fn decision_span(request: &PortRequest) -> Option<Span> {
-    // `is_known` would be true for "no span" too: the id says there is one.
-    let traced =
-        tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
-    traced.then(|| {
-        let policies: Vec<&str> = request.policies.ids().iter().map(|id| id.as_str()).collect();
-        let (operation, subject) = (request.operation.to_string(), request.subject.to_string());
-        tracing::info_span!(
-            "rate_limit.decision",
-            rate_limit.operation = operation.as_str(),
-            rate_limit.policies = policies.join(","),
-            rate_limit.subject = subject.as_str(),
-            rate_limit.outcome = tracing::field::Empty,
-            rate_limit.admitted = tracing::field::Empty,
-            rate_limit.cached = tracing::field::Empty,
-        )
-    })
-}
-
-/// The decision's attributes: its outcome category, whether the
-/// descriptors pass (`enforces`: whether the set holds an enforced policy,
-/// without which a failure passes), and whether the denial cache answered.
-pub(crate) fn record_decision(span: &Span, outcome: &RateLimitOutcome, enforces: bool) {
-    let cached = match outcome {
-        Ok(set) => set.cached(),
-        Err(RateLimitFailure::Unavailable { .. })
-        | Err(RateLimitFailure::Incompatible { .. })
-        | Err(RateLimitFailure::Indeterminate { .. }) => false,
-    };
-    span.record("rate_limit.outcome", outcome.category_name());
-    span.record("rate_limit.admitted", outcome.is_allowed() || !enforces);
-    span.record("rate_limit.cached", cached);
 }
 
 /// When a call reached the server, stamped by [`stamp_arrival`].

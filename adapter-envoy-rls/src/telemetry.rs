@@ -10,8 +10,10 @@ use std::time::Duration;
 use metrics::{Counter, Histogram, SharedString};
 use shared_contract::{
     DECISIONS_TOTAL, DecisionSource, EVALUATION_SECONDS, FRONT_ENVOY_RLS, PolicyMode,
-    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, metric_name,
+    RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy,
+    RateLimitRequest as PortRequest, metric_name,
 };
+use tracing::Span;
 
 /// Counter of descriptors that matched no rule (or named an unknown
 /// domain): answered `OK` without a provider call. No labels: a domain or
@@ -137,4 +139,42 @@ impl FrontMetrics {
             overrides: metrics::counter!(LIMIT_OVERRIDES_IGNORED_TOTAL),
         }
     }
+}
+
+/// The `rate_limit.decision` span of one policy set's evaluation, as on
+/// HTTP: a child of the call's span, `None` when the call has none (it is
+/// not traced). The operation is the rule's digest and the subject its
+/// pseudonym: no raw descriptor value ever reaches a span.
+pub(crate) fn decision_span(request: &PortRequest) -> Option<Span> {
+    // `is_known` would be true for "no span" too: the id says there is one.
+    let traced =
+        tracing::dispatcher::get_default(|dispatch| dispatch.current_span().id().is_some());
+    traced.then(|| {
+        let policies: Vec<&str> = request.policies.ids().iter().map(|id| id.as_str()).collect();
+        let (operation, subject) = (request.operation.to_string(), request.subject.to_string());
+        tracing::info_span!(
+            "rate_limit.decision",
+            rate_limit.operation = operation.as_str(),
+            rate_limit.policies = policies.join(","),
+            rate_limit.subject = subject.as_str(),
+            rate_limit.outcome = tracing::field::Empty,
+            rate_limit.admitted = tracing::field::Empty,
+            rate_limit.cached = tracing::field::Empty,
+        )
+    })
+}
+
+/// The decision's attributes: its outcome category, whether the
+/// descriptors pass (`enforces`: whether the set holds an enforced policy,
+/// without which a failure passes), and whether the denial cache answered.
+pub(crate) fn record_decision(span: &Span, outcome: &RateLimitOutcome, enforces: bool) {
+    let cached = match outcome {
+        Ok(set) => set.cached(),
+        Err(RateLimitFailure::Unavailable { .. })
+        | Err(RateLimitFailure::Incompatible { .. })
+        | Err(RateLimitFailure::Indeterminate { .. }) => false,
+    };
+    span.record("rate_limit.outcome", outcome.category_name());
+    span.record("rate_limit.admitted", outcome.is_allowed() || !enforces);
+    span.record("rate_limit.cached", cached);
 }

@@ -8,10 +8,10 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserializer, Serialize};
 
+use crate::bounds::millis;
 use crate::error::{PolicyField, PolicyViolation};
+use crate::leases::Leases;
 use crate::outcome::Certainty;
-use crate::policy::millis;
-use crate::step::Leases;
 
 /// One counting algorithm: its parameters and all it does (docs/adding-an-algorithm.md).
 pub trait RateAlgorithm:
@@ -234,7 +234,7 @@ impl Checks {
         let problem = if period < Duration::from_millis(1) || period > longest {
             Some(format!("must be between 1ms and {longest:?}, got {period:?}"))
         } else {
-            crate::policy::whole_millis_problem(period)
+            crate::bounds::whole_millis_problem(period)
         };
         problem.map(|problem| self.reject(key, problem)).is_none()
     }
@@ -246,7 +246,7 @@ impl Checks {
         (period_key, period): (&'static str, Duration),
     ) {
         let product = u128::from(count) * u128::from(millis(period));
-        if product >= u128::from(crate::policy::MAX_EXACT_PRODUCT) {
+        if product >= u128::from(crate::bounds::MAX_EXACT_PRODUCT) {
             let why = "must stay below 2^53 for exact arithmetic";
             self.reject(count_key, format!("{count_key} x {period_key} {why}, got {product}"));
         }

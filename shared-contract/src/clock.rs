@@ -24,7 +24,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn epoch_millis(&self) -> u64 {
-        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, crate::policy::millis)
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, crate::bounds::millis)
     }
 
     fn monotonic(&self) -> Instant {
@@ -129,7 +129,7 @@ impl ManualClock {
 
     /// Moves both readings forward by `by` (whole milliseconds count).
     pub fn advance(&self, by: Duration) {
-        let millis = crate::policy::millis(by);
+        let millis = crate::bounds::millis(by);
         self.epoch_millis.fetch_add(millis, Ordering::SeqCst);
         self.monotonic_offset_millis.fetch_add(millis, Ordering::SeqCst);
     }

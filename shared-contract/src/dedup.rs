@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use crate::algorithm::Checks;
+use crate::bounds::MAX_GRACE;
 use crate::error::PolicyField;
-use crate::policy::MAX_GRACE;
 
 /// Payload bytes one dedupe record counts against `max_stored_bytes` everywhere.
 pub const DEDUP_RECORD_BYTES: u32 = 16 + 4 * 8 + 8 + (16 + 8);
@@ -46,7 +46,7 @@ impl EvaluationDedupPolicy {
     pub fn ttl_millis(&self) -> u64 {
         match *self {
             Self::Disabled => 0,
-            Self::Enabled { ttl, .. } => crate::policy::millis(ttl),
+            Self::Enabled { ttl, .. } => crate::bounds::millis(ttl),
         }
     }
 

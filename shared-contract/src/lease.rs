@@ -1,7 +1,8 @@
 //! In-flight leases as the port speaks them: which to give back, and what it did.
 
+use crate::evaluation::EvaluationId;
 use crate::outcome::UnavailableCategory;
-use crate::request::{EvaluationId, OperationDigest, PolicySet, RateLimitRequest};
+use crate::request::{OperationDigest, PolicySet, RateLimitRequest};
 use crate::subject::SubjectDigest;
 
 /// Payload bytes one held lease counts in every provider's account.

@@ -9,12 +9,15 @@
 #![forbid(unsafe_code)]
 
 mod algorithm;
+mod bounds;
 mod budget;
 mod clock;
 mod dedup;
 mod error;
+mod evaluation;
 mod headers;
 mod lease;
+mod leases;
 mod log_throttle;
 mod name;
 mod outcome;
@@ -26,34 +29,35 @@ mod subject;
 
 // Every registered algorithm's type and state: registering one takes no line here.
 pub use algorithm::*;
+pub use bounds::{
+    MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL, MAX_PERIOD,
+    MAX_POLICY_SET, millis,
+};
 pub use budget::{BudgetFailure, BudgetKey, BudgetState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};
 pub use error::{ContractError, PolicyField, PolicyViolation};
+pub use evaluation::EvaluationId;
 pub use headers::{
     SF_INTEGER_MAX, quota_window, whole_seconds_up, whole_seconds_up_millis, write_limit_field,
     write_limit_item, write_policy_field_at,
 };
 pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
+pub use leases::{HeldLease, Leases};
 pub use log_throttle::{LOG_LINE_EVERY, LogThrottle};
 pub use name::{
     DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, FRONT_HTTP, UnknownName, parse_name,
 };
 pub use outcome::{
-    Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory,
+    Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory, PolicyMode,
     RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, SetDecision,
     UnavailableCategory,
 };
-pub use policy::{
-    FailurePolicy, MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL,
-    MAX_PERIOD, PolicyId, PolicyMode, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder, millis,
-};
+pub use policy::{FailurePolicy, PolicyId, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder};
 pub use port::{EdgeRateLimitPort, Evaluation, PortAnswer, Releasing};
-pub use request::{
-    EvaluationId, MAX_POLICY_SET, OperationDigest, PolicySet, RateLimitRequest, SetEntries,
-};
+pub use request::{OperationDigest, PolicySet, RateLimitRequest, SetEntries};
 pub use step::{
-    DedupRecord, DedupRecords, HeldLease, KeyRules, KeyState, KeyWrite, Leases, SetMember,
-    SetVerdict, evaluate_set, inspect_key,
+    DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict, evaluate_set,
+    inspect_key,
 };
 pub use subject::{SubjectDigest, SubjectPseudonymizer};

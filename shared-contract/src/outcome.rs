@@ -3,8 +3,19 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::policy::PolicyMode;
-use crate::request::MAX_POLICY_SET;
+crate::named_enum! {
+    /// Whether a policy can block.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+    pub enum PolicyMode {
+        /// A denial refuses the request.
+        #[default]
+        Enforce = "enforce",
+        /// Charged on its own allow, never blocks, never shown to clients.
+        Shadow = "shadow",
+    }
+}
+
+use crate::bounds::MAX_POLICY_SET;
 
 /// Whether a decision is exact or an algorithm's estimate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

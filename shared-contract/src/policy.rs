@@ -5,21 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::{Algorithm, Checks};
+use crate::bounds::{MAX_GRACE, millis, whole_millis_problem};
 use crate::dedup::EvaluationDedupPolicy;
 use crate::error::{ContractError, PolicyField};
-
-/// Largest limit, capacity, refill amount or cost a policy accepts.
-pub const MAX_COUNT: u64 = 1_000_000_000;
-/// Largest window or refill period: ten years.
-pub const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
-/// Largest cleanup grace or clock-regression bound: one hour.
-pub const MAX_GRACE: Duration = Duration::from_secs(3600);
-/// Largest `max-in-flight`: a lease set is held whole in one key.
-pub const MAX_IN_FLIGHT: u64 = 10_000;
-/// Longest `lease-ttl` of a concurrency policy: a day.
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
-/// Bound of the products an algorithm multiplies, so Lua's doubles are exact.
-pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
+use crate::outcome::PolicyMode;
 
 /// A policy id: 1 to 64 of `[a-z0-9._-]`, safe in a key and a metric label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -77,18 +66,6 @@ crate::named_enum! {
         Operation = "operation",
         /// One budget per subject across every operation that lists the policy.
         Subject = "subject",
-    }
-}
-
-crate::named_enum! {
-    /// Whether a policy can block.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-    pub enum PolicyMode {
-        /// A denial refuses the request.
-        #[default]
-        Enforce = "enforce",
-        /// Charged on its own allow, never blocks, never shown to clients.
-        Shadow = "shadow",
     }
 }
 
@@ -255,16 +232,6 @@ impl RateLimitPolicyBuilder {
     }
 }
 
-/// Whole milliseconds of a duration, saturating.
-pub fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-pub(crate) fn whole_millis_problem(duration: Duration) -> Option<String> {
-    (duration.subsec_nanos() % 1_000_000 != 0)
-        .then(|| format!("must be whole milliseconds, got {duration:?}"))
-}
-
 fn check_grace(grace: Duration) -> Option<String> {
     if grace > MAX_GRACE {
         return Some(format!("must be at most {MAX_GRACE:?}, got {grace:?}"));
@@ -278,6 +245,7 @@ mod tests {
     use crate::algorithm::{
         AlgorithmKind, Concurrency, FixedWindow, Gcra, SlidingCounter, TokenBucket,
     };
+    use crate::bounds::MAX_COUNT;
 
     fn fixed(limit: u64, window_ms: u64) -> Algorithm {
         Algorithm::FixedWindow(FixedWindow { limit, window: Duration::from_millis(window_ms) })

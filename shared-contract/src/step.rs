@@ -2,24 +2,25 @@
 //! docs/algorithms.md): a provider loads every key of the set, calls
 //! [`evaluate_set`], and stores every member that has a [`KeyWrite`] at once.
 
-mod leases;
 mod records;
 
 use std::time::Duration;
 
-pub use leases::{HeldLease, Leases};
 pub use records::{DedupRecord, DedupRecords};
 
 use crate::algorithm::{Algorithm, AlgorithmState, Charge, Run, StateMismatch, Step};
+use crate::bounds::{MAX_POLICY_SET, millis};
 use crate::budget::{BudgetFailure, BudgetState};
+use crate::evaluation::EvaluationId;
+use crate::leases::{HeldLease, Leases};
+use crate::outcome::PolicyMode;
 use crate::outcome::{
     IncompatibleCategory, RateLimitDecision, RateLimitFailure, RateLimitOutcome, SetDecision,
     UnavailableCategory,
 };
-use crate::policy::{PolicyMode, RateLimitPolicy, millis};
+use crate::policy::RateLimitPolicy;
 #[cfg(doc)]
 use crate::request::RateLimitRequest;
-use crate::request::{EvaluationId, MAX_POLICY_SET};
 
 /// Everything a provider stores for one key, plain data to serialize.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use jiff::tz::{AmbiguousOffset, TimeZone};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 use super::{Arguments, Checks, Lua, RateAlgorithm, Run, Step};
-use crate::policy::MAX_COUNT;
+use crate::bounds::MAX_COUNT;
 
 /// At most `limit` units per calendar `period` of `time-zone`: "10,000
 /// requests a month per API key, reset on the 1st at midnight in Berlin".

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
 use crate::error::PolicyField;
-use crate::policy::{MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL};
+use crate::bounds::{MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL};
 
 /// In-flight leases: at most `max_in_flight` requests of a key hold a lease
 /// at once, each released when its response is done or expired `lease_ttl`
@@ -105,9 +105,9 @@ mod tests {
     use super::super::tests::{T0, d};
     use super::super::{Algorithm, AlgorithmState, StateMismatch};
     use super::*;
-    use crate::request::EvaluationId;
-    use crate::step::HeldLease;
-    use crate::step::Leases;
+    use crate::evaluation::EvaluationId;
+    use crate::leases::HeldLease;
+    use crate::leases::Leases;
 
     const LIMITS: Concurrency =
         Concurrency { max_in_flight: 2, lease_ttl: d(30_000), retry_after: d(1000) };

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Arguments, Checks, Lua, RateAlgorithm, Run, Step, ms};
-use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
+use crate::bounds::{MAX_COUNT, MAX_PERIOD, millis};
 
 /// At most `limit` units per aligned window of length `window`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

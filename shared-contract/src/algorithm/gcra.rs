@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step};
-use crate::policy::{MAX_COUNT, MAX_EXACT_PRODUCT, MAX_PERIOD, millis};
+use crate::bounds::{MAX_COUNT, MAX_EXACT_PRODUCT, MAX_PERIOD, millis};
 
 /// GCRA: `limit` per `period` at the steady rate, `burst` at once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
 use crate::outcome::Certainty;
-use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
+use crate::bounds::{MAX_COUNT, MAX_PERIOD, millis};
 
 /// At most `limit` units per sliding `window`, estimated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use super::{Arguments, Charge, Checks, Lua, RateAlgorithm, Run, Step, ms};
-use crate::policy::{MAX_COUNT, MAX_PERIOD, millis};
+use crate::bounds::{MAX_COUNT, MAX_PERIOD, millis};
 
 /// `capacity` tokens refilled by `refill_tokens` every `refill_period`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -7,7 +7,7 @@ use std::sync::OnceLock;
 
 use foldhash::fast::RandomState;
 
-use crate::request::EvaluationId;
+use crate::evaluation::EvaluationId;
 
 /// What a charged evaluation left for a repeat of its id to replay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

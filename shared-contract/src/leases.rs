@@ -3,7 +3,7 @@
 use std::fmt;
 use std::slice;
 
-use crate::request::EvaluationId;
+use crate::evaluation::EvaluationId;
 
 /// One lease a key holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
