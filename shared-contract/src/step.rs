@@ -202,8 +202,7 @@ fn evaluate_members<const N: usize>(
 ) -> SetVerdict {
     let len = members.len().min(N);
     let members = &mut members[..len];
-    // Step 3: the bound on every key; inside it, a key's time never runs
-    // backwards.
+    // Step 3: the bound on every key; inside it, a key's time never runs backwards.
     let mut times = [now; N];
     let mut unsafe_by = None;
     for (member, t) in members.iter_mut().zip(&mut times) {
