@@ -487,7 +487,8 @@ macro_rules! algorithms {
 
         impl AlgorithmState {
             /// Which algorithm stored it.
-            pub const fn kind(&self) -> AlgorithmKind {
+            #[cfg(test)]
+            const fn kind(&self) -> AlgorithmKind {
                 match self { $(Self::$name(_) => AlgorithmKind::$name,)+ }
             }
 

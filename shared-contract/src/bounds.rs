@@ -9,13 +9,13 @@ pub const MAX_COUNT: u64 = 1_000_000_000;
 /// Largest window or refill period: ten years.
 pub const MAX_PERIOD: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 /// Largest cleanup grace or clock-regression bound: one hour.
-pub const MAX_GRACE: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_GRACE: Duration = Duration::from_secs(3600);
 /// Largest `max-in-flight`: a lease set is held whole in one key.
 pub const MAX_IN_FLIGHT: u64 = 10_000;
 /// Longest `lease-ttl` of a concurrency policy: a day.
-pub const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
+pub(crate) const MAX_LEASE_TTL: Duration = Duration::from_secs(24 * 3600);
 /// Bound of the products an algorithm multiplies, so Lua's doubles are exact.
-pub const MAX_EXACT_PRODUCT: u64 = 1 << 53;
+pub(crate) const MAX_EXACT_PRODUCT: u64 = 1 << 53;
 
 /// Most policies one request evaluates together.
 pub const MAX_POLICY_SET: usize = 8;

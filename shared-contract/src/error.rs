@@ -22,9 +22,7 @@ impl ContractError {
     pub fn violations(&self) -> &[PolicyViolation] {
         match self {
             Self::InvalidPolicy(violations) => violations,
-            Self::InvalidPolicyId(_)
-            | Self::InvalidSubjectDigest(_)
-            | Self::InvalidPolicySet(_) => &[],
+            _ => &[],
         }
     }
 }

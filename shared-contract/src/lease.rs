@@ -8,8 +8,7 @@ use crate::subject::SubjectDigest;
 /// Payload bytes one held lease counts in every provider's account.
 pub const HELD_LEASE_BYTES: u32 = 16 + 8;
 
-/// What a release needs: the keys an admitted request took leases under, and
-/// its [`EvaluationId`].
+/// What a release needs: the keys an admitted request took leases under, and its [`EvaluationId`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
     /// The admitted request's policy set (its rate policies are ignored).

@@ -41,8 +41,9 @@ impl Leases {
         self.len() == 0
     }
 
-    /// Leases the buffer has room for, for a store's memory account.
-    pub fn allocated(&self) -> usize {
+    /// Leases the buffer has room for.
+    #[cfg(test)]
+    fn allocated(&self) -> usize {
         self.0.as_ref().map_or(0, |held| held.capacity())
     }
 

@@ -29,10 +29,7 @@ mod subject;
 
 // Every registered algorithm's type and state: registering one takes no line here.
 pub use algorithm::*;
-pub use bounds::{
-    MAX_COUNT, MAX_EXACT_PRODUCT, MAX_GRACE, MAX_IN_FLIGHT, MAX_LEASE_TTL, MAX_PERIOD,
-    MAX_POLICY_SET, millis,
-};
+pub use bounds::{MAX_COUNT, MAX_IN_FLIGHT, MAX_PERIOD, MAX_POLICY_SET, millis};
 pub use budget::{BudgetFailure, BudgetKey, BudgetState};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use dedup::{DEDUP_RECORD_BYTES, EvaluationDedupPolicy};

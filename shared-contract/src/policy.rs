@@ -216,11 +216,15 @@ impl RateLimitPolicyBuilder {
             let range = if limit_ok { format!("in 1..={limit}") } else { "at least 1".into() };
             reject(PolicyField::MaximumCost, format!("must be {range}, got {cost}"));
         }
-        if let Some(problem) = check_grace(policy.cleanup_grace) {
-            reject(PolicyField::CleanupGrace, problem);
-        }
-        if let Some(problem) = check_grace(policy.maximum_clock_regression) {
-            reject(PolicyField::MaximumClockRegression, problem);
+        for (field, grace) in [
+            (PolicyField::CleanupGrace, policy.cleanup_grace),
+            (PolicyField::MaximumClockRegression, policy.maximum_clock_regression),
+        ] {
+            if grace > MAX_GRACE {
+                reject(field, format!("must be at most {MAX_GRACE:?}, got {grace:?}"));
+            } else if let Some(problem) = whole_millis_problem(grace) {
+                reject(field, problem);
+            }
         }
         if !policy.algorithm.holds_leases() {
             policy.evaluation_dedup.check(&mut checks);
@@ -230,13 +234,6 @@ impl RateLimitPolicyBuilder {
         }
         Ok(RateLimitPolicy { id: PolicyId(id.into()), ..policy })
     }
-}
-
-fn check_grace(grace: Duration) -> Option<String> {
-    if grace > MAX_GRACE {
-        return Some(format!("must be at most {MAX_GRACE:?}, got {grace:?}"));
-    }
-    whole_millis_problem(grace)
 }
 
 #[cfg(test)]

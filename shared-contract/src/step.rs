@@ -69,6 +69,19 @@ impl KeyRules {
         self.algorithm.holds_leases()
     }
 
+    /// Its algorithm over a loaded key at effective time `t`.
+    fn run(
+        &self,
+        state: Option<&KeyState>,
+        t: u64,
+        cost: u64,
+        charge: Charge,
+    ) -> Result<Step<AlgorithmState>, StateMismatch> {
+        let counters = state.map(|held| &held.algorithm);
+        let leases = state.map_or(&Leases::NONE, |held| &held.leases);
+        self.algorithm.run(counters, &Run { t, cost, charge, leases, regression: self.regression })
+    }
+
     /// This evaluation's replay from a live dedupe record or lease at `t`.
     fn replay(
         &self,
@@ -76,50 +89,29 @@ impl KeyRules {
         evaluation_id: EvaluationId,
         t: u64,
     ) -> Option<RateLimitDecision> {
-        if let Some(record) = self.live_record(state, evaluation_id, t) {
-            return Some(self.replayed(record));
-        }
-        if !self.algorithm.holds_leases() {
-            return None;
-        }
-        let leases = &state?.leases;
-        leases.find_live(evaluation_id, t)?;
-        Some(RateLimitDecision {
-            allowed: true,
-            remaining: self.algorithm.limit().saturating_sub(leases.live(t)),
-            retry_after_ms: 0,
-            reset_after_ms: 0,
-            replayed: true,
-        })
-    }
-
-    fn replayed(&self, record: &DedupRecord) -> RateLimitDecision {
-        RateLimitDecision {
-            allowed: true,
-            remaining: record.remaining,
-            retry_after_ms: 0,
-            reset_after_ms: record.reset_after,
-            replayed: true,
-        }
-    }
-
-    /// The live record of `evaluation_id` in `state` at effective time `t`.
-    fn live_record<'s>(
-        &self,
-        state: Option<&'s KeyState>,
-        evaluation_id: EvaluationId,
-        t: u64,
-    ) -> Option<&'s DedupRecord> {
-        if self.record_capacity == 0 || !evaluation_id.may_repeat() {
-            return None;
-        }
+        let state = state?;
         // Expired records are only ignored here: a replay or a denial
         // writes nothing, so a clock that steps back inside the bound must
         // still find a record that is live at its time.
-        state?
-            .records
-            .find(evaluation_id)
-            .filter(|record| record.written_at.saturating_add(self.dedup_ttl) > t)
+        let record = (self.record_capacity > 0 && evaluation_id.may_repeat())
+            .then(|| state.records.find(evaluation_id))
+            .flatten()
+            .filter(|record| record.written_at.saturating_add(self.dedup_ttl) > t);
+        let (remaining, reset_after_ms) = match record {
+            Some(record) => (record.remaining, record.reset_after),
+            None if self.holds_leases() => {
+                state.leases.find_live(evaluation_id, t)?;
+                (self.algorithm.limit().saturating_sub(state.leases.live(t)), 0)
+            }
+            None => return None,
+        };
+        Some(RateLimitDecision {
+            allowed: true,
+            remaining,
+            retry_after_ms: 0,
+            reset_after_ms,
+            replayed: true,
+        })
     }
 }
 
@@ -210,8 +202,7 @@ fn evaluate_members<const N: usize>(
 ) -> SetVerdict {
     let len = members.len().min(N);
     let members = &mut members[..len];
-    // Step 3: the bound on every key; inside it, a key's time never runs
-    // backwards.
+    // Step 3: the bound on every key; inside it, a key's time never runs backwards.
     let mut times = [now; N];
     let mut unsafe_by = None;
     for (member, t) in members.iter_mut().zip(&mut times) {
@@ -230,21 +221,19 @@ fn evaluate_members<const N: usize>(
 
     // Step 4: a live record (or lease) of this evaluation in any key
     // replays the whole set, and nothing is written anywhere.
-    let replay = members
-        .iter()
-        .zip(&times)
-        .any(|(member, &t)| member.rules.replay(member.state.as_ref(), evaluation_id, t).is_some());
     let mut decisions = [None; N];
-    if replay {
+    for ((member, &t), decision) in members.iter().zip(&times).zip(&mut decisions) {
+        *decision = member.rules.replay(member.state.as_ref(), evaluation_id, t);
+    }
+    if decisions.iter().any(Option::is_some) {
         for ((member, &t), decision) in members.iter().zip(&times).zip(&mut decisions) {
-            let rules = member.rules;
-            *decision = Some(match rules.replay(member.state.as_ref(), evaluation_id, t) {
-                Some(replayed) => replayed,
-                None => match run_member(member, t, cost, Charge::Spare) {
-                    Ok(step) => decision_of(&step),
-                    Err(StateMismatch) => return SetVerdict::StateMismatch,
-                },
-            });
+            if decision.is_none() {
+                let Ok(step) = member.rules.run(member.state.as_ref(), t, cost, Charge::Spare)
+                else {
+                    return SetVerdict::StateMismatch;
+                };
+                *decision = Some(decision_of(&step));
+            }
         }
         return SetVerdict::Decided(decided(members, &decisions));
     }
@@ -252,10 +241,10 @@ fn evaluate_members<const N: usize>(
     // Step 5: every algorithm, charging; step 6: the set's verdict.
     let mut steps = [None; N];
     for ((member, &t), step) in members.iter().zip(&times).zip(&mut steps) {
-        match run_member(member, t, cost, Charge::Take) {
-            Ok(run) => *step = Some(run),
-            Err(StateMismatch) => return SetVerdict::StateMismatch,
-        }
+        let Ok(run) = member.rules.run(member.state.as_ref(), t, cost, Charge::Take) else {
+            return SetVerdict::StateMismatch;
+        };
+        *step = Some(run);
     }
     let admitted = members.iter().zip(&steps).all(|(member, step)| {
         member.rules.mode == PolicyMode::Shadow || step.is_some_and(|s| s.allowed)
@@ -264,7 +253,7 @@ fn evaluate_members<const N: usize>(
         // Nothing is charged anywhere: an allowing member runs spared.
         for ((member, &t), step) in members.iter().zip(&times).zip(&mut steps) {
             if step.is_some_and(|s| s.allowed) {
-                *step = run_member(member, t, cost, Charge::Spare).ok();
+                *step = member.rules.run(member.state.as_ref(), t, cost, Charge::Spare).ok();
             }
         }
     }
@@ -305,28 +294,6 @@ fn decided(members: &[SetMember<'_>], decisions: &[Option<RateLimitDecision>]) -
     SetDecision::of_members(members.iter().zip(decisions).map(|(m, d)| of(m, d)))
 }
 
-/// One member's algorithm over its loaded key at effective time `t`.
-fn run_member(
-    member: &SetMember<'_>,
-    t: u64,
-    cost: u64,
-    charge: Charge,
-) -> Result<Step<AlgorithmState>, StateMismatch> {
-    run_key(member.rules, member.state.as_ref(), t, cost, charge)
-}
-
-fn run_key(
-    rules: &KeyRules,
-    state: Option<&KeyState>,
-    t: u64,
-    cost: u64,
-    charge: Charge,
-) -> Result<Step<AlgorithmState>, StateMismatch> {
-    let counters = state.map(|held| &held.algorithm);
-    let leases = state.map_or(&Leases::NONE, |held| &held.leases);
-    rules.algorithm.run(counters, &Run { t, cost, charge, leases, regression: rules.regression })
-}
-
 /// A key's budget now, for an operator: its algorithm run spared at `now`
 /// (or the key's mark when `now` lags it), writing nothing.
 ///
@@ -340,7 +307,8 @@ pub fn inspect_key(
     let mark = state.map(|held| held.mark);
     let t = mark.map_or(now, |mark| now.max(mark));
     // Cost 1: the smallest request, so `retry_after` says when anything passes.
-    let step = run_key(rules, state, t, 1, Charge::Spare)
+    let step = rules
+        .run(state, t, 1, Charge::Spare)
         .map_err(|StateMismatch| BudgetFailure::StateIncompatible)?;
     let retry_after = if step.allowed { 0 } else { step.retry_after.max(1) };
     Ok(BudgetState {

@@ -50,13 +50,10 @@ crate::named_enum! {
 
 /// A `time-zone` not in the time zone database, as written (cut at 64 chars).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CalendarError {
-    /// The name is unknown.
-    #[error(
-        "unknown time zone {0:?}: expected an IANA time zone name such as \"Europe/Berlin\" or \"UTC\""
-    )]
-    UnknownTimeZone(String),
-}
+#[error(
+    "unknown time zone {0:?}: expected an IANA time zone name such as \"Europe/Berlin\" or \"UTC\""
+)]
+pub struct UnknownTimeZone(String);
 
 /// The time zone a calendar window's periods are counted in, UTC by default.
 #[derive(Clone, PartialEq, Eq)]
@@ -76,7 +73,7 @@ impl Default for CalendarZone {
 }
 
 impl FromStr for CalendarZone {
-    type Err = CalendarError;
+    type Err = UnknownTimeZone;
 
     /// Looks the name up case-insensitively; `Etc/Unknown` is refused, as it
     /// would count in UTC under another name.
@@ -88,7 +85,7 @@ impl FromStr for CalendarZone {
                     Some((at, _)) => format!("{}...", &name[..at]),
                     None => name.to_owned(),
                 };
-                Err(CalendarError::UnknownTimeZone(shown))
+                Err(UnknownTimeZone(shown))
             }
         }
     }
@@ -417,7 +414,7 @@ mod tests {
         assert_eq!(bounds(0, CalendarPeriod::Year, &CalendarZone::default()), (0, 31_536_000_000));
         assert_eq!(zone("europe/berlin").name(), "Europe/Berlin");
         let bad = "Europe/Berlim".parse::<CalendarZone>().unwrap_err();
-        assert_eq!(bad, CalendarError::UnknownTimeZone("Europe/Berlim".to_owned()));
+        assert_eq!(bad, UnknownTimeZone("Europe/Berlim".to_owned()));
         assert!(bad.to_string().contains("\"Europe/Berlim\""), "{bad}");
         assert!("Etc/Unknown".parse::<CalendarZone>().is_err());
         assert!("".parse::<CalendarZone>().is_err());

@@ -45,7 +45,7 @@ pub struct GcraState {
 
 impl Gcra {
     /// The emission interval `T = ceil(1000 x period / limit)` µs.
-    pub fn emission_interval_micros(&self) -> u64 {
+    pub(crate) fn emission_interval_micros(&self) -> u64 {
         millis(self.period).saturating_mul(1000).div_ceil(self.limit.max(1)).max(1)
     }
 }
