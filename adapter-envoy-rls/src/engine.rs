@@ -348,7 +348,7 @@ async fn evaluate(
             .map_err(|_| Status::internal("the policy set of the descriptors is invalid"))?
     };
     let request = RateLimitRequest {
-        policies,
+        policies: policies.into(),
         subject: step.subject,
         operation: step.rule.operation,
         cost: step.cost,

@@ -121,9 +121,9 @@ struct Ours {
 }
 
 impl Ours {
-    fn request(&self, index: usize, evaluation: u128) -> RateLimitRequest {
+    fn request(&self, index: usize, evaluation: u128) -> RateLimitRequest<'_> {
         RateLimitRequest {
-            policies: self.policy.clone(),
+            policies: (&self.policy).into(),
             subject: self.subjects[index % self.hot],
             operation: self.operation,
             cost: 1,

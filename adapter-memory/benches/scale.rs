@@ -108,7 +108,7 @@ struct Ours {
 impl Contender for Ours {
     fn decide(&self, index: usize, evaluation: u128) -> bool {
         let request = RateLimitRequest {
-            policies: self.policy.clone(),
+            policies: self.policy.clone().into(),
             subject: self.subjects[index],
             operation: self.operation,
             cost: 1,

@@ -104,11 +104,13 @@ impl MemoryStore {
         let count = shards.max(1).checked_next_power_of_two().unwrap_or(MAX_SHARDS).min(MAX_SHARDS);
         // At least one key per shard: a power of two no larger than the bound.
         let count = count.min(1 << max_keys.get().ilog2());
-        let shards = (0..count).map(|_| CachePadded(Mutex::new(Shard::new()))).collect();
+        let hasher = KeyHasher::new();
+        let shards =
+            (0..count).map(|_| CachePadded(Mutex::new(Shard::new(hasher.clone())))).collect();
         Self {
             inner: Arc::new(StoreInner {
                 shards,
-                hasher: KeyHasher::new(),
+                hasher,
                 namespaces: Mutex::new(Namespaces::default()),
                 shard_cap: max_keys.get() / count,
                 max_slack: AtomicU64::new(0),
@@ -378,9 +380,9 @@ impl fmt::Debug for MemoryStore {
 }
 
 impl Shard {
-    fn new() -> Self {
+    fn new(hasher: KeyHasher) -> Self {
         Self {
-            map: KeyMap::default(),
+            map: KeyMap::new(hasher),
             ops_since_sweep: 0,
             len_after_sweep: 0,
             earliest_expiry: u64::MAX,

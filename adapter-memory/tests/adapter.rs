@@ -43,7 +43,7 @@ async fn rejected_requests_create_no_state() {
     let (adapter, clock) = adapter(vec![revision("p", 1, 5)]);
     let adapter = adapter.with_failure_retry_after(Duration::from_millis(1_500));
     let mut unknown = request(&clock, &id("p"), subject(1), 1);
-    unknown.policies = shared_contract::PolicySet::single(id("other"));
+    unknown.policies = shared_contract::PolicySet::single(id("other")).into();
     assert_eq!(
         adapter.evaluate(unknown).await,
         Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })

@@ -171,7 +171,7 @@ async fn a_policy_set_needs_a_slot_for_each_of_its_new_keys() {
     let set = PolicySet::new(vec![id("a"), id("b")]).unwrap();
     let both = |n: u64| {
         let mut asked = request(&clock, &id("a"), subject(n), u128::from(n) + 100);
-        asked.policies = set.clone();
+        asked.policies = set.clone().into();
         adapter.evaluate(asked)
     };
     // Two keys each: subjects 1 and 2 fill four slots.

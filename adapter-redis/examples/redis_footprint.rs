@@ -33,9 +33,9 @@ fn operation() -> OperationDigest {
     OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef)
 }
 
-fn request(policy: &str, subject: SubjectDigest) -> RateLimitRequest {
+fn request(policy: &str, subject: SubjectDigest) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::single(PolicyId::new(policy).expect("valid id")),
+        policies: PolicySet::single(PolicyId::new(policy).expect("valid id")).into(),
         subject,
         operation: operation(),
         cost: 1,

@@ -52,9 +52,9 @@ fn operation() -> OperationDigest {
     OperationDigest::from_u64(0x0000_0000_0000_00aa)
 }
 
-fn request(policy: &PolicyId, subject: SubjectDigest) -> RateLimitRequest {
+fn request(policy: &PolicyId, subject: SubjectDigest) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::single(policy.clone()),
+        policies: PolicySet::single(policy.clone()).into(),
         subject,
         operation: operation(),
         cost: 1,

@@ -489,7 +489,7 @@ impl RedisEdgeRateLimitAdapter {
 
     /// The evaluation by a script, once [`Self::answer_at_once`] found no
     /// answer.
-    async fn evaluate_in_redis(&self, request: RateLimitRequest) -> RateLimitOutcome {
+    async fn evaluate_in_redis(&self, request: RateLimitRequest<'static>) -> RateLimitOutcome {
         let set = request.resolve(|id| self.policies.get(id), |entry| &entry.policy)?;
         // The deadline is on the injected clock; from here on count the time
         // left on tokio's clock, which timers understand.
@@ -589,7 +589,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         if let Some(outcome) = self.answer_at_once(&request) {
             return Evaluation::ready(outcome);
         }
-        let provider = self.clone();
+        let (provider, request) = (self.clone(), request.into_owned());
         Evaluation::pending(async move { provider.evaluate_in_redis(request).await })
     }
 

@@ -282,7 +282,7 @@ impl DenyCache {
         let Some(lasts) = stays_refused_for(set, decision) else { return };
         let denial = Denial {
             subject: request.subject,
-            policies: request.policies.clone(),
+            policies: (*request.policies).clone(),
             revisions: parts.revisions,
             operation: parts.operation.cloned(),
             cost: request.cost,

@@ -130,7 +130,7 @@ async fn a_mark_of_the_next_month_counts_there_through_the_adapter() {
     let redis =
         RedisEdgeRateLimitAdapter::new(settings, [policy], Arc::new(clock.clone())).unwrap();
     let request = |clock: &ManualClock| RateLimitRequest {
-        policies: PolicySet::single(PolicyId::new("monthly").unwrap()),
+        policies: PolicySet::single(PolicyId::new("monthly").unwrap()).into(),
         subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
         operation: OperationDigest::from_u64(1),
         cost: 1,

@@ -24,9 +24,9 @@ const BOUND: Duration = Duration::from_secs(1);
 // These two helpers are the only places that build a request or read a
 // decision: a set of one policy, under one operation.
 
-fn request(clock: &ManualClock, subject: &SubjectDigest) -> RateLimitRequest {
+fn request(clock: &ManualClock, subject: &SubjectDigest) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::single(PolicyId::new("skew").unwrap()),
+        policies: PolicySet::single(PolicyId::new("skew").unwrap()).into(),
         subject: *subject,
         operation: OperationDigest::from_u64(0x0000_0000_0000_00f1),
         cost: 1,
@@ -282,7 +282,7 @@ async fn a_writer_ahead_of_redis_never_locks_a_subject_for_the_fleet_on_redis_ti
         let ids: Vec<PolicyId> = policies.iter().map(|policy| policy.id().clone()).collect();
         let ask = |clock: &ManualClock| {
             let mut asked = request(clock, &who);
-            asked.policies = PolicySet::new(ids.iter().cloned()).unwrap();
+            asked.policies = PolicySet::new(ids.iter().cloned()).unwrap().into();
             asked
         };
         let healthy_clock = ManualClock::new(redis_now(&server).await);

@@ -99,7 +99,7 @@ async fn remaining(
     who: &SubjectDigest,
 ) -> u64 {
     let request = RateLimitRequest {
-        policies: shared_contract::PolicySet::single(policy.id().clone()),
+        policies: shared_contract::PolicySet::single(policy.id().clone()).into(),
         subject: *who,
         operation: support::operation(),
         cost: 1,
@@ -257,7 +257,7 @@ async fn the_standalone_rule_alone_is_unavailable_before_send_on_a_cluster() {
     let masters: Vec<u16> = cluster().masters().iter().map(|master| master.port).collect();
     let (who, _, _) = subject_on(&adapter, &policy, masters[1], 200);
     let request = RateLimitRequest {
-        policies: shared_contract::PolicySet::single(policy.id().clone()),
+        policies: shared_contract::PolicySet::single(policy.id().clone()).into(),
         subject: who,
         operation: support::operation(),
         cost: 1,

@@ -388,7 +388,7 @@ async fn no_script_raises_crossslot_on_any_master() {
             );
             masters_hit.insert(cluster.owner_of_slot(cluster.keyslot(&key)));
             let request = RateLimitRequest {
-                policies: shared_contract::PolicySet::single(policy.id().clone()),
+                policies: shared_contract::PolicySet::single(policy.id().clone()).into(),
                 subject: who,
                 operation: shared_contract::OperationDigest::from_u128(
                     0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,
@@ -421,7 +421,7 @@ async fn no_script_raises_crossslot_on_any_master() {
         )
         .unwrap();
         let request = RateLimitRequest {
-            policies: set,
+            policies: set.into(),
             subject: who,
             operation: shared_contract::OperationDigest::from_u128(
                 0x0123_4567_89ab_cdef_0123_4567_89ab_cdef,

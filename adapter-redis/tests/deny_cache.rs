@@ -213,7 +213,7 @@ async fn a_concurrency_refusal_always_asks_redis_and_a_release_frees_the_slot_at
         assert!(!refused.allowed() && !refused.cached());
         assert_eq!(only(refused).retry_after_ms, 700);
         let mut in_set = request(&clock, "c", &subject(1));
-        in_set.policies = both.clone();
+        in_set.policies = both.clone().into();
         let refused = set(adapter.evaluate(in_set).await);
         assert!(!refused.allowed() && !refused.cached());
     }
@@ -470,7 +470,9 @@ async fn run(
             Duration::from_secs(5),
         );
         asked.policies =
-            PolicySet::new(SETS[step.set].iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
+            PolicySet::new(SETS[step.set].iter().map(|id| PolicyId::new(*id).unwrap()))
+                .unwrap()
+                .into();
         asked.cost = step.cost;
         outcomes.push(instances[step.instance].evaluate(asked).await);
     }

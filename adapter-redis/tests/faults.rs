@@ -37,9 +37,9 @@ fn request(
     subject: &SubjectDigest,
     evaluation_id: EvaluationId,
     deadline: Instant,
-) -> RateLimitRequest {
+) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::single(PolicyId::new(policy).unwrap()),
+        policies: PolicySet::single(PolicyId::new(policy).unwrap()).into(),
         subject: *subject,
         operation: operation(),
         cost: 1,

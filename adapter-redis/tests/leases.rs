@@ -174,7 +174,7 @@ async fn the_acquire_script_removes_the_leases_expired_at_its_time() {
     let set = PolicySet::new([PolicyId::new("window").unwrap(), PolicyId::new("exports").unwrap()])
         .unwrap();
     let ask = |n: u128| RateLimitRequest {
-        policies: set.clone(),
+        policies: set.clone().into(),
         ..request_with(&clock, "exports", &subject(1), id(n), Duration::from_secs(5))
     };
     assert!(both.evaluate(ask(4)).await.is_allowed());
@@ -256,7 +256,7 @@ async fn a_key_of_the_wrong_type_is_corrupt_state_for_leases_and_left_alone() {
     let set = PolicySet::new([PolicyId::new("window").unwrap(), PolicyId::new("exports").unwrap()])
         .unwrap();
     let in_set = RateLimitRequest {
-        policies: set,
+        policies: set.into(),
         ..request_with(&clock, "exports", &subject(1), id(2), Duration::from_secs(5))
     };
     assert_eq!(adapter.evaluate(in_set).await, incompatible);

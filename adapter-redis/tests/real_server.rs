@@ -294,7 +294,7 @@ async fn keys_hold_pseudonym_policy_revision_and_operation_digest_and_nothing_el
     let adapter = adapter(&server, &clock, vec![orders.clone(), daily.clone()], |_| {});
     let who = subject(0xab);
     let mut set = request(&clock, "api.orders", &who);
-    set.policies = PolicySet::new([orders.id().clone(), daily.id().clone()]).unwrap();
+    set.policies = PolicySet::new([orders.id().clone(), daily.id().clone()]).unwrap().into();
     assert!(adapter.evaluate(set).await.is_allowed());
     let mut redis = inspector(&server).await;
     let mut keys: Vec<String> = redis.keys("*").await.unwrap();

@@ -240,7 +240,7 @@ impl TransportBridge {
         let deadline = started.checked_add(self.settings.evaluation_budget).unwrap_or(started);
         let cost = parts.extensions.get::<RateLimitCost>().copied().unwrap_or_default().0;
         let request = RateLimitRequest {
-            policies: policies.clone(),
+            policies: policies.into(),
             subject: digest,
             operation: operation.digest,
             cost,

@@ -101,7 +101,7 @@ fn parts(builder: http::request::Builder) -> Parts {
 }
 
 impl Fixture {
-    fn requests(&self) -> Vec<RateLimitRequest> {
+    fn requests(&self) -> Vec<RateLimitRequest<'static>> {
         self.port.requests()
     }
 
@@ -180,7 +180,7 @@ async fn an_idempotency_key_changes_nothing() {
     }
     // Everything else is what the request without the headers produced.
     let without_id =
-        |r: &RateLimitRequest| (r.policies.clone(), r.subject, r.operation, r.cost, r.deadline);
+        |r: &RateLimitRequest| ((*r.policies).clone(), r.subject, r.operation, r.cost, r.deadline);
     assert_eq!(without_id(&requests[0]), without_id(&requests[2]));
     assert_eq!(without_id(&requests[1]), without_id(&requests[2]));
 }

@@ -151,7 +151,7 @@ struct Seen {
     content_type: Option<HeaderValue>,
     body: Bytes,
     /// What crossed the port while this request ran.
-    requests: Vec<RateLimitRequest>,
+    requests: Vec<RateLimitRequest<'static>>,
     handler_runs: usize,
 }
 

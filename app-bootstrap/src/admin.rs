@@ -664,7 +664,7 @@ impl LookupLimiter {
     /// `None` when a lookup may run now, else the 429 to answer.
     async fn admit(&self, state: &AdminState) -> Option<Response> {
         let request = RateLimitRequest {
-            policies: self.policies.clone(),
+            policies: self.policies.clone().into(),
             subject: self.subject,
             operation: self.operation,
             cost: 1,

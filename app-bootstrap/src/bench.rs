@@ -201,7 +201,7 @@ impl Caller {
         let mut calls: u64 = 0;
         while Instant::now() < self.end {
             let request = RateLimitRequest {
-                policies: self.policies.clone(),
+                policies: self.policies.clone().into(),
                 subject: self.subjects[next],
                 operation: self.operation,
                 cost: 1,

@@ -419,7 +419,7 @@ mod tests {
             panic!("memory has a port and an upkeep");
         };
         let request = shared_contract::RateLimitRequest {
-            policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()),
+            policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()).into(),
             subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16)))
                 .unwrap(),
             operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_00c1),
@@ -436,9 +436,9 @@ mod tests {
     }
 
     /// A request of the demo policy for subject `n`.
-    fn demo_request(clock: &ManualClock, n: u8) -> shared_contract::RateLimitRequest {
+    fn demo_request(clock: &ManualClock, n: u8) -> shared_contract::RateLimitRequest<'static> {
         shared_contract::RateLimitRequest {
-            policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()),
+            policies: PolicySet::single(PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap()).into(),
             subject: shared_contract::SubjectDigest::parse(format!("v1:{}", hex::encode([n; 16])))
                 .unwrap(),
             operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_00c1),
@@ -550,7 +550,7 @@ mod tests {
         let mut admitted = 0;
         for _ in 0..asked {
             let request = shared_contract::RateLimitRequest {
-                policies: PolicySet::single(PolicyId::new("api").unwrap()),
+                policies: PolicySet::single(PolicyId::new("api").unwrap()).into(),
                 subject: shared_contract::SubjectDigest::parse(format!("v1:{}", "cd".repeat(16)))
                     .unwrap(),
                 operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_00c1),

@@ -291,7 +291,7 @@ impl DegradedPort {
     /// either (a cost above a policy's scaled limit, or no room left in
     /// the ledger for one more subject), so that fails closed. What the
     /// local limiter admits is recorded as owed to Redis.
-    fn degraded(&self, request: RateLimitRequest, failed: RateLimitOutcome) -> Evaluation {
+    fn degraded(&self, request: RateLimitRequest<'static>, failed: RateLimitOutcome) -> Evaluation {
         self.mode.enter(&failed);
         if !self.mode.ledger.has_room(&request.subject, self.mode.now_millis(), true) {
             return Evaluation::ready(failed);
@@ -336,7 +336,7 @@ impl DegradedPort {
     /// read when the request came in.
     fn answered(
         &self,
-        kept: RateLimitRequest,
+        kept: RateLimitRequest<'static>,
         outcome: RateLimitOutcome,
         tracking: bool,
     ) -> Evaluation {
@@ -401,7 +401,7 @@ impl DegradedPort {
 
     /// The evaluation while something is owed to Redis or followed:
     /// settling it first waits for Redis.
-    async fn settled(&self, request: RateLimitRequest) -> RateLimitOutcome {
+    async fn settled(&self, request: RateLimitRequest<'static>) -> RateLimitOutcome {
         let _turn = if self.mode.ledger.tracks(&request.subject) {
             let Some(turn) = self.mode.turn(request.subject, request.deadline).await else {
                 return Err(RateLimitFailure::Unavailable {
@@ -414,7 +414,7 @@ impl DegradedPort {
             None
         };
         // Kept for the local limiter: the pseudonym is the one copy made
-        // (the policy set and the operation are shared pointers).
+        // (the policy set is a shared pointer).
         let kept = request.clone();
         if let Some(failed) = self.settle(&request).await {
             return self.degraded(kept, failed).await;
@@ -488,7 +488,7 @@ impl DegradedPort {
     /// request (see [`Self::write_back`]). `Some` is Redis' failure when
     /// it did not answer: what is owed stays owed, for the next decision,
     /// and the request is decided locally without asking Redis again.
-    async fn settle(&self, request: &RateLimitRequest) -> Option<RateLimitOutcome> {
+    async fn settle(&self, request: &RateLimitRequest<'_>) -> Option<RateLimitOutcome> {
         let now = self.mode.now_millis();
         let quiet = now.saturating_sub(self.mode.last_failure.load(Ordering::Acquire));
         let comparing = Duration::from_millis(quiet) < COMPARE_AFTER;
@@ -539,7 +539,7 @@ impl DegradedPort {
     /// what a Redis that kept its data holds.
     async fn write_back(
         &self,
-        request: &RateLimitRequest,
+        request: &RateLimitRequest<'_>,
         job: &mut Job,
     ) -> Option<RateLimitOutcome> {
         let Some(policy) = self.primary.policy(&job.policy) else {
@@ -579,7 +579,7 @@ impl DegradedPort {
         while job.owed() > 0 {
             let cost = job.owed().min(most);
             let piece = RateLimitRequest {
-                policies: PolicySet::single(job.policy.clone()),
+                policies: PolicySet::single(job.policy.clone()).into(),
                 subject: request.subject,
                 operation: job.operation,
                 cost,
@@ -627,12 +627,11 @@ impl EdgeRateLimitPort for DegradedPort {
     fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
         // Outside outages, one atomic load: nothing is owed or followed.
         if self.mode.tracking() {
-            let port = self.clone();
+            let (port, request) = (self.clone(), request.into_owned());
             return Evaluation::pending(async move { port.settled(request).await });
         }
-        // Kept for the local limiter: the pseudonym is the one copy made
-        // (the policy set and the operation are shared pointers).
-        let kept = request.clone();
+        // Kept for the local limiter, owning its set: the answer may wait.
+        let kept = request.clone().into_owned();
         match self.primary.evaluate(request).into_ready() {
             Ok(outcome) => self.answered(kept, outcome, false),
             Err(waiting) => {

@@ -727,7 +727,7 @@ mod window_redis_returns_in {
         /// (itself, or its denial cache), not the local limiter.
         async fn ask(&mut self, port: &DegradedPort) -> bool {
             let request = RateLimitRequest {
-                policies: PolicySet::single(PolicyId::new("api").unwrap()),
+                policies: PolicySet::single(PolicyId::new("api").unwrap()).into(),
                 subject: SubjectDigest::parse(format!("v1:{}", "cd".repeat(16))).unwrap(),
                 operation: OperationDigest::from_u64(0x0000_0000_0000_00c1),
                 cost: 1,
@@ -857,7 +857,7 @@ mod window_redis_returns_in {
         let since = Instant::now();
         loop {
             let request = RateLimitRequest {
-                policies: PolicySet::single(PolicyId::new("api").unwrap()),
+                policies: PolicySet::single(PolicyId::new("api").unwrap()).into(),
                 subject: SubjectDigest::parse(format!("v1:{}", "ef".repeat(16))).unwrap(),
                 operation: OperationDigest::from_u64(0x0000_0000_0000_00c1),
                 cost: 1,

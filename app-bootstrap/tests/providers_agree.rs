@@ -538,7 +538,7 @@ impl Pair {
     ) -> (RateLimitOutcome, RateLimitOutcome) {
         let operation = OperationDigest::from_u64(OPERATIONS[operation]);
         let request = |clock: &ManualClock| RateLimitRequest {
-            policies: self.policies.clone(),
+            policies: self.policies.clone().into(),
             subject: *subject,
             operation,
             cost,

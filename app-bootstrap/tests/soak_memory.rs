@@ -146,12 +146,13 @@ async fn memory_after_expiry_stays_within_an_absolute_margin_of_before_the_flood
 fn request(
     clock: &shared_contract::ManualClock,
     subject: u64,
-) -> shared_contract::RateLimitRequest {
+) -> shared_contract::RateLimitRequest<'static> {
     use shared_contract::Clock;
     shared_contract::RateLimitRequest {
         policies: shared_contract::PolicySet::single(
             shared_contract::PolicyId::new("soak").unwrap(),
-        ),
+        )
+        .into(),
         subject: shared_contract::SubjectDigest::parse(format!("v1:{subject:032x}")).unwrap(),
         operation: shared_contract::OperationDigest::from_u64(0x0000_0000_0000_50a4),
         cost: 1,

@@ -265,9 +265,9 @@ impl<'f> Rig<'f> {
         who: &str,
         cost: u64,
         id: EvaluationId,
-    ) -> RateLimitRequest {
+    ) -> RateLimitRequest<'static> {
         RateLimitRequest {
-            policies: PolicySet::single(policy.clone()),
+            policies: PolicySet::single(policy.clone()).into(),
             subject: subject(who),
             operation: operation(DEFAULT_OPERATION),
             cost,
@@ -285,14 +285,14 @@ impl<'f> Rig<'f> {
         who: &str,
         cost: u64,
         id: EvaluationId,
-    ) -> RateLimitRequest {
+    ) -> RateLimitRequest<'static> {
         let ids = policies.iter().map(|policy| policy.id().clone());
         let policies = match PolicySet::new(ids) {
             Ok(set) => set,
             Err(error) => panic!("a check's policy set must be valid: {error}"),
         };
         RateLimitRequest {
-            policies,
+            policies: policies.into(),
             subject: subject(who),
             operation: operation(on),
             cost,
@@ -305,7 +305,7 @@ impl<'f> Rig<'f> {
     pub(crate) async fn expect_set(
         &self,
         what: &str,
-        request: RateLimitRequest,
+        request: RateLimitRequest<'_>,
         expected: RateLimitOutcome,
     ) {
         let ids: Vec<_> = request.policies.ids().iter().map(PolicyId::as_str).collect();
@@ -313,7 +313,7 @@ impl<'f> Rig<'f> {
         assert_eq!(actual, expected, "{what}: set {ids:?} cost {} at {}", request.cost, self.now());
     }
 
-    pub(crate) async fn ask(&self, request: RateLimitRequest) -> RateLimitOutcome {
+    pub(crate) async fn ask(&self, request: RateLimitRequest<'_>) -> RateLimitOutcome {
         self.port.evaluate(request).await
     }
 

@@ -371,7 +371,7 @@ async fn a_reload_keeps_every_budget() {
     };
     let clock = ManualClock::new(1_000);
     let request = |id: &str| RateLimitRequest {
-        policies: PolicySet::single(PolicyId::new(id).expect("a valid id")),
+        policies: PolicySet::single(PolicyId::new(id).expect("a valid id")).into(),
         subject: SubjectDigest::parse(format!("v1:{:032x}", 7)).expect("a valid digest"),
         operation: OperationDigest::from_u64(0x0123_4567_89ab_cdef),
         cost: 1,

@@ -25,7 +25,7 @@ impl Lease {
     /// The lease `request` holds once it is admitted.
     pub fn of(request: &RateLimitRequest) -> Self {
         Self {
-            policies: request.policies.clone(),
+            policies: (*request.policies).clone(),
             subject: request.subject,
             operation: request.operation,
             id: request.evaluation_id,
@@ -76,7 +76,7 @@ mod tests {
     #[test]
     fn a_lease_names_the_request_it_was_taken_by() {
         let request = RateLimitRequest {
-            policies: PolicySet::single(PolicyId::new("exports").unwrap()),
+            policies: PolicySet::single(PolicyId::new("exports").unwrap()).into(),
             subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
             operation: OperationDigest::from_u64(0x0123_4567_89ab_cdef),
             cost: 3,

@@ -1,5 +1,6 @@
 //! `RateLimitRequest`: may this subject spend this cost under this set now?
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Instant;
@@ -75,6 +76,14 @@ impl OperationDigest {
         // The halves of a u128: the casts keep exactly 64 bits each.
         Self(Bits::Wide { high: (bits >> 64) as u64, low: bits as u64 })
     }
+
+    /// Its bits, and whether it is the 128-bit form (a store may pack them).
+    pub const fn bits(self) -> (u128, bool) {
+        match self.0 {
+            Bits::Narrow(bits) => (bits as u128, false),
+            Bits::Wide { high, low } => (((high as u128) << 64) | low as u128, true),
+        }
+    }
 }
 
 impl fmt::Display for OperationDigest {
@@ -92,11 +101,13 @@ impl fmt::Debug for OperationDigest {
     }
 }
 
-/// One rate-limit evaluation request.
+/// One rate-limit evaluation request. It borrows the policy set its caller
+/// holds (a front's configured set), so asking copies no shared pointer;
+/// `RateLimitRequest<'static>` owns its set, for a provider that waits.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RateLimitRequest {
+pub struct RateLimitRequest<'a> {
     /// The policies to evaluate together, in configured order.
-    pub policies: PolicySet,
+    pub policies: Cow<'a, PolicySet>,
     /// The pseudonymous subject.
     pub subject: SubjectDigest,
     /// The operation, for the keys of operation-scoped policies.
@@ -109,7 +120,38 @@ pub struct RateLimitRequest {
     pub deadline: Instant,
 }
 
-impl RateLimitRequest {
+impl From<PolicySet> for Cow<'_, PolicySet> {
+    fn from(set: PolicySet) -> Self {
+        Cow::Owned(set)
+    }
+}
+
+impl<'a> From<&'a PolicySet> for Cow<'a, PolicySet> {
+    fn from(set: &'a PolicySet) -> Self {
+        Cow::Borrowed(set)
+    }
+}
+
+impl PartialEq<PolicySet> for Cow<'_, PolicySet> {
+    fn eq(&self, other: &PolicySet) -> bool {
+        **self == *other
+    }
+}
+
+impl PartialEq<Cow<'_, PolicySet>> for PolicySet {
+    fn eq(&self, other: &Cow<'_, PolicySet>) -> bool {
+        *self == **other
+    }
+}
+
+impl RateLimitRequest<'_> {
+    /// The same request owning its set: what a future that outlives the call holds.
+    pub fn into_owned(self) -> RateLimitRequest<'static> {
+        let Self { policies, subject, operation, cost, evaluation_id, deadline } = self;
+        let policies = Cow::Owned(policies.into_owned());
+        RateLimitRequest { policies, subject, operation, cost, evaluation_id, deadline }
+    }
+
     /// Step 1 of docs/algorithms.md, reading no state: every policy known to
     /// `lookup` and admitting the cost ([`RateLimitPolicy::admits_cost`]); a
     /// refusal is the outcome to answer, unknown policies first.
@@ -167,9 +209,9 @@ mod tests {
     }
 
     /// A request of `cost` under the set `ids`.
-    fn request(ids: &[&str], cost: u64) -> RateLimitRequest {
+    fn request(ids: &[&str], cost: u64) -> RateLimitRequest<'static> {
         RateLimitRequest {
-            policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap(),
+            policies: PolicySet::new(ids.iter().map(|name| id(name))).unwrap().into(),
             subject: crate::SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
             operation: OperationDigest::from_u64(0x0123_4567_89ab_cdef),
             cost,

@@ -7,8 +7,9 @@ use crate::error::ContractError;
 
 /// Fewest bytes of a digest's tag: 128 bits.
 const MIN_TAG: usize = 16;
-/// Most bytes of a digest's tag: 512 bits.
-const MAX_TAG: usize = 64;
+/// Most bytes of a digest's tag: 256 bits, HMAC-SHA-256's whole output. A
+/// wider MAC is truncated to it, so a store's slot stays two cache lines.
+const MAX_TAG: usize = 32;
 
 /// An opaque pseudonym (key version and keyed hash): no raw identity crosses.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -29,7 +30,7 @@ impl Hash for SubjectDigest {
 
 impl SubjectDigest {
     /// Reads the printed form `v<version>:<hex>`: a decimal 32-bit version
-    /// without leading zeros, and 16 to 64 bytes in lowercase hex.
+    /// without leading zeros, and 16 to 32 bytes in lowercase hex.
     pub fn parse(digest: impl AsRef<str>) -> Result<Self, ContractError> {
         let digest = digest.as_ref();
         let invalid = |why: &str| Err(ContractError::InvalidSubjectDigest(why.to_owned()));
@@ -47,9 +48,7 @@ impl SubjectDigest {
             return invalid("version must be a decimal 32-bit number without leading zeros");
         };
         if !(2 * MIN_TAG..=2 * MAX_TAG).contains(&hex.len()) || hex.len() % 2 != 0 {
-            return invalid(
-                "digest must be an even count of 32 to 128 hex digits (16 to 64 bytes)",
-            );
+            return invalid("digest must be an even count of 32 to 64 hex digits (16 to 32 bytes)");
         }
         // The `hex` crate reads either case; the printed form is lowercase.
         let mut tag = [0; MAX_TAG];
@@ -64,12 +63,12 @@ impl SubjectDigest {
     /// The digest of a keyed hash's output `tag` under the key of `version`.
     pub fn from_tag(version: u32, tag: &[u8]) -> Result<Self, ContractError> {
         if !(MIN_TAG..=MAX_TAG).contains(&tag.len()) {
-            let why = "tag must be 16 to 64 bytes (128 to 512 bits)";
+            let why = "tag must be 16 to 32 bytes (128 to 256 bits)";
             return Err(ContractError::InvalidSubjectDigest(why.to_owned()));
         }
         let mut bytes = [0; MAX_TAG];
         bytes[..tag.len()].copy_from_slice(tag);
-        // At most MAX_TAG (64): the length fits a byte.
+        // At most MAX_TAG (32): the length fits a byte.
         Ok(Self { version, len: tag.len() as u8, tag: bytes })
     }
 
@@ -78,7 +77,7 @@ impl SubjectDigest {
         self.version
     }
 
-    /// The keyed hash's output, 16 to 64 bytes.
+    /// The keyed hash's output, 16 to 32 bytes.
     pub fn tag(&self) -> &[u8] {
         &self.tag[..usize::from(self.len)]
     }
@@ -134,7 +133,7 @@ mod tests {
             SubjectDigest::from_tag(0, &[0xab; 16]).unwrap().to_string(),
             format!("v0:{}", "ab".repeat(16))
         );
-        for length in [0, 15, 65] {
+        for length in [0, 15, 33] {
             assert!(SubjectDigest::from_tag(1, &vec![0; length]).is_err(), "{length} bytes");
         }
     }
@@ -142,7 +141,7 @@ mod tests {
     #[test]
     fn short_and_long_digests_read_back_and_compare_alike() {
         let usual = format!("v1:{}", "ab".repeat(32));
-        let long = format!("v4294967295:{}", "cd".repeat(64));
+        let long = format!("v4294967295:{}", "cd".repeat(24));
         let shortest = format!("v0:{}", "0f".repeat(16));
         for text in [&usual, &long, &shortest] {
             let digest = SubjectDigest::parse(text.as_str()).unwrap();
@@ -163,7 +162,7 @@ mod tests {
         for other in [
             SubjectDigest::from_tag(2, &[0xab; 32]).unwrap(),
             SubjectDigest::from_tag(1, &[0xab; 31]).unwrap(),
-            SubjectDigest::from_tag(1, &[0xab; 33]).unwrap(),
+            SubjectDigest::from_tag(1, &[0xab; 30]).unwrap(),
             SubjectDigest::parse(long.as_str()).unwrap(),
         ] {
             assert_ne!(other, parsed);
@@ -180,7 +179,8 @@ mod tests {
             &format!("v:{}", "a".repeat(32)),
             &format!("v1:{}", "A".repeat(32)),
             &format!("v1:{}", "g".repeat(32)),
-            &format!("v1:{}", "a".repeat(129)),
+            &format!("v1:{}", "a".repeat(65)),
+            &format!("v1:{}", "a".repeat(66)),
             &format!("v1:{}}}", "a".repeat(32)),
         ] {
             assert!(SubjectDigest::parse(bad).is_err(), "{bad} accepted");

@@ -52,9 +52,9 @@ pub(crate) fn request(
     policy: &PolicyId,
     subject: SubjectDigest,
     id: u128,
-) -> RateLimitRequest {
+) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::single(policy.clone()),
+        policies: PolicySet::single(policy.clone()).into(),
         subject,
         operation: OperationDigest::from_u64(0x0000_0000_0000_00aa),
         cost: 1,

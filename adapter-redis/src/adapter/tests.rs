@@ -52,9 +52,13 @@ fn adapter(gateway: MockRedisGateway, dedup: EvaluationDedupPolicy) -> RedisEdge
 /// The test operation as its keys print it.
 const OPERATION: &str = "00112233445566778899aabbccddeeff";
 
-fn request(clock_now: std::time::Instant, cost: u64, budget: Duration) -> RateLimitRequest {
+fn request(
+    clock_now: std::time::Instant,
+    cost: u64,
+    budget: Duration,
+) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::single(PolicyId::new("api.test").unwrap()),
+        policies: PolicySet::single(PolicyId::new("api.test").unwrap()).into(),
         subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
         operation: OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
         cost,
@@ -131,7 +135,7 @@ async fn unknown_policy_oversized_cost_and_expired_deadline_never_reach_the_gate
     for ids in [&["api.other"][..], &["api.test", "api.other"]] {
         let mut unknown = request(now, 1, Duration::from_millis(750));
         unknown.policies =
-            PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap();
+            PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap().into();
         assert_eq!(
             adapter.evaluate(unknown).await,
             Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })
@@ -562,7 +566,8 @@ async fn a_set_is_one_call_over_every_key_with_each_policy_s_block_and_its_answe
     let id = request.evaluation_id;
     request.policies =
         PolicySet::new(["api.test", "api.daily"].map(|policy| PolicyId::new(policy).unwrap()))
-            .unwrap();
+            .unwrap()
+            .into();
     let Ok(set) = adapter.evaluate(request).await else {
         panic!("expected decisions");
     };
@@ -608,7 +613,8 @@ async fn a_cost_above_any_maximum_of_the_set_never_reaches_the_gateway() {
     let mut request = request(clock.monotonic(), 3, Duration::from_millis(750));
     request.policies =
         PolicySet::new(["api.wide", "api.test"].map(|policy| PolicyId::new(policy).unwrap()))
-            .unwrap();
+            .unwrap()
+            .into();
     assert_eq!(
         adapter.evaluate(request).await,
         Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::CostExceedsMaximum })
@@ -662,9 +668,9 @@ fn lease_adapter(gateway: MockRedisGateway, settings: RedisSettings) -> RedisEdg
 }
 
 /// A request for the set `ids`, in order.
-fn set_request(ids: &[&str], id: EvaluationId) -> RateLimitRequest {
+fn set_request(ids: &[&str], id: EvaluationId) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap(),
+        policies: PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap().into(),
         evaluation_id: id,
         ..request(std::time::Instant::now(), 1, Duration::from_secs(5))
     }

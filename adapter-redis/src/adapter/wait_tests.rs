@@ -35,7 +35,7 @@ fn waiting_adapter(gateway: MockRedisGateway) -> RedisEdgeRateLimitAdapter {
 async fn evaluate(adapter: &RedisEdgeRateLimitAdapter) -> RateLimitOutcome {
     adapter
         .evaluate(RateLimitRequest {
-            policies: PolicySet::single(PolicyId::new("api.test").unwrap()),
+            policies: PolicySet::single(PolicyId::new("api.test").unwrap()).into(),
             subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
             operation: OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
             cost: 1,

@@ -31,9 +31,9 @@ fn fixed(id: &str, revision: u32) -> RateLimitPolicy {
     .unwrap()
 }
 
-fn request(ids: &[&str], subject: u8, cost: u64, evaluation: u128) -> RateLimitRequest {
+fn request(ids: &[&str], subject: u8, cost: u64, evaluation: u128) -> RateLimitRequest<'static> {
     RateLimitRequest {
-        policies: PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap(),
+        policies: PolicySet::new(ids.iter().map(|id| PolicyId::new(*id).unwrap())).unwrap().into(),
         subject: SubjectDigest::parse(format!("v1:{}", format!("{subject:02x}").repeat(16)))
             .unwrap(),
         operation: OperationDigest::from_u128(0x0011_2233_4455_6677_8899_aabb_ccdd_eeff),
@@ -131,7 +131,7 @@ fn another_subject_set_revision_or_scoped_operation_is_another_key() {
     assert_eq!(cache.lookup(&elsewhere_for(3), scoped.iter(), T0), None, "operation");
 }
 
-fn elsewhere_for(subject: u8) -> RateLimitRequest {
+fn elsewhere_for(subject: u8) -> RateLimitRequest<'static> {
     let mut elsewhere = request(&["p"], subject, 1, 2);
     elsewhere.operation = OperationDigest::from_u128(0xffee_ddcc_bbaa_9988_7766_5544_3322_1100);
     elsewhere

@@ -77,7 +77,7 @@ impl Tally {
         subject: &SubjectDigest,
     ) -> Option<u64> {
         let request = RateLimitRequest {
-            policies: PolicySet::single(policy.clone()),
+            policies: PolicySet::single(policy.clone()).into(),
             subject: *subject,
             operation: OperationDigest::from_u128(0x0123_4567_89ab_cdef_0123_4567_89ab_cdef),
             cost: 1,

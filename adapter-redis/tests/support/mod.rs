@@ -42,7 +42,11 @@ pub fn adapter(
     RedisEdgeRateLimitAdapter::new(settings, policies, Arc::new(clock.clone())).unwrap()
 }
 
-pub fn request(clock: &ManualClock, policy: &str, subject: &SubjectDigest) -> RateLimitRequest {
+pub fn request(
+    clock: &ManualClock,
+    policy: &str,
+    subject: &SubjectDigest,
+) -> RateLimitRequest<'static> {
     request_with(clock, policy, subject, EvaluationId::random(), Duration::from_secs(5))
 }
 
@@ -52,10 +56,10 @@ pub fn request_with(
     subject: &SubjectDigest,
     evaluation_id: EvaluationId,
     budget: Duration,
-) -> RateLimitRequest {
+) -> RateLimitRequest<'static> {
     use shared_contract::Clock;
     RateLimitRequest {
-        policies: shared_contract::PolicySet::single(PolicyId::new(policy).unwrap()),
+        policies: shared_contract::PolicySet::single(PolicyId::new(policy).unwrap()).into(),
         subject: *subject,
         operation: operation(),
         cost: 1,

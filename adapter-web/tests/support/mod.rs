@@ -48,7 +48,7 @@ pub struct ScriptedPort {
     answer: Arc<Mutex<Answer>>,
     policies: Vec<RateLimitPolicy>,
     inner: Option<Arc<dyn EdgeRateLimitPort>>,
-    requests: Arc<Mutex<Vec<RateLimitRequest>>>,
+    requests: Arc<Mutex<Vec<RateLimitRequest<'static>>>>,
     gate: Option<Arc<Gate>>,
     /// What every release answers; `None` forwards (or `NotHeld` without
     /// a provider behind).
@@ -141,7 +141,7 @@ impl ScriptedPort {
         self.releases.lock().unwrap().clone()
     }
 
-    pub fn requests(&self) -> Vec<RateLimitRequest> {
+    pub fn requests(&self) -> Vec<RateLimitRequest<'static>> {
         self.requests.lock().unwrap().clone()
     }
 
@@ -155,8 +155,8 @@ impl EdgeRateLimitPort for ScriptedPort {
     fn evaluate(&self, request: RateLimitRequest) -> Evaluation {
         let (requests, answer) = (Arc::clone(&self.requests), Arc::clone(&self.answer));
         let inner = self.inner.clone();
-        let answered = move |request: RateLimitRequest| {
-            requests.lock().unwrap().push(request.clone());
+        let answered = move |request: RateLimitRequest<'_>| {
+            requests.lock().unwrap().push(request.clone().into_owned());
             let answer = answer.lock().unwrap().clone();
             match (answer, &inner) {
                 (Answer::Outcome(outcome), _) => Evaluation::ready(outcome),
@@ -172,7 +172,7 @@ impl EdgeRateLimitPort for ScriptedPort {
         match &self.gate {
             None => answered(request),
             Some(gate) => {
-                let gate = Arc::clone(gate);
+                let (gate, request) = (Arc::clone(gate), request.into_owned());
                 Evaluation::pending(async move {
                     gate.entered.add_permits(1);
                     gate.gate.acquire().await.expect("the gate stays open").forget();

@@ -148,9 +148,9 @@ impl Fixture {
         *self.primary.outcome.lock().unwrap() = outcome;
     }
 
-    fn request(&self, cost: u64) -> RateLimitRequest {
+    fn request(&self, cost: u64) -> RateLimitRequest<'static> {
         RateLimitRequest {
-            policies: PolicySet::single(PolicyId::new("api").unwrap()),
+            policies: PolicySet::single(PolicyId::new("api").unwrap()).into(),
             subject: SubjectDigest::parse(format!("v1:{}", "ab".repeat(16))).unwrap(),
             operation: OperationDigest::from_u64(0x0000_0000_0000_00c1),
             cost,

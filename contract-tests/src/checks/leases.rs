@@ -21,7 +21,7 @@ impl Rig<'_> {
     async fn expect_release(
         &self,
         what: &str,
-        request: &RateLimitRequest,
+        request: &RateLimitRequest<'_>,
         expected: ReleaseOutcome,
     ) {
         let actual = self.port().release(&Lease::of(request)).await;
@@ -29,7 +29,7 @@ impl Rig<'_> {
     }
 
     /// A request of cost 1 for `who` under `policy` with a fresh id.
-    fn fresh(&self, policy: &CheckPolicy, who: &str) -> RateLimitRequest {
+    fn fresh(&self, policy: &CheckPolicy, who: &str) -> RateLimitRequest<'static> {
         self.request(policy.id(), who, 1, EvaluationId::random())
     }
 
@@ -37,7 +37,7 @@ impl Rig<'_> {
     async fn expect_request(
         &self,
         what: &str,
-        request: &RateLimitRequest,
+        request: &RateLimitRequest<'_>,
         expected: shared_contract::RateLimitOutcome,
     ) {
         let actual = self.ask(request.clone()).await;
