@@ -49,7 +49,7 @@ fn main() {
     let mut allowed = 0_u64;
     for (n, index) in (0..SUBJECTS).chain(0..decisions).enumerate() {
         let request = RateLimitRequest {
-            policies: policies.clone().into(),
+            policies: (&policies).into(),
             subject: subjects[index % SUBJECTS],
             operation,
             cost: 1,
