@@ -12,6 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use adapter_web::{BridgeSwitch, TransportBridge};
+use figment::Figment;
+use figment::providers::{Format, Toml};
 use serde::Serialize;
 use shared_contract::RateLimitPolicy;
 use tokio::sync::Mutex;
@@ -25,7 +27,7 @@ use crate::error::BootstrapError;
 use crate::telemetry::Sampling;
 
 /// The table whose absence would put the built-in policies in force.
-const RATE_LIMIT_TABLE: &str = "capabilities.rate-limit";
+const POLICIES_TABLE: &str = "capabilities.rate-limit.policies";
 
 /// Counter of reloads, by `result` (`applied`, `unchanged`, `rejected`).
 pub const CONFIG_RELOADS_TOTAL: &str = adapter_web::metric_name!("config_reloads_total");
@@ -214,13 +216,17 @@ impl Reloader {
             }
         }
         let loaded = AppConfig::load(&self.inner.sources).map_err(problem_lines)?;
-        // Comments alone, or a copy cut before the table, loads as the
-        // built-in policies: refused as an empty file is.
+        // Comments alone, a copy cut before the policies, or the table's
+        // header alone load as the built-in policy: refused as an empty file
+        // is. The file is asked alone: a `CA_SKELETON_*` variable of the
+        // table must not make a cut file look whole.
         if let Some(file) = self.inner.sources.file() {
-            if !self.inner.sources.figment().contains(RATE_LIMIT_TABLE) {
+            let policies = Figment::from(Toml::file_exact(file)).find_value(POLICIES_TABLE);
+            if !policies.is_ok_and(|policies| policies.as_dict().is_some_and(|p| !p.is_empty())) {
                 return Err(vec![format!(
-                    "{}: sets no [{RATE_LIMIT_TABLE}] table; a reload reads the whole \
-                     configuration, so one without it is refused (restart to run on the defaults)",
+                    "{}: names no policies ([{POLICIES_TABLE}]); a reload reads the whole \
+                     configuration, so a file without them is refused (restart to run on the \
+                     built-in default)",
                     file.display()
                 )]);
             }

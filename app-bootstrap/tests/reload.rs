@@ -254,19 +254,25 @@ async fn an_empty_file_is_refused_and_the_policies_in_force_stay() {
 }
 
 #[tokio::test]
-async fn a_file_without_the_rate_limit_table_is_refused_and_the_policies_in_force_stay() {
+async fn a_file_that_names_no_policies_is_refused_and_the_policies_in_force_stay() {
     let served = Served::start(&config(3, 1, "")).await;
-    // Comments alone, and a copy cut before the table: each would load as
-    // the built-in policies (5 a minute, looser than these 3).
-    let cut = config(3, 1, "");
-    let cut = &cut[..cut.find("[capabilities.rate-limit]").expect("the table")];
-    for partial in ["# a configuration being written\n", cut] {
+    // Comments alone, a copy cut before the table, and the table's header
+    // alone: each would load as the built-in policy (5 a minute, looser
+    // than these 3).
+    let whole = config(3, 1, "");
+    let before_table = &whole[..whole.find("[capabilities.rate-limit]").expect("the table")];
+    let header = format!("{before_table}[capabilities.rate-limit]\n");
+    for partial in ["# a configuration being written\n", before_table, &header] {
         let report = served.rewrite_and_reload(partial).await;
         assert!(
-            problems(&report)[0].contains("sets no [capabilities.rate-limit] table"),
-            "{report:?}"
+            problems(&report)[0].contains("names no policies ([capabilities.rate-limit.policies])"),
+            "{partial:?}: {report:?}"
         );
     }
+    // The policies' header alone is no valid file at all.
+    let empty = format!("{header}[capabilities.rate-limit.policies]\n");
+    let report = served.rewrite_and_reload(&empty).await;
+    assert!(problems(&report)[0].contains("must define at least one policy"), "{report:?}");
     served.allowed_then_denied(3).await;
 }
 
@@ -492,6 +498,29 @@ async fn the_binary_reloads_on_sighup_and_keeps_its_table_on_a_bad_file() {
     .await;
     serve.assert_alive();
     assert!(hello().await.1.contains("q=7"), "the reloaded table stays in force");
+}
+
+/// A variable of the rate-limit table does not make a file without its
+/// policies look whole: the file is asked alone.
+#[tokio::test]
+async fn a_variable_of_the_table_does_not_let_a_file_without_policies_through() {
+    let trusted = [("CA_SKELETON_CAPABILITIES__RATE_LIMIT__TRUSTED_PROXIES", "10.0.0.1")];
+    let mut serve = Serve::start_with_env(&config(3, 1, ""), "app_bootstrap=info", &trusted);
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let url = format!("{}/api/hello", serve.base);
+    let policy = async || {
+        let response = client.get(&url).send().await.unwrap();
+        response.headers().get("ratelimit-policy").map(|p| p.to_str().unwrap().to_owned())
+    };
+    assert!(policy().await.unwrap_or_default().contains("q=3"));
+    write(&serve.config_path(), "# being rewritten\n");
+    hang_up(&serve.child);
+    eventually("the rejection log line", async || {
+        serve.logs().iter().any(|line| line.contains("configuration reload rejected"))
+    })
+    .await;
+    serve.assert_alive();
+    assert!(policy().await.unwrap_or_default().contains("q=3"), "the table in force stays");
 }
 
 /// Threads of process `pid` (Linux `/proc`); 0 once it is gone.

@@ -73,10 +73,29 @@ impl ConfigSources {
                 )));
             }
         }
-        self.figment()
-            .extract::<Dict>()
-            .map_err(|error| BootstrapError::ConfigSource(error.to_string()))
+        self.figment().extract::<Dict>().map_err(|error| {
+            // A value TOML itself cannot read (a number past 64 bits) stops the
+            // parse before any key is typed: name the key from the line.
+            let text = self.file.as_ref().and_then(|file| std::fs::read_to_string(file).ok());
+            let line = error.to_string().split_once("at line ").and_then(|(_, rest)| {
+                rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<usize>().ok()
+            });
+            let key = text.zip(line).and_then(|(text, line)| key_path_at(&text, line));
+            let key = key.map(|key| format!(" (key path {key})")).unwrap_or_default();
+            BootstrapError::ConfigSource(format!("{error}{key}"))
+        })
     }
+}
+
+/// The dotted key path set on line `line` (1-based) of a TOML text: the
+/// table its last header names, then the key before its `=`.
+fn key_path_at(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
+    let header = lines[..line - 1].iter().rev().map(|l| l.trim()).find(|l| l.starts_with('['));
+    let table = header.map(|h| h.trim_start_matches('[').trim_end_matches(']').trim());
+    let key = key.trim();
+    Some(table.map_or_else(|| key.to_owned(), |table| format!("{table}.{key}")))
 }
 
 /// `CA_SKELETON_A__B_C=v` -> `a.b-c = v`: `__` separates levels and `_`
@@ -103,6 +122,22 @@ mod tests {
     use figment::Jail;
 
     use super::*;
+
+    #[test]
+    fn a_value_toml_cannot_read_is_named_by_its_key_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("big.toml");
+        let policy = "[capabilities.rate-limit.policies.cal]\nalgorithm = \"fixed-window\"\n";
+        std::fs::write(&file, format!("{policy}limit = 18446744073709551616\n")).unwrap();
+        let error = ConfigSources::file_only(file).merged_tree().unwrap_err().to_string();
+        assert!(error.contains("line 3"), "{error}");
+        assert!(
+            error.ends_with("(key path capabilities.rate-limit.policies.cal.limit)"),
+            "{error}"
+        );
+        assert_eq!(key_path_at("top = 1\n", 1).as_deref(), Some("top"));
+        assert_eq!(key_path_at("[a]\n# note\n\n", 2), None);
+    }
 
     #[test]
     #[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]

@@ -106,16 +106,19 @@ impl fmt::Debug for CalendarZone {
 /// The latest caller time placed in a calendar: 9998-12-30T00:00:00Z.
 const LATEST_MS: u64 = 253_370_592_000_000;
 
-/// The period holding `t` in `zone`: `start <= t < end` up to 9998-12-30.
+/// The period holding `t` in `zone`: `start <= t < end`. Past 9998-12-30
+/// the period holding that day runs on to a day after `t`, so a count
+/// still holds under a clock that far ahead.
 pub fn bounds(t: u64, period: CalendarPeriod, zone: &CalendarZone) -> (u64, u64) {
+    const DAY: u64 = 86_400_000;
     let clamped = t.min(LATEST_MS);
     // Both conversions hold for every clamped time; the fallback (the UTC
     // day) only keeps this total.
-    local_bounds(clamped, period, &zone.0).unwrap_or_else(|| {
-        let day = 86_400_000;
-        let start = clamped - clamped % day;
-        (start, start + day)
-    })
+    let (start, end) = local_bounds(clamped, period, &zone.0).unwrap_or_else(|| {
+        let start = clamped - clamped % DAY;
+        (start, start + DAY)
+    });
+    (start, if t < end { end } else { t.saturating_add(DAY) })
 }
 
 fn local_bounds(t: u64, period: CalendarPeriod, tz: &TimeZone) -> Option<(u64, u64)> {
@@ -252,6 +255,8 @@ mod tests {
     fn zone(name: &str) -> CalendarZone {
         name.parse().unwrap()
     }
+
+    const DAY: u64 = 86_400_000;
 
     // docs/algorithms.md, "Calendar window", worked numbers (a): a DST day
     // in Europe/Berlin, a request at 12:00 local.
@@ -446,14 +451,19 @@ mod tests {
                     let (start, end) = bounds(t, period, zone);
                     assert!(start <= t && t < end, "{t} {period:?} {zone:?}: {start}..{end}");
                 }
-                let at_latest = bounds(LATEST_MS, period, zone);
-                for t in [LATEST_MS + 1, i64::MAX as u64, u64::MAX] {
-                    assert_eq!(bounds(t, period, zone), at_latest);
-                    let step = apply(3, period, zone, &mut None, t, 1);
-                    assert_eq!(
-                        (step.allowed, step.reset_after),
-                        (true, at_latest.1.saturating_sub(t))
-                    );
+                // Later times count in the period holding 9998-12-30, run
+                // on to a day after them: a count holds, the limit too.
+                let (latest_start, latest_end) = bounds(LATEST_MS, period, zone);
+                for t in [latest_end, latest_end + 1, i64::MAX as u64, u64::MAX - 1] {
+                    assert_eq!(bounds(t, period, zone), (latest_start, t.saturating_add(DAY)));
+                    let mut state = None;
+                    for (remaining, later) in [(2, 0), (1, DAY / 2), (0, DAY - 1)] {
+                        let at = t.saturating_add(later);
+                        let step = apply(3, period, zone, &mut state, at, 1);
+                        assert!(step.allowed && step.remaining == remaining, "{t} +{later}");
+                    }
+                    let refused = apply(3, period, zone, &mut state, t.saturating_add(DAY), 1);
+                    assert!(!refused.allowed, "{t} {period:?} {zone:?}: a fourth in one period");
                 }
             }
         }
