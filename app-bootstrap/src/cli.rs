@@ -242,6 +242,14 @@ async fn serve(
     log_format: LogFormat,
     signals: Signals,
 ) -> Result<(), BootstrapError> {
+    // hyper writes every response's `Date` from the wall clock and panics on
+    // a time before 1970, on every connection: such a clock is refused here.
+    if std::time::SystemTime::now() < std::time::UNIX_EPOCH {
+        init_logging(log_format, None);
+        let reason = "the system clock reads a time before 1970, and HTTP `Date` headers \
+                      cannot be written: set the clock and start again";
+        return Err(BootstrapError::Wiring { component: "the listeners", reason: reason.into() });
+    }
     let config = match AppConfig::load(sources) {
         Ok(config) => config,
         Err(error) => {
