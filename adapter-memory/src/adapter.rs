@@ -145,7 +145,7 @@ impl MemoryEdgeRateLimitAdapter {
     fn budget_slot(&self, key: &BudgetKey) -> Result<(&PolicySlot, KeySlot), BudgetFailure> {
         let slot = self.policies.get(&key.policy).ok_or(BudgetFailure::UnknownPolicy)?;
         let operation = key.operation_for(&slot.policy)?.copied();
-        Ok((slot, KeySlot { namespace: slot.namespace, operation }))
+        Ok((slot, KeySlot::new(slot.namespace, operation)))
     }
 }
 
@@ -162,7 +162,7 @@ impl PolicySlot {
             PolicyScope::Operation => Some(operation),
             PolicyScope::Subject => None,
         };
-        KeySlot { namespace: self.namespace, operation }
+        KeySlot::new(self.namespace, operation)
     }
 }
 

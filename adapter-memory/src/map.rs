@@ -10,39 +10,34 @@ use std::hash::BuildHasher;
 use crate::entry::Entry;
 
 /// What a policy adds to its keys: its revision's namespace number, and
-/// the operation of an operation-scoped policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct KeySlot {
-    pub(crate) namespace: u32,
-    pub(crate) operation: Option<OperationDigest>,
-}
-
-/// A [`KeySlot`] as a held key stores it: 24 bytes, where the option of the
-/// digest's enum beside the namespace takes 32.
+/// the operation of an operation-scoped policy, packed in 24 bytes (an
+/// option of the digest's enum beside the namespace takes 32).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct PackedSlot {
+pub(crate) struct KeySlot {
     operation: [u64; 2],
     pub(crate) namespace: u32,
     /// 0 without an operation, 1 for a 64-bit digest, 2 for a 128-bit one.
     form: u8,
 }
 
-impl From<KeySlot> for PackedSlot {
-    fn from(slot: KeySlot) -> Self {
-        let (bits, form) = slot.operation.map_or((0, 0), |operation| {
-            let (bits, wide) = operation.bits();
-            (bits, 1 + u8::from(wide))
-        });
+impl KeySlot {
+    pub(crate) const fn new(namespace: u32, operation: Option<OperationDigest>) -> Self {
+        let (bits, form) = match operation {
+            None => (0, 0),
+            Some(operation) => {
+                let (bits, wide) = operation.bits();
+                (bits, 1 + wide as u8)
+            }
+        };
         // The halves of a u128: the casts keep exactly 64 bits each.
-        let operation = [(bits >> 64) as u64, bits as u64];
-        Self { operation, namespace: slot.namespace, form }
+        Self { operation: [(bits >> 64) as u64, bits as u64], namespace, form }
     }
 }
 
 /// One key as a look-up asks for it, with its hash ([`KeyHasher::key`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Key<'s> {
-    pub(crate) slot: PackedSlot,
+    pub(crate) slot: KeySlot,
     pub(crate) subject: &'s SubjectDigest,
     pub(crate) hash: u64,
 }
@@ -53,7 +48,7 @@ pub(crate) struct Key<'s> {
 #[derive(Debug)]
 #[repr(align(64))]
 pub(crate) struct Held {
-    pub(crate) slot: PackedSlot,
+    pub(crate) slot: KeySlot,
     subject: SubjectDigest,
     pub(crate) entry: Entry,
 }
@@ -147,11 +142,10 @@ impl KeyHasher {
         subject: &'s SubjectDigest,
         subject_hash: u64,
     ) -> Key<'s> {
-        let slot = PackedSlot::from(slot);
         Key { slot, subject, hash: subject_hash ^ self.slot(slot) }
     }
 
-    fn slot(&self, slot: PackedSlot) -> u64 {
+    fn slot(&self, slot: KeySlot) -> u64 {
         let [s0, s1, ..] = self.seeds;
         let operation =
             if slot.form == 0 { 0 } else { self.operations.hash_one((slot.operation, slot.form)) };

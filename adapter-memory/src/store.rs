@@ -466,7 +466,7 @@ mod tests {
         SubjectDigest::parse(format!("v1:{n:032x}")).unwrap()
     }
 
-    const SLOT: KeySlot = KeySlot { namespace: 0, operation: None };
+    const SLOT: KeySlot = KeySlot::new(0, None);
 
     /// One evaluation of one key, as the adapter makes it for a set of one.
     fn evaluate(
@@ -719,9 +719,9 @@ mod tests {
         let store = MemoryStore::with_shards(64);
         let rules = rules();
         let slots = [
-            (KeySlot { namespace: 0, operation: None }, &rules),
-            (KeySlot { namespace: 1, operation: None }, &rules),
-            (KeySlot { namespace: 1, operation: Some(OperationDigest::from_u64(42)) }, &rules),
+            (KeySlot::new(0, None), &rules),
+            (KeySlot::new(1, None), &rules),
+            (KeySlot::new(1, Some(OperationDigest::from_u64(42))), &rules),
         ];
         let now = T0;
         let verdict = store
@@ -756,11 +756,11 @@ mod tests {
         let narrow = Some(OperationDigest::from_u64(0xaa));
         let wide = Some(OperationDigest::from_u128(0xaa));
         let keys = [
-            (KeySlot { namespace: 0, operation: None }, subject(1)),
-            (KeySlot { namespace: 1, operation: None }, subject(1)),
-            (KeySlot { namespace: 1, operation: narrow }, subject(1)),
-            (KeySlot { namespace: 1, operation: wide }, subject(1)),
-            (KeySlot { namespace: 1, operation: narrow }, subject(2)),
+            (KeySlot::new(0, None), subject(1)),
+            (KeySlot::new(1, None), subject(1)),
+            (KeySlot::new(1, narrow), subject(1)),
+            (KeySlot::new(1, wide), subject(1)),
+            (KeySlot::new(1, narrow), subject(2)),
             // The same tag under another key version, or one byte longer.
             (SLOT, SubjectDigest::from_tag(2, &[0; 16]).unwrap()),
             (SLOT, SubjectDigest::from_tag(1, &[0; 16]).unwrap()),
