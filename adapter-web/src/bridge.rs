@@ -12,10 +12,10 @@ use http::request::Parts;
 use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use shared_contract::{
-    Algorithm, Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle,
-    OperationDigest, PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure,
-    RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest,
-    quota_window, write_limit_item, write_policy_field_at,
+    Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
+    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
+    RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window,
+    write_limit_item, write_policy_field_at,
 };
 use tracing::{Instrument, Span};
 
@@ -25,8 +25,7 @@ use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::telemetry::{self, MemberMetrics, PolicyIds};
 
-/// What the bridge learned about one request: its policy set, each policy
-/// as the port holds it, and the port's answer.
+/// What the bridge learned about one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeEvaluation {
     /// The operation's policy set (or the default set), in configured order.
@@ -40,8 +39,7 @@ pub struct BridgeEvaluation {
 }
 
 impl BridgeEvaluation {
-    /// Whether the policy at `index` can block; one the port does not know
-    /// can, so it fails closed.
+    /// Whether the policy at `index` can block (see [`enforcing`]).
     fn enforced_at(&self, index: usize) -> bool {
         enforcing(self.described.get(index).and_then(Option::as_ref))
     }
@@ -56,14 +54,10 @@ impl BridgeEvaluation {
         self.outcome.is_allowed() || !self.enforces()
     }
 
-    /// The enforced policies with their decisions, in order: what the `RateLimit` headers show.
-    pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        self.enforced_limits().map(|(id, decision, _)| (id, decision)).collect()
-    }
-
-    /// The enforced members as `RateLimit` lists them, with whether each has
-    /// a reset time (a concurrency policy has none).
-    pub(crate) fn enforced_limits(
+    /// The enforced policies with their decisions, in order, as the `RateLimit`
+    /// header lists them: with whether each has a reset time (a concurrency
+    /// policy has none).
+    pub fn enforced_decisions(
         &self,
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
         let decisions = self.outcome.as_ref().map_or(&[][..], |set| set.decisions());
@@ -76,7 +70,7 @@ impl BridgeEvaluation {
 
     /// The enforced policies that denied, in order: a `429`'s `violated-policies`.
     pub fn violated_policies(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        let enforced = self.enforced_limits().filter(|(_, decision, _)| !decision.allowed);
+        let enforced = self.enforced_decisions().filter(|(_, decision, _)| !decision.allowed);
         enforced.map(|(id, decision, _)| (id, decision)).collect()
     }
 }
@@ -112,14 +106,16 @@ impl PreparedSet {
         let described: Arc<[_]> = ids.iter().map(|id| port.policy(id).cloned()).collect();
         let metrics = ids.iter().zip(described.iter());
         let metrics = metrics.map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()));
-        let algorithms = || described.iter().flatten().map(RateLimitPolicy::algorithm);
         let moves = enforced(&described).any(|policy| policy.algorithm().kind().window_moves());
         Self {
             policies: policies.clone(),
             metrics: metrics.collect(),
             header_moves: moves,
             policy_header: policy_header(enforced(&described), || clock.epoch_millis()),
-            holds_leases: algorithms().any(Algorithm::holds_leases),
+            holds_leases: described
+                .iter()
+                .flatten()
+                .any(|policy| policy.algorithm().holds_leases()),
             has_shadow: !described.iter().all(|policy| enforcing(policy.as_ref())),
             described: Arc::clone(&described),
         }

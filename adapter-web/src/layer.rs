@@ -39,7 +39,7 @@ impl RateLimitLayer {
         Self { switch: Some(switch), shaper: None }
     }
 
-    /// The switch of an enabled layer.
+    /// The switch of an enabled layer; `None` when it limits nothing.
     pub fn switch(&self) -> Option<&BridgeSwitch> {
         self.switch.as_ref()
     }
@@ -56,11 +56,6 @@ impl RateLimitLayer {
     ) -> Self {
         self.shaper = Some(RefusalShaper(Arc::new(shaper)));
         self
-    }
-
-    /// Whether this layer limits at all.
-    pub fn is_enabled(&self) -> bool {
-        self.switch.is_some()
     }
 }
 

@@ -151,12 +151,8 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        let sent = match &frame {
-            None | Some(Err(_)) => true,
-            Some(Ok(_)) => this.inner.is_end_stream(),
-        };
-        if sent {
-            // Dropping the guard gives the lease back.
+        // Sent, or failed: dropping the guard gives the lease back.
+        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
             this.lease.take();
         }
         Poll::Ready(frame)

@@ -210,7 +210,7 @@ pub enum WebError {
     /// The same key version configured twice.
     #[error("pseudonymizer key version {0} is configured more than once")]
     DuplicateKeyVersion(u32),
-    /// A version asked for (the active one, or an explicit one) has no key.
+    /// The active key version has no key.
     #[error("pseudonymizer key version {0} is not configured")]
     UnknownKeyVersion(u32),
     /// `problem_type_base` is empty, or with a category name is not a URI.

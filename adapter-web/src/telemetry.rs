@@ -99,15 +99,10 @@ pub(crate) fn record_evaluation(
     outcome: &RateLimitOutcome,
     elapsed: Duration,
 ) {
-    let (decisions, source) = match outcome {
-        Ok(set) => (set.decisions(), set.source()),
-        Err(_) => (&[][..], DecisionSource::Store),
-    };
-    let (degraded, cached) = match source {
-        DecisionSource::Store => (false, false),
-        DecisionSource::LocalCache => (false, true),
-        DecisionSource::Degraded => (true, false),
-    };
+    let decisions = outcome.as_ref().map_or(&[][..], |set| set.decisions());
+    let source = outcome.as_ref().map_or(DecisionSource::Store, |set| set.source());
+    let (degraded, cached) =
+        (source == DecisionSource::Degraded, source == DecisionSource::LocalCache);
     for (index, member) in members.iter().enumerate() {
         let outcome = match decisions.get(index) {
             Some(_) if degraded => DEGRADED,
