@@ -13,9 +13,9 @@ use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use shared_contract::{
     Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
-    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
-    RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window,
-    write_limit_item, write_policy_field_at,
+    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitOutcomeExt,
+    RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window, write_limit_item,
+    write_policy_field_at,
 };
 use tracing::{Instrument, Span};
 
@@ -274,13 +274,7 @@ impl TransportBridge {
         // The injected clock times the histogram too.
         let ended = self.clock.monotonic();
         let elapsed = ended.saturating_duration_since(started);
-        let lease = match lease {
-            Some(lease) if !may_hold_lease(&outcome) => {
-                lease.disarm();
-                None
-            }
-            lease => lease,
-        };
+        let lease = lease.and_then(|lease| lease.if_held(&outcome));
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let described = Arc::clone(&prepared.described);
         let policy_header = if prepared.header_moves {
@@ -335,16 +329,6 @@ struct Context {
     span: Option<Span>,
     started: Instant,
     shadow_subject: Option<SubjectDigest>,
-}
-
-/// Whether the answer leaves a lease behind: an admitted set's or an
-/// `Indeterminate` one's (a refused set writes nothing).
-fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
-    match outcome {
-        Ok(set) => set.allowed(),
-        Err(RateLimitFailure::Indeterminate { .. }) => true,
-        Err(RateLimitFailure::Unavailable { .. } | RateLimitFailure::Incompatible { .. }) => false,
-    }
 }
 
 /// The `rate_limit.decision` span, a child of the request's; `None` when
@@ -562,10 +546,7 @@ pub(crate) fn limit_header<'a>(
 /// Written by hand, not through `sfv`: made per request, and a validated
 /// policy id needs no escapes (tests compare them); `None` when empty.
 fn header(text: Vec<u8>) -> Option<HeaderValue> {
-    if text.is_empty() {
-        return None;
-    }
-    HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
+    HeaderValue::from_maybe_shared(Bytes::from(text)).ok().filter(|value| !value.is_empty())
 }
 
 #[cfg(test)]

@@ -362,13 +362,10 @@ pub const MIN_KEY_BYTES: usize = 32;
 /// depends on the subject alone (the Redis Cluster hash tag of its keys).
 /// Rotation makes a new key active beside the old (budgets restart once).
 pub struct VersionedPseudonymizer {
-    keys: BTreeMap<u32, KeyedMac>,
+    /// HMAC-SHA-256 keyed once per version: as secret as the key, never printed.
+    keys: BTreeMap<u32, Hmac<Sha256>>,
     active_version: u32,
 }
-
-/// HMAC-SHA-256 keyed once per version (as secret as the key: never printed).
-#[derive(Clone)]
-struct KeyedMac(Hmac<Sha256>);
 
 impl VersionedPseudonymizer {
     /// Keys by version, each of [`MIN_KEY_BYTES`] or more, no version twice,
@@ -386,7 +383,7 @@ impl VersionedPseudonymizer {
             // HMAC accepts keys of any length; ours were checked above.
             let mac = <Hmac<Sha256> as Mac>::new_from_slice(key.expose_secret())
                 .expect("HMAC-SHA-256 accepts a key of any length");
-            if by_version.insert(version, KeyedMac(mac)).is_some() {
+            if by_version.insert(version, mac).is_some() {
                 return Err(WebError::DuplicateKeyVersion(version));
             }
         }
@@ -416,7 +413,7 @@ impl VersionedPseudonymizer {
 /// big-endian length and its bytes, so no two frame lists make one message.
 impl SubjectPseudonymizer for VersionedPseudonymizer {
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest {
-        let mut mac = self.keys[&self.active_version].0.clone();
+        let mut mac = self.keys[&self.active_version].clone();
         for frame in frames {
             // Saturating: HTTP header and route limits cut parts off long before 4 GiB.
             mac.update(&u32::try_from(frame.len()).unwrap_or(u32::MAX).to_be_bytes());

@@ -125,7 +125,9 @@ impl EdgeSettings {
         if !IPV6_PREFIXES.contains(&self.client_ipv6_prefix) {
             problems.push(WebError::ClientIpv6PrefixOutOfRange(self.client_ipv6_prefix));
         }
-        if let Some(everything) = covering_everything(&self.trusted_proxies) {
+        // The whole address space of a family, when the proxies add up to it.
+        let aggregated = IpNet::aggregate(&self.trusted_proxies);
+        if let Some(everything) = aggregated.into_iter().find(|net| net.prefix_len() == 0) {
             problems.push(WebError::TrustedProxiesCoverEveryAddress(everything));
         }
         let base = &self.problem_type_base;
@@ -154,11 +156,6 @@ impl EdgeSettings {
     pub(crate) fn ipv6_prefix(&self) -> u8 {
         self.client_ipv6_prefix.clamp(*IPV6_PREFIXES.start(), *IPV6_PREFIXES.end())
     }
-}
-
-/// The whole address space of a family when `trusted` adds up to it.
-fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
-    IpNet::aggregate(&trusted.to_vec()).into_iter().find(|net| net.prefix_len() == 0)
 }
 
 /// `parse(text)`, or an error that names the text and what it is not.
