@@ -54,9 +54,8 @@ impl BridgeEvaluation {
         self.outcome.is_allowed() || !self.enforces()
     }
 
-    /// The enforced policies with their decisions, in order, as the `RateLimit`
-    /// header lists them: with whether each has a reset time (a concurrency
-    /// policy has none).
+    /// The enforced policies with their decisions as `RateLimit` lists them, and
+    /// whether each has a reset time (a concurrency policy has none).
     pub fn enforced_decisions(
         &self,
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {

@@ -1,5 +1,4 @@
-//! The tower middleware: `RateLimitLayer`, `RateLimitService`, its
-//! `ResponseFuture`, and the `BridgeSwitch` holding the bridge in force.
+//! The tower middleware, and the `BridgeSwitch` holding the bridge in force.
 
 use std::fmt;
 use std::future::Future;

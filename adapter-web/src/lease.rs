@@ -78,9 +78,8 @@ impl LeaseGuard {
         Self(Some(Release { port, lease, releases }))
     }
 
-    /// The guard while the port's answer may leave the lease held: an
-    /// admitted set's or an `Indeterminate` one's (a refused set writes
-    /// nothing, so there is no lease to give back).
+    /// The guard while the answer may leave the lease held: an admitted set's or
+    /// an `Indeterminate` one's (a refused set writes nothing, so none is given back).
     pub(crate) fn if_held(mut self, outcome: &RateLimitOutcome) -> Option<Self> {
         let held = match outcome {
             Ok(set) => set.allowed(),

@@ -1,5 +1,4 @@
-//! `EdgeSettings`, the edge's configuration (the keys of
-//! `capabilities.rate-limit` and their defaults), and `WebError`.
+//! `EdgeSettings` (the keys of `capabilities.rate-limit`, with defaults) and `WebError`.
 
 use crate::rejection::{problem_type, problem_type_names};
 use http::HeaderName;
