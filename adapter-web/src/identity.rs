@@ -152,7 +152,7 @@ pub(crate) fn client_ip(
             walk_from_right(peer, hops.map(x_forwarded_for_hop), trusted)
         }
         ClientIpHeader::Forwarded => {
-            let hops = lines.flat_map(forwarded_elements).filter_map(forwarded_hop);
+            let hops = lines.flat_map(|line| split_unquoted(line, b',')).filter_map(forwarded_hop);
             walk_from_right(peer, hops, trusted)
         }
     }
@@ -194,9 +194,9 @@ fn x_forwarded_for_hop(entry: &[u8]) -> Option<IpAddr> {
     Some(IpAddr::V6(bracketed.parse().ok()?))
 }
 
-/// The elements of one `Forwarded` line, rightmost first: split at its
-/// commas outside quoted strings.
-fn forwarded_elements(line: &[u8]) -> impl Iterator<Item = &[u8]> {
+/// `line` split at each `separator` outside quoted strings, rightmost first:
+/// a `Forwarded` line's elements (`,`) or an element's pairs (`;`).
+fn split_unquoted(line: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
     // What is left to split is `line[..end]`.
     let mut end = Some(line.len());
     std::iter::from_fn(move || {
@@ -205,13 +205,13 @@ fn forwarded_elements(line: &[u8]) -> impl Iterator<Item = &[u8]> {
         while at > 0 {
             at -= 1;
             match line[at] {
-                b',' => {
+                byte if byte == separator => {
                     end = Some(at);
                     return Some(&line[at + 1..stop]);
                 }
                 b'"' => match opening_quote(&line[..at]) {
                     Some(open) => at = open,
-                    // An unbalanced quote: the rest is one (broken) element.
+                    // An unbalanced quote: the rest is one (broken) piece.
                     None => break,
                 },
                 _ => {}
@@ -231,36 +231,24 @@ fn opening_quote(text: &[u8]) -> Option<usize> {
 /// The hop a `Forwarded` element (RFC 7239 section 4) names: `Some(None)` for
 /// no address or a malformed one, `None` for an empty element.
 fn forwarded_hop(element: &[u8]) -> Option<Option<IpAddr>> {
-    let mut cursor = Cursor { bytes: element, at: 0 };
     let mut node: Option<Option<IpAddr>> = None;
-    let mut pairs = 0;
-    loop {
-        cursor.skip_whitespace();
-        match cursor.peek() {
-            None => break,
-            // An empty pair is allowed by the grammar.
-            Some(b';') => {}
-            Some(_) => {
-                let Some((name, value)) = cursor.pair() else { return Some(None) };
-                pairs += 1;
-                if name.eq_ignore_ascii_case(b"for") {
-                    let node_text = std::str::from_utf8(&value).ok();
-                    let Some(parsed) = node_text.and_then(parse_node) else { return Some(None) };
-                    // Two `for` in one element leave the hop ambiguous.
-                    if node.replace(parsed).is_some() {
-                        return Some(None);
-                    }
-                }
-                cursor.skip_whitespace();
+    let mut empty = true;
+    // An empty pair is allowed by the grammar. The only whitespace a header
+    // value holds is spaces and tabs (RFC 9110 OWS) around a pair.
+    let pairs = split_unquoted(element, b';').map(<[u8]>::trim_ascii);
+    for pair in pairs.filter(|pair| !pair.is_empty()) {
+        empty = false;
+        let Some((name, value)) = name_and_value(pair) else { return Some(None) };
+        if name.eq_ignore_ascii_case(b"for") {
+            let node_text = std::str::from_utf8(&value).ok();
+            let Some(parsed) = node_text.and_then(parse_node) else { return Some(None) };
+            // Two `for` in one element leave the hop ambiguous.
+            if node.replace(parsed).is_some() {
+                return Some(None);
             }
         }
-        match cursor.peek() {
-            Some(b';') => cursor.at += 1,
-            None => break,
-            Some(_) => return Some(None),
-        }
     }
-    (pairs > 0).then(|| node.flatten())
+    (!empty).then(|| node.flatten())
 }
 
 /// A `node` (RFC 7239 section 6): `Some(Some(ip))`, `Some(None)` for
@@ -298,56 +286,34 @@ fn is_obfuscated(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
-/// A byte cursor over one `Forwarded` element, for the RFC 7239 grammar.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// `token "=" ( token / quoted-string )`, the value with its escapes resolved.
+fn name_and_value(pair: &[u8]) -> Option<(&[u8], Vec<u8>)> {
+    let at = pair.iter().position(|&byte| byte == b'=')?;
+    let (name, value) = (&pair[..at], &pair[at + 1..]);
+    let value = match value.strip_prefix(b"\"") {
+        Some(quoted) => unquote(quoted)?,
+        None => is_token(value).then(|| value.to_vec())?,
+    };
+    is_token(name).then_some((name, value))
 }
 
-impl<'a> Cursor<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
-    }
-
-    fn skip_whitespace(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t')) {
-            self.at += 1;
+/// A quoted string after its opening `"`, its escapes resolved, when its
+/// closing `"` is the last byte.
+fn unquote(quoted: &[u8]) -> Option<Vec<u8>> {
+    let mut bytes = quoted.iter();
+    let mut value = Vec::new();
+    while let Some(&byte) = bytes.next() {
+        match byte {
+            b'"' => return bytes.as_slice().is_empty().then_some(value),
+            b'\\' => value.push(*bytes.next()?),
+            _ => value.push(byte),
         }
     }
+    None
+}
 
-    /// `token "=" value`, the value with its escapes resolved.
-    fn pair(&mut self) -> Option<(&'a [u8], Vec<u8>)> {
-        let name = self.token()?;
-        (self.peek() == Some(b'=')).then(|| self.at += 1)?;
-        let value = if self.peek() == Some(b'"') { self.quoted()? } else { self.token()?.to_vec() };
-        Some((name, value))
-    }
-
-    fn token(&mut self) -> Option<&'a [u8]> {
-        let start = self.at;
-        while self.peek().is_some_and(is_tchar) {
-            self.at += 1;
-        }
-        (self.at > start).then(|| &self.bytes[start..self.at])
-    }
-
-    /// A quoted string, its escapes resolved.
-    fn quoted(&mut self) -> Option<Vec<u8>> {
-        self.at += 1;
-        let mut value = Vec::new();
-        loop {
-            let byte = self.peek()?;
-            self.at += 1;
-            match byte {
-                b'"' => return Some(value),
-                b'\\' => {
-                    value.push(self.peek()?);
-                    self.at += 1;
-                }
-                _ => value.push(byte),
-            }
-        }
-    }
+fn is_token(text: &[u8]) -> bool {
+    !text.is_empty() && text.iter().copied().all(is_tchar)
 }
 
 /// RFC 9110 `tchar`.
