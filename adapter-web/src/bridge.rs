@@ -106,17 +106,16 @@ impl PreparedSet {
         let metrics = ids.iter().zip(described.iter());
         let metrics = metrics.map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()));
         let moves = enforced(&described).any(|policy| policy.algorithm().kind().window_moves());
+        let holds_leases =
+            described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
         Self {
             policies: policies.clone(),
             metrics: metrics.collect(),
             header_moves: moves,
             policy_header: policy_header(enforced(&described), || clock.epoch_millis()),
-            holds_leases: described
-                .iter()
-                .flatten()
-                .any(|policy| policy.algorithm().holds_leases()),
+            holds_leases,
             has_shadow: !described.iter().all(|policy| enforcing(policy.as_ref())),
-            described: Arc::clone(&described),
+            described,
         }
     }
 }

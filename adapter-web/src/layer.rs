@@ -91,7 +91,8 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let RateLimitLayer { switch: Some(switch), shaper } = &self.layer else {
             let future = self.inner.call(request);
-            return ResponseFuture { state: State::Running { future, headers: None, lease: None } };
+            let headers = DecisionHeaders::default();
+            return ResponseFuture { state: State::Running { future, headers, lease: None } };
         };
         ResponseFuture::evaluating(switch.current(), shaper.clone(), &mut self.inner, request)
     }
@@ -129,7 +130,7 @@ pin_project! {
         Running {
             #[pin]
             future: S::Future,
-            headers: Option<DecisionHeaders>,
+            headers: DecisionHeaders,
             lease: Option<LeaseGuard>,
         },
         // Refused: this response replaces the inner service's.
@@ -191,7 +192,7 @@ where
         }
         Ok((evaluation, lease)) => {
             let future = call(parts);
-            let headers = Some(decision_headers(evaluation));
+            let headers = decision_headers(evaluation);
             return State::Running { future, headers, lease: lease.take() };
         }
     };
@@ -232,9 +233,7 @@ where
                         None => response.map(Body::new),
                     };
                     // Ours replace any the handler set.
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
+                    std::mem::take(headers).apply(response.headers_mut());
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refused { response } => {
