@@ -170,9 +170,7 @@ fn walk_from_right(
     trusted: &[IpNet],
 ) -> IpAddr {
     let mut farthest_trusted = peer;
-    for hop in hops {
-        let Some(ip) = hop else { break };
-        let ip = ip.to_canonical();
+    for ip in hops.map_while(|hop| hop.map(|ip| ip.to_canonical())) {
         if !is_trusted(ip, trusted) {
             return ip;
         }
@@ -184,14 +182,9 @@ fn walk_from_right(
 /// One `X-Forwarded-For` entry: an address, maybe bracketed or with a port.
 fn x_forwarded_for_hop(entry: &[u8]) -> Option<IpAddr> {
     let entry = std::str::from_utf8(entry).ok()?.trim_matches([' ', '\t']);
-    if let Ok(ip) = entry.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    if let Ok(socket) = entry.parse::<SocketAddr>() {
-        return Some(socket.ip());
-    }
-    let bracketed = entry.strip_prefix('[')?.strip_suffix(']')?;
-    Some(IpAddr::V6(bracketed.parse().ok()?))
+    let socket = || entry.parse::<SocketAddr>().ok().map(|socket| socket.ip());
+    let bracketed = || entry.strip_prefix('[')?.strip_suffix(']')?.parse().ok().map(IpAddr::V6);
+    entry.parse().ok().or_else(socket).or_else(bracketed)
 }
 
 /// `line` split at each `separator` outside quoted strings, rightmost first:

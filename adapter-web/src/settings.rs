@@ -3,7 +3,8 @@
 use crate::rejection::{problem_type, problem_type_names};
 use http::HeaderName;
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use serde::de::Error;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use shared_contract::{DEFAULT_FAILURE_RETRY_AFTER, PolicyId, PolicySet};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -158,11 +159,7 @@ impl EdgeSettings {
 }
 
 /// `parse(text)`, or an error that names the text and what it is not.
-fn parsed<T, E: de::Error>(
-    text: &str,
-    parse: impl Fn(&str) -> Option<T>,
-    not: &str,
-) -> Result<T, E> {
+fn parsed<T, E: Error>(text: &str, parse: impl Fn(&str) -> Option<T>, not: &str) -> Result<T, E> {
     parse(text).ok_or_else(|| E::custom(format!("{text:?} is not {not}")))
 }
 

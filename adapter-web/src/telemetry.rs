@@ -70,10 +70,9 @@ impl MemberMetrics {
                 "front" => FRONT_HTTP,
             )
         };
-        match OUTCOMES.iter().position(|known| *known == outcome) {
-            Some(slot) => {
-                self.decisions[slot * 2 + usize::from(cached)].get_or_init(register).increment(1);
-            }
+        let slot = OUTCOMES.iter().position(|known| *known == outcome);
+        match slot.and_then(|slot| self.decisions.get(slot * 2 + usize::from(cached))) {
+            Some(handle) => handle.get_or_init(register).increment(1),
             // A label missed in OUTCOMES is still counted, without a kept handle.
             None => register().increment(1),
         }
