@@ -452,14 +452,12 @@ impl Operations {
             HEAD if !self.configured[HEAD].contains_key(route) => GET,
             method => method,
         };
-        if let Some(operation) = self.configured[method].get(route) {
-            return Arc::clone(operation);
+        let known = self.configured[method].get(route).cloned().or_else(|| {
+            self.seen.read().unwrap_or_else(PoisonError::into_inner)[method].get(route).cloned()
+        });
+        if let Some(operation) = known {
+            return operation;
         }
-        let read = self.seen.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(operation) = read[method].get(route) {
-            return Arc::clone(operation);
-        }
-        drop(read);
         let operation = Arc::new(Operation::new(format!("{} {route}", METHODS[method]), None));
         let mut seen = self.seen.write().unwrap_or_else(PoisonError::into_inner);
         let count: usize = seen.iter().map(HashMap::len).sum();
