@@ -12,10 +12,10 @@ use http::request::Parts;
 use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use shared_contract::{
-    Algorithm, Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle,
-    OperationDigest, PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure,
-    RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, SubjectDigest,
-    quota_window, write_limit_item, write_policy_field_at,
+    Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
+    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitOutcomeExt,
+    RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window, write_limit_item,
+    write_policy_field_at,
 };
 use tracing::{Instrument, Span};
 
@@ -25,8 +25,7 @@ use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::telemetry::{self, MemberMetrics, PolicyIds};
 
-/// What the bridge learned about one request: its policy set, each policy
-/// as the port holds it, and the port's answer.
+/// What the bridge learned about one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BridgeEvaluation {
     /// The operation's policy set (or the default set), in configured order.
@@ -40,8 +39,7 @@ pub struct BridgeEvaluation {
 }
 
 impl BridgeEvaluation {
-    /// Whether the policy at `index` can block; one the port does not know
-    /// can, so it fails closed.
+    /// Whether the policy at `index` can block (see [`enforcing`]).
     fn enforced_at(&self, index: usize) -> bool {
         enforcing(self.described.get(index).and_then(Option::as_ref))
     }
@@ -56,14 +54,9 @@ impl BridgeEvaluation {
         self.outcome.is_allowed() || !self.enforces()
     }
 
-    /// The enforced policies with their decisions, in order: what the `RateLimit` headers show.
-    pub fn enforced_decisions(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        self.enforced_limits().map(|(id, decision, _)| (id, decision)).collect()
-    }
-
-    /// The enforced members as `RateLimit` lists them, with whether each has
-    /// a reset time (a concurrency policy has none).
-    pub(crate) fn enforced_limits(
+    /// The enforced policies with their decisions as `RateLimit` lists them, and
+    /// whether each has a reset time (a concurrency policy has none).
+    pub fn enforced_decisions(
         &self,
     ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
         let decisions = self.outcome.as_ref().map_or(&[][..], |set| set.decisions());
@@ -76,7 +69,7 @@ impl BridgeEvaluation {
 
     /// The enforced policies that denied, in order: a `429`'s `violated-policies`.
     pub fn violated_policies(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        let enforced = self.enforced_limits().filter(|(_, decision, _)| !decision.allowed);
+        let enforced = self.enforced_decisions().filter(|(_, decision, _)| !decision.allowed);
         enforced.map(|(id, decision, _)| (id, decision)).collect()
     }
 }
@@ -112,16 +105,17 @@ impl PreparedSet {
         let described: Arc<[_]> = ids.iter().map(|id| port.policy(id).cloned()).collect();
         let metrics = ids.iter().zip(described.iter());
         let metrics = metrics.map(|(id, policy)| MemberMetrics::new(id.as_str(), policy.as_ref()));
-        let algorithms = || described.iter().flatten().map(RateLimitPolicy::algorithm);
         let moves = enforced(&described).any(|policy| policy.algorithm().kind().window_moves());
+        let holds_leases =
+            described.iter().flatten().any(|policy| policy.algorithm().holds_leases());
         Self {
             policies: policies.clone(),
             metrics: metrics.collect(),
             header_moves: moves,
             policy_header: policy_header(enforced(&described), || clock.epoch_millis()),
-            holds_leases: algorithms().any(Algorithm::holds_leases),
+            holds_leases,
             has_shadow: !described.iter().all(|policy| enforcing(policy.as_ref())),
-            described: Arc::clone(&described),
+            described,
         }
     }
 }
@@ -278,13 +272,7 @@ impl TransportBridge {
         // The injected clock times the histogram too.
         let ended = self.clock.monotonic();
         let elapsed = ended.saturating_duration_since(started);
-        let lease = match lease {
-            Some(lease) if !may_hold_lease(&outcome) => {
-                lease.disarm();
-                None
-            }
-            lease => lease,
-        };
+        let lease = lease.and_then(|lease| lease.if_held(&outcome));
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let described = Arc::clone(&prepared.described);
         let policy_header = if prepared.header_moves {
@@ -339,16 +327,6 @@ struct Context {
     span: Option<Span>,
     started: Instant,
     shadow_subject: Option<SubjectDigest>,
-}
-
-/// Whether the answer leaves a lease behind: an admitted set's or an
-/// `Indeterminate` one's (a refused set writes nothing).
-fn may_hold_lease(outcome: &RateLimitOutcome) -> bool {
-    match outcome {
-        Ok(set) => set.allowed(),
-        Err(RateLimitFailure::Indeterminate { .. }) => true,
-        Err(RateLimitFailure::Unavailable { .. } | RateLimitFailure::Incompatible { .. }) => false,
-    }
 }
 
 /// The `rate_limit.decision` span, a child of the request's; `None` when
@@ -474,14 +452,12 @@ impl Operations {
             HEAD if !self.configured[HEAD].contains_key(route) => GET,
             method => method,
         };
-        if let Some(operation) = self.configured[method].get(route) {
-            return Arc::clone(operation);
+        let known = self.configured[method].get(route).cloned().or_else(|| {
+            self.seen.read().unwrap_or_else(PoisonError::into_inner)[method].get(route).cloned()
+        });
+        if let Some(operation) = known {
+            return operation;
         }
-        let read = self.seen.read().unwrap_or_else(PoisonError::into_inner);
-        if let Some(operation) = read[method].get(route) {
-            return Arc::clone(operation);
-        }
-        drop(read);
         let operation = Arc::new(Operation::new(format!("{} {route}", METHODS[method]), None));
         let mut seen = self.seen.write().unwrap_or_else(PoisonError::into_inner);
         let count: usize = seen.iter().map(HashMap::len).sum();
@@ -566,10 +542,7 @@ pub(crate) fn limit_header<'a>(
 /// Written by hand, not through `sfv`: made per request, and a validated
 /// policy id needs no escapes (tests compare them); `None` when empty.
 fn header(text: Vec<u8>) -> Option<HeaderValue> {
-    if text.is_empty() {
-        return None;
-    }
-    HeaderValue::from_maybe_shared(Bytes::from(text)).ok()
+    HeaderValue::from_maybe_shared(Bytes::from(text)).ok().filter(|value| !value.is_empty())
 }
 
 #[cfg(test)]

@@ -77,9 +77,8 @@ pub(crate) fn resolve_subject<'a>(
             return Ok(RawSubject { kind: SubjectKind::ApiKey, identity: Cow::Borrowed(key) });
         }
     }
-    let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>() else {
-        return Err(EdgeRejection::MissingPeerAddress);
-    };
+    let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>();
+    let ConnectInfo(peer) = peer.ok_or(EdgeRejection::MissingPeerAddress)?;
     let ip =
         client_ip(peer.ip(), &parts.headers, settings.client_ip_header, &settings.trusted_proxies);
     Ok(RawSubject {
@@ -153,7 +152,7 @@ pub(crate) fn client_ip(
             walk_from_right(peer, hops.map(x_forwarded_for_hop), trusted)
         }
         ClientIpHeader::Forwarded => {
-            let hops = lines.flat_map(ForwardedElements::new).filter_map(forwarded_hop);
+            let hops = lines.flat_map(|line| split_unquoted(line, b',')).filter_map(forwarded_hop);
             walk_from_right(peer, hops, trusted)
         }
     }
@@ -171,9 +170,7 @@ fn walk_from_right(
     trusted: &[IpNet],
 ) -> IpAddr {
     let mut farthest_trusted = peer;
-    for hop in hops {
-        let Some(ip) = hop else { break };
-        let ip = ip.to_canonical();
+    for ip in hops.map_while(|hop| hop.map(|ip| ip.to_canonical())) {
         if !is_trusted(ip, trusted) {
             return ip;
         }
@@ -185,54 +182,37 @@ fn walk_from_right(
 /// One `X-Forwarded-For` entry: an address, maybe bracketed or with a port.
 fn x_forwarded_for_hop(entry: &[u8]) -> Option<IpAddr> {
     let entry = std::str::from_utf8(entry).ok()?.trim_matches([' ', '\t']);
-    if let Ok(ip) = entry.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    if let Ok(socket) = entry.parse::<SocketAddr>() {
-        return Some(socket.ip());
-    }
-    let bracketed = entry.strip_prefix('[')?.strip_suffix(']')?;
-    Some(IpAddr::V6(bracketed.parse().ok()?))
+    let socket = || entry.parse::<SocketAddr>().ok().map(|socket| socket.ip());
+    let bracketed = || entry.strip_prefix('[')?.strip_suffix(']')?.parse().ok().map(IpAddr::V6);
+    entry.parse().ok().or_else(socket).or_else(bracketed)
 }
 
-/// The elements of one `Forwarded` line, rightmost first: split at its
-/// commas outside quoted strings.
-struct ForwardedElements<'a> {
-    /// What is left to split is `line[..end]`.
-    line: &'a [u8],
-    end: Option<usize>,
-}
-
-impl<'a> ForwardedElements<'a> {
-    fn new(line: &'a [u8]) -> Self {
-        Self { line, end: Some(line.len()) }
-    }
-}
-
-impl<'a> Iterator for ForwardedElements<'a> {
-    type Item = &'a [u8];
-
-    fn next(&mut self) -> Option<&'a [u8]> {
-        let end = self.end?;
-        let mut at = end;
+/// `line` split at each `separator` outside quoted strings, rightmost first:
+/// a `Forwarded` line's elements (`,`) or an element's pairs (`;`).
+fn split_unquoted(line: &[u8], separator: u8) -> impl Iterator<Item = &[u8]> {
+    // What is left to split is `line[..end]`.
+    let mut end = Some(line.len());
+    std::iter::from_fn(move || {
+        let stop = end?;
+        let mut at = stop;
         while at > 0 {
             at -= 1;
-            match self.line[at] {
-                b',' => {
-                    self.end = Some(at);
-                    return Some(&self.line[at + 1..end]);
+            match line[at] {
+                byte if byte == separator => {
+                    end = Some(at);
+                    return Some(&line[at + 1..stop]);
                 }
-                b'"' => match opening_quote(&self.line[..at]) {
+                b'"' => match opening_quote(&line[..at]) {
                     Some(open) => at = open,
-                    // An unbalanced quote: the rest is one (broken) element.
+                    // An unbalanced quote: the rest is one (broken) piece.
                     None => break,
                 },
                 _ => {}
             }
         }
-        self.end = None;
-        Some(&self.line[..end])
-    }
+        end = None;
+        Some(&line[..stop])
+    })
 }
 
 /// Where the quoted string ending after `text` opens: its last unescaped `"`.
@@ -244,36 +224,24 @@ fn opening_quote(text: &[u8]) -> Option<usize> {
 /// The hop a `Forwarded` element (RFC 7239 section 4) names: `Some(None)` for
 /// no address or a malformed one, `None` for an empty element.
 fn forwarded_hop(element: &[u8]) -> Option<Option<IpAddr>> {
-    let mut cursor = Cursor { bytes: element, at: 0 };
     let mut node: Option<Option<IpAddr>> = None;
-    let mut pairs = 0;
-    loop {
-        cursor.skip_whitespace();
-        match cursor.peek() {
-            None => break,
-            // An empty pair is allowed by the grammar.
-            Some(b';') => {}
-            Some(_) => {
-                let Some((name, value)) = cursor.pair() else { return Some(None) };
-                pairs += 1;
-                if name.eq_ignore_ascii_case(b"for") {
-                    let node_text = std::str::from_utf8(&value).ok();
-                    let Some(parsed) = node_text.and_then(parse_node) else { return Some(None) };
-                    // Two `for` in one element leave the hop ambiguous.
-                    if node.replace(parsed).is_some() {
-                        return Some(None);
-                    }
-                }
-                cursor.skip_whitespace();
+    let mut empty = true;
+    // An empty pair is allowed by the grammar. The only whitespace a header
+    // value holds is spaces and tabs (RFC 9110 OWS) around a pair.
+    let pairs = split_unquoted(element, b';').map(<[u8]>::trim_ascii);
+    for pair in pairs.filter(|pair| !pair.is_empty()) {
+        empty = false;
+        let Some((name, value)) = name_and_value(pair) else { return Some(None) };
+        if name.eq_ignore_ascii_case(b"for") {
+            let node_text = std::str::from_utf8(&value).ok();
+            let Some(parsed) = node_text.and_then(parse_node) else { return Some(None) };
+            // Two `for` in one element leave the hop ambiguous.
+            if node.replace(parsed).is_some() {
+                return Some(None);
             }
         }
-        match cursor.peek() {
-            Some(b';') => cursor.at += 1,
-            None => break,
-            Some(_) => return Some(None),
-        }
     }
-    (pairs > 0).then(|| node.flatten())
+    (!empty).then(|| node.flatten())
 }
 
 /// A `node` (RFC 7239 section 6): `Some(Some(ip))`, `Some(None)` for
@@ -286,13 +254,11 @@ fn parse_node(node: &str) -> Option<Option<IpAddr>> {
             .then_some(Some(IpAddr::V6(ip)));
     }
     // `nodename [ ":" node-port ]`: no unbracketed name holds a ':'.
-    let (name, port) = match node.split_once(':') {
-        Some((name, port)) => (name, Some(port)),
-        None => (node, None),
+    let name = match node.split_once(':') {
+        Some((name, port)) if is_node_port(port) => name,
+        Some(_) => return None,
+        None => node,
     };
-    if port.is_some_and(|port| !is_node_port(port)) {
-        return None;
-    }
     if name.eq_ignore_ascii_case("unknown") {
         return Some(None);
     }
@@ -313,56 +279,34 @@ fn is_obfuscated(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
 }
 
-/// A byte cursor over one `Forwarded` element, for the RFC 7239 grammar.
-struct Cursor<'a> {
-    bytes: &'a [u8],
-    at: usize,
+/// `token "=" ( token / quoted-string )`, the value with its escapes resolved.
+fn name_and_value(pair: &[u8]) -> Option<(&[u8], Vec<u8>)> {
+    let at = pair.iter().position(|&byte| byte == b'=')?;
+    let (name, value) = (&pair[..at], &pair[at + 1..]);
+    let value = match value.strip_prefix(b"\"") {
+        Some(quoted) => unquote(quoted)?,
+        None => is_token(value).then(|| value.to_vec())?,
+    };
+    is_token(name).then_some((name, value))
 }
 
-impl<'a> Cursor<'a> {
-    fn peek(&self) -> Option<u8> {
-        self.bytes.get(self.at).copied()
-    }
-
-    fn skip_whitespace(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t')) {
-            self.at += 1;
+/// A quoted string after its opening `"`, its escapes resolved, when its
+/// closing `"` is the last byte.
+fn unquote(quoted: &[u8]) -> Option<Vec<u8>> {
+    let mut bytes = quoted.iter();
+    let mut value = Vec::new();
+    while let Some(&byte) = bytes.next() {
+        match byte {
+            b'"' => return bytes.as_slice().is_empty().then_some(value),
+            b'\\' => value.push(*bytes.next()?),
+            _ => value.push(byte),
         }
     }
+    None
+}
 
-    /// `token "=" value`, the value with its escapes resolved.
-    fn pair(&mut self) -> Option<(&'a [u8], Vec<u8>)> {
-        let name = self.token()?;
-        (self.peek() == Some(b'=')).then(|| self.at += 1)?;
-        let value = if self.peek() == Some(b'"') { self.quoted()? } else { self.token()?.to_vec() };
-        Some((name, value))
-    }
-
-    fn token(&mut self) -> Option<&'a [u8]> {
-        let start = self.at;
-        while self.peek().is_some_and(is_tchar) {
-            self.at += 1;
-        }
-        (self.at > start).then(|| &self.bytes[start..self.at])
-    }
-
-    /// A quoted string, its escapes resolved.
-    fn quoted(&mut self) -> Option<Vec<u8>> {
-        self.at += 1;
-        let mut value = Vec::new();
-        loop {
-            let byte = self.peek()?;
-            self.at += 1;
-            match byte {
-                b'"' => return Some(value),
-                b'\\' => {
-                    value.push(self.peek()?);
-                    self.at += 1;
-                }
-                _ => value.push(byte),
-            }
-        }
-    }
+fn is_token(text: &[u8]) -> bool {
+    !text.is_empty() && text.iter().copied().all(is_tchar)
 }
 
 /// RFC 9110 `tchar`.
@@ -377,13 +321,10 @@ pub const MIN_KEY_BYTES: usize = 32;
 /// depends on the subject alone (the Redis Cluster hash tag of its keys).
 /// Rotation makes a new key active beside the old (budgets restart once).
 pub struct VersionedPseudonymizer {
-    keys: BTreeMap<u32, KeyedMac>,
+    /// HMAC-SHA-256 keyed once per version: as secret as the key, never printed.
+    keys: BTreeMap<u32, Hmac<Sha256>>,
     active_version: u32,
 }
-
-/// HMAC-SHA-256 keyed once per version (as secret as the key: never printed).
-#[derive(Clone)]
-struct KeyedMac(Hmac<Sha256>);
 
 impl VersionedPseudonymizer {
     /// Keys by version, each of [`MIN_KEY_BYTES`] or more, no version twice,
@@ -401,7 +342,7 @@ impl VersionedPseudonymizer {
             // HMAC accepts keys of any length; ours were checked above.
             let mac = <Hmac<Sha256> as Mac>::new_from_slice(key.expose_secret())
                 .expect("HMAC-SHA-256 accepts a key of any length");
-            if by_version.insert(version, KeyedMac(mac)).is_some() {
+            if by_version.insert(version, mac).is_some() {
                 return Err(WebError::DuplicateKeyVersion(version));
             }
         }
@@ -421,45 +362,25 @@ impl VersionedPseudonymizer {
         self.keys.contains_key(&digest.version()) && digest.tag().len() == 32
     }
 
-    /// The pseudonym under the active key.
+    /// The pseudonym under the active key: the frames `[kind.name(), identity]`.
     pub fn pseudonymize(&self, kind: SubjectKind, identity: &str) -> SubjectDigest {
-        let key = &self.keys[&self.active_version];
-        digest(self.active_version, key, [kind.name(), identity])
-    }
-
-    /// The pseudonym under the key of `version`.
-    pub fn pseudonymize_with(
-        &self,
-        version: u32,
-        kind: SubjectKind,
-        identity: &str,
-    ) -> Result<SubjectDigest, WebError> {
-        let key = self.keys.get(&version).ok_or(WebError::UnknownKeyVersion(version))?;
-        Ok(digest(version, key, [kind.name(), identity]))
+        self.pseudonymize_frames(&mut [kind.name(), identity].into_iter())
     }
 }
 
-/// HMAC-SHA-256 over the frames, each a 4-byte big-endian length and its
-/// bytes, so no two frame lists make one message.
-fn digest<'a>(
-    version: u32,
-    key: &KeyedMac,
-    frames: impl IntoIterator<Item = &'a str>,
-) -> SubjectDigest {
-    let mut mac = key.0.clone();
-    for frame in frames {
-        // Saturating: HTTP header and route limits cut parts off long before 4 GiB.
-        mac.update(&u32::try_from(frame.len()).unwrap_or(u32::MAX).to_be_bytes());
-        mac.update(frame.as_bytes());
-    }
-    let tag: [u8; 32] = mac.finalize().into_bytes().into();
-    SubjectDigest::from_tag(version, &tag).expect("a 32-byte tag makes a valid digest")
-}
-
-/// `pseudonymize(kind, identity)` is the frames `[kind.name(), identity]`.
+/// HMAC-SHA-256 under the active key over the frames, each a 4-byte
+/// big-endian length and its bytes, so no two frame lists make one message.
 impl SubjectPseudonymizer for VersionedPseudonymizer {
     fn pseudonymize_frames(&self, frames: &mut dyn Iterator<Item = &str>) -> SubjectDigest {
-        digest(self.active_version, &self.keys[&self.active_version], frames)
+        let mut mac = self.keys[&self.active_version].clone();
+        for frame in frames {
+            // Saturating: HTTP header and route limits cut parts off long before 4 GiB.
+            mac.update(&u32::try_from(frame.len()).unwrap_or(u32::MAX).to_be_bytes());
+            mac.update(frame.as_bytes());
+        }
+        let tag: [u8; 32] = mac.finalize().into_bytes().into();
+        SubjectDigest::from_tag(self.active_version, &tag)
+            .expect("a 32-byte tag makes a valid digest")
     }
 }
 
@@ -876,13 +797,12 @@ mod pseudonymizer_tests {
         // with KEY = bytes(range(32)) for version 1 and
         // KEY = b"rotation-key-version-two-32bytes!" (33 bytes) for version 2.
         // The first is the worked example of docs/http-edge.md ("Pseudonym framing").
-        let sequential: Vec<u8> = (0u8..32).collect();
-        let rotation = b"rotation-key-version-two-32bytes!".to_vec();
-        let pseudonymizer = VersionedPseudonymizer::new(
-            [(1, SecretSlice::from(sequential)), (2, SecretSlice::from(rotation))],
-            1,
-        )
-        .unwrap();
+        let keys = || {
+            let sequential: Vec<u8> = (0u8..32).collect();
+            let rotation = b"rotation-key-version-two-32bytes!".to_vec();
+            [(1, SecretSlice::from(sequential)), (2, SecretSlice::from(rotation))]
+        };
+        let pseudonymizer = VersionedPseudonymizer::new(keys(), 1).unwrap();
         let vectors = [
             (
                 SubjectKind::ClientIp,
@@ -908,8 +828,9 @@ mod pseudonymizer_tests {
         for (kind, identity, expected) in vectors {
             assert_eq!(pseudonymizer.pseudonymize(kind, identity).to_string(), expected);
         }
-        let under_two =
-            pseudonymizer.pseudonymize_with(2, SubjectKind::ClientIp, "203.0.113.7/32").unwrap();
+        let under_two = VersionedPseudonymizer::new(keys(), 2)
+            .unwrap()
+            .pseudonymize(SubjectKind::ClientIp, "203.0.113.7/32");
         assert_eq!(
             under_two.to_string(),
             "v2:76ce83273386b8b902fa0475cae0af0f91840fcbcfc63c5b9ecfeb563b380555"
@@ -918,10 +839,9 @@ mod pseudonymizer_tests {
 
     #[test]
     fn framing_keeps_part_boundaries_apart() {
-        let keyed =
-            || KeyedMac(<Hmac<Sha256> as Mac>::new_from_slice(key(0x42).expose_secret()).unwrap());
-        assert_ne!(digest(1, &keyed(), ["ab", "c"]), digest(1, &keyed(), ["a", "bc"]));
         let pseudonymizer = single(1, 0x42);
+        let frames = |frames: [&str; 2]| pseudonymizer.pseudonymize_frames(&mut frames.into_iter());
+        assert_ne!(frames(["ab", "c"]), frames(["a", "bc"]));
         // The kind is framed too: one string as principal and as API key
         // are two subjects.
         assert_ne!(
@@ -967,9 +887,10 @@ mod pseudonymizer_tests {
 
     #[test]
     fn rotation_uses_the_active_key_and_versions_differ() {
-        let both = VersionedPseudonymizer::new([(1, key(0x11)), (2, key(0x22))], 2).unwrap();
-        let old = both.pseudonymize_with(1, SubjectKind::Principal, "alice").unwrap();
-        let new = both.pseudonymize_with(2, SubjectKind::Principal, "alice").unwrap();
+        let under = |active| VersionedPseudonymizer::new([(1, key(0x11)), (2, key(0x22))], active);
+        let both = under(2).unwrap();
+        let old = under(1).unwrap().pseudonymize(SubjectKind::Principal, "alice");
+        let new = under(2).unwrap().pseudonymize(SubjectKind::Principal, "alice");
         assert_ne!(old, new);
         assert_eq!(both.active_version(), 2);
         assert_eq!(both.pseudonymize(SubjectKind::Principal, "alice"), new);
@@ -990,10 +911,6 @@ mod pseudonymizer_tests {
         assert_eq!(twice.unwrap_err(), WebError::DuplicateKeyVersion(1));
         let inactive = VersionedPseudonymizer::new([(1, key(1))], 2);
         assert_eq!(inactive.unwrap_err(), WebError::UnknownKeyVersion(2));
-        assert_eq!(
-            single(1, 1).pseudonymize_with(3, SubjectKind::ApiKey, "k").unwrap_err(),
-            WebError::UnknownKeyVersion(3)
-        );
     }
 
     #[test]

@@ -1,5 +1,4 @@
-//! The tower middleware: `RateLimitLayer`, `RateLimitService`, its
-//! `ResponseFuture`, and the `BridgeSwitch` holding the bridge in force.
+//! The tower middleware, and the `BridgeSwitch` holding the bridge in force.
 
 use std::fmt;
 use std::future::Future;
@@ -39,7 +38,7 @@ impl RateLimitLayer {
         Self { switch: Some(switch), shaper: None }
     }
 
-    /// The switch of an enabled layer.
+    /// The switch of an enabled layer; `None` when it limits nothing.
     pub fn switch(&self) -> Option<&BridgeSwitch> {
         self.switch.as_ref()
     }
@@ -56,11 +55,6 @@ impl RateLimitLayer {
     ) -> Self {
         self.shaper = Some(RefusalShaper(Arc::new(shaper)));
         self
-    }
-
-    /// Whether this layer limits at all.
-    pub fn is_enabled(&self) -> bool {
-        self.switch.is_some()
     }
 }
 
@@ -97,7 +91,8 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let RateLimitLayer { switch: Some(switch), shaper } = &self.layer else {
             let future = self.inner.call(request);
-            return ResponseFuture { state: State::Running { future, headers: None, lease: None } };
+            let headers = DecisionHeaders::default();
+            return ResponseFuture { state: State::Running { future, headers, lease: None } };
         };
         ResponseFuture::evaluating(switch.current(), shaper.clone(), &mut self.inner, request)
     }
@@ -135,7 +130,7 @@ pin_project! {
         Running {
             #[pin]
             future: S::Future,
-            headers: Option<DecisionHeaders>,
+            headers: DecisionHeaders,
             lease: Option<LeaseGuard>,
         },
         // Refused: this response replaces the inner service's.
@@ -197,7 +192,7 @@ where
         }
         Ok((evaluation, lease)) => {
             let future = call(parts);
-            let headers = Some(decision_headers(evaluation));
+            let headers = decision_headers(evaluation);
             return State::Running { future, headers, lease: lease.take() };
         }
     };
@@ -238,9 +233,7 @@ where
                         None => response.map(Body::new),
                     };
                     // Ours replace any the handler set.
-                    if let Some(headers) = headers.take() {
-                        headers.apply(response.headers_mut());
-                    }
+                    std::mem::take(headers).apply(response.headers_mut());
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Refused { response } => {

@@ -11,7 +11,9 @@ use axum::body::{Bytes, HttpBody};
 use http_body::{Frame, SizeHint};
 use metrics::Counter;
 use pin_project_lite::pin_project;
-use shared_contract::{EdgeRateLimitPort, Lease, ReleaseOutcome};
+use shared_contract::{
+    EdgeRateLimitPort, Lease, RateLimitFailure, RateLimitOutcome, ReleaseOutcome,
+};
 use tokio_util::task::TaskTracker;
 
 use crate::telemetry::{LEASE_RELEASE_FAILURES_TOTAL, PolicyIds};
@@ -76,9 +78,20 @@ impl LeaseGuard {
         Self(Some(Release { port, lease, releases }))
     }
 
-    /// The port's answer says nothing was written: no lease to give back.
-    pub(crate) fn disarm(mut self) {
-        self.0 = None;
+    /// The guard while the answer may leave the lease held: an admitted set's or
+    /// an `Indeterminate` one's (a refused set writes nothing, so none is given back).
+    pub(crate) fn if_held(mut self, outcome: &RateLimitOutcome) -> Option<Self> {
+        let held = match outcome {
+            Ok(set) => set.allowed(),
+            Err(RateLimitFailure::Indeterminate { .. }) => true,
+            Err(RateLimitFailure::Unavailable { .. } | RateLimitFailure::Incompatible { .. }) => {
+                false
+            }
+        };
+        if !held {
+            self.0 = None;
+        }
+        held.then_some(self)
     }
 }
 
@@ -151,12 +164,8 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        let sent = match &frame {
-            None | Some(Err(_)) => true,
-            Some(Ok(_)) => this.inner.is_end_stream(),
-        };
-        if sent {
-            // Dropping the guard gives the lease back.
+        // Sent, or failed: dropping the guard gives the lease back.
+        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
             this.lease.take();
         }
         Poll::Ready(frame)

@@ -28,7 +28,7 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// The `RateLimit-Policy` and `RateLimit` headers of the enforced policies; none for a failure.
 pub(crate) fn decision_headers(evaluation: &BridgeEvaluation) -> DecisionHeaders {
-    let mut enforced = evaluation.enforced_limits().peekable();
+    let mut enforced = evaluation.enforced_decisions().peekable();
     if enforced.peek().is_none() {
         return DecisionHeaders::default();
     }

@@ -1,10 +1,10 @@
-//! `EdgeSettings`, the edge's configuration (the keys of
-//! `capabilities.rate-limit` and their defaults), and `WebError`.
+//! `EdgeSettings` (the keys of `capabilities.rate-limit`, with defaults) and `WebError`.
 
 use crate::rejection::{problem_type, problem_type_names};
 use http::HeaderName;
 use ipnet::IpNet;
-use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
+use serde::de::Error;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use shared_contract::{DEFAULT_FAILURE_RETRY_AFTER, PolicyId, PolicySet};
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -125,7 +125,9 @@ impl EdgeSettings {
         if !IPV6_PREFIXES.contains(&self.client_ipv6_prefix) {
             problems.push(WebError::ClientIpv6PrefixOutOfRange(self.client_ipv6_prefix));
         }
-        if let Some(everything) = covering_everything(&self.trusted_proxies) {
+        // The whole address space of a family, when the proxies add up to it.
+        let aggregated = IpNet::aggregate(&self.trusted_proxies);
+        if let Some(everything) = aggregated.into_iter().find(|net| net.prefix_len() == 0) {
             problems.push(WebError::TrustedProxiesCoverEveryAddress(everything));
         }
         let base = &self.problem_type_base;
@@ -156,17 +158,8 @@ impl EdgeSettings {
     }
 }
 
-/// The whole address space of a family when `trusted` adds up to it.
-fn covering_everything(trusted: &[IpNet]) -> Option<IpNet> {
-    IpNet::aggregate(&trusted.to_vec()).into_iter().find(|net| net.prefix_len() == 0)
-}
-
 /// `parse(text)`, or an error that names the text and what it is not.
-fn parsed<T, E: de::Error>(
-    text: &str,
-    parse: impl Fn(&str) -> Option<T>,
-    not: &str,
-) -> Result<T, E> {
+fn parsed<T, E: Error>(text: &str, parse: impl Fn(&str) -> Option<T>, not: &str) -> Result<T, E> {
     parse(text).ok_or_else(|| E::custom(format!("{text:?} is not {not}")))
 }
 
@@ -210,7 +203,7 @@ pub enum WebError {
     /// The same key version configured twice.
     #[error("pseudonymizer key version {0} is configured more than once")]
     DuplicateKeyVersion(u32),
-    /// A version asked for (the active one, or an explicit one) has no key.
+    /// The active key version has no key.
     #[error("pseudonymizer key version {0} is not configured")]
     UnknownKeyVersion(u32),
     /// `problem_type_base` is empty, or with a category name is not a URI.

@@ -70,10 +70,9 @@ impl MemberMetrics {
                 "front" => FRONT_HTTP,
             )
         };
-        match OUTCOMES.iter().position(|known| *known == outcome) {
-            Some(slot) => {
-                self.decisions[slot * 2 + usize::from(cached)].get_or_init(register).increment(1);
-            }
+        let slot = OUTCOMES.iter().position(|known| *known == outcome);
+        match slot.and_then(|slot| self.decisions.get(slot * 2 + usize::from(cached))) {
+            Some(handle) => handle.get_or_init(register).increment(1),
             // A label missed in OUTCOMES is still counted, without a kept handle.
             None => register().increment(1),
         }
@@ -99,15 +98,10 @@ pub(crate) fn record_evaluation(
     outcome: &RateLimitOutcome,
     elapsed: Duration,
 ) {
-    let (decisions, source) = match outcome {
-        Ok(set) => (set.decisions(), set.source()),
-        Err(_) => (&[][..], DecisionSource::Store),
-    };
-    let (degraded, cached) = match source {
-        DecisionSource::Store => (false, false),
-        DecisionSource::LocalCache => (false, true),
-        DecisionSource::Degraded => (true, false),
-    };
+    let decisions = outcome.as_ref().map_or(&[][..], |set| set.decisions());
+    let source = outcome.as_ref().map_or(DecisionSource::Store, |set| set.source());
+    let (degraded, cached) =
+        (source == DecisionSource::Degraded, source == DecisionSource::LocalCache);
     for (index, member) in members.iter().enumerate() {
         let outcome = match decisions.get(index) {
             Some(_) if degraded => DEGRADED,

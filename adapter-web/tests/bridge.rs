@@ -259,7 +259,7 @@ async fn only_enforced_denials_are_violations() {
     assert!(!refused.admits());
     let violated: Vec<_> = refused.violated_policies().iter().map(|(id, _)| id.as_str()).collect();
     assert_eq!(violated, ["burst"]);
-    let enforced: Vec<_> = refused.enforced_decisions().iter().map(|(id, _)| id.as_str()).collect();
+    let enforced: Vec<_> = refused.enforced_decisions().map(|(id, _, _)| id.as_str()).collect();
     assert_eq!(enforced, ["burst", "hourly"]);
     // Only the shadow policy would deny: admitted.
     let decisions = [allow(4), deny(9000), allow(3)];

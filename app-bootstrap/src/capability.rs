@@ -407,7 +407,7 @@ mod tests {
             })
         );
         assert!(capability.is_ready().await);
-        assert!(capability.layer(&config, clock()).unwrap().is_enabled());
+        assert!(capability.layer(&config, clock()).unwrap().switch().is_some());
         assert!(upkeep.is_some(), "the memory provider is purged in the background");
     }
 
@@ -510,7 +510,7 @@ mod tests {
         let capability = RateLimitCapability::build(&config, clock()).unwrap();
         assert!(capability.port().is_none());
         assert!(capability.is_ready().await);
-        assert!(!capability.layer(&config, clock()).unwrap().is_enabled());
+        assert!(capability.layer(&config, clock()).unwrap().switch().is_none());
     }
 
     #[tokio::test]
