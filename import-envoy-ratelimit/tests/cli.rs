@@ -206,3 +206,33 @@ fn an_input_past_16_mib_is_refused_naming_the_file() {
     assert!(stdout.is_empty(), "nothing is printed: {stdout}");
     assert!(stderr.contains("/dev/zero: larger than 16 MiB"), "{stderr}");
 }
+
+/// The fenced blocks of `markdown` whose info string is `language`.
+fn blocks<'a>(markdown: &'a str, language: &str) -> Vec<&'a str> {
+    let opening = format!("```{language}\n");
+    markdown
+        .split(opening.as_str())
+        .skip(1)
+        .map(|rest| &rest[..rest.find("```").expect("a closed block")])
+        .collect()
+}
+
+/// The README's worked example: its YAML converts to the TOML it shows
+/// (comments aside), and that passes check-config as it is.
+#[test]
+fn the_readme_example_prints_the_toml_it_shows() {
+    let readme = include_str!("../README.md");
+    let (yaml, toml) = (blocks(readme, "yaml"), blocks(readme, "toml"));
+    assert_eq!((yaml.len(), toml.len()), (1, 1), "one worked example");
+    let dir = tempfile::tempdir().unwrap();
+    let edge = write(dir.path(), "edge.yaml", yaml[0]);
+    let (output, printed, stderr) = run(ca_skeleton_import().arg("envoy-ratelimit").arg(&edge));
+    assert!(output.status.success(), "{stderr}");
+    let printed: toml::Table = toml::from_str(&printed).unwrap();
+    let shown: toml::Table = toml::from_str(toml[0]).unwrap();
+    assert_eq!(printed, shown);
+    let shown = write(dir.path(), "shown.toml", toml[0]);
+    if let Err(problems) = check_config(shown) {
+        panic!("check-config refused the README's TOML:\n{problems}");
+    }
+}
