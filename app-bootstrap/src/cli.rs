@@ -1,6 +1,5 @@
 //! The `ca-skeleton` command line: `serve` (default), `check-config`,
-//! `redis-acl` and `bench`, each over the same layered configuration, and
-//! `import`, which reads another limiter's files instead.
+//! `redis-acl` and `bench`, each over the same layered configuration.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,7 +14,6 @@ use crate::acl::acl_rules;
 use crate::bench::{self, BenchOptions};
 use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderKind};
 use crate::error::BootstrapError;
-use crate::import::envoy_ratelimit::{self, Source};
 use crate::server::{Application, Signals};
 use crate::telemetry::{Tracing, WithTraceIds};
 
@@ -55,22 +53,6 @@ pub enum Command {
     RedisAcl,
     /// Drive the configured provider and print one JSON line of results.
     Bench(BenchArgs),
-    /// Print another rate limiter's configuration as this one's TOML
-    /// (warnings on stderr); the configuration file is not read.
-    #[command(subcommand)]
-    Import(ImportFormat),
-}
-
-/// The formats `import` reads.
-#[derive(Debug, Subcommand)]
-pub enum ImportFormat {
-    /// envoyproxy/ratelimit's YAML (one domain a file) as `[[envoy-rls.rules]]`
-    /// and fixed-window policies.
-    EnvoyRatelimit {
-        /// The YAML files, one domain each.
-        #[arg(required = true, value_name = "FILE.yaml")]
-        files: Vec<PathBuf>,
-    },
 }
 
 /// `bench` options.
@@ -182,10 +164,9 @@ impl Cli {
     pub fn runtime_flavor(&self) -> RuntimeFlavor {
         match &self.command {
             Some(Command::Bench(args)) => args.runtime,
-            None
-            | Some(
-                Command::Serve | Command::CheckConfig | Command::RedisAcl | Command::Import(_),
-            ) => RuntimeFlavor::MultiThread,
+            None | Some(Command::Serve | Command::CheckConfig | Command::RedisAcl) => {
+                RuntimeFlavor::MultiThread
+            }
         }
     }
 }
@@ -217,7 +198,6 @@ pub async fn run(cli: Cli, signals: Option<Signals>) -> Result<(), BootstrapErro
             }
             Ok(())
         }
-        Command::Import(ImportFormat::EnvoyRatelimit { files }) => import_envoy_ratelimit(&files),
         Command::Bench(args) => {
             let config = AppConfig::load(&sources)?;
             let options = BenchOptions {
@@ -304,55 +284,6 @@ async fn serve(
     }
     application.run_until_stopped().await?;
     tracing::info!("stopped");
-    Ok(())
-}
-
-/// Largest file `import` reads: far above any real rate limit config, and
-/// it stops `/dev/zero` or a FIFO from taking the memory.
-const MAX_IMPORT_BYTES: u64 = 16 * 1024 * 1024;
-
-fn read_bounded(file: &std::path::Path) -> Result<String, String> {
-    use std::io::Read;
-    let opened = std::fs::File::open(file).map_err(|error| format!("cannot read: {error}"))?;
-    let mut bytes = Vec::new();
-    opened
-        .take(MAX_IMPORT_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .map_err(|error| format!("cannot read: {error}"))?;
-    if bytes.len() as u64 > MAX_IMPORT_BYTES {
-        return Err(format!("larger than {} MiB: not a rate limit config", MAX_IMPORT_BYTES >> 20));
-    }
-    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
-}
-
-fn import_envoy_ratelimit(files: &[PathBuf]) -> Result<(), BootstrapError> {
-    let mut texts = Vec::with_capacity(files.len());
-    let mut unread = Vec::new();
-    for file in files {
-        match read_bounded(file) {
-            Ok(text) => texts.push((file.display().to_string(), text)),
-            Err(problem) => {
-                // The name as given, its control characters escaped like every message.
-                let name = envoy_ratelimit::printable(&file.display().to_string());
-                unread.push(format!("{name}: {problem}"));
-            }
-        }
-    }
-    let sources: Vec<Source<'_>> = texts.iter().map(|(name, text)| Source { name, text }).collect();
-    // The files that could be read are checked too: every problem at once.
-    let imported = match (envoy_ratelimit::convert(&sources), unread.is_empty()) {
-        (Ok(imported), true) => imported,
-        (Ok(_), false) => return Err(BootstrapError::Import { problems: unread }),
-        (Err(BootstrapError::Import { problems }), _) => {
-            unread.extend(problems);
-            return Err(BootstrapError::Import { problems: unread });
-        }
-        (Err(other), _) => return Err(other),
-    };
-    for warning in &imported.warnings {
-        eprintln!("warning: {warning}");
-    }
-    print!("{}", imported.toml);
     Ok(())
 }
 

@@ -25,7 +25,6 @@ use serde::{Deserialize, Serialize};
 use shared_contract::RateLimitPolicy;
 
 pub use problems::{ConfigProblem, ConfigProblems, KeyPath};
-pub(crate) use read::demo_policy;
 pub use secret::{SecretSource, SecretValue};
 pub use sources::{CONFIG_FILE_ENV, ConfigSources, ENV_PREFIX};
 pub(crate) use validate::is_operation;

@@ -35,11 +35,4 @@ pub enum BootstrapError {
     /// A command's arguments do not fit the configuration.
     #[error("{0}")]
     Usage(String),
-    /// `import` could not convert its input; every problem found is listed,
-    /// each with its file and line.
-    #[error("cannot import:\n{}", .problems.join("\n"))]
-    Import {
-        /// One line per problem.
-        problems: Vec<String>,
-    },
 }

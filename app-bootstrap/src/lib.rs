@@ -2,7 +2,7 @@
 //! configuration (figment: built-in defaults, a TOML file, `CA_SKELETON_*`
 //! variables), switches the rate-limit capability between the providers,
 //! wires the HTTP edge, and holds the `ca-skeleton` binary (`serve`,
-//! `check-config`, `redis-acl`, `bench`, `import`).
+//! `check-config`, `redis-acl`, `bench`).
 //!
 //! It is the only crate that knows every provider; nothing imports it.
 //! Library code returns [`BootstrapError`]; `anyhow` stays in `main`.
@@ -17,7 +17,6 @@ pub mod cli;
 pub mod config;
 pub mod degraded;
 mod error;
-pub mod import;
 mod listener;
 pub mod reload;
 pub mod routes;

@@ -1,5 +1,5 @@
-//! The docs name what exists. Every backticked span of `README.md` and
-//! `docs/*.md` that looks like code names identifiers found in the
+//! The docs name what exists. Every backticked span of `README.md`,
+//! `docs/*.md` and a crate's `README.md` that looks like code names identifiers found in the
 //! workspace's sources, and every ```` ```rust <file> ```` block is a
 //! verbatim excerpt of that file: a rename or an edit to the example breaks
 //! this test instead of the reader.
@@ -25,15 +25,22 @@ fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
-/// README.md and docs/*.md, sorted.
+/// README.md, docs/*.md and each crate folder's README.md, sorted.
 fn doc_files() -> Vec<PathBuf> {
     let mut docs: Vec<PathBuf> = fs::read_dir(root().join("docs"))
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|path| path.extension().is_some_and(|ext| ext == "md"))
         .collect();
+    let mut crates: Vec<PathBuf> = fs::read_dir(root())
+        .unwrap()
+        .map(|entry| entry.unwrap().path().join("README.md"))
+        .filter(|readme| readme.is_file())
+        .collect();
     docs.sort();
+    crates.sort();
     docs.insert(0, root().join("README.md"));
+    docs.extend(crates);
     docs
 }
 
@@ -156,7 +163,7 @@ fn every_code_name_in_the_docs_exists_in_the_sources() {
     let mut checked = 0;
     for file in doc_files() {
         let text = fs::read_to_string(&file).unwrap();
-        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        let name = file.strip_prefix(root()).unwrap().display().to_string();
         for (line, span) in spans(&text) {
             for word in code_names(span) {
                 checked += 1;

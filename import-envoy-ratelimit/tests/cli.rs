@@ -1,12 +1,44 @@
-//! `ca-skeleton import envoy-ratelimit` as a user runs it: configurations
+//! `ca-skeleton-import envoy-ratelimit` as a user runs it: configurations
 //! shaped like those of envoyproxy/ratelimit's README (written here) turn
-//! into TOML that `ca-skeleton check-config` accepts as it is; what cannot
-//! be converted is a warning on stderr; bad YAML exits non-zero naming the
-//! file and line.
+//! into TOML that `check-config` accepts as it is (its checks, through
+//! app-bootstrap's library); what cannot be converted is a warning on
+//! stderr; bad YAML exits non-zero naming the file and line.
 
-mod support;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
-use support::{ca_skeleton, run, write};
+use app_bootstrap::{AppConfig, BootstrapError, ConfigSources};
+
+/// The binary with no variable of the test machine.
+fn ca_skeleton_import() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_ca-skeleton-import"));
+    command.env_clear();
+    command
+}
+
+/// Runs `command` to its end: its output, stdout and stderr as text.
+fn run(command: &mut Command) -> (Output, String, String) {
+    let output = command.output().expect("the binary runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stdout, stderr)
+}
+
+/// Writes `contents` to `dir/name` and gives its path.
+fn write(dir: &Path, name: &str, contents: &str) -> PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, contents).expect("write the file");
+    path
+}
+
+/// What `ca-skeleton check-config --config <file>` checks, with no
+/// variable of the test machine: the configuration loads, its operations
+/// name served routes; its resolved TOML, or every problem.
+fn check_config(file: PathBuf) -> Result<String, BootstrapError> {
+    let config = AppConfig::load(&ConfigSources::file_only(file))?;
+    config.check_operations(app_bootstrap::routes::api().operations())?;
+    config.to_redacted_toml()
+}
 
 /// Per-address limits with an exception, a nested route limit in shadow
 /// mode, an unlimited health check beside a limited bare key, and a
@@ -80,7 +112,7 @@ fn the_printed_toml_passes_check_config_as_it_is() {
     let edge = write(dir.path(), "edge.yaml", EDGE);
     let billing = write(dir.path(), "billing.yaml", BILLING);
     let (output, toml, stderr) =
-        run(ca_skeleton().arg("import").arg("envoy-ratelimit").arg(&edge).arg(&billing));
+        run(ca_skeleton_import().arg("envoy-ratelimit").arg(&edge).arg(&billing));
     assert!(output.status.success(), "{stderr}");
     // What cannot be converted is on stderr, one line each, with its line.
     let warnings: Vec<&str> = stderr.lines().filter(|line| line.starts_with("warning: ")).collect();
@@ -92,10 +124,8 @@ fn the_printed_toml_passes_check_config_as_it_is() {
     );
 
     let converted = write(dir.path(), "converted.toml", &toml);
-    let (output, resolved, stderr) =
-        run(ca_skeleton().arg("check-config").arg("--config").arg(&converted));
-    assert!(output.status.success(), "check-config refused the import:\n{stderr}\n{toml}");
-    assert!(stderr.contains("configuration is valid"), "{stderr}");
+    let resolved = check_config(converted)
+        .unwrap_or_else(|problems| panic!("check-config refused the import:\n{problems}\n{toml}"));
 
     // check-config renders what it loaded: the rules, in envoyproxy/ratelimit's
     // precedence, and the windows.
@@ -160,8 +190,7 @@ fn bad_yaml_exits_non_zero_naming_the_file_and_line() {
     let dir = tempfile::tempdir().unwrap();
     let bad =
         write(dir.path(), "bad.yaml", "domain: edge\ndescriptors:\n  - key: a\n      value: b\n");
-    let (output, stdout, stderr) =
-        run(ca_skeleton().arg("import").arg("envoy-ratelimit").arg(&bad));
+    let (output, stdout, stderr) = run(ca_skeleton_import().arg("envoy-ratelimit").arg(&bad));
     assert!(!output.status.success());
     assert!(stdout.is_empty(), "nothing is printed: {stdout}");
     assert!(stderr.contains("bad.yaml: ") && stderr.contains("line 4"), "{stderr}");
@@ -172,8 +201,38 @@ fn bad_yaml_exits_non_zero_naming_the_file_and_line() {
 #[test]
 fn an_input_past_16_mib_is_refused_naming_the_file() {
     let (output, stdout, stderr) =
-        run(ca_skeleton().arg("import").arg("envoy-ratelimit").arg("/dev/zero"));
+        run(ca_skeleton_import().arg("envoy-ratelimit").arg("/dev/zero"));
     assert!(!output.status.success());
     assert!(stdout.is_empty(), "nothing is printed: {stdout}");
     assert!(stderr.contains("/dev/zero: larger than 16 MiB"), "{stderr}");
+}
+
+/// The fenced blocks of `markdown` whose info string is `language`.
+fn blocks<'a>(markdown: &'a str, language: &str) -> Vec<&'a str> {
+    let opening = format!("```{language}\n");
+    markdown
+        .split(opening.as_str())
+        .skip(1)
+        .map(|rest| &rest[..rest.find("```").expect("a closed block")])
+        .collect()
+}
+
+/// The README's worked example: its YAML converts to the TOML it shows
+/// (comments aside), and that passes check-config as it is.
+#[test]
+fn the_readme_example_prints_the_toml_it_shows() {
+    let readme = include_str!("../README.md");
+    let (yaml, toml) = (blocks(readme, "yaml"), blocks(readme, "toml"));
+    assert_eq!((yaml.len(), toml.len()), (1, 1), "one worked example");
+    let dir = tempfile::tempdir().unwrap();
+    let edge = write(dir.path(), "edge.yaml", yaml[0]);
+    let (output, printed, stderr) = run(ca_skeleton_import().arg("envoy-ratelimit").arg(&edge));
+    assert!(output.status.success(), "{stderr}");
+    let printed: toml::Table = toml::from_str(&printed).unwrap();
+    let shown: toml::Table = toml::from_str(toml[0]).unwrap();
+    assert_eq!(printed, shown);
+    let shown = write(dir.path(), "shown.toml", toml[0]);
+    if let Err(problems) = check_config(shown) {
+        panic!("check-config refused the README's TOML:\n{problems}");
+    }
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use figment::Jail;
 
 use super::*;
-use crate::config::{AppConfig, ConfigSources};
+use app_bootstrap::{AppConfig, ConfigSources};
 
 fn import(text: &str) -> Imported {
     match convert(&[Source { name: "rl.yaml", text }]) {
@@ -20,8 +20,7 @@ fn import(text: &str) -> Imported {
 fn refused(text: &str) -> Vec<String> {
     match convert(&[Source { name: "rl.yaml", text }]) {
         Ok(imported) => panic!("expected problems, got\n{}", imported.toml),
-        Err(BootstrapError::Import { problems }) => problems,
-        Err(other) => panic!("expected an import error, got {other}"),
+        Err(ImportError { problems }) => problems,
     }
 }
 
@@ -152,7 +151,7 @@ descriptors:
 fn nested_descriptors_become_paths_of_keys_each_with_its_policy() {
     let imported = import(TEXTS);
     let expected = format!(
-        "# Converted by `ca-skeleton import envoy-ratelimit` from rl.yaml.
+        "# Converted by `ca-skeleton-import envoy-ratelimit` from rl.yaml.
 {HEADER}# Everything was converted.
 
 [envoy-rls]
@@ -875,7 +874,7 @@ descriptors:
     rate_limit: { unit: \"sec\\eond\", requests_per_unit: 1 }
 ";
     let result = convert(&[Source { name: "r\u{1b}l.yaml", text }]);
-    let Err(BootstrapError::Import { problems }) = result else {
+    let Err(ImportError { problems }) = result else {
         panic!("expected problems, got {result:?}");
     };
     let mut converter = Converter::default();
@@ -930,7 +929,7 @@ fn invisible_format_characters_are_escaped_in_problems_warnings_and_comments() {
     let bad = "domain: \"ed\u{202e}ge\"\ndescriptors:\n  - key: \"b\u{200b}\"\n    \
                rate_limit: { unit: \"sec\u{2028}ond\", requests_per_unit: 1 }\n";
     let result = convert(&[Source { name: "r\u{2067}l.yaml", text: bad }]);
-    let Err(BootstrapError::Import { problems }) = result else {
+    let Err(ImportError { problems }) = result else {
         panic!("expected problems, got {result:?}");
     };
     assert_eq!(problems.len(), 1, "{problems:?}");
@@ -960,7 +959,7 @@ descriptors:
         Source { name: "two.yaml", text: second },
         Source { name: "three.yaml", text: third },
     ]);
-    let Err(BootstrapError::Import { problems }) = result else {
+    let Err(ImportError { problems }) = result else {
         panic!("expected problems, got {result:?}");
     };
     assert_eq!(
@@ -1201,6 +1200,22 @@ descriptors:
         let config = AppConfig::load(&ConfigSources::new(Some(PathBuf::from("app.toml"))))
             .unwrap_or_else(|error| panic!("{error}\n{}", imported.toml));
         assert_eq!(config.envoy_rls.rules.len(), 1);
+        Ok(())
+    });
+}
+
+/// The restated default policy is the one a configuration without a
+/// `policies` table gets, under the same id.
+#[test]
+#[allow(clippy::result_large_err, reason = "figment::Jail fixes the closure's error type")]
+fn the_restated_default_policy_is_the_built_in_one() {
+    Jail::expect_with(|jail| {
+        jail.create_file("empty.toml", "")?;
+        let config = AppConfig::load(&ConfigSources::file_only(PathBuf::from("empty.toml")))
+            .unwrap_or_else(|error| panic!("{error}"));
+        let policies = &config.capabilities.rate_limit.policies;
+        assert_eq!(policies.keys().collect::<Vec<_>>(), [crate::DEFAULT_POLICY]);
+        assert_eq!(policies[crate::DEFAULT_POLICY], built_in_policy());
         Ok(())
     });
 }

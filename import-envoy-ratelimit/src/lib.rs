@@ -1,5 +1,15 @@
-//! envoyproxy/ratelimit's YAML configuration (a `domain` and nested
-//! `descriptors`) as `[[envoy-rls.rules]]` and fixed-window policies.
+//! `import-envoy-ratelimit`: envoyproxy/ratelimit's YAML configuration (a
+//! `domain` and nested `descriptors`) as this service's TOML,
+//! `[[envoy-rls.rules]]` and fixed-window policies, printed for an operator
+//! to review and keep. The `ca-skeleton-import` binary reads the files
+//! ([`convert_files`]); [`convert`] converts texts.
+//!
+//! A crate of its own, so that a fork with no envoyproxy/ratelimit to
+//! migrate from deletes this folder and its line in the workspace's
+//! `members`. No other crate may import it, and its code imports
+//! `shared-contract` alone of the workspace (a policy's rules and bounds):
+//! never `app-bootstrap`, an adapter or an async runtime. Its tests load
+//! what it prints through `app-bootstrap`, as `check-config` does.
 //!
 //! Each descriptor with a `rate_limit` becomes a rule whose pattern is its
 //! path of keys (a `value` fixes the entry) and a policy of its own, so it
@@ -21,16 +31,19 @@
 //! change a limit: envoyproxy/ratelimit refuses a key it does not know,
 //! and one it knows but ignores there would take a limit with it.
 
+#![forbid(unsafe_code)]
+
 use std::collections::HashMap;
 use std::fmt::{self, Write as _};
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 use sha2::{Digest, Sha256};
-use shared_contract::{MAX_COUNT, MAX_PERIOD, PolicyField, RateLimitPolicy};
-
-use crate::error::BootstrapError;
+use shared_contract::{FixedWindow, MAX_COUNT, MAX_PERIOD, PolicyField, RateLimitPolicy};
 
 /// One file to convert: its name, for messages, and its text.
 #[derive(Debug, Clone, Copy)]
@@ -50,13 +63,22 @@ pub struct Imported {
     pub warnings: Vec<String>,
 }
 
+/// Why an import printed nothing: every problem found, each naming its
+/// file (and line, where it has one).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot import:\n{}", .problems.join("\n"))]
+pub struct ImportError {
+    /// One line per problem.
+    pub problems: Vec<String>,
+}
+
 /// Converts envoyproxy/ratelimit configuration files (one domain each) to
 /// one TOML configuration; `default` is the built-in HTTP policy, restated
 /// because a `policies` table replaces it.
 ///
 /// Every problem of every file is returned at once; a YAML syntax or type
 /// error names its line and column.
-pub fn convert(sources: &[Source<'_>]) -> Result<Imported, BootstrapError> {
+pub fn convert(sources: &[Source<'_>]) -> Result<Imported, ImportError> {
     let mut converter = Converter::default();
     let mut domains: HashMap<String, String> = HashMap::new();
     for source in sources {
@@ -66,11 +88,69 @@ pub fn convert(sources: &[Source<'_>]) -> Result<Imported, BootstrapError> {
     let needless = converter.drop_needless_unlimited();
     let ids = converter.policy_ids();
     if !converter.problems.is_empty() {
-        return Err(BootstrapError::Import { problems: converter.problems });
+        return Err(ImportError { problems: converter.problems });
     }
     let names: Vec<&str> = sources.iter().map(|source| source.name).collect();
     let toml = render(&names, &converter.rules, &ids, &needless, &converter.warnings);
     Ok(Imported { toml, warnings: converter.warnings })
+}
+
+/// Largest file [`convert_files`] reads: far above any real rate limit
+/// config, and it stops `/dev/zero` or a FIFO from taking the memory.
+const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
+
+/// Reads `files` and converts them as [`convert`] does. A file that cannot
+/// be read (missing, over 16 MiB, not UTF-8) is a problem beside those of
+/// the files that could: every problem at once.
+pub fn convert_files(files: &[PathBuf]) -> Result<Imported, ImportError> {
+    let mut texts = Vec::with_capacity(files.len());
+    let mut unread = Vec::new();
+    for file in files {
+        match read_bounded(file) {
+            Ok(text) => texts.push((file.display().to_string(), text)),
+            Err(problem) => {
+                // The name as given, its control characters escaped like every message.
+                let name = printable(&file.display().to_string());
+                unread.push(format!("{name}: {problem}"));
+            }
+        }
+    }
+    let sources: Vec<Source<'_>> = texts.iter().map(|(name, text)| Source { name, text }).collect();
+    match convert(&sources) {
+        Ok(imported) if unread.is_empty() => Ok(imported),
+        Ok(_) => Err(ImportError { problems: unread }),
+        Err(ImportError { problems }) => {
+            unread.extend(problems);
+            Err(ImportError { problems: unread })
+        }
+    }
+}
+
+fn read_bounded(file: &Path) -> Result<String, String> {
+    let opened = std::fs::File::open(file).map_err(|error| format!("cannot read: {error}"))?;
+    let mut bytes = Vec::new();
+    opened
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|error| format!("cannot read: {error}"))?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(format!("larger than {} MiB: not a rate limit config", MAX_FILE_BYTES >> 20));
+    }
+    String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_owned())
+}
+
+/// The HTTP edge's default policy id (`adapter_web::DEFAULT_POLICY`): no
+/// imported policy takes it.
+const DEFAULT_POLICY: &str = "default";
+
+/// The policy a configuration without a `policies` table gives
+/// [`DEFAULT_POLICY`], restated in the output because its `policies` table
+/// replaces the built-in one. A test pins both to what `app-bootstrap` loads.
+fn built_in_policy() -> RateLimitPolicy {
+    let five_a_minute = FixedWindow { limit: 5, window: Duration::from_secs(60) };
+    RateLimitPolicy::builder(DEFAULT_POLICY, five_a_minute)
+        .build()
+        .expect("the built-in policy is valid")
 }
 
 // ---------------------------------------------------------------------------
@@ -574,7 +654,7 @@ impl Converter {
                     parts.as_ref().map(|(key, hash)| policy_id(key, *hash, hashed))
                 })
                 .collect();
-            let mut seen: HashMap<&str, usize> = HashMap::from([(adapter_web::DEFAULT_POLICY, 1)]);
+            let mut seen: HashMap<&str, usize> = HashMap::from([(DEFAULT_POLICY, 1)]);
             for id in ids.iter().flatten() {
                 *seen.entry(id).or_default() += 1;
             }
@@ -1294,7 +1374,7 @@ fn render(
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "# Converted by `ca-skeleton import envoy-ratelimit` from {}.",
+        "# Converted by `ca-skeleton-import envoy-ratelimit` from {}.",
         printable(&files.join(", "))
     );
     out.push_str(concat!(
@@ -1388,12 +1468,8 @@ fn render(
         "# built-in one. Drop it when merging into a configuration with its own\n",
         "# default-policy.\n",
     ));
-    let _ = writeln!(
-        out,
-        "[capabilities.rate-limit.policies.{}]",
-        toml_key(adapter_web::DEFAULT_POLICY)
-    );
-    out.push_str(&policy_body(&crate::config::demo_policy()));
+    let _ = writeln!(out, "[capabilities.rate-limit.policies.{}]", toml_key(DEFAULT_POLICY));
+    out.push_str(&policy_body(&built_in_policy()));
     out
 }
 
@@ -1426,7 +1502,7 @@ fn describe(rule: &Rule) -> String {
 /// drives the terminal; so is an invisible format or separator character,
 /// so no value reorders (bidi overrides), hides (zero-width) or breaks
 /// (line and paragraph separators) the line a reader sees.
-pub(crate) fn printable(text: &str) -> String {
+fn printable(text: &str) -> String {
     text.chars()
         .flat_map(|c| {
             let escape = (c.is_control() && c != '\t') || is_invisible_format(c);
