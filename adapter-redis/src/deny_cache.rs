@@ -28,7 +28,8 @@ use std::time::Duration;
 use foldhash::fast::RandomState;
 use shared_contract::{
     Certainty, EvaluationId, MAX_POLICY_SET, OperationDigest, PolicyMode, PolicyScope, PolicySet,
-    RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision, SubjectDigest, millis,
+    RateLimitDecision, RateLimitOutcome, RateLimitPolicy, RateLimitRequest, SetDecision,
+    SubjectDigest, millis,
 };
 
 /// Shards of the denial map: enough that concurrent lookups rarely meet on
@@ -225,11 +226,11 @@ impl DenyCache {
     pub(crate) fn lookup<'p>(
         &self,
         request: &RateLimitRequest,
-        set: impl Iterator<Item = &'p RateLimitPolicy>,
+        set: impl Iterator<Item = &'p RateLimitPolicy> + Clone,
         now: u64,
     ) -> Option<SetDecision> {
         let behind = self.behind(now);
-        let parts = Parts::of(request, set);
+        let parts = Parts::of(request, set.clone());
         let fingerprint = self.fingerprint(&parts);
         let mut shard = self.shard(fingerprint);
         let denial = shard.get(&fingerprint).filter(|denial| parts.matches(denial))?;
@@ -244,7 +245,11 @@ impl DenyCache {
         if behind || request.cost < denial.cost {
             return None;
         }
-        let (answer, dedupe) = (shrunk(&denial.decision, now - denial.decided_at), denial.dedupe);
+        let mut answer = shrunk(&denial.decision, now - denial.decided_at);
+        if request.cost > denial.cost {
+            answer = costing(&answer, set, request.cost);
+        }
+        let dedupe = denial.dedupe;
         drop(shard);
         if dedupe && *self.admitted_slot(request.evaluation_id) == Some(request.evaluation_id) {
             return None;
@@ -370,6 +375,26 @@ fn stays_refused_for<'p>(
     }
     // Nothing is refused for less than a millisecond.
     lasts.filter(|&lasts| lasts > 0)
+}
+
+/// A cached refusal asked again at a higher `cost`: a member that allowed
+/// with fewer units left than that refuses it as its window's step would,
+/// until the window ends (every cached algorithm is a window counter).
+fn costing<'p>(
+    decision: &SetDecision,
+    set: impl Iterator<Item = &'p RateLimitPolicy>,
+    cost: u64,
+) -> SetDecision {
+    let members = set.zip(decision.decisions()).map(|(policy, &decided)| {
+        let refuses = decided.allowed && decided.remaining < cost;
+        let retry_after_ms =
+            if refuses { decided.reset_after_ms.max(1) } else { decided.retry_after_ms };
+        (
+            policy.mode(),
+            RateLimitDecision { allowed: decided.allowed && !refuses, retry_after_ms, ..decided },
+        )
+    });
+    SetDecision::of_members(members).from_cache()
 }
 
 /// `decision` as it reads `elapsed` ms after it was made: every wait

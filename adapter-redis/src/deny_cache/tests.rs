@@ -88,6 +88,25 @@ fn a_refusal_answers_with_shrinking_waits_until_its_retry_after() {
     assert_eq!(cache.len(), 0, "a refusal that ran out is dropped when met");
 }
 
+/// A member that allowed the cached cost with fewer units left than a
+/// higher one refuses that, as Redis would (docs/algorithms.md, the fixed
+/// window: `n + c > L` is denied, `retry_after = max(e - t, 1)`).
+#[test]
+fn at_a_higher_cost_a_member_left_short_refuses_too() {
+    let cache = DenyCache::new(100, MAX_AGE);
+    let (p, q) = (fixed("p", 1), fixed("q", 1));
+    let set = [p, q];
+    // At cost 1, at T0 + 100: p denies (0 left), q allows with 1 left.
+    let at_one = refused(&[decided(false, 0, 900, 900), decided(true, 1, 0, 900)]);
+    cache.learn(&request(&["p", "q"], 1, 1, 1), set.iter(), T0 + 100, &at_one);
+    let same = cache.lookup(&request(&["p", "q"], 1, 1, 2), set.iter(), T0 + 200).unwrap();
+    assert_eq!(same.decisions(), [decided(false, 0, 800, 800), decided(true, 1, 0, 800)]);
+    // At cost 2 q has too few left: it refuses until its window ends.
+    let higher = cache.lookup(&request(&["p", "q"], 1, 2, 3), set.iter(), T0 + 200).unwrap();
+    assert!(higher.cached() && !higher.allowed());
+    assert_eq!(higher.decisions(), [decided(false, 0, 800, 800), decided(false, 1, 800, 800)]);
+}
+
 #[test]
 fn a_higher_cost_is_refused_and_a_lower_one_asks_redis() {
     let cache = DenyCache::new(100, MAX_AGE);
