@@ -130,6 +130,12 @@ impl EdgeSettings {
         if let Some(everything) = aggregated.into_iter().find(|net| net.prefix_len() == 0) {
             problems.push(WebError::TrustedProxiesCoverEveryAddress(everything));
         }
+        // A peer is compared in its canonical form (IPv4 for a mapped one):
+        // such an entry would silently trust no one.
+        let mapped: IpNet = "::ffff:0:0/96".parse().expect("a valid network");
+        if let Some(net) = self.trusted_proxies.iter().find(|net| mapped.contains(*net)) {
+            problems.push(WebError::TrustedProxyIsMappedIpv4(*net));
+        }
         let base = &self.problem_type_base;
         let unusable = if base.is_empty() {
             Some("")
@@ -232,6 +238,12 @@ pub enum WebError {
          address in a forwarding header: list only the networks your proxies connect from"
     )]
     TrustedProxiesCoverEveryAddress(ipnet::IpNet),
+    /// A `trusted_proxies` entry written as IPv4-mapped IPv6, which no peer matches.
+    #[error(
+        "the trusted proxy {0} is an IPv4-mapped IPv6 network, which no peer matches (a peer \
+         is compared as IPv4): write it as IPv4, like \"10.0.0.0/8\""
+    )]
+    TrustedProxyIsMappedIpv4(ipnet::IpNet),
 }
 
 #[cfg(test)]
@@ -250,6 +262,20 @@ mod settings_tests {
         assert!(settings.operations.is_empty());
         assert_eq!((settings.client_ipv4_prefix, settings.client_ipv6_prefix), (32, 64));
         assert!(settings.validate().is_ok());
+    }
+
+    #[test]
+    fn a_trusted_proxy_written_as_mapped_ipv6_is_refused() {
+        for text in ["::ffff:10.0.0.1/128", "::ffff:0:0/96", "::ffff:192.0.2.0/120"] {
+            let net: IpNet = text.parse().unwrap();
+            let settings = EdgeSettings { trusted_proxies: vec![net], ..EdgeSettings::default() };
+            assert_eq!(settings.validate(), Err(WebError::TrustedProxyIsMappedIpv4(net)), "{text}");
+        }
+        for text in ["10.0.0.1/32", "2001:db8::/32", "::1/128", "64:ff9b::/96"] {
+            let net: IpNet = text.parse().unwrap();
+            let settings = EdgeSettings { trusted_proxies: vec![net], ..EdgeSettings::default() };
+            assert_eq!(settings.validate(), Ok(()), "{text}");
+        }
     }
 
     #[test]
@@ -283,7 +309,7 @@ mod settings_tests {
                 "{everyone:?}"
             );
         }
-        for some in [&["0.0.0.0/1"][..], &["10.0.0.0/8", "2000::/3"], &["::ffff:0:0/96"], &[]] {
+        for some in [&["0.0.0.0/1"][..], &["10.0.0.0/8", "2000::/3"], &["64:ff9b::/96"], &[]] {
             assert_eq!(with(some).problems(), [], "{some:?}");
         }
     }
