@@ -178,7 +178,8 @@ fn edge_settings(config: &AppConfig, problems: &mut ConfigProblems) {
             WebError::InvalidProblemTypeBase { .. } => KeyPath::rate_limit("problem-type-base"),
             WebError::ClientIpv4PrefixOutOfRange(_) => KeyPath::rate_limit("client-ipv4-prefix"),
             WebError::ClientIpv6PrefixOutOfRange(_) => KeyPath::rate_limit("client-ipv6-prefix"),
-            WebError::TrustedProxiesCoverEveryAddress(_) => KeyPath::rate_limit("trusted-proxies"),
+            WebError::TrustedProxiesCoverEveryAddress(_)
+            | WebError::TrustedProxyIsMappedIpv4(_) => KeyPath::rate_limit("trusted-proxies"),
             WebError::KeyTooShort { version, .. } | WebError::DuplicateKeyVersion(version) => {
                 KeyPath::root().dotted("pseudonymizer.keys").child(&version.to_string())
             }
