@@ -77,10 +77,10 @@ impl ConfigSources {
             // A value TOML itself cannot read (a number past 64 bits) stops the
             // parse before any key is typed: name the key from the line.
             let text = self.file.as_ref().and_then(|file| std::fs::read_to_string(file).ok());
-            let line = error.to_string().split_once("at line ").and_then(|(_, rest)| {
-                rest.split(|c: char| !c.is_ascii_digit()).next()?.parse::<usize>().ok()
+            let key = text.and_then(|text| {
+                let span = toml::from_str::<toml::Table>(&text).err()?.span()?;
+                key_path_at(&text, text[..span.start].matches('\n').count() + 1)
             });
-            let key = text.zip(line).and_then(|(text, line)| key_path_at(&text, line));
             let key = key.map(|key| format!(" (key path {key})")).unwrap_or_default();
             BootstrapError::ConfigSource(format!("{error}{key}"))
         })
