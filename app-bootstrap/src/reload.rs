@@ -205,9 +205,11 @@ impl Reloader {
     fn apply(&self, state: &mut Running) -> Result<ReloadReport, Vec<String>> {
         let running = &state.config;
         // Valid TOML that would put the built-in defaults in force: far more
-        // likely a file caught while being written than a wish.
-        if let Some(file) = self.inner.sources.file() {
-            if std::fs::read(file).is_ok_and(|bytes| bytes.iter().all(u8::is_ascii_whitespace)) {
+        // likely a file caught while being written than a wish. Both checks
+        // read the file once, alone.
+        let file = self.inner.sources.file().map(|file| (file, std::fs::read(file).ok()));
+        if let Some((file, Some(bytes))) = &file {
+            if bytes.iter().all(u8::is_ascii_whitespace) {
                 return Err(vec![format!(
                     "{}: the file is empty; a reload reads the whole configuration, so an \
                      empty file is refused (restart to run on the defaults)",
@@ -220,9 +222,11 @@ impl Reloader {
         // header alone load as the built-in policy: refused as an empty file
         // is. The file is asked alone: a `CA_SKELETON_*` variable of the
         // table must not make a cut file look whole.
-        if let Some(file) = self.inner.sources.file() {
-            let policies = Figment::from(Toml::file_exact(file)).find_value(POLICIES_TABLE);
-            if !policies.is_ok_and(|policies| policies.as_dict().is_some_and(|p| !p.is_empty())) {
+        if let Some((file, bytes)) = &file {
+            let text = bytes.as_deref().and_then(|bytes| std::str::from_utf8(bytes).ok());
+            let policies = text
+                .and_then(|text| Figment::from(Toml::string(text)).find_value(POLICIES_TABLE).ok());
+            if policies.is_none_or(|policies| policies.as_dict().is_none_or(|p| p.is_empty())) {
                 return Err(vec![format!(
                     "{}: names no policies ([{POLICIES_TABLE}]); a reload reads the whole \
                      configuration, so a file without them is refused (restart to run on the \
