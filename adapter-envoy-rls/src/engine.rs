@@ -158,7 +158,7 @@ impl RlsEngine {
     /// `grpc-timeout`, if it sent one.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` for no descriptor (nothing to limit);
+    /// `INVALID_ARGUMENT` for no domain or no descriptor;
     /// `UNAVAILABLE` when the provider gave no decision
     /// (`Unavailable`, `Indeterminate`, `ClockUnsafe`: Envoy's
     /// `failure_mode_deny` decides); `FAILED_PRECONDITION` for
@@ -202,6 +202,7 @@ impl RlsEngine {
                 Some(Match::Limited(rule)) => rule,
                 Some(Match::Unlimited(_)) => {
                     self.metrics.unlimited.increment(1);
+                    response.unlimited(index);
                     continue;
                 }
                 None => {
@@ -536,12 +537,16 @@ impl Drop for UnrecordedLook<'_> {
 /// sends one descriptor per `rate_limits` action list.
 pub const MAX_DESCRIPTORS: usize = 64;
 
-/// A call with no descriptor has nothing to limit: `INVALID_ARGUMENT`
-/// (whatever Envoy then does, no limit is passed). A descriptor without
+/// A call with no descriptor has nothing to limit, and one without a
+/// domain names no rules: `INVALID_ARGUMENT`, as envoyproxy/ratelimit
+/// refuses both (whatever Envoy then does, no limit is passed). A descriptor without
 /// entries, or with an empty key, needs no check: no rule can have either,
 /// so it matches none and is not limited, while the call's other
 /// descriptors still are.
 fn validate(request: &EnvoyRequest) -> Result<(), Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument("a rate limit request needs a domain"));
+    }
     if request.descriptors.is_empty() {
         return Err(Status::invalid_argument("a rate limit request needs at least one descriptor"));
     }

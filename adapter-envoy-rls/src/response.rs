@@ -57,6 +57,13 @@ impl<'e> Response<'e> {
         Self { statuses: vec![over; descriptors], over: false, refused: true, shown: Vec::new() }
     }
 
+    /// The descriptor at `index` matched an unlimited rule: `OK` with
+    /// `limit_remaining` 4294967295, as envoyproxy/ratelimit answers it,
+    /// which tells it apart from a descriptor no rule matched (0).
+    pub(crate) fn unlimited(&mut self, index: usize) {
+        self.statuses[index].limit_remaining = u32::MAX;
+    }
+
     /// The descriptor at `index` of `rule` carries a `cost` that an
     /// enforced policy of the rule cannot admit: `OVER_LIMIT`, nothing
     /// charged. Its limit is that policy (the one with the lowest maximum

@@ -20,9 +20,9 @@
 //! the bare key's subtree limits a pattern the value's subtree does not, an
 //! unlimited rule keeps the answer OK here too.
 //!
-//! An unlimited descriptor needs no rule unless a later limit would match
-//! it: no rule means OK without a provider call. One that must stay is an
-//! `unlimited = true` rule, answered OK without a provider call too.
+//! An unlimited descriptor is an `unlimited = true` rule, answered OK
+//! without a provider call and with envoyproxy/ratelimit's status for it
+//! (`limit_remaining` 4294967295, not an unmatched descriptor's 0).
 //!
 //! What the rules cannot say is a warning and a comment in the output, never
 //! dropped silently; what would make the result less strict than the source
@@ -85,13 +85,12 @@ pub fn convert(sources: &[Source<'_>]) -> Result<Imported, ImportError> {
         converter.file(source, &mut domains);
         converter.end_file();
     }
-    let needless = converter.drop_needless_unlimited();
     let ids = converter.policy_ids();
     if !converter.problems.is_empty() {
         return Err(ImportError { problems: converter.problems });
     }
     let names: Vec<&str> = sources.iter().map(|source| source.name).collect();
-    let toml = render(&names, &converter.rules, &ids, &needless, &converter.warnings);
+    let toml = render(&names, &converter.rules, &ids, &converter.warnings);
     Ok(Imported { toml, warnings: converter.warnings })
 }
 
@@ -487,18 +486,6 @@ enum Target {
 }
 
 impl Rule {
-    /// Whether some descriptor matches both this pattern and `other`.
-    fn overlaps(&self, other: &Rule) -> bool {
-        self.domain == other.domain
-            && self.pattern.len() == other.pattern.len()
-            && self.pattern.iter().zip(&other.pattern).all(|(mine, theirs)| {
-                mine.key == theirs.key
-                    && (mine.value.is_none()
-                        || theirs.value.is_none()
-                        || mine.value == theirs.value)
-            })
-    }
-
     /// Whether every descriptor this pattern matches `other` matches too.
     fn covers(&self, other: &[Entry]) -> bool {
         self.pattern.len() == other.len()
@@ -604,27 +591,6 @@ impl Converter {
                 None
             }
         }
-    }
-
-    /// Removes the unlimited rules no later limited rule overlaps, and
-    /// returns them: a descriptor that matches no rule is answered OK
-    /// without a provider call, just as envoyproxy/ratelimit answers an
-    /// unlimited one. Those left keep a limit below from applying.
-    fn drop_needless_unlimited(&mut self) -> Vec<Rule> {
-        let mut kept = Vec::with_capacity(self.rules.len());
-        let mut needless = Vec::new();
-        let rules = std::mem::take(&mut self.rules);
-        for (index, rule) in rules.iter().enumerate() {
-            let needed = match rule.target {
-                Target::Limit { .. } => true,
-                Target::Unlimited => rules[index + 1..].iter().any(|later| {
-                    matches!(later.target, Target::Limit { .. }) && rule.overlaps(later)
-                }),
-            };
-            if needed { kept.push(rule.clone()) } else { needless.push(rule.clone()) }
-        }
-        self.rules = kept;
-        needless
     }
 
     /// A policy id for each limited rule, in rule order: envoyproxy/ratelimit's
@@ -1364,13 +1330,7 @@ fn policy_id(key: &str, hash: [u8; 4], hashed: bool) -> String {
 // ---------------------------------------------------------------------------
 // The TOML.
 
-fn render(
-    files: &[&str],
-    rules: &[Rule],
-    ids: &[Option<String>],
-    needless: &[Rule],
-    warnings: &[String],
-) -> String {
+fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[String]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -1415,15 +1375,6 @@ fn render(
             (Target::Unlimited, _) => writeln!(out, "unlimited = true"),
             (Target::Limit { .. }, None) => unreachable!("policy_ids names every limited rule"),
         };
-    }
-    if !needless.is_empty() {
-        out.push_str(concat!(
-            "\n# Unlimited there, and no rule here: a descriptor that matches no rule is\n",
-            "# answered OK without a provider call.\n",
-        ));
-        for rule in needless {
-            let _ = writeln!(out, "# - {}", printable(&describe(rule)));
-        }
     }
 
     for (rule, id) in rules.iter().zip(ids) {

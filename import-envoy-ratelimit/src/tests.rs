@@ -289,10 +289,11 @@ descriptors:
     assert!(first_match(&rules, "depth", &[("tenant", "acme"), ("region", "eu")]).is_some());
 }
 
-/// README example 5's shape: an unlimited descriptor that shadows no limit
-/// needs no rule, as no rule means OK without a provider call.
+/// README example 5's shape: an unlimited descriptor is a rule of its own,
+/// so it is answered as envoyproxy/ratelimit answers it (OK, remaining
+/// 4294967295), not as a descriptor no rule matches (remaining 0).
 #[test]
-fn unlimited_alone_needs_no_rule() {
+fn unlimited_alone_is_an_unlimited_rule() {
     let imported = import(
         "domain: internal
 descriptors:
@@ -304,13 +305,13 @@ descriptors:
 ",
     );
     let (rules, policies) = parsed(&imported);
-    assert_eq!(rules, [rule("internal", &["billing"], Some("internal.billing"))]);
-    assert!(imported.toml.contains(
-        "# Unlimited there, and no rule here: a descriptor that matches no rule is
-# answered OK without a provider call.
-# - internal: directory: unlimited
-"
-    ));
+    assert_eq!(
+        rules,
+        [
+            rule("internal", &["directory"], None),
+            rule("internal", &["billing"], Some("internal.billing"))
+        ]
+    );
     // The built-in HTTP policy and the one limited rule's.
     assert_eq!(policies.keys().collect::<Vec<_>>(), ["default", "internal.billing"]);
 }

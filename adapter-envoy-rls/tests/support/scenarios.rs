@@ -316,7 +316,8 @@ pub async fn unlimited_rules_pass_without_a_provider_call(factory: &PortFactory)
     for _ in 0..4 {
         let answer = rls.ok(request("edge", vec![keyed("internal")], 0)).await;
         assert_eq!(overall(&answer), Code::Ok);
-        assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+        // envoyproxy/ratelimit's unlimited status: the largest remaining.
+        assert_eq!(summary(&answer), [(Code::Ok, u32::MAX, None)]);
         assert!(answer.response_headers_to_add.is_empty());
     }
     assert_eq!(port.calls(), 0);
@@ -330,7 +331,7 @@ pub async fn unlimited_rules_pass_without_a_provider_call(factory: &PortFactory)
     let both = rls.ok(request("edge", vec![keyed("internal"), keyed("public")], 0)).await;
     assert_eq!(
         summary(&both),
-        [(Code::Ok, 0, None), (Code::OverLimit, 0, Some("per-ip".to_owned()))]
+        [(Code::Ok, u32::MAX, None), (Code::OverLimit, 0, Some("per-ip".to_owned()))]
     );
     assert_eq!(port.calls(), 4);
 }
@@ -443,6 +444,10 @@ pub async fn malformed_requests_never_pass_a_limited_descriptor(factory: &PortFa
     let status = rls.ask(request("edge", vec![], 0)).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("at least one descriptor"), "{status:?}");
+    // No domain names no rules: refused as envoyproxy/ratelimit refuses it.
+    let status = rls.ask(request("", vec![ip("10.0.0.6")], 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("a domain"), "{status:?}");
     // One past the cap, each a different subject (one atomic step each).
     let too_many: Vec<_> = (0..=adapter_envoy_rls::MAX_DESCRIPTORS)
         .map(|index| ip(&format!("10.1.{}.{}", index / 256, index % 256)))
