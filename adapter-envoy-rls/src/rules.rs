@@ -24,10 +24,13 @@ pub const DESCRIPTOR_SUBJECT_KIND: &str = "descriptor";
 pub struct RlsRule {
     /// Envoy's `domain`.
     pub domain: String,
-    /// The entry keys in order; `Some(value)` fixes an entry's value.
+    /// The entry keys in order; `Some(value)` fixes an entry's value. A
+    /// fixed value holding `*` is a wildcard (envoyproxy/ratelimit's): each
+    /// `*` matches any run of characters, and the value matched is the
+    /// entry's, part of the subject like an entry without a fixed value.
     pub pattern: Vec<(String, Option<String>)>,
     /// The keys whose values are the subject; `None` means every entry
-    /// without a fixed value.
+    /// without a fixed value or with a wildcard.
     pub subject: Option<Vec<String>>,
     /// What a matching descriptor runs under.
     pub limit: RuleLimit,
@@ -98,7 +101,7 @@ pub(crate) struct PreparedRule {
     pub(crate) index: usize,
     pub(crate) domain: Box<str>,
     keys: Box<[Box<str>]>,
-    fixed: Box<[Option<Box<str>>]>,
+    values: Box<[Value]>,
     /// Positions in the pattern of the subject entries, in pattern order.
     pub(crate) subject: Box<[usize]>,
     pub(crate) members: Box<[Member]>,
@@ -122,21 +125,21 @@ pub(crate) enum Match<'r> {
 #[derive(Debug)]
 enum Entry {
     Limited(PreparedRule),
-    /// An unlimited rule: its index, its keys and fixed values.
+    /// An unlimited rule: its index, its keys and values.
     Unlimited {
         index: usize,
         keys: Box<[Box<str>]>,
-        fixed: Box<[Option<Box<str>>]>,
+        values: Box<[Value]>,
     },
 }
 
 impl Entry {
     fn matches(&self, entries: &[(&str, &str)]) -> bool {
-        let (keys, fixed) = match self {
-            Self::Limited(rule) => (&rule.keys, &rule.fixed),
-            Self::Unlimited { keys, fixed, .. } => (keys, fixed),
+        let (keys, values) = match self {
+            Self::Limited(rule) => (&rule.keys, &rule.values),
+            Self::Unlimited { keys, values, .. } => (keys, values),
         };
-        fits(keys, fixed, entries)
+        fits(keys, values, entries)
     }
 
     fn as_match(&self) -> Match<'_> {
@@ -147,12 +150,66 @@ impl Entry {
     }
 }
 
-/// Whether `entries` have the pattern's keys, in order, and its fixed values.
-fn fits(keys: &[Box<str>], fixed: &[Option<Box<str>>], entries: &[(&str, &str)]) -> bool {
+/// Whether `entries` have the pattern's keys, in order, and values it takes.
+fn fits(keys: &[Box<str>], values: &[Value], entries: &[(&str, &str)]) -> bool {
     keys.len() == entries.len()
-        && keys.iter().zip(fixed).zip(entries).all(|((key, fixed), (k, v))| {
-            **key == **k && fixed.as_deref().is_none_or(|fixed| fixed == *v)
-        })
+        && keys
+            .iter()
+            .zip(values)
+            .zip(entries)
+            .all(|((key, value), (k, v))| **key == **k && value.matches(v))
+}
+
+/// What a pattern entry takes as its value.
+#[derive(Debug)]
+enum Value {
+    /// No fixed value: any, and the subject's.
+    Any,
+    /// A fixed value, equal to the letter.
+    Exact(Box<str>),
+    /// A fixed value with `*`, split at each: any value that starts with the
+    /// first part, ends with the last and holds the others between, in
+    /// order, without overlap (envoyproxy/ratelimit's `wildcardMatch`). The
+    /// value matched is the subject's.
+    Wildcard(Box<[Box<str>]>),
+}
+
+impl Value {
+    fn of(fixed: Option<&str>) -> Self {
+        match fixed {
+            None => Self::Any,
+            Some(fixed) if fixed.contains('*') => {
+                Self::Wildcard(fixed.split('*').map(Into::into).collect())
+            }
+            Some(fixed) => Self::Exact(fixed.into()),
+        }
+    }
+
+    /// Whether the entry's value is in the subject.
+    fn in_subject(&self) -> bool {
+        !matches!(self, Self::Exact(_))
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Exact(fixed) => **fixed == *value,
+            Self::Wildcard(parts) => {
+                let [first, middle @ .., last] = &parts[..] else { return false };
+                // The last part is looked for after the first, so the two never overlap.
+                let Some(mut rest) = value.strip_prefix(&**first) else { return false };
+                let Some(inner) = rest.strip_suffix(&**last) else { return false };
+                rest = inner;
+                middle.iter().all(|part| match rest.find(&**part) {
+                    Some(at) => {
+                        rest = &rest[at + part.len()..];
+                        true
+                    }
+                    None => false,
+                })
+            }
+        }
+    }
 }
 
 /// Every rule, by domain, in configured order.
@@ -168,22 +225,15 @@ impl Rules {
             check(index, rule, rules)?;
             let keys: Box<[Box<str>]> =
                 rule.pattern.iter().map(|(key, _)| key.as_str().into()).collect();
-            let fixed: Box<[Option<Box<str>>]> =
-                rule.pattern.iter().map(|(_, fixed)| fixed.as_deref().map(Into::into)).collect();
+            let values: Box<[Value]> =
+                rule.pattern.iter().map(|(_, fixed)| Value::of(fixed.as_deref())).collect();
             let subject = match &rule.subject {
-                None => rule
-                    .pattern
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (_, fixed))| fixed.is_none())
-                    .map(|(at, _)| at)
-                    .collect(),
+                None => (0..values.len()).filter(|&at| values[at].in_subject()).collect(),
                 Some(keys) => keys
                     .iter()
                     .map(|key| {
-                        rule.pattern
-                            .iter()
-                            .position(|(entry, fixed)| entry == key && fixed.is_none())
+                        (0..values.len())
+                            .find(|&at| rule.pattern[at].0 == *key && values[at].in_subject())
                             .ok_or_else(|| RlsError::BadSubject { rule: index, key: key.clone() })
                     })
                     .collect::<Result<Vec<_>, _>>()?
@@ -195,7 +245,7 @@ impl Rules {
             let policies = match &rule.limit {
                 RuleLimit::Policies(policies) => policies,
                 RuleLimit::Unlimited => {
-                    let entry = Entry::Unlimited { index, keys, fixed };
+                    let entry = Entry::Unlimited { index, keys, values };
                     by_domain.entry(rule.domain.as_str().into()).or_default().push(entry);
                     continue;
                 }
@@ -213,7 +263,7 @@ impl Rules {
                 index,
                 domain: rule.domain.as_str().into(),
                 keys,
-                fixed,
+                values,
                 subject,
                 operation_scoped: members.iter().any(Member::operation_scoped),
                 members,
@@ -334,6 +384,13 @@ mod tests {
         }
     }
 
+    fn policy() -> RateLimitPolicy {
+        let window = std::time::Duration::from_secs(1);
+        let algorithm =
+            shared_contract::Algorithm::from(shared_contract::FixedWindow { limit: 1, window });
+        RateLimitPolicy::builder("p", algorithm).build().unwrap()
+    }
+
     #[test]
     fn every_rule_problem_is_refused_with_its_index() {
         let ip = [("remote_address", None)];
@@ -357,17 +414,8 @@ mod tests {
                 RlsError::DuplicateRule { rule: 1, first: 0 },
             ),
         ];
-        let policy = RateLimitPolicy::builder(
-            "p",
-            shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
-                limit: 1,
-                window: std::time::Duration::from_secs(1),
-            }),
-        )
-        .build()
-        .unwrap();
         let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));
-        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy], clock).unwrap();
+        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy()], clock).unwrap();
         for (rules, expected) in cases {
             assert_eq!(Rules::new(&rules, &port).unwrap_err(), expected);
         }
@@ -380,6 +428,50 @@ mod tests {
         assert_eq!((second.index, &*second.subject), (1, &[1][..]));
         assert!(rules.find("d", &[("a", "z"), ("b", "y")]).is_none());
         assert!(rules.find("other", &[("remote_address", "y")]).is_none());
+    }
+
+    /// The cases of envoyproxy/ratelimit's `TestWildcardConfig`
+    /// (`test/config/config_test.go`, over `test/config/wildcard.yaml`).
+    #[test]
+    fn a_wildcard_value_matches_as_envoyproxy_ratelimits_does() {
+        let takes = |pattern: &str, value: &str| Value::of(Some(pattern)).matches(value);
+        assert!(takes("foo*", "foo1") && takes("foo*", "foo2") && takes("foo*", "foo"));
+        assert!(!takes("foo*", "bar"));
+        assert!(!takes("foo", "foo1"), "a value without * is exact");
+        for (value, taken) in [("barab", true), ("bar123b", true), ("barb", true)] {
+            assert_eq!(takes("bar*b", value), taken, "{value}");
+        }
+        for value in ["bara", "xbarb", "bab", "barxb1"] {
+            assert!(!takes("bar*b", value), "{value}");
+        }
+        for value in ["foo123bar456baz", "foobarbaz"] {
+            assert!(takes("foo*bar*baz", value), "{value}");
+        }
+        for value in ["foo123baz", "bar456baz", "foobaz", "foobazbar"] {
+            assert!(!takes("foo*bar*baz", value), "{value}");
+        }
+        assert!(takes("*", "") && takes("*", "anything") && takes("a**b", "ab"));
+        assert!(!takes("ab*ba", "aba"), "prefix and suffix never share a character");
+    }
+
+    #[test]
+    fn a_wildcard_entry_is_in_the_subject_unless_named_otherwise() {
+        let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));
+        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy()], clock).unwrap();
+        let rules = [
+            rule("d", &[("wild", Some("foo*")), ("ip", None)], None),
+            rule("d", &[("tenant", Some("t*")), ("ip", None)], Some(&["ip"])),
+        ];
+        let rules = Rules::new(&rules, &port).unwrap();
+        let Some(Match::Limited(first)) = rules.find("d", &[("wild", "foo1"), ("ip", "x")]) else {
+            panic!("the wildcard rule matches");
+        };
+        assert_eq!(&*first.subject, &[0, 1][..]);
+        assert!(rules.find("d", &[("wild", "bar"), ("ip", "x")]).is_none());
+        let Some(Match::Limited(second)) = rules.find("d", &[("tenant", "t9"), ("ip", "x")]) else {
+            panic!("the second rule matches");
+        };
+        assert_eq!(&*second.subject, &[1][..]);
     }
 
     #[test]

@@ -983,8 +983,9 @@ impl Level<'_, '_> {
             self.problem(
                 line,
                 pattern,
-                "a wildcard value cannot be converted (a rule's value matches exactly); \
-                 list the values it stands for, or remove it"
+                "a wildcard value is not converted: the rules here take one, but the \
+                 import does not reproduce envoyproxy/ratelimit's precedence between it, \
+                 exact values and the bare key; write its rule by hand (docs/envoy-rls.md)"
                     .into(),
             );
             return false;

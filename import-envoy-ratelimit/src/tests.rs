@@ -468,8 +468,8 @@ descriptors:
     assert_eq!(rules.len(), 2);
 }
 
-/// README example 9's shape: a rule's value matches exactly, and dropping
-/// the wildcard would let its values through, so the import stops.
+/// README example 9's shape: dropping the wildcard would let its values
+/// through, and its precedence is not reproduced, so the import stops.
 #[test]
 fn a_wildcard_value_stops_the_import() {
     let problems = refused(

@@ -502,6 +502,44 @@ pub async fn health_is_serving_while_the_provider_is_ready(rls: &Rls, serving: b
     assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
 }
 
+/// A wildcard value (docs/envoy-rls.md, "Rules"): an exact rule before it
+/// answers its own value; every other value it matches has a budget of
+/// its own, or one budget for all when the rule's subject leaves it out
+/// (envoyproxy/ratelimit's `share_threshold`). checkout allows 5 a minute.
+pub async fn wildcard_values_count_per_value_or_together(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let rules = [
+        unlimited("files", &["path=/api/health"]),
+        rule("files", &["path=/api/*"], None, &["checkout"]),
+        rule("files", &["bucket=b*", "user"], Some(&["user"]), &["checkout"]),
+    ];
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &rules)).await;
+    let codes = |answer: &RateLimitResponse| summary(answer).into_iter().map(|(code, ..)| code);
+    let path = |value: &str| descriptor(&[("path", value)], None);
+    let health = rls.ok(request("files", vec![path("/api/health")], 0)).await;
+    assert_eq!(summary(&health), [(Code::Ok, u32::MAX, None)]);
+    // Per value: five each for /api/a and /api/b, the sixth of each refused.
+    for value in ["/api/a", "/api/b"] {
+        for expected in [[Code::Ok]; 5].into_iter().chain([[Code::OverLimit]]) {
+            let answer = rls.ok(request("files", vec![path(value)], 0)).await;
+            assert_eq!(codes(&answer).collect::<Vec<_>>(), expected, "{value}");
+        }
+    }
+    // No match: not limited.
+    let other = rls.ok(request("files", vec![path("/static/x")], 0)).await;
+    assert_eq!(summary(&other), [(Code::Ok, 0, None)]);
+    // Shared: b1, b2 and b3 of one user spend one budget of five.
+    let bucket = |value: &str| descriptor(&[("bucket", value), ("user", "u1")], None);
+    let mut seen = Vec::new();
+    for value in ["b1", "b2", "b3", "b1", "b2", "b3"] {
+        let answer = rls.ok(request("files", vec![bucket(value)], 0)).await;
+        seen.extend(codes(&answer));
+    }
+    assert_eq!(seen, [[Code::Ok; 5].as_slice(), &[Code::OverLimit]].concat());
+    assert_eq!(port.calls(), 12 + 6);
+}
+
 /// Every scenario that needs only a working provider.
 pub async fn all(factory: &PortFactory) {
     two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
@@ -515,6 +553,7 @@ pub async fn all(factory: &PortFactory) {
     a_cost_above_what_a_policy_admits_is_over_limit_and_charges_nothing(factory).await;
     malformed_requests_never_pass_a_limited_descriptor(factory).await;
     a_limit_override_is_ignored(factory).await;
+    wildcard_values_count_per_value_or_together(factory).await;
     let (rls, _) = start(factory).await;
     health_is_serving_while_the_provider_is_ready(&rls, true).await;
 }
