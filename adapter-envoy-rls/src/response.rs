@@ -1,7 +1,7 @@
 //! From the steps' answers to Envoy's `RateLimitResponse`: one status per
 //! descriptor in request order, the overall code (never `UNKNOWN`), and
 //! the same `RateLimit-Policy` / `RateLimit` / `Retry-After` headers the
-//! HTTP edge sends. Shadow policies never show.
+//! HTTP edge sends. Shadow policies never show in the headers.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -151,22 +151,28 @@ impl<'e> Response<'e> {
 
 /// A descriptor's status from its rule's enforced policies: `OVER_LIMIT`
 /// when one of them denied, and the most restrictive one (a denying one
-/// first, then the fewest remaining) as its limit.
+/// first, then the fewest remaining) as its limit. A rule of shadow
+/// policies only shows the most restrictive of them, always `OK`, as
+/// envoyproxy/ratelimit answers a `shadow_mode` descriptor
+/// (`limiter/base_limiter.go`).
 fn status(
     rule: &PreparedRule,
     decided: impl Fn(&Member) -> Option<RateLimitDecision>,
 ) -> DescriptorStatus {
-    let enforced = rule
-        .members
-        .iter()
-        .filter(|member| member.enforced())
-        .filter_map(|member| Some((member, decided(member)?)));
     let limit = |member: &Member| member.policy.as_ref().map_or(0, RateLimitPolicy::limit);
-    let tightest = enforced.min_by_key(|&(member, d)| (d.allowed, d.remaining, limit(member)));
-    let Some((member, decision)) = tightest else {
-        return DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+    let tightest = |enforced: bool| {
+        let members = rule.members.iter().filter(|member| member.enforced() == enforced);
+        let decisions = members.filter_map(|member| Some((member, decided(member)?)));
+        decisions.min_by_key(|&(member, d)| (d.allowed, d.remaining, limit(member)))
     };
-    let code = if decision.allowed { Code::Ok } else { Code::OverLimit };
+    let (code, (member, decision)) = match (tightest(true), tightest(false)) {
+        (Some(enforced), _) if !enforced.1.allowed => (Code::OverLimit, enforced),
+        (Some(enforced), _) => (Code::Ok, enforced),
+        (None, Some(shadow)) => (Code::Ok, shadow),
+        (None, None) => {
+            return DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+        }
+    };
     DescriptorStatus {
         code: code.into(),
         current_limit: member.policy.as_ref().map(current_limit),

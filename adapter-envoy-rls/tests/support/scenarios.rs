@@ -419,15 +419,17 @@ pub async fn the_first_denied_set_stops_the_later_ones(factory: &PortFactory) {
     assert_eq!(summary(&later), [(Code::Ok, 1, Some("per-ip".to_owned()))]);
 }
 
-/// A shadow policy never denies and never shows.
-pub async fn shadow_policies_never_deny_and_never_show(factory: &PortFactory) {
+/// A shadow policy never denies and never shows in the headers; its
+/// descriptor's status is envoyproxy/ratelimit's for `shadow_mode`: `OK`,
+/// with the limit and what remains (trial allows 1: none after the first).
+pub async fn shadow_policies_never_deny_and_never_show_in_the_headers(factory: &PortFactory) {
     let (mut rls, port) = start(factory).await;
     let trial =
         || request("edge", vec![descriptor(&[("generic_key", "trial"), ("user", "u1")], None)], 0);
     for _ in 0..3 {
         let answer = rls.ok(trial()).await;
         assert_eq!(overall(&answer), Code::Ok);
-        assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+        assert_eq!(summary(&answer), [(Code::Ok, 0, Some("trial".to_owned()))]);
         assert!(answer.response_headers_to_add.is_empty(), "{answer:?}");
     }
     assert_eq!(port.calls(), 3, "a shadow policy is still evaluated");
@@ -549,7 +551,7 @@ pub async fn all(factory: &PortFactory) {
     unlimited_rules_pass_without_a_provider_call(factory).await;
     gcra_statuses_and_headers(factory).await;
     the_first_denied_set_stops_the_later_ones(factory).await;
-    shadow_policies_never_deny_and_never_show(factory).await;
+    shadow_policies_never_deny_and_never_show_in_the_headers(factory).await;
     a_cost_above_what_a_policy_admits_is_over_limit_and_charges_nothing(factory).await;
     malformed_requests_never_pass_a_limited_descriptor(factory).await;
     a_limit_override_is_ignored(factory).await;
