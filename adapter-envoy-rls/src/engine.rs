@@ -2,7 +2,8 @@
 //! to policy sets, the port's answers and the response.
 //!
 //! 1. Each descriptor is matched to the first rule of its domain that fits;
-//!    one that matches none, or an unlimited rule, is not limited.
+//!    one that matches none, or a rule without policies, is not limited
+//!    (a blocking rule refuses the call before any set runs).
 //! 2. Its subject is the pseudonym of the domain and the subject entries;
 //!    its cost the descriptor's `hits_addend`, else the request's (0 = 1).
 //! 3. Descriptors of one subject and one cost join one policy set, which
@@ -36,7 +37,7 @@ use tracing::Instrument;
 use crate::error::RlsError;
 use crate::response::{Answer, Response};
 use crate::rules::{
-    DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, Resolved, RlsRule, Rules, Step,
+    Answered, DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, Resolved, RlsRule, Rules, Step,
 };
 use crate::telemetry::{FrontMetrics, decision_span, record_decision};
 
@@ -79,6 +80,14 @@ pub enum DescriptorSubject {
     Unlimited {
         /// The rule's index.
         rule: usize,
+    },
+    /// A rule that answers its descriptors without a budget (not limited,
+    /// or blocked: see [`crate::RuleLimit`]) matches first.
+    Unbudgeted {
+        /// The rule's index.
+        rule: usize,
+        /// Whether it refuses every descriptor.
+        blocked: bool,
     },
     /// No rule matches (or rate limiting is off): no budget.
     Unmatched,
@@ -129,7 +138,12 @@ impl RlsEngine {
                 subject: self.subject(rule, entries),
                 operation: rule.operation,
             },
-            Some(Match::Unlimited(rule)) => DescriptorSubject::Unlimited { rule },
+            Some(Match::Answered(rule, Answered::Unlimited)) => {
+                DescriptorSubject::Unlimited { rule }
+            }
+            Some(Match::Answered(rule, answer)) => {
+                DescriptorSubject::Unbudgeted { rule, blocked: answer == Answered::Blocked }
+            }
             None => DescriptorSubject::Unmatched,
         }
     }
@@ -190,7 +204,7 @@ impl RlsEngine {
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut steps: Vec<Step<'_>> = Vec::new();
         let mut response = Response::new(request.descriptors.len());
-        let mut refused = false;
+        let (mut refused, mut blocked) = (false, false);
         let mut entries = Vec::new();
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             if descriptor.limit.is_some() {
@@ -200,9 +214,19 @@ impl RlsEngine {
             entries.extend(descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
             let rule = match self.rules.find(&request.domain, &entries) {
                 Some(Match::Limited(rule)) => rule,
-                Some(Match::Unlimited(_)) => {
+                Some(Match::Answered(_, Answered::Unlimited)) => {
                     self.metrics.unlimited.increment(1);
                     response.unlimited(index);
+                    continue;
+                }
+                Some(Match::Answered(_, Answered::NotLimited)) => {
+                    self.metrics.unmatched.increment(1);
+                    continue;
+                }
+                Some(Match::Answered(_, Answered::Blocked)) => {
+                    self.metrics.blocked.increment(1);
+                    blocked = true;
+                    response.block(index);
                     continue;
                 }
                 None => {
@@ -247,9 +271,10 @@ impl RlsEngine {
                 }),
             }
         }
-        if refused {
+        if refused || blocked {
             // Known before any set runs: the call is refused, nothing charged.
-            if let Some(suppressed) = REFUSED_LOGGED.admit(std::time::Instant::now()) {
+            let logged = || REFUSED_LOGGED.admit(std::time::Instant::now());
+            if let Some(suppressed) = refused.then(logged).flatten() {
                 tracing::warn!(
                     suppressed,
                     "envoy rls hits_addend above a policy's maximum-cost; answered OVER_LIMIT"

@@ -64,6 +64,13 @@ impl<'e> Response<'e> {
         self.statuses[index].limit_remaining = u32::MAX;
     }
 
+    /// The descriptor at `index` matched a blocking rule: `OVER_LIMIT`,
+    /// without a limit and without `Retry-After` (no wait lets it pass).
+    pub(crate) fn block(&mut self, index: usize) {
+        self.statuses[index].code = Code::OverLimit.into();
+        self.refused = true;
+    }
+
     /// The descriptor at `index` of `rule` carries a `cost` that an
     /// enforced policy of the rule cannot admit: `OVER_LIMIT`, nothing
     /// charged. Its limit is that policy (the one with the lowest maximum

@@ -42,9 +42,26 @@ pub enum RuleLimit {
     /// The policies, in configured order.
     Policies(PolicySet),
     /// None: envoyproxy/ratelimit's `unlimited`. A matching descriptor is
-    /// answered `OK` without a provider call, and a later rule it would
-    /// also fit is never reached (the first matching rule wins).
+    /// answered `OK` with `limit_remaining` 4294967295 without a provider
+    /// call, and a later rule it would also fit is never reached (the first
+    /// matching rule wins).
     Unlimited,
+    /// None, answered as a descriptor no rule matches (`OK`, no limit): a
+    /// later rule it would also fit is never reached. What
+    /// envoyproxy/ratelimit answers where its lookup stops without a limit.
+    NotLimited,
+    /// Every matching descriptor is `OVER_LIMIT`, without a provider call:
+    /// envoyproxy/ratelimit's `requests_per_unit: 0`. The call is refused
+    /// before any set runs, so nothing of it is charged.
+    Blocked,
+}
+
+/// How a rule without policies answers its descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answered {
+    Unlimited,
+    NotLimited,
+    Blocked,
 }
 
 /// The digest a rule's operation-scoped policies are keyed by: SHA-256 over
@@ -117,19 +134,20 @@ pub(crate) struct PreparedRule {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Match<'r> {
     Limited(&'r PreparedRule),
-    /// A rule with [`RuleLimit::Unlimited`]: its index.
-    Unlimited(usize),
+    /// A rule without policies: its index and how it answers.
+    Answered(usize, Answered),
 }
 
 /// A rule of the table: limited (prepared with its members) or not.
 #[derive(Debug)]
 enum Entry {
     Limited(PreparedRule),
-    /// An unlimited rule: its index, its keys and values.
-    Unlimited {
+    /// A rule without policies: its index, its keys and values, its answer.
+    Answered {
         index: usize,
         keys: Box<[Box<str>]>,
         values: Box<[Value]>,
+        answer: Answered,
     },
 }
 
@@ -137,7 +155,7 @@ impl Entry {
     fn matches(&self, entries: &[(&str, &str)]) -> bool {
         let (keys, values) = match self {
             Self::Limited(rule) => (&rule.keys, &rule.values),
-            Self::Unlimited { keys, values, .. } => (keys, values),
+            Self::Answered { keys, values, .. } => (keys, values),
         };
         fits(keys, values, entries)
     }
@@ -145,7 +163,7 @@ impl Entry {
     fn as_match(&self) -> Match<'_> {
         match self {
             Self::Limited(rule) => Match::Limited(rule),
-            Self::Unlimited { index, .. } => Match::Unlimited(*index),
+            Self::Answered { index, answer, .. } => Match::Answered(*index, *answer),
         }
     }
 }
@@ -244,8 +262,13 @@ impl Rules {
             };
             let policies = match &rule.limit {
                 RuleLimit::Policies(policies) => policies,
-                RuleLimit::Unlimited => {
-                    let entry = Entry::Unlimited { index, keys, values };
+                fixed => {
+                    let answer = match fixed {
+                        RuleLimit::NotLimited => Answered::NotLimited,
+                        RuleLimit::Blocked => Answered::Blocked,
+                        RuleLimit::Unlimited | RuleLimit::Policies(_) => Answered::Unlimited,
+                    };
+                    let entry = Entry::Answered { index, keys, values, answer };
                     by_domain.entry(rule.domain.as_str().into()).or_default().push(entry);
                     continue;
                 }
@@ -282,7 +305,7 @@ impl Rules {
     pub(crate) fn limited(&self, index: usize) -> Option<&PreparedRule> {
         self.by_domain.values().flatten().find_map(|entry| match entry {
             Entry::Limited(rule) if rule.index == index => Some(rule),
-            Entry::Limited(_) | Entry::Unlimited { .. } => None,
+            Entry::Limited(_) | Entry::Answered { .. } => None,
         })
     }
 

@@ -542,6 +542,36 @@ pub async fn wildcard_values_count_per_value_or_together(factory: &PortFactory) 
     assert_eq!(port.calls(), 12 + 6);
 }
 
+/// A rule that does not limit ends the search as envoyproxy/ratelimit's
+/// lookup does, answered as no rule (`OK`, remaining 0, no limit); a
+/// blocking rule (its `requests_per_unit: 0`) refuses the whole call before
+/// any set runs, so the call's other descriptors are not charged.
+pub async fn rules_without_policies_stop_or_block_without_a_provider_call(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let rules = [
+        answered("edge", &["tier=free", "remote_address"], RuleLimit::NotLimited),
+        answered("edge", &["tier=banned", "remote_address"], RuleLimit::Blocked),
+        rule("edge", &["tier", "remote_address"], Some(&["remote_address"]), &["per-ip"]),
+    ];
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &rules)).await;
+    let tier = |tier: &str| descriptor(&[("tier", tier), ("remote_address", "10.0.7.1")], None);
+    for _ in 0..3 {
+        let free = rls.ok(request("edge", vec![tier("free")], 0)).await;
+        assert_eq!(summary(&free), [(Code::Ok, 0, None)]);
+    }
+    assert_eq!(port.calls(), 0, "the later per-ip rule is never reached");
+    let banned = rls.ok(request("edge", vec![tier("gold"), tier("banned")], 0)).await;
+    assert_eq!(overall(&banned), Code::OverLimit);
+    assert_eq!(summary(&banned), [(Code::Ok, 0, None), (Code::OverLimit, 0, None)]);
+    assert_eq!(header(&banned, "retry-after"), None);
+    assert_eq!(port.calls(), 0, "nothing of a blocked call is charged");
+    // per-ip allows 2 a minute: both are still there for gold.
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        assert_eq!(overall(&rls.ok(request("edge", vec![tier("gold")], 0)).await), expected);
+    }
+}
+
 /// Every scenario that needs only a working provider.
 pub async fn all(factory: &PortFactory) {
     two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
@@ -556,6 +586,7 @@ pub async fn all(factory: &PortFactory) {
     malformed_requests_never_pass_a_limited_descriptor(factory).await;
     a_limit_override_is_ignored(factory).await;
     wildcard_values_count_per_value_or_together(factory).await;
+    rules_without_policies_stop_or_block_without_a_provider_call(factory).await;
     let (rls, _) = start(factory).await;
     health_is_serving_while_the_provider_is_ready(&rls, true).await;
 }
