@@ -206,13 +206,17 @@ impl RlsEngine {
         let mut response = Response::new(request.descriptors.len());
         let (mut refused, mut blocked) = (false, false);
         let mut entries = Vec::new();
+        let matched = if self.rules.replacing() { self.matched(request) } else { Vec::new() };
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             if descriptor.limit.is_some() {
                 self.metrics.overrides.increment(1);
             }
             entries.clear();
             entries.extend(descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
-            let rule = match self.rules.find(&request.domain, &entries) {
+            let found = self.rules.find(&request.domain, &entries);
+            // Replaced by another rule this call matched: answered as no rule.
+            let found = found.filter(|found| !self.rules.replaced(found.index(), &matched));
+            let rule = match found {
                 Some(Match::Limited(rule)) => rule,
                 Some(Match::Answered(_, Answered::Unlimited)) => {
                     self.metrics.unlimited.increment(1);
@@ -304,6 +308,16 @@ impl RlsEngine {
             }
         }
         Ok(response.finish())
+    }
+
+    /// The indexes of the rules the call's descriptors match.
+    fn matched(&self, request: &EnvoyRequest) -> Vec<usize> {
+        let matches = request.descriptors.iter().filter_map(|descriptor| {
+            let entries: Vec<(&str, &str)> =
+                descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+            self.rules.find(&request.domain, &entries).map(|found| found.index())
+        });
+        matches.collect()
     }
 
     /// The descriptor subject: kind, domain, then each subject entry's key

@@ -34,6 +34,12 @@ pub struct RlsRule {
     pub subject: Option<Vec<String>>,
     /// What a matching descriptor runs under.
     pub limit: RuleLimit,
+    /// The rule's name, for other rules' `replaces`.
+    pub name: Option<String>,
+    /// The names of the rules this one replaces: when a call matches both,
+    /// the replaced rule's descriptors are neither checked nor charged
+    /// (answered as no rule), envoyproxy/ratelimit's `replaces`.
+    pub replaces: Vec<String>,
 }
 
 /// What a rule's matching descriptors run under.
@@ -138,6 +144,16 @@ pub(crate) enum Match<'r> {
     Answered(usize, Answered),
 }
 
+impl Match<'_> {
+    /// The rule's index in the configured list.
+    pub(crate) fn index(&self) -> usize {
+        match self {
+            Self::Limited(rule) => rule.index,
+            Self::Answered(index, _) => *index,
+        }
+    }
+}
+
 /// A rule of the table: limited (prepared with its members) or not.
 #[derive(Debug)]
 enum Entry {
@@ -234,7 +250,13 @@ impl Value {
 #[derive(Debug, Default)]
 pub(crate) struct Rules {
     by_domain: HashMap<Box<str>, Vec<Entry>>,
+    /// Each rule's name and the names it replaces, by its index; empty
+    /// when no rule replaces another (no call pays for the check).
+    naming: Box<[Naming]>,
 }
+
+/// A rule's name and the names of the rules it replaces.
+type Naming = (Option<Box<str>>, Box<[Box<str>]>);
 
 impl Rules {
     pub(crate) fn new(rules: &[RlsRule], port: &dyn EdgeRateLimitPort) -> Result<Self, RlsError> {
@@ -298,7 +320,12 @@ impl Rules {
                 .or_default()
                 .push(Entry::Limited(prepared));
         }
-        Ok(Self { by_domain })
+        let replacing = rules.iter().any(|rule| !rule.replaces.is_empty());
+        let naming = rules.iter().filter(|_| replacing).map(|rule| {
+            let replaces = rule.replaces.iter().map(|name| name.as_str().into()).collect();
+            (rule.name.as_deref().map(Into::into), replaces)
+        });
+        Ok(Self { by_domain, naming: naming.collect() })
     }
 
     /// The limited rule at `index` of the configured list, if that one is.
@@ -306,6 +333,22 @@ impl Rules {
         self.by_domain.values().flatten().find_map(|entry| match entry {
             Entry::Limited(rule) if rule.index == index => Some(rule),
             Entry::Limited(_) | Entry::Answered { .. } => None,
+        })
+    }
+
+    /// Whether a rule replaces another: calls then check [`Self::replaced`].
+    pub(crate) fn replacing(&self) -> bool {
+        !self.naming.is_empty()
+    }
+
+    /// Whether the rule at `index` is replaced by one of `matched` (the
+    /// indexes of the rules a call's descriptors matched).
+    pub(crate) fn replaced(&self, index: usize, matched: &[usize]) -> bool {
+        let Some(Some(name)) = self.naming.get(index).map(|(name, _)| name.as_deref()) else {
+            return false;
+        };
+        matched.iter().any(|&by| {
+            self.naming.get(by).is_some_and(|(_, replaces)| replaces.iter().any(|r| **r == *name))
         })
     }
 
@@ -319,6 +362,12 @@ impl Rules {
 fn check(index: usize, rule: &RlsRule, rules: &[RlsRule]) -> Result<(), RlsError> {
     if rule.domain.is_empty() {
         return Err(RlsError::EmptyDomain { rule: index });
+    }
+    // envoyproxy/ratelimit refuses both.
+    for replaced in &rule.replaces {
+        if replaced.is_empty() || rule.name.as_ref() == Some(replaced) {
+            return Err(RlsError::BadReplaces { rule: index, name: replaced.clone() });
+        }
     }
     if rule.pattern.is_empty() {
         return Err(RlsError::EmptyPattern { rule: index });
@@ -404,6 +453,8 @@ mod tests {
             pattern: pattern.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect(),
             subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
             limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("p").unwrap())),
+            name: None,
+            replaces: Vec::new(),
         }
     }
 
@@ -435,6 +486,18 @@ mod tests {
             (
                 vec![rule("d", &ip, None), rule("d", &ip, Some(&["remote_address"]))],
                 RlsError::DuplicateRule { rule: 1, first: 0 },
+            ),
+            (
+                vec![RlsRule {
+                    name: Some("self".to_owned()),
+                    replaces: vec!["self".to_owned()],
+                    ..rule("d", &ip, None)
+                }],
+                RlsError::BadReplaces { rule: 0, name: "self".to_owned() },
+            ),
+            (
+                vec![RlsRule { replaces: vec![String::new()], ..rule("d", &ip, None) }],
+                RlsError::BadReplaces { rule: 0, name: String::new() },
             ),
         ];
         let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));

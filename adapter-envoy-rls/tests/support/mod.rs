@@ -53,6 +53,8 @@ pub fn rule(domain: &str, pattern: &[&str], subject: Option<&[&str]>, ids: &[&st
             .collect(),
         subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
         limit: RuleLimit::Policies(set(ids)),
+        name: None,
+        replaces: Vec::new(),
     }
 }
 

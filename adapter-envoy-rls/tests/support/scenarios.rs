@@ -572,6 +572,37 @@ pub async fn rules_without_policies_stop_or_block_without_a_provider_call(factor
     }
 }
 
+/// envoyproxy/ratelimit's README example 7 (`replaces`): a call matching
+/// both rules is checked and charged by the replacing one only (bulk, 10 a
+/// minute), and the replaced one's budget (checkout, 5) is left whole for
+/// the calls that match it alone.
+pub async fn a_replacing_rule_drops_the_one_it_replaces_from_the_call(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let specific = RlsRule {
+        name: Some("specific_limit".to_owned()),
+        ..rule("example7", &["key_1=value_1", "user=bkthomps"], None, &["checkout"])
+    };
+    let replacing = RlsRule {
+        replaces: vec!["specific_limit".to_owned()],
+        ..rule("example7", &["key_2=value_2", "user=bkthomps"], None, &["bulk"])
+    };
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &[specific, replacing])).await;
+    let one = descriptor(&[("key_1", "value_1"), ("user", "bkthomps")], None);
+    let two = descriptor(&[("key_2", "value_2"), ("user", "bkthomps")], None);
+    for n in 1..=11 {
+        let answer = rls.ok(request("example7", vec![one.clone(), two.clone()], 0)).await;
+        let expected = if n <= 10 { Code::Ok } else { Code::OverLimit };
+        assert_eq!(overall(&answer), expected, "call {n}");
+        assert_eq!(summary(&answer)[0], (Code::Ok, 0, None), "replaced: as no rule");
+    }
+    for n in 1..=6 {
+        let answer = rls.ok(request("example7", vec![one.clone()], 0)).await;
+        let expected = if n <= 5 { Code::Ok } else { Code::OverLimit };
+        assert_eq!(overall(&answer), expected, "alone, call {n}");
+    }
+}
+
 /// Every scenario that needs only a working provider.
 pub async fn all(factory: &PortFactory) {
     two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
@@ -587,6 +618,7 @@ pub async fn all(factory: &PortFactory) {
     a_limit_override_is_ignored(factory).await;
     wildcard_values_count_per_value_or_together(factory).await;
     rules_without_policies_stop_or_block_without_a_provider_call(factory).await;
+    a_replacing_rule_drops_the_one_it_replaces_from_the_call(factory).await;
     let (rls, _) = start(factory).await;
     health_is_serving_while_the_provider_is_ready(&rls, true).await;
 }
