@@ -4,18 +4,14 @@
 //! OTLP exporter, behind `tracing-opentelemetry`. The SDK reads its own
 //! variables; a key wins over the variable for the same setting.
 
+mod client;
 mod log_line;
 mod request;
-mod roots;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
-use hyper_util::client::legacy::connect::HttpConnector;
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_http::hyper::HyperClient;
-use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
 use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::error::OTelSdkResult;
@@ -24,9 +20,9 @@ use tracing::Subscriber;
 use tracing_opentelemetry::OpenTelemetryLayer;
 use tracing_subscriber::registry::LookupSpan;
 
+pub(crate) use client::pem_roots;
 pub(crate) use log_line::WithTraceIds;
 pub(crate) use request::{Sampling, admin_span, public_span};
-pub(crate) use roots::pem_roots;
 
 use crate::config::OtlpConfig;
 use crate::error::BootstrapError;
@@ -50,22 +46,6 @@ fn switched_off(lookup: impl Fn(&str) -> Option<String>) -> Option<&'static str>
 /// [`switched_off`] from the environment, for the start-up warning.
 pub fn export_switched_off_by() -> Option<&'static str> {
     switched_off(|name| std::env::var(name).ok())
-}
-
-/// The exporter's HTTP client, hyper with rustls, run on the application's
-/// runtime: the batch processor's thread has none for hyper.
-#[derive(Debug)]
-struct OnRuntime {
-    client: Arc<HyperClient<HttpsConnector<HttpConnector>>>,
-    runtime: tokio::runtime::Handle,
-}
-
-#[async_trait::async_trait]
-impl HttpClient for OnRuntime {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        let client = Arc::clone(&self.client);
-        self.runtime.spawn(async move { client.send_bytes(request).await }).await?
-    }
 }
 
 /// The OTLP exporter, each failed export counted and logged at most once
@@ -120,47 +100,24 @@ impl Tracing {
         if export_switched_off_by().is_some() {
             return Ok(None);
         }
-        let wiring = |component| move |reason: String| BootstrapError::Wiring { component, reason };
+        let wiring = |(component, reason)| BootstrapError::Wiring { component, reason };
+        let exporter_problem = |reason| wiring(("the OTLP span exporter", reason));
         let url = format!("{}/v1/traces", endpoint.trim_end_matches('/'));
         // The SDK's own error would print the URL (it may hold a credential).
-        let uri = url.parse::<axum::http::Uri>().map_err(|_| {
-            wiring("the OTLP span exporter")("telemetry.otlp.endpoint is not a URL".to_owned())
-        })?;
-        let roots = match uri.scheme_str() {
-            Some("https") => {
-                roots::trusted(otlp.ca_file.as_deref(), |name| std::env::var(name).ok())
-                    .map_err(wiring("the OTLP exporter's TLS roots"))?
-            }
-            _ => rustls::RootCertStore::empty(),
-        };
-        let ring = rustls::crypto::ring::default_provider();
-        let tls = rustls::ClientConfig::builder_with_provider(ring.into())
-            .with_safe_default_protocol_versions()
-            .map_err(|error| wiring("the OTLP exporter's HTTP client")(error.to_string()))?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let runtime = tokio::runtime::Handle::try_current()
-            .map_err(|error| wiring("the OTLP exporter's HTTP client")(error.to_string()))?;
-        let client = OnRuntime {
-            client: Arc::new(HyperClient::new(connector, otlp.timeout, None)),
-            runtime,
-        };
+        let uri = url
+            .parse::<axum::http::Uri>()
+            .map_err(|_| exporter_problem("telemetry.otlp.endpoint is not a URL".to_owned()))?;
         let headers =
             otlp.headers.iter().map(|(name, value)| (name.clone(), value.expose().to_owned()));
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
-            .with_http_client(client)
+            .with_http_client(client::for_collector(&uri, otlp).map_err(wiring)?)
             .with_protocol(Protocol::HttpBinary)
             .with_endpoint(url)
             .with_timeout(otlp.timeout)
             .with_headers(headers.collect())
             .build()
-            .map_err(|error| wiring("the OTLP span exporter")(error.to_string()))?;
+            .map_err(|error| exporter_problem(error.to_string()))?;
         // The ratio is applied before any span is made ([`Sampling`]).
         let provider = SdkTracerProvider::builder()
             .with_batch_exporter(Counted { inner: exporter, last_logged: Mutex::default() })

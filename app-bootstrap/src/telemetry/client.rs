@@ -1,4 +1,56 @@
-//! Which CAs an `https` collector is checked against.
+//! The exporter's HTTP client: hyper, with rustls (ring, no OpenSSL) for
+//! an `https` collector, trusting a pinned CA file or the OS store.
+
+use std::sync::Arc;
+
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::connect::HttpConnector;
+use opentelemetry_http::hyper::HyperClient;
+use opentelemetry_http::{Bytes, HttpClient, HttpError, Request, Response};
+
+use crate::config::OtlpConfig;
+
+/// The client, run on the application's runtime: the batch processor
+/// exports from a thread of its own, which has none for hyper.
+#[derive(Debug)]
+pub(super) struct OnRuntime {
+    client: Arc<HyperClient<HttpsConnector<HttpConnector>>>,
+    runtime: tokio::runtime::Handle,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for OnRuntime {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let client = Arc::clone(&self.client);
+        self.runtime.spawn(async move { client.send_bytes(request).await }).await?
+    }
+}
+
+/// The client for the collector at `uri`, or (the part that failed, what
+/// is wrong). Call it inside the tokio runtime.
+pub(super) fn for_collector(
+    uri: &axum::http::Uri,
+    otlp: &OtlpConfig,
+) -> Result<OnRuntime, (&'static str, String)> {
+    const CLIENT: &str = "the OTLP exporter's HTTP client";
+    // An http endpoint never starts TLS: no root is ever consulted.
+    let roots = match uri.scheme_str() {
+        Some("https") => trusted(otlp.ca_file.as_deref(), |name| std::env::var(name).ok())
+            .map_err(|reason| ("the OTLP exporter's TLS roots", reason))?,
+        _ => rustls::RootCertStore::empty(),
+    };
+    let ring = rustls::crypto::ring::default_provider();
+    let tls = rustls::ClientConfig::builder_with_provider(ring.into())
+        .with_safe_default_protocol_versions()
+        .map_err(|error| (CLIENT, error.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector =
+        HttpsConnectorBuilder::new().with_tls_config(tls).https_or_http().enable_http1().build();
+    let runtime =
+        tokio::runtime::Handle::try_current().map_err(|error| (CLIENT, error.to_string()))?;
+    Ok(OnRuntime { client: Arc::new(HyperClient::new(connector, otlp.timeout, None)), runtime })
+}
 
 /// The exporter's standard variables naming a collector's CA file, which
 /// its HTTP client does not read itself.
@@ -9,7 +61,7 @@ const CERTIFICATE_VARIABLES: [&str; 2] =
 /// `telemetry.otlp.ca-file` (the key wins, as keys do), else of a
 /// [`CERTIFICATE_VARIABLES`], alone; else the OS store as
 /// rustls-native-certs reads it (`SSL_CERT_FILE`, `SSL_CERT_DIR`).
-pub(super) fn trusted(
+fn trusted(
     ca_file: Option<&str>,
     lookup: impl Fn(&str) -> Option<String>,
 ) -> Result<rustls::RootCertStore, String> {
