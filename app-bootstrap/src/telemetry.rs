@@ -43,7 +43,7 @@ fn switched_off(lookup: impl Fn(&str) -> Option<String>) -> Option<&'static str>
         .map(|(name, _)| name)
 }
 
-/// [`switched_off`] from the environment, for the start-up warning.
+/// The variable that switched export off, for the start-up warning.
 pub fn export_switched_off_by() -> Option<&'static str> {
     switched_off(|name| std::env::var(name).ok())
 }

@@ -728,6 +728,30 @@ fn a_reload_on_sighup_is_a_root_span_at_ratio_one() {
     assert_eq!(attributes(reload).get("result"), Some(&string("unchanged")));
 }
 
+/// Where a key sets what an SDK variable would, the key wins (the SDK
+/// lets the configuration override its variables): spans still reach the
+/// configured collector, as protobuf, uncompressed, in time, under the
+/// configured service name, sampled at the configured ratio.
+#[test]
+fn the_keys_win_over_the_sdks_variables() {
+    let (endpoint, received) = receiver();
+    let env = [
+        ("OTEL_SERVICE_NAME", "from-the-variable"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "1"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+        ("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip"),
+        ("OTEL_TRACES_SAMPLER", "always_off"),
+        ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-team=blue"),
+    ];
+    let mut serve = Serve::start_with_env(&config("memory", &endpoint, TRUSTED), "info", &env);
+    assert_eq!(two_requests(&serve.base), [200, 200]);
+    stop(&mut serve);
+    let (request, _decision, _) = checked_trace(&received);
+    assert_eq!(request.name, "GET /api/hello");
+    let names = received.service_names();
+    assert!(names.iter().all(|name| name == "otlp-test-service"), "{names:?}");
+}
+
 /// A method outside the standard ones is exported as
 /// `_OTHER` (OpenTelemetry HTTP conventions) in a span named
 /// `HTTP <route>`; the raw method, which a client chooses freely, is in no
