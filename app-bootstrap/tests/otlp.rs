@@ -36,10 +36,12 @@ const UNSAMPLED_TRACE_ID: &str = "0af7651916cd43dd8448eb211c80319c";
 /// default): what the tests of the caller's trace set.
 const TRUSTED: &str = "trust-remote-parent = true\n";
 
-/// Every export request the receiver took: the raw body, and decoded.
+/// Every export request the receiver took: the raw body, and decoded;
+/// the `x-team` header of each.
 #[derive(Debug, Default, Clone)]
 struct Received {
     bodies: Arc<Mutex<Vec<Bytes>>>,
+    teams: Arc<Mutex<Vec<Option<String>>>>,
 }
 
 impl Received {
@@ -110,11 +112,17 @@ fn spawn_receiver(delay: Duration, tls: Option<Arc<rustls::ServerConfig>>) -> (S
             let app = axum::Router::new()
                 .route(
                     "/v1/traces",
-                    post(move |State(received): State<Received>, body: Bytes| async move {
-                        tokio::time::sleep(delay).await;
-                        received.bodies.lock().unwrap().push(body);
-                        ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
-                    }),
+                    post(
+                        move |State(received): State<Received>,
+                              headers: axum::http::HeaderMap,
+                              body: Bytes| async move {
+                            tokio::time::sleep(delay).await;
+                            let team = headers.get("x-team").and_then(|team| team.to_str().ok());
+                            received.teams.lock().unwrap().push(team.map(str::to_owned));
+                            received.bodies.lock().unwrap().push(body);
+                            ([("content-type", "application/x-protobuf")], Vec::<u8>::new())
+                        },
+                    ),
                 )
                 .with_state(state);
             let Some(tls) = tls else {
@@ -731,7 +739,8 @@ fn a_reload_on_sighup_is_a_root_span_at_ratio_one() {
 /// Where a key sets what an SDK variable would, the key wins (the SDK
 /// lets the configuration override its variables): spans still reach the
 /// configured collector, as protobuf, uncompressed, in time, under the
-/// configured service name, sampled at the configured ratio.
+/// configured service name, sampled at the configured ratio. A header
+/// variable adds its header.
 #[test]
 fn the_keys_win_over_the_sdks_variables() {
     let (endpoint, received) = receiver();
@@ -750,6 +759,8 @@ fn the_keys_win_over_the_sdks_variables() {
     assert_eq!(request.name, "GET /api/hello");
     let names = received.service_names();
     assert!(names.iter().all(|name| name == "otlp-test-service"), "{names:?}");
+    let teams = received.teams.lock().unwrap().clone();
+    assert!(teams.iter().all(|team| team.as_deref() == Some("blue")), "{teams:?}");
 }
 
 /// A method outside the standard ones is exported as
