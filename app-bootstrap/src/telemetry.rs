@@ -2,7 +2,8 @@
 //! batch span processor (a thread of its own and a bounded queue: a slow
 //! collector costs bounded memory and never blocks a request) feeding the
 //! OTLP exporter, behind `tracing-opentelemetry`. The SDK reads its own
-//! variables; a key wins over the variable for the same setting.
+//! variables; a key wins over the variable for the same setting (export
+//! headers from both are sent, the variable's on a name both set).
 
 mod client;
 mod log_line;
