@@ -108,6 +108,14 @@ impl Tracing {
         let uri = url
             .parse::<axum::http::Uri>()
             .map_err(|_| exporter_problem("telemetry.otlp.endpoint is not a URL".to_owned()))?;
+        // The SDK's export thread waits this long between batches: 0 would
+        // keep it spinning on a core for as long as the service runs.
+        let delay = std::env::var("OTEL_BSP_SCHEDULE_DELAY");
+        if delay.is_ok_and(|delay| delay.trim().parse::<u64>() == Ok(0)) {
+            let reason = "OTEL_BSP_SCHEDULE_DELAY=0 would keep the export thread spinning; \
+                          unset it or give the milliseconds between exports";
+            return Err(exporter_problem(reason.to_owned()));
+        }
         let headers =
             otlp.headers.iter().map(|(name, value)| (name.clone(), value.expose().to_owned()));
         let exporter = opentelemetry_otlp::SpanExporter::builder()

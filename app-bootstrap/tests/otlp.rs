@@ -942,6 +942,15 @@ fn a_bad_ca_file_stops_start_up_naming_the_variable() {
     assert_no_debug_output(&stderr);
 }
 
+/// A schedule delay of 0 would keep the SDK's export thread spinning on a
+/// core: start-up stops, naming the variable.
+#[test]
+fn a_zero_schedule_delay_stops_start_up_naming_the_variable() {
+    let stderr = start_up_refused_at("http://127.0.0.1:4318", &[("OTEL_BSP_SCHEDULE_DELAY", "0")]);
+    assert!(stderr.contains("OTEL_BSP_SCHEDULE_DELAY=0"), "{stderr}");
+    assert_no_debug_output(&stderr);
+}
+
 /// The SDK's kill switches were ignored. With
 /// `OTEL_SDK_DISABLED=true`, or `OTEL_TRACES_EXPORTER=none`, and an
 /// endpoint configured, requests are served, no span reaches the
