@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use shared_contract::{LOG_LINE_EVERY, LogThrottle};
 
 /// What went wrong talking to Redis, classified by what it proves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +146,7 @@ pub(crate) fn acknowledged_of(evalsha: Value, wait: Value) -> Result<Acknowledge
         Value::Int(count) => u64::try_from(count).map_err(|_| GatewayFailure::UnexpectedReply),
         Value::ServerError(_) => match wait.extract_error() {
             Err(error) => {
-                tracing::warn!(kind = error.category(), code = error.code(), "redis WAIT refused");
+                log_error_reply(&error, "redis WAIT refused");
                 Err(classify(&error))
             }
             Ok(_) => Err(GatewayFailure::UnexpectedReply),
@@ -205,6 +206,19 @@ pub(crate) fn pong(reply: &Value) -> Result<(), GatewayFailure> {
 
 /// Classifies a `redis` error returned after the command was handed to the
 /// connection.
+/// One line a second for Redis' error replies: while a server refuses
+/// (OOM, BUSY, LOADING, READONLY, NOPERM) every request gets one, and a
+/// client must not be able to make a log line per request.
+static ERROR_REPLIES_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
+
+/// Logs `error`, an error reply to a request's command, at most once a
+/// second with the count of those not logged since.
+pub(crate) fn log_error_reply(error: &RedisError, message: &'static str) {
+    if let Some(suppressed) = ERROR_REPLIES_LOGGED.admit(std::time::Instant::now()) {
+        tracing::warn!(kind = error.category(), code = error.code(), suppressed, "{message}");
+    }
+}
+
 pub(crate) fn classify(error: &RedisError) -> GatewayFailure {
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::NoScript) => GatewayFailure::NoScript,

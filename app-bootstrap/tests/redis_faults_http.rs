@@ -195,3 +195,28 @@ async fn freezing_and_thawing_redis_under_load_fails_closed_and_heals() {
     let mut redis = RedisServer::start();
     under_load(&mut redis, RedisServer::pause, RedisServer::resume, "sigstop/sigcont").await;
 }
+
+/// A Redis that refuses every write (out of memory) answers each request
+/// with an error reply: 200 requests make one warning a second at most,
+/// never one per request, since any client could send them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_error_replies_are_logged_once_a_second() {
+    let redis = RedisServer::start();
+    let serve = service(&redis);
+    support::redis_cli(redis.port(), &["CONFIG", "SET", "maxmemory", "1"]);
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    for n in 0..200 {
+        let reply = client
+            .get(format!("{}/api/hello", serve.base))
+            .header("x-api-key", format!("key-{n}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(reply.status(), 503);
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let lines = serve.logs().into_iter().filter(|line| line.contains("redis error")).count();
+    assert!((1..=usize::try_from(seconds).unwrap() + 1).contains(&lines), "{lines} in {seconds} s");
+}

@@ -42,7 +42,7 @@ use super::connection::{Connect, LazyConnection, Opened};
 use super::pool::{Turns, WaitPool, patience};
 use super::{
     Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
-    digest_of, evalsha_command, pong, script_load_command, wait_command,
+    digest_of, evalsha_command, log_error_reply, pong, script_load_command, wait_command,
 };
 
 /// How long a cluster connection (and its slot map) may serve before the
@@ -317,12 +317,7 @@ impl ClusterGateway {
             match next_step(&error) {
                 Next::Stop(failure) => {
                     if failure != GatewayFailure::NoScript {
-                        tracing::warn!(
-                            kind = error.category(),
-                            code = error.code(),
-                            ?failure,
-                            "redis cluster error"
-                        );
+                        log_error_reply(&error, "redis cluster error");
                     }
                     return Err(lazy.failed(opened.generation, failure, Some(&error)));
                 }

@@ -15,7 +15,7 @@ use super::connection::{Connect, LazyConnection};
 use super::pool::{WaitPool, patience};
 use super::{
     Acknowledged, GatewayFailure, LoadedScript, RedisGateway, WaitFor, acknowledged_of, classify,
-    digest_of, evalsha_command, pong, script_load_command, wait_command,
+    digest_of, evalsha_command, log_error_reply, pong, script_load_command, wait_command,
 };
 
 /// The gateway of one server reached over one multiplexed connection,
@@ -161,12 +161,7 @@ impl<C: Connect<Connection = MultiplexedConnection>> LazyConnection<C> {
             Ok(Err(error)) => {
                 let failure = classify(&error);
                 if failure != GatewayFailure::NoScript {
-                    tracing::warn!(
-                        kind = error.category(),
-                        code = error.code(),
-                        ?failure,
-                        "redis error"
-                    );
+                    log_error_reply(&error, "redis error");
                 }
                 Err(self.failed(opened.generation, failure, Some(&error)))
             }
