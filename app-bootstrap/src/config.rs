@@ -56,7 +56,8 @@ pub struct AppConfig {
 }
 
 /// `telemetry.*`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// `telemetry.otlp.*`: OpenTelemetry traces over OTLP/HTTP.
     pub otlp: OtlpConfig,
@@ -98,7 +99,7 @@ pub struct OtlpConfig {
     pub timeout: Duration,
     /// `headers.<name>`: extra headers of every export request (an API key
     /// of a hosted collector), inline or `{ env = "VAR" }`.
-    #[serde(skip_deserializing, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, SecretValue>,
 }
 
@@ -132,6 +133,37 @@ fn ratio<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Er
     deserializer.deserialize_f64(Ratio)
 }
 
+/// `degraded.instances`: a number out of range names the range the key
+/// accepts, 1 to `u32::MAX` (0 reads; validation says why it is no fleet).
+fn instances<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<u32>, D::Error> {
+    struct Instances;
+    impl serde::de::Visitor<'_> for Instances {
+        type Value = Option<u32>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str("a whole number")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Self::Value, E> {
+            u32::try_from(value).map(Some).map_err(|_| E::custom(out_of_range()))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Self::Value, E> {
+            u64::try_from(value)
+                .map_err(|_| E::custom(out_of_range()))
+                .and_then(|v| self.visit_u64(v))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(E::custom(out_of_range()))
+        }
+    }
+    fn out_of_range() -> String {
+        format!("must be a whole number from 1 to {}", u32::MAX)
+    }
+    deserializer.deserialize_any(Instances)
+}
+
 impl Default for OtlpConfig {
     /// No export; `ca-skeleton`, every trace kept, 2 s per export.
     fn default() -> Self {
@@ -161,28 +193,32 @@ pub struct EnvoyRlsConfig {
     /// listener off. Applied only by a restart.
     pub listen: Option<SocketAddr>,
     /// `rules`: in order; a descriptor matches the first rule of its
-    /// domain whose pattern fits. Read by the configuration layer, every
-    /// problem under its index.
-    #[serde(skip)]
+    /// domain whose pattern fits.
+    #[serde(skip_serializing)]
     pub rules: Vec<RlsRuleConfig>,
 }
 
 /// One `[[envoy-rls.rules]]` table, as written.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RlsRuleConfig {
     /// `domain`: the `domain` of Envoy's request; not empty.
     pub domain: String,
     /// `descriptor`: the entry keys in order; `"key=value"` fixes a value.
+    #[serde(deserialize_with = "read::list")]
     pub descriptor: Vec<String>,
     /// `subject`: the entries whose values are the subject (one key or a
     /// list); `None` means every entry without a fixed value.
+    #[serde(default, deserialize_with = "read::some_list")]
     pub subject: Option<Vec<String>>,
     /// `policies`: one policy id or a list of up to 8, as operations take;
     /// empty when `unlimited`.
+    #[serde(default, deserialize_with = "read::list")]
     pub policies: Vec<String>,
     /// `unlimited`: `true` answers the rule's descriptors `OK` without a
     /// provider call (envoyproxy/ratelimit's `unlimited`); a rule has
     /// either this or `policies`.
+    #[serde(default)]
     pub unlimited: bool,
 }
 
@@ -217,8 +253,7 @@ pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
     /// `token`: the bearer token, inline or `{ env = "VAR" }`; at least
     /// [`MIN_ADMIN_TOKEN_BYTES`] bytes, required when `listen` is set.
-    /// Read with its source by the configuration layer, as every secret is.
-    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<SecretValue>,
 }
 
@@ -333,7 +368,7 @@ pub struct DegradedConfig {
     /// away; each holds `ceil(limit / instances)`. No default that could
     /// be right for a fleet: required when `enabled` (missing is a
     /// problem, and so is 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "instances")]
     pub instances: Option<u32>,
 }
 
@@ -371,12 +406,11 @@ pub struct PseudonymizerConfig {
     /// `active-version`: the key version that pseudonymizes new requests.
     pub active_version: u32,
     /// `keys.<version>`: key material, inline or `{ env = "VAR" }`. Empty
-    /// means "none configured". Read with their sources by the
-    /// configuration layer, as every secret is.
+    /// means "none configured".
     #[serde(
-        skip_deserializing,
         skip_serializing_if = "BTreeMap::is_empty",
-        serialize_with = "by_version"
+        serialize_with = "by_version",
+        deserialize_with = "versions"
     )]
     pub keys: BTreeMap<u32, SecretValue>,
 }
@@ -394,6 +428,22 @@ fn by_version<S: serde::Serializer>(
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     serializer.collect_map(keys.iter().map(|(version, key)| (version.to_string(), key)))
+}
+
+/// The keys by their version, written as a table key (a string).
+fn versions<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<u32, SecretValue>, D::Error> {
+    let keys = BTreeMap::<String, SecretValue>::deserialize(deserializer)?;
+    let version = |text: &str| text.parse::<u32>().ok();
+    keys.into_iter()
+        .map(|(text, key)| match version(&text) {
+            Some(number) => Ok((number, key)),
+            None => Err(serde::de::Error::custom(format!(
+                "{text:?}: a key version is a whole number (1, 2, ...)"
+            ))),
+        })
+        .collect()
 }
 
 /// `redis.*`: the global switch, the provider's own settings, and the two

@@ -1573,7 +1573,6 @@ polices = "api"
             paths,
             [
                 "envoy-rls.listen",
-                "envoy-rls.rules.3.policies",
                 "envoy-rls.rules.3.polices",
                 "envoy-rls.rules.0.domain",
                 "envoy-rls.rules.0.descriptor.1",
@@ -1583,16 +1582,18 @@ polices = "api"
                 "envoy-rls.rules.1.subject",
                 "envoy-rls.rules.2.policies",
                 "envoy-rls.rules.2.descriptor",
+                "envoy-rls.rules.3.descriptor",
+                "envoy-rls.rules.3.policies",
             ],
             "{found:#?}"
         );
         let message = |at: usize| found[at].1.as_str();
-        assert!(message(4).contains("must not be empty"), "{}", message(4));
-        assert!(message(5).contains("repeated"), "{}", message(5));
-        assert!(message(6).contains("\"nope\" is not a policy"), "{}", message(6));
-        assert!(message(7).contains("\"generic_key\" has a fixed value"), "{}", message(7));
-        assert!(message(8).contains("\"path\" is not an entry"), "{}", message(8));
-        assert!(message(10).contains("envoy-rls.rules.1"), "{}", message(10));
+        assert!(message(3).contains("must not be empty"), "{}", message(3));
+        assert!(message(4).contains("repeated"), "{}", message(4));
+        assert!(message(5).contains("\"nope\" is not a policy"), "{}", message(5));
+        assert!(message(6).contains("\"generic_key\" has a fixed value"), "{}", message(6));
+        assert!(message(7).contains("\"path\" is not an entry"), "{}", message(7));
+        assert!(message(9).contains("envoy-rls.rules.1"), "{}", message(9));
     });
 }
 

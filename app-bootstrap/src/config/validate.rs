@@ -358,6 +358,21 @@ fn degraded(config: &AppConfig, problems: &mut ConfigProblems) {
         return;
     }
     let path = KeyPath::rate_limit("degraded");
+    let unreadable = problems.iter().any(|problem| problem.path == path.child("instances"));
+    if degraded.instances.is_none() && !unreadable {
+        problems.push(
+            path.child("instances"),
+            "missing: required when degraded mode is enabled, how many instances share \
+             the traffic while Redis is away (each admits ceil(limit / instances))",
+        );
+    }
+    if degraded.instances == Some(0) {
+        problems.push(
+            path.child("instances"),
+            "must be at least 1 when degraded mode is enabled: how many instances share the \
+             traffic while Redis is away (each admits ceil(limit / instances))",
+        );
+    }
     match rate_limit.provider {
         ProviderKind::Redis => {}
         provider @ (ProviderKind::Memory | ProviderKind::Disabled) => problems.push(
@@ -368,14 +383,6 @@ fn degraded(config: &AppConfig, problems: &mut ConfigProblems) {
                 provider.name()
             ),
         ),
-    }
-    // Absent or unreadable: the reader named it.
-    if degraded.instances == Some(0) {
-        problems.push(
-            path.child("instances"),
-            "must be at least 1 when degraded mode is enabled: how many instances share the \
-             traffic while Redis is away (each admits ceil(limit / instances))",
-        );
     }
 }
 
@@ -517,8 +524,32 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
                 }
             }
         }
-        if let Some(ids) = declared.policy_ids.as_ref().filter(|_| !rule.unlimited) {
-            policy_set(&rule.policies, ids, path.child("policies"), problems);
+        // A rule limits (`policies`) or does not (`unlimited = true`):
+        // exactly one of the two; an unlimited rule charges no subject.
+        match (rule.unlimited, rule.policies.is_empty()) {
+            (true, false) => problems.push(
+                path.child("policies"),
+                "an `unlimited = true` rule has no policies: remove one of the two keys",
+            ),
+            // An `unlimited` that did not read has its own problem.
+            (false, true) if !problems.iter().any(|p| p.path == path.child("unlimited")) => {
+                problems.push(
+                    path.child("policies"),
+                    "missing: every rule needs `policies`, or `unlimited = true`",
+                )
+            }
+            (false, false) => {
+                if let Some(ids) = &declared.policy_ids {
+                    policy_set(&rule.policies, ids, path.child("policies"), problems);
+                }
+            }
+            (true, true) | (false, true) => {}
+        }
+        if rule.unlimited && rule.subject.is_some() {
+            problems.push(
+                path.child("subject"),
+                "an `unlimited = true` rule charges no subject: remove the key",
+            );
         }
         // Envoy's API has no call that ends a request, so a lease taken
         // through it could never be given back.
