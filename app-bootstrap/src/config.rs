@@ -486,10 +486,11 @@ impl AppConfig {
     /// and checks every rule. The error lists every problem found, each
     /// naming its full key path.
     pub fn load(sources: &ConfigSources) -> Result<Self, BootstrapError> {
-        let tree = sources.merged_tree()?;
+        let (figment, tree) = sources.merged_tree()?;
         let mut problems = ConfigProblems::default();
         let (config, declared) = read::read_config(&tree, &mut problems);
         validate::validate(&config, &declared, &mut problems);
+        ConfigSources::locate(&figment, &tree, &mut problems);
         if problems.is_empty() { Ok(config) } else { Err(BootstrapError::InvalidConfig(problems)) }
     }
 
@@ -498,11 +499,12 @@ impl AppConfig {
     /// pseudonymizer key or admin token given as `{ env = "VAR" }` need
     /// not be set on the machine that prints the rule.
     pub fn load_redis(sources: &ConfigSources) -> Result<RedisConfig, BootstrapError> {
-        let mut tree = sources.merged_tree()?;
+        let (figment, mut tree) = sources.merged_tree()?;
         tree.retain(|key, _| key == "redis");
         let mut problems = ConfigProblems::default();
         let (config, _) = read::read_config(&tree, &mut problems);
         validate::redis(&config, &mut problems);
+        ConfigSources::locate(&figment, &tree, &mut problems);
         if problems.is_empty() {
             Ok(config.redis)
         } else {

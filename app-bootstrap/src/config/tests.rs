@@ -2034,3 +2034,29 @@ fn an_envoy_rls_rule_naming_a_concurrency_policy_stops_start_up() {
         assert!(found[0].1.starts_with("\"exports\" is a concurrency policy"), "{found:#?}");
     });
 }
+
+#[test]
+fn every_problem_names_its_source_the_file_and_line_or_the_variable() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_MEMORY__MAX_KEYS", "0");
+        let file = format!("{BASE}windw = \"30s\"\n");
+        let error = load_file(jail, &file).unwrap_err();
+        let BootstrapError::InvalidConfig(problems) = error else { panic!("{error}") };
+        let sources: Vec<(String, Option<String>)> =
+            problems.iter().map(|p| (p.path.to_string(), p.source.clone())).collect();
+        assert_eq!(
+            sources,
+            [
+                (
+                    "capabilities.rate-limit.policies.api.windw".to_owned(),
+                    Some("in app.toml, line 9".to_owned())
+                ),
+                (
+                    "memory.max-keys".to_owned(),
+                    Some("from CA_SKELETON_MEMORY__MAX_KEYS".to_owned())
+                ),
+            ]
+        );
+        assert!(problems.to_string().contains("(from CA_SKELETON_MEMORY__MAX_KEYS)"));
+    });
+}
