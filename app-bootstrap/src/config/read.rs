@@ -21,7 +21,8 @@ use shared_contract::{
 use super::problems::{ConfigProblems, KeyPath};
 use super::{
     AdminConfig, AppConfig, CapabilitiesConfig, DegradedConfig, EnvoyRlsConfig, MemoryConfig,
-    PseudonymizerConfig, RateLimitConfig, RedisConfig, ServerConfig, TelemetryConfig,
+    ProviderConfig, PseudonymizerConfig, RateLimitConfig, RedisConfig, ServerConfig,
+    TelemetryConfig,
 };
 
 /// What the reader saw that validation needs beyond the typed model.
@@ -57,8 +58,6 @@ struct Capabilities {
 #[derive(Deserialize)]
 #[serde(default, rename_all = "kebab-case", deny_unknown_fields)]
 struct RateLimitKeys {
-    #[serde(deserialize_with = "by_name")]
-    provider: super::ProviderKind,
     #[serde(deserialize_with = "list")]
     default_policy: Vec<String>,
     #[serde(deserialize_with = "list_map")]
@@ -69,7 +68,6 @@ struct RateLimitKeys {
 impl Default for RateLimitKeys {
     fn default() -> Self {
         Self {
-            provider: super::ProviderKind::Memory,
             default_policy: vec![DEFAULT_POLICY.to_owned()],
             operations: BTreeMap::new(),
             degraded: DegradedConfig::default(),
@@ -184,6 +182,11 @@ impl Reader<'_> {
                         self.problems.push(path.child(field), "missing: the table needs it");
                     }
                 }
+                Kind::UnknownVariant(name, expected) => {
+                    let expected: Vec<&str> = expected.to_vec();
+                    self.problems
+                        .push(path, UnknownName { expected, got: name.clone() }.to_string());
+                }
                 Kind::UnknownField(key, expected) => {
                     let mut expected: Vec<&str> = expected.to_vec();
                     for key in known {
@@ -241,6 +244,14 @@ impl Reader<'_> {
     fn rate_limit(&mut self, value: Option<&Value>) -> (RateLimitConfig, Declared) {
         let at = KeyPath::root().dotted("capabilities.rate-limit");
         let dict = value.and_then(Value::as_dict).cloned().unwrap_or_default();
+        // `provider` and the provider's own table are its config's.
+        let name = dict.get("provider").and_then(Value::as_str).map(str::to_owned);
+        let provider_keys: Vec<&str> = ["provider"].into_iter().chain(name.as_deref()).collect();
+        let (provider, dict) = split(&dict, &provider_keys);
+        let provider = match provider.is_empty() {
+            true => Some(ProviderConfig::default()),
+            false => self.typed(&provider.into(), &at, &[], Value::deserialize),
+        };
         let (own, rest) = split(&dict, &RATE_LIMIT_KEYS);
         let edge: EdgeSettings = self
             .typed(
@@ -256,7 +267,7 @@ impl Reader<'_> {
             self.typed(&keys_only.into(), &at, &[], Value::deserialize).unwrap_or_default();
         let (policies, declared) = self.policies(own.get("policies"), &at.child("policies"));
         let config = RateLimitConfig {
-            provider: keys.provider,
+            provider: provider.unwrap_or_default(),
             default_policy: keys.default_policy,
             edge,
             operations: keys.operations,

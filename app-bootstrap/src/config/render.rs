@@ -47,7 +47,10 @@ fn sections(config: &AppConfig, secrets: Secrets) -> Table {
     let Value::Table(mut limits) = owned(&rate_limit.edge) else {
         unreachable!("EdgeSettings is a struct");
     };
-    limits.insert("provider".into(), rate_limit.provider.name().into());
+    let Value::Table(provider) = owned(&rate_limit.provider) else {
+        unreachable!("a provider is a table");
+    };
+    limits.extend(provider);
     limits.insert("default-policy".into(), policy_set(&rate_limit.default_policy));
     let operations: Table =
         rate_limit.operations.iter().map(|(op, ids)| (op.clone(), policy_set(ids))).collect();

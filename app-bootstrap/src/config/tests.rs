@@ -60,7 +60,7 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
         assert_eq!(config.server.listen, "127.0.0.1:8080".parse().unwrap());
         let rate_limit = &config.capabilities.rate_limit;
-        assert_eq!(rate_limit.provider, ProviderKind::Memory);
+        assert_eq!(rate_limit.provider, ProviderConfig::Memory);
         // The edge's default policy id, not a second name for it.
         let edge = adapter_web::EdgeSettings::default();
         assert_eq!(rate_limit.default_policy, [edge.default_policies.ids()[0].as_str()]);
@@ -171,7 +171,7 @@ fn the_environment_overrides_the_file() {
         jail.set_env("CA_SKELETON_CONFIG", "ignored.toml");
         let config = load_file(jail, &format!("{BASE}\n[redis]\nenabled = false\n")).unwrap();
         let rate_limit = &config.capabilities.rate_limit;
-        assert_eq!(rate_limit.provider, ProviderKind::Redis);
+        assert_eq!(rate_limit.provider, ProviderConfig::Redis);
         assert_eq!(rate_limit.edge.evaluation_budget, Duration::from_millis(250));
         assert_eq!(
             *rate_limit.policies["api"].algorithm(),
@@ -2058,5 +2058,13 @@ fn every_problem_names_its_source_the_file_and_line_or_the_variable() {
             ]
         );
         assert!(problems.to_string().contains("(from CA_SKELETON_MEMORY__MAX_KEYS)"));
+    });
+}
+
+#[test]
+fn a_table_named_after_a_provider_that_takes_none_is_an_unknown_key() {
+    jail(|jail| {
+        let file = format!("{BASE}\n[capabilities.rate-limit.memory]\nmax-keys = 3\n");
+        assert_eq!(paths(load_file(jail, &file)), ["capabilities.rate-limit.memory"]);
     });
 }

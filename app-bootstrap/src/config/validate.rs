@@ -13,7 +13,7 @@ use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, OtlpConfig, ProviderKind, ServerConfig};
+use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, OtlpConfig, ProviderConfig, ServerConfig};
 
 /// The longest `evaluation-budget`: one request's deadline, far past any
 /// useful one and far inside what `Instant + Duration` holds.
@@ -47,7 +47,7 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     admin(config, problems);
     otlp(&config.telemetry.otlp, problems);
     envoy_rls(config, declared, problems);
-    if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderKind::Redis {
+    if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderConfig::Redis {
         redis(config, problems);
     }
 }
@@ -330,7 +330,7 @@ const FRAMING_HEADERS: [&str; 9] = [
 ];
 
 fn provider_switch(config: &AppConfig, problems: &mut ConfigProblems) {
-    if config.capabilities.rate_limit.provider != ProviderKind::Redis {
+    if config.capabilities.rate_limit.provider != ProviderConfig::Redis {
         return;
     }
     if !config.redis.enabled {
@@ -373,9 +373,9 @@ fn degraded(config: &AppConfig, problems: &mut ConfigProblems) {
              traffic while Redis is away (each admits ceil(limit / instances))",
         );
     }
-    match rate_limit.provider {
-        ProviderKind::Redis => {}
-        provider @ (ProviderKind::Memory | ProviderKind::Disabled) => problems.push(
+    match &rate_limit.provider {
+        ProviderConfig::Redis => {}
+        provider => problems.push(
             path.child("enabled"),
             format!(
                 "must be false with capabilities.rate-limit.provider = \"{}\": degraded mode \
