@@ -31,8 +31,10 @@ pub(crate) use validate::is_operation;
 
 use crate::error::BootstrapError;
 
-/// The whole resolved configuration.
-#[derive(Debug, Clone)]
+/// The whole resolved configuration. Its `Serialize` is what `check-config`
+/// prints (`render`): the keys a file uses, every secret redacted.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct AppConfig {
     /// `server.*`: the HTTP listener.
     pub server: ServerConfig,
@@ -56,7 +58,7 @@ pub struct AppConfig {
 }
 
 /// `telemetry.*`.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// `telemetry.otlp.*`: OpenTelemetry traces over OTLP/HTTP.
@@ -194,12 +196,11 @@ pub struct EnvoyRlsConfig {
     pub listen: Option<SocketAddr>,
     /// `rules`: in order; a descriptor matches the first rule of its
     /// domain whose pattern fits.
-    #[serde(skip_serializing)]
     pub rules: Vec<RlsRuleConfig>,
 }
 
 /// One `[[envoy-rls.rules]]` table, as written.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RlsRuleConfig {
     /// `domain`: the `domain` of Envoy's request; not empty.
@@ -210,15 +211,17 @@ pub struct RlsRuleConfig {
     /// `subject`: the entries whose values are the subject (one key or a
     /// list); `None` means every entry without a fixed value.
     #[serde(default, deserialize_with = "read::some_list")]
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "render::some_list")]
     pub subject: Option<Vec<String>>,
     /// `policies`: one policy id or a list of up to 8, as operations take;
     /// empty when `unlimited`.
     #[serde(default, deserialize_with = "read::list")]
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "render::list")]
     pub policies: Vec<String>,
     /// `unlimited`: `true` answers the rule's descriptors `OK` without a
     /// provider call (envoyproxy/ratelimit's `unlimited`); a rule has
     /// either this or `policies`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unlimited: bool,
 }
 
@@ -297,7 +300,8 @@ impl ServerConfig {
 }
 
 /// `capabilities.*`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct CapabilitiesConfig {
     /// `capabilities.rate-limit.*`.
     pub rate_limit: RateLimitConfig,
@@ -332,24 +336,30 @@ impl ProviderConfig {
 }
 
 /// `capabilities.rate-limit.*`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RateLimitConfig {
     /// `provider`: `memory` (default), `redis` or `disabled`, and the
     /// provider's own table.
+    #[serde(flatten)]
     pub provider: ProviderConfig,
     /// `default-policy`: the policy set of operations not named in
     /// `operations`, in order (one id, or a list of up to 8).
+    #[serde(serialize_with = "render::list")]
     pub default_policy: Vec<String>,
     /// Every other key but `operations` and `policies`, as the edge owns
     /// it: the field, its rules and its default are written once, in
     /// [`EdgeSettings`]. Its policy sets stay at their defaults here; the
     /// ids as configured are `default_policy` and `operations`.
+    #[serde(flatten)]
     pub edge: EdgeSettings,
     /// `operations`: `"METHOD /route/{template}"` -> its policy set, in
     /// order (one id, or a list of up to 8).
+    #[serde(serialize_with = "render::lists")]
     pub operations: BTreeMap<String, Vec<String>>,
     /// `policies.<id>`: every policy the provider holds, built and checked
     /// by the contract's policy builder.
+    #[serde(serialize_with = "render::policies")]
     pub policies: BTreeMap<String, RateLimitPolicy>,
     /// `degraded.*`: the opt-in local limit while Redis cannot decide.
     pub degraded: DegradedConfig,
