@@ -14,8 +14,7 @@ use figment::value::{Dict, Value};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer, Serialize};
 use shared_contract::{
-    AlgorithmKind, EvaluationDedupPolicy, FailurePolicy, FixedWindow, PolicyField, PolicyMode,
-    PolicyScope, RateLimitPolicy, UnknownName,
+    AlgorithmKind, FixedWindow, PolicyField, PolicyKeys, RateLimitPolicy, UnknownName,
 };
 
 use super::problems::{ConfigProblems, KeyPath};
@@ -88,36 +87,6 @@ struct RedisKeys {
 }
 
 const REDIS_KEYS: [&str; 3] = ["enabled", "password", "sentinel-password"];
-
-/// A policy's keys beside `algorithm` and the algorithm's own; a key left
-/// out takes the policy builder's default.
-#[derive(Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct PolicyKeys {
-    revision: Option<u32>,
-    maximum_cost: Option<u64>,
-    #[serde(default, deserialize_with = "some_name")]
-    failure_policy: Option<FailurePolicy>,
-    #[serde(default, deserialize_with = "some_duration")]
-    cleanup_grace: Option<Duration>,
-    #[serde(default, deserialize_with = "some_duration")]
-    maximum_clock_regression: Option<Duration>,
-    #[serde(default, deserialize_with = "some_name")]
-    scope: Option<PolicyScope>,
-    #[serde(default, deserialize_with = "some_name")]
-    mode: Option<PolicyMode>,
-    evaluation_dedup: Option<DedupKeys>,
-}
-
-#[derive(Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
-struct DedupKeys {
-    enabled: Option<bool>,
-    #[serde(default, deserialize_with = "some_duration")]
-    ttl: Option<Duration>,
-    max_entries: Option<u32>,
-    max_stored_bytes: Option<u32>,
-}
 
 /// Reads `tree`, recording each problem; a table that does not read is left
 /// at its default so reading continues and every problem is found.
@@ -391,45 +360,7 @@ impl Reader<'_> {
         // problem is already listed on the key the user wrote.
         let defaulted: Vec<&str> =
             kind.defaulted().iter().copied().filter(|key| !table.contains_key(*key)).collect();
-        let mut builder = RateLimitPolicy::builder(id, algorithm);
-        let keys = keys?;
-        if let Some(dedup) = keys.evaluation_dedup {
-            let EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } =
-                EvaluationDedupPolicy::enabled_defaults()
-            else {
-                unreachable!("enabled_defaults is Enabled");
-            };
-            builder = builder.evaluation_dedup(if dedup.enabled.unwrap_or(true) {
-                EvaluationDedupPolicy::Enabled {
-                    ttl: dedup.ttl.unwrap_or(ttl),
-                    max_entries: dedup.max_entries.unwrap_or(max_entries),
-                    max_stored_bytes: dedup.max_stored_bytes.unwrap_or(max_stored_bytes),
-                }
-            } else {
-                EvaluationDedupPolicy::Disabled
-            });
-        }
-        if let Some(revision) = keys.revision {
-            builder = builder.revision(revision);
-        }
-        if let Some(maximum_cost) = keys.maximum_cost {
-            builder = builder.maximum_cost(maximum_cost);
-        }
-        if let Some(failure_policy) = keys.failure_policy {
-            builder = builder.failure_policy(failure_policy);
-        }
-        if let Some(grace) = keys.cleanup_grace {
-            builder = builder.cleanup_grace(grace);
-        }
-        if let Some(bound) = keys.maximum_clock_regression {
-            builder = builder.maximum_clock_regression(bound);
-        }
-        if let Some(scope) = keys.scope {
-            builder = builder.scope(scope);
-        }
-        if let Some(mode) = keys.mode {
-            builder = builder.mode(mode);
-        }
+        let builder = RateLimitPolicy::builder(id, algorithm).keys(&keys?);
         match builder.build() {
             Ok(policy) => Some(policy),
             Err(error) => {
@@ -604,27 +535,6 @@ fn kind(value: &Value) -> &'static str {
 
 fn quoted(names: &[&str]) -> String {
     names.iter().map(|name| format!("{name:?}")).collect::<Vec<_>>().join(", ")
-}
-
-/// A name of a named enum, by its `FromStr`.
-pub(crate) fn by_name<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: FromStr<Err = UnknownName>,
-{
-    String::deserialize(deserializer)?.parse().map_err(serde::de::Error::custom)
-}
-
-fn some_name<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: Deserializer<'de>,
-    T: FromStr<Err = UnknownName>,
-{
-    by_name(deserializer).map(Some)
-}
-
-fn some_duration<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Duration>, D::Error> {
-    shared_contract::duration::deserialize(deserializer).map(Some)
 }
 
 /// A list of names: an array, or one string of comma-separated names (the

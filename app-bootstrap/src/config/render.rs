@@ -2,11 +2,9 @@
 //! a file uses, with every secret replaced by `[REDACTED]`.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-use humantime_serde::re::humantime;
 use serde::Serializer;
-use shared_contract::{EvaluationDedupPolicy, PolicyField, RateLimitPolicy};
+use shared_contract::{PolicyField, RateLimitPolicy};
 use toml::{Table, Value};
 
 use adapter_redis::RedisField;
@@ -64,38 +62,9 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     if let Ok(Value::Table(parameters)) = Value::try_from(policy.algorithm()) {
         table.extend(parameters);
     }
-    // The common keys the algorithm refuses are left out, so the printed
-    // configuration loads again.
-    let refused = policy.algorithm().kind().refused_common_keys();
-    table.insert(PolicyField::Revision.key().into(), i64::from(policy.revision()).into());
-    if !refused.contains(&PolicyField::MaximumCost) {
-        table.insert(PolicyField::MaximumCost.key().into(), count(policy.maximum_cost()));
-    }
-    table.insert(PolicyField::FailurePolicy.key().into(), policy.failure_policy().name().into());
-    table.insert(PolicyField::CleanupGrace.key().into(), duration(policy.cleanup_grace()));
-    table.insert(
-        PolicyField::MaximumClockRegression.key().into(),
-        duration(policy.maximum_clock_regression()),
-    );
-    table.insert(PolicyField::Scope.key().into(), policy.scope().name().into());
-    table.insert(PolicyField::Mode.key().into(), policy.mode().name().into());
-    let mut dedup = Table::new();
-    match policy.evaluation_dedup() {
-        EvaluationDedupPolicy::Disabled => {
-            dedup.insert(PolicyField::DedupEnabled.leaf().into(), false.into());
-        }
-        EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } => {
-            dedup.insert(PolicyField::DedupEnabled.leaf().into(), true.into());
-            dedup.insert(PolicyField::DedupTtl.leaf().into(), duration(ttl));
-            dedup.insert(PolicyField::DedupMaxEntries.leaf().into(), i64::from(max_entries).into());
-            dedup.insert(
-                PolicyField::DedupMaxStoredBytes.leaf().into(),
-                i64::from(max_stored_bytes).into(),
-            );
-        }
-    }
-    if !refused.contains(&PolicyField::EvaluationDedup) {
-        table.insert(PolicyField::EvaluationDedup.key().into(), dedup.into());
+    // The common keys, those the algorithm refuses left out.
+    if let Ok(Value::Table(keys)) = Value::try_from(policy.keys()) {
+        table.extend(keys);
     }
     table.into()
 }
@@ -137,15 +106,6 @@ fn policy_set(ids: &[String]) -> Value {
         [one] => one.clone().into(),
         many => Value::Array(many.iter().map(|id| Value::from(id.clone())).collect()),
     }
-}
-
-fn duration(value: Duration) -> Value {
-    humantime::format_duration(value).to_string().into()
-}
-
-// Validated counts are at most 10^9, far inside i64.
-fn count(value: u64) -> Value {
-    i64::try_from(value).unwrap_or(i64::MAX).into()
 }
 
 /// Every credential the redis crate reads from a URL, redacted: the
