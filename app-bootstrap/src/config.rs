@@ -446,16 +446,18 @@ fn by_version<S: serde::Serializer>(
 fn versions<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<BTreeMap<u32, SecretValue>, D::Error> {
-    let keys = BTreeMap::<String, SecretValue>::deserialize(deserializer)?;
-    let version = |text: &str| text.parse::<u32>().ok();
-    keys.into_iter()
-        .map(|(text, key)| match version(&text) {
-            Some(number) => Ok((number, key)),
-            None => Err(serde::de::Error::custom(format!(
-                "{text:?}: a key version is a whole number (1, 2, ...)"
-            ))),
-        })
-        .collect()
+    /// A version as a table key: refused there, so the problem names it.
+    #[derive(PartialEq, Eq, PartialOrd, Ord)]
+    struct Version(u32);
+    impl<'de> Deserialize<'de> for Version {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let text = String::deserialize(deserializer)?;
+            let whole = "a key version is a whole number (1, 2, ...)";
+            text.parse().map(Self).map_err(|_| serde::de::Error::custom(whole))
+        }
+    }
+    let keys = BTreeMap::<Version, SecretValue>::deserialize(deserializer)?;
+    Ok(keys.into_iter().map(|(Version(version), key)| (version, key)).collect())
 }
 
 /// `redis.*`: the global switch, the provider's own settings, and the two

@@ -576,3 +576,18 @@ pub(crate) fn demo_policy() -> RateLimitPolicy {
         .build()
         .expect("the demo policy is valid")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unknown_key_is_told_the_closest_known_one() {
+        assert_eq!(edit_distance("window", "window"), 0);
+        assert_eq!(edit_distance("windw", "window"), 1);
+        assert_eq!(edit_distance("limt", "limit"), 1);
+        let expected = ["algorithm", "limit", "window", "capacity", "refill-period"];
+        assert!(unknown("windwo", &expected).starts_with("unknown key (did you mean `window`?"));
+        assert!(unknown("zzzzzzzz", &expected).starts_with("unknown key (expected one of: "));
+    }
+}

@@ -2068,3 +2068,14 @@ fn a_table_named_after_a_provider_that_takes_none_is_an_unknown_key() {
         assert_eq!(paths(load_file(jail, &file)), ["capabilities.rate-limit.memory"]);
     });
 }
+
+#[test]
+fn a_key_version_that_is_no_number_is_named_by_its_key() {
+    jail(|jail| {
+        let file = format!("{BASE}\n[pseudonymizer.keys]\nfirst = \"{KEY}\"\n");
+        let found = problems(load_file(jail, &file));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "pseudonymizer.keys.first");
+        assert!(found[0].1.contains("whole number"), "{found:?}");
+    });
+}
