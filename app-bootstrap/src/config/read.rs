@@ -158,7 +158,8 @@ impl Reader<'_> {
                 }
                 Kind::UnknownField(key, expected) => {
                     let mut expected: Vec<&str> = expected.to_vec();
-                    for key in known {
+                    // `known` are keys of this table, not of one inside it.
+                    for key in known.iter().filter(|_| keys.len() == 1) {
                         if !expected.contains(key) {
                             expected.push(key);
                         }
@@ -540,16 +541,30 @@ fn quoted(names: &[&str]) -> String {
 /// A list of names: an array, or one string of comma-separated names (the
 /// form an environment variable carries; a name never holds a comma).
 pub(crate) fn list<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Vec<String>, D::Error> {
-    #[derive(Deserialize)]
-    #[serde(untagged, expecting = "a name or a list of names")]
-    enum List {
-        One(String),
-        Many(Vec<String>),
+    struct List;
+    impl<'de> serde::de::Visitor<'de> for List {
+        type Value = Vec<String>;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a name or a list of names")
+        }
+
+        fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Self::Value, E> {
+            Ok(split_list(text).collect())
+        }
+
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut names = Vec::new();
+            while let Some(name) = seq.next_element()? {
+                names.push(name);
+            }
+            Ok(names)
+        }
     }
-    Ok(match List::deserialize(deserializer)? {
-        List::One(text) => split_list(&text).collect(),
-        List::Many(names) => names,
-    })
+    deserializer.deserialize_any(List)
 }
 
 pub(crate) fn some_list<'de, D: Deserializer<'de>>(
