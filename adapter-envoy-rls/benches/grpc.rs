@@ -58,6 +58,8 @@ fn engine(port: Option<Arc<dyn EdgeRateLimitPort>>) -> RlsEngine {
         pattern: vec![("remote_address".to_owned(), None)],
         subject: None,
         limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("bench").unwrap())),
+        name: None,
+        replaces: Vec::new(),
     };
     RlsEngine::new(port, pseudonymizer, clock, settings, &[rule]).unwrap()
 }

@@ -2,7 +2,8 @@
 //! to policy sets, the port's answers and the response.
 //!
 //! 1. Each descriptor is matched to the first rule of its domain that fits;
-//!    one that matches none, or an unlimited rule, is not limited.
+//!    one that matches none, or a rule without policies, is not limited
+//!    (a blocking rule refuses the call before any set runs).
 //! 2. Its subject is the pseudonym of the domain and the subject entries;
 //!    its cost the descriptor's `hits_addend`, else the request's (0 = 1).
 //! 3. Descriptors of one subject and one cost join one policy set, which
@@ -36,7 +37,7 @@ use tracing::Instrument;
 use crate::error::RlsError;
 use crate::response::{Answer, Response};
 use crate::rules::{
-    DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, Resolved, RlsRule, Rules, Step,
+    Answered, DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, Resolved, RlsRule, Rules, Step,
 };
 use crate::telemetry::{FrontMetrics, decision_span, record_decision};
 
@@ -79,6 +80,14 @@ pub enum DescriptorSubject {
     Unlimited {
         /// The rule's index.
         rule: usize,
+    },
+    /// A rule that answers its descriptors without a budget (not limited,
+    /// or blocked: see [`crate::RuleLimit`]) matches first.
+    Unbudgeted {
+        /// The rule's index.
+        rule: usize,
+        /// Whether it refuses every descriptor.
+        blocked: bool,
     },
     /// No rule matches (or rate limiting is off): no budget.
     Unmatched,
@@ -129,7 +138,12 @@ impl RlsEngine {
                 subject: self.subject(rule, entries),
                 operation: rule.operation,
             },
-            Some(Match::Unlimited(rule)) => DescriptorSubject::Unlimited { rule },
+            Some(Match::Answered(rule, Answered::Unlimited)) => {
+                DescriptorSubject::Unlimited { rule }
+            }
+            Some(Match::Answered(rule, answer)) => {
+                DescriptorSubject::Unbudgeted { rule, blocked: answer == Answered::Blocked }
+            }
             None => DescriptorSubject::Unmatched,
         }
     }
@@ -158,7 +172,7 @@ impl RlsEngine {
     /// `grpc-timeout`, if it sent one.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` for no descriptor (nothing to limit);
+    /// `INVALID_ARGUMENT` for no domain or no descriptor;
     /// `UNAVAILABLE` when the provider gave no decision
     /// (`Unavailable`, `Indeterminate`, `ClockUnsafe`: Envoy's
     /// `failure_mode_deny` decides); `FAILED_PRECONDITION` for
@@ -190,18 +204,33 @@ impl RlsEngine {
         let request_cost = u64::from(request.hits_addend.max(1));
         let mut steps: Vec<Step<'_>> = Vec::new();
         let mut response = Response::new(request.descriptors.len());
-        let mut refused = false;
+        let (mut refused, mut blocked) = (false, false);
         let mut entries = Vec::new();
+        let matched = if self.rules.replacing() { self.matched(request) } else { Vec::new() };
         for (index, descriptor) in request.descriptors.iter().enumerate() {
             if descriptor.limit.is_some() {
                 self.metrics.overrides.increment(1);
             }
             entries.clear();
             entries.extend(descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())));
-            let rule = match self.rules.find(&request.domain, &entries) {
+            let found = self.rules.find(&request.domain, &entries);
+            // Replaced by another rule this call matched: answered as no rule.
+            let found = found.filter(|found| !self.rules.replaced(found.index(), &matched));
+            let rule = match found {
                 Some(Match::Limited(rule)) => rule,
-                Some(Match::Unlimited(_)) => {
+                Some(Match::Answered(_, Answered::Unlimited)) => {
                     self.metrics.unlimited.increment(1);
+                    response.unlimited(index);
+                    continue;
+                }
+                Some(Match::Answered(_, Answered::NotLimited)) => {
+                    self.metrics.unmatched.increment(1);
+                    continue;
+                }
+                Some(Match::Answered(_, Answered::Blocked)) => {
+                    self.metrics.blocked.increment(1);
+                    blocked = true;
+                    response.block(index);
                     continue;
                 }
                 None => {
@@ -246,9 +275,10 @@ impl RlsEngine {
                 }),
             }
         }
-        if refused {
+        if refused || blocked {
             // Known before any set runs: the call is refused, nothing charged.
-            if let Some(suppressed) = REFUSED_LOGGED.admit(std::time::Instant::now()) {
+            let logged = || REFUSED_LOGGED.admit(std::time::Instant::now());
+            if let Some(suppressed) = refused.then(logged).flatten() {
                 tracing::warn!(
                     suppressed,
                     "envoy rls hits_addend above a policy's maximum-cost; answered OVER_LIMIT"
@@ -278,6 +308,16 @@ impl RlsEngine {
             }
         }
         Ok(response.finish())
+    }
+
+    /// The indexes of the rules the call's descriptors match.
+    fn matched(&self, request: &EnvoyRequest) -> Vec<usize> {
+        let matches = request.descriptors.iter().filter_map(|descriptor| {
+            let entries: Vec<(&str, &str)> =
+                descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+            self.rules.find(&request.domain, &entries).map(|found| found.index())
+        });
+        matches.collect()
     }
 
     /// The descriptor subject: kind, domain, then each subject entry's key
@@ -536,12 +576,16 @@ impl Drop for UnrecordedLook<'_> {
 /// sends one descriptor per `rate_limits` action list.
 pub const MAX_DESCRIPTORS: usize = 64;
 
-/// A call with no descriptor has nothing to limit: `INVALID_ARGUMENT`
-/// (whatever Envoy then does, no limit is passed). A descriptor without
+/// A call with no descriptor has nothing to limit, and one without a
+/// domain names no rules: `INVALID_ARGUMENT`, as envoyproxy/ratelimit
+/// refuses both (whatever Envoy then does, no limit is passed). A descriptor without
 /// entries, or with an empty key, needs no check: no rule can have either,
 /// so it matches none and is not limited, while the call's other
 /// descriptors still are.
 fn validate(request: &EnvoyRequest) -> Result<(), Status> {
+    if request.domain.is_empty() {
+        return Err(Status::invalid_argument("a rate limit request needs a domain"));
+    }
     if request.descriptors.is_empty() {
         return Err(Status::invalid_argument("a rate limit request needs at least one descriptor"));
     }

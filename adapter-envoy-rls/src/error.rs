@@ -42,6 +42,14 @@ pub enum RlsError {
         /// The key.
         key: String,
     },
+    /// A rule replaces an empty name or its own.
+    #[error("rule {rule}: replaces {name:?}, which is empty or its own name")]
+    BadReplaces {
+        /// The rule's index.
+        rule: usize,
+        /// The name it replaces.
+        name: String,
+    },
     /// Two rules have the same domain and pattern.
     #[error("rule {rule}: the same domain and pattern as rule {first}")]
     DuplicateRule {

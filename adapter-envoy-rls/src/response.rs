@@ -1,7 +1,7 @@
 //! From the steps' answers to Envoy's `RateLimitResponse`: one status per
 //! descriptor in request order, the overall code (never `UNKNOWN`), and
 //! the same `RateLimit-Policy` / `RateLimit` / `Retry-After` headers the
-//! HTTP edge sends. Shadow policies never show.
+//! HTTP edge sends. Shadow policies never show in the headers.
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
@@ -55,6 +55,20 @@ impl<'e> Response<'e> {
     pub(crate) fn refused(descriptors: usize) -> Self {
         let over = DescriptorStatus { code: Code::OverLimit.into(), ..DescriptorStatus::default() };
         Self { statuses: vec![over; descriptors], over: false, refused: true, shown: Vec::new() }
+    }
+
+    /// The descriptor at `index` matched an unlimited rule: `OK` with
+    /// `limit_remaining` 4294967295, as envoyproxy/ratelimit answers it,
+    /// which tells it apart from a descriptor no rule matched (0).
+    pub(crate) fn unlimited(&mut self, index: usize) {
+        self.statuses[index].limit_remaining = u32::MAX;
+    }
+
+    /// The descriptor at `index` matched a blocking rule: `OVER_LIMIT`,
+    /// without a limit and without `Retry-After` (no wait lets it pass).
+    pub(crate) fn block(&mut self, index: usize) {
+        self.statuses[index].code = Code::OverLimit.into();
+        self.refused = true;
     }
 
     /// The descriptor at `index` of `rule` carries a `cost` that an
@@ -144,22 +158,28 @@ impl<'e> Response<'e> {
 
 /// A descriptor's status from its rule's enforced policies: `OVER_LIMIT`
 /// when one of them denied, and the most restrictive one (a denying one
-/// first, then the fewest remaining) as its limit.
+/// first, then the fewest remaining) as its limit. A rule of shadow
+/// policies only shows the most restrictive of them, always `OK`, as
+/// envoyproxy/ratelimit answers a `shadow_mode` descriptor
+/// (`limiter/base_limiter.go`).
 fn status(
     rule: &PreparedRule,
     decided: impl Fn(&Member) -> Option<RateLimitDecision>,
 ) -> DescriptorStatus {
-    let enforced = rule
-        .members
-        .iter()
-        .filter(|member| member.enforced())
-        .filter_map(|member| Some((member, decided(member)?)));
     let limit = |member: &Member| member.policy.as_ref().map_or(0, RateLimitPolicy::limit);
-    let tightest = enforced.min_by_key(|&(member, d)| (d.allowed, d.remaining, limit(member)));
-    let Some((member, decision)) = tightest else {
-        return DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+    let tightest = |enforced: bool| {
+        let members = rule.members.iter().filter(|member| member.enforced() == enforced);
+        let decisions = members.filter_map(|member| Some((member, decided(member)?)));
+        decisions.min_by_key(|&(member, d)| (d.allowed, d.remaining, limit(member)))
     };
-    let code = if decision.allowed { Code::Ok } else { Code::OverLimit };
+    let (code, (member, decision)) = match (tightest(true), tightest(false)) {
+        (Some(enforced), _) if !enforced.1.allowed => (Code::OverLimit, enforced),
+        (Some(enforced), _) => (Code::Ok, enforced),
+        (None, Some(shadow)) => (Code::Ok, shadow),
+        (None, None) => {
+            return DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
+        }
+    };
     DescriptorStatus {
         code: code.into(),
         current_limit: member.policy.as_ref().map(current_limit),

@@ -24,13 +24,22 @@ pub const DESCRIPTOR_SUBJECT_KIND: &str = "descriptor";
 pub struct RlsRule {
     /// Envoy's `domain`.
     pub domain: String,
-    /// The entry keys in order; `Some(value)` fixes an entry's value.
+    /// The entry keys in order; `Some(value)` fixes an entry's value. A
+    /// fixed value holding `*` is a wildcard (envoyproxy/ratelimit's): each
+    /// `*` matches any run of characters, and the value matched is the
+    /// entry's, part of the subject like an entry without a fixed value.
     pub pattern: Vec<(String, Option<String>)>,
     /// The keys whose values are the subject; `None` means every entry
-    /// without a fixed value.
+    /// without a fixed value or with a wildcard.
     pub subject: Option<Vec<String>>,
     /// What a matching descriptor runs under.
     pub limit: RuleLimit,
+    /// The rule's name, for other rules' `replaces`.
+    pub name: Option<String>,
+    /// The names of the rules this one replaces: when a call matches both,
+    /// the replaced rule's descriptors are neither checked nor charged
+    /// (answered as no rule), envoyproxy/ratelimit's `replaces`.
+    pub replaces: Vec<String>,
 }
 
 /// What a rule's matching descriptors run under.
@@ -39,9 +48,26 @@ pub enum RuleLimit {
     /// The policies, in configured order.
     Policies(PolicySet),
     /// None: envoyproxy/ratelimit's `unlimited`. A matching descriptor is
-    /// answered `OK` without a provider call, and a later rule it would
-    /// also fit is never reached (the first matching rule wins).
+    /// answered `OK` with `limit_remaining` 4294967295 without a provider
+    /// call, and a later rule it would also fit is never reached (the first
+    /// matching rule wins).
     Unlimited,
+    /// None, answered as a descriptor no rule matches (`OK`, no limit): a
+    /// later rule it would also fit is never reached. What
+    /// envoyproxy/ratelimit answers where its lookup stops without a limit.
+    NotLimited,
+    /// Every matching descriptor is `OVER_LIMIT`, without a provider call:
+    /// envoyproxy/ratelimit's `requests_per_unit: 0`. The call is refused
+    /// before any set runs, so nothing of it is charged.
+    Blocked,
+}
+
+/// How a rule without policies answers its descriptors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answered {
+    Unlimited,
+    NotLimited,
+    Blocked,
 }
 
 /// The digest a rule's operation-scoped policies are keyed by: SHA-256 over
@@ -98,7 +124,7 @@ pub(crate) struct PreparedRule {
     pub(crate) index: usize,
     pub(crate) domain: Box<str>,
     keys: Box<[Box<str>]>,
-    fixed: Box<[Option<Box<str>>]>,
+    values: Box<[Value]>,
     /// Positions in the pattern of the subject entries, in pattern order.
     pub(crate) subject: Box<[usize]>,
     pub(crate) members: Box<[Member]>,
@@ -114,52 +140,123 @@ pub(crate) struct PreparedRule {
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Match<'r> {
     Limited(&'r PreparedRule),
-    /// A rule with [`RuleLimit::Unlimited`]: its index.
-    Unlimited(usize),
+    /// A rule without policies: its index and how it answers.
+    Answered(usize, Answered),
+}
+
+impl Match<'_> {
+    /// The rule's index in the configured list.
+    pub(crate) fn index(&self) -> usize {
+        match self {
+            Self::Limited(rule) => rule.index,
+            Self::Answered(index, _) => *index,
+        }
+    }
 }
 
 /// A rule of the table: limited (prepared with its members) or not.
 #[derive(Debug)]
 enum Entry {
     Limited(PreparedRule),
-    /// An unlimited rule: its index, its keys and fixed values.
-    Unlimited {
+    /// A rule without policies: its index, its keys and values, its answer.
+    Answered {
         index: usize,
         keys: Box<[Box<str>]>,
-        fixed: Box<[Option<Box<str>>]>,
+        values: Box<[Value]>,
+        answer: Answered,
     },
 }
 
 impl Entry {
     fn matches(&self, entries: &[(&str, &str)]) -> bool {
-        let (keys, fixed) = match self {
-            Self::Limited(rule) => (&rule.keys, &rule.fixed),
-            Self::Unlimited { keys, fixed, .. } => (keys, fixed),
+        let (keys, values) = match self {
+            Self::Limited(rule) => (&rule.keys, &rule.values),
+            Self::Answered { keys, values, .. } => (keys, values),
         };
-        fits(keys, fixed, entries)
+        fits(keys, values, entries)
     }
 
     fn as_match(&self) -> Match<'_> {
         match self {
             Self::Limited(rule) => Match::Limited(rule),
-            Self::Unlimited { index, .. } => Match::Unlimited(*index),
+            Self::Answered { index, answer, .. } => Match::Answered(*index, *answer),
         }
     }
 }
 
-/// Whether `entries` have the pattern's keys, in order, and its fixed values.
-fn fits(keys: &[Box<str>], fixed: &[Option<Box<str>>], entries: &[(&str, &str)]) -> bool {
+/// Whether `entries` have the pattern's keys, in order, and values it takes.
+fn fits(keys: &[Box<str>], values: &[Value], entries: &[(&str, &str)]) -> bool {
     keys.len() == entries.len()
-        && keys.iter().zip(fixed).zip(entries).all(|((key, fixed), (k, v))| {
-            **key == **k && fixed.as_deref().is_none_or(|fixed| fixed == *v)
-        })
+        && keys
+            .iter()
+            .zip(values)
+            .zip(entries)
+            .all(|((key, value), (k, v))| **key == **k && value.matches(v))
+}
+
+/// What a pattern entry takes as its value.
+#[derive(Debug)]
+enum Value {
+    /// No fixed value: any, and the subject's.
+    Any,
+    /// A fixed value, equal to the letter.
+    Exact(Box<str>),
+    /// A fixed value with `*`, split at each: any value that starts with the
+    /// first part, ends with the last and holds the others between, in
+    /// order, without overlap (envoyproxy/ratelimit's `wildcardMatch`). The
+    /// value matched is the subject's.
+    Wildcard(Box<[Box<str>]>),
+}
+
+impl Value {
+    fn of(fixed: Option<&str>) -> Self {
+        match fixed {
+            None => Self::Any,
+            Some(fixed) if fixed.contains('*') => {
+                Self::Wildcard(fixed.split('*').map(Into::into).collect())
+            }
+            Some(fixed) => Self::Exact(fixed.into()),
+        }
+    }
+
+    /// Whether the entry's value is in the subject.
+    fn in_subject(&self) -> bool {
+        !matches!(self, Self::Exact(_))
+    }
+
+    fn matches(&self, value: &str) -> bool {
+        match self {
+            Self::Any => true,
+            Self::Exact(fixed) => **fixed == *value,
+            Self::Wildcard(parts) => {
+                let [first, middle @ .., last] = &parts[..] else { return false };
+                // The last part is looked for after the first, so the two never overlap.
+                let Some(mut rest) = value.strip_prefix(&**first) else { return false };
+                let Some(inner) = rest.strip_suffix(&**last) else { return false };
+                rest = inner;
+                middle.iter().all(|part| match rest.find(&**part) {
+                    Some(at) => {
+                        rest = &rest[at + part.len()..];
+                        true
+                    }
+                    None => false,
+                })
+            }
+        }
+    }
 }
 
 /// Every rule, by domain, in configured order.
 #[derive(Debug, Default)]
 pub(crate) struct Rules {
     by_domain: HashMap<Box<str>, Vec<Entry>>,
+    /// Each rule's name and the names it replaces, by its index; empty
+    /// when no rule replaces another (no call pays for the check).
+    naming: Box<[Naming]>,
 }
+
+/// A rule's name and the names of the rules it replaces.
+type Naming = (Option<Box<str>>, Box<[Box<str>]>);
 
 impl Rules {
     pub(crate) fn new(rules: &[RlsRule], port: &dyn EdgeRateLimitPort) -> Result<Self, RlsError> {
@@ -168,22 +265,15 @@ impl Rules {
             check(index, rule, rules)?;
             let keys: Box<[Box<str>]> =
                 rule.pattern.iter().map(|(key, _)| key.as_str().into()).collect();
-            let fixed: Box<[Option<Box<str>>]> =
-                rule.pattern.iter().map(|(_, fixed)| fixed.as_deref().map(Into::into)).collect();
+            let values: Box<[Value]> =
+                rule.pattern.iter().map(|(_, fixed)| Value::of(fixed.as_deref())).collect();
             let subject = match &rule.subject {
-                None => rule
-                    .pattern
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, (_, fixed))| fixed.is_none())
-                    .map(|(at, _)| at)
-                    .collect(),
+                None => (0..values.len()).filter(|&at| values[at].in_subject()).collect(),
                 Some(keys) => keys
                     .iter()
                     .map(|key| {
-                        rule.pattern
-                            .iter()
-                            .position(|(entry, fixed)| entry == key && fixed.is_none())
+                        (0..values.len())
+                            .find(|&at| rule.pattern[at].0 == *key && values[at].in_subject())
                             .ok_or_else(|| RlsError::BadSubject { rule: index, key: key.clone() })
                     })
                     .collect::<Result<Vec<_>, _>>()?
@@ -194,8 +284,13 @@ impl Rules {
             };
             let policies = match &rule.limit {
                 RuleLimit::Policies(policies) => policies,
-                RuleLimit::Unlimited => {
-                    let entry = Entry::Unlimited { index, keys, fixed };
+                fixed => {
+                    let answer = match fixed {
+                        RuleLimit::NotLimited => Answered::NotLimited,
+                        RuleLimit::Blocked => Answered::Blocked,
+                        RuleLimit::Unlimited | RuleLimit::Policies(_) => Answered::Unlimited,
+                    };
+                    let entry = Entry::Answered { index, keys, values, answer };
                     by_domain.entry(rule.domain.as_str().into()).or_default().push(entry);
                     continue;
                 }
@@ -213,7 +308,7 @@ impl Rules {
                 index,
                 domain: rule.domain.as_str().into(),
                 keys,
-                fixed,
+                values,
                 subject,
                 operation_scoped: members.iter().any(Member::operation_scoped),
                 members,
@@ -225,14 +320,35 @@ impl Rules {
                 .or_default()
                 .push(Entry::Limited(prepared));
         }
-        Ok(Self { by_domain })
+        let replacing = rules.iter().any(|rule| !rule.replaces.is_empty());
+        let naming = rules.iter().filter(|_| replacing).map(|rule| {
+            let replaces = rule.replaces.iter().map(|name| name.as_str().into()).collect();
+            (rule.name.as_deref().map(Into::into), replaces)
+        });
+        Ok(Self { by_domain, naming: naming.collect() })
     }
 
     /// The limited rule at `index` of the configured list, if that one is.
     pub(crate) fn limited(&self, index: usize) -> Option<&PreparedRule> {
         self.by_domain.values().flatten().find_map(|entry| match entry {
             Entry::Limited(rule) if rule.index == index => Some(rule),
-            Entry::Limited(_) | Entry::Unlimited { .. } => None,
+            Entry::Limited(_) | Entry::Answered { .. } => None,
+        })
+    }
+
+    /// Whether a rule replaces another: calls then check [`Self::replaced`].
+    pub(crate) fn replacing(&self) -> bool {
+        !self.naming.is_empty()
+    }
+
+    /// Whether the rule at `index` is replaced by one of `matched` (the
+    /// indexes of the rules a call's descriptors matched).
+    pub(crate) fn replaced(&self, index: usize, matched: &[usize]) -> bool {
+        let Some(Some(name)) = self.naming.get(index).map(|(name, _)| name.as_deref()) else {
+            return false;
+        };
+        matched.iter().any(|&by| {
+            self.naming.get(by).is_some_and(|(_, replaces)| replaces.iter().any(|r| **r == *name))
         })
     }
 
@@ -246,6 +362,12 @@ impl Rules {
 fn check(index: usize, rule: &RlsRule, rules: &[RlsRule]) -> Result<(), RlsError> {
     if rule.domain.is_empty() {
         return Err(RlsError::EmptyDomain { rule: index });
+    }
+    // envoyproxy/ratelimit refuses both.
+    for replaced in &rule.replaces {
+        if replaced.is_empty() || rule.name.as_ref() == Some(replaced) {
+            return Err(RlsError::BadReplaces { rule: index, name: replaced.clone() });
+        }
     }
     if rule.pattern.is_empty() {
         return Err(RlsError::EmptyPattern { rule: index });
@@ -331,7 +453,16 @@ mod tests {
             pattern: pattern.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect(),
             subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
             limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("p").unwrap())),
+            name: None,
+            replaces: Vec::new(),
         }
+    }
+
+    fn policy() -> RateLimitPolicy {
+        let window = std::time::Duration::from_secs(1);
+        let algorithm =
+            shared_contract::Algorithm::from(shared_contract::FixedWindow { limit: 1, window });
+        RateLimitPolicy::builder("p", algorithm).build().unwrap()
     }
 
     #[test]
@@ -356,18 +487,21 @@ mod tests {
                 vec![rule("d", &ip, None), rule("d", &ip, Some(&["remote_address"]))],
                 RlsError::DuplicateRule { rule: 1, first: 0 },
             ),
+            (
+                vec![RlsRule {
+                    name: Some("self".to_owned()),
+                    replaces: vec!["self".to_owned()],
+                    ..rule("d", &ip, None)
+                }],
+                RlsError::BadReplaces { rule: 0, name: "self".to_owned() },
+            ),
+            (
+                vec![RlsRule { replaces: vec![String::new()], ..rule("d", &ip, None) }],
+                RlsError::BadReplaces { rule: 0, name: String::new() },
+            ),
         ];
-        let policy = RateLimitPolicy::builder(
-            "p",
-            shared_contract::Algorithm::FixedWindow(shared_contract::FixedWindow {
-                limit: 1,
-                window: std::time::Duration::from_secs(1),
-            }),
-        )
-        .build()
-        .unwrap();
         let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));
-        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy], clock).unwrap();
+        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy()], clock).unwrap();
         for (rules, expected) in cases {
             assert_eq!(Rules::new(&rules, &port).unwrap_err(), expected);
         }
@@ -380,6 +514,50 @@ mod tests {
         assert_eq!((second.index, &*second.subject), (1, &[1][..]));
         assert!(rules.find("d", &[("a", "z"), ("b", "y")]).is_none());
         assert!(rules.find("other", &[("remote_address", "y")]).is_none());
+    }
+
+    /// The cases of envoyproxy/ratelimit's `TestWildcardConfig`
+    /// (`test/config/config_test.go`, over `test/config/wildcard.yaml`).
+    #[test]
+    fn a_wildcard_value_matches_as_envoyproxy_ratelimits_does() {
+        let takes = |pattern: &str, value: &str| Value::of(Some(pattern)).matches(value);
+        assert!(takes("foo*", "foo1") && takes("foo*", "foo2") && takes("foo*", "foo"));
+        assert!(!takes("foo*", "bar"));
+        assert!(!takes("foo", "foo1"), "a value without * is exact");
+        for (value, taken) in [("barab", true), ("bar123b", true), ("barb", true)] {
+            assert_eq!(takes("bar*b", value), taken, "{value}");
+        }
+        for value in ["bara", "xbarb", "bab", "barxb1"] {
+            assert!(!takes("bar*b", value), "{value}");
+        }
+        for value in ["foo123bar456baz", "foobarbaz"] {
+            assert!(takes("foo*bar*baz", value), "{value}");
+        }
+        for value in ["foo123baz", "bar456baz", "foobaz", "foobazbar"] {
+            assert!(!takes("foo*bar*baz", value), "{value}");
+        }
+        assert!(takes("*", "") && takes("*", "anything") && takes("a**b", "ab"));
+        assert!(!takes("ab*ba", "aba"), "prefix and suffix never share a character");
+    }
+
+    #[test]
+    fn a_wildcard_entry_is_in_the_subject_unless_named_otherwise() {
+        let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));
+        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy()], clock).unwrap();
+        let rules = [
+            rule("d", &[("wild", Some("foo*")), ("ip", None)], None),
+            rule("d", &[("tenant", Some("t*")), ("ip", None)], Some(&["ip"])),
+        ];
+        let rules = Rules::new(&rules, &port).unwrap();
+        let Some(Match::Limited(first)) = rules.find("d", &[("wild", "foo1"), ("ip", "x")]) else {
+            panic!("the wildcard rule matches");
+        };
+        assert_eq!(&*first.subject, &[0, 1][..]);
+        assert!(rules.find("d", &[("wild", "bar"), ("ip", "x")]).is_none());
+        let Some(Match::Limited(second)) = rules.find("d", &[("tenant", "t9"), ("ip", "x")]) else {
+            panic!("the second rule matches");
+        };
+        assert_eq!(&*second.subject, &[1][..]);
     }
 
     #[test]

@@ -16,12 +16,16 @@ use shared_contract::{
 use tracing::Span;
 
 /// Counter of descriptors that matched no rule (or named an unknown
-/// domain): answered `OK` without a provider call. No labels: a domain or
+/// domain, or matched a rule that does not limit them): answered `OK`
+/// without a provider call. No labels: a domain or
 /// a value a client sends never becomes a label.
 pub const UNMATCHED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unmatched_descriptors_total");
 /// Counter of descriptors that matched an `unlimited = true` rule:
 /// answered `OK` without a provider call. No labels, as unmatched.
 pub const UNLIMITED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unlimited_descriptors_total");
+/// Counter of descriptors that matched a blocking rule: answered
+/// `OVER_LIMIT` without a provider call. No labels, as unmatched.
+pub const BLOCKED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_blocked_descriptors_total");
 /// Counter of descriptors that carried a `limit` override, which is
 /// ignored: a client does not choose its own limit.
 pub const LIMIT_OVERRIDES_IGNORED_TOTAL: &str =
@@ -128,6 +132,7 @@ impl MemberMetrics {
 pub(crate) struct FrontMetrics {
     pub(crate) unmatched: Counter,
     pub(crate) unlimited: Counter,
+    pub(crate) blocked: Counter,
     pub(crate) overrides: Counter,
 }
 
@@ -136,6 +141,7 @@ impl FrontMetrics {
         Self {
             unmatched: metrics::counter!(UNMATCHED_DESCRIPTORS_TOTAL),
             unlimited: metrics::counter!(UNLIMITED_DESCRIPTORS_TOTAL),
+            blocked: metrics::counter!(BLOCKED_DESCRIPTORS_TOTAL),
             overrides: metrics::counter!(LIMIT_OVERRIDES_IGNORED_TOTAL),
         }
     }

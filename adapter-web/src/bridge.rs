@@ -1,88 +1,27 @@
 //! `TransportBridge`: from an HTTP request (its operation, subject and
 //! cost) to a pseudonymous `RateLimitRequest` over the operation's policy
-//! set, the port's answer, and the `RateLimit` headers that describe it.
+//! set, and the port's answer.
 
 use std::collections::HashMap;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{Duration, Instant};
 
-use axum::body::Bytes;
 use axum::extract::MatchedPath;
 use http::request::Parts;
 use http::{HeaderValue, Method};
 use sha2::{Digest, Sha256};
 use shared_contract::{
     Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
-    PolicyId, PolicyMode, PolicySet, RateLimitDecision, RateLimitOutcome, RateLimitOutcomeExt,
-    RateLimitPolicy, RateLimitRequest, SubjectDigest, quota_window, write_limit_item,
-    write_policy_field_at,
+    PolicySet, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
+    SubjectDigest,
 };
 use tracing::{Instrument, Span};
 
+use crate::answer::{BridgeEvaluation, Refusal, enforced, enforcing, policy_header};
 use crate::identity::{VersionedPseudonymizer, resolve_subject};
 use crate::lease::{LeaseGuard, LeaseReleases};
-use crate::rejection::EdgeRejection;
 use crate::settings::EdgeSettings;
 use crate::telemetry::{self, MemberMetrics, PolicyIds};
-
-/// What the bridge learned about one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BridgeEvaluation {
-    /// The operation's policy set (or the default set), in configured order.
-    pub policies: PolicySet,
-    /// Each policy of the set as the port holds it; `None` for one it does not know.
-    pub described: Arc<[Option<RateLimitPolicy>]>,
-    /// The port's answer: one decision per policy of the set, in order.
-    pub outcome: RateLimitOutcome,
-    /// The set's `RateLimit-Policy` header.
-    pub(crate) policy_header: Option<HeaderValue>,
-}
-
-impl BridgeEvaluation {
-    /// Whether the policy at `index` can block (see [`enforcing`]).
-    fn enforced_at(&self, index: usize) -> bool {
-        enforcing(self.described.get(index).and_then(Option::as_ref))
-    }
-
-    /// Whether any policy of the set can block (a shadow-only set never does).
-    pub fn enforces(&self) -> bool {
-        (0..self.policies.len()).any(|index| self.enforced_at(index))
-    }
-
-    /// Whether the handler runs: admitted, or nothing in the set enforced.
-    pub fn admits(&self) -> bool {
-        self.outcome.is_allowed() || !self.enforces()
-    }
-
-    /// The enforced policies with their decisions as `RateLimit` lists them, and
-    /// whether each has a reset time (a concurrency policy has none).
-    pub fn enforced_decisions(
-        &self,
-    ) -> impl Iterator<Item = (&PolicyId, &RateLimitDecision, bool)> {
-        let decisions = self.outcome.as_ref().map_or(&[][..], |set| set.decisions());
-        let members = self.policies.ids().iter().zip(decisions).enumerate();
-        members.filter(|(index, _)| self.enforced_at(*index)).map(|(index, (id, decision))| {
-            let policy = self.described.get(index).and_then(Option::as_ref);
-            (id, decision, policy.is_none_or(|policy| quota_window(policy.algorithm()).is_some()))
-        })
-    }
-
-    /// The enforced policies that denied, in order: a `429`'s `violated-policies`.
-    pub fn violated_policies(&self) -> Vec<(&PolicyId, &RateLimitDecision)> {
-        let enforced = self.enforced_decisions().filter(|(_, decision, _)| !decision.allowed);
-        enforced.map(|(id, decision, _)| (id, decision)).collect()
-    }
-}
-
-/// Whether a policy can block: enforced, or unknown to the port (it fails closed).
-fn enforcing(policy: Option<&RateLimitPolicy>) -> bool {
-    policy.is_none_or(|policy| policy.mode() == PolicyMode::Enforce)
-}
-
-/// The policies the port described and enforces: those a client sees.
-fn enforced(described: &[Option<RateLimitPolicy>]) -> impl Iterator<Item = &RateLimitPolicy> {
-    described.iter().flatten().filter(|policy| policy.mode() == PolicyMode::Enforce)
-}
 
 /// A policy set prepared when the bridge is built (the port's policies do
 /// not change under a running bridge).
@@ -200,7 +139,7 @@ impl TransportBridge {
     /// Evaluates one request against its operation's policy set: only the
     /// subject's pseudonym crosses the port, with a fresh server-made
     /// evaluation id. A lease taken is given back before this returns.
-    pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, EdgeRejection> {
+    pub async fn evaluate(&self, parts: &Parts) -> Result<BridgeEvaluation, Refusal<'static>> {
         let answer = match self.ask(parts) {
             Asked::Answered(answer) => answer,
             Asked::Waiting(waiting) => waiting.answer(self).await,
@@ -295,7 +234,7 @@ impl TransportBridge {
 }
 
 /// The bridge's answer to one request, and the guard of its lease.
-pub(crate) type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), EdgeRejection>;
+pub(crate) type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), Refusal<'static>>;
 
 /// What [`TransportBridge::ask`] found.
 pub(crate) enum Asked {
@@ -516,35 +455,6 @@ impl Default for RateLimitCost {
     }
 }
 
-/// `"<policy id>";q=<limit>;w=<window seconds>` for each policy, in order;
-/// `now` (epoch ms) is read only for a window that moves.
-pub(crate) fn policy_header<'a>(
-    policies: impl IntoIterator<Item = &'a RateLimitPolicy>,
-    now: impl Fn() -> u64,
-) -> Option<HeaderValue> {
-    let mut text = Vec::with_capacity(64);
-    write_policy_field_at(&mut text, policies, now);
-    header(text)
-}
-
-/// `"<policy id>";r=<remaining>;t=<seconds until whole>` for each policy,
-/// in order (no `t` when `resets` is false).
-pub(crate) fn limit_header<'a>(
-    decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
-) -> Option<HeaderValue> {
-    let mut text = Vec::with_capacity(64);
-    for (policy_id, decision, resets) in decisions {
-        write_limit_item(&mut text, policy_id, decision, resets);
-    }
-    header(text)
-}
-
-/// Written by hand, not through `sfv`: made per request, and a validated
-/// policy id needs no escapes (tests compare them); `None` when empty.
-fn header(text: Vec<u8>) -> Option<HeaderValue> {
-    HeaderValue::from_maybe_shared(Bytes::from(text)).ok().filter(|value| !value.is_empty())
-}
-
 #[cfg(test)]
 mod operation_tests {
     use http::Request;
@@ -616,244 +526,6 @@ mod operation_tests {
             ("POST /api/orders", "6b48c5c57a698e41"),
         ] {
             assert_eq!(operation_digest(operation).to_string(), expected, "{operation}");
-        }
-    }
-}
-
-#[cfg(test)]
-mod ratelimit_headers_tests {
-    use std::time::Duration;
-
-    use sfv::{Integer, KeyRef, ListSerializer, StringRef};
-    use shared_contract::{Algorithm, SF_INTEGER_MAX, whole_seconds_up, whole_seconds_up_millis};
-
-    use super::*;
-
-    /// A structured-field List of string items with integer parameters
-    /// (RFC 9651) as `sfv` writes it: what the hand-written fields must equal.
-    fn list<'a, P: IntoIterator<Item = (&'static str, u64)>>(
-        entries: impl Iterator<Item = (&'a PolicyId, P)>,
-    ) -> Option<HeaderValue> {
-        let mut list = ListSerializer::new();
-        for (policy_id, parameters) in entries {
-            let mut entry = list.bare_item(StringRef::from_str(policy_id.as_str()).ok()?);
-            for (key, value) in parameters {
-                let value = Integer::try_from(value).unwrap_or(Integer::MAX);
-                entry = entry.parameter(KeyRef::from_str(key).ok()?, value);
-            }
-        }
-        HeaderValue::try_from(list.finish()?).ok()
-    }
-
-    /// Any time: no window here moves with it.
-    const T0: u64 = 1_800_000_000_000;
-
-    fn policy(algorithm: Algorithm) -> RateLimitPolicy {
-        RateLimitPolicy::builder("orders.read", algorithm).build().unwrap()
-    }
-
-    #[test]
-    fn policy_header_names_limit_and_window_in_seconds() {
-        let fixed = policy(Algorithm::FixedWindow(shared_contract::FixedWindow {
-            limit: 100,
-            window: Duration::from_secs(60),
-        }));
-        assert_eq!(policy_header([&fixed], || T0).unwrap(), r#""orders.read";q=100;w=60"#);
-        // A 1.5 s window is announced as 2 s: never promise more than holds.
-        let sliding = policy(Algorithm::SlidingCounter(shared_contract::SlidingCounter {
-            limit: 10,
-            window: Duration::from_millis(1500),
-        }));
-        assert_eq!(policy_header([&sliding], || T0).unwrap(), r#""orders.read";q=10;w=2"#);
-        // Five tokens, two per 100 ms: three periods fill it, 300 ms -> 1 s.
-        let bucket = policy(Algorithm::TokenBucket(shared_contract::TokenBucket {
-            capacity: 5,
-            refill_tokens: 2,
-            refill_period: Duration::from_millis(100),
-        }));
-        assert_eq!(policy_header([&bucket], || T0).unwrap(), r#""orders.read";q=5;w=1"#);
-        // GCRA: q is the burst, w the burst's cells at T = 1 s / 10 = 0.5 s,
-        // rounded up to 1; 3 per second with a burst of 7: T = 333334 us,
-        // 2.333338 s, 3 on the wire.
-        let gcra = |limit, burst| {
-            policy(Algorithm::Gcra(shared_contract::Gcra {
-                limit,
-                period: Duration::from_secs(1),
-                burst,
-            }))
-        };
-        assert_eq!(policy_header([&gcra(10, 5)], || T0).unwrap(), r#""orders.read";q=5;w=1"#);
-        assert_eq!(policy_header([&gcra(3, 7)], || T0).unwrap(), r#""orders.read";q=7;w=3"#);
-        assert_eq!(policy_header([&gcra(1, 30)], || T0).unwrap(), r#""orders.read";q=30;w=30"#);
-        // README's example: 3 x 333334 us is 1.000002 s, rounded up to 2.
-        assert_eq!(policy_header([&gcra(3, 3)], || T0).unwrap(), r#""orders.read";q=3;w=2"#);
-    }
-
-    #[test]
-    fn limit_header_rounds_the_reset_up() {
-        let decision = RateLimitDecision {
-            allowed: true,
-            remaining: 7,
-            retry_after_ms: 0,
-            reset_after_ms: 1001,
-            replayed: false,
-        };
-        let id = PolicyId::new("orders.read").unwrap();
-        assert_eq!(limit_header([(&id, &decision, true)]).unwrap(), r#""orders.read";r=7;t=2"#);
-        let full = RateLimitDecision { reset_after_ms: 0, ..decision };
-        assert_eq!(limit_header([(&id, &full, true)]).unwrap(), r#""orders.read";r=7;t=0"#);
-    }
-
-    #[test]
-    fn a_concurrency_policy_shows_its_slots_without_a_window_or_a_reset() {
-        let exports = policy(Algorithm::Concurrency(shared_contract::Concurrency {
-            max_in_flight: 2,
-            lease_ttl: Duration::from_secs(30),
-            retry_after: Duration::from_secs(1),
-        }));
-        assert_eq!(policy_header([&exports], || T0).unwrap(), r#""orders.read";q=2"#);
-        // One slot of two taken; no reset time, not even `t=0` ("whole now").
-        let held = RateLimitDecision {
-            allowed: true,
-            remaining: 1,
-            retry_after_ms: 0,
-            reset_after_ms: 0,
-            replayed: false,
-        };
-        let window = RateLimitDecision { reset_after_ms: 60_000, ..held };
-        let hourly = PolicyId::new("hourly").unwrap();
-        assert_eq!(
-            limit_header([(exports.id(), &held, false), (&hourly, &window, true)]).unwrap(),
-            r#""orders.read";r=1, "hourly";r=1;t=60"#
-        );
-    }
-
-    #[test]
-    fn a_set_is_one_list_in_the_order_given_and_no_policy_is_no_header() {
-        // The burst + sustained pair of docs/algorithms.md, with its expected values.
-        let burst = RateLimitPolicy::builder(
-            "orders-burst",
-            Algorithm::FixedWindow(shared_contract::FixedWindow {
-                limit: 10,
-                window: Duration::from_secs(1),
-            }),
-        )
-        .build()
-        .unwrap();
-        let hourly = RateLimitPolicy::builder(
-            "orders-hourly",
-            Algorithm::FixedWindow(shared_contract::FixedWindow {
-                limit: 1000,
-                window: Duration::from_secs(3600),
-            }),
-        )
-        .build()
-        .unwrap();
-        assert_eq!(
-            policy_header([&burst, &hourly], || T0).unwrap(),
-            r#""orders-burst";q=10;w=1, "orders-hourly";q=1000;w=3600"#
-        );
-        let decision = |remaining, reset_secs: u64| RateLimitDecision {
-            allowed: true,
-            remaining,
-            retry_after_ms: 0,
-            reset_after_ms: reset_secs * 1000,
-            replayed: false,
-        };
-        let (first, second) = (decision(9, 1), decision(999, 3540));
-        assert_eq!(
-            limit_header([(burst.id(), &first, true), (hourly.id(), &second, true)]).unwrap(),
-            r#""orders-burst";r=9;t=1, "orders-hourly";r=999;t=3540"#
-        );
-        assert_eq!(policy_header([], || T0), None);
-    }
-
-    /// docs/algorithms.md "Calendar window", worked numbers (b): a month in
-    /// Berlin is January's 31 days at its last half second and February's
-    /// 28 from its first instant; `w` follows the time given.
-    #[test]
-    fn a_calendar_windows_w_is_the_period_of_the_time_given() {
-        let monthly = RateLimitPolicy::builder(
-            "orders.read",
-            Algorithm::CalendarWindow(shared_contract::CalendarWindow {
-                limit: 3,
-                period: shared_contract::CalendarPeriod::Month,
-                time_zone: "Europe/Berlin".parse().unwrap(),
-            }),
-        )
-        .build()
-        .unwrap();
-        let at = |now: u64| policy_header([&monthly], move || now).unwrap();
-        assert_eq!(at(1_801_436_399_500), r#""orders.read";q=3;w=2678400"#);
-        assert_eq!(at(1_801_436_400_000), r#""orders.read";q=3;w=2419200"#);
-        assert_eq!(limit_header([]), None);
-    }
-
-    /// The `sfv` serialization the hand-written header must equal.
-    fn limit_header_by_sfv<'a>(
-        decisions: impl IntoIterator<Item = (&'a PolicyId, &'a RateLimitDecision, bool)>,
-    ) -> Option<HeaderValue> {
-        list(decisions.into_iter().map(|(policy_id, decision, resets)| {
-            let reset = resets.then(|| ("t", whole_seconds_up_millis(decision.reset_after_ms)));
-            (policy_id, [Some(("r", decision.remaining)), reset].into_iter().flatten())
-        }))
-    }
-
-    #[test]
-    fn the_shared_policy_field_is_what_sfv_writes() {
-        let ids = ["a", "orders.read", "x-1_2.3"];
-        let policies: Vec<RateLimitPolicy> = ids
-            .iter()
-            .map(|id| {
-                let window = Duration::from_millis(1500);
-                RateLimitPolicy::builder(
-                    *id,
-                    Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 7, window }),
-                )
-                .build()
-                .unwrap()
-            })
-            .collect();
-        let by_sfv = list(policies.iter().map(|policy| {
-            let window = policy.algorithm().quota_window(|| T0).map(whole_seconds_up);
-            (
-                policy.id(),
-                [Some(("q", policy.limit())), window.map(|w| ("w", w))].into_iter().flatten(),
-            )
-        }));
-        assert_eq!(policy_header(&policies, || T0), by_sfv);
-    }
-
-    #[test]
-    fn the_hand_written_limit_header_is_what_sfv_writes() {
-        let ids: Vec<PolicyId> = ["a", "orders.read", "x-1_2.3", &"z".repeat(64)]
-            .iter()
-            .map(|id| PolicyId::new(*id).unwrap())
-            .collect();
-        let values = [0, 1, 9, 10, 99, 12_345, SF_INTEGER_MAX, SF_INTEGER_MAX + 1, u64::MAX];
-        let mut decisions = Vec::new();
-        for (n, &remaining) in values.iter().enumerate() {
-            let reset_after_ms = [0, 1, 999, 1000, 1001, u64::MAX][n % 6];
-            decisions.push(RateLimitDecision {
-                allowed: true,
-                remaining,
-                retry_after_ms: 0,
-                reset_after_ms,
-                replayed: false,
-            });
-        }
-        for len in 1..=ids.len() {
-            for start in 0..decisions.len() {
-                let set: Vec<_> = ids[..len]
-                    .iter()
-                    .enumerate()
-                    // Every third member has no reset (a concurrency policy).
-                    .map(|(i, id)| (id, &decisions[(start + i) % decisions.len()], i % 3 != 1))
-                    .collect();
-                let by_hand = limit_header(set.iter().copied());
-                assert_eq!(by_hand, limit_header_by_sfv(set.iter().copied()), "{set:?}");
-                assert!(by_hand.is_some());
-            }
         }
     }
 }

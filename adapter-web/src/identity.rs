@@ -16,7 +16,7 @@ use secrecy::{ExposeSecret, SecretSlice};
 use sha2::Sha256;
 use shared_contract::{SubjectDigest, SubjectPseudonymizer};
 
-use crate::rejection::{ApiKeyProblem, EdgeRejection, IdentityProblem, MAX_API_KEY_BYTES};
+use crate::answer::{ApiKeyProblem, IdentityProblem, MAX_API_KEY_BYTES, Refusal};
 use crate::settings::{ClientIpHeader, EdgeSettings, WebError};
 
 /// The identity an upstream authentication layer established (a request
@@ -63,7 +63,7 @@ impl fmt::Debug for RawSubject<'_> {
 pub(crate) fn resolve_subject<'a>(
     parts: &'a Parts,
     settings: &EdgeSettings,
-) -> Result<RawSubject<'a>, EdgeRejection> {
+) -> Result<RawSubject<'a>, Refusal<'static>> {
     if let Some(AuthenticatedPrincipal(principal)) = parts.extensions.get() {
         return Ok(RawSubject { kind: SubjectKind::Principal, identity: Cow::Borrowed(principal) });
     }
@@ -71,14 +71,14 @@ pub(crate) fn resolve_subject<'a>(
         let mut keys = parts.headers.get_all(header).iter();
         if let Some(key) = keys.next() {
             if keys.next().is_some() {
-                return Err(EdgeRejection::InvalidApiKey(ApiKeyProblem::Repeated));
+                return Err(Refusal::InvalidApiKey(ApiKeyProblem::Repeated));
             }
-            let key = validate_api_key(key.as_bytes()).map_err(EdgeRejection::InvalidApiKey)?;
+            let key = validate_api_key(key.as_bytes()).map_err(Refusal::InvalidApiKey)?;
             return Ok(RawSubject { kind: SubjectKind::ApiKey, identity: Cow::Borrowed(key) });
         }
     }
     let peer = parts.extensions.get::<ConnectInfo<SocketAddr>>();
-    let ConnectInfo(peer) = peer.ok_or(EdgeRejection::MissingPeerAddress)?;
+    let ConnectInfo(peer) = peer.ok_or(Refusal::MissingPeerAddress)?;
     let ip =
         client_ip(peer.ip(), &parts.headers, settings.client_ip_header, &settings.trusted_proxies);
     Ok(RawSubject {
@@ -414,7 +414,7 @@ mod subject_tests {
     fn resolve_with(
         settings: &EdgeSettings,
         build: impl FnOnce(&mut Request<()>),
-    ) -> Result<RawSubject<'static>, EdgeRejection> {
+    ) -> Result<RawSubject<'static>, Refusal<'static>> {
         resolve_subject(&parts(build), settings).map(|subject| RawSubject {
             kind: subject.kind,
             identity: Cow::Owned(subject.identity.into_owned()),
@@ -422,14 +422,16 @@ mod subject_tests {
     }
 
     /// At the defaults: no API key header.
-    fn resolve(build: impl FnOnce(&mut Request<()>)) -> Result<RawSubject<'static>, EdgeRejection> {
+    fn resolve(
+        build: impl FnOnce(&mut Request<()>),
+    ) -> Result<RawSubject<'static>, Refusal<'static>> {
         resolve_with(&EdgeSettings::default(), build)
     }
 
     /// With `api-key-header = "x-api-key"`.
     fn resolve_keyed(
         build: impl FnOnce(&mut Request<()>),
-    ) -> Result<RawSubject<'static>, EdgeRejection> {
+    ) -> Result<RawSubject<'static>, Refusal<'static>> {
         let settings = EdgeSettings {
             api_key_header: Some(http::HeaderName::from_static("x-api-key")),
             ..EdgeSettings::default()
@@ -535,7 +537,7 @@ mod subject_tests {
                 r.headers_mut().insert("x-api-key", value);
             })
         };
-        let rejected = |problem| Err(EdgeRejection::InvalidApiKey(problem));
+        let rejected = |problem| Err(Refusal::InvalidApiKey(problem));
         assert_eq!(with_key(&[b'k'; 257]), rejected(ApiKeyProblem::TooLong));
         assert_eq!(with_key(b"has space"), rejected(ApiKeyProblem::NotVisibleAscii));
         assert_eq!(with_key(b"tab\there"), rejected(ApiKeyProblem::NotVisibleAscii));
@@ -556,7 +558,7 @@ mod subject_tests {
         request.extensions.clear();
         assert_eq!(
             resolve_subject(&request, &EdgeSettings::default()),
-            Err(EdgeRejection::MissingPeerAddress)
+            Err(Refusal::MissingPeerAddress)
         );
     }
 

@@ -14,9 +14,9 @@ use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
+use crate::answer::{DecisionHeaders, Refusal, RefusalShaper, decision_headers};
 use crate::bridge::{Answer, Asked, TransportBridge};
 use crate::lease::{LeaseGuard, ReleasingBody};
-use crate::refusal::{DecisionHeaders, Refusal, RefusalShaper, decision_headers};
 
 /// Rate-limits every request through a [`TransportBridge`], or passes
 /// everything through when built with [`RateLimitLayer::disabled`].
@@ -185,7 +185,7 @@ where
     S: Service<Request<ReqBody>>,
 {
     let reason = match &mut result {
-        Err(rejection) => Refusal::Rejected(rejection),
+        Err(refusal) => *refusal,
         Ok((evaluation, lease)) if !evaluation.admits() => {
             drop(lease.take());
             Refusal::Outcome(evaluation)
@@ -196,7 +196,8 @@ where
             return State::Running { future, headers, lease: lease.take() };
         }
     };
-    let response = reason.response(bridge.settings());
+    let settings = bridge.settings();
+    let response = reason.response(&settings.problem_type_base, settings.failure_retry_after);
     let response = match shaper {
         Some(RefusalShaper(shape)) => shape(reason, response),
         None => response,

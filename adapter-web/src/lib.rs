@@ -8,29 +8,27 @@
 
 #![forbid(unsafe_code)]
 
+mod answer;
 mod bridge;
 mod identity;
 mod layer;
 mod lease;
-mod refusal;
-mod rejection;
 mod settings;
 mod telemetry;
 
+pub use answer::{
+    ApiKeyProblem, BridgeEvaluation, DEFAULT_PROBLEM_TYPE_BASE, IdentityProblem, MAX_API_KEY_BYTES,
+    RATELIMIT, RATELIMIT_POLICY, Refusal,
+};
 pub use bridge::{
-    BridgeEvaluation, METHODS, RateLimitCost, TransportBridge, UNMATCHED_ROUTE, charged_digest,
-    operation_digest,
+    METHODS, RateLimitCost, TransportBridge, UNMATCHED_ROUTE, charged_digest, operation_digest,
 };
 pub use identity::{
     AuthenticatedPrincipal, MIN_KEY_BYTES, SubjectKind, VersionedPseudonymizer, canonical_identity,
 };
 pub use layer::{BridgeSwitch, RateLimitLayer, RateLimitService, ResponseFuture};
 pub use lease::LeaseReleases;
-pub use refusal::{RATELIMIT, RATELIMIT_POLICY, Refusal};
-pub use rejection::{ApiKeyProblem, EdgeRejection, IdentityProblem, MAX_API_KEY_BYTES};
-pub use settings::{
-    ClientIpHeader, DEFAULT_POLICY, DEFAULT_PROBLEM_TYPE_BASE, EdgeSettings, WebError,
-};
+pub use settings::{ClientIpHeader, DEFAULT_POLICY, EdgeSettings, WebError};
 pub use telemetry::{
     DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, LEASE_RELEASE_FAILURES_TOTAL, METRIC_PREFIX,
     metric_name,

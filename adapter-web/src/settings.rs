@@ -1,6 +1,6 @@
 //! `EdgeSettings` (the keys of `capabilities.rate-limit`, with defaults) and `WebError`.
 
-use crate::rejection::{problem_type, problem_type_names};
+use crate::answer::{DEFAULT_PROBLEM_TYPE_BASE, problem_type, problem_type_names};
 use http::HeaderName;
 use ipnet::IpNet;
 use serde::de::Error;
@@ -102,9 +102,6 @@ impl<'de> Deserialize<'de> for ClientIpHeader {
 
 /// The policy of every operation not mapped to a set, unless configured.
 pub const DEFAULT_POLICY: &str = "default";
-
-/// The default [`EdgeSettings::problem_type_base`].
-pub const DEFAULT_PROBLEM_TYPE_BASE: &str = "https://ca-skeleton.invalid/problems/";
 
 const IPV4_PREFIXES: RangeInclusive<u8> = 1..=32;
 const IPV6_PREFIXES: RangeInclusive<u8> = 1..=128;

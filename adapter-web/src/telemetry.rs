@@ -10,7 +10,7 @@ use shared_contract::{
     RateLimitPolicy,
 };
 
-use crate::rejection::EdgeRejection;
+use crate::answer::Refusal;
 
 pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metric_name};
 
@@ -29,7 +29,7 @@ const DEGRADED: &str = DecisionSource::Degraded.name();
 static OUTCOMES: LazyLock<Box<[&'static str]>> = LazyLock::new(|| {
     RateLimitFailure::outcome_names()
         .chain([DEGRADED])
-        .chain(EdgeRejection::ALL.map(|r| r.outcome_label()))
+        .chain(Refusal::BEFORE_EVALUATION.map(|r| r.outcome_label()))
         .collect()
 });
 

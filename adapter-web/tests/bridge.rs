@@ -11,9 +11,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use adapter_web::{
-    ApiKeyProblem, AuthenticatedPrincipal, DECISIONS_TOTAL, EVALUATION_SECONDS, EdgeRejection,
-    EdgeSettings, RateLimitCost, SubjectKind, TransportBridge, VersionedPseudonymizer,
-    operation_digest,
+    ApiKeyProblem, AuthenticatedPrincipal, DECISIONS_TOTAL, EVALUATION_SECONDS, EdgeSettings,
+    RateLimitCost, Refusal, SubjectKind, TransportBridge, VersionedPseudonymizer, operation_digest,
 };
 use axum::extract::ConnectInfo;
 use http::request::Parts;
@@ -274,7 +273,7 @@ async fn a_rejected_request_never_reaches_the_port() {
     let fixture = fixture(EdgeSettings::default());
     let oversized = "k".repeat(257);
     let result = fixture.bridge.evaluate(&parts(request().header("x-api-key", oversized))).await;
-    assert_eq!(result, Err(EdgeRejection::InvalidApiKey(ApiKeyProblem::TooLong)));
+    assert_eq!(result, Err(Refusal::InvalidApiKey(ApiKeyProblem::TooLong)));
     let not_ascii = HeaderValue::from_bytes(b"caf\xc3\xa9").unwrap();
     let result = fixture.bridge.evaluate(&parts(request().header("x-api-key", not_ascii))).await;
     assert!(result.is_err());

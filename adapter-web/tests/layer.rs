@@ -9,14 +9,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_web::{ClientIpHeader, EdgeSettings, Refusal, SubjectKind, operation_digest};
+use adapter_web::{ClientIpHeader, EdgeSettings, SubjectKind, operation_digest};
 use axum::body::Body;
 use http::{HeaderValue, StatusCode};
 use ipnet::IpNet;
 use shared_contract::{
     Algorithm, IncompatibleCategory, ManualClock, PolicyId, PolicyMode, PolicySet,
-    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy,
-    UnavailableCategory,
+    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, UnavailableCategory,
 };
 use support::{COST_HEADER, Harness, ORDER_OPERATION, ScriptedPort, Via};
 
@@ -294,10 +293,7 @@ async fn a_refusal_shaper_reshapes_but_never_admits(via: Via) {
     let port = Arc::new(ScriptedPort::new(decision(false, 0, 2300, 59_100), policies()));
     let shaped = |bridge| {
         support::enabled(bridge).with_refusal_shaper(|refusal, mut response| {
-            let reason = match refusal {
-                Refusal::Outcome(evaluation) => evaluation.outcome.category_name(),
-                Refusal::Rejected(rejection) => rejection.category_name(),
-            };
+            let reason = refusal.category_name();
             let status = response.status();
             *response.body_mut() = Body::from(format!("{} {reason}", status.as_u16()));
             response.headers_mut().insert("content-type", HeaderValue::from_static("text/plain"));

@@ -589,6 +589,13 @@ async fn pseudonym(
                     );
                     return problem(&state, StatusCode::NOT_FOUND, "not-limited", &detail);
                 }
+                DescriptorSubject::Unbudgeted { rule, blocked } => {
+                    let answer = if blocked { "refuses it" } else { "does not limit it" };
+                    let detail = format!(
+                        "The descriptor matches envoy-rls.rules.{rule}, which {answer}: it has no budget."
+                    );
+                    return problem(&state, StatusCode::NOT_FOUND, "not-limited", &detail);
+                }
                 DescriptorSubject::Unmatched => {
                     let detail = "No envoy-rls rule matches the descriptor: it has no budget.";
                     return problem(&state, StatusCode::NOT_FOUND, "not-limited", detail);

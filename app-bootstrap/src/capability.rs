@@ -330,6 +330,8 @@ pub fn rls_engine(
             pattern,
             subject: rule.subject.clone(),
             limit,
+            name: None,
+            replaces: Vec::new(),
         });
     }
     RlsEngine::new(port, pseudonymizer, clock, settings, &rules)

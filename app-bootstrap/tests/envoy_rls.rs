@@ -176,13 +176,15 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
         codes.push(Code::try_from(answer.overall_code).unwrap());
     }
     assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
-    // An unlimited rule's descriptor: OK, no limit, counted apart.
+    // An unlimited rule's descriptor: OK, no limit, the largest remaining, counted
+    // apart.
     let mut health = ask("edge-2", "");
     health.descriptors[0].entries =
         vec![Entry { key: "generic_key".to_owned(), value: "health".to_owned() }];
     let answer = client.should_rate_limit(health).await.unwrap().into_inner();
     assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
     assert!(answer.statuses[0].current_limit.is_none());
+    assert_eq!(answer.statuses[0].limit_remaining, u32::MAX);
     let metrics = web.get(format!("{http}/metrics")).send().await.unwrap().text().await.unwrap();
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unmatched_descriptors_total"), 1);
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unlimited_descriptors_total"), 1);

@@ -14,19 +14,22 @@
 //! Each descriptor with a `rate_limit` becomes a rule whose pattern is its
 //! path of keys (a `value` fixes the entry) and a policy of its own, so it
 //! counts per (subject, rule) as envoyproxy/ratelimit counts per descriptor.
-//! The rules come out in envoyproxy/ratelimit's precedence: at each level a
-//! fixed value before the bare key. Once a fixed value matched, it looks for
-//! the later entries under that value only, never under the bare key; where
-//! the bare key's subtree limits a pattern the value's subtree does not, an
-//! unlimited rule keeps the answer OK here too.
+//! The rules come out in envoyproxy/ratelimit's precedence: at each level an
+//! exact value, then the wildcard values (`*`) in file order, then the bare
+//! key. Once a value matched, it looks for the later entries under that
+//! value only, never under a later wildcard or the bare key; where their
+//! subtrees limit a pattern the value's subtree does not, an unlimited rule
+//! keeps the answer OK here too. A wildcard's matched value is part of the
+//! subject (its own budget) unless `share_threshold` puts every value it
+//! matches on one budget: the rule's `subject` then leaves it out.
 //!
-//! An unlimited descriptor needs no rule unless a later limit would match
-//! it: no rule means OK without a provider call. One that must stay is an
-//! `unlimited = true` rule, answered OK without a provider call too.
+//! An unlimited descriptor is an `unlimited = true` rule, answered OK
+//! without a provider call and with envoyproxy/ratelimit's status for it
+//! (`limit_remaining` 4294967295, not an unmatched descriptor's 0).
 //!
 //! What the rules cannot say is a warning and a comment in the output, never
 //! dropped silently; what would make the result less strict than the source
-//! (a wildcard value, a limit of 0) stops the import instead. So does a key
+//! (a limit of 0) stops the import instead. So does a key
 //! the import does not read where it stands, unless it cannot carry or
 //! change a limit: envoyproxy/ratelimit refuses a key it does not know,
 //! and one it knows but ignores there would take a limit with it.
@@ -85,13 +88,12 @@ pub fn convert(sources: &[Source<'_>]) -> Result<Imported, ImportError> {
         converter.file(source, &mut domains);
         converter.end_file();
     }
-    let needless = converter.drop_needless_unlimited();
     let ids = converter.policy_ids();
     if !converter.problems.is_empty() {
         return Err(ImportError { problems: converter.problems });
     }
     let names: Vec<&str> = sources.iter().map(|source| source.name).collect();
-    let toml = render(&names, &converter.rules, &ids, &needless, &converter.warnings);
+    let toml = render(&names, &converter.rules, &ids, &converter.warnings);
     Ok(Imported { toml, warnings: converter.warnings })
 }
 
@@ -457,6 +459,15 @@ impl Unit {
 struct Entry {
     key: String,
     value: Option<String>,
+    /// A wildcard value with `share_threshold`: every value it matches
+    /// counts on one budget, so it is left out of the rule's subject.
+    shared: bool,
+}
+
+impl Entry {
+    fn is_wildcard(&self) -> bool {
+        self.value.as_deref().is_some_and(|value| value.contains('*'))
+    }
 }
 
 impl fmt::Display for Entry {
@@ -487,18 +498,6 @@ enum Target {
 }
 
 impl Rule {
-    /// Whether some descriptor matches both this pattern and `other`.
-    fn overlaps(&self, other: &Rule) -> bool {
-        self.domain == other.domain
-            && self.pattern.len() == other.pattern.len()
-            && self.pattern.iter().zip(&other.pattern).all(|(mine, theirs)| {
-                mine.key == theirs.key
-                    && (mine.value.is_none()
-                        || theirs.value.is_none()
-                        || mine.value == theirs.value)
-            })
-    }
-
     /// Whether every descriptor this pattern matches `other` matches too.
     fn covers(&self, other: &[Entry]) -> bool {
         self.pattern.len() == other.len()
@@ -604,27 +603,6 @@ impl Converter {
                 None
             }
         }
-    }
-
-    /// Removes the unlimited rules no later limited rule overlaps, and
-    /// returns them: a descriptor that matches no rule is answered OK
-    /// without a provider call, just as envoyproxy/ratelimit answers an
-    /// unlimited one. Those left keep a limit below from applying.
-    fn drop_needless_unlimited(&mut self) -> Vec<Rule> {
-        let mut kept = Vec::with_capacity(self.rules.len());
-        let mut needless = Vec::new();
-        let rules = std::mem::take(&mut self.rules);
-        for (index, rule) in rules.iter().enumerate() {
-            let needed = match rule.target {
-                Target::Limit { .. } => true,
-                Target::Unlimited => rules[index + 1..].iter().any(|later| {
-                    matches!(later.target, Target::Limit { .. }) && rule.overlaps(later)
-                }),
-            };
-            if needed { kept.push(rule.clone()) } else { needless.push(rule.clone()) }
-        }
-        self.rules = kept;
-        needless
     }
 
     /// A policy id for each limited rule, in rule order: envoyproxy/ratelimit's
@@ -889,6 +867,7 @@ fn entry_of(node: &Node) -> Entry {
     Entry {
         key: text("key").unwrap_or_default(),
         value: text("value").filter(|value| !value.is_empty()),
+        shared: false,
     }
 }
 
@@ -942,7 +921,8 @@ impl Level<'_, '_> {
             }
             let value = entry_value(&node.value);
             if let Some((_, _, first)) = seen.iter().find(|(k, v, _)| *k == key && *v == value) {
-                let entry = Entry { key: key.to_owned(), value: value.map(str::to_owned) };
+                let value = value.map(str::to_owned);
+                let entry = Entry { key: key.to_owned(), value, shared: false };
                 let message = format!("descriptor {entry} is repeated (first at line {first})");
                 self.problem(line, prefix, message);
                 continue;
@@ -961,13 +941,25 @@ impl Level<'_, '_> {
             };
             let bare = valid.iter().filter(of_key).find(|node| entry_value(&node.value).is_none());
             let bare_rules = bare.map(|node| self.node(prefix, node)).unwrap_or_default();
-            for &fixed in valid.iter().filter(of_key) {
-                let Some(value) = entry_value(&fixed.value) else { continue };
-                let mut fixed_rules = self.node(prefix, fixed);
-                let entry = Entry { key: key.to_owned(), value: Some(value.to_owned()) };
-                let stops = stops_fallback(&entry, prefix.len(), &fixed_rules, &bare_rules);
-                fixed_rules.extend(stops);
-                rules.extend(fixed_rules);
+            // envoyproxy/ratelimit's precedence at a level: the exact value,
+            // then the wildcards in file order, then the bare key.
+            let fixed = valid.iter().filter(of_key).filter_map(|node| {
+                let value = entry_value(&node.value)?;
+                Some((value.contains('*'), node))
+            });
+            let (wild, exact): (Vec<_>, Vec<_>) = fixed.partition(|(wild, _)| *wild);
+            let groups: Vec<(Entry, Vec<Rule>)> = exact
+                .into_iter()
+                .chain(wild)
+                .map(|(_, node)| (node_entry(&node.value), self.node(prefix, node)))
+                .collect();
+            for (at, (entry, own)) in groups.iter().enumerate() {
+                // Once this value matched, envoyproxy/ratelimit looks no
+                // further: not under a later wildcard, not under the bare key.
+                let later_wild = groups[at + 1..].iter().filter(|(later, _)| later.is_wildcard());
+                let later = later_wild.flat_map(|(_, rules)| rules).chain(&bare_rules);
+                let stops = stops_fallback(entry, prefix.len(), own, later);
+                rules.extend(own.iter().cloned().chain(stops));
             }
             rules.extend(bare_rules);
         }
@@ -979,10 +971,8 @@ impl Level<'_, '_> {
     fn node(&mut self, prefix: &[Entry], node: &Spanned<YamlDescriptor>) -> Vec<Rule> {
         let line = node.referenced.line();
         let descriptor = &node.value;
-        let key = descriptor.key.as_ref().map(|key| key.0.clone()).unwrap_or_default();
-        let entry = Entry { key, value: entry_value(descriptor).map(str::to_owned) };
         let mut pattern = prefix.to_vec();
-        pattern.push(entry);
+        pattern.push(node_entry(descriptor));
         let mut rules = Vec::new();
         if self.entry_is_expressible(line, &pattern) {
             self.metric_notes(line, &pattern, descriptor);
@@ -1013,16 +1003,6 @@ impl Level<'_, '_> {
             self.problem(line, pattern, message);
             return false;
         }
-        if entry.value.as_deref().is_some_and(|value| value.contains('*')) {
-            self.problem(
-                line,
-                pattern,
-                "a wildcard value cannot be converted (a rule's value matches exactly); \
-                 list the values it stands for, or remove it"
-                    .into(),
-            );
-            return false;
-        }
         true
     }
 
@@ -1038,10 +1018,10 @@ impl Level<'_, '_> {
         if descriptor.metadata.is_some() {
             self.warning(line, pattern, "metadata is not converted: it has no equivalent".into());
         }
-        if descriptor.share_threshold.0 {
-            // envoyproxy/ratelimit refuses it without a wildcard value, and a
-            // wildcard value already stopped the import.
-            self.problem(line, pattern, "share_threshold needs a wildcard value".into());
+        let wildcard = pattern.last().is_some_and(Entry::is_wildcard);
+        if descriptor.share_threshold.0 && !wildcard {
+            // envoyproxy/ratelimit refuses it too.
+            self.problem(line, pattern, "share_threshold needs a wildcard value (with '*')".into());
         }
     }
 
@@ -1179,38 +1159,50 @@ impl Level<'_, '_> {
 }
 
 /// A descriptor's value; an empty one is no value, as there.
+/// The pattern entry of a descriptor.
+fn node_entry(descriptor: &YamlDescriptor) -> Entry {
+    let key = descriptor.key.as_ref().map(|key| key.0.clone()).unwrap_or_default();
+    let value = entry_value(descriptor).map(str::to_owned);
+    let wildcard = value.as_deref().is_some_and(|value| value.contains('*'));
+    Entry { key, value, shared: wildcard && descriptor.share_threshold.0 }
+}
+
 fn entry_value(descriptor: &YamlDescriptor) -> Option<&str> {
     descriptor.value.as_ref().map(|value| value.0.as_str()).filter(|value| !value.is_empty())
 }
 
 /// The `unlimited` rules that keep a request whose entry at `position` is
-/// `fixed` from falling through to the bare key's limits: one for each
-/// limited pattern of the bare key's subtree that no rule of the fixed
-/// value's subtree already covers.
-fn stops_fallback(
+/// `fixed` from falling through to the rules envoyproxy/ratelimit never
+/// reaches once it matched (`later`: a later wildcard's and the bare key's):
+/// one for each limited pattern of theirs that no rule of the fixed value's
+/// subtree already covers.
+fn stops_fallback<'r>(
     fixed: &Entry,
     position: usize,
     fixed_rules: &[Rule],
-    bare_rules: &[Rule],
+    later: impl IntoIterator<Item = &'r Rule>,
 ) -> Vec<Rule> {
     let mut stops: Vec<Rule> = Vec::new();
-    for bare in bare_rules {
-        if matches!(bare.target, Target::Unlimited) {
+    for alternative in later {
+        if matches!(alternative.target, Target::Unlimited) {
             // Falling through to it answers OK, as envoyproxy/ratelimit does.
             continue;
         }
-        let mut pattern = bare.pattern.clone();
+        let mut pattern = alternative.pattern.clone();
         pattern[position] = fixed.clone();
         if fixed_rules.iter().chain(&stops).any(|rule| rule.covers(&pattern)) {
             continue;
         }
+        let instead = match &alternative.pattern[position] {
+            Entry { value: None, key, .. } => format!("the bare {key:?}"),
+            wildcard => format!("the later wildcard {wildcard}"),
+        };
         let note = format!(
             "envoyproxy/ratelimit answers OK here: after {fixed} it looks only under that \
-             value, never under the bare {:?}",
-            fixed.key
+             value, never under {instead}"
         );
         stops.push(Rule {
-            domain: bare.domain.clone(),
+            domain: alternative.domain.clone(),
             pattern,
             target: Target::Unlimited,
             notes: vec![note],
@@ -1364,13 +1356,7 @@ fn policy_id(key: &str, hash: [u8; 4], hashed: bool) -> String {
 // ---------------------------------------------------------------------------
 // The TOML.
 
-fn render(
-    files: &[&str],
-    rules: &[Rule],
-    ids: &[Option<String>],
-    needless: &[Rule],
-    warnings: &[String],
-) -> String {
+fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[String]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -1410,20 +1396,22 @@ fn render(
         let entries: Vec<String> =
             rule.pattern.iter().map(|entry| toml_string(&entry.to_string())).collect();
         let _ = writeln!(out, "descriptor = [{}]", entries.join(", "));
+        if rule.pattern.iter().any(|entry| entry.shared)
+            && matches!(rule.target, Target::Limit { .. })
+        {
+            // Every entry whose value counts apart, the shared wildcards left out.
+            let counted = rule
+                .pattern
+                .iter()
+                .filter(|entry| entry.value.is_none() || (entry.is_wildcard() && !entry.shared));
+            let keys: Vec<String> = counted.map(|entry| toml_string(&entry.key)).collect();
+            let _ = writeln!(out, "subject = [{}]", keys.join(", "));
+        }
         let _ = match (&rule.target, id) {
             (Target::Limit { .. }, Some(id)) => writeln!(out, "policies = {}", toml_string(id)),
             (Target::Unlimited, _) => writeln!(out, "unlimited = true"),
             (Target::Limit { .. }, None) => unreachable!("policy_ids names every limited rule"),
         };
-    }
-    if !needless.is_empty() {
-        out.push_str(concat!(
-            "\n# Unlimited there, and no rule here: a descriptor that matches no rule is\n",
-            "# answered OK without a provider call.\n",
-        ));
-        for rule in needless {
-            let _ = writeln!(out, "# - {}", printable(&describe(rule)));
-        }
     }
 
     for (rule, id) in rules.iter().zip(ids) {

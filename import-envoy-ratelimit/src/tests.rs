@@ -102,11 +102,27 @@ fn first_match<'r>(rules: &'r [Out], domain: &str, request: &[(&str, &str)]) -> 
             && rule.descriptor.len() == request.len()
             && rule.descriptor.iter().zip(request).all(|(entry, (key, value))| {
                 match entry.split_once('=') {
-                    Some((fixed_key, fixed_value)) => fixed_key == *key && fixed_value == *value,
+                    Some((fixed_key, fixed_value)) => {
+                        fixed_key == *key && wildcard_fits(fixed_value, value)
+                    }
                     None => entry == key,
                 }
             })
     })
+}
+
+/// docs/envoy-rls.md's wildcard: each `*` any run of characters, the
+/// parts in order, the first a prefix and the last a suffix that never
+/// overlap (no `*`: equal).
+fn wildcard_fits(pattern: &str, value: &str) -> bool {
+    let Some((head, last)) = pattern.rsplit_once('*') else { return pattern == value };
+    let mut parts = head.split('*');
+    let first = parts.next().unwrap_or_default();
+    let Some(rest) = value.strip_prefix(first).and_then(|rest| rest.strip_suffix(last)) else {
+        return false;
+    };
+    let mut rest = rest;
+    parts.all(|part| rest.find(part).map(|at| rest = &rest[at + part.len()..]).is_some())
 }
 
 const HEADER: &str = "\
@@ -289,10 +305,11 @@ descriptors:
     assert!(first_match(&rules, "depth", &[("tenant", "acme"), ("region", "eu")]).is_some());
 }
 
-/// README example 5's shape: an unlimited descriptor that shadows no limit
-/// needs no rule, as no rule means OK without a provider call.
+/// README example 5's shape: an unlimited descriptor is a rule of its own,
+/// so it is answered as envoyproxy/ratelimit answers it (OK, remaining
+/// 4294967295), not as a descriptor no rule matches (remaining 0).
 #[test]
-fn unlimited_alone_needs_no_rule() {
+fn unlimited_alone_is_an_unlimited_rule() {
     let imported = import(
         "domain: internal
 descriptors:
@@ -304,13 +321,13 @@ descriptors:
 ",
     );
     let (rules, policies) = parsed(&imported);
-    assert_eq!(rules, [rule("internal", &["billing"], Some("internal.billing"))]);
-    assert!(imported.toml.contains(
-        "# Unlimited there, and no rule here: a descriptor that matches no rule is
-# answered OK without a provider call.
-# - internal: directory: unlimited
-"
-    ));
+    assert_eq!(
+        rules,
+        [
+            rule("internal", &["directory"], None),
+            rule("internal", &["billing"], Some("internal.billing"))
+        ]
+    );
     // The built-in HTTP policy and the one limited rule's.
     assert_eq!(policies.keys().collect::<Vec<_>>(), ["default", "internal.billing"]);
 }
@@ -467,23 +484,125 @@ descriptors:
     assert_eq!(rules.len(), 2);
 }
 
-/// README example 9's shape: a rule's value matches exactly, and dropping
-/// the wildcard would let its values through, so the import stops.
+/// envoyproxy/ratelimit's `test/config/wildcard.yaml` and the answers of
+/// its `TestWildcardConfig` (`test/config/config_test.go`): an exact value
+/// before a wildcard, a wildcard before the bare key, middle and multiple
+/// `*`; each value a wildcard matches its own budget (the default subject).
 #[test]
-fn a_wildcard_value_stops_the_import() {
-    let problems = refused(
-        "domain: paths
+fn wildcard_values_import_in_envoyproxy_ratelimits_precedence() {
+    let imported = import(
+        "domain: test-domain
 descriptors:
-  - key: path
-    value: /api/*/export
+  - key: wild
+    value: foo*
     rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: noWild
+    value: foo
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: noVal
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: midWild
+    value: bar*b
+    rate_limit: { unit: minute, requests_per_unit: 20 }
+  - key: multiWild
+    value: foo*bar*baz
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: nestedWild
+    value: val1
+    descriptors:
+      - key: wild
+        value: goo*
+        rate_limit: { unit: minute, requests_per_unit: 20 }
+",
+    );
+    let (rules, _) = parsed(&imported);
+    let limited = |request: &[(&str, &str)]| {
+        first_match(&rules, "test-domain", request).and_then(|rule| rule.policy.clone()).is_some()
+    };
+    for request in [
+        &[("wild", "foo1")][..],
+        &[("wild", "foo2")],
+        &[("noVal", "foo1")],
+        &[("midWild", "barab")],
+        &[("midWild", "bar123b")],
+        &[("midWild", "barb")],
+        &[("multiWild", "foo123bar456baz")],
+        &[("multiWild", "foobarbaz")],
+        &[("nestedWild", "val1"), ("wild", "goo2")],
+    ] {
+        assert!(limited(request), "{request:?}");
+    }
+    for request in [
+        &[("wild", "bar")][..],
+        &[("noWild", "foo1")],
+        &[("midWild", "bara")],
+        &[("midWild", "xbarb")],
+        &[("multiWild", "foo123baz")],
+        &[("multiWild", "bar456baz")],
+    ] {
+        assert!(!limited(request), "{request:?}");
+    }
+    assert!(!imported.toml.contains("subject ="), "every matched value counts apart");
+}
+
+/// envoyproxy/ratelimit's `test/config/share_threshold.yaml` shapes: an
+/// exact value before a shared wildcard, and a shared wildcard above a
+/// bare key: the wildcard is left out of the subject, so every value it
+/// matches spends one budget, the bare key's value still its own.
+#[test]
+fn a_shared_wildcard_is_left_out_of_the_subject() {
+    let imported = import(
+        "domain: test-domain
+descriptors:
+  - key: file
+    value: test1
+    rate_limit: { unit: minute, requests_per_unit: 50 }
+  - key: file
+    value: test*
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 100 }
+  - key: route
+    value: api/*
+    share_threshold: true
+    descriptors:
+      - key: method
+        rate_limit: { unit: minute, requests_per_unit: 60 }
+",
+    );
+    let (rules, _) = parsed(&imported);
+    let policy = |request: &[(&str, &str)]| {
+        first_match(&rules, "test-domain", request).and_then(|rule| rule.policy.clone())
+    };
+    assert_eq!(policy(&[("file", "test1")]), Some("test-domain.file_test1".to_owned()));
+    let shared = policy(&[("file", "test2")]).expect("the wildcard limits test2");
+    assert_eq!(policy(&[("file", "test3")]), Some(shared));
+    assert!(policy(&[("route", "api/v1"), ("method", "GET")]).is_some());
+    let table: toml::Table = toml::from_str(&imported.toml).unwrap();
+    let subjects: Vec<Option<&toml::Value>> = table["envoy-rls"]["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|rule| rule.get("subject"))
+        .collect();
+    let list = |keys: &[&str]| toml::Value::Array(keys.iter().map(|k| (*k).into()).collect());
+    assert_eq!(subjects, [None, Some(&list(&[])), Some(&list(&["method"]))]);
+}
+
+/// `share_threshold` without a wildcard is refused, as envoyproxy/ratelimit
+/// refuses it.
+#[test]
+fn share_threshold_without_a_wildcard_stops_the_import() {
+    let problems = refused(
+        "domain: d
+descriptors:
+  - key: file
+    value: exact
+    share_threshold: true
+    rate_limit: { unit: minute, requests_per_unit: 5 }
 ",
     );
     assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(
-        problems[0].starts_with("rl.yaml:3: paths > path=/api/*/export: a wildcard value"),
-        "{problems:?}"
-    );
+    assert!(problems[0].contains("share_threshold needs a wildcard value"), "{problems:?}");
 }
 
 #[test]

@@ -53,12 +53,19 @@ pub fn rule(domain: &str, pattern: &[&str], subject: Option<&[&str]>, ids: &[&st
             .collect(),
         subject: subject.map(|keys| keys.iter().map(|key| (*key).to_owned()).collect()),
         limit: RuleLimit::Policies(set(ids)),
+        name: None,
+        replaces: Vec::new(),
     }
 }
 
 /// An `unlimited = true` rule from `"key"` / `"key=value"` entries.
 pub fn unlimited(domain: &str, pattern: &[&str]) -> RlsRule {
-    RlsRule { limit: RuleLimit::Unlimited, ..rule(domain, pattern, None, &["unused"]) }
+    answered(domain, pattern, RuleLimit::Unlimited)
+}
+
+/// A rule without policies that answers with `limit`.
+pub fn answered(domain: &str, pattern: &[&str], limit: RuleLimit) -> RlsRule {
+    RlsRule { limit, ..rule(domain, pattern, None, &["unused"]) }
 }
 
 pub fn engine(

@@ -316,7 +316,8 @@ pub async fn unlimited_rules_pass_without_a_provider_call(factory: &PortFactory)
     for _ in 0..4 {
         let answer = rls.ok(request("edge", vec![keyed("internal")], 0)).await;
         assert_eq!(overall(&answer), Code::Ok);
-        assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+        // envoyproxy/ratelimit's unlimited status: the largest remaining.
+        assert_eq!(summary(&answer), [(Code::Ok, u32::MAX, None)]);
         assert!(answer.response_headers_to_add.is_empty());
     }
     assert_eq!(port.calls(), 0);
@@ -330,7 +331,7 @@ pub async fn unlimited_rules_pass_without_a_provider_call(factory: &PortFactory)
     let both = rls.ok(request("edge", vec![keyed("internal"), keyed("public")], 0)).await;
     assert_eq!(
         summary(&both),
-        [(Code::Ok, 0, None), (Code::OverLimit, 0, Some("per-ip".to_owned()))]
+        [(Code::Ok, u32::MAX, None), (Code::OverLimit, 0, Some("per-ip".to_owned()))]
     );
     assert_eq!(port.calls(), 4);
 }
@@ -418,15 +419,17 @@ pub async fn the_first_denied_set_stops_the_later_ones(factory: &PortFactory) {
     assert_eq!(summary(&later), [(Code::Ok, 1, Some("per-ip".to_owned()))]);
 }
 
-/// A shadow policy never denies and never shows.
-pub async fn shadow_policies_never_deny_and_never_show(factory: &PortFactory) {
+/// A shadow policy never denies and never shows in the headers; its
+/// descriptor's status is envoyproxy/ratelimit's for `shadow_mode`: `OK`,
+/// with the limit and what remains (trial allows 1: none after the first).
+pub async fn shadow_policies_never_deny_and_never_show_in_the_headers(factory: &PortFactory) {
     let (mut rls, port) = start(factory).await;
     let trial =
         || request("edge", vec![descriptor(&[("generic_key", "trial"), ("user", "u1")], None)], 0);
     for _ in 0..3 {
         let answer = rls.ok(trial()).await;
         assert_eq!(overall(&answer), Code::Ok);
-        assert_eq!(summary(&answer), [(Code::Ok, 0, None)]);
+        assert_eq!(summary(&answer), [(Code::Ok, 0, Some("trial".to_owned()))]);
         assert!(answer.response_headers_to_add.is_empty(), "{answer:?}");
     }
     assert_eq!(port.calls(), 3, "a shadow policy is still evaluated");
@@ -443,6 +446,10 @@ pub async fn malformed_requests_never_pass_a_limited_descriptor(factory: &PortFa
     let status = rls.ask(request("edge", vec![], 0)).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
     assert!(status.message().contains("at least one descriptor"), "{status:?}");
+    // No domain names no rules: refused as envoyproxy/ratelimit refuses it.
+    let status = rls.ask(request("", vec![ip("10.0.0.6")], 0)).await.unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(status.message().contains("a domain"), "{status:?}");
     // One past the cap, each a different subject (one atomic step each).
     let too_many: Vec<_> = (0..=adapter_envoy_rls::MAX_DESCRIPTORS)
         .map(|index| ip(&format!("10.1.{}.{}", index / 256, index % 256)))
@@ -497,6 +504,105 @@ pub async fn health_is_serving_while_the_provider_is_ready(rls: &Rls, serving: b
     assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
 }
 
+/// A wildcard value (docs/envoy-rls.md, "Rules"): an exact rule before it
+/// answers its own value; every other value it matches has a budget of
+/// its own, or one budget for all when the rule's subject leaves it out
+/// (envoyproxy/ratelimit's `share_threshold`). checkout allows 5 a minute.
+pub async fn wildcard_values_count_per_value_or_together(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let rules = [
+        unlimited("files", &["path=/api/health"]),
+        rule("files", &["path=/api/*"], None, &["checkout"]),
+        rule("files", &["bucket=b*", "user"], Some(&["user"]), &["checkout"]),
+    ];
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &rules)).await;
+    let codes = |answer: &RateLimitResponse| summary(answer).into_iter().map(|(code, ..)| code);
+    let path = |value: &str| descriptor(&[("path", value)], None);
+    let health = rls.ok(request("files", vec![path("/api/health")], 0)).await;
+    assert_eq!(summary(&health), [(Code::Ok, u32::MAX, None)]);
+    // Per value: five each for /api/a and /api/b, the sixth of each refused.
+    for value in ["/api/a", "/api/b"] {
+        for expected in [[Code::Ok]; 5].into_iter().chain([[Code::OverLimit]]) {
+            let answer = rls.ok(request("files", vec![path(value)], 0)).await;
+            assert_eq!(codes(&answer).collect::<Vec<_>>(), expected, "{value}");
+        }
+    }
+    // No match: not limited.
+    let other = rls.ok(request("files", vec![path("/static/x")], 0)).await;
+    assert_eq!(summary(&other), [(Code::Ok, 0, None)]);
+    // Shared: b1, b2 and b3 of one user spend one budget of five.
+    let bucket = |value: &str| descriptor(&[("bucket", value), ("user", "u1")], None);
+    let mut seen = Vec::new();
+    for value in ["b1", "b2", "b3", "b1", "b2", "b3"] {
+        let answer = rls.ok(request("files", vec![bucket(value)], 0)).await;
+        seen.extend(codes(&answer));
+    }
+    assert_eq!(seen, [[Code::Ok; 5].as_slice(), &[Code::OverLimit]].concat());
+    assert_eq!(port.calls(), 12 + 6);
+}
+
+/// A rule that does not limit ends the search as envoyproxy/ratelimit's
+/// lookup does, answered as no rule (`OK`, remaining 0, no limit); a
+/// blocking rule (its `requests_per_unit: 0`) refuses the whole call before
+/// any set runs, so the call's other descriptors are not charged.
+pub async fn rules_without_policies_stop_or_block_without_a_provider_call(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let rules = [
+        answered("edge", &["tier=free", "remote_address"], RuleLimit::NotLimited),
+        answered("edge", &["tier=banned", "remote_address"], RuleLimit::Blocked),
+        rule("edge", &["tier", "remote_address"], Some(&["remote_address"]), &["per-ip"]),
+    ];
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &rules)).await;
+    let tier = |tier: &str| descriptor(&[("tier", tier), ("remote_address", "10.0.7.1")], None);
+    for _ in 0..3 {
+        let free = rls.ok(request("edge", vec![tier("free")], 0)).await;
+        assert_eq!(summary(&free), [(Code::Ok, 0, None)]);
+    }
+    assert_eq!(port.calls(), 0, "the later per-ip rule is never reached");
+    let banned = rls.ok(request("edge", vec![tier("gold"), tier("banned")], 0)).await;
+    assert_eq!(overall(&banned), Code::OverLimit);
+    assert_eq!(summary(&banned), [(Code::Ok, 0, None), (Code::OverLimit, 0, None)]);
+    assert_eq!(header(&banned, "retry-after"), None);
+    assert_eq!(port.calls(), 0, "nothing of a blocked call is charged");
+    // per-ip allows 2 a minute: both are still there for gold.
+    for expected in [Code::Ok, Code::Ok, Code::OverLimit] {
+        assert_eq!(overall(&rls.ok(request("edge", vec![tier("gold")], 0)).await), expected);
+    }
+}
+
+/// envoyproxy/ratelimit's README example 7 (`replaces`): a call matching
+/// both rules is checked and charged by the replacing one only (bulk, 10 a
+/// minute), and the replaced one's budget (checkout, 5) is left whole for
+/// the calls that match it alone.
+pub async fn a_replacing_rule_drops_the_one_it_replaces_from_the_call(factory: &PortFactory) {
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    let specific = RlsRule {
+        name: Some("specific_limit".to_owned()),
+        ..rule("example7", &["key_1=value_1", "user=bkthomps"], None, &["checkout"])
+    };
+    let replacing = RlsRule {
+        replaces: vec!["specific_limit".to_owned()],
+        ..rule("example7", &["key_2=value_2", "user=bkthomps"], None, &["bulk"])
+    };
+    let mut rls = Rls::start(engine(port.clone(), Arc::new(clock), &[specific, replacing])).await;
+    let one = descriptor(&[("key_1", "value_1"), ("user", "bkthomps")], None);
+    let two = descriptor(&[("key_2", "value_2"), ("user", "bkthomps")], None);
+    for n in 1..=11 {
+        let answer = rls.ok(request("example7", vec![one.clone(), two.clone()], 0)).await;
+        let expected = if n <= 10 { Code::Ok } else { Code::OverLimit };
+        assert_eq!(overall(&answer), expected, "call {n}");
+        assert_eq!(summary(&answer)[0], (Code::Ok, 0, None), "replaced: as no rule");
+    }
+    for n in 1..=6 {
+        let answer = rls.ok(request("example7", vec![one.clone()], 0)).await;
+        let expected = if n <= 5 { Code::Ok } else { Code::OverLimit };
+        assert_eq!(overall(&answer), expected, "alone, call {n}");
+    }
+}
+
 /// Every scenario that needs only a working provider.
 pub async fn all(factory: &PortFactory) {
     two_descriptors_of_one_subject_are_one_atomic_step(factory).await;
@@ -506,10 +612,13 @@ pub async fn all(factory: &PortFactory) {
     unlimited_rules_pass_without_a_provider_call(factory).await;
     gcra_statuses_and_headers(factory).await;
     the_first_denied_set_stops_the_later_ones(factory).await;
-    shadow_policies_never_deny_and_never_show(factory).await;
+    shadow_policies_never_deny_and_never_show_in_the_headers(factory).await;
     a_cost_above_what_a_policy_admits_is_over_limit_and_charges_nothing(factory).await;
     malformed_requests_never_pass_a_limited_descriptor(factory).await;
     a_limit_override_is_ignored(factory).await;
+    wildcard_values_count_per_value_or_together(factory).await;
+    rules_without_policies_stop_or_block_without_a_provider_call(factory).await;
+    a_replacing_rule_drops_the_one_it_replaces_from_the_call(factory).await;
     let (rls, _) = start(factory).await;
     health_is_serving_while_the_provider_is_ready(&rls, true).await;
 }
