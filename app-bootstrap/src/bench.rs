@@ -39,7 +39,7 @@ pub struct BenchOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct BenchReport {
     /// `memory` or `redis`.
-    pub provider: &'static str,
+    pub provider: String,
     /// The tokio runtime flavor: `multi-thread` or `current-thread`.
     pub runtime: &'static str,
     /// The algorithms of the policies evaluated, joined by `+`.

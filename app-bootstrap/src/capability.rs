@@ -17,7 +17,7 @@ use shared_contract::{
     Clock, EdgeRateLimitPort, PolicyId, PolicySet, RateLimitPolicy, SubjectPseudonymizer,
 };
 
-use crate::config::{AppConfig, ProviderKind};
+use crate::config::{AppConfig, ProviderConfig};
 use crate::degraded::{self, DegradedMode, DegradedPort};
 use crate::error::BootstrapError;
 
@@ -33,7 +33,7 @@ pub enum RateLimitCapability {
     /// Requests are evaluated through this provider.
     Enabled {
         /// `memory` or `redis`.
-        provider: ProviderKind,
+        provider: ProviderConfig,
         /// The provider.
         port: Arc<dyn EdgeRateLimitPort>,
         /// Background work the provider needs from the server, if any.
@@ -168,16 +168,16 @@ impl RateLimitCapability {
     /// Builds the configured provider. Redis connects lazily, so this
     /// succeeds while the server is down (readiness reports it).
     pub fn build(config: &AppConfig, clock: Arc<dyn Clock>) -> Result<Self, BootstrapError> {
-        let provider = config.capabilities.rate_limit.provider;
+        let provider = config.capabilities.rate_limit.provider.clone();
         let (port, upkeep, state): (Arc<dyn EdgeRateLimitPort>, _, _) = match provider {
-            ProviderKind::Disabled => return Ok(Self::Disabled),
-            ProviderKind::Memory => {
+            ProviderConfig::Disabled => return Ok(Self::Disabled),
+            ProviderConfig::Memory => {
                 let adapter = memory_provider(config, Arc::clone(&clock))?;
                 let store = adapter.store().clone();
                 let upkeep = Upkeep::new(store.clone(), clock);
                 (Arc::new(adapter), Some(upkeep), ProviderState::Memory(store))
             }
-            ProviderKind::Redis => {
+            ProviderConfig::Redis => {
                 let adapter = Arc::new(redis_provider(config, Arc::clone(&clock))?);
                 let degraded = &config.capabilities.rate_limit.degraded;
                 // Validation refuses `enabled` with no or 0 instances.
@@ -397,7 +397,7 @@ mod tests {
         let RateLimitCapability::Enabled { provider, port, upkeep, .. } = &capability else {
             panic!("memory must be enabled");
         };
-        assert_eq!(*provider, ProviderKind::Memory);
+        assert_eq!(*provider, ProviderConfig::Memory);
         let demo = port
             .policy(&PolicyId::new(adapter_web::DEFAULT_POLICY).unwrap())
             .expect("the demo policy");
@@ -527,7 +527,7 @@ mod tests {
         let RateLimitCapability::Enabled { provider, .. } = &capability else {
             panic!("redis must be enabled");
         };
-        assert_eq!(*provider, ProviderKind::Redis);
+        assert_eq!(*provider, ProviderConfig::Redis);
         assert!(!capability.is_ready().await);
     }
 

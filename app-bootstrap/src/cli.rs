@@ -12,7 +12,7 @@ use tracing_subscriber::{EnvFilter, Registry};
 
 use crate::acl::acl_rules;
 use crate::bench::{self, BenchOptions};
-use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderKind};
+use crate::config::{AppConfig, CONFIG_FILE_ENV, ConfigSources, ProviderConfig};
 use crate::error::BootstrapError;
 use crate::server::{Application, Signals};
 use crate::telemetry::{Tracing, WithTraceIds};
@@ -292,7 +292,7 @@ fn check_config(sources: &ConfigSources) -> Result<(), BootstrapError> {
     // The same route check `serve` makes, against the routes it would serve.
     config.check_operations(crate::routes::api().operations())?;
     print!("{}", config.to_redacted_toml()?);
-    let memory_without_key = config.capabilities.rate_limit.provider == ProviderKind::Memory
+    let memory_without_key = config.capabilities.rate_limit.provider == ProviderConfig::Memory
         && config.pseudonymizer.keys.is_empty();
     if memory_without_key {
         eprintln!(

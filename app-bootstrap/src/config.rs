@@ -31,8 +31,10 @@ pub(crate) use validate::is_operation;
 
 use crate::error::BootstrapError;
 
-/// The whole resolved configuration.
-#[derive(Debug, Clone)]
+/// The whole resolved configuration. Its `Serialize` is what `check-config`
+/// prints (`render`): the keys a file uses, every secret redacted.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct AppConfig {
     /// `server.*`: the HTTP listener.
     pub server: ServerConfig,
@@ -56,7 +58,8 @@ pub struct AppConfig {
 }
 
 /// `telemetry.*`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TelemetryConfig {
     /// `telemetry.otlp.*`: OpenTelemetry traces over OTLP/HTTP.
     pub otlp: OtlpConfig,
@@ -98,7 +101,7 @@ pub struct OtlpConfig {
     pub timeout: Duration,
     /// `headers.<name>`: extra headers of every export request (an API key
     /// of a hosted collector), inline or `{ env = "VAR" }`.
-    #[serde(skip_deserializing, skip_serializing_if = "BTreeMap::is_empty")]
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub headers: BTreeMap<String, SecretValue>,
 }
 
@@ -132,6 +135,37 @@ fn ratio<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Er
     deserializer.deserialize_f64(Ratio)
 }
 
+/// `degraded.instances`: a number out of range names the range the key
+/// accepts, 1 to `u32::MAX` (0 reads; validation says why it is no fleet).
+fn instances<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<u32>, D::Error> {
+    struct Instances;
+    impl serde::de::Visitor<'_> for Instances {
+        type Value = Option<u32>;
+
+        fn expecting(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
+            formatter.write_str("a whole number")
+        }
+
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> Result<Self::Value, E> {
+            u32::try_from(value).map(Some).map_err(|_| E::custom(out_of_range()))
+        }
+
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> Result<Self::Value, E> {
+            u64::try_from(value)
+                .map_err(|_| E::custom(out_of_range()))
+                .and_then(|v| self.visit_u64(v))
+        }
+
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<Self::Value, E> {
+            Err(E::custom(out_of_range()))
+        }
+    }
+    fn out_of_range() -> String {
+        format!("must be a whole number from 1 to {}", u32::MAX)
+    }
+    deserializer.deserialize_any(Instances)
+}
+
 impl Default for OtlpConfig {
     /// No export; `ca-skeleton`, every trace kept, 2 s per export.
     fn default() -> Self {
@@ -161,28 +195,33 @@ pub struct EnvoyRlsConfig {
     /// listener off. Applied only by a restart.
     pub listen: Option<SocketAddr>,
     /// `rules`: in order; a descriptor matches the first rule of its
-    /// domain whose pattern fits. Read by the configuration layer, every
-    /// problem under its index.
-    #[serde(skip)]
+    /// domain whose pattern fits.
     pub rules: Vec<RlsRuleConfig>,
 }
 
 /// One `[[envoy-rls.rules]]` table, as written.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RlsRuleConfig {
     /// `domain`: the `domain` of Envoy's request; not empty.
     pub domain: String,
     /// `descriptor`: the entry keys in order; `"key=value"` fixes a value.
+    #[serde(deserialize_with = "read::list")]
     pub descriptor: Vec<String>,
     /// `subject`: the entries whose values are the subject (one key or a
     /// list); `None` means every entry without a fixed value.
+    #[serde(default, deserialize_with = "read::some_list")]
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "render::some_list")]
     pub subject: Option<Vec<String>>,
     /// `policies`: one policy id or a list of up to 8, as operations take;
     /// empty when `unlimited`.
+    #[serde(default, deserialize_with = "read::list")]
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "render::list")]
     pub policies: Vec<String>,
     /// `unlimited`: `true` answers the rule's descriptors `OK` without a
     /// provider call (envoyproxy/ratelimit's `unlimited`); a rule has
     /// either this or `policies`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unlimited: bool,
 }
 
@@ -217,8 +256,7 @@ pub struct AdminConfig {
     pub listen: Option<SocketAddr>,
     /// `token`: the bearer token, inline or `{ env = "VAR" }`; at least
     /// [`MIN_ADMIN_TOKEN_BYTES`] bytes, required when `listen` is set.
-    /// Read with its source by the configuration layer, as every secret is.
-    #[serde(skip_deserializing, skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub token: Option<SecretValue>,
 }
 
@@ -262,57 +300,66 @@ impl ServerConfig {
 }
 
 /// `capabilities.*`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct CapabilitiesConfig {
     /// `capabilities.rate-limit.*`.
     pub rate_limit: RateLimitConfig,
 }
 
-/// Which rate-limit provider serves the edge.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProviderKind {
-    /// The embedded in-process provider (one instance).
+/// `capabilities.rate-limit.provider`: which provider serves the edge,
+/// with its own settings when it has some, in the table named after it
+/// (`[capabilities.rate-limit.<provider>]`; a variant `Name { name:
+/// NameSettings }`). A provider is a variant here and its arm in
+/// `RateLimitCapability::build` (`capability.rs`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "provider", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum ProviderConfig {
+    /// The embedded in-process provider (one instance), sized by
+    /// `[memory]`.
+    #[default]
     Memory,
-    /// The Redis provider (standalone, cluster or sentinel; many instances).
+    /// The Redis provider (standalone, cluster or sentinel; many
+    /// instances), connected by `[redis]`, which `redis-acl` and the
+    /// global switch read too.
     Redis,
     /// No rate limiting: the layer passes every request through.
     Disabled,
 }
 
-impl ProviderKind {
-    /// Every provider, in declaration order.
-    pub const ALL: [Self; 3] = [Self::Memory, Self::Redis, Self::Disabled];
-
-    /// The configuration name.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Self::Memory => "memory",
-            Self::Redis => "redis",
-            Self::Disabled => "disabled",
-        }
+impl ProviderConfig {
+    /// The configuration name, as its `Serialize` writes it.
+    pub fn name(&self) -> String {
+        let table = toml::Table::try_from(self).unwrap_or_default();
+        table.get("provider").and_then(toml::Value::as_str).unwrap_or_default().to_owned()
     }
 }
 
-shared_contract::impl_from_str_by_name!(ProviderKind);
-
 /// `capabilities.rate-limit.*`.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub struct RateLimitConfig {
-    /// `provider`: `memory` (default), `redis` or `disabled`.
-    pub provider: ProviderKind,
+    /// `provider`: `memory` (default), `redis` or `disabled`, and the
+    /// provider's own table.
+    #[serde(flatten)]
+    pub provider: ProviderConfig,
     /// `default-policy`: the policy set of operations not named in
     /// `operations`, in order (one id, or a list of up to 8).
+    #[serde(serialize_with = "render::list")]
     pub default_policy: Vec<String>,
     /// Every other key but `operations` and `policies`, as the edge owns
     /// it: the field, its rules and its default are written once, in
     /// [`EdgeSettings`]. Its policy sets stay at their defaults here; the
     /// ids as configured are `default_policy` and `operations`.
+    #[serde(flatten)]
     pub edge: EdgeSettings,
     /// `operations`: `"METHOD /route/{template}"` -> its policy set, in
     /// order (one id, or a list of up to 8).
+    #[serde(serialize_with = "render::lists")]
     pub operations: BTreeMap<String, Vec<String>>,
     /// `policies.<id>`: every policy the provider holds, built and checked
     /// by the contract's policy builder.
+    #[serde(serialize_with = "render::policies")]
     pub policies: BTreeMap<String, RateLimitPolicy>,
     /// `degraded.*`: the opt-in local limit while Redis cannot decide.
     pub degraded: DegradedConfig,
@@ -333,7 +380,7 @@ pub struct DegradedConfig {
     /// away; each holds `ceil(limit / instances)`. No default that could
     /// be right for a fleet: required when `enabled` (missing is a
     /// problem, and so is 0).
-    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(skip_serializing_if = "Option::is_none", deserialize_with = "instances")]
     pub instances: Option<u32>,
 }
 
@@ -371,12 +418,11 @@ pub struct PseudonymizerConfig {
     /// `active-version`: the key version that pseudonymizes new requests.
     pub active_version: u32,
     /// `keys.<version>`: key material, inline or `{ env = "VAR" }`. Empty
-    /// means "none configured". Read with their sources by the
-    /// configuration layer, as every secret is.
+    /// means "none configured".
     #[serde(
-        skip_deserializing,
         skip_serializing_if = "BTreeMap::is_empty",
-        serialize_with = "by_version"
+        serialize_with = "by_version",
+        deserialize_with = "versions"
     )]
     pub keys: BTreeMap<u32, SecretValue>,
 }
@@ -394,6 +440,24 @@ fn by_version<S: serde::Serializer>(
     serializer: S,
 ) -> Result<S::Ok, S::Error> {
     serializer.collect_map(keys.iter().map(|(version, key)| (version.to_string(), key)))
+}
+
+/// The keys by their version, written as a table key (a string).
+fn versions<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<BTreeMap<u32, SecretValue>, D::Error> {
+    /// A version as a table key: refused there, so the problem names it.
+    #[derive(PartialEq, Eq, PartialOrd, Ord)]
+    struct Version(u32);
+    impl<'de> Deserialize<'de> for Version {
+        fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+            let text = String::deserialize(deserializer)?;
+            let whole = "a key version is a whole number (1, 2, ...)";
+            text.parse().map(Self).map_err(|_| serde::de::Error::custom(whole))
+        }
+    }
+    let keys = BTreeMap::<Version, SecretValue>::deserialize(deserializer)?;
+    Ok(keys.into_iter().map(|(Version(version), key)| (version, key)).collect())
 }
 
 /// `redis.*`: the global switch, the provider's own settings, and the two
@@ -436,10 +500,11 @@ impl AppConfig {
     /// and checks every rule. The error lists every problem found, each
     /// naming its full key path.
     pub fn load(sources: &ConfigSources) -> Result<Self, BootstrapError> {
-        let tree = sources.merged_tree()?;
+        let (figment, tree) = sources.merged_tree()?;
         let mut problems = ConfigProblems::default();
         let (config, declared) = read::read_config(&tree, &mut problems);
         validate::validate(&config, &declared, &mut problems);
+        ConfigSources::locate(&figment, &tree, &mut problems);
         if problems.is_empty() { Ok(config) } else { Err(BootstrapError::InvalidConfig(problems)) }
     }
 
@@ -448,11 +513,12 @@ impl AppConfig {
     /// pseudonymizer key or admin token given as `{ env = "VAR" }` need
     /// not be set on the machine that prints the rule.
     pub fn load_redis(sources: &ConfigSources) -> Result<RedisConfig, BootstrapError> {
-        let mut tree = sources.merged_tree()?;
+        let (figment, mut tree) = sources.merged_tree()?;
         tree.retain(|key, _| key == "redis");
         let mut problems = ConfigProblems::default();
         let (config, _) = read::read_config(&tree, &mut problems);
         validate::redis(&config, &mut problems);
+        ConfigSources::locate(&figment, &tree, &mut problems);
         if problems.is_empty() {
             Ok(config.redis)
         } else {
@@ -503,15 +569,13 @@ mod names {
     use super::*;
 
     #[test]
-    fn every_provider_is_listed_and_its_name_parses_back() {
-        for provider in ProviderKind::ALL {
-            // Exhaustive: a new provider fails to compile until ALL lists it.
-            match provider {
-                ProviderKind::Memory | ProviderKind::Redis | ProviderKind::Disabled => {}
-            }
-            assert_eq!(provider.name().parse(), Ok(provider));
+    fn every_provider_is_named_by_its_serde_name() {
+        for (provider, name) in [
+            (ProviderConfig::Memory, "memory"),
+            (ProviderConfig::Redis, "redis"),
+            (ProviderConfig::Disabled, "disabled"),
+        ] {
+            assert_eq!(provider.name(), name);
         }
-        assert_eq!(ProviderKind::ALL.len(), 3);
-        assert!("postgres".parse::<ProviderKind>().is_err());
     }
 }

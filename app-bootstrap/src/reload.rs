@@ -335,13 +335,24 @@ fn changes(running: &AppConfig, loaded: &AppConfig) -> (Vec<String>, Vec<String>
     let before = flatten(&render::to_table(running, Secrets::Fingerprinted));
     let after = flatten(&render::to_table(loaded, Secrets::Fingerprinted));
     let paths: BTreeSet<&Vec<String>> = before.keys().chain(after.keys()).collect();
+    // A provider's own table is built with it: restart only, as `provider`.
+    let providers = [running, loaded].map(|config| config.capabilities.rate_limit.provider.name());
+    let of_provider = |path: &[String]| {
+        path.len() > 3
+            && path[..2] == ["capabilities", "rate-limit"]
+            && providers.contains(&path[2])
+    };
     let (mut reloadable, mut restart) = (Vec::new(), Vec::new());
     for path in paths {
         if before.get(path) == after.get(path) {
             continue;
         }
         let name = path.iter().fold(KeyPath::root(), |key, segment| key.child(segment)).to_string();
-        if self::reloadable(path) { reloadable.push(name) } else { restart.push(name) }
+        if self::reloadable(path) && !of_provider(path) {
+            reloadable.push(name);
+        } else {
+            restart.push(name);
+        }
     }
     (reloadable, restart)
 }

@@ -259,7 +259,7 @@ pub(crate) fn ms(duration: Duration) -> u64 {
 }
 
 /// A duration in a policy's table: a string with a unit, never a bare number.
-pub(crate) mod duration {
+pub mod duration {
     use std::fmt;
     use std::time::Duration;
 
@@ -267,11 +267,19 @@ pub(crate) mod duration {
     use serde::de::{Error, Visitor};
     use serde::{Deserializer, Serializer};
 
-    pub(crate) fn serialize<S: Serializer>(value: &Duration, to: S) -> Result<S::Ok, S::Error> {
+    /// `"1m 30s"`: humantime's form.
+    ///
+    /// # Errors
+    /// The serializer's.
+    pub fn serialize<S: Serializer>(value: &Duration, to: S) -> Result<S::Ok, S::Error> {
         to.collect_str(&humantime::format_duration(*value))
     }
 
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<Duration, D::Error> {
+    /// A string with a unit; a bare number is refused saying so.
+    ///
+    /// # Errors
+    /// A value that is no such string.
+    pub fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<Duration, D::Error> {
         from.deserialize_any(Text)
     }
 

@@ -43,14 +43,18 @@ pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
 pub use leases::{HeldLease, Leases};
 pub use log_throttle::{LOG_LINE_EVERY, LogThrottle};
 pub use name::{
-    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, FRONT_HTTP, UnknownName, parse_name,
+    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, FRONT_HTTP, Named, UnknownName,
+    parse_name,
 };
 pub use outcome::{
     Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory, PolicyMode,
     RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, SetDecision,
     UnavailableCategory,
 };
-pub use policy::{FailurePolicy, PolicyId, PolicyScope, RateLimitPolicy, RateLimitPolicyBuilder};
+pub use policy::{
+    DedupKeys, FailurePolicy, PolicyId, PolicyKeys, PolicyScope, RateLimitPolicy,
+    RateLimitPolicyBuilder,
+};
 pub use port::{EdgeRateLimitPort, Evaluation, PortAnswer, Releasing};
 pub use request::{OperationDigest, PolicySet, RateLimitRequest, SetEntries};
 pub use step::{

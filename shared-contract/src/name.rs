@@ -27,6 +27,12 @@ pub fn parse_name<T: Copy>(
     })
 }
 
+/// An enum whose variants each have a name ([`named_enum!`]).
+pub trait Named: Copy {
+    /// The name configuration, metrics and problems spell.
+    fn name(self) -> &'static str;
+}
+
 /// Implements `FromStr` through [`parse_name`] (`ALL` and `name` needed).
 #[macro_export]
 macro_rules! impl_from_str_by_name {
@@ -66,6 +72,12 @@ macro_rules! named_enum {
         }
 
         $crate::impl_from_str_by_name!($enum);
+
+        impl $crate::Named for $enum {
+            fn name(self) -> &'static str {
+                Self::name(self)
+            }
+        }
     };
 }
 

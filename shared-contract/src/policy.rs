@@ -10,6 +10,8 @@ use crate::dedup::EvaluationDedupPolicy;
 use crate::error::{ContractError, PolicyField};
 use crate::outcome::PolicyMode;
 
+use serde::{Deserialize, Serialize};
+
 /// A policy id: 1 to 64 of `[a-z0-9._-]`, safe in a key and a metric label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PolicyId(Arc<str>);
@@ -233,6 +235,176 @@ impl RateLimitPolicyBuilder {
             return Err(ContractError::InvalidPolicy(checks.violations));
         }
         Ok(RateLimitPolicy { id: PolicyId(id.into()), ..policy })
+    }
+}
+
+/// A policy's configuration keys beside `algorithm` and the algorithm's
+/// own: their serde names are the keys (what a file writes and
+/// `check-config` prints), and one left out keeps the builder's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct PolicyKeys {
+    /// [`RateLimitPolicy::revision`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revision: Option<u32>,
+    /// [`RateLimitPolicy::maximum_cost`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub maximum_cost: Option<u64>,
+    /// [`RateLimitPolicy::failure_policy`].
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "named")]
+    pub failure_policy: Option<FailurePolicy>,
+    /// [`RateLimitPolicy::cleanup_grace`].
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "some_duration")]
+    pub cleanup_grace: Option<Duration>,
+    /// [`RateLimitPolicy::maximum_clock_regression`].
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "some_duration")]
+    pub maximum_clock_regression: Option<Duration>,
+    /// [`RateLimitPolicy::scope`].
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "named")]
+    pub scope: Option<PolicyScope>,
+    /// [`RateLimitPolicy::mode`].
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "named")]
+    pub mode: Option<PolicyMode>,
+    /// [`RateLimitPolicy::evaluation_dedup`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub evaluation_dedup: Option<DedupKeys>,
+}
+
+/// `evaluation-dedup`: `enabled` (default true) and the bounds, each left
+/// out at [`EvaluationDedupPolicy::enabled_defaults`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub struct DedupKeys {
+    /// Whether dedupe is on.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    /// Record lifetime.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "some_duration")]
+    pub ttl: Option<Duration>,
+    /// Records kept per key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_entries: Option<u32>,
+    /// Record payload bytes kept per key.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_stored_bytes: Option<u32>,
+}
+
+impl DedupKeys {
+    fn policy(&self) -> EvaluationDedupPolicy {
+        let EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } =
+            EvaluationDedupPolicy::enabled_defaults()
+        else {
+            unreachable!("enabled_defaults is Enabled");
+        };
+        if !self.enabled.unwrap_or(true) {
+            return EvaluationDedupPolicy::Disabled;
+        }
+        EvaluationDedupPolicy::Enabled {
+            ttl: self.ttl.unwrap_or(ttl),
+            max_entries: self.max_entries.unwrap_or(max_entries),
+            max_stored_bytes: self.max_stored_bytes.unwrap_or(max_stored_bytes),
+        }
+    }
+}
+
+impl RateLimitPolicyBuilder {
+    /// Sets every key `keys` holds.
+    #[must_use]
+    pub fn keys(mut self, keys: &PolicyKeys) -> Self {
+        let policy = &mut self.policy;
+        policy.revision = keys.revision.unwrap_or(policy.revision);
+        policy.maximum_cost = keys.maximum_cost.unwrap_or(policy.maximum_cost);
+        policy.failure_policy = keys.failure_policy.unwrap_or(policy.failure_policy);
+        policy.cleanup_grace = keys.cleanup_grace.unwrap_or(policy.cleanup_grace);
+        policy.maximum_clock_regression =
+            keys.maximum_clock_regression.unwrap_or(policy.maximum_clock_regression);
+        policy.scope = keys.scope.unwrap_or(policy.scope);
+        policy.mode = keys.mode.unwrap_or(policy.mode);
+        if let Some(dedup) = &keys.evaluation_dedup {
+            policy.evaluation_dedup = dedup.policy();
+        }
+        self
+    }
+}
+
+impl RateLimitPolicy {
+    /// Every key of the policy but those its algorithm refuses, so that
+    /// what is printed loads again.
+    pub fn keys(&self) -> PolicyKeys {
+        let refused = self.algorithm.kind().refused_common_keys();
+        let applies = |field| !refused.contains(&field);
+        let evaluation_dedup = match self.evaluation_dedup {
+            EvaluationDedupPolicy::Disabled => {
+                DedupKeys { enabled: Some(false), ..DedupKeys::default() }
+            }
+            EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } => DedupKeys {
+                enabled: Some(true),
+                ttl: Some(ttl),
+                max_entries: Some(max_entries),
+                max_stored_bytes: Some(max_stored_bytes),
+            },
+        };
+        PolicyKeys {
+            revision: Some(self.revision),
+            maximum_cost: Some(self.maximum_cost).filter(|_| applies(PolicyField::MaximumCost)),
+            failure_policy: Some(self.failure_policy),
+            cleanup_grace: Some(self.cleanup_grace),
+            maximum_clock_regression: Some(self.maximum_clock_regression),
+            scope: Some(self.scope),
+            mode: Some(self.mode),
+            evaluation_dedup: Some(evaluation_dedup)
+                .filter(|_| applies(PolicyField::EvaluationDedup)),
+        }
+    }
+}
+
+/// A named enum's name, kept or left out.
+mod named {
+    use std::str::FromStr;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use crate::name::{Named, UnknownName};
+
+    pub(super) fn serialize<S: Serializer, T: Named>(
+        value: &Option<T>,
+        to: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => to.serialize_str(value.name()),
+            None => to.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D, T>(from: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: FromStr<Err = UnknownName>,
+    {
+        String::deserialize(from)?.parse().map(Some).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A duration kept or left out, as [`crate::duration`] reads and writes it.
+mod some_duration {
+    use std::time::Duration;
+
+    use serde::{Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &Option<Duration>,
+        to: S,
+    ) -> Result<S::Ok, S::Error> {
+        match value {
+            Some(value) => crate::duration::serialize(value, to),
+            None => to.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        from: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        crate::duration::deserialize(from).map(Some)
     }
 }
 

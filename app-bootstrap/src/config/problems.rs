@@ -9,6 +9,11 @@ use std::fmt;
 pub struct KeyPath(Vec<String>);
 
 impl KeyPath {
+    /// The segments, outermost first.
+    pub fn segments(&self) -> &[String] {
+        &self.0
+    }
+
     /// The empty path (the document root).
     pub fn root() -> Self {
         Self::default()
@@ -62,11 +67,18 @@ pub struct ConfigProblem {
     pub path: KeyPath,
     /// What is wrong, for a human. Never holds a secret's value.
     pub message: String,
+    /// Where the value came from, when known: the file (and line) or the
+    /// environment variable.
+    pub source: Option<String>,
 }
 
 impl fmt::Display for ConfigProblem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.path, self.message)
+        write!(f, "{}: {}", self.path, self.message)?;
+        match &self.source {
+            Some(source) => write!(f, " ({source})"),
+            None => Ok(()),
+        }
     }
 }
 
@@ -77,7 +89,14 @@ pub struct ConfigProblems(Vec<ConfigProblem>);
 impl ConfigProblems {
     /// Records a problem.
     pub fn push(&mut self, path: KeyPath, message: impl Into<String>) {
-        self.0.push(ConfigProblem { path, message: message.into() });
+        self.0.push(ConfigProblem { path, message: message.into(), source: None });
+    }
+
+    /// Names each problem's source, as `source` finds it from its path.
+    pub(crate) fn locate(&mut self, source: impl Fn(&KeyPath) -> Option<String>) {
+        for problem in &mut self.0 {
+            problem.source = source(&problem.path);
+        }
     }
 
     /// True when nothing is wrong.

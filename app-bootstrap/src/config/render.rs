@@ -1,10 +1,10 @@
 //! The resolved configuration as TOML for `check-config`, in the same keys
 //! a file uses, with every secret replaced by `[REDACTED]`.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
 
-use humantime_serde::re::humantime;
-use shared_contract::{EvaluationDedupPolicy, PolicyField, RateLimitPolicy};
+use serde::Serializer;
+use shared_contract::{PolicyField, RateLimitPolicy};
 use toml::{Table, Value};
 
 use adapter_redis::RedisField;
@@ -39,67 +39,18 @@ pub(crate) fn to_table(config: &AppConfig, secrets: Secrets) -> Table {
 }
 
 fn sections(config: &AppConfig, secrets: Secrets) -> Table {
-    let mut root = Table::new();
-
-    root.insert("server".into(), owned(&config.server));
-
-    let rate_limit = &config.capabilities.rate_limit;
-    let Value::Table(mut limits) = owned(&rate_limit.edge) else {
-        unreachable!("EdgeSettings is a struct");
-    };
-    limits.insert("provider".into(), rate_limit.provider.name().into());
-    limits.insert("default-policy".into(), policy_set(&rate_limit.default_policy));
-    let operations: Table =
-        rate_limit.operations.iter().map(|(op, ids)| (op.clone(), policy_set(ids))).collect();
-    limits.insert("operations".into(), operations.into());
-    let policies: Table =
-        rate_limit.policies.iter().map(|(id, policy)| (id.clone(), policy_table(policy))).collect();
-    limits.insert("policies".into(), policies.into());
-    limits.insert("degraded".into(), owned(&rate_limit.degraded));
-    let mut capabilities = Table::new();
-    capabilities.insert("rate-limit".into(), limits.into());
-    root.insert("capabilities".into(), capabilities.into());
-
-    root.insert("pseudonymizer".into(), owned(&config.pseudonymizer));
-
+    // Every section is a struct of strings, numbers, lists and tables,
+    // which TOML always holds.
+    let mut root = Table::try_from(config).expect("the configuration is a TOML table");
     // A URL, which may carry a password, is fingerprinted whole (so a
     // changed one is seen) or redacted for printing.
-    let Value::Table(mut redis) = owned(&config.redis) else {
-        unreachable!("RedisConfig is a struct");
-    };
     let urls = config.redis.settings.urls.iter().map(|url| match secrets {
         Secrets::Redacted => Value::from(redact_url(url)),
         Secrets::Fingerprinted => fingerprint(url).into(),
     });
-    redis.insert(RedisField::Urls.key().into(), Value::Array(urls.collect()));
-    root.insert("redis".into(), redis.into());
-    root.insert("memory".into(), owned(&config.memory));
-
-    root.insert("admin".into(), owned(&config.admin));
-
-    let mut telemetry = Table::new();
-    telemetry.insert("otlp".into(), owned(&config.telemetry.otlp));
-    root.insert("telemetry".into(), telemetry.into());
-    let Value::Table(mut rls) = owned(&config.envoy_rls) else {
-        unreachable!("EnvoyRlsConfig is a struct");
-    };
-    let rules = config.envoy_rls.rules.iter().map(|rule| {
-        let mut table = Table::new();
-        table.insert("domain".into(), rule.domain.clone().into());
-        let entries = rule.descriptor.iter().map(|entry| Value::from(entry.clone()));
-        table.insert("descriptor".into(), Value::Array(entries.collect()));
-        if let Some(subject) = &rule.subject {
-            table.insert("subject".into(), policy_set(subject));
-        }
-        if rule.unlimited {
-            table.insert("unlimited".into(), true.into());
-        } else {
-            table.insert("policies".into(), policy_set(&rule.policies));
-        }
-        Value::Table(table)
-    });
-    rls.insert("rules".into(), Value::Array(rules.collect()));
-    root.insert("envoy-rls".into(), rls.into());
+    if let Some(Value::Table(redis)) = root.get_mut("redis") {
+        redis.insert(RedisField::Urls.key().into(), Value::Array(urls.collect()));
+    }
     root
 }
 
@@ -111,65 +62,50 @@ pub(crate) fn policy_table(policy: &RateLimitPolicy) -> Value {
     if let Ok(Value::Table(parameters)) = Value::try_from(policy.algorithm()) {
         table.extend(parameters);
     }
-    // The common keys the algorithm refuses are left out, so the printed
-    // configuration loads again.
-    let refused = policy.algorithm().kind().refused_common_keys();
-    table.insert(PolicyField::Revision.key().into(), i64::from(policy.revision()).into());
-    if !refused.contains(&PolicyField::MaximumCost) {
-        table.insert(PolicyField::MaximumCost.key().into(), count(policy.maximum_cost()));
-    }
-    table.insert(PolicyField::FailurePolicy.key().into(), policy.failure_policy().name().into());
-    table.insert(PolicyField::CleanupGrace.key().into(), duration(policy.cleanup_grace()));
-    table.insert(
-        PolicyField::MaximumClockRegression.key().into(),
-        duration(policy.maximum_clock_regression()),
-    );
-    table.insert(PolicyField::Scope.key().into(), policy.scope().name().into());
-    table.insert(PolicyField::Mode.key().into(), policy.mode().name().into());
-    let mut dedup = Table::new();
-    match policy.evaluation_dedup() {
-        EvaluationDedupPolicy::Disabled => {
-            dedup.insert(PolicyField::DedupEnabled.leaf().into(), false.into());
-        }
-        EvaluationDedupPolicy::Enabled { ttl, max_entries, max_stored_bytes } => {
-            dedup.insert(PolicyField::DedupEnabled.leaf().into(), true.into());
-            dedup.insert(PolicyField::DedupTtl.leaf().into(), duration(ttl));
-            dedup.insert(PolicyField::DedupMaxEntries.leaf().into(), i64::from(max_entries).into());
-            dedup.insert(
-                PolicyField::DedupMaxStoredBytes.leaf().into(),
-                i64::from(max_stored_bytes).into(),
-            );
-        }
-    }
-    if !refused.contains(&PolicyField::EvaluationDedup) {
-        table.insert(PolicyField::EvaluationDedup.key().into(), dedup.into());
+    // The common keys, those the algorithm refuses left out.
+    if let Ok(Value::Table(keys)) = Value::try_from(policy.keys()) {
+        table.extend(keys);
     }
     table.into()
 }
 
-/// A section its owner serializes: its serde names are the keys.
-fn owned(section: &impl serde::Serialize) -> Value {
-    // The owners are structs of strings, numbers, lists and tables, which
-    // TOML always holds.
-    Value::try_from(section).expect("a configuration section is a TOML table")
+/// A list of names: one as a string, as a file usually writes it; several
+/// as an array.
+pub(crate) fn list<S: Serializer>(names: &[String], serializer: S) -> Result<S::Ok, S::Error> {
+    match names {
+        [one] => serializer.serialize_str(one),
+        many => serializer.collect_seq(many),
+    }
 }
 
-/// One id (or key) as a string, as a file usually writes it; several as a
-/// list.
+pub(crate) fn some_list<S: Serializer>(
+    names: &Option<Vec<String>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    list(names.as_deref().unwrap_or_default(), serializer)
+}
+
+/// `operations`: each operation's policy set as [`list`] writes it.
+pub(crate) fn lists<S: Serializer>(
+    lists: &BTreeMap<String, Vec<String>>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(lists.iter().map(|(key, names)| (key, policy_set(names))))
+}
+
+/// `policies`: each policy as its table.
+pub(crate) fn policies<S: Serializer>(
+    policies: &BTreeMap<String, RateLimitPolicy>,
+    serializer: S,
+) -> Result<S::Ok, S::Error> {
+    serializer.collect_map(policies.iter().map(|(id, policy)| (id, policy_table(policy))))
+}
+
 fn policy_set(ids: &[String]) -> Value {
     match ids {
         [one] => one.clone().into(),
         many => Value::Array(many.iter().map(|id| Value::from(id.clone())).collect()),
     }
-}
-
-fn duration(value: Duration) -> Value {
-    humantime::format_duration(value).to_string().into()
-}
-
-// Validated counts are at most 10^9, far inside i64.
-fn count(value: u64) -> Value {
-    i64::try_from(value).unwrap_or(i64::MAX).into()
 }
 
 /// Every credential the redis crate reads from a URL, redacted: the

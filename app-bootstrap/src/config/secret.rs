@@ -5,6 +5,7 @@ use std::cell::Cell;
 use std::fmt;
 
 use secrecy::{ExposeSecret, SecretSlice, SecretString};
+use serde::de::{self, Deserialize, Deserializer, MapAccess, Visitor};
 use serde::ser::{Serialize, SerializeMap, Serializer};
 use sha2::{Digest, Sha256};
 
@@ -83,6 +84,71 @@ impl Serialize for SecretValue {
                 let mut map = serializer.serialize_map(Some(1))?;
                 map.serialize_entry("env", name)?;
                 map.end()
+            }
+        }
+    }
+}
+
+/// `"..."` (inline) or `{ env = "VAR" }`, read from the variable now. The
+/// value is never echoed in a problem.
+impl<'de> Deserialize<'de> for SecretValue {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Secret)
+    }
+}
+
+struct Secret;
+
+impl<'de> Visitor<'de> for Secret {
+    type Value = SecretValue;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a string or { env = \"VAR\" }")
+    }
+
+    fn visit_str<E: de::Error>(self, text: &str) -> Result<SecretValue, E> {
+        Ok(SecretValue::new(SecretSource::Inline, text.into()))
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<SecretValue, E> {
+        Err(E::custom(DIGITS))
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<SecretValue, E> {
+        Err(E::custom(DIGITS))
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<SecretValue, E> {
+        Err(E::custom(DIGITS))
+    }
+
+    fn visit_map<M: MapAccess<'de>>(self, map: M) -> Result<SecretValue, M::Error> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct FromEnv {
+            env: EnvVar,
+        }
+        let FromEnv { env } = FromEnv::deserialize(de::value::MapAccessDeserializer::new(map))?;
+        Ok(env.0)
+    }
+}
+
+const DIGITS: &str = "expected a string; a secret made only of digits reads as a number, so \
+                      quote it (in an environment variable: '\"...\"')";
+
+/// The secret in the named variable.
+struct EnvVar(SecretValue);
+
+impl<'de> Deserialize<'de> for EnvVar {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        match std::env::var(&name) {
+            Ok(secret) => Ok(Self(SecretValue::new(SecretSource::Env(name), secret.into()))),
+            Err(std::env::VarError::NotPresent) => {
+                Err(de::Error::custom(format!("environment variable {name} is not set")))
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                Err(de::Error::custom(format!("environment variable {name} is not UTF-8")))
             }
         }
     }

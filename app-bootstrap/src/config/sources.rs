@@ -7,9 +7,11 @@
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
+use figment::Source;
 use figment::providers::{Env, Format, Toml};
-use figment::value::Dict;
+use figment::value::{Dict, Value};
 
+use super::{ConfigProblems, KeyPath};
 use crate::error::BootstrapError;
 
 /// Prefix of every configuration variable.
@@ -63,8 +65,47 @@ impl ConfigSources {
         if self.environment { figment.merge(environment()) } else { figment }
     }
 
-    /// The merged tree, before typing and validation.
-    pub(crate) fn merged_tree(&self) -> Result<Dict, BootstrapError> {
+    /// Names the source of each problem.
+    pub(crate) fn locate(figment: &Figment, tree: &Dict, problems: &mut ConfigProblems) {
+        problems.locate(|path| Self::source_of(figment, tree, path));
+    }
+
+    /// Where the value at `path` came from (or, for a key left out, its
+    /// table): `in FILE, line N`, or `from VARIABLE`.
+    fn source_of(figment: &Figment, tree: &Dict, path: &KeyPath) -> Option<String> {
+        let mut value: Option<&Value> = None;
+        let mut found = 0;
+        for (depth, key) in path.segments().iter().enumerate() {
+            let next = match value {
+                None => tree.get(key),
+                Some(Value::Dict(_, dict)) => dict.get(key),
+                Some(Value::Array(_, items)) => key.parse().ok().and_then(|i: usize| items.get(i)),
+                Some(_) => None,
+            };
+            let Some(next) = next else { break };
+            (value, found) = (Some(next), depth + 1);
+        }
+        let value = value?;
+        let keys = &path.segments()[..found];
+        match &figment.get_metadata(value.tag())?.source {
+            Some(Source::File(file)) => {
+                let text = std::fs::read_to_string(file).ok();
+                Some(match text.and_then(|text| line_of(&text, keys)) {
+                    Some(line) => format!("in {}, line {line}", file.display()),
+                    None => format!("in {}", file.display()),
+                })
+            }
+            _ if !matches!(value, Value::Dict(..)) => {
+                let name = keys.join("__").to_ascii_uppercase().replace('-', "_");
+                Some(format!("from {ENV_PREFIX}{name}"))
+            }
+            _ => Some("from the environment".to_owned()),
+        }
+    }
+
+    /// The merged tree, before typing and validation, and the figment that
+    /// knows where each value came from.
+    pub(crate) fn merged_tree(&self) -> Result<(Figment, Dict), BootstrapError> {
         if let Some(file) = &self.file {
             if !file.is_file() {
                 return Err(BootstrapError::ConfigSource(format!(
@@ -73,7 +114,8 @@ impl ConfigSources {
                 )));
             }
         }
-        self.figment().extract::<Dict>().map_err(|error| {
+        let figment = self.figment();
+        let tree = figment.extract::<Dict>().map_err(|error| {
             // A value TOML itself cannot read (a number past 64 bits) stops the
             // parse before any key is typed: name the key from the line.
             let text = self.file.as_ref().and_then(|file| std::fs::read_to_string(file).ok());
@@ -83,8 +125,35 @@ impl ConfigSources {
             });
             let key = key.map(|key| format!(" (key path {key})")).unwrap_or_default();
             BootstrapError::ConfigSource(format!("{error}{key}"))
-        })
+        })?;
+        Ok((figment, tree))
     }
+}
+
+/// The line of a TOML text that sets `keys` (a table's header for a table).
+fn line_of(text: &str, keys: &[String]) -> Option<usize> {
+    let document = toml_edit::ImDocument::parse(text).ok()?;
+    let mut table: &dyn toml_edit::TableLike = document.as_table();
+    let mut span = None;
+    let mut keys = keys.iter();
+    while let Some(key) = keys.next() {
+        let Some((key, item)) = table.get_key_value(key) else { break };
+        span = key.span().or(span);
+        table = match item {
+            toml_edit::Item::ArrayOfTables(tables) => {
+                let Some(table) = keys.next().and_then(|i| tables.get(i.parse().ok()?)) else {
+                    break;
+                };
+                span = table.span().or(span);
+                table
+            }
+            item => match item.as_table_like() {
+                Some(table) => table,
+                None => break,
+            },
+        };
+    }
+    span.map(|span| text[..span.start].matches('\n').count() + 1)
 }
 
 /// The dotted key path set on line `line` (1-based) of a TOML text: the
@@ -129,7 +198,8 @@ mod tests {
         let file = dir.path().join("big.toml");
         let policy = "[capabilities.rate-limit.policies.cal]\nalgorithm = \"fixed-window\"\n";
         std::fs::write(&file, format!("{policy}limit = 18446744073709551616\n")).unwrap();
-        let error = ConfigSources::file_only(file).merged_tree().unwrap_err().to_string();
+        let error =
+            ConfigSources::file_only(file).merged_tree().map(|_| ()).unwrap_err().to_string();
         assert!(error.contains("line 3"), "{error}");
         assert!(
             error.ends_with("(key path capabilities.rate-limit.policies.cal.limit)"),
@@ -152,7 +222,7 @@ mod tests {
             jail.set_env(format!("{ENV_PREFIX}redis__topology"), "cluster");
             jail.set_env(format!("{ENV_PREFIX}SERVER__HEADER_READ_TIMEOUT"), "3s");
             jail.set_env(format!("{lower}config"), "ignored.toml");
-            let tree = ConfigSources::new(None).merged_tree().expect("the environment reads");
+            let (_, tree) = ConfigSources::new(None).merged_tree().expect("the environment reads");
             let json = serde_json::to_value(&tree).expect("a tree");
             assert_eq!(json, serde_json::json!({ "server": { "header-read-timeout": "3s" } }));
             Ok(())

@@ -60,7 +60,7 @@ fn no_file_and_no_environment_give_the_memory_demo() {
         let config = AppConfig::load(&ConfigSources::new(None)).unwrap();
         assert_eq!(config.server.listen, "127.0.0.1:8080".parse().unwrap());
         let rate_limit = &config.capabilities.rate_limit;
-        assert_eq!(rate_limit.provider, ProviderKind::Memory);
+        assert_eq!(rate_limit.provider, ProviderConfig::Memory);
         // The edge's default policy id, not a second name for it.
         let edge = adapter_web::EdgeSettings::default();
         assert_eq!(rate_limit.default_policy, [edge.default_policies.ids()[0].as_str()]);
@@ -171,7 +171,7 @@ fn the_environment_overrides_the_file() {
         jail.set_env("CA_SKELETON_CONFIG", "ignored.toml");
         let config = load_file(jail, &format!("{BASE}\n[redis]\nenabled = false\n")).unwrap();
         let rate_limit = &config.capabilities.rate_limit;
-        assert_eq!(rate_limit.provider, ProviderKind::Redis);
+        assert_eq!(rate_limit.provider, ProviderConfig::Redis);
         assert_eq!(rate_limit.edge.evaluation_budget, Duration::from_millis(250));
         assert_eq!(
             *rate_limit.policies["api"].algorithm(),
@@ -1573,7 +1573,6 @@ polices = "api"
             paths,
             [
                 "envoy-rls.listen",
-                "envoy-rls.rules.3.policies",
                 "envoy-rls.rules.3.polices",
                 "envoy-rls.rules.0.domain",
                 "envoy-rls.rules.0.descriptor.1",
@@ -1583,16 +1582,18 @@ polices = "api"
                 "envoy-rls.rules.1.subject",
                 "envoy-rls.rules.2.policies",
                 "envoy-rls.rules.2.descriptor",
+                "envoy-rls.rules.3.descriptor",
+                "envoy-rls.rules.3.policies",
             ],
             "{found:#?}"
         );
         let message = |at: usize| found[at].1.as_str();
-        assert!(message(4).contains("must not be empty"), "{}", message(4));
-        assert!(message(5).contains("repeated"), "{}", message(5));
-        assert!(message(6).contains("\"nope\" is not a policy"), "{}", message(6));
-        assert!(message(7).contains("\"generic_key\" has a fixed value"), "{}", message(7));
-        assert!(message(8).contains("\"path\" is not an entry"), "{}", message(8));
-        assert!(message(10).contains("envoy-rls.rules.1"), "{}", message(10));
+        assert!(message(3).contains("must not be empty"), "{}", message(3));
+        assert!(message(4).contains("repeated"), "{}", message(4));
+        assert!(message(5).contains("\"nope\" is not a policy"), "{}", message(5));
+        assert!(message(6).contains("\"generic_key\" has a fixed value"), "{}", message(6));
+        assert!(message(7).contains("\"path\" is not an entry"), "{}", message(7));
+        assert!(message(9).contains("envoy-rls.rules.1"), "{}", message(9));
     });
 }
 
@@ -2031,5 +2032,50 @@ fn an_envoy_rls_rule_naming_a_concurrency_policy_stops_start_up() {
         assert_eq!(found.len(), 1, "{found:#?}");
         assert_eq!(found[0].0, "envoy-rls.rules.1.policies");
         assert!(found[0].1.starts_with("\"exports\" is a concurrency policy"), "{found:#?}");
+    });
+}
+
+#[test]
+fn every_problem_names_its_source_the_file_and_line_or_the_variable() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_MEMORY__MAX_KEYS", "0");
+        let file = format!("{BASE}windw = \"30s\"\n");
+        let error = load_file(jail, &file).unwrap_err();
+        let BootstrapError::InvalidConfig(problems) = error else { panic!("{error}") };
+        let sources: Vec<(String, Option<String>)> =
+            problems.iter().map(|p| (p.path.to_string(), p.source.clone())).collect();
+        assert_eq!(
+            sources,
+            [
+                (
+                    "capabilities.rate-limit.policies.api.windw".to_owned(),
+                    Some("in app.toml, line 9".to_owned())
+                ),
+                (
+                    "memory.max-keys".to_owned(),
+                    Some("from CA_SKELETON_MEMORY__MAX_KEYS".to_owned())
+                ),
+            ]
+        );
+        assert!(problems.to_string().contains("(from CA_SKELETON_MEMORY__MAX_KEYS)"));
+    });
+}
+
+#[test]
+fn a_table_named_after_a_provider_that_takes_none_is_an_unknown_key() {
+    jail(|jail| {
+        let file = format!("{BASE}\n[capabilities.rate-limit.memory]\nmax-keys = 3\n");
+        assert_eq!(paths(load_file(jail, &file)), ["capabilities.rate-limit.memory"]);
+    });
+}
+
+#[test]
+fn a_key_version_that_is_no_number_is_named_by_its_key() {
+    jail(|jail| {
+        let file = format!("{BASE}\n[pseudonymizer.keys]\nfirst = \"{KEY}\"\n");
+        let found = problems(load_file(jail, &file));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "pseudonymizer.keys.first");
+        assert!(found[0].1.contains("whole number"), "{found:?}");
     });
 }

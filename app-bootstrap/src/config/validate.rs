@@ -13,7 +13,7 @@ use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, OtlpConfig, ProviderKind, ServerConfig};
+use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, OtlpConfig, ProviderConfig, ServerConfig};
 
 /// The longest `evaluation-budget`: one request's deadline, far past any
 /// useful one and far inside what `Instant + Duration` holds.
@@ -47,7 +47,7 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     admin(config, problems);
     otlp(&config.telemetry.otlp, problems);
     envoy_rls(config, declared, problems);
-    if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderKind::Redis {
+    if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderConfig::Redis {
         redis(config, problems);
     }
 }
@@ -330,7 +330,7 @@ const FRAMING_HEADERS: [&str; 9] = [
 ];
 
 fn provider_switch(config: &AppConfig, problems: &mut ConfigProblems) {
-    if config.capabilities.rate_limit.provider != ProviderKind::Redis {
+    if config.capabilities.rate_limit.provider != ProviderConfig::Redis {
         return;
     }
     if !config.redis.enabled {
@@ -358,9 +358,24 @@ fn degraded(config: &AppConfig, problems: &mut ConfigProblems) {
         return;
     }
     let path = KeyPath::rate_limit("degraded");
-    match rate_limit.provider {
-        ProviderKind::Redis => {}
-        provider @ (ProviderKind::Memory | ProviderKind::Disabled) => problems.push(
+    let unreadable = problems.iter().any(|problem| problem.path == path.child("instances"));
+    if degraded.instances.is_none() && !unreadable {
+        problems.push(
+            path.child("instances"),
+            "missing: required when degraded mode is enabled, how many instances share \
+             the traffic while Redis is away (each admits ceil(limit / instances))",
+        );
+    }
+    if degraded.instances == Some(0) {
+        problems.push(
+            path.child("instances"),
+            "must be at least 1 when degraded mode is enabled: how many instances share the \
+             traffic while Redis is away (each admits ceil(limit / instances))",
+        );
+    }
+    match &rate_limit.provider {
+        ProviderConfig::Redis => {}
+        provider => problems.push(
             path.child("enabled"),
             format!(
                 "must be false with capabilities.rate-limit.provider = \"{}\": degraded mode \
@@ -368,14 +383,6 @@ fn degraded(config: &AppConfig, problems: &mut ConfigProblems) {
                 provider.name()
             ),
         ),
-    }
-    // Absent or unreadable: the reader named it.
-    if degraded.instances == Some(0) {
-        problems.push(
-            path.child("instances"),
-            "must be at least 1 when degraded mode is enabled: how many instances share the \
-             traffic while Redis is away (each admits ceil(limit / instances))",
-        );
     }
 }
 
@@ -517,8 +524,32 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
                 }
             }
         }
-        if let Some(ids) = declared.policy_ids.as_ref().filter(|_| !rule.unlimited) {
-            policy_set(&rule.policies, ids, path.child("policies"), problems);
+        // A rule limits (`policies`) or does not (`unlimited = true`):
+        // exactly one of the two; an unlimited rule charges no subject.
+        match (rule.unlimited, rule.policies.is_empty()) {
+            (true, false) => problems.push(
+                path.child("policies"),
+                "an `unlimited = true` rule has no policies: remove one of the two keys",
+            ),
+            // An `unlimited` that did not read has its own problem.
+            (false, true) if !problems.iter().any(|p| p.path == path.child("unlimited")) => {
+                problems.push(
+                    path.child("policies"),
+                    "missing: every rule needs `policies`, or `unlimited = true`",
+                )
+            }
+            (false, false) => {
+                if let Some(ids) = &declared.policy_ids {
+                    policy_set(&rule.policies, ids, path.child("policies"), problems);
+                }
+            }
+            (true, true) | (false, true) => {}
+        }
+        if rule.unlimited && rule.subject.is_some() {
+            problems.push(
+                path.child("subject"),
+                "an `unlimited = true` rule charges no subject: remove the key",
+            );
         }
         // Envoy's API has no call that ends a request, so a lease taken
         // through it could never be given back.
