@@ -315,6 +315,10 @@ pub fn rls_engine(
     for rule in &config.envoy_rls.rules {
         let limit = if rule.unlimited {
             RuleLimit::Unlimited
+        } else if rule.blocked {
+            RuleLimit::Blocked
+        } else if rule.not_limited {
+            RuleLimit::NotLimited
         } else {
             let ids = rule.policies.iter().map(|id| PolicyId::new(id.as_str()));
             let policies = ids
@@ -330,8 +334,8 @@ pub fn rls_engine(
             pattern,
             subject: rule.subject.clone(),
             limit,
-            name: None,
-            replaces: Vec::new(),
+            name: rule.name.clone(),
+            replaces: rule.replaces.clone(),
         });
     }
     RlsEngine::new(port, pseudonymizer, clock, settings, &rules)

@@ -209,7 +209,8 @@ pub struct RlsRuleConfig {
     #[serde(deserialize_with = "read::list")]
     pub descriptor: Vec<String>,
     /// `subject`: the entries whose values are the subject (one key or a
-    /// list); `None` means every entry without a fixed value.
+    /// list, empty for one budget for all); `None` means every entry
+    /// without a fixed value, and every wildcard entry.
     #[serde(default, deserialize_with = "read::some_list")]
     #[serde(skip_serializing_if = "Option::is_none", serialize_with = "render::some_list")]
     pub subject: Option<Vec<String>>,
@@ -220,9 +221,25 @@ pub struct RlsRuleConfig {
     pub policies: Vec<String>,
     /// `unlimited`: `true` answers the rule's descriptors `OK` without a
     /// provider call (envoyproxy/ratelimit's `unlimited`); a rule has
-    /// either this or `policies`.
+    /// `policies` or one of `unlimited`, `blocked` and `not-limited`.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub unlimited: bool,
+    /// `blocked`: `true` answers the rule's descriptors `OVER_LIMIT` and
+    /// refuses the call without a provider call (`requests_per_unit: 0`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub blocked: bool,
+    /// `not-limited`: `true` answers the rule's descriptors as no rule
+    /// does (`OK`, no limit), and no later rule is tried.
+    #[serde(default, rename = "not-limited", skip_serializing_if = "std::ops::Not::not")]
+    pub not_limited: bool,
+    /// `name`: what other rules' `replaces` call this one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// `replaces`: the names of the rules this one replaces when a call
+    /// matches both (envoyproxy/ratelimit's `replaces`).
+    #[serde(default, deserialize_with = "read::list")]
+    #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "render::list")]
+    pub replaces: Vec<String>,
 }
 
 impl RlsRuleConfig {
@@ -235,15 +252,31 @@ impl RlsRuleConfig {
     }
 
     /// The keys whose values are the subject: `subject` as written, or
-    /// every entry without a fixed value, in pattern order.
+    /// every entry without a fixed value or with a wildcard, in pattern order.
     pub fn subject_keys(&self) -> Vec<&str> {
         match &self.subject {
             Some(keys) => keys.iter().map(String::as_str).collect(),
-            None => {
-                self.entries().filter(|(_, value)| value.is_none()).map(|(key, _)| key).collect()
-            }
+            None => self
+                .entries()
+                .filter(|(_, value)| counts_apart(*value))
+                .map(|(key, _)| key)
+                .collect(),
         }
     }
+
+    /// `unlimited`, `blocked` and `not-limited`, those set: how the rule
+    /// answers without policies.
+    pub fn answers(&self) -> Vec<&'static str> {
+        let keys = [("unlimited", self.unlimited), ("blocked", self.blocked)];
+        let keys = keys.into_iter().chain([("not-limited", self.not_limited)]);
+        keys.filter(|(_, set)| *set).map(|(key, _)| key).collect()
+    }
+}
+
+/// Whether an entry with this fixed value (if any) tells subjects apart:
+/// none, or a wildcard, whose every matching value counts on its own.
+pub(crate) fn counts_apart(value: Option<&str>) -> bool {
+    value.is_none_or(|value| value.contains('*'))
 }
 
 /// `admin.*`: the operator listener (inspect and reset a budget, look up

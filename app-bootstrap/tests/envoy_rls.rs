@@ -47,6 +47,11 @@ policies = "edge-ip"
 domain = "{domain}"
 descriptor = ["generic_key=health"]
 unlimited = true
+
+[[envoy-rls.rules]]
+domain = "{domain}"
+descriptor = ["generic_key=banned"]
+blocked = true
 "#
     )
 }
@@ -185,9 +190,16 @@ async fn rls_beside_http_one_policy_two_fronts_reload_and_drain() {
     assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::Ok);
     assert!(answer.statuses[0].current_limit.is_none());
     assert_eq!(answer.statuses[0].limit_remaining, u32::MAX);
+    // A blocked rule's descriptor: OVER_LIMIT, no provider call, counted apart.
+    let mut banned = ask("edge-2", "");
+    banned.descriptors[0].entries =
+        vec![Entry { key: "generic_key".to_owned(), value: "banned".to_owned() }];
+    let answer = client.should_rate_limit(banned).await.unwrap().into_inner();
+    assert_eq!(Code::try_from(answer.overall_code).unwrap(), Code::OverLimit);
     let metrics = web.get(format!("{http}/metrics")).send().await.unwrap().text().await.unwrap();
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unmatched_descriptors_total"), 1);
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_unlimited_descriptors_total"), 1);
+    assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_blocked_descriptors_total"), 1);
     assert_eq!(counter(&metrics, "ca_skeleton_envoy_rls_limit_overrides_ignored_total"), 4);
 
     // Shutdown: the gRPC listener stops accepting and the server ends.

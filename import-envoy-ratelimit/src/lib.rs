@@ -487,6 +487,10 @@ struct Rule {
     target: Target,
     /// Comment lines printed above the rule.
     notes: Vec<String>,
+    /// `rate_limit.name`, which other rules' `replaces` name.
+    name: Option<String>,
+    /// `rate_limit.replaces`: the names of the rules this one replaces.
+    replaces: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -495,6 +499,11 @@ enum Target {
     Limit { requests: u64, unit: Unit, times: u32, shadow: bool },
     /// Answered OK without a provider call.
     Unlimited,
+    /// Answered as no rule (OK, no limit): where envoyproxy/ratelimit's
+    /// lookup stops without a limit.
+    NotLimited,
+    /// `OVER_LIMIT` without a provider call: `requests_per_unit: 0`.
+    Blocked,
 }
 
 impl Rule {
@@ -615,7 +624,7 @@ impl Converter {
             .iter()
             .map(|rule| match rule.target {
                 Target::Limit { .. } => Some(id_parts(&rule.domain, &rule.pattern)),
-                Target::Unlimited => None,
+                Target::Unlimited | Target::NotLimited | Target::Blocked => None,
             })
             .collect();
         let mut hashed: Vec<bool> = candidates
@@ -1043,103 +1052,95 @@ impl Level<'_, '_> {
             notes.push("unlimited: answered OK".to_owned());
             Target::Unlimited
         } else {
-            let unit = match unit {
-                Some((_, Some(unit))) => unit,
-                Some((text, None)) => {
-                    let units: Vec<&str> = Unit::ALL.iter().map(|unit| unit.name()).collect();
-                    let message = format!(
-                        "invalid rate_limit unit {:?}: expected one of {}",
-                        text.0,
-                        units.join(", ")
-                    );
-                    self.problem(line, pattern, message);
-                    return None;
+            'limit: {
+                let unit = match unit {
+                    Some((_, Some(unit))) => unit,
+                    Some((text, None)) => {
+                        let units: Vec<&str> = Unit::ALL.iter().map(|unit| unit.name()).collect();
+                        let message = format!(
+                            "invalid rate_limit unit {:?}: expected one of {}",
+                            text.0,
+                            units.join(", ")
+                        );
+                        self.problem(line, pattern, message);
+                        return None;
+                    }
+                    None => {
+                        self.problem(line, pattern, "rate_limit has no unit".into());
+                        return None;
+                    }
+                };
+                let requests = match limit.requests_per_unit.map(|count| count.0) {
+                    None | Some(0) => {
+                        notes.push(
+                            "requests_per_unit 0: every request refused, as there".to_owned(),
+                        );
+                        break 'limit Target::Blocked;
+                    }
+                    Some(requests) if u64::from(requests) > MAX_COUNT => {
+                        let message = format!(
+                            "requests_per_unit {requests} is above the largest limit, {MAX_COUNT}: converted as {MAX_COUNT}"
+                        );
+                        notes.push(message.clone());
+                        self.warning(line, pattern, message);
+                        MAX_COUNT
+                    }
+                    Some(requests) => u64::from(requests),
+                };
+                if descriptor.shadow_mode.0 {
+                    notes.push("shadow_mode: evaluated and counted, never denies".to_owned());
                 }
-                None => {
-                    self.problem(line, pattern, "rate_limit has no unit".into());
-                    return None;
-                }
-            };
-            let requests = match limit.requests_per_unit.map(|count| count.0) {
-                None | Some(0) => {
-                    self.problem(
-                        line,
-                        pattern,
-                        "requests_per_unit 0 (or unset) denies every request there, which a \
-                         policy cannot (its limit is at least 1); deny it in Envoy, or remove it"
-                            .into(),
-                    );
-                    return None;
-                }
-                Some(requests) if u64::from(requests) > MAX_COUNT => {
-                    let message = format!(
-                        "requests_per_unit {requests} is above the largest limit, {MAX_COUNT}: converted as {MAX_COUNT}"
-                    );
+                if descriptor.quota_mode.0 {
+                    let message = "quota_mode is not converted: enforced as an ordinary limit, \
+                               so it denies even when another quota descriptor passes"
+                        .to_owned();
                     notes.push(message.clone());
                     self.warning(line, pattern, message);
-                    MAX_COUNT
                 }
-                Some(requests) => u64::from(requests),
-            };
-            if descriptor.shadow_mode.0 {
-                notes.push("shadow_mode: evaluated and counted, never denies".to_owned());
-            }
-            if descriptor.quota_mode.0 {
-                let message = "quota_mode is not converted: enforced as an ordinary limit, \
-                               so it denies even when another quota descriptor passes"
-                    .to_owned();
-                notes.push(message.clone());
-                self.warning(line, pattern, message);
-            }
-            let times = match limit.unit_multiplier.map(|times| times.0) {
-                None => 1,
-                Some(0) => {
-                    let message = "unit_multiplier 0 makes an empty window (envoyproxy/ratelimit's \
+                let times = match limit.unit_multiplier.map(|times| times.0) {
+                    None => 1,
+                    Some(0) => {
+                        let message = "unit_multiplier 0 makes an empty window (envoyproxy/ratelimit's \
                                    proposal for it refuses it too)";
-                    self.problem(line, pattern, message.into());
-                    return None;
-                }
-                Some(times) if u64::from(times) * unit.seconds() > MAX_PERIOD.as_secs() => {
-                    let message = format!(
-                        "unit_multiplier {times} x {} is longer than the longest window a policy \
+                        self.problem(line, pattern, message.into());
+                        return None;
+                    }
+                    Some(times) if u64::from(times) * unit.seconds() > MAX_PERIOD.as_secs() => {
+                        let message = format!(
+                            "unit_multiplier {times} x {} is longer than the longest window a policy \
                          holds, {} days",
-                        unit.name(),
-                        MAX_PERIOD.as_secs() / 86_400
-                    );
-                    self.problem(line, pattern, message);
-                    return None;
-                }
-                Some(times) => times,
-            };
-            Target::Limit { requests, unit, times, shadow: descriptor.shadow_mode.0 }
+                            unit.name(),
+                            MAX_PERIOD.as_secs() / 86_400
+                        );
+                        self.problem(line, pattern, message);
+                        return None;
+                    }
+                    Some(times) => times,
+                };
+                Target::Limit { requests, unit, times, shadow: descriptor.shadow_mode.0 }
+            }
         };
-        let name = limit.name.as_ref().map(|name| name.0.as_str()).filter(|name| !name.is_empty());
-        if let Some(name) = name {
+        let name = limit_name(limit);
+        if let Some(name) = &name {
             notes.push(format!("rate_limit name {name:?}: a status here names the policy id"));
         }
-        if !limit.replaces.is_empty() {
-            let mut replaced = Vec::new();
-            for replaces in &limit.replaces {
-                match replaces.name.as_ref().map(|name| name.0.as_str()) {
-                    None | Some("") => {
-                        self.problem(line, pattern, "a replaces entry has no name".into());
-                        return None;
-                    }
-                    Some(own) if Some(own) == name => {
-                        self.problem(line, pattern, format!("replaces its own name {own:?}"));
-                        return None;
-                    }
-                    Some(other) => replaced.push(format!("{other:?}")),
+        let mut replaces = Vec::new();
+        for replaced in &limit.replaces {
+            // envoyproxy/ratelimit refuses both.
+            match replaced.name.as_ref().map(|name| name.0.as_str()) {
+                None | Some("") => {
+                    self.problem(line, pattern, "a replaces entry has no name".into());
+                    return None;
                 }
+                Some(own) if Some(own) == name.as_deref() => {
+                    self.problem(line, pattern, format!("replaces its own name {own:?}"));
+                    return None;
+                }
+                Some(other) => replaces.push(other.to_owned()),
             }
-            let message = format!(
-                "replaces [{}] is not converted: where both match, both limits apply",
-                replaced.join(", ")
-            );
-            notes.push(message.clone());
-            self.warning(line, pattern, message);
         }
-        Some(Rule { domain: self.domain.to_owned(), pattern: pattern.to_vec(), target, notes })
+        let (domain, pattern) = (self.domain.to_owned(), pattern.to_vec());
+        Some(Rule { domain, pattern, target, notes, name, replaces })
     }
 
     fn problem(&mut self, line: u64, pattern: &[Entry], message: String) {
@@ -1159,6 +1160,11 @@ impl Level<'_, '_> {
 }
 
 /// A descriptor's value; an empty one is no value, as there.
+/// `rate_limit.name`, when it has one.
+fn limit_name(limit: &YamlRateLimit) -> Option<String> {
+    limit.name.as_ref().map(|name| name.0.clone()).filter(|name| !name.is_empty())
+}
+
 /// The pattern entry of a descriptor.
 fn node_entry(descriptor: &YamlDescriptor) -> Entry {
     let key = descriptor.key.as_ref().map(|key| key.0.clone()).unwrap_or_default();
@@ -1184,7 +1190,7 @@ fn stops_fallback<'r>(
 ) -> Vec<Rule> {
     let mut stops: Vec<Rule> = Vec::new();
     for alternative in later {
-        if matches!(alternative.target, Target::Unlimited) {
+        if matches!(alternative.target, Target::Unlimited | Target::NotLimited) {
             // Falling through to it answers OK, as envoyproxy/ratelimit does.
             continue;
         }
@@ -1204,8 +1210,10 @@ fn stops_fallback<'r>(
         stops.push(Rule {
             domain: alternative.domain.clone(),
             pattern,
-            target: Target::Unlimited,
+            target: Target::NotLimited,
             notes: vec![note],
+            name: None,
+            replaces: Vec::new(),
         });
     }
     stops
@@ -1407,9 +1415,18 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
             let keys: Vec<String> = counted.map(|entry| toml_string(&entry.key)).collect();
             let _ = writeln!(out, "subject = [{}]", keys.join(", "));
         }
+        if let Some(name) = &rule.name {
+            let _ = writeln!(out, "name = {}", toml_string(name));
+        }
+        if !rule.replaces.is_empty() {
+            let names: Vec<String> = rule.replaces.iter().map(|name| toml_string(name)).collect();
+            let _ = writeln!(out, "replaces = [{}]", names.join(", "));
+        }
         let _ = match (&rule.target, id) {
             (Target::Limit { .. }, Some(id)) => writeln!(out, "policies = {}", toml_string(id)),
             (Target::Unlimited, _) => writeln!(out, "unlimited = true"),
+            (Target::NotLimited, _) => writeln!(out, "not-limited = true"),
+            (Target::Blocked, _) => writeln!(out, "blocked = true"),
             (Target::Limit { .. }, None) => unreachable!("policy_ids names every limited rule"),
         };
     }
@@ -1480,6 +1497,8 @@ fn describe(rule: &Rule) -> String {
             format!("{requests} per {times} {}s", unit.name())
         }
         Target::Unlimited => "unlimited".to_owned(),
+        Target::NotLimited => "not limited".to_owned(),
+        Target::Blocked => "blocked (requests_per_unit 0)".to_owned(),
     };
     format!("{}: {}: {what}", rule.domain, path.join(" > "))
 }

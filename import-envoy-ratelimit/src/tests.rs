@@ -41,6 +41,10 @@ fn rule(domain: &str, descriptor: &[&str], policy: Option<&str>) -> Out {
     }
 }
 
+/// What [`parsed`] gives as the policy of a `blocked = true` rule: no id
+/// can be it.
+const BLOCKED: &str = "<blocked>";
+
 /// The output read back as TOML: its rules, in order, and its policies.
 fn parsed(imported: &Imported) -> (Vec<Out>, toml::Table) {
     let table: toml::Table = toml::from_str(&imported.toml)
@@ -53,14 +57,17 @@ fn parsed(imported: &Imported) -> (Vec<Out>, toml::Table) {
     let rules = rules
         .iter()
         .map(|rule| {
-            // A rule has one of the two keys, never both.
-            let policy = match (rule.get("policies"), rule.get("unlimited")) {
-                (Some(policy), None) => Some(policy.as_str().unwrap().to_owned()),
-                (None, Some(unlimited)) => {
-                    assert_eq!(unlimited.as_bool(), Some(true));
-                    None
+            // A rule has one of the four keys, never two: its policy, or
+            // none (`unlimited`, `not-limited`), or BLOCKED.
+            let keys = ["policies", "unlimited", "not-limited", "blocked"];
+            let set: Vec<&str> = keys.into_iter().filter(|key| rule.get(*key).is_some()).collect();
+            let policy = match set[..] {
+                ["policies"] => Some(rule["policies"].as_str().unwrap().to_owned()),
+                [answer] => {
+                    assert_eq!(rule[answer].as_bool(), Some(true));
+                    (answer == "blocked").then(|| BLOCKED.to_owned())
                 }
-                (policies, unlimited) => panic!("policies {policies:?}, unlimited {unlimited:?}"),
+                _ => panic!("a rule with {set:?}"),
             };
             Out {
                 domain: rule["domain"].as_str().unwrap().to_owned(),
@@ -262,8 +269,8 @@ descriptors:
 /// address. A policy's limit is at least 1, and leaving the rule out would
 /// let the address through at the bare key's limit, so the import stops.
 #[test]
-fn zero_requests_per_unit_stops_the_import_naming_file_line_and_path() {
-    let problems = refused(
+fn zero_requests_per_unit_is_a_rule_that_refuses_every_request() {
+    let imported = import(
         "domain: edge
 descriptors:
   - key: remote_address
@@ -275,11 +282,15 @@ descriptors:
       requests_per_unit: 0
 ",
     );
-    assert_eq!(problems.len(), 1, "{problems:?}");
-    assert!(
-        problems[0].starts_with("rl.yaml:5: edge > remote_address=192.0.2.7: requests_per_unit 0"),
-        "{problems:?}"
+    let (rules, _) = parsed(&imported);
+    assert_eq!(
+        rules,
+        [
+            rule("edge", &["remote_address=192.0.2.7"], Some(BLOCKED)),
+            rule("edge", &["remote_address"], Some("edge.remote_address")),
+        ]
     );
+    assert!(imported.toml.contains("# requests_per_unit 0: every request refused, as there\n"));
 }
 
 /// README example 4's shape: a request matches a rule of its own depth
@@ -408,10 +419,10 @@ descriptors:
     assert_eq!(policy(&policies, "auth.service.client_web"), fixed(30, "1s"));
 }
 
-/// README example 7's shape: `replaces` cannot be said, so both limits
-/// apply; it is a warning and a comment, and so is the name it refers to.
+/// README example 7's shape: the replacing rule names the rule it replaces
+/// (docs/envoy-rls.md, "Rules"), and no warning is left.
 #[test]
-fn replaces_is_a_warning_and_a_comment_never_dropped() {
+fn replaces_names_the_rule_it_replaces() {
     let imported = import(
         "domain: quota
 descriptors:
@@ -436,19 +447,15 @@ descriptors:
           requests_per_unit: 9
 ",
     );
-    let replaces = "rl.yaml:15: quota > plan=pro > account=a-17: replaces [\"account_basic\"] \
-                    is not converted: where both match, both limits apply";
-    assert_eq!(imported.warnings, [replaces]);
-    assert!(imported.toml.contains(&format!("# - {replaces}\n")), "{}", imported.toml);
+    assert!(imported.warnings.is_empty(), "{:?}", imported.warnings);
     assert!(imported.toml.contains(
-        "# replaces [\"account_basic\"] is not converted: where both match, both limits apply\n\
-         [[envoy-rls.rules]]\ndomain = \"quota\"\ndescriptor = [\"plan=pro\", \"account=a-17\"]\n"
+        "[[envoy-rls.rules]]\ndomain = \"quota\"\ndescriptor = [\"plan=basic\", \"account=a-17\"]\n\
+         name = \"account_basic\"\n"
     ));
-    assert!(
-        imported
-            .toml
-            .contains("# rate_limit name \"account_basic\": a status here names the policy id\n")
-    );
+    assert!(imported.toml.contains(
+        "[[envoy-rls.rules]]\ndomain = \"quota\"\ndescriptor = [\"plan=pro\", \"account=a-17\"]\n\
+         replaces = [\"account_basic\"]\n"
+    ));
     let (rules, _) = parsed(&imported);
     assert_eq!(rules.len(), 2);
 }

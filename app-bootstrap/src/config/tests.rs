@@ -1640,6 +1640,55 @@ fn an_unlimited_rule_has_no_policies_and_a_rule_has_one_of_the_two() {
     });
 }
 
+/// docs/envoy-rls.md, "Rules": a rule blocks or does not limit instead
+/// of `policies`, names itself for another's `replaces`, takes a wildcard
+/// entry in its subject or an empty one (one budget for all).
+#[test]
+fn a_rule_blocks_or_does_not_limit_and_replaces_another_by_name() {
+    jail(|jail| {
+        let rule = |descriptor: &str, body: &str| {
+            format!("[[envoy-rls.rules]]\ndomain = \"edge\"\ndescriptor = {descriptor}\n{body}")
+        };
+        let file = [
+            rule("[\"tier=banned\"]", "blocked = true\n"),
+            rule("[\"tier=free\"]", "not-limited = true\nname = \"free\"\n"),
+            rule("[\"tier=gold*\", \"user\"]", "policies = \"api\"\nreplaces = [\"free\"]\n"),
+            rule("[\"bucket=b*\", \"user\"]", "policies = \"api\"\nsubject = [\"bucket\"]\n"),
+            rule("[\"files=f*\"]", "policies = \"api\"\nsubject = []\n"),
+        ]
+        .concat();
+        let config = load_file(jail, &format!("{BASE}{file}")).unwrap();
+        let rules = &config.envoy_rls.rules;
+        assert!(rules[0].blocked && rules[1].not_limited);
+        assert_eq!(
+            (rules[1].name.as_deref(), &rules[2].replaces[..]),
+            (Some("free"), &["free".to_owned()][..])
+        );
+        assert_eq!(rules[2].subject_keys(), ["tier", "user"], "a wildcard counts apart");
+        assert_eq!(rules[4].subject_keys(), Vec::<&str>::new());
+        let rendered = config.to_redacted_toml().unwrap();
+        assert_eq!(load_file(jail, &rendered).unwrap().envoy_rls, config.envoy_rls);
+
+        let descriptor = "[\"tier=x\"]";
+        for (body, path, message) in [
+            ("blocked = true\nnot-limited = true\n", "not-limited", "one of `unlimited`"),
+            ("blocked = true\npolicies = \"api\"\n", "policies", "has no policies"),
+            ("not-limited = true\nsubject = []\n", "subject", "`not-limited = true`"),
+            (
+                "policies = \"api\"\nname = \"a\"\nreplaces = [\"a\"]\n",
+                "replaces.0",
+                "another rule",
+            ),
+            ("policies = \"api\"\nsubject = [\"tier\"]\n", "subject", "has a fixed value"),
+        ] {
+            let found = problems(load_file(jail, &format!("{BASE}{}", rule(descriptor, body))));
+            assert_eq!(found.len(), 1, "{body}: {found:?}");
+            assert_eq!(found[0].0, format!("envoy-rls.rules.0.{path}"), "{body}");
+            assert!(found[0].1.contains(message), "{body}: {found:?}");
+        }
+    });
+}
+
 #[test]
 fn bad_telemetry_values_are_each_named_by_their_key() {
     jail(|jail| {

@@ -502,54 +502,71 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
                 problems.push(entry, format!("the fixed value of {key:?} is empty"));
             }
         }
+        // An empty list is one budget for every descriptor the rule matches.
         if let Some(subject) = &rule.subject {
             let at = path.child("subject");
-            if subject.is_empty() {
-                problems.push(at.clone(), "must name at least one entry key (leave it out for every entry without a fixed value)");
-            }
             for (position, key) in subject.iter().enumerate() {
                 match entries.iter().find(|(entry, _)| entry == key) {
                     None => problems.push(
                         at.clone(),
                         format!("{key:?} is not an entry of this rule's descriptor"),
                     ),
-                    Some((_, Some(_))) => problems.push(
+                    Some((_, value)) if !crate::config::counts_apart(*value) => problems.push(
                         at.clone(),
                         format!("{key:?} has a fixed value, so it cannot tell subjects apart"),
                     ),
-                    Some((_, None)) if subject[..position].contains(key) => {
+                    Some(_) if subject[..position].contains(key) => {
                         problems.push(at.clone(), format!("{key:?} is listed twice"));
                     }
-                    Some((_, None)) => {}
+                    Some(_) => {}
                 }
             }
         }
-        // A rule limits (`policies`) or does not (`unlimited = true`):
-        // exactly one of the two; an unlimited rule charges no subject.
-        match (rule.unlimited, rule.policies.is_empty()) {
-            (true, false) => problems.push(
+        // A rule limits (`policies`) or answers without them (`unlimited`,
+        // `blocked` or `not-limited` = true): exactly one of these; a rule
+        // without policies charges no subject.
+        let answers = rule.answers();
+        let unread = ["unlimited", "blocked", "not-limited"];
+        let unread = unread.iter().any(|key| problems.iter().any(|p| p.path == path.child(key)));
+        match (answers.as_slice(), rule.policies.is_empty()) {
+            ([answer], false) => problems.push(
                 path.child("policies"),
-                "an `unlimited = true` rule has no policies: remove one of the two keys",
+                format!("an `{answer} = true` rule has no policies: remove one of the two keys"),
             ),
-            // An `unlimited` that did not read has its own problem.
-            (false, true) if !problems.iter().any(|p| p.path == path.child("unlimited")) => {
-                problems.push(
-                    path.child("policies"),
-                    "missing: every rule needs `policies`, or `unlimited = true`",
-                )
-            }
-            (false, false) => {
+            // A key that did not read has its own problem.
+            ([], true) if !unread => problems.push(
+                path.child("policies"),
+                "missing: every rule needs `policies`, or `unlimited = true` (or `blocked`, \
+                 `not-limited`)",
+            ),
+            ([], false) => {
                 if let Some(ids) = &declared.policy_ids {
                     policy_set(&rule.policies, ids, path.child("policies"), problems);
                 }
             }
-            (true, true) | (false, true) => {}
+            ([first, second, ..], _) => problems.push(
+                path.child(second),
+                format!("a rule takes one of `unlimited`, `blocked` and `not-limited`; it sets `{first}` too"),
+            ),
+            ([_] | [], true) => {}
         }
-        if rule.unlimited && rule.subject.is_some() {
+        if let (Some(answer), Some(_)) = (answers.first(), &rule.subject) {
             problems.push(
                 path.child("subject"),
-                "an `unlimited = true` rule charges no subject: remove the key",
+                format!("an `{answer} = true` rule charges no subject: remove the key"),
             );
+        }
+        // envoyproxy/ratelimit refuses both.
+        for (at, replaced) in rule.replaces.iter().enumerate() {
+            if replaced.is_empty() || rule.name.as_ref() == Some(replaced) {
+                problems.push(
+                    path.child("replaces").child(&at.to_string()),
+                    "must name another rule (not empty, not this rule's `name`)",
+                );
+            }
+        }
+        if rule.name.as_deref() == Some("") {
+            problems.push(path.child("name"), "must not be empty");
         }
         // Envoy's API has no call that ends a request, so a lease taken
         // through it could never be given back.
