@@ -193,8 +193,9 @@ fn every_list_splits_on_commas_from_the_environment() {
     jail(|jail| {
         jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__DEFAULT_POLICY", "api, daily");
         jail.set_env("CA_SKELETON_CAPABILITIES__RATE_LIMIT__TRUSTED_PROXIES", "10.0.0.0/8,::1");
+        // Each list in a topology that takes it: a dormant [redis] is checked too.
+        jail.set_env("CA_SKELETON_REDIS__TOPOLOGY", "cluster");
         jail.set_env("CA_SKELETON_REDIS__URLS", "redis://10.0.0.1:7000,redis://10.0.0.2:7000");
-        jail.set_env("CA_SKELETON_REDIS__SENTINELS", "10.0.0.1:26379,10.0.0.2:26379");
         let file = format!(
             "{BASE}\n[capabilities.rate-limit.operations]\n\"GET /api/hello\" = \"daily,api\"\n\
              [capabilities.rate-limit.policies.daily]\nalgorithm = \"fixed-window\"\n\
@@ -209,6 +210,10 @@ fn every_list_splits_on_commas_from_the_environment() {
             rate_limit.edge.trusted_proxies.iter().map(ToString::to_string).collect();
         assert_eq!(proxies, ["10.0.0.0/8", "::1/128"]);
         assert_eq!(config.redis.settings.urls, ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]);
+        jail.clear_env();
+        jail.set_env("CA_SKELETON_REDIS__TOPOLOGY", "sentinel");
+        jail.set_env("CA_SKELETON_REDIS__SENTINELS", "10.0.0.1:26379,10.0.0.2:26379");
+        let config = load_file(jail, BASE).unwrap();
         assert_eq!(config.redis.settings.sentinels, ["10.0.0.1:26379", "10.0.0.2:26379"]);
     });
 }
@@ -1685,6 +1690,23 @@ fn a_rule_blocks_or_does_not_limit_and_replaces_another_by_name() {
             assert_eq!(found.len(), 1, "{body}: {found:?}");
             assert_eq!(found[0].0, format!("envoy-rls.rules.0.{path}"), "{body}");
             assert!(found[0].1.contains(message), "{body}: {found:?}");
+        }
+    });
+}
+
+/// A dormant `[redis]` table (the provider is memory, `redis.enabled`
+/// false) is checked like any other, so switching it on is not when its
+/// mistakes are found.
+#[test]
+fn a_redis_table_is_checked_while_redis_is_off() {
+    jail(|jail| {
+        let file = format!(
+            "{BASE}[redis]\nkey-prefix = \"a{{b}} c\"\ncommand-timeout = \"0ms\"\n\
+             [redis.deny-cache]\nmax-entries = 0\n"
+        );
+        let found = paths(load_file(jail, &file));
+        for key in ["redis.key-prefix", "redis.command-timeout", "redis.deny-cache.max-entries"] {
+            assert!(found.iter().any(|path| path == key), "{key}: {found:?}");
         }
     });
 }

@@ -47,9 +47,9 @@ pub(crate) fn validate(config: &AppConfig, declared: &Declared, problems: &mut C
     admin(config, problems);
     otlp(&config.telemetry.otlp, problems);
     envoy_rls(config, declared, problems);
-    if config.redis.enabled || config.capabilities.rate_limit.provider == ProviderConfig::Redis {
-        redis(config, problems);
-    }
+    // Checked while off too, as every dormant section is: switching it on
+    // must not be the moment a typo in it is found.
+    redis(config, problems);
 }
 
 /// The listeners' timeouts: more than zero (zero would cut every drain,
