@@ -157,14 +157,37 @@ fn line_of(text: &str, keys: &[String]) -> Option<usize> {
 }
 
 /// The dotted key path set on line `line` (1-based) of a TOML text: the
-/// table its last header names, then the key before its `=`.
+/// table its last header names (an array of tables with the index of the
+/// entry), then the key before its `=`; a line inside a value that spans
+/// several lines belongs to the key that opened it.
 fn key_path_at(text: &str, line: usize) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
-    let (key, _) = lines.get(line.checked_sub(1)?)?.split_once('=')?;
-    let header = lines[..line - 1].iter().rev().map(|l| l.trim()).find(|l| l.starts_with('['));
-    let table = header.map(|h| h.trim_start_matches('[').trim_end_matches(']').trim());
-    let key = key.trim();
-    Some(table.map_or_else(|| key.to_owned(), |table| format!("{table}.{key}")))
+    let before = lines.get(..line.checked_sub(1)?)?;
+    let is_header = |l: &str| l.trim_start().starts_with('[');
+    let opened = lines[..line].iter().rev().take_while(|l| !is_header(l));
+    // The nearest line at or above with a key: a continuation line has none.
+    let assignment = opened.filter_map(|l| l.split_once('=')).find(|(key, _)| {
+        let key = key.trim();
+        let quoted = key.len() >= 2 && key.starts_with('"') && key.ends_with('"');
+        quoted || (!key.is_empty() && !key.contains(['"', '[', ',', '#']))
+    });
+    let key = assignment?.0.trim();
+    let Some(header) = before.iter().rev().find(|l| is_header(l)) else {
+        return Some(key.to_owned());
+    };
+    // The header's name: between its brackets, before any comment after them.
+    let name = |header: &str| {
+        let name = header.trim_start().trim_start_matches('[');
+        name.split_once(']').map_or(name, |(name, _)| name).trim().to_owned()
+    };
+    let table = name(header);
+    let table = if header.trim_start().starts_with("[[") {
+        let same = |l: &&&str| l.trim_start().starts_with("[[") && name(l) == table;
+        format!("{table}.{}", before.iter().filter(same).count() - 1)
+    } else {
+        table
+    };
+    Some(format!("{table}.{key}"))
 }
 
 /// `CA_SKELETON_A__B_C=v` -> `a.b-c = v`: `__` separates levels and `_`
@@ -207,6 +230,15 @@ mod tests {
         );
         assert_eq!(key_path_at("top = 1\n", 1).as_deref(), Some("top"));
         assert_eq!(key_path_at("[a]\n# note\n\n", 2), None);
+        // A comment after a header, the second of an array of tables, a
+        // value's continuation line (found from outside).
+        let text = "[t.p] # quota\nlimit = 1\n[[r]]\nd = 1\n[[r]]\nd = 2\nl = [\n  1,\n]\n";
+        assert_eq!(key_path_at(text, 2).as_deref(), Some("t.p.limit"));
+        assert_eq!(key_path_at(text, 4).as_deref(), Some("r.0.d"));
+        assert_eq!(key_path_at(text, 6).as_deref(), Some("r.1.d"));
+        assert_eq!(key_path_at(text, 8).as_deref(), Some("r.1.l"));
+        let quoted = "[ops]\n\"GET /x\" = [\n  \"a=b\",\n]\n";
+        assert_eq!(key_path_at(quoted, 3).as_deref(), Some("ops.\"GET /x\""));
     }
 
     #[test]
