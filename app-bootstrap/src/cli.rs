@@ -230,7 +230,12 @@ async fn serve(
                       cannot be written: set the clock and start again";
         return Err(BootstrapError::Wiring { component: "the listeners", reason: reason.into() });
     }
-    let config = match AppConfig::load(sources) {
+    // The route check `Application::build` makes again, here with sources.
+    let served = crate::routes::api();
+    let loaded = AppConfig::load(sources).and_then(|config| {
+        config.check_operations_from(served.operations(), sources).map(|()| config)
+    });
+    let config = match loaded {
         Ok(config) => config,
         Err(error) => {
             init_logging(log_format, None);
@@ -290,7 +295,7 @@ async fn serve(
 fn check_config(sources: &ConfigSources) -> Result<(), BootstrapError> {
     let config = AppConfig::load(sources)?;
     // The same route check `serve` makes, against the routes it would serve.
-    config.check_operations(crate::routes::api().operations())?;
+    config.check_operations_from(crate::routes::api().operations(), sources)?;
     print!("{}", config.to_redacted_toml()?);
     let memory_without_key = config.capabilities.rate_limit.provider == ProviderConfig::Memory
         && config.pseudonymizer.keys.is_empty();

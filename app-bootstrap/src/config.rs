@@ -571,6 +571,24 @@ impl AppConfig {
         if problems.is_empty() { Ok(()) } else { Err(BootstrapError::InvalidConfig(problems)) }
     }
 
+    /// [`Self::check_operations`], each problem with the file line or the
+    /// variable `sources` gives its key (the check runs after loading,
+    /// when the merged tree is gone, so it is read again, only on failure).
+    pub fn check_operations_from(
+        &self,
+        served: &std::collections::BTreeSet<String>,
+        sources: &ConfigSources,
+    ) -> Result<(), BootstrapError> {
+        let mut problems = match self.check_operations(served) {
+            Err(BootstrapError::InvalidConfig(problems)) => problems,
+            other => return other,
+        };
+        if let Ok((figment, tree)) = sources.merged_tree() {
+            ConfigSources::locate(&figment, &tree, &mut problems);
+        }
+        Err(BootstrapError::InvalidConfig(problems))
+    }
+
     /// The configured policies.
     pub fn rate_limit_policies(&self) -> Vec<RateLimitPolicy> {
         self.capabilities.rate_limit.policies.values().cloned().collect()

@@ -235,7 +235,9 @@ impl Reloader {
                 )]);
             }
         }
-        loaded.check_operations(&self.inner.served).map_err(problem_lines)?;
+        loaded
+            .check_operations_from(&self.inner.served, &self.inner.sources)
+            .map_err(problem_lines)?;
         let (changed, restart_required) = changes(running, &loaded);
         let Some(target) = &self.inner.target else {
             // `disabled`: no table is in use; any change needs a restart.

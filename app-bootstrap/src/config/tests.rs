@@ -978,6 +978,13 @@ fn an_operation_that_names_no_served_route_is_refused() {
         assert_eq!(found.len(), 1, "{found:?}");
         assert_eq!(found[0].0, "capabilities.rate-limit.operations.\"GET /api/helo\"");
         assert!(found[0].1.contains("GET /api/hello"), "the served routes are listed: {found:?}");
+        // With its sources, the problem names the file and line (found from outside).
+        let sources = ConfigSources::new(Some(PathBuf::from("app.toml")));
+        let error = config.check_operations_from(&served, &sources).unwrap_err();
+        let BootstrapError::InvalidConfig(problems) = error else { panic!("{error}") };
+        let line = file.lines().position(|line| line.contains("helo")).unwrap() + 1;
+        let source = problems.iter().next().and_then(|p| p.source.clone());
+        assert_eq!(source.as_deref(), Some(format!("in app.toml, line {line}").as_str()));
     });
 }
 
