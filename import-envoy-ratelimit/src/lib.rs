@@ -1377,7 +1377,8 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
         "# envoyproxy/ratelimit counts them) and a rule whose descriptor is the\n",
         "# path of keys, `key=value` where a value fixes the entry. A descriptor\n",
         "# matches the first rule with its keys and values: the order below is\n",
-        "# envoyproxy/ratelimit's precedence, a fixed value before the bare key.\n",
+        "# envoyproxy/ratelimit's precedence: an exact value, then a wildcard\n",
+        "# (`*`), then the bare key.\n",
     ));
     if warnings.is_empty() {
         out.push_str("# Everything was converted.\n");

@@ -138,7 +138,8 @@ const HEADER: &str = "\
 # envoyproxy/ratelimit counts them) and a rule whose descriptor is the
 # path of keys, `key=value` where a value fixes the entry. A descriptor
 # matches the first rule with its keys and values: the order below is
-# envoyproxy/ratelimit's precedence, a fixed value before the bare key.
+# envoyproxy/ratelimit's precedence: an exact value, then a wildcard
+# (`*`), then the bare key.
 ";
 
 const DEFAULT_POLICY: &str = "
