@@ -60,6 +60,7 @@ fn engine(port: Option<Arc<dyn EdgeRateLimitPort>>) -> RlsEngine {
         limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("bench").unwrap())),
         name: None,
         replaces: Vec::new(),
+        allow_override: false,
     };
     RlsEngine::new(port, pseudonymizer, clock, settings, &[rule]).unwrap()
 }

@@ -35,6 +35,7 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::error::RlsError;
+use crate::limit_override::{LimitOverrides, Overridden, OverridePorts};
 use crate::response::{Answer, Response};
 use crate::rules::{
     Answered, DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, Resolved, RlsRule, Rules, Step,
@@ -59,6 +60,9 @@ pub struct RlsEngine {
     settings: RlsSettings,
     rules: Rules,
     metrics: FrontMetrics,
+    /// `None` unless the composition root gave the engine a way to hold
+    /// the policy of a `limit` override ([`Self::with_overrides`]).
+    overrides: Option<LimitOverrides>,
 }
 
 /// Where the budgets of one descriptor are kept, under the rules in force:
@@ -108,7 +112,15 @@ impl RlsEngine {
     ) -> Result<Self, RlsError> {
         let rules = Rules::new(rules, &*port)?;
         let metrics = FrontMetrics::new();
-        Ok(Self { port: Some(port), pseudonymizer, clock, settings, rules, metrics })
+        Ok(Self {
+            port: Some(port),
+            pseudonymizer,
+            clock,
+            settings,
+            rules,
+            metrics,
+            overrides: None,
+        })
     }
 
     /// An engine with rate limiting off (the `disabled` provider): every
@@ -120,7 +132,16 @@ impl RlsEngine {
         settings: RlsSettings,
     ) -> Self {
         let (rules, metrics) = (Rules::default(), FrontMetrics::new());
-        Self { port: None, pseudonymizer, clock, settings, rules, metrics }
+        Self { port: None, pseudonymizer, clock, settings, rules, metrics, overrides: None }
+    }
+
+    /// Honours a descriptor's `limit` override on the rules that allow it,
+    /// each effective limit through a port `ports` builds. Without this, an
+    /// override is ignored (counted) on every rule.
+    #[must_use]
+    pub fn with_overrides(mut self, ports: OverridePorts) -> Self {
+        self.overrides = Some(LimitOverrides::new(ports));
+        self
     }
 
     /// The provider the engine asks; `None` when rate limiting is off.
@@ -207,8 +228,11 @@ impl RlsEngine {
         let (mut refused, mut blocked) = (false, false);
         let mut entries = Vec::new();
         let matched = if self.rules.replacing() { self.matched(request) } else { Vec::new() };
+        // Before the loop, which borrows the rules they are prepared from.
+        let overridden = self.overridden(request, &matched);
         for (index, descriptor) in request.descriptors.iter().enumerate() {
-            if descriptor.limit.is_some() {
+            let honoured = overridden.get(index).is_some_and(Option::is_some);
+            if descriptor.limit.is_some() && !honoured {
                 self.metrics.overrides.increment(1);
             }
             entries.clear();
@@ -238,6 +262,18 @@ impl RlsEngine {
                     continue;
                 }
             };
+            // An override the rule allows: its own policy, through its port;
+            // one no window holds refuses the call, as a blocking rule does.
+            let (rule, override_port) = match overridden.get(index) {
+                Some(Some(Some(held))) => (&held.rule, Some(&*held.port)),
+                Some(Some(None)) => {
+                    self.metrics.blocked.increment(1);
+                    blocked = true;
+                    response.block(index);
+                    continue;
+                }
+                Some(None) | None => (rule, None),
+            };
             let cost = descriptor.hits_addend.as_ref().map_or(request_cost, |hits| hits.value);
             let members = match admitting(rule, cost) {
                 Ok(members) => members,
@@ -251,7 +287,8 @@ impl RlsEngine {
                 // Shadow policies only, none of which can take the cost.
                 continue;
             }
-            let resolved = Resolved { rule, subject: self.subject(rule, &entries), cost, members };
+            let subject = self.subject(rule, &entries);
+            let resolved = Resolved { rule, subject, cost, members, port: override_port };
             match steps.iter_mut().find(|step| step.admits(&resolved)) {
                 Some(step) => {
                     step.operation_bound |= resolved.rule.operation_scoped;
@@ -266,6 +303,7 @@ impl RlsEngine {
                     step.descriptors.push((index, resolved.rule));
                 }
                 None => steps.push(Step {
+                    port: resolved.port,
                     subject: resolved.subject,
                     cost: resolved.cost,
                     rule: resolved.rule,
@@ -287,10 +325,11 @@ impl RlsEngine {
             return Ok(response.finish());
         }
         for step in &steps {
+            let port = step.port.unwrap_or(&**port);
             let evaluated = if step.cost == 0 {
-                look(&**port, step).await?
+                look(port, step).await?
             } else {
-                evaluate(&**port, step, deadline).await?
+                evaluate(port, step, deadline).await?
             };
             match evaluated {
                 Evaluated::Passed => {}
@@ -308,6 +347,35 @@ impl RlsEngine {
             }
         }
         Ok(response.finish())
+    }
+
+    /// Per descriptor: `None` when its `limit` override is not honoured
+    /// (none sent, or its rule does not allow it), else the rule under the
+    /// override, or `None` inside when no window holds the override. Empty
+    /// when no descriptor carries one.
+    #[allow(clippy::option_option)] // Not honoured, and honoured but refused.
+    fn overridden(
+        &self,
+        request: &EnvoyRequest,
+        matched: &[usize],
+    ) -> Vec<Option<Option<Arc<Overridden>>>> {
+        let Some(overrides) = &self.overrides else { return Vec::new() };
+        if request.descriptors.iter().all(|descriptor| descriptor.limit.is_none()) {
+            return Vec::new();
+        }
+        let descriptors = request.descriptors.iter().map(|descriptor| {
+            let limit = descriptor.limit.as_ref()?;
+            let entries: Vec<(&str, &str)> =
+                descriptor.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect();
+            let found = self.rules.find(&request.domain, &entries);
+            match found.filter(|found| !self.rules.replaced(found.index(), matched)) {
+                Some(Match::Limited(rule)) if rule.allow_override => {
+                    Some(overrides.get(rule, limit))
+                }
+                _ => None,
+            }
+        });
+        descriptors.collect()
     }
 
     /// The indexes of the rules the call's descriptors match.

@@ -26,14 +26,6 @@ pub enum RlsError {
         /// The entry's index in the pattern.
         entry: usize,
     },
-    /// An entry key appears twice in one pattern.
-    #[error("rule {rule}: entry key {key:?} is repeated")]
-    RepeatedKey {
-        /// The rule's index.
-        rule: usize,
-        /// The key.
-        key: String,
-    },
     /// A subject key is not an entry of the pattern, or has a fixed value.
     #[error("rule {rule}: subject {key:?} is not an entry without a fixed value")]
     BadSubject {

@@ -20,6 +20,7 @@
 
 mod engine;
 mod error;
+mod limit_override;
 mod response;
 mod rules;
 mod service;
@@ -27,6 +28,7 @@ mod telemetry;
 
 pub use engine::{DescriptorSubject, MAX_DESCRIPTORS, RlsEngine, RlsSettings};
 pub use error::RlsError;
+pub use limit_override::{MAX_HELD_OVERRIDES, OverridePorts};
 pub use rules::{DESCRIPTOR_SUBJECT_KIND, RlsRule, RuleLimit, rule_operation};
 pub use service::{
     CallTracing, EnvoyRateLimitService, ProviderHealth, RATE_LIMIT_SERVICE_NAME,

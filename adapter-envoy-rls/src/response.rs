@@ -15,6 +15,7 @@ use shared_contract::{
     SystemClock, quota_window, whole_seconds_up_millis, write_limit_field, write_policy_field_at,
 };
 
+use crate::limit_override::unit_seconds;
 use crate::rules::{Member, PreparedRule, Step};
 
 /// What one step decided: admitted or not, and one decision per member of
@@ -189,21 +190,32 @@ fn status(
     }
 }
 
-/// The policy as Envoy's `RateLimit`: exact when its window is one second,
-/// minute, hour, day or week; otherwise `UNKNOWN` with the limit.
+/// The policy as Envoy's `RateLimit`. A window of one of Envoy's units is
+/// that unit (a month is 30 days, a year 365, as envoyproxy/ratelimit
+/// counts them); any other window (10 s, 3 days) is shown in the longest
+/// unit not longer than it, a second at least, with the limit scaled to
+/// that unit, rounded down and at least 1 (5 per 10 s shows 1 per second,
+/// 7 per 3 days 2 per day). Envoy's `RateLimit` has no field for the
+/// number of units. A concurrency policy has no window: `UNKNOWN`.
 fn current_limit(policy: &RateLimitPolicy) -> RateLimit {
-    // A concurrency policy has no window (and no Envoy rule may list one).
-    let unit = match quota_window(policy.algorithm()).map_or(0, |window| window.as_millis()) {
-        1_000 => Unit::Second,
-        60_000 => Unit::Minute,
-        3_600_000 => Unit::Hour,
-        86_400_000 => Unit::Day,
-        604_800_000 => Unit::Week,
-        _ => Unit::Unknown,
+    let limit = policy.limit();
+    let (unit, requests) = match quota_window(policy.algorithm()) {
+        None => (Unit::Unknown, limit),
+        Some(window) => {
+            let window_ms = window.as_millis().max(1);
+            let units = [Unit::Year, Unit::Month, Unit::Week, Unit::Day, Unit::Hour, Unit::Minute];
+            let unit = units
+                .into_iter()
+                .find(|&unit| unit_seconds(unit).is_some_and(|s| u128::from(s) * 1000 <= window_ms))
+                .unwrap_or(Unit::Second);
+            let unit_ms = u128::from(unit_seconds(unit).unwrap_or(1)) * 1000;
+            let scaled = u128::from(limit) * unit_ms / window_ms;
+            (unit, u64::try_from(scaled).unwrap_or(u64::MAX).max(1))
+        }
     };
     RateLimit {
         name: policy.id().as_str().to_owned(),
-        requests_per_unit: u32::try_from(policy.limit()).unwrap_or(u32::MAX),
+        requests_per_unit: u32::try_from(requests).unwrap_or(u32::MAX),
         unit: unit.into(),
     }
 }
@@ -221,5 +233,42 @@ fn header(key: &str, value: Vec<u8>) -> HeaderValue {
         key: key.to_owned(),
         value: String::from_utf8(value).unwrap_or_default(),
         ..HeaderValue::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use shared_contract::FixedWindow;
+
+    use super::*;
+
+    /// docs/envoy-rls.md, "The answer": Envoy's units exactly (a month 30
+    /// days, a year 365), any other window in the longest unit not longer
+    /// than it with the limit scaled down to it, at least 1.
+    #[test]
+    fn current_limit_is_the_unit_or_the_closest_shorter_unit_scaled() {
+        const DAY: u64 = 86_400;
+        let cases = [
+            (5, 10, 1, Unit::Second),
+            (7, 3 * DAY, 2, Unit::Day),
+            (9, 30 * DAY, 9, Unit::Month),
+            (4, 365 * DAY, 4, Unit::Year),
+            (3, 60, 3, Unit::Minute),
+            (600, 600, 60, Unit::Minute),
+            (1, 2 * 3_600, 1, Unit::Hour),
+            (14, 14 * DAY, 7, Unit::Week),
+        ];
+        for (limit, seconds, requests, unit) in cases {
+            let window = FixedWindow { limit, window: Duration::from_secs(seconds) };
+            let policy = RateLimitPolicy::builder("p", window).build().unwrap();
+            let shown = current_limit(&policy);
+            assert_eq!(
+                (shown.requests_per_unit, shown.unit),
+                (requests, unit as i32),
+                "{limit}/{seconds}s"
+            );
+        }
     }
 }

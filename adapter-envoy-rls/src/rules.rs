@@ -40,6 +40,10 @@ pub struct RlsRule {
     /// the replaced rule's descriptors are neither checked nor charged
     /// (answered as no rule), envoyproxy/ratelimit's `replaces`.
     pub replaces: Vec<String>,
+    /// Whether a descriptor's `limit` override is honoured: it then runs
+    /// under a fixed window of that size instead of the rule's policies
+    /// (`crate::limit_override`). Only a rule with policies takes it.
+    pub allow_override: bool,
 }
 
 /// What a rule's matching descriptors run under.
@@ -134,6 +138,27 @@ pub(crate) struct PreparedRule {
     pub(crate) operation: OperationDigest,
     /// Whether any member is operation-scoped.
     pub(crate) operation_scoped: bool,
+    /// Whether a descriptor's `limit` override is honoured.
+    pub(crate) allow_override: bool,
+}
+
+impl PreparedRule {
+    /// The rule with `member` as its only policy: what a descriptor with a
+    /// `limit` override runs under (same subject, same operation).
+    pub(crate) fn with_member(&self, member: Member) -> Self {
+        Self {
+            index: self.index,
+            domain: self.domain.clone(),
+            keys: self.keys.clone(),
+            values: self.values.clone(),
+            subject: self.subject.clone(),
+            policies: PolicySet::single(member.id.clone()),
+            operation_scoped: member.operation_scoped(),
+            members: Box::new([member]),
+            operation: self.operation,
+            allow_override: false,
+        }
+    }
 }
 
 /// What a descriptor matched: the first rule of its domain that fits.
@@ -195,7 +220,7 @@ fn fits(keys: &[Box<str>], values: &[Value], entries: &[(&str, &str)]) -> bool {
 }
 
 /// What a pattern entry takes as its value.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 enum Value {
     /// No fixed value: any, and the subject's.
     Any,
@@ -269,18 +294,21 @@ impl Rules {
                 rule.pattern.iter().map(|(_, fixed)| Value::of(fixed.as_deref())).collect();
             let subject = match &rule.subject {
                 None => (0..values.len()).filter(|&at| values[at].in_subject()).collect(),
-                Some(keys) => keys
-                    .iter()
-                    .map(|key| {
-                        (0..values.len())
-                            .find(|&at| rule.pattern[at].0 == *key && values[at].in_subject())
-                            .ok_or_else(|| RlsError::BadSubject { rule: index, key: key.clone() })
-                    })
-                    .collect::<Result<Vec<_>, _>>()?
-                    .into_iter()
-                    .collect::<std::collections::BTreeSet<_>>()
-                    .into_iter()
-                    .collect(),
+                // A key the pattern repeats (a nested `files` under
+                // `files`) names every entry of it that counts apart.
+                Some(keys) => {
+                    let mut at = std::collections::BTreeSet::new();
+                    for key in keys {
+                        let mut named = (0..values.len())
+                            .filter(|&at| rule.pattern[at].0 == *key && values[at].in_subject())
+                            .peekable();
+                        if named.peek().is_none() {
+                            return Err(RlsError::BadSubject { rule: index, key: key.clone() });
+                        }
+                        at.extend(named);
+                    }
+                    at.into_iter().collect()
+                }
             };
             let policies = match &rule.limit {
                 RuleLimit::Policies(policies) => policies,
@@ -314,6 +342,7 @@ impl Rules {
                 members,
                 policies: policies.clone(),
                 operation: rule_operation(&rule.domain, &rule.pattern),
+                allow_override: rule.allow_override,
             };
             by_domain
                 .entry(rule.domain.as_str().into())
@@ -372,12 +401,11 @@ fn check(index: usize, rule: &RlsRule, rules: &[RlsRule]) -> Result<(), RlsError
     if rule.pattern.is_empty() {
         return Err(RlsError::EmptyPattern { rule: index });
     }
+    // A key may repeat, as envoyproxy/ratelimit's nested descriptors may
+    // (`files` under `files`): entries match by position.
     for (entry, (key, _)) in rule.pattern.iter().enumerate() {
         if key.is_empty() {
             return Err(RlsError::EmptyKey { rule: index, entry });
-        }
-        if rule.pattern[..entry].iter().any(|(earlier, _)| earlier == key) {
-            return Err(RlsError::RepeatedKey { rule: index, key: key.clone() });
         }
     }
     let first = rules[..index]
@@ -397,10 +425,14 @@ pub(crate) struct Resolved<'e> {
     pub(crate) subject: SubjectDigest,
     pub(crate) cost: u64,
     pub(crate) members: Vec<&'e Member>,
+    /// The port of its `limit` override, if it runs under one.
+    pub(crate) port: Option<&'e dyn EdgeRateLimitPort>,
 }
 
 /// One atomic step: a policy set of one subject, or one look.
 pub(crate) struct Step<'e> {
+    /// The port of a `limit` override; `None` for the engine's own.
+    pub(crate) port: Option<&'e dyn EdgeRateLimitPort>,
     pub(crate) subject: SubjectDigest,
     pub(crate) cost: u64,
     /// The rule whose operation the set is keyed by.
@@ -417,6 +449,10 @@ impl Step<'_> {
     /// no second rule's operation-scoped policy, at most 8 policies.
     pub(crate) fn admits(&self, resolved: &Resolved<'_>) -> bool {
         if self.cost == 0 || self.cost != resolved.cost || self.subject != resolved.subject {
+            return false;
+        }
+        // An override's policy lives in its own port: a step of its own.
+        if self.port.is_some() || resolved.port.is_some() {
             return false;
         }
         let rule = resolved.rule;
@@ -455,6 +491,7 @@ mod tests {
             limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("p").unwrap())),
             name: None,
             replaces: Vec::new(),
+            allow_override: false,
         }
     }
 
@@ -474,10 +511,6 @@ mod tests {
             (
                 vec![rule("d", &[("a", None), ("", None)], None)],
                 RlsError::EmptyKey { rule: 0, entry: 1 },
-            ),
-            (
-                vec![rule("d", &[("a", None), ("a", Some("x"))], None)],
-                RlsError::RepeatedKey { rule: 0, key: "a".to_owned() },
             ),
             (
                 vec![rule("d", &[("a", Some("x"))], Some(&["a"]))],
@@ -558,6 +591,32 @@ mod tests {
             panic!("the second rule matches");
         };
         assert_eq!(&*second.subject, &[1][..]);
+    }
+
+    /// envoyproxy/ratelimit's nested descriptors may repeat a key
+    /// (`test/config/share_threshold.yaml`: `files: top/*` holding
+    /// `files: nested/*`): entries match by position, and a subject key
+    /// names every entry of it that counts apart.
+    #[test]
+    fn a_key_may_repeat_and_a_subject_key_names_each_of_its_entries() {
+        let clock = std::sync::Arc::new(shared_contract::ManualClock::new(0));
+        let port = adapter_memory::MemoryEdgeRateLimitAdapter::new([policy()], clock).unwrap();
+        let nested = [("files", Some("top/*")), ("files", Some("nested/*"))];
+        let rules = [
+            rule("d", &nested, Some(&[])),
+            rule("e", &nested, None),
+            rule("f", &[("files", Some("top")), ("files", None)], Some(&["files"])),
+        ];
+        let rules = Rules::new(&rules, &port).unwrap();
+        let subject = |domain: &str, entries: &[(&str, &str)]| match rules.find(domain, entries) {
+            Some(Match::Limited(rule)) => rule.subject.to_vec(),
+            _ => panic!("{domain} matches"),
+        };
+        let top_nested = [("files", "top/a"), ("files", "nested/b")];
+        assert_eq!(subject("d", &top_nested), Vec::<usize>::new(), "shared: one budget");
+        assert_eq!(subject("e", &top_nested), [0, 1], "each value counts apart");
+        assert!(rules.find("d", &[("files", "nested/b"), ("files", "top/a")]).is_none());
+        assert_eq!(subject("f", &[("files", "top"), ("files", "x")]), [1]);
     }
 
     #[test]

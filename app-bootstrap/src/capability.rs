@@ -7,7 +7,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use adapter_envoy_rls::{RlsEngine, RlsRule, RlsSettings, RuleLimit};
+use adapter_envoy_rls::{OverridePorts, RlsEngine, RlsRule, RlsSettings, RuleLimit};
 use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
 use adapter_redis::RedisEdgeRateLimitAdapter;
 use adapter_web::{EdgeSettings, RateLimitLayer, TransportBridge, VersionedPseudonymizer};
@@ -120,7 +120,17 @@ impl ProviderState {
         config: &AppConfig,
         clock: Arc<dyn Clock>,
     ) -> Result<Arc<dyn EdgeRateLimitPort>, BootstrapError> {
-        let policies = config.rate_limit_policies();
+        self.port_holding(config, config.rate_limit_policies(), clock)
+    }
+
+    /// A port over `policies`, sharing this state (and, in degraded mode,
+    /// holding each at its share).
+    fn port_holding(
+        &self,
+        config: &AppConfig,
+        policies: Vec<RateLimitPolicy>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Arc<dyn EdgeRateLimitPort>, BootstrapError> {
         Ok(match self {
             Self::Memory(store) => {
                 let adapter =
@@ -302,13 +312,13 @@ pub fn pseudonymizer(config: &AppConfig) -> Result<VersionedPseudonymizer, Boots
 /// the HTTP edge's pseudonymizer.
 pub fn rls_engine(
     config: &AppConfig,
-    port: Option<Arc<dyn EdgeRateLimitPort>>,
+    provider: Option<(Arc<dyn EdgeRateLimitPort>, &ProviderState)>,
     pseudonymizer: Arc<dyn SubjectPseudonymizer>,
     clock: Arc<dyn Clock>,
 ) -> Result<RlsEngine, BootstrapError> {
     let settings =
         RlsSettings { evaluation_budget: config.capabilities.rate_limit.edge.evaluation_budget };
-    let Some(port) = port else {
+    let Some((port, state)) = provider else {
         return Ok(RlsEngine::disabled(pseudonymizer, clock, settings));
     };
     let mut rules = Vec::with_capacity(config.envoy_rls.rules.len());
@@ -336,10 +346,25 @@ pub fn rls_engine(
             limit,
             name: rule.name.clone(),
             replaces: rule.replaces.clone(),
+            allow_override: rule.allow_override,
         });
     }
-    RlsEngine::new(port, pseudonymizer, clock, settings, &rules)
-        .map_err(|error| wiring("the envoy rls rules", error))
+    let overrides = rules.iter().any(|rule| rule.allow_override).then(|| {
+        let (state, config, clock) = (state.clone(), config.clone(), Arc::clone(&clock));
+        // The port of one effective limit, over the provider's store: the
+        // engine builds each once and keeps it.
+        let ports: OverridePorts = Arc::new(move |policy| {
+            let port = state.port_holding(&config, vec![policy], Arc::clone(&clock));
+            port.inspect_err(|error| tracing::warn!(%error, "a limit override's port failed")).ok()
+        });
+        ports
+    });
+    let engine = RlsEngine::new(port, pseudonymizer, clock, settings, &rules)
+        .map_err(|error| wiring("the envoy rls rules", error))?;
+    Ok(match overrides {
+        Some(ports) => engine.with_overrides(ports),
+        None => engine,
+    })
 }
 
 /// The edge settings of `capabilities.rate-limit`.

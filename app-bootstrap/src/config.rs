@@ -240,6 +240,12 @@ pub struct RlsRuleConfig {
     #[serde(default, deserialize_with = "read::list")]
     #[serde(skip_serializing_if = "Vec::is_empty", serialize_with = "render::list")]
     pub replaces: Vec<String>,
+    /// `allow-override`: `true` honours a descriptor's `limit` override
+    /// (set by Envoy's route configuration) as a fixed window of its own
+    /// instead of `policies`; off, it is ignored and counted. Only on a
+    /// rule with `policies`.
+    #[serde(default, rename = "allow-override", skip_serializing_if = "std::ops::Not::not")]
+    pub allow_override: bool,
 }
 
 impl RlsRuleConfig {

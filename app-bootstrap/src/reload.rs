@@ -270,7 +270,7 @@ impl Reloader {
             Some(rls) => {
                 let engine = rls_engine(
                     &next,
-                    Some(Arc::clone(&port)),
+                    Some((Arc::clone(&port), &target.state)),
                     Arc::clone(&pseudonymizer) as _,
                     Arc::clone(&clock),
                 )

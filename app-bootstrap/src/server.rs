@@ -294,7 +294,7 @@ impl Application {
                     Some(switch) => Arc::clone(switch.current().pseudonymizer()) as _,
                     None => Arc::new(capability::pseudonymizer(config)?),
                 };
-                let port = capability.port().cloned();
+                let port = capability.port().cloned().zip(capability.state());
                 let engine =
                     capability::rls_engine(config, port, pseudonymizer, Arc::clone(&clock))?;
                 let (listener, address) = bind(address).await?;

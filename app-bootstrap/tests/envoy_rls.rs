@@ -304,3 +304,53 @@ async fn admin_lookup_inspect_and_reset_know_descriptor_subjects() {
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
 }
+
+/// A rule with `allow-override = true` through the real server (the memory
+/// provider's store): a descriptor's `limit` runs under its own fixed
+/// window (docs/envoy-rls.md, "Rules"), 2 a minute here against the rule's
+/// 3, with `current_limit` naming it; its counter is the store's, so a
+/// reload that rebuilds the engine keeps it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowed_limit_override_has_its_own_budget_that_a_reload_keeps() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rls.toml");
+    let allowing = file("edge").replacen(
+        "policies = \"edge-ip\"\n",
+        "policies = \"edge-ip\"\nallow-override = true\n",
+        1,
+    );
+    std::fs::write(&path, &allowing).unwrap();
+    let Server { reloader, mut client, stop, task, .. } = start(&path).await;
+    let mut sized = ask("edge", "10.9.1.1");
+    let minute = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit::Minute as i32;
+    sized.descriptors[0].limit = Some(RateLimitOverride { requests_per_unit: 2, unit: minute });
+    let mut ask_sized = async || {
+        let answer = client.should_rate_limit(sized.clone()).await.unwrap().into_inner();
+        let limit = answer.statuses[0].current_limit.clone().unwrap();
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit),
+            ("envoy-override.2-per-minute", 2)
+        );
+        Code::try_from(answer.overall_code).unwrap()
+    };
+    assert_eq!(ask_sized().await, Code::Ok);
+    // A reload that adds a rule builds a new engine.
+    let more = "[[envoy-rls.rules]]\ndomain = \"edge\"\ndescriptor = [\"generic_key=free\"]\nunlimited = true\n";
+    std::fs::write(&path, format!("{allowing}\n{more}")).unwrap();
+    match reloader.reload().await {
+        ReloadReport::Applied { changed, .. } => assert_eq!(changed, ["envoy-rls.rules"]),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(ask_sized().await, Code::Ok);
+    assert_eq!(ask_sized().await, Code::OverLimit);
+    // The rule's own 3 a minute for the same address is whole.
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let answer = client.should_rate_limit(ask("edge", "10.9.1.1")).await.unwrap().into_inner();
+        codes.push(Code::try_from(answer.overall_code).unwrap());
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    drop(client);
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(15), task).await.unwrap().unwrap();
+}

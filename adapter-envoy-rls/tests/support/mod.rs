@@ -55,6 +55,7 @@ pub fn rule(domain: &str, pattern: &[&str], subject: Option<&[&str]>, ids: &[&st
         limit: RuleLimit::Policies(set(ids)),
         name: None,
         replaces: Vec::new(),
+        allow_override: false,
     }
 }
 

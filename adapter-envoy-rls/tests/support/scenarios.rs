@@ -338,7 +338,8 @@ pub async fn unlimited_rules_pass_without_a_provider_call(factory: &PortFactory)
 
 /// A GCRA policy through the RLS, as docs/envoy-rls.md and
 /// docs/algorithms.md say: `current_limit` is its burst `b` per `b x T`
-/// (`SECOND` when that is one second, else `UNKNOWN`), `limit_remaining`
+/// (in the longest unit not longer than it, the limit scaled to it:
+/// docs/envoy-rls.md, "The answer"), `limit_remaining`
 /// the cells that conform now, `duration_until_reset` when the next cell
 /// beyond them conforms; the headers are the HTTP edge's for GCRA.
 pub async fn gcra_statuses_and_headers(factory: &PortFactory) {
@@ -372,7 +373,8 @@ pub async fn gcra_statuses_and_headers(factory: &PortFactory) {
         assert_eq!(overall(&answer), Code::Ok);
         assert_eq!(summary(&answer), [(Code::Ok, remaining, Some("gcra-burst".to_owned()))]);
         let limit = answer.statuses[0].current_limit.as_ref().unwrap();
-        assert_eq!((limit.requests_per_unit, limit.unit), (5, Unit::Unknown as i32));
+        // 5 per 500 ms: 10 per second.
+        assert_eq!((limit.requests_per_unit, limit.unit), (10, Unit::Second as i32));
         assert_eq!(until_reset(&answer), Duration::from_millis(100));
         // q = b, w = b x T = 0.5 s rounded up; t = 100 ms rounded up.
         assert_eq!(header(&answer, "ratelimit-policy"), Some(r#""gcra-burst";q=5;w=1"#));
@@ -484,6 +486,90 @@ pub async fn a_limit_override_is_ignored(factory: &PortFactory) {
         answers.push(overall(&rls.ok(request("edge", vec![loose.clone()], 0)).await));
     }
     assert_eq!(answers, [Code::Ok, Code::Ok, Code::OverLimit]);
+}
+
+/// A descriptor's `limit` override on a rule with `allow_override`
+/// (docs/envoy-rls.md, "Rules"): a fixed window of the override's size,
+/// `envoy-override.<n>-per-<unit>`, keyed by the effective limit, so 3 a
+/// minute and 4 a minute of one address never share a counter and a
+/// refusal of one never answers the other; the rule's own policy is left
+/// whole. 0 requests or an unknown unit refuse the call without a provider
+/// call (envoyproxy/ratelimit answers 0 `OVER_LIMIT`). A rule without it
+/// ignores the override.
+pub async fn a_limit_override_runs_under_its_own_budget_where_the_rule_allows_it(
+    factory: &PortFactory,
+) {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::RateLimitOverride;
+    let clock = clock();
+    let port = Counting::new(factory(policies(), clock.clone()));
+    // The ports of the two effective limits, built ahead (the factory is
+    // borrowed): each holds exactly the policy the docs name.
+    let mut held = std::collections::HashMap::new();
+    for count in [3, 4] {
+        let id = format!("envoy-override.{count}-per-minute");
+        let window = shared_contract::FixedWindow {
+            limit: count,
+            window: std::time::Duration::from_secs(60),
+        };
+        let policy = RateLimitPolicy::builder(&id, window).maximum_cost(count).build().unwrap();
+        held.insert(id, (policy.clone(), Counting::new(factory(vec![policy], clock.clone()))));
+    }
+    let ports = held.clone();
+    let overrides: adapter_envoy_rls::OverridePorts = Arc::new(move |policy| {
+        let (expected, port) = ports.get(policy.id().as_str())?;
+        assert_eq!(&policy, expected, "the override's policy is the one the docs name");
+        Some(port.clone() as Arc<dyn EdgeRateLimitPort>)
+    });
+    let rules = [
+        RlsRule { allow_override: true, ..rule("edge", &["remote_address"], None, &["per-ip"]) },
+        rule("edge", &["generic_key=checkout", "remote_address"], None, &["checkout"]),
+    ];
+    let engine = engine(port.clone(), Arc::new(clock), &rules).with_overrides(overrides);
+    let mut rls = Rls::start(engine).await;
+    let at = |count: u32, unit: i32| {
+        let mut ip = ip("10.0.9.1");
+        ip.limit = Some(RateLimitOverride { requests_per_unit: count, unit });
+        ip
+    };
+    let minute = Unit::Minute as i32;
+    let mut codes = Vec::new();
+    for _ in 0..4 {
+        let answer = rls.ok(request("edge", vec![at(3, minute)], 0)).await;
+        let status = &answer.statuses[0];
+        let limit = status.current_limit.as_ref().unwrap();
+        assert_eq!(limit.name, "envoy-override.3-per-minute");
+        assert_eq!((limit.requests_per_unit, limit.unit), (3, minute));
+        codes.push(overall(&answer));
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    let mut codes = Vec::new();
+    for _ in 0..5 {
+        codes.push(overall(&rls.ok(request("edge", vec![at(4, minute)], 0)).await));
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::Ok, Code::Ok, Code::OverLimit]);
+    assert_eq!(port.calls(), 0, "the rule's own port was not asked");
+    assert_eq!(held["envoy-override.3-per-minute"].1.calls(), 4);
+    // The rule's own per-ip budget (2 a minute) is whole.
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        codes.push(overall(&rls.ok(request("edge", vec![ip("10.0.9.1")], 0)).await));
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit]);
+    // 0 requests, an unknown unit: refused, no provider asked, no wait.
+    for refused in [at(0, minute), at(10, Unit::Unknown as i32), at(10, 99)] {
+        let answer = rls.ok(request("edge", vec![refused], 0)).await;
+        assert_eq!(summary(&answer), [(Code::OverLimit, 0, None)]);
+        assert_eq!(header(&answer, "retry-after"), None);
+    }
+    assert_eq!(port.calls(), 3);
+    // A rule without `allow_override`: checkout's 5 a minute, not 1000.
+    let mut loose = checkout("10.0.9.2", None);
+    loose.limit = Some(RateLimitOverride { requests_per_unit: 1000, unit: minute });
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        codes.push(overall(&rls.ok(request("edge", vec![loose.clone()], 0)).await));
+    }
+    assert_eq!(codes, [[Code::Ok; 5].as_slice(), &[Code::OverLimit]].concat());
 }
 
 /// The provider's readiness is the health status.
@@ -616,6 +702,7 @@ pub async fn all(factory: &PortFactory) {
     a_cost_above_what_a_policy_admits_is_over_limit_and_charges_nothing(factory).await;
     malformed_requests_never_pass_a_limited_descriptor(factory).await;
     a_limit_override_is_ignored(factory).await;
+    a_limit_override_runs_under_its_own_budget_where_the_rule_allows_it(factory).await;
     wildcard_values_count_per_value_or_together(factory).await;
     rules_without_policies_stop_or_block_without_a_provider_call(factory).await;
     a_replacing_rule_drops_the_one_it_replaces_from_the_call(factory).await;

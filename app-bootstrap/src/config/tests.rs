@@ -1588,7 +1588,6 @@ polices = "api"
                 "envoy-rls.rules.3.polices",
                 "envoy-rls.rules.0.domain",
                 "envoy-rls.rules.0.descriptor.1",
-                "envoy-rls.rules.0.descriptor.2",
                 "envoy-rls.rules.0.policies",
                 "envoy-rls.rules.1.subject",
                 "envoy-rls.rules.1.subject",
@@ -1601,11 +1600,10 @@ polices = "api"
         );
         let message = |at: usize| found[at].1.as_str();
         assert!(message(3).contains("must not be empty"), "{}", message(3));
-        assert!(message(4).contains("repeated"), "{}", message(4));
-        assert!(message(5).contains("\"nope\" is not a policy"), "{}", message(5));
-        assert!(message(6).contains("\"generic_key\" has a fixed value"), "{}", message(6));
-        assert!(message(7).contains("\"path\" is not an entry"), "{}", message(7));
-        assert!(message(9).contains("envoy-rls.rules.1"), "{}", message(9));
+        assert!(message(4).contains("\"nope\" is not a policy"), "{}", message(4));
+        assert!(message(5).contains("\"generic_key\" has a fixed value"), "{}", message(5));
+        assert!(message(6).contains("\"path\" is not an entry"), "{}", message(6));
+        assert!(message(8).contains("envoy-rls.rules.1"), "{}", message(8));
     });
 }
 
@@ -1667,6 +1665,7 @@ fn a_rule_blocks_or_does_not_limit_and_replaces_another_by_name() {
             rule("[\"tier=gold*\", \"user\"]", "policies = \"api\"\nreplaces = [\"free\"]\n"),
             rule("[\"bucket=b*\", \"user\"]", "policies = \"api\"\nsubject = [\"bucket\"]\n"),
             rule("[\"files=f*\"]", "policies = \"api\"\nsubject = []\n"),
+            rule("[\"files=top/*\", \"files\"]", "policies = \"api\"\nallow-override = true\n"),
         ]
         .concat();
         let config = load_file(jail, &format!("{BASE}{file}")).unwrap();
@@ -1678,6 +1677,8 @@ fn a_rule_blocks_or_does_not_limit_and_replaces_another_by_name() {
         );
         assert_eq!(rules[2].subject_keys(), ["tier", "user"], "a wildcard counts apart");
         assert_eq!(rules[4].subject_keys(), Vec::<&str>::new());
+        assert!(rules[5].allow_override && !rules[4].allow_override);
+        assert_eq!(rules[5].subject_keys(), ["files", "files"], "a key may repeat");
         let rendered = config.to_redacted_toml().unwrap();
         assert_eq!(load_file(jail, &rendered).unwrap().envoy_rls, config.envoy_rls);
 
@@ -1692,6 +1693,7 @@ fn a_rule_blocks_or_does_not_limit_and_replaces_another_by_name() {
                 "another rule",
             ),
             ("policies = \"api\"\nsubject = [\"tier\"]\n", "subject", "has a fixed value"),
+            ("unlimited = true\nallow-override = true\n", "allow-override", "no limit to override"),
         ] {
             let found = problems(load_file(jail, &format!("{BASE}{}", rule(descriptor, body))));
             assert_eq!(found.len(), 1, "{body}: {found:?}");

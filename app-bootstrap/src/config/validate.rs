@@ -496,8 +496,6 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
             if key.is_empty() {
                 problems
                     .push(entry, "an entry key must not be empty (write \"key\" or \"key=value\")");
-            } else if entries[..at].iter().any(|(earlier, _)| earlier == key) {
-                problems.push(entry, format!("{key:?} is repeated: each entry key appears once"));
             } else if value.is_some_and(str::is_empty) {
                 problems.push(entry, format!("the fixed value of {key:?} is empty"));
             }
@@ -506,7 +504,11 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
         if let Some(subject) = &rule.subject {
             let at = path.child("subject");
             for (position, key) in subject.iter().enumerate() {
-                match entries.iter().find(|(entry, _)| entry == key) {
+                // A repeated key (nested descriptors) names each of its
+                // entries that counts apart.
+                let mut named = entries.iter().filter(|(entry, _)| entry == key);
+                let first = named.clone().next();
+                match named.find(|(_, value)| crate::config::counts_apart(*value)).or(first) {
                     None => problems.push(
                         at.clone(),
                         format!("{key:?} is not an entry of this rule's descriptor"),
@@ -564,6 +566,12 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
                     "must name another rule (not empty, not this rule's `name`)",
                 );
             }
+        }
+        if let (true, Some(answer)) = (rule.allow_override, answers.first()) {
+            problems.push(
+                path.child("allow-override"),
+                format!("an `{answer} = true` rule has no limit to override: remove the key"),
+            );
         }
         if rule.name.as_deref() == Some("") {
             problems.push(path.child("name"), "must not be empty");
