@@ -35,7 +35,7 @@ use tonic::Status;
 use tracing::Instrument;
 
 use crate::error::RlsError;
-use crate::limit_override::{LimitOverrides, Overridden, OverridePorts};
+use crate::limit_override::{LimitOverrides, Override, OverridePorts};
 use crate::response::{Answer, Response};
 use crate::rules::{
     Answered, DESCRIPTOR_SUBJECT_KIND, Match, Member, PreparedRule, Resolved, RlsRule, Rules, Step,
@@ -265,8 +265,8 @@ impl RlsEngine {
             // An override the rule allows: its own policy, through its port;
             // one no window holds refuses the call, as a blocking rule does.
             let (rule, override_port) = match overridden.get(index) {
-                Some(Some(Some(held))) => (&held.rule, Some(&*held.port)),
-                Some(Some(None)) => {
+                Some(Some(Override::Held(held))) => (&held.rule, Some(&*held.port)),
+                Some(Some(Override::Refused)) => {
                     self.metrics.blocked.increment(1);
                     blocked = true;
                     response.block(index);
@@ -349,16 +349,10 @@ impl RlsEngine {
         Ok(response.finish())
     }
 
-    /// Per descriptor: `None` when its `limit` override is not honoured
-    /// (none sent, or its rule does not allow it), else the rule under the
-    /// override, or `None` inside when no window holds the override. Empty
-    /// when no descriptor carries one.
-    #[allow(clippy::option_option)] // Not honoured, and honoured but refused.
-    fn overridden(
-        &self,
-        request: &EnvoyRequest,
-        matched: &[usize],
-    ) -> Vec<Option<Option<Arc<Overridden>>>> {
+    /// Per descriptor: what its `limit` override comes to, `None` when it
+    /// is not honoured (none sent, its rule does not allow it, or
+    /// `MAX_HELD_OVERRIDES` are held). Empty when no descriptor carries one.
+    fn overridden(&self, request: &EnvoyRequest, matched: &[usize]) -> Vec<Option<Override>> {
         let Some(overrides) = &self.overrides else { return Vec::new() };
         if request.descriptors.iter().all(|descriptor| descriptor.limit.is_none()) {
             return Vec::new();
@@ -370,7 +364,19 @@ impl RlsEngine {
             let found = self.rules.find(&request.domain, &entries);
             match found.filter(|found| !self.rules.replaced(found.index(), matched)) {
                 Some(Match::Limited(rule)) if rule.allow_override => {
-                    Some(overrides.get(rule, limit))
+                    let found = overrides.get(rule, limit);
+                    if found.is_none()
+                        && let Some(suppressed) = REFUSED_LOGGED.admit(Instant::now())
+                    {
+                        tracing::warn!(
+                            suppressed,
+                            held = crate::MAX_HELD_OVERRIDES,
+                            "envoy rls limit override ignored: as many effective limits as \
+                             an engine holds are held, or the provider holds none; the rule's \
+                             own policies apply"
+                        );
+                    }
+                    found
                 }
                 _ => None,
             }

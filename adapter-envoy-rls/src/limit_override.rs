@@ -25,9 +25,10 @@ use crate::telemetry::MemberMetrics;
 pub type OverridePorts =
     Arc<dyn Fn(RateLimitPolicy) -> Option<Arc<dyn EdgeRateLimitPort>> + Send + Sync>;
 
-/// The most effective limits held at once. Past it the table starts
-/// over: the counters live in the provider's store under the policy id, so
-/// a port built again finds them; only the next call of each pays the build.
+/// The most effective limits (rule, requests, unit) one engine holds.
+/// Each is a policy the provider keeps a namespace for and a metric label,
+/// so their number is bounded: past it, a new one is ignored (the rule's
+/// own policies apply, as without `allow_override`), counted and logged.
 pub const MAX_HELD_OVERRIDES: usize = 1024;
 
 /// The overrides of one engine: a port and a prepared rule per rule and
@@ -43,6 +44,15 @@ impl std::fmt::Debug for LimitOverrides {
     }
 }
 
+/// What an override comes to.
+pub(crate) enum Override {
+    /// The rule under its effective limit.
+    Held(Arc<Overridden>),
+    /// No window holds it: the descriptor is refused, as a blocking
+    /// rule's is.
+    Refused,
+}
+
 /// A rule under an effective limit: the port that holds it, and the rule
 /// with its policy as the only member.
 pub(crate) struct Overridden {
@@ -55,31 +65,27 @@ impl LimitOverrides {
         Self { ports, held: Mutex::new(HashMap::new()) }
     }
 
-    /// `rule` under `limit`, or `None` when no window holds it: 0 requests
-    /// (envoyproxy/ratelimit then answers every hit `OVER_LIMIT`), a unit
-    /// Envoy does not define, or a provider that holds no override. The
-    /// caller refuses the descriptor then: fail-closed.
-    pub(crate) fn get(
-        &self,
-        rule: &PreparedRule,
-        limit: &RateLimitOverride,
-    ) -> Option<Arc<Overridden>> {
+    /// `rule` under `limit`: refused when no window holds it (0 requests,
+    /// which envoyproxy/ratelimit answers `OVER_LIMIT` on every hit, or a
+    /// unit Envoy does not define); `None`, the override ignored, when
+    /// [`MAX_HELD_OVERRIDES`] are held or the provider cannot hold it.
+    pub(crate) fn get(&self, rule: &PreparedRule, limit: &RateLimitOverride) -> Option<Override> {
         let key = (rule.index, limit.requests_per_unit, limit.unit);
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(found) = held.get(&key) {
-            return Some(Arc::clone(found));
+            return Some(Override::Held(Arc::clone(found)));
         }
-        let policy = policy(limit)?;
+        let Some(policy) = policy(limit) else { return Some(Override::Refused) };
+        if held.len() >= MAX_HELD_OVERRIDES {
+            return None;
+        }
         let port = (self.ports)(policy.clone())?;
         let id = policy.id().clone();
         let metrics = MemberMetrics::new(id.as_str(), Some(&policy));
         let member = Member { id, policy: Some(policy), metrics };
         let overridden = Arc::new(Overridden { port, rule: rule.with_member(member) });
-        if held.len() >= MAX_HELD_OVERRIDES {
-            held.clear();
-        }
         held.insert(key, Arc::clone(&overridden));
-        Some(overridden)
+        Some(Override::Held(overridden))
     }
 }
 
@@ -110,4 +116,68 @@ pub(crate) fn unit_seconds(unit: Unit) -> Option<u64> {
         Unit::Month => 30 * 86_400,
         Unit::Year => 365 * 86_400,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use adapter_memory::{MemoryEdgeRateLimitAdapter, MemoryStore};
+    use shared_contract::{ManualClock, PolicyId, PolicySet};
+
+    use super::*;
+    use crate::rules::{RlsRule, RuleLimit, Rules};
+
+    /// The effective limits one engine holds are bounded: the next new one
+    /// is ignored (`None`), one held already is still served, and one no
+    /// window holds is refused whatever is held.
+    #[test]
+    fn at_most_max_held_overrides_are_held_and_the_next_new_one_is_ignored() {
+        let clock = Arc::new(ManualClock::new(0));
+        let store = MemoryStore::new();
+        let built = Arc::new(AtomicUsize::new(0));
+        let ports: OverridePorts = {
+            let (store, clock, built) = (store.clone(), Arc::clone(&clock), Arc::clone(&built));
+            Arc::new(move |policy| {
+                built.fetch_add(1, Ordering::SeqCst);
+                let port = MemoryEdgeRateLimitAdapter::with_store(
+                    store.clone(),
+                    [policy],
+                    Arc::clone(&clock) as _,
+                );
+                Some(Arc::new(port.ok()?) as Arc<dyn EdgeRateLimitPort>)
+            })
+        };
+        let own = RateLimitPolicy::builder(
+            "own",
+            FixedWindow { limit: 1, window: Duration::from_secs(1) },
+        )
+        .build()
+        .unwrap();
+        let port = MemoryEdgeRateLimitAdapter::with_store(store, [own], clock).unwrap();
+        let rule = RlsRule {
+            domain: "d".to_owned(),
+            pattern: vec![("ip".to_owned(), None)],
+            subject: None,
+            limit: RuleLimit::Policies(PolicySet::single(PolicyId::new("own").unwrap())),
+            name: None,
+            replaces: Vec::new(),
+            allow_override: true,
+        };
+        let rules = Rules::new(&[rule], &port).unwrap();
+        let Some(crate::rules::Match::Limited(rule)) = rules.find("d", &[("ip", "x")]) else {
+            panic!("the rule matches");
+        };
+        let overrides = LimitOverrides::new(ports);
+        let minute = Unit::Minute as i32;
+        let at = |count: u32, unit: i32| RateLimitOverride { requests_per_unit: count, unit };
+        for count in 1..=u32::try_from(MAX_HELD_OVERRIDES).unwrap() {
+            assert!(matches!(overrides.get(rule, &at(count, minute)), Some(Override::Held(_))));
+        }
+        assert!(overrides.get(rule, &at(5_000, minute)).is_none(), "full: ignored");
+        assert!(matches!(overrides.get(rule, &at(7, minute)), Some(Override::Held(_))));
+        assert!(matches!(overrides.get(rule, &at(0, minute)), Some(Override::Refused)));
+        assert!(matches!(overrides.get(rule, &at(7, 0)), Some(Override::Refused)));
+        assert_eq!(built.load(Ordering::SeqCst), MAX_HELD_OVERRIDES, "each built once");
+    }
 }
