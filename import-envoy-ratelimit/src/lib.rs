@@ -1378,7 +1378,10 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
         "# path of keys, `key=value` where a value fixes the entry. A descriptor\n",
         "# matches the first rule with its keys and values: the order below is\n",
         "# envoyproxy/ratelimit's precedence: an exact value, then a wildcard\n",
-        "# (`*`), then the bare key.\n",
+        "# (`*`), then the bare key. A descriptor's `limit` override, which\n",
+        "# envoyproxy/ratelimit honours everywhere, is ignored here unless its\n",
+        "# rule sets `allow-override = true`: the YAML cannot say which domains\n",
+        "# Envoy sends overrides for (docs/envoy-rls.md, \"Rules\").\n",
     ));
     if warnings.is_empty() {
         out.push_str("# Everything was converted.\n");

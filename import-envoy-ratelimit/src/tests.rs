@@ -139,7 +139,10 @@ const HEADER: &str = "\
 # path of keys, `key=value` where a value fixes the entry. A descriptor
 # matches the first rule with its keys and values: the order below is
 # envoyproxy/ratelimit's precedence: an exact value, then a wildcard
-# (`*`), then the bare key.
+# (`*`), then the bare key. A descriptor's `limit` override, which
+# envoyproxy/ratelimit honours everywhere, is ignored here unless its
+# rule sets `allow-override = true`: the YAML cannot say which domains
+# Envoy sends overrides for (docs/envoy-rls.md, \"Rules\").
 ";
 
 const DEFAULT_POLICY: &str = "
