@@ -196,8 +196,9 @@ struct YamlDescriptor {
 /// A `rate_limit` block.
 #[derive(Debug, Deserialize)]
 struct YamlRateLimit {
+    /// With its line: a problem with the unit names where it is written.
     #[serde(default)]
-    unit: Option<Text>,
+    unit: Option<Spanned<Text>>,
     #[serde(default)]
     requests_per_unit: Option<Count>,
     #[serde(default)]
@@ -206,8 +207,9 @@ struct YamlRateLimit {
     unlimited: Flag,
     #[serde(default)]
     name: Option<Text>,
+    /// Each with its line, for a problem with the entry.
     #[serde(default, deserialize_with = "null_as_empty")]
-    replaces: Vec<YamlReplaces>,
+    replaces: Vec<Spanned<YamlReplaces>>,
 }
 
 /// One entry of `replaces`.
@@ -1042,11 +1044,15 @@ impl Level<'_, '_> {
         limit: &YamlRateLimit,
     ) -> Option<Rule> {
         let mut notes = Vec::new();
-        let unit = limit.unit.as_ref().map(|unit| (unit, Unit::parse(&unit.0)));
+        // A problem with the unit is said at its own line.
+        let unit = limit
+            .unit
+            .as_ref()
+            .map(|unit| (&unit.value, Unit::parse(&unit.value.0), unit.referenced.line()));
         let target = if limit.unlimited.0 {
-            if let Some((text, Some(_))) = unit {
+            if let Some((text, Some(_), at)) = unit {
                 let message = format!("an unlimited rate_limit sets unit {:?}", text.0);
-                self.problem(line, pattern, message);
+                self.problem(at, pattern, message);
                 return None;
             }
             notes.push("unlimited: answered OK".to_owned());
@@ -1054,15 +1060,15 @@ impl Level<'_, '_> {
         } else {
             'limit: {
                 let unit = match unit {
-                    Some((_, Some(unit))) => unit,
-                    Some((text, None)) => {
+                    Some((_, Some(unit), _)) => unit,
+                    Some((text, None, at)) => {
                         let units: Vec<&str> = Unit::ALL.iter().map(|unit| unit.name()).collect();
                         let message = format!(
                             "invalid rate_limit unit {:?}: expected one of {}",
                             text.0,
                             units.join(", ")
                         );
-                        self.problem(line, pattern, message);
+                        self.problem(at, pattern, message);
                         return None;
                     }
                     None => {
@@ -1126,14 +1132,15 @@ impl Level<'_, '_> {
         }
         let mut replaces = Vec::new();
         for replaced in &limit.replaces {
+            let at = replaced.referenced.line();
             // envoyproxy/ratelimit refuses both.
-            match replaced.name.as_ref().map(|name| name.0.as_str()) {
+            match replaced.value.name.as_ref().map(|name| name.0.as_str()) {
                 None | Some("") => {
-                    self.problem(line, pattern, "a replaces entry has no name".into());
+                    self.problem(at, pattern, "a replaces entry has no name".into());
                     return None;
                 }
                 Some(own) if Some(own) == name.as_deref() => {
-                    self.problem(line, pattern, format!("replaces its own name {own:?}"));
+                    self.problem(at, pattern, format!("replaces its own name {own:?}"));
                     return None;
                 }
                 Some(other) => replaces.push(other.to_owned()),

@@ -377,7 +377,8 @@ descriptors:
     ));
 }
 
-/// envoyproxy/ratelimit refuses a unit beside `unlimited`; so does the import.
+/// envoyproxy/ratelimit refuses a unit beside `unlimited`; so does the import,
+/// naming the line where the unit is.
 #[test]
 fn an_unlimited_rate_limit_with_a_unit_is_refused() {
     let problems = refused(
@@ -389,7 +390,7 @@ descriptors:
     );
     assert_eq!(
         problems,
-        ["rl.yaml:3: internal > directory: an unlimited rate_limit sets unit \"second\""]
+        ["rl.yaml:4: internal > directory: an unlimited rate_limit sets unit \"second\""]
     );
 }
 
@@ -1095,7 +1096,7 @@ descriptors:
     assert_eq!(
         problems,
         [
-            "one.yaml:3: many > a: invalid rate_limit unit \"fortnight\": expected one of second, \
+            "one.yaml:4: many > a: invalid rate_limit unit \"fortnight\": expected one of second, \
              minute, hour, day, week, month, year",
             "one.yaml:5: many > b: rate_limit has no unit",
             "one.yaml:7: many: a descriptor has no key",
