@@ -325,6 +325,7 @@ tables! {
     integration_another => "integration_another.toml",
     integration_basic => "integration_basic.toml",
     integration_reload => "integration_reload.toml",
+    integration_runtime => "integration_runtime.toml",
     integration_share_threshold => "integration_share_threshold.toml",
     readme_01 => "readme_01.toml",
     readme_02 => "readme_02.toml",
