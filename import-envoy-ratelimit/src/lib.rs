@@ -470,6 +470,25 @@ impl Entry {
     fn is_wildcard(&self) -> bool {
         self.value.as_deref().is_some_and(|value| value.contains('*'))
     }
+
+    /// Whether its value is part of the subject unless `shared`: no fixed
+    /// value, or a wildcard.
+    fn counts_apart(&self) -> bool {
+        self.value.is_none() || self.is_wildcard()
+    }
+}
+
+/// The key of `pattern` that a rule's `subject` cannot say, if any: the
+/// subject lists keys, each standing for every entry of it that counts
+/// apart, so a repeated key's wildcards must all share or all count apart.
+fn mixed_share(pattern: &[Entry]) -> Option<&str> {
+    let mixed = pattern.iter().find(|entry| {
+        entry.counts_apart()
+            && pattern.iter().any(|other| {
+                other.key == entry.key && other.counts_apart() && other.shared != entry.shared
+            })
+    });
+    mixed.map(|entry| entry.key.as_str())
 }
 
 impl fmt::Display for Entry {
@@ -996,16 +1015,10 @@ impl Level<'_, '_> {
     }
 
     /// Whether the last entry of `pattern` can be a rule's pattern entry.
+    /// A key may repeat along a path (`files` under `files`): a rule's
+    /// entries match by position.
     fn entry_is_expressible(&mut self, line: u64, pattern: &[Entry]) -> bool {
         let entry = pattern.last().expect("a pattern has an entry");
-        if pattern[..pattern.len() - 1].iter().any(|earlier| earlier.key == entry.key) {
-            let message = format!(
-                "key {:?} appears twice in one path, which a rule's descriptor cannot hold",
-                entry.key
-            );
-            self.problem(line, pattern, message);
-            return false;
-        }
         if entry.key.contains('=') {
             let message = format!(
                 "key {:?} holds '=', which a rule's descriptor entry cannot (it separates key and value)",
@@ -1145,6 +1158,15 @@ impl Level<'_, '_> {
                 }
                 Some(other) => replaces.push(other.to_owned()),
             }
+        }
+        let mixed = mixed_share(pattern).filter(|_| matches!(target, Target::Limit { .. }));
+        if let Some(key) = mixed {
+            let message = format!(
+                "key {key:?} repeats in the path, shared (share_threshold) at one entry and \
+                 counted apart at another: a rule's subject names a key for all its entries"
+            );
+            self.problem(line, pattern, message);
+            return None;
         }
         let (domain, pattern) = (self.domain.to_owned(), pattern.to_vec());
         Some(Rule { domain, pattern, target, notes, name, replaces })
@@ -1418,12 +1440,15 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
         if rule.pattern.iter().any(|entry| entry.shared)
             && matches!(rule.target, Target::Limit { .. })
         {
-            // Every entry whose value counts apart, the shared wildcards left out.
-            let counted = rule
-                .pattern
-                .iter()
-                .filter(|entry| entry.value.is_none() || (entry.is_wildcard() && !entry.shared));
-            let keys: Vec<String> = counted.map(|entry| toml_string(&entry.key)).collect();
+            // Every entry whose value counts apart, the shared wildcards left
+            // out; a repeated key once (it names each of its entries).
+            let mut keys: Vec<String> = Vec::new();
+            for entry in rule.pattern.iter().filter(|entry| entry.counts_apart() && !entry.shared) {
+                let key = toml_string(&entry.key);
+                if !keys.contains(&key) {
+                    keys.push(key);
+                }
+            }
             let _ = writeln!(out, "subject = [{}]", keys.join(", "));
         }
         if let Some(name) = &rule.name {

@@ -1351,20 +1351,61 @@ fn the_restated_default_policy_is_the_built_in_one() {
     });
 }
 
+/// A key may repeat along a path, as in envoyproxy/ratelimit's
+/// `test/config/share_threshold.yaml`: the rule's entries match by position.
 #[test]
-fn a_key_twice_in_one_path_is_refused() {
-    let problems = refused(
+fn a_key_twice_in_one_path_is_a_rule_of_both() {
+    let imported = import(
         "domain: twice
 descriptors:
   - key: header
     descriptors:
       - key: header
         rate_limit: { unit: second, requests_per_unit: 1 }
+  - key: files
+    value: top/*
+    share_threshold: true
+    descriptors:
+      - key: files
+        value: nested/*
+        share_threshold: true
+        rate_limit: { unit: minute, requests_per_unit: 300 }
 ",
     );
-    assert_eq!(problems.len(), 1, "{problems:?}");
+    let (rules, _) = parsed(&imported);
+    let descriptors: Vec<&[String]> = rules.iter().map(|rule| &rule.descriptor[..]).collect();
+    assert_eq!(descriptors, [&["header", "header"][..], &["files=top/*", "files=nested/*"][..]]);
+    // Both shared: one budget for every pair of values they match.
     assert!(
-        problems[0].starts_with("rl.yaml:5: twice > header > header: key \"header\" appears twice")
+        imported
+            .toml
+            .contains("descriptor = [\"files=top/*\", \"files=nested/*\"]\nsubject = []\n"),
+        "{}",
+        imported.toml
+    );
+}
+
+/// A subject names keys, each standing for all its entries: a repeated
+/// key shared at one entry and counted apart at another cannot be said.
+#[test]
+fn a_repeated_key_both_shared_and_counted_apart_is_refused() {
+    let problems = refused(
+        "domain: twice
+descriptors:
+  - key: files
+    value: top/*
+    share_threshold: true
+    descriptors:
+      - key: files
+        value: nested/*
+        rate_limit: { unit: minute, requests_per_unit: 300 }
+",
+    );
+    assert_eq!(
+        problems,
+        ["rl.yaml:7: twice > files=top/* > files=nested/*: key \"files\" repeats in the path, \
+          shared (share_threshold) at one entry and counted apart at another: a rule's subject \
+          names a key for all its entries"]
     );
 }
 

@@ -53,12 +53,6 @@ fn here() -> PathBuf {
 struct Table {
     /// The files imported together, under `tests/envoyproxy/`.
     files: Vec<String>,
-    /// Lines of the first file left out (first and last, from 1), and why:
-    /// a block this service cannot hold, so the rest can still be compared.
-    #[serde(default)]
-    drop_lines: Option<[usize; 2]>,
-    #[serde(default)]
-    drop_why: Option<String>,
     #[serde(rename = "case")]
     cases: Vec<Case>,
 }
@@ -171,21 +165,12 @@ fn read_table(name: &str) -> Table {
 
 /// The files of a table as the import reads them, each named by its path
 /// under `tests/envoyproxy/`.
-fn sources(files: &[String], drop_lines: Option<[usize; 2]>) -> Vec<(String, String)> {
+fn sources(files: &[String]) -> Vec<(String, String)> {
     files
         .iter()
-        .enumerate()
-        .map(|(at, file)| {
+        .map(|file| {
             let path = here().join("envoyproxy").join(file);
             let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
-            let text = match drop_lines {
-                Some([first, last]) if at == 0 => {
-                    let kept =
-                        text.lines().enumerate().filter(|(n, _)| !(first - 1..last).contains(n));
-                    kept.map(|(_, line)| format!("{line}\n")).collect()
-                }
-                _ => text,
-            };
             (file.clone(), text)
         })
         .collect()
@@ -236,19 +221,11 @@ impl Server {
 /// Imports the table's files, serves them and replays every call.
 async fn replay(name: &str) {
     let table = read_table(name);
-    assert_eq!(
-        table.drop_lines.is_some(),
-        table.drop_why.is_some(),
-        "{name}: drop_lines needs drop_why"
-    );
-    let texts = sources(&table.files, table.drop_lines);
+    let texts = sources(&table.files);
     let sources: Vec<Source<'_>> = texts.iter().map(|(name, text)| Source { name, text }).collect();
     let imported = convert(&sources).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut server = Server::start(&imported.toml).await;
     let mut last_reset: Option<Duration> = None;
-    if let Some(why) = &table.drop_why {
-        eprintln!("{name}: lines {:?} left out: {why}", table.drop_lines);
-    }
     for (at, case) in table.cases.iter().enumerate() {
         if let Some(pending) = &case.pending {
             eprintln!("{name} case {at}: today's answer asserted, pending {pending}");
@@ -372,7 +349,7 @@ fn what_envoyproxy_ratelimit_refuses_the_import_refuses_naming_file_line_and_key
     let refusals: Refusals = toml::from_str(&text).unwrap();
     let mut unnamed = Vec::new();
     for refused in &refusals.refused {
-        let texts = sources(&refused.files, None);
+        let texts = sources(&refused.files);
         let sources: Vec<Source<'_>> =
             texts.iter().map(|(name, text)| Source { name, text }).collect();
         let problems = match convert(&sources) {
