@@ -82,6 +82,17 @@ pub struct ImportError {
 /// Every problem of every file is returned at once; a YAML syntax or type
 /// error names its line and column.
 pub fn convert(sources: &[Source<'_>]) -> Result<Imported, ImportError> {
+    convert_with(sources, &[])
+}
+
+/// [`convert`], with `allow-override = true` on every limited rule of the
+/// domains `allow_override` names: those whose descriptors Envoy's route
+/// configuration sends a `limit` override for, which the YAML cannot say.
+/// A domain no file defines is a problem.
+pub fn convert_with(
+    sources: &[Source<'_>],
+    allow_override: &[String],
+) -> Result<Imported, ImportError> {
     let mut converter = Converter::default();
     let mut domains: HashMap<String, String> = HashMap::new();
     for source in sources {
@@ -89,11 +100,19 @@ pub fn convert(sources: &[Source<'_>]) -> Result<Imported, ImportError> {
         converter.end_file();
     }
     let ids = converter.policy_ids();
+    for domain in allow_override {
+        if !domains.contains_key(domain) {
+            converter.problems.push(format!(
+                "--allow-override {}: no file defines this domain",
+                printable(domain)
+            ));
+        }
+    }
     if !converter.problems.is_empty() {
         return Err(ImportError { problems: converter.problems });
     }
     let names: Vec<&str> = sources.iter().map(|source| source.name).collect();
-    let toml = render(&names, &converter.rules, &ids, &converter.warnings);
+    let toml = render(&names, &converter.rules, &ids, &converter.warnings, allow_override);
     Ok(Imported { toml, warnings: converter.warnings })
 }
 
@@ -104,7 +123,10 @@ const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 /// Reads `files` and converts them as [`convert`] does. A file that cannot
 /// be read (missing, over 16 MiB, not UTF-8) is a problem beside those of
 /// the files that could: every problem at once.
-pub fn convert_files(files: &[PathBuf]) -> Result<Imported, ImportError> {
+pub fn convert_files(
+    files: &[PathBuf],
+    allow_override: &[String],
+) -> Result<Imported, ImportError> {
     let mut texts = Vec::with_capacity(files.len());
     let mut unread = Vec::new();
     for file in files {
@@ -118,7 +140,7 @@ pub fn convert_files(files: &[PathBuf]) -> Result<Imported, ImportError> {
         }
     }
     let sources: Vec<Source<'_>> = texts.iter().map(|(name, text)| Source { name, text }).collect();
-    match convert(&sources) {
+    match convert_with(&sources, allow_override) {
         Ok(imported) if unread.is_empty() => Ok(imported),
         Ok(_) => Err(ImportError { problems: unread }),
         Err(ImportError { problems }) => {
@@ -1393,7 +1415,13 @@ fn policy_id(key: &str, hash: [u8; 4], hashed: bool) -> String {
 // ---------------------------------------------------------------------------
 // The TOML.
 
-fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[String]) -> String {
+fn render(
+    files: &[&str],
+    rules: &[Rule],
+    ids: &[Option<String>],
+    warnings: &[String],
+    allow_override: &[String],
+) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
@@ -1409,8 +1437,9 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
         "# envoyproxy/ratelimit's precedence: an exact value, then a wildcard\n",
         "# (`*`), then the bare key. A descriptor's `limit` override, which\n",
         "# envoyproxy/ratelimit honours everywhere, is ignored here unless its\n",
-        "# rule sets `allow-override = true`: the YAML cannot say which domains\n",
-        "# Envoy sends overrides for (docs/envoy-rls.md, \"Rules\").\n",
+        "# rule sets `allow-override = true` (`--allow-override DOMAIN`): the\n",
+        "# YAML cannot say which domains Envoy sends overrides for\n",
+        "# (docs/envoy-rls.md, \"Rules\").\n",
     ));
     if warnings.is_empty() {
         out.push_str("# Everything was converted.\n");
@@ -1459,6 +1488,9 @@ fn render(files: &[&str], rules: &[Rule], ids: &[Option<String>], warnings: &[St
             let _ = writeln!(out, "replaces = [{}]", names.join(", "));
         }
         let _ = match (&rule.target, id) {
+            (Target::Limit { .. }, Some(id)) if allow_override.contains(&rule.domain) => {
+                writeln!(out, "policies = {}\nallow-override = true", toml_string(id))
+            }
             (Target::Limit { .. }, Some(id)) => writeln!(out, "policies = {}", toml_string(id)),
             (Target::Unlimited, _) => writeln!(out, "unlimited = true"),
             (Target::NotLimited, _) => writeln!(out, "not-limited = true"),

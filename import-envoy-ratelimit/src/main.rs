@@ -30,12 +30,17 @@ enum Format {
         /// The YAML files, one domain each.
         #[arg(required = true, value_name = "FILE.yaml")]
         files: Vec<PathBuf>,
+        /// Sets `allow-override = true` on every limited rule of DOMAIN: its
+        /// descriptors' `limit` overrides, which Envoy's route
+        /// configuration sets, are honoured (repeat for several domains).
+        #[arg(long = "allow-override", value_name = "DOMAIN")]
+        allow_override: Vec<String>,
     },
 }
 
 fn main() -> ExitCode {
-    let Format::EnvoyRatelimit { files } = Cli::parse().format;
-    match import_envoy_ratelimit::convert_files(&files) {
+    let Format::EnvoyRatelimit { files, allow_override } = Cli::parse().format;
+    match import_envoy_ratelimit::convert_files(&files, &allow_override) {
         Ok(imported) => {
             for warning in &imported.warnings {
                 eprintln!("warning: {warning}");

@@ -141,8 +141,9 @@ const HEADER: &str = "\
 # envoyproxy/ratelimit's precedence: an exact value, then a wildcard
 # (`*`), then the bare key. A descriptor's `limit` override, which
 # envoyproxy/ratelimit honours everywhere, is ignored here unless its
-# rule sets `allow-override = true`: the YAML cannot say which domains
-# Envoy sends overrides for (docs/envoy-rls.md, \"Rules\").
+# rule sets `allow-override = true` (`--allow-override DOMAIN`): the
+# YAML cannot say which domains Envoy sends overrides for
+# (docs/envoy-rls.md, \"Rules\").
 ";
 
 const DEFAULT_POLICY: &str = "

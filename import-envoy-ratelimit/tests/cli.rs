@@ -274,3 +274,35 @@ descriptors:
         assert!(resolved.contains(line), "{line}: {resolved}");
     }
 }
+
+/// `--allow-override DOMAIN` sets `allow-override = true` on that domain's
+/// limited rules only (an unlimited or blocked rule has no limit to
+/// override), and the output still passes check-config; a domain no file
+/// defines stops the import naming it.
+#[test]
+fn allow_override_marks_the_limited_rules_of_the_domains_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let edge = write(dir.path(), "edge.yaml", EDGE);
+    let billing = write(dir.path(), "billing.yaml", BILLING);
+    let (output, toml, stderr) = run(ca_skeleton_import()
+        .args(["envoy-ratelimit", "--allow-override", "edge"])
+        .arg(&edge)
+        .arg(&billing));
+    assert!(output.status.success(), "{stderr}");
+    let converted = write(dir.path(), "converted.toml", &toml);
+    let resolved = check_config(converted).unwrap_or_else(|p| panic!("{p}\n{toml}"));
+    let resolved: toml::Table = toml::from_str(&resolved).unwrap();
+    let rules = resolved["envoy-rls"]["rules"].as_array().unwrap();
+    for rule in rules {
+        let allows = rule.get("allow-override").and_then(toml::Value::as_bool) == Some(true);
+        let limited = rule.get("policies").is_some();
+        let edge = rule["domain"].as_str() == Some("edge");
+        assert_eq!(allows, edge && limited, "{rule}");
+    }
+    assert!(rules.iter().any(|rule| rule.get("allow-override").is_some()));
+
+    let (output, stdout, stderr) =
+        run(ca_skeleton_import().args(["envoy-ratelimit", "--allow-override", "edgy"]).arg(&edge));
+    assert!(!output.status.success() && stdout.is_empty());
+    assert!(stderr.contains("--allow-override edgy: no file defines this domain"), "{stderr}");
+}
