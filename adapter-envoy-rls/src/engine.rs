@@ -29,7 +29,7 @@ use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
     LOG_LINE_EVERY, LogThrottle, OperationDigest, PolicyId, PolicyMode, PolicySet,
     RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitRequest,
-    SetDecision, SubjectDigest, SubjectPseudonymizer, millis,
+    SetDecision, SubjectDigest, SubjectPseudonymizer, UnavailableCategory, millis,
 };
 use tonic::Status;
 use tracing::Instrument;
@@ -344,6 +344,12 @@ impl RlsEngine {
                         break;
                     }
                 }
+                Evaluated::NotAdmitted(retry_after) => {
+                    for &(index, rule) in &step.descriptors {
+                        response.not_admitted(index, rule, retry_after);
+                    }
+                    break;
+                }
             }
         }
         Ok(response.finish())
@@ -443,6 +449,11 @@ enum Evaluated {
     /// The port refused the cost (its policy is not the one the rules were
     /// prepared with): refused as the rules' own check refuses it.
     CostRefused,
+    /// The provider would not take the set now (`AdmissionRejected`: the
+    /// in-process store full of live keys, the script lane full), nothing
+    /// charged: `OVER_LIMIT` until the wait given, since an error status
+    /// would let Envoy's default admit what the callers' own load refused.
+    NotAdmitted(Duration),
 }
 
 /// One policy set through the port.
@@ -487,11 +498,27 @@ async fn evaluate(
     match outcome {
         Ok(set) => Ok(Evaluated::Answer(set)),
         Err(_) if !step.enforces() => {
-            tracing::warn!(
-                outcome = outcome.category_name(),
-                "rate limit failed; the set is shadow only, so the descriptors pass"
-            );
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    outcome = outcome.category_name(),
+                    suppressed,
+                    "rate limit failed; the set is shadow only, so the descriptors pass"
+                );
+            }
             Ok(Evaluated::Passed)
+        }
+        Err(RateLimitFailure::Unavailable {
+            category: UnavailableCategory::AdmissionRejected,
+            retry_after,
+        }) => {
+            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+                tracing::warn!(
+                    suppressed,
+                    "envoy rls set not admitted by the provider (store or lane full); answered \
+                     OVER_LIMIT"
+                );
+            }
+            Ok(Evaluated::NotAdmitted(retry_after))
         }
         Err(RateLimitFailure::Incompatible {
             category: IncompatibleCategory::CostExceedsMaximum,

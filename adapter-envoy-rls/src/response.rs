@@ -34,6 +34,8 @@ pub(crate) struct Response<'e> {
     /// The enforced policies of the answered steps with their decisions,
     /// each id once, in order: what the headers list.
     shown: Vec<Shown<'e>>,
+    /// The wait of a set the provider did not admit, if any (ms).
+    wait_ms: u64,
 }
 
 /// A policy the headers list, the budget it describes and its state.
@@ -48,14 +50,26 @@ impl<'e> Response<'e> {
     /// unmatched ones, shadow-only ones and those after a denial stay so.
     pub(crate) fn new(descriptors: usize) -> Self {
         let ok = DescriptorStatus { code: Code::Ok.into(), ..DescriptorStatus::default() };
-        Self { statuses: vec![ok; descriptors], over: false, refused: false, shown: Vec::new() }
+        Self {
+            statuses: vec![ok; descriptors],
+            over: false,
+            refused: false,
+            shown: Vec::new(),
+            wait_ms: 0,
+        }
     }
 
     /// Every descriptor `OVER_LIMIT` without a limit: a call past
     /// `MAX_DESCRIPTORS`, which no provider call answers.
     pub(crate) fn refused(descriptors: usize) -> Self {
         let over = DescriptorStatus { code: Code::OverLimit.into(), ..DescriptorStatus::default() };
-        Self { statuses: vec![over; descriptors], over: false, refused: true, shown: Vec::new() }
+        Self {
+            statuses: vec![over; descriptors],
+            over: false,
+            refused: true,
+            shown: Vec::new(),
+            wait_ms: 0,
+        }
     }
 
     /// The descriptor at `index` matched an unlimited rule: `OK` with
@@ -91,6 +105,33 @@ impl<'e> Response<'e> {
             ..DescriptorStatus::default()
         };
         self.refused = true;
+    }
+
+    /// The descriptor at `index` of `rule` is in a set the provider did not
+    /// admit (nothing charged): `OVER_LIMIT` with the rule's most
+    /// restrictive enforced policy as its limit, `limit_remaining` 0 and
+    /// `retry_after` until it may be tried again, which `Retry-After` takes.
+    pub(crate) fn not_admitted(
+        &mut self,
+        index: usize,
+        rule: &PreparedRule,
+        retry_after: std::time::Duration,
+    ) {
+        let tightest = rule
+            .members
+            .iter()
+            .filter(|member| member.enforced())
+            .filter_map(|member| member.policy.as_ref())
+            .min_by_key(|policy| policy.limit());
+        let wait = shared_contract::millis(retry_after).max(1);
+        self.statuses[index] = DescriptorStatus {
+            code: Code::OverLimit.into(),
+            current_limit: tightest.map(current_limit),
+            duration_until_reset: Some(proto_duration(wait)),
+            ..DescriptorStatus::default()
+        };
+        self.over = true;
+        self.wait_ms = self.wait_ms.max(wait);
     }
 
     /// Takes in a step's answer; false when it was denied (nothing after
@@ -142,7 +183,8 @@ impl<'e> Response<'e> {
             // The request passes only once every denying policy allows it.
             let decisions = self.shown.iter().map(|shown| shown.decision);
             let wait = decisions.filter(|d| !d.allowed).map(|d| d.retry_after_ms);
-            let seconds = wait.max().map_or(1, whole_seconds_up_millis).max(1);
+            let wait = wait.chain((self.wait_ms > 0).then_some(self.wait_ms)).max();
+            let seconds = wait.map_or(1, whole_seconds_up_millis).max(1);
             headers.push(header(
                 "retry-after",
                 itoa::Buffer::new().format(seconds).as_bytes().to_vec(),

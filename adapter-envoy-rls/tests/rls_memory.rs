@@ -400,3 +400,35 @@ async fn a_providers_cost_refusal_is_over_limit() {
     assert_eq!(summary(&answer), [(Code::OverLimit, 0, None)]);
     assert_eq!(header(&answer, "retry-after"), None);
 }
+
+/// A set the provider does not admit (here the in-process store full of
+/// live keys: one shard of two) is `OVER_LIMIT` with the wait, never an
+/// error status Envoy's default would let through (docs/envoy-rls.md,
+/// "What the caller controls"); a value already counted still is.
+#[tokio::test]
+async fn a_set_the_provider_does_not_admit_is_over_limit_with_the_wait() {
+    use adapter_memory::MemoryStore;
+    let clock = scenarios::clock();
+    let store = MemoryStore::with_shards_and_max_keys(1, std::num::NonZeroUsize::new(2).unwrap());
+    let adapter = MemoryEdgeRateLimitAdapter::with_store(
+        store,
+        scenarios::policies(),
+        Arc::new(clock.clone()),
+    )
+    .unwrap()
+    .with_failure_retry_after(Duration::from_secs(3));
+    let port: Arc<dyn EdgeRateLimitPort> = Arc::new(adapter);
+    let mut rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
+    for address in ["10.2.0.1", "10.2.0.2"] {
+        let answer = rls.ok(request("edge", vec![ip(address)], 0)).await;
+        assert_eq!(overall(&answer), Code::Ok, "{address}");
+    }
+    let full = rls.ok(request("edge", vec![ip("10.2.0.3")], 0)).await;
+    assert_eq!(overall(&full), Code::OverLimit);
+    assert_eq!(summary(&full), [(Code::OverLimit, 0, Some("per-ip".to_owned()))]);
+    let reset = full.statuses[0].duration_until_reset.unwrap();
+    assert_eq!((reset.seconds, reset.nanos), (3, 0));
+    assert_eq!(header(&full, "retry-after"), Some("3"));
+    let known = rls.ok(request("edge", vec![ip("10.2.0.1")], 0)).await;
+    assert_eq!(overall(&known), Code::Ok, "a counted value is still answered");
+}

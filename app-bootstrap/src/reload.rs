@@ -177,9 +177,20 @@ impl Reloader {
 
     async fn reload_in_span(&self) -> ReloadReport {
         let mut running = self.inner.running.lock().await;
-        let report = match self.apply(&mut running) {
-            Ok(report) => report,
-            Err(problems) => ReloadReport::Rejected { problems },
+        // A defect in reading a file must not end the reload loop with it
+        // (no SIGHUP would be handled again): a panic rejects this one.
+        let applied =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.apply(&mut running)));
+        let report = match applied {
+            Ok(Ok(report)) => report,
+            Ok(Err(problems)) => ReloadReport::Rejected { problems },
+            Err(_) => ReloadReport::Rejected {
+                problems: vec![
+                    "the reload failed unexpectedly (a defect, logged above); \
+                                the configuration in force stays"
+                        .to_owned(),
+                ],
+            },
         };
         metrics::counter!(CONFIG_RELOADS_TOTAL, "result" => report.result()).increment(1);
         match &report {

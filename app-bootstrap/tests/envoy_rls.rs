@@ -314,9 +314,11 @@ async fn admin_lookup_inspect_and_reset_know_descriptor_subjects() {
 async fn an_allowed_limit_override_has_its_own_budget_that_a_reload_keeps() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rls.toml");
-    let allowing = file("edge").replacen(
-        "policies = \"edge-ip\"\n",
-        "policies = \"edge-ip\"\nallow-override = true\n",
+    // A policy id of its own: the metrics registry is the process's, and
+    // another test here counts `edge-ip`'s decisions.
+    let allowing = file("edge").replace("edge-ip", "sized-ip").replacen(
+        "policies = \"sized-ip\"\n",
+        "policies = \"sized-ip\"\nallow-override = true\n",
         1,
     );
     std::fs::write(&path, &allowing).unwrap();

@@ -116,15 +116,23 @@ impl ConfigSources {
         }
         let figment = self.figment();
         let tree = figment.extract::<Dict>().map_err(|error| {
-            // A value TOML itself cannot read (a number past 64 bits) stops the
-            // parse before any key is typed: name the key from the line.
-            let text = self.file.as_ref().and_then(|file| std::fs::read_to_string(file).ok());
-            let key = text.and_then(|text| {
-                let span = toml::from_str::<toml::Table>(&text).err()?.span()?;
-                key_path_at(&text, text[..span.start].matches('\n').count() + 1)
+            // A file TOML cannot read (a syntax error, a number past 64 bits)
+            // stops before any key is typed: say where, and name the key from
+            // the line. Never the line itself: it may hold a key or token.
+            let file = self.file.as_ref();
+            let text = file.and_then(|file| std::fs::read_to_string(file).ok());
+            let syntax = text.as_deref().and_then(|text| {
+                let error = toml::from_str::<toml::Table>(text).err()?;
+                let span = error.span()?;
+                let line = text[..span.start].matches('\n').count() + 1;
+                let column = text[..span.start].rsplit('\n').next().map_or(0, str::len) + 1;
+                let key = key_path_at(text, line);
+                let key = key.map(|key| format!(" (key path {key})")).unwrap_or_default();
+                let message = error.message().trim_end().replace('\n', "; ");
+                let name = file.map(|file| file.display().to_string()).unwrap_or_default();
+                Some(format!("{name}: TOML line {line}, column {column}: {message}{key}"))
             });
-            let key = key.map(|key| format!(" (key path {key})")).unwrap_or_default();
-            BootstrapError::ConfigSource(format!("{error}{key}"))
+            BootstrapError::ConfigSource(syntax.unwrap_or_else(|| error.to_string()))
         })?;
         Ok((figment, tree))
     }
@@ -162,9 +170,11 @@ fn line_of(text: &str, keys: &[String]) -> Option<usize> {
 /// several lines belongs to the key that opened it.
 fn key_path_at(text: &str, line: usize) -> Option<String> {
     let lines: Vec<&str> = text.lines().collect();
+    // An error at the very end (an array left open) is past the last line.
+    let line = line.min(lines.len());
     let before = lines.get(..line.checked_sub(1)?)?;
     let is_header = |l: &str| l.trim_start().starts_with('[');
-    let opened = lines[..line].iter().rev().take_while(|l| !is_header(l));
+    let opened = lines.get(..line)?.iter().rev().take_while(|l| !is_header(l));
     // The nearest line at or above with a key: a continuation line has none.
     let assignment = opened.filter_map(|l| l.split_once('=')).find(|(key, _)| {
         let key = key.trim();
@@ -239,6 +249,33 @@ mod tests {
         assert_eq!(key_path_at(text, 8).as_deref(), Some("r.1.l"));
         let quoted = "[ops]\n\"GET /x\" = [\n  \"a=b\",\n]\n";
         assert_eq!(key_path_at(quoted, 3).as_deref(), Some("ops.\"GET /x\""));
+        // Past the last line (an array left open at the end), found from
+        // outside: the last line's key, no panic.
+        assert_eq!(key_path_at("[t]\nx = [\n", 3).as_deref(), Some("t.x"));
+        assert_eq!(key_path_at("", 1), None);
+    }
+
+    /// A syntax error names file, line, column and key, and never echoes
+    /// the line: it may hold a pseudonymizer key or an admin token (found
+    /// from outside, in check-config and the reload log).
+    #[test]
+    fn a_syntax_error_never_echoes_the_line_that_holds_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bad.toml");
+        let secret = "815f94d0a1b2c3d4e5f60718293a4b5c6d7e8f90";
+        for (text, line, key) in [
+            (format!("[pseudonymizer.keys]\n1 = \"{secret}\" x\n"), 2, "pseudonymizer.keys.1"),
+            (format!("[admin]\ntoken = {secret}\n"), 2, "admin.token"),
+            ("[server]\nx = [\n".to_owned(), 3, "server.x"),
+        ] {
+            std::fs::write(&file, &text).unwrap();
+            let sources = ConfigSources::file_only(file.clone());
+            let error = sources.merged_tree().map(|_| ()).unwrap_err().to_string();
+            assert!(!error.contains(secret) && !error.contains(" x"), "{error}");
+            assert!(error.contains(&format!("TOML line {line}, column ")), "{error}");
+            assert!(error.ends_with(&format!("(key path {key})")), "{error}");
+            assert!(error.contains("bad.toml"), "{error}");
+        }
     }
 
     #[test]
