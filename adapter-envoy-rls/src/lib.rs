@@ -25,6 +25,7 @@ mod response;
 mod rules;
 mod service;
 mod telemetry;
+mod wire;
 
 pub use engine::{DescriptorSubject, MAX_DESCRIPTORS, RlsEngine, RlsSettings};
 pub use error::RlsError;

@@ -10,9 +10,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use futures::{Stream, StreamExt};
 use tokio::net::TcpListener;
@@ -32,6 +30,7 @@ use tracing::{Instrument, Span};
 
 use crate::engine::RlsEngine;
 use crate::error::RlsError;
+use crate::wire::WireServer;
 
 /// The service name Envoy's `grpc_service` calls, and a health check may
 /// name.
@@ -492,7 +491,7 @@ pub async fn serve_traced(
     let service = EnvoyRateLimitService::new(switch.clone()).traced_by(tracing);
     tonic::transport::Server::builder()
         .layer(MapRequestLayer::new(stamp_arrival))
-        .add_service(Deadlined { inner: RateLimitServiceServer::new(service), switch })
+        .add_service(Deadlined { inner: WireServer::new(service), switch })
         .add_service(HealthServer::new(health))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await

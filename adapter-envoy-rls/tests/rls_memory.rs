@@ -188,7 +188,7 @@ impl EdgeRateLimitPort for Hanging {
     }
 }
 
-/// One `ShouldRateLimit` over a bare HTTP/2 connection with the
+/// A call of `request` over HTTP/2 without tonic's client, with the
 /// `grpc-timeout` header `timeout`: tonic's client would end the call on
 /// its own timer, which starts before the server's. The server's
 /// `grpc-status` and `grpc-message`.
@@ -197,6 +197,19 @@ async fn call_with_timeout_header(
     request: envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest,
     timeout: &str,
 ) -> (String, String) {
+    let message = prost::Message::encode_to_vec(&request);
+    let (status, message, _) = call_raw(addr, message, Some(timeout)).await;
+    (status, message)
+}
+
+/// A call whose message is `message`, bytes as given, with a
+/// `grpc-timeout` header if any: `grpc-status`, `grpc-message` and the
+/// answer's message bytes.
+async fn call_raw(
+    addr: std::net::SocketAddr,
+    message: Vec<u8>,
+    timeout: Option<&str>,
+) -> (String, String, Vec<u8>) {
     use http_body_util::BodyExt;
     use hyper_util::rt::{TokioExecutor, TokioIo};
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
@@ -209,27 +222,58 @@ async fn call_with_timeout_header(
             .await
             .unwrap();
     tokio::spawn(connection);
-    let message = prost::Message::encode_to_vec(&request);
     // The gRPC frame: not compressed, the length, the message.
     let mut frame = vec![0];
     frame.extend(u32::try_from(message.len()).unwrap().to_be_bytes());
     frame.extend(message);
-    let call = http::Request::post(format!(
+    let mut call = http::Request::post(format!(
         "http://{addr}/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
     ))
     .header("content-type", "application/grpc")
-    .header("te", "trailers")
-    .header("grpc-timeout", timeout)
-    .body(http_body_util::Full::new(std::io::Cursor::new(frame)))
-    .unwrap();
+    .header("te", "trailers");
+    if let Some(timeout) = timeout {
+        call = call.header("grpc-timeout", timeout);
+    }
+    let call = call.body(http_body_util::Full::new(std::io::Cursor::new(frame))).unwrap();
     let response = sender.send_request(call).await.unwrap();
     let (parts, body) = response.into_parts();
-    let trailers = body.collect().await.unwrap().trailers().cloned().unwrap_or_default();
+    let collected = body.collect().await.unwrap();
+    let trailers = collected.trailers().cloned().unwrap_or_default();
+    let answer = collected.to_bytes().get(5..).map(<[u8]>::to_vec).unwrap_or_default();
     let read = |name: &str| {
         let value = parts.headers.get(name).or_else(|| trailers.get(name));
         value.map(|value| value.to_str().unwrap().to_owned()).unwrap_or_default()
     };
-    (read("grpc-status"), read("grpc-message"))
+    (read("grpc-status"), read("grpc-message"), answer)
+}
+
+/// Envoy copies request header bytes into descriptor values as they come,
+/// and a proto3 string that is not UTF-8 would fail the whole call, which
+/// Envoy's default lets through (found from outside). Such a value is
+/// limited as any other, its bytes that are not UTF-8 kept apart
+/// (docs/envoy-rls.md, "What the caller controls"): per-ip's 2 a minute.
+#[tokio::test]
+async fn a_descriptor_value_that_is_not_utf8_is_limited_as_any_other() {
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitResponse;
+    let clock = scenarios::clock();
+    let port = memory(scenarios::policies(), clock.clone());
+    let rls = Rls::start(engine(port, Arc::new(clock), &scenarios::rules())).await;
+    // Encoded with a placeholder of the same length, then its bytes swapped.
+    let with = |bytes: [u8; 2]| {
+        let message = prost::Message::encode_to_vec(&request("edge", vec![ip("10.3.0.~~")], 0));
+        let at = message.windows(2).position(|w| w == b"~~").unwrap();
+        let mut message = message;
+        message[at..at + 2].copy_from_slice(&bytes);
+        message
+    };
+    let mut codes = Vec::new();
+    for bytes in [[0xff, 0xfe], [0xff, 0xfe], [0xff, 0xfe], [0xfe, 0xff]] {
+        let (status, message, answer) = call_raw(rls.addr, with(bytes), None).await;
+        assert_eq!(status, "0", "{message}");
+        let answer: RateLimitResponse = prost::Message::decode(answer.as_slice()).unwrap();
+        codes.push(overall(&answer));
+    }
+    assert_eq!(codes, [Code::Ok, Code::Ok, Code::OverLimit, Code::Ok]);
 }
 
 #[tokio::test]
