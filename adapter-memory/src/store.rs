@@ -98,12 +98,16 @@ impl MemoryStore {
         Self::with_shards_and_max_keys(shards, DEFAULT_MAX_KEYS_NONZERO)
     }
 
-    /// A store with `shards` shards (a power of two, at most `max_keys`), each
-    /// holding `max_keys / shards`: the seeded hash fills them evenly.
+    /// A store with `shards` shards (a power of two, at most `max_keys /`
+    /// [`MAX_POLICY_SET`]), each holding `max_keys / shards`: the seeded
+    /// hash fills them evenly.
     pub fn with_shards_and_max_keys(shards: usize, max_keys: NonZeroUsize) -> Self {
         let count = shards.max(1).checked_next_power_of_two().unwrap_or(MAX_SHARDS).min(MAX_SHARDS);
-        // At least one key per shard: a power of two no larger than the bound.
-        let count = count.min(1 << max_keys.get().ilog2());
+        // Room in a shard for a whole set of one subject (its keys share the
+        // subject's shard), or a small bound would refuse a set of several
+        // policies on an empty store, and only on a host with more cores.
+        let room = (max_keys.get() / MAX_POLICY_SET).max(1);
+        let count = count.min(1 << room.ilog2());
         let hasher = KeyHasher::new();
         let shards =
             (0..count).map(|_| CachePadded(Mutex::new(Shard::new(hasher.clone())))).collect();
@@ -440,6 +444,20 @@ mod tests {
 
     use super::*;
 
+    /// A shard holds a whole set of one subject, however many cores ask
+    /// for shards (found from outside: 32 keys in 16 shards of 2 refused a
+    /// set of four policies on an empty store).
+    #[test]
+    fn a_shard_holds_a_whole_policy_set() {
+        for max_keys in [8, 32, 100, 500_000] {
+            let store =
+                MemoryStore::with_shards_and_max_keys(64, NonZeroUsize::new(max_keys).unwrap());
+            assert!(store.inner.shard_cap >= MAX_POLICY_SET, "{max_keys}");
+        }
+        let small = MemoryStore::with_shards_and_max_keys(64, NonZeroUsize::new(3).unwrap());
+        assert_eq!((small.inner.shards.len(), small.max_keys()), (1, 3));
+    }
+
     use crate::T0;
 
     /// Fixed window 10 per second, grace and regression 1 s, no dedupe: a
@@ -552,7 +570,10 @@ mod tests {
 
     #[test]
     fn shard_counts_round_up_to_a_power_of_two_within_bounds() {
-        for (asked, got) in [(0, 1), (1, 1), (3, 4), (16, 16), (17, 32), (usize::MAX, MAX_SHARDS)] {
+        // At the default bound a shard holds a set of 8: 500,000 / 8 keys
+        // allow 32,768 shards at most.
+        let most = 32_768;
+        for (asked, got) in [(0, 1), (1, 1), (3, 4), (16, 16), (17, 32), (usize::MAX, most)] {
             assert_eq!(MemoryStore::with_shards(asked).shard_count(), got, "asked {asked}");
         }
         let default = MemoryStore::new().shard_count();
@@ -615,7 +636,7 @@ mod tests {
     }
 
     #[test]
-    fn the_bound_is_a_multiple_of_the_shards_and_never_below_one_key_a_shard() {
+    fn the_bound_is_a_multiple_of_the_shards_each_with_room_for_a_set() {
         let bounded = |shards, keys| {
             let store =
                 MemoryStore::with_shards_and_max_keys(shards, NonZeroUsize::new(keys).unwrap());
@@ -623,7 +644,8 @@ mod tests {
         };
         assert_eq!(bounded(16, 20_000), (16, 20_000));
         assert_eq!(bounded(16, 1_001), (16, 992));
-        assert_eq!(bounded(64, 10), (8, 8));
+        assert_eq!(bounded(64, 10), (1, 10));
+        assert_eq!(bounded(64, 64), (8, 64));
         assert_eq!(bounded(4, 1), (1, 1));
         assert!(MemoryStore::new().max_keys() <= DEFAULT_MAX_KEYS);
     }

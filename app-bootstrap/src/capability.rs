@@ -88,8 +88,8 @@ impl Upkeep {
                 refused = new,
                 max_keys = self.store.max_keys(),
                 "the in-process rate-limit store is full: requests needing a new key (a new \
-                 subject) were refused with 503 until keys expire or are whole again; \
-                 memory.max-keys sizes it (docs/operations.md)"
+                 subject) were refused (HTTP 503, Envoy OVER_LIMIT) until keys expire or are \
+                 whole again; memory.max-keys sizes it (docs/operations.md)"
             );
         }
         purged

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use adapter_redis::{RedisField, RedisSettings, Topology};
 use adapter_web::{DEFAULT_POLICY, EdgeSettings};
-use figment::error::{Error, Kind};
+use figment::error::{Actual, Error, Kind};
 use figment::value::{Dict, Value};
 use serde::de::IgnoredAny;
 use serde::{Deserialize, Deserializer, Serialize};
@@ -168,7 +168,7 @@ impl Reader<'_> {
                 }
                 kind => {
                     if !self.items_alone(&value, &keys, &path, &read) {
-                        self.problems.push(path, kind.to_string());
+                        self.problems.push(path, described(kind));
                     }
                 }
             }
@@ -204,7 +204,7 @@ impl Reader<'_> {
                 *list = Value::Array(*tag, vec![item.clone()]);
             }
             if let Err(error) = read(&alone) {
-                self.problems.push(path.child(&index.to_string()), error.kind.to_string());
+                self.problems.push(path.child(&index.to_string()), described(&error.kind));
                 named = true;
             }
         }
@@ -415,6 +415,21 @@ impl Reader<'_> {
 }
 
 /// `(the keys of dict in keys, the others)`.
+/// A type or value error, never with the text it found: a string in the
+/// wrong place may be a secret (an export header written `"k=v"`, a key
+/// given to the wrong variable), and the problem is printed and logged.
+fn described(kind: &Kind) -> String {
+    match kind {
+        Kind::InvalidType(Actual::Str(_), expected) => {
+            format!("invalid type: found a string, expected {expected}")
+        }
+        Kind::InvalidValue(Actual::Str(_), expected) => {
+            format!("invalid value: a string, expected {expected}")
+        }
+        kind => kind.to_string(),
+    }
+}
+
 fn split(dict: &Dict, keys: &[&str]) -> (Dict, Dict) {
     dict.iter()
         .map(|(key, value)| (key.clone(), value.clone()))

@@ -120,16 +120,28 @@ impl ConfigSources {
             // stops before any key is typed: say where, and name the key from
             // the line. Never the line itself: it may hold a key or token.
             let file = self.file.as_ref();
-            let text = file.and_then(|file| std::fs::read_to_string(file).ok());
-            let syntax = text.as_deref().and_then(|text| {
-                let error = toml::from_str::<toml::Table>(text).err()?;
+            let name = file.map(|file| file.display().to_string()).unwrap_or_default();
+            let bytes = file.and_then(|file| std::fs::read(file).ok());
+            let syntax = bytes.and_then(|bytes| {
+                let text = match String::from_utf8(bytes) {
+                    Ok(text) => text,
+                    Err(error) => {
+                        let at = error.utf8_error().valid_up_to();
+                        let line = error.as_bytes()[..at].iter().filter(|&&b| b == b'\n').count();
+                        return Some(format!(
+                            "{name}: line {}: not UTF-8, as TOML must be",
+                            line + 1
+                        ));
+                    }
+                };
+                let error = toml::from_str::<toml::Table>(&text).err()?;
                 let span = error.span()?;
                 let line = text[..span.start].matches('\n').count() + 1;
                 let column = text[..span.start].rsplit('\n').next().map_or(0, str::len) + 1;
-                let key = key_path_at(text, line);
+                let key = key_path_at(&text, line);
                 let key = key.map(|key| format!(" (key path {key})")).unwrap_or_default();
                 let message = error.message().trim_end().replace('\n', "; ");
-                let name = file.map(|file| file.display().to_string()).unwrap_or_default();
+                let message = if message.is_empty() { "not valid TOML" } else { &message };
                 Some(format!("{name}: TOML line {line}, column {column}: {message}{key}"))
             });
             BootstrapError::ConfigSource(syntax.unwrap_or_else(|| error.to_string()))
@@ -267,6 +279,7 @@ mod tests {
             (format!("[pseudonymizer.keys]\n1 = \"{secret}\" x\n"), 2, "pseudonymizer.keys.1"),
             (format!("[admin]\ntoken = {secret}\n"), 2, "admin.token"),
             ("[server]\nx = [\n".to_owned(), 3, "server.x"),
+            ("[server]\nx =\n".to_owned(), 2, "server.x"),
         ] {
             std::fs::write(&file, &text).unwrap();
             let sources = ConfigSources::file_only(file.clone());
@@ -275,7 +288,12 @@ mod tests {
             assert!(error.contains(&format!("TOML line {line}, column ")), "{error}");
             assert!(error.ends_with(&format!("(key path {key})")), "{error}");
             assert!(error.contains("bad.toml"), "{error}");
+            assert!(!error.contains(": (key path"), "a message before the key: {error}");
         }
+        std::fs::write(&file, b"[server]\nx = \"\xff\"\n").unwrap();
+        let sources = ConfigSources::file_only(file.clone());
+        let error = sources.merged_tree().map(|_| ()).unwrap_err().to_string();
+        assert!(error.ends_with("bad.toml: line 2: not UTF-8, as TOML must be"), "{error}");
     }
 
     #[test]

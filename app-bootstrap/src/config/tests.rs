@@ -578,6 +578,24 @@ fn key_problems_name_the_key_and_never_echo_it() {
     });
 }
 
+/// A string where another type goes is named by its key and type, never
+/// echoed: an export header written `"k=v"`, or a secret set to the wrong
+/// variable, would be printed and logged (found from outside).
+#[test]
+fn a_string_of_the_wrong_type_is_never_echoed() {
+    jail(|jail| {
+        jail.set_env("CA_SKELETON_PSEUDONYMIZER__ACTIVE_VERSION", "env-secret-value");
+        let file = format!("{BASE}\n[telemetry.otlp]\nheaders = \"x-api-key=file-secret-value\"\n");
+        let text = load_file(jail, &file).unwrap_err().to_string();
+        assert!(text.contains("telemetry.otlp.headers: invalid type: found a string"), "{text}");
+        assert!(
+            text.contains("pseudonymizer.active-version: invalid type: found a string"),
+            "{text}"
+        );
+        assert!(!text.contains("secret-value"), "{text}");
+    });
+}
+
 #[test]
 fn a_digits_only_secret_from_the_environment_must_be_quoted() {
     jail(|jail| {
