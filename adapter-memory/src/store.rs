@@ -252,7 +252,8 @@ impl MemoryStore {
     /// [`MAX_POLICY_SET`]) under its shard lock, in fixed arrays: each key's
     /// state moves into its member (an expired key reads as absent) and back
     /// with its new expiry; a new key is inserted only if the step wrote it.
-    /// [`StoreFull`], and `step` does not run, when a new key finds no slot.
+    /// [`StoreFull`], and `step` does not run, when a new key of an enforced
+    /// policy finds no slot; a shadow policy's is then decided unstored.
     pub(crate) fn with_set<R>(
         &self,
         subject: &SubjectDigest,
@@ -270,13 +271,25 @@ impl MemoryStore {
             std::array::from_fn(|i| SetMember::new(keys[i.min(last)].1, None));
         let mut guard = shard.lock();
         let shard = &mut *guard;
+        // New keys left out for want of room: shadow policies' only.
+        let mut unstored = [false; N];
         // Counted only when the shard is nearly full, before any state moves out.
         if shard.map.len() + n > self.inner.shard_cap {
-            let missing = |shard: &Shard| {
-                lookups[..n].iter().filter(|key| shard.map.get(key).is_none()).count()
+            let missing = |shard: &Shard, shadow: bool| {
+                let new = lookups[..n].iter().zip(keys).filter(|(key, (_, rules))| {
+                    (shadow || rules.enforced()) && shard.map.get(key).is_none()
+                });
+                new.count()
             };
-            if !self.has_room(shard, now, missing) {
+            if !self.has_room(shard, now, |shard| missing(shard, false)) {
                 return Err(StoreFull);
+            }
+            // A shadow policy never refuses a set: with no slot for its new
+            // key it is decided on a fresh budget and not stored.
+            if shard.map.len() + missing(shard, true) > self.inner.shard_cap {
+                for ((unstored, key), (_, rules)) in unstored.iter_mut().zip(&lookups).zip(keys) {
+                    *unstored = !rules.enforced() && shard.map.get(key).is_none();
+                }
             }
         }
         for (member, key) in members[..n].iter_mut().zip(&lookups) {
@@ -284,8 +297,11 @@ impl MemoryStore {
         }
         let result = step(&mut members[..n]);
         let mut earliest = u64::MAX;
-        for (member, key) in members[..n].iter_mut().zip(&lookups) {
+        for ((member, key), unstored) in members[..n].iter_mut().zip(&lookups).zip(unstored) {
             let (state, write) = (member.state.take(), member.write);
+            if unstored {
+                continue;
+            }
             let expiry = match shard.map.get_mut(key) {
                 Some(entry) => entry.put(state, write),
                 None => shard.map.insert_written(key, state, write),

@@ -193,6 +193,44 @@ async fn a_policy_set_needs_a_slot_for_each_of_its_new_keys() {
     assert_eq!(adapter.store().live_entries(), 5);
 }
 
+/// A shadow policy never refuses a set, a full store neither (found from
+/// outside): with no slot for its new key it is decided on a fresh budget
+/// and left unstored, while the enforced policy decides; an enforced
+/// policy's new key still needs its slot.
+#[tokio::test]
+async fn a_shadow_policys_new_key_without_a_slot_leaves_the_set_to_the_enforced_ones() {
+    let a = policy("a", fixed(5, 60_000), EvaluationDedupPolicy::Disabled);
+    let shadow = RateLimitPolicy::builder("s", fixed(2, 60_000))
+        .mode(shared_contract::PolicyMode::Shadow)
+        .evaluation_dedup(EvaluationDedupPolicy::Disabled)
+        .build()
+        .unwrap();
+    let (adapter, clock) = bounded(1, 4, vec![a, shadow]);
+    let set = PolicySet::new(vec![id("a"), id("s")]).unwrap();
+    let both = |n: u64, evaluation: u128| {
+        let mut asked = request(&clock, &id("a"), subject(n), evaluation);
+        asked.policies = set.clone().into();
+        adapter.evaluate(asked)
+    };
+    // Subject 1 takes `a` alone; subjects 2 to 4 fill the other slots.
+    assert!(ask(&adapter, &clock, &id("a"), 1).await.is_allowed());
+    for n in 2..=4 {
+        assert!(ask(&adapter, &clock, &id("a"), n).await.is_allowed());
+    }
+    assert_eq!(adapter.store().live_entries(), 4);
+    // Subject 1's set needs a slot for `s` only: decided by `a`, 5 - 2 = 3
+    // left; `s` on a fresh budget (2 - 1), not stored.
+    for (evaluation, left) in [(900, 3), (901, 2)] {
+        let Ok(decided) = both(1, evaluation).await else { panic!("decided") };
+        assert!(decided.allowed());
+        assert_eq!(decided.decisions()[0].remaining, left);
+        assert_eq!(decided.decisions()[1].remaining, 1, "a fresh shadow budget each time");
+    }
+    assert_eq!(adapter.store().live_entries(), 4);
+    // Subject 5 needs `a`'s key too: refused.
+    assert_eq!(both(5, 902).await, FULL);
+}
+
 /// In-flight leases count under their key: a flood of distinct subjects
 /// taking leases is bounded by the same key bound, and each key holds at
 /// most `max-in-flight` leases.

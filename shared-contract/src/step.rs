@@ -69,6 +69,11 @@ impl KeyRules {
         self.algorithm.holds_leases()
     }
 
+    /// Whether the policy can refuse (not a shadow one).
+    pub fn enforced(&self) -> bool {
+        self.mode == PolicyMode::Enforce
+    }
+
     /// Its algorithm over a loaded key at effective time `t`.
     fn run(
         &self,
