@@ -37,11 +37,14 @@
 # ["descriptors[0].remote_address"]`, `conditions: []`.
 #
 # Pinning (two CPUs): redis-server on CPU 0, the RLS server under test alone
-# on CPU 1, the load generator on CPU 0 beside redis-server. Each server
-# under test gets a CPU of its own, so its decisions/s is what one core of
-# it does; the client and Redis share the other, the same for both
-# contenders, and the client's CPU per decision is printed so that share can
-# be checked. One CPU each for three processes is not to be had on two.
+# on CPU 1, the load generator on CPU 0 beside redis-server. One CPU each
+# for three processes is not to be had on two; this way each server under
+# test has a whole CPU and never shares it with the client, the same for
+# both contenders, and what each process spends a decision is measured
+# apart (the CPU columns), which stays comparable whichever CPU fills
+# first. The client is not lighter than Redis: about 35 µs a decision at
+# c=64 against Redis's 14 (limitador) to 31 (ours), so at c=64 CPU 0 can
+# be what limits a run; the cpu0 / cpu1 columns say which did.
 #
 # Each run, ROUNDS times alternating at c=64 and at c=1 (the grpc bench's
 # ADDR mode: 4 connections, SECS seconds): ours on Redis, limitador on
