@@ -25,7 +25,10 @@
 # 1,000,000 subjects (adapter-redis/examples/redis_scale.rs: dedupe off and
 # on, GCRA, a lease, and the floor of a plain SET with the same key length
 # and TTL), the Envoy RLS over gRPC (adapter-envoy-rls/benches/grpc.rs, its
-# own ROUNDS), and the criterion memory-provider bench; and writes the
+# own ROUNDS), optionally the Envoy RLS on Redis beside Kuadrant/limitador
+# (scripts/bench-limitador.sh, given LIMITADOR_SRC, a limitador checkout;
+# skipped, saying why, without it), and the criterion memory-provider
+# bench; and writes the
 # medians as a dated table between the bench.sh markers of
 # docs/bench-results.md (replaced on every run). redis-server is pinned to
 # CPU 0 and every client to CPU 1 when there are at least two CPUs (HTTP,
@@ -34,7 +37,8 @@
 # Usage: scripts/bench.sh          Env: ROUNDS (3), DURATION (seconds per
 # run, 5), REQUESTS (redis-benchmark calls per run, 200000), SUBJECTS
 # (the scale counts, 1000,100000,1000000), MEMORY_SUBJECTS (the memory
-# figures' subjects, 1000000), SKIP_CRITERION=1, DOC (the file to write,
+# figures' subjects, 1000000), SKIP_CRITERION=1, LIMITADOR_SRC (see
+# scripts/bench-limitador.sh), DOC (the file to write,
 # docs/bench-results.md; DOC=- prints the table only). QUICK=1: one short round
 # of everything (1 s runs, 100,000 subjects at most, criterion cut short), to
 # check the script end to end in a few minutes; its figures are not to quote.
@@ -369,6 +373,11 @@ awk '$1 == "round" {for (i = 4; i <= NF; i++) if ($i ~ /^(disabled|memory|redis)
         c = "envoy-" $i; v = $(i + 1); sub(/\/s$/, "", v)
         print $2, c, "rps", v; print $2, c, "p50_us", $(i + 3); print $2, c, "p99_us", $(i + 6)
     }}' "$work/grpc.out" | tee -a "$work/rounds" >&2
+# Optional: it skips, saying why, without LIMITADOR_SRC or a peer that builds.
+echo "bench.sh: the Envoy RLS on Redis beside Kuadrant/limitador (scripts/bench-limitador.sh)" >&2
+ROUNDS=$rounds SECS=$duration SUBJECTS=10000 scripts/bench-limitador.sh >"$work/limitador.out" 2>"$work/limitador.log" ||
+    { cat "$work/limitador.out" "$work/limitador.log" >&2; echo "bench.sh: FAILED: scripts/bench-limitador.sh" >&2; exit 1; }
+cat "$work/limitador.out" >&2
 load_end=$(cut -d' ' -f1-3 /proc/loadavg)
 
 criterion=""
@@ -638,6 +647,17 @@ limit=$(med rb-off rps)
         echo "| case | median |"
         echo "| --- | ---: |"
         echo "$criterion" | awk '{printf "| %s | %s %s |\n", $1, $2, $3}'
+    fi
+    echo
+    if grep -q '^conditions:' "$work/limitador.out"; then
+        echo "The Envoy RLS on Redis beside Kuadrant/limitador's server on the same Redis"
+        echo "(\`scripts/bench-limitador.sh\`, whose header says what each column is):"
+        echo
+        echo '```'
+        cat "$work/limitador.out"
+        echo '```'
+    else
+        echo "Beside Kuadrant/limitador: not measured ($(cat "$work/limitador.out"))."
     fi
     echo "<!-- bench.sh:end -->"
 } >"$work/table"
