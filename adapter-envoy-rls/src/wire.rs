@@ -53,6 +53,8 @@ struct WireEntry {
 }
 
 impl From<WireRequest> for RateLimitRequest {
+    // The `..default()` is needless on the workspace's envoy-types only.
+    #[allow(clippy::needless_update)]
     fn from(wire: WireRequest) -> Self {
         let descriptors = wire.descriptors.into_iter().map(|descriptor| RateLimitDescriptor {
             entries: descriptor
@@ -62,6 +64,8 @@ impl From<WireRequest> for RateLimitRequest {
                 .collect(),
             limit: descriptor.limit,
             hits_addend: descriptor.hits_addend,
+            // Fields a later envoy-types has (the fuzz build resolves one).
+            ..RateLimitDescriptor::default()
         });
         Self {
             domain: text(wire.domain),
