@@ -2177,3 +2177,38 @@ fn a_key_version_that_is_no_number_is_named_by_its_key() {
         assert!(found[0].1.contains("whole number"), "{found:?}");
     });
 }
+
+/// A store smaller than one subject's largest policy set would refuse
+/// every request the set limits (found from outside: accepted, then 503
+/// on every request); checked only while the store counts.
+#[test]
+fn max_keys_below_the_largest_policy_set_is_refused_while_the_store_counts() {
+    jail(|jail| {
+        let policies = ["a", "b", "c"].map(|id| {
+            format!(
+                "[capabilities.rate-limit.policies.{id}]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"60s\"\n"
+            )
+        });
+        let file = |max_keys: usize, provider: &str| {
+            format!(
+                "[capabilities.rate-limit]\nprovider = \"{provider}\"\ndefault-policy = [\"a\", \"b\", \"c\"]\n\
+                 {}\n[memory]\nmax-keys = {max_keys}\n[redis]\nenabled = true\n\
+                 [pseudonymizer.keys]\n1 = \"{}\"\n",
+                policies.concat(),
+                "k".repeat(32)
+            )
+        };
+        let found = problems(load_file(jail, &file(2, "memory")));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].0, "memory.max-keys");
+        assert!(
+            found[0].1.starts_with(
+                "must be at least 3: capabilities.rate-limit.default-policy keeps that many keys"
+            ),
+            "{found:?}"
+        );
+        assert!(load_file(jail, &file(3, "memory")).is_ok());
+        // The Redis provider without degraded mode keeps no key here.
+        assert!(load_file(jail, &file(2, "redis")).is_ok());
+    });
+}

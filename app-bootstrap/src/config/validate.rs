@@ -603,13 +603,44 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
     }
 }
 
-/// `memory.max-keys`: 0 would refuse every subject.
+/// `memory.max-keys`: 0 would refuse every subject, and so would a bound
+/// below the keys of one subject's largest policy set (a key a policy),
+/// while the in-process store counts (the memory provider, degraded mode).
 fn memory(config: &AppConfig, problems: &mut ConfigProblems) {
-    if config.memory.max_keys == 0 {
+    let path = KeyPath::root().child("memory").child("max-keys");
+    let max_keys = config.memory.max_keys;
+    if max_keys == 0 {
         problems.push(
-            KeyPath::root().child("memory").child("max-keys"),
+            path,
             "must be at least 1: the most keys (subject, policy, operation) the in-process \
              store holds",
+        );
+        return;
+    }
+    let rate_limit = &config.capabilities.rate_limit;
+    let counts = rate_limit.provider == ProviderConfig::Memory || rate_limit.degraded.enabled;
+    let sets = [(KeyPath::rate_limit("default-policy"), &rate_limit.default_policy)].into_iter();
+    let sets = sets.chain(
+        rate_limit
+            .operations
+            .iter()
+            .map(|(operation, set)| (KeyPath::rate_limit("operations").child(operation), set)),
+    );
+    let rules = KeyPath::root().dotted("envoy-rls.rules");
+    let sets =
+        sets.chain(config.envoy_rls.rules.iter().enumerate().map(|(index, rule)| {
+            (rules.child(&index.to_string()).child("policies"), &rule.policies)
+        }));
+    if let Some((set, largest)) = sets.max_by_key(|(_, set)| set.len()).filter(|_| counts)
+        && largest.len() > max_keys
+    {
+        problems.push(
+            path,
+            format!(
+                "must be at least {}: {set} keeps that many keys for one subject, so a \
+                 smaller store would refuse every request it limits",
+                largest.len()
+            ),
         );
     }
 }
