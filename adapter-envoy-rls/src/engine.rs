@@ -498,7 +498,7 @@ async fn evaluate(
     match outcome {
         Ok(set) => Ok(Evaluated::Answer(set)),
         Err(_) if !step.enforces() => {
-            if let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now()) {
+            if let Some(suppressed) = SHADOW_PASSED_LOGGED.admit(std::time::Instant::now()) {
                 tracing::warn!(
                     outcome = outcome.category_name(),
                     suppressed,
@@ -601,6 +601,10 @@ impl Drop for Unrecorded<'_, '_> {
 /// provider is down every call fails alike (the metrics count each one).
 /// One per process, as the front is.
 static FAILED_CLOSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
+
+/// Holds the lines of shadow-only sets that failed and passed to one a
+/// second, each count its own.
+static SHADOW_PASSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
 
 /// Holds the lines of calls refused for their shape (a cost no policy of
 /// the rule admits, too many descriptors) to one a second: an Envoy that

@@ -133,8 +133,9 @@ impl<'de> Visitor<'de> for Secret {
     }
 }
 
-const DIGITS: &str = "expected a string; a secret made only of digits reads as a number, so \
-                      quote it (in an environment variable: '\"...\"')";
+const DIGITS: &str = "expected a string; a secret written as a bare number (digits, or a \
+                      decimal) reads as a number, so quote it (in an environment variable: \
+                      '\"...\"')";
 
 /// The secret in the named variable.
 struct EnvVar(SecretValue);
