@@ -26,8 +26,9 @@ pub const UNLIMITED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_unlimited_
 /// Counter of descriptors that matched a blocking rule: answered
 /// `OVER_LIMIT` without a provider call. No labels, as unmatched.
 pub const BLOCKED_DESCRIPTORS_TOTAL: &str = metric_name!("envoy_rls_blocked_descriptors_total");
-/// Counter of descriptors that carried a `limit` override, which is
-/// ignored: a client does not choose its own limit.
+/// Counter of descriptors whose `limit` override was ignored: their rule
+/// does not set `allow_override`, or its engine holds as many effective
+/// limits as it may (`MAX_HELD_OVERRIDES`).
 pub const LIMIT_OVERRIDES_IGNORED_TOTAL: &str =
     metric_name!("envoy_rls_limit_overrides_ignored_total");
 
