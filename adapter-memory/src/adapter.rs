@@ -9,7 +9,8 @@ use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, DEFAULT_FAILURE_RETRY_AFTER, EdgeRateLimitPort,
     Evaluation, IncompatibleCategory, KeyRules, Lease, MAX_POLICY_SET, OperationDigest, PolicyId,
     PolicyScope, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    ReleaseOutcome, Releasing, SetVerdict, UnavailableCategory, evaluate_set, inspect_key,
+    ReleaseOutcome, Releasing, SetVerdict, SettleOutcome, Settlement, Settling,
+    UnavailableCategory, evaluate_set, inspect_key, settle_set,
 };
 
 use crate::error::MemoryAdapterError;
@@ -119,6 +120,23 @@ impl MemoryEdgeRateLimitAdapter {
         self.answer(decided)
     }
 
+    /// [`EdgeRateLimitPort::settle`]'s work, over the keys a decision charges.
+    fn settle_now(&self, settlement: &Settlement<'_>) -> SettleOutcome {
+        settlement.check()?;
+        let request = &settlement.request;
+        let slots = request.known(|id| self.policies.get(id))?;
+        let now = self.now_before(request.deadline)?;
+        let Some(first) = slots.iter().next() else { return Err(UNKNOWN_POLICY) };
+        let mut keys = [(first.key(request.operation), &first.rules); MAX_POLICY_SET];
+        for (key, slot) in keys.iter_mut().zip(slots.iter()) {
+            *key = (slot.key(request.operation), &slot.rules);
+        }
+        let settled = self.store.with_set(&request.subject, &keys[..slots.len()], now, |members| {
+            settle_set(members, now, settlement)
+        });
+        settled.map_or_else(|StoreFull| Err(self.not_admitted()), Into::into)
+    }
+
     /// The algorithms' time (epoch ms), from the clock read that also checks the deadline.
     fn now_before(&self, deadline: Instant) -> Result<u64, RateLimitFailure> {
         let (monotonic, now) = self.clock.read_both();
@@ -150,6 +168,7 @@ impl MemoryEdgeRateLimitAdapter {
 }
 
 const UNKNOWN: IncompatibleCategory = IncompatibleCategory::UnknownPolicy;
+const UNKNOWN_POLICY: RateLimitFailure = RateLimitFailure::Incompatible { category: UNKNOWN };
 
 fn incompatible(category: IncompatibleCategory) -> RateLimitOutcome {
     Err(RateLimitFailure::Incompatible { category })
@@ -252,6 +271,11 @@ impl EdgeRateLimitPort for MemoryEdgeRateLimitAdapter {
         let released =
             self.store.release(&lease.subject, slots, lease.id, self.clock.epoch_millis());
         Releasing::ready(if released { ReleaseOutcome::Released } else { ReleaseOutcome::NotHeld })
+    }
+
+    /// Answered at once, as a decision.
+    fn settle(&self, settlement: Settlement<'_>) -> Settling {
+        Settling::ready(self.settle_now(&settlement))
     }
 }
 

@@ -163,23 +163,28 @@ impl<S> Step<S> {
         Self { allowed: true, remaining, retry_after: 0, reset_after, write: Some((state, end)) }
     }
 
-    /// A window counter's step over `n` of `limit` units until `end`.
+    /// A window counter's step over `n` of `limit` units in the window
+    /// `start .. end`.
     pub fn count(
         limit: u64,
         n: u64,
-        end: u64,
+        (start, end): (u64, u64),
         run: &Run<'_>,
         counted: impl FnOnce(u64) -> S,
     ) -> Self {
         let to_end = end.saturating_sub(run.t);
-        if n.saturating_add(run.cost) > limit {
-            return Self::denied(limit.saturating_sub(n), to_end.max(1), to_end);
-        }
-        if run.charge == Charge::Spare {
-            return Self::spared(limit - n, to_end);
-        }
-        let n = n + run.cost;
-        Self::charged(limit - n, to_end, counted(n), end)
+        let n = match run.charge {
+            Charge::Force => n.saturating_add(run.cost),
+            // A reservation of an earlier window is not in `n`: nothing to give back.
+            Charge::Refund { reserved_at } if reserved_at >= start => n.saturating_sub(run.cost),
+            Charge::Refund { .. } => n,
+            Charge::Take | Charge::Spare if n.saturating_add(run.cost) > limit => {
+                return Self::denied(limit.saturating_sub(n), to_end.max(1), to_end);
+            }
+            Charge::Spare => return Self::spared(limit - n, to_end),
+            Charge::Take => n + run.cost,
+        };
+        Self::charged(limit.saturating_sub(n), to_end, counted(n), end)
     }
 
     /// The same step with its written state mapped.
@@ -194,13 +199,21 @@ impl<S> Step<S> {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StateMismatch;
 
-/// Whether an allowing run charges its cost.
+/// What a run does with its cost (docs/algorithms.md "Settling usage").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Charge {
     /// Charge `cost` when the algorithm allows.
     Take,
     /// Charge nothing (another policy of the set denies); report the budget.
     Spare,
+    /// Charge `cost` whatever remains, into debt: usage already spent. Allows.
+    Force,
+    /// Give `cost` back to the budget a reservation charged at effective
+    /// time `reserved_at`, when that budget is still the current one. Allows.
+    Refund {
+        /// The reservation's effective time (its dedupe record's `written_at`).
+        reserved_at: u64,
+    },
 }
 
 /// The violations found in a policy, each with its key.

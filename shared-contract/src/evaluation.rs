@@ -34,6 +34,12 @@ impl EvaluationId {
         Self { uuid, repeats: true }
     }
 
+    /// The same id, never asked with again.
+    #[must_use]
+    pub const fn minted_once(self) -> Self {
+        Self { repeats: false, ..self }
+    }
+
     /// Whether a caller may ask with this id again ([`Self::once`]: no).
     pub const fn may_repeat(&self) -> bool {
         self.repeats

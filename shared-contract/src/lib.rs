@@ -24,6 +24,7 @@ mod outcome;
 mod policy;
 mod port;
 mod request;
+mod settle;
 mod step;
 mod subject;
 
@@ -55,10 +56,11 @@ pub use policy::{
     DedupKeys, FailurePolicy, PolicyId, PolicyKeys, PolicyScope, RateLimitPolicy,
     RateLimitPolicyBuilder,
 };
-pub use port::{EdgeRateLimitPort, Evaluation, PortAnswer, Releasing};
+pub use port::{EdgeRateLimitPort, Evaluation, PortAnswer, Releasing, Settling};
 pub use request::{OperationDigest, PolicySet, RateLimitRequest, SetEntries};
+pub use settle::{SettleOutcome, Settled, Settlement};
 pub use step::{
-    DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict, evaluate_set,
-    inspect_key,
+    DedupRecord, DedupRecords, KeyRules, KeyState, KeyWrite, SetMember, SetVerdict, SettleVerdict,
+    evaluate_set, inspect_key, settle_set,
 };
 pub use subject::{SubjectDigest, SubjectPseudonymizer};

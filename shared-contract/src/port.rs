@@ -12,6 +12,7 @@ use crate::lease::{Lease, ReleaseOutcome};
 use crate::outcome::RateLimitOutcome;
 use crate::policy::{PolicyId, RateLimitPolicy};
 use crate::request::RateLimitRequest;
+use crate::settle::{SettleOutcome, Settled, Settlement};
 
 /// A provider's answer: there at once ([`Self::into_ready`]), or a boxed future.
 #[must_use = "a port answer does nothing unless taken or awaited"]
@@ -28,6 +29,9 @@ pub type Evaluation = PortAnswer<RateLimitOutcome>;
 
 /// What [`EdgeRateLimitPort::release`] answers.
 pub type Releasing = PortAnswer<ReleaseOutcome>;
+
+/// What [`EdgeRateLimitPort::settle`] answers.
+pub type Settling = PortAnswer<SettleOutcome>;
 
 impl<T> PortAnswer<T> {
     /// An answer there at once.
@@ -133,4 +137,19 @@ pub trait EdgeRateLimitPort: Send + Sync + Debug {
     /// [`ReleaseOutcome::Indeterminate`]; either way the lease expires at its
     /// `lease-ttl`.
     fn release(&self, lease: &Lease) -> Releasing;
+
+    /// Settles what a request used against what it reserved
+    /// (docs/algorithms.md "Settling usage"), as `evaluate` charges: the
+    /// same keys, the clock bound, `shared_contract::settle_set`'s rules. It
+    /// MUST answer `Incompatible(UnknownPolicy)` for a policy it does not
+    /// hold and the failures of [`Settlement::check`] without touching
+    /// state; a settle sent again MUST have one effect
+    /// ([`Settled::Repeated`]), and one whose reservation left no live
+    /// record MUST change nothing ([`Settled::UnknownReservation`]).
+    /// Concurrency policies take no settle. The default answers
+    /// [`Settled::Unsupported`]: the reservation stands as charged.
+    fn settle(&self, settlement: Settlement<'_>) -> Settling {
+        let _ = settlement;
+        Settling::ready(Ok(Settled::Unsupported))
+    }
 }

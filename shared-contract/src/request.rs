@@ -160,19 +160,30 @@ impl RateLimitRequest<'_> {
         lookup: impl Fn(&PolicyId) -> Option<&'p T>,
         policy_of: impl Fn(&T) -> &RateLimitPolicy,
     ) -> Result<SetEntries<'p, T>, RateLimitFailure> {
-        let mut entries = [None; MAX_POLICY_SET];
-        for (slot, id) in entries.iter_mut().zip(self.policies.ids()) {
-            *slot = Some(lookup(id).ok_or(RateLimitFailure::Incompatible {
-                category: IncompatibleCategory::UnknownPolicy,
-            })?);
-        }
-        let entries = SetEntries { entries, len: self.policies.len().min(MAX_POLICY_SET) };
+        let entries = self.known(lookup)?;
         if !entries.iter().all(|entry| policy_of(entry).admits_cost(self.cost)) {
             return Err(RateLimitFailure::Incompatible {
                 category: IncompatibleCategory::CostExceedsMaximum,
             });
         }
         Ok(entries)
+    }
+
+    /// Every policy of the set known to `lookup`, whatever the cost.
+    ///
+    /// # Errors
+    /// `Incompatible(UnknownPolicy)` for one it does not know.
+    pub fn known<'p, T>(
+        &self,
+        lookup: impl Fn(&PolicyId) -> Option<&'p T>,
+    ) -> Result<SetEntries<'p, T>, RateLimitFailure> {
+        let mut entries = [None; MAX_POLICY_SET];
+        for (slot, id) in entries.iter_mut().zip(self.policies.ids()) {
+            *slot = Some(lookup(id).ok_or(RateLimitFailure::Incompatible {
+                category: IncompatibleCategory::UnknownPolicy,
+            })?);
+        }
+        Ok(SetEntries { entries, len: self.policies.len().min(MAX_POLICY_SET) })
     }
 }
 

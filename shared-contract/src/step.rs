@@ -3,10 +3,12 @@
 //! [`evaluate_set`], and stores every member that has a [`KeyWrite`] at once.
 
 mod records;
+mod settle;
 
 use std::time::Duration;
 
 pub use records::{DedupRecord, DedupRecords};
+pub use settle::{SettleVerdict, settle_set};
 
 use crate::algorithm::{Algorithm, AlgorithmState, Charge, Run, StateMismatch, Step};
 use crate::bounds::{MAX_POLICY_SET, millis};
@@ -87,6 +89,22 @@ impl KeyRules {
         self.algorithm.run(counters, &Run { t, cost, charge, leases, regression: self.regression })
     }
 
+    /// The live dedupe record of `evaluation_id` at `t`, if any.
+    fn live_record<'s>(
+        &self,
+        state: Option<&'s KeyState>,
+        evaluation_id: EvaluationId,
+        t: u64,
+    ) -> Option<&'s DedupRecord> {
+        // Expired records are only ignored here: a replay or a denial
+        // writes nothing, so a clock that steps back inside the bound must
+        // still find a record that is live at its time.
+        (self.record_capacity > 0 && evaluation_id.may_repeat())
+            .then(|| state?.records.find(evaluation_id))
+            .flatten()
+            .filter(|record| record.written_at.saturating_add(self.dedup_ttl) > t)
+    }
+
     /// This evaluation's replay from a live dedupe record or lease at `t`.
     fn replay(
         &self,
@@ -95,14 +113,7 @@ impl KeyRules {
         t: u64,
     ) -> Option<RateLimitDecision> {
         let state = state?;
-        // Expired records are only ignored here: a replay or a denial
-        // writes nothing, so a clock that steps back inside the bound must
-        // still find a record that is live at its time.
-        let record = (self.record_capacity > 0 && evaluation_id.may_repeat())
-            .then(|| state.records.find(evaluation_id))
-            .flatten()
-            .filter(|record| record.written_at.saturating_add(self.dedup_ttl) > t);
-        let (remaining, reset_after_ms) = match record {
+        let (remaining, reset_after_ms) = match self.live_record(Some(state), evaluation_id, t) {
             Some(record) => (record.remaining, record.reset_after),
             None if self.holds_leases() => {
                 state.leases.find_live(evaluation_id, t)?;
@@ -207,22 +218,10 @@ fn evaluate_members<const N: usize>(
 ) -> SetVerdict {
     let len = members.len().min(N);
     let members = &mut members[..len];
-    // Step 3: the bound on every key; inside it, a key's time never runs backwards.
-    let mut times = [now; N];
-    let mut unsafe_by = None;
-    for (member, t) in members.iter_mut().zip(&mut times) {
-        member.write = None;
-        if let Some(held) = &member.state {
-            let lag = held.mark.saturating_sub(now);
-            if lag > member.rules.regression {
-                unsafe_by = unsafe_by.max(Some(lag - member.rules.regression));
-            }
-            *t = now.max(held.mark);
-        }
-    }
-    if let Some(by) = unsafe_by {
-        return SetVerdict::ClockUnsafe { retry_after: Duration::from_millis(by) };
-    }
+    let times = match effective_times::<N>(members, now) {
+        Ok(times) => times,
+        Err(retry_after) => return SetVerdict::ClockUnsafe { retry_after },
+    };
 
     // Step 4: a live record (or lease) of this evaluation in any key
     // replays the whole set, and nothing is written anywhere.
@@ -273,6 +272,28 @@ fn evaluate_members<const N: usize>(
         commit(member, now, t, step, charged, evaluation_id);
     }
     SetVerdict::Decided(decided(members, &decisions))
+}
+
+/// Step 3: the bound on every key, and each key's effective time (inside
+/// the bound a key's time never runs backwards); the largest lag beyond a
+/// bound when one is broken.
+fn effective_times<const N: usize>(
+    members: &mut [SetMember<'_>],
+    now: u64,
+) -> Result<[u64; N], Duration> {
+    let mut times = [now; N];
+    let mut unsafe_by = None;
+    for (member, t) in members.iter_mut().zip(&mut times) {
+        member.write = None;
+        if let Some(held) = &member.state {
+            let lag = held.mark.saturating_sub(now);
+            if lag > member.rules.regression {
+                unsafe_by = unsafe_by.max(Some(lag - member.rules.regression));
+            }
+            *t = now.max(held.mark);
+        }
+    }
+    unsafe_by.map_or(Ok(times), |by| Err(Duration::from_millis(by)))
 }
 
 /// A member's decision from its step, not replayed.

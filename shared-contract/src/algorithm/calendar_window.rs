@@ -204,7 +204,10 @@ impl RateAlgorithm for CalendarWindow {
             Some(&CalendarWindowState { period_start, count }) if period_start == start => count,
             _ => 0,
         };
-        Step::count(self.limit, n, end, run, |count| CalendarWindowState { period_start: start, count })
+        Step::count(self.limit, n, (start, end), run, |count| CalendarWindowState {
+            period_start: start,
+            count,
+        })
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {

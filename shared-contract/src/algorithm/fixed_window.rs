@@ -66,7 +66,10 @@ impl RateAlgorithm for FixedWindow {
             _ => 0,
         };
         let end = ws.saturating_add(window);
-        Step::count(self.limit, n, end, run, |count| FixedWindowState { window_start: ws, count })
+        Step::count(self.limit, n, (ws, end), run, |count| FixedWindowState {
+            window_start: ws,
+            count,
+        })
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {

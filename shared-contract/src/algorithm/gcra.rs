@@ -133,17 +133,24 @@ impl RateAlgorithm for Gcra {
         let backlog = a - u;
         // b x T: every conforming backlog stays within it (d + c T <= b T).
         let whole = burst.saturating_mul(interval);
-        let needed = backlog.saturating_add(cost.saturating_mul(interval));
-        if needed > whole {
-            let (remaining, reset_after) = budget(burst, interval, whole, backlog);
-            return Step::denied(remaining, micros_to_millis(needed - whole).max(1), reset_after);
-        }
-        if charge == Charge::Spare {
-            let (remaining, reset_after) = budget(burst, interval, whole, backlog);
-            return Step::spared(remaining, reset_after);
-        }
-        let tat = a.saturating_add(needed - backlog);
-        let (remaining, reset_after) = budget(burst, interval, whole, needed);
+        let cells = cost.saturating_mul(interval);
+        let needed = backlog.saturating_add(cells);
+        let backlog = match charge {
+            Charge::Force => needed,
+            // What the schedule has not yet paid of the reservation comes off.
+            Charge::Refund { .. } => backlog.saturating_sub(cells),
+            Charge::Take | Charge::Spare if needed > whole => {
+                let (remaining, reset_after) = budget(burst, interval, whole, backlog);
+                return Step::denied(remaining, micros_to_millis(needed - whole).max(1), reset_after);
+            }
+            Charge::Spare => {
+                let (remaining, reset_after) = budget(burst, interval, whole, backlog);
+                return Step::spared(remaining, reset_after);
+            }
+            Charge::Take => needed,
+        };
+        let tat = u.saturating_add(backlog);
+        let (remaining, reset_after) = budget(burst, interval, whole, backlog);
         Step::charged(remaining, reset_after, GcraState { tat }, micros_to_millis(tat))
     }
 

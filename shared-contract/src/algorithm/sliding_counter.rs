@@ -91,16 +91,22 @@ impl RateAlgorithm for SlidingCounter {
         };
         let estimate = weighted.saturating_add(n);
         let to_end = window - elapsed;
-        if estimate.saturating_add(cost) > limit {
-            let retry_after = sliding_retry_after(limit, window, cost, n, p, elapsed);
-            return Step::denied(limit.saturating_sub(estimate), retry_after, to_end);
-        }
-        if charge == Charge::Spare {
-            return Step::spared(limit - estimate, to_end);
-        }
-        let state = SlidingCounterState { window_start: ws, current: n + cost, previous: p };
+        let current = match charge {
+            Charge::Force => n.saturating_add(cost),
+            // Only a reservation of this window is in `n`; one of the
+            // previous window stays charged there.
+            Charge::Refund { reserved_at } if reserved_at >= ws => n.saturating_sub(cost),
+            Charge::Refund { .. } => n,
+            Charge::Take | Charge::Spare if estimate.saturating_add(cost) > limit => {
+                let retry_after = sliding_retry_after(limit, window, cost, n, p, elapsed);
+                return Step::denied(limit.saturating_sub(estimate), retry_after, to_end);
+            }
+            Charge::Spare => return Step::spared(limit - estimate, to_end),
+            Charge::Take => n + cost,
+        };
+        let state = SlidingCounterState { window_start: ws, current, previous: p };
         let end = ws.saturating_add(window.saturating_mul(2));
-        Step::charged(limit - (estimate + cost), to_end, state, end)
+        Step::charged(limit.saturating_sub(weighted.saturating_add(current)), to_end, state, end)
     }
 
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {

@@ -23,8 +23,8 @@ pub struct TokenBucket {
 /// A token bucket's stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TokenBucketState {
-    /// Tokens in the bucket.
-    pub tokens: u64,
+    /// Tokens in the bucket; below zero after a charge past it (a debt).
+    pub tokens: i64,
     /// Start of the refill period not yet credited.
     pub updated_at: u64,
 }
@@ -65,34 +65,45 @@ impl RateAlgorithm for TokenBucket {
     }
 
     fn step(&self, state: Option<&TokenBucketState>, run: &Run<'_>) -> Step<TokenBucketState> {
-        let (capacity, refill_tokens, period) =
-            (self.capacity, self.refill_tokens.max(1), ms(self.refill_period));
-        let (t, cost, charge) = (run.t, run.cost, run.charge);
+        let (refill_tokens, period) = (self.refill_tokens.max(1), ms(self.refill_period));
+        let (t, charge) = (run.t, run.charge);
+        // Counts stay below 2^53 (`MAX_COUNT`), so they fit an i64 as they are.
+        let signed = |count: u64| i64::try_from(count).unwrap_or(i64::MAX);
+        let (capacity, cost) = (signed(self.capacity), signed(run.cost));
         let (tokens, updated_at) = state.map_or((capacity, t), |held| (held.tokens, held.updated_at));
         let periods = t.saturating_sub(updated_at) / period;
-        let mut tokens = capacity.min(tokens.saturating_add(periods.saturating_mul(refill_tokens)));
+        let credit = signed(periods.saturating_mul(refill_tokens));
+        let mut tokens = capacity.min(tokens.saturating_add(credit));
         // periods * period <= t - updated_at: the partial period is kept.
         let mut updated_at = updated_at + periods * period;
         if tokens == capacity {
             updated_at = t;
         }
         // Time from `t` until `needed` more tokens have been refilled.
-        let wait_for = |needed: u64| {
+        let wait_for = |needed: i64| {
             needed
+                .unsigned_abs()
                 .div_ceil(refill_tokens)
                 .saturating_mul(period)
                 .saturating_sub(t.saturating_sub(updated_at))
         };
-        let allowed = tokens >= cost;
+        let allowed = match charge {
+            Charge::Take | Charge::Spare => tokens >= cost,
+            Charge::Force | Charge::Refund { .. } => true,
+        };
         let retry_after = if allowed { 0 } else { wait_for(cost - tokens).max(1) };
-        // A spared bucket writes the refill, as a denial does, and keeps its tokens.
-        if allowed && charge == Charge::Take {
-            tokens -= cost;
+        // A spared bucket writes the refill, as a denial does, and keeps its
+        // tokens; a forced charge may leave it below zero (a debt).
+        match charge {
+            Charge::Take if allowed => tokens -= cost,
+            Charge::Force => tokens = tokens.saturating_sub(cost),
+            Charge::Refund { .. } => tokens = capacity.min(tokens.saturating_add(cost)),
+            Charge::Take | Charge::Spare => {}
         }
         let reset_after = if tokens >= capacity { 0 } else { wait_for(capacity - tokens) };
         Step {
             allowed,
-            remaining: tokens,
+            remaining: tokens.max(0).unsigned_abs(),
             retry_after,
             reset_after,
             write: Some((TokenBucketState { tokens, updated_at }, t.saturating_add(reset_after))),
@@ -107,8 +118,9 @@ impl RateAlgorithm for TokenBucket {
         Arguments::of(&[self.capacity, self.refill_tokens, millis(self.refill_period)])
     }
 
+    /// `tokens` as the two's complement bits of an i64 (a debt is negative).
     fn decode([tokens, updated_at, _]: [u64; 3]) -> Option<TokenBucketState> {
-        Some(TokenBucketState { tokens, updated_at })
+        Some(TokenBucketState { tokens: tokens.cast_signed(), updated_at })
     }
 }
 
