@@ -5,7 +5,9 @@
 #   - the limit: redis-benchmark EVALSHA of our own single-key fixed-window
 #     script (c=64 -P 16 over 1,000 keys, and c=1), plus Redis CPU per call
 #     (INFO commandstats usec_per_call) with dedupe off, on with sparse
-#     records, on at the record cap, under a deny flood, and a replay;
+#     records, on at the record cap, under a deny flood, and a replay; and
+#     the settle script (lua/settle.lua) on the same keys: an
+#     after-the-fact charge, and a settle of no live reservation;
 #   - `ca-skeleton bench` through the Redis provider: dedupe off and on at
 #     c=64, GCRA and a lease acquire+release at c=64, dedupe off at c=1, and
 #     a deny flood (one subject) with redis.deny-cache.enabled true and false
@@ -158,6 +160,7 @@ fi
 composed_scripts "$work" this
 cp "$work/thisF.lua" "$work/single.lua"
 sha=$(rcli SCRIPT LOAD "$(cat "$work/single.lua")")
+settle_sha=$(rcli SCRIPT LOAD "$(cat "$work/thisU.lua")")
 
 usec_per_call() {
     rcli INFO commandstats | tr -d '\r' | awk -F'[=,]' '/^cmdstat_evalsha:/ {print $6}'
@@ -204,6 +207,13 @@ limit_round() {
     rb rb-on-flood 64 16 100000000 "$one" "$sha" 1 "$one" $now 1 $rid $flood_on
     rb rb-off-flood 64 16 1000 - "$sha" 1 "$one" $now 1 $rid $flood_off
     rb rb-on-replay 64 16 1000 - "$sha" 1 "$one" $now 1 0123456789abcdef $on
+    # The settle (ARGV: time, reserved, its own id, the reservation's id,
+    # used, then the same block), dedupe on, sparse keys: a reservation
+    # of 0 settled with 1 charges it and keeps the settle's record (the
+    # write a charging decision makes); one of 1 whose id no key holds
+    # reads and writes nothing.
+    rb rb-settle-charge 64 16 100000 - "$settle_sha" 1 "$key" $now 0 $rid 0123456789abcdef 1 $on
+    rb rb-settle-unknown 64 16 100000 - "$settle_sha" 1 "$key" $now 1 $rid 0123456789abcdef 0 $on
 }
 
 # --- ca-skeleton bench through the Redis provider ---------------------------
@@ -425,7 +435,7 @@ int() { awk -v a="$1" 'BEGIN {if (a == "") print "—"; else printf "%d", a + 0.
 missing=""
 expect() { [ -n "$(med "$1" "$2")" ] || missing="$missing $1/$2"; }
 for c in rb-off rb-off-c1 rb-on-sparse rb-on-cap rb-on-flood rb-off-flood rb-on-replay \
-    bare bare-c1 cs-off cs-on cs-gcra cs-leases cs-off-c1 cs-flood-nocache; do
+    rb-settle-charge rb-settle-unknown bare bare-c1 cs-off cs-on cs-gcra cs-leases cs-off-c1 cs-flood-nocache; do
     expect "$c" rps
     expect "$c" usec
 done
@@ -523,13 +533,16 @@ limit=$(med rb-off rps)
     echo "| --- | ---: | ---: |"
     for c in rb-off:"dedupe off, 1,000 keys" rb-on-sparse:"dedupe on, sparse records (100,000 keys)" \
         rb-on-cap:"dedupe on, one key at its 256-record cap" rb-on-flood:"dedupe on, deny flood on one key" \
-        rb-off-flood:"dedupe off, deny flood on one key" rb-on-replay:"dedupe on, a replay (same id)"; do
+        rb-off-flood:"dedupe off, deny flood on one key" rb-on-replay:"dedupe on, a replay (same id)" \
+        rb-settle-charge:"settle, dedupe on (sparse): an after-the-fact charge of 1" \
+        rb-settle-unknown:"settle, dedupe on (sparse): no live reservation, nothing written"; do
         local_case=${c%%:*}
         echo "| ${c#*:} | $(med "$local_case" usec) ($(all "$local_case" usec)) | $(rr "$local_case" rb-off usec) |"
     done
     echo
     echo "- deny flood, dedupe on / dedupe off (both refusing): $(rr rb-on-flood rb-off-flood usec) (target ≤ 1.5x)."
     echo "- a replay / a fresh evaluation (dedupe on, sparse): $(rr rb-on-replay rb-on-sparse usec) (target ≤ 1.0x)."
+    echo "- a settle that charges / a charging decision (dedupe on, sparse): $(rr rb-settle-charge rb-on-sparse usec)."
     echo
     echo "Deny flood: \`bench --policy flood --subjects 1 --concurrency 64\`:"
     echo

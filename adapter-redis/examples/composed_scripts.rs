@@ -2,7 +2,8 @@
 //! files and the algorithm registry, into a directory:
 //! `composed_scripts <dir> <prefix>` writes `<prefix><tag>.lua` for each
 //! algorithm's single-key script (its tag byte: `F`, `S`, ...),
-//! `<prefix>P.lua` for the set driver and `<prefix>R.lua` for the release.
+//! `<prefix>P.lua` for the set driver, `<prefix>R.lua` for the release and
+//! `<prefix>U.lua` for the settle of usage.
 //! `scripts/bench-scripts.sh` measures this tree's scripts from these
 //! files.
 
@@ -19,6 +20,7 @@ fn main() -> std::io::Result<()> {
             ScriptKind::Single(algorithm) => char::from(algorithm.tag()),
             ScriptKind::PolicySet => 'P',
             ScriptKind::Release => 'R',
+            ScriptKind::Settle => 'U',
         };
         std::fs::write(format!("{dir}/{prefix}{name}.lua"), kind.source())?;
     }

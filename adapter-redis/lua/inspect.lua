@@ -11,7 +11,8 @@
 -- length, a lease set without its mark, or a key of a type no script
 -- writes), {'state', tag, mark, a, b, c}: the tag byte and the state's
 -- doubles after it (c is 0 for a two-number state), all whole numbers
--- below 2^53, so the integer reply is exact; or for a lease set
+-- below 2^53 in magnitude (a token bucket's tokens below zero after a
+-- settle's charge past it), so the integer reply is exact; or for a lease set
 -- (concurrency.lua) {'leases', mark, then each lease id and its
 -- expires_at}, expired leases the sweep has not removed yet included.
 -- #include prelude.lua

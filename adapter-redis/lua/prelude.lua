@@ -30,6 +30,10 @@
 local now = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
 local evaluation_id = ARGV[3]
+-- A settle's refund (settle.lua): the effective time its reservation was
+-- charged at, set per key before the key's run; the algorithms read it
+-- only for charge 'refund', so every other script leaves it nil.
+local reserved_at = nil
 -- Tag bytes: each registered algorithm's (its `RateAlgorithm::TAG`), as
 -- a constant named after its function in upper case (FIXED_WINDOW for
 -- fixed_window); LEASES is the tag of the algorithm whose key is a lease
@@ -114,9 +118,10 @@ local SWEEP = 8
 
 -- Reads key's value the way its policy keeps it: with dedupe off (capacity
 -- 0) one GET; with dedupe on one HMGET of the state and this evaluation's
--- record. Returns the state (with its trailer when the key is a hash;
--- false when absent), the id's record (nil for none) and whether the key
--- is a hash. A key of the other type (the policy's dedupe changed across
+-- record, and `also`'s record in the same read when it is given (a
+-- settle's reservation). Returns the state (with its trailer when the key
+-- is a hash; false when absent), the id's record (nil for none), whether
+-- the key is a hash and `also`'s record (nil for none). A key of the other type (the policy's dedupe changed across
 -- a restart without a new revision) is read the other way, after a
 -- WRONGTYPE error that INFO errorstats counts. A hash read with dedupe off
 -- becomes the string at once (its bytes and expiry kept: SET .. KEEPTTL),
@@ -126,7 +131,7 @@ local SWEEP = 8
 local function wrong_type(reply)
   if string.find(reply.err, 'WRONGTYPE', 1, true) ~= 1 then error(reply) end
 end
-local function load(key, capacity)
+local function load(key, capacity, also)
   if capacity == 0 then
     local raw = redis.pcall('GET', key)
     if type(raw) ~= 'table' then return raw, nil, false end
@@ -135,12 +140,17 @@ local function load(key, capacity)
     if raw then redis.call('SET', key, raw, 'KEEPTTL') end
     return raw, nil, not raw
   end
-  local got = redis.pcall('HMGET', key, 's', evaluation_id)
+  local got
+  if also then
+    got = redis.pcall('HMGET', key, 's', evaluation_id, also)
+  else
+    got = redis.pcall('HMGET', key, 's', evaluation_id)
+  end
   if got.err then
     wrong_type(got)
     return redis.call('GET', key), nil, false
   end
-  return got[1], got[2], true
+  return got[1], got[2], true, got[3]
 end
 
 -- Writes one key: its state as the algorithm packed it (tag, mark, ...),

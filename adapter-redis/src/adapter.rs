@@ -12,7 +12,8 @@ use shared_contract::{
     Arguments, BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation,
     EvaluationDedupPolicy, IncompatibleCategory, Lease, MAX_POLICY_SET, PolicyId, PolicyMode,
     RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    Releasing, SetDecision, SetEntries, SubjectDigest, UnavailableCategory, millis,
+    Releasing, SetDecision, SetEntries, Settlement, Settling, SubjectDigest, UnavailableCategory,
+    millis,
 };
 use tokio::sync::{Semaphore, TryAcquireError};
 use tokio::time::Instant;
@@ -618,10 +619,23 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         let (provider, lease) = (self.clone(), lease.clone());
         Releasing::pending(async move { provider.release_lease(&lease).await })
     }
+
+    /// At once when no round trip is needed ([`Self::settle_at_once`]);
+    /// else a script call, owning a handle of this provider.
+    fn settle(&self, settlement: Settlement<'_>) -> Settling {
+        if let Some(outcome) = self.settle_at_once(&settlement) {
+            return Settling::ready(outcome);
+        }
+        let Settlement { request, used } = settlement;
+        let settlement = Settlement { request: request.into_owned(), used };
+        let provider = self.clone();
+        Settling::pending(async move { provider.settle_in_redis(settlement).await })
+    }
 }
 
 mod budget;
 mod release;
+mod settle;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

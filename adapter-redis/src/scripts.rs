@@ -9,7 +9,8 @@
 //! registered algorithms (each one's file beside its module in
 //! `shared-contract`, its tag, header length and ARGV width from the
 //! registry), the shared half in
-//! `lua/prelude.lua`. A lease goes back through `lua/release.lua`.
+//! `lua/prelude.lua`. A lease goes back through `lua/release.lua`; a
+//! request's usage is settled by `lua/settle.lua`, composed the same way.
 //!
 //! Scripts run with `EVALSHA` only. Plain `EVAL` is never sent: the
 //! least-privilege ACL user may not run it, and it would ship the whole
@@ -43,6 +44,8 @@ pub enum ScriptKind {
     PolicySet,
     /// The release of a lease under its set's concurrency policies.
     Release,
+    /// The settle of a request's usage against its reservation.
+    Settle,
 }
 
 /// How many algorithms are registered.
@@ -50,15 +53,16 @@ const ALGORITHMS: usize = AlgorithmKind::ALL.len();
 
 impl ScriptKind {
     /// Every script, in registry order: one per algorithm, then the set
-    /// driver and the release.
-    pub const ALL: [Self; ALGORITHMS + 2] = {
-        let mut all = [Self::PolicySet; ALGORITHMS + 2];
+    /// driver, the release and the settle.
+    pub const ALL: [Self; ALGORITHMS + 3] = {
+        let mut all = [Self::PolicySet; ALGORITHMS + 3];
         let mut at = 0;
         while at < ALGORITHMS {
             all[at] = Self::Single(AlgorithmKind::ALL[at]);
             at += 1;
         }
         all[ALGORITHMS + 1] = Self::Release;
+        all[ALGORITHMS + 2] = Self::Settle;
         all
     };
 
@@ -68,12 +72,13 @@ impl ScriptKind {
     }
 
     /// The script's name in spans: its algorithm's name (`fixed-window`,
-    /// ...), `policy-set` or `release`.
+    /// ...), `policy-set`, `release` or `settle`.
     pub const fn name(self) -> &'static str {
         match self {
             Self::Single(kind) => kind.name(),
             Self::PolicySet => "policy-set",
             Self::Release => "release",
+            Self::Settle => "settle",
         }
     }
 
@@ -90,6 +95,7 @@ impl ScriptKind {
             Self::Single(kind) => kind as usize,
             Self::PolicySet => ALGORITHMS,
             Self::Release => ALGORITHMS + 1,
+            Self::Settle => ALGORITHMS + 2,
         }
     }
 
@@ -102,6 +108,7 @@ impl ScriptKind {
             Self::Single(kind) => compose(SINGLE_POLICY, Some(kind.lua())),
             Self::PolicySet => compose(POLICY_SET, None),
             Self::Release => RELEASE.to_owned(),
+            Self::Settle => compose(SETTLE, None),
         }
     }
 }
@@ -148,12 +155,14 @@ fn compose_into(driver: &str, algorithm: Option<Lua>, source: &mut String) {
 /// and `LEASES`, the lease algorithm's), `headers` the branches of
 /// `header_of`, `widths` each kind's ARGV block width, `runs` the local
 /// each algorithm's function is bound to, `load` the branch that includes
-/// its file on its first key, `charge` and `spare` the branches that run it.
+/// its file on its first key, `charge` and `spare` the branches that run it,
+/// `settle` those that run every algorithm but the lease one with the
+/// settle's `charge` (settle.lua).
 fn written(part: &str, source: &mut String) {
     let all = AlgorithmKind::ALL.map(|kind| (kind, kind.lua()));
     let constant = |lua: &Lua| lua.function.to_ascii_uppercase();
     // A lease algorithm also gets the common block's regression bound.
-    let call = |kind: AlgorithmKind, lua: &Lua, charge: bool| {
+    let call = |kind: AlgorithmKind, lua: &Lua, charge: &str| {
         let mut arguments: Vec<String> =
             (0..lua.arity).map(|at| format!("ARGV[b + {}] + 0", 5 + at)).collect();
         if kind.holds_leases() {
@@ -250,14 +259,14 @@ fn written(part: &str, source: &mut String) {
                     &mut out,
                     "      allowed, remaining, reset_after, retry_after, state, state_end =".into(),
                 );
-                line(&mut out, format!("        {}", call(*kind, lua, true)));
+                line(&mut out, format!("        {}", call(*kind, lua, "true")));
             }
             line(&mut out, "    else\n      failed = k\n    end".into());
         }
         "spare" => {
             if let Some((kind, lua)) = lease {
                 line(&mut out, format!("    if tag == {} then", constant(lua)));
-                line(&mut out, format!("      return {}", call(*kind, lua, false)));
+                line(&mut out, format!("      return {}", call(*kind, lua, "false")));
                 line(&mut out, "    end".into());
             }
             line(&mut out, "    if raw and byte(raw, 1) ~= tag then return nil end".into());
@@ -265,11 +274,28 @@ fn written(part: &str, source: &mut String) {
             for (kind, lua) in all.iter().filter(|(kind, _)| !kind.holds_leases()) {
                 let branch = if first { "if" } else { "elseif" };
                 line(&mut out, format!("    {branch} tag == {} then", constant(lua)));
-                line(&mut out, format!("      return {}", call(*kind, lua, false)));
+                line(&mut out, format!("      return {}", call(*kind, lua, "false")));
                 first = false;
             }
             if !first {
                 line(&mut out, "    end".into());
+            }
+        }
+        "settle" => {
+            // A lease key takes no settle: its kind falls to the corrupt branch.
+            let mut first = true;
+            for (kind, lua) in all.iter().filter(|(kind, _)| !kind.holds_leases()) {
+                let branch = if first { "if" } else { "elseif" };
+                line(&mut out, format!("    {branch} tag == {} then", constant(lua)));
+                line(&mut out, "      _, remaining, reset_after, _, state, state_end =".into());
+                line(&mut out, format!("        {}", call(*kind, lua, "charge")));
+                first = false;
+            }
+            let corrupt = "      return {'corrupt', k}";
+            if first {
+                line(&mut out, format!("    do\n{corrupt}\n    end"));
+            } else {
+                line(&mut out, format!("    else\n{corrupt}\n    end"));
             }
         }
         _ => panic!("lua: no part {part} to write"),
@@ -302,6 +328,8 @@ const SINGLE_POLICY: &str = include_str!("../lua/single-policy.lua");
 const SINGLE_LEASE: &str = include_str!("../lua/single-lease.lua");
 /// A lease's release; stands alone.
 const RELEASE: &str = include_str!("../lua/release.lua");
+/// A request's usage settled over its set; its head documents ARGV and the reply.
+const SETTLE: &str = include_str!("../lua/settle.lua");
 const INSPECT: &str = include_str!("../lua/inspect.lua");
 /// How a driver line names a file to put in its place.
 const INCLUDE: &str = "-- #include ";
@@ -436,11 +464,12 @@ mod tests {
             assert!(!kind.source().contains(INCLUDE), "{kind:?} left an include line");
         }
         assert!(!inspect_source().is_empty());
-        // One single-key script per algorithm, the set script and the release.
+        // One single-key script per algorithm, the set script, the release
+        // and the settle.
         for algorithm in AlgorithmKind::ALL {
             assert!(ScriptKind::ALL.contains(&ScriptKind::Single(algorithm)), "{algorithm}");
         }
-        assert_eq!(ScriptKind::ALL.len(), AlgorithmKind::ALL.len() + 2);
+        assert_eq!(ScriptKind::ALL.len(), AlgorithmKind::ALL.len() + 3);
     }
 
     #[test]

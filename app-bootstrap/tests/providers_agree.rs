@@ -2,8 +2,8 @@
 //! request with the same `RateLimitOutcome`, bit for bit, for random policies
 //! and random request sequences ("all providers return the
 //! same tuple for the same inputs"). The contract suite pins fixed scenarios;
-//! this explores random ones, clock regressions, dedupe replays and lease
-//! releases included.
+//! this explores random ones, clock regressions, dedupe replays, lease
+//! releases and settles of usage included.
 //!
 //! Both providers live here because app-bootstrap is the one crate allowed to
 //! know both. Redis is a private `redis-server` on a free loopback port
@@ -23,7 +23,8 @@ use shared_contract::{
     Algorithm, Clock, DEDUP_RECORD_BYTES, EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId,
     IncompatibleCategory, Lease, ManualClock, OperationDigest, PolicyMode, PolicyScope, PolicySet,
     RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
-    ReleaseOutcome, SetDecision, SubjectDigest, UnavailableCategory,
+    ReleaseOutcome, SetDecision, SettleOutcome, Settled, Settlement, SubjectDigest,
+    UnavailableCategory,
 };
 use uuid::Uuid;
 
@@ -93,6 +94,21 @@ struct Step {
     /// recent id (0 = the last) for this subject and operation, whether or
     /// not that id took one.
     release: Option<usize>,
+    /// Instead of a request, a settle of usage for this subject and
+    /// operation (docs/algorithms.md "Settling usage").
+    settle: Option<SettleChoice>,
+}
+
+/// Which reservation a settle names, and the units it used.
+#[derive(Debug, Clone, Copy)]
+enum SettleChoice {
+    /// The k-th most recent id (0 = the last) with the cost it was first
+    /// asked with, whether or not it was admitted (and so settled before,
+    /// or refused): settled again, it repeats.
+    Reservation { back: usize, used: u64 },
+    /// An id no request used, reserving `reserved` (0: an after-the-fact
+    /// charge of `used`).
+    Unknown { reserved: u64, used: u64 },
 }
 
 /// Two operations, so subject-scoped keys are shared and operation-scoped
@@ -286,9 +302,23 @@ fn policy_set() -> impl Strategy<Value = Vec<RateLimitPolicy>> {
     })
 }
 
+/// A settle, one step in five: of a recent reservation mostly, used from
+/// nothing to twice the maximum cost and a bit, so both refunds and
+/// charges past the limit come up.
+fn settle(maximum_cost: u64) -> impl Strategy<Value = Option<SettleChoice>> {
+    let used = 0..=2 * maximum_cost + 2;
+    let choice = prop_oneof![
+        3 => (0..RECENT_IDS, used.clone())
+            .prop_map(|(back, used)| SettleChoice::Reservation { back, used }),
+        1 => (prop_oneof![Just(0), 1..=maximum_cost], used)
+            .prop_map(|(reserved, used)| SettleChoice::Unknown { reserved, used }),
+    ];
+    prop_oneof![4 => Just(None), 1 => choice.prop_map(Some)]
+}
+
 /// A step; costs run from 0 to one above the maximum so both ends of
 /// `CostExceedsMaximum` come up. With `releases`, one step in four
-/// releases a recent id's lease instead.
+/// releases a recent id's lease instead; one in five settles instead.
 fn step(maximum_cost: u64, releases: bool) -> impl Strategy<Value = Step> {
     let clock = prop_oneof![
         5 => (0..=40_u64).prop_map(ClockMove::Forward),
@@ -301,14 +331,16 @@ fn step(maximum_cost: u64, releases: bool) -> impl Strategy<Value = Step> {
     } else {
         Just(None).boxed()
     };
-    (clock, 0..SUBJECTS, 0..OPERATIONS.len(), 0..=maximum_cost + 1, id, release).prop_map(
-        |(clock, subject, operation, cost, id, release)| Step {
+    let step = (clock, 0..SUBJECTS, 0..OPERATIONS.len(), 0..=maximum_cost + 1, id, release);
+    (step, settle(maximum_cost)).prop_map(
+        |((clock, subject, operation, cost, id, release), settle)| Step {
             clock,
             subject,
             operation,
             cost,
             id,
             release,
+            settle,
         },
     )
 }
@@ -378,6 +410,10 @@ struct Tally {
     /// Releases that freed a slot, and those that found no live lease.
     released: AtomicU64,
     not_held: AtomicU64,
+    /// Settles applied, repeated, and of no live reservation.
+    settled: AtomicU64,
+    settle_repeated: AtomicU64,
+    settle_unknown: AtomicU64,
 }
 
 impl Tally {
@@ -414,7 +450,20 @@ impl Tally {
         counter.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn assert_covered(&self, what: &str, sets: bool, leases: bool) {
+    fn count_settle(&self, outcome: &SettleOutcome) {
+        let counter = match outcome {
+            Ok(Settled::Applied) => &self.settled,
+            Ok(Settled::Repeated) => &self.settle_repeated,
+            Ok(Settled::UnknownReservation) => &self.settle_unknown,
+            // `run_case` rejects them before they are counted; a clock
+            // refusal is counted with the decisions'.
+            Ok(Settled::Unsupported) | Err(_) => return,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn assert_covered(&self, what: &str, coverage: Coverage) {
+        let Coverage { sets, leases, settles } = coverage;
         let mut reached = vec![
             ("allowed", &self.allowed),
             ("denied", &self.denied),
@@ -429,6 +478,11 @@ impl Tally {
         if leases {
             reached.push(("release of a held lease", &self.released));
             reached.push(("release of a lease not held", &self.not_held));
+        }
+        if settles {
+            reached.push(("settle applied", &self.settled));
+            reached.push(("settle repeated", &self.settle_repeated));
+            reached.push(("settle of no live reservation", &self.settle_unknown));
         }
         for (name, counter) in reached {
             assert!(
@@ -528,6 +582,32 @@ impl Pair {
         (self.memory.release(&lease).await, self.redis.release(&lease).await)
     }
 
+    /// The same settle to both providers: (memory, redis).
+    async fn settle(
+        &self,
+        subject: &SubjectDigest,
+        operation: usize,
+        reserved: u64,
+        evaluation_id: EvaluationId,
+        used: u64,
+    ) -> (SettleOutcome, SettleOutcome) {
+        let operation = OperationDigest::from_u64(OPERATIONS[operation]);
+        let settlement = |clock: &ManualClock| Settlement {
+            request: RateLimitRequest {
+                policies: self.policies.clone().into(),
+                subject: *subject,
+                operation,
+                cost: reserved,
+                evaluation_id,
+                deadline: clock.monotonic() + DEADLINE,
+            },
+            used,
+        };
+        let from_memory = self.memory.settle(settlement(&self.memory_clock)).await;
+        let from_redis = self.redis.settle(settlement(&self.redis_clock)).await;
+        (from_memory, from_redis)
+    }
+
     /// The same request to both providers: (memory, redis).
     async fn evaluate(
         &self,
@@ -580,8 +660,40 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
     let maximum_cost = cost_bound(&scenario.policies);
     let subjects: Vec<SubjectDigest> = (0..SUBJECTS).map(subject).collect();
     let mut issued: Vec<EvaluationId> = Vec::new();
+    // The cost each issued id was first asked with, in `issued`'s order.
+    let mut costs: Vec<u64> = Vec::new();
+    // Ids no request uses, for settles of unknown reservations.
+    let mut strangers = 0_u128;
     for (index, step) in scenario.steps.iter().enumerate() {
         pair.move_clocks(step.clock);
+        if let Some(choice) = step.settle {
+            let (id, reserved, used) = match choice {
+                SettleChoice::Reservation { back, used } => {
+                    let Some(at) = issued.len().checked_sub(back + 1) else { continue };
+                    (issued[at], costs[at], used)
+                }
+                SettleChoice::Unknown { reserved, used } => {
+                    strangers += 1;
+                    (EvaluationId::from_uuid(Uuid::from_u128(u128::MAX - strangers)), reserved, used)
+                }
+            };
+            let (from_memory, from_redis) =
+                pair.settle(&subjects[step.subject], step.operation, reserved, id, used).await;
+            agree(&from_memory, &from_redis, index, step, &pair)?;
+            prop_assert!(
+                matches!(
+                    from_memory,
+                    Ok(Settled::Applied | Settled::Repeated | Settled::UnknownReservation)
+                        | Err(RateLimitFailure::Unavailable {
+                            category: UnavailableCategory::ClockUnsafe,
+                            ..
+                        })
+                ),
+                "step {index}: unexpected {from_memory:?}"
+            );
+            tally.count_settle(&from_memory);
+            continue;
+        }
         if let Some(back) = step.release {
             let Some(&id) = issued.iter().rev().nth(back) else { continue };
             let (from_memory, from_redis) =
@@ -598,6 +710,7 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
         let evaluation_id = repeated.unwrap_or_else(|| {
             let fresh = numbered_id(issued.len() + 1);
             issued.push(fresh);
+            costs.push(step.cost);
             fresh
         });
         let (from_memory, from_redis) =
@@ -629,18 +742,24 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
 /// proptest shrinks it and the panic shows the minimal scenario.
 fn providers_agree(shape: Shape) {
     let leases = matches!(shape, Shape::Concurrency);
-    agree_on(&format!("{shape:?}"), scenario(shape), Coverage { sets: false, leases }, CASES);
+    // Concurrency keys take no settle: a set of them alone never settles
+    // a reservation.
+    let coverage = Coverage { sets: false, leases, settles: !leases };
+    agree_on(&format!("{shape:?}"), scenario(shape), coverage, CASES);
 }
 
 /// What a run's random cases must reach beside every outcome kind: the set
-/// answers ([`Tally::assert_covered`]) and lease releases of both kinds.
+/// answers ([`Tally::assert_covered`]), lease releases of both kinds and
+/// settles of every answer.
 #[derive(Debug, Clone, Copy)]
 struct Coverage {
     sets: bool,
     leases: bool,
+    settles: bool,
 }
 
-const ONE_POLICY: Coverage = Coverage { sets: false, leases: false };
+/// The long runs of one policy, which make no settles.
+const ONE_POLICY: Coverage = Coverage { sets: false, leases: false, settles: false };
 
 fn agree_on(
     what: &str,
@@ -663,7 +782,7 @@ fn agree_on(
         }
         Err(TestError::Abort(reason)) => panic!("{what}: proptest aborted: {reason}"),
     }
-    tally.assert_covered(what, coverage.sets, coverage.leases);
+    tally.assert_covered(what, coverage);
 }
 
 #[test]
@@ -784,7 +903,8 @@ fn refused_bucket_scenario() -> impl Strategy<Value = Scenario> {
 fn policy_sets_providers_agree_on_random_sequences() {
     // Not every run draws a concurrency policy into a set, so releases are
     // not required here; the concurrency run above requires them.
-    agree_on("policy sets", set_scenario(), Coverage { sets: true, leases: false }, CASES);
+    let coverage = Coverage { sets: true, leases: false, settles: true };
+    agree_on("policy sets", set_scenario(), coverage, CASES);
 }
 
 fn fixed_decision(
@@ -951,8 +1071,91 @@ fn long_run_of_one(
             cost,
             id,
             release: None,
+            settle: None,
         },
     );
     (policy, vec(step, 100..=200))
         .prop_map(|(policy, steps)| Scenario { policies: vec![policy], steps })
+}
+
+/// A settled sequence over a set of a fixed window and a token bucket
+/// (docs/algorithms.md "Settling usage"), with a concurrency policy beside
+/// them: refunds, a charge past the limit, a repeat, an unknown id and an
+/// after-the-fact charge; both providers answer each step alike, and the
+/// answers the docs give.
+#[test]
+fn a_settled_sequence_over_a_set_agrees() {
+    let dedup = EvaluationDedupPolicy::Enabled {
+        ttl: Duration::from_secs(60),
+        max_entries: 16,
+        max_stored_bytes: 16 * DEDUP_RECORD_BYTES,
+    };
+    let build = |id: &str, algorithm: Algorithm| {
+        let builder = RateLimitPolicy::builder(id, algorithm).cleanup_grace(CLEANUP_GRACE);
+        let builder = if id == "diff.slots" {
+            builder
+        } else {
+            builder.maximum_cost(8).evaluation_dedup(dedup)
+        };
+        builder.build().expect("a valid policy")
+    };
+    let policies = [
+        build(
+            "diff.window",
+            Algorithm::FixedWindow(shared_contract::FixedWindow { limit: 10, window: millis(1000) }),
+        ),
+        build(
+            "diff.bucket",
+            Algorithm::TokenBucket(shared_contract::TokenBucket {
+                capacity: 10,
+                refill_tokens: 1,
+                refill_period: millis(100),
+            }),
+        ),
+        build(
+            "diff.slots",
+            Algorithm::Concurrency(shared_contract::Concurrency {
+                max_in_flight: 8,
+                lease_ttl: millis(10_000),
+                retry_after: millis(100),
+            }),
+        ),
+    ];
+    let subject = subject(0);
+    runtime().block_on(async {
+        let pair = Pair::new(&policies);
+        let remaining = |outcome: &RateLimitOutcome| {
+            outcome.as_ref().map(|set| {
+                (set.allowed(), set.decisions().iter().map(|d| d.remaining).collect::<Vec<_>>())
+            })
+        };
+        let take = async |cost, id| {
+            let (memory, redis) = pair.evaluate(&subject, 0, cost, numbered_id(id)).await;
+            assert_eq!(memory, redis, "request {id} of {cost}");
+            remaining(&memory)
+        };
+        let settle = async |reserved, id, used| {
+            let (memory, redis) = pair.settle(&subject, 0, reserved, numbered_id(id), used).await;
+            assert_eq!(memory, redis, "settle of {id} ({reserved} reserved, {used} used)");
+            memory
+        };
+        // t = T0: a reservation of 5 leaves 5 in the window and the bucket.
+        assert_eq!(take(5, 1).await, Ok((true, vec![5, 5, 7])));
+        // Used 2: 3 back to both.
+        assert_eq!(settle(5, 1, 2).await, Ok(Settled::Applied));
+        assert_eq!(settle(5, 1, 2).await, Ok(Settled::Repeated));
+        assert_eq!(take(1, 2).await, Ok((true, vec![7, 7, 6])));
+        // Used 9 of 4: 5 past the reservation, so the window holds 12 of
+        // 10 and the bucket -2 tokens; the next request is refused.
+        assert_eq!(take(4, 3).await, Ok((true, vec![3, 3, 5])));
+        assert_eq!(settle(4, 3, 9).await, Ok(Settled::Applied));
+        assert_eq!(take(1, 4).await, Ok((false, vec![0, 0, 5])));
+        // An id no request used: nothing changes.
+        assert_eq!(settle(3, 99, 0).await, Ok(Settled::UnknownReservation));
+        // At T0 + 1000: a new window; the bucket refilled 10 periods, to
+        // 8. An after-the-fact charge of 2 takes both down by 2.
+        pair.move_clocks(ClockMove::Forward(1000));
+        assert_eq!(settle(0, 5, 2).await, Ok(Settled::Applied));
+        assert_eq!(take(1, 6).await, Ok((true, vec![7, 5, 4])));
+    });
 }

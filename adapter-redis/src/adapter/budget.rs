@@ -140,12 +140,18 @@ fn decode_inspect(reply: &Value) -> Option<Stored> {
         Some(&Value::Int(n)) => u64::try_from(n).ok(),
         _ => None,
     };
+    // A state's numbers as the bits `AlgorithmState::decode` reads: a
+    // token bucket's debt (negative tokens) as two's complement.
+    let bits = |at: usize| match items.get(at) {
+        Some(&Value::Int(n)) => Some(n.cast_unsigned()),
+        _ => None,
+    };
     match items.first() {
         Some(Value::BulkString(status)) if status == b"absent" && items.len() == 1 => {
             Some(Stored::Absent)
         }
         Some(Value::BulkString(status)) if status == b"state" && items.len() == 6 => {
-            let (mark, a, b, c) = (number(2)?, number(3)?, number(4)?, number(5)?);
+            let (mark, a, b, c) = (number(2)?, bits(3)?, bits(4)?, bits(5)?);
             let algorithm = AlgorithmState::decode(u8::try_from(number(1)?).ok()?, [a, b, c])?;
             Some(Stored::State { mark, algorithm })
         }
@@ -220,6 +226,25 @@ mod tests {
         assert_eq!(
             decoded(b'G'),
             Some(AlgorithmState::Gcra(shared_contract::GcraState { tat: 1 }))
+        );
+        // A bucket in debt after a settle's charge past it.
+        let debt = Value::Array(vec![
+            bulk("state"),
+            Value::Int(i64::from(b'B')),
+            Value::Int(10),
+            Value::Int(-2),
+            Value::Int(2),
+            Value::Int(0),
+        ]);
+        assert_eq!(
+            decode_inspect(&debt),
+            Some(Stored::State {
+                mark: 10,
+                algorithm: AlgorithmState::TokenBucket(shared_contract::TokenBucketState {
+                    tokens: -2,
+                    updated_at: 2
+                })
+            })
         );
         let id = |n: u8| Value::BulkString(vec![n; 16]);
         let lease = |n: u8, expires_at| HeldLease {

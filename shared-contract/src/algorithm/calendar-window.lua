@@ -10,9 +10,10 @@
 -- bound (at most an hour, less than the shortest period, 23 hours), so it
 -- lies in the current period or the next one.
 --
--- `raw` is the key's value (false when absent), `charge` false for a
--- spared run. Returns allowed, remaining, reset_after, retry_after, and
--- when the run writes state: the packed state (tag byte, then mark) and
+-- `raw` is the key's value (false when absent), `charge` as in
+-- `fixed-window.lua` (a refund gives back only a reservation of this
+-- period). Returns allowed, remaining, reset_after, retry_after, and when
+-- the run writes state: the packed state (tag byte, then mark) and
 -- state_end. A denial or a spared run (charge false) writes nothing.
 local function calendar_window(raw, t, charge, limit, period_start, period_end, next_end)
   if t >= period_end then
@@ -26,11 +27,22 @@ local function calendar_window(raw, t, charge, limit, period_start, period_end, 
     if stored_start == period_start then count = stored_count end
   end
   local reset_after = math.max(0, period_end - t)
-  if count + cost > limit then
+  if count + cost > limit and (charge == true or not charge) then
     return false, math.max(0, limit - count), reset_after, math.max(1, reset_after)
   end
   if not charge then return true, limit - count, reset_after, 0 end
-  count = count + cost
-  return true, limit - count, reset_after, 0,
+  local remaining
+  if charge == true then
+    count = count + cost
+    remaining = limit - count
+  else
+    if charge == 'force' then
+      count = count + cost
+    elseif reserved_at >= period_start then
+      count = math.max(0, count - cost)
+    end
+    remaining = math.max(0, limit - count)
+  end
+  return true, remaining, reset_after, 0,
     struct.pack('Bddd', CALENDAR_WINDOW, t, period_start, count), period_end
 end

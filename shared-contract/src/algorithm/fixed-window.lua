@@ -2,10 +2,14 @@
 -- start, count. Included by `policy-set.lua` after the prelude.
 --
 -- `raw` is the key's value (false when absent), `t` its effective time,
--- `charge` false for a spared run; then the policy's parameters from ARGV.
--- Returns allowed, remaining, reset_after, retry_after, and when the run
--- writes state: the packed state (tag byte, then mark) and state_end. A denial or a
--- spared run (charge false) writes nothing.
+-- `charge` true to charge, false for a spared run, or a settle's
+-- (docs/algorithms.md "Settling usage"): 'force' charges `cost` without
+-- the check, 'refund' gives it back when the reservation (at the
+-- prelude's `reserved_at`) is of this window; both allow. Then the
+-- policy's parameters from ARGV. Returns allowed, remaining, reset_after,
+-- retry_after, and when the run writes state: the packed state (tag byte,
+-- then mark) and state_end. A denial or a spared run (charge false)
+-- writes nothing.
 local function fixed_window(raw, t, charge, limit, window)
   local window_start = t - t % window
   local count = 0
@@ -14,11 +18,23 @@ local function fixed_window(raw, t, charge, limit, window)
     if stored_start == window_start then count = stored_count end
   end
   local reset_after = window_start + window - t
-  if count + cost > limit then
+  -- A settle's charge is never refused: the strings are compared only here.
+  if count + cost > limit and (charge == true or not charge) then
     return false, math.max(0, limit - count), reset_after, math.max(1, reset_after)
   end
   if not charge then return true, limit - count, reset_after, 0 end
-  count = count + cost
-  return true, limit - count, reset_after, 0,
+  local remaining
+  if charge == true then
+    count = count + cost
+    remaining = limit - count
+  else
+    if charge == 'force' then
+      count = count + cost
+    elseif reserved_at >= window_start then
+      count = math.max(0, count - cost)
+    end
+    remaining = math.max(0, limit - count)
+  end
+  return true, remaining, reset_after, 0,
     struct.pack('Bddd', FIXED_WINDOW, t, window_start, count), window_start + window
 end

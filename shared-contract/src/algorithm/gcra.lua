@@ -3,7 +3,9 @@
 -- `policy-set.lua` after the prelude; arguments and results as in
 -- `fixed-window.lua`, with the parameters `burst` and `interval` (the
 -- emission interval T, whole microseconds). A denial or a spared run
--- writes nothing. Every number here is a whole number below 2^53, but a
+-- writes nothing. A settle's 'force' adds `cost` cells to the backlog
+-- past the burst; its 'refund' takes them off what the schedule has not
+-- yet paid. Every number here is a whole number below 2^53, but a
 -- double's quotient can round up to the next integer, so divisions go
 -- through `gcra_div`, which corrects it.
 local function gcra_div(x, y)
@@ -44,7 +46,7 @@ local function gcra(raw, t, charge, burst, interval)
   local d = a - u
   local whole = burst * interval
   local needed = d + cost * interval
-  if needed > whole then
+  if needed > whole and (charge == true or not charge) then
     local remaining, reset_after = gcra_budget(burst, interval, whole, d)
     local retry_after = gcra_millis(needed - whole)
     if retry_after < 1 then retry_after = 1 end
@@ -54,7 +56,11 @@ local function gcra(raw, t, charge, burst, interval)
     local remaining, reset_after = gcra_budget(burst, interval, whole, d)
     return true, remaining, reset_after, 0
   end
-  local tat = a + cost * interval
+  if charge == 'refund' then
+    needed = d - cost * interval
+    if needed < 0 then needed = 0 end
+  end
+  local tat = u + needed
   local remaining, reset_after = gcra_budget(burst, interval, whole, needed)
   return true, remaining, reset_after, 0, struct.pack('Bdd', GCRA, t, tat), gcra_millis(tat)
 end

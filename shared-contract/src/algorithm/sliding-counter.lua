@@ -1,6 +1,8 @@
 -- Sliding counter (docs/algorithms.md) over one key's state: mark, window
 -- start, current count, previous count. Included by `policy-set.lua` after
--- the prelude; arguments and results as in `fixed-window.lua`.
+-- the prelude; arguments and results as in `fixed-window.lua` (a settle
+-- moves the current count only: a refund of a reservation of the previous
+-- window gives nothing back).
 local function sliding_counter(raw, t, charge, limit, window)
   local window_start = t - t % window
   local elapsed = t - window_start
@@ -13,9 +15,10 @@ local function sliding_counter(raw, t, charge, limit, window)
       previous = stored_current
     end
   end
-  local estimate = math.floor(previous * (window - elapsed) / window) + current
+  local weighted = math.floor(previous * (window - elapsed) / window)
+  local estimate = weighted + current
   local reset_after = window_start + window - t
-  if estimate + cost > limit then
+  if estimate + cost > limit and (charge == true or not charge) then
     -- The smallest wait after which the same request passes with no other traffic.
     local retry_after = nil
     local spare = limit - cost - current
@@ -37,6 +40,13 @@ local function sliding_counter(raw, t, charge, limit, window)
     return false, math.max(0, limit - estimate), reset_after, math.max(1, retry_after)
   end
   if not charge then return true, limit - estimate, reset_after, 0 end
-  return true, limit - (estimate + cost), reset_after, 0,
-    struct.pack('Bdddd', SLIDING_COUNTER, t, window_start, current + cost, previous), window_start + 2 * window
+  if charge == 'refund' then
+    if reserved_at >= window_start then current = math.max(0, current - cost) end
+  else
+    current = current + cost
+  end
+  local remaining = limit - (weighted + current)
+  if remaining < 0 then remaining = 0 end
+  return true, remaining, reset_after, 0,
+    struct.pack('Bdddd', SLIDING_COUNTER, t, window_start, current, previous), window_start + 2 * window
 end

@@ -2,7 +2,9 @@
 -- updated_at. Included by `policy-set.lua` after the prelude; arguments
 -- and results as in `fixed-window.lua`, except that every run writes its
 -- state: a denial or a spared run writes the refill (mark and lifetime
--- included) and keeps its tokens.
+-- included) and keeps its tokens. A settle's 'force' may leave tokens
+-- below zero (a debt the refill pays first; `remaining` says 0), its
+-- 'refund' puts them back up to the capacity.
 local function token_bucket(raw, t, charge, capacity, refill, period)
   local tokens, updated_at = capacity, t
   if raw then
@@ -21,15 +23,25 @@ local function token_bucket(raw, t, charge, capacity, refill, period)
   end
   local allowed = tokens >= cost
   local retry_after = 0
-  if allowed then
-    if charge then tokens = tokens - cost end
-  else
+  if charge == true then
+    if allowed then tokens = tokens - cost end
+  elseif charge then
+    allowed = true
+    if charge == 'force' then
+      tokens = tokens - cost
+    else
+      tokens = math.min(capacity, tokens + cost)
+    end
+  end
+  if not allowed then
     retry_after = math.max(1, updated_at + math.ceil((cost - tokens) / refill) * period - t)
   end
   local reset_after = 0
   if tokens < capacity then
     reset_after = updated_at + math.ceil((capacity - tokens) / refill) * period - t
   end
-  return allowed, tokens, reset_after, retry_after,
+  local remaining = tokens
+  if remaining < 0 then remaining = 0 end
+  return allowed, remaining, reset_after, retry_after,
     struct.pack('Bddd', TOKEN_BUCKET, t, tokens, updated_at), t + reset_after
 end
