@@ -43,8 +43,8 @@ mod suite;
 // a provider can run one check alone; a glob per module, not a list per fn.
 pub use checks::{
     admin::*, clock_regression::*, concurrency::*, evaluation_dedup::*, fixed_window::*,
-    invariants::*, isolation::*, lifetime::*, policy_sets::*, rejection::*, sliding_counter::*,
-    token_bucket::*,
+    invariants::*, isolation::*, lifetime::*, policy_sets::*, rejection::*, settle::*,
+    sliding_counter::*, token_bucket::*,
 };
 pub use factory::ProviderFactory;
 pub use scope::{MAX_SCOPE_LEN, StoreScope};

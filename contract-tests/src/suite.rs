@@ -94,6 +94,17 @@ macro_rules! __contract_checks {
             admin::reset_of_an_absent_budget_is_fine,
             admin::budget_operation_must_fit_the_policy_scope,
             admin::reset_forgets_the_dedupe_records,
+            settle::settle_fixed_window_worked_numbers,
+            settle::settle_sliding_counter_debt_weighs_in_the_next_window,
+            settle::settle_token_bucket_debt_and_refund,
+            settle::settle_gcra_moves_the_schedule,
+            settle::settle_calendar_window_refund_after_the_month_gives_nothing,
+            settle::settle_of_an_unknown_reservation_changes_nothing,
+            settle::settle_without_a_reservation_charges_past_the_limit_once,
+            settle::settle_concurrent_repeats_apply_once,
+            settle::settle_in_a_set_leaves_a_concurrency_key_alone,
+            settle::settle_refusals_touch_nothing,
+            settle::settle_admitted_usage_stays_within_the_bound,
         }
     };
 }

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use contract_tests::{ProviderFactory, StoreScope};
@@ -20,7 +20,8 @@ use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, EdgeRateLimitPort, Evaluation, KeyRules,
     KeyState, Lease, ManualClock, OperationDigest, PolicyId, PolicyScope, RateLimitFailure,
     RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest, ReleaseOutcome,
-    Releasing, SetMember, SubjectDigest, UnavailableCategory, evaluate_set, inspect_key,
+    Releasing, SetEntries, SetMember, SettleOutcome, Settlement, Settling, SubjectDigest,
+    UnavailableCategory, evaluate_set, inspect_key, settle_set,
 };
 
 // ---- The store: what a real backend gives you --------------------------
@@ -179,13 +180,39 @@ impl CasProvider {
     fn decide(&self, request: &RateLimitRequest) -> RateLimitOutcome {
         // Step 1 of docs/algorithms.md for the whole set reads no state.
         let slots = request.resolve(|id| self.policies.get(id), |slot| &slot.policy)?;
-        // Step 2: a passed deadline reads no state either.
-        if self.clock.monotonic() >= request.deadline {
+        self.before(request.deadline)?;
+        let (cost, id) = (request.cost, request.evaluation_id);
+        self.commit(&slots, request, |members, now| evaluate_set(members, now, cost, id)).into()
+    }
+
+    /// A settle runs the same way over the same keys, with the settle step.
+    fn settle_now(&self, settlement: &Settlement) -> SettleOutcome {
+        settlement.check()?;
+        let request = &settlement.request;
+        let slots = request.known(|id| self.policies.get(id))?;
+        self.before(request.deadline)?;
+        self.commit(&slots, request, |members, now| settle_set(members, now, settlement)).into()
+    }
+
+    /// Step 2: a passed deadline reads no state either.
+    fn before(&self, deadline: Instant) -> Result<(), RateLimitFailure> {
+        if self.clock.monotonic() >= deadline {
             return Err(RateLimitFailure::Unavailable {
                 category: UnavailableCategory::AdmissionRejected,
                 retry_after: FAILURE_RETRY_AFTER,
             });
         }
+        Ok(())
+    }
+
+    /// Loads the set's keys, runs `step` over them at `now`, and writes
+    /// every key it changed together, or none, deciding again on a conflict.
+    fn commit<V>(
+        &self,
+        slots: &SetEntries<'_, Slot>,
+        request: &RateLimitRequest,
+        step: impl Fn(&mut [SetMember<'_>], u64) -> V,
+    ) -> V {
         let keys: Vec<String> = slots.iter().map(|slot| Self::key(&slot.policy, request)).collect();
         let now = self.clock.epoch_millis();
         loop {
@@ -195,7 +222,7 @@ impl CasProvider {
                 .zip(&loaded)
                 .map(|(slot, (_, state))| SetMember::new(&slot.rules, state.clone()))
                 .collect();
-            let verdict = evaluate_set(&mut members, now, request.cost, request.evaluation_id);
+            let verdict = step(&mut members, now);
             let writes: Vec<Write> = members
                 .into_iter()
                 .zip(&keys)
@@ -214,7 +241,7 @@ impl CasProvider {
             // A denial without a write, a replay or a refusal rests on what
             // was read; otherwise every key commits together or none does.
             if writes.is_empty() || self.store.compare_and_set_all(writes) {
-                return verdict.into();
+                return verdict;
             }
             // Another evaluation wrote first: decide again on its state. A
             // real backend would also give up (Indeterminate or Unavailable)
@@ -290,6 +317,11 @@ impl EdgeRateLimitPort for CasProvider {
             }
         }
         Releasing::ready(if released { ReleaseOutcome::Released } else { ReleaseOutcome::NotHeld })
+    }
+
+    /// Answered at once, as an evaluation.
+    fn settle(&self, settlement: Settlement) -> Settling {
+        Settling::ready(self.settle_now(&settlement))
     }
 }
 

@@ -17,5 +17,6 @@ pub mod leases;
 pub mod lifetime;
 pub mod policy_sets;
 pub mod rejection;
+pub mod settle;
 pub mod sliding_counter;
 pub mod token_bucket;

@@ -120,7 +120,8 @@ impl RateAlgorithm for TokenBucket {
 
     /// `tokens` as the two's complement bits of an i64 (a debt is negative).
     fn decode([tokens, updated_at, _]: [u64; 3]) -> Option<TokenBucketState> {
-        Some(TokenBucketState { tokens: tokens.cast_signed(), updated_at })
+        let tokens = i64::from_ne_bytes(tokens.to_ne_bytes());
+        Some(TokenBucketState { tokens, updated_at })
     }
 }
 
