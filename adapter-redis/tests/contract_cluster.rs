@@ -21,7 +21,8 @@ use redis_fixture::RedisCluster;
 use shared_contract::{
     Algorithm, BudgetFailure, BudgetKey, BudgetState, EdgeRateLimitPort, Evaluation,
     EvaluationDedupPolicy, Lease, ManualClock, PolicyId, PolicyScope, RateLimitOutcomeExt,
-    RateLimitPolicy, RateLimitRequest, ReleaseOutcome, Releasing, SubjectDigest,
+    RateLimitPolicy, RateLimitRequest, ReleaseOutcome, Releasing, Settlement, Settling,
+    SubjectDigest,
 };
 
 fn cluster() -> &'static RedisCluster {
@@ -160,6 +161,11 @@ impl EdgeRateLimitPort for ScopedSubjects {
         let lease = Lease { subject: self.pseudonym(&lease.subject), ..lease.clone() };
         self.inner.release(&lease)
     }
+
+    fn settle(&self, mut settlement: Settlement<'_>) -> Settling {
+        settlement.request.subject = self.pseudonym(&settlement.request.subject);
+        self.inner.settle(settlement)
+    }
 }
 
 /// Passes every call through and notes the key each evaluation touches.
@@ -200,6 +206,11 @@ impl EdgeRateLimitPort for KeyRecorder {
 
     fn release(&self, lease: &Lease) -> Releasing {
         self.adapter.release(lease)
+    }
+
+    /// The same keys as the reservation's evaluation, already noted.
+    fn settle(&self, settlement: Settlement<'_>) -> Settling {
+        self.adapter.settle(settlement)
     }
 }
 
