@@ -109,6 +109,8 @@ enum SettleChoice {
     /// An id no request used, reserving `reserved` (0: an after-the-fact
     /// charge of `used`).
     Unknown { reserved: u64, used: u64 },
+    /// The case's last settle sent again, as a retry after a lost reply.
+    Again,
 }
 
 /// Two operations, so subject-scoped keys are shared and operation-scoped
@@ -312,6 +314,7 @@ fn settle(maximum_cost: u64) -> impl Strategy<Value = Option<SettleChoice>> {
             .prop_map(|(back, used)| SettleChoice::Reservation { back, used }),
         1 => (prop_oneof![Just(0), 1..=maximum_cost], used)
             .prop_map(|(reserved, used)| SettleChoice::Unknown { reserved, used }),
+        1 => Just(SettleChoice::Again),
     ];
     prop_oneof![4 => Just(None), 1 => choice.prop_map(Some)]
 }
@@ -664,21 +667,31 @@ async fn run_case(scenario: &Scenario, tally: &Tally) -> Result<(), TestCaseErro
     let mut costs: Vec<u64> = Vec::new();
     // Ids no request uses, for settles of unknown reservations.
     let mut strangers = 0_u128;
+    // The last settle: subject, operation, id, reserved, used.
+    let mut last_settle = None;
     for (index, step) in scenario.steps.iter().enumerate() {
         pair.move_clocks(step.clock);
         if let Some(choice) = step.settle {
-            let (id, reserved, used) = match choice {
+            let (subject, operation) = (step.subject, step.operation);
+            let settle = match choice {
                 SettleChoice::Reservation { back, used } => {
                     let Some(at) = issued.len().checked_sub(back + 1) else { continue };
-                    (issued[at], costs[at], used)
+                    (subject, operation, issued[at], costs[at], used)
                 }
                 SettleChoice::Unknown { reserved, used } => {
                     strangers += 1;
-                    (EvaluationId::from_uuid(Uuid::from_u128(u128::MAX - strangers)), reserved, used)
+                    let id = EvaluationId::from_uuid(Uuid::from_u128(u128::MAX - strangers));
+                    (subject, operation, id, reserved, used)
+                }
+                SettleChoice::Again => {
+                    let Some(last) = last_settle else { continue };
+                    last
                 }
             };
+            last_settle = Some(settle);
+            let (subject, operation, id, reserved, used) = settle;
             let (from_memory, from_redis) =
-                pair.settle(&subjects[step.subject], step.operation, reserved, id, used).await;
+                pair.settle(&subjects[subject], operation, reserved, id, used).await;
             agree(&from_memory, &from_redis, index, step, &pair)?;
             prop_assert!(
                 matches!(
@@ -1124,15 +1137,15 @@ fn a_settled_sequence_over_a_set_agrees() {
     let subject = subject(0);
     runtime().block_on(async {
         let pair = Pair::new(&policies);
-        let remaining = |outcome: &RateLimitOutcome| {
-            outcome.as_ref().map(|set| {
+        let remaining = |outcome: RateLimitOutcome| {
+            outcome.map(|set| {
                 (set.allowed(), set.decisions().iter().map(|d| d.remaining).collect::<Vec<_>>())
             })
         };
         let take = async |cost, id| {
             let (memory, redis) = pair.evaluate(&subject, 0, cost, numbered_id(id)).await;
             assert_eq!(memory, redis, "request {id} of {cost}");
-            remaining(&memory)
+            remaining(memory)
         };
         let settle = async |reserved, id, used| {
             let (memory, redis) = pair.settle(&subject, 0, reserved, numbered_id(id), used).await;
