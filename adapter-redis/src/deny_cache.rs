@@ -315,6 +315,19 @@ impl DenyCache {
         Self::new(self.max_entries, Duration::from_millis(self.max_age))
     }
 
+    /// A settle at caller time `now` is about to be sent: it may move a
+    /// key's mark to `now`, so a refusal decided behind it is not stored.
+    pub(crate) fn settling(&self, now: u64) {
+        self.behind(now);
+    }
+
+    /// A settle of `subject`'s usage was sent, whatever came back: it may
+    /// have given units back to any key of the subject, so no refusal of
+    /// it stored so far answers again (as after an admission).
+    pub(crate) fn settled(&self, subject: &SubjectDigest) {
+        self.admissions_of(subject).fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Forgets every cached refusal of `subject` (after an admin reset of
     /// its budget on this instance). Returns how many were dropped.
     pub(crate) fn forget(&self, subject: &SubjectDigest) -> usize {

@@ -12,11 +12,10 @@ use std::time::Duration;
 
 use redis_fixture::RedisServer;
 use shared_contract::{
-    Algorithm, BudgetKey, CalendarPeriod, CalendarWindow, Clock, Concurrency,
-    EdgeRateLimitPort, EvaluationDedupPolicy, EvaluationId, FixedWindow, Gcra,
-    IncompatibleCategory, ManualClock, PolicyId, PolicySet, RateLimitFailure, RateLimitOutcome,
-    RateLimitPolicy, RateLimitRequest, SettleOutcome, Settled, Settlement, SlidingCounter,
-    TokenBucket,
+    Algorithm, BudgetKey, CalendarPeriod, CalendarWindow, Clock, Concurrency, EdgeRateLimitPort,
+    EvaluationDedupPolicy, EvaluationId, FixedWindow, Gcra, IncompatibleCategory, ManualClock,
+    PolicyId, PolicySet, RateLimitFailure, RateLimitOutcome, RateLimitPolicy, RateLimitRequest,
+    SettleOutcome, Settled, Settlement, SlidingCounter, TokenBucket,
 };
 use support::{T0, operation, subject};
 
@@ -214,10 +213,7 @@ async fn a_calendar_month_keeps_a_reservation_of_the_month_before() {
     rig.at(FEBRUARY_0030);
     // The record lived its hour (the longest TTL) by then: nothing to settle.
     let settled = rig.settle(5, id, 0).await;
-    assert!(
-        matches!(settled, Ok(Settled::Applied | Settled::UnknownReservation)),
-        "{settled:?}"
-    );
+    assert!(matches!(settled, Ok(Settled::Applied | Settled::UnknownReservation)), "{settled:?}");
     assert_eq!(rig.ask(1).await.1, 9);
 
     // Half a minute either side of midnight, the record is live: the
@@ -298,9 +294,8 @@ async fn what_a_settle_refuses_it_refuses_before_redis() {
     let rig = Rig::new("refused", T0, vec![policy("p", fixed)]);
     let id = EvaluationId::random();
     let beyond = (1 << 53) + 1;
-    let too_much = Err(RateLimitFailure::Incompatible {
-        category: IncompatibleCategory::CostExceedsMaximum,
-    });
+    let too_much =
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::CostExceedsMaximum });
     let answer = rig.adapter.settle(Settlement { request: rig.request(1, id), used: beyond });
     assert_eq!(answer.into_ready().unwrap(), too_much);
     // Beyond maximum-cost but within a counter's range: settled.

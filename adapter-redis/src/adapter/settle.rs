@@ -9,8 +9,7 @@ use std::time::Duration;
 
 use redis::Value;
 use shared_contract::{
-    IncompatibleCategory, RateLimitFailure, SettleOutcome, Settled, Settlement,
-    UnavailableCategory,
+    IncompatibleCategory, RateLimitFailure, SettleOutcome, Settled, Settlement, UnavailableCategory,
 };
 use tokio::sync::TryAcquireError;
 use tokio::time::Instant;
@@ -28,10 +27,14 @@ const SETTLE_ARGS: usize = 5;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum SettleReply {
     /// Settled now; `wrote` says whether any key was written.
-    Applied { wrote: bool },
+    Applied {
+        wrote: bool,
+    },
     Repeated,
     Unknown,
-    ClockUnsafe { retry_after_ms: u64 },
+    ClockUnsafe {
+        retry_after_ms: u64,
+    },
     Corrupt,
 }
 
@@ -110,6 +113,9 @@ impl RedisEdgeRateLimitAdapter {
         let replays = request.cost > 0
             || (request.evaluation_id.may_repeat()
                 && set.iter().any(|entry| entry.dedup_enabled && !entry.holds_leases));
+        if let Some(cache) = &self.deny_cache {
+            cache.settling(now_millis);
+        }
         let span = script_span(ScriptKind::Settle, keys.len());
         let script = async {
             let outcome = self.run_settle(&set, &keys, &args, deadline).await;
@@ -129,9 +135,8 @@ impl RedisEdgeRateLimitAdapter {
             Some(span) => script.instrument(span).await,
             None => script.await,
         };
-        if matches!(outcome, Ok(Settled::Applied | Settled::Repeated)) {
-            // A refund may admit what this instance cached as refused.
-            self.forget_cached_denials(&request.subject);
+        if let Some(cache) = &self.deny_cache {
+            cache.settled(&request.subject);
         }
         outcome
     }
@@ -155,19 +160,20 @@ impl RedisEdgeRateLimitAdapter {
                 deadline,
             )
             .await;
-        let indeterminate = RateLimitFailure::Indeterminate { retry_after: self.failure_retry_after };
+        let indeterminate =
+            RateLimitFailure::Indeterminate { retry_after: self.failure_retry_after };
         let first = set.iter().next().map(|entry| entry.policy.id());
         let sent = match result {
             Ok(sent) => sent,
             Err(failure) => {
                 tracing::debug!(policy = ?first, ?failure, "settle script failed");
                 return Err(match failure {
-                    GatewayFailure::NotSent | GatewayFailure::Refused | GatewayFailure::NoScript => {
-                        RateLimitFailure::Unavailable {
-                            category: UnavailableCategory::UnavailableBeforeSend,
-                            retry_after: self.failure_retry_after,
-                        }
-                    }
+                    GatewayFailure::NotSent
+                    | GatewayFailure::Refused
+                    | GatewayFailure::NoScript => RateLimitFailure::Unavailable {
+                        category: UnavailableCategory::UnavailableBeforeSend,
+                        retry_after: self.failure_retry_after,
+                    },
                     GatewayFailure::WrongType | GatewayFailure::ScriptError => {
                         RateLimitFailure::Incompatible {
                             category: IncompatibleCategory::StateIncompatible,
@@ -239,7 +245,9 @@ fn decode_settle(reply: &Value, keys: usize) -> Option<SettleReply> {
         (b"applied", Some(1)) => Some(SettleReply::Applied { wrote: true }),
         (b"repeated", None) => Some(SettleReply::Repeated),
         (b"unknown", None) => Some(SettleReply::Unknown),
-        (b"clock_unsafe", Some(retry_after_ms)) => Some(SettleReply::ClockUnsafe { retry_after_ms }),
+        (b"clock_unsafe", Some(retry_after_ms)) => {
+            Some(SettleReply::ClockUnsafe { retry_after_ms })
+        }
         // The index names the key; it must be one the call sent.
         (b"corrupt", Some(index)) if (1..=keys).contains(&usize::try_from(index).ok()?) => {
             Some(SettleReply::Corrupt)

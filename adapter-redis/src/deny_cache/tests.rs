@@ -385,3 +385,21 @@ fn a_refusal_is_served_at_most_its_max_age_whatever_its_retry_after() {
     assert!(cache.lookup(&denied, hourly.iter(), T0 + 300).is_none(), "Redis is asked again");
     assert_eq!(cache.len(), 0, "and the entry is gone");
 }
+
+#[test]
+fn a_settle_ends_the_subjects_refusals_and_one_decided_behind_it_is_not_stored() {
+    let cache = DenyCache::new(100, MAX_AGE);
+    let p = [fixed("p", 1)];
+    let refusal = refused(&[decided(false, 0, 750, 750)]);
+    cache.learn(&request(&["p"], 1, 1, 1), p.iter(), T0 + 250, &refusal);
+    cache.learn(&request(&["p"], 2, 1, 2), p.iter(), T0 + 250, &refusal);
+    // A settle of subject 1 at T0 + 300 may have given its units back.
+    cache.settling(T0 + 300);
+    cache.settled(&request(&["p"], 1, 1, 3).subject);
+    assert_eq!(cache.lookup(&request(&["p"], 1, 1, 4), p.iter(), T0 + 300), None);
+    assert!(cache.lookup(&request(&["p"], 2, 1, 5), p.iter(), T0 + 300).is_some(), "another's");
+    // Its write may have moved a mark to T0 + 300: a refusal a caller at
+    // T0 + 299 got was counted from there, so it is not kept.
+    cache.learn(&request(&["p"], 1, 1, 6), p.iter(), T0 + 299, &refusal);
+    assert_eq!(cache.lookup(&request(&["p"], 1, 1, 7), p.iter(), T0 + 300), None);
+}
