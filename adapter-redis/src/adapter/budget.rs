@@ -143,7 +143,7 @@ fn decode_inspect(reply: &Value) -> Option<Stored> {
     // A state's numbers as the bits `AlgorithmState::decode` reads: a
     // token bucket's debt (negative tokens) as two's complement.
     let bits = |at: usize| match items.get(at) {
-        Some(&Value::Int(n)) => Some(n.cast_unsigned()),
+        Some(&Value::Int(n)) => Some(u64::from_ne_bytes(n.to_ne_bytes())),
         _ => None,
     };
     match items.first() {
