@@ -15,7 +15,7 @@ use tokio::sync::TryAcquireError;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::{ARGUMENTS, RedisEdgeRateLimitAdapter, Resolved, number, script_span};
+use super::{ARGUMENTS, RedisEdgeRateLimitAdapter, Resolved, micros, number, script_span};
 use crate::gateway::GatewayFailure;
 use crate::scripts::{ScriptKind, Sent};
 
@@ -117,6 +117,7 @@ impl RedisEdgeRateLimitAdapter {
             cache.settling(now_millis);
         }
         let span = script_span(ScriptKind::Settle, keys.len());
+        let started = span.as_ref().map(|_| std::time::Instant::now());
         let script = async {
             let outcome = self.run_settle(&set, &keys, &args, deadline).await;
             match outcome {
@@ -124,17 +125,21 @@ impl RedisEdgeRateLimitAdapter {
                     if replays && self.wait.is_none() && Instant::now() < deadline =>
                 {
                     match self.run_settle(&set, &keys, &args, deadline).await {
-                        settled @ Ok(_) => settled,
-                        Err(_) => outcome,
+                        settled @ Ok(_) => (settled, 2),
+                        Err(_) => (outcome, 2),
                     }
                 }
-                Ok(_) | Err(_) => outcome,
+                Ok(_) | Err(_) => (outcome, 1_i64),
             }
         };
-        let outcome = match span {
-            Some(span) => script.instrument(span).await,
+        let (outcome, attempts) = match &span {
+            Some(span) => script.instrument(span.clone()).await,
             None => script.await,
         };
+        if let Some((span, started)) = span.zip(started) {
+            span.record("redis.attempts", attempts);
+            span.record("redis.duration_us", micros(started.elapsed()));
+        }
         if let Some(cache) = &self.deny_cache {
             cache.settled(&request.subject);
         }

@@ -807,3 +807,94 @@ async fn a_release_that_finds_no_lane_permit_within_the_command_timeout_is_admis
     );
     drop(held);
 }
+
+/// A settle reply: the status, then its number if it has one.
+fn settle_reply(status: &str, number: Option<i64>) -> Value {
+    let mut items = vec![Value::BulkString(status.as_bytes().to_vec())];
+    items.extend(number.map(Value::Int));
+    Value::Array(items)
+}
+
+async fn settle_once(
+    adapter: &RedisEdgeRateLimitAdapter,
+    reserved: u64,
+    used: u64,
+) -> shared_contract::SettleOutcome {
+    let request = request(adapter.clock.monotonic(), reserved, Duration::from_millis(750));
+    adapter.settle(shared_contract::Settlement { request, used }).await
+}
+
+#[tokio::test]
+async fn a_settle_maps_each_reply_and_failure() {
+    use shared_contract::Settled;
+    let cases: [(Result<Value, GatewayFailure>, shared_contract::SettleOutcome); 8] = [
+        (Ok(settle_reply("applied", Some(1))), Ok(Settled::Applied)),
+        (Ok(settle_reply("applied", Some(0))), Ok(Settled::Applied)),
+        (Ok(settle_reply("repeated", None)), Ok(Settled::Repeated)),
+        (Ok(settle_reply("unknown", None)), Ok(Settled::UnknownReservation)),
+        (
+            Ok(failure("clock_unsafe", 40)),
+            Err(RateLimitFailure::Unavailable {
+                category: UnavailableCategory::ClockUnsafe,
+                retry_after: Duration::from_millis(40),
+            }),
+        ),
+        (Ok(failure("corrupt", 1)), Err(state_incompatible().unwrap_err())),
+        (Err(GatewayFailure::ScriptError), Err(state_incompatible().unwrap_err())),
+        (Err(GatewayFailure::Refused), Err(before_send().unwrap_err())),
+    ];
+    for (answer, expected) in cases {
+        let adapter = adapter(gateway_answering(move || answer.clone(), 1), ON);
+        assert_eq!(settle_once(&adapter, 2, 1).await, expected);
+    }
+}
+
+#[tokio::test]
+async fn a_settle_that_may_have_run_is_sent_once_more_and_its_record_answers() {
+    use shared_contract::Settled;
+    let mut gateway = MockRedisGateway::new();
+    gateway.expect_script_load().times(1).returning(|_, _, _| Ok("digest-1".to_owned()));
+    let mut sequence = Sequence::new();
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    for answer in [Err(GatewayFailure::TimedOut), Ok(settle_reply("repeated", None))] {
+        let sent = sent.clone();
+        gateway.expect_evalsha().times(1).in_sequence(&mut sequence).returning(
+            move |_, keys, args, _| {
+                sent.lock().unwrap().push((keys.to_vec(), owned(args)));
+                answer.clone()
+            },
+        );
+    }
+    let adapter = adapter(gateway, ON);
+    assert_eq!(settle_once(&adapter, 2, 1).await, Ok(Settled::Repeated));
+    let sent = sent.lock().unwrap();
+    assert_eq!(sent[0], sent[1], "the same call twice");
+    let (keys, args) = &sent[0];
+    assert_eq!(keys, &[key_of("api.test", PolicyScope::Operation)]);
+    // Time, reserved, the settle's id, the reservation's id, used, then the block.
+    assert_eq!(
+        (args[1].as_slice(), args[4].as_slice(), args[5].as_slice()),
+        (&b"2"[..], &b"1"[..], &b"F"[..])
+    );
+    assert_eq!(args[2][6] ^ args[3][6], 0xB0, "the settle's id is the reservation's, flipped");
+}
+
+#[tokio::test]
+async fn an_after_the_fact_charge_without_dedupe_is_not_sent_twice() {
+    let adapter = adapter(gateway_answering(|| Err(GatewayFailure::ConnectionLost), 1), OFF);
+    assert_eq!(settle_once(&adapter, 0, 3).await, Err(indeterminate().unwrap_err()));
+}
+
+#[tokio::test]
+async fn a_settle_past_a_counters_range_or_its_deadline_never_reaches_the_gateway() {
+    let adapter = adapter(MockRedisGateway::new(), ON);
+    assert_eq!(
+        settle_once(&adapter, 1, shared_contract::MAX_COUNT + 1).await,
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::CostExceedsMaximum })
+    );
+    let late = request(adapter.clock.monotonic(), 1, Duration::ZERO);
+    assert!(matches!(
+        adapter.settle(shared_contract::Settlement { request: late, used: 0 }).await,
+        Err(RateLimitFailure::Unavailable { category: UnavailableCategory::AdmissionRejected, .. })
+    ));
+}
