@@ -30,10 +30,6 @@
 local now = tonumber(ARGV[1])
 local cost = tonumber(ARGV[2])
 local evaluation_id = ARGV[3]
--- A settle's refund (settle.lua): the effective time its reservation was
--- charged at, set per key before the key's run; the algorithms read it
--- only for charge 'refund', so every other script leaves it nil.
-local reserved_at = nil
 -- Tag bytes: each registered algorithm's (its `RateAlgorithm::TAG`), as
 -- a constant named after its function in upper case (FIXED_WINDOW for
 -- fixed_window); LEASES is the tag of the algorithm whose key is a lease

@@ -32,9 +32,9 @@ if not records then reservation = nil end
 local reserved, used = cost, ARGV[5] + 0
 -- Every key that takes the settle takes the same units: the excess
 -- charged, or the rest given back. The algorithms read them as `cost`.
-local charge = 'force'
-if used < reserved then
-  charge, cost = 'refund', reserved - used
+local refund = used < reserved
+if refund then
+  cost = reserved - used
 else
   cost = used - reserved
 end
@@ -124,7 +124,9 @@ for k = 1, n do
     if headers[k] < 0 then return {'corrupt', k} end
     local b, tag, raw, t = blocks[k], kinds[k], raws[k], times[k]
     if tag >= SHADOW_KINDS then tag = tag - SHADOW end
-    reserved_at = takes[k]
+    -- A refund names the budget by the reservation's time.
+    local charge = 'force'
+    if refund then charge = takes[k] end
     local remaining, reset_after, state, state_end, _
     -- Each algorithm's settle run (`scripts.rs` writes the branches).
 -- #settle

@@ -157,7 +157,7 @@ fn compose_into(driver: &str, algorithm: Option<Lua>, source: &mut String) {
 /// each algorithm's function is bound to, `load` the branch that includes
 /// its file on its first key, `charge` and `spare` the branches that run it,
 /// `settle` those that run every algorithm but the lease one with the
-/// settle's `charge` (settle.lua).
+/// settle's `charge` ('force', or a refund's reservation time: settle.lua).
 fn written(part: &str, source: &mut String) {
     let all = AlgorithmKind::ALL.map(|kind| (kind, kind.lua()));
     let constant = |lua: &Lua| lua.function.to_ascii_uppercase();

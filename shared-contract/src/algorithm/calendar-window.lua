@@ -38,7 +38,7 @@ local function calendar_window(raw, t, charge, limit, period_start, period_end, 
   else
     if charge == 'force' then
       count = count + cost
-    elseif reserved_at >= period_start then
+    elseif charge >= period_start then
       count = math.max(0, count - cost)
     end
     remaining = math.max(0, limit - count)

@@ -4,9 +4,11 @@
 -- `raw` is the key's value (false when absent), `t` its effective time,
 -- `charge` true to charge, false for a spared run, or a settle's
 -- (docs/algorithms.md "Settling usage"): 'force' charges `cost` without
--- the check, 'refund' gives it back when the reservation (at the
--- prelude's `reserved_at`) is of this window; both allow. Then the
--- policy's parameters from ARGV. Returns allowed, remaining, reset_after,
+-- the check; a number, the effective time a reservation was charged at,
+-- gives `cost` back when that time is in this window (a number, not a
+-- second variable the function would capture: a captured variable costs
+-- every call its upvalue); both allow. Then the policy's parameters from
+-- ARGV. Returns allowed, remaining, reset_after,
 -- retry_after, and when the run writes state: the packed state (tag byte,
 -- then mark) and state_end. A denial or a spared run (charge false)
 -- writes nothing.
@@ -30,7 +32,7 @@ local function fixed_window(raw, t, charge, limit, window)
   else
     if charge == 'force' then
       count = count + cost
-    elseif reserved_at >= window_start then
+    elseif charge >= window_start then
       count = math.max(0, count - cost)
     end
     remaining = math.max(0, limit - count)

@@ -4,8 +4,8 @@
 -- `fixed-window.lua`, with the parameters `burst` and `interval` (the
 -- emission interval T, whole microseconds). A denial or a spared run
 -- writes nothing. A settle's 'force' adds `cost` cells to the backlog
--- past the burst; its 'refund' takes them off what the schedule has not
--- yet paid. Every number here is a whole number below 2^53, but a
+-- past the burst; its refund (a number) takes them off what the schedule
+-- has not yet paid, whenever the reservation was. Every number here is a whole number below 2^53, but a
 -- double's quotient can round up to the next integer, so divisions go
 -- through `gcra_div`, which corrects it.
 local function gcra_div(x, y)
@@ -56,7 +56,7 @@ local function gcra(raw, t, charge, burst, interval)
     local remaining, reset_after = gcra_budget(burst, interval, whole, d)
     return true, remaining, reset_after, 0
   end
-  if charge == 'refund' then
+  if charge ~= true and charge ~= 'force' then
     needed = d - cost * interval
     if needed < 0 then needed = 0 end
   end

@@ -15,8 +15,7 @@ local function sliding_counter(raw, t, charge, limit, window)
       previous = stored_current
     end
   end
-  local weighted = math.floor(previous * (window - elapsed) / window)
-  local estimate = weighted + current
+  local estimate = math.floor(previous * (window - elapsed) / window) + current
   local reset_after = window_start + window - t
   if estimate + cost > limit and (charge == true or not charge) then
     -- The smallest wait after which the same request passes with no other traffic.
@@ -40,13 +39,18 @@ local function sliding_counter(raw, t, charge, limit, window)
     return false, math.max(0, limit - estimate), reset_after, math.max(1, retry_after)
   end
   if not charge then return true, limit - estimate, reset_after, 0 end
-  if charge == 'refund' then
-    if reserved_at >= window_start then current = math.max(0, current - cost) end
-  else
-    current = current + cost
+  local end_at = window_start + 2 * window
+  if charge == true then
+    return true, limit - (estimate + cost), reset_after, 0,
+      struct.pack('Bdddd', SLIDING_COUNTER, t, window_start, current + cost, previous), end_at
   end
-  local remaining = limit - (weighted + current)
-  if remaining < 0 then remaining = 0 end
-  return true, remaining, reset_after, 0,
-    struct.pack('Bdddd', SLIDING_COUNTER, t, window_start, current, previous), window_start + 2 * window
+  local weighted = estimate - current
+  if charge == 'force' then
+    current = current + cost
+  elseif charge >= window_start then
+    -- A refund of a reservation of this window.
+    current = math.max(0, current - cost)
+  end
+  return true, math.max(0, limit - (weighted + current)), reset_after, 0,
+    struct.pack('Bdddd', SLIDING_COUNTER, t, window_start, current, previous), end_at
 end

@@ -4,7 +4,8 @@
 -- state: a denial or a spared run writes the refill (mark and lifetime
 -- included) and keeps its tokens. A settle's 'force' may leave tokens
 -- below zero (a debt the refill pays first; `remaining` says 0), its
--- 'refund' puts them back up to the capacity.
+-- refund (a number) puts them back up to the capacity, whenever the
+-- reservation was.
 local function token_bucket(raw, t, charge, capacity, refill, period)
   local tokens, updated_at = capacity, t
   if raw then
