@@ -1,9 +1,9 @@
 //! Settling usage on a real redis-server (docs/algorithms.md "Settling
 //! usage"): the worked numbers of every algorithm, a repeated settle, a
 //! settle of an unknown reservation, a refund after its window ended, a
-//! debt that refuses the next request and shows in the admin inspect, and
-//! what a settle refuses before it reaches Redis. Expected values are the
-//! docs'.
+//! debt that refuses the next request and shows in the admin inspect, a
+//! key of another algorithm, and what a settle refuses before it reaches
+//! Redis. Expected values are the docs'.
 
 mod support;
 
@@ -311,4 +311,32 @@ async fn what_a_settle_refuses_it_refuses_before_redis() {
         rig.adapter.settle(unknown).into_ready().unwrap(),
         Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::UnknownPolicy })
     );
+}
+
+/// A key to settle that holds another algorithm's state fails the settle,
+/// which writes nothing; one the settle does not touch fails nothing.
+#[tokio::test]
+async fn a_key_of_another_algorithm_fails_the_settle_and_nothing_is_written() {
+    use redis::AsyncCommands;
+    let fixed = Algorithm::FixedWindow(FixedWindow { limit: 10, window: ms(1000) });
+    let rig = Rig::new("corrupt", T0, vec![policy("p", fixed)]);
+    let (id, _) = rig.reserve(5).await;
+    let policy = rig.adapter.policy(&PolicyId::new("p").unwrap()).unwrap();
+    let key = rig.adapter.keys().counter_key(policy, &subject(1), &operation());
+    let mut redis = support::inspector(server()).await;
+    let state: Vec<u8> = redis.hget(&key, "s").await.unwrap();
+    // The same doubles and records trailer under a token bucket's tag (its
+    // header is as long as the fixed window's).
+    let mut bucket = state.clone();
+    bucket[0] = b'B';
+    let _: () = redis.hset(&key, "s", &bucket).await.unwrap();
+    assert_eq!(
+        rig.settle(5, id, 1).await,
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible })
+    );
+    let after: Vec<u8> = redis.hget(&key, "s").await.unwrap();
+    assert_eq!(after, bucket, "nothing written");
+    // Neither the reservation of another id nor a settle of u = c runs it.
+    assert_eq!(rig.settle(5, EvaluationId::random(), 1).await, Ok(Settled::UnknownReservation));
+    assert_eq!(rig.settle(5, id, 5).await, Ok(Settled::Applied));
 }
