@@ -117,10 +117,11 @@ local SWEEP = 8
 -- record, and `also`'s record in the same read when it is given (a
 -- settle's reservation). Returns the state (with its trailer when the key
 -- is a hash; false when absent), the id's record (nil for none), whether
--- the key is a hash and `also`'s record (nil for none). A key of the other type (the policy's dedupe changed across
--- a restart without a new revision) is read the other way, after a
--- WRONGTYPE error that INFO errorstats counts. A hash read with dedupe off
--- becomes the string at once (its bytes and expiry kept: SET .. KEEPTTL),
+-- the key is a hash and `also`'s record (nil for none). A key of the
+-- other type (the policy's dedupe changed across a restart without a new
+-- revision) is read the other way, after a WRONGTYPE error that INFO
+-- errorstats counts. A hash read with dedupe off becomes the string at
+-- once (its bytes and expiry kept: SET .. KEEPTTL),
 -- so that error comes once, even for a subject that is only refused and so
 -- never writes; a string read with dedupe on is converted by its next
 -- write. Any other error (NOPERM, say) fails the script as it came.

@@ -8,10 +8,9 @@
 -- gives `cost` back when that time is in this window (a number, not a
 -- second variable the function would capture: a captured variable costs
 -- every call its upvalue); both allow. Then the policy's parameters from
--- ARGV. Returns allowed, remaining, reset_after,
--- retry_after, and when the run writes state: the packed state (tag byte,
--- then mark) and state_end. A denial or a spared run (charge false)
--- writes nothing.
+-- ARGV. Returns allowed, remaining, reset_after, retry_after, and when the
+-- run writes state: the packed state (tag byte, then mark) and state_end.
+-- A denial or a spared run (charge false) writes nothing.
 local function fixed_window(raw, t, charge, limit, window)
   local window_start = t - t % window
   local count = 0
@@ -20,7 +19,7 @@ local function fixed_window(raw, t, charge, limit, window)
     if stored_start == window_start then count = stored_count end
   end
   local reset_after = window_start + window - t
-  -- A settle's charge is never refused: the strings are compared only here.
+  -- A settle's charge is never refused (tested only past the limit).
   if count + cost > limit and (charge == true or not charge) then
     return false, math.max(0, limit - count), reset_after, math.max(1, reset_after)
   end

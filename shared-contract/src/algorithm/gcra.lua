@@ -5,9 +5,9 @@
 -- emission interval T, whole microseconds). A denial or a spared run
 -- writes nothing. A settle's 'force' adds `cost` cells to the backlog
 -- past the burst; its refund (a number) takes them off what the schedule
--- has not yet paid, whenever the reservation was. Every number here is a whole number below 2^53, but a
--- double's quotient can round up to the next integer, so divisions go
--- through `gcra_div`, which corrects it.
+-- has not yet paid, whenever the reservation was. Every number here is a
+-- whole number below 2^53, but a double's quotient can round up to the
+-- next integer, so divisions go through `gcra_div`, which corrects it.
 local function gcra_div(x, y)
   local q = math.floor(x / y)
   if q * y > x then
