@@ -97,8 +97,20 @@ impl Drop for SettleGuard {
         request.deadline = now.checked_add(budget).unwrap_or(now);
         let policies = request.policies.clone().into_owned();
         let settlement = Settlement { request, used };
+        // Not inline while unwinding: a panic in the provider there would abort.
+        let waiting = match (!std::thread::panicking()).then(|| port.settle(settlement.clone())) {
+            Some(settling) => match settling.into_ready() {
+                Ok(outcome) => return record(&outcome, &policies),
+                Err(waiting) => Some(waiting),
+            },
+            None => None,
+        };
+        // Tracked until it ends, so a shutdown can wait for it.
         let settle = tasks.running.track_future(async move {
-            let outcome = port.settle(settlement).await;
+            let outcome = match waiting {
+                Some(waiting) => waiting.await,
+                None => port.settle(settlement).await,
+            };
             record(&outcome, &policies);
         });
         drop(runtime.spawn(settle));
