@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use shared_contract::{
-    Clock, EdgeRateLimitPort, PolicySet, RateLimitRequest, SettleOutcome, Settlement,
-    settle_outcome_label,
+    Clock, EdgeRateLimitPort, LOG_LINE_EVERY, LogThrottle, PolicySet, RateLimitRequest,
+    SettleOutcome, Settlement, settle_outcome_label,
 };
 
 use crate::lease::LeaseReleases;
@@ -120,10 +120,15 @@ impl Drop for SettleGuard {
 /// Counts a settle by its outcome; a failure is logged (by policy, never
 /// the subject).
 fn record(outcome: &SettleOutcome, policies: &PolicySet) {
-    if let Err(failure) = outcome {
+    // One line a second: while the provider is down every settle fails alike.
+    static FAILURES_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
+    if let Err(failure) = outcome
+        && let Some(suppressed) = FAILURES_LOGGED.admit(std::time::Instant::now())
+    {
         tracing::warn!(
             policies = %PolicyIds(policies.ids()),
             outcome = failure.category_name(),
+            suppressed,
             "a request's usage was not settled; its reservation stands as charged"
         );
     }

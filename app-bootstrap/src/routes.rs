@@ -22,6 +22,7 @@ use axum::{Extension, Router};
 use problem_details::{ProblemDetails, ProblemType};
 use serde::Deserialize;
 use serde_json::json;
+use shared_contract::MAX_COUNT;
 
 /// An API router plus the operations it serves (`"GET /api/orders/{id}"`,
 /// the method and the route template, as the rate-limit layer names them).
@@ -148,17 +149,22 @@ pub async fn reserve(mut request: axum::extract::Request) -> axum::extract::Requ
 
 /// `POST /api/complete?reserve=R&use=U`: the work is done, it used `U`
 /// units; the edge settles `U` against the `R` reserved once this body is
-/// sent. A query that is not two whole numbers (`R` from 1) is a 400.
+/// sent. A query that is not two whole numbers (`R` from 1, `U` within a
+/// counter's range) is a 400.
 async fn complete(
     base: Option<Extension<ProblemBase>>,
     query: Result<Query<CompleteQuery>, QueryRejection>,
 ) -> Response {
-    let Ok(Query(CompleteQuery { reserve: reserved @ 1.., used })) = query else {
+    let Ok(Query(CompleteQuery { reserve: reserved @ 1.., used: used @ ..=MAX_COUNT })) = query
+    else {
         return problem(
             base,
             StatusCode::BAD_REQUEST,
             "invalid-query",
-            "The query is reserve and use, whole numbers, reserve from 1.",
+            &format!(
+                "The query is reserve and use, whole numbers: reserve from 1, use at most \
+                 {MAX_COUNT}."
+            ),
         );
     };
     let mut response = axum::Json(json!({ "reserved": reserved, "used": used })).into_response();
