@@ -68,6 +68,7 @@ fn engine(port: Option<Arc<dyn EdgeRateLimitPort>>) -> RlsEngine {
         name: None,
         replaces: Vec::new(),
         allow_override: false,
+        charge_always: false,
     };
     RlsEngine::new(port, pseudonymizer, clock, settings, &[rule]).unwrap()
 }

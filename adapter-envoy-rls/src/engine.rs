@@ -26,10 +26,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
     RateLimitRequest as EnvoyRequest, RateLimitResponse,
 };
 use shared_contract::{
-    BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, IncompatibleCategory,
-    LOG_LINE_EVERY, LogThrottle, OperationDigest, PolicyId, PolicyMode, PolicySet,
-    RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitRequest,
-    SetDecision, SubjectDigest, SubjectPseudonymizer, UnavailableCategory, millis,
+    BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, FRONT_ENVOY_RLS,
+    IncompatibleCategory, LOG_LINE_EVERY, LogThrottle, OperationDigest, PolicyId, PolicyMode,
+    PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt,
+    RateLimitRequest, SETTLES_TOTAL, SetDecision, Settlement, SubjectDigest, SubjectPseudonymizer,
+    UnavailableCategory, millis, settle_outcome_label,
 };
 use tonic::Status;
 use tracing::Instrument;
@@ -227,6 +228,7 @@ impl RlsEngine {
         let mut response = Response::new(request.descriptors.len());
         let (mut refused, mut blocked) = (false, false);
         let mut entries = Vec::new();
+        let mut charges = Vec::new();
         let matched = if self.rules.replacing() { self.matched(request) } else { Vec::new() };
         // Before the loop, which borrows the rules they are prepared from.
         let overridden = self.overridden(request, &matched);
@@ -275,6 +277,11 @@ impl RlsEngine {
                 Some(None) | None => (rule, None),
             };
             let cost = descriptor.hits_addend.as_ref().map_or(request_cost, |hits| hits.value);
+            if rule.charge_always && descriptor.hits_addend.as_ref().is_none_or(|h| h.value > 0) {
+                // Usage already spent: charged whatever remains, answered OK.
+                charges.push((self.subject(rule, &entries), rule, cost));
+                continue;
+            }
             let members = match admitting(rule, cost) {
                 Ok(members) => members,
                 Err(()) => {
@@ -312,6 +319,9 @@ impl RlsEngine {
                     descriptors: vec![(index, resolved.rule)],
                 }),
             }
+        }
+        for (subject, rule, cost) in charges {
+            charge_always(&**port, rule, subject, cost, deadline).await;
         }
         if refused || blocked {
             // Known before any set runs: the call is refused, nothing charged.
@@ -613,6 +623,39 @@ static REFUSED_LOGGED: LogThrottle = LogThrottle::new(LOG_LINE_EVERY);
 
 /// A look (`hits_addend` 0): each enforced policy's budget as it stands,
 /// charging nothing. Denied when a request of cost 1 would not pass.
+/// Charges `cost` hits reported after the fact to `rule`'s policies, past
+/// the limit if need be (a settle of no reservation). The call is answered
+/// `OK` whatever comes of it: the work is done, and a refusal of it would
+/// block nothing. A failure is counted and logged.
+async fn charge_always(
+    port: &dyn EdgeRateLimitPort,
+    rule: &PreparedRule,
+    subject: SubjectDigest,
+    cost: u64,
+    deadline: Instant,
+) {
+    let request = RateLimitRequest {
+        policies: (&rule.policies).into(),
+        subject,
+        operation: rule.operation,
+        cost: 0,
+        evaluation_id: EvaluationId::once(),
+        deadline,
+    };
+    let outcome = port.settle(Settlement { request, used: cost }).await;
+    if let Err(failure) = &outcome
+        && let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now())
+    {
+        tracing::warn!(
+            failure = failure.category_name(),
+            suppressed,
+            "envoy rls hits reported after the fact were not charged"
+        );
+    }
+    let outcome = settle_outcome_label(&outcome);
+    metrics::counter!(SETTLES_TOTAL, "outcome" => outcome, "front" => FRONT_ENVOY_RLS).increment(1);
+}
+
 async fn look(port: &dyn EdgeRateLimitPort, step: &Step<'_>) -> Result<Evaluated, Status> {
     let mut decisions = Vec::with_capacity(step.members.len());
     for member in &step.members {

@@ -163,6 +163,7 @@ mod tests {
             name: None,
             replaces: Vec::new(),
             allow_override: true,
+            charge_always: false,
         };
         let rules = Rules::new(&[rule], &port).unwrap();
         let Some(crate::rules::Match::Limited(rule)) = rules.find("d", &[("ip", "x")]) else {

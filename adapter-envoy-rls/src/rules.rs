@@ -44,6 +44,10 @@ pub struct RlsRule {
     /// under a fixed window of that size instead of the rule's policies
     /// (`crate::limit_override`). Only a rule with policies takes it.
     pub allow_override: bool,
+    /// Whether a matching descriptor's hits are usage reported after the
+    /// fact (Envoy's `apply_on_stream_done`): charged whatever remains, into
+    /// debt, and answered `OK`. A descriptor of 0 hits is still a look.
+    pub charge_always: bool,
 }
 
 /// What a rule's matching descriptors run under.
@@ -140,6 +144,8 @@ pub(crate) struct PreparedRule {
     pub(crate) operation_scoped: bool,
     /// Whether a descriptor's `limit` override is honoured.
     pub(crate) allow_override: bool,
+    /// Whether its hits are charged whatever remains ([`RlsRule::charge_always`]).
+    pub(crate) charge_always: bool,
 }
 
 impl PreparedRule {
@@ -157,6 +163,7 @@ impl PreparedRule {
             members: Box::new([member]),
             operation: self.operation,
             allow_override: false,
+            charge_always: false,
         }
     }
 }
@@ -343,6 +350,7 @@ impl Rules {
                 policies: policies.clone(),
                 operation: rule_operation(&rule.domain, &rule.pattern),
                 allow_override: rule.allow_override,
+                charge_always: rule.charge_always,
             };
             by_domain
                 .entry(rule.domain.as_str().into())
@@ -492,6 +500,7 @@ mod tests {
             name: None,
             replaces: Vec::new(),
             allow_override: false,
+            charge_always: false,
         }
     }
 

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use shared_contract::{
     Clock, EdgeRateLimitPort, Evaluation, EvaluationId, Lease, LogThrottle, OperationDigest,
     PolicySet, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
-    SubjectDigest,
+    SetDecision, SubjectDigest,
 };
 use tracing::{Instrument, Span};
 
@@ -22,6 +22,7 @@ use crate::identity::{VersionedPseudonymizer, resolve_subject};
 use crate::lease::{LeaseGuard, LeaseReleases};
 use crate::settings::EdgeSettings;
 use crate::telemetry::{self, MemberMetrics, PolicyIds};
+use crate::usage::Reservation;
 
 /// A policy set prepared when the bridge is built (the port's policies do
 /// not change under a running bridge).
@@ -144,7 +145,7 @@ impl TransportBridge {
             Asked::Answered(answer) => answer,
             Asked::Waiting(waiting) => waiting.answer(self).await,
         };
-        answer.map(|(evaluation, _lease)| evaluation)
+        answer.map(|(evaluation, _held)| evaluation)
     }
 
     /// Asks the port: its answer when it has one at once, else what to wait for.
@@ -171,24 +172,34 @@ impl TransportBridge {
         let started = self.clock.monotonic();
         // A budget too large for `Instant` fails closed (AdmissionRejected).
         let deadline = started.checked_add(self.settings.evaluation_budget).unwrap_or(started);
-        let cost = parts.extensions.get::<RateLimitCost>().copied().unwrap_or_default().0;
+        let reserved = parts.extensions.get::<RateLimitCost>().copied();
+        // A reservation may be settled: its id must leave a record to find.
+        let evaluation_id =
+            if reserved.is_some() { EvaluationId::random() } else { EvaluationId::once() };
         let request = RateLimitRequest {
             policies: policies.into(),
             subject: digest,
             operation: operation.digest,
-            cost,
-            evaluation_id: EvaluationId::once(),
+            cost: reserved.unwrap_or_default().0,
+            evaluation_id,
             deadline,
         };
         let lease = prepared.holds_leases.then(|| {
             LeaseGuard::new(Arc::clone(&self.port), Lease::of(&request), self.releases.clone())
+        });
+        let reservation = reserved.map(|_| Reservation {
+            port: Arc::clone(&self.port),
+            request: request.clone().into_owned(),
+            clock: Arc::clone(&self.clock),
+            budget: self.settings.evaluation_budget,
+            tasks: self.releases.clone(),
         });
         // A provider answering at once decides inside this call: in the span.
         let evaluation = match &span {
             Some(span) => span.in_scope(|| self.port.evaluate(request)),
             None => self.port.evaluate(request),
         };
-        let context = Context { operation, lease, span, started, shadow_subject };
+        let context = Context { operation, lease, reservation, span, started, shadow_subject };
         match evaluation.into_ready() {
             Ok(outcome) => Asked::Answered(Ok(self.finish(context, outcome))),
             Err(evaluation) => Asked::Waiting(Waiting(evaluation, context)),
@@ -201,17 +212,14 @@ impl TransportBridge {
     }
 
     /// The port's answer, counted and logged.
-    fn finish(
-        &self,
-        context: Context,
-        outcome: RateLimitOutcome,
-    ) -> (BridgeEvaluation, Option<LeaseGuard>) {
-        let Context { operation, lease, span, started, shadow_subject } = context;
+    fn finish(&self, context: Context, outcome: RateLimitOutcome) -> (BridgeEvaluation, Held) {
+        let Context { operation, lease, reservation, span, started, shadow_subject } = context;
         let prepared = self.prepared(operation.set);
         // The injected clock times the histogram too.
         let ended = self.clock.monotonic();
         let elapsed = ended.saturating_duration_since(started);
         let lease = lease.and_then(|lease| lease.if_held(&outcome));
+        let reservation = reservation.filter(|_| outcome.as_ref().is_ok_and(SetDecision::allowed));
         telemetry::record_evaluation(&prepared.metrics, &outcome, elapsed);
         let described = Arc::clone(&prepared.described);
         let policy_header = if prepared.header_moves {
@@ -229,12 +237,20 @@ impl TransportBridge {
         }
         let failure_line = || self.failures_logged.admit(ended);
         log_outcome(&operation.id, &evaluation, shadow_subject.as_ref(), elapsed, failure_line);
-        (evaluation, lease)
+        (evaluation, Held { lease, reservation })
     }
 }
 
-/// The bridge's answer to one request, and the guard of its lease.
-pub(crate) type Answer = Result<(BridgeEvaluation, Option<LeaseGuard>), Refusal<'static>>;
+/// What an admitted request holds until its response body ends: its lease,
+/// and the reservation its usage report settles.
+#[derive(Debug, Default)]
+pub(crate) struct Held {
+    pub(crate) lease: Option<LeaseGuard>,
+    pub(crate) reservation: Option<Reservation>,
+}
+
+/// The bridge's answer to one request, and what it holds.
+pub(crate) type Answer = Result<(BridgeEvaluation, Held), Refusal<'static>>;
 
 /// What [`TransportBridge::ask`] found.
 pub(crate) enum Asked {
@@ -263,6 +279,7 @@ impl Waiting {
 struct Context {
     operation: Arc<Operation>,
     lease: Option<LeaseGuard>,
+    reservation: Option<Reservation>,
     span: Option<Span>,
     started: Instant,
     shadow_subject: Option<SubjectDigest>,
@@ -445,7 +462,9 @@ fn method_index(method: &Method) -> usize {
 
 /// The cost of a request (1 without it), a request extension set by a layer
 /// before the rate-limit layer; 0 or above a policy's `maximum-cost` is
-/// answered `Incompatible(CostExceedsMaximum)` (a `503`).
+/// answered `Incompatible(CostExceedsMaximum)` (a `503`). A request that
+/// carries one reserves it: a [`crate::RateLimitUsage`] its handler reports
+/// settles what it used against it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RateLimitCost(pub u64);
 

@@ -15,8 +15,9 @@ use pin_project_lite::pin_project;
 use tower::{Layer, Service};
 
 use crate::answer::{DecisionHeaders, Refusal, RefusalShaper, decision_headers};
-use crate::bridge::{Answer, Asked, TransportBridge};
-use crate::lease::{LeaseGuard, ReleasingBody};
+use crate::bridge::{Answer, Asked, Held, TransportBridge};
+use crate::lease::ReleasingBody;
+use crate::usage::RateLimitUsage;
 
 /// Rate-limits every request through a [`TransportBridge`], or passes
 /// everything through when built with [`RateLimitLayer::disabled`].
@@ -92,7 +93,8 @@ where
         let RateLimitLayer { switch: Some(switch), shaper } = &self.layer else {
             let future = self.inner.call(request);
             let headers = DecisionHeaders::default();
-            return ResponseFuture { state: State::Running { future, headers, lease: None } };
+            let held = Held::default();
+            return ResponseFuture { state: State::Running { future, headers, held } };
         };
         ResponseFuture::evaluating(switch.current(), shaper.clone(), &mut self.inner, request)
     }
@@ -131,7 +133,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             headers: DecisionHeaders,
-            lease: Option<LeaseGuard>,
+            held: Held,
         },
         // Refused: this response replaces the inner service's.
         Refused {
@@ -186,14 +188,14 @@ where
 {
     let reason = match &mut result {
         Err(refusal) => *refusal,
-        Ok((evaluation, lease)) if !evaluation.admits() => {
-            drop(lease.take());
+        Ok((evaluation, held)) if !evaluation.admits() => {
+            drop(std::mem::take(held));
             Refusal::Outcome(evaluation)
         }
-        Ok((evaluation, lease)) => {
+        Ok((evaluation, held)) => {
             let future = call(parts);
             let headers = decision_headers(evaluation);
-            return State::Running { future, headers, lease: lease.take() };
+            return State::Running { future, headers, held: std::mem::take(held) };
         }
     };
     let settings = bridge.settings();
@@ -226,12 +228,16 @@ where
                         inner.call(Request::from_parts(parts, body))
                     })
                 }
-                StateProj::Running { future, headers, lease } => {
+                StateProj::Running { future, headers, held } => {
                     let response = ready!(future.poll(cx))?;
-                    let mut response = match lease.take() {
-                        Some(lease) => response
-                            .map(|inner| Body::new(ReleasingBody { inner, lease: Some(lease) })),
-                        None => response.map(Body::new),
+                    let Held { lease, reservation } = std::mem::take(held);
+                    // Settled with what the handler reported, once the body ends.
+                    let usage = response.extensions().get::<RateLimitUsage>().cloned();
+                    let settle = reservation.zip(usage).map(|(held, usage)| held.settled_by(usage));
+                    let mut response = match (lease, settle) {
+                        (None, None) => response.map(Body::new),
+                        guard => response
+                            .map(|inner| Body::new(ReleasingBody { inner, guard: Some(guard) })),
                     };
                     // Ours replace any the handler set.
                     std::mem::take(headers).apply(response.headers_mut());

@@ -22,7 +22,7 @@ use crate::telemetry::{LEASE_RELEASE_FAILURES_TOTAL, PolicyIds};
 /// runtime ends before they run).
 #[derive(Debug, Clone)]
 pub struct LeaseReleases {
-    running: TaskTracker,
+    pub(crate) running: TaskTracker,
     failures: Counter,
 }
 
@@ -143,15 +143,16 @@ fn record(outcome: ReleaseOutcome, lease: &Lease, failures: &Counter) {
 }
 
 pin_project! {
-    /// A response body that gives its request's lease back once sent or dropped.
-    pub(crate) struct ReleasingBody<B> {
+    /// A response body that drops its request's guards once sent or
+    /// dropped: the lease goes back, the usage report is settled.
+    pub(crate) struct ReleasingBody<B, G> {
         #[pin]
         pub(crate) inner: B,
-        pub(crate) lease: Option<LeaseGuard>,
+        pub(crate) guard: Option<G>,
     }
 }
 
-impl<B> HttpBody for ReleasingBody<B>
+impl<B, G> HttpBody for ReleasingBody<B, G>
 where
     B: HttpBody<Data = Bytes>,
 {
@@ -164,9 +165,9 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         let frame = ready!(this.inner.as_mut().poll_frame(cx));
-        // Sent, or failed: dropping the guard gives the lease back.
+        // Sent, or failed: dropping the guards ends what they hold.
         if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
-            this.lease.take();
+            this.guard.take();
         }
         Poll::Ready(frame)
     }

@@ -15,6 +15,7 @@ mod layer;
 mod lease;
 mod settings;
 mod telemetry;
+mod usage;
 
 pub use answer::{
     ApiKeyProblem, BridgeEvaluation, DEFAULT_PROBLEM_TYPE_BASE, IdentityProblem, MAX_API_KEY_BYTES,
@@ -31,5 +32,6 @@ pub use lease::LeaseReleases;
 pub use settings::{ClientIpHeader, DEFAULT_POLICY, EdgeSettings, WebError};
 pub use telemetry::{
     DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, LEASE_RELEASE_FAILURES_TOTAL, METRIC_PREFIX,
-    metric_name,
+    SETTLES_TOTAL, metric_name,
 };
+pub use usage::RateLimitUsage;

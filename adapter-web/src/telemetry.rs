@@ -12,7 +12,9 @@ use shared_contract::{
 
 use crate::answer::Refusal;
 
-pub use shared_contract::{DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, metric_name};
+pub use shared_contract::{
+    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_HTTP, SETTLES_TOTAL, metric_name,
+};
 
 /// The prefix of every metric the service exports.
 pub const METRIC_PREFIX: &str = metric_name!("");

@@ -451,6 +451,7 @@ fn describe(
         "algorithm": policy.algorithm().name(),
         "limit": budget.limit,
         "remaining": budget.remaining,
+        "debt": budget.debt,
         "reset-after-ms": millis(budget.reset_after),
         "retry-after-ms": millis(budget.retry_after),
         "mark": budget.mark,

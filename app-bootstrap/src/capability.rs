@@ -17,7 +17,7 @@ use shared_contract::{
     Clock, EdgeRateLimitPort, PolicyId, PolicySet, RateLimitPolicy, SubjectPseudonymizer,
 };
 
-use crate::config::{AppConfig, ProviderConfig};
+use crate::config::{AppConfig, ProviderConfig, RuleCharge};
 use crate::degraded::{self, DegradedMode, DegradedPort};
 use crate::error::BootstrapError;
 
@@ -347,6 +347,7 @@ pub fn rls_engine(
             name: rule.name.clone(),
             replaces: rule.replaces.clone(),
             allow_override: rule.allow_override,
+            charge_always: rule.charge == RuleCharge::Always,
         });
     }
     let overrides = rules.iter().any(|rule| rule.allow_override).then(|| {

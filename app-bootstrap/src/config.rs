@@ -246,6 +246,30 @@ pub struct RlsRuleConfig {
     /// rule with `policies`.
     #[serde(default, rename = "allow-override", skip_serializing_if = "std::ops::Not::not")]
     pub allow_override: bool,
+    /// `charge`: `"when-allowed"` (the default) charges a descriptor's hits
+    /// only when its set admits them; `"always"` takes them as usage
+    /// reported after the fact (Envoy's `apply_on_stream_done`): charged
+    /// whatever remains, into debt, and answered `OK`. Only on a rule with
+    /// `policies`.
+    #[serde(default, skip_serializing_if = "RuleCharge::is_default")]
+    pub charge: RuleCharge,
+}
+
+/// When an RLS rule's descriptors are charged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RuleCharge {
+    /// When the set admits them: a refusal charges nothing.
+    #[default]
+    WhenAllowed,
+    /// Always: usage already spent, charged past the limit if need be.
+    Always,
+}
+
+impl RuleCharge {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
 }
 
 impl RlsRuleConfig {

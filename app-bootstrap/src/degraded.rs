@@ -37,7 +37,8 @@ use shared_contract::{
     BudgetFailure, BudgetKey, BudgetState, Clock, ContractError, DecisionSource, EdgeRateLimitPort,
     Evaluation, EvaluationId, Lease, OperationDigest, PolicyId, PolicyScope, PolicySet,
     RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt, RateLimitPolicy, RateLimitRequest,
-    ReleaseOutcome, Releasing, SetDecision, SubjectDigest, UnavailableCategory,
+    ReleaseOutcome, Releasing, SetDecision, Settled, Settlement, Settling, SubjectDigest,
+    UnavailableCategory,
 };
 
 pub use self::ledger::MAX_SUBJECTS;
@@ -686,6 +687,28 @@ impl EdgeRateLimitPort for DegradedPort {
             self.mode.ledger.forget(&key.subject, &key.policy);
         }
         reset
+    }
+
+    /// On Redis first; where Redis did not apply it (away, or no record of
+    /// the reservation, which the local limiter decided in an outage) the
+    /// local limiter's answer when it applied it. An excess charged
+    /// locally stays local: nothing owed to Redis is written for it.
+    fn settle(&self, settlement: Settlement<'_>) -> Settling {
+        let (port, settlement) = (self.clone(), settlement.into_owned());
+        Settling::pending(async move {
+            let remote = port.primary.settle(settlement.clone()).await;
+            match remote {
+                Ok(Settled::Applied | Settled::Repeated)
+                | Err(RateLimitFailure::Incompatible { .. }) => remote,
+                Ok(Settled::UnknownReservation | Settled::Unsupported)
+                | Err(
+                    RateLimitFailure::Unavailable { .. } | RateLimitFailure::Indeterminate { .. },
+                ) => match port.local.settle(settlement).await {
+                    local @ Ok(Settled::Applied | Settled::Repeated) => local,
+                    _ => remote,
+                },
+            }
+        })
     }
 
     /// The local limiter first: a lease taken there (while Redis could not

@@ -11,7 +11,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use adapter_web::{BridgeSwitch, DEFAULT_PROBLEM_TYPE_BASE};
+use adapter_web::{BridgeSwitch, DEFAULT_PROBLEM_TYPE_BASE, RateLimitCost, RateLimitUsage};
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query};
 use axum::handler::Handler;
@@ -22,6 +22,7 @@ use axum::{Extension, Router};
 use problem_details::{ProblemDetails, ProblemType};
 use serde::Deserialize;
 use serde_json::json;
+use shared_contract::MAX_COUNT;
 
 /// An API router plus the operations it serves (`"GET /api/orders/{id}"`,
 /// the method and the route template, as the rate-limit layer names them).
@@ -114,6 +115,61 @@ pub fn api() -> ApiRoutes {
         .get("/api/orders/{id}", order)
         .post("/api/orders", create_order)
         .get("/api/work", work)
+        .post(COMPLETE, complete)
+}
+
+/// The demo route of usage-based limits: it reserves `reserve` units
+/// ([`reserve`] sets them before the rate-limit layer) and reports `use`.
+pub const COMPLETE: &str = "/api/complete";
+
+/// The query of `POST /api/complete`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompleteQuery {
+    /// Units to reserve, at least 1 (at most the policy's `maximum-cost`).
+    reserve: u64,
+    /// Units the work used, settled against the reservation.
+    #[serde(rename = "use")]
+    used: u64,
+}
+
+/// Before the rate-limit layer: `POST /api/complete?reserve=R` reserves
+/// `R` units (a whole number from 1) through [`RateLimitCost`], as a team's
+/// own layer would set a request's cost. Any other request, or a query it
+/// cannot read, is left as it came (the handler answers that query 400).
+pub async fn reserve(mut request: axum::extract::Request) -> axum::extract::Request {
+    if request.method() == Method::POST && request.uri().path() == COMPLETE {
+        let query = Query::<CompleteQuery>::try_from_uri(request.uri());
+        if let Ok(Query(CompleteQuery { reserve: reserved @ 1.., .. })) = query {
+            request.extensions_mut().insert(RateLimitCost(reserved));
+        }
+    }
+    request
+}
+
+/// `POST /api/complete?reserve=R&use=U`: the work is done, it used `U`
+/// units; the edge settles `U` against the `R` reserved once this body is
+/// sent. A query that is not two whole numbers (`R` from 1, `U` within a
+/// counter's range) is a 400.
+async fn complete(
+    base: Option<Extension<ProblemBase>>,
+    query: Result<Query<CompleteQuery>, QueryRejection>,
+) -> Response {
+    let Ok(Query(CompleteQuery { reserve: reserved @ 1.., used: used @ ..=MAX_COUNT })) = query
+    else {
+        return problem(
+            base,
+            StatusCode::BAD_REQUEST,
+            "invalid-query",
+            &format!(
+                "The query is reserve and use, whole numbers: reserve from 1, use at most \
+                 {MAX_COUNT}."
+            ),
+        );
+    };
+    let mut response = axum::Json(json!({ "reserved": reserved, "used": used })).into_response();
+    response.extensions_mut().insert(RateLimitUsage::new(used));
+    response
 }
 
 async fn hello() -> axum::Json<serde_json::Value> {

@@ -598,6 +598,7 @@ fn router_with(
         .fallback(routes::not_found)
         .layer(problem_base)
         .layer(layer)
+        .layer(axum::middleware::map_request(routes::reserve))
         .merge(probes)
 }
 

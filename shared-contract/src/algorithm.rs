@@ -58,6 +58,12 @@ pub trait RateAlgorithm:
     /// One run at effective time `run.t` over the key's state (`None`: absent).
     fn step(&self, state: Option<&Self::State>, run: &Run<'_>) -> Step<Self::State>;
 
+    /// Units charged past the limit that the key's state still owes at `t`
+    /// (a settle's excess, docs/algorithms.md "Settling usage"); 0 when none.
+    fn debt(&self, _state: &Self::State, _t: u64) -> u64 {
+        0
+    }
+
     /// Its share of each instance's limiter in degraded mode, times kept.
     #[must_use]
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self;
@@ -480,6 +486,15 @@ macro_rules! algorithms {
 
             pub(crate) fn lease_life(&self, regression: u64) -> Option<u64> {
                 match self { $(Self::$name(algorithm) => algorithm.lease_life(regression),)+ }
+            }
+
+            /// What `state` still owes past the limit at `t` (0 for another algorithm's).
+            pub(crate) fn debt(&self, state: &AlgorithmState, t: u64) -> u64 {
+                match (self, state) {
+                    $((Self::$name(algorithm), AlgorithmState::$name(state)) => algorithm.debt(state, t),)+
+                    #[allow(unreachable_patterns, reason = "a registry of one has no other state")]
+                    _ => 0,
+                }
             }
 
             pub(crate) fn check(&self, checks: &mut Checks) -> bool {

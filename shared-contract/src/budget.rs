@@ -61,6 +61,9 @@ pub struct BudgetState {
     pub mark: Option<u64>,
     /// Exact or the sliding counter's estimate.
     pub certainty: Certainty,
+    /// Units charged past the limit still owed (a settle's excess): later
+    /// requests are refused until the window, refill or schedule pays them.
+    pub debt: u64,
 }
 
 crate::named_enum! {

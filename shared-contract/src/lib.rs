@@ -44,8 +44,8 @@ pub use lease::{HELD_LEASE_BYTES, Lease, ReleaseOutcome};
 pub use leases::{HeldLease, Leases};
 pub use log_throttle::{LOG_LINE_EVERY, LogThrottle};
 pub use name::{
-    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, FRONT_HTTP, Named, UnknownName,
-    parse_name,
+    DECISIONS_TOTAL, EVALUATION_SECONDS, FRONT_ENVOY_RLS, FRONT_HTTP, Named, SETTLES_TOTAL,
+    UnknownName, parse_name, settle_outcome_label,
 };
 pub use outcome::{
     Certainty, DEFAULT_FAILURE_RETRY_AFTER, DecisionSource, IncompatibleCategory, PolicyMode,

@@ -100,6 +100,21 @@ pub const EVALUATION_SECONDS: &str = metric_name!("rate_limit_evaluation_seconds
 
 /// The `front` label of a decision the HTTP edge asked for.
 pub const FRONT_HTTP: &str = "http";
+/// Counter of settles by `outcome` (`applied`, `repeated`,
+/// `unknown-reservation`, `unsupported`, `failed`) and `front`.
+pub const SETTLES_TOTAL: &str = metric_name!("rate_limit_settles_total");
+
+/// The `outcome` label of a settle's answer.
+pub const fn settle_outcome_label(outcome: &crate::SettleOutcome) -> &'static str {
+    match outcome {
+        Ok(crate::Settled::Applied) => "applied",
+        Ok(crate::Settled::Repeated) => "repeated",
+        Ok(crate::Settled::UnknownReservation) => "unknown-reservation",
+        Ok(crate::Settled::Unsupported) => "unsupported",
+        Err(_) => "failed",
+    }
+}
+
 /// The `front` label of a decision Envoy's Rate Limit Service asked for.
 pub const FRONT_ENVOY_RLS: &str = "envoy-rls";
 

@@ -37,6 +37,11 @@ pub enum Settled {
 pub type SettleOutcome = Result<Settled, RateLimitFailure>;
 
 impl Settlement<'_> {
+    /// The same settlement owning its set, for a provider that waits.
+    pub fn into_owned(self) -> Settlement<'static> {
+        Settlement { request: self.request.into_owned(), used: self.used }
+    }
+
     /// The id a settle is known by in dedupe records: the reservation's,
     /// its UUID version nibble flipped from 4 to F, so never a random id's.
     pub fn settle_id(&self) -> EvaluationId {

@@ -344,6 +344,7 @@ pub fn inspect_key(
         retry_after: Duration::from_millis(retry_after),
         mark,
         certainty: rules.algorithm.certainty(),
+        debt: state.map_or(0, |held| rules.algorithm.debt(&held.algorithm, t)),
     })
 }
 

@@ -56,6 +56,7 @@ pub fn rule(domain: &str, pattern: &[&str], subject: Option<&[&str]>, ids: &[&st
         name: None,
         replaces: Vec::new(),
         allow_override: false,
+        charge_always: false,
     }
 }
 

@@ -1712,6 +1712,8 @@ fn a_rule_blocks_or_does_not_limit_and_replaces_another_by_name() {
             ),
             ("policies = \"api\"\nsubject = [\"tier\"]\n", "subject", "has a fixed value"),
             ("unlimited = true\nallow-override = true\n", "allow-override", "no limit to override"),
+            ("blocked = true\ncharge = \"always\"\n", "charge", "charges nothing"),
+            ("policies = \"api\"\ncharge = \"sometimes\"\n", "charge", "always"),
         ] {
             let found = problems(load_file(jail, &format!("{BASE}{}", rule(descriptor, body))));
             assert_eq!(found.len(), 1, "{body}: {found:?}");

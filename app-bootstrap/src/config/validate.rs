@@ -13,7 +13,9 @@ use shared_contract::MAX_POLICY_SET;
 
 use super::problems::{ConfigProblems, KeyPath};
 use super::read::Declared;
-use super::{AppConfig, MIN_ADMIN_TOKEN_BYTES, OtlpConfig, ProviderConfig, ServerConfig};
+use super::{
+    AppConfig, MIN_ADMIN_TOKEN_BYTES, OtlpConfig, ProviderConfig, RuleCharge, ServerConfig,
+};
 
 /// The longest `evaluation-budget`: one request's deadline, far past any
 /// useful one and far inside what `Instant + Duration` holds.
@@ -571,6 +573,12 @@ fn envoy_rls(config: &AppConfig, declared: &Declared, problems: &mut ConfigProbl
             problems.push(
                 path.child("allow-override"),
                 format!("an `{answer} = true` rule has no limit to override: remove the key"),
+            );
+        }
+        if let (RuleCharge::Always, Some(answer)) = (rule.charge, answers.first()) {
+            problems.push(
+                path.child("charge"),
+                format!("an `{answer} = true` rule charges nothing: remove the key"),
             );
         }
         if rule.name.as_deref() == Some("") {

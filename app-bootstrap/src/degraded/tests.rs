@@ -69,6 +69,7 @@ impl EdgeRateLimitPort for ScriptedPort {
                     retry_after: Duration::from_millis(decision.retry_after_ms),
                     mark: Some(T0),
                     certainty: policy.algorithm().certainty(),
+                    debt: 0,
                 })
             }
             Err(_) => Err(BudgetFailure::Unavailable),

@@ -40,6 +40,7 @@ pub(crate) fn state(
         retry_after: ms(retry_ms),
         mark: mark.map(|offset| T0 + offset),
         certainty: policy.certainty(),
+        debt: 0,
     }
 }
 

@@ -9,6 +9,7 @@ use shared_contract::{
     RateLimitFailure, RateLimitRequest, SettleOutcome, Settled, Settlement, UnavailableCategory,
 };
 
+use crate::checks::admin::budget;
 use crate::factory::ProviderFactory;
 use crate::rig::{
     CheckPolicy, DEFAULT_OPERATION, Rig, T0, calendar_window, concurrency, fixed_window, gcra,
@@ -18,6 +19,14 @@ use crate::rig::{
 const APPLIED: SettleOutcome = Ok(Settled::Applied);
 
 impl Rig<'_> {
+    /// The debt the admin inspect shows for `who` under `policy`.
+    async fn debt(&self, policy: &CheckPolicy, who: &str) -> u64 {
+        match self.port().inspect(&budget(policy, who)).await {
+            Ok(state) => state.debt,
+            Err(failure) => panic!("inspect {who} under {}: {failure:?}", policy.id()),
+        }
+    }
+
     /// Settles `request` (its cost the reservation) with `used`.
     async fn settle(&self, request: RateLimitRequest<'_>, used: u64) -> SettleOutcome {
         self.port().settle(Settlement { request, used }).await
@@ -53,7 +62,9 @@ pub async fn settle_fixed_window_worked_numbers(factory: &dyn ProviderFactory) {
     let big = rig.reserve("reserve 5 more", &fw, "alice", 5, fw.allowed(1, 900)).await;
     assert_eq!(rig.settle(big, 12).await, APPLIED, "u = 12 charges 7 past the limit");
     rig.expect("count 16 refuses", &fw, "alice", 1, fw.denied(0, 900, 900)).await;
+    assert_eq!(rig.debt(&fw, "alice").await, 6, "16 of 10");
     rig.at(1000);
+    assert_eq!(rig.debt(&fw, "alice").await, 0, "a new window owes nothing");
     rig.expect("the next window", &fw, "alice", 1, fw.allowed(9, 1000)).await;
     rig.at(1100);
     let late = rig.reserve("reserve at 1100", &fw, "alice", 5, fw.allowed(4, 900)).await;
@@ -75,6 +86,7 @@ pub async fn settle_sliding_counter_debt_weighs_in_the_next_window(factory: &dyn
     rig.at(1500);
     // p = 10, e = 500: est = 5.
     rig.expect("half the debt left", &sc, "alice", 1, sc.allowed(4, 500)).await;
+    assert_eq!(rig.debt(&sc, "alice").await, 0, "est 6 of 10");
 }
 
 /// Token bucket `C = 10`, `r = 1`, `P = 100`: tokens below zero are a
@@ -86,6 +98,7 @@ pub async fn settle_token_bucket_debt_and_refund(factory: &dyn ProviderFactory) 
     let reserved = rig.reserve("reserve 5", &tb, "alice", 5, tb.allowed(5, 500)).await;
     assert_eq!(rig.settle(reserved, 12).await, APPLIED);
     rig.expect("tokens -2", &tb, "alice", 1, tb.denied(0, 300, 1200)).await;
+    assert_eq!(rig.debt(&tb, "alice").await, 2);
     rig.at(300);
     rig.expect("three periods paid it", &tb, "alice", 1, tb.allowed(0, 1000)).await;
     rig.at(0);
@@ -106,6 +119,7 @@ pub async fn settle_gcra_moves_the_schedule(factory: &dyn ProviderFactory) {
     let burst = rig.reserve("reserve 5", &g, "bob", 5, g.allowed(0, 100)).await;
     assert_eq!(rig.settle(burst, 8).await, APPLIED);
     rig.expect("tat = T0 + 800 ms", &g, "bob", 1, g.denied(0, 400, 400)).await;
+    assert_eq!(rig.debt(&g, "bob").await, 3, "300000 us past b T");
     rig.at(400);
     rig.expect("the schedule paid it", &g, "bob", 1, g.allowed(0, 100)).await;
 }

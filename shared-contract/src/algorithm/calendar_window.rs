@@ -210,6 +210,11 @@ impl RateAlgorithm for CalendarWindow {
         })
     }
 
+    fn debt(&self, state: &CalendarWindowState, t: u64) -> u64 {
+        let current = state.period_start == bounds(t, self.period, &self.time_zone).0;
+        if current { state.count.saturating_sub(self.limit) } else { 0 }
+    }
+
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), ..self.clone() }
     }

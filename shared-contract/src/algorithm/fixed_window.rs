@@ -72,6 +72,11 @@ impl RateAlgorithm for FixedWindow {
         })
     }
 
+    fn debt(&self, state: &FixedWindowState, t: u64) -> u64 {
+        let current = state.window_start == t - t % ms(self.window);
+        if current { state.count.saturating_sub(self.limit) } else { 0 }
+    }
+
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), ..*self }
     }

@@ -154,6 +154,13 @@ impl RateAlgorithm for Gcra {
         Step::charged(remaining, reset_after, GcraState { tat }, micros_to_millis(tat))
     }
 
+    /// The cells of backlog beyond the burst at `t`, rounded up.
+    fn debt(&self, state: &GcraState, t: u64) -> u64 {
+        let interval = self.emission_interval_micros().max(1);
+        let backlog = state.tat.saturating_sub(t.saturating_mul(1000));
+        backlog.saturating_sub(self.burst.saturating_mul(interval)).div_ceil(interval)
+    }
+
     /// The rate and the burst both shared.
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), burst: share(self.burst), ..*self }

@@ -73,22 +73,7 @@ impl RateAlgorithm for SlidingCounter {
     ) -> Step<SlidingCounterState> {
         let (limit, window, t, cost, charge) =
             (self.limit, ms(self.window), run.t, run.cost, run.charge);
-        let ws = t - t % window;
-        let elapsed = t - ws;
-        let (n, p) = match state {
-            Some(held) if held.window_start == ws => (held.current, held.previous),
-            Some(held) if ws.checked_sub(window) == Some(held.window_start) => (0, held.current),
-            _ => (0, 0),
-        };
-        // p <= limit and limit * window < 2^53, so u64 suffices; a stored count
-        // above a lowered limit could overflow, and only then takes u128.
-        let weighted = match p.checked_mul(window - elapsed) {
-            Some(product) => product / window,
-            None => {
-                let wide = u128::from(p) * u128::from(window - elapsed) / u128::from(window);
-                u64::try_from(wide).unwrap_or(u64::MAX)
-            }
-        };
+        let Counts { ws, elapsed, n, p, weighted } = self.counts(state, t);
         let estimate = weighted.saturating_add(n);
         let to_end = window - elapsed;
         let current = match charge {
@@ -109,6 +94,12 @@ impl RateAlgorithm for SlidingCounter {
         Step::charged(limit.saturating_sub(weighted.saturating_add(current)), to_end, state, end)
     }
 
+    /// The estimate past the limit at `t`.
+    fn debt(&self, state: &SlidingCounterState, t: u64) -> u64 {
+        let Counts { n, weighted, .. } = self.counts(Some(state), t);
+        weighted.saturating_add(n).saturating_sub(self.limit)
+    }
+
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { limit: share(self.limit), ..*self }
     }
@@ -123,6 +114,40 @@ impl RateAlgorithm for SlidingCounter {
 }
 
 /// The smallest wait after which a denied request passes with no other traffic.
+/// A key's counts at `t`: its window start and elapsed time, the current
+/// and previous counts, and the previous one weighted.
+struct Counts {
+    ws: u64,
+    elapsed: u64,
+    n: u64,
+    p: u64,
+    weighted: u64,
+}
+
+impl SlidingCounter {
+    fn counts(&self, state: Option<&SlidingCounterState>, t: u64) -> Counts {
+        let window = ms(self.window);
+        let ws = t - t % window;
+        let elapsed = t - ws;
+        let (n, p) = match state {
+            Some(held) if held.window_start == ws => (held.current, held.previous),
+            Some(held) if ws.checked_sub(window) == Some(held.window_start) => (0, held.current),
+            _ => (0, 0),
+        };
+        // p <= limit and limit * window < 2^53, so u64 suffices; a count above
+        // the limit (a lowered limit, a settle's debt) could overflow, and
+        // only then takes u128.
+        let weighted = match p.checked_mul(window - elapsed) {
+            Some(product) => product / window,
+            None => {
+                let wide = u128::from(p) * u128::from(window - elapsed) / u128::from(window);
+                u64::try_from(wide).unwrap_or(u64::MAX)
+            }
+        };
+        Counts { ws, elapsed, n, p, weighted }
+    }
+}
+
 fn sliding_retry_after(limit: u64, window: u64, cost: u64, n: u64, p: u64, elapsed: u64) -> u64 {
     let [l, w, c, n, p, e] = [limit, window, cost, n, p, elapsed].map(i128::from);
     let a = l - c - n;

@@ -110,6 +110,14 @@ impl RateAlgorithm for TokenBucket {
         }
     }
 
+    /// The tokens below zero once the refill up to `t` is credited.
+    fn debt(&self, state: &TokenBucketState, t: u64) -> u64 {
+        let periods = t.saturating_sub(state.updated_at) / ms(self.refill_period);
+        let credit = periods.saturating_mul(self.refill_tokens.max(1));
+        let credit = i64::try_from(credit).unwrap_or(i64::MAX);
+        state.tokens.saturating_add(credit).min(0).unsigned_abs()
+    }
+
     fn scaled(&self, share: &dyn Fn(u64) -> u64) -> Self {
         Self { capacity: share(self.capacity), refill_tokens: share(self.refill_tokens), ..*self }
     }
