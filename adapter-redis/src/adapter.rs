@@ -626,9 +626,7 @@ impl EdgeRateLimitPort for RedisEdgeRateLimitAdapter {
         if let Some(outcome) = self.settle_at_once(&settlement) {
             return Settling::ready(outcome);
         }
-        let Settlement { request, used } = settlement;
-        let settlement = Settlement { request: request.into_owned(), used };
-        let provider = self.clone();
+        let (provider, settlement) = (self.clone(), settlement.into_owned());
         Settling::pending(async move { provider.settle_in_redis(settlement).await })
     }
 }

@@ -157,10 +157,10 @@ async fn a_token_bucket_in_debt_refuses_and_its_inspect_shows_it() {
     let rig = bucket("bucket-debt");
     let (id, _) = rig.reserve(5).await;
     assert_eq!(rig.settle(5, id, 12).await, Ok(Settled::Applied));
-    // Tokens -2: the budget says 0 left, 1200 ms to full.
+    // Tokens -2: the budget says 0 left, 2 owed, 1200 ms to full.
     let key = BudgetKey::new(subject(1), PolicyId::new("p").unwrap(), Some(operation()));
     let budget = rig.adapter.inspect(&key).await.unwrap();
-    assert_eq!((budget.remaining, budget.reset_after), (0, ms(1200)));
+    assert_eq!((budget.remaining, budget.debt, budget.reset_after), (0, 2, ms(1200)));
     assert_eq!(rig.ask(1).await, (false, 0, 300, 1200));
     // At T0 + 300: k = 3, tokens 1.
     rig.at(T0 + 300);
