@@ -114,7 +114,6 @@ if not settles then
   if reserved == 0 then return {'applied', 0} end
   return {'unknown'}
 end
-if used == reserved then return {'applied', 0} end
 
 -- Every run first, so a key of another algorithm writes nothing anywhere.
 local states, ends, remainings, resets = {}, {}, {}, {}

@@ -310,6 +310,7 @@ mod tests {
                 "HEAD /api/hello",
                 "HEAD /api/orders/{id}",
                 "HEAD /api/work",
+                "POST /api/complete",
                 "POST /api/orders"
             ]
         );

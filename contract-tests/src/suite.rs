@@ -101,6 +101,7 @@ macro_rules! __contract_checks {
             settle::settle_calendar_window_refund_after_the_month_gives_nothing,
             settle::settle_of_an_unknown_reservation_changes_nothing,
             settle::settle_without_a_reservation_charges_past_the_limit_once,
+            settle::settle_of_exactly_the_reservation_is_recorded,
             settle::settle_concurrent_repeats_apply_once,
             settle::settle_in_a_set_leaves_a_concurrency_key_alone,
             settle::settle_refusals_touch_nothing,

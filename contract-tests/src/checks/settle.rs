@@ -175,6 +175,18 @@ pub async fn settle_without_a_reservation_charges_past_the_limit_once(
     rig.expect("the next window", &fw, "alice", 1, fw.allowed(9, 1000)).await;
 }
 
+/// A settle of exactly the reservation changes no count, and is recorded:
+/// a later settle of the same reservation repeats it.
+pub async fn settle_of_exactly_the_reservation_is_recorded(factory: &dyn ProviderFactory) {
+    let fw = CheckPolicy::new(fixed_window("fw", 10, 1000).maximum_cost(5));
+    let rig = Rig::start(factory, &[&fw]).await;
+    rig.at(100);
+    let reserved = rig.reserve("reserve 5", &fw, "alice", 5, fw.allowed(5, 900)).await;
+    assert_eq!(rig.settle(reserved.clone(), 5).await, APPLIED, "d = 0");
+    assert_eq!(rig.settle(reserved, 0).await, Ok(Settled::Repeated), "settled already");
+    rig.expect("the 5 stand", &fw, "alice", 1, fw.allowed(4, 900)).await;
+}
+
 /// Concurrent copies of one settle apply once.
 pub async fn settle_concurrent_repeats_apply_once(factory: &dyn ProviderFactory) {
     let fw = CheckPolicy::new(fixed_window("fw", 10, 1000).maximum_cost(5));

@@ -92,9 +92,6 @@ pub fn settle_set(
         let none = if reserved == 0 { Settled::Applied } else { Settled::UnknownReservation };
         return SettleVerdict::Settled(none);
     }
-    if used == reserved {
-        return SettleVerdict::Settled(Settled::Applied);
-    }
 
     // Every run first, so a mismatch anywhere writes nothing anywhere.
     let mut steps: [Option<Step<AlgorithmState>>; N] = [None; N];
