@@ -336,7 +336,11 @@ async fn a_key_of_another_algorithm_fails_the_settle_and_nothing_is_written() {
     );
     let after: Vec<u8> = redis.hget(&key, "s").await.unwrap();
     assert_eq!(after, bucket, "nothing written");
-    // Neither the reservation of another id nor a settle of u = c runs it.
+    // The reservation of another id does not run it; a settle of u = c does
+    // (it is recorded).
     assert_eq!(rig.settle(5, EvaluationId::random(), 1).await, Ok(Settled::UnknownReservation));
-    assert_eq!(rig.settle(5, id, 5).await, Ok(Settled::Applied));
+    assert_eq!(
+        rig.settle(5, id, 5).await,
+        Err(RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible })
+    );
 }

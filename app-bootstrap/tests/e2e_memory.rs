@@ -6,8 +6,9 @@ mod support;
 
 use reqwest::StatusCode;
 use support::{
-    GCRA_ORDERS, IN_FLIGHT_WORK, Running, counter, fixed_window_config, gcra_burst_then_429, load,
-    three_allowed_then_429, two_in_flight_then_429,
+    COMPLETION_UNITS, GCRA_ORDERS, IN_FLIGHT_WORK, Running, completion_reserves_then_settles,
+    counter, fixed_window_config, gcra_burst_then_429, load, three_allowed_then_429,
+    two_in_flight_then_429,
 };
 
 #[tokio::test]
@@ -188,46 +189,11 @@ async fn a_mapped_head_runs_its_own_set_and_shares_the_get_s_budget() {
     server.stop().await;
 }
 
-/// README "Limit what requests use, not how many": 1,000 units a minute,
-/// a request reserves up to 100 and settles what it used once its body
-/// is sent, past the limit if it used more.
+/// README "Limit what requests use, not how many", on memory.
 #[tokio::test]
 async fn the_completion_route_reserves_then_settles_what_it_used() {
-    let extra = r#"
-[capabilities.rate-limit.operations]
-"POST /api/complete" = "e2e-units"
-
-[capabilities.rate-limit.policies.e2e-units]
-algorithm = "fixed-window"
-limit = 1000
-window = "60s"
-maximum-cost = 100
-evaluation-dedup = { ttl = "60s" }
-"#;
-    let config = load(&fixed_window_config("e2e-default", "memory", extra));
+    let config = load(&fixed_window_config("e2e-default", "memory", COMPLETION_UNITS));
     let server = Running::start(&config).await;
-    let remaining = |reply: &support::Reply| {
-        let header = reply.header("ratelimit").expect("a RateLimit header").to_owned();
-        header.split(';').find_map(|f| f.strip_prefix("r=").map(str::to_owned)).unwrap()
-    };
-
-    let first = server.post("/api/complete?reserve=100&use=10").await;
-    assert_eq!(first.status, StatusCode::OK);
-    assert_eq!(first.body, r#"{"reserved":100,"used":10}"#);
-    assert_eq!(remaining(&first), "900", "the budget after the reservation");
-    // 90 came back: 10 used, then 100 reserved.
-    assert_eq!(remaining(&server.post("/api/complete?reserve=100&use=500").await), "890");
-    // 500 used, 400 past its reservation: 510 used, then 100 reserved.
-    assert_eq!(remaining(&server.post("/api/complete?reserve=100&use=0").await), "390");
-    // A reservation above maximum-cost is refused before the work.
-    let over = server.post("/api/complete?reserve=101&use=1").await;
-    assert_eq!(over.status, StatusCode::SERVICE_UNAVAILABLE);
-    assert!(over.body.contains("cost-exceeds-maximum"), "{}", over.body);
-    let bad = server.post("/api/complete?reserve=0&use=1").await;
-    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
-
-    let metrics = server.metrics().await;
-    let applied = r#"ca_skeleton_rate_limit_settles_total{outcome="applied",front="http"}"#;
-    assert_eq!(counter(&metrics, applied), 3, "{metrics}");
+    completion_reserves_then_settles(&server).await;
     server.stop().await;
 }

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use redis_fixture::RedisServer;
 use reqwest::StatusCode;
 use support::{
-    GCRA_ORDERS, IN_FLIGHT_WORK, Running, TEST_KEY, counter, fixed_window_config,
-    gcra_burst_then_429, load, redis_cli, three_allowed_then_429, two_in_flight_then_429,
+    COMPLETION_UNITS, GCRA_ORDERS, IN_FLIGHT_WORK, Running, TEST_KEY,
+    completion_reserves_then_settles, counter, fixed_window_config, gcra_burst_then_429, load,
+    redis_cli, three_allowed_then_429, two_in_flight_then_429,
 };
 
 fn redis_config(id: &str, redis: &RedisServer) -> String {
@@ -51,6 +52,16 @@ async fn a_gcra_policy_limits_its_route_on_redis() {
     let config = load(&format!("{}{GCRA_ORDERS}", redis_config("e2e-redis-default", &redis)));
     let server = Running::start(&config).await;
     gcra_burst_then_429(&server).await;
+    server.stop().await;
+}
+
+/// README "Limit what requests use, not how many", on Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_completion_route_reserves_then_settles_on_redis() {
+    let redis = RedisServer::start();
+    let config = load(&format!("{}{COMPLETION_UNITS}", redis_config("e2e-redis-default", &redis)));
+    let server = Running::start(&config).await;
+    completion_reserves_then_settles(&server).await;
     server.stop().await;
 }
 

@@ -199,6 +199,62 @@ pub(crate) async fn three_allowed_then_429(server: &Running, id: &str, path: &st
 
 /// Config lines mapping `POST /api/orders` to a GCRA of 1 per 10 s with a
 /// burst of 2 (docs/algorithms.md#gcra), to append to a configuration.
+/// README "Limit what requests use, not how many": 1,000 units a minute,
+/// a request reserving up to 100.
+pub(crate) const COMPLETION_UNITS: &str = r#"
+[capabilities.rate-limit.operations]
+"POST /api/complete" = "e2e-units"
+
+[capabilities.rate-limit.policies.e2e-units]
+algorithm = "fixed-window"
+limit = 1000
+window = "60s"
+maximum-cost = 100
+evaluation-dedup = { ttl = "60s" }
+"#;
+
+/// Under [`COMPLETION_UNITS`]: each request reserves, then settles what it
+/// used once its body is sent (the README's numbers); the next request is
+/// sent once the server has counted the settle, which runs after the
+/// response.
+pub(crate) async fn completion_reserves_then_settles(server: &Running) {
+    const APPLIED: &str = r#"ca_skeleton_rate_limit_settles_total{outcome="applied",front="http"}"#;
+    let remaining = |reply: &Reply| {
+        let header = reply.header("ratelimit").expect("a RateLimit header").to_owned();
+        header.split(';').find_map(|f| f.strip_prefix("r=").map(str::to_owned)).unwrap()
+    };
+    let settled = counter(&server.metrics().await, APPLIED);
+    for (at, (query, expected)) in [
+        // 100 reserved.
+        ("reserve=100&use=10", "900"),
+        // 90 came back: 10 used, then 100 reserved.
+        ("reserve=100&use=500", "890"),
+        // 500 used, 400 past its reservation: 510 used, then 100 reserved.
+        ("reserve=100&use=0", "390"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let reply = server.post(&format!("/api/complete?{query}")).await;
+        assert_eq!(reply.status, StatusCode::OK, "{query}: {}", reply.body);
+        assert_eq!(remaining(&reply), expected, "{query}");
+        let wanted = settled + u64::try_from(at).unwrap() + 1;
+        let waited = std::time::Instant::now();
+        while counter(&server.metrics().await, APPLIED) < wanted {
+            assert!(waited.elapsed() < Duration::from_secs(10), "{query} was never settled");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+    let first = server.post("/api/complete?reserve=1&use=1").await;
+    assert_eq!(first.body, r#"{"reserved":1,"used":1}"#);
+    // A reservation above maximum-cost is refused before the work.
+    let over = server.post("/api/complete?reserve=101&use=1").await;
+    assert_eq!(over.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(over.body.contains("cost-exceeds-maximum"), "{}", over.body);
+    let bad = server.post("/api/complete?reserve=0&use=1").await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
 pub(crate) const GCRA_ORDERS: &str = r#"
 [capabilities.rate-limit.operations]
 "POST /api/orders" = "e2e-gcra"
