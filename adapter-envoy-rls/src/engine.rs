@@ -27,10 +27,10 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{
 };
 use shared_contract::{
     BudgetFailure, BudgetKey, Clock, EdgeRateLimitPort, EvaluationId, FRONT_ENVOY_RLS,
-    IncompatibleCategory, LOG_LINE_EVERY, LogThrottle, OperationDigest, PolicyId, PolicyMode,
-    PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome, RateLimitOutcomeExt,
-    RateLimitRequest, SETTLES_TOTAL, SetDecision, Settlement, SubjectDigest, SubjectPseudonymizer,
-    UnavailableCategory, millis, settle_outcome_label,
+    IncompatibleCategory, LOG_LINE_EVERY, LogThrottle, MAX_COUNT, OperationDigest, PolicyId,
+    PolicyMode, PolicySet, RateLimitDecision, RateLimitFailure, RateLimitOutcome,
+    RateLimitOutcomeExt, RateLimitRequest, SETTLES_TOTAL, SetDecision, Settlement, SubjectDigest,
+    SubjectPseudonymizer, UnavailableCategory, millis, settle_outcome_label,
 };
 use tonic::Status;
 use tracing::Instrument;
@@ -279,7 +279,7 @@ impl RlsEngine {
             let cost = descriptor.hits_addend.as_ref().map_or(request_cost, |hits| hits.value);
             if rule.charge_always && descriptor.hits_addend.as_ref().is_none_or(|h| h.value > 0) {
                 // Usage already spent: charged whatever remains, answered OK.
-                charges.push((self.subject(rule, &entries), rule, cost));
+                charges.push((index, self.subject(rule, &entries), rule, cost));
                 continue;
             }
             let members = match admitting(rule, cost) {
@@ -320,10 +320,13 @@ impl RlsEngine {
                 }),
             }
         }
-        for (subject, rule, cost) in charges {
-            charge_always(&**port, rule, subject, cost, deadline).await;
-        }
+        // Usage already spent is charged whatever the sets answer, each in its
+        // place among them: a set before it sees the budget without it.
+        let mut charges = charges.into_iter().peekable();
         if refused || blocked {
+            for (_, subject, rule, cost) in charges {
+                charge_always(&**port, rule, subject, cost, deadline).await;
+            }
             // Known before any set runs: the call is refused, nothing charged.
             let logged = || REFUSED_LOGGED.admit(std::time::Instant::now());
             if let Some(suppressed) = refused.then(logged).flatten() {
@@ -334,33 +337,49 @@ impl RlsEngine {
             }
             return Ok(response.finish());
         }
+        let mut stopped = false;
         for step in &steps {
-            let port = step.port.unwrap_or(&**port);
+            let first = step.descriptors.first().map_or(0, |&(index, _)| index);
+            while let Some((_, subject, rule, cost)) = charges.next_if(|charge| charge.0 < first) {
+                charge_always(&**port, rule, subject, cost, deadline).await;
+            }
+            if stopped {
+                continue;
+            }
+            let step_port = step.port.unwrap_or(&**port);
             let evaluated = if step.cost == 0 {
-                look(port, step).await?
+                look(step_port, step).await
             } else {
-                evaluate(port, step, deadline).await?
+                evaluate(step_port, step, deadline).await
             };
-            match evaluated {
-                Evaluated::Passed => {}
+            let evaluated = match evaluated {
+                Ok(evaluated) => evaluated,
+                Err(status) => {
+                    for (_, subject, rule, cost) in charges {
+                        charge_always(&**port, rule, subject, cost, deadline).await;
+                    }
+                    return Err(status);
+                }
+            };
+            stopped = match evaluated {
+                Evaluated::Passed => false,
                 Evaluated::CostRefused => {
                     for &(index, rule) in &step.descriptors {
                         response.refuse_cost(index, rule, step.cost);
                     }
-                    break;
+                    true
                 }
-                Evaluated::Answer(answer) => {
-                    if !response.add(step, &answer) {
-                        break;
-                    }
-                }
+                Evaluated::Answer(answer) => !response.add(step, &answer),
                 Evaluated::NotAdmitted(retry_after) => {
                     for &(index, rule) in &step.descriptors {
                         response.not_admitted(index, rule, retry_after);
                     }
-                    break;
+                    true
                 }
-            }
+            };
+        }
+        for (_, subject, rule, cost) in charges {
+            charge_always(&**port, rule, subject, cost, deadline).await;
         }
         Ok(response.finish())
     }
@@ -642,7 +661,8 @@ async fn charge_always(
         evaluation_id: EvaluationId::once(),
         deadline,
     };
-    let outcome = port.settle(Settlement { request, used: cost }).await;
+    // Beyond a counter's range, the most a settle charges: never less.
+    let outcome = port.settle(Settlement { request, used: cost.min(MAX_COUNT) }).await;
     if let Err(failure) = &outcome
         && let Some(suppressed) = FAILED_CLOSED_LOGGED.admit(std::time::Instant::now())
     {

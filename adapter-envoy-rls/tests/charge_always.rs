@@ -44,6 +44,31 @@ async fn hits_charged_always_go_past_the_limit_and_a_look_refuses_until_the_wind
     assert_eq!(next.statuses[0].limit_remaining, 10);
 }
 
+/// Charges run in the call's order among its sets: a look before a charge
+/// sees the budget without it, one after it with it. A report beyond a
+/// counter's range is charged as the most a settle charges, never as nothing.
+#[tokio::test]
+async fn charges_keep_their_place_in_the_call_and_a_huge_report_is_charged() {
+    let clock = ManualClock::new(1_800_000_000_000);
+    let policies = vec![fixed("tokens", 10, 60, PolicyScope::Subject)];
+    let port =
+        Arc::new(MemoryEdgeRateLimitAdapter::new(policies, Arc::new(clock.clone())).unwrap());
+    let charged = RlsRule { charge_always: true, ..rule("ai", &["user"], None, &["tokens"]) };
+    let mut rls = Rls::start(engine(port, Arc::new(clock), &[charged])).await;
+    let of = |user: &str, hits| descriptor(&[("user", user)], Some(hits));
+
+    let first = rls.ok(request("ai", vec![of("u1", 0), of("u1", 15)], 1)).await;
+    assert_eq!(overall(&first), Code::Ok, "the look ran first: {first:?}");
+    assert_eq!(first.statuses[0].limit_remaining, 10);
+    let second = rls.ok(request("ai", vec![of("u2", 15), of("u2", 0)], 1)).await;
+    assert_eq!(overall(&second), Code::OverLimit, "the charge ran first: {second:?}");
+    assert_eq!(code(&second.statuses[1]), Code::OverLimit);
+
+    assert_eq!(overall(&rls.ok(request("ai", vec![of("u3", u64::MAX)], 1)).await), Code::Ok);
+    let look = rls.ok(request("ai", vec![of("u3", 0)], 1)).await;
+    assert_eq!(overall(&look), Code::OverLimit, "charged as 10^9: {look:?}");
+}
+
 /// The default: a rule's hits are charged only when its set admits them.
 #[tokio::test]
 async fn hits_are_charged_when_allowed_by_default() {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use shared_contract::{
-    Clock, EdgeRateLimitPort, LOG_LINE_EVERY, LogThrottle, PolicySet, RateLimitRequest,
+    Clock, EdgeRateLimitPort, LOG_LINE_EVERY, LogThrottle, MAX_COUNT, PolicySet, RateLimitRequest,
     SettleOutcome, Settlement, settle_outcome_label,
 };
 
@@ -88,7 +88,8 @@ impl Drop for SettleGuard {
         else {
             return;
         };
-        let Some(used) = self.usage.reported() else { return };
+        // Beyond a counter's range, the most a settle charges: never less.
+        let Some(used) = self.usage.reported().map(|used| used.min(MAX_COUNT)) else { return };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::debug!("no runtime left to settle a request's usage; its reservation stands");
             return;

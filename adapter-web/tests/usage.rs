@@ -172,6 +172,17 @@ async fn a_reported_usage_settles_against_its_reservation_once_the_body_ends() {
     assert_eq!(remaining(&edge.call(1, None).await.1), 9, "the next window");
 }
 
+/// A report beyond a counter's range is charged as the most a settle
+/// charges (10^9), never as nothing.
+#[tokio::test]
+async fn a_report_beyond_the_range_is_charged_as_its_most() {
+    let clock = ManualClock::new(T0 + 100);
+    let edge = Edge::new(&clock);
+    assert_eq!(remaining(&edge.call(5, Some(u64::MAX - 1)).await.1), 5);
+    let (status, _) = edge.call(1, None).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "in debt");
+}
+
 #[tokio::test]
 async fn a_streamed_body_settles_at_its_end_and_a_dropped_one_what_was_reported() {
     let clock = ManualClock::new(T0 + 100);
