@@ -13,9 +13,7 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
@@ -25,7 +23,6 @@ use axum::body::{Body, Bytes};
 use axum::extract::{ConnectInfo, State};
 use axum::routing::get;
 use http::{Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::BodyExt;
 use serde_json::json;
 use shared_contract::{
@@ -33,7 +30,7 @@ use shared_contract::{
     RateLimitFailure, RateLimitPolicy, ReleaseOutcome, SubjectDigest, UnavailableCategory,
 };
 use std::io::Write;
-use support::{ScriptedPort, UNTRUSTED_PEER, pseudonymizer};
+use support::{ChannelBody, ScriptedPort, UNTRUSTED_PEER, pseudonymizer};
 
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
@@ -50,22 +47,6 @@ fn exports(max_in_flight: u64) -> RateLimitPolicy {
         retry_after: Duration::from_millis(2500),
     });
     RateLimitPolicy::builder("exports", algorithm).scope(PolicyScope::Subject).build().unwrap()
-}
-
-/// A response body the test writes: a frame per message, the end when the
-/// sender is dropped.
-struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
-    }
 }
 
 /// What the handlers share with the test.

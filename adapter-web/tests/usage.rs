@@ -9,10 +9,8 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use adapter_memory::MemoryEdgeRateLimitAdapter;
@@ -23,12 +21,11 @@ use axum::extract::{ConnectInfo, State};
 use axum::middleware::map_request;
 use axum::routing::get;
 use http::{Request, Response, StatusCode};
-use http_body::Frame;
 use http_body_util::BodyExt;
 use shared_contract::{
     Algorithm, Clock, ManualClock, PolicyId, PolicyScope, PolicySet, RateLimitPolicy,
 };
-use support::{UNTRUSTED_PEER, pseudonymizer};
+use support::{ChannelBody, UNTRUSTED_PEER, pseudonymizer};
 use tokio::sync::mpsc;
 use tower::ServiceExt;
 
@@ -41,21 +38,6 @@ struct Shared {
     runs: Arc<AtomicUsize>,
     /// The next `/stream` body, and the usage handle it reports through.
     stream: Arc<Mutex<Option<(ChannelBody, RateLimitUsage)>>>,
-}
-
-/// A body the test writes a frame at a time; it ends when the sender drops.
-struct ChannelBody(mpsc::UnboundedReceiver<Bytes>);
-
-impl http_body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = std::convert::Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(Frame::data(bytes))))
-    }
 }
 
 /// `x-use: U` reports `U` at once; no header reports nothing.

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use redis::Value;
 use shared_contract::{
     IncompatibleCategory, RateLimitFailure, SettleOutcome, Settled, Settlement, UnavailableCategory,
 };
@@ -17,26 +16,12 @@ use tracing::Instrument;
 
 use super::{ARGUMENTS, RedisEdgeRateLimitAdapter, Resolved, micros, number, script_span};
 use crate::gateway::GatewayFailure;
+use crate::reply::{SettleReply, decode_settle};
 use crate::scripts::{ScriptKind, Sent};
 
 /// ARGV before the first policy block: caller time, reserved cost, the
 /// settle's id, the reservation's id, units used.
 const SETTLE_ARGS: usize = 5;
-
-/// What `lua/settle.lua` answered.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum SettleReply {
-    /// Settled now; `wrote` says whether any key was written.
-    Applied {
-        wrote: bool,
-    },
-    Repeated,
-    Unknown,
-    ClockUnsafe {
-        retry_after_ms: u64,
-    },
-    Corrupt,
-}
 
 impl RedisEdgeRateLimitAdapter {
     /// The answer needing no round trip, if there is one: usage beyond a
@@ -230,74 +215,11 @@ fn acknowledged(reply: SettleReply, sent: &Sent, wanted: u32) -> bool {
     }
 }
 
-/// Decodes `lua/settle.lua`'s reply over `keys` keys; `None` for anything
-/// of another shape.
-fn decode_settle(reply: &Value, keys: usize) -> Option<SettleReply> {
-    let Value::Array(items) = reply else { return None };
-    let (status, numbers) = items.split_first()?;
-    let status = match status {
-        Value::BulkString(bytes) => bytes.as_slice(),
-        Value::SimpleString(text) => text.as_bytes(),
-        _ => return None,
-    };
-    let number = match numbers {
-        [] => None,
-        [Value::Int(n)] => Some(u64::try_from(*n).ok()?),
-        _ => return None,
-    };
-    match (status, number) {
-        (b"applied", Some(0)) => Some(SettleReply::Applied { wrote: false }),
-        (b"applied", Some(1)) => Some(SettleReply::Applied { wrote: true }),
-        (b"repeated", None) => Some(SettleReply::Repeated),
-        (b"unknown", None) => Some(SettleReply::Unknown),
-        (b"clock_unsafe", Some(retry_after_ms)) => {
-            Some(SettleReply::ClockUnsafe { retry_after_ms })
-        }
-        // The index names the key; it must be one the call sent.
-        (b"corrupt", Some(index)) if (1..=keys).contains(&usize::try_from(index).ok()?) => {
-            Some(SettleReply::Corrupt)
-        }
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use redis::Value;
+
     use super::*;
-
-    fn reply(status: &str, numbers: &[i64]) -> Value {
-        let mut items = vec![Value::BulkString(status.as_bytes().to_vec())];
-        items.extend(numbers.iter().copied().map(Value::Int));
-        Value::Array(items)
-    }
-
-    #[test]
-    fn the_settle_reply_decodes_each_status_and_refuses_anything_else() {
-        let decoded = |status, numbers: &[i64]| decode_settle(&reply(status, numbers), 2);
-        assert_eq!(decoded("applied", &[1]), Some(SettleReply::Applied { wrote: true }));
-        assert_eq!(decoded("applied", &[0]), Some(SettleReply::Applied { wrote: false }));
-        assert_eq!(decoded("repeated", &[]), Some(SettleReply::Repeated));
-        assert_eq!(decoded("unknown", &[]), Some(SettleReply::Unknown));
-        assert_eq!(
-            decoded("clock_unsafe", &[40]),
-            Some(SettleReply::ClockUnsafe { retry_after_ms: 40 })
-        );
-        assert_eq!(decoded("corrupt", &[2]), Some(SettleReply::Corrupt));
-        for (status, numbers) in [
-            ("applied", &[][..]),
-            ("applied", &[2]),
-            ("repeated", &[1]),
-            ("unknown", &[0]),
-            ("clock_unsafe", &[-1]),
-            ("corrupt", &[0]),
-            ("corrupt", &[3]),
-            ("allowed", &[1]),
-        ] {
-            assert_eq!(decoded(status, numbers), None, "{status} {numbers:?}");
-        }
-        assert_eq!(decode_settle(&Value::Nil, 1), None);
-        assert_eq!(decode_settle(&Value::Array(vec![]), 1), None);
-    }
 
     #[test]
     fn under_wait_only_a_settle_that_wrote_and_was_acknowledged_stands() {

@@ -244,6 +244,22 @@ pub enum Via {
 }
 
 /// The default in-process peer: an address no test trusts.
+/// A response body the test writes: a frame per message, the end when the
+/// sender is dropped.
+pub struct ChannelBody(pub tokio::sync::mpsc::UnboundedReceiver<Bytes>);
+
+impl http_body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        self.0.poll_recv(cx).map(|chunk| chunk.map(|bytes| Ok(http_body::Frame::data(bytes))))
+    }
+}
+
 pub const UNTRUSTED_PEER: &str = "198.51.100.7:40000";
 
 pub fn oneshot() -> Via {
