@@ -362,20 +362,27 @@ impl RedisEdgeRateLimitAdapter {
             Err(failure) => failure,
         };
         tracing::debug!(policy = ?first, ?failure, "rate-limit script failed");
+        Err(self.failure_of(failure))
+    }
+
+    /// What a script call that failed in the gateway answers, a decision's
+    /// or a settle's.
+    fn failure_of(&self, failure: GatewayFailure) -> RateLimitFailure {
         match failure {
             GatewayFailure::NotSent | GatewayFailure::Refused | GatewayFailure::NoScript => {
-                self.unavailable(UnavailableCategory::UnavailableBeforeSend)
+                RateLimitFailure::Unavailable {
+                    category: UnavailableCategory::UnavailableBeforeSend,
+                    retry_after: self.failure_retry_after,
+                }
             }
             GatewayFailure::WrongType | GatewayFailure::ScriptError => {
-                Err(RateLimitFailure::Incompatible {
-                    category: IncompatibleCategory::StateIncompatible,
-                })
+                RateLimitFailure::Incompatible { category: IncompatibleCategory::StateIncompatible }
             }
             // Like an undecodable script reply: the script may have run.
             GatewayFailure::TimedOut
             | GatewayFailure::ConnectionLost
             | GatewayFailure::UnexpectedReply => {
-                Err(RateLimitFailure::Indeterminate { retry_after: self.failure_retry_after })
+                RateLimitFailure::Indeterminate { retry_after: self.failure_retry_after }
             }
         }
     }

@@ -15,7 +15,6 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::{ARGUMENTS, RedisEdgeRateLimitAdapter, Resolved, micros, number, script_span};
-use crate::gateway::GatewayFailure;
 use crate::reply::{SettleReply, decode_settle};
 use crate::scripts::{ScriptKind, Sent};
 
@@ -157,22 +156,7 @@ impl RedisEdgeRateLimitAdapter {
             Ok(sent) => sent,
             Err(failure) => {
                 tracing::debug!(policy = ?first, ?failure, "settle script failed");
-                return Err(match failure {
-                    GatewayFailure::NotSent
-                    | GatewayFailure::Refused
-                    | GatewayFailure::NoScript => RateLimitFailure::Unavailable {
-                        category: UnavailableCategory::UnavailableBeforeSend,
-                        retry_after: self.failure_retry_after,
-                    },
-                    GatewayFailure::WrongType | GatewayFailure::ScriptError => {
-                        RateLimitFailure::Incompatible {
-                            category: IncompatibleCategory::StateIncompatible,
-                        }
-                    }
-                    GatewayFailure::TimedOut
-                    | GatewayFailure::ConnectionLost
-                    | GatewayFailure::UnexpectedReply => indeterminate,
-                });
+                return Err(self.failure_of(failure));
             }
         };
         let Some(reply) = decode_settle(&sent.reply, keys.len()) else {
@@ -220,6 +204,7 @@ mod tests {
     use redis::Value;
 
     use super::*;
+    use crate::gateway::GatewayFailure;
 
     #[test]
     fn under_wait_only_a_settle_that_wrote_and_was_acknowledged_stands() {
